@@ -1,0 +1,177 @@
+//! What goes into the engine ([`Command`]) and what comes out ([`Effect`]).
+
+#[cfg(feature = "serde")]
+use serde::{Deserialize, Serialize};
+
+use crate::types::{ClientInfo, LostReason, Millis, Mode, RequestId, SessionId, Wait};
+
+/// One acquire: of one lock, or of several at once (all or nothing).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(Serialize, Deserialize))]
+pub struct Acquire {
+    /// The requesting session ([`SessionId::NONE`] for a pure TTL hold).
+    pub session: SessionId,
+    /// Client-chosen id, unique among this session's pending requests.
+    pub request: RequestId,
+    /// Owner within the session; the same owner acquiring again is a re-entry.
+    pub owner: String,
+    /// Lock names; more than one makes an atomic multi-acquire.
+    pub names: Vec<String>,
+    /// Mode for every name.
+    pub mode: Mode,
+    /// How long to queue.
+    pub wait: Wait,
+    /// A lease on the hold itself; `None` ties the hold to the session.
+    pub lease: Option<Millis>,
+    /// Whether the same owner may acquire again (raising the hold count).
+    pub reentrant: bool,
+    /// After an abnormal loss of this hold, refuse new grants for this long.
+    pub lock_delay: Millis,
+}
+
+/// A state change, applied with [`crate::Engine::apply`] at a given time.
+///
+/// A durable store logs every command except [`Command::Heartbeat`]: replaying the
+/// log with the same times rebuilds the same state. Time-driven changes (expiry,
+/// timeouts, end of lock-delay) are commands too, produced by
+/// [`crate::Engine::due`], so a replica never decides them on its own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(Serialize, Deserialize))]
+pub enum Command {
+    /// Open a session that lives while heartbeats arrive within `ttl`.
+    OpenSession {
+        /// Id chosen by the caller; must be new and not [`SessionId::NONE`].
+        session: SessionId,
+        /// Session time-to-live.
+        ttl: Millis,
+        /// Who the client is.
+        info: ClientInfo,
+    },
+    /// Keep a session alive. Volatile: not logged, not replicated.
+    Heartbeat {
+        /// The session.
+        session: SessionId,
+    },
+    /// Close a session on purpose: its holds are released (no lock-delay) and its
+    /// waiters dropped.
+    CloseSession {
+        /// The session.
+        session: SessionId,
+    },
+    /// The session missed its heartbeats: its holds are lost (lock-delay applies).
+    ExpireSession {
+        /// The session.
+        session: SessionId,
+    },
+    /// Acquire one or more locks.
+    Acquire(Acquire),
+    /// Stop waiting. Granted requests cannot be cancelled: release them instead.
+    Cancel {
+        /// The session.
+        session: SessionId,
+        /// The pending request.
+        request: RequestId,
+    },
+    /// A waiter's deadline passed.
+    TimeoutWaiter {
+        /// The session.
+        session: SessionId,
+        /// The pending request.
+        request: RequestId,
+    },
+    /// Release one hold (one level of re-entry).
+    Release {
+        /// The owning session.
+        session: SessionId,
+        /// The owner.
+        owner: String,
+        /// The lock.
+        name: String,
+        /// When given, the hold must carry this token (guards a stale handle from
+        /// releasing a newer hold of the same owner).
+        token: Option<u64>,
+    },
+    /// Extend a hold's lease to `now + lease`.
+    Renew {
+        /// The owning session.
+        session: SessionId,
+        /// The owner.
+        owner: String,
+        /// The lock.
+        name: String,
+        /// When given, the hold must carry this token.
+        token: Option<u64>,
+        /// New lease from now.
+        lease: Millis,
+    },
+    /// A hold's lease ran out.
+    ExpireHold {
+        /// The lock.
+        name: String,
+        /// The hold's token (tokens are unique).
+        token: u64,
+    },
+    /// A lock-delay ended: waiters may be granted again.
+    EndLockDelay {
+        /// The lock.
+        name: String,
+    },
+    /// Administrator: drop every hold of a lock.
+    ForceRelease {
+        /// The lock.
+        name: String,
+    },
+}
+
+/// Something the caller must act on, produced by [`crate::Engine::apply`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(Serialize, Deserialize))]
+pub enum Effect {
+    /// The request holds all its locks; `tokens[i]` is the fencing token of
+    /// `names[i]` of the request.
+    Granted {
+        /// The requesting session.
+        session: SessionId,
+        /// The request.
+        request: RequestId,
+        /// Fencing tokens, in the order of the request's names.
+        tokens: Vec<u64>,
+    },
+    /// The request waits; `position` is how many waiters are ahead of it on its
+    /// first lock.
+    Queued {
+        /// The requesting session.
+        session: SessionId,
+        /// The request.
+        request: RequestId,
+        /// Waiters ahead of it.
+        position: u32,
+    },
+    /// A [`Wait::No`] request could not be granted now.
+    WouldBlock {
+        /// The requesting session.
+        session: SessionId,
+        /// The request.
+        request: RequestId,
+    },
+    /// The request's deadline passed before a grant.
+    TimedOut {
+        /// The requesting session.
+        session: SessionId,
+        /// The request.
+        request: RequestId,
+    },
+    /// A hold ended without its owner releasing it.
+    Lost {
+        /// The owning session.
+        session: SessionId,
+        /// The owner.
+        owner: String,
+        /// The lock.
+        name: String,
+        /// The hold's token.
+        token: u64,
+        /// Why.
+        reason: LostReason,
+    },
+}

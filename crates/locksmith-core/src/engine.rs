@@ -1,0 +1,958 @@
+//! The lock table: one deterministic state machine.
+
+use std::collections::{BTreeSet, VecDeque};
+use std::sync::Arc;
+
+use rustc_hash::{FxHashMap, FxHashSet};
+
+use crate::command::{Acquire, Command, Effect};
+use crate::error::EngineError;
+use crate::inspect::{HolderInfo, LockInfo, SessionInfo, WaiterInfo};
+use crate::name::validate_name;
+use crate::types::{ClientInfo, Limits, LostReason, Millis, Mode, RequestId, SessionId, Wait};
+
+/// Index of a lock in the slab. Internal only: ids are not stable across
+/// snapshots, so nothing observable may depend on their order.
+type LockId = u32;
+type WaiterKey = (SessionId, RequestId);
+
+/// The lock engine: holds, queues, sessions, leases and fencing tokens.
+///
+/// Drive it with [`Engine::apply`]; ask [`Engine::next_deadline`] when to come
+/// back and [`Engine::due`] which time-driven commands to apply then.
+#[derive(Debug, Default)]
+pub struct Engine {
+    limits: Limits,
+    /// Highest fencing token handed out. One counter for all locks, so tokens
+    /// stay unique and increasing even when a free lock's entry is dropped.
+    last_token: u64,
+    names: FxHashMap<Arc<str>, LockId>,
+    locks: Vec<Option<LockEntry>>,
+    free_ids: Vec<LockId>,
+    sessions: FxHashMap<SessionId, Session>,
+    waiters: FxHashMap<WaiterKey, Waiter>,
+    timers: BTreeSet<(Millis, Timer)>,
+}
+
+#[derive(Debug)]
+struct LockEntry {
+    name: Arc<str>,
+    holders: Vec<Hold>,
+    queue: VecDeque<WaiterKey>,
+    delay_until: Option<Millis>,
+}
+
+#[derive(Debug, Clone)]
+struct Hold {
+    session: SessionId,
+    owner: Box<str>,
+    mode: Mode,
+    token: u64,
+    count: u32,
+    lock_time: Millis,
+    lease_until: Option<Millis>,
+    lock_delay: Millis,
+}
+
+#[derive(Debug, Clone)]
+struct Waiter {
+    locks: Vec<LockId>,
+    owner: Box<str>,
+    mode: Mode,
+    lease: Option<Millis>,
+    lock_delay: Millis,
+    since: Millis,
+    deadline: Option<Millis>,
+}
+
+#[derive(Debug)]
+struct Session {
+    ttl: Millis,
+    expires_at: Millis,
+    info: ClientInfo,
+    /// Locks where this session has at least one hold.
+    holds: FxHashSet<LockId>,
+    waiting: FxHashSet<RequestId>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Timer {
+    Session(SessionId),
+    Lease(LockId, u64),
+    Waiter(SessionId, RequestId),
+    LockDelay(LockId),
+}
+
+impl LockEntry {
+    fn hold_of(&self, session: SessionId, owner: &str) -> Option<usize> {
+        self.holders
+            .iter()
+            .position(|h| h.session == session && &*h.owner == owner)
+    }
+
+    /// Whether current holders (ignoring the queue) leave room for `mode`.
+    fn holders_admit(&self, mode: Mode) -> bool {
+        match mode {
+            Mode::Exclusive => self.holders.is_empty(),
+            Mode::Shared => self.holders.iter().all(|h| h.mode == Mode::Shared),
+            Mode::Semaphore { permits } => {
+                self.holders.iter().all(|h| h.mode == mode) && self.holders.len() < permits as usize
+            }
+        }
+    }
+
+    fn delayed(&self, now: Millis) -> bool {
+        self.delay_until.is_some_and(|until| until > now)
+    }
+
+    fn is_idle(&self) -> bool {
+        self.holders.is_empty() && self.queue.is_empty() && self.delay_until.is_none()
+    }
+}
+
+impl Engine {
+    /// An empty engine with the given limits.
+    pub fn new(limits: Limits) -> Self {
+        Engine {
+            limits,
+            ..Engine::default()
+        }
+    }
+
+    /// The limits this engine enforces.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// The fencing high-water mark: the highest token ever granted. A durable
+    /// store persists it; every later grant gets a larger token.
+    pub fn last_token(&self) -> u64 {
+        self.last_token
+    }
+
+    /// Applies one command at time `now`, appending what happened to `effects`.
+    ///
+    /// On `Err` nothing changed and nothing was appended.
+    pub fn apply(
+        &mut self,
+        now: Millis,
+        command: Command,
+        effects: &mut Vec<Effect>,
+    ) -> Result<(), EngineError> {
+        match command {
+            Command::OpenSession { session, ttl, info } => {
+                self.open_session(now, session, ttl, info)
+            }
+            Command::Heartbeat { session } => self.heartbeat(now, session),
+            Command::CloseSession { session } => {
+                self.end_session(now, session, LostReason::SessionClosed, effects)
+            }
+            Command::ExpireSession { session } => {
+                self.end_session(now, session, LostReason::SessionExpired, effects)
+            }
+            Command::Acquire(acquire) => self.acquire(now, acquire, effects),
+            Command::Cancel { session, request } => {
+                self.remove_waiter(now, (session, request), None, effects)
+            }
+            Command::TimeoutWaiter { session, request } => {
+                let key = (session, request);
+                if self.waiters.contains_key(&key) {
+                    self.remove_waiter(
+                        now,
+                        key,
+                        Some(Effect::TimedOut { session, request }),
+                        effects,
+                    )?;
+                }
+                Ok(())
+            }
+            Command::Release {
+                session,
+                owner,
+                name,
+                token,
+            } => self.release(now, session, &owner, &name, token, effects),
+            Command::Renew {
+                session,
+                owner,
+                name,
+                token,
+                lease,
+            } => self.renew(now, session, &owner, &name, token, lease),
+            Command::ExpireHold { name, token } => {
+                self.expire_hold(now, &name, token, effects);
+                Ok(())
+            }
+            Command::EndLockDelay { name } => {
+                if let Some(&id) = self.names.get(name.as_str()) {
+                    let lock = self.lock_mut(id);
+                    if let Some(until) = lock.delay_until.take() {
+                        self.timers.remove(&(until, Timer::LockDelay(id)));
+                    }
+                    self.settle(now, vec![id], effects);
+                }
+                Ok(())
+            }
+            Command::ForceRelease { name } => self.force_release(now, &name, effects),
+        }
+    }
+
+    /// When the next time-driven command falls due, if any.
+    pub fn next_deadline(&self) -> Option<Millis> {
+        self.timers.first().map(|(at, _)| *at)
+    }
+
+    /// The time-driven commands due at `now` (expiries, waiter timeouts, ends of
+    /// lock-delay), in deadline order. The engine does not apply them itself: the
+    /// caller applies (and logs) each, so replay never re-decides time.
+    pub fn due(&self, now: Millis) -> Vec<Command> {
+        self.timers
+            .range(..=(now, Timer::LockDelay(LockId::MAX)))
+            .map(|&(_, timer)| match timer {
+                Timer::Session(session) => Command::ExpireSession { session },
+                Timer::Lease(id, token) => Command::ExpireHold {
+                    name: self.lock(id).name.to_string(),
+                    token,
+                },
+                Timer::Waiter(session, request) => Command::TimeoutWaiter { session, request },
+                Timer::LockDelay(id) => Command::EndLockDelay {
+                    name: self.lock(id).name.to_string(),
+                },
+            })
+            .collect()
+    }
+
+    /// Resets every session's expiry to `now + max(ttl, grace)`. Called after a
+    /// restart or failover so that clients get time to resume (Chubby's grace
+    /// period). Volatile like a heartbeat: not logged.
+    pub fn grant_grace(&mut self, now: Millis, grace: Millis) {
+        let ids: Vec<SessionId> = self.sessions.keys().copied().collect();
+        for id in ids {
+            let session = self.sessions.get_mut(&id).expect("listed above");
+            let old = session.expires_at;
+            session.expires_at = now + session.ttl.max(grace);
+            let new = session.expires_at;
+            self.timers.remove(&(old, Timer::Session(id)));
+            self.timers.insert((new, Timer::Session(id)));
+        }
+    }
+
+    // ----- sessions -----
+
+    fn open_session(
+        &mut self,
+        now: Millis,
+        id: SessionId,
+        ttl: Millis,
+        info: ClientInfo,
+    ) -> Result<(), EngineError> {
+        if id == SessionId::NONE || self.sessions.contains_key(&id) {
+            return Err(EngineError::SessionExists(id.0));
+        }
+        self.check_range("session TTL", ttl, self.limits.min_ttl, self.limits.max_ttl)?;
+        let expires_at = now + ttl;
+        self.sessions.insert(
+            id,
+            Session {
+                ttl,
+                expires_at,
+                info,
+                holds: FxHashSet::default(),
+                waiting: FxHashSet::default(),
+            },
+        );
+        self.timers.insert((expires_at, Timer::Session(id)));
+        Ok(())
+    }
+
+    fn heartbeat(&mut self, now: Millis, id: SessionId) -> Result<(), EngineError> {
+        let session = self
+            .sessions
+            .get_mut(&id)
+            .ok_or(EngineError::UnknownSession(id.0))?;
+        let old = session.expires_at;
+        session.expires_at = now + session.ttl;
+        let new = session.expires_at;
+        self.timers.remove(&(old, Timer::Session(id)));
+        self.timers.insert((new, Timer::Session(id)));
+        Ok(())
+    }
+
+    fn end_session(
+        &mut self,
+        now: Millis,
+        id: SessionId,
+        reason: LostReason,
+        effects: &mut Vec<Effect>,
+    ) -> Result<(), EngineError> {
+        let session = self
+            .sessions
+            .remove(&id)
+            .ok_or(EngineError::UnknownSession(id.0))?;
+        self.timers
+            .remove(&(session.expires_at, Timer::Session(id)));
+        let mut touched = Vec::new();
+
+        // Sorted so that the outcome never depends on hash order.
+        let mut requests: Vec<RequestId> = session.waiting.into_iter().collect();
+        requests.sort_unstable();
+        for request in requests {
+            let waiter = self.take_waiter((id, request));
+            touched.extend(waiter.locks);
+        }
+
+        let mut holds: Vec<(u64, LockId)> = session
+            .holds
+            .iter()
+            .flat_map(|&lock| {
+                self.lock(lock)
+                    .holders
+                    .iter()
+                    .filter(|h| h.session == id)
+                    .map(move |h| (h.token, lock))
+            })
+            .collect();
+        holds.sort_unstable();
+        let abnormal = reason == LostReason::SessionExpired;
+        for (token, lock) in holds {
+            let index = self
+                .lock(lock)
+                .holders
+                .iter()
+                .position(|h| h.token == token)
+                .expect("hold");
+            self.drop_hold(now, lock, index, Some(reason), abnormal, effects);
+            touched.push(lock);
+        }
+        self.settle(now, touched, effects);
+        Ok(())
+    }
+
+    // ----- acquire -----
+
+    fn acquire(
+        &mut self,
+        now: Millis,
+        a: Acquire,
+        effects: &mut Vec<Effect>,
+    ) -> Result<(), EngineError> {
+        let key = (a.session, a.request);
+        self.validate_acquire(&a)?;
+
+        // Look at every lock before touching any: an error must change nothing.
+        let mut grantable = true;
+        let mut new_holds = 0;
+        for name in &a.names {
+            let Some(&id) = self.names.get(name.as_str()) else {
+                new_holds += 1;
+                continue;
+            };
+            let lock = self.lock(id);
+            if let Some(index) = lock.hold_of(a.session, &a.owner) {
+                let held = lock.holders[index].mode;
+                if !a.reentrant {
+                    return Err(EngineError::AlreadyHeld { name: name.clone() });
+                }
+                if held != a.mode {
+                    return Err(EngineError::ModeMismatch {
+                        name: name.clone(),
+                        held,
+                        requested: a.mode,
+                    });
+                }
+                continue;
+            }
+            new_holds += 1;
+            if let Mode::Semaphore { permits } = a.mode {
+                let existing = lock
+                    .holders
+                    .iter()
+                    .map(|h| h.mode)
+                    .chain(lock.queue.iter().map(|k| self.waiters[k].mode))
+                    .find_map(|m| match m {
+                        Mode::Semaphore { permits: p } if p != permits => Some(p),
+                        _ => None,
+                    });
+                if let Some(existing) = existing {
+                    return Err(EngineError::PermitMismatch {
+                        name: name.clone(),
+                        existing,
+                        requested: permits,
+                    });
+                }
+            }
+            let queue_clear = lock
+                .queue
+                .iter()
+                .all(|k| !self.waiters[k].mode.conflicts_in_queue(a.mode));
+            grantable &= queue_clear && !lock.delayed(now) && lock.holders_admit(a.mode);
+        }
+        if a.session != SessionId::NONE {
+            let held = self.sessions[&a.session].holds.len();
+            if held + new_holds > self.limits.max_holds_per_session {
+                return Err(EngineError::LimitReached {
+                    what: "holds per session",
+                    limit: self.limits.max_holds_per_session as u64,
+                });
+            }
+        }
+
+        if !grantable {
+            match a.wait {
+                Wait::No => {
+                    effects.push(Effect::WouldBlock {
+                        session: a.session,
+                        request: a.request,
+                    });
+                    return Ok(());
+                }
+                Wait::Until(deadline) if deadline <= now => {
+                    effects.push(Effect::TimedOut {
+                        session: a.session,
+                        request: a.request,
+                    });
+                    return Ok(());
+                }
+                _ => {}
+            }
+            for name in &a.names {
+                if let Some(&id) = self.names.get(name.as_str()) {
+                    if self.lock(id).queue.len() >= self.limits.max_waiters_per_lock {
+                        return Err(EngineError::LimitReached {
+                            what: "waiters per lock",
+                            limit: self.limits.max_waiters_per_lock as u64,
+                        });
+                    }
+                }
+            }
+        }
+
+        let locks: Vec<LockId> = a
+            .names
+            .into_iter()
+            .map(|name| self.lock_id_or_insert(name))
+            .collect();
+        let waiter = Waiter {
+            locks,
+            owner: a.owner.into_boxed_str(),
+            mode: a.mode,
+            lease: a.lease,
+            lock_delay: a.lock_delay,
+            since: now,
+            deadline: match a.wait {
+                Wait::Until(deadline) => Some(deadline),
+                _ => None,
+            },
+        };
+        if grantable {
+            let tokens = self.grant(now, key.0, &waiter);
+            effects.push(Effect::Granted {
+                session: key.0,
+                request: key.1,
+                tokens,
+            });
+            return Ok(());
+        }
+        let position = self.lock(waiter.locks[0]).queue.len() as u32;
+        for &id in &waiter.locks {
+            self.lock_mut(id).queue.push_back(key);
+        }
+        if let Some(deadline) = waiter.deadline {
+            self.timers.insert((deadline, Timer::Waiter(key.0, key.1)));
+        }
+        if let Some(session) = self.sessions.get_mut(&key.0) {
+            session.waiting.insert(key.1);
+        }
+        self.waiters.insert(key, waiter);
+        effects.push(Effect::Queued {
+            session: key.0,
+            request: key.1,
+            position,
+        });
+        Ok(())
+    }
+
+    fn validate_acquire(&self, a: &Acquire) -> Result<(), EngineError> {
+        if a.names.is_empty() {
+            return Err(EngineError::NoNames);
+        }
+        if a.names.len() > self.limits.max_names_per_acquire {
+            return Err(EngineError::LimitReached {
+                what: "names per acquire",
+                limit: self.limits.max_names_per_acquire as u64,
+            });
+        }
+        for (i, name) in a.names.iter().enumerate() {
+            validate_name(name).map_err(|error| EngineError::InvalidName {
+                name: name.chars().take(64).collect(),
+                error,
+            })?;
+            if a.names[..i].contains(name) {
+                return Err(EngineError::DuplicateName { name: name.clone() });
+            }
+        }
+        if a.mode == (Mode::Semaphore { permits: 0 }) {
+            return Err(EngineError::ZeroPermits);
+        }
+        if let Some(lease) = a.lease {
+            self.check_range("lease", lease, self.limits.min_ttl, self.limits.max_ttl)?;
+        }
+        self.check_range("lock-delay", a.lock_delay, 0, self.limits.max_lock_delay)?;
+        if a.session == SessionId::NONE {
+            if a.lease.is_none() {
+                return Err(EngineError::LeaseRequired);
+            }
+        } else {
+            let session = self
+                .sessions
+                .get(&a.session)
+                .ok_or(EngineError::UnknownSession(a.session.0))?;
+            if session.waiting.contains(&a.request) {
+                return Err(EngineError::DuplicateRequest(a.request.0));
+            }
+        }
+        if a.session == SessionId::NONE && self.waiters.contains_key(&(a.session, a.request)) {
+            return Err(EngineError::DuplicateRequest(a.request.0));
+        }
+        Ok(())
+    }
+
+    /// Creates or re-enters a hold on every lock of `waiter`; returns the tokens.
+    fn grant(&mut self, now: Millis, session: SessionId, waiter: &Waiter) -> Vec<u64> {
+        let mut tokens = Vec::with_capacity(waiter.locks.len());
+        for &id in &waiter.locks {
+            let lock = self.locks[id as usize].as_mut().expect("live lock");
+            if let Some(index) = lock.hold_of(session, &waiter.owner) {
+                let hold = &mut lock.holders[index];
+                hold.count += 1;
+                tokens.push(hold.token);
+                continue;
+            }
+            self.last_token += 1;
+            let token = self.last_token;
+            let lease_until = waiter.lease.map(|lease| now + lease);
+            lock.holders.push(Hold {
+                session,
+                owner: waiter.owner.clone(),
+                mode: waiter.mode,
+                token,
+                count: 1,
+                lock_time: now,
+                lease_until,
+                lock_delay: waiter.lock_delay,
+            });
+            if let Some(until) = lease_until {
+                self.timers.insert((until, Timer::Lease(id, token)));
+            }
+            if let Some(s) = self.sessions.get_mut(&session) {
+                s.holds.insert(id);
+            }
+            tokens.push(token);
+        }
+        tokens
+    }
+
+    // ----- release, renew, expiry -----
+
+    fn find_hold(
+        &self,
+        session: SessionId,
+        owner: &str,
+        name: &str,
+        token: Option<u64>,
+    ) -> Result<(LockId, usize), EngineError> {
+        let not_held = || EngineError::NotHeld {
+            name: name.to_owned(),
+        };
+        let &id = self.names.get(name).ok_or_else(not_held)?;
+        let lock = self.lock(id);
+        if lock.holders.is_empty() {
+            return Err(not_held());
+        }
+        match lock.hold_of(session, owner) {
+            Some(index) if token.is_none_or(|t| t == lock.holders[index].token) => Ok((id, index)),
+            _ => Err(EngineError::NotOwner {
+                name: name.to_owned(),
+            }),
+        }
+    }
+
+    fn release(
+        &mut self,
+        now: Millis,
+        session: SessionId,
+        owner: &str,
+        name: &str,
+        token: Option<u64>,
+        effects: &mut Vec<Effect>,
+    ) -> Result<(), EngineError> {
+        let (id, index) = self.find_hold(session, owner, name, token)?;
+        let hold = &mut self.lock_mut(id).holders[index];
+        hold.count -= 1;
+        if hold.count == 0 {
+            self.drop_hold(now, id, index, None, false, effects);
+            self.settle(now, vec![id], effects);
+        }
+        Ok(())
+    }
+
+    fn renew(
+        &mut self,
+        now: Millis,
+        session: SessionId,
+        owner: &str,
+        name: &str,
+        token: Option<u64>,
+        lease: Millis,
+    ) -> Result<(), EngineError> {
+        self.check_range("lease", lease, self.limits.min_ttl, self.limits.max_ttl)?;
+        let (id, index) = self.find_hold(session, owner, name, token)?;
+        let hold = &mut self.lock_mut(id).holders[index];
+        let old = hold.lease_until.replace(now + lease);
+        let token = hold.token;
+        if let Some(old) = old {
+            self.timers.remove(&(old, Timer::Lease(id, token)));
+        }
+        self.timers.insert((now + lease, Timer::Lease(id, token)));
+        Ok(())
+    }
+
+    fn expire_hold(&mut self, now: Millis, name: &str, token: u64, effects: &mut Vec<Effect>) {
+        let Some(&id) = self.names.get(name) else {
+            return;
+        };
+        let Some(index) = self.lock(id).holders.iter().position(|h| h.token == token) else {
+            return;
+        };
+        self.drop_hold(
+            now,
+            id,
+            index,
+            Some(LostReason::LeaseExpired),
+            true,
+            effects,
+        );
+        self.settle(now, vec![id], effects);
+    }
+
+    fn force_release(
+        &mut self,
+        now: Millis,
+        name: &str,
+        effects: &mut Vec<Effect>,
+    ) -> Result<(), EngineError> {
+        let not_held = || EngineError::NotHeld {
+            name: name.to_owned(),
+        };
+        let &id = self.names.get(name).ok_or_else(not_held)?;
+        if self.lock(id).holders.is_empty() {
+            return Err(not_held());
+        }
+        while !self.lock(id).holders.is_empty() {
+            self.drop_hold(now, id, 0, Some(LostReason::ForceReleased), false, effects);
+        }
+        self.settle(now, vec![id], effects);
+        Ok(())
+    }
+
+    /// Removes one hold entirely. `lost` reports it to its owner; `abnormal`
+    /// starts the hold's lock-delay.
+    fn drop_hold(
+        &mut self,
+        now: Millis,
+        id: LockId,
+        index: usize,
+        lost: Option<LostReason>,
+        abnormal: bool,
+        effects: &mut Vec<Effect>,
+    ) {
+        let lock = self.locks[id as usize].as_mut().expect("live lock");
+        let hold = lock.holders.remove(index);
+        let session_still_holds = lock.holders.iter().any(|h| h.session == hold.session);
+        if let Some(until) = hold.lease_until {
+            self.timers.remove(&(until, Timer::Lease(id, hold.token)));
+        }
+        if abnormal && hold.lock_delay > 0 {
+            let until = now + hold.lock_delay;
+            if lock.delay_until.is_none_or(|old| old < until) {
+                if let Some(old) = lock.delay_until.replace(until) {
+                    self.timers.remove(&(old, Timer::LockDelay(id)));
+                }
+                self.timers.insert((until, Timer::LockDelay(id)));
+            }
+        }
+        if !session_still_holds {
+            if let Some(session) = self.sessions.get_mut(&hold.session) {
+                session.holds.remove(&id);
+            }
+        }
+        if let Some(reason) = lost {
+            effects.push(Effect::Lost {
+                session: hold.session,
+                owner: hold.owner.into(),
+                name: lock.name.to_string(),
+                token: hold.token,
+                reason,
+            });
+        }
+    }
+
+    // ----- queues -----
+
+    /// Removes a pending waiter (cancel or timeout) and lets those behind it move.
+    fn remove_waiter(
+        &mut self,
+        now: Millis,
+        key: WaiterKey,
+        effect: Option<Effect>,
+        effects: &mut Vec<Effect>,
+    ) -> Result<(), EngineError> {
+        if !self.waiters.contains_key(&key) {
+            return Err(EngineError::UnknownRequest(key.1 .0));
+        }
+        let waiter = self.take_waiter(key);
+        if let Some(session) = self.sessions.get_mut(&key.0) {
+            session.waiting.remove(&key.1);
+        }
+        effects.extend(effect);
+        self.settle(now, waiter.locks, effects);
+        Ok(())
+    }
+
+    /// Unlinks a waiter from its queues and timer; the caller fixes the session.
+    fn take_waiter(&mut self, key: WaiterKey) -> Waiter {
+        let waiter = self.waiters.remove(&key).expect("waiter exists");
+        for &id in &waiter.locks {
+            let queue = &mut self.lock_mut(id).queue;
+            if let Some(pos) = queue.iter().position(|k| *k == key) {
+                queue.remove(pos);
+            }
+        }
+        if let Some(deadline) = waiter.deadline {
+            self.timers.remove(&(deadline, Timer::Waiter(key.0, key.1)));
+        }
+        waiter
+    }
+
+    /// Grants every waiter that can now be granted, on `work` and on every lock a
+    /// grant touches, then drops lock entries that became idle.
+    fn settle(&mut self, now: Millis, mut work: Vec<LockId>, effects: &mut Vec<Effect>) {
+        let mut seen = Vec::new();
+        // Process in the order given: ids are not deterministic, work order is.
+        work.reverse();
+        while let Some(id) = work.pop() {
+            if self.locks.get(id as usize).is_none_or(Option::is_none) {
+                continue;
+            }
+            seen.push(id);
+            self.scan(now, id, &mut work, effects);
+        }
+        for id in seen {
+            if self.locks[id as usize]
+                .as_ref()
+                .is_some_and(LockEntry::is_idle)
+            {
+                let lock = self.locks[id as usize].take().expect("checked");
+                self.names.remove(&lock.name);
+                self.free_ids.push(id);
+            }
+        }
+    }
+
+    /// Walks one lock's queue in order, granting each waiter that conflicts with no
+    /// earlier waiter and fits the current holders (on all of its locks).
+    fn scan(&mut self, now: Millis, id: LockId, work: &mut Vec<LockId>, effects: &mut Vec<Effect>) {
+        let mut i = 0;
+        let mut shared_waiting_ahead = false;
+        loop {
+            let lock = self.lock(id);
+            let Some(&key) = lock.queue.get(i) else { break };
+            let waiter = &self.waiters[&key];
+            if waiter.mode != Mode::Shared && shared_waiting_ahead {
+                break;
+            }
+            let ready = waiter
+                .locks
+                .iter()
+                .all(|&other| self.can_grant(now, other, key, waiter, other != id));
+            if !ready {
+                if waiter.mode != Mode::Shared {
+                    break;
+                }
+                shared_waiting_ahead = true;
+                i += 1;
+                continue;
+            }
+            let waiter = self.take_waiter(key);
+            if let Some(session) = self.sessions.get_mut(&key.0) {
+                session.waiting.remove(&key.1);
+            }
+            let tokens = self.grant(now, key.0, &waiter);
+            effects.push(Effect::Granted {
+                session: key.0,
+                request: key.1,
+                tokens,
+            });
+            work.extend(waiter.locks.iter().copied().filter(|&other| other != id));
+        }
+    }
+
+    fn can_grant(
+        &self,
+        now: Millis,
+        id: LockId,
+        key: WaiterKey,
+        waiter: &Waiter,
+        check_queue: bool,
+    ) -> bool {
+        let lock = self.lock(id);
+        if lock.hold_of(key.0, &waiter.owner).is_some() {
+            return true;
+        }
+        if lock.delayed(now) || !lock.holders_admit(waiter.mode) {
+            return false;
+        }
+        !check_queue
+            || lock
+                .queue
+                .iter()
+                .take_while(|k| **k != key)
+                .all(|k| !self.waiters[k].mode.conflicts_in_queue(waiter.mode))
+    }
+
+    // ----- helpers -----
+
+    fn check_range(
+        &self,
+        what: &'static str,
+        value: Millis,
+        min: Millis,
+        max: Millis,
+    ) -> Result<(), EngineError> {
+        if (min..=max).contains(&value) {
+            Ok(())
+        } else {
+            Err(EngineError::OutOfRange {
+                what,
+                value_ms: value,
+                min_ms: min,
+                max_ms: max,
+            })
+        }
+    }
+
+    fn lock(&self, id: LockId) -> &LockEntry {
+        self.locks[id as usize].as_ref().expect("live lock")
+    }
+
+    fn lock_mut(&mut self, id: LockId) -> &mut LockEntry {
+        self.locks[id as usize].as_mut().expect("live lock")
+    }
+
+    fn lock_id_or_insert(&mut self, name: String) -> LockId {
+        if let Some(&id) = self.names.get(name.as_str()) {
+            return id;
+        }
+        let name: Arc<str> = name.into();
+        let entry = LockEntry {
+            name: name.clone(),
+            holders: Vec::new(),
+            queue: VecDeque::new(),
+            delay_until: None,
+        };
+        let id = match self.free_ids.pop() {
+            Some(id) => {
+                self.locks[id as usize] = Some(entry);
+                id
+            }
+            None => {
+                self.locks.push(Some(entry));
+                (self.locks.len() - 1) as LockId
+            }
+        };
+        self.names.insert(name, id);
+        id
+    }
+
+    // ----- inspection -----
+
+    /// The lock's holders and waiters, or `None` when nobody holds or waits.
+    pub fn describe(&self, name: &str) -> Option<LockInfo> {
+        self.names.get(name).map(|&id| self.lock_info(id))
+    }
+
+    /// Every held or awaited lock whose name starts with `prefix`, sorted by name.
+    pub fn list(&self, prefix: &str) -> Vec<LockInfo> {
+        let mut ids: Vec<(&Arc<str>, LockId)> = self
+            .names
+            .iter()
+            .filter(|(name, _)| name.starts_with(prefix))
+            .map(|(n, &id)| (n, id))
+            .collect();
+        ids.sort_unstable();
+        ids.into_iter().map(|(_, id)| self.lock_info(id)).collect()
+    }
+
+    /// Every open session, sorted by id.
+    pub fn sessions(&self) -> Vec<SessionInfo> {
+        let mut list: Vec<SessionInfo> = self
+            .sessions
+            .iter()
+            .map(|(&session, s)| SessionInfo {
+                session,
+                info: s.info.clone(),
+                ttl: s.ttl,
+                expires_at: s.expires_at,
+                holds: s.holds.len(),
+            })
+            .collect();
+        list.sort_unstable_by_key(|s| s.session);
+        list
+    }
+
+    /// Whether the session is open.
+    pub fn has_session(&self, session: SessionId) -> bool {
+        self.sessions.contains_key(&session)
+    }
+
+    fn lock_info(&self, id: LockId) -> LockInfo {
+        let lock = self.lock(id);
+        LockInfo {
+            name: lock.name.to_string(),
+            holders: lock
+                .holders
+                .iter()
+                .map(|h| HolderInfo {
+                    session: h.session,
+                    owner: h.owner.to_string(),
+                    lock_by: self
+                        .sessions
+                        .get(&h.session)
+                        .map(|s| s.info.clone())
+                        .unwrap_or_default(),
+                    lock_time: h.lock_time,
+                    fencing_token: h.token,
+                    lease_until: h.lease_until,
+                    mode: h.mode,
+                    hold_count: h.count,
+                })
+                .collect(),
+            waiters: lock
+                .queue
+                .iter()
+                .map(|key| {
+                    let w = &self.waiters[key];
+                    WaiterInfo {
+                        session: key.0,
+                        request: key.1,
+                        owner: w.owner.to_string(),
+                        mode: w.mode,
+                        since: w.since,
+                        deadline: w.deadline,
+                    }
+                })
+                .collect(),
+            lock_delay_until: lock.delay_until,
+        }
+    }
+}
