@@ -1,1 +1,83 @@
-//! placeholder
+//! # locksmith: distributed locks with fencing tokens
+//!
+//! One lock API over the stores teams already run (and a lock server of its
+//! own), where every grant carries a **fencing token**: a number that strictly
+//! increases each time the lock changes hands, so the resource you protect can
+//! refuse a writer whose lock has silently expired.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> locksmith::Result<()> {
+//! let client = locksmith::Client::connect("memory://").await?;
+//! let lock = client.lock("orders/42");
+//!
+//! let guard = lock.acquire().await?;                 // waits, FIFO
+//! let token = guard.fencing_token();                 // hand it to the resource
+//! assert!(lock.try_acquire().await?.is_none());      // held: no wait, no guard
+//! tokio::select! {
+//!     reason = guard.lost() => panic!("stop writing: {reason}"),
+//!     _ = async { /* work, passing `token` along */ } => {}
+//! }
+//! guard.release().await?;                            // checked release
+//!
+//! let next = lock.acquire().await?;
+//! assert!(next.fencing_token() > token);
+//! # Ok(()) }
+//! ```
+//!
+//! ## Pieces
+//!
+//! - [`Client`]: connect by URL; makes [`Lock`]s (exclusive, [`RwLock`]
+//!   sides, semaphores, multi-locks) and [`Election`]s.
+//! - [`Lock`]: options (`lease`, `wait`, `owner`, `reentrant`, `lock_delay`) and
+//!   `acquire` / `try_acquire` / `acquire_timeout`.
+//! - [`Guard`]: the hold: `fencing_token()`, `lost()`, `release()`; dropping it
+//!   releases in the background.
+//! - [`backend::Backend`]: the trait each store implements; the lock rules
+//!   themselves live in `locksmith-core` and the shared model.
+//!
+//! ## Liveness
+//!
+//! A hold without a lease lives as long as its client: the client heartbeats
+//! its session (or renews a watchdog lease at a third of its TTL). A hold with a
+//! [`Lock::lease`] ends when the lease does, unless [`Guard::extend`]ed.
+//! Either way [`Guard::lost`] fires the moment the hold can no longer be trusted.
+//!
+//! ## Backends (cargo features)
+//!
+//! | URL | feature |
+//! |---|---|
+//! | `memory://[table]` | `memory` (default) |
+//! | `locksmith://host:port` | `server` |
+//! | `redis://`, `rediss://`, `redis+redlock://h1,h2,h3` | `redis` |
+//! | `zk://host:port[,…]/chroot` | `zookeeper` |
+//! | `etcd://host:port[,…]` | `etcd` |
+//! | `postgres://user:pass@host:port/db` | `postgres` |
+#![deny(missing_docs)]
+
+pub mod backend;
+mod client;
+mod election;
+mod error;
+#[cfg(feature = "etcd")]
+pub mod etcd;
+mod guard;
+mod lock;
+#[cfg(feature = "memory")]
+pub mod memory;
+#[cfg(feature = "postgres")]
+pub mod postgres;
+#[cfg(feature = "redis")]
+pub mod redis;
+#[cfg(feature = "server")]
+pub mod server;
+#[cfg(feature = "zookeeper")]
+pub mod zookeeper;
+
+pub use backend::{Capabilities, Holder, LockInfo, LostSignal, Waiter};
+pub use client::{Client, ConnectOptions};
+pub use election::{Election, Leader};
+pub use error::{Error, Result};
+pub use guard::Guard;
+pub use lock::{Lock, LockOptions, RwLock};
+pub use locksmith_core::{validate_name, Mode, NameError};

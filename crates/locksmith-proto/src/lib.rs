@@ -1,0 +1,1 @@
+//! gRPC definitions of the locksmith server (being written).

@@ -1,0 +1,312 @@
+//! The contract between the lock API and a store.
+//!
+//! A backend maps the shared lock model onto one store. It receives requests
+//! that are already validated (names checked, options in range, owner resolved)
+//! and returns grants; everything a user sees (guards, timeouts, elections) is
+//! built once, above this trait, in the rest of the crate.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::Result;
+pub use locksmith_core::Mode;
+
+/// How long an acquire may wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wait {
+    /// Grant now or return `Ok(None)`.
+    No,
+    /// Wait at most this long. The caller also enforces it with a timer, so a
+    /// backend may treat it as [`Wait::Forever`]; a store that can carry the
+    /// deadline itself (so an abandoned waiter is dropped server-side) should.
+    For(Duration),
+    /// Wait until granted.
+    Forever,
+}
+
+/// A validated acquire request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AcquireRequest {
+    /// One lock, or several to take atomically (all or nothing).
+    pub names: Vec<String>,
+    /// How to hold each of them.
+    pub mode: Mode,
+    /// Who holds, within this client. Acquiring again with the same owner is a
+    /// re-entry; by default every acquire gets a fresh owner.
+    pub owner: String,
+    /// How long to wait.
+    pub wait: Wait,
+    /// A fixed lease: the hold expires unless extended. `None`: the backend keeps
+    /// the hold alive for as long as the client lives (session / watchdog).
+    pub lease: Option<Duration>,
+    /// Whether the same owner may acquire again.
+    pub reentrant: bool,
+    /// After an abnormal loss, refuse new grants this long (zero: release at once).
+    pub lock_delay: Duration,
+}
+
+/// What a backend can do beyond the common contract, so callers (and the
+/// conformance suite) know what to expect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Waiters are granted strictly in arrival order.
+    pub fifo: bool,
+    /// Lock-delay after abnormal loss is enforced.
+    pub lock_delay: bool,
+    /// Inspection lists waiters, not just holders.
+    pub lists_waiters: bool,
+    /// Shared (read-write) mode is supported.
+    pub shared: bool,
+    /// Semaphores are supported.
+    pub semaphore: bool,
+}
+
+/// A successful acquire.
+pub struct Grant {
+    /// Fencing token per requested name, in request order.
+    pub tokens: Vec<u64>,
+    /// Fires when the hold can no longer be trusted.
+    pub lost: LostSignal,
+    /// The live hold, for release and extension.
+    pub hold: Box<dyn Hold>,
+}
+
+/// A live hold inside a backend.
+#[async_trait]
+pub trait Hold: Send + Sync + 'static {
+    /// Releases the hold (every name of it), checked: fails if it was lost or is
+    /// no longer ours.
+    ///
+    /// Cancel safety: if dropped midway the release may or may not have
+    /// happened; the lease or session ends the hold in any case.
+    async fn release(self: Box<Self>) -> Result<()>;
+
+    /// Extends a leased hold to `lease` from now.
+    ///
+    /// Cancel safety: safe; an extension either happened or did not.
+    async fn extend(&self, lease: Duration) -> Result<()>;
+}
+
+/// A lock store.
+#[async_trait]
+pub trait Backend: Send + Sync + 'static {
+    /// Short name for errors and traces ("memory", "redis", ...).
+    fn name(&self) -> &'static str;
+
+    /// What this backend supports.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Acquires per `request`; `Ok(None)` only for [`Wait::No`] when busy.
+    ///
+    /// Cancel safety: must be cancel safe. Dropping the future leaves no queue
+    /// entry and no hold behind (a grant that raced the drop is released).
+    async fn acquire(&self, request: &AcquireRequest) -> Result<Option<Grant>>;
+
+    /// Holders and waiters of one lock (`None` when nobody holds or waits).
+    ///
+    /// Cancel safety: safe, read-only.
+    async fn describe(&self, name: &str) -> Result<Option<LockInfo>>;
+
+    /// Every lock under a prefix that this backend can enumerate, sorted by name.
+    ///
+    /// Cancel safety: safe, read-only.
+    async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>>;
+
+    /// Administrator: drop every hold of a lock, whoever owns it.
+    ///
+    /// Cancel safety: the release may or may not have happened.
+    async fn force_release(&self, name: &str) -> Result<()>;
+
+    /// Ends the client: releases what it holds and stops background work.
+    ///
+    /// Cancel safety: if dropped midway, the remaining holds end with the
+    /// session or lease.
+    async fn close(&self) -> Result<()>;
+}
+
+/// A lock as seen by inspection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockInfo {
+    /// The lock's name.
+    pub name: String,
+    /// Current holders.
+    pub holders: Vec<Holder>,
+    /// Waiters in queue order (empty where the store cannot list them).
+    pub waiters: Vec<Waiter>,
+}
+
+/// One holder of a lock. Fields a store does not record are `None`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holder {
+    /// Owner id as given by the acquiring client.
+    pub owner: String,
+    /// Who the client is ("name@host", or what the store records).
+    pub lock_by: Option<String>,
+    /// When the hold was granted.
+    pub lock_time: Option<SystemTime>,
+    /// The hold's fencing token.
+    pub fencing_token: Option<u64>,
+    /// When the hold's lease or session runs out unless renewed.
+    pub lease_expires: Option<SystemTime>,
+    /// How it is held.
+    pub mode: Mode,
+    /// Re-entry depth.
+    pub hold_count: u32,
+}
+
+/// One waiter of a lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Waiter {
+    /// Owner id as given by the waiting client.
+    pub owner: String,
+    /// Requested mode.
+    pub mode: Mode,
+    /// When it started waiting.
+    pub since: Option<SystemTime>,
+}
+
+/// Fires once when a hold can no longer be trusted, with the reason.
+///
+/// Cloning shares the signal. Backends fire it; guards expose it.
+#[derive(Debug, Clone, Default)]
+pub struct LostSignal {
+    token: CancellationToken,
+    reason: Arc<Mutex<Option<String>>>,
+}
+
+impl LostSignal {
+    /// A signal that has not fired.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Fires the signal; the first reason wins.
+    pub fn fire(&self, reason: impl Into<String>) {
+        let mut slot = self.reason.lock().expect("lost reason lock");
+        if slot.is_none() {
+            *slot = Some(reason.into());
+        }
+        drop(slot);
+        self.token.cancel();
+    }
+
+    /// Whether it has fired.
+    pub fn is_fired(&self) -> bool {
+        self.token.is_cancelled()
+    }
+
+    /// Why it fired, once it has.
+    pub fn reason(&self) -> Option<String> {
+        self.reason.lock().expect("lost reason lock").clone()
+    }
+
+    /// Completes when the signal fires, with the reason.
+    ///
+    /// Cancel safety: safe; it only observes.
+    pub async fn fired(&self) -> String {
+        self.token.cancelled().await;
+        self.reason().unwrap_or_default()
+    }
+
+    /// The underlying cancellation token, to hand to code that stops on it.
+    pub fn cancellation_token(&self) -> CancellationToken {
+        self.token.clone()
+    }
+}
+
+/// Multi-acquire for stores without an atomic one: takes the names one at a
+/// time in sorted order (a global order, so two callers can never wait on each
+/// other in a cycle) and releases what it took if a later name fails. The
+/// caller sees all or nothing.
+///
+/// Cancel safety: safe; holds already taken are released in the background
+/// when the future is dropped.
+pub async fn acquire_each_in_order<B: Backend + ?Sized>(
+    backend: &B,
+    request: &AcquireRequest,
+) -> Result<Option<Grant>> {
+    let mut order: Vec<usize> = (0..request.names.len()).collect();
+    order.sort_by(|&a, &b| request.names[a].cmp(&request.names[b]));
+    let mut taken = TakenSoFar::default();
+    for index in order {
+        let single = AcquireRequest {
+            names: vec![request.names[index].clone()],
+            ..request.clone()
+        };
+        match backend.acquire(&single).await {
+            Ok(Some(grant)) => taken.0.push((index, grant)),
+            Ok(None) => {
+                taken.release_all().await;
+                return Ok(None);
+            }
+            Err(error) => {
+                taken.release_all().await;
+                return Err(error);
+            }
+        }
+    }
+    let mut parts = std::mem::take(&mut taken.0);
+    parts.sort_by_key(|(index, _)| *index);
+    let lost = LostSignal::new();
+    for (_, grant) in &parts {
+        let (part, all) = (grant.lost.clone(), lost.clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                reason = part.fired() => all.fire(reason),
+                _ = all.token.cancelled() => {}
+            }
+        });
+    }
+    let tokens = parts.iter().map(|(_, g)| g.tokens[0]).collect();
+    let holds = parts.into_iter().map(|(_, g)| g.hold).collect();
+    Ok(Some(Grant {
+        tokens,
+        lost,
+        hold: Box::new(HoldAll(holds)),
+    }))
+}
+
+#[derive(Default)]
+struct TakenSoFar(Vec<(usize, Grant)>);
+
+impl TakenSoFar {
+    async fn release_all(&mut self) {
+        for (_, grant) in self.0.drain(..) {
+            let _ = grant.hold.release().await;
+        }
+    }
+}
+
+impl Drop for TakenSoFar {
+    fn drop(&mut self) {
+        for (_, grant) in self.0.drain(..) {
+            crate::guard::release_in_background(grant.hold);
+        }
+    }
+}
+
+/// Several holds that act as one.
+struct HoldAll(Vec<Box<dyn Hold>>);
+
+#[async_trait]
+impl Hold for HoldAll {
+    async fn release(self: Box<Self>) -> Result<()> {
+        let mut first_error = None;
+        for hold in self.0 {
+            if let Err(error) = hold.release().await {
+                first_error.get_or_insert(error);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    async fn extend(&self, lease: Duration) -> Result<()> {
+        for hold in &self.0 {
+            hold.extend(lease).await?;
+        }
+        Ok(())
+    }
+}

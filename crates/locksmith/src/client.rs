@@ -1,0 +1,241 @@
+//! The entry point: connect to a backend by URL, then make locks.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use locksmith_core::Mode;
+
+use crate::backend::{Backend, LockInfo};
+use crate::election::Election;
+use crate::error::{Error, Result};
+use crate::lock::{Lock, RwLock};
+
+/// How a client presents itself and keeps its holds alive.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectOptions {
+    /// Liveness of holds without a fixed lease: the session TTL (or the lease the
+    /// watchdog renews at a third of it). Default 30 s, Redisson's watchdog.
+    pub session_ttl: Duration,
+    /// Shown as `lock_by` in inspection. Default: the program name and pid.
+    pub client_name: String,
+    /// Host shown in inspection. Default: this machine's hostname.
+    pub host: String,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        let program = std::env::args()
+            .next()
+            .and_then(|p| {
+                std::path::Path::new(&p)
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+            })
+            .unwrap_or_else(|| "locksmith".into());
+        ConnectOptions {
+            session_ttl: Duration::from_secs(30),
+            client_name: format!("{program}[{}]", std::process::id()),
+            host: hostname(),
+        }
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+/// A connection to one lock store. Cheap to clone (clones share it).
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    backend: Arc<dyn Backend>,
+    owners: AtomicU64,
+    instance: String,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("backend", &self.inner.backend.name())
+            .finish()
+    }
+}
+
+impl Client {
+    /// Connects with default options. The URL scheme picks the backend:
+    /// `memory://[table]`, `locksmith://host:port`, `redis://`, `rediss://`,
+    /// `redis+redlock://h1,h2,h3`, `zk://hosts/chroot`, `etcd://hosts`,
+    /// `postgres://…`.
+    ///
+    /// Cancel safety: safe; a dropped connect leaves nothing behind.
+    pub async fn connect(url: &str) -> Result<Client> {
+        Client::connect_with(url, ConnectOptions::default()).await
+    }
+
+    /// Connects with the given options.
+    ///
+    /// Cancel safety: safe; a dropped connect leaves nothing behind.
+    pub async fn connect_with(url: &str, options: ConnectOptions) -> Result<Client> {
+        if options.session_ttl < Duration::from_millis(100) {
+            return Err(Error::InvalidArgument(format!(
+                "session TTL of {:?} is below the minimum of 100ms",
+                options.session_ttl
+            )));
+        }
+        let scheme = url
+            .split_once("://")
+            .map(|(s, _)| s)
+            .ok_or_else(|| Error::InvalidUrl {
+                url: redact(url),
+                reason: "expected scheme://…".into(),
+            })?;
+        /// Builds the backend of an enabled feature, or explains which feature to enable.
+        macro_rules! backend {
+            ($feature:literal, $module:ident :: $ty:ident) => {{
+                #[cfg(feature = $feature)]
+                {
+                    Arc::new(crate::$module::$ty::connect(url, &options).await?)
+                }
+                #[cfg(not(feature = $feature))]
+                return Err(not_enabled(scheme, $feature));
+            }};
+        }
+        let backend: Arc<dyn Backend> = match scheme {
+            "memory" => {
+                #[cfg(feature = "memory")]
+                {
+                    Arc::new(crate::memory::MemoryBackend::connect(url, &options)?)
+                }
+                #[cfg(not(feature = "memory"))]
+                return Err(not_enabled(scheme, "memory"));
+            }
+            "locksmith" => backend!("server", server::ServerBackend),
+            "redis" | "rediss" | "redis+redlock" => backend!("redis", redis::RedisBackend),
+            "zk" | "zookeeper" => backend!("zookeeper", zookeeper::ZooKeeperBackend),
+            "etcd" => backend!("etcd", etcd::EtcdBackend),
+            "postgres" | "postgresql" => backend!("postgres", postgres::PostgresBackend),
+            other => {
+                return Err(Error::InvalidUrl {
+                    url: redact(url),
+                    reason: format!("unknown scheme {other:?}"),
+                })
+            }
+        };
+        Ok(Client::from_backend(backend))
+    }
+
+    /// Wraps a backend built by hand.
+    pub fn from_backend(backend: Arc<dyn Backend>) -> Client {
+        Client {
+            inner: Arc::new(Inner {
+                backend,
+                owners: AtomicU64::new(0),
+                instance: uuid::Uuid::new_v4().simple().to_string()[..8].to_owned(),
+            }),
+        }
+    }
+
+    /// An exclusive lock.
+    pub fn lock(&self, name: impl Into<String>) -> Lock {
+        Lock::new(self.clone(), vec![name.into()], Mode::Exclusive)
+    }
+
+    /// A read-write lock.
+    pub fn rw_lock(&self, name: impl Into<String>) -> RwLock {
+        RwLock::new(self.clone(), name.into())
+    }
+
+    /// A semaphore of `permits` holders. Every user of the name must agree on
+    /// `permits`; a mismatch is [`Error::Conflict`].
+    pub fn semaphore(&self, name: impl Into<String>, permits: u32) -> Lock {
+        Lock::new(self.clone(), vec![name.into()], Mode::Semaphore { permits })
+    }
+
+    /// Several exclusive locks taken all or nothing, without deadlock against
+    /// other multi-locks in any order.
+    pub fn multi_lock<I, S>(&self, names: I) -> Lock
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Lock::new(
+            self.clone(),
+            names.into_iter().map(Into::into).collect(),
+            Mode::Exclusive,
+        )
+    }
+
+    /// Leader election on a lock name.
+    pub fn election(&self, name: impl Into<String>) -> Election {
+        Election::new(self.clone(), name.into())
+    }
+
+    /// Holders and waiters of one lock.
+    ///
+    /// Cancel safety: safe, read-only.
+    pub async fn describe(&self, name: &str) -> Result<Option<LockInfo>> {
+        locksmith_core::validate_name(name).map_err(|source| Error::invalid_name(name, source))?;
+        self.inner.backend.describe(name).await
+    }
+
+    /// Every lock whose name starts with `prefix` (`""` for all), sorted by name.
+    ///
+    /// Cancel safety: safe, read-only.
+    pub async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>> {
+        self.inner.backend.list(prefix).await
+    }
+
+    /// Administrator: frees a lock whoever holds it. Holders see their guard lost.
+    ///
+    /// Cancel safety: the release may or may not have happened.
+    pub async fn force_release(&self, name: &str) -> Result<()> {
+        locksmith_core::validate_name(name).map_err(|source| Error::invalid_name(name, source))?;
+        self.inner.backend.force_release(name).await
+    }
+
+    /// Releases everything this client holds and stops its background work.
+    ///
+    /// Cancel safety: if dropped midway, remaining holds end with the session.
+    pub async fn close(&self) -> Result<()> {
+        self.inner.backend.close().await
+    }
+
+    /// The backend, for its name and capabilities.
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.inner.backend
+    }
+
+    /// A new owner id, unique within this client.
+    pub(crate) fn fresh_owner(&self) -> String {
+        let n = self.inner.owners.fetch_add(1, Ordering::Relaxed);
+        format!("{}-{n}", self.inner.instance)
+    }
+}
+
+#[allow(dead_code)]
+fn not_enabled(scheme: &str, feature: &'static str) -> Error {
+    Error::BackendNotEnabled {
+        scheme: scheme.into(),
+        feature,
+    }
+}
+
+/// The URL without its password, for messages.
+pub(crate) fn redact(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut parsed) if parsed.password().is_some() => {
+            let _ = parsed.set_password(Some("***"));
+            parsed.to_string()
+        }
+        _ => url.to_owned(),
+    }
+}

@@ -1,0 +1,152 @@
+//! Guards: proof of a hold, with its fencing token and its lost signal.
+
+use std::time::Duration;
+
+use crate::backend::{Hold, LostSignal};
+use crate::error::{Error, Result};
+
+/// A held lock (or several, for a multi-lock).
+///
+/// Check [`Guard::fencing_token`] at every write to a fenced resource, select on
+/// [`Guard::lost`] to stop when the hold can no longer be trusted, and end it with
+/// [`Guard::release`], the checked path. Dropping a guard releases it in the
+/// background (on the current tokio runtime) and reports nothing.
+#[must_use = "dropping a guard releases the lock at once"]
+pub struct Guard {
+    names: Vec<String>,
+    tokens: Vec<u64>,
+    leased: bool,
+    lost: LostSignal,
+    hold: Option<Box<dyn Hold>>,
+}
+
+impl Guard {
+    pub(crate) fn new(
+        names: Vec<String>,
+        tokens: Vec<u64>,
+        leased: bool,
+        lost: LostSignal,
+        hold: Box<dyn Hold>,
+    ) -> Self {
+        Guard {
+            names,
+            tokens,
+            leased,
+            lost,
+            hold: Some(hold),
+        }
+    }
+
+    /// The fencing token of the (first) lock: strictly greater than that of every
+    /// earlier holder. Pass it to the resource you protect and have it reject
+    /// anything lower than the highest it has seen.
+    pub fn fencing_token(&self) -> u64 {
+        self.tokens[0]
+    }
+
+    /// Fencing tokens of every lock of a multi-lock, in the order they were named.
+    pub fn fencing_tokens(&self) -> &[u64] {
+        &self.tokens
+    }
+
+    /// The (first) lock's name.
+    pub fn name(&self) -> &str {
+        &self.names[0]
+    }
+
+    /// Every name this guard holds.
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+
+    /// Completes, with the reason, once the hold can no longer be trusted
+    /// (session or lease expired, renewal failed, connection lost for too long).
+    ///
+    /// Cancel safety: safe; it only observes.
+    pub async fn lost(&self) -> String {
+        self.lost.fired().await
+    }
+
+    /// Whether the hold has been lost.
+    pub fn is_lost(&self) -> bool {
+        self.lost.is_fired()
+    }
+
+    /// The lost signal, to move into another task.
+    pub fn lost_signal(&self) -> LostSignal {
+        self.lost.clone()
+    }
+
+    /// Extends a leased hold to `lease` from now. Holds without a lease live with
+    /// the client's session and need no extension.
+    ///
+    /// Cancel safety: safe; the extension either happened or did not.
+    pub async fn extend(&self, lease: Duration) -> Result<()> {
+        if !self.leased {
+            return Err(Error::InvalidArgument(
+                "this hold has no lease: it lives as long as the client's session".into(),
+            ));
+        }
+        if let Some(reason) = self.lost.reason() {
+            return Err(Error::Lost(reason));
+        }
+        crate::lock::check_lease(lease)?;
+        self.hold
+            .as_ref()
+            .expect("hold until release")
+            .extend(lease)
+            .await
+    }
+
+    /// Releases the hold and reports whether that worked: an error means the hold
+    /// had already been lost or taken away.
+    ///
+    /// Cancel safety: if dropped midway, the release may or may not have
+    /// happened; the lease or session ends the hold in any case.
+    pub async fn release(mut self) -> Result<()> {
+        let hold = self.hold.take().expect("hold until release");
+        let lost = self.lost.reason();
+        let result = hold.release().await;
+        self.lost.fire("released");
+        match (result, lost) {
+            (Err(_), Some(reason)) => Err(Error::Lost(reason)),
+            (result, _) => result,
+        }
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if let Some(hold) = self.hold.take() {
+            release_in_background(hold);
+            self.lost.fire("released");
+        }
+    }
+}
+
+impl std::fmt::Debug for Guard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Guard")
+            .field("names", &self.names)
+            .field("tokens", &self.tokens)
+            .field("lost", &self.lost.reason())
+            .finish()
+    }
+}
+
+/// Releases a hold on the current tokio runtime without waiting. Outside a
+/// runtime nothing can run, and the hold ends with its lease or session.
+pub(crate) fn release_in_background(hold: Box<dyn Hold>) {
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => {
+            runtime.spawn(async move {
+                if let Err(error) = hold.release().await {
+                    tracing::debug!(%error, "background release failed");
+                }
+            });
+        }
+        Err(_) => {
+            tracing::warn!("guard dropped outside a tokio runtime: the hold ends with its lease")
+        }
+    }
+}

@@ -1,0 +1,285 @@
+//! Lock handles: what to acquire and how, and the acquire calls themselves.
+
+use std::future::{Future, IntoFuture};
+use std::pin::Pin;
+use std::time::Duration;
+
+use locksmith_core::{validate_name, Mode};
+
+use crate::backend::{AcquireRequest, Wait};
+use crate::client::Client;
+use crate::error::{Error, Result};
+use crate::guard::Guard;
+
+/// Shortest and longest accepted lease.
+const LEASE_RANGE: std::ops::RangeInclusive<Duration> =
+    Duration::from_millis(10)..=Duration::from_secs(24 * 3600);
+/// Longest lock-delay (Chubby: at most a minute).
+const MAX_LOCK_DELAY: Duration = Duration::from_secs(60);
+/// Most names in one multi-lock.
+const MAX_NAMES: usize = 64;
+
+/// Options of an acquire, set through the builder methods of [`Lock`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockOptions {
+    /// Fixed lease; `None` keeps the hold alive while the client lives.
+    pub lease: Option<Duration>,
+    /// Default wait of [`Lock::acquire`]; `None` waits until granted.
+    pub wait: Option<Duration>,
+    /// Owner id; `None` gives every acquire its own owner.
+    pub owner: Option<String>,
+    /// Whether the same owner may acquire again (raising the hold count).
+    pub reentrant: bool,
+    /// After an abnormal loss, refuse new grants this long.
+    pub lock_delay: Duration,
+}
+
+impl Default for LockOptions {
+    fn default() -> Self {
+        LockOptions {
+            lease: None,
+            wait: None,
+            owner: None,
+            reentrant: true,
+            lock_delay: Duration::ZERO,
+        }
+    }
+}
+
+/// A lock to acquire: one name or several, in one mode, with options.
+///
+/// Cheap to clone; acquiring does not consume it. Awaiting a `Lock` directly is
+/// the same as [`Lock::acquire`].
+#[derive(Clone, Debug)]
+pub struct Lock {
+    client: Client,
+    names: Vec<String>,
+    mode: Mode,
+    options: LockOptions,
+}
+
+impl Lock {
+    pub(crate) fn new(client: Client, names: Vec<String>, mode: Mode) -> Self {
+        Lock {
+            client,
+            names,
+            mode,
+            options: LockOptions::default(),
+        }
+    }
+
+    /// Gives the hold a fixed lease: it ends after `lease` unless extended, even
+    /// while the client lives (no watchdog), like `SET NX PX`.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.options.lease = Some(lease);
+        self
+    }
+
+    /// Makes [`Lock::acquire`] give up with [`Error::Timeout`] after `wait`.
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.options.wait = Some(wait);
+        self
+    }
+
+    /// Names the owner. Acquires with the same owner on the same client are
+    /// re-entries (same token, hold count + 1) when re-entry is on.
+    pub fn owner(mut self, owner: impl Into<String>) -> Self {
+        self.options.owner = Some(owner.into());
+        self
+    }
+
+    /// Turns re-entry on (default) or off; off makes a second acquire by the same
+    /// owner fail with [`Error::AlreadyHeld`].
+    pub fn reentrant(mut self, reentrant: bool) -> Self {
+        self.options.reentrant = reentrant;
+        self
+    }
+
+    /// After this hold is lost abnormally (expiry, not release), the lock grants
+    /// nobody for `delay` (at most 60 s), so a paused former holder cannot race
+    /// its successor.
+    pub fn lock_delay(mut self, delay: Duration) -> Self {
+        self.options.lock_delay = delay;
+        self
+    }
+
+    /// The options as set so far.
+    pub fn options(&self) -> &LockOptions {
+        &self.options
+    }
+
+    /// The names this lock covers.
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+
+    /// The mode it is acquired in.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// Acquires, waiting as long as the [`Lock::wait`] option says (by default
+    /// until granted), in FIFO order where the backend queues.
+    ///
+    /// Cancel safety: safe. Dropping the future leaves no queue entry and no
+    /// hold behind.
+    pub async fn acquire(&self) -> Result<Guard> {
+        let wait = self.options.wait.map_or(Wait::Forever, Wait::For);
+        self.acquire_with(wait)
+            .await?
+            .ok_or_else(|| unreachable_none(&self.names))
+    }
+
+    /// Acquires only if that is possible right now; `Ok(None)` when busy.
+    ///
+    /// Cancel safety: safe, as for [`Lock::acquire`].
+    pub async fn try_acquire(&self) -> Result<Option<Guard>> {
+        self.acquire_with(Wait::No).await
+    }
+
+    /// Acquires, giving up with [`Error::Timeout`] after `wait`.
+    ///
+    /// Cancel safety: safe, as for [`Lock::acquire`].
+    pub async fn acquire_timeout(&self, wait: Duration) -> Result<Guard> {
+        self.acquire_with(Wait::For(wait))
+            .await?
+            .ok_or_else(|| unreachable_none(&self.names))
+    }
+
+    async fn acquire_with(&self, wait: Wait) -> Result<Option<Guard>> {
+        let request = self.request(wait)?;
+        let backend = self.client.backend();
+        let span = tracing::debug_span!(
+            "acquire", backend = backend.name(), names = ?request.names, mode = %request.mode
+        );
+        let acquire = tracing::Instrument::instrument(backend.acquire(&request), span);
+        let grant = match wait {
+            Wait::For(limit) => tokio::time::timeout(limit, acquire)
+                .await
+                .map_err(|_| Error::Timeout(limit))??,
+            Wait::No | Wait::Forever => acquire.await?,
+        };
+        Ok(grant.map(|grant| {
+            Guard::new(
+                request.names,
+                grant.tokens,
+                request.lease.is_some(),
+                grant.lost,
+                grant.hold,
+            )
+        }))
+    }
+
+    /// Validates everything before any I/O and resolves the owner.
+    fn request(&self, wait: Wait) -> Result<AcquireRequest> {
+        if self.names.is_empty() {
+            return Err(Error::InvalidArgument(
+                "a lock needs at least one name".into(),
+            ));
+        }
+        if self.names.len() > MAX_NAMES {
+            return Err(Error::InvalidArgument(format!(
+                "a multi-lock takes at most {MAX_NAMES} names"
+            )));
+        }
+        for (i, name) in self.names.iter().enumerate() {
+            validate_name(name).map_err(|source| Error::invalid_name(name, source))?;
+            if self.names[..i].contains(name) {
+                return Err(Error::InvalidArgument(format!(
+                    "lock {name:?} is named twice"
+                )));
+            }
+        }
+        if self.mode == (Mode::Semaphore { permits: 0 }) {
+            return Err(Error::InvalidArgument(
+                "a semaphore needs at least one permit".into(),
+            ));
+        }
+        if let Some(lease) = self.options.lease {
+            check_lease(lease)?;
+        }
+        if self.options.lock_delay > MAX_LOCK_DELAY {
+            return Err(Error::InvalidArgument(format!(
+                "lock-delay of {:?} exceeds the limit of {MAX_LOCK_DELAY:?}",
+                self.options.lock_delay
+            )));
+        }
+        if let Some(owner) = &self.options.owner {
+            if owner.is_empty() || owner.len() > 256 || owner.contains('\0') {
+                return Err(Error::InvalidArgument(
+                    "owner must be 1..=256 bytes without NUL".into(),
+                ));
+            }
+        }
+        let owner = self
+            .options
+            .owner
+            .clone()
+            .unwrap_or_else(|| self.client.fresh_owner());
+        Ok(AcquireRequest {
+            names: self.names.clone(),
+            mode: self.mode,
+            owner,
+            wait,
+            lease: self.options.lease,
+            reentrant: self.options.reentrant,
+            lock_delay: self.options.lock_delay,
+        })
+    }
+}
+
+impl IntoFuture for Lock {
+    type Output = Result<Guard>;
+    type IntoFuture = Pin<Box<dyn Future<Output = Result<Guard>> + Send>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(async move { self.acquire().await })
+    }
+}
+
+/// Checks a lease against the accepted range.
+pub(crate) fn check_lease(lease: Duration) -> Result<()> {
+    if LEASE_RANGE.contains(&lease) {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument(format!(
+            "lease of {lease:?} is outside {:?}..={:?}",
+            LEASE_RANGE.start(),
+            LEASE_RANGE.end()
+        )))
+    }
+}
+
+fn unreachable_none(names: &[String]) -> Error {
+    Error::backend(
+        "client",
+        format!("backend answered 'busy' to a waiting acquire of {names:?}"),
+    )
+}
+
+/// A read-write lock: many readers or one writer, writers not starved.
+#[derive(Clone, Debug)]
+pub struct RwLock {
+    client: Client,
+    name: String,
+}
+
+impl RwLock {
+    pub(crate) fn new(client: Client, name: String) -> Self {
+        RwLock { client, name }
+    }
+
+    /// The reader side (shared mode). Await it, or set options first.
+    pub fn read(&self) -> Lock {
+        Lock::new(self.client.clone(), vec![self.name.clone()], Mode::Shared)
+    }
+
+    /// The writer side (exclusive mode). Await it, or set options first.
+    pub fn write(&self) -> Lock {
+        Lock::new(
+            self.client.clone(),
+            vec![self.name.clone()],
+            Mode::Exclusive,
+        )
+    }
+}

@@ -1,0 +1,520 @@
+//! `memory://[table]`: the lock engine in this process.
+//!
+//! Clients that connect to the same table name share one lock table; `memory://`
+//! alone is the process-wide default table. A tokio task per table applies the
+//! engine's time-driven commands (expiries, timeouts) when they fall due, on the
+//! runtime that created the table, so tests under tokio's paused clock run
+//! without real waiting. Each client is one engine session, kept alive by a
+//! heartbeat every third of the session TTL.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use locksmith_core::{
+    Acquire, ClientInfo, Command, Effect, Engine, EngineError, Millis, RequestId, SessionId,
+};
+use tokio::sync::{oneshot, Notify};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::{
+    AcquireRequest, Backend, Capabilities, Grant, Hold, Holder, LockInfo, LostSignal, Wait, Waiter,
+};
+use crate::client::ConnectOptions;
+use crate::error::{Error, Result};
+
+const BACKEND: &str = "memory";
+
+/// Tables by name, alive while a client uses them.
+static TABLES: Mutex<Option<HashMap<String, Weak<TableHandle>>>> = Mutex::new(None);
+
+/// A backend on an in-process lock table.
+pub struct MemoryBackend {
+    table: Arc<TableHandle>,
+    session: SessionId,
+    heartbeat: tokio::task::JoinHandle<()>,
+}
+
+/// Keeps a table alive; the last one dropped stops its timer task.
+struct TableHandle {
+    table: Arc<Table>,
+}
+
+impl Drop for TableHandle {
+    fn drop(&mut self) {
+        self.table.shutdown.cancel();
+    }
+}
+
+struct Table {
+    state: Mutex<State>,
+    /// Wakes the timer task when the next deadline may have moved.
+    changed: Notify,
+    shutdown: CancellationToken,
+    origin: Instant,
+    system_origin: SystemTime,
+}
+
+struct State {
+    engine: Engine,
+    next_session: u64,
+    next_request: u64,
+    /// Acquires waiting for their outcome.
+    pending: HashMap<(SessionId, RequestId), oneshot::Sender<Outcome>>,
+    /// Lost signals of live holds by token, with how many guards share each
+    /// (re-entries share a token).
+    lost: HashMap<u64, (LostSignal, u32)>,
+}
+
+enum Outcome {
+    Granted(Vec<u64>, LostSignal),
+    WouldBlock,
+    TimedOut,
+}
+
+impl Table {
+    fn now(&self) -> Millis {
+        self.origin.elapsed().as_millis() as Millis
+    }
+
+    fn wall_clock(&self, at: Millis) -> SystemTime {
+        self.system_origin + Duration::from_millis(at)
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().expect("memory table lock poisoned")
+    }
+
+    /// Applies a command and delivers its effects, under the table lock.
+    fn apply(&self, state: &mut State, command: Command) -> Result<(), EngineError> {
+        let mut effects = Vec::new();
+        let result = state.engine.apply(self.now(), command, &mut effects);
+        for effect in effects {
+            state.deliver(effect);
+        }
+        self.changed.notify_one();
+        result
+    }
+
+    /// Applies every time-driven command that is due, then sleeps until the next.
+    async fn run_timers(self: Arc<Self>) {
+        loop {
+            let next = {
+                let mut state = self.state();
+                for command in state.engine.due(self.now()) {
+                    let _ = self.apply(&mut state, command);
+                }
+                state.engine.next_deadline()
+            };
+            let sleep = async {
+                match next {
+                    Some(at) => {
+                        tokio::time::sleep_until(self.origin + Duration::from_millis(at)).await
+                    }
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = sleep => {}
+                _ = self.changed.notified() => {}
+                _ = self.shutdown.cancelled() => return,
+            }
+        }
+    }
+}
+
+impl State {
+    fn deliver(&mut self, effect: Effect) {
+        let (key, outcome) = match effect {
+            Effect::Granted {
+                session,
+                request,
+                tokens,
+            } => {
+                let signal = tokens
+                    .first()
+                    .and_then(|t| self.lost.get(t))
+                    .map(|(s, _)| s.clone())
+                    .unwrap_or_default();
+                for &token in &tokens {
+                    self.lost
+                        .entry(token)
+                        .or_insert_with(|| (signal.clone(), 0))
+                        .1 += 1;
+                }
+                ((session, request), Outcome::Granted(tokens, signal))
+            }
+            Effect::WouldBlock { session, request } => ((session, request), Outcome::WouldBlock),
+            Effect::TimedOut { session, request } => ((session, request), Outcome::TimedOut),
+            Effect::Queued { .. } => return,
+            Effect::Lost {
+                token,
+                reason,
+                name,
+                ..
+            } => {
+                if let Some((signal, _)) = self.lost.remove(&token) {
+                    signal.fire(format!("{name}: {reason}"));
+                }
+                return;
+            }
+        };
+        if let Some(sender) = self.pending.remove(&key) {
+            let _ = sender.send(outcome);
+        }
+    }
+
+    /// Forgets one guard's claim on the lost signals of `tokens`.
+    fn forget(&mut self, tokens: &[u64]) {
+        for token in tokens {
+            if let Some(entry) = self.lost.get_mut(token) {
+                entry.1 -= 1;
+                if entry.1 == 0 {
+                    self.lost.remove(token);
+                }
+            }
+        }
+    }
+}
+
+impl MemoryBackend {
+    /// Joins (or creates) the table named by the URL and opens a session on it.
+    pub fn connect(url: &str, options: &ConnectOptions) -> Result<Self> {
+        let parsed = url::Url::parse(url).map_err(|e| Error::InvalidUrl {
+            url: url.into(),
+            reason: e.to_string(),
+        })?;
+        let table_name = format!("{}{}", parsed.host_str().unwrap_or(""), parsed.path());
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
+            Error::InvalidArgument("memory:// needs a tokio runtime for its timers".into())
+        })?;
+        let table = {
+            let mut tables = TABLES.lock().expect("table registry poisoned");
+            let tables = tables.get_or_insert_with(HashMap::new);
+            tables.retain(|_, weak| weak.strong_count() > 0);
+            match tables.get(&table_name).and_then(Weak::upgrade) {
+                Some(table) => table,
+                None => {
+                    let table = Arc::new(Table {
+                        state: Mutex::new(State {
+                            engine: Engine::default(),
+                            next_session: 1,
+                            next_request: 1,
+                            pending: HashMap::new(),
+                            lost: HashMap::new(),
+                        }),
+                        changed: Notify::new(),
+                        shutdown: CancellationToken::new(),
+                        origin: Instant::now(),
+                        system_origin: SystemTime::now(),
+                    });
+                    runtime.spawn(table.clone().run_timers());
+                    let handle = Arc::new(TableHandle { table });
+                    tables.insert(table_name, Arc::downgrade(&handle));
+                    handle
+                }
+            }
+        };
+        let ttl = options.session_ttl;
+        let session = {
+            let mut state = table.table.state();
+            let session = SessionId(state.next_session);
+            state.next_session += 1;
+            let info = ClientInfo {
+                name: options.client_name.clone(),
+                host: options.host.clone(),
+            };
+            let open = Command::OpenSession {
+                session,
+                ttl: ttl.as_millis() as Millis,
+                info,
+            };
+            table.table.apply(&mut state, open)?;
+            session
+        };
+        let heartbeat = runtime.spawn({
+            let table = Arc::downgrade(&table.table);
+            async move {
+                let mut every = tokio::time::interval(ttl / 3);
+                loop {
+                    every.tick().await;
+                    let Some(table) = table.upgrade() else { return };
+                    let mut state = table.state();
+                    if table
+                        .apply(&mut state, Command::Heartbeat { session })
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(MemoryBackend {
+            table,
+            session,
+            heartbeat,
+        })
+    }
+
+    fn table(&self) -> &Arc<Table> {
+        &self.table.table
+    }
+
+    fn info(&self, info: locksmith_core::LockInfo, state: &State) -> LockInfo {
+        let table = self.table();
+        let sessions = state.engine.sessions();
+        let session_expiry = |id| {
+            sessions
+                .iter()
+                .find(|s| s.session == id)
+                .map(|s| s.expires_at)
+        };
+        LockInfo {
+            name: info.name,
+            holders: info
+                .holders
+                .into_iter()
+                .map(|h| Holder {
+                    owner: h.owner,
+                    lock_by: Some(format!("{}@{}", h.lock_by.name, h.lock_by.host)),
+                    lock_time: Some(table.wall_clock(h.lock_time)),
+                    fencing_token: Some(h.fencing_token),
+                    lease_expires: h
+                        .lease_until
+                        .or_else(|| session_expiry(h.session))
+                        .map(|at| table.wall_clock(at)),
+                    mode: h.mode,
+                    hold_count: h.hold_count,
+                })
+                .collect(),
+            waiters: info
+                .waiters
+                .into_iter()
+                .map(|w| Waiter {
+                    owner: w.owner,
+                    mode: w.mode,
+                    since: Some(table.wall_clock(w.since)),
+                })
+                .collect(),
+        }
+    }
+}
+
+impl Drop for MemoryBackend {
+    fn drop(&mut self) {
+        self.heartbeat.abort();
+        let table = self.table();
+        let mut state = table.state();
+        if state.engine.has_session(self.session) {
+            let _ = table.apply(
+                &mut state,
+                Command::CloseSession {
+                    session: self.session,
+                },
+            );
+        }
+    }
+}
+
+/// Cancels a pending acquire when its future is dropped, or releases the grant
+/// that raced the drop. Decided under the table lock, so exactly one happens.
+struct PendingAcquire<'a> {
+    backend: &'a MemoryBackend,
+    key: (SessionId, RequestId),
+    request: &'a AcquireRequest,
+    receiver: Option<oneshot::Receiver<Outcome>>,
+}
+
+impl Drop for PendingAcquire<'_> {
+    fn drop(&mut self) {
+        let Some(mut receiver) = self.receiver.take() else {
+            return;
+        };
+        let table = self.backend.table();
+        let mut state = table.state();
+        if state.pending.remove(&self.key).is_some() {
+            let cancel = Command::Cancel {
+                session: self.key.0,
+                request: self.key.1,
+            };
+            let _ = table.apply(&mut state, cancel);
+        } else if let Ok(Outcome::Granted(tokens, _)) = receiver.try_recv() {
+            state.forget(&tokens);
+            for (name, token) in self.request.names.iter().zip(tokens) {
+                let _ = table.apply(&mut state, release(self.key.0, self.request, name, token));
+            }
+        }
+    }
+}
+
+fn release(session: SessionId, request: &AcquireRequest, name: &str, token: u64) -> Command {
+    Command::Release {
+        session,
+        owner: request.owner.clone(),
+        name: name.to_owned(),
+        token: Some(token),
+    }
+}
+
+#[async_trait]
+impl Backend for MemoryBackend {
+    fn name(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            fifo: true,
+            lock_delay: true,
+            lists_waiters: true,
+            shared: true,
+            semaphore: true,
+        }
+    }
+
+    async fn acquire(&self, request: &AcquireRequest) -> Result<Option<Grant>> {
+        let table = self.table();
+        let (sender, receiver) = oneshot::channel();
+        let key = {
+            let mut state = table.state();
+            let key = (self.session, RequestId(state.next_request));
+            state.next_request += 1;
+            let now = table.now();
+            let command = Command::Acquire(Acquire {
+                session: self.session,
+                request: key.1,
+                owner: request.owner.clone(),
+                names: request.names.clone(),
+                mode: request.mode,
+                wait: match request.wait {
+                    Wait::No => locksmith_core::Wait::No,
+                    Wait::For(limit) => {
+                        locksmith_core::Wait::Until(now + limit.as_millis() as Millis)
+                    }
+                    Wait::Forever => locksmith_core::Wait::Forever,
+                },
+                lease: request.lease.map(|lease| lease.as_millis() as Millis),
+                reentrant: request.reentrant,
+                lock_delay: request.lock_delay.as_millis() as Millis,
+            });
+            state.pending.insert(key, sender);
+            if let Err(error) = table.apply(&mut state, command) {
+                state.pending.remove(&key);
+                return Err(error.into());
+            }
+            key
+        };
+        let mut pending = PendingAcquire {
+            backend: self,
+            key,
+            request,
+            receiver: Some(receiver),
+        };
+        let outcome = pending.receiver.as_mut().expect("set above").await;
+        pending.receiver = None;
+        match outcome.map_err(|_| Error::Closed)? {
+            Outcome::Granted(tokens, lost) => Ok(Some(Grant {
+                hold: Box::new(MemoryHold {
+                    table: table.clone(),
+                    session: self.session,
+                    request: request.clone(),
+                    tokens: tokens.clone(),
+                }),
+                tokens,
+                lost,
+            })),
+            Outcome::WouldBlock => Ok(None),
+            Outcome::TimedOut => Err(Error::Timeout(match request.wait {
+                Wait::For(limit) => limit,
+                _ => Duration::ZERO,
+            })),
+        }
+    }
+
+    async fn describe(&self, name: &str) -> Result<Option<LockInfo>> {
+        let state = self.table().state();
+        Ok(state
+            .engine
+            .describe(name)
+            .map(|info| self.info(info, &state)))
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>> {
+        let state = self.table().state();
+        Ok(state
+            .engine
+            .list(prefix)
+            .into_iter()
+            .map(|info| self.info(info, &state))
+            .collect())
+    }
+
+    async fn force_release(&self, name: &str) -> Result<()> {
+        let table = self.table();
+        let mut state = table.state();
+        Ok(table.apply(
+            &mut state,
+            Command::ForceRelease {
+                name: name.to_owned(),
+            },
+        )?)
+    }
+
+    async fn close(&self) -> Result<()> {
+        self.heartbeat.abort();
+        let table = self.table();
+        let mut state = table.state();
+        if state.engine.has_session(self.session) {
+            table.apply(
+                &mut state,
+                Command::CloseSession {
+                    session: self.session,
+                },
+            )?;
+        }
+        Ok(())
+    }
+}
+
+struct MemoryHold {
+    table: Arc<Table>,
+    session: SessionId,
+    request: AcquireRequest,
+    tokens: Vec<u64>,
+}
+
+#[async_trait]
+impl Hold for MemoryHold {
+    async fn release(self: Box<Self>) -> Result<()> {
+        let mut state = self.table.state();
+        state.forget(&self.tokens);
+        let mut result = Ok(());
+        for (name, &token) in self.request.names.iter().zip(&self.tokens) {
+            let outcome = self.table.apply(
+                &mut state,
+                release(self.session, &self.request, name, token),
+            );
+            if result.is_ok() {
+                result = outcome.map_err(Error::from);
+            }
+        }
+        result
+    }
+
+    async fn extend(&self, lease: Duration) -> Result<()> {
+        let mut state = self.table.state();
+        for (name, &token) in self.request.names.iter().zip(&self.tokens) {
+            let renew = Command::Renew {
+                session: self.session,
+                owner: self.request.owner.clone(),
+                name: name.clone(),
+                token: Some(token),
+                lease: lease.as_millis() as Millis,
+            };
+            self.table.apply(&mut state, renew)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,1 @@
+//! The conformance suite and backend-specific tests against `etcd` (being written).

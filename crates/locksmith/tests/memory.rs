@@ -1,0 +1,39 @@
+//! The conformance suite against `memory://`, under tokio's paused clock.
+
+mod conformance;
+
+use std::time::Duration;
+
+use locksmith::{Client, ConnectOptions};
+
+/// Each test gets its own in-process table, bound to its own runtime and clock.
+struct Memory {
+    url: String,
+}
+
+impl conformance::Harness for Memory {
+    async fn connect(&self, session_ttl: Duration) -> Client {
+        let options = ConnectOptions {
+            session_ttl,
+            ..ConnectOptions::default()
+        };
+        Client::connect_with(&self.url, options)
+            .await
+            .expect("connect memory://")
+    }
+
+    fn short_ttl(&self) -> Duration {
+        Duration::from_millis(500)
+    }
+}
+
+async fn memory() -> Memory {
+    Memory {
+        url: format!("memory://{}", uuid::Uuid::new_v4().simple()),
+    }
+}
+
+conformance::suite!(
+    #[tokio::test(start_paused = true)]
+    memory()
+);
