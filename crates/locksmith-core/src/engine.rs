@@ -9,6 +9,7 @@ use crate::command::{Acquire, Command, Effect};
 use crate::error::EngineError;
 use crate::inspect::{HolderInfo, LockInfo, SessionInfo, WaiterInfo};
 use crate::name::validate_name;
+use crate::snapshot::{HoldSnapshot, LockSnapshot, SessionSnapshot, Snapshot, WaiterSnapshot};
 use crate::types::{ClientInfo, Limits, LostReason, Millis, Mode, RequestId, SessionId, Wait};
 
 /// Index of a lock in the slab. Internal only: ids are not stable across
@@ -954,5 +955,149 @@ impl Engine {
                 .collect(),
             lock_delay_until: lock.delay_until,
         }
+    }
+}
+
+impl Engine {
+    /// A plain-data image of the whole state.
+    pub fn snapshot(&self) -> Snapshot {
+        let mut sessions: Vec<SessionSnapshot> = self
+            .sessions
+            .iter()
+            .map(|(&session, s)| SessionSnapshot {
+                session,
+                ttl: s.ttl,
+                info: s.info.clone(),
+                expires_at: s.expires_at,
+            })
+            .collect();
+        sessions.sort_unstable_by_key(|s| s.session);
+        let mut locks: Vec<LockSnapshot> = self
+            .locks
+            .iter()
+            .flatten()
+            .map(|lock| LockSnapshot {
+                name: lock.name.to_string(),
+                holders: lock
+                    .holders
+                    .iter()
+                    .map(|h| HoldSnapshot {
+                        session: h.session,
+                        owner: h.owner.to_string(),
+                        mode: h.mode,
+                        token: h.token,
+                        count: h.count,
+                        lock_time: h.lock_time,
+                        lease_until: h.lease_until,
+                        lock_delay: h.lock_delay,
+                    })
+                    .collect(),
+                queue: lock.queue.iter().copied().collect(),
+                delay_until: lock.delay_until,
+            })
+            .collect();
+        locks.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+        let mut waiters: Vec<WaiterSnapshot> = self
+            .waiters
+            .iter()
+            .map(|(&(session, request), w)| WaiterSnapshot {
+                session,
+                request,
+                names: w
+                    .locks
+                    .iter()
+                    .map(|&id| self.lock(id).name.to_string())
+                    .collect(),
+                owner: w.owner.to_string(),
+                mode: w.mode,
+                lease: w.lease,
+                lock_delay: w.lock_delay,
+                since: w.since,
+                deadline: w.deadline,
+            })
+            .collect();
+        waiters.sort_unstable_by_key(|w| (w.session, w.request));
+        Snapshot {
+            last_token: self.last_token,
+            sessions,
+            locks,
+            waiters,
+        }
+    }
+
+    /// Rebuilds an engine from a snapshot taken by [`Engine::snapshot`].
+    pub fn restore(limits: Limits, snapshot: Snapshot) -> Engine {
+        let mut engine = Engine::new(limits);
+        engine.last_token = snapshot.last_token;
+        for s in snapshot.sessions {
+            engine
+                .timers
+                .insert((s.expires_at, Timer::Session(s.session)));
+            engine.sessions.insert(
+                s.session,
+                Session {
+                    ttl: s.ttl,
+                    expires_at: s.expires_at,
+                    info: s.info,
+                    holds: FxHashSet::default(),
+                    waiting: FxHashSet::default(),
+                },
+            );
+        }
+        for lock in snapshot.locks {
+            let id = engine.lock_id_or_insert(lock.name);
+            for h in lock.holders {
+                if let Some(until) = h.lease_until {
+                    engine.timers.insert((until, Timer::Lease(id, h.token)));
+                }
+                if let Some(session) = engine.sessions.get_mut(&h.session) {
+                    session.holds.insert(id);
+                }
+                engine.lock_mut(id).holders.push(Hold {
+                    session: h.session,
+                    owner: h.owner.into(),
+                    mode: h.mode,
+                    token: h.token,
+                    count: h.count,
+                    lock_time: h.lock_time,
+                    lease_until: h.lease_until,
+                    lock_delay: h.lock_delay,
+                });
+            }
+            if let Some(until) = lock.delay_until {
+                engine.timers.insert((until, Timer::LockDelay(id)));
+            }
+            let entry = engine.lock_mut(id);
+            entry.queue = lock.queue.into();
+            entry.delay_until = lock.delay_until;
+        }
+        for w in snapshot.waiters {
+            let locks = w
+                .names
+                .into_iter()
+                .map(|name| engine.lock_id_or_insert(name))
+                .collect();
+            if let Some(deadline) = w.deadline {
+                engine
+                    .timers
+                    .insert((deadline, Timer::Waiter(w.session, w.request)));
+            }
+            if let Some(session) = engine.sessions.get_mut(&w.session) {
+                session.waiting.insert(w.request);
+            }
+            engine.waiters.insert(
+                (w.session, w.request),
+                Waiter {
+                    locks,
+                    owner: w.owner.into(),
+                    mode: w.mode,
+                    lease: w.lease,
+                    lock_delay: w.lock_delay,
+                    since: w.since,
+                    deadline: w.deadline,
+                },
+            );
+        }
+        engine
     }
 }

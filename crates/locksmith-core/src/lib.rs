@@ -41,6 +41,7 @@ mod engine;
 mod error;
 mod inspect;
 mod name;
+mod snapshot;
 mod types;
 
 pub use command::{Acquire, Command, Effect};
@@ -48,4 +49,5 @@ pub use engine::Engine;
 pub use error::{EngineError, NameError};
 pub use inspect::{HolderInfo, LockInfo, SessionInfo, WaiterInfo};
 pub use name::{validate_name, MAX_NAME_LEN};
+pub use snapshot::{HoldSnapshot, LockSnapshot, SessionSnapshot, Snapshot, WaiterSnapshot};
 pub use types::{ClientInfo, Limits, LostReason, Millis, Mode, RequestId, SessionId, Wait};

@@ -1,0 +1,2 @@
+//! Benchmark of the etcd backend (being written).
+fn main() {}

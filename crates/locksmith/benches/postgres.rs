@@ -1,0 +1,2 @@
+//! Benchmark of the postgres backend (being written).
+fn main() {}

@@ -1,0 +1,2 @@
+//! Benchmark of the redis backend (being written).
+fn main() {}

@@ -1,0 +1,2 @@
+//! Benchmark of the server backend (being written).
+fn main() {}

@@ -1,0 +1,2 @@
+//! Benchmark of the zookeeper backend (being written).
+fn main() {}
