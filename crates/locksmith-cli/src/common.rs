@@ -1,0 +1,118 @@
+//! Options and helpers shared by the subcommands that use a lock.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use locksmith::{Client, ConnectOptions, Lock};
+
+/// Where the locks live.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BackendArgs {
+    /// Lock store URL: locksmith://, redis://, redis+redlock://, zk://, etcd://,
+    /// postgres://, memory://
+    #[arg(
+        long,
+        env = "LOCKSMITH_BACKEND",
+        default_value = "locksmith://127.0.0.1:7420"
+    )]
+    pub backend: String,
+    /// Session TTL: how long holds outlive this process if it dies or hangs.
+    #[arg(long, value_parser = parse_duration, default_value = "15s")]
+    pub session_ttl: Duration,
+}
+
+impl BackendArgs {
+    /// Connects, naming this client after the subcommand.
+    pub async fn connect(&self, what: &str) -> Result<Client, ExitCode> {
+        let options = ConnectOptions {
+            session_ttl: self.session_ttl,
+            client_name: format!("locksmith {what}[{}]", std::process::id()),
+            ..ConnectOptions::default()
+        };
+        Client::connect_with(&self.backend, options)
+            .await
+            .map_err(|error| fail(&error))
+    }
+}
+
+/// How to hold the lock.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LockArgs {
+    /// Lock name, such as `jobs/nightly-report`.
+    pub name: String,
+    /// Hold the shared (reader) side of a read-write lock.
+    #[arg(long, conflicts_with = "semaphore")]
+    pub shared: bool,
+    /// Hold one of N permits of a semaphore.
+    #[arg(long, value_name = "N")]
+    pub semaphore: Option<u32>,
+    /// Fixed lease (no watchdog): the hold ends after it, e.g. `30s`.
+    #[arg(long, value_parser = parse_duration)]
+    pub lease: Option<Duration>,
+    /// Owner id (defaults to a fresh one).
+    #[arg(long)]
+    pub owner: Option<String>,
+    /// Wait at most this long, e.g. `500ms`, `30s`, `5m` (default: forever).
+    #[arg(long, value_parser = parse_duration, conflicts_with = "no_wait")]
+    pub wait: Option<Duration>,
+    /// Fail at once if the lock is held.
+    #[arg(long)]
+    pub no_wait: bool,
+}
+
+impl LockArgs {
+    /// The lock these options describe.
+    pub fn lock(&self, client: &Client) -> Lock {
+        let mut lock = match (self.shared, self.semaphore) {
+            (true, _) => client.rw_lock(self.name.as_str()).read(),
+            (_, Some(permits)) => client.semaphore(self.name.as_str(), permits),
+            _ => client.lock(self.name.as_str()),
+        };
+        if let Some(lease) = self.lease {
+            lock = lock.lease(lease);
+        }
+        if let Some(owner) = &self.owner {
+            lock = lock.owner(owner.as_str());
+        }
+        lock
+    }
+
+    /// Acquires as the wait options say: `Ok(None)` when the lock stayed busy.
+    pub async fn acquire(&self, client: &Client) -> locksmith::Result<Option<locksmith::Guard>> {
+        let lock = self.lock(client);
+        match (self.no_wait, self.wait) {
+            (true, _) => lock.try_acquire().await,
+            (_, Some(wait)) => match lock.acquire_timeout(wait).await {
+                Err(locksmith::Error::Timeout(_)) => Ok(None),
+                other => other.map(Some),
+            },
+            _ => lock.acquire().await.map(Some),
+        }
+    }
+}
+
+/// Parses `500ms`, `30s`, `5m`, `1h30m`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text).map_err(|e| format!("{e} (use e.g. 500ms, 30s, 5m)"))
+}
+
+/// Prints an error and gives the generic failure status.
+pub fn fail(error: &dyn std::fmt::Display) -> ExitCode {
+    eprintln!("locksmith: {error}");
+    ExitCode::FAILURE
+}
+
+/// Completes on SIGINT or SIGTERM, with the signal.
+pub async fn termination() -> nix::sys::signal::Signal {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut int), Ok(mut term)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = int.recv() => nix::sys::signal::Signal::SIGINT,
+        _ = term.recv() => nix::sys::signal::Signal::SIGTERM,
+    }
+}

@@ -1,0 +1,43 @@
+//! `locksmith hold`: take a lock and keep it until interrupted.
+
+use std::process::ExitCode;
+
+use crate::common::{fail, termination, BackendArgs, LockArgs};
+use crate::run::{CONFLICT_EXIT, LOST_EXIT};
+
+/// Options of `locksmith hold`.
+#[derive(Debug, clap::Args)]
+pub struct HoldArgs {
+    #[command(flatten)]
+    lock: LockArgs,
+    #[command(flatten)]
+    backend: BackendArgs,
+}
+
+/// Acquires, prints the fencing token on stdout, holds until SIGINT/SIGTERM
+/// (then releases, exit 0) or until the hold is lost (exit 75).
+pub async fn hold(args: HoldArgs) -> ExitCode {
+    let client = match args.backend.connect("hold").await {
+        Ok(client) => client,
+        Err(code) => return code,
+    };
+    let guard = match args.lock.acquire(&client).await {
+        Ok(Some(guard)) => guard,
+        Ok(None) => {
+            eprintln!("locksmith: {} is held by someone else", args.lock.name);
+            return ExitCode::from(CONFLICT_EXIT);
+        }
+        Err(error) => return fail(&error),
+    };
+    println!("{}", guard.fencing_token());
+    tokio::select! {
+        reason = guard.lost() => {
+            eprintln!("locksmith: lost {}: {reason}", args.lock.name);
+            ExitCode::from(LOST_EXIT)
+        }
+        _ = termination() => match guard.release().await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => fail(&error),
+        },
+    }
+}
