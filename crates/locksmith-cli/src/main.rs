@@ -8,11 +8,13 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod bench;
 mod common;
 mod hold;
 mod run;
 mod serve;
 mod status;
+mod torture;
 
 /// Distributed locks with fencing tokens.
 #[derive(Debug, Parser)]
@@ -38,6 +40,10 @@ enum Command {
     Status(status::StatusArgs),
     /// Free a lock whoever holds it (administrators only).
     Release(status::ReleaseArgs),
+    /// Measure every backend side by side.
+    Bench(bench::BenchArgs),
+    /// Check safety under injected faults (kill, pause, restart, partition).
+    Torture(torture::TortureArgs),
 }
 
 fn main() -> ExitCode {
@@ -63,6 +69,8 @@ fn main() -> ExitCode {
             Command::Hold(args) => hold::hold(args).await,
             Command::Status(args) => status::status(args).await,
             Command::Release(args) => status::release(args).await,
+            Command::Bench(args) => bench::bench(args).await,
+            Command::Torture(args) => torture::torture(args).await,
         }
     })
 }
