@@ -1,25 +1,295 @@
-//! `zk://` backend (being written).
+//! `zk://host:port[,host:port…][/chroot][?options]`: ZooKeeper, in the layouts
+//! of Apache Curator's lock recipes, so that locksmith, Curator (Java) and
+//! kazoo (Python) clients exclude each other on the same lock.
+//!
+//! # Layout
+//!
+//! A lock named `orders/42` is the path `/orders/42` under the URL's chroot
+//! (the chroot is created on connect when missing; missing ancestors of a lock
+//! path are created as container nodes, which the server removes once empty,
+//! as Curator's `creatingParentContainersIfNeeded` does).
+//!
+//! | lock | nodes (ephemeral sequential, under the lock path) | Curator recipe |
+//! |---|---|---|
+//! | exclusive | `_c_<uuid>-lock-<seq>` | `InterProcessMutex` |
+//! | read-write, reader | `_c_<uuid>-__READ__<seq>` | `InterProcessReadWriteLock` |
+//! | read-write, writer | `_c_<uuid>-__WRIT__<seq>` | `InterProcessReadWriteLock` |
+//! | semaphore of N | mutex `locks/_c_<uuid>-lock-<seq>`, leases `leases/_c_<uuid>-lease-<seq>`; N as text in the path's data | `InterProcessSemaphoreV2` |
+//!
+//! The names come from Curator's sources: `InterProcessMutex.LOCK_NAME`,
+//! `InterProcessReadWriteLock.READ_LOCK_NAME`/`WRITE_LOCK_NAME`,
+//! `InterProcessSemaphoreV2.LOCK_PARENT`/`LEASE_PARENT`/`LEASE_BASE_NAME`, and
+//! the `_c_<uuid>-` protection prefix of `ProtectedUtils`; see `layout.rs`.
+//!
+//! * **Queue.** Contenders are ordered by the ten-digit sequence number
+//!   ZooKeeper appends (one counter per lock path), read from the end of *any*
+//!   child's name: Curator's nodes, kazoo's `<hex>__lock__<seq>` and
+//!   `<hex>__rlock__<seq>`, anyone's. A writer (exclusive) holds when it is
+//!   first; a reader holds when no writer is ahead of it (Curator's and kazoo's
+//!   rules; kazoo's `__rlock__` counts as a reader, every unknown node as a
+//!   writer). Each waiter watches only the one node whose deletion can change
+//!   its answer (its predecessor; for a reader the nearest writer ahead), so a
+//!   release wakes one waiter, not the herd. Waiting is FIFO.
+//! * **Writers.** An exclusive lock and a read-write lock's writer are the same
+//!   request to a backend. The node is `lock-` unless the lock path already has
+//!   read-write nodes, in which case it is `__WRIT__`, because Curator's readers
+//!   only see `__WRIT__` nodes. Between locksmith clients both names are
+//!   writers, so exclusion never depends on that choice; only a Curator reader
+//!   racing a locksmith writer on an *empty* path could miss a `lock-` node.
+//! * **Protected creation.** Every node starts with `_c_<uuid>-`: after a
+//!   connection loss during the create, the client lists the path and finds
+//!   its own node by that prefix instead of creating a second one.
+//! * **Re-check (CURATOR-604).** After every wake-up and every reconnection a
+//!   waiter reads the queue again; when its own node is gone (and the session
+//!   lives) it queues again.
+//! * **Node data.** The owner id, as UTF-8 text: what kazoo stores (its lock
+//!   `identifier`, returned by `Lock.contenders()`), so a kazoo election reads a
+//!   locksmith leader's value and the reverse. Curator stores the client's IP
+//!   address by default; inspection shows whatever text is there as the owner.
+//!   `lock_by` is the owning session (`session 0x…`; this client's own nodes
+//!   also show its name and host), `lock_time` the node's creation time for
+//!   other clients' nodes.
+//! * **Fencing token.** The czxid of our node: the zxid of the transaction that
+//!   created it, globally monotonic across the ensemble, restarts and leader
+//!   changes. Re-entry keeps the node, hence the token.
+//! * **Semaphores.** As Curator's `InterProcessSemaphoreV2`: take the `locks`
+//!   mutex, create a lease node, wait (still holding the mutex, watching the
+//!   leases) until at most N leases exist, release the mutex. The number of
+//!   permits is written as decimal text into the semaphore path's data (kazoo's
+//!   `Semaphore` convention; Curator leaves it empty and never checks). A
+//!   request with a different N while leases are out is `Error::Conflict`;
+//!   with none out, the newcomer's N is recorded. A try-acquire fails while
+//!   another client is inside the mutex.
+//!
+//! # Interoperability
+//!
+//! * **Curator**: same layouts and the same rules; locksmith, `InterProcessMutex`,
+//!   `InterProcessReadWriteLock` and `InterProcessSemaphoreV2` share locks.
+//! * **kazoo**: locksmith queues behind kazoo's `Lock` (`__lock__`), `ReadLock`
+//!   and `WriteLock` nodes. kazoo, for its part, only counts nodes matching its
+//!   own names, so a kazoo lock must be told about Curator's:
+//!   `zk.Lock(path, identifier, extra_lock_patterns=["-lock-"])` (the option
+//!   kazoo has for exactly this, since 2.7.1). Without it kazoo ignores
+//!   Curator's and locksmith's nodes.
+//!
+//! # Sessions, liveness and `lost()`
+//!
+//! Holds are ephemeral nodes of the client's one ZooKeeper session, kept alive
+//! by the ZooKeeper client's pings. The client's session TTL
+//! ([`ConnectOptions::session_ttl`]) is the requested session timeout; the
+//! server clamps it into its `minSessionTimeout..=maxSessionTimeout` (by
+//! default 2 to 20 ticks, 4 s to 40 s). [`Guard::lost`](crate::Guard::lost)
+//! fires when the session ends, when the connection stays suspended longer than
+//! a part of the session timeout (Curator tech notes 10, 12, 14: a suspended
+//! connection is not trusted), when the node is deleted by someone else
+//! (`force_release`), or when a fixed lease ends. A lost hold's node is deleted
+//! as soon as the connection allows. After a session ends the next operation
+//! opens a new one.
+//!
+//! **Leases are client-enforced**: ZooKeeper has no TTL for ephemeral nodes, so
+//! a hold with a fixed lease is deleted by this client when the lease ends
+//! (`lost()` fires at that moment) and `extend` moves the deadline. A crashed
+//! client's holds end with its session.
+//!
+//! Lock-delay is not supported (a nonzero `lock_delay` is
+//! [`Error::Unsupported`]): nothing is left on the server to enforce it after
+//! an abnormal loss.
+//!
+//! # Cancel safety
+//!
+//! A dropped (or timed-out) acquire deletes its node. On a multi-thread tokio
+//! runtime the drop waits for the delete (at most one second), so once the
+//! future is gone, every client sees the queue without it; on a current-thread
+//! runtime the delete runs in the background.
+//!
+//! # URL options
+//!
+//! | option | default | meaning |
+//! |---|---|---|
+//! | `session_timeout` | the client's `session_ttl` | requested ZooKeeper session timeout (`500ms`, `10s`, `1m`, or milliseconds) |
+//! | `connection_timeout` | a third of the session timeout | silence after which the connection counts as lost and the client tries the next server |
+//! | `lost_after_suspended` | `0.33` | part of the negotiated session timeout the connection may stay suspended before holds are lost (`0`: at once; `never`: only on session expiry) |
+//!
+//! Example: `zk://zk1:2181,zk2:2181,zk3:2181/apps/locks?session_timeout=10s`.
+//!
+//! [`ConnectOptions::session_ttl`]: crate::ConnectOptions::session_ttl
+
+mod acquire;
+mod config;
+mod hold;
+mod inspect;
+mod layout;
+mod session;
+
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
+use locksmith_core::Mode;
+use tokio_util::sync::CancellationToken;
 
-use crate::backend::{AcquireRequest, Backend, Capabilities, Grant, LockInfo};
+use self::acquire::Node;
+use self::config::Config;
+use self::hold::{HoldState, HoldTable, NewHold, ZkHold};
+use self::inspect::View;
+use self::session::Session;
+use crate::backend::{
+    acquire_each_in_order, AcquireRequest, Backend, Capabilities, Grant, LockInfo,
+};
 use crate::client::ConnectOptions;
 use crate::error::{Error, Result};
 
 const BACKEND: &str = "zookeeper";
 
-/// The zookeeper backend.
-pub struct ZooKeeperBackend;
+/// How many times an acquire starts over on a new session after its session
+/// ended underneath it.
+const SESSION_RETRIES: usize = 3;
+
+/// Locks on a ZooKeeper ensemble, in Curator's layouts (see the module docs).
+pub struct ZooKeeperBackend {
+    config: Config,
+    current: Mutex<Option<Arc<Session>>>,
+    reconnect: tokio::sync::Mutex<()>,
+    holds: Arc<HoldTable>,
+    closed: CancellationToken,
+}
 
 impl ZooKeeperBackend {
-    /// Connects to the store named by `url`.
+    /// Connects to the ensemble named by `url` and opens a session.
     ///
-    /// Cancel safety: safe; a dropped connect leaves nothing behind.
-    pub async fn connect(_url: &str, _options: &ConnectOptions) -> Result<Self> {
-        Err(Error::Unsupported {
-            backend: BACKEND,
-            what: "not built yet".into(),
+    /// Cancel safety: safe; a dropped connect closes the half-made session.
+    pub async fn connect(url: &str, options: &ConnectOptions) -> Result<Self> {
+        let config = config::parse(url, options)?;
+        let session = Session::open(&config).await?;
+        Ok(ZooKeeperBackend {
+            config,
+            current: Mutex::new(Some(session)),
+            reconnect: tokio::sync::Mutex::new(()),
+            holds: Arc::default(),
+            closed: CancellationToken::new(),
         })
+    }
+
+    /// The current ZooKeeper session's id (the `ephemeralOwner` of this
+    /// client's nodes), if a session is open.
+    pub fn session_id(&self) -> Option<i64> {
+        self.current().map(|s| s.id)
+    }
+
+    /// The current session's client, for what this backend does not cover
+    /// (and for tests that need to expire the session).
+    pub fn zookeeper(&self) -> Option<zookeeper_client::Client> {
+        self.current().map(|s| s.client.clone())
+    }
+
+    /// The negotiated session timeout of the current session.
+    pub fn session_timeout(&self) -> Option<std::time::Duration> {
+        self.current().map(|s| s.timeout)
+    }
+
+    fn current(&self) -> Option<Arc<Session>> {
+        self.current.lock().expect("session lock").clone()
+    }
+
+    /// The live session, opening a new one if the last one ended.
+    async fn session(&self) -> Result<Arc<Session>> {
+        if self.closed.is_cancelled() {
+            return Err(Error::Closed);
+        }
+        if let Some(session) = self.current().filter(|s| !s.is_over()) {
+            return Ok(session);
+        }
+        let _one = self.reconnect.lock().await;
+        if let Some(session) = self.current().filter(|s| !s.is_over()) {
+            return Ok(session);
+        }
+        if self.closed.is_cancelled() {
+            return Err(Error::Closed);
+        }
+        tracing::info!("ZooKeeper session ended: opening a new one");
+        let session = Session::open(&self.config).await?;
+        *self.current.lock().expect("session lock") = Some(session.clone());
+        Ok(session)
+    }
+
+    fn view<'a>(&'a self, session: &'a Session) -> View<'a> {
+        View {
+            session,
+            holds: &self.holds,
+            lock_by: &self.config.lock_by,
+        }
+    }
+
+    /// A re-entry of a live hold of the same owner, if there is one.
+    fn reenter(&self, name: &str, request: &AcquireRequest) -> Result<Option<Grant>> {
+        let Some(hold) = self.holds.get(name, &request.owner) else {
+            return Ok(None);
+        };
+        if !request.reentrant {
+            return Err(Error::AlreadyHeld { name: name.into() });
+        }
+        if hold.mode != request.mode {
+            return Err(Error::Conflict {
+                name: name.into(),
+                mode: request.mode,
+                detail: format!("the owner already holds it in mode {}", hold.mode),
+            });
+        }
+        if hold.reenter().is_none() {
+            return Ok(None);
+        }
+        tracing::debug!(lock = %name, owner = %request.owner, count = hold.count(), "re-entered");
+        Ok(Some(Grant {
+            tokens: vec![hold.token],
+            lost: hold.lost.clone(),
+            hold: Box::new(ZkHold {
+                hold,
+                table: self.holds.clone(),
+            }),
+        }))
+    }
+
+    /// One attempt on one session.
+    async fn acquire_on(
+        &self,
+        session: &Arc<Session>,
+        name: &str,
+        request: &AcquireRequest,
+    ) -> Result<Option<Grant>> {
+        let trust = session.trust();
+        let path = layout::lock_path(name);
+        let data = request.owner.as_bytes();
+        let acquired = match request.mode {
+            Mode::Semaphore { permits } => {
+                acquire::semaphore(session, name, &path, permits, data, request.wait).await?
+            }
+            mode => acquire::queue(session, &path, mode, data, request.wait).await?,
+        };
+        let Some((Node { path, czxid }, pending)) = acquired else {
+            return Ok(None);
+        };
+        pending.keep();
+        let hold = HoldState::start(
+            NewHold {
+                name: name.to_owned(),
+                owner: request.owner.clone(),
+                mode: request.mode,
+                path,
+                token: czxid,
+                lease: request.lease,
+                session: session.clone(),
+                trust,
+            },
+            &self.holds,
+        );
+        tracing::debug!(lock = %name, owner = %request.owner, token = czxid, "granted");
+        Ok(Some(Grant {
+            tokens: vec![czxid],
+            lost: hold.lost.clone(),
+            hold: Box::new(ZkHold {
+                hold,
+                table: self.holds.clone(),
+            }),
+        }))
     }
 }
 
@@ -31,31 +301,94 @@ impl Backend for ZooKeeperBackend {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            fifo: false,
+            fifo: true,
             lock_delay: false,
-            lists_waiters: false,
-            shared: false,
-            semaphore: false,
+            lists_waiters: true,
+            shared: true,
+            semaphore: true,
         }
     }
 
-    async fn acquire(&self, _request: &AcquireRequest) -> Result<Option<Grant>> {
-        unimplemented!()
+    /// Acquires in the lock path's queue (see the module docs).
+    ///
+    /// Cancel safety: safe; a dropped acquire deletes its node (waiting for the
+    /// delete on a multi-thread runtime), and a grant is only made after the
+    /// last await.
+    #[tracing::instrument(name = "zookeeper.acquire", skip_all, fields(names = ?request.names, mode = %request.mode, owner = %request.owner))]
+    async fn acquire(&self, request: &AcquireRequest) -> Result<Option<Grant>> {
+        if !request.lock_delay.is_zero() {
+            return Err(Error::Unsupported {
+                backend: BACKEND,
+                what: "lock-delay (nothing on a ZooKeeper server can enforce it after an \
+                       abnormal loss)"
+                    .into(),
+            });
+        }
+        if request.names.len() > 1 {
+            return acquire_each_in_order(self, request).await;
+        }
+        let name = &request.names[0];
+        if let Some(grant) = self.reenter(name, request)? {
+            return Ok(Some(grant));
+        }
+        let mut attempt = 0;
+        loop {
+            let session = self.session().await?;
+            match self.acquire_on(&session, name, request).await {
+                Err(error) if session.is_over() && attempt < SESSION_RETRIES => {
+                    attempt += 1;
+                    tracing::warn!(%error, "session ended during an acquire: starting over");
+                }
+                other => return other,
+            }
+        }
     }
 
-    async fn describe(&self, _name: &str) -> Result<Option<LockInfo>> {
-        unimplemented!()
+    /// Reads the lock path: holders per the queue rules, then waiters in
+    /// queue order.
+    ///
+    /// Cancel safety: safe, read-only.
+    #[tracing::instrument(name = "zookeeper.describe", skip(self))]
+    async fn describe(&self, name: &str) -> Result<Option<LockInfo>> {
+        let session = self.session().await?;
+        self.view(&session).describe(name).await
     }
 
-    async fn list(&self, _prefix: &str) -> Result<Vec<LockInfo>> {
-        unimplemented!()
+    /// Walks the tree under the prefix's deepest complete path.
+    ///
+    /// Cancel safety: safe, read-only.
+    #[tracing::instrument(name = "zookeeper.list", skip(self))]
+    async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>> {
+        let session = self.session().await?;
+        self.view(&session).list(prefix).await
     }
 
-    async fn force_release(&self, _name: &str) -> Result<()> {
-        unimplemented!()
+    /// Deletes every contender (and semaphore lease) of the lock.
+    ///
+    /// Cancel safety: some nodes may have been deleted.
+    #[tracing::instrument(name = "zookeeper.force_release", skip(self))]
+    async fn force_release(&self, name: &str) -> Result<()> {
+        let session = self.session().await?;
+        self.view(&session).force_release(name).await
     }
 
+    /// Releases every hold of this client (their `lost()` fires with "client
+    /// closed") and closes the session.
+    ///
+    /// Cancel safety: if dropped midway, the remaining nodes end with the
+    /// session.
+    #[tracing::instrument(name = "zookeeper.close", skip(self))]
     async fn close(&self) -> Result<()> {
-        unimplemented!()
+        self.closed.cancel();
+        let holds = self.holds.drain();
+        let mut deletes = Vec::new();
+        for hold in &holds {
+            if hold.lose(&self.holds, "client closed") {
+                deletes.push(hold.session.delete(&hold.path));
+            }
+        }
+        futures::future::join_all(deletes).await;
+        self.current.lock().expect("session lock").take();
+        Ok(())
     }
 }

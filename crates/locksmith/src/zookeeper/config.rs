@@ -1,0 +1,237 @@
+//! The `zk://` URL and its options.
+
+use std::time::Duration;
+
+use crate::client::{redact, ConnectOptions};
+use crate::error::{Error, Result};
+
+/// Default ZooKeeper client port.
+const DEFAULT_PORT: u16 = 2181;
+
+/// Everything a ZooKeeper connection is made from.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Config {
+    /// `host:port,host:port`, the ensemble as the ZooKeeper client takes it.
+    pub hosts: String,
+    /// The chroot (`/` for none); created on connect when missing.
+    pub chroot: String,
+    /// Requested session timeout; the server clamps it into its
+    /// `minSessionTimeout..=maxSessionTimeout`.
+    pub session_timeout: Duration,
+    /// Idle time after which the client declares the connection lost; `None`:
+    /// a third of the negotiated session timeout.
+    pub connection_timeout: Option<Duration>,
+    /// How long (as a part of the negotiated session timeout) the connection
+    /// may stay suspended before holds are reported lost; `None`: only when
+    /// the session expires.
+    pub lost_after_suspended: Option<f64>,
+    /// `lock_by` of this client's own holds.
+    pub lock_by: String,
+}
+
+impl Config {
+    /// The idle time before the connection counts as lost, for a negotiated
+    /// session timeout.
+    pub fn connection_timeout_for(&self, session_timeout: Duration) -> Duration {
+        self.connection_timeout.unwrap_or(session_timeout / 3)
+    }
+
+    /// How long the connection may stay suspended before holds are lost, for a
+    /// negotiated session timeout.
+    pub fn suspended_grace_for(&self, session_timeout: Duration) -> Option<Duration> {
+        self.lost_after_suspended
+            .map(|part| session_timeout.mul_f64(part))
+    }
+}
+
+/// Parses `zk://host:port[,host:port…][/chroot][?option=value&…]` (also
+/// `zookeeper://`).
+pub(crate) fn parse(url: &str, options: &ConnectOptions) -> Result<Config> {
+    let invalid = |reason: String| Error::InvalidUrl {
+        url: redact(url),
+        reason,
+    };
+    let rest = url
+        .strip_prefix("zk://")
+        .or_else(|| url.strip_prefix("zookeeper://"))
+        .ok_or_else(|| invalid("expected zk://host:port[,host:port…]/chroot".into()))?;
+    let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let (hosts, chroot) = match rest.find('/') {
+        Some(at) => (&rest[..at], &rest[at..]),
+        None => (rest, "/"),
+    };
+    let hosts = parse_hosts(hosts).map_err(invalid)?;
+    let chroot = parse_chroot(chroot).map_err(invalid)?;
+    let mut config = Config {
+        hosts,
+        chroot,
+        session_timeout: options.session_ttl,
+        connection_timeout: None,
+        lost_after_suspended: Some(1.0 / 3.0),
+        lock_by: format!("{}@{}", options.client_name, options.host),
+    };
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair
+            .split_once('=')
+            .ok_or_else(|| invalid(format!("option {pair:?} has no value")))?;
+        match key {
+            "session_timeout" => {
+                config.session_timeout = parse_duration(value).map_err(invalid)?;
+            }
+            "connection_timeout" => {
+                config.connection_timeout = Some(parse_duration(value).map_err(invalid)?);
+            }
+            "lost_after_suspended" => {
+                config.lost_after_suspended = parse_part(value).map_err(invalid)?;
+            }
+            other => {
+                return Err(invalid(format!(
+                    "unknown option {other:?} (known: session_timeout, connection_timeout, \
+                     lost_after_suspended)"
+                )))
+            }
+        }
+    }
+    if config.session_timeout < Duration::from_millis(100) {
+        return Err(invalid(format!(
+            "session_timeout of {:?} is below 100ms",
+            config.session_timeout
+        )));
+    }
+    if config.connection_timeout.is_some_and(|t| t.is_zero()) {
+        return Err(invalid("connection_timeout must not be zero".into()));
+    }
+    Ok(config)
+}
+
+fn parse_hosts(hosts: &str) -> Result<String, String> {
+    if hosts.is_empty() {
+        return Err("no host given".into());
+    }
+    let mut out = Vec::new();
+    for host in hosts.split(',') {
+        let (name, port) = match host.rsplit_once(':') {
+            Some((name, port)) => {
+                let port: u16 = port.parse().map_err(|_| format!("bad port in {host:?}"))?;
+                (name, port)
+            }
+            None => (host, DEFAULT_PORT),
+        };
+        if name.is_empty() || name.contains(['/', '@', ' ']) {
+            return Err(format!("bad host {host:?}"));
+        }
+        out.push(format!("{name}:{port}"));
+    }
+    Ok(out.join(","))
+}
+
+fn parse_chroot(chroot: &str) -> Result<String, String> {
+    let trimmed = chroot.trim_end_matches('/');
+    if trimmed.is_empty() {
+        return Ok("/".into());
+    }
+    for segment in trimmed[1..].split('/') {
+        if segment.is_empty() || segment == "." || segment == ".." || segment.contains('\0') {
+            return Err(format!("bad chroot {chroot:?}"));
+        }
+    }
+    Ok(trimmed.to_owned())
+}
+
+/// `250ms`, `2s`, `1m`, or a bare number of milliseconds.
+fn parse_duration(value: &str) -> Result<Duration, String> {
+    let bad = || format!("bad duration {value:?} (examples: 500ms, 10s, 1m)");
+    let (number, unit) = match value.find(|c: char| !c.is_ascii_digit() && c != '.') {
+        Some(at) => value.split_at(at),
+        None => (value, "ms"),
+    };
+    let number: f64 = number.parse().map_err(|_| bad())?;
+    let seconds = match unit {
+        "ms" => number / 1000.0,
+        "s" => number,
+        "m" => number * 60.0,
+        _ => return Err(bad()),
+    };
+    Duration::try_from_secs_f64(seconds).map_err(|_| bad())
+}
+
+/// A part of the session timeout in `0..=1`, or `never`.
+fn parse_part(value: &str) -> Result<Option<f64>, String> {
+    if value == "never" {
+        return Ok(None);
+    }
+    match value.parse::<f64>() {
+        Ok(part) if (0.0..=1.0).contains(&part) => Ok(Some(part)),
+        _ => Err(format!(
+            "lost_after_suspended must be a part of the session timeout in 0..=1 or \
+             \"never\", not {value:?}"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options() -> ConnectOptions {
+        ConnectOptions {
+            session_ttl: Duration::from_secs(6),
+            client_name: "app".into(),
+            host: "box".into(),
+        }
+    }
+
+    #[test]
+    fn hosts_chroot_and_options() {
+        let config = parse(
+            "zk://a:2181,b:2182/apps/locks?session_timeout=2s&lost_after_suspended=0.5",
+            &options(),
+        )
+        .unwrap();
+        assert_eq!(config.hosts, "a:2181,b:2182");
+        assert_eq!(config.chroot, "/apps/locks");
+        assert_eq!(config.session_timeout, Duration::from_secs(2));
+        assert_eq!(config.lost_after_suspended, Some(0.5));
+        assert_eq!(config.lock_by, "app@box");
+        assert_eq!(
+            config.suspended_grace_for(Duration::from_secs(4)),
+            Some(Duration::from_secs(2))
+        );
+    }
+
+    #[test]
+    fn defaults() {
+        let config = parse("zookeeper://localhost", &options()).unwrap();
+        assert_eq!(config.hosts, "localhost:2181");
+        assert_eq!(config.chroot, "/");
+        assert_eq!(config.session_timeout, Duration::from_secs(6));
+        assert_eq!(
+            config.connection_timeout_for(Duration::from_secs(6)),
+            Duration::from_secs(2)
+        );
+        let never = parse("zk://h:1/?lost_after_suspended=never", &options()).unwrap();
+        assert_eq!(never.suspended_grace_for(Duration::from_secs(6)), None);
+        let ms = parse("zk://h:1?connection_timeout=750", &options()).unwrap();
+        assert_eq!(ms.connection_timeout, Some(Duration::from_millis(750)));
+    }
+
+    #[test]
+    fn rejects_bad_urls() {
+        for bad in [
+            "zk://",
+            "zk://h:notaport",
+            "zk://h:1/a//b",
+            "zk://h:1/a/../b",
+            "zk://h:1?colour=blue",
+            "zk://h:1?session_timeout=soon",
+            "zk://h:1?lost_after_suspended=2",
+            "zk://h:1?session_timeout=10ms",
+            "redis://h:1",
+        ] {
+            assert!(
+                matches!(parse(bad, &options()), Err(Error::InvalidUrl { .. })),
+                "{bad} accepted"
+            );
+        }
+    }
+}

@@ -1,0 +1,362 @@
+//! Live holds: the client-side table (re-entry, leases) and the task that
+//! watches each hold's node.
+//!
+//! Re-entry is client-local, as in Curator's `InterProcessMutex` (its
+//! `threadData` map): the same owner acquiring the same lock on the same client
+//! raises a count and gets the same node, hence the same fencing token. Only the
+//! last release deletes the node.
+//!
+//! Each hold has one task that watches its own node (an `exists` watch), so that
+//! [`LostSignal`] fires when the node disappears without our release (an
+//! administrator's `force_release`, a `delete` from another client), when the
+//! session's trust signal fires (expiry, suspension past the grace), or when a
+//! fixed lease ends.
+//!
+//! **Leases are enforced by this client.** ZooKeeper has no TTL for ephemeral
+//! nodes (TTL nodes exist only for persistent nodes, need
+//! `extendedTypesEnabled`, and are reaped by the container manager on its own
+//! schedule, typically once a minute), so a hold with a lease is an ephemeral
+//! node that this client deletes when the lease ends, firing `lost()` at the
+//! same moment; `extend` moves that deadline. If the client dies first, the
+//! session's expiry removes the node anyway: a hold never outlives
+//! `min(lease, session)`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use locksmith_core::Mode;
+use tokio::sync::Notify;
+use tokio::time::{sleep_until, Instant};
+use tokio_util::sync::CancellationToken;
+use zookeeper_client as zk;
+
+use super::session::Session;
+use super::BACKEND;
+use crate::backend::{Hold, LostSignal};
+use crate::error::{Error, Result};
+
+/// Holds of one client by `(lock name, owner)`, for re-entry and inspection.
+#[derive(Default)]
+pub(crate) struct HoldTable {
+    holds: Mutex<HashMap<(String, String), Arc<HoldState>>>,
+}
+
+impl HoldTable {
+    /// The live hold of `owner` on `name`, if any.
+    pub fn get(&self, name: &str, owner: &str) -> Option<Arc<HoldState>> {
+        self.lock()
+            .get(&(name.to_owned(), owner.to_owned()))
+            .cloned()
+    }
+
+    /// Our live hold whose node is `path`, if any.
+    pub fn by_path(&self, path: &str) -> Option<Arc<HoldState>> {
+        self.lock().values().find(|h| h.path == path).cloned()
+    }
+
+    /// Records a new hold (replacing a stale entry of the same owner).
+    pub fn insert(&self, hold: Arc<HoldState>) {
+        self.lock()
+            .insert((hold.name.clone(), hold.owner.clone()), hold);
+    }
+
+    /// Takes every hold out of the table (closing the client).
+    pub fn drain(&self) -> Vec<Arc<HoldState>> {
+        self.lock().drain().map(|(_, h)| h).collect()
+    }
+
+    fn remove(&self, hold: &Arc<HoldState>) {
+        let mut holds = self.lock();
+        let key = (hold.name.clone(), hold.owner.clone());
+        if holds.get(&key).is_some_and(|h| Arc::ptr_eq(h, hold)) {
+            holds.remove(&key);
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Arc<HoldState>>> {
+        self.holds.lock().expect("hold table lock")
+    }
+}
+
+/// One hold: one node of ours, shared by the re-entries of its owner.
+pub(crate) struct HoldState {
+    /// Lock name.
+    pub name: String,
+    /// Owner id as given by the acquiring client.
+    pub owner: String,
+    /// How it is held.
+    pub mode: Mode,
+    /// Full path of our node (a lock contender or a semaphore lease).
+    pub path: String,
+    /// The fencing token: the node's czxid.
+    pub token: u64,
+    /// Fires when the hold can no longer be trusted.
+    pub lost: LostSignal,
+    /// When it was granted.
+    pub granted_at: SystemTime,
+    /// The session the node belongs to.
+    pub session: Arc<Session>,
+    inner: Mutex<Inner>,
+    done: CancellationToken,
+    lease_moved: Notify,
+}
+
+struct Inner {
+    count: u32,
+    status: Status,
+    lease_until: Option<(Instant, SystemTime)>,
+}
+
+enum Status {
+    Held,
+    Released,
+    Lost(String),
+}
+
+/// What a grant needs to become a hold.
+pub(crate) struct NewHold {
+    pub name: String,
+    pub owner: String,
+    pub mode: Mode,
+    pub path: String,
+    pub token: u64,
+    pub lease: Option<Duration>,
+    pub session: Arc<Session>,
+    /// The session's trust signal as it was when the node was created.
+    pub trust: LostSignal,
+}
+
+impl HoldState {
+    /// Makes the hold, records it, and starts its watch task.
+    pub fn start(new: NewHold, table: &Arc<HoldTable>) -> Arc<HoldState> {
+        let lease_until = new
+            .lease
+            .map(|lease| (Instant::now() + lease, SystemTime::now() + lease));
+        let hold = Arc::new(HoldState {
+            name: new.name,
+            owner: new.owner,
+            mode: new.mode,
+            path: new.path,
+            token: new.token,
+            lost: LostSignal::new(),
+            granted_at: SystemTime::now(),
+            session: new.session,
+            inner: Mutex::new(Inner {
+                count: 1,
+                status: Status::Held,
+                lease_until,
+            }),
+            done: CancellationToken::new(),
+            lease_moved: Notify::new(),
+        });
+        table.insert(hold.clone());
+        tokio::spawn(watch(hold.clone(), table.clone(), new.trust));
+        hold
+    }
+
+    /// Re-enters: one more level of the same hold. `None` if it is no longer
+    /// held.
+    pub fn reenter(&self) -> Option<()> {
+        let mut inner = self.inner();
+        match inner.status {
+            Status::Held => {
+                inner.count += 1;
+                Some(())
+            }
+            _ => None,
+        }
+    }
+
+    /// Re-entry depth.
+    pub fn count(&self) -> u32 {
+        self.inner().count
+    }
+
+    /// When the lease runs out, for a leased hold.
+    pub fn lease_expires(&self) -> Option<SystemTime> {
+        self.inner().lease_until.map(|(_, at)| at)
+    }
+
+    /// Marks the hold lost (if it was held) and fires its signal. Returns
+    /// whether this call did it.
+    pub fn lose(self: &Arc<Self>, table: &HoldTable, reason: &str) -> bool {
+        {
+            let mut inner = self.inner();
+            if !matches!(inner.status, Status::Held) {
+                return false;
+            }
+            inner.status = Status::Lost(reason.to_owned());
+        }
+        table.remove(self);
+        self.done.cancel();
+        tracing::warn!(lock = %self.name, owner = %self.owner, token = self.token, %reason, "hold lost");
+        self.lost.fire(format!("{}: {reason}", self.name));
+        true
+    }
+
+    fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().expect("hold lock")
+    }
+
+    fn lost_error(&self, reason: &str) -> Error {
+        Error::Lost(format!("{}: {reason}", self.name))
+    }
+}
+
+/// Watches one hold until it is released or lost.
+async fn watch(hold: Arc<HoldState>, table: Arc<HoldTable>, trust: LostSignal) {
+    let node_gone = node_gone(&hold);
+    tokio::pin!(node_gone);
+    loop {
+        let lease = hold.inner().lease_until.map(|(at, _)| at);
+        let far = Instant::now() + Duration::from_secs(86_400 * 365);
+        tokio::select! {
+            _ = hold.done.cancelled() => return,
+            reason = trust.fired() => {
+                if hold.lose(&table, &reason) {
+                    delete_abandoned(&hold).await;
+                }
+                return;
+            }
+            _ = sleep_until(lease.unwrap_or(far)), if lease.is_some() => {
+                let lease = hold.inner().lease_until.map(|(at, _)| at);
+                if lease.is_some_and(|at| at <= Instant::now()) {
+                    if hold.lose(&table, "lease ended") {
+                        delete_abandoned(&hold).await;
+                    }
+                    return;
+                }
+            }
+            _ = hold.lease_moved.notified() => {}
+            (reason, still_there) = &mut node_gone => {
+                if hold.lose(&table, &reason) && still_there {
+                    delete_abandoned(&hold).await;
+                }
+                return;
+            }
+        }
+    }
+}
+
+/// Completes when our node stops being ours: the reason, and whether the node
+/// may still exist.
+async fn node_gone(hold: &HoldState) -> (String, bool) {
+    let session = &hold.session;
+    loop {
+        let watcher = match session
+            .retry(|| session.client.check_and_watch_stat(&hold.path))
+            .await
+        {
+            Ok((Some(_), watcher)) => watcher,
+            Ok((None, _)) | Err(zk::Error::NoNode) => return ("its node is gone".into(), false),
+            Err(error) => return (format!("cannot watch its node: {error}"), true),
+        };
+        let event = watcher.changed().await;
+        match event.event_type {
+            zk::EventType::NodeDeleted => {
+                return (
+                    "its node was deleted by someone else (force-released?)".into(),
+                    false,
+                )
+            }
+            zk::EventType::Session => {
+                return (
+                    format!("ZooKeeper session ended ({:?})", event.session_state),
+                    false,
+                )
+            }
+            // The data changed: watch again.
+            _ => {}
+        }
+    }
+}
+
+/// Deletes the node of a hold that was lost while its node may still exist
+/// (lease ended, connection suspended too long), so the next contender gets the
+/// lock. Waits for a reconnection if need be; gives up when the session ends
+/// (the server then deletes the node itself).
+async fn delete_abandoned(hold: &HoldState) {
+    if let Err(error) = hold.session.delete(&hold.path).await {
+        tracing::debug!(path = %hold.path, %error, "abandoned node not deleted; the session ends it");
+    }
+}
+
+/// A guard's handle on a hold.
+pub(crate) struct ZkHold {
+    pub hold: Arc<HoldState>,
+    pub table: Arc<HoldTable>,
+}
+
+#[async_trait]
+impl Hold for ZkHold {
+    /// Releases one level; the last one deletes the node.
+    ///
+    /// Cancel safety: if dropped midway, the delete may or may not have
+    /// happened; the session ends the node in any case.
+    #[tracing::instrument(name = "zookeeper.release", skip_all, fields(lock = %self.hold.name, token = self.hold.token))]
+    async fn release(self: Box<Self>) -> Result<()> {
+        let hold = &self.hold;
+        {
+            let mut inner = hold.inner();
+            match &inner.status {
+                Status::Lost(reason) => return Err(hold.lost_error(reason)),
+                Status::Released => {
+                    return Err(Error::NotHeld {
+                        name: hold.name.clone(),
+                    })
+                }
+                Status::Held => {}
+            }
+            inner.count -= 1;
+            if inner.count > 0 {
+                return Ok(());
+            }
+            inner.status = Status::Released;
+        }
+        self.table.remove(hold);
+        hold.done.cancel();
+        match hold.session.delete(&hold.path).await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(hold.lost_error("its node was already gone")),
+            Err(error) if hold.session.is_over() => {
+                Err(hold.lost_error(&format!("ZooKeeper session ended ({error})")))
+            }
+            Err(error) => Err(Error::backend(BACKEND, error)),
+        }
+    }
+
+    /// Moves the lease's end to `lease` from now, after checking that the node
+    /// is still ours.
+    ///
+    /// Cancel safety: safe; the extension either happened or did not.
+    #[tracing::instrument(name = "zookeeper.extend", skip_all, fields(lock = %self.hold.name, ?lease))]
+    async fn extend(&self, lease: Duration) -> Result<()> {
+        let hold = &self.hold;
+        if let Status::Lost(reason) = &hold.inner().status {
+            return Err(hold.lost_error(reason));
+        }
+        let session = &hold.session;
+        let stat = session
+            .retry(|| session.client.check_stat(&hold.path))
+            .await
+            .map_err(|e| Error::backend(BACKEND, e))?;
+        if stat.is_none_or(|s| s.ephemeral_owner != session.id) {
+            hold.lose(&self.table, "its node is gone");
+        }
+        let mut inner = hold.inner();
+        match &inner.status {
+            Status::Held => {
+                inner.lease_until = Some((Instant::now() + lease, SystemTime::now() + lease));
+                drop(inner);
+                hold.lease_moved.notify_one();
+                Ok(())
+            }
+            Status::Lost(reason) => Err(hold.lost_error(reason)),
+            Status::Released => Err(Error::NotHeld {
+                name: hold.name.clone(),
+            }),
+        }
+    }
+}

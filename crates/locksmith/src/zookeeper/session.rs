@@ -1,0 +1,229 @@
+//! ZooKeeper sessions: connecting, watching the connection state, and deciding
+//! when holds can no longer be trusted.
+//!
+//! Every hold is an ephemeral node, so it lives exactly as long as the session
+//! that created it. The session's state is watched by one task per session:
+//!
+//! * `Expired`, `Closed`, `AuthFailed`: the session is over, and with it every
+//!   hold of it. Holds are lost at once (Curator's `LOST`).
+//! * `Disconnected` (Curator's `SUSPENDED`): the server may still keep the
+//!   session, or may be about to expire it; nobody can tell from here. Curator's
+//!   tech notes 10, 12 and 14 say not to trust a lock while suspended. Holds are
+//!   reported lost when the connection stays suspended longer than
+//!   `lost_after_suspended` × the negotiated session timeout (a third by
+//!   default), which leaves the holder time to stop before the server can
+//!   expire the session and grant the lock to someone else. Set it to `0` to
+//!   give up at the first disconnection, or `never` to wait for the server's
+//!   verdict.
+//! * `SyncConnected`: the connection is back. Holds that were not yet reported
+//!   lost carry on; the lock paths' waiters re-check their own nodes
+//!   (CURATOR-604).
+//!
+//! A session that ended is replaced by a new one on the next operation, like
+//! Curator's `ConnectionStateManager` does after `LOST`.
+
+use std::future::Future;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::time::{sleep, sleep_until, Instant};
+use tokio_util::sync::CancellationToken;
+use zookeeper_client as zk;
+
+use super::config::Config;
+use super::BACKEND;
+use crate::backend::LostSignal;
+use crate::error::{Error, Result};
+
+/// Longest pause between retries of an operation that met a connection loss.
+const MAX_BACKOFF: Duration = Duration::from_millis(500);
+
+/// One ZooKeeper session, chrooted.
+pub(crate) struct Session {
+    /// The client, rooted at the URL's chroot.
+    pub client: zk::Client,
+    /// The session id (the `ephemeralOwner` of its nodes).
+    pub id: i64,
+    /// The negotiated session timeout.
+    pub timeout: Duration,
+    trust: Mutex<LostSignal>,
+    stop: CancellationToken,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+impl Session {
+    /// Opens a session on the ensemble of `config`, creating the chroot when it
+    /// is missing, and starts watching its state.
+    ///
+    /// Cancel safety: safe; a dropped connect closes the half-made session.
+    #[tracing::instrument(name = "zookeeper.connect", skip_all, fields(hosts = %config.hosts, chroot = %config.chroot))]
+    pub async fn open(config: &Config) -> Result<std::sync::Arc<Session>> {
+        let connector = zk::Client::connector()
+            .with_session_timeout(config.session_timeout)
+            .with_connection_timeout(config.connection_timeout_for(config.session_timeout))
+            .with_fail_eagerly();
+        let root = connector.connect(&config.hosts).await.map_err(|e| {
+            Error::backend(BACKEND, format!("cannot connect to {}: {e}", config.hosts))
+        })?;
+        let client = if config.chroot == "/" {
+            root
+        } else {
+            let options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+            root.mkdir(&config.chroot, &options).await.map_err(|e| {
+                Error::backend(
+                    BACKEND,
+                    format!("cannot create chroot {}: {e}", config.chroot),
+                )
+            })?;
+            root.chroot(config.chroot.clone())
+                .map_err(|_| Error::InvalidArgument(format!("bad chroot {:?}", config.chroot)))?
+        };
+        let timeout = client.session_timeout();
+        let session = std::sync::Arc::new(Session {
+            id: client.session_id().0,
+            timeout,
+            trust: Mutex::new(LostSignal::new()),
+            stop: CancellationToken::new(),
+            client,
+        });
+        tracing::debug!(session = %format_args!("{:#x}", session.id), ?timeout, "session open");
+        let grace = config.suspended_grace_for(timeout);
+        tokio::spawn(watch_state(
+            std::sync::Arc::downgrade(&session),
+            session.client.state_watcher(),
+            grace,
+        ));
+        Ok(session)
+    }
+
+    /// Whether the session is over (expired, closed, failed).
+    pub fn is_over(&self) -> bool {
+        self.client.state().is_terminated()
+    }
+
+    /// The trust signal of the current connection epoch: it fires when the
+    /// session ends or the connection stays suspended too long. A hold takes
+    /// it when its node is created.
+    pub fn trust(&self) -> LostSignal {
+        self.trust.lock().expect("trust lock").clone()
+    }
+
+    fn distrust(&self, reason: String) {
+        self.trust.lock().expect("trust lock").fire(reason);
+    }
+
+    /// After a reconnection, new holds get a fresh epoch (unless the session
+    /// is over).
+    fn renew_trust(&self) {
+        let mut trust = self.trust.lock().expect("trust lock");
+        if trust.is_fired() && !self.is_over() {
+            *trust = LostSignal::new();
+        }
+    }
+
+    /// Runs `op` again while it fails with a connection loss and the session
+    /// lives (ZooKeeper does not retry across reconnections, ZOOKEEPER-22).
+    ///
+    /// Cancel safety: as `op`.
+    pub async fn retry<T, F, Fut>(&self, mut op: F) -> Result<T, zk::Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, zk::Error>>,
+    {
+        let mut backoff = Duration::from_millis(5);
+        loop {
+            match op().await {
+                Err(zk::Error::ConnectionLoss) if !self.is_over() => {
+                    sleep(backoff).await;
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Deletes a node, retrying through connection losses; a missing node is
+    /// `Ok(false)`.
+    ///
+    /// Cancel safety: the delete may or may not have happened.
+    pub async fn delete(&self, path: &str) -> Result<bool, zk::Error> {
+        match self.retry(|| self.client.delete(path, None)).await {
+            Ok(()) => Ok(true),
+            Err(zk::Error::NoNode) => Ok(false),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// The children of a node; a missing node has none.
+    ///
+    /// Cancel safety: safe, read-only.
+    pub async fn children(&self, path: &str) -> Result<Vec<String>, zk::Error> {
+        match self.retry(|| self.client.list_children(path)).await {
+            Err(zk::Error::NoNode) => Ok(Vec::new()),
+            other => other,
+        }
+    }
+}
+
+/// Follows the session's state and fires the trust signal when holds can no
+/// longer be trusted (see the module docs).
+async fn watch_state(
+    session: std::sync::Weak<Session>,
+    mut states: zk::StateWatcher,
+    grace: Option<Duration>,
+) {
+    let stop = match session.upgrade() {
+        Some(session) => session.stop.clone(),
+        None => return,
+    };
+    let far = || Instant::now() + Duration::from_secs(86_400 * 365);
+    let mut deadline: Option<Instant> = None;
+    loop {
+        let state = tokio::select! {
+            state = states.changed() => state,
+            _ = sleep_until(deadline.unwrap_or_else(far)), if deadline.is_some() => {
+                deadline = None;
+                if let Some(session) = session.upgrade() {
+                    let grace = grace.unwrap_or_default();
+                    tracing::warn!(session = %format_args!("{:#x}", session.id), ?grace, "connection suspended too long: holds lost");
+                    session.distrust(format!("connection to ZooKeeper suspended for more than {grace:?}"));
+                }
+                continue;
+            }
+            _ = stop.cancelled() => return,
+        };
+        let Some(session) = session.upgrade() else {
+            return;
+        };
+        let id = session.id;
+        match state {
+            zk::SessionState::Disconnected => {
+                tracing::warn!(session = %format_args!("{id:#x}"), "connection to ZooKeeper suspended");
+                match grace {
+                    Some(grace) if grace.is_zero() => {
+                        session.distrust("connection to ZooKeeper suspended".into())
+                    }
+                    Some(grace) => {
+                        deadline.get_or_insert_with(|| Instant::now() + grace);
+                    }
+                    None => {}
+                }
+            }
+            zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => {
+                tracing::info!(session = %format_args!("{id:#x}"), "connection to ZooKeeper restored");
+                deadline = None;
+                session.renew_trust();
+            }
+            ended => {
+                tracing::warn!(session = %format_args!("{id:#x}"), state = ?ended, "ZooKeeper session ended");
+                session.distrust(format!("ZooKeeper session {id:#x} ended ({ended:?})"));
+                return;
+            }
+        }
+    }
+}
