@@ -1,0 +1,304 @@
+//! Real servers for locksmith's tests, benchmarks and torture runs.
+//!
+//! Every backend of locksmith is tested against the real thing: this crate starts
+//! `redis-server`, ZooKeeper, `etcd` and PostgreSQL from the binaries installed on
+//! the machine, each in its own temporary directory and on a free port of
+//! `127.0.0.1`, and waits until the server answers its own protocol (a Redis
+//! `PING`, a ZooKeeper `srvr`, an etcd `GET /health`, a PostgreSQL startup
+//! handshake) before handing it over. Dropping the handle kills the server and
+//! removes its directory.
+//!
+//! ```no_run
+//! use locksmith_testkit::Redis;
+//!
+//! let redis = Redis::start();
+//! assert_eq!(redis.query(&["SET", "k", "v"]).unwrap().as_str(), Some("OK"));
+//! redis.kill(); // kill -9: the append-only file is fsynced on every write
+//! redis.restart(); // same port, same directory
+//! assert_eq!(redis.query(&["GET", "k"]).unwrap().as_str(), Some("v"));
+//! ```
+//!
+//! # Design
+//!
+//! * **Blocking std API.** Everything is plain `std::process` and `std::net`, so it
+//!   works from synchronous tests, from `#[tokio::test]` and from the torture tool
+//!   alike. Handles are `Send + Sync` and all methods take `&self`, so a fault
+//!   injector can share a server (`Arc<Redis>`) with the code under test.
+//! * **No silent skips.** A missing binary is an error (a panic from the
+//!   `start` constructors) naming the Debian package that installs it; see
+//!   [`binary`]. `scripts/test` installs all of them.
+//! * **No leaks.** Every server runs in its own process group and gets
+//!   `PR_SET_PDEATHSIG = SIGKILL`, so it dies with the test process even when the
+//!   test crashes or is killed. Processes are spawned from one long-lived thread
+//!   because the parent-death signal fires when the *thread* that forked exits.
+//! * **Faults.** [`Process`] is the building block shared by all servers: it
+//!   kills (`SIGKILL` to the whole process group), pauses (`SIGSTOP`), resumes
+//!   (`SIGCONT`) and restarts the server, and keeps its output in a log file whose
+//!   tail is put into every startup error.
+//!
+//! # Servers
+//!
+//! | type          | binaries (Debian package)                                  |
+//! |---------------|------------------------------------------------------------|
+//! | [`Redis`]     | `redis-server` (`redis-server`)                            |
+//! | [`ZooKeeper`] | `java` + `/usr/share/java/zookeeper.jar` (`zookeeper`)     |
+//! | [`Etcd`]      | `etcd` (`etcd-server`), `etcdctl` (`etcd-client`)          |
+//! | [`Postgres`]  | `postgres`, `initdb` (`postgresql`), `psql` (`postgresql-client`) |
+//!
+//! Each has `start()` (panics with a readable message) and `try_start()`
+//! (returns [`Error`]), `port()`, `url()`, `kill()`, `restart()`, `pause()`,
+//! `resume()` and `is_running()`. The [`Server`] trait offers the same operations
+//! for code that handles every backend alike.
+
+#![deny(missing_docs)]
+
+mod error;
+mod etcd;
+mod find;
+mod postgres;
+mod process;
+mod redis;
+mod resp;
+mod spawner;
+mod zookeeper;
+
+use std::collections::HashSet;
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::sync::{Mutex, OnceLock};
+
+pub use error::{Error, Result};
+pub use etcd::Etcd;
+pub use find::{binary, try_binary};
+pub use postgres::Postgres;
+pub use process::{Process, ProcessSpec};
+pub use redis::Redis;
+pub use resp::RespValue;
+pub use zookeeper::ZooKeeper;
+
+/// The loopback address every server listens on.
+pub const HOST: &str = "127.0.0.1";
+
+/// Returns a TCP port of `127.0.0.1` that is free right now.
+///
+/// The port comes from binding `127.0.0.1:0` and closing the socket again, so
+/// another process may in theory take it before the server does; the `start`
+/// functions retry with a new port when the server reports the address in use.
+/// Within one test process the same port is never handed out twice.
+pub fn free_port() -> u16 {
+    static GIVEN: OnceLock<Mutex<HashSet<u16>>> = OnceLock::new();
+    let given = GIVEN.get_or_init(Default::default);
+    loop {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .unwrap_or_else(|e| panic!("cannot bind a socket on 127.0.0.1: {e}"));
+        let port = listener
+            .local_addr()
+            .unwrap_or_else(|e| panic!("cannot read the address of a bound socket: {e}"))
+            .port();
+        if given
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(port)
+        {
+            return port;
+        }
+    }
+}
+
+/// The operations every server handle offers, for code (the conformance suite,
+/// the torture tool) that treats all backends alike.
+///
+/// The concrete types have the same methods inherently, so tests that use one
+/// server type do not need to import this trait.
+pub trait Server: Send + Sync {
+    /// A short name of the server, like `"redis"`.
+    fn name(&self) -> &'static str;
+    /// The client port on `127.0.0.1`.
+    fn port(&self) -> u16;
+    /// The URL locksmith's client uses for this server, like `redis://127.0.0.1:6379`.
+    fn url(&self) -> String;
+    /// The underlying process, for signals, the pid and the log.
+    fn process(&self) -> &Process;
+    /// Stops the server if it runs and starts it again on the same port with the
+    /// same data, waiting until it answers.
+    fn try_restart(&self) -> Result<()>;
+
+    /// Like [`Server::try_restart`], panicking on failure.
+    #[track_caller]
+    fn restart(&self) {
+        crate::or_panic(self.try_restart())
+    }
+    /// Kills the server with `SIGKILL` (its whole process group) and reaps it.
+    fn kill(&self) {
+        self.process().kill();
+    }
+    /// Freezes the server with `SIGSTOP`: it keeps its sockets but answers nothing.
+    fn pause(&self) {
+        self.process().pause();
+    }
+    /// Undoes [`Server::pause`] with `SIGCONT`.
+    fn resume(&self) {
+        self.process().resume();
+    }
+    /// Whether the server process exists (a paused server counts as running).
+    fn is_running(&self) -> bool {
+        self.process().is_running()
+    }
+}
+
+/// Implements the inherent fault methods and [`Server`] for a server type that
+/// has `process: Process`, `fn port`, `fn url` and `fn try_restart`.
+macro_rules! impl_server {
+    ($ty:ty, $name:literal) => {
+        impl $ty {
+            /// Kills the server with `SIGKILL` (its whole process group) and reaps it;
+            /// [`restart`](Self::restart) brings it back with the same data.
+            pub fn kill(&self) {
+                self.process.kill();
+            }
+
+            /// Freezes the server with `SIGSTOP` (its whole process group): connections
+            /// stay open but nothing is answered, like a long GC pause or a stalled VM.
+            pub fn pause(&self) {
+                self.process.pause();
+            }
+
+            /// Undoes [`pause`](Self::pause) with `SIGCONT`.
+            pub fn resume(&self) {
+                self.process.resume();
+            }
+
+            /// Whether the server process exists (a paused server counts as running).
+            pub fn is_running(&self) -> bool {
+                self.process.is_running()
+            }
+
+            /// The pid of the server process, if it runs.
+            pub fn pid(&self) -> Option<u32> {
+                self.process.pid()
+            }
+
+            /// Stops the server if it runs and starts it again on the same port with
+            /// the same data directory, waiting until it answers; panics on failure.
+            #[track_caller]
+            pub fn restart(&self) {
+                $crate::or_panic(self.try_restart())
+            }
+
+            /// The server's temporary directory (data, config, log).
+            pub fn dir(&self) -> &std::path::Path {
+                self.dir.path()
+            }
+
+            /// The underlying process: signals, pid, log file.
+            pub fn process(&self) -> &$crate::Process {
+                &self.process
+            }
+
+            /// The last `lines` lines of the server's log (stdout and stderr).
+            pub fn log_tail(&self, lines: usize) -> String {
+                self.process.log_tail(lines)
+            }
+        }
+
+        impl $crate::Server for $ty {
+            fn name(&self) -> &'static str {
+                $name
+            }
+            fn port(&self) -> u16 {
+                <$ty>::port(self)
+            }
+            fn url(&self) -> String {
+                <$ty>::url(self)
+            }
+            fn process(&self) -> &$crate::Process {
+                &self.process
+            }
+            fn try_restart(&self) -> $crate::Result<()> {
+                <$ty>::try_restart(self)
+            }
+        }
+    };
+}
+pub(crate) use impl_server;
+
+/// The file in each server directory naming the pid of the test process that
+/// owns it.
+const OWNER_FILE: &str = ".locksmith-owner";
+
+/// Creates the temporary directory of one server, named after it.
+///
+/// The directory records its owner's pid, and the first call in a process
+/// removes the directories of owners that are gone: a test process killed with
+/// `SIGKILL` takes its servers with it (`PR_SET_PDEATHSIG`) but cannot clean up
+/// their directories.
+pub(crate) fn server_dir(name: &str) -> Result<tempfile::TempDir> {
+    static SWEEP: std::sync::Once = std::sync::Once::new();
+    SWEEP.call_once(sweep_orphaned_dirs);
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("locksmith-{name}-"))
+        .tempdir()
+        .map_err(|e| Error::io(format!("cannot create a temporary directory for {name}"), e))?;
+    let owner = dir.path().join(OWNER_FILE);
+    std::fs::write(&owner, std::process::id().to_string())
+        .map_err(|e| Error::io(format!("cannot write {}", owner.display()), e))?;
+    Ok(dir)
+}
+
+/// Removes the server directories whose owning process no longer exists.
+fn sweep_orphaned_dirs() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let is_ours = entry.file_name().to_str().is_some_and(|n| {
+            ["redis", "zookeeper", "etcd", "postgres"]
+                .iter()
+                .any(|server| n.starts_with(&format!("locksmith-{server}-")))
+        });
+        let owner = std::fs::read_to_string(path.join(OWNER_FILE))
+            .ok()
+            .and_then(|pid| pid.trim().parse::<i32>().ok());
+        if let (true, Some(pid)) = (is_ours, owner) {
+            // SAFETY: signal 0 only checks whether the pid exists.
+            let gone = unsafe { libc::kill(pid, 0) } != 0
+                && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+            if gone && pid > 0 {
+                tracing::debug!(dir = %path.display(), pid, "removing an orphaned server directory");
+                let _ = std::fs::remove_dir_all(&path);
+            }
+        }
+    }
+}
+
+/// Unwraps `result`, panicking with the error's message at the caller's location.
+#[track_caller]
+pub(crate) fn or_panic<T>(result: Result<T>) -> T {
+    match result {
+        Ok(value) => value,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// `127.0.0.1:port`.
+pub(crate) fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::from((Ipv4Addr::LOCALHOST, port))
+}
+
+/// How many times a `start` tries a fresh port when the chosen one was taken.
+pub(crate) const PORT_ATTEMPTS: usize = 3;
+
+/// Runs `start` up to [`PORT_ATTEMPTS`] times while it fails because its port
+/// was taken by someone else in the meantime.
+pub(crate) fn retry_on_port_clash<T>(mut start: impl FnMut() -> Result<T>) -> Result<T> {
+    let mut attempt = 1;
+    loop {
+        match start() {
+            Err(e) if attempt < PORT_ATTEMPTS && e.is_address_in_use() => {
+                tracing::debug!(error = %e, "port taken, retrying with another one");
+                attempt += 1;
+            }
+            other => return other,
+        }
+    }
+}
