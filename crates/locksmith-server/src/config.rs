@@ -1,0 +1,88 @@
+//! [`ServerConfig`]: where to listen, where to keep data, and every limit.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use locksmith_core::Limits;
+
+/// The default listen address of `locksmith serve`.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7420";
+/// The default data directory of `locksmith serve`, relative to the working directory.
+pub const DEFAULT_DATA_DIR: &str = "locksmith-data";
+
+/// How the server runs. Start from [`ServerConfig::durable`] or
+/// [`ServerConfig::in_memory`] and adjust fields.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerConfig {
+    /// Address to listen on; port 0 picks a free port (see [`crate::Server::local_addr`]).
+    pub listen: SocketAddr,
+    /// Where the log and snapshots live; `None` runs in memory only (nothing
+    /// survives a restart, nothing is fsynced).
+    pub data_dir: Option<PathBuf>,
+    /// After a restart, how long sessions have to resume before their holds
+    /// expire (Chubby's grace period). A session gets at least its own TTL.
+    pub grace: Duration,
+    /// The engine's limits: waiters per lock, holds per session, names per
+    /// acquire, TTL and lease bounds, lock-delay bound.
+    pub limits: Limits,
+    /// Most sessions open at once.
+    pub max_sessions: usize,
+    /// Most concurrent HTTP/2 streams (sessions plus unary calls in flight) on
+    /// one connection.
+    pub max_streams_per_connection: u32,
+    /// Largest message a client may send, in bytes.
+    pub max_message_bytes: usize,
+    /// Longest owner id and client name/host, in bytes.
+    pub max_label_bytes: usize,
+    /// Final replies a session keeps for its client before it acknowledges them;
+    /// beyond this the oldest are forgotten.
+    pub max_unacked_replies: usize,
+    /// How long a new stream may take to send its `open`/`resume`.
+    pub open_timeout: Duration,
+    /// Write a snapshot (and start a new log segment) after this many records.
+    pub snapshot_every: u64,
+    /// Most requests applied in one batch (one fsync).
+    pub max_batch: usize,
+}
+
+impl ServerConfig {
+    /// A durable server keeping its data in `data_dir`, on [`DEFAULT_LISTEN`].
+    pub fn durable(data_dir: impl Into<PathBuf>) -> ServerConfig {
+        ServerConfig {
+            data_dir: Some(data_dir.into()),
+            ..ServerConfig::in_memory()
+        }
+    }
+
+    /// A server without persistence, on [`DEFAULT_LISTEN`].
+    pub fn in_memory() -> ServerConfig {
+        ServerConfig {
+            listen: DEFAULT_LISTEN.parse().expect("valid default address"),
+            data_dir: None,
+            grace: Duration::from_secs(10),
+            limits: Limits::default(),
+            max_sessions: 100_000,
+            max_streams_per_connection: 1024,
+            max_message_bytes: 1 << 20,
+            max_label_bytes: 256,
+            max_unacked_replies: 100_000,
+            open_timeout: Duration::from_secs(10),
+            snapshot_every: 100_000,
+            max_batch: 4096,
+        }
+    }
+
+    /// The same config listening on `listen`.
+    pub fn listen(mut self, listen: SocketAddr) -> ServerConfig {
+        self.listen = listen;
+        self
+    }
+}
+
+impl Default for ServerConfig {
+    /// Durable in [`DEFAULT_DATA_DIR`] on [`DEFAULT_LISTEN`]: what `locksmith serve` does.
+    fn default() -> Self {
+        ServerConfig::durable(DEFAULT_DATA_DIR)
+    }
+}

@@ -1,0 +1,272 @@
+//! # locksmith-server: the lock server
+//!
+//! A dedicated lock service in the spirit of Chubby and SharkLock: the
+//! deterministic lock engine of `locksmith-core` behind a gRPC API
+//! (`locksmith-proto`), made durable by a command log with group commit.
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), locksmith_server::ServerError> {
+//! use locksmith_server::{Server, ServerConfig};
+//!
+//! let config = ServerConfig::durable("./locksmith-data").listen("127.0.0.1:0".parse().unwrap());
+//! let server = Server::start(config).await?;      // recovers, binds, serves
+//! println!("clients connect to {}", server.url()); // locksmith://127.0.0.1:<port>
+//! server.shutdown().await?;                       // ends sessions' streams, snapshots
+//! # Ok(()) }
+//! ```
+//!
+//! `locksmith serve` is [`serve`] with the command line's config and
+//! SIGINT/SIGTERM as the shutdown signal.
+//!
+//! ## How a request flows
+//!
+//! ```text
+//! client ──gRPC──▶ service (one task per stream)  ──Op──▶  core thread
+//!                                                          │ engine.apply(now, command)
+//!                                                          │ log buffer += command
+//!                                                          │ ... every op of the batch ...
+//!                                                          │ write + fdatasync (group commit)
+//! client ◀──────── stream / unary reply  ◀─────────────────┘ replies and pushes
+//! ```
+//!
+//! - **One owner of the engine**: the core thread (module `core`) is the only
+//!   code that touches the lock table. The server never decides lock semantics:
+//!   every decision is an engine command, including time-driven ones (expiry,
+//!   timeouts), which the core asks the engine for ([`locksmith_core::Engine::due`])
+//!   and then applies and logs like any request. Replaying the log therefore
+//!   rebuilds exactly the same state, and the same command stream can later go
+//!   through a replicated log (Raft) unchanged.
+//! - **Durable by default**: a reply leaves only after the log records of its
+//!   batch are fsynced; one fsync covers every request that arrived meanwhile.
+//!   Snapshots bound the log; recovery is snapshot + replay (module `storage`
+//!   describes the files). Fencing tokens therefore never go backwards, even
+//!   after kill -9 in the middle of a load.
+//! - **Sessions survive restarts**: after recovery every session gets a grace
+//!   period ([`ServerConfig::grace`], at least its TTL) to resume with its id
+//!   and secret before its holds expire (Chubby's grace period). A resumed
+//!   client re-sends unanswered requests with their ids and gets the kept
+//!   replies (exactly-once per request id).
+//! - **Limits** on everything a client controls, each with its own error:
+//!   name length and names per acquire, waiters per lock, holds per session,
+//!   TTL/lease/lock-delay bounds ([`locksmith_core::Limits`]); sessions
+//!   ([`ServerConfig::max_sessions`]), streams per connection
+//!   ([`ServerConfig::max_streams_per_connection`]; one session per stream),
+//!   message size ([`ServerConfig::max_message_bytes`]), owner and client label
+//!   length ([`ServerConfig::max_label_bytes`]). Garbage on the port or a
+//!   malformed message closes that one connection or stream, nothing else.
+//!
+//! The API is usable with `grpcurl` (server reflection is on):
+//!
+//! ```text
+//! grpcurl -plaintext 127.0.0.1:7420 list locksmith.v1.Locksmith
+//! grpcurl -plaintext -d '{"acquire": {"names": ["jobs/nightly"], "owner": "cron", "lease_ms": 30000}}' \
+//!     127.0.0.1:7420 locksmith.v1.Locksmith/AcquireLease
+//! grpcurl -plaintext -d '{"prefix": ""}' 127.0.0.1:7420 locksmith.v1.Locksmith/List
+//! ```
+#![deny(missing_docs)]
+
+mod clock;
+mod config;
+mod convert;
+mod core;
+mod error;
+mod service;
+mod storage;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use locksmith_proto::v1::locksmith_server::LocksmithServer;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::server::TcpIncoming;
+
+pub use crate::config::{ServerConfig, DEFAULT_DATA_DIR, DEFAULT_LISTEN};
+pub use crate::error::ServerError;
+pub use locksmith_core::Limits;
+
+use crate::core::{Core, Op};
+use crate::service::Service;
+
+/// How long a graceful shutdown waits for connections to close before it
+/// drops them.
+const SHUTDOWN_DRAIN: Duration = Duration::from_secs(5);
+
+/// A running server. Dropping it shuts it down in the background; prefer
+/// [`Server::shutdown`], which reports how it went.
+#[derive(Debug)]
+pub struct Server {
+    addr: SocketAddr,
+    stop: CancellationToken,
+    task: Option<JoinHandle<Result<(), ServerError>>>,
+}
+
+impl Server {
+    /// Recovers the state from the data directory (if durable), binds the listen
+    /// address and starts serving on the current tokio runtime. Returns once
+    /// clients can connect.
+    ///
+    /// Cancel safety: not cancel safe in a useful way: if dropped after recovery
+    /// started, the engine thread may be left running until the process ends.
+    /// Await it to completion.
+    pub async fn start(config: ServerConfig) -> Result<Server, ServerError> {
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| ServerError::Bind {
+                addr: config.listen,
+                source,
+            })?;
+        let addr = listener.local_addr().map_err(|source| ServerError::Bind {
+            addr: config.listen,
+            source,
+        })?;
+        let recover_config = config.clone();
+        let core = tokio::task::spawn_blocking(move || Core::recover(&recover_config))
+            .await
+            .map_err(|e| ServerError::EngineStopped(format!("recovery panicked: {e}")))??;
+        let unary_ids = core.unary_ids();
+        let (ops, receiver) = std::sync::mpsc::channel();
+        let (exit_tx, exit_rx) = oneshot::channel();
+        std::thread::Builder::new()
+            .name("locksmith-engine".into())
+            .spawn(move || {
+                let _ = exit_tx.send(core.run(receiver));
+            })
+            .map_err(|source| ServerError::Io {
+                context: "cannot start the engine thread".into(),
+                source,
+            })?;
+
+        let service = Service::new(
+            ops.clone(),
+            unary_ids,
+            config.max_label_bytes,
+            config.open_timeout,
+        );
+        let reflection = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(locksmith_proto::FILE_DESCRIPTOR_SET)
+            .build_v1()
+            .map_err(|e| tracing::warn!(error = %e, "gRPC reflection is off"))
+            .ok();
+        let stop = CancellationToken::new();
+        let stop_accepting = CancellationToken::new();
+        let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+        let serve = tonic::transport::Server::builder()
+            .max_concurrent_streams(config.max_streams_per_connection)
+            .http2_keepalive_interval(Some(Duration::from_secs(10)))
+            .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+            .add_service(
+                LocksmithServer::new(service).max_decoding_message_size(config.max_message_bytes),
+            )
+            .add_optional_service(reflection)
+            .serve_with_incoming_shutdown(incoming, stop_accepting.clone().cancelled_owned());
+
+        let durable = config.data_dir.is_some();
+        let task = tokio::spawn({
+            let stop = stop.clone();
+            async move {
+                tokio::pin!(serve);
+                let mut exit_rx = exit_rx;
+                let (engine, transport) = tokio::select! {
+                    result = &mut serve => {
+                        // The transport failed: stop the engine cleanly too.
+                        let (done, _) = oneshot::channel();
+                        let _ = ops.send(Op::Shutdown { done });
+                        (exit_rx.await, Some(result))
+                    }
+                    _ = stop.cancelled() => {
+                        let (done, _) = oneshot::channel();
+                        let _ = ops.send(Op::Shutdown { done });
+                        (exit_rx.await, None)
+                    }
+                    result = &mut exit_rx => (result, None),
+                };
+                stop_accepting.cancel();
+                let transport = match transport {
+                    Some(result) => result,
+                    None => tokio::time::timeout(SHUTDOWN_DRAIN, serve)
+                        .await
+                        .unwrap_or(Ok(())),
+                };
+                match engine {
+                    Ok(Ok(())) => {}
+                    Ok(Err(message)) => return Err(ServerError::EngineStopped(message)),
+                    Err(_) => {
+                        return Err(ServerError::EngineStopped("engine thread panicked".into()))
+                    }
+                }
+                transport.map_err(ServerError::from)?;
+                tracing::info!("server stopped");
+                Ok(())
+            }
+        });
+        tracing::info!(%addr, durable, "locksmith server listening");
+        Ok(Server {
+            addr,
+            stop,
+            task: Some(task),
+        })
+    }
+
+    /// The address the server listens on (with the real port when the config
+    /// asked for port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The client URL of this server: `locksmith://<addr>`.
+    pub fn url(&self) -> String {
+        format!("locksmith://{}", self.addr)
+    }
+
+    /// Completes when the server stops by itself (a storage failure), with the
+    /// reason. Completes at once if it already stopped and was awaited.
+    ///
+    /// Cancel safety: safe; awaiting again later still sees the outcome.
+    pub async fn stopped(&mut self) -> Result<(), ServerError> {
+        match self.task.as_mut() {
+            Some(task) => {
+                let result = task
+                    .await
+                    .unwrap_or_else(|e| Err(ServerError::EngineStopped(e.to_string())));
+                self.task = None;
+                result
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Stops gracefully: ends every session stream (clients will resume after a
+    /// restart), writes a snapshot, stops the engine and closes the listener.
+    ///
+    /// Cancel safety: the shutdown continues in the background if dropped.
+    pub async fn shutdown(mut self) -> Result<(), ServerError> {
+        self.stop.cancel();
+        self.stopped().await
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// Runs a server until `shutdown` completes (then stops it gracefully) or
+/// until it fails.
+///
+/// Cancel safety: dropping the future shuts the server down in the background.
+pub async fn serve(
+    config: ServerConfig,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServerError> {
+    let mut server = Server::start(config).await?;
+    tokio::select! {
+        _ = shutdown => {}
+        result = server.stopped() => return result,
+    }
+    tracing::info!("shutting down");
+    server.shutdown().await
+}

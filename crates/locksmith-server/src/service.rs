@@ -1,0 +1,433 @@
+//! The gRPC service: turns calls and stream messages into [`Op`]s for the core.
+//!
+//! Each session stream gets a task that reads the client's messages, checks
+//! what can be checked without the lock table (modes, owners, labels, the
+//! order of open/resume) and forwards them; the replies come back from the core
+//! through the stream's channel, after their log records are durable. A
+//! malformed message ends that stream only; a malformed connection (garbage on
+//! the port) is closed by the HTTP/2 layer before it reaches this code.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::Arc;
+use std::time::Duration;
+
+use locksmith_core::{validate_name, ClientInfo, Millis, SessionId};
+use locksmith_proto::v1 as pb;
+use pb::locksmith_server::Locksmith;
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::convert::{self, check_label};
+use crate::core::{Acks, AcquireArgs, HoldArgs, Op, StreamId, StreamOp, UnaryReply, WaitArg};
+
+/// The `locksmith.v1.Locksmith` service.
+pub(crate) struct Service {
+    core: Sender<Op>,
+    next_stream: AtomicU64,
+    unary_ids: Arc<AtomicU64>,
+    max_label: usize,
+    open_timeout: Duration,
+}
+
+impl Service {
+    pub(crate) fn new(
+        core: Sender<Op>,
+        unary_ids: Arc<AtomicU64>,
+        max_label: usize,
+        open_timeout: Duration,
+    ) -> Service {
+        Service {
+            core,
+            next_stream: AtomicU64::new(1),
+            unary_ids,
+            max_label,
+            open_timeout,
+        }
+    }
+
+    /// Sends an op carrying a reply slot and waits for the reply.
+    async fn call<T>(&self, op: impl FnOnce(UnaryReply<T>) -> Op) -> Result<Response<T>, Status> {
+        let (reply, receiver) = oneshot::channel();
+        self.core.send(op(reply)).map_err(|_| stopped())?;
+        receiver.await.map_err(|_| stopped())?.map(Response::new)
+    }
+}
+
+fn stopped() -> Status {
+    Status::unavailable("lock server is shutting down")
+}
+
+fn invalid(message: impl Into<String>) -> pb::Error {
+    convert::error(pb::ErrorCode::InvalidArgument, message)
+}
+
+fn status_of(error: pb::Error) -> Status {
+    convert::error_to_status(&error)
+}
+
+fn check_name(name: &str) -> Result<(), Status> {
+    validate_name(name).map_err(|error| {
+        Status::invalid_argument(format!(
+            "invalid lock name {:?}: {error}",
+            name.chars().take(64).collect::<String>()
+        ))
+    })
+}
+
+/// Checks an acquire message and turns it into the core's form.
+fn acquire_args(acquire: pb::Acquire, max_label: usize) -> Result<AcquireArgs, pb::Error> {
+    let mode = convert::mode_from_proto(acquire.mode, acquire.permits).map_err(invalid)?;
+    check_label("owner", &acquire.owner, max_label, true).map_err(invalid)?;
+    let wait = match pb::WaitKind::try_from(acquire.wait) {
+        Ok(pb::WaitKind::No) => WaitArg::No,
+        Ok(pb::WaitKind::For) => WaitArg::For(acquire.wait_ms),
+        Ok(pb::WaitKind::Forever) => WaitArg::Forever,
+        Err(_) => return Err(invalid(format!("unknown wait kind {}", acquire.wait))),
+    };
+    Ok(AcquireArgs {
+        names: acquire.names,
+        mode,
+        owner: acquire.owner,
+        wait,
+        lease: acquire.lease_ms,
+        reentrant: acquire.reentrant,
+        lock_delay: acquire.lock_delay_ms,
+    })
+}
+
+fn hold_args(
+    name: String,
+    owner: String,
+    token: Option<u64>,
+    max_label: usize,
+) -> Result<HoldArgs, pb::Error> {
+    check_label("owner", &owner, max_label, true).map_err(invalid)?;
+    Ok(HoldArgs { name, owner, token })
+}
+
+fn secret_of(bytes: &[u8]) -> Option<u128> {
+    Some(u128::from_be_bytes(bytes.try_into().ok()?))
+}
+
+/// Reads one session stream until it ends or the core ends it.
+struct StreamReader {
+    core: Sender<Op>,
+    stream: StreamId,
+    max_label: usize,
+}
+
+impl StreamReader {
+    async fn run(
+        self,
+        mut inbound: Streaming<pb::ClientMessage>,
+        tx: crate::core::StreamTx,
+        open_timeout: Duration,
+    ) {
+        let first = tokio::time::timeout(open_timeout, inbound.message()).await;
+        let ended = CancellationToken::new();
+        let first = match first {
+            Err(_) => {
+                let _ = tx.send(Err(Status::deadline_exceeded(
+                    "no open or resume message in time",
+                )));
+                return;
+            }
+            Ok(Err(_)) | Ok(Ok(None)) => return,
+            Ok(Ok(Some(message))) => message,
+        };
+        let op = match first.kind {
+            Some(pb::client_message::Kind::Open(open)) => {
+                let checked = check_label("client_name", &open.client_name, self.max_label, false)
+                    .and_then(|()| check_label("host", &open.host, self.max_label, false));
+                if let Err(message) = checked {
+                    let _ = tx.send(Err(Status::invalid_argument(message)));
+                    return;
+                }
+                Op::Open {
+                    stream: self.stream,
+                    tx,
+                    ended: ended.clone(),
+                    info: ClientInfo {
+                        name: open.client_name,
+                        host: open.host,
+                    },
+                    ttl: open.ttl_ms,
+                }
+            }
+            Some(pb::client_message::Kind::Resume(resume)) => {
+                let Some(secret) = secret_of(&resume.secret) else {
+                    let _ = tx.send(Err(Status::invalid_argument(
+                        "a session secret is 16 bytes",
+                    )));
+                    return;
+                };
+                Op::Resume {
+                    stream: self.stream,
+                    tx,
+                    ended: ended.clone(),
+                    session: SessionId(resume.session_id),
+                    secret,
+                }
+            }
+            _ => {
+                let _ = tx.send(Err(Status::failed_precondition(
+                    "the first message of a session stream must be open or resume",
+                )));
+                return;
+            }
+        };
+        if self.core.send(op).is_err() {
+            return;
+        }
+        loop {
+            let message = tokio::select! {
+                biased;
+                _ = ended.cancelled() => return,
+                message = inbound.message() => message,
+            };
+            let message = match message {
+                Ok(Some(message)) => message,
+                Ok(None) | Err(_) => {
+                    let _ = self.core.send(Op::Detach {
+                        stream: self.stream,
+                        error: None,
+                    });
+                    return;
+                }
+            };
+            let acks = Acks {
+                replies: message.ack_replies,
+                lost: message.ack_lost,
+            };
+            let op = match self.stream_op(message.kind) {
+                Ok(op) => op,
+                Err(status) => {
+                    let _ = self.core.send(Op::Detach {
+                        stream: self.stream,
+                        error: Some(status),
+                    });
+                    return;
+                }
+            };
+            let op = Op::Stream {
+                stream: self.stream,
+                acks,
+                op,
+            };
+            if self.core.send(op).is_err() {
+                return;
+            }
+        }
+    }
+
+    /// The core's form of one message; `Err` ends the stream.
+    fn stream_op(&self, kind: Option<pb::client_message::Kind>) -> Result<StreamOp, Status> {
+        use pb::client_message::Kind;
+        Ok(match kind {
+            None => StreamOp::AckOnly,
+            Some(Kind::Heartbeat(_)) => StreamOp::Heartbeat,
+            Some(Kind::Cancel(cancel)) => StreamOp::Cancel { id: cancel.id },
+            Some(Kind::Close(_)) => StreamOp::Close,
+            Some(Kind::Open(_)) | Some(Kind::Resume(_)) => {
+                return Err(Status::failed_precondition(
+                    "this stream already carries a session (one session per stream)",
+                ))
+            }
+            Some(Kind::Request(request)) => {
+                let id = request.id;
+                let checked = match request.op {
+                    None => Err(invalid("request without an operation")),
+                    Some(pb::request::Op::Acquire(acquire)) => {
+                        acquire_args(acquire, self.max_label)
+                            .map(|args| StreamOp::Acquire { id, args })
+                    }
+                    Some(pb::request::Op::Release(r)) => {
+                        hold_args(r.name, r.owner, r.token, self.max_label)
+                            .map(|hold| StreamOp::Release { id, hold })
+                    }
+                    Some(pb::request::Op::Renew(r)) => {
+                        hold_args(r.name, r.owner, r.token, self.max_label).map(|hold| {
+                            StreamOp::Renew {
+                                id,
+                                hold,
+                                lease: r.lease_ms,
+                            }
+                        })
+                    }
+                };
+                checked.unwrap_or_else(|error| StreamOp::Invalid { id, error })
+            }
+        })
+    }
+}
+
+/// Cancels a sessionless acquire whose caller went away, or releases the grant
+/// that raced the caller's departure.
+struct LeaseGuard {
+    core: Sender<Op>,
+    request: u64,
+    names: Vec<String>,
+    owner: String,
+    receiver: Option<oneshot::Receiver<Result<pb::AcquireLeaseResponse, Status>>>,
+}
+
+impl Drop for LeaseGuard {
+    fn drop(&mut self) {
+        let Some(mut receiver) = self.receiver.take() else {
+            return;
+        };
+        match receiver.try_recv() {
+            Ok(Ok(response)) if response.granted => {
+                for (name, token) in self.names.iter().zip(response.tokens) {
+                    let (reply, _) = oneshot::channel();
+                    let hold = HoldArgs {
+                        name: name.clone(),
+                        owner: self.owner.clone(),
+                        token: Some(token),
+                    };
+                    let _ = self.core.send(Op::Release { hold, reply });
+                }
+            }
+            Err(oneshot::error::TryRecvError::Empty) => {
+                let _ = self.core.send(Op::CancelLease {
+                    request: self.request,
+                });
+            }
+            _ => {}
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl Locksmith for Service {
+    type SessionStream = UnboundedReceiverStream<Result<pb::ServerMessage, Status>>;
+
+    async fn session(
+        &self,
+        request: Request<Streaming<pb::ClientMessage>>,
+    ) -> Result<Response<Self::SessionStream>, Status> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let reader = StreamReader {
+            core: self.core.clone(),
+            stream: self.next_stream.fetch_add(1, Ordering::Relaxed),
+            max_label: self.max_label,
+        };
+        tokio::spawn(reader.run(request.into_inner(), tx, self.open_timeout));
+        Ok(Response::new(UnboundedReceiverStream::new(rx)))
+    }
+
+    async fn acquire_lease(
+        &self,
+        request: Request<pb::AcquireLeaseRequest>,
+    ) -> Result<Response<pb::AcquireLeaseResponse>, Status> {
+        let acquire = request
+            .into_inner()
+            .acquire
+            .ok_or_else(|| Status::invalid_argument("acquire is required"))?;
+        if acquire.lease_ms.is_none() {
+            return Err(Status::invalid_argument(
+                "lease_ms is required: a hold without a session lives by its lease",
+            ));
+        }
+        let args = acquire_args(acquire, self.max_label).map_err(status_of)?;
+        let request = self.unary_ids.fetch_add(1, Ordering::Relaxed);
+        let (reply, receiver) = oneshot::channel();
+        let mut guard = LeaseGuard {
+            core: self.core.clone(),
+            request,
+            names: args.names.clone(),
+            owner: args.owner.clone(),
+            receiver: Some(receiver),
+        };
+        self.core
+            .send(Op::AcquireLease {
+                request,
+                args,
+                reply,
+            })
+            .map_err(|_| stopped())?;
+        let outcome = guard.receiver.as_mut().expect("set above").await;
+        guard.receiver = None;
+        outcome.map_err(|_| stopped())?.map(Response::new)
+    }
+
+    async fn release(
+        &self,
+        request: Request<pb::ReleaseRequest>,
+    ) -> Result<Response<pb::ReleaseResponse>, Status> {
+        let release = request
+            .into_inner()
+            .release
+            .ok_or_else(|| Status::invalid_argument("release is required"))?;
+        let hold = hold_args(release.name, release.owner, release.token, self.max_label)
+            .map_err(status_of)?;
+        self.call(|reply| Op::Release { hold, reply }).await
+    }
+
+    async fn renew(
+        &self,
+        request: Request<pb::RenewRequest>,
+    ) -> Result<Response<pb::RenewResponse>, Status> {
+        let renew = request
+            .into_inner()
+            .renew
+            .ok_or_else(|| Status::invalid_argument("renew is required"))?;
+        let hold =
+            hold_args(renew.name, renew.owner, renew.token, self.max_label).map_err(status_of)?;
+        let lease: Millis = renew.lease_ms;
+        self.call(|reply| Op::Renew { hold, lease, reply }).await
+    }
+
+    async fn describe(
+        &self,
+        request: Request<pb::DescribeRequest>,
+    ) -> Result<Response<pb::DescribeResponse>, Status> {
+        let name = request.into_inner().name;
+        check_name(&name)?;
+        self.call(|reply| Op::Describe { name, reply }).await
+    }
+
+    async fn list(
+        &self,
+        request: Request<pb::ListRequest>,
+    ) -> Result<Response<pb::ListResponse>, Status> {
+        let prefix = request.into_inner().prefix;
+        self.call(|reply| Op::List { prefix, reply }).await
+    }
+
+    async fn list_sessions(
+        &self,
+        _request: Request<pb::ListSessionsRequest>,
+    ) -> Result<Response<pb::ListSessionsResponse>, Status> {
+        self.call(|reply| Op::ListSessions { reply }).await
+    }
+
+    async fn force_release(
+        &self,
+        request: Request<pb::ForceReleaseRequest>,
+    ) -> Result<Response<pb::ForceReleaseResponse>, Status> {
+        let name = request.into_inner().name;
+        check_name(&name)?;
+        tracing::info!(lock = %name, "force release");
+        self.call(|reply| Op::ForceRelease { name, reply }).await
+    }
+
+    async fn close_session(
+        &self,
+        request: Request<pb::CloseSessionRequest>,
+    ) -> Result<Response<pb::CloseSessionResponse>, Status> {
+        let request = request.into_inner();
+        let secret = secret_of(&request.secret)
+            .ok_or_else(|| Status::invalid_argument("a session secret is 16 bytes"))?;
+        let session = SessionId(request.session_id);
+        self.call(|reply| Op::CloseSession {
+            session,
+            secret,
+            reply,
+        })
+        .await
+    }
+}
