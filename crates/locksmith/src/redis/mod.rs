@@ -1,25 +1,845 @@
-//! `redis://` backend (being written).
+//! `redis://`, `rediss://` and `redis+redlock://`: locks in Redis, in the key
+//! layouts of Redisson (Java) and redis-py, with fencing tokens.
+//!
+//! ```no_run
+//! # async fn demo() -> locksmith::Result<()> {
+//! let client = locksmith::Client::connect("redis://127.0.0.1:6379").await?;
+//! let guard = client.lock("orders/42").acquire().await?;
+//! let token = guard.fencing_token(); // INCR of redisson_lock_token:{orders/42}
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # URLs and modes
+//!
+//! | URL | what you get |
+//! |---|---|
+//! | `redis://[user:pass@]host:port[/db]` | one Redis; Redisson RLock layout |
+//! | `rediss://…` | the same over TLS (rustls; `#insecure` skips verification) |
+//! | `redis+redlock://[:pass@]h1:p1,h2:p2,h3:p3[/db]` | Redlock over independent masters |
+//!
+//! Query options (an unknown option is an error):
+//!
+//! | option | meaning |
+//! |---|---|
+//! | `mode=rlock` (default) | exclusive locks in Redisson's RLock hash: re-entrant, not FIFO |
+//! | `mode=fair` | the RLock hash plus Redisson RFairLock's queue: FIFO for every mode (not with Redlock) |
+//! | `mode=simple` | exclusive locks as `SET name <id> NX PX <ttl>`, the layout of redis-py's `Lock` |
+//! | `prefix=app/` | prepend a namespace to every lock name (off by default: names map verbatim) |
+//! | `wait_replicas=N&wait_timeout=500ms` | after each grant, `WAIT` for N replicas; if fewer acknowledge in time the grant is released and the acquire fails (Redisson's `checkLockSyncedSlaves`) |
+//! | `node_timeout=50ms` | Redlock: how long one node may take per request (default lease/10, 50ms..1s) |
+//! | `retry_delay=100ms` | Redlock: upper bound of the random pause after a split vote |
+//! | `tls=true` | Redlock: connect to every node with TLS |
+//! | `protocol=resp3` | passed on to the `redis` crate |
+//!
+//! [`RedisBackend::capabilities`] is honest per mode: `fifo` (and a waiter list
+//! in inspection) only with `mode=fair`; shared locks everywhere; semaphores
+//! everywhere but Redlock; no lock-delay.
+//!
+//! # Layout (what is stored where)
+//!
+//! All names below come from Redisson's sources (see [`keys`] for the exact
+//! functions); `{name}` is the lock name with Redisson's hash-tag braces. The
+//! lock name maps to the key verbatim, so a Redisson service and a locksmith
+//! service using the same name exclude each other.
+//!
+//! | what | key | type | content |
+//! |---|---|---|---|
+//! | exclusive hold | `name` | hash | `<client uuid>:<owner>` → re-entry count, `mode` → `write`; `PEXPIRE` lease (Redisson RLock; the `mode` marker makes Redisson's RReadWriteLock see it as write-locked too) |
+//! | shared holds | `name` | hash | `mode` → `read`, `<client uuid>:<owner>` → count; per level `n` a key `{name}:<client uuid>:<owner>:rwlock_timeout:<n>` with the lease (Redisson RReadLock) |
+//! | simple hold | `name` | string | `<client uuid>:<owner>`, `PX` lease (redis-py `Lock`) |
+//! | semaphore | `name` | string | available permits; zset `{name}:timeout`: holder → expiry in Redis ms (Redisson RPermitExpirableSemaphore) |
+//! | fencing counter | `redisson_lock_token:{name}` | string | `INCR`ed on every free→held transition, never expires (Redisson RFencedLock) |
+//! | fair queue | `redisson_lock_queue:{name}` + `redisson_lock_timeout:{name}` | list + zset | waiter ids in arrival order + their deadlines (Redisson RFairLock) |
+//! | metadata | `locksmith_meta:{name}` | hash | holder id → `"<token> <lock time ms> <count> <lock_by>"`; expires with the holds |
+//!
+//! Re-entry keeps the token: the first grant stores it in the metadata hash and
+//! a re-entry reads it back (Redisson's RFencedLock would issue a new one).
+//!
+//! Releases publish on Redisson's channels with Redisson's message values
+//! (`LockPubSub.UNLOCK_MESSAGE = 0`, `READ_UNLOCK_MESSAGE = 1`):
+//! `redisson_lock__channel:{name}` for RLock waiters, `redisson_rwlock:{name}`
+//! for read-write lock waiters, `redisson_sc:{name}` (the permit count) for
+//! semaphore waiters and `redisson_lock__channel:{name}:<waiter id>` for the
+//! first waiter of a fair lock.
+//!
+//! Every read-modify-write is one Lua script ([`scripts`]), loaded once and
+//! called by SHA. Scripts read time with Redis's `TIME`, never the client's
+//! clock, so client clock skew cannot expire a permit or reorder a queue.
+//! Scripts touch several keys of one lock; they all hash to the same cluster
+//! slot, but the watchdog's batch renewal spans locks, so Redis Cluster is not
+//! supported.
+//!
+//! Interoperability with other clients, concretely:
+//!
+//! * **Redisson RLock / RFairLock / RReadWriteLock / RPermitExpirableSemaphore**
+//!   on the same name: mutual exclusion both ways, and each side's release wakes
+//!   the other side's waiters (a Redisson read-write unlock only publishes on
+//!   `redisson_rwlock:{name}`, which locksmith waiters do not hear; they catch up
+//!   with their bounded re-check). Redisson's fair lock reduces the deadlines of
+//!   all queued waiters when it grants; a locksmith waiter that is dropped from
+//!   the queue that way re-joins at the end on its next re-check.
+//! * **redis-py `Lock`** (and any `SET NX PX` recipe): with `mode=simple` the key
+//!   is the very same string, so each side blocks the other; with the hash
+//!   layouts a string key also counts as "held by someone else".
+//!
+//! # Waiting
+//!
+//! An acquire that must wait subscribes to its lock's release channel (one
+//! shared subscription connection per client, see [`pubsub`]), tries once more
+//! (a release between the first try and the subscription is not missed), and
+//! then sleeps until a release message arrives or until the current hold's
+//! remaining TTL (which the acquire script returns) has passed, capped at a
+//! third of the client's session TTL. A lost message therefore costs one
+//! bounded re-check, never a stall (the failure mode of Redisson issues #1763
+//! and #3891). In fair mode each waiter has its own channel and a release wakes
+//! exactly the first waiter; queue entries carry deadlines (the waiter's session
+//! TTL, Redis time) that waiters refresh at every re-check, so a crashed waiter
+//! leaves the queue on its own. A dropped acquire leaves the queue at once.
+//!
+//! # Liveness
+//!
+//! A hold without [`crate::Lock::lease`] gets the client's `session_ttl` as its
+//! Redis TTL and the [`watchdog`] renews it every third of that, many holds per
+//! script call; a hold with a lease simply expires. Either way the guard's
+//! `lost()` fires when the hold can no longer be trusted: its lease ran out,
+//! the watchdog could not reach Redis within the lease, or Redis no longer has
+//! it (expired, force-released, lost in a restart without persistence).
+//! Connections reconnect by themselves; after a reconnect the subscriptions are
+//! restored, waiters re-check and the watchdog re-checks every hold at once.
+//!
+//! # Redlock
+//!
+//! With `redis+redlock://` every acquire goes to all nodes at once; it succeeds
+//! when a majority granted it within the validity time `lease − elapsed −
+//! drift` (drift = lease × 1% + 2 ms). Otherwise it is released on every node
+//! and retried after a random delay. Renewals and extensions count only when a
+//! majority confirms them within the current validity. When a majority of nodes
+//! cannot be reached, acquires fail with an error saying so.
+//!
+//! The fencing token comes from a quorum counter: the grant's nodes report
+//! their counter, locksmith writes `max + 1` to them, and the grant counts only
+//! once a majority stored it. Any two majorities intersect, so tokens increase
+//! from grant to grant.
+//!
+//! **Limits, plainly** (Martin Kleppmann, "How to do distributed locking",
+//! 2016): Redlock's safety rests on timing assumptions: bounded network delay,
+//! bounded process pauses, and clocks that advance at about the same rate on
+//! every node. A GC pause or a stopped process longer than the lease lets a
+//! second client acquire while the first still believes it holds the lock; a
+//! node that restarts without its data (no `appendfsync always`), or whose
+//! clock jumps, can hand the lock out twice and can lose its counter, after
+//! which tokens may repeat. Use the fencing token at the protected resource,
+//! run Redis nodes with persistence, and when correctness matters more than
+//! latency, prefer a consensus store (the locksmith server, ZooKeeper, etcd).
+//! Semaphores are not offered over Redlock: per-node permit counts do not add up
+//! to a safe global count.
+
+mod cleanup;
+mod config;
+mod describe;
+pub mod keys;
+mod node;
+mod ops;
+pub mod pubsub;
+pub mod scripts;
+pub mod watchdog;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::future::join_all;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
-use crate::backend::{AcquireRequest, Backend, Capabilities, Grant, LockInfo};
+use self::config::{Config, Layout};
+use self::keys::Keys;
+use self::node::{failure, is_transient, problem, Node};
+use self::ops::{AcquireSpec, Call, Kind, Reply, Target};
+use self::pubsub::Subscription;
+use self::watchdog::Watchdog;
+use crate::backend::{
+    acquire_each_in_order, AcquireRequest, Backend, Capabilities, Grant, Hold, LockInfo, Wait,
+};
 use crate::client::ConnectOptions;
 use crate::error::{Error, Result};
 
-const BACKEND: &str = "redis";
+pub(crate) const BACKEND: &str = "redis";
 
-/// The redis backend.
-pub struct RedisBackend;
+/// How long inspection waits for this process's own background clean-ups.
+const SETTLE: Duration = Duration::from_secs(2);
+
+/// A lock store on Redis: one server, or Redlock over several.
+///
+/// Made by [`crate::Client::connect`] for `redis://`, `rediss://` and
+/// `redis+redlock://` URLs; see the [module docs](self) for modes and layouts.
+pub struct RedisBackend {
+    shared: Arc<Shared>,
+}
+
+/// What the backend, its holds and its background tasks share.
+pub(crate) struct Shared {
+    config: Config,
+    nodes: Vec<Node>,
+    quorum: usize,
+    /// Redisson's "connection manager id": the first half of every holder id.
+    client_id: String,
+    lock_by: String,
+    session_ttl: Duration,
+    watchdog: Arc<Watchdog>,
+    shutdown: CancellationToken,
+    closed: AtomicBool,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+/// The result of one attempt.
+enum Attempt {
+    Granted(Granted),
+    /// Not now; the current hold lasts about `hint`; `split`: no majority either
+    /// way (Redlock), so back off randomly.
+    Busy {
+        hint: Option<Duration>,
+        split: bool,
+    },
+}
+
+struct Granted {
+    token: u64,
+    reentered: bool,
+    expires: Instant,
+    /// Nodes that took a level (for undoing it).
+    nodes: Vec<usize>,
+}
+
+fn random_below(limit: Duration) -> Duration {
+    let r = uuid::Uuid::new_v4().as_u128() as u64;
+    let ms = limit.as_millis().max(1) as u64;
+    Duration::from_millis(r % ms)
+}
 
 impl RedisBackend {
-    /// Connects to the store named by `url`.
+    /// Connects to the Redis server (or, for Redlock, to a majority of them)
+    /// named by `url`; see the [module docs](self) for the URL options.
     ///
     /// Cancel safety: safe; a dropped connect leaves nothing behind.
-    pub async fn connect(_url: &str, _options: &ConnectOptions) -> Result<Self> {
-        Err(Error::Unsupported {
-            backend: BACKEND,
-            what: "not built yet".into(),
+    pub async fn connect(url: &str, options: &ConnectOptions) -> Result<Self> {
+        let config = Config::parse(url)?;
+        let response_timeout =
+            Duration::from_secs(5).max(config.wait_timeout + Duration::from_secs(1));
+        let watchdog = Arc::new(Watchdog::default());
+        let eager = !config.redlock;
+        let mut nodes = Vec::with_capacity(config.nodes.len());
+        for node_url in &config.nodes {
+            nodes.push(
+                Node::connect(node_url, response_timeout, eager, watchdog.recheck.clone()).await?,
+            );
+        }
+        let quorum = config.quorum();
+        if config.redlock {
+            let ping = ::redis::cmd("PING");
+            let pings = join_all(nodes.iter().map(|node| {
+                tokio::time::timeout(Duration::from_secs(2), node.query::<String>(&ping))
+            }))
+            .await;
+            let failures: Vec<String> = pings
+                .iter()
+                .zip(&nodes)
+                .filter_map(|(ping, node)| match ping {
+                    Ok(Ok(_)) => None,
+                    Ok(Err(e)) => Some(format!("{}: {e}", node.label)),
+                    Err(_) => Some(format!("{}: no answer within 2s", node.label)),
+                })
+                .collect();
+            if nodes.len() - failures.len() < quorum {
+                return Err(problem(format!(
+                    "Redlock needs {quorum} of {} Redis nodes but only {} answered ({})",
+                    nodes.len(),
+                    nodes.len() - failures.len(),
+                    failures.join("; ")
+                )));
+            }
+        }
+        if config.wait_replicas.is_some() {
+            // Loaded up front: the WAIT pipeline cannot load on NOSCRIPT as
+            // cheaply as a plain call.
+            for script in scripts::SCRIPTS.all() {
+                nodes[0]
+                    .load(script)
+                    .await
+                    .map_err(|e| failure("loading the lock scripts", e))?;
+            }
+        }
+        let drift = if config.redlock {
+            options.session_ttl / 100 + Duration::from_millis(2)
+        } else {
+            Duration::ZERO
+        };
+        let shared = Arc::new(Shared {
+            quorum,
+            nodes,
+            client_id: uuid::Uuid::new_v4().to_string(),
+            lock_by: format!("{}@{}", options.client_name, options.host),
+            session_ttl: options.session_ttl,
+            watchdog: watchdog.clone(),
+            shutdown: CancellationToken::new(),
+            closed: AtomicBool::new(false),
+            config,
+        });
+        tokio::spawn(watchdog::run(
+            Arc::downgrade(&shared),
+            watchdog,
+            shared.shutdown.clone(),
+            options.session_ttl,
+            quorum,
+            drift,
+        ));
+        tracing::debug!(url = %shared.config.display, client = %shared.client_id, "redis backend connected");
+        Ok(RedisBackend { shared })
+    }
+
+    /// Number of channels this client's waiters listen on right now (on the
+    /// first node), to observe that subscriptions are cleaned up.
+    pub fn subscribed_channels(&self) -> usize {
+        self.shared.nodes[0].hub.listening()
+    }
+
+    /// Number of holds the watchdog keeps alive or checks.
+    pub fn watched_holds(&self) -> usize {
+        self.shared.watchdog.len()
+    }
+
+    /// The id this client puts before every owner in Redis (`<id>:<owner>`), as
+    /// Redisson puts its connection manager id before thread ids.
+    pub fn client_id(&self) -> &str {
+        &self.shared.client_id
+    }
+}
+
+impl Shared {
+    fn fair(&self) -> bool {
+        self.config.layout == Layout::Fair
+    }
+
+    fn target(&self, name: &str, owner: &str, kind: Kind) -> Target {
+        Target {
+            name: name.to_owned(),
+            keys: Arc::new(Keys::new(format!("{}{name}", self.config.prefix))),
+            field: format!("{}:{owner}", self.client_id),
+            kind,
+        }
+    }
+
+    fn drift(&self, lease: Duration) -> Duration {
+        if self.nodes.len() > 1 {
+            lease / 100 + Duration::from_millis(2)
+        } else {
+            Duration::ZERO
+        }
+    }
+
+    fn node_timeout(&self, lease: Duration) -> Duration {
+        self.config.node_timeout.unwrap_or_else(|| {
+            (lease / 10).clamp(Duration::from_millis(50), Duration::from_secs(1))
         })
+    }
+
+    /// Runs one call on one node.
+    async fn run<T: ::redis::FromRedisValue>(
+        &self,
+        node: usize,
+        call: &Call<'_>,
+        what: &str,
+    ) -> Result<T> {
+        let node = &self.nodes[node];
+        node.eval(call.script, &call.keys, &call.args)
+            .await
+            .map_err(|e| failure(format!("{what} on {}", node.label), e))
+    }
+
+    /// One attempt, run as its own task: if the acquire is dropped while the
+    /// attempt is in flight, the task finishes it and undoes a grant.
+    async fn attempt(self: &Arc<Self>, target: &Target, spec: &AcquireSpec) -> Result<Attempt> {
+        let (sender, receiver) = tokio::sync::oneshot::channel();
+        let (shared, target, spec) = (self.clone(), target.clone(), *spec);
+        cleanup::spawn(async move {
+            let result = if shared.nodes.len() == 1 {
+                shared.attempt_single(&target, &spec).await
+            } else {
+                shared.attempt_quorum(&target, &spec).await
+            };
+            if let Err(Ok(Attempt::Granted(granted))) = sender.send(result) {
+                tracing::debug!(lock = %target.name, "acquire dropped while granted; releasing");
+                let _ = shared.release_on(&target, &granted.nodes, false).await;
+            }
+        });
+        receiver
+            .await
+            .map_err(|_| problem("the acquire task ended unexpectedly"))?
+    }
+
+    async fn attempt_single(&self, target: &Target, spec: &AcquireSpec) -> Result<Attempt> {
+        let call = target.acquire(spec, &self.lock_by, false);
+        let sent = Instant::now();
+        let reply: Vec<i64> = match self.config.wait_replicas {
+            None => self.run(0, &call, "acquire").await?,
+            Some(replicas) => {
+                let node = &self.nodes[0];
+                let (reply, acked): (Vec<i64>, i64) = node
+                    .eval_and_wait(
+                        call.script,
+                        &call.keys,
+                        &call.args,
+                        replicas,
+                        self.config.wait_timeout,
+                    )
+                    .await
+                    .map_err(|e| failure(format!("acquire on {}", node.label), e))?;
+                if Reply::parse(&reply)?.took() && acked < i64::from(replicas) {
+                    let _ = self.release_on(target, &[0], false).await;
+                    return Err(problem(format!(
+                        "lock {:?} was granted on {} but only {acked} of {replicas} replicas acknowledged within {:?}; released it",
+                        target.name, node.label, self.config.wait_timeout
+                    )));
+                }
+                reply
+            }
+        };
+        let reply = Reply::parse(&reply)?;
+        if let Some(error) = reply.refusal(target) {
+            return Err(error);
+        }
+        Ok(match reply {
+            Reply::Granted { token, .. } | Reply::Reentered { token } => {
+                Attempt::Granted(Granted {
+                    token,
+                    reentered: matches!(reply, Reply::Reentered { .. }),
+                    expires: sent + spec.lease,
+                    nodes: vec![0],
+                })
+            }
+            Reply::Busy { hint_ms } => Attempt::Busy {
+                hint: (hint_ms >= 0).then(|| Duration::from_millis(hint_ms as u64)),
+                split: false,
+            },
+            _ => unreachable!("refusals handled above"),
+        })
+    }
+
+    /// Redlock: all nodes at once, a majority within the validity time.
+    async fn attempt_quorum(&self, target: &Target, spec: &AcquireSpec) -> Result<Attempt> {
+        let n = self.nodes.len();
+        let quorum = self.quorum;
+        let per_node = self.node_timeout(spec.lease);
+        let drift = self.drift(spec.lease);
+        let maybe_reentry = self.watchdog.holds(target);
+        let call = target.acquire(spec, &self.lock_by, true);
+        let start = Instant::now();
+        let replies = join_all((0..n).map(|i| {
+            let call = &call;
+            async move {
+                match tokio::time::timeout(per_node, self.run::<Vec<i64>>(i, call, "acquire")).await
+                {
+                    Ok(Ok(reply)) => Reply::parse(&reply).map_err(|e| e.to_string()),
+                    Ok(Err(e)) => Err(e.to_string()),
+                    Err(_) => Err(format!(
+                        "{}: no answer within {per_node:?}",
+                        self.nodes[i].label
+                    )),
+                }
+            }
+        }))
+        .await;
+        let mut took = Vec::new();
+        let mut counters = Vec::new();
+        let mut tokens = Vec::new();
+        let mut hints = Vec::new();
+        let mut errors = Vec::new();
+        let mut refusals = Vec::new();
+        for (i, reply) in replies.into_iter().enumerate() {
+            match reply {
+                Ok(Reply::Granted { counter, .. }) => {
+                    took.push(i);
+                    counters.push(counter);
+                }
+                Ok(Reply::Reentered { token }) => {
+                    took.push(i);
+                    tokens.push(token);
+                }
+                Ok(Reply::Busy { hint_ms }) => hints.push(hint_ms),
+                Ok(refusal) => refusals.push(refusal),
+                Err(e) => errors.push(e),
+            }
+        }
+        let within = |at: Instant| spec.lease > at.duration_since(start) + drift;
+        if took.len() >= quorum && within(Instant::now()) {
+            let token = if !tokens.is_empty() {
+                tokens.iter().copied().max()
+            } else {
+                let next = counters.iter().copied().max().unwrap_or(0) + 1;
+                self.fence(target, &took, next, spec.lease, per_node).await
+            };
+            if let Some(token) = token.filter(|_| within(Instant::now())) {
+                return Ok(Attempt::Granted(Granted {
+                    token,
+                    reentered: !tokens.is_empty(),
+                    expires: start + spec.lease - drift,
+                    nodes: (0..n).collect(),
+                }));
+            }
+        }
+        // No majority in time: release wherever this attempt may have taken a
+        // level (everywhere, unless an existing hold could be re-entered).
+        let undo: Vec<usize> = if maybe_reentry {
+            took.clone()
+        } else {
+            (0..n).collect()
+        };
+        let _ = self.release_on(target, &undo, false).await;
+        if refusals.len() >= quorum {
+            return Err(refusals[0].refusal(target).expect("a refusal"));
+        }
+        if errors.len() > n - quorum {
+            return Err(problem(format!(
+                "Redlock needs {quorum} of {n} Redis nodes but only {} answered: {}",
+                n - errors.len(),
+                errors.join("; ")
+            )));
+        }
+        let busy = hints.len() + refusals.len();
+        let hint = hints.iter().copied().filter(|&h| h >= 0).min();
+        Ok(Attempt::Busy {
+            hint: hint.map(|h| Duration::from_millis(h as u64)),
+            split: busy < quorum,
+        })
+    }
+
+    /// Redlock fencing: writes `value` as the token to the granting majority,
+    /// raising it past any higher counter found; `None` if no majority stored it.
+    async fn fence(
+        &self,
+        target: &Target,
+        nodes: &[usize],
+        mut value: u64,
+        lease: Duration,
+        per_node: Duration,
+    ) -> Option<u64> {
+        for _ in 0..3 {
+            let call = ops::fence(target, value, lease);
+            let answers =
+                join_all(nodes.iter().map(|&i| {
+                    let call = &call;
+                    async move {
+                        tokio::time::timeout(per_node, self.run::<i64>(i, call, "fence")).await
+                    }
+                }))
+                .await;
+            let stored = answers.iter().filter(|a| matches!(a, Ok(Ok(-1)))).count();
+            if stored >= self.quorum {
+                return Some(value);
+            }
+            let higher = answers
+                .iter()
+                .filter_map(|a| match a {
+                    Ok(Ok(c)) if *c >= 0 => Some(*c as u64),
+                    _ => None,
+                })
+                .max()?;
+            value = value.max(higher + 1);
+        }
+        None
+    }
+
+    /// Releases one level (or all) on the given nodes; a majority decides.
+    async fn release_on(&self, target: &Target, nodes: &[usize], all: bool) -> Result<()> {
+        let call = target.release(self.fair(), all);
+        let answers = join_all(nodes.iter().map(|&i| {
+            let call = &call;
+            async move { self.run::<i64>(i, call, "release").await }
+        }))
+        .await;
+        let needed = if nodes.len() == 1 {
+            1
+        } else {
+            self.quorum.min(nodes.len())
+        };
+        let released = answers.iter().filter(|a| matches!(a, Ok(0 | 1))).count();
+        if released >= needed {
+            return Ok(());
+        }
+        let not_held = answers.iter().filter(|a| matches!(a, Ok(-1))).count();
+        let not_owner = answers.iter().filter(|a| matches!(a, Ok(-2))).count();
+        let name = target.name.clone();
+        if not_owner >= needed || (not_owner > 0 && not_owner + not_held >= needed) {
+            Err(Error::NotOwner { name })
+        } else if not_held >= needed {
+            Err(Error::NotHeld { name })
+        } else {
+            Err(answers
+                .into_iter()
+                .find_map(|a| a.err())
+                .unwrap_or_else(|| problem(format!("releasing {name:?}: no majority answered"))))
+        }
+    }
+
+    /// The watchdog's batch: renew (or check) up to 100 holds on every node.
+    async fn renew_batch(
+        self: Arc<Self>,
+        batch: watchdog::Batch,
+        limit: Duration,
+    ) -> watchdog::BatchResult {
+        let sent = Instant::now();
+        let call = ops::renew(&batch.targets, &batch.leases, false);
+        let replies = join_all((0..self.nodes.len()).map(|i| {
+            let call = &call;
+            let this = &self;
+            async move {
+                match tokio::time::timeout(limit, this.run::<Vec<i64>>(i, call, "renew")).await {
+                    Ok(Ok(v)) => Ok(v),
+                    Ok(Err(e)) => Err(e.to_string()),
+                    Err(_) => Err(format!(
+                        "{} did not answer within {limit:?}",
+                        this.nodes[i].label
+                    )),
+                }
+            }
+        }))
+        .await;
+        watchdog::BatchResult {
+            sent,
+            ids: batch.ids,
+            replies,
+        }
+    }
+
+    /// Extends a leased hold to `lease` from now.
+    async fn extend(&self, target: &Target, id: u64, lease: Duration) -> Result<()> {
+        let limit = self.watchdog.expiry(id);
+        let targets = [target.clone()];
+        let leases = [lease.as_millis() as u64];
+        let call = ops::renew(&targets, &leases, true);
+        let sent = Instant::now();
+        let answers = join_all((0..self.nodes.len()).map(|i| {
+            let call = &call;
+            async move { self.run::<Vec<i64>>(i, call, "extend").await }
+        }))
+        .await;
+        let held = answers
+            .iter()
+            .filter(|a| matches!(a, Ok(v) if v.first() == Some(&1)))
+            .count();
+        let gone = answers
+            .iter()
+            .filter(|a| matches!(a, Ok(v) if v.first() == Some(&0)))
+            .count();
+        let in_time = limit.is_none_or(|until| Instant::now() < until);
+        if held >= self.quorum && in_time {
+            self.watchdog
+                .set_expiry(id, sent + lease - self.drift(lease));
+            return Ok(());
+        }
+        if gone > self.nodes.len() - self.quorum || !in_time {
+            return Err(Error::Lost(format!(
+                "lock {:?} is no longer held",
+                target.name
+            )));
+        }
+        Err(answers
+            .into_iter()
+            .find_map(|a| a.err())
+            .unwrap_or_else(|| {
+                problem(format!("extending {:?}: no majority answered", target.name))
+            }))
+    }
+
+    /// Subscribes to where releases of `target` are announced, on every node.
+    async fn listen(&self, target: &Target) -> Vec<Subscription> {
+        let channel = target.wait_channel(self.fair());
+        let mut subscriptions = Vec::with_capacity(self.nodes.len());
+        for node in &self.nodes {
+            subscriptions.push(node.hub.subscribe(&channel).await);
+        }
+        subscriptions
+    }
+
+    /// How long to wait before the next attempt.
+    fn pause(&self, hint: Option<Duration>, split: bool) -> Duration {
+        let cap = self.session_ttl / 3;
+        if split {
+            return random_below(self.config.retry_delay);
+        }
+        let base = hint.unwrap_or(cap).min(cap).max(Duration::from_millis(1));
+        if self.nodes.len() > 1 {
+            base + random_below(self.config.retry_delay.min(base))
+        } else {
+            base
+        }
+    }
+
+    /// Acquires one name, waiting as the request says.
+    async fn acquire_one(self: &Arc<Self>, request: &AcquireRequest) -> Result<Option<Grant>> {
+        let name = &request.names[0];
+        let kind = Kind::of(request.mode, self.config.layout);
+        if matches!(kind, Kind::Semaphore(_)) && self.nodes.len() > 1 {
+            return Err(Error::Unsupported {
+                backend: BACKEND,
+                what: "semaphores over Redlock (per-node permit counts do not make a safe global count)".into(),
+            });
+        }
+        if !request.lock_delay.is_zero() {
+            return Err(Error::Unsupported {
+                backend: BACKEND,
+                what: "lock-delay".into(),
+            });
+        }
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::Closed);
+        }
+        let target = self.target(name, &request.owner, kind);
+        let waiting = request.wait != Wait::No;
+        let spec = AcquireSpec {
+            lease: request.lease.unwrap_or(self.session_ttl),
+            watched: request.lease.is_none(),
+            reentrant: request.reentrant,
+            wait: waiting,
+            fair: self.fair(),
+            waiter_ttl: self.session_ttl,
+        };
+        let mut queued = QueueSlot {
+            shared: self.clone(),
+            target: target.clone(),
+            armed: false,
+        };
+        let mut listeners: Option<Vec<Subscription>> = None;
+        let mut trouble_since: Option<Instant> = None;
+        loop {
+            for listener in listeners.iter_mut().flatten() {
+                listener.mark();
+            }
+            let attempt = match self.attempt(&target, &spec).await {
+                Ok(attempt) => {
+                    trouble_since = None;
+                    attempt
+                }
+                Err(error) if waiting && is_transient(&error) => {
+                    // Redis is restarting or unreachable: keep trying for a
+                    // while (the caller's wait limit still applies).
+                    let since = *trouble_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() > self.session_ttl / 3 {
+                        return Err(error);
+                    }
+                    tracing::debug!(lock = %name, %error, "acquire attempt failed; retrying");
+                    queued.armed = spec.fair;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+                Err(error) => return Err(error),
+            };
+            match attempt {
+                Attempt::Granted(granted) => {
+                    queued.armed = false;
+                    if kind.admits_more() {
+                        for listener in listeners.iter().flatten() {
+                            listener.pass_on();
+                        }
+                    }
+                    return Ok(Some(self.grant(target, &spec, granted)));
+                }
+                Attempt::Busy { .. } if !waiting => return Ok(None),
+                Attempt::Busy { hint, split } => {
+                    queued.armed = spec.fair;
+                    let Some(listening) = listeners.as_mut() else {
+                        listeners = Some(self.listen(&target).await);
+                        continue;
+                    };
+                    let pause = self.pause(hint, split);
+                    let woken = futures::future::select_all(
+                        listening.iter_mut().map(|l| Box::pin(l.woken())),
+                    );
+                    tokio::select! {
+                        _ = woken => {}
+                        _ = tokio::time::sleep(pause) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    fn grant(self: &Arc<Self>, target: Target, spec: &AcquireSpec, granted: Granted) -> Grant {
+        let (id, lost) = self
+            .watchdog
+            .register(&target, spec.watched, granted.expires);
+        tracing::debug!(
+            lock = %target.name,
+            token = granted.token,
+            reentered = granted.reentered,
+            "redis lock granted"
+        );
+        Grant {
+            tokens: vec![granted.token],
+            lost,
+            hold: Box::new(RedisHold {
+                shared: self.clone(),
+                target,
+                id,
+                watched: spec.watched,
+            }),
+        }
+    }
+}
+
+/// A fair-queue place that a dropped or failed acquire gives up.
+struct QueueSlot {
+    shared: Arc<Shared>,
+    target: Target,
+    armed: bool,
+}
+
+impl Drop for QueueSlot {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let (shared, target) = (self.shared.clone(), self.target.clone());
+        cleanup::spawn(async move {
+            let call = target.leave_queue();
+            for i in 0..shared.nodes.len() {
+                if let Err(error) = shared.run::<i64>(i, &call, "leave queue").await {
+                    tracing::debug!(lock = %target.name, %error, "could not leave the fair queue; its deadline will drop it");
+                }
+            }
+        });
+    }
+}
+
+/// A live hold.
+struct RedisHold {
+    shared: Arc<Shared>,
+    target: Target,
+    id: u64,
+    watched: bool,
+}
+
+#[async_trait]
+impl Hold for RedisHold {
+    async fn release(self: Box<Self>) -> Result<()> {
+        // Stop renewing first, so a release that fails midway leaves a hold that
+        // simply expires.
+        self.shared.watchdog.release(self.id, self.watched);
+        let nodes: Vec<usize> = (0..self.shared.nodes.len()).collect();
+        let result = self.shared.release_on(&self.target, &nodes, false).await;
+        tracing::debug!(lock = %self.target.name, ok = result.is_ok(), "redis lock released");
+        result
+    }
+
+    async fn extend(&self, lease: Duration) -> Result<()> {
+        self.shared.extend(&self.target, self.id, lease).await
     }
 }
 
@@ -30,32 +850,172 @@ impl Backend for RedisBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
+        let fair = self.shared.fair();
         Capabilities {
-            fifo: false,
+            fifo: fair,
             lock_delay: false,
-            lists_waiters: false,
-            shared: false,
-            semaphore: false,
+            lists_waiters: fair,
+            shared: true,
+            semaphore: self.shared.nodes.len() == 1,
         }
     }
 
-    async fn acquire(&self, _request: &AcquireRequest) -> Result<Option<Grant>> {
-        unimplemented!()
+    async fn acquire(&self, request: &AcquireRequest) -> Result<Option<Grant>> {
+        if request.names.len() > 1 {
+            return acquire_each_in_order(self, request).await;
+        }
+        self.shared.acquire_one(request).await
     }
 
-    async fn describe(&self, _name: &str) -> Result<Option<LockInfo>> {
-        unimplemented!()
+    async fn describe(&self, name: &str) -> Result<Option<LockInfo>> {
+        cleanup::settle(SETTLE).await;
+        let shared = &self.shared;
+        let keys = Keys::new(format!("{}{name}", shared.config.prefix));
+        let call = Call {
+            script: &scripts::SCRIPTS.describe,
+            keys: vec![
+                &keys.lock,
+                &keys.meta,
+                &keys.queue,
+                &keys.queue_deadlines,
+                &keys.permits,
+            ],
+            args: Vec::new(),
+        };
+        if shared.nodes.len() == 1 {
+            let reply: ::redis::Value = shared.run(0, &call, "describe").await?;
+            return Ok(describe::lock_info(name, &reply));
+        }
+        let views = join_all((0..shared.nodes.len()).map(|i| {
+            let call = &call;
+            async move { shared.run::<::redis::Value>(i, call, "describe").await }
+        }))
+        .await;
+        let answered = views.iter().filter(|v| v.is_ok()).count();
+        if answered < shared.quorum {
+            return Err(views
+                .into_iter()
+                .find_map(|v| v.err())
+                .unwrap_or_else(|| problem("describe: no majority answered")));
+        }
+        let views = views
+            .into_iter()
+            .filter_map(|v| v.ok())
+            .map(|v| describe::lock_info(name, &v))
+            .collect();
+        Ok(describe::agreed(name, views, shared.quorum))
     }
 
-    async fn list(&self, _prefix: &str) -> Result<Vec<LockInfo>> {
-        unimplemented!()
+    async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>> {
+        cleanup::settle(SETTLE).await;
+        let shared = &self.shared;
+        let full = format!("{}{prefix}", shared.config.prefix);
+        let mut pattern = String::with_capacity(full.len() + 1);
+        for c in full.chars() {
+            if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+                pattern.push('\\');
+            }
+            pattern.push(c);
+        }
+        pattern.push('*');
+        let mut names = std::collections::BTreeSet::new();
+        for node in 0..shared.nodes.len() {
+            let mut cursor: u64 = 0;
+            loop {
+                let (next, keys): (u64, Vec<String>) = match shared.nodes[node]
+                    .query(
+                        ::redis::cmd("SCAN")
+                            .arg(cursor)
+                            .arg("MATCH")
+                            .arg(&pattern)
+                            .arg("COUNT")
+                            .arg(1000),
+                    )
+                    .await
+                {
+                    Ok(page) => page,
+                    Err(e) if shared.nodes.len() > 1 => {
+                        tracing::debug!(node = %shared.nodes[node].label, error = %e, "list skips an unreachable node");
+                        break;
+                    }
+                    Err(e) => return Err(failure("listing locks", e)),
+                };
+                for key in keys {
+                    if keys::is_helper_key(&key) {
+                        continue;
+                    }
+                    if let Some(name) = key.strip_prefix(&shared.config.prefix) {
+                        if locksmith_core::validate_name(name).is_ok() {
+                            names.insert(name.to_owned());
+                        }
+                    }
+                }
+                cursor = next;
+                if cursor == 0 {
+                    break;
+                }
+            }
+        }
+        let mut infos = Vec::new();
+        for name in names {
+            if let Some(info) = self.describe(&name).await? {
+                infos.push(info);
+            }
+        }
+        Ok(infos)
     }
 
-    async fn force_release(&self, _name: &str) -> Result<()> {
-        unimplemented!()
+    async fn force_release(&self, name: &str) -> Result<()> {
+        let shared = &self.shared;
+        let keys = Keys::new(format!("{}{name}", shared.config.prefix));
+        let call = Call {
+            script: &scripts::SCRIPTS.force_release,
+            keys: vec![
+                &keys.lock,
+                &keys.meta,
+                &keys.permits,
+                &keys.channel,
+                &keys.rw_channel,
+                &keys.sem_channel,
+                &keys.queue,
+                &keys.queue_deadlines,
+            ],
+            args: Vec::new(),
+        };
+        let answers = join_all((0..shared.nodes.len()).map(|i| {
+            let call = &call;
+            async move { shared.run::<i64>(i, call, "force release").await }
+        }))
+        .await;
+        shared
+            .watchdog
+            .lose_lock(&keys.lock, &format!("lock {name:?} was force-released"));
+        let ok = answers.iter().filter(|a| a.is_ok()).count();
+        if ok >= shared.quorum.min(shared.nodes.len()) {
+            tracing::info!(lock = %name, "redis lock force-released");
+            Ok(())
+        } else {
+            Err(answers
+                .into_iter()
+                .find_map(|a| a.err())
+                .unwrap_or_else(|| problem("force release: no majority answered")))
+        }
     }
 
     async fn close(&self) -> Result<()> {
-        unimplemented!()
+        let shared = &self.shared;
+        shared.closed.store(true, Ordering::Release);
+        let held = shared.watchdog.drain("client closed");
+        let nodes: Vec<usize> = (0..shared.nodes.len()).collect();
+        let mut first_error = None;
+        for target in held {
+            if let Err(error) = shared.release_on(&target, &nodes, true).await {
+                if !matches!(error, Error::NotHeld { .. } | Error::NotOwner { .. }) {
+                    first_error.get_or_insert(error);
+                }
+            }
+        }
+        shared.shutdown.cancel();
+        first_error.map_or(Ok(()), Err)
     }
 }

@@ -1,0 +1,352 @@
+//! What a hold is, and how each operation on it becomes a script call.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ::redis::Script;
+
+use super::config::Layout;
+use super::keys::Keys;
+use super::scripts::SCRIPTS;
+use crate::backend::Mode;
+use crate::error::{Error, Result};
+
+/// The layout a hold lives in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Kind {
+    /// Exclusive, Redisson RLock hash (`mode` = `write`).
+    Hash,
+    /// Shared, Redisson read lock.
+    Shared,
+    /// Exclusive, redis-py `SET NX PX` string.
+    Simple,
+    /// Semaphore of this many permits, Redisson expirable semaphore.
+    Semaphore(u32),
+}
+
+impl Kind {
+    /// The layout of `mode` under `layout`.
+    pub fn of(mode: Mode, layout: Layout) -> Kind {
+        match mode {
+            Mode::Exclusive if layout == Layout::Simple => Kind::Simple,
+            Mode::Exclusive => Kind::Hash,
+            Mode::Shared => Kind::Shared,
+            Mode::Semaphore { permits } => Kind::Semaphore(permits),
+        }
+    }
+
+    /// The lock mode.
+    pub fn mode(self) -> Mode {
+        match self {
+            Kind::Hash | Kind::Simple => Mode::Exclusive,
+            Kind::Shared => Mode::Shared,
+            Kind::Semaphore(permits) => Mode::Semaphore { permits },
+        }
+    }
+
+    /// Whether a grant may admit further waiters (shared holds, permits).
+    pub fn admits_more(self) -> bool {
+        matches!(self, Kind::Shared | Kind::Semaphore(_))
+    }
+
+    /// The renew script's kind letter.
+    fn letter(self) -> &'static str {
+        match self {
+            Kind::Hash => "x",
+            Kind::Shared => "s",
+            Kind::Simple => "p",
+            Kind::Semaphore(_) => "m",
+        }
+    }
+}
+
+/// One owner's hold on one lock.
+#[derive(Debug, Clone)]
+pub(crate) struct Target {
+    /// The lock name as the user gave it.
+    pub name: String,
+    /// Its keys.
+    pub keys: Arc<Keys>,
+    /// The holder id: `<client uuid>:<owner>`.
+    pub field: String,
+    /// Its layout.
+    pub kind: Kind,
+}
+
+/// How to acquire.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AcquireSpec {
+    /// The lease to set: the fixed lease, or the watchdog lease.
+    pub lease: Duration,
+    /// Whether the hold is kept alive by the watchdog (no fixed lease).
+    pub watched: bool,
+    /// Whether the same owner may acquire again.
+    pub reentrant: bool,
+    /// Whether the caller will wait (so a fair lock queues it).
+    pub wait: bool,
+    /// Whether the FIFO queue is used.
+    pub fair: bool,
+    /// How long a queue entry lives without a refresh.
+    pub waiter_ttl: Duration,
+}
+
+/// An acquire script's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reply {
+    /// A new hold; `counter` is the token counter when fencing is deferred.
+    Granted { token: u64, counter: u64 },
+    /// One more level of a hold the owner had.
+    Reentered { token: u64 },
+    /// Held by others; the current hold lasts about this many ms (< 0: unknown).
+    Busy { hint_ms: i64 },
+    /// The owner holds it and re-entry is off.
+    AlreadyHeld,
+    /// The owner holds it in another mode.
+    OtherMode,
+    /// The holders agreed on this many permits.
+    PermitMismatch(i64),
+}
+
+impl Reply {
+    /// Reads `{status, value, extra}`.
+    pub fn parse(reply: &[i64]) -> Result<Reply> {
+        let value = |i: usize| reply.get(i).copied().unwrap_or(0);
+        Ok(match value(0) {
+            1 => Reply::Granted {
+                token: value(1).max(0) as u64,
+                counter: value(2).max(0) as u64,
+            },
+            2 => Reply::Reentered {
+                token: value(1).max(0) as u64,
+            },
+            0 => Reply::Busy { hint_ms: value(1) },
+            -1 => Reply::AlreadyHeld,
+            -2 => Reply::OtherMode,
+            -3 => Reply::PermitMismatch(value(1)),
+            other => {
+                return Err(super::node::problem(format!(
+                    "unexpected acquire script answer {other}"
+                )))
+            }
+        })
+    }
+
+    /// Whether the reply took a hold level.
+    pub fn took(&self) -> bool {
+        matches!(self, Reply::Granted { .. } | Reply::Reentered { .. })
+    }
+
+    /// The error of a refusal.
+    pub fn refusal(&self, target: &Target) -> Option<Error> {
+        let name = target.name.clone();
+        match *self {
+            Reply::AlreadyHeld => Some(Error::AlreadyHeld { name }),
+            Reply::OtherMode => Some(Error::Conflict {
+                name,
+                mode: target.kind.mode(),
+                detail: "this owner already holds the lock in another mode".into(),
+            }),
+            Reply::PermitMismatch(existing) => Some(Error::Conflict {
+                name,
+                mode: target.kind.mode(),
+                detail: format!(
+                    "the semaphore has {existing} permits, not {}",
+                    match target.kind {
+                        Kind::Semaphore(p) => p,
+                        _ => 0,
+                    }
+                ),
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// A script call: script, keys, arguments.
+pub(crate) struct Call<'a> {
+    pub script: &'static Script,
+    pub keys: Vec<&'a str>,
+    pub args: Vec<String>,
+}
+
+fn flag(on: bool) -> String {
+    if on { "1" } else { "0" }.to_owned()
+}
+
+fn ms(d: Duration) -> String {
+    d.as_millis().max(1).to_string()
+}
+
+impl Target {
+    /// The acquire call; `defer` leaves the fencing token to a Redlock quorum.
+    pub fn acquire(&self, spec: &AcquireSpec, lock_by: &str, defer: bool) -> Call<'_> {
+        let k = &*self.keys;
+        match self.kind {
+            Kind::Hash | Kind::Shared => Call {
+                script: &SCRIPTS.acquire_hash,
+                keys: vec![
+                    &k.lock,
+                    &k.token,
+                    &k.meta,
+                    &k.queue,
+                    &k.queue_deadlines,
+                    &k.channel,
+                ],
+                args: vec![
+                    self.field.clone(),
+                    ms(spec.lease),
+                    flag(spec.reentrant),
+                    lock_by.to_owned(),
+                    flag(spec.fair),
+                    flag(spec.wait),
+                    ms(spec.waiter_ttl),
+                    flag(defer),
+                    if self.kind == Kind::Shared { "s" } else { "x" }.to_owned(),
+                    k.rw_timeout_prefix(&self.field),
+                ],
+            },
+            Kind::Simple => Call {
+                script: &SCRIPTS.acquire_simple,
+                keys: vec![&k.lock, &k.token, &k.meta],
+                args: vec![
+                    self.field.clone(),
+                    ms(spec.lease),
+                    flag(spec.reentrant),
+                    lock_by.to_owned(),
+                    flag(defer),
+                ],
+            },
+            Kind::Semaphore(permits) => Call {
+                script: &SCRIPTS.acquire_semaphore,
+                keys: vec![
+                    &k.lock,
+                    &k.permits,
+                    &k.token,
+                    &k.meta,
+                    &k.queue,
+                    &k.queue_deadlines,
+                    &k.channel,
+                    &k.sem_channel,
+                ],
+                args: vec![
+                    self.field.clone(),
+                    ms(spec.lease),
+                    flag(spec.reentrant),
+                    lock_by.to_owned(),
+                    flag(spec.fair),
+                    flag(spec.wait),
+                    ms(spec.waiter_ttl),
+                    flag(defer),
+                    permits.to_string(),
+                ],
+            },
+        }
+    }
+
+    /// The release call: one level, or `all` levels.
+    pub fn release(&self, fair: bool, all: bool) -> Call<'_> {
+        let k = &*self.keys;
+        match self.kind {
+            Kind::Hash | Kind::Shared => Call {
+                script: &SCRIPTS.release_hash,
+                keys: vec![
+                    &k.lock,
+                    &k.meta,
+                    &k.queue,
+                    &k.queue_deadlines,
+                    &k.channel,
+                    &k.rw_channel,
+                ],
+                args: vec![
+                    self.field.clone(),
+                    flag(fair),
+                    if self.kind == Kind::Shared { "s" } else { "x" }.to_owned(),
+                    k.rw_timeout_prefix(&self.field),
+                    k.rw_key_prefix(),
+                    flag(all),
+                ],
+            },
+            Kind::Simple => Call {
+                script: &SCRIPTS.release_simple,
+                keys: vec![&k.lock, &k.meta, &k.channel],
+                args: vec![self.field.clone(), flag(all)],
+            },
+            Kind::Semaphore(permits) => Call {
+                script: &SCRIPTS.release_semaphore,
+                keys: vec![
+                    &k.lock,
+                    &k.permits,
+                    &k.meta,
+                    &k.queue,
+                    &k.queue_deadlines,
+                    &k.channel,
+                    &k.sem_channel,
+                ],
+                args: vec![
+                    self.field.clone(),
+                    flag(fair),
+                    permits.to_string(),
+                    flag(all),
+                ],
+            },
+        }
+    }
+
+    /// Leaving the fair queue.
+    pub fn leave_queue(&self) -> Call<'_> {
+        let k = &*self.keys;
+        Call {
+            script: &SCRIPTS.leave_queue,
+            keys: vec![&k.queue, &k.queue_deadlines, &k.channel],
+            args: vec![self.field.clone()],
+        }
+    }
+
+    /// The channel a waiter for this hold listens on.
+    pub fn wait_channel(&self, fair: bool) -> String {
+        if fair {
+            self.keys.waiter_channel(&self.field)
+        } else if let Kind::Semaphore(_) = self.kind {
+            self.keys.sem_channel.clone()
+        } else {
+            self.keys.channel.clone()
+        }
+    }
+}
+
+/// A renew (or check) call for up to [`super::watchdog::BATCH`] holds; a lease
+/// of 0 only checks. `exact` sets the TTL to the lease instead of raising it.
+pub(crate) fn renew<'a>(targets: &'a [Target], leases: &[u64], exact: bool) -> Call<'a> {
+    let mut keys = Vec::with_capacity(targets.len() * 3);
+    let mut args = Vec::with_capacity(targets.len() * 5 + 1);
+    args.push(targets.len().to_string());
+    for (target, lease) in targets.iter().zip(leases) {
+        let k = &*target.keys;
+        keys.extend([k.lock.as_str(), k.meta.as_str(), k.permits.as_str()]);
+        args.extend([
+            target.kind.letter().to_owned(),
+            target.field.clone(),
+            lease.to_string(),
+            flag(exact),
+            if target.kind == Kind::Shared {
+                k.rw_timeout_prefix(&target.field)
+            } else {
+                String::new()
+            },
+        ]);
+    }
+    Call {
+        script: &SCRIPTS.renew,
+        keys,
+        args,
+    }
+}
+
+/// The fencing call of Redlock's second phase.
+pub(crate) fn fence(target: &Target, value: u64, lease: Duration) -> Call<'_> {
+    Call {
+        script: &SCRIPTS.fence,
+        keys: vec![&target.keys.token, &target.keys.meta],
+        args: vec![value.to_string(), target.field.clone(), ms(lease)],
+    }
+}

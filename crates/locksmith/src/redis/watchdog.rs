@@ -1,0 +1,354 @@
+//! The watchdog: one background task per client that keeps every hold without a
+//! fixed lease alive and notices holds that are gone.
+//!
+//! Redisson's rule: a hold without a lease gets the watchdog lease (here the
+//! client's `session_ttl`) and is renewed every third of it. Unlike Redisson,
+//! which runs a timer per lock, one task renews all of a client's holds, up to
+//! 100 per script call (Redisson's batch size), so ten thousand holds cost a
+//! hundred calls per period, not ten thousand timers.
+//!
+//! Holds with a fixed lease are not renewed, but they are checked in the same
+//! batches, and their guard is marked lost when the lease runs out.
+//!
+//! A hold is lost when
+//!
+//! * a renewal (or check) finds it gone: expired, force-released, or the data
+//!   was lost in a Redis restart or failover;
+//! * its lease ends before a renewal got through: the local expiry is counted
+//!   from the moment the last successful renewal was *sent*, so it is never
+//!   later than Redis's own;
+//! * for Redlock, a majority of nodes no longer holds it, or no majority renewed
+//!   it within its validity (lease − drift).
+//!
+//! Releasing a hold removes it from the watchdog before the release is sent, so
+//! renewal stops at once. After a reconnect the hubs poke the watchdog, which
+//! then re-checks every hold immediately.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use futures::stream::FuturesUnordered;
+use futures::StreamExt;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::ops::{Kind, Target};
+use super::Shared;
+use crate::backend::LostSignal;
+
+/// Most holds renewed by one script call (Redisson's batch size).
+pub(crate) const BATCH: usize = 100;
+
+/// One hold (all re-entry levels of one owner on one lock) under watch.
+struct Entry {
+    target: Target,
+    /// Re-entry levels held.
+    refs: u32,
+    /// Levels acquired without a fixed lease (kept alive by renewal).
+    watched: u32,
+    /// Local, conservative estimate of when Redis drops the hold.
+    expires: Instant,
+    lost: LostSignal,
+    last_error: Option<String>,
+}
+
+#[derive(Default)]
+struct State {
+    next_id: u64,
+    entries: HashMap<u64, Entry>,
+    index: HashMap<(String, String, Kind), u64>,
+}
+
+/// The watchdog's registry of holds.
+#[derive(Default)]
+pub(crate) struct Watchdog {
+    state: Mutex<State>,
+    /// An entry was added or its expiry moved.
+    changed: Notify,
+    /// Re-check everything now (after a reconnect).
+    pub recheck: Arc<Notify>,
+}
+
+/// One renewal batch to send.
+pub(crate) struct Batch {
+    /// Entry ids, in the order of the script's entries.
+    pub ids: Vec<u64>,
+    /// The holds.
+    pub targets: Vec<Target>,
+    /// Per hold: the lease to renew to (ms), 0 to only check.
+    pub leases: Vec<u64>,
+}
+
+/// What a batch found.
+pub(crate) struct BatchResult {
+    /// When the batch was sent.
+    pub sent: Instant,
+    /// The batch's entry ids.
+    pub ids: Vec<u64>,
+    /// Per node: the per-entry answers (1 held, 0 gone), or why none came.
+    pub replies: Vec<Result<Vec<i64>, String>>,
+}
+
+fn key(target: &Target) -> (String, String, Kind) {
+    (target.keys.lock.clone(), target.field.clone(), target.kind)
+}
+
+impl Watchdog {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().expect("watchdog state")
+    }
+
+    /// Adds one level of a hold; re-entries share the first level's lost signal.
+    pub fn register(&self, target: &Target, watched: bool, expires: Instant) -> (u64, LostSignal) {
+        let mut state = self.state();
+        if let Some(&id) = state.index.get(&key(target)) {
+            if let Some(entry) = state.entries.get_mut(&id) {
+                entry.refs += 1;
+                entry.watched += u32::from(watched);
+                entry.expires = entry.expires.max(expires);
+                return (id, entry.lost.clone());
+            }
+        }
+        state.next_id += 1;
+        let id = state.next_id;
+        let lost = LostSignal::new();
+        state.entries.insert(
+            id,
+            Entry {
+                target: target.clone(),
+                refs: 1,
+                watched: u32::from(watched),
+                expires,
+                lost: lost.clone(),
+                last_error: None,
+            },
+        );
+        state.index.insert(key(target), id);
+        drop(state);
+        self.changed.notify_one();
+        (id, lost)
+    }
+
+    /// Whether this client holds `target` already (so an acquire may be a
+    /// re-entry).
+    pub fn holds(&self, target: &Target) -> bool {
+        self.state().index.contains_key(&key(target))
+    }
+
+    /// Drops one level; the hold leaves the watchdog with its last level.
+    pub fn release(&self, id: u64, watched: bool) {
+        let mut state = self.state();
+        let Some(entry) = state.entries.get_mut(&id) else {
+            return;
+        };
+        entry.refs = entry.refs.saturating_sub(1);
+        if watched {
+            entry.watched = entry.watched.saturating_sub(1);
+        }
+        if entry.refs == 0 {
+            let entry = state.entries.remove(&id).expect("present");
+            state.index.remove(&key(&entry.target));
+        }
+    }
+
+    /// Moves a hold's expiry (after an extension).
+    pub fn set_expiry(&self, id: u64, expires: Instant) {
+        if let Some(entry) = self.state().entries.get_mut(&id) {
+            entry.expires = expires;
+        }
+        self.changed.notify_one();
+    }
+
+    /// The expiry of a hold, if it is still watched.
+    pub fn expiry(&self, id: u64) -> Option<Instant> {
+        self.state().entries.get(&id).map(|e| e.expires)
+    }
+
+    /// Marks every hold of a lock lost (it was force-released).
+    pub fn lose_lock(&self, lock_key: &str, reason: &str) {
+        let mut state = self.state();
+        let ids: Vec<u64> = state
+            .entries
+            .iter()
+            .filter(|(_, e)| e.target.keys.lock == lock_key)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in ids {
+            lose(&mut state, id, reason.to_owned());
+        }
+    }
+
+    /// Takes every hold out (client closing), marking them lost.
+    pub fn drain(&self, reason: &str) -> Vec<Target> {
+        let mut state = self.state();
+        state.index.clear();
+        state
+            .entries
+            .drain()
+            .map(|(_, entry)| {
+                entry.lost.fire(reason);
+                entry.target
+            })
+            .collect()
+    }
+
+    /// Number of holds watched.
+    pub fn len(&self) -> usize {
+        self.state().entries.len()
+    }
+
+    fn earliest_expiry(&self) -> Option<Instant> {
+        self.state().entries.values().map(|e| e.expires).min()
+    }
+
+    /// Marks holds whose lease has run out lost.
+    fn expire(&self, now: Instant) {
+        let mut state = self.state();
+        let due: Vec<u64> = state
+            .entries
+            .iter()
+            .filter(|(_, e)| e.expires <= now)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in due {
+            let entry = &state.entries[&id];
+            let reason = if entry.watched > 0 {
+                format!(
+                    "lock {:?}: its lease ended before the watchdog could renew it ({})",
+                    entry.target.name,
+                    entry
+                        .last_error
+                        .as_deref()
+                        .unwrap_or("Redis did not answer in time")
+                )
+            } else {
+                format!("lock {:?}: its lease expired", entry.target.name)
+            };
+            lose(&mut state, id, reason);
+        }
+    }
+
+    /// Every hold, in batches of at most [`BATCH`].
+    fn batches(&self, renew_lease: Duration) -> Vec<Batch> {
+        let state = self.state();
+        let mut batches: Vec<Batch> = Vec::new();
+        for (&id, entry) in &state.entries {
+            if batches.last().is_none_or(|b| b.ids.len() >= BATCH) {
+                batches.push(Batch {
+                    ids: Vec::new(),
+                    targets: Vec::new(),
+                    leases: Vec::new(),
+                });
+            }
+            let batch = batches.last_mut().expect("pushed");
+            batch.ids.push(id);
+            batch.targets.push(entry.target.clone());
+            batch.leases.push(if entry.watched > 0 {
+                renew_lease.as_millis() as u64
+            } else {
+                0
+            });
+        }
+        batches
+    }
+
+    /// Applies what a batch found.
+    fn apply(&self, result: BatchResult, quorum: usize, renew_lease: Duration, drift: Duration) {
+        let nodes = result.replies.len();
+        let first_error = result
+            .replies
+            .iter()
+            .find_map(|r| r.as_ref().err())
+            .cloned();
+        let now = Instant::now();
+        let mut state = self.state();
+        for (index, id) in result.ids.iter().enumerate() {
+            let (mut held, mut gone) = (0, 0);
+            for reply in result.replies.iter().flatten() {
+                match reply.get(index) {
+                    Some(1) => held += 1,
+                    Some(_) => gone += 1,
+                    None => {}
+                }
+            }
+            let Some(entry) = state.entries.get_mut(id) else {
+                continue;
+            };
+            if held >= quorum {
+                // Only a renewal that came back within the current validity counts.
+                if entry.watched > 0 && now < entry.expires {
+                    entry.expires = result.sent + renew_lease - drift;
+                }
+                entry.last_error = None;
+            } else if gone > nodes - quorum {
+                let reason = format!(
+                    "lock {:?} is no longer held in Redis (expired, force-released or lost with Redis data)",
+                    entry.target.name
+                );
+                lose(&mut state, *id, reason);
+            } else {
+                entry.last_error = first_error.clone();
+            }
+        }
+    }
+}
+
+fn lose(state: &mut State, id: u64, reason: String) {
+    if let Some(entry) = state.entries.remove(&id) {
+        state.index.remove(&key(&entry.target));
+        tracing::warn!(lock = %entry.target.name, %reason, "redis hold lost");
+        entry.lost.fire(reason);
+    }
+}
+
+type Pending = Pin<Box<dyn Future<Output = BatchResult> + Send>>;
+
+/// The watchdog task of one client. Ends when the client is gone.
+pub(crate) async fn run(
+    shared: Weak<Shared>,
+    dog: Arc<Watchdog>,
+    shutdown: CancellationToken,
+    renew_lease: Duration,
+    quorum: usize,
+    drift: Duration,
+) {
+    let interval = renew_lease / 3;
+    let mut inflight: FuturesUnordered<Pending> = FuturesUnordered::new();
+    let mut next_tick = Instant::now() + interval;
+    let mut recheck = false;
+    loop {
+        let now = Instant::now();
+        dog.expire(now);
+        if (now >= next_tick || recheck) && inflight.is_empty() {
+            if now >= next_tick {
+                next_tick = now + interval;
+            }
+            recheck = false;
+            let Some(shared) = shared.upgrade() else {
+                return;
+            };
+            for batch in dog.batches(renew_lease) {
+                inflight.push(Box::pin(shared.clone().renew_batch(batch, interval)));
+            }
+        }
+        let wake_at = dog
+            .earliest_expiry()
+            .map_or(next_tick, |expiry| expiry.min(next_tick));
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep_until(wake_at) => {}
+            Some(result) = inflight.next(), if !inflight.is_empty() => {
+                dog.apply(result, quorum, renew_lease, drift);
+            }
+            _ = dog.changed.notified() => {}
+            _ = dog.recheck.notified() => {
+                tracing::debug!("re-checking held redis locks after a reconnect");
+                recheck = true;
+            }
+        }
+    }
+}
