@@ -1,1 +1,478 @@
-//! The conformance suite and backend-specific tests against `etcd` (being written).
+//! The conformance suite and etcd-specific tests (interop with `etcdctl lock`,
+//! lease faults, fencing, layout) against a real `etcd`, one server per test
+//! binary.
+
+mod conformance;
+
+use std::process::Stdio;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use locksmith::etcd::etcd_client::{Compare, GetOptions, Txn, TxnOp};
+use locksmith::etcd::EtcdBackend;
+use locksmith::{Client, ConnectOptions, Error, Mode};
+use locksmith_testkit::Etcd;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::time::{sleep, timeout};
+
+/// One etcd for the whole binary (it dies with the test process).
+fn etcd() -> &'static Etcd {
+    static ETCD: OnceLock<Etcd> = OnceLock::new();
+    ETCD.get_or_init(Etcd::start)
+}
+
+struct Harness {
+    url: String,
+}
+
+impl conformance::Harness for Harness {
+    async fn connect(&self, session_ttl: Duration) -> Client {
+        let options = ConnectOptions {
+            session_ttl,
+            ..ConnectOptions::default()
+        };
+        Client::connect_with(&self.url, options)
+            .await
+            .expect("connect etcd://")
+    }
+
+    fn short_ttl(&self) -> Duration {
+        // Leases are whole seconds in etcd (2 s minimum by default); leased
+        // holds end on a local timer at the requested time.
+        Duration::from_secs(1)
+    }
+}
+
+async fn harness() -> Harness {
+    Harness { url: etcd().url() }
+}
+
+conformance::suite!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    harness()
+);
+
+/// A lock name no other test uses.
+fn unique(test: &str) -> String {
+    format!(
+        "etcd-tests/{}/{test}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    )
+}
+
+/// A client plus its concrete backend, for the etcd-specific helpers.
+async fn etcd_backend(url: &str, session_ttl: Duration) -> (Arc<EtcdBackend>, Client) {
+    let options = ConnectOptions {
+        session_ttl,
+        ..ConnectOptions::default()
+    };
+    let backend = Arc::new(EtcdBackend::connect(url, &options).await.expect("connect"));
+    (backend.clone(), Client::from_backend(backend))
+}
+
+/// Keys under `prefix`, as etcdctl sees them.
+fn etcdctl_keys(prefix: &str) -> Vec<String> {
+    let out = etcd()
+        .etcdctl()
+        .args(["get", "--prefix", "--keys-only", prefix])
+        .output()
+        .expect("etcdctl get");
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Waits (observing, not guessing) until `check` holds for the lock's description.
+async fn until(
+    client: &Client,
+    name: &str,
+    what: &str,
+    check: impl Fn(&locksmith::LockInfo) -> bool,
+) {
+    for _ in 0..500 {
+        if let Some(info) = client.describe(name).await.expect("describe") {
+            if check(&info) {
+                return;
+            }
+        }
+        sleep(Duration::from_millis(20)).await;
+    }
+    panic!("{name}: never saw {what}");
+}
+
+fn terminate(child: &tokio::process::Child) {
+    let pid = child.id().expect("running").to_string();
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcdctl_lock_excludes_locksmith() {
+    let name = unique("etcdctl-holds");
+    let client = Client::connect(&etcd().url()).await.unwrap();
+    // `etcdctl lock <name>` without a command prints its key once it holds,
+    // then holds until SIGTERM, when it unlocks.
+    let mut etcdctl = tokio::process::Command::from(etcd().etcdctl());
+    let mut holder = etcdctl
+        .args(["lock", &name])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("etcdctl lock");
+    let mut lines = BufReader::new(holder.stdout.take().unwrap()).lines();
+    let key = timeout(Duration::from_secs(10), lines.next_line())
+        .await
+        .expect("etcdctl acquires a free lock")
+        .unwrap()
+        .expect("etcdctl prints its key");
+    let lease_hex = key
+        .strip_prefix(&format!("{name}/"))
+        .expect("etcdctl's key is <name>/<lease hex>");
+    assert!(i64::from_str_radix(lease_hex, 16).is_ok(), "{key}");
+
+    assert!(client
+        .lock(name.as_str())
+        .try_acquire()
+        .await
+        .unwrap()
+        .is_none());
+    let waiter = tokio::spawn({
+        let lock = client.lock(name.as_str()).owner("rust");
+        async move { lock.acquire().await }
+    });
+    until(&client, &name, "etcdctl holding and us waiting", |info| {
+        info.holders.len() == 1 && info.holders[0].owner == lease_hex && info.waiters.len() == 1
+    })
+    .await;
+    let etcdctl_token = client.describe(&name).await.unwrap().unwrap().holders[0]
+        .fencing_token
+        .unwrap();
+    assert!(!waiter.is_finished(), "granted while etcdctl holds");
+
+    terminate(&holder);
+    let guard = timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("granted once etcdctl unlocks")
+        .unwrap()
+        .unwrap();
+    assert!(guard.fencing_token() > etcdctl_token);
+    assert!(holder.wait().await.unwrap().success());
+    guard.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locksmith_excludes_etcdctl_lock() {
+    let name = unique("locksmith-holds");
+    let client = Client::connect(&etcd().url()).await.unwrap();
+    let guard = client.lock(name.as_str()).acquire().await.unwrap();
+
+    let mut etcdctl = tokio::process::Command::from(etcd().etcdctl());
+    let mut contender = etcdctl
+        .args([
+            "lock",
+            &name,
+            "--",
+            "sh",
+            "-c",
+            "echo \"$ETCD_LOCK_KEY $ETCD_LOCK_REV\"",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("etcdctl lock");
+    until(&client, &name, "etcdctl queued behind us", |info| {
+        info.holders.len() == 1 && info.waiters.len() == 1
+    })
+    .await;
+    assert!(
+        contender.try_wait().unwrap().is_none(),
+        "etcdctl ran its command while we hold the lock"
+    );
+    let holding = guard.fencing_token();
+    guard.release().await.unwrap();
+
+    let output = timeout(Duration::from_secs(10), contender.wait_with_output())
+        .await
+        .expect("etcdctl gets the lock once we release")
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let (key, revision) = stdout.trim().split_once(' ').expect("key and revision");
+    assert!(key.starts_with(&format!("{name}/")), "{key}");
+    assert!(revision.parse::<u64>().unwrap() > holding);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoked_lease_fires_lost_and_next_waiter_gets_higher_token() {
+    let name = unique("revoke");
+    let (a_backend, a) = etcd_backend(&etcd().url(), Duration::from_secs(30)).await;
+    let b = Client::connect(&etcd().url()).await.unwrap();
+    let held = a.lock(name.as_str()).acquire().await.unwrap();
+    let waiter = tokio::spawn({
+        let lock = b.lock(name.as_str());
+        async move { lock.acquire().await }
+    });
+    until(&b, &name, "a waiter", |info| info.waiters.len() == 1).await;
+
+    let lease = format!("{:x}", a_backend.session_lease());
+    let out = etcd()
+        .etcdctl()
+        .args(["lease", "revoke", &lease])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+
+    let reason = timeout(Duration::from_secs(10), held.lost())
+        .await
+        .expect("lost() fires when the session lease is revoked");
+    assert!(!reason.is_empty());
+    let next = timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the next waiter gets the lock")
+        .unwrap()
+        .unwrap();
+    assert!(next.fencing_token() > held.fencing_token());
+    assert!(matches!(held.release().await, Err(Error::Lost(_))));
+    next.release().await.unwrap();
+
+    // The client carries on with a new session.
+    let again = timeout(Duration::from_secs(10), a.lock(name.as_str()).acquire())
+        .await
+        .expect("a new session")
+        .unwrap();
+    assert_ne!(format!("{:x}", a_backend.session_lease()), lease);
+    again.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fenced_transactions_reject_a_former_holder() {
+    let name = unique("fence");
+    let (backend_a, a) = etcd_backend(&etcd().url(), Duration::from_secs(30)).await;
+    let (backend_b, b) = etcd_backend(&etcd().url(), Duration::from_secs(30)).await;
+    let data = format!("{name}-data");
+    let write = |compare: Compare, value: &'static str| {
+        let data = data.clone();
+        let mut kv = backend_a.etcd_client();
+        async move {
+            let txn = Txn::new()
+                .when([compare])
+                .and_then([TxnOp::put(data, value, None)]);
+            kv.txn(txn).await.unwrap().succeeded()
+        }
+    };
+
+    let first = a.lock(name.as_str()).acquire().await.unwrap();
+    let first_fence = backend_a.fenced_compare(&first).unwrap();
+    assert!(write(first_fence.clone(), "first").await);
+    first.release().await.unwrap();
+    assert!(matches!(
+        backend_a.fenced_compare(&b.lock(name.as_str()).acquire().await.unwrap()),
+        Err(Error::NotHeld { .. })
+    ));
+
+    let second = b.lock(name.as_str()).acquire().await.unwrap();
+    let second_fence = backend_b.fenced_compare(&second).unwrap();
+    assert!(
+        !write(first_fence, "stale").await,
+        "a former holder's write landed"
+    );
+    assert!(write(second_fence, "second").await);
+    let key = backend_b
+        .holder_key(&name, second.fencing_token())
+        .expect("our key");
+    assert!(write(locksmith::etcd::fence(key, second.fencing_token()), "again").await);
+    second.release().await.unwrap();
+
+    let mut kv = backend_a.etcd_client();
+    let value = kv.get(data.as_str(), None).await.unwrap();
+    assert_eq!(value.kvs()[0].value(), b"again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_follow_the_go_mutex_layout() {
+    let name = unique("layout");
+    let (backend, client) = etcd_backend(&etcd().url(), Duration::from_secs(30)).await;
+    let lease = format!("{:x}", backend.session_lease());
+    let first = client.lock(name.as_str()).acquire().await.unwrap();
+    assert_eq!(etcdctl_keys(&name), [format!("{name}/{lease}")]);
+    assert_eq!(
+        backend.holder_key(&name, first.fencing_token()),
+        Some(format!("{name}/{lease}"))
+    );
+    // A second owner of the same client needs a key of its own.
+    let second = tokio::spawn({
+        let lock = client.lock(name.as_str());
+        async move { lock.acquire().await }
+    });
+    until(&client, &name, "a second contender", |info| {
+        info.waiters.len() == 1
+    })
+    .await;
+    let keys = etcdctl_keys(&name);
+    assert_eq!(keys.len(), 2);
+    assert!(keys.contains(&format!("{name}/{lease}_1")), "{keys:?}");
+    first.release().await.unwrap();
+    second.await.unwrap().unwrap().release().await.unwrap();
+    assert!(etcdctl_keys(&name).is_empty());
+
+    // Readers use the recipe RWMutex's reader prefix.
+    let reader = client
+        .rw_lock(name.as_str())
+        .read()
+        .acquire()
+        .await
+        .unwrap();
+    assert_eq!(etcdctl_keys(&name), [format!("{name}/read/{lease}")]);
+    reader.release().await.unwrap();
+
+    // A namespace is opt-in, and lands where etcdctl's `lock <ns>/<name>` looks.
+    let (namespaced, client) = etcd_backend(
+        &format!("{}?prefix=ns-test", etcd().url()),
+        Duration::from_secs(30),
+    )
+    .await;
+    let held = client.lock(name.as_str()).acquire().await.unwrap();
+    let lease = format!("{:x}", namespaced.session_lease());
+    assert_eq!(
+        etcdctl_keys(&format!("ns-test/{name}")),
+        [format!("ns-test/{name}/{lease}")]
+    );
+    // Listing through the namespace shows names without it.
+    let listed: Vec<String> = client
+        .list("")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|i| i.name)
+        .collect();
+    assert_eq!(listed, [name.as_str()]);
+    held.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nested_names_are_separate_locks() {
+    let outer = unique("nested");
+    let inner = format!("{outer}/inner");
+    let client = Client::connect(&etcd().url()).await.unwrap();
+    let held = client.lock(inner.as_str()).acquire().await.unwrap();
+    let other = client.lock(outer.as_str()).try_acquire().await.unwrap();
+    assert!(other.is_some(), "lock {inner} blocked lock {outer}");
+    // Listing tells them apart.
+    let listed: Vec<String> = client
+        .list(&outer)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|i| i.name)
+        .collect();
+    assert_eq!(listed, [outer.as_str(), inner.as_str()]);
+    other.unwrap().release().await.unwrap();
+    held.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extending_a_leased_hold() {
+    let name = unique("extend");
+    let a = Client::connect(&etcd().url()).await.unwrap();
+    let b = Client::connect(&etcd().url()).await.unwrap();
+    let lease = Duration::from_secs(1);
+    let guard = a.lock(name.as_str()).lease(lease).acquire().await.unwrap();
+    // Within etcd's granted TTL (2 s minimum): one keep-alive.
+    guard.extend(Duration::from_secs(2)).await.unwrap();
+    // Longer: the key moves to a new lease, keeping its token.
+    guard.extend(Duration::from_secs(4)).await.unwrap();
+    sleep(Duration::from_secs(3)).await;
+    assert!(!guard.is_lost(), "{:?}", guard.lost_signal().reason());
+    let info = b.describe(&name).await.unwrap().expect("still held");
+    assert_eq!(info.holders[0].fencing_token, Some(guard.fencing_token()));
+    assert!(b.lock(name.as_str()).try_acquire().await.unwrap().is_none());
+    let reason = timeout(Duration::from_secs(5), guard.lost())
+        .await
+        .expect("the extended lease ends too");
+    assert!(!reason.is_empty());
+    let next = timeout(Duration::from_secs(5), b.lock(name.as_str()).acquire())
+        .await
+        .expect("free after the extended lease")
+        .unwrap();
+    assert!(next.fencing_token() > guard.fencing_token());
+    next.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_release_and_close_fire_lost() {
+    let name = unique("force");
+    let a = Client::connect(&etcd().url()).await.unwrap();
+    let admin = Client::connect(&etcd().url()).await.unwrap();
+    let guard = a.lock(name.as_str()).acquire().await.unwrap();
+    admin.force_release(&name).await.unwrap();
+    timeout(Duration::from_secs(5), guard.lost())
+        .await
+        .expect("force release is seen by the holder");
+    assert!(admin.describe(&name).await.unwrap().is_none());
+
+    let other = unique("close");
+    let guard = a.lock(other.as_str()).acquire().await.unwrap();
+    let leased = a
+        .lock(format!("{other}-leased"))
+        .lease(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    a.close().await.unwrap();
+    assert!(guard.is_lost() && leased.is_lost());
+    assert!(admin.describe(&other).await.unwrap().is_none());
+    assert!(admin
+        .describe(&format!("{other}-leased"))
+        .await
+        .unwrap()
+        .is_none());
+    assert!(matches!(
+        a.lock(other.as_str()).try_acquire().await,
+        Err(Error::Closed)
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn semaphore_values_record_permits() {
+    let name = unique("sem-meta");
+    let client = Client::connect(&etcd().url()).await.unwrap();
+    let permit = client.semaphore(name.as_str(), 4).acquire().await.unwrap();
+    let mut kv = etcd_backend(&etcd().url(), Duration::from_secs(30))
+        .await
+        .0
+        .etcd_client();
+    let got = kv
+        .get(format!("{name}/"), Some(GetOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    let value = std::str::from_utf8(got.kvs()[0].value()).unwrap();
+    assert!(value.starts_with("locksmith/1\n"), "{value}");
+    assert!(value.contains("\nmode=semaphore/4\n"), "{value}");
+    let info = client.describe(&name).await.unwrap().unwrap();
+    assert_eq!(info.holders[0].mode, Mode::Semaphore { permits: 4 });
+    assert!(info.holders[0].lease_expires.is_some());
+    permit.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_delay_is_refused() {
+    let client = Client::connect(&etcd().url()).await.unwrap();
+    let result = client
+        .lock(unique("delay"))
+        .lock_delay(Duration::from_secs(1))
+        .try_acquire()
+        .await;
+    assert!(
+        matches!(result, Err(Error::Unsupported { .. })),
+        "{result:?}"
+    );
+}

@@ -1,0 +1,557 @@
+//! Acquiring: enqueue a key, then wait for the deletes in front of it.
+//!
+//! The exclusive path is etcd's `concurrency.Mutex.Lock` step for step
+//! (`client/v3/concurrency/mutex.go` and `key.go`):
+//!
+//! 1. `tryAcquire`: one transaction
+//!    `If(CreateRevision(key) == 0).Then(Put(key, v, WithLease), Get(pfx, WithFirstCreate)).Else(Get(key), Get(pfx, WithFirstCreate))`;
+//!    our revision is the header revision (or the existing key's create revision).
+//! 2. Owner when the first creator is our key (`TryLock` stops here otherwise,
+//!    deleting the key).
+//! 3. `waitDeletes`: get the last-created key with create revision `<= ours - 1`,
+//!    watch it for a `DELETE` from the read's revision, repeat until none is left.
+//! 4. Re-read our own key and fail when it is gone (the session expired while
+//!    waiting: etcd #11408, found by Jepsen). We read it in the same
+//!    transaction as every step-3 read, so this costs no extra round trip.
+//!
+//! Shared and semaphore contenders read the whole prefix instead of one key
+//! and apply [`standing`]; the waiting is the same.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+
+use etcd_client::{
+    Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+    TxnOpResponse,
+};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use super::hold::{refresh, Entry, EntryState, EtcdHold, HoldLease, OwnLease};
+use super::layout::{
+    classify, contenders, hold_key, lock_prefix, now_ms, permit_mismatch, prefix_end, standing,
+    Meta, Standing,
+};
+use super::session::{ttl_seconds, Session};
+use super::watch::Sink;
+use super::{backend_error, cleanups, Inner, BACKEND};
+use crate::backend::{AcquireRequest, Grant, LostSignal, Mode, Wait};
+use crate::error::{Error, Result};
+
+/// What a queued key is attached to.
+#[derive(Clone)]
+enum QueueLease {
+    Session(Arc<Session>),
+    Own(Arc<OwnLease>),
+}
+
+impl QueueLease {
+    fn id(&self) -> i64 {
+        match self {
+            QueueLease::Session(session) => session.id,
+            QueueLease::Own(own) => own.id(),
+        }
+    }
+}
+
+/// Our queue entry until it becomes a hold. Dropped while armed (the acquire
+/// was cancelled, timed out or failed), it deletes the key in the background.
+struct Pending {
+    inner: Arc<Inner>,
+    key: String,
+    lease: QueueLease,
+    armed: bool,
+}
+
+impl Pending {
+    /// Deletes the key now (a busy `try_acquire`, a conflict).
+    async fn remove(mut self) {
+        self.armed = false;
+        remove(self.inner.clone(), self.key.clone(), self.lease.clone()).await;
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let (inner, key, lease) = (self.inner.clone(), self.key.clone(), self.lease.clone());
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return; // No runtime: the key ends with its lease.
+        };
+        let done = cleanups::begin(&key);
+        runtime.spawn(async move {
+            remove(inner, key, lease).await;
+            done.finish();
+        });
+    }
+}
+
+/// Deletes a queue entry: the key on the session lease, or the whole lease of
+/// a leased acquire (which deletes its key).
+async fn remove(inner: Arc<Inner>, key: String, lease: QueueLease) {
+    match lease {
+        QueueLease::Session(session) => match inner.kv().delete(key.clone(), None).await {
+            Ok(_) => session.free_key(&key),
+            Err(error) => {
+                tracing::debug!(backend = BACKEND, %key, %error, "cannot delete an abandoned queue key; it ends with the session")
+            }
+        },
+        QueueLease::Own(own) => {
+            own.stop();
+            let _ = inner.client.lease_client().revoke(own.id()).await;
+        }
+    }
+}
+
+fn get_responses(response: &etcd_client::TxnResponse) -> Vec<Vec<KeyValue>> {
+    response
+        .op_responses()
+        .into_iter()
+        .map(|op| match op {
+            TxnOpResponse::Get(mut get) => get.take_kvs(),
+            _ => Vec::new(),
+        })
+        .collect()
+}
+
+fn revision(response: &etcd_client::TxnResponse) -> i64 {
+    response.header().map_or(0, |h| h.revision())
+}
+
+fn by_create(order: SortOrder) -> GetOptions {
+    GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, order)
+}
+
+/// Why one enqueue attempt failed.
+enum Attempt {
+    Failed(Error),
+    /// The session lease was gone when we put our key (a retry may work).
+    StaleSession,
+}
+
+impl From<Error> for Attempt {
+    fn from(error: Error) -> Self {
+        Attempt::Failed(error)
+    }
+}
+
+/// etcd's answer to a put on a lease that no longer exists.
+fn lease_not_found(error: &etcd_client::Error) -> bool {
+    matches!(error, etcd_client::Error::GRpcStatus(status) if status.message().contains("lease not found"))
+}
+
+/// A lost signal of its own for one guard, fired when `source` fires. The
+/// generic layer fires a guard's signal with "released" on release, so guards
+/// of re-entries of one hold must not share the hold's signal.
+fn forwarded(source: &LostSignal) -> LostSignal {
+    let target = LostSignal::new();
+    let (source, forward) = (source.clone(), target.clone());
+    tokio::spawn(async move {
+        tokio::select! {
+            reason = source.fired() => forward.fire(reason),
+            _ = forward.fired() => {}
+        }
+    });
+    target
+}
+
+/// Where we stand, as of a read at `revision`.
+struct View {
+    standing: Standing,
+    revision: i64,
+}
+
+impl Inner {
+    /// Acquires one name (re-entries excluded). See the module docs.
+    pub(crate) async fn acquire_one(
+        self: &Arc<Self>,
+        name: &str,
+        request: &AcquireRequest,
+    ) -> Result<Option<Grant>> {
+        match self.attempt(name, request).await {
+            Ok(grant) => Ok(grant),
+            Err(Attempt::Failed(error)) => Err(error),
+            // The session lease vanished before its keep-alive noticed: once
+            // more on a fresh session.
+            Err(Attempt::StaleSession) => match self.attempt(name, request).await {
+                Ok(grant) => Ok(grant),
+                Err(Attempt::Failed(error)) => Err(error),
+                Err(Attempt::StaleSession) => Err(Error::Lost(
+                    "the session lease vanished twice while enqueueing".into(),
+                )),
+            },
+        }
+    }
+
+    async fn attempt(
+        self: &Arc<Self>,
+        name: &str,
+        request: &AcquireRequest,
+    ) -> std::result::Result<Option<Grant>, Attempt> {
+        let mode = request.mode;
+        let prefix = lock_prefix(&self.namespace, name);
+        let (lease, key) = match request.lease {
+            None => {
+                let session = self.session().await?;
+                let key = session.allocate_key(hold_key(&prefix, mode, session.id));
+                (QueueLease::Session(session), key)
+            }
+            Some(duration) => {
+                let sent = Instant::now();
+                let granted = self
+                    .client
+                    .lease_client()
+                    .grant(ttl_seconds(duration), None)
+                    .await
+                    .map_err(|e| backend_error("granting the hold's lease", e))?;
+                let own = OwnLease::new(granted.id(), granted.ttl(), sent + duration);
+                let key = hold_key(&prefix, mode, granted.id());
+                (QueueLease::Own(own), key)
+            }
+        };
+        let span = tracing::debug_span!("enqueue", backend = BACKEND, %key);
+        let pending = Pending {
+            inner: self.clone(),
+            key: key.clone(),
+            lease: lease.clone(),
+            armed: true,
+        };
+        let meta = Meta {
+            name: name.to_owned(),
+            owner: request.owner.clone(),
+            mode,
+            lock_by: self.lock_by.clone(),
+            since_ms: now_ms(),
+            count: 1,
+        };
+        async move {
+            // tryAcquire (mutex.go), with the whole queue for shared/semaphore.
+            let first = if mode == Mode::Exclusive {
+                by_create(SortOrder::Ascend).with_limit(1)
+            } else {
+                by_create(SortOrder::Ascend)
+            };
+            let put = TxnOp::put(
+                key.clone(),
+                meta.encode(),
+                Some(PutOptions::new().with_lease(lease.id())),
+            );
+            let txn = Txn::new()
+                .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+                .and_then([put, TxnOp::get(prefix.clone(), Some(first.clone()))])
+                .or_else([
+                    TxnOp::get(key.clone(), None),
+                    TxnOp::get(prefix.clone(), Some(first)),
+                ]);
+            let response = match self.kv().txn(txn).await {
+                Ok(response) => response,
+                Err(error) => {
+                    if let (true, QueueLease::Session(session)) = (lease_not_found(&error), &lease) {
+                        session.end("the session lease expired or was revoked");
+                        pending.remove().await;
+                        return Err(Attempt::StaleSession);
+                    }
+                    return Err(backend_error("enqueueing the lock key", error).into());
+                }
+            };
+            let mut gets = get_responses(&response);
+            let mine = if response.succeeded() {
+                revision(&response)
+            } else {
+                tracing::debug!(backend = BACKEND, %key, "key existed: reusing it, as mutex.go does");
+                gets[0]
+                    .first()
+                    .map(|kv| kv.create_revision())
+                    .ok_or_else(|| Error::Lost(format!("{key} vanished while enqueueing")))?
+            };
+            let queue = std::mem::take(&mut gets[1]);
+            let at = revision(&response);
+            let mut view = if mode == Mode::Exclusive {
+                match queue.first() {
+                    Some(first) if first.create_revision() == mine => Some(View {
+                        standing: Standing::Holds,
+                        revision: at,
+                    }),
+                    // Someone queued first: `TryLock` gives up here.
+                    Some(first) if classify(&prefix, name, first).is_some() && request.wait == Wait::No => {
+                        pending.remove().await;
+                        return Ok(None);
+                    }
+                    _ => None,
+                }
+            } else {
+                let all = contenders(&prefix, name, &queue);
+                if let Mode::Semaphore { permits } = mode {
+                    if let Some(existing) = permit_mismatch(&all, permits) {
+                        pending.remove().await;
+                        return Err(Attempt::Failed(Error::Conflict {
+                            name: name.to_owned(),
+                            mode,
+                            detail: format!("the semaphore has {existing} permits, not {permits}"),
+                        }));
+                    }
+                }
+                Some(View {
+                    standing: standing(&all, mine, mode),
+                    revision: at,
+                })
+            };
+            // waitDeletes (key.go), re-checking our own key at every step.
+            let mut waited = false;
+            let granted_at = loop {
+                let current = match view.take() {
+                    Some(current) => current,
+                    None => self.read_view(&prefix, name, &key, mine, mode).await?,
+                };
+                let (watched, range_end) = match current.standing {
+                    Standing::Holds => break current.revision,
+                    _ if request.wait == Wait::No => {
+                        pending.remove().await;
+                        return Ok(None);
+                    }
+                    Standing::WaitFor(blocker) => (blocker, None),
+                    Standing::WaitForAny => (prefix.clone(), Some(prefix_end(prefix.as_bytes()))),
+                };
+                tracing::trace!(backend = BACKEND, %key, %watched, "waiting for a delete");
+                let wake = Arc::new(Notify::new());
+                let _watch = self.hub.watch(
+                    watched,
+                    range_end,
+                    current.revision + 1,
+                    Sink::Wake(wake.clone()),
+                );
+                self.wait(&lease, &wake).await?;
+                waited = true;
+            };
+            if let (true, QueueLease::Own(own), Some(duration)) = (waited, &lease, request.lease) {
+                // The hold's lease starts now, not when it queued.
+                let sent = Instant::now();
+                if !refresh(&mut self.client.lease_client(), own.id()).await? {
+                    return Err(Error::Lost("the lease of the waiting acquire is gone".into()).into());
+                }
+                own.state.lock().expect("own lease").deadline = sent + duration;
+            }
+            Ok(self.grant(name, request, key.clone(), mine, granted_at, lease, meta, pending)?)
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Sleeps until woken, keeping a leased acquire's own lease alive, and
+    /// fails when the session ends.
+    async fn wait(&self, lease: &QueueLease, wake: &Notify) -> Result<()> {
+        match lease {
+            QueueLease::Session(session) => tokio::select! {
+                _ = wake.notified() => Ok(()),
+                reason = session.ended() => Err(Error::Lost(format!("while waiting: {reason}"))),
+            },
+            QueueLease::Own(own) => {
+                let (id, ttl) = {
+                    let state = own.state.lock().expect("own lease");
+                    (state.id, state.ttl)
+                };
+                let every = std::time::Duration::from_secs(ttl.max(1) as u64) / 3;
+                let mut leases = self.client.lease_client();
+                loop {
+                    tokio::select! {
+                        _ = wake.notified() => return Ok(()),
+                        _ = tokio::time::sleep(every) => {
+                            if !refresh(&mut leases, id).await? {
+                                return Err(Error::Lost("the lease of the waiting acquire is gone".into()));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// One step of `waitDeletes` plus the own-key check, in one transaction.
+    async fn read_view(
+        &self,
+        prefix: &str,
+        name: &str,
+        key: &str,
+        mine: i64,
+        mode: Mode,
+    ) -> Result<View> {
+        let gone = || {
+            Error::Lost(format!(
+                "our queue key {key} vanished while waiting (its lease expired or was revoked)"
+            ))
+        };
+        if mode == Mode::Exclusive {
+            // Get(pfx, WithLastCreate, WithMaxCreateRev(myRev-1)) and Get(myKey).
+            let last = by_create(SortOrder::Descend)
+                .with_max_create_revision(mine - 1)
+                .with_limit(1);
+            let txn = Txn::new().and_then([TxnOp::get(prefix, Some(last)), TxnOp::get(key, None)]);
+            let response = self
+                .kv()
+                .txn(txn)
+                .await
+                .map_err(|e| backend_error("reading the queue", e))?;
+            let gets = get_responses(&response);
+            if gets[1]
+                .first()
+                .is_none_or(|kv| kv.create_revision() != mine)
+            {
+                return Err(gone());
+            }
+            let at = revision(&response);
+            match gets[0].first() {
+                None => {
+                    return Ok(View {
+                        standing: Standing::Holds,
+                        revision: at,
+                    })
+                }
+                Some(kv) => {
+                    if let Some(blocker) = classify(prefix, name, kv) {
+                        return Ok(View {
+                            standing: Standing::WaitFor(blocker.key),
+                            revision: at,
+                        });
+                    }
+                    // A key of a nested lock: look at the whole queue.
+                }
+            }
+        }
+        let response = self
+            .kv()
+            .get(prefix, Some(by_create(SortOrder::Ascend)))
+            .await
+            .map_err(|e| backend_error("reading the queue", e))?;
+        let at = response.header().map_or(0, |h| h.revision());
+        if !response
+            .kvs()
+            .iter()
+            .any(|kv| kv.key() == key.as_bytes() && kv.create_revision() == mine)
+        {
+            return Err(gone());
+        }
+        let all = contenders(prefix, name, response.kvs());
+        Ok(View {
+            standing: standing(&all, mine, mode),
+            revision: at,
+        })
+    }
+
+    /// Turns the queue entry into a hold.
+    #[allow(clippy::too_many_arguments)]
+    fn grant(
+        self: &Arc<Self>,
+        name: &str,
+        request: &AcquireRequest,
+        key: String,
+        token: i64,
+        granted_at: i64,
+        lease: QueueLease,
+        meta: Meta,
+        mut pending: Pending,
+    ) -> Result<Option<Grant>> {
+        pending.armed = false;
+        let lost = LostSignal::new();
+        let armed = Arc::new(AtomicBool::new(true));
+        let hold_lease = match lease {
+            QueueLease::Session(session) => {
+                let registration = session.register(lost.clone());
+                HoldLease::Session {
+                    session,
+                    registration,
+                }
+            }
+            QueueLease::Own(own) => {
+                own.spawn_timer(lost.clone(), self.client.lease_client());
+                HoldLease::Own(own)
+            }
+        };
+        let watch = self.hub.watch(
+            key.clone(),
+            None,
+            granted_at + 1,
+            Sink::Lost {
+                signal: lost.clone(),
+                armed: armed.clone(),
+                token,
+            },
+        );
+        let entry = Arc::new(Entry {
+            name: name.to_owned(),
+            owner: request.owner.clone(),
+            mode: request.mode,
+            key,
+            token,
+            lease: hold_lease,
+            lost: lost.clone(),
+            armed,
+            watch: Mutex::new(Some(watch)),
+            state: tokio::sync::Mutex::new(EntryState { count: 1, meta }),
+        });
+        tracing::debug!(backend = BACKEND, key = %entry.key, token, "granted");
+        self.remember(entry.clone());
+        Ok(Some(Grant {
+            tokens: vec![token as u64],
+            lost: forwarded(&lost),
+            hold: Box::new(EtcdHold {
+                inner: self.clone(),
+                entry,
+            }),
+        }))
+    }
+
+    /// A re-entry of a hold this owner has: same key, same token, count + 1.
+    /// `Ok(None)` when the owner holds nothing here (or only a lost hold).
+    pub(crate) async fn reenter(
+        self: &Arc<Self>,
+        name: &str,
+        request: &AcquireRequest,
+    ) -> Result<Option<Grant>> {
+        let Some(entry) = self.held_by(name, &request.owner) else {
+            return Ok(None);
+        };
+        if entry.lost.is_fired() {
+            self.forget(&entry);
+            return Ok(None);
+        }
+        if !request.reentrant {
+            return Err(Error::AlreadyHeld {
+                name: name.to_owned(),
+            });
+        }
+        if entry.mode != request.mode {
+            return Err(Error::Conflict {
+                name: name.to_owned(),
+                mode: request.mode,
+                detail: format!("this owner holds it in mode {}", entry.mode),
+            });
+        }
+        let mut state = entry.state.lock().await;
+        if state.count == 0 {
+            // Released meanwhile: acquire afresh.
+            return Ok(None);
+        }
+        let count = state.count + 1;
+        if !entry.write_count(self, &state, count).await? {
+            entry.lost.fire("the key is no longer ours");
+            return Err(Error::Lost("the key is no longer ours".into()));
+        }
+        state.count = count;
+        state.meta.count = count;
+        drop(state);
+        tracing::debug!(backend = BACKEND, key = %entry.key, count, "re-entered");
+        Ok(Some(Grant {
+            tokens: vec![entry.token as u64],
+            lost: forwarded(&entry.lost),
+            hold: Box::new(EtcdHold {
+                inner: self.clone(),
+                entry,
+            }),
+        }))
+    }
+}

@@ -1,0 +1,320 @@
+//! Live holds: release, re-entry bookkeeping, extension, lease timers.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use etcd_client::{Compare, CompareOp, LeaseClient, PutOptions, Txn, TxnOp};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::layout::Meta;
+use super::session::{ttl_seconds, Session};
+use super::watch::WatchGuard;
+use super::{backend_error, Inner, BACKEND};
+use crate::backend::{Hold, LostSignal, Mode};
+use crate::error::{Error, Result};
+
+/// One hold of one lock by one owner, shared by its re-entries.
+pub(crate) struct Entry {
+    pub name: String,
+    pub owner: String,
+    pub mode: Mode,
+    /// Our key.
+    pub key: String,
+    /// Its create revision: the fencing token.
+    pub token: i64,
+    pub lease: HoldLease,
+    pub lost: LostSignal,
+    /// Cleared before our own delete, so the key watch does not call it a loss.
+    pub armed: Arc<AtomicBool>,
+    pub watch: Mutex<Option<WatchGuard>>,
+    /// Re-entry depth and the value it is written into; async so that value
+    /// updates of one hold reach etcd in order.
+    pub state: tokio::sync::Mutex<EntryState>,
+}
+
+pub(crate) struct EntryState {
+    pub count: u32,
+    pub meta: Meta,
+}
+
+/// What keeps the key alive.
+pub(crate) enum HoldLease {
+    /// The client's session lease; `registration` ties our lost signal to it.
+    Session {
+        session: Arc<Session>,
+        registration: u64,
+    },
+    /// A lease of the hold's own (`Lock::lease`).
+    Own(Arc<OwnLease>),
+}
+
+/// A hold's own lease: etcd's TTL (whole seconds, at least etcd's minimum) is
+/// the fallback should this process die; while it lives, a local timer ends
+/// the hold at exactly the requested lease: it fires `lost()` and revokes.
+pub(crate) struct OwnLease {
+    pub state: Mutex<OwnState>,
+    changed: Notify,
+    done: CancellationToken,
+}
+
+pub(crate) struct OwnState {
+    pub id: i64,
+    /// The TTL etcd granted, in seconds.
+    pub ttl: i64,
+    /// When the hold ends unless extended.
+    pub deadline: Instant,
+}
+
+impl OwnLease {
+    pub fn new(id: i64, ttl: i64, deadline: Instant) -> Arc<OwnLease> {
+        Arc::new(OwnLease {
+            state: Mutex::new(OwnState { id, ttl, deadline }),
+            changed: Notify::new(),
+            done: CancellationToken::new(),
+        })
+    }
+
+    pub fn id(&self) -> i64 {
+        self.state.lock().expect("own lease").id
+    }
+
+    /// Ends the hold at its deadline: fires `lost` and revokes the lease.
+    pub fn spawn_timer(self: &Arc<Self>, lost: LostSignal, leases: LeaseClient) {
+        let own = self.clone();
+        tokio::spawn(async move {
+            loop {
+                let deadline = own.state.lock().expect("own lease").deadline;
+                tokio::select! {
+                    _ = tokio::time::sleep_until(deadline) => {}
+                    _ = own.changed.notified() => continue,
+                    _ = own.done.cancelled() => return,
+                }
+                let (due, id) = {
+                    let state = own.state.lock().expect("own lease");
+                    (state.deadline <= Instant::now(), state.id)
+                };
+                if due {
+                    lost.fire("the hold's lease ran out");
+                    revoke_in_background(leases, id);
+                    return;
+                }
+            }
+        });
+    }
+
+    /// Stops the timer (released).
+    pub fn stop(&self) {
+        self.done.cancel();
+    }
+}
+
+/// Revokes a lease without waiting; a failure leaves it to expire.
+pub(crate) fn revoke_in_background(mut leases: LeaseClient, id: i64) {
+    tokio::spawn(async move {
+        if let Err(error) = leases.revoke(id).await {
+            tracing::debug!(backend = BACKEND, lease = format_args!("{id:x}"), %error, "revoke failed; the lease will expire");
+        }
+    });
+}
+
+/// Renews a lease once: `Ok(false)` when it no longer exists.
+pub(crate) async fn refresh(leases: &mut LeaseClient, id: i64) -> Result<bool> {
+    match leases.keep_alive(id).await {
+        Ok(_) => Ok(true),
+        Err(etcd_client::Error::LeaseKeepAliveError(message)) if message.contains("not found") => {
+            Ok(false)
+        }
+        Err(error) => Err(backend_error("renewing a lease", error)),
+    }
+}
+
+/// The [`Hold`] of one acquire (a re-entry shares the [`Entry`]).
+pub(crate) struct EtcdHold {
+    pub inner: Arc<Inner>,
+    pub entry: Arc<Entry>,
+}
+
+impl Entry {
+    fn still_ours(&self) -> Compare {
+        Compare::create_revision(self.key.clone(), CompareOp::Equal, self.token)
+    }
+
+    /// Writes the value for a new depth: `If(create_revision == token)
+    /// Then(Put(ignore_lease))`; false when the key is no longer ours.
+    pub async fn write_count(&self, inner: &Inner, state: &EntryState, count: u32) -> Result<bool> {
+        let mut meta = state.meta.clone();
+        meta.count = count;
+        let put = TxnOp::put(
+            self.key.clone(),
+            meta.encode(),
+            Some(PutOptions::new().with_ignore_lease()),
+        );
+        let txn = Txn::new().when([self.still_ours()]).and_then([put]);
+        let response = inner
+            .kv()
+            .txn(txn)
+            .await
+            .map_err(|e| backend_error("updating the hold count", e))?;
+        Ok(response.succeeded())
+    }
+
+    fn lose(&self, why: &str) -> Error {
+        self.lost.fire(why);
+        Error::Lost(self.lost.reason().unwrap_or_else(|| why.to_owned()))
+    }
+}
+
+#[async_trait]
+impl Hold for EtcdHold {
+    /// Cancel safety: the delete of the key runs in its own task, so it
+    /// completes even if this future is dropped.
+    async fn release(self: Box<Self>) -> Result<()> {
+        let entry = self.entry.clone();
+        let span = tracing::debug_span!("release", backend = BACKEND, key = %entry.key, token = entry.token);
+        async move {
+            let mut state = entry.state.lock().await;
+            if state.count > 1 {
+                let count = state.count - 1;
+                let ours = entry.write_count(&self.inner, &state, count).await?;
+                state.count = count;
+                state.meta.count = count;
+                if !ours {
+                    return Err(entry.lose("the key is no longer ours"));
+                }
+                return match entry.lost.reason() {
+                    Some(reason) => Err(Error::Lost(reason)),
+                    None => Ok(()),
+                };
+            }
+            state.count = 0;
+            drop(state);
+            self.inner.forget(&entry);
+            entry.armed.store(false, Ordering::SeqCst);
+            entry.watch.lock().expect("hold watch").take();
+            let lost_before = entry.lost.reason();
+            let task = tokio::spawn(delete_key(self.inner.clone(), entry.clone()));
+            let deleted = task
+                .await
+                .map_err(|e| Error::backend(BACKEND, format!("release task failed: {e}")))??;
+            match (deleted, lost_before) {
+                (_, Some(reason)) => Err(Error::Lost(reason)),
+                (false, None) => Err(entry.lose(
+                    "the key was gone before release (lease expired or revoked, or deleted)",
+                )),
+                (true, None) => Ok(()),
+            }
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Cancel safety: safe; either the lease was renewed / replaced and the
+    /// key moved to it, or nothing changed (a replacement lease granted by a
+    /// dropped call expires without keys).
+    async fn extend(&self, lease: Duration) -> Result<()> {
+        let entry = &self.entry;
+        let HoldLease::Own(own) = &entry.lease else {
+            return Err(Error::InvalidArgument(
+                "this hold has no lease of its own: it lives with the client's session".into(),
+            ));
+        };
+        let span = tracing::debug_span!("extend", backend = BACKEND, key = %entry.key, ?lease);
+        async move {
+            let mut leases = self.inner.client.lease_client();
+            let wanted = ttl_seconds(lease);
+            let (id, ttl) = {
+                let state = own.state.lock().expect("own lease");
+                (state.id, state.ttl)
+            };
+            let sent = Instant::now();
+            if wanted <= ttl {
+                // A keep-alive restores the lease's TTL, which covers the request.
+                if !refresh(&mut leases, id).await? {
+                    return Err(entry.lose("the hold's lease is gone"));
+                }
+            } else {
+                // etcd cannot change a lease's TTL: move the key to a new lease.
+                let granted = leases
+                    .grant(wanted, None)
+                    .await
+                    .map_err(|e| backend_error("granting a longer lease", e))?;
+                let state = entry.state.lock().await;
+                let put = TxnOp::put(
+                    entry.key.clone(),
+                    state.meta.encode(),
+                    Some(PutOptions::new().with_lease(granted.id())),
+                );
+                drop(state);
+                let txn = Txn::new().when([entry.still_ours()]).and_then([put]);
+                let moved = self
+                    .inner
+                    .kv()
+                    .txn(txn)
+                    .await
+                    .map_err(|e| backend_error("moving the key to a longer lease", e));
+                let moved = match moved {
+                    Ok(response) => response.succeeded(),
+                    Err(error) => {
+                        revoke_in_background(leases, granted.id());
+                        return Err(error);
+                    }
+                };
+                if !moved {
+                    revoke_in_background(leases, granted.id());
+                    return Err(entry.lose("the key is no longer ours"));
+                }
+                {
+                    let mut state = own.state.lock().expect("own lease");
+                    state.id = granted.id();
+                    state.ttl = granted.ttl();
+                }
+                revoke_in_background(leases, id);
+            }
+            {
+                let mut state = own.state.lock().expect("own lease");
+                if let Some(reason) = entry.lost.reason() {
+                    return Err(Error::Lost(reason));
+                }
+                state.deadline = sent + lease;
+            }
+            own.changed.notify_one();
+            Ok(())
+        }
+        .instrument(span)
+        .await
+    }
+}
+
+/// Deletes the key if it is still ours (`If(create_revision == token)
+/// Then(Delete)`), and gives back what it used. True when it was still ours.
+async fn delete_key(inner: Arc<Inner>, entry: Arc<Entry>) -> Result<bool> {
+    let txn = Txn::new()
+        .when([entry.still_ours()])
+        .and_then([TxnOp::delete(entry.key.clone(), None)]);
+    let result = inner
+        .kv()
+        .txn(txn)
+        .await
+        .map_err(|e| backend_error("deleting the lock key", e));
+    match &entry.lease {
+        HoldLease::Session {
+            session,
+            registration,
+        } => {
+            session.unregister(*registration);
+            if result.is_ok() {
+                session.free_key(&entry.key);
+            }
+        }
+        HoldLease::Own(own) => {
+            own.stop();
+            revoke_in_background(inner.client.lease_client(), own.id());
+        }
+    }
+    Ok(result?.succeeded())
+}

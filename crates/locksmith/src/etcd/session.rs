@@ -1,0 +1,265 @@
+//! The session: one etcd lease per client, kept alive at a third of its TTL.
+//!
+//! Go's `concurrency.NewSession` does the same (`client.KeepAlive` on one
+//! lease; every Mutex key of the session is attached to it). When the lease is
+//! gone (a keep-alive answers TTL 0 / "lease not found") or cannot be renewed
+//! before it would run out, every hold attached to it is lost; the next acquire
+//! grants a fresh lease.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use etcd_client::{LeaseClient, LeaseKeepAliveStream, LeaseKeeper};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::{backend_error, BACKEND};
+use crate::backend::LostSignal;
+use crate::error::Result;
+
+/// Pause between attempts to reopen a broken keep-alive stream.
+const RETRY: Duration = Duration::from_millis(100);
+
+/// One lease and what hangs on it.
+pub(crate) struct Session {
+    /// The lease id.
+    pub id: i64,
+    /// The TTL etcd granted (it raises requests below its minimum).
+    pub ttl: Duration,
+    /// Fires when the lease is gone or no longer trusted.
+    dead: CancellationToken,
+    reason: Mutex<Option<String>>,
+    /// Lost signals of the holds on this lease.
+    holds: Mutex<HashMap<u64, LostSignal>>,
+    next_hold: AtomicU64,
+    /// Keys in use on this lease (held, queued, or still being deleted), so that
+    /// two owners of this client never share a key.
+    keys: Mutex<HashSet<String>>,
+    next_suffix: AtomicU64,
+}
+
+impl Session {
+    /// Grants a lease of `ttl` (rounded up to whole seconds, as etcd counts) and
+    /// starts its keep-alive task, which stops on `shutdown`.
+    ///
+    /// Cancel safety: a dropped grant may leave a lease without keys behind;
+    /// it expires after its TTL.
+    pub async fn start(
+        mut leases: LeaseClient,
+        ttl: Duration,
+        shutdown: CancellationToken,
+    ) -> Result<Arc<Session>> {
+        let seconds = ttl_seconds(ttl);
+        let sent = Instant::now();
+        let granted = leases
+            .grant(seconds, None)
+            .await
+            .map_err(|e| backend_error("granting the session lease", e))?;
+        let session = Arc::new(Session {
+            id: granted.id(),
+            ttl: Duration::from_secs(granted.ttl().max(1) as u64),
+            dead: CancellationToken::new(),
+            reason: Mutex::new(None),
+            holds: Mutex::new(HashMap::new()),
+            next_hold: AtomicU64::new(0),
+            keys: Mutex::new(HashSet::new()),
+            next_suffix: AtomicU64::new(1),
+        });
+        tracing::debug!(
+            backend = BACKEND,
+            lease = format_args!("{:x}", session.id),
+            ttl = ?session.ttl,
+            "session lease granted"
+        );
+        tokio::spawn(keep_alive(session.clone(), leases, sent, shutdown));
+        Ok(session)
+    }
+
+    /// Whether the lease is gone or untrusted.
+    pub fn is_dead(&self) -> bool {
+        self.dead.is_cancelled()
+    }
+
+    /// Completes when the session ends, with the reason.
+    ///
+    /// Cancel safety: safe; it only observes.
+    pub async fn ended(&self) -> String {
+        self.dead.cancelled().await;
+        self.reason().unwrap_or_default()
+    }
+
+    /// Why it ended, once it has.
+    pub fn reason(&self) -> Option<String> {
+        self.reason.lock().expect("session reason").clone()
+    }
+
+    /// Ends the session: every hold on it is lost.
+    pub fn end(&self, reason: &str) {
+        {
+            let mut slot = self.reason.lock().expect("session reason");
+            if slot.is_none() {
+                *slot = Some(reason.to_owned());
+            }
+        }
+        self.dead.cancel();
+        let holds: Vec<LostSignal> = self
+            .holds
+            .lock()
+            .expect("session holds")
+            .drain()
+            .map(|(_, s)| s)
+            .collect();
+        let reason = self.reason().unwrap_or_default();
+        for signal in holds {
+            signal.fire(reason.clone());
+        }
+    }
+
+    /// Ties a hold's lost signal to this lease; fires at once if it already ended.
+    pub fn register(&self, signal: LostSignal) -> u64 {
+        let id = self.next_hold.fetch_add(1, Ordering::Relaxed);
+        self.holds
+            .lock()
+            .expect("session holds")
+            .insert(id, signal.clone());
+        if let Some(reason) = self.is_dead().then(|| self.reason()).flatten() {
+            signal.fire(reason);
+        }
+        id
+    }
+
+    /// Unties a released hold.
+    pub fn unregister(&self, id: u64) {
+        self.holds.lock().expect("session holds").remove(&id);
+    }
+
+    /// A key for a new contender: `base` (Go's `<prefix><lease hex>`) when this
+    /// client has no other key there, else `base_<n>`, unique for this lease.
+    pub fn allocate_key(&self, base: String) -> String {
+        let mut keys = self.keys.lock().expect("session keys");
+        let key = if keys.contains(&base) {
+            let n = self.next_suffix.fetch_add(1, Ordering::Relaxed);
+            format!("{base}_{n}")
+        } else {
+            base
+        };
+        keys.insert(key.clone());
+        key
+    }
+
+    /// Gives a key back once it is deleted.
+    pub fn free_key(&self, key: &str) {
+        self.keys.lock().expect("session keys").remove(key);
+    }
+}
+
+/// A TTL in whole seconds as etcd takes it: rounded up, at least 1 (etcd raises
+/// it further to its minimum, 1.5 election timeouts rounded up: 2 s by default,
+/// `minTTL` in etcdserver/server.go).
+pub(crate) fn ttl_seconds(ttl: Duration) -> i64 {
+    let whole = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+    whole.max(1) as i64
+}
+
+/// Renews the lease every TTL/3; ends the session when the lease is gone or
+/// when no renewal got through before it would run out.
+async fn keep_alive(
+    session: Arc<Session>,
+    mut leases: LeaseClient,
+    granted_at: Instant,
+    shutdown: CancellationToken,
+) {
+    let every = session.ttl / 3;
+    // The lease lives at least until this instant (measured from our send time,
+    // so never later than etcd's own clock says).
+    let mut expires = granted_at + session.ttl;
+    let mut next = granted_at + every;
+    let mut stream: Option<(LeaseKeeper, LeaseKeepAliveStream)> = None;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep_until(next) => {}
+            _ = shutdown.cancelled() => return,
+            _ = session.dead.cancelled() => return,
+        }
+        let sent = Instant::now();
+        let outcome = tokio::select! {
+            outcome = tokio::time::timeout_at(expires, renew(&mut leases, &mut stream, session.id, session.ttl.as_secs())) => outcome,
+            _ = shutdown.cancelled() => return,
+        };
+        match outcome {
+            Ok(Ok(Some(ttl))) => {
+                expires = sent + Duration::from_secs(ttl);
+                next = sent + every;
+            }
+            Ok(Ok(None)) => {
+                tracing::warn!(
+                    backend = BACKEND,
+                    lease = format_args!("{:x}", session.id),
+                    "session lease expired or was revoked"
+                );
+                session.end("the session lease expired or was revoked");
+                return;
+            }
+            Ok(Err(error)) => {
+                tracing::debug!(backend = BACKEND, %error, "keep-alive failed, retrying");
+                stream = None;
+                next = Instant::now() + RETRY;
+                if next >= expires {
+                    next = expires;
+                }
+            }
+            Err(_) => {
+                tracing::warn!(
+                    backend = BACKEND,
+                    lease = format_args!("{:x}", session.id),
+                    "could not renew the session lease before it ran out"
+                );
+                session.end("could not reach etcd to renew the session lease before it ran out");
+                return;
+            }
+        }
+        if Instant::now() >= expires {
+            session.end("could not reach etcd to renew the session lease before it ran out");
+            return;
+        }
+    }
+}
+
+/// One keep-alive round trip: `Some(ttl)` when renewed, `None` when the lease
+/// no longer exists.
+async fn renew(
+    leases: &mut LeaseClient,
+    stream: &mut Option<(LeaseKeeper, LeaseKeepAliveStream)>,
+    id: i64,
+    granted_ttl: u64,
+) -> std::result::Result<Option<u64>, etcd_client::Error> {
+    let response = match stream {
+        Some((keeper, responses)) => {
+            keeper.keep_alive().await?;
+            responses.message().await?
+        }
+        None => match leases.keep_alive(id).await {
+            // Opening the stream sends the first keep-alive and reads its answer.
+            // (it checked that TTL > 0; a renewal restores the granted TTL).
+            Ok(opened) => {
+                *stream = Some(opened);
+                return Ok(Some(granted_ttl));
+            }
+            Err(etcd_client::Error::LeaseKeepAliveError(message))
+                if message.contains("not found") =>
+            {
+                return Ok(None)
+            }
+            Err(error) => return Err(error),
+        },
+    };
+    match response {
+        Some(response) if response.ttl() > 0 => Ok(Some(response.ttl() as u64)),
+        Some(_) => Ok(None),
+        None => Err(etcd_client::Error::LeaseKeepAliveError(
+            "keep-alive stream closed".into(),
+        )),
+    }
+}

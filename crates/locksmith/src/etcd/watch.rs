@@ -1,0 +1,330 @@
+//! One multiplexed watch stream per client, for delete events only.
+//!
+//! Waiters watch the key they queue behind (etcd's `waitDelete`), holders watch
+//! their own key so that `lost()` fires the moment it is deleted (lease revoked
+//! or expired, `etcdctl del`, a forced release). All of them share one gRPC
+//! watch stream, told apart by client-chosen watch ids (etcd 3.4+), the way
+//! Go's clientv3 watcher multiplexes. When the stream breaks it is reopened and
+//! every watch resumes from the revision after the last event it saw, so no
+//! delete is missed; a watch whose start revision was compacted away is
+//! re-checked by reading the key.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{
+    EventType, KvClient, WatchClient, WatchFilterType, WatchOptions, WatchRequestSender,
+    WatchResponse, WatchResponseStream,
+};
+use tokio::sync::{mpsc, Notify};
+use tokio_util::sync::CancellationToken;
+
+use super::BACKEND;
+use crate::backend::LostSignal;
+
+/// Pause before reopening a broken watch stream.
+const RETRY: Duration = Duration::from_millis(200);
+
+/// What a delete event does.
+#[derive(Clone)]
+pub(crate) enum Sink {
+    /// Wakes a waiter, which then re-reads the queue. Also woken when the watch
+    /// had to be reset, so a waiter never sleeps on a watch that cannot fire.
+    Wake(Arc<Notify>),
+    /// Fires a hold's lost signal while `armed` (a release disarms it first).
+    /// On a reset the hub reads the key: still there with `token` as create
+    /// revision means still held.
+    Lost {
+        /// The hold's signal.
+        signal: LostSignal,
+        /// Cleared by release, so our own delete is not a loss.
+        armed: Arc<AtomicBool>,
+        /// The fencing token (create revision) of the key.
+        token: i64,
+    },
+}
+
+struct Spec {
+    key: Vec<u8>,
+    range_end: Option<Vec<u8>>,
+    /// Next revision to watch from.
+    start: i64,
+    sink: Sink,
+}
+
+enum Command {
+    Add(i64, Spec),
+    Cancel(i64),
+}
+
+/// The handle of the hub; cheap to share.
+pub(crate) struct WatchHub {
+    commands: mpsc::UnboundedSender<Command>,
+    next_id: AtomicI64,
+}
+
+/// A registered watch; dropping it cancels the watch.
+pub(crate) struct WatchGuard {
+    id: i64,
+    commands: mpsc::UnboundedSender<Command>,
+}
+
+impl Drop for WatchGuard {
+    fn drop(&mut self) {
+        let _ = self.commands.send(Command::Cancel(self.id));
+    }
+}
+
+impl WatchHub {
+    /// Starts the hub's task; it stops on `shutdown`.
+    pub fn start(watches: WatchClient, kv: KvClient, shutdown: CancellationToken) -> WatchHub {
+        let (commands, receiver) = mpsc::unbounded_channel();
+        tokio::spawn(run(watches, kv, receiver, commands.clone(), shutdown));
+        WatchHub {
+            commands,
+            next_id: AtomicI64::new(1),
+        }
+    }
+
+    /// Watches deletes of `key` (or of the range `[key, range_end)`) from
+    /// revision `start` on.
+    pub fn watch(
+        &self,
+        key: impl Into<Vec<u8>>,
+        range_end: Option<Vec<u8>>,
+        start: i64,
+        sink: Sink,
+    ) -> WatchGuard {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let spec = Spec {
+            key: key.into(),
+            range_end,
+            start,
+            sink,
+        };
+        let _ = self.commands.send(Command::Add(id, spec));
+        WatchGuard {
+            id,
+            commands: self.commands.clone(),
+        }
+    }
+}
+
+fn create(id: i64, spec: &Spec) -> WatchOptions {
+    let mut options = WatchOptions::new()
+        .with_watch_id(id)
+        .with_start_revision(spec.start)
+        .with_filters([WatchFilterType::NoPut]);
+    if let Some(end) = &spec.range_end {
+        options = options.with_range(end.clone());
+    }
+    options
+}
+
+type Stream = (WatchRequestSender, WatchResponseStream);
+
+async fn open(watches: &mut WatchClient, active: &HashMap<i64, Spec>) -> Option<Stream> {
+    let mut specs = active.iter();
+    let (&first_id, first) = specs.next()?;
+    let stream = match watches
+        .watch(first.key.clone(), Some(create(first_id, first)))
+        .await
+    {
+        Ok(stream) => stream,
+        Err(error) => {
+            tracing::debug!(backend = BACKEND, %error, "cannot open the watch stream");
+            return None;
+        }
+    };
+    let (mut sender, responses) = stream.split();
+    for (&id, spec) in specs {
+        if sender
+            .watch(spec.key.clone(), Some(create(id, spec)))
+            .await
+            .is_err()
+        {
+            return None;
+        }
+    }
+    Some((sender, responses))
+}
+
+async fn next(
+    stream: &mut Option<Stream>,
+) -> Option<std::result::Result<Option<WatchResponse>, etcd_client::Error>> {
+    match stream {
+        Some((_, responses)) => Some(responses.message().await),
+        None => std::future::pending().await,
+    }
+}
+
+async fn run(
+    mut watches: WatchClient,
+    kv: KvClient,
+    mut commands: mpsc::UnboundedReceiver<Command>,
+    loopback: mpsc::UnboundedSender<Command>,
+    shutdown: CancellationToken,
+) {
+    let mut active: HashMap<i64, Spec> = HashMap::new();
+    let mut stream: Option<Stream> = None;
+    let mut retry_at: Option<tokio::time::Instant> = None;
+    loop {
+        if stream.is_none() && !active.is_empty() {
+            let due = retry_at.is_none_or(|at| at <= tokio::time::Instant::now());
+            if due {
+                stream = open(&mut watches, &active).await;
+                retry_at = stream
+                    .is_none()
+                    .then(|| tokio::time::Instant::now() + RETRY);
+            }
+        }
+        let retry_due = retry_at.filter(|_| stream.is_none() && !active.is_empty());
+        let retry = async move {
+            match retry_due {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = retry => {}
+            command = commands.recv() => match command {
+                None => return,
+                Some(Command::Add(id, spec)) => {
+                    if let Some((sender, _)) = &mut stream {
+                        if sender.watch(spec.key.clone(), Some(create(id, &spec))).await.is_err() {
+                            stream = None;
+                        }
+                    }
+                    active.insert(id, spec);
+                }
+                Some(Command::Cancel(id)) => {
+                    if active.remove(&id).is_some() {
+                        if let Some((sender, _)) = &mut stream {
+                            if sender.cancel(id).await.is_err() {
+                                stream = None;
+                            }
+                        }
+                    }
+                }
+            },
+            message = next(&mut stream) => match message {
+                Some(Ok(Some(response))) => route(response, &mut active, &kv, &loopback),
+                Some(Ok(None)) | Some(Err(_)) | None => {
+                    tracing::debug!(backend = BACKEND, "watch stream broke, reopening");
+                    stream = None;
+                }
+            },
+        }
+    }
+}
+
+fn route(
+    response: WatchResponse,
+    active: &mut HashMap<i64, Spec>,
+    kv: &KvClient,
+    loopback: &mpsc::UnboundedSender<Command>,
+) {
+    let id = response.watch_id();
+    let Some(spec) = active.get_mut(&id) else {
+        return;
+    };
+    for event in response.events() {
+        if let Some(kv) = event.kv() {
+            spec.start = spec.start.max(kv.mod_revision() + 1);
+        }
+        if event.event_type() == EventType::Delete {
+            deliver(
+                &spec.sink,
+                "its key was deleted (lease expired or revoked, or deleted by hand)",
+            );
+        }
+    }
+    if response.canceled() {
+        // Compacted past our start revision, or refused: this watch cannot fire.
+        let spec = active.remove(&id).expect("looked up above");
+        tracing::debug!(
+            backend = BACKEND,
+            reason = response.cancel_reason(),
+            compacted = response.compact_revision(),
+            "watch cancelled by etcd"
+        );
+        match spec.sink {
+            Sink::Wake(notify) => notify.notify_one(),
+            Sink::Lost {
+                signal,
+                armed,
+                token,
+            } => {
+                tokio::spawn(recheck(
+                    kv.clone(),
+                    loopback.clone(),
+                    id,
+                    spec.key,
+                    signal,
+                    armed,
+                    token,
+                ));
+            }
+        }
+    }
+}
+
+fn deliver(sink: &Sink, reason: &str) {
+    match sink {
+        Sink::Wake(notify) => notify.notify_one(),
+        Sink::Lost { signal, armed, .. } => {
+            if armed.load(Ordering::SeqCst) {
+                signal.fire(reason);
+            }
+        }
+    }
+}
+
+/// After a reset of a hold's watch: still held means watch again from now,
+/// anything else means lost.
+async fn recheck(
+    mut kv: KvClient,
+    loopback: mpsc::UnboundedSender<Command>,
+    id: i64,
+    key: Vec<u8>,
+    signal: LostSignal,
+    armed: Arc<AtomicBool>,
+    token: i64,
+) {
+    match kv.get(key.clone(), None).await {
+        Ok(response) => {
+            let held = response
+                .kvs()
+                .first()
+                .is_some_and(|kv| kv.create_revision() == token);
+            if held && armed.load(Ordering::SeqCst) {
+                let start = response.header().map_or(0, |h| h.revision()) + 1;
+                let sink = Sink::Lost {
+                    signal,
+                    armed,
+                    token,
+                };
+                let spec = Spec {
+                    key,
+                    range_end: None,
+                    start,
+                    sink,
+                };
+                // Same id: the hold's guard cancels it by this id.
+                let _ = loopback.send(Command::Add(id, spec));
+            } else if !held && armed.load(Ordering::SeqCst) {
+                signal.fire("its key is gone (found on re-checking after a watch reset)");
+            }
+        }
+        Err(error) => {
+            if armed.load(Ordering::SeqCst) {
+                signal.fire(format!(
+                    "cannot re-check the key after a watch reset: {error}"
+                ));
+            }
+        }
+    }
+}
