@@ -831,10 +831,18 @@ impl Hold for RedisHold {
     async fn release(self: Box<Self>) -> Result<()> {
         // Stop renewing first, so a release that fails midway leaves a hold that
         // simply expires.
-        self.shared.watchdog.release(self.id, self.watched);
+        let trusted = self.shared.watchdog.release(self.id, self.watched);
         let nodes: Vec<usize> = (0..self.shared.nodes.len()).collect();
         let result = self.shared.release_on(&self.target, &nodes, false).await;
         tracing::debug!(lock = %self.target.name, ok = result.is_ok(), "redis lock released");
+        if !trusted {
+            // Lost already (its lease ran out by the local, conservative clock):
+            // the release above only tidies up what Redis may still hold.
+            return Err(Error::Lost(format!(
+                "lock {:?} was lost before its release",
+                self.target.name
+            )));
+        }
         result
     }
 

@@ -140,10 +140,11 @@ impl Watchdog {
     }
 
     /// Drops one level; the hold leaves the watchdog with its last level.
-    pub fn release(&self, id: u64, watched: bool) {
+    /// Answers false if the hold was not watched any more (it was lost).
+    pub fn release(&self, id: u64, watched: bool) -> bool {
         let mut state = self.state();
         let Some(entry) = state.entries.get_mut(&id) else {
-            return;
+            return false;
         };
         entry.refs = entry.refs.saturating_sub(1);
         if watched {
@@ -153,6 +154,7 @@ impl Watchdog {
             let entry = state.entries.remove(&id).expect("present");
             state.index.remove(&key(&entry.target));
         }
+        true
     }
 
     /// Moves a hold's expiry (after an extension).
