@@ -1,25 +1,160 @@
-//! `locksmith://` backend (being written).
+//! `locksmith://host[:port]`: the locksmith lock server (default port 7420).
+//!
+//! The server (crate `locksmith-server`, started with `locksmith serve`) runs
+//! the same lock engine as `memory://`, durably, behind gRPC (package
+//! `locksmith.v1` of `locksmith-proto`). Every model feature maps one to one:
+//! exclusive, shared and semaphore modes, atomic multi-locks, FIFO queues with
+//! a push on every grant (no polling, no herd), re-entry, lock-delay, fencing
+//! tokens from the server's durable counter, and inspection with waiters.
+//!
+//! # One session per client
+//!
+//! A [`ServerBackend`] (one per [`crate::Client`]) opens one bidirectional
+//! `Session` stream and keeps it:
+//!
+//! - **Heartbeats** every third of [`ConnectOptions::session_ttl`]: holds
+//!   without a lease live as long as the session (like ZooKeeper ephemeral
+//!   nodes); a hold with a lease also ends when its lease does.
+//! - **Requests with ids**: acquire, release, renew (and cancel) go on the
+//!   stream and are answered by id; grants of queued acquires are pushed the
+//!   moment the engine grants them, as are lost holds.
+//! - **Reconnect and resume**: when the connection drops or the server restarts,
+//!   a background task reconnects with backoff, resumes the session with its id
+//!   and secret (the server gives sessions a grace period after a restart) and
+//!   sends every unanswered request again under the same id. The server answers
+//!   each id once, so pending acquires simply keep waiting (a queued acquire
+//!   even keeps its place in the queue) and nothing is granted twice or left
+//!   behind.
+//! - **Lost**: when the session cannot be resumed in time (the server does not
+//!   know it any more, or no heartbeat was answered for a whole TTL), every
+//!   hold's `lost()` fires, releases and renews of those holds fail with
+//!   [`Error::Lost`], and pending acquires continue on a new session.
+//!
+//! # Cancel safety
+//!
+//! Dropping an acquire future sends a cancel for its request; if the grant won
+//! the race, the grant is released at once. Either way nothing stays queued or
+//! held.
+//!
+//! # Unary calls
+//!
+//! `describe`, `list` and `force_release` use the server's unary calls over the
+//! same connection.
+//!
+//! [`ConnectOptions::session_ttl`]: crate::ConnectOptions::session_ttl
+
+mod convert;
+mod session;
+
+use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
+use locksmith_proto::v1 as pb;
+use locksmith_proto::v1::locksmith_client::LocksmithClient;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+use tonic::transport::Endpoint;
 
-use crate::backend::{AcquireRequest, Backend, Capabilities, Grant, LockInfo};
+use crate::backend::{AcquireRequest, Backend, Capabilities, Grant, Hold, LockInfo, Wait};
 use crate::client::ConnectOptions;
 use crate::error::{Error, Result};
 
-const BACKEND: &str = "server";
+use session::{AcquireOutcome, Shared};
 
-/// The server backend.
-pub struct ServerBackend;
+const BACKEND: &str = "server";
+/// The port `locksmith serve` listens on by default.
+pub const DEFAULT_PORT: u16 = 7420;
+/// Largest message the client accepts (a `list` of a big lock table).
+const MAX_RESPONSE_BYTES: usize = 256 << 20;
+
+/// A client of the locksmith lock server: one session stream.
+pub struct ServerBackend {
+    shared: Arc<Shared>,
+}
 
 impl ServerBackend {
-    /// Connects to the store named by `url`.
+    /// Connects to `locksmith://host[:port]` and opens a session.
     ///
-    /// Cancel safety: safe; a dropped connect leaves nothing behind.
-    pub async fn connect(_url: &str, _options: &ConnectOptions) -> Result<Self> {
-        Err(Error::Unsupported {
-            backend: BACKEND,
-            what: "not built yet".into(),
-        })
+    /// Cancel safety: safe; a dropped connect leaves at most a session that
+    /// expires after its TTL.
+    pub async fn connect(url: &str, options: &ConnectOptions) -> Result<Self> {
+        let endpoint = endpoint(url)?;
+        let span = tracing::debug_span!("connect", backend = BACKEND, %endpoint);
+        let channel = tracing::Instrument::instrument(
+            Endpoint::from_shared(endpoint.clone())
+                .map_err(|e| invalid_url(url, e.to_string()))?
+                .connect_timeout(Duration::from_secs(5))
+                .tcp_nodelay(true)
+                .http2_keep_alive_interval(Duration::from_secs(10))
+                .keep_alive_timeout(Duration::from_secs(20))
+                .keep_alive_while_idle(true)
+                .connect(),
+            span,
+        )
+        .await
+        .map_err(|e| Error::backend(BACKEND, format!("cannot connect to {endpoint}: {e}")))?;
+        let client = LocksmithClient::new(channel).max_decoding_message_size(MAX_RESPONSE_BYTES);
+        let shared = session::connect(client, options.clone()).await?;
+        Ok(ServerBackend { shared })
+    }
+}
+
+/// `http://host:port` of a `locksmith://` URL.
+fn endpoint(url: &str) -> Result<String> {
+    let parsed = url::Url::parse(url).map_err(|e| invalid_url(url, e.to_string()))?;
+    if parsed.scheme() != "locksmith" {
+        return Err(invalid_url(url, "expected locksmith://host[:port]".into()));
+    }
+    let host = parsed
+        .host_str()
+        .filter(|h| !h.is_empty())
+        .ok_or_else(|| invalid_url(url, "no host".into()))?;
+    if !matches!(parsed.path(), "" | "/") || parsed.query().is_some() {
+        return Err(invalid_url(
+            url,
+            "locksmith://host[:port] takes no path or options".into(),
+        ));
+    }
+    Ok(format!(
+        "http://{host}:{}",
+        parsed.port().unwrap_or(DEFAULT_PORT)
+    ))
+}
+
+fn invalid_url(url: &str, reason: String) -> Error {
+    Error::InvalidUrl {
+        url: crate::client::redact(url),
+        reason,
+    }
+}
+
+impl Drop for ServerBackend {
+    fn drop(&mut self) {
+        // The driver closes the session in the background.
+        self.shared.closing.cancel();
+    }
+}
+
+/// Cancels a pending acquire when its future is dropped, or releases the grant
+/// that raced the drop (decided under the session lock, so exactly one happens).
+struct PendingAcquire<'a> {
+    shared: &'a Shared,
+    id: u64,
+    request: &'a AcquireRequest,
+    receiver: Option<oneshot::Receiver<AcquireOutcome>>,
+}
+
+impl Drop for PendingAcquire<'_> {
+    fn drop(&mut self) {
+        if let Some(mut receiver) = self.receiver.take() {
+            self.shared.state().abandon(
+                self.id,
+                &mut receiver,
+                &self.request.names,
+                &self.request.owner,
+            );
+        }
     }
 }
 
@@ -31,31 +166,192 @@ impl Backend for ServerBackend {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            fifo: false,
-            lock_delay: false,
-            lists_waiters: false,
-            shared: false,
-            semaphore: false,
+            fifo: true,
+            lock_delay: true,
+            lists_waiters: true,
+            shared: true,
+            semaphore: true,
         }
     }
 
-    async fn acquire(&self, _request: &AcquireRequest) -> Result<Option<Grant>> {
-        unimplemented!()
+    async fn acquire(&self, request: &AcquireRequest) -> Result<Option<Grant>> {
+        let deadline = match request.wait {
+            Wait::For(limit) => Instant::now().checked_add(limit),
+            _ => None,
+        };
+        let (id, receiver) = self
+            .shared
+            .state()
+            .acquire(convert::acquire(request), deadline)?;
+        let mut pending = PendingAcquire {
+            shared: &self.shared,
+            id,
+            request,
+            receiver: Some(receiver),
+        };
+        let outcome = pending.receiver.as_mut().expect("set above").await;
+        pending.receiver = None;
+        let generation = self.shared.state().generation;
+        match outcome.map_err(|_| Error::Closed)? {
+            AcquireOutcome::Granted(tokens, lost) => Ok(Some(Grant {
+                hold: Box::new(ServerHold {
+                    shared: self.shared.clone(),
+                    names: request.names.clone(),
+                    owner: request.owner.clone(),
+                    tokens: tokens.clone(),
+                    generation,
+                }),
+                tokens,
+                lost,
+            })),
+            AcquireOutcome::WouldBlock => Ok(None),
+            AcquireOutcome::TimedOut => Err(Error::Timeout(match request.wait {
+                Wait::For(limit) => limit,
+                _ => Duration::ZERO,
+            })),
+            AcquireOutcome::Failed(error) => Err(error),
+        }
     }
 
-    async fn describe(&self, _name: &str) -> Result<Option<LockInfo>> {
-        unimplemented!()
+    async fn describe(&self, name: &str) -> Result<Option<LockInfo>> {
+        let request = pb::DescribeRequest { name: name.into() };
+        let response = self
+            .shared
+            .client()
+            .describe(request)
+            .await
+            .map_err(convert::status)?;
+        Ok(response.into_inner().lock.map(convert::lock_info))
     }
 
-    async fn list(&self, _prefix: &str) -> Result<Vec<LockInfo>> {
-        unimplemented!()
+    async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>> {
+        let request = pb::ListRequest {
+            prefix: prefix.into(),
+        };
+        let response = self
+            .shared
+            .client()
+            .list(request)
+            .await
+            .map_err(convert::status)?;
+        Ok(response
+            .into_inner()
+            .locks
+            .into_iter()
+            .map(convert::lock_info)
+            .collect())
     }
 
-    async fn force_release(&self, _name: &str) -> Result<()> {
-        unimplemented!()
+    async fn force_release(&self, name: &str) -> Result<()> {
+        let request = pb::ForceReleaseRequest { name: name.into() };
+        match self.shared.client().force_release(request).await {
+            Ok(_) => Ok(()),
+            Err(status) if status.code() == tonic::Code::NotFound => {
+                Err(Error::NotHeld { name: name.into() })
+            }
+            Err(status) => Err(convert::status(status)),
+        }
     }
 
     async fn close(&self) -> Result<()> {
-        unimplemented!()
+        self.shared.closing.cancel();
+        let _ =
+            tokio::time::timeout(Duration::from_secs(5), self.shared.finished.cancelled()).await;
+        Ok(())
+    }
+}
+
+/// A grant on the server: released and renewed by request on the session.
+struct ServerHold {
+    shared: Arc<Shared>,
+    names: Vec<String>,
+    owner: String,
+    tokens: Vec<u64>,
+    /// The session generation it was granted in.
+    generation: u64,
+}
+
+impl ServerHold {
+    /// Sends one request per name and waits for all of them; the first error wins.
+    async fn each(&self, op: impl Fn(String, u64) -> pb::request::Op) -> Result<()> {
+        let receivers = {
+            let mut state = self.shared.state();
+            if state.generation != self.generation {
+                return Err(Error::Lost("the session that held it was lost".into()));
+            }
+            self.names
+                .iter()
+                .zip(&self.tokens)
+                .map(|(name, &token)| state.simple(op(name.clone(), token)))
+                .collect::<Result<Vec<_>>>()?
+        };
+        let mut result = Ok(());
+        for receiver in receivers {
+            let outcome = receiver.await.unwrap_or(Err(Error::Closed));
+            if result.is_ok() {
+                result = outcome;
+            }
+        }
+        result
+    }
+}
+
+#[async_trait]
+impl Hold for ServerHold {
+    async fn release(self: Box<Self>) -> Result<()> {
+        self.shared.state().forget(&self.tokens);
+        let owner = self.owner.clone();
+        let span = tracing::debug_span!("release", backend = BACKEND, names = ?self.names);
+        let release = self.each(|name, token| {
+            pb::request::Op::Release(pb::Release {
+                name,
+                owner: owner.clone(),
+                token: Some(token),
+            })
+        });
+        tracing::Instrument::instrument(release, span).await
+    }
+
+    async fn extend(&self, lease: Duration) -> Result<()> {
+        let lease_ms = convert::ceil_ms(lease);
+        let span = tracing::debug_span!("extend", backend = BACKEND, names = ?self.names, ?lease);
+        let renew = self.each(|name, token| {
+            pb::request::Op::Renew(pb::Renew {
+                name,
+                owner: self.owner.clone(),
+                token: Some(token),
+                lease_ms,
+            })
+        });
+        tracing::Instrument::instrument(renew, span).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        assert_eq!(
+            endpoint("locksmith://127.0.0.1:7000").unwrap(),
+            "http://127.0.0.1:7000"
+        );
+        assert_eq!(
+            endpoint("locksmith://example.org").unwrap(),
+            "http://example.org:7420"
+        );
+        assert_eq!(endpoint("locksmith://[::1]:9/").unwrap(), "http://[::1]:9");
+        for bad in [
+            "locksmith://",
+            "locksmith://h:1/path",
+            "locksmith://h?x=1",
+            "http://h",
+        ] {
+            assert!(
+                matches!(endpoint(bad), Err(Error::InvalidUrl { .. })),
+                "{bad}"
+            );
+        }
     }
 }

@@ -1,0 +1,728 @@
+//! One client's session: its stream, heartbeats, reconnects, and the routing
+//! of replies and pushes to the futures and guards waiting for them.
+//!
+//! Requests are kept in [`State::outstanding`] until their final reply. While
+//! connected they are also sent at once; after a reconnect the driver resumes
+//! the session and sends every outstanding request again, with the same id.
+//! The server answers each id once: a request that already ran is answered
+//! from the reply it kept, a request that is still queued stays queued (with
+//! its place in the FIFO), and a request that never arrived runs now. So a
+//! dropped connection or a server restart is invisible to callers, except for
+//! the time it takes.
+//!
+//! The session is **lost** (every hold's [`LostSignal`] fires) when the server
+//! says it no longer exists, or when no heartbeat was answered for a whole
+//! session TTL: the server expires a session one TTL after the last heartbeat
+//! it *received*, which is never earlier than one TTL after the last heartbeat
+//! the client *sent and saw answered*, so the client gives up first. Pending
+//! acquires then continue on a fresh session; releases and renews of the lost
+//! holds fail with [`Error::Lost`].
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use locksmith_proto::v1 as pb;
+use locksmith_proto::v1::locksmith_client::LocksmithClient;
+use pb::client_message::Kind as Out;
+use pb::server_message::Kind as In;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::{sleep_until, Instant};
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+use tonic::{Code, Streaming};
+
+use crate::backend::LostSignal;
+use crate::client::ConnectOptions;
+use crate::error::{Error, Result};
+
+use super::convert;
+
+/// Shortest and longest pause between reconnect attempts.
+const MIN_BACKOFF: Duration = Duration::from_millis(20);
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+/// How long a graceful close waits for the server to confirm.
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
+
+/// The outcome of an acquire, as delivered to its future.
+#[derive(Debug)]
+pub(super) enum AcquireOutcome {
+    Granted(Vec<u64>, LostSignal),
+    WouldBlock,
+    TimedOut,
+    Failed(Error),
+}
+
+/// What to send again for an outstanding request after a reconnect.
+enum Resend {
+    Request(pb::request::Op),
+    /// The caller gave up on this acquire: cancel it.
+    Cancel,
+}
+
+/// Who waits for an outstanding request's final reply.
+enum Waiter {
+    Acquire {
+        /// `None` once the caller dropped the acquire future (abandoned).
+        reply: Option<oneshot::Sender<AcquireOutcome>>,
+        names: Vec<String>,
+        owner: String,
+        /// The caller's deadline, to shorten the wait when the request is sent again.
+        deadline: Option<Instant>,
+    },
+    Done(Option<oneshot::Sender<Result<()>>>),
+}
+
+struct Outstanding {
+    resend: Resend,
+    waiter: Waiter,
+}
+
+/// The resume credentials of a session.
+#[derive(Clone)]
+pub(super) struct Credentials {
+    pub id: u64,
+    pub secret: Vec<u8>,
+}
+
+/// State shared by the backend, its holds and the driver task.
+pub(super) struct State {
+    next_id: u64,
+    outstanding: BTreeMap<u64, Outstanding>,
+    ack_replies: Vec<u64>,
+    ack_lost: Vec<u64>,
+    /// Lost signals of live holds by token, with how many grants share each
+    /// (re-entries share a token).
+    holds: HashMap<u64, (LostSignal, u32)>,
+    /// The current stream, while connected.
+    link: Option<mpsc::UnboundedSender<pb::ClientMessage>>,
+    /// Bumped whenever the session is lost: holds of an older generation are gone.
+    pub generation: u64,
+    pub closed: bool,
+}
+
+impl State {
+    fn new() -> State {
+        State {
+            next_id: 1,
+            outstanding: BTreeMap::new(),
+            ack_replies: Vec::new(),
+            ack_lost: Vec::new(),
+            holds: HashMap::new(),
+            link: None,
+            generation: 0,
+            closed: false,
+        }
+    }
+
+    /// Sends one message on the current stream, with pending acknowledgements.
+    fn send(&mut self, kind: Out) {
+        let Some(link) = &self.link else { return };
+        let message = pb::ClientMessage {
+            kind: Some(kind),
+            ack_replies: std::mem::take(&mut self.ack_replies),
+            ack_lost: std::mem::take(&mut self.ack_lost),
+        };
+        if link.send(message).is_err() {
+            self.link = None;
+        }
+    }
+
+    /// Registers a request and sends it if connected; returns its id.
+    fn request(&mut self, op: pb::request::Op, waiter: Waiter) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.send(Out::Request(pb::Request {
+            id,
+            op: Some(op.clone()),
+        }));
+        self.outstanding.insert(
+            id,
+            Outstanding {
+                resend: Resend::Request(op),
+                waiter,
+            },
+        );
+        id
+    }
+
+    /// Sends an acquire; its outcome arrives on the returned receiver.
+    pub(super) fn acquire(
+        &mut self,
+        acquire: pb::Acquire,
+        deadline: Option<Instant>,
+    ) -> Result<(u64, oneshot::Receiver<AcquireOutcome>)> {
+        if self.closed {
+            return Err(Error::Closed);
+        }
+        let (reply, receiver) = oneshot::channel();
+        let waiter = Waiter::Acquire {
+            reply: Some(reply),
+            names: acquire.names.clone(),
+            owner: acquire.owner.clone(),
+            deadline,
+        };
+        let id = self.request(pb::request::Op::Acquire(acquire), waiter);
+        Ok((id, receiver))
+    }
+
+    /// Sends a release or renew; its result arrives on the returned receiver.
+    pub(super) fn simple(&mut self, op: pb::request::Op) -> Result<oneshot::Receiver<Result<()>>> {
+        if self.closed {
+            return Err(Error::Closed);
+        }
+        let (reply, receiver) = oneshot::channel();
+        self.request(op, Waiter::Done(Some(reply)));
+        Ok(receiver)
+    }
+
+    /// The acquire future `id` was dropped: cancel the request, or release the
+    /// grant that raced the drop.
+    pub(super) fn abandon(
+        &mut self,
+        id: u64,
+        receiver: &mut oneshot::Receiver<AcquireOutcome>,
+        names: &[String],
+        owner: &str,
+    ) {
+        if let Some(entry) = self.outstanding.get_mut(&id) {
+            if let Waiter::Acquire { reply, .. } = &mut entry.waiter {
+                *reply = None;
+            }
+            entry.resend = Resend::Cancel;
+            self.send(Out::Cancel(pb::Cancel { id }));
+        } else if let Ok(AcquireOutcome::Granted(tokens, _)) = receiver.try_recv() {
+            // The grant was delivered (under this lock) just before the drop.
+            self.release_unused(names, owner, &tokens);
+        }
+    }
+
+    /// Forgets one grant's claim on the lost signals of `tokens`.
+    pub(super) fn forget(&mut self, tokens: &[u64]) {
+        for token in tokens {
+            if let Some(entry) = self.holds.get_mut(token) {
+                entry.1 -= 1;
+                if entry.1 == 0 {
+                    self.holds.remove(token);
+                }
+            }
+        }
+    }
+
+    /// Releases a grant nobody will use, without waiting.
+    fn release_unused(&mut self, names: &[String], owner: &str, tokens: &[u64]) {
+        self.forget(tokens);
+        for (name, &token) in names.iter().zip(tokens) {
+            let release = pb::request::Op::Release(pb::Release {
+                name: name.clone(),
+                owner: owner.to_owned(),
+                token: Some(token),
+            });
+            self.request(release, Waiter::Done(None));
+        }
+    }
+
+    /// A grant: one more claim on the lost signal shared by its tokens.
+    fn register(&mut self, tokens: &[u64]) -> LostSignal {
+        let signal = tokens
+            .first()
+            .and_then(|t| self.holds.get(t))
+            .map(|(s, _)| s.clone())
+            .unwrap_or_default();
+        for &token in tokens {
+            self.holds
+                .entry(token)
+                .or_insert_with(|| (signal.clone(), 0))
+                .1 += 1;
+        }
+        signal
+    }
+
+    /// Delivers a final reply.
+    fn finish(&mut self, id: u64, result: pb::reply::Result) {
+        use pb::reply::Result as R;
+        let Some(entry) = self.outstanding.remove(&id) else {
+            return; // answered before (a reply sent again after a resume)
+        };
+        self.ack_replies.push(id);
+        match entry.waiter {
+            Waiter::Acquire {
+                reply,
+                names,
+                owner,
+                ..
+            } => {
+                let outcome = match result {
+                    R::Granted(granted) => {
+                        let tokens = granted.tokens;
+                        let signal = self.register(&tokens);
+                        match reply {
+                            Some(reply) => {
+                                if let Err(AcquireOutcome::Granted(tokens, _)) =
+                                    reply.send(AcquireOutcome::Granted(tokens, signal))
+                                {
+                                    self.release_unused(&names, &owner, &tokens);
+                                }
+                            }
+                            None => self.release_unused(&names, &owner, &tokens),
+                        }
+                        return;
+                    }
+                    R::WouldBlock(_) => AcquireOutcome::WouldBlock,
+                    R::TimedOut(_) => AcquireOutcome::TimedOut,
+                    R::Cancelled(_) => {
+                        AcquireOutcome::Failed(Error::backend(super::BACKEND, "acquire cancelled"))
+                    }
+                    R::Error(error) => AcquireOutcome::Failed(convert::error(error)),
+                    R::Done(_) | R::Queued(_) => AcquireOutcome::Failed(Error::backend(
+                        super::BACKEND,
+                        "unexpected reply to an acquire",
+                    )),
+                };
+                if let Some(reply) = reply {
+                    let _ = reply.send(outcome);
+                }
+            }
+            Waiter::Done(reply) => {
+                let result = match result {
+                    R::Done(_) => Ok(()),
+                    R::Error(error) => Err(convert::error(error)),
+                    _ => Err(Error::backend(super::BACKEND, "unexpected reply")),
+                };
+                if let Some(reply) = reply {
+                    let _ = reply.send(result);
+                }
+            }
+        }
+    }
+
+    /// The messages that re-send every outstanding request, in id order.
+    fn resend_all(&mut self) {
+        let now = Instant::now();
+        let messages: Vec<Out> = self
+            .outstanding
+            .iter()
+            .map(|(&id, entry)| match &entry.resend {
+                Resend::Cancel => Out::Cancel(pb::Cancel { id }),
+                Resend::Request(op) => {
+                    let mut op = op.clone();
+                    if let (
+                        pb::request::Op::Acquire(acquire),
+                        Waiter::Acquire {
+                            deadline: Some(deadline),
+                            ..
+                        },
+                    ) = (&mut op, &entry.waiter)
+                    {
+                        acquire.wait_ms =
+                            convert::ceil_ms(deadline.saturating_duration_since(now)) + 1;
+                    }
+                    Out::Request(pb::Request { id, op: Some(op) })
+                }
+            })
+            .collect();
+        for message in messages {
+            self.send(message);
+        }
+    }
+
+    /// The session is gone: every hold is lost; acquires go on in a new
+    /// session, the rest fails.
+    fn lose_session(&mut self, reason: &str) {
+        tracing::warn!(backend = super::BACKEND, %reason, holds = self.holds.len(), "session lost");
+        for (_, (signal, _)) in self.holds.drain() {
+            signal.fire(reason);
+        }
+        self.outstanding.retain(|_, entry| match &mut entry.waiter {
+            Waiter::Acquire { reply, .. } => reply.is_some(),
+            Waiter::Done(reply) => {
+                if let Some(reply) = reply.take() {
+                    let _ = reply.send(Err(Error::Lost(reason.to_owned())));
+                }
+                false
+            }
+        });
+        self.generation += 1;
+        self.ack_replies.clear();
+        self.ack_lost.clear();
+        self.link = None;
+    }
+
+    /// The client is closed: everything ends.
+    fn shut(&mut self, reason: &str) {
+        self.closed = true;
+        self.link = None;
+        for (_, (signal, _)) in self.holds.drain() {
+            signal.fire(reason);
+        }
+        for (_, entry) in std::mem::take(&mut self.outstanding) {
+            match entry.waiter {
+                Waiter::Acquire {
+                    reply: Some(reply), ..
+                } => {
+                    let _ = reply.send(AcquireOutcome::Failed(Error::Closed));
+                }
+                Waiter::Done(Some(reply)) => {
+                    let _ = reply.send(Err(Error::Closed));
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// Everything the backend, its holds and the driver share.
+pub(super) struct Shared {
+    state: Mutex<State>,
+    pub ttl: Duration,
+    options: ConnectOptions,
+    client: LocksmithClient<Channel>,
+    /// Cancelled to close the session.
+    pub closing: CancellationToken,
+    /// Cancelled when the driver has finished.
+    pub finished: CancellationToken,
+}
+
+impl Shared {
+    pub(super) fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().expect("server session state poisoned")
+    }
+
+    /// The gRPC client, for unary calls.
+    pub(super) fn client(&self) -> LocksmithClient<Channel> {
+        self.client.clone()
+    }
+}
+
+/// Why a stream ended.
+enum End {
+    Closed,
+    SessionLost(String),
+    Broken(String),
+}
+
+/// Why a stream could not be set up.
+enum SetupError {
+    UnknownSession(String),
+    Failed(Error),
+}
+
+/// A stream carrying an open session.
+struct Link {
+    inbound: Streaming<pb::ServerMessage>,
+    outbound: mpsc::UnboundedSender<pb::ClientMessage>,
+    credentials: Credentials,
+    /// When the open/resume message was sent: the session lives at least one
+    /// TTL from then.
+    sent_at: Instant,
+}
+
+/// Opens (or resumes, with `resume`) a session on a new stream.
+async fn establish(
+    client: &LocksmithClient<Channel>,
+    options: &ConnectOptions,
+    ttl: Duration,
+    resume: Option<&Credentials>,
+) -> Result<Link, SetupError> {
+    let (outbound, receiver) = mpsc::unbounded_channel();
+    let first = match resume {
+        Some(c) => Out::Resume(pb::ResumeSession {
+            session_id: c.id,
+            secret: c.secret.clone(),
+        }),
+        None => Out::Open(pb::OpenSession {
+            client_name: options.client_name.clone(),
+            host: options.host.clone(),
+            ttl_ms: convert::ceil_ms(ttl),
+        }),
+    };
+    let _ = outbound.send(pb::ClientMessage {
+        kind: Some(first),
+        ..pb::ClientMessage::default()
+    });
+    let requests = futures::stream::unfold(receiver, |mut receiver| async move {
+        receiver.recv().await.map(|message| (message, receiver))
+    });
+    let sent_at = Instant::now();
+    let failed = |status: tonic::Status| {
+        if status.code() == Code::NotFound {
+            SetupError::UnknownSession(status.message().to_owned())
+        } else {
+            SetupError::Failed(convert::status(status))
+        }
+    };
+    let mut inbound = client
+        .clone()
+        .session(requests)
+        .await
+        .map_err(failed)?
+        .into_inner();
+    let credentials = match inbound.message().await.map_err(failed)? {
+        Some(pb::ServerMessage {
+            kind: Some(In::Opened(opened)),
+        }) => Credentials {
+            id: opened.session_id,
+            secret: opened.secret,
+        },
+        Some(pb::ServerMessage {
+            kind: Some(In::Resumed(_)),
+        }) => resume
+            .cloned()
+            .expect("resumed only what we asked to resume"),
+        other => {
+            return Err(SetupError::Failed(Error::backend(
+                super::BACKEND,
+                format!("unexpected first message on a session stream: {other:?}"),
+            )))
+        }
+    };
+    Ok(Link {
+        inbound,
+        outbound,
+        credentials,
+        sent_at,
+    })
+}
+
+/// Opens the first session and starts the driver that keeps it.
+pub(super) async fn connect(
+    client: LocksmithClient<Channel>,
+    options: ConnectOptions,
+) -> Result<Arc<Shared>> {
+    let ttl = options.session_ttl;
+    let setup = tokio::time::timeout(setup_timeout(ttl), establish(&client, &options, ttl, None));
+    let link = match setup.await {
+        Ok(Ok(link)) => link,
+        Ok(Err(SetupError::Failed(error))) => return Err(error),
+        Ok(Err(SetupError::UnknownSession(message))) => {
+            return Err(Error::backend(super::BACKEND, message))
+        }
+        Err(_) => {
+            return Err(Error::backend(
+                super::BACKEND,
+                "the server did not open a session in time",
+            ))
+        }
+    };
+    let mut state = State::new();
+    state.link = Some(link.outbound.clone());
+    let shared = Arc::new(Shared {
+        state: Mutex::new(state),
+        ttl,
+        options,
+        client,
+        closing: CancellationToken::new(),
+        finished: CancellationToken::new(),
+    });
+    tracing::debug!(
+        backend = super::BACKEND,
+        session = link.credentials.id,
+        "session opened"
+    );
+    tokio::spawn(drive(shared.clone(), link));
+    Ok(shared)
+}
+
+fn setup_timeout(ttl: Duration) -> Duration {
+    ttl.clamp(Duration::from_secs(1), Duration::from_secs(10))
+}
+
+/// Keeps the session: runs the stream, and after it breaks, reconnects and
+/// resumes (or opens a new session once the old one is lost).
+async fn drive(shared: Arc<Shared>, first: Link) {
+    let mut link = first;
+    let mut session = Some(link.credentials.clone());
+    let mut confirmed = link.sent_at;
+    loop {
+        let end = run(&shared, &mut link.inbound, &mut confirmed).await;
+        let mut stale = None;
+        match end {
+            End::Closed => {
+                shared.state().shut("client closed");
+                shared.finished.cancel();
+                return;
+            }
+            End::SessionLost(reason) => {
+                shared.state().lose_session(&reason);
+                stale = session.take();
+            }
+            End::Broken(reason) => {
+                tracing::info!(backend = super::BACKEND, %reason, "connection to the lock server lost; resuming");
+                shared.state().link = None;
+            }
+        }
+        drop(link.outbound);
+        let mut backoff = MIN_BACKOFF;
+        link = loop {
+            if shared.closing.is_cancelled() {
+                if let Some(credentials) = session.take().or(stale.take()) {
+                    close_remotely(&shared, credentials).await;
+                }
+                shared.state().shut("client closed");
+                shared.finished.cancel();
+                return;
+            }
+            if session.is_some() && Instant::now() >= confirmed + shared.ttl {
+                shared
+                    .state()
+                    .lose_session("no contact with the lock server for a whole session TTL");
+                stale = session.take();
+            }
+            if session.is_none() {
+                if let Some(credentials) = stale.take() {
+                    // Free whatever the old session may still hold on the server.
+                    close_remotely(&shared, credentials).await;
+                }
+            }
+            let setup = establish(
+                &shared.client,
+                &shared.options,
+                shared.ttl,
+                session.as_ref(),
+            );
+            match tokio::time::timeout(setup_timeout(shared.ttl), setup).await {
+                Ok(Ok(new)) => {
+                    let mut state = shared.state();
+                    state.link = Some(new.outbound.clone());
+                    state.resend_all();
+                    break new;
+                }
+                Ok(Err(SetupError::UnknownSession(message))) => {
+                    shared.state().lose_session(&format!(
+                        "the lock server no longer knows the session: {message}"
+                    ));
+                    session = None;
+                    continue;
+                }
+                Ok(Err(SetupError::Failed(error))) => {
+                    tracing::debug!(backend = super::BACKEND, %error, "reconnect failed");
+                }
+                Err(_) => tracing::debug!(backend = super::BACKEND, "reconnect timed out"),
+            }
+            let mut pause = Instant::now() + backoff;
+            if session.is_some() {
+                pause = pause.min(confirmed + shared.ttl);
+            }
+            tokio::select! {
+                _ = sleep_until(pause) => {}
+                _ = shared.closing.cancelled() => {}
+            }
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        };
+        if session.is_none() {
+            tracing::info!(
+                backend = super::BACKEND,
+                session = link.credentials.id,
+                "new session opened"
+            );
+        } else {
+            tracing::info!(
+                backend = super::BACKEND,
+                session = link.credentials.id,
+                "session resumed"
+            );
+        }
+        session = Some(link.credentials.clone());
+        confirmed = link.sent_at;
+    }
+}
+
+/// Closes a session through the unary call (best effort, bounded).
+async fn close_remotely(shared: &Shared, credentials: Credentials) {
+    let request = pb::CloseSessionRequest {
+        session_id: credentials.id,
+        secret: credentials.secret,
+    };
+    let mut client = shared.client.clone();
+    let _ = tokio::time::timeout(CLOSE_WAIT, client.close_session(request)).await;
+}
+
+/// Runs one stream until it ends: routes replies and pushes, heartbeats at a
+/// third of the TTL, and watches for a whole TTL without an answer.
+async fn run(
+    shared: &Shared,
+    inbound: &mut Streaming<pb::ServerMessage>,
+    confirmed: &mut Instant,
+) -> End {
+    let ttl = shared.ttl;
+    let mut heartbeat = tokio::time::interval_at(Instant::now() + ttl / 3, ttl / 3);
+    heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut sent = VecDeque::new();
+    let jeopardy = sleep_until(*confirmed + ttl);
+    tokio::pin!(jeopardy);
+    loop {
+        tokio::select! {
+            biased;
+            _ = shared.closing.cancelled() => return close(shared, inbound).await,
+            message = inbound.message() => {
+                let message = match message {
+                    Ok(Some(message)) => message,
+                    Ok(None) => return End::Broken("the server ended the stream".into()),
+                    Err(status) if status.code() == Code::NotFound => {
+                        return End::SessionLost(status.message().to_owned())
+                    }
+                    Err(status) => return End::Broken(status.to_string()),
+                };
+                match message.kind {
+                    Some(In::Heartbeat(_)) => {
+                        if let Some(at) = sent.pop_front() {
+                            *confirmed = at;
+                            jeopardy.as_mut().reset(at + ttl);
+                        }
+                    }
+                    Some(In::Reply(reply)) => {
+                        if let Some(result) = reply.result {
+                            if !matches!(result, pb::reply::Result::Queued(_)) {
+                                shared.state().finish(reply.id, result);
+                            }
+                        }
+                    }
+                    Some(In::Lost(lost)) => lost_push(&mut shared.state(), lost),
+                    Some(In::Ended(ended)) => {
+                        return End::SessionLost(format!("session {}", ended.reason))
+                    }
+                    Some(In::Opened(_)) | Some(In::Resumed(_)) | None => {}
+                }
+            }
+            _ = heartbeat.tick() => {
+                shared.state().send(Out::Heartbeat(pb::Heartbeat {}));
+                sent.push_back(Instant::now());
+            }
+            _ = &mut jeopardy => {
+                return End::SessionLost(
+                    "no heartbeat answered for a whole session TTL".into(),
+                )
+            }
+        }
+    }
+}
+
+fn lost_push(state: &mut State, lost: pb::Lost) {
+    state.ack_lost.push(lost.token);
+    if let Some((signal, _)) = state.holds.remove(&lost.token) {
+        let reason = match pb::LostReason::try_from(lost.reason) {
+            Ok(pb::LostReason::SessionExpired) => "session expired",
+            Ok(pb::LostReason::SessionClosed) => "session closed",
+            Ok(pb::LostReason::LeaseExpired) => "lease expired",
+            Ok(pb::LostReason::ForceReleased) => "force-released",
+            Err(_) => "lost",
+        };
+        signal.fire(format!("{}: {reason}", lost.name));
+    }
+}
+
+/// Closes the session on its stream and waits (bounded) for the server's word.
+async fn close(shared: &Shared, inbound: &mut Streaming<pb::ServerMessage>) -> End {
+    shared.state().send(Out::Close(pb::Close {}));
+    let _ = tokio::time::timeout(CLOSE_WAIT, async {
+        while let Ok(Some(message)) = inbound.message().await {
+            match message.kind {
+                Some(In::Lost(lost)) => lost_push(&mut shared.state(), lost),
+                Some(In::Ended(_)) => return,
+                _ => {}
+            }
+        }
+    })
+    .await;
+    End::Closed
+}
