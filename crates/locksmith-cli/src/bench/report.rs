@@ -1,0 +1,449 @@
+//! The report of a run: JSON for machines, Markdown for people, both written
+//! from the same [`Report`].
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use super::scenario::{Contended, Scale, Uncontended};
+use super::stats::{fmt_bytes, fmt_rate, fmt_us};
+use super::target::Kind;
+
+/// A scenario's result or why it has none.
+#[derive(Debug, Clone, Serialize)]
+#[serde(untagged)]
+pub enum Outcome<T> {
+    /// Measured.
+    Ok(T),
+    /// Could not be measured.
+    Failed {
+        /// What went wrong.
+        error: String,
+    },
+}
+
+impl<T> Outcome<T> {
+    /// The result, if measured.
+    pub fn ok(&self) -> Option<&T> {
+        match self {
+            Outcome::Ok(value) => Some(value),
+            Outcome::Failed { .. } => None,
+        }
+    }
+
+    fn cell(&self, show: impl FnOnce(&T) -> String) -> String {
+        match self {
+            Outcome::Ok(value) => show(value),
+            Outcome::Failed { error } => format!("failed: {}", short(error)),
+        }
+    }
+}
+
+/// The machine the run took place on.
+#[derive(Debug, Clone, Serialize)]
+pub struct Machine {
+    /// Logical CPUs available (`nproc`).
+    pub nproc: usize,
+    /// CPU model from /proc/cpuinfo.
+    pub cpu: String,
+    /// Total RAM in bytes.
+    pub ram_bytes: u64,
+    /// Kernel release.
+    pub kernel: String,
+    /// Operating system.
+    pub os: String,
+}
+
+impl Machine {
+    /// Describes this machine.
+    pub fn describe() -> Machine {
+        let read = |path: &str| std::fs::read_to_string(path).unwrap_or_default();
+        let cpuinfo = read("/proc/cpuinfo");
+        let cpu = cpuinfo
+            .lines()
+            .find_map(|l| l.strip_prefix("model name"))
+            .and_then(|l| l.split_once(':'))
+            .map(|(_, m)| m.trim().to_owned())
+            .unwrap_or_else(|| "unknown CPU".into());
+        let ram_bytes = read("/proc/meminfo")
+            .lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))
+            .and_then(|l| l.split_whitespace().next()?.parse::<u64>().ok())
+            .map_or(0, |kib| kib * 1024);
+        let os = read("/etc/os-release")
+            .lines()
+            .find_map(|l| l.strip_prefix("PRETTY_NAME="))
+            .map(|n| n.trim_matches('"').to_owned())
+            .unwrap_or_else(|| "Linux".into());
+        Machine {
+            nproc: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            cpu,
+            ram_bytes,
+            kernel: read("/proc/sys/kernel/osrelease").trim().to_owned(),
+            os,
+        }
+    }
+
+    /// One line: `2 CPUs (AMD EPYC …), 23.4 GiB RAM, Debian 12, Linux 6.1`.
+    pub fn line(&self) -> String {
+        format!(
+            "{} CPUs ({}), {} RAM, {}, Linux {}",
+            self.nproc,
+            self.cpu,
+            fmt_bytes(self.ram_bytes as f64),
+            self.os,
+            self.kernel
+        )
+    }
+}
+
+/// What the run was asked to do.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunSettings {
+    /// Length of each timed measurement (ms).
+    pub duration_ms: u64,
+    /// Session TTL of the clients (ms).
+    pub session_ttl_ms: u64,
+    /// Client counts of scenario (a).
+    pub clients: Vec<usize>,
+    /// Waiters of scenario (b).
+    pub waiters: usize,
+    /// Clients of scenario (c).
+    pub fair_clients: usize,
+    /// Hold time of scenario (c) (µs).
+    pub fair_hold_us: u64,
+    /// Acquires in flight in scenario (d).
+    pub scale_concurrency: usize,
+    /// Whether this was a `--quick` run.
+    pub quick: bool,
+}
+
+/// Everything measured for one backend.
+#[derive(Debug, Clone, Serialize)]
+pub struct BackendReport {
+    /// Name in the report.
+    pub label: String,
+    /// Kind of store.
+    pub kind: Kind,
+    /// URL (password removed).
+    pub url: String,
+    /// Server version, when this run started the server.
+    pub version: Option<String>,
+    /// Whether this run started the server.
+    pub spawned: bool,
+    /// (a), one entry per client count.
+    pub uncontended: Vec<Outcome<Uncontended>>,
+    /// (b).
+    pub handoff: Option<Outcome<Contended>>,
+    /// (c).
+    pub fairness: Option<Outcome<Contended>>,
+    /// (d).
+    pub scale: Option<Outcome<Scale>>,
+}
+
+/// A whole run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// The command line.
+    pub command: String,
+    /// When it started (RFC 3339, UTC).
+    pub started: String,
+    /// Where it ran.
+    pub machine: Machine,
+    /// What it was asked to do.
+    pub settings: RunSettings,
+    /// Label of the backend the ratios compare against (the locksmith server).
+    pub reference: Option<String>,
+    /// One entry per backend, the reference first.
+    pub backends: Vec<BackendReport>,
+}
+
+/// First line of an error, shortened for a table cell.
+fn short(error: &str) -> String {
+    let line = error.lines().next().unwrap_or("").replace('|', "/");
+    if line.chars().count() > 80 {
+        format!("{}…", line.chars().take(79).collect::<String>())
+    } else {
+        line
+    }
+}
+
+/// `value (1.23×)` against the reference value, when there is one.
+fn with_ratio(shown: String, value: f64, reference: Option<f64>) -> String {
+    match reference {
+        Some(r) if r > 0.0 && value.is_finite() => format!("{shown} ({:.2}×)", value / r),
+        _ => shown,
+    }
+}
+
+impl Report {
+    fn reference(&self) -> Option<&BackendReport> {
+        let label = self.reference.as_ref()?;
+        self.backends.iter().find(|b| &b.label == label)
+    }
+
+    /// The report as Markdown: the settings, then one table per scenario, each
+    /// backend a row, ratios against the locksmith server in parentheses.
+    pub fn markdown(&self, charts: &[(&str, &str)]) -> String {
+        let mut md = String::new();
+        let s = &self.settings;
+        let reference = self.reference();
+        let _ = writeln!(md, "Command: `{}`  ", self.command);
+        let _ = writeln!(md, "Started: {}  ", self.started);
+        let _ = writeln!(md, "Machine: {}  ", self.machine.line());
+        let versions: Vec<String> = self
+            .backends
+            .iter()
+            .map(|b| match &b.version {
+                Some(v) => format!("{} = {v}", b.label),
+                None if b.kind == Kind::Memory => format!("{} = in-process", b.label),
+                None => format!("{} = {} (not started by this run)", b.label, b.url),
+            })
+            .collect();
+        let _ = writeln!(md, "Backends: {}  ", versions.join(", "));
+        let _ = writeln!(
+            md,
+            "Each timed measurement runs {} ms; session TTL {} ms{}.",
+            s.duration_ms,
+            s.session_ttl_ms,
+            if s.quick {
+                "; **quick mode** (small counts, short runs: figures are indicative only)"
+            } else {
+                ""
+            }
+        );
+        match reference {
+            Some(r) => {
+                let _ = writeln!(
+                    md,
+                    "\nRatios in parentheses are against `{}` (the locksmith server): above 1 means \
+                     more of it (for rates, better; for latencies and memory, worse).",
+                    r.label
+                );
+            }
+            None => {
+                let _ = writeln!(md, "\nNo locksmith server in this run, so no ratios.");
+            }
+        }
+
+        // (a)
+        let _ = writeln!(
+            md,
+            "\n### (a) Uncontended: acquire + release pairs per second\n\n\
+             C clients, each its own connection, each looping on a lock of its own.\n"
+        );
+        let mut header = String::from("| backend |");
+        let mut rule = String::from("|---|");
+        for c in &s.clients {
+            let _ = write!(header, " C={c} pairs/s |");
+            rule.push_str("---:|");
+        }
+        header.push_str(" p50 / p99 pair latency (C=1) |");
+        rule.push_str("---:|");
+        let _ = writeln!(md, "{header}\n{rule}");
+        for b in &self.backends {
+            let mut row = format!("| {} |", b.label);
+            for (i, outcome) in b.uncontended.iter().enumerate() {
+                let base = reference
+                    .and_then(|r| r.uncontended.get(i))
+                    .and_then(Outcome::ok)
+                    .map(|u| u.pairs_per_sec);
+                let _ = write!(
+                    row,
+                    " {} |",
+                    outcome.cell(|u| with_ratio(fmt_rate(u.pairs_per_sec), u.pairs_per_sec, base))
+                );
+            }
+            for _ in b.uncontended.len()..s.clients.len() {
+                row.push_str(" – |");
+            }
+            let latency = b
+                .uncontended
+                .first()
+                .map(|o| {
+                    o.cell(|u| {
+                        format!(
+                            "{} / {}",
+                            fmt_us(u.latency.p50_us),
+                            fmt_us(u.latency.p99_us)
+                        )
+                    })
+                })
+                .unwrap_or_else(|| "–".into());
+            let _ = writeln!(row, " {latency} |");
+            md.push_str(&row);
+        }
+
+        // (b)
+        let _ = writeln!(
+            md,
+            "\n### (b) Contended handoff: {} waiters on one lock, no hold time\n\n\
+             Handoff = from the moment the holder calls release to the moment the next \
+             holder's acquire returns (both in this process).\n\n\
+             | backend | transfers/s | handoff p50 | handoff p99 | handoff max | regranted to the releaser |\n\
+             |---|---:|---:|---:|---:|---:|",
+            s.waiters
+        );
+        for b in &self.backends {
+            let Some(outcome) = &b.handoff else { continue };
+            let base = reference.and_then(|r| r.handoff.as_ref()?.ok().cloned());
+            let row = match outcome {
+                Outcome::Ok(h) => format!(
+                    "| {} | {} | {} | {} | {} | {:.0} % |",
+                    b.label,
+                    with_ratio(
+                        fmt_rate(h.grants_per_sec),
+                        h.grants_per_sec,
+                        base.as_ref().map(|r| r.grants_per_sec)
+                    ),
+                    with_ratio(
+                        fmt_us(h.handoff.p50_us),
+                        h.handoff.p50_us,
+                        base.as_ref().map(|r| r.handoff.p50_us)
+                    ),
+                    with_ratio(
+                        fmt_us(h.handoff.p99_us),
+                        h.handoff.p99_us,
+                        base.as_ref().map(|r| r.handoff.p99_us)
+                    ),
+                    fmt_us(h.handoff.max_us),
+                    h.self_regrant_ratio * 100.0
+                ),
+                Outcome::Failed { error } => {
+                    format!("| {} | failed: {} | | | | |", b.label, short(error))
+                }
+            };
+            let _ = writeln!(md, "{row}");
+        }
+
+        // (c)
+        let _ = writeln!(
+            md,
+            "\n### (c) Fairness: {} clients on one lock, each holding it {}\n\n\
+             Wait = from the acquire call to its return. Jain's index of grants per client: \
+             1.00 = every client got the same share, 1/n = one client got everything.\n\n\
+             | backend | grants/s | wait p50 | wait p99 | wait max | Jain's index | grants per client (min–max) |\n\
+             |---|---:|---:|---:|---:|---:|---:|",
+            s.fair_clients,
+            fmt_us(s.fair_hold_us as f64)
+        );
+        for b in &self.backends {
+            let Some(outcome) = &b.fairness else { continue };
+            let base = reference.and_then(|r| r.fairness.as_ref()?.ok().cloned());
+            let row = match outcome {
+                Outcome::Ok(f) => format!(
+                    "| {} | {} | {} | {} | {} | {:.3} | {}–{} |",
+                    b.label,
+                    with_ratio(
+                        fmt_rate(f.grants_per_sec),
+                        f.grants_per_sec,
+                        base.as_ref().map(|r| r.grants_per_sec)
+                    ),
+                    fmt_us(f.wait.p50_us),
+                    with_ratio(
+                        fmt_us(f.wait.p99_us),
+                        f.wait.p99_us,
+                        base.as_ref().map(|r| r.wait.p99_us)
+                    ),
+                    fmt_us(f.wait.max_us),
+                    f.jain,
+                    f.per_client.iter().min().unwrap_or(&0),
+                    f.per_client.iter().max().unwrap_or(&0),
+                ),
+                Outcome::Failed { error } => {
+                    format!("| {} | failed: {} | | | | | |", b.label, short(error))
+                }
+            };
+            let _ = writeln!(md, "{row}");
+        }
+
+        // (d)
+        let _ = writeln!(
+            md,
+            "\n### (d) Scale: one client holding many locks at once\n\n\
+             Acquires run {} at a time over one client. Memory is the server's (the PSS of its \
+             process group) with every lock held, and its growth per lock; for `memory://` it is \
+             this process's RSS, client included.\n\n\
+             | backend | locks | time to hold all | acquires/s | release all | memory held | per lock |\n\
+             |---|---:|---:|---:|---:|---:|---:|",
+            s.scale_concurrency
+        );
+        for b in &self.backends {
+            let Some(outcome) = &b.scale else { continue };
+            let base = reference.and_then(|r| r.scale.as_ref()?.ok().cloned());
+            let row = match outcome {
+                Outcome::Ok(d) => format!(
+                    "| {} | {} | {:.2} s | {} | {:.2} s | {} | {} |",
+                    b.label,
+                    fmt_rate(d.locks as f64),
+                    d.hold_secs,
+                    with_ratio(
+                        fmt_rate(d.holds_per_sec),
+                        d.holds_per_sec,
+                        base.as_ref().map(|r| r.holds_per_sec)
+                    ),
+                    d.release_secs,
+                    d.memory_held.map_or("n/a".into(), |m| fmt_bytes(m as f64)),
+                    match d.bytes_per_lock {
+                        Some(per) => with_ratio(
+                            format!("{per:.0} B"),
+                            per,
+                            base.as_ref().and_then(|r| r.bytes_per_lock)
+                        ),
+                        None => "n/a".into(),
+                    },
+                ),
+                Outcome::Failed { error } => {
+                    format!("| {} | failed: {} | | | | | |", b.label, short(error))
+                }
+            };
+            let _ = writeln!(md, "{row}");
+        }
+
+        if !charts.is_empty() {
+            md.push_str("\n### Charts\n\n");
+            for (file, title) in charts {
+                let _ = writeln!(md, "![{title}]({file})\n");
+            }
+        }
+        md
+    }
+}
+
+/// The URL without its password.
+pub fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***@{host}{tail}"),
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(
+            redact("postgres://u:secret@h:5432/db"),
+            "postgres://u:***@h:5432/db"
+        );
+        assert_eq!(redact("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+        assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
+    }
+
+    #[test]
+    fn machine_is_described() {
+        let machine = Machine::describe();
+        assert!(machine.nproc >= 1);
+        assert!(machine.line().contains("CPUs"));
+    }
+}

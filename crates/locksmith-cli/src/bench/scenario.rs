@@ -1,0 +1,317 @@
+//! The four scenarios, written once against the public client API so that one
+//! code path measures every backend.
+//!
+//! Every "client" is its own [`locksmith::Client`] (its own connection and
+//! session), connected before the clock starts; workers line up on a barrier
+//! and then run for the same wall-clock time.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt, TryStreamExt};
+use indicatif::ProgressBar;
+use locksmith::Client;
+use serde::Serialize;
+use tokio::sync::Barrier;
+
+use super::stats::{jain, Samples, Summary};
+use super::target::Target;
+
+/// Settings shared by the scenarios.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Run time of each timed measurement.
+    pub duration: Duration,
+    /// Session TTL of every client.
+    pub session_ttl: Duration,
+    /// Prefix of every lock name of this run (unique per run).
+    pub prefix: String,
+}
+
+/// (a) Uncontended acquire + release pairs.
+#[derive(Debug, Clone, Serialize)]
+pub struct Uncontended {
+    /// Concurrent clients, each on its own lock.
+    pub clients: usize,
+    /// Pairs completed.
+    pub pairs: u64,
+    /// Aggregate pairs per second.
+    pub pairs_per_sec: f64,
+    /// Latency of one acquire + release pair.
+    pub latency: Summary,
+}
+
+/// A contended run: workers taking turns on one lock.
+#[derive(Debug, Clone, Serialize)]
+pub struct Contended {
+    /// Clients contending for the lock.
+    pub clients: usize,
+    /// How long each holder kept the lock (µs).
+    pub hold_us: u64,
+    /// Grants in the run.
+    pub grants: u64,
+    /// Grants per second (lock transfers per second).
+    pub grants_per_sec: f64,
+    /// Time from a release (just before the call) to the next grant (the moment
+    /// the grantee's acquire returned).
+    pub handoff: Summary,
+    /// Time each acquire waited, from the call to its return.
+    pub wait: Summary,
+    /// Share of grants that went back to the client that had just released.
+    pub self_regrant_ratio: f64,
+    /// Grants per client.
+    pub per_client: Vec<u64>,
+    /// Jain's fairness index of `per_client` (1.0 = perfectly even).
+    pub jain: f64,
+}
+
+/// (d) Many locks held at once.
+#[derive(Debug, Clone, Serialize)]
+pub struct Scale {
+    /// Locks held at the peak.
+    pub locks: u64,
+    /// Acquires in flight at once (over one client).
+    pub concurrency: usize,
+    /// Time to hold them all.
+    pub hold_secs: f64,
+    /// Acquires per second while filling.
+    pub holds_per_sec: f64,
+    /// Time to release them all.
+    pub release_secs: f64,
+    /// Server memory before (bytes), when known.
+    pub memory_before: Option<u64>,
+    /// Server memory with every lock held (bytes), when known.
+    pub memory_held: Option<u64>,
+    /// `(held - before) / locks`, when known.
+    pub bytes_per_lock: Option<f64>,
+}
+
+/// Connects `n` clients at once.
+async fn connect_all(
+    target: &Target,
+    n: usize,
+    settings: &Settings,
+) -> Result<Vec<Client>, String> {
+    futures::future::try_join_all((0..n).map(|_| target.connect(settings.session_ttl, "bench")))
+        .await
+        .map_err(|e| format!("connect: {e}"))
+}
+
+async fn close_all(clients: Vec<Client>) {
+    futures::future::join_all(clients.iter().map(Client::close)).await;
+}
+
+/// (a) `clients` clients, each looping acquire + release on a lock of its own.
+///
+/// Cancel safety: dropping it drops the workers' clients; their sessions end.
+pub async fn uncontended(
+    target: &Target,
+    clients: usize,
+    settings: &Settings,
+) -> Result<(Uncontended, Samples), String> {
+    let connected = connect_all(target, clients, settings).await?;
+    let barrier = Arc::new(Barrier::new(clients));
+    let mut workers = tokio::task::JoinSet::new();
+    for (i, client) in connected.iter().cloned().enumerate() {
+        let lock = client.lock(format!("{}/uncontended-{clients}/{i}", settings.prefix));
+        let barrier = barrier.clone();
+        let duration = settings.duration;
+        workers.spawn(async move {
+            for _ in 0..5 {
+                lock.acquire().await?.release().await?;
+            }
+            barrier.wait().await;
+            let mut samples = Samples::new();
+            let start = Instant::now();
+            let mut pairs = 0u64;
+            while start.elapsed() < duration {
+                let t = Instant::now();
+                lock.acquire().await?.release().await?;
+                samples.push(t.elapsed());
+                pairs += 1;
+            }
+            locksmith::Result::Ok((pairs, start.elapsed(), samples))
+        });
+    }
+    let mut samples = Samples::new();
+    let (mut pairs, mut rate) = (0, 0.0);
+    while let Some(joined) = workers.join_next().await {
+        let (n, elapsed, s) = joined
+            .map_err(|e| format!("worker panicked: {e}"))?
+            .map_err(|e: locksmith::Error| e.to_string())?;
+        pairs += n;
+        rate += n as f64 / elapsed.as_secs_f64();
+        samples.extend(s);
+    }
+    close_all(connected).await;
+    let latency = samples.summary();
+    Ok((
+        Uncontended {
+            clients,
+            pairs,
+            pairs_per_sec: rate,
+            latency,
+        },
+        samples,
+    ))
+}
+
+/// What the contending workers share.
+struct Turns {
+    /// Set just before each release; taken by the next grantee.
+    released: Mutex<Option<(Instant, usize)>>,
+}
+
+/// (b) and (c): `clients` clients taking turns on one lock, each holding it
+/// for `hold`. Returns the summary and the handoff and wait samples.
+///
+/// Cancel safety: dropping it drops the workers' clients; their sessions end.
+pub async fn contended(
+    target: &Target,
+    clients: usize,
+    hold: Duration,
+    name: &str,
+    settings: &Settings,
+) -> Result<(Contended, Samples, Samples), String> {
+    let connected = connect_all(target, clients, settings).await?;
+    let barrier = Arc::new(Barrier::new(clients));
+    let turns = Arc::new(Turns {
+        released: Mutex::new(None),
+    });
+    let self_regrants = Arc::new(AtomicU64::new(0));
+    let lock_name = format!("{}/{name}", settings.prefix);
+    let mut workers = tokio::task::JoinSet::new();
+    let started = Instant::now();
+    for (i, client) in connected.iter().cloned().enumerate() {
+        let lock = client.lock(lock_name.clone());
+        let (barrier, turns, self_regrants) =
+            (barrier.clone(), turns.clone(), self_regrants.clone());
+        let duration = settings.duration;
+        workers.spawn(async move {
+            barrier.wait().await;
+            let deadline = Instant::now() + duration;
+            let (mut handoffs, mut waits, mut grants) = (Samples::new(), Samples::new(), 0u64);
+            loop {
+                let asked = Instant::now();
+                let guard = lock.acquire().await?;
+                let granted = Instant::now();
+                if let Some((released, by)) = turns.released.lock().expect("turns").take() {
+                    handoffs.push(granted - released);
+                    if by == i {
+                        self_regrants.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                waits.push(granted - asked);
+                grants += 1;
+                if !hold.is_zero() {
+                    tokio::time::sleep(hold).await;
+                }
+                *turns.released.lock().expect("turns") = Some((Instant::now(), i));
+                guard.release().await?;
+                if granted >= deadline {
+                    break;
+                }
+            }
+            locksmith::Result::Ok((grants, handoffs, waits))
+        });
+    }
+    let (mut handoffs, mut waits, mut per_client) = (Samples::new(), Samples::new(), Vec::new());
+    while let Some(joined) = workers.join_next().await {
+        let (grants, h, w) = joined
+            .map_err(|e| format!("worker panicked: {e}"))?
+            .map_err(|e: locksmith::Error| e.to_string())?;
+        per_client.push(grants);
+        handoffs.extend(h);
+        waits.extend(w);
+    }
+    let elapsed = started.elapsed();
+    close_all(connected).await;
+    let grants: u64 = per_client.iter().sum();
+    let summary = Contended {
+        clients,
+        hold_us: hold.as_micros() as u64,
+        grants,
+        grants_per_sec: grants as f64 / elapsed.as_secs_f64(),
+        handoff: handoffs.summary(),
+        wait: waits.summary(),
+        self_regrant_ratio: self_regrants.load(Ordering::Relaxed) as f64
+            / (handoffs.len().max(1)) as f64,
+        jain: jain(&per_client),
+        per_client,
+    };
+    Ok((summary, handoffs, waits))
+}
+
+/// (d) One client acquiring `locks` distinct locks (`concurrency` in flight)
+/// and holding them all, then releasing them all.
+///
+/// Cancel safety: dropping it drops the guards (released in the background)
+/// and the client.
+pub async fn scale(
+    target: &Target,
+    locks: u64,
+    concurrency: usize,
+    settings: &Settings,
+    progress: &ProgressBar,
+) -> Result<Scale, String> {
+    let memory_before = target.memory();
+    let client = target
+        .connect(settings.session_ttl, "bench")
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let held = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let guards: Vec<locksmith::Guard> = {
+        let client = &client;
+        let held = &held;
+        futures::stream::iter(0..locks)
+            .map(|i| async move {
+                let guard = client
+                    .lock(format!("{}/scale/{i}", settings.prefix))
+                    .acquire()
+                    .await;
+                let n = held.fetch_add(1, Ordering::Relaxed) + 1;
+                if n % 10_000 == 0 {
+                    progress.set_message(format!("{}: scale, {n} locks held", target.label));
+                }
+                guard
+            })
+            .buffer_unordered(concurrency)
+            .try_collect()
+            .await
+            .map_err(|e| {
+                format!(
+                    "after {} locks held: {e}",
+                    held.load(Ordering::Relaxed).saturating_sub(1)
+                )
+            })?
+    };
+    let hold_secs = start.elapsed().as_secs_f64();
+    // Let the server settle (a JVM or a group commit may trail the last grant).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let memory_held = target.memory();
+    let start = Instant::now();
+    futures::stream::iter(guards)
+        .map(|guard| guard.release())
+        .buffer_unordered(concurrency)
+        .try_collect::<Vec<()>>()
+        .await
+        .map_err(|e| format!("release: {e}"))?;
+    let release_secs = start.elapsed().as_secs_f64();
+    let _ = client.close().await;
+    let bytes_per_lock = match (memory_before, memory_held) {
+        (Some(before), Some(after)) => Some((after as f64 - before as f64) / locks as f64),
+        _ => None,
+    };
+    Ok(Scale {
+        locks,
+        concurrency,
+        hold_secs,
+        holds_per_sec: locks as f64 / hold_secs,
+        release_secs,
+        memory_before,
+        memory_held,
+        bytes_per_lock,
+    })
+}

@@ -1,0 +1,473 @@
+//! The backends under measurement: given by URL, or started here.
+//!
+//! `locksmith bench` and `locksmith torture` measure every store through the
+//! public client API (`Client::connect_with`), so a backend is nothing but a URL
+//! plus, when this process started the server itself, a handle on that server:
+//! its pid (for memory figures), and kill / restart / pause (for faults).
+//! Stores are started by `locksmith-testkit` exactly as the tests start them
+//! (loopback port, temporary directory, killed with this process); the
+//! locksmith server is this very executable run as `locksmith serve`.
+
+use std::fmt;
+use std::net::TcpStream;
+use std::str::FromStr;
+use std::time::Duration;
+
+use locksmith::{Client, ConnectOptions};
+use locksmith_testkit::{Etcd, Postgres, Process, ProcessSpec, Redis, Server, ZooKeeper};
+use serde::Serialize;
+
+/// The kinds of store `--spawn` can start, and the kind of any `--backend` URL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, PartialOrd, Ord)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    /// The locksmith lock server (`locksmith://`).
+    Server,
+    /// In-process engine (`memory://`).
+    Memory,
+    /// `redis://`.
+    Redis,
+    /// `zk://`.
+    ZooKeeper,
+    /// `etcd://`.
+    Etcd,
+    /// `postgres://`.
+    Postgres,
+}
+
+impl Kind {
+    /// Every kind, in report order (the reference, the server, first).
+    pub const ALL: [Kind; 6] = [
+        Kind::Server,
+        Kind::Memory,
+        Kind::Redis,
+        Kind::ZooKeeper,
+        Kind::Etcd,
+        Kind::Postgres,
+    ];
+
+    /// The kind of store a URL names, from its scheme.
+    pub fn of_url(url: &str) -> Option<Kind> {
+        let scheme = url.split_once("://")?.0;
+        Some(match scheme {
+            "locksmith" => Kind::Server,
+            "memory" => Kind::Memory,
+            "redis" | "rediss" | "redis+redlock" => Kind::Redis,
+            "zk" | "zookeeper" => Kind::ZooKeeper,
+            "etcd" => Kind::Etcd,
+            "postgres" | "postgresql" => Kind::Postgres,
+            _ => return None,
+        })
+    }
+
+    /// The short name used in tables and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Server => "server",
+            Kind::Memory => "memory",
+            Kind::Redis => "redis",
+            Kind::ZooKeeper => "zookeeper",
+            Kind::Etcd => "etcd",
+            Kind::Postgres => "postgres",
+        }
+    }
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Kind {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Kind, String> {
+        match text {
+            "server" | "locksmith" => Ok(Kind::Server),
+            "memory" => Ok(Kind::Memory),
+            "redis" => Ok(Kind::Redis),
+            "zookeeper" | "zk" => Ok(Kind::ZooKeeper),
+            "etcd" => Ok(Kind::Etcd),
+            "postgres" | "postgresql" | "pg" => Ok(Kind::Postgres),
+            other => Err(format!(
+                "unknown backend {other:?}: expected server, memory, redis, zookeeper, etcd or postgres"
+            )),
+        }
+    }
+}
+
+/// Parses a comma-separated `--spawn` list; `all` means every kind.
+pub fn parse_kinds(text: &str) -> Result<Vec<Kind>, String> {
+    let mut kinds = Vec::new();
+    for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        if part == "all" {
+            kinds.extend(Kind::ALL);
+        } else {
+            kinds.push(part.parse()?);
+        }
+    }
+    kinds.sort();
+    kinds.dedup();
+    if kinds.is_empty() {
+        return Err("name at least one backend".into());
+    }
+    Ok(kinds)
+}
+
+/// A `--backend` argument: `URL` or `label=URL`.
+#[derive(Debug, Clone)]
+pub struct BackendSpec {
+    /// Name in the report.
+    pub label: String,
+    /// Lock store URL.
+    pub url: String,
+}
+
+impl FromStr for BackendSpec {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<BackendSpec, String> {
+        let (label, url) = match text.split_once('=') {
+            Some((label, url)) if !label.contains("://") && !label.is_empty() => {
+                (label.to_owned(), url.to_owned())
+            }
+            _ => (String::new(), text.to_owned()),
+        };
+        let kind = Kind::of_url(&url).ok_or_else(|| {
+            format!("{url:?} is not a lock store URL (locksmith://, redis://, zk://, etcd://, postgres://, memory://)")
+        })?;
+        let label = if label.is_empty() {
+            kind.name().to_owned()
+        } else {
+            label
+        };
+        Ok(BackendSpec { label, url })
+    }
+}
+
+/// One backend in a run.
+pub struct Target {
+    /// Name in the report (unique within a run).
+    pub label: String,
+    /// What kind of store it is.
+    pub kind: Kind,
+    /// The URL clients connect to.
+    pub url: String,
+    /// The server process, when this run started it.
+    pub spawned: Option<Spawned>,
+}
+
+impl fmt::Debug for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Target")
+            .field("label", &self.label)
+            .field("url", &self.url)
+            .field("spawned", &self.spawned.is_some())
+            .finish()
+    }
+}
+
+impl Target {
+    /// A backend given by URL; nothing is started.
+    pub fn given(spec: BackendSpec) -> Target {
+        let kind = Kind::of_url(&spec.url).expect("validated by the argument parser");
+        Target {
+            label: spec.label,
+            kind,
+            url: spec.url,
+            spawned: None,
+        }
+    }
+
+    /// Starts a real server of `kind` (blocking: a JVM or `initdb` takes
+    /// seconds; call it from a blocking thread). `memory` starts nothing.
+    pub fn spawn(kind: Kind) -> Result<Target, String> {
+        let spawned = match kind {
+            Kind::Memory => None,
+            Kind::Server => Some(Spawned::Serve(ServeProcess::start()?)),
+            Kind::Redis => Some(Spawned::Redis(
+                Redis::try_start().map_err(|e| e.to_string())?,
+            )),
+            Kind::ZooKeeper => Some(Spawned::ZooKeeper(
+                ZooKeeper::try_start().map_err(|e| e.to_string())?,
+            )),
+            Kind::Etcd => Some(Spawned::Etcd(Etcd::try_start().map_err(|e| e.to_string())?)),
+            Kind::Postgres => Some(Spawned::Postgres(
+                Postgres::try_start().map_err(|e| e.to_string())?,
+            )),
+        };
+        let url = match &spawned {
+            Some(server) => server.server().url(),
+            None => format!("memory://locksmith-bench-{}", std::process::id()),
+        };
+        Ok(Target {
+            label: kind.name().to_owned(),
+            kind,
+            url,
+            spawned,
+        })
+    }
+
+    /// Connects a new client (its own connection and session).
+    ///
+    /// Cancel safety: safe, as `Client::connect_with`.
+    pub async fn connect(&self, session_ttl: Duration, role: &str) -> locksmith::Result<Client> {
+        let options = ConnectOptions {
+            session_ttl,
+            client_name: format!("locksmith {role}[{}]", std::process::id()),
+            ..ConnectOptions::default()
+        };
+        Client::connect_with(&self.url, options).await
+    }
+
+    /// Memory of the server in bytes: the proportional set size (PSS) of every
+    /// process of the server's process group (PostgreSQL runs one process per
+    /// connection; PSS counts their shared memory once). For `memory://` it is
+    /// this process's RSS. `None` for a server this run did not start.
+    pub fn memory(&self) -> Option<u64> {
+        match &self.spawned {
+            Some(server) => group_memory(server.server().process().pid()?),
+            None if self.kind == Kind::Memory => own_rss(),
+            None => None,
+        }
+    }
+
+    /// The server's version, when this run started it.
+    pub fn version(&self) -> Option<String> {
+        self.spawned.as_ref().and_then(Spawned::version)
+    }
+}
+
+/// A server started by this run.
+pub enum Spawned {
+    /// `locksmith serve`, a child of this executable.
+    Serve(ServeProcess),
+    /// `redis-server`.
+    Redis(Redis),
+    /// ZooKeeper (a JVM).
+    ZooKeeper(ZooKeeper),
+    /// `etcd`.
+    Etcd(Etcd),
+    /// PostgreSQL.
+    Postgres(Postgres),
+}
+
+impl Spawned {
+    /// The common operations: url, pid, kill, restart, pause.
+    pub fn server(&self) -> &dyn Server {
+        match self {
+            Spawned::Serve(s) => s,
+            Spawned::Redis(s) => s,
+            Spawned::ZooKeeper(s) => s,
+            Spawned::Etcd(s) => s,
+            Spawned::Postgres(s) => s,
+        }
+    }
+
+    /// The version the server reports (best effort).
+    pub fn version(&self) -> Option<String> {
+        match self {
+            Spawned::Serve(_) => Some(format!("locksmith {}", env!("CARGO_PKG_VERSION"))),
+            Spawned::Redis(redis) => {
+                let info = redis.query(&["INFO", "server"]).ok()?;
+                let info = info.as_str()?.to_owned();
+                info.lines()
+                    .find_map(|l| l.strip_prefix("redis_version:"))
+                    .map(|v| format!("Redis {}", v.trim()))
+            }
+            Spawned::ZooKeeper(zk) => {
+                let srvr = zk.four_letter("srvr").ok()?;
+                srvr.lines()
+                    .find_map(|l| l.strip_prefix("Zookeeper version: "))
+                    .map(|v| format!("ZooKeeper {}", v.split(['-', ',']).next().unwrap_or(v)))
+            }
+            Spawned::Etcd(etcd) => {
+                let out = etcd.etcdctl().arg("version").output().ok()?;
+                let text = String::from_utf8_lossy(&out.stdout).into_owned();
+                text.lines()
+                    .find_map(|l| l.strip_prefix("etcdctl version: "))
+                    .map(|v| format!("etcd {}", v.trim()))
+            }
+            Spawned::Postgres(pg) => pg
+                .query("show server_version")
+                .ok()
+                .map(|v| format!("PostgreSQL {}", v.split_whitespace().next().unwrap_or(&v))),
+        }
+    }
+}
+
+/// How `locksmith serve` is told where to listen and where to keep its log.
+/// Kept in one place so that a change of `serve`'s flags is one edit.
+fn serve_args(port: u16, data_dir: &std::path::Path) -> Vec<std::ffi::OsString> {
+    vec![
+        "serve".into(),
+        "--listen".into(),
+        format!("127.0.0.1:{port}").into(),
+        "--data-dir".into(),
+        data_dir.as_os_str().to_owned(),
+    ]
+}
+
+/// The locksmith server, run as `<this executable> serve` on a loopback port
+/// with its data in a temporary directory; killed with this process.
+pub struct ServeProcess {
+    // Declared first: killed before the directory is removed.
+    process: Process,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl ServeProcess {
+    /// Starts `locksmith serve` and waits until it accepts connections.
+    pub fn start() -> Result<ServeProcess, String> {
+        let exe = std::env::current_exe()
+            .map_err(|e| format!("cannot find this executable to run `locksmith serve`: {e}"))?;
+        let dir = tempfile::Builder::new()
+            .prefix("locksmith-serve-")
+            .tempdir()
+            .map_err(|e| format!("cannot create a directory for the server: {e}"))?;
+        let data = dir.path().join("data");
+        std::fs::create_dir(&data).map_err(|e| format!("cannot create {}: {e}", data.display()))?;
+        let port = locksmith_testkit::free_port();
+        let spec = ProcessSpec::new(
+            format!("locksmith serve on port {port}"),
+            exe,
+            dir.path().join("serve.log"),
+        )
+        .args(serve_args(port, &data))
+        .env("RUST_LOG", "warn");
+        let process = Process::spawn(spec).map_err(|e| e.to_string())?;
+        let serve = ServeProcess {
+            process,
+            port,
+            _dir: dir,
+        };
+        serve.wait_ready().map_err(|e| e.to_string())?;
+        Ok(serve)
+    }
+
+    fn wait_ready(&self) -> locksmith_testkit::Result<()> {
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], self.port));
+        self.process.wait_ready(Duration::from_secs(30), || {
+            TcpStream::connect_timeout(&addr, Duration::from_millis(300))
+                .map(drop)
+                .map_err(|e| format!("connect failed: {e}"))
+        })
+    }
+}
+
+impl Server for ServeProcess {
+    fn name(&self) -> &'static str {
+        "server"
+    }
+
+    fn port(&self) -> u16 {
+        self.port
+    }
+
+    fn url(&self) -> String {
+        format!("locksmith://127.0.0.1:{}", self.port)
+    }
+
+    fn process(&self) -> &Process {
+        &self.process
+    }
+
+    fn try_restart(&self) -> locksmith_testkit::Result<()> {
+        self.process.stop();
+        self.process.start()?;
+        self.wait_ready()
+    }
+}
+
+/// Sum of the PSS (or RSS where PSS is unavailable) of every process in the
+/// process group `group`, in bytes.
+pub fn group_memory(group: u32) -> Option<u64> {
+    let mut total = 0;
+    let mut found = false;
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if process_group(pid) == Some(group) {
+            if let Some(bytes) = pss(pid).or_else(|| rss(pid)) {
+                total += bytes;
+                found = true;
+            }
+        }
+    }
+    found.then_some(total)
+}
+
+/// This process's resident set size in bytes.
+pub fn own_rss() -> Option<u64> {
+    rss(std::process::id())
+}
+
+fn process_group(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is in parentheses and may contain spaces.
+    let after = &stat[stat.rfind(')')? + 2..];
+    // Fields after the name: state, ppid, pgrp.
+    after.split_whitespace().nth(2)?.parse().ok()
+}
+
+fn kib_field(path: &str, field: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let line = text.lines().find(|l| l.starts_with(field))?;
+    let kib: u64 = line[field.len()..]
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
+}
+
+fn pss(pid: u32) -> Option<u64> {
+    kib_field(&format!("/proc/{pid}/smaps_rollup"), "Pss:")
+}
+
+fn rss(pid: u32) -> Option<u64> {
+    kib_field(&format!("/proc/{pid}/status"), "VmRSS:")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backend_specs_take_an_optional_label() {
+        let plain: BackendSpec = "redis://127.0.0.1:6379".parse().unwrap();
+        assert_eq!(plain.label, "redis");
+        let named: BackendSpec = "fast=locksmith://127.0.0.1:7420".parse().unwrap();
+        assert_eq!(
+            (named.label.as_str(), named.url.as_str()),
+            ("fast", "locksmith://127.0.0.1:7420")
+        );
+        let pg: BackendSpec = "postgres://u:p@h/db?x=y".parse().unwrap();
+        assert_eq!(pg.url, "postgres://u:p@h/db?x=y");
+        assert!("ftp://x".parse::<BackendSpec>().is_err());
+    }
+
+    #[test]
+    fn spawn_lists_parse() {
+        assert_eq!(
+            parse_kinds("redis, server,redis").unwrap(),
+            vec![Kind::Server, Kind::Redis]
+        );
+        assert_eq!(parse_kinds("all").unwrap().len(), Kind::ALL.len());
+        assert!(parse_kinds("mysql").is_err());
+    }
+
+    #[test]
+    fn own_memory_is_readable() {
+        assert!(own_rss().unwrap() > 0);
+        let group = nix::unistd::getpgrp().as_raw() as u32;
+        assert!(group_memory(group).unwrap() > 0);
+    }
+}

@@ -1,0 +1,279 @@
+//! One torture client process: `locksmith torture --client-mode …`, started
+//! (and killed, paused, respawned) by the coordinator.
+//!
+//! It loops: acquire → `Begin` write to the fenced resource → work for the
+//! hold time → `End` write carrying (client, token, start, end) → release,
+//! reporting every step to the resource. It is a *careful* client: it checks
+//! its guard's lost signal right before each write and skips the write when
+//! the hold is known to be lost. What it cannot see, a pause between that
+//! check and the write, is exactly what the fencing token is for.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use locksmith::{Client, ConnectOptions, Guard};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::Mutex;
+
+use super::protocol::{now, Phase, Reply, Request};
+
+/// What the coordinator tells a client process.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Slot number.
+    pub id: u32,
+    /// Respawn count of the slot.
+    pub incarnation: u32,
+    /// Backend URL (through the slot's fault proxy).
+    pub url: String,
+    /// The fenced resource.
+    pub resource: SocketAddr,
+    /// Locks to take turns on.
+    pub locks: Vec<String>,
+    /// Time inside the critical section.
+    pub hold: Duration,
+    /// Session TTL.
+    pub session_ttl: Duration,
+}
+
+/// The connection to the resource: one request, one reply.
+struct Resource {
+    lines: Lines<BufReader<OwnedReadHalf>>,
+    write: OwnedWriteHalf,
+}
+
+impl Resource {
+    async fn call(&mut self, request: &Request) -> std::io::Result<Reply> {
+        let mut line = serde_json::to_string(request).expect("requests serialize");
+        line.push('\n');
+        self.write.write_all(line.as_bytes()).await?;
+        let reply = self
+            .lines
+            .next_line()
+            .await?
+            .ok_or_else(|| std::io::Error::other("the resource closed the connection"))?;
+        serde_json::from_str(&reply).map_err(std::io::Error::other)
+    }
+}
+
+type Shared = Arc<Mutex<Resource>>;
+
+async fn call(resource: &Shared, request: Request) -> std::io::Result<Reply> {
+    resource.lock().await.call(&request).await
+}
+
+/// Runs the client loop until the resource says stop. Exits 0 then; 1 when
+/// the resource (the coordinator) is gone.
+pub async fn run(config: ClientConfig) -> ExitCode {
+    match run_loop(&config).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("torture client {}: {error}", config.id);
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run_loop(config: &ClientConfig) -> std::io::Result<()> {
+    let stream = TcpStream::connect(config.resource).await?;
+    stream.set_nodelay(true)?;
+    let (read, write) = stream.into_split();
+    let resource: Shared = Arc::new(Mutex::new(Resource {
+        lines: BufReader::new(read).lines(),
+        write,
+    }));
+    call(
+        &resource,
+        Request::Hello {
+            client: config.id,
+            incarnation: config.incarnation,
+            pid: std::process::id(),
+        },
+    )
+    .await?;
+    let options = ConnectOptions {
+        session_ttl: config.session_ttl,
+        client_name: format!("torture-client-{}.{}", config.id, config.incarnation),
+        ..ConnectOptions::default()
+    };
+    let mut client: Option<Client> = None;
+    let mut errors_in_a_row = 0u32;
+    for round in 0u64.. {
+        let lock = &config.locks[(config.id as u64 + round) as usize % config.locks.len()];
+        let reply = call(
+            &resource,
+            Request::Waiting {
+                lock: lock.clone(),
+                at: now(),
+            },
+        )
+        .await?;
+        if reply.stop {
+            break;
+        }
+        let connected = match &client {
+            Some(client) => Ok(client.clone()),
+            None => Client::connect_with(&config.url, options.clone()).await,
+        };
+        let asked = now();
+        let outcome = match connected {
+            Ok(connected) => {
+                client = Some(connected.clone());
+                connected.lock(lock.as_str()).acquire().await
+            }
+            Err(error) => Err(error),
+        };
+        match outcome {
+            Ok(guard) => {
+                errors_in_a_row = 0;
+                critical_section(&resource, config, lock, guard, asked).await?;
+            }
+            Err(error) => {
+                call(
+                    &resource,
+                    Request::Failed {
+                        lock: lock.clone(),
+                        error: error.to_string(),
+                        at: now(),
+                    },
+                )
+                .await?;
+                errors_in_a_row += 1;
+                // A client that keeps failing starts over with a new connection.
+                if errors_in_a_row >= 3 {
+                    if let Some(old) = client.take() {
+                        let _ = tokio::time::timeout(Duration::from_secs(1), old.close()).await;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(
+                    50 * u64::from(errors_in_a_row.min(10)),
+                ))
+                .await;
+            }
+        }
+    }
+    if let Some(client) = client {
+        let _ = tokio::time::timeout(Duration::from_secs(2), client.close()).await;
+    }
+    Ok(())
+}
+
+/// Reports the grant, writes `Begin`, works, writes `End`, releases.
+async fn critical_section(
+    resource: &Shared,
+    config: &ClientConfig,
+    lock: &str,
+    guard: Guard,
+    asked: u64,
+) -> std::io::Result<()> {
+    let token = guard.fencing_token();
+    call(
+        resource,
+        Request::Granted {
+            lock: lock.to_owned(),
+            token,
+            asked,
+            at: now(),
+        },
+    )
+    .await?;
+    // Note when the lost signal fires (until the release, which fires it too);
+    // reported after the critical section, with the time it fired.
+    let lost = guard.lost_signal();
+    let fired: Arc<std::sync::Mutex<Option<(u64, String)>>> = Arc::default();
+    let watcher = {
+        let fired = fired.clone();
+        tokio::spawn(async move {
+            let reason = lost.fired().await;
+            *fired.lock().unwrap_or_else(|p| p.into_inner()) = Some((now(), reason));
+        })
+    };
+    let start = now();
+    let lost_reason = || guard.lost_signal().reason();
+    let entered = match lost_reason() {
+        Some(reason) => {
+            abort(resource, lock, token, reason).await?;
+            false
+        }
+        None => {
+            let reply = call(
+                resource,
+                Request::Write {
+                    lock: lock.to_owned(),
+                    token,
+                    phase: Phase::Begin,
+                    start,
+                    end: start,
+                },
+            )
+            .await?;
+            reply.accepted
+        }
+    };
+    if entered {
+        tokio::time::sleep(config.hold).await;
+        match lost_reason() {
+            Some(reason) => abort(resource, lock, token, reason).await?,
+            None => {
+                call(
+                    resource,
+                    Request::Write {
+                        lock: lock.to_owned(),
+                        token,
+                        phase: Phase::End,
+                        start,
+                        end: now(),
+                    },
+                )
+                .await?;
+            }
+        }
+    }
+    watcher.abort();
+    let lost = fired
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take()
+        .or_else(|| lost_reason().map(|reason| (now(), reason)));
+    if let Some((at, reason)) = lost {
+        call(
+            resource,
+            Request::Lost {
+                lock: lock.to_owned(),
+                token,
+                reason,
+                at,
+            },
+        )
+        .await?;
+    }
+    let released = guard.release().await;
+    call(
+        resource,
+        Request::Released {
+            lock: lock.to_owned(),
+            token,
+            error: released.err().map(|e| e.to_string()),
+            at: now(),
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+async fn abort(resource: &Shared, lock: &str, token: u64, reason: String) -> std::io::Result<()> {
+    call(
+        resource,
+        Request::Abort {
+            lock: lock.to_owned(),
+            token,
+            reason,
+        },
+    )
+    .await
+    .map(drop)
+}

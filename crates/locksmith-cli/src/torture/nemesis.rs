@@ -1,0 +1,376 @@
+//! The nemesis: the faults a round injects, each selectable with `--fault`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+use super::checker::FaultRecord;
+use super::protocol::now;
+use super::proxy::Mode;
+use super::resource::Who;
+use super::round::Round;
+use crate::bench::target::{Kind, Spawned, Target};
+
+/// A fault to inject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FaultKind {
+    /// No fault: the baseline. Any overlap here is a violation.
+    None,
+    /// `kill -9` the client inside the critical section, then respawn it.
+    KillClient,
+    /// `SIGSTOP` the client inside the critical section for twice its session
+    /// TTL (a GC pause), then `SIGCONT`.
+    PauseClient,
+    /// `kill -9` the backend server and restart it (needs a server this run
+    /// started).
+    RestartBackend,
+    /// Blackhole all traffic between the holder and the backend for twice the
+    /// session TTL, then heal.
+    Partition,
+    /// Delay every client's traffic to and from the backend by a quarter of the
+    /// session TTL each way, for twice the session TTL.
+    Delay,
+    /// Take the holder's session away behind its back, the store's own way:
+    /// etcd `lease revoke`, PostgreSQL `pg_terminate_backend`, ZooKeeper session
+    /// expiry (by partitioning the holder past its session timeout: ZooKeeper
+    /// has no admin call for it), and an administrator's `force_release` on the
+    /// locksmith server and Redis.
+    ExpireSession,
+}
+
+impl FaultKind {
+    /// The name used on the command line and in tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultKind::None => "none",
+            FaultKind::KillClient => "kill-client",
+            FaultKind::PauseClient => "pause-client",
+            FaultKind::RestartBackend => "restart-backend",
+            FaultKind::Partition => "partition",
+            FaultKind::Delay => "delay",
+            FaultKind::ExpireSession => "expire-session",
+        }
+    }
+
+    /// Why this fault cannot run against `target`, if it cannot.
+    pub fn unavailable(self, target: &Target) -> Option<String> {
+        match self {
+            FaultKind::RestartBackend if target.spawned.is_none() => {
+                Some("needs a server started by this run (--spawn)".into())
+            }
+            FaultKind::ExpireSession
+                if target.spawned.is_none()
+                    && matches!(target.kind, Kind::Etcd | Kind::Postgres) =>
+            {
+                Some("needs a server started by this run (--spawn)".into())
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Timing of the faults.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    /// The clients' session TTL.
+    pub session_ttl: Duration,
+    /// Quiet time after each fault.
+    pub settle: Duration,
+}
+
+impl Timing {
+    /// How long pauses and partitions last: well past the session TTL.
+    fn outage(&self) -> Duration {
+        self.session_ttl * 2 + Duration::from_millis(500)
+    }
+}
+
+/// Injects `kind` again and again for `during` (at least once), returning what
+/// was done and what could not be.
+pub async fn run(
+    kind: FaultKind,
+    round: &mut Round,
+    target: &Arc<Target>,
+    during: Duration,
+    timing: Timing,
+) -> (Vec<FaultRecord>, Vec<String>) {
+    let end = tokio::time::Instant::now() + during;
+    let (mut records, mut skipped) = (Vec::new(), Vec::new());
+    if kind == FaultKind::None {
+        wait_reaping(round, during).await;
+        return (records, skipped);
+    }
+    loop {
+        match inject(kind, round, target, timing).await {
+            Ok(record) => records.push(record),
+            Err(why) => skipped.push(why),
+        }
+        wait_reaping(round, timing.settle).await;
+        if tokio::time::Instant::now() >= end {
+            break;
+        }
+    }
+    (records, skipped)
+}
+
+/// Sleeps, respawning clients that crashed meanwhile.
+pub async fn wait_reaping(round: &mut Round, duration: Duration) {
+    let end = tokio::time::Instant::now() + duration;
+    while tokio::time::Instant::now() < end {
+        if let Err(error) = round.reap() {
+            round.notes.push(error);
+        }
+        tokio::time::sleep_until(end.min(tokio::time::Instant::now() + Duration::from_millis(100)))
+            .await;
+    }
+}
+
+/// A client inside its critical section right now (waits up to 5 s for one).
+async fn holder(round: &Round) -> Result<(Who, u32, String), String> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        for (who, inside) in round.resource.inside() {
+            if let Some(pid) = round.pid(who) {
+                return Ok((
+                    who,
+                    pid,
+                    format!("{} (token {})", inside.lock, inside.token),
+                ));
+            }
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err("no client was inside its critical section for 5 s".into());
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+fn signal(pid: u32, signal: Signal) -> Result<(), String> {
+    kill(Pid::from_raw(pid as i32), signal).map_err(|e| format!("{signal} to {pid}: {e}"))
+}
+
+fn record(kind: FaultKind, start: u64, targets: Option<Vec<Who>>, note: String) -> FaultRecord {
+    FaultRecord {
+        kind: kind.name().into(),
+        start,
+        end: now(),
+        targets,
+        note,
+    }
+}
+
+async fn inject(
+    kind: FaultKind,
+    round: &mut Round,
+    target: &Arc<Target>,
+    timing: Timing,
+) -> Result<FaultRecord, String> {
+    match kind {
+        FaultKind::None => Err("no fault".into()),
+        FaultKind::KillClient => {
+            let (who, pid, lock) = holder(round).await?;
+            let start = now();
+            round
+                .kill_and_respawn(who, Duration::from_millis(100))
+                .await?;
+            Ok(record(
+                kind,
+                start,
+                Some(vec![who]),
+                format!("killed client {who:?} (pid {pid}) inside {lock}"),
+            ))
+        }
+        FaultKind::PauseClient => {
+            let (who, pid, lock) = holder(round).await?;
+            let start = now();
+            signal(pid, Signal::SIGSTOP)?;
+            tokio::time::sleep(timing.outage()).await;
+            signal(pid, Signal::SIGCONT)?;
+            Ok(record(
+                kind,
+                start,
+                Some(vec![who]),
+                format!(
+                    "paused client {who:?} (pid {pid}) inside {lock} for {:?}",
+                    timing.outage()
+                ),
+            ))
+        }
+        FaultKind::RestartBackend => {
+            let server = target.clone();
+            let start = now();
+            let note = tokio::task::spawn_blocking(move || {
+                let server = server
+                    .spawned
+                    .as_ref()
+                    .ok_or("no server started by this run")?
+                    .server();
+                server.kill();
+                std::thread::sleep(Duration::from_millis(300));
+                server
+                    .try_restart()
+                    .map_err(|e| format!("restart failed: {e}"))?;
+                Ok::<_, String>(format!("killed -9 and restarted {}", server.name()))
+            })
+            .await
+            .map_err(|e| e.to_string())??;
+            Ok(record(kind, start, None, note))
+        }
+        FaultKind::Partition => {
+            let (who, pid, lock) = holder(round).await?;
+            Ok(partition(
+                round,
+                who,
+                timing,
+                format!("client {who:?} (pid {pid}) inside {lock}"),
+            )
+            .await)
+        }
+        FaultKind::Delay => {
+            let delay = (timing.session_ttl / 4).max(Duration::from_millis(50));
+            let start = now();
+            for proxy in round.all_proxies() {
+                proxy.set(Mode::Delay(delay));
+            }
+            tokio::time::sleep(timing.outage()).await;
+            for proxy in round.all_proxies() {
+                proxy.set(Mode::Pass);
+            }
+            Ok(record(
+                kind,
+                start,
+                None,
+                format!(
+                    "delayed every client's traffic by {delay:?} each way for {:?}",
+                    timing.outage()
+                ),
+            ))
+        }
+        FaultKind::ExpireSession => expire_session(round, target, timing).await,
+    }
+}
+
+async fn partition(round: &Round, who: Who, timing: Timing, whom: String) -> FaultRecord {
+    let start = now();
+    for proxy in round.proxies(who.0) {
+        proxy.set(Mode::Blackhole);
+    }
+    tokio::time::sleep(timing.outage()).await;
+    for proxy in round.proxies(who.0) {
+        proxy.set(Mode::Pass);
+    }
+    record(
+        FaultKind::Partition,
+        start,
+        Some(vec![who]),
+        format!("cut off {whom} from the backend for {:?}", timing.outage()),
+    )
+}
+
+async fn expire_session(
+    round: &Round,
+    target: &Arc<Target>,
+    timing: Timing,
+) -> Result<FaultRecord, String> {
+    let kind = FaultKind::ExpireSession;
+    let (who, pid, lock) = holder(round).await?;
+    let whom = format!("client {who:?} (pid {pid}) inside {lock}");
+    match (target.kind, target.spawned.as_ref()) {
+        (Kind::ZooKeeper, _) => {
+            let mut record = partition(round, who, timing, whom).await;
+            record.kind = kind.name().into();
+            record.note = format!(
+                "expired the ZooKeeper session by partition: {}",
+                record.note
+            );
+            Ok(record)
+        }
+        (Kind::Etcd, Some(Spawned::Etcd(_))) => {
+            let start = now();
+            let server = target.clone();
+            let lock_name = lock.clone();
+            let lease = tokio::task::spawn_blocking(move || {
+                let Some(Spawned::Etcd(etcd)) = server.spawned.as_ref() else {
+                    unreachable!("checked above")
+                };
+                // The holder is the key with the lowest create revision under
+                // `<name>/`, named `<name>/<lease hex>` (etcd's concurrency.Mutex).
+                let out = etcd
+                    .etcdctl()
+                    .args(["get", &format!("{lock_name}/"), "--prefix", "--keys-only"])
+                    .args(["--sort-by=CREATE", "--order=ASCEND", "--limit=1"])
+                    .output()
+                    .map_err(|e| format!("etcdctl get: {e}"))?;
+                let key = String::from_utf8_lossy(&out.stdout)
+                    .lines()
+                    .find(|l| !l.trim().is_empty())
+                    .map(str::to_owned)
+                    .ok_or_else(|| format!("no holder key under {lock_name}/"))?;
+                let lease = key.rsplit('/').next().unwrap_or_default().to_owned();
+                let revoke = etcd
+                    .etcdctl()
+                    .args(["lease", "revoke", &lease])
+                    .output()
+                    .map_err(|e| format!("etcdctl lease revoke: {e}"))?;
+                if !revoke.status.success() {
+                    return Err(format!(
+                        "etcdctl lease revoke {lease}: {}",
+                        String::from_utf8_lossy(&revoke.stderr).trim()
+                    ));
+                }
+                Ok(lease)
+            })
+            .await
+            .map_err(|e| e.to_string())??;
+            Ok(record(
+                kind,
+                start,
+                Some(vec![who]),
+                format!("revoked etcd lease {lease} of {whom}"),
+            ))
+        }
+        (Kind::Postgres, Some(Spawned::Postgres(_))) => {
+            let start = now();
+            let server = target.clone();
+            let killed = tokio::task::spawn_blocking(move || {
+                let Some(Spawned::Postgres(pg)) = server.spawned.as_ref() else {
+                    unreachable!("checked above")
+                };
+                pg.query(
+                    "select count(pg_terminate_backend(pid)) from pg_locks \
+                     where locktype = 'advisory' and granted and pid <> pg_backend_pid()",
+                )
+                .map_err(|e| e.to_string())
+            })
+            .await
+            .map_err(|e| e.to_string())??;
+            Ok(record(
+                kind,
+                start,
+                Some(vec![who]),
+                format!(
+                    "pg_terminate_backend on {killed} advisory-lock holder connection(s) ({whom})"
+                ),
+            ))
+        }
+        _ => {
+            let start = now();
+            let admin = target
+                .connect(timing.session_ttl, "torture-admin")
+                .await
+                .map_err(|e| format!("admin connect: {e}"))?;
+            let result = admin.force_release(&lock).await;
+            let _ = admin.close().await;
+            result.map_err(|e| format!("force_release: {e}"))?;
+            Ok(record(
+                kind,
+                start,
+                Some(vec![who]),
+                format!("force-released {lock} under {whom}"),
+            ))
+        }
+    }
+}

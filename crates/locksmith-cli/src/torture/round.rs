@@ -1,0 +1,353 @@
+//! One round: K client processes, each behind its own fault proxy, reporting
+//! to a fresh fenced resource.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::process::{Child, Command};
+
+use super::protocol::now;
+use super::proxy::Proxy;
+use super::resource::{Resource, Who};
+
+/// What every client of a round does.
+#[derive(Debug, Clone)]
+pub struct RoundConfig {
+    /// Client processes.
+    pub clients: u32,
+    /// Lock names the clients take turns on.
+    pub locks: Vec<String>,
+    /// Time inside the critical section.
+    pub hold: Duration,
+    /// Session TTL of every client.
+    pub session_ttl: Duration,
+    /// File collecting the clients' stderr.
+    pub log: PathBuf,
+}
+
+struct Slot {
+    child: Option<Child>,
+    incarnation: u32,
+    url: String,
+    proxies: Vec<Proxy>,
+}
+
+/// The running round.
+pub struct Round {
+    /// The fenced resource the clients write to and report to.
+    pub resource: Resource,
+    slots: Vec<Slot>,
+    config: RoundConfig,
+    exe: PathBuf,
+    /// Things that went wrong outside the checker's view (a client crashed).
+    pub notes: Vec<String>,
+}
+
+impl Round {
+    /// Starts the resource, one proxy per client and backend address, and the
+    /// clients.
+    ///
+    /// Cancel safety: dropping it kills whatever it started (`kill_on_drop`).
+    pub async fn start(url: &str, config: RoundConfig) -> Result<Round, String> {
+        let exe =
+            std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?;
+        let resource = Resource::start()
+            .await
+            .map_err(|e| format!("cannot start the fenced resource: {e}"))?;
+        let parts = UrlHosts::parse(url)?;
+        let mut upstreams = Vec::new();
+        for host in &parts.hosts {
+            let addr = tokio::net::lookup_host(host.as_str())
+                .await
+                .ok()
+                .and_then(|mut addrs| addrs.next())
+                .ok_or_else(|| format!("cannot resolve {host} of {url}"))?;
+            upstreams.push(addr);
+        }
+        let mut slots = Vec::new();
+        for _ in 0..config.clients {
+            let mut proxies = Vec::new();
+            for &upstream in &upstreams {
+                proxies.push(
+                    Proxy::start(upstream)
+                        .await
+                        .map_err(|e| format!("cannot start a fault proxy: {e}"))?,
+                );
+            }
+            let addrs: Vec<SocketAddr> = proxies.iter().map(Proxy::addr).collect();
+            slots.push(Slot {
+                child: None,
+                incarnation: 0,
+                url: parts.with_hosts(&addrs),
+                proxies,
+            });
+        }
+        let mut round = Round {
+            resource,
+            slots,
+            config,
+            exe,
+            notes: Vec::new(),
+        };
+        for slot in 0..round.slots.len() {
+            round.spawn(slot)?;
+        }
+        Ok(round)
+    }
+
+    /// Starts the client of `slot` (a new incarnation if it ran before).
+    fn spawn(&mut self, index: usize) -> Result<(), String> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.config.log)
+            .map_err(|e| format!("cannot open {}: {e}", self.config.log.display()))?;
+        let slot = &mut self.slots[index];
+        let mut command = Command::new(&self.exe);
+        command
+            .args(["torture", "--client-mode"])
+            .args(["--client-id", &index.to_string()])
+            .args(["--incarnation", &slot.incarnation.to_string()])
+            .args(["--client-url", &slot.url])
+            .args(["--resource", &self.resource.addr().to_string()])
+            .args([
+                "--hold",
+                &humantime::format_duration(self.config.hold).to_string(),
+            ])
+            .args([
+                "--session-ttl",
+                &humantime::format_duration(self.config.session_ttl).to_string(),
+            ]);
+        for lock in &self.config.locks {
+            command.args(["--lock-name", lock]);
+        }
+        command
+            .env(
+                "RUST_LOG",
+                std::env::var("LOCKSMITH_TORTURE_CLIENT_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .kill_on_drop(true);
+        // SAFETY: prctl(2) is async-signal-safe; the child dies with us.
+        unsafe {
+            command.pre_exec(|| {
+                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+                    .map_err(std::io::Error::from)
+            });
+        }
+        let child = command.spawn().map_err(|e| {
+            format!(
+                "cannot start a torture client ({}): {e}",
+                self.exe.display()
+            )
+        })?;
+        slot.child = Some(child);
+        Ok(())
+    }
+
+    /// The process id of the client in `slot` if `who` is its current incarnation.
+    pub fn pid(&self, who: Who) -> Option<u32> {
+        let slot = self.slots.get(who.0 as usize)?;
+        (slot.incarnation == who.1)
+            .then(|| slot.child.as_ref()?.id())
+            .flatten()
+    }
+
+    /// `kill -9` the client `who` and start its next incarnation after `pause`.
+    ///
+    /// Cancel safety: the kill may happen without the respawn.
+    pub async fn kill_and_respawn(&mut self, who: Who, pause: Duration) -> Result<(), String> {
+        let slot = &mut self.slots[who.0 as usize];
+        if slot.incarnation != who.1 {
+            return Err(format!("client {who:?} is already gone"));
+        }
+        if let Some(mut child) = slot.child.take() {
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+        }
+        slot.incarnation += 1;
+        tokio::time::sleep(pause).await;
+        self.spawn(who.0 as usize)
+    }
+
+    /// The fault proxies of client `slot`.
+    pub fn proxies(&self, slot: u32) -> &[Proxy] {
+        &self.slots[slot as usize].proxies
+    }
+
+    /// Every fault proxy.
+    pub fn all_proxies(&self) -> impl Iterator<Item = &Proxy> {
+        self.slots.iter().flat_map(|s| s.proxies.iter())
+    }
+
+    /// Respawns clients that exited on their own (a crash is noted).
+    pub fn reap(&mut self) -> Result<(), String> {
+        for index in 0..self.slots.len() {
+            let slot = &mut self.slots[index];
+            let Some(child) = slot.child.as_mut() else {
+                continue;
+            };
+            if let Ok(Some(status)) = child.try_wait() {
+                self.notes.push(format!(
+                    "client {index} (incarnation {}) exited on its own: {status}",
+                    slot.incarnation
+                ));
+                slot.child = None;
+                slot.incarnation += 1;
+                self.spawn(index)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Tells the clients to stop, waits up to `grace` for them to release and
+    /// exit, and kills the rest. Returns the clients that were still waiting
+    /// for the lock (or stuck holding it) at the end of the grace time.
+    ///
+    /// Cancel safety: the remaining clients are killed on drop anyway.
+    pub async fn finish(&mut self, grace: Duration) -> Vec<String> {
+        self.resource.stop();
+        let stopped_at = now();
+        let deadline = tokio::time::Instant::now() + grace;
+        loop {
+            let running = self
+                .slots
+                .iter_mut()
+                .filter_map(|s| s.child.as_mut())
+                .map(|c| matches!(c.try_wait(), Ok(None)))
+                .filter(|running| *running)
+                .count();
+            if running == 0 || tokio::time::Instant::now() >= deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let events = self.resource.events();
+        let mut stuck = Vec::new();
+        for (index, slot) in self.slots.iter_mut().enumerate() {
+            let Some(mut child) = slot.child.take() else {
+                continue;
+            };
+            if matches!(child.try_wait(), Ok(None)) {
+                let who = (index as u32, slot.incarnation);
+                let last = events.iter().rev().find(|e| e.who == who);
+                let doing = match last.and_then(|e| e.request.as_ref()) {
+                    Some(super::protocol::Request::Waiting { lock, at }) => format!(
+                        "waiting for {lock} for {:.1} s",
+                        (stopped_at as f64 - *at as f64) / 1e9 + grace.as_secs_f64()
+                    ),
+                    Some(other) => format!("last reported {other:?}"),
+                    None => "never reported".into(),
+                };
+                stuck.push(format!(
+                    "client {who:?} did not finish within {:?} after the round ended: {doing}",
+                    grace
+                ));
+                let _ = child.start_kill();
+                let _ = child.wait().await;
+            }
+        }
+        stuck
+    }
+}
+
+/// A lock store URL split around its host list, so the hosts can be replaced
+/// by fault proxies: `scheme://[userinfo@]h1:p1,h2:p2[/path][?query]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UrlHosts {
+    head: String,
+    /// `host:port` of each server, default ports filled in.
+    pub hosts: Vec<String>,
+    tail: String,
+}
+
+impl UrlHosts {
+    /// Splits `url`.
+    pub fn parse(url: &str) -> Result<UrlHosts, String> {
+        let (scheme, rest) = url
+            .split_once("://")
+            .ok_or_else(|| format!("{url:?} is not a URL"))?;
+        let default_port = match scheme {
+            "locksmith" => 7420,
+            "redis" | "rediss" | "redis+redlock" => 6379,
+            "zk" | "zookeeper" => 2181,
+            "etcd" => 2379,
+            "postgres" | "postgresql" => 5432,
+            other => {
+                return Err(format!(
+                    "{other}:// has no hosts to put a fault proxy in front of"
+                ))
+            }
+        };
+        let end = rest.find(['/', '?']).unwrap_or(rest.len());
+        let (authority, tail) = rest.split_at(end);
+        let (userinfo, hosts) = match authority.rsplit_once('@') {
+            Some((userinfo, hosts)) => (format!("{userinfo}@"), hosts),
+            None => (String::new(), authority),
+        };
+        let hosts: Vec<String> = hosts
+            .split(',')
+            .filter(|h| !h.is_empty())
+            .map(|h| {
+                let has_port = match h.rfind(']') {
+                    Some(bracket) => h[bracket..].contains(':'),
+                    None => h.contains(':'),
+                };
+                if has_port {
+                    h.to_owned()
+                } else {
+                    format!("{h}:{default_port}")
+                }
+            })
+            .collect();
+        if hosts.is_empty() {
+            return Err(format!("{url:?} names no host"));
+        }
+        Ok(UrlHosts {
+            head: format!("{scheme}://{userinfo}"),
+            hosts,
+            tail: tail.to_owned(),
+        })
+    }
+
+    /// The URL with the hosts replaced by `addrs`, in order.
+    pub fn with_hosts(&self, addrs: &[SocketAddr]) -> String {
+        let hosts: Vec<String> = addrs.iter().map(ToString::to_string).collect();
+        format!("{}{}{}", self.head, hosts.join(","), self.tail)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_get_their_hosts_replaced() {
+        let parts = UrlHosts::parse("postgres://u:p@localhost/db?sslmode=disable").unwrap();
+        assert_eq!(parts.hosts, vec!["localhost:5432"]);
+        let proxy: SocketAddr = "127.0.0.1:9000".parse().unwrap();
+        assert_eq!(
+            parts.with_hosts(&[proxy]),
+            "postgres://u:p@127.0.0.1:9000/db?sslmode=disable"
+        );
+
+        let zk = UrlHosts::parse("zk://127.0.0.1:2181,127.0.0.1:2182/chroot").unwrap();
+        assert_eq!(zk.hosts.len(), 2);
+        assert_eq!(
+            zk.with_hosts(&[proxy, proxy]),
+            "zk://127.0.0.1:9000,127.0.0.1:9000/chroot"
+        );
+
+        assert_eq!(
+            UrlHosts::parse("locksmith://127.0.0.1:7420")
+                .unwrap()
+                .with_hosts(&[proxy]),
+            "locksmith://127.0.0.1:9000"
+        );
+        assert!(UrlHosts::parse("memory://x").is_err());
+    }
+}
