@@ -728,10 +728,10 @@ impl Shared {
                     attempt
                 }
                 Err(error) if waiting && is_transient(&error) => {
-                    // Redis is restarting or unreachable: keep trying for a
-                    // while (the caller's wait limit still applies).
+                    // Redis is restarting or unreachable: keep trying for up
+                    // to a session TTL (the caller's wait limit still applies).
                     let since = *trouble_since.get_or_insert_with(Instant::now);
-                    if since.elapsed() > self.session_ttl / 3 {
+                    if since.elapsed() > self.session_ttl {
                         return Err(error);
                     }
                     tracing::debug!(lock = %name, %error, "acquire attempt failed; retrying");

@@ -119,6 +119,13 @@ local function join_queue(q, qt, id, deadline, ttl)
   extend_to(q, ttl)
   extend_to(qt, ttl)
 end
+-- How long until the first waiter's deadline (when the lock is free but it is
+-- somebody else's turn), -1 without a queue.
+local function queue_hint(q, qt, now)
+  local head = queue_head(q, qt)
+  if not head then return -1 end
+  return math.max(tonumber(redis.call('ZSCORE', qt, head)) - now, 0)
+end
 -- Wakes the first waiter in the queue on its own channel (Redisson RFairLock:
 -- publish on redisson_lock__channel:{name}:<id>); false when nobody queues.
 local function wake_head(q, qt, chan)
@@ -188,7 +195,9 @@ if fair and wait then
   purge_queue(q, qt, now)
   join_queue(q, qt, field, now + waiter_ttl, waiter_ttl)
 end
-return {0, redis.call('PTTL', lock), 0}
+local hint = redis.call('PTTL', lock)
+if hint < 0 and fair then hint = queue_hint(q, qt, now) end
+return {0, hint, 0}
 "#
 );
 
@@ -384,9 +393,13 @@ if fair and wait then
   purge_queue(q, qt, now)
   join_queue(q, qt, field, now + waiter_ttl, waiter_ttl)
 end
-local first = redis.call('ZRANGE', zs, 0, 0, 'WITHSCORES')
 local hint = -1
-if first[2] then hint = tonumber(first[2]) - now end
+if avail >= 1 and fair then
+  hint = queue_hint(q, qt, now)
+else
+  local first = redis.call('ZRANGE', zs, 0, 0, 'WITHSCORES')
+  if first[2] then hint = tonumber(first[2]) - now end
+end
 return {0, hint, 0}
 "#
 );

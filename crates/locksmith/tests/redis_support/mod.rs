@@ -64,3 +64,92 @@ pub async fn raw(redis: &Redis) -> redis::aio::MultiplexedConnection {
         .await
         .unwrap()
 }
+
+pub mod redisson;
+
+/// A `RedisBackend` kept at hand next to the client made from it.
+pub async fn backend_and_client(
+    url: &str,
+    session_ttl: Duration,
+) -> (std::sync::Arc<locksmith::redis::RedisBackend>, Client) {
+    let options = ConnectOptions {
+        session_ttl,
+        ..ConnectOptions::default()
+    };
+    let backend = std::sync::Arc::new(
+        locksmith::redis::RedisBackend::connect(url, &options)
+            .await
+            .unwrap_or_else(|e| panic!("connect {url}: {e}")),
+    );
+    let client = Client::from_backend(backend.clone());
+    (backend, client)
+}
+
+/// A child process whose stdout lines arrive on a channel.
+pub struct ChildLines {
+    pub child: std::process::Child,
+    lines: tokio::sync::mpsc::UnboundedReceiver<String>,
+}
+
+impl ChildLines {
+    /// Takes over `child`'s stdout.
+    pub fn new(mut child: std::process::Child) -> ChildLines {
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (sender, lines) = tokio::sync::mpsc::unbounded_channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if sender.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        ChildLines { child, lines }
+    }
+
+    /// The next line, or a panic after `limit`.
+    pub async fn next(&mut self, limit: Duration) -> String {
+        match tokio::time::timeout(limit, self.lines.recv()).await {
+            Ok(Some(line)) => line,
+            Ok(None) => panic!("child exited: {:?}", self.child.wait()),
+            Err(_) => panic!("child printed nothing within {limit:?}"),
+        }
+    }
+
+    /// Sends a line to the child's stdin.
+    pub fn send(&mut self, line: &str) {
+        use std::io::Write;
+        let stdin = self.child.stdin.as_mut().expect("piped stdin");
+        writeln!(stdin, "{line}").expect("write child stdin");
+        stdin.flush().expect("flush child stdin");
+    }
+}
+
+impl Drop for ChildLines {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs a Python snippet with redis-py; it talks in lines on stdin/stdout.
+pub fn python(code: &str) -> ChildLines {
+    let check = std::process::Command::new("python3")
+        .args(["-c", "import redis"])
+        .status()
+        .expect("python3 not found: install Python 3 (scripts/test does)");
+    assert!(
+        check.success(),
+        "redis-py is missing: `pip install redis` (scripts/test installs it)"
+    );
+    ChildLines::new(
+        std::process::Command::new("python3")
+            .args(["-u", "-c", code])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .expect("spawn python3"),
+    )
+}
