@@ -39,7 +39,10 @@
 //! # Unary calls
 //!
 //! `describe`, `list` and `force_release` use the server's unary calls over the
-//! same connection.
+//! same connection. `describe` and `list` first wait (at most a second) until
+//! the cancels and releases this process sent on nobody's behalf (for dropped
+//! acquire futures) are answered, so inspection never shows a waiter this
+//! process already gave up.
 //!
 //! [`ConnectOptions::session_ttl`]: crate::ConnectOptions::session_ttl
 
@@ -214,6 +217,7 @@ impl Backend for ServerBackend {
     }
 
     async fn describe(&self, name: &str) -> Result<Option<LockInfo>> {
+        session::settle_earlier().await;
         let request = pb::DescribeRequest { name: name.into() };
         let response = self
             .shared
@@ -225,6 +229,7 @@ impl Backend for ServerBackend {
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>> {
+        session::settle_earlier().await;
         let request = pb::ListRequest {
             prefix: prefix.into(),
         };

@@ -19,14 +19,14 @@
 //! holds fail with [`Error::Lost`].
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use locksmith_proto::v1 as pb;
 use locksmith_proto::v1::locksmith_client::LocksmithClient;
 use pb::client_message::Kind as Out;
 use pb::server_message::Kind as In;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::time::{sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
@@ -76,6 +76,85 @@ enum Waiter {
 struct Outstanding {
     resend: Resend,
     waiter: Waiter,
+    /// For requests sent on nobody's behalf (cancels, releases of unwanted
+    /// grants): the [`Settling`] ticket to close when the request is answered.
+    ticket: Option<u64>,
+}
+
+/// Requests that no caller waits for (the cancel of a dropped acquire, the
+/// release of a grant that raced the drop), across every client of this
+/// process, until the server has answered them.
+///
+/// `describe` and `list` first wait (briefly) for those sent before them, so
+/// that inspection reflects what this process already gave up: after an
+/// acquire future is dropped, a `describe` from any client of the same process
+/// no longer shows it queued.
+struct Settling {
+    state: Mutex<(u64, BTreeMap<u64, usize>)>,
+    settled: Notify,
+}
+
+fn settling() -> &'static Settling {
+    static SETTLING: OnceLock<Settling> = OnceLock::new();
+    SETTLING.get_or_init(|| Settling {
+        state: Mutex::new((0, BTreeMap::new())),
+        settled: Notify::new(),
+    })
+}
+
+impl Settling {
+    fn lock(&self) -> MutexGuard<'_, (u64, BTreeMap<u64, usize>)> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A new ticket, open once.
+    fn open(&self) -> u64 {
+        let mut state = self.lock();
+        state.0 += 1;
+        let ticket = state.0;
+        state.1.insert(ticket, 1);
+        ticket
+    }
+
+    /// Opens `ticket` once more.
+    fn join(&self, ticket: u64) {
+        *self.lock().1.entry(ticket).or_insert(0) += 1;
+    }
+
+    /// Closes `ticket` once.
+    fn close(&self, ticket: u64) {
+        let mut state = self.lock();
+        if let Some(count) = state.1.get_mut(&ticket) {
+            *count -= 1;
+            if *count == 0 {
+                state.1.remove(&ticket);
+                self.settled.notify_waiters();
+            }
+        }
+    }
+
+    /// Waits until every ticket opened before now is closed, at most `limit`.
+    async fn wait_for_earlier(&self, limit: Duration) {
+        let horizon = self.lock().0;
+        let deadline = Instant::now() + limit;
+        loop {
+            let notified = self.settled.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.lock().1.range(..=horizon).next().is_none() {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// Waits (at most a second) until the cancels and releases this process sent
+/// on nobody's behalf before now are answered.
+pub(super) async fn settle_earlier() {
+    settling().wait_for_earlier(Duration::from_secs(1)).await;
 }
 
 /// The resume credentials of a session.
@@ -129,7 +208,7 @@ impl State {
     }
 
     /// Registers a request and sends it if connected; returns its id.
-    fn request(&mut self, op: pb::request::Op, waiter: Waiter) -> u64 {
+    fn request(&mut self, op: pb::request::Op, waiter: Waiter, ticket: Option<u64>) -> u64 {
         let id = self.next_id;
         self.next_id += 1;
         self.send(Out::Request(pb::Request {
@@ -141,6 +220,7 @@ impl State {
             Outstanding {
                 resend: Resend::Request(op),
                 waiter,
+                ticket,
             },
         );
         id
@@ -162,7 +242,7 @@ impl State {
             owner: acquire.owner.clone(),
             deadline,
         };
-        let id = self.request(pb::request::Op::Acquire(acquire), waiter);
+        let id = self.request(pb::request::Op::Acquire(acquire), waiter, None);
         Ok((id, receiver))
     }
 
@@ -172,7 +252,7 @@ impl State {
             return Err(Error::Closed);
         }
         let (reply, receiver) = oneshot::channel();
-        self.request(op, Waiter::Done(Some(reply)));
+        self.request(op, Waiter::Done(Some(reply)), None);
         Ok(receiver)
     }
 
@@ -190,10 +270,13 @@ impl State {
                 *reply = None;
             }
             entry.resend = Resend::Cancel;
+            entry.ticket = Some(settling().open());
             self.send(Out::Cancel(pb::Cancel { id }));
         } else if let Ok(AcquireOutcome::Granted(tokens, _)) = receiver.try_recv() {
             // The grant was delivered (under this lock) just before the drop.
-            self.release_unused(names, owner, &tokens);
+            let ticket = settling().open();
+            self.release_unused(names, owner, &tokens, ticket);
+            settling().close(ticket);
         }
     }
 
@@ -210,7 +293,8 @@ impl State {
     }
 
     /// Releases a grant nobody will use, without waiting.
-    fn release_unused(&mut self, names: &[String], owner: &str, tokens: &[u64]) {
+    /// Its requests join `ticket`, so that inspection waits for them.
+    fn release_unused(&mut self, names: &[String], owner: &str, tokens: &[u64], ticket: u64) {
         self.forget(tokens);
         for (name, &token) in names.iter().zip(tokens) {
             let release = pb::request::Op::Release(pb::Release {
@@ -218,7 +302,8 @@ impl State {
                 owner: owner.to_owned(),
                 token: Some(token),
             });
-            self.request(release, Waiter::Done(None));
+            settling().join(ticket);
+            self.request(release, Waiter::Done(None), Some(ticket));
         }
     }
 
@@ -240,12 +325,21 @@ impl State {
 
     /// Delivers a final reply.
     fn finish(&mut self, id: u64, result: pb::reply::Result) {
-        use pb::reply::Result as R;
         let Some(entry) = self.outstanding.remove(&id) else {
             return; // answered before (a reply sent again after a resume)
         };
         self.ack_replies.push(id);
-        match entry.waiter {
+        let ticket = entry.ticket;
+        self.deliver(entry.waiter, result, ticket);
+        if let Some(ticket) = ticket {
+            settling().close(ticket);
+        }
+    }
+
+    /// Hands a final reply to whoever waits for it.
+    fn deliver(&mut self, waiter: Waiter, result: pb::reply::Result, ticket: Option<u64>) {
+        use pb::reply::Result as R;
+        match waiter {
             Waiter::Acquire {
                 reply,
                 names,
@@ -256,15 +350,20 @@ impl State {
                     R::Granted(granted) => {
                         let tokens = granted.tokens;
                         let signal = self.register(&tokens);
-                        match reply {
+                        let unused = match reply {
                             Some(reply) => {
-                                if let Err(AcquireOutcome::Granted(tokens, _)) =
-                                    reply.send(AcquireOutcome::Granted(tokens, signal))
-                                {
-                                    self.release_unused(&names, &owner, &tokens);
+                                match reply.send(AcquireOutcome::Granted(tokens, signal)) {
+                                    Err(AcquireOutcome::Granted(tokens, _)) => tokens,
+                                    _ => return,
                                 }
                             }
-                            None => self.release_unused(&names, &owner, &tokens),
+                            None => tokens,
+                        };
+                        let own = ticket.is_none();
+                        let ticket = ticket.unwrap_or_else(|| settling().open());
+                        self.release_unused(&names, &owner, &unused, ticket);
+                        if own {
+                            settling().close(ticket);
                         }
                         return;
                     }
@@ -333,14 +432,22 @@ impl State {
         for (_, (signal, _)) in self.holds.drain() {
             signal.fire(reason);
         }
-        self.outstanding.retain(|_, entry| match &mut entry.waiter {
-            Waiter::Acquire { reply, .. } => reply.is_some(),
-            Waiter::Done(reply) => {
-                if let Some(reply) = reply.take() {
-                    let _ = reply.send(Err(Error::Lost(reason.to_owned())));
+        self.outstanding.retain(|_, entry| {
+            let keep = match &mut entry.waiter {
+                Waiter::Acquire { reply, .. } => reply.is_some(),
+                Waiter::Done(reply) => {
+                    if let Some(reply) = reply.take() {
+                        let _ = reply.send(Err(Error::Lost(reason.to_owned())));
+                    }
+                    false
                 }
-                false
+            };
+            if !keep {
+                if let Some(ticket) = entry.ticket {
+                    settling().close(ticket);
+                }
             }
+            keep
         });
         self.generation += 1;
         self.ack_replies.clear();
@@ -356,6 +463,9 @@ impl State {
             signal.fire(reason);
         }
         for (_, entry) in std::mem::take(&mut self.outstanding) {
+            if let Some(ticket) = entry.ticket {
+                settling().close(ticket);
+            }
             match entry.waiter {
                 Waiter::Acquire {
                     reply: Some(reply), ..
@@ -366,6 +476,18 @@ impl State {
                     let _ = reply.send(Err(Error::Closed));
                 }
                 _ => {}
+            }
+        }
+    }
+}
+
+impl Drop for State {
+    fn drop(&mut self) {
+        // A client dropped without its driver finishing (its runtime ended):
+        // nobody will answer its requests any more.
+        for entry in self.outstanding.values() {
+            if let Some(ticket) = entry.ticket {
+                settling().close(ticket);
             }
         }
     }
