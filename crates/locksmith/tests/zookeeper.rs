@@ -1,1 +1,710 @@
-//! The conformance suite and backend-specific tests against `zookeeper` (being written).
+//! The conformance suite and ZooKeeper-specific tests against a real ZooKeeper
+//! (one shared server per test binary: the JVM starts slowly), plus
+//! interoperability with kazoo's `Lock` (Python, `pip install kazoo`) and fault
+//! tests (session expiry, suspended connection) on servers of their own.
+
+mod conformance;
+
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use locksmith::zookeeper::ZooKeeperBackend;
+use locksmith::{Client, ConnectOptions, Error, Mode};
+use locksmith_testkit::ZooKeeper;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdin, ChildStdout};
+use tokio::time::{sleep, timeout};
+use zookeeper_client as zk;
+
+/// Every test of this binary lives under this chroot of the shared server (the
+/// backend creates it on connect).
+const CHROOT: &str = "/locksmith-tests";
+
+/// The shared server, started off the async runtime (the JVM takes seconds).
+async fn shared() -> &'static ZooKeeper {
+    tokio::task::spawn_blocking(ZooKeeper::shared)
+        .await
+        .expect("start ZooKeeper")
+}
+
+struct Zk {
+    url: String,
+}
+
+impl conformance::Harness for Zk {
+    async fn connect(&self, session_ttl: Duration) -> Client {
+        connect(&self.url, session_ttl).await
+    }
+
+    fn short_ttl(&self) -> Duration {
+        // The server's minimum session timeout is 1 s (testkit); leases are
+        // client-side timers, equally reliable at this scale.
+        Duration::from_secs(1)
+    }
+}
+
+async fn connect(url: &str, session_ttl: Duration) -> Client {
+    let options = ConnectOptions {
+        session_ttl,
+        ..ConnectOptions::default()
+    };
+    Client::connect_with(url, options)
+        .await
+        .unwrap_or_else(|e| panic!("connect {url}: {e}"))
+}
+
+async fn zk_harness() -> Zk {
+    Zk {
+        url: format!("{}{CHROOT}", shared().await.url()),
+    }
+}
+
+conformance::suite!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    zk_harness()
+);
+
+/// A lock name no other test uses.
+fn unique(test: &str) -> String {
+    let run = uuid::Uuid::new_v4().simple().to_string();
+    format!("zk/{}/{test}", &run[..8])
+}
+
+/// A raw ZooKeeper client on the shared server, rooted at `/`.
+async fn raw(server: &ZooKeeper) -> zk::Client {
+    zk::Client::connect(&server.connect_string())
+        .await
+        .expect("raw ZooKeeper client")
+}
+
+/// Waits (polling inspection, at most 20 s) until `check` holds for `name`.
+async fn until(
+    client: &Client,
+    name: &str,
+    what: &str,
+    check: impl Fn(&locksmith::LockInfo) -> bool,
+) {
+    for _ in 0..2000 {
+        if let Some(info) = client.describe(name).await.expect("describe") {
+            if check(&info) {
+                return;
+            }
+        }
+        sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{name}: never saw {what}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn nodes_follow_curator_layouts() {
+    let server = shared().await;
+    let client = connect(
+        &format!("{}{CHROOT}", server.url()),
+        Duration::from_secs(10),
+    )
+    .await;
+    let raw = raw(server).await;
+    let name = unique("layout");
+    let path = format!("{CHROOT}/{name}");
+
+    let guard = client
+        .lock(name.as_str())
+        .owner("layout-owner")
+        .acquire()
+        .await
+        .unwrap();
+    let children = raw.list_children(&path).await.unwrap();
+    assert_eq!(children.len(), 1, "{children:?}");
+    let node = &children[0];
+    // `_c_` + canonical UUID + `-lock-` + ten digits (Curator InterProcessMutex).
+    assert!(node.starts_with("_c_"), "{node}");
+    assert_eq!(node.len(), 3 + 36 + 1 + "lock-".len() + 10, "{node}");
+    assert!(node[40..].starts_with("lock-"), "{node}");
+    let (data, stat) = raw.get_data(&format!("{path}/{node}")).await.unwrap();
+    assert_eq!(data, b"layout-owner");
+    assert_eq!(stat.czxid as u64, guard.fencing_token());
+    assert_ne!(stat.ephemeral_owner, 0, "lock nodes are ephemeral");
+    guard.release().await.unwrap();
+    assert!(raw
+        .list_children(&path)
+        .await
+        .unwrap_or_default()
+        .is_empty());
+
+    let rw = unique("layout-rw");
+    let reader = client.rw_lock(rw.as_str()).read().acquire().await.unwrap();
+    let children = raw.list_children(&format!("{CHROOT}/{rw}")).await.unwrap();
+    assert!(children[0].contains("-__READ__"), "{children:?}");
+    // A writer on a read-write path queues as `__WRIT__`.
+    let writer = tokio::spawn({
+        let lock = client.rw_lock(rw.as_str()).write();
+        async move { lock.acquire().await }
+    });
+    // (It first queues as `lock-`, sees the read-write nodes, and moves.)
+    let mut children = Vec::new();
+    for _ in 0..2000 {
+        children = raw.list_children(&format!("{CHROOT}/{rw}")).await.unwrap();
+        if children.len() == 2 && children.iter().any(|c| c.contains("-__WRIT__")) {
+            break;
+        }
+        sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        children.len() == 2 && children.iter().any(|c| c.contains("-__WRIT__")),
+        "{children:?}"
+    );
+    until(&client, &rw, "a waiting writer", |i| i.waiters.len() == 1).await;
+    reader.release().await.unwrap();
+    writer.await.unwrap().unwrap().release().await.unwrap();
+
+    let sem = unique("layout-sem");
+    let permit = client.semaphore(sem.as_str(), 3).acquire().await.unwrap();
+    let sem_path = format!("{CHROOT}/{sem}");
+    let (data, _) = raw.get_data(&sem_path).await.unwrap();
+    assert_eq!(data, b"3", "permits recorded as text (kazoo's convention)");
+    let leases = raw
+        .list_children(&format!("{sem_path}/leases"))
+        .await
+        .unwrap();
+    assert_eq!(leases.len(), 1);
+    assert!(leases[0].starts_with("_c_") && leases[0][40..].starts_with("lease-"));
+    let (_, stat) = raw
+        .get_data(&format!("{sem_path}/leases/{}", leases[0]))
+        .await
+        .unwrap();
+    assert_eq!(stat.czxid as u64, permit.fencing_token());
+    // The entry mutex was released once the lease was taken.
+    assert!(raw
+        .list_children(&format!("{sem_path}/locks"))
+        .await
+        .unwrap()
+        .is_empty());
+    permit.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn foreign_contenders_queue_by_sequence() {
+    let server = shared().await;
+    let client = connect(
+        &format!("{}{CHROOT}", server.url()),
+        Duration::from_secs(10),
+    )
+    .await;
+    let raw = raw(server).await;
+    let name = unique("foreign");
+    let path = format!("{CHROOT}/{name}");
+    raw.mkdir(
+        &path,
+        &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all()),
+    )
+    .await
+    .unwrap();
+    // A kazoo-style contender (`<hex>__lock__<seq>`) holds the lock.
+    let ephemeral = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+    let (stat, sequence) = raw
+        .create(
+            &format!("{path}/0123abcd__lock__"),
+            b"kazoo-ish",
+            &ephemeral,
+        )
+        .await
+        .unwrap();
+    let foreign = format!("{path}/0123abcd__lock__{sequence}");
+    assert!(client
+        .lock(name.as_str())
+        .try_acquire()
+        .await
+        .unwrap()
+        .is_none());
+    let info = client.describe(&name).await.unwrap().unwrap();
+    assert_eq!(info.holders[0].owner, "kazoo-ish");
+    assert_eq!(info.holders[0].fencing_token, Some(stat.czxid as u64));
+    let waiter = tokio::spawn({
+        let lock = client.lock(name.as_str());
+        async move { lock.acquire().await }
+    });
+    until(&client, &name, "one waiter", |i| i.waiters.len() == 1).await;
+    assert!(!waiter.is_finished());
+    raw.delete(&foreign, None).await.unwrap();
+    let guard = timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter gets the lock")
+        .unwrap()
+        .unwrap();
+    assert!(guard.fencing_token() > stat.czxid as u64);
+    guard.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn force_release_fires_lost() {
+    let server = shared().await;
+    let url = format!("{}{CHROOT}", server.url());
+    let (a, admin) = (
+        connect(&url, Duration::from_secs(10)).await,
+        connect(&url, Duration::from_secs(10)).await,
+    );
+    let name = unique("force");
+    let guard = a.lock(name.as_str()).acquire().await.unwrap();
+    admin.force_release(&name).await.unwrap();
+    let reason = timeout(Duration::from_secs(10), guard.lost())
+        .await
+        .expect("lost() fires after a force-release");
+    assert!(reason.contains("deleted"), "{reason}");
+    assert!(matches!(guard.release().await, Err(Error::Lost(_))));
+    let next = admin.lock(name.as_str()).try_acquire().await.unwrap();
+    assert!(next.is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn extend_moves_a_client_side_lease() {
+    let server = shared().await;
+    let url = format!("{}{CHROOT}", server.url());
+    let (a, b) = (
+        connect(&url, Duration::from_secs(10)).await,
+        connect(&url, Duration::from_secs(10)).await,
+    );
+    let name = unique("extend");
+    let lease = Duration::from_millis(800);
+    let guard = a.lock(name.as_str()).lease(lease).acquire().await.unwrap();
+    let started = tokio::time::Instant::now();
+    while started.elapsed() < lease * 3 {
+        guard.extend(lease).await.expect("extend while held");
+        sleep(lease / 4).await;
+    }
+    assert!(!guard.is_lost(), "{:?}", guard.lost_signal().reason());
+    let info = b.describe(&name).await.unwrap().unwrap();
+    assert_eq!(info.holders.len(), 1);
+    assert!(b.lock(name.as_str()).try_acquire().await.unwrap().is_none());
+    let reason = timeout(lease * 4, guard.lost())
+        .await
+        .expect("the lease ends");
+    assert!(reason.contains("lease"), "{reason}");
+    assert!(matches!(guard.extend(lease).await, Err(Error::Lost(_))));
+    assert!(b
+        .lock(name.as_str())
+        .acquire_timeout(lease * 4)
+        .await
+        .is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn list_walks_the_tree() {
+    let server = shared().await;
+    let client = connect(
+        &format!("{}{CHROOT}", server.url()),
+        Duration::from_secs(10),
+    )
+    .await;
+    let base = unique("tree");
+    let names = [
+        format!("{base}/a"),
+        format!("{base}/a/b"),
+        format!("{base}/c/d"),
+    ];
+    let mut guards = Vec::new();
+    for name in &names {
+        guards.push(client.lock(name.as_str()).acquire().await.unwrap());
+    }
+    guards.push(
+        client
+            .semaphore(format!("{base}/s"), 2)
+            .acquire()
+            .await
+            .unwrap(),
+    );
+    let listed = client.list(&base).await.unwrap();
+    let listed: Vec<&str> = listed.iter().map(|i| i.name.as_str()).collect();
+    assert_eq!(
+        listed,
+        [
+            names[0].as_str(),
+            names[1].as_str(),
+            names[2].as_str(),
+            &format!("{base}/s")
+        ]
+    );
+    let semaphore = client
+        .describe(&format!("{base}/s"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(semaphore.holders[0].mode, Mode::Semaphore { permits: 2 });
+    let partial = client.list(&format!("{base}/a")).await.unwrap();
+    assert_eq!(partial.len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bad_urls_are_rejected_before_connecting() {
+    for url in [
+        "zk://",
+        "zk://127.0.0.1:notaport",
+        "zk://127.0.0.1:1/a//b",
+        "zk://127.0.0.1:1?colour=blue",
+    ] {
+        assert!(
+            matches!(Client::connect(url).await, Err(Error::InvalidUrl { .. })),
+            "{url} accepted"
+        );
+    }
+    let server = shared().await;
+    let client = connect(
+        &format!("{}{CHROOT}", server.url()),
+        Duration::from_secs(10),
+    )
+    .await;
+    let name = unique("delay");
+    assert!(matches!(
+        client
+            .lock(name.as_str())
+            .lock_delay(Duration::from_secs(1))
+            .try_acquire()
+            .await,
+        Err(Error::Unsupported { .. })
+    ));
+}
+
+// --- faults -----------------------------------------------------------------
+
+/// A backend built by hand, so the test can reach its ZooKeeper session.
+async fn backend(url: &str, session_ttl: Duration) -> (Arc<ZooKeeperBackend>, Client) {
+    let options = ConnectOptions {
+        session_ttl,
+        ..ConnectOptions::default()
+    };
+    let backend = Arc::new(
+        ZooKeeperBackend::connect(url, &options)
+            .await
+            .expect("connect"),
+    );
+    let client = Client::from_backend(backend.clone());
+    (backend, client)
+}
+
+/// Attaches to a session from a second connection and closes it there.
+async fn close_session(server: &ZooKeeper, session: &zk::SessionInfo) {
+    for _ in 0..200 {
+        match zk::Client::connector()
+            .with_session(session.clone())
+            .with_fail_eagerly()
+            .connect(&server.connect_string())
+            .await
+        {
+            // Dropping the last handle of a session closes it.
+            Ok(thief) => {
+                drop(thief);
+                return;
+            }
+            // zookeeper-client 0.11 starts a resumed session with an already
+            // elapsed connect deadline, so an attempt can fail at once.
+            Err(zk::Error::Timeout | zk::Error::NoHosts) => {}
+            // Already gone.
+            Err(zk::Error::SessionExpired) => return,
+            Err(e) => panic!("cannot attach to the session: {e}"),
+        }
+    }
+    panic!("cannot attach to the session");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn expired_session_fires_lost_and_hands_over() {
+    let server = shared().await;
+    let url = format!("{}{CHROOT}", server.url());
+    let (a_backend, a) = backend(&url, Duration::from_secs(10)).await;
+    let b = connect(&url, Duration::from_secs(10)).await;
+    let name = unique("expire");
+    let held = a.lock(name.as_str()).acquire().await.unwrap();
+    let waiter = tokio::spawn({
+        let lock = b.lock(name.as_str());
+        async move { lock.acquire().await }
+    });
+    until(&b, &name, "one waiter", |i| i.waiters.len() == 1).await;
+
+    // Close A's session from another connection with the same id and password:
+    // the server ends it, as it would on expiry. (A reconnecting in between
+    // moves the session back and makes the close miss; then close it again.)
+    let session = a_backend.zookeeper().expect("session").session().clone();
+    let mut reason = None;
+    for _ in 0..20 {
+        close_session(server, &session).await;
+        if let Ok(lost) = timeout(Duration::from_secs(2), held.lost()).await {
+            reason = Some(lost);
+            break;
+        }
+    }
+    let reason = reason.expect("lost() fires when the session ends");
+    assert!(reason.contains("session"), "{reason}");
+    let next = timeout(Duration::from_secs(20), waiter)
+        .await
+        .expect("the waiter gets the lock")
+        .unwrap()
+        .unwrap();
+    assert!(next.fencing_token() > held.fencing_token());
+    assert!(matches!(held.release().await, Err(Error::Lost(_))));
+    next.release().await.unwrap();
+    // The backend opens a new session for what comes next.
+    let again = timeout(Duration::from_secs(20), a.lock(name.as_str()).acquire())
+        .await
+        .expect("A works again")
+        .unwrap();
+    assert_ne!(a_backend.session_id(), None);
+    again.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn suspended_connection_fires_lost_before_the_session_can_expire() {
+    // A server of its own: this test freezes it.
+    let server = tokio::task::spawn_blocking(ZooKeeper::start).await.unwrap();
+    // 4 s sessions: the connection counts as lost after 4/3 s of silence, and
+    // holds are lost 4/3 s later, well before the server could expire them.
+    let url = format!("{}/suspend?session_timeout=4s", server.url());
+    let (a_backend, a) = backend(&url, Duration::from_secs(4)).await;
+    let b = connect(&url, Duration::from_secs(4)).await;
+    assert_eq!(a_backend.session_timeout(), Some(Duration::from_secs(4)));
+    let name = unique("suspend");
+    let held = a.lock(name.as_str()).acquire().await.unwrap();
+    let waiter = tokio::spawn({
+        let lock = b.lock(name.as_str());
+        async move { lock.acquire().await }
+    });
+    until(&b, &name, "one waiter", |i| i.waiters.len() == 1).await;
+
+    server.pause();
+    let frozen = tokio::time::Instant::now();
+    let reason = timeout(Duration::from_secs(4), held.lost()).await;
+    let after = frozen.elapsed();
+    server.resume();
+    let reason = reason.expect("lost() fires while the connection is suspended");
+    assert!(reason.contains("suspended"), "{reason}");
+    assert!(after < Duration::from_secs(4), "lost after {after:?}");
+
+    let next = timeout(Duration::from_secs(30), waiter)
+        .await
+        .expect("the waiter gets the lock")
+        .unwrap()
+        .unwrap();
+    assert!(next.fencing_token() > held.fencing_token());
+    assert!(held.release().await.is_err());
+    next.release().await.unwrap();
+}
+
+// --- kazoo interop ----------------------------------------------------------
+
+/// A kazoo client driven line by line over stdin/stdout.
+const KAZOO: &str = r#"
+import sys
+from kazoo.client import KazooClient
+from kazoo.exceptions import LockTimeout
+
+hosts, path, ident, mode = sys.argv[1:5]
+zk = KazooClient(hosts=hosts)
+zk.start(timeout=30)
+
+def say(*words):
+    print(*words, flush=True)
+
+if mode == "hold":
+    lock = zk.Lock(path, ident)
+    lock.acquire()
+    say("HELD")
+    sys.stdin.readline()
+    lock.release()
+    say("RELEASED")
+elif mode == "contend":
+    # kazoo only counts nodes with its own names unless told about Curator's.
+    lock = zk.Lock(path, ident, extra_lock_patterns=["-lock-"])
+    say("CONTENDERS", "|".join(lock.contenders()))
+    try:
+        lock.acquire(timeout=1.0)
+        say("ACQUIRED-WHILE-HELD")
+    except LockTimeout:
+        say("TIMEOUT")
+    say("WAITING")
+    lock.acquire()
+    say("ACQUIRED")
+    sys.stdin.readline()
+    lock.release()
+    say("RELEASED")
+elif mode == "read":
+    lock = zk.ReadLock(path, ident)
+    lock.acquire()
+    say("HELD")
+    sys.stdin.readline()
+    lock.release()
+    say("RELEASED")
+zk.stop()
+"#;
+
+struct Kazoo {
+    child: Child,
+    stdin: ChildStdin,
+    lines: Lines<BufReader<ChildStdout>>,
+}
+
+impl Kazoo {
+    fn spawn(server: &ZooKeeper, name: &str, ident: &str, mode: &str) -> Kazoo {
+        let hosts = format!("{}{CHROOT}", server.connect_string());
+        let mut child = tokio::process::Command::new("python3")
+            .args(["-c", KAZOO, &hosts, &format!("/{name}"), ident, mode])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("python3 is needed for the kazoo interop tests (apt-get install python3)");
+        let stdin = child.stdin.take().unwrap();
+        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        Kazoo {
+            child,
+            stdin,
+            lines,
+        }
+    }
+
+    async fn line(&mut self) -> String {
+        match timeout(Duration::from_secs(60), self.lines.next_line()).await {
+            Ok(Ok(Some(line))) => line,
+            other => {
+                let status = self.child.try_wait();
+                panic!(
+                    "kazoo said nothing ({other:?}, exit {status:?}); is kazoo installed? \
+                     pip install kazoo"
+                )
+            }
+        }
+    }
+
+    async fn expect(&mut self, word: &str) -> String {
+        let line = self.line().await;
+        assert!(
+            line.starts_with(word),
+            "kazoo: expected {word}, got {line:?}"
+        );
+        line
+    }
+
+    async fn go(&mut self) {
+        self.stdin.write_all(b"go\n").await.unwrap();
+        self.stdin.flush().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kazoo_holds_locksmith_waits() {
+    let server = shared().await;
+    let client = connect(
+        &format!("{}{CHROOT}", server.url()),
+        Duration::from_secs(10),
+    )
+    .await;
+    let name = unique("kazoo-holds");
+    let mut kazoo = Kazoo::spawn(server, &name, "kazoo-holder", "hold");
+    kazoo.expect("HELD").await;
+
+    assert!(client
+        .lock(name.as_str())
+        .try_acquire()
+        .await
+        .unwrap()
+        .is_none());
+    let waiter = tokio::spawn({
+        let lock = client.lock(name.as_str()).owner("locksmith-waiter");
+        async move { lock.acquire().await }
+    });
+    until(&client, &name, "kazoo holding and locksmith waiting", |i| {
+        i.holders.len() == 1 && i.waiters.len() == 1
+    })
+    .await;
+    let info = client.describe(&name).await.unwrap().unwrap();
+    assert_eq!(info.holders[0].owner, "kazoo-holder");
+    assert_eq!(info.waiters[0].owner, "locksmith-waiter");
+    let kazoo_token = info.holders[0].fencing_token.unwrap();
+    assert!(!waiter.is_finished());
+
+    kazoo.go().await;
+    kazoo.expect("RELEASED").await;
+    let guard = timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("locksmith gets the lock after kazoo releases it")
+        .unwrap()
+        .unwrap();
+    assert!(guard.fencing_token() > kazoo_token);
+    guard.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn locksmith_holds_kazoo_waits() {
+    let server = shared().await;
+    let client = connect(
+        &format!("{}{CHROOT}", server.url()),
+        Duration::from_secs(10),
+    )
+    .await;
+    let name = unique("locksmith-holds");
+    let guard = client
+        .lock(name.as_str())
+        .owner("locksmith-holder")
+        .acquire()
+        .await
+        .unwrap();
+    let mut kazoo = Kazoo::spawn(server, &name, "kazoo-waiter", "contend");
+    let contenders = kazoo.expect("CONTENDERS").await;
+    assert!(contenders.contains("locksmith-holder"), "{contenders}");
+    kazoo.expect("TIMEOUT").await;
+    kazoo.expect("WAITING").await;
+    until(&client, &name, "kazoo waiting", |i| i.waiters.len() == 1).await;
+    guard.release().await.unwrap();
+    kazoo.expect("ACQUIRED").await;
+    assert!(client
+        .lock(name.as_str())
+        .try_acquire()
+        .await
+        .unwrap()
+        .is_none());
+    kazoo.go().await;
+    kazoo.expect("RELEASED").await;
+    assert!(client
+        .lock(name.as_str())
+        .try_acquire()
+        .await
+        .unwrap()
+        .is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kazoo_readers_share_with_locksmith_readers() {
+    let server = shared().await;
+    let client = connect(
+        &format!("{}{CHROOT}", server.url()),
+        Duration::from_secs(10),
+    )
+    .await;
+    let name = unique("kazoo-read");
+    let mut kazoo = Kazoo::spawn(server, &name, "kazoo-reader", "read");
+    kazoo.expect("HELD").await;
+    let read = client
+        .rw_lock(name.as_str())
+        .read()
+        .try_acquire()
+        .await
+        .unwrap();
+    assert!(
+        read.is_some(),
+        "a kazoo reader and a locksmith reader share"
+    );
+    assert!(client
+        .rw_lock(name.as_str())
+        .write()
+        .try_acquire()
+        .await
+        .unwrap()
+        .is_none());
+    drop(read);
+    kazoo.go().await;
+    kazoo.expect("RELEASED").await;
+    let write = client
+        .rw_lock(name.as_str())
+        .write()
+        .acquire_timeout(Duration::from_secs(10))
+        .await;
+    assert!(write.is_ok());
+}

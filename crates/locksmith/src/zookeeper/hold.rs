@@ -257,7 +257,7 @@ async fn node_gone(hold: &HoldState) -> (String, bool) {
         match event.event_type {
             zk::EventType::NodeDeleted => {
                 return (
-                    "its node was deleted by someone else (force-released?)".into(),
+                    "its node was deleted (a force-release, or its session ended)".into(),
                     false,
                 )
             }
