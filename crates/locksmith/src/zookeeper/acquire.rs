@@ -125,6 +125,8 @@ impl Pending {
     }
 
     /// Looks for our protected node after a connection loss during its create.
+    ///
+    /// Cancel safety: safe, read-only (the drop of `self` cleans up).
     async fn find(&mut self) -> Result<Option<(Node, Vec<String>)>> {
         let session = self.session.clone();
         let children = session
@@ -314,6 +316,8 @@ pub(crate) async fn queue(
 /// Waits until the node `ahead` changes (deleted, above all) or the connection
 /// state does (after a reconnection we look again). Uses `getData` with a
 /// watch, as Curator does, so no watch is left behind on a missing node.
+///
+/// Cancel safety: safe; dropping it drops the watch.
 async fn wait_for_change(session: &Session, ahead: &str) -> Result<()> {
     let mut states = session.client.state_watcher();
     let watched = session
@@ -405,6 +409,8 @@ pub(crate) async fn semaphore(
 
 /// Checks (and with `record`, records) the permits of a semaphore. Returns
 /// how many leases are out.
+///
+/// Cancel safety: safe; the record is one conditional write.
 async fn check_permits(
     session: &Session,
     name: &str,

@@ -4,7 +4,9 @@
 //! Re-entry is client-local, as in Curator's `InterProcessMutex` (its
 //! `threadData` map): the same owner acquiring the same lock on the same client
 //! raises a count and gets the same node, hence the same fencing token. Only the
-//! last release deletes the node.
+//! last release deletes the node. (Two acquires of one owner that race while
+//! neither holds yet are two contenders: the second waits for the first's
+//! release, as two threads of one Curator client would.)
 //!
 //! Each hold has one task that watches its own node (an `exists` watch), so that
 //! [`LostSignal`] fires when the node disappears without our release (an
@@ -206,6 +208,8 @@ impl HoldState {
 }
 
 /// Watches one hold until it is released or lost.
+///
+/// Cancel safety: runs as its own task; aborting it only stops the watching.
 async fn watch(hold: Arc<HoldState>, table: Arc<HoldTable>, trust: LostSignal) {
     let node_gone = node_gone(&hold);
     tokio::pin!(node_gone);
@@ -242,6 +246,8 @@ async fn watch(hold: Arc<HoldState>, table: Arc<HoldTable>, trust: LostSignal) {
 
 /// Completes when our node stops being ours: the reason, and whether the node
 /// may still exist.
+///
+/// Cancel safety: safe; dropping it drops the watch.
 async fn node_gone(hold: &HoldState) -> (String, bool) {
     let session = &hold.session;
     loop {
@@ -277,6 +283,8 @@ async fn node_gone(hold: &HoldState) -> (String, bool) {
 /// (lease ended, connection suspended too long), so the next contender gets the
 /// lock. Waits for a reconnection if need be; gives up when the session ends
 /// (the server then deletes the node itself).
+///
+/// Cancel safety: the delete may or may not have happened.
 async fn delete_abandoned(hold: &HoldState) {
     if let Err(error) = hold.session.delete(&hold.path).await {
         tracing::debug!(path = %hold.path, %error, "abandoned node not deleted; the session ends it");

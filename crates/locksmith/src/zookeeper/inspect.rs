@@ -46,6 +46,8 @@ impl View<'_> {
 
     /// Describes a lock whose path has `children`. A semaphore is recognised by
     /// its `leases` child, anything else is a contender queue.
+    ///
+    /// Cancel safety: safe, read-only.
     async fn describe_children(
         &self,
         name: &str,
@@ -83,6 +85,8 @@ impl View<'_> {
     }
 
     /// A semaphore: the lease nodes hold, the mutex queue waits.
+    ///
+    /// Cancel safety: safe, read-only.
     async fn describe_semaphore(&self, name: &str, path: &str) -> Result<Option<LockInfo>> {
         let session = self.session;
         let locks = layout::child_path(path, layout::SEMAPHORE_LOCKS);
@@ -124,6 +128,8 @@ impl View<'_> {
 
     /// Reads the nodes of `dir` named in `nodes` (pipelined), skipping those
     /// that vanished meanwhile.
+    ///
+    /// Cancel safety: safe, read-only.
     async fn read(&self, dir: &str, nodes: &[&str]) -> Result<Vec<Contender>> {
         let paths: Vec<String> = nodes.iter().map(|n| layout::child_path(dir, n)).collect();
         let reads = join_all(paths.iter().map(|p| self.session.client.get_data(p))).await;

@@ -191,6 +191,8 @@ impl ZooKeeperBackend {
     }
 
     /// The live session, opening a new one if the last one ended.
+    ///
+    /// Cancel safety: safe; a dropped reconnect closes its half-made session.
     async fn session(&self) -> Result<Arc<Session>> {
         if self.closed.is_cancelled() {
             return Err(Error::Closed);
@@ -249,6 +251,9 @@ impl ZooKeeperBackend {
     }
 
     /// One attempt on one session.
+    ///
+    /// Cancel safety: safe; the pending nodes' drop deletes them, and the
+    /// hold is made after the last await.
     async fn acquire_on(
         &self,
         session: &Arc<Session>,
