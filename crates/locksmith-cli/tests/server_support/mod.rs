@@ -1,0 +1,302 @@
+//! Starts the real `locksmith serve` binary for the server tests: one process
+//! on a free loopback port with its own data directory, killed with the test
+//! process (locksmith-testkit's [`Process`]: own process group,
+//! `PR_SET_PDEATHSIG`), and kill -9 / graceful stop / restart on the same port
+//! and data directory for the fault tests.
+#![allow(dead_code)]
+
+use std::net::{Ipv4Addr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use locksmith::{Client, ConnectOptions};
+use locksmith_testkit::{free_port, Process, ProcessSpec};
+
+/// The `locksmith` binary built with these tests.
+pub const BINARY: &str = env!("CARGO_BIN_EXE_locksmith");
+
+/// A `locksmith serve` process.
+pub struct ServerProcess {
+    process: Process,
+    port: u16,
+    dir: PathBuf,
+    _temp: Option<tempfile::TempDir>,
+}
+
+impl ServerProcess {
+    /// A durable server in a new temporary data directory.
+    pub fn start() -> ServerProcess {
+        Self::start_with(&[])
+    }
+
+    /// A durable server with extra `serve` arguments.
+    pub fn start_with(extra: &[&str]) -> ServerProcess {
+        let temp = tempfile::Builder::new()
+            .prefix("locksmith-serve-")
+            .tempdir()
+            .expect("temporary data directory");
+        let dir = temp.path().to_owned();
+        let mut server = Self::spawn(&dir, extra);
+        server._temp = Some(temp);
+        server
+    }
+
+    fn spawn(dir: &Path, extra: &[&str]) -> ServerProcess {
+        let port = free_port();
+        let data = dir.join("data");
+        let spec = ProcessSpec::new(
+            format!("locksmith serve on port {port}"),
+            BINARY,
+            dir.join("serve.log"),
+        )
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .arg("--data-dir")
+        .arg(&data)
+        .args(extra)
+        .env(
+            "RUST_LOG",
+            std::env::var("LOCKSMITH_SERVE_LOG").unwrap_or_else(|_| "info".into()),
+        );
+        let process = Process::spawn(spec).expect("start locksmith serve");
+        let server = ServerProcess {
+            process,
+            port,
+            dir: dir.to_owned(),
+            _temp: None,
+        };
+        server.wait_ready();
+        server
+    }
+
+    fn wait_ready(&self) {
+        let port = self.port;
+        let ready = self
+            .process
+            .wait_ready(Duration::from_secs(30), || {
+                TcpStream::connect_timeout(
+                    &(Ipv4Addr::LOCALHOST, port).into(),
+                    Duration::from_millis(200),
+                )
+                .map(drop)
+                .map_err(|e| e.to_string())
+            });
+        if let Err(error) = ready {
+            panic!("{error}");
+        }
+    }
+
+    /// `locksmith://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("locksmith://127.0.0.1:{}", self.port)
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The data directory.
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.join("data")
+    }
+
+    /// kill -9 of the server (its whole process group), reaped.
+    pub fn kill(&self) {
+        self.process.kill();
+    }
+
+    /// SIGTERM, waiting for a graceful exit (snapshot).
+    pub fn stop(&self) {
+        self.process.stop();
+    }
+
+    /// Starts the server again on the same port and data directory.
+    pub fn restart(&self) {
+        self.process.start().expect("restart locksmith serve");
+        self.wait_ready();
+    }
+
+    /// The exit status if the server exited on its own.
+    pub fn exit_status(&self) -> Option<std::process::ExitStatus> {
+        self.process.try_exit_status()
+    }
+
+    /// The last lines of the server's log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        self.process.log_tail(lines)
+    }
+
+    /// Panics with the log tail if the server is not running.
+    pub fn assert_running(&self) {
+        assert!(
+            self.process.is_running(),
+            "locksmith serve exited: {:?}\n{}",
+            self.exit_status(),
+            self.log_tail(40)
+        );
+    }
+
+    /// A client with the given session TTL.
+    pub async fn client(&self, session_ttl: Duration) -> Client {
+        let options = ConnectOptions {
+            session_ttl,
+            ..ConnectOptions::default()
+        };
+        Client::connect_with(&self.url(), options)
+            .await
+            .unwrap_or_else(|e| panic!("connect to {}: {e}\n{}", self.url(), self.log_tail(20)))
+    }
+}
+
+/// A lock name unique to this run.
+pub fn unique(test: &str) -> String {
+    let run = uuid::Uuid::new_v4().simple().to_string();
+    format!("server-tests/{}/{test}", &run[..8])
+}
+
+/// Polls `check` every 10 ms until it returns true, panicking after `limit`.
+pub async fn eventually<F, Fut>(limit: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    while !check().await {
+        assert!(tokio::time::Instant::now() < deadline, "never happened: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A gRPC client of the server, for calls the library does not make.
+pub async fn grpc(
+    port: u16,
+) -> locksmith_proto::v1::locksmith_client::LocksmithClient<tonic::transport::Channel> {
+    locksmith_proto::v1::locksmith_client::LocksmithClient::connect(format!(
+        "http://127.0.0.1:{port}"
+    ))
+    .await
+    .expect("gRPC connect")
+}
+
+/// A session stream driven by hand: it heartbeats only when told to.
+pub struct RawSession {
+    tx: tokio::sync::mpsc::UnboundedSender<locksmith_proto::v1::ClientMessage>,
+    inbound: tonic::Streaming<locksmith_proto::v1::ServerMessage>,
+    /// The session id from `opened`.
+    pub session_id: u64,
+    /// The resume secret from `opened`.
+    pub secret: Vec<u8>,
+}
+
+/// Starts a session stream whose first message is `first`; returns the sender
+/// and the stream (or the call's error status).
+pub async fn raw_stream(
+    port: u16,
+    first: locksmith_proto::v1::client_message::Kind,
+) -> (
+    tokio::sync::mpsc::UnboundedSender<locksmith_proto::v1::ClientMessage>,
+    Result<tonic::Streaming<locksmith_proto::v1::ServerMessage>, tonic::Status>,
+) {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tx.send(locksmith_proto::v1::ClientMessage {
+        kind: Some(first),
+        ..Default::default()
+    })
+    .unwrap();
+    let outbound = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|message| (message, rx))
+    });
+    let stream = grpc(port).await.session(outbound).await.map(|r| r.into_inner());
+    (tx, stream)
+}
+
+impl RawSession {
+    /// Opens a session with the given TTL.
+    pub async fn open(port: u16, ttl_ms: u64) -> RawSession {
+        use locksmith_proto::v1 as pb;
+        let open = pb::client_message::Kind::Open(pb::OpenSession {
+            client_name: "raw".into(),
+            host: "test".into(),
+            ttl_ms,
+        });
+        let (tx, stream) = raw_stream(port, open).await;
+        let mut inbound = stream.expect("session call");
+        let opened = match inbound.message().await.expect("first message") {
+            Some(pb::ServerMessage {
+                kind: Some(pb::server_message::Kind::Opened(opened)),
+            }) => opened,
+            other => panic!("expected opened, got {other:?}"),
+        };
+        RawSession {
+            tx,
+            inbound,
+            session_id: opened.session_id,
+            secret: opened.secret,
+        }
+    }
+
+    /// Sends one message.
+    pub fn send(&self, kind: locksmith_proto::v1::client_message::Kind) {
+        self.tx
+            .send(locksmith_proto::v1::ClientMessage {
+                kind: Some(kind),
+                ..Default::default()
+            })
+            .expect("stream open");
+    }
+
+    /// Sends a request.
+    pub fn request(&self, id: u64, op: locksmith_proto::v1::request::Op) {
+        self.send(locksmith_proto::v1::client_message::Kind::Request(
+            locksmith_proto::v1::Request { id, op: Some(op) },
+        ));
+    }
+
+    /// The next message (`None` when the stream ends); panics after 15 s.
+    pub async fn next(&mut self) -> Option<locksmith_proto::v1::server_message::Kind> {
+        match tokio::time::timeout(Duration::from_secs(15), self.inbound.message()).await {
+            Ok(Ok(Some(message))) => message.kind,
+            Ok(Ok(None)) => None,
+            Ok(Err(status)) => panic!("stream failed: {status}"),
+            Err(_) => panic!("no message within 15 s"),
+        }
+    }
+
+    /// The final reply to request `id` (skipping other messages).
+    pub async fn reply(&mut self, id: u64) -> locksmith_proto::v1::reply::Result {
+        use locksmith_proto::v1 as pb;
+        loop {
+            match self.next().await {
+                Some(pb::server_message::Kind::Reply(pb::Reply {
+                    id: got,
+                    result: Some(result),
+                })) if got == id && !matches!(result, pb::reply::Result::Queued(_)) => {
+                    return result
+                }
+                Some(_) => {}
+                None => panic!("stream ended before the reply to {id}"),
+            }
+        }
+    }
+
+    /// Acquires `name` exclusively as owner "raw" and returns the final reply.
+    pub async fn acquire(
+        &mut self,
+        id: u64,
+        name: &str,
+        wait: locksmith_proto::v1::WaitKind,
+    ) -> locksmith_proto::v1::reply::Result {
+        use locksmith_proto::v1 as pb;
+        self.request(
+            id,
+            pb::request::Op::Acquire(pb::Acquire {
+                names: vec![name.into()],
+                owner: "raw".into(),
+                wait: wait as i32,
+                reentrant: true,
+                ..Default::default()
+            }),
+        );
+        self.reply(id).await
+    }
+}
