@@ -32,8 +32,17 @@ async fn kill_9_under_load_loses_no_grant_and_tokens_only_grow() {
 
     // Long-lived holders: their grants must survive the crash.
     let holder = server.client(ttl).await;
-    let exclusive = holder.lock(format!("{base}/held-x")).acquire().await.unwrap();
-    let shared = holder.rw_lock(format!("{base}/held-rw")).read().acquire().await.unwrap();
+    let exclusive = holder
+        .lock(format!("{base}/held-x"))
+        .acquire()
+        .await
+        .unwrap();
+    let shared = holder
+        .rw_lock(format!("{base}/held-rw"))
+        .read()
+        .acquire()
+        .await
+        .unwrap();
     let permit = holder
         .semaphore(format!("{base}/held-sem"), 2)
         .acquire()
@@ -59,10 +68,17 @@ async fn kill_9_under_load_loses_no_grant_and_tokens_only_grow() {
             while !stop.load(Ordering::SeqCst) {
                 let name = format!("{base}/churn-{}", (c + round) % 4);
                 round += 1;
-                let guard = match client.lock(name.as_str()).acquire_timeout(Duration::from_secs(60)).await {
+                let guard = match client
+                    .lock(name.as_str())
+                    .acquire_timeout(Duration::from_secs(60))
+                    .await
+                {
                     Ok(guard) => guard,
                     Err(e) => {
-                        failures.lock().unwrap().push(format!("acquire {name}: {e}"));
+                        failures
+                            .lock()
+                            .unwrap()
+                            .push(format!("acquire {name}: {e}"));
                         return;
                     }
                 };
@@ -75,7 +91,10 @@ async fn kill_9_under_load_loses_no_grant_and_tokens_only_grow() {
                     sleep(Duration::from_millis(2)).await;
                 }
                 if let Err(e) = guard.release().await {
-                    failures.lock().unwrap().push(format!("release {name}: {e}"));
+                    failures
+                        .lock()
+                        .unwrap()
+                        .push(format!("release {name}: {e}"));
                     return;
                 }
             }
@@ -83,15 +102,20 @@ async fn kill_9_under_load_loses_no_grant_and_tokens_only_grow() {
     }
 
     let count = || received.lock().unwrap().len();
-    eventually(Duration::from_secs(20), "load before the crash", || async { count() > 300 }).await;
+    eventually(Duration::from_secs(20), "load before the crash", || async {
+        count() > 300
+    })
+    .await;
     server.kill();
     let killed = Instant::now();
     let before_restart = count();
     sleep(Duration::from_millis(300)).await;
     server.restart();
-    eventually(Duration::from_secs(30), "load after the restart", || async {
-        count() > before_restart + 300
-    })
+    eventually(
+        Duration::from_secs(30),
+        "load after the restart",
+        || async { count() > before_restart + 300 },
+    )
     .await;
     stop.store(true, Ordering::SeqCst);
     for churner in churners {
@@ -127,11 +151,23 @@ async fn kill_9_under_load_loses_no_grant_and_tokens_only_grow() {
         }
     }
     for (name, (max_before, min_after)) in &by_lock {
-        assert!(min_after > max_before, "{name}: token {min_after} after the crash, {max_before} before");
+        assert!(
+            min_after > max_before,
+            "{name}: token {min_after} after the crash, {max_before} before"
+        );
     }
     // And the counter itself never went back: a new grant tops everything.
-    let all_before = received.iter().filter(|r| r.at < killed).map(|r| r.token).max().unwrap();
-    let fresh = holder.lock(format!("{base}/fresh")).acquire().await.unwrap();
+    let all_before = received
+        .iter()
+        .filter(|r| r.at < killed)
+        .map(|r| r.token)
+        .max()
+        .unwrap();
+    let fresh = holder
+        .lock(format!("{base}/fresh"))
+        .acquire()
+        .await
+        .unwrap();
     assert!(fresh.fencing_token() > all_before);
     assert!(fresh.fencing_token() > held.iter().map(|h| h.1).max().unwrap());
 
@@ -146,10 +182,29 @@ async fn holds_and_queue_survive(restart: impl FnOnce(&ServerProcess)) {
     let ttl = Duration::from_secs(5);
     let (a, b) = (server.client(ttl).await, server.client(ttl).await);
     let name = unique("survive");
-    let x = a.lock(format!("{name}/x")).owner("alpha").acquire().await.unwrap();
-    let again = a.lock(format!("{name}/x")).owner("alpha").acquire().await.unwrap();
-    let r = a.rw_lock(format!("{name}/rw")).read().acquire().await.unwrap();
-    let s = a.semaphore(format!("{name}/sem"), 3).acquire().await.unwrap();
+    let x = a
+        .lock(format!("{name}/x"))
+        .owner("alpha")
+        .acquire()
+        .await
+        .unwrap();
+    let again = a
+        .lock(format!("{name}/x"))
+        .owner("alpha")
+        .acquire()
+        .await
+        .unwrap();
+    let r = a
+        .rw_lock(format!("{name}/rw"))
+        .read()
+        .acquire()
+        .await
+        .unwrap();
+    let s = a
+        .semaphore(format!("{name}/sem"), 3)
+        .acquire()
+        .await
+        .unwrap();
     let m = a
         .multi_lock([format!("{name}/m1"), format!("{name}/m2")])
         .acquire()
@@ -161,7 +216,10 @@ async fn holds_and_queue_survive(restart: impl FnOnce(&ServerProcess)) {
     });
     let x_name = format!("{name}/x");
     eventually(Duration::from_secs(10), "b queued", || async {
-        a.describe(&x_name).await.unwrap().is_some_and(|i| i.waiters.len() == 1)
+        a.describe(&x_name)
+            .await
+            .unwrap()
+            .is_some_and(|i| i.waiters.len() == 1)
     })
     .await;
 
@@ -185,7 +243,10 @@ async fn holds_and_queue_survive(restart: impl FnOnce(&ServerProcess)) {
         .chain(m.fencing_tokens().iter().copied())
         .max()
         .unwrap();
-    again.release().await.expect("release one level after the restart");
+    again
+        .release()
+        .await
+        .expect("release one level after the restart");
     x.release().await.expect("release after the restart");
     let next = timeout(Duration::from_secs(10), waiter)
         .await
@@ -308,7 +369,14 @@ async fn kill_9_of_a_holding_process_frees_the_lock_after_its_ttl() {
     let server = ServerProcess::start();
     let name = unique("killed-holder");
     let mut child = Command::new(BINARY)
-        .args(["hold", &name, "--backend", &server.url(), "--session-ttl", "1s"])
+        .args([
+            "hold",
+            &name,
+            "--backend",
+            &server.url(),
+            "--session-ttl",
+            "1s",
+        ])
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -318,10 +386,18 @@ async fn kill_9_of_a_holding_process_frees_the_lock_after_its_ttl() {
     BufReader::new(child.stdout.take().unwrap())
         .read_line(&mut line)
         .expect("read the token");
-    let held: u64 = line.trim().parse().unwrap_or_else(|_| panic!("token line {line:?}"));
+    let held: u64 = line
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("token line {line:?}"));
 
     let client = server.client(Duration::from_secs(5)).await;
-    assert!(client.lock(name.as_str()).try_acquire().await.unwrap().is_none());
+    assert!(client
+        .lock(name.as_str())
+        .try_acquire()
+        .await
+        .unwrap()
+        .is_none());
     child.kill().expect("kill -9");
     let _ = child.wait();
     let killed = Instant::now();
@@ -356,16 +432,24 @@ async fn a_client_resumes_across_a_restart_and_keeps_working() {
     server.restart();
     let info = eventually_describe(&client, &name).await;
     assert_eq!(info.holders[0].fencing_token, Some(guard.fencing_token()));
-    eventually(Duration::from_secs(10), "the second acquire is queued again", || async {
-        client
-            .describe(&name)
-            .await
-            .is_ok_and(|i| i.is_some_and(|i| i.waiters.len() == 1))
-    })
+    eventually(
+        Duration::from_secs(10),
+        "the second acquire is queued again",
+        || async {
+            client
+                .describe(&name)
+                .await
+                .is_ok_and(|i| i.is_some_and(|i| i.waiters.len() == 1))
+        },
+    )
     .await;
     let first = guard.fencing_token();
     guard.release().await.unwrap();
-    let second = timeout(Duration::from_secs(10), second).await.unwrap().unwrap().unwrap();
+    let second = timeout(Duration::from_secs(10), second)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
     assert!(second.fencing_token() > first);
     second.release().await.unwrap();
 }

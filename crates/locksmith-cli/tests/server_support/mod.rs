@@ -70,16 +70,14 @@ impl ServerProcess {
 
     fn wait_ready(&self) {
         let port = self.port;
-        let ready = self
-            .process
-            .wait_ready(Duration::from_secs(30), || {
-                TcpStream::connect_timeout(
-                    &(Ipv4Addr::LOCALHOST, port).into(),
-                    Duration::from_millis(200),
-                )
-                .map(drop)
-                .map_err(|e| e.to_string())
-            });
+        let ready = self.process.wait_ready(Duration::from_secs(30), || {
+            TcpStream::connect_timeout(
+                &(Ipv4Addr::LOCALHOST, port).into(),
+                Duration::from_millis(200),
+            )
+            .map(drop)
+            .map_err(|e| e.to_string())
+        });
         if let Err(error) = ready {
             panic!("{error}");
         }
@@ -162,7 +160,10 @@ where
 {
     let deadline = tokio::time::Instant::now() + limit;
     while !check().await {
-        assert!(tokio::time::Instant::now() < deadline, "never happened: {what}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never happened: {what}"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -206,7 +207,11 @@ pub async fn raw_stream(
     let outbound = futures::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|message| (message, rx))
     });
-    let stream = grpc(port).await.session(outbound).await.map(|r| r.into_inner());
+    let stream = grpc(port)
+        .await
+        .session(outbound)
+        .await
+        .map(|r| r.into_inner());
     (tx, stream)
 }
 
@@ -259,6 +264,15 @@ impl RawSession {
             Ok(Ok(None)) => None,
             Ok(Err(status)) => panic!("stream failed: {status}"),
             Err(_) => panic!("no message within 15 s"),
+        }
+    }
+
+    /// Reads one message: `Some(code)` if the stream failed with that status,
+    /// `None` if a message (or the end) arrived.
+    pub async fn next_status(&mut self) -> Option<tonic::Code> {
+        match self.inbound.message().await {
+            Err(status) => Some(status.code()),
+            Ok(_) => None,
         }
     }
 
