@@ -1,1 +1,630 @@
-//! The conformance suite and backend-specific tests against `postgres` (being written).
+//! The conformance suite against a real PostgreSQL, twice (session mode, and
+//! `locksmith_mode=ttl` where every hold is a lease row), plus PostgreSQL
+//! specifics: the documented key formula, interop with plain
+//! `pg_advisory_lock` callers in `psql`, faults (`pg_terminate_backend`, a
+//! server restart under lease holds), transaction-scoped locks and the URL
+//! options.
+//!
+//! One server per test binary (per process: nextest runs each test in its
+//! own), except for the tests that restart theirs.
+
+mod conformance;
+
+use std::process::Stdio;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use locksmith::backend::Wait;
+use locksmith::postgres::{advisory_key, lock_in_transaction, semaphore_slot_key, XactOptions};
+use locksmith::{Client, ConnectOptions, Error, Mode};
+use locksmith_testkit::Postgres;
+use tokio::time::{sleep, timeout, Instant};
+
+/// The shared server, started off the async runtime, with room for the
+/// connections of many clients (a waiting or holding client uses two or
+/// three).
+async fn shared() -> &'static Postgres {
+    static SERVER: OnceLock<Postgres> = OnceLock::new();
+    tokio::task::spawn_blocking(|| {
+        SERVER.get_or_init(|| {
+            let pg = Postgres::start();
+            roomy(&pg);
+            pg
+        })
+    })
+    .await
+    .expect("start PostgreSQL")
+}
+
+/// Raises max_connections (the testkit's 200 is tight for the suite's many
+/// clients when tests share the server) and restarts.
+fn roomy(pg: &Postgres) {
+    pg.query("ALTER SYSTEM SET max_connections = 600")
+        .expect("alter system");
+    pg.restart();
+}
+
+struct Pg {
+    url: String,
+}
+
+impl conformance::Harness for Pg {
+    async fn connect(&self, session_ttl: Duration) -> Client {
+        connect(&self.url, session_ttl).await
+    }
+
+    fn short_ttl(&self) -> Duration {
+        // Leases are judged by the database's clock and watched by local
+        // timers; a second leaves room for a busy machine.
+        Duration::from_secs(1)
+    }
+}
+
+async fn connect(url: &str, session_ttl: Duration) -> Client {
+    let options = ConnectOptions {
+        session_ttl,
+        ..ConnectOptions::default()
+    };
+    Client::connect_with(url, options)
+        .await
+        .unwrap_or_else(|e| panic!("connect {url}: {e}"))
+}
+
+async fn session_harness() -> Pg {
+    Pg {
+        url: shared().await.url(),
+    }
+}
+
+conformance::suite!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    session_harness()
+);
+
+/// The whole suite again with every hold a lease row kept by the watchdog.
+mod ttl {
+    use super::*;
+
+    async fn ttl_harness() -> Pg {
+        Pg {
+            url: format!("{}?locksmith_mode=ttl", shared().await.url()),
+        }
+    }
+
+    conformance::suite!(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        ttl_harness()
+    );
+}
+
+fn unique(test: &str) -> String {
+    format!("pg/{test}/{}", uuid::Uuid::new_v4().simple())
+}
+
+/// Runs `sql` in `psql` off the async runtime.
+async fn query(pg: &'static Postgres, sql: &str) -> String {
+    let sql = sql.to_owned();
+    tokio::task::spawn_blocking(move || pg.query(&sql).unwrap_or_else(|e| panic!("{sql}: {e}")))
+        .await
+        .expect("psql")
+}
+
+/// Waits until `check` holds, polling; panics with `what` after 20 s.
+async fn until<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    while !check().await {
+        assert!(start.elapsed() < Duration::from_secs(20), "never: {what}");
+        sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn documented_key_formulas_match() {
+    let pg = shared().await;
+    for name in ["orders/42", "a", "ünïcödé/名前/🔒", &"x".repeat(512)] {
+        let sql_key = query(
+            pg,
+            &format!(
+                "SELECT ('x' || left(encode(sha256(convert_to({}, 'UTF8')), 'hex'), 16))::bit(64)::bigint",
+                literal(name)
+            ),
+        )
+        .await;
+        assert_eq!(
+            sql_key,
+            advisory_key(name).to_string(),
+            "SQL formula, {name:?}"
+        );
+        let python = std::process::Command::new("python3")
+            .args([
+                "-c",
+                "import hashlib, sys; print(int.from_bytes(hashlib.sha256(sys.argv[1].encode()).digest()[:8], 'big', signed=True))",
+                name,
+            ])
+            .output()
+            .expect("python3");
+        assert_eq!(
+            String::from_utf8_lossy(&python.stdout).trim(),
+            advisory_key(name).to_string(),
+            "Python formula, {name:?}"
+        );
+        let slot = query(
+            pg,
+            &format!(
+                "SELECT ('x' || left(encode(sha256(convert_to({}, 'UTF8') || '\\x00'::bytea || convert_to('2', 'UTF8')), 'hex'), 16))::bit(64)::bigint",
+                literal(name)
+            ),
+        )
+        .await;
+        assert_eq!(
+            slot,
+            semaphore_slot_key(name, 2).to_string(),
+            "slot formula"
+        );
+    }
+}
+
+/// An SQL string literal.
+fn literal(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
+}
+
+/// A `psql` session running `sql` in the background.
+fn psql_background(pg: &Postgres, sql: &str) -> std::process::Child {
+    pg.psql()
+        .args(["-c", sql])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("psql")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_advisory_lock_in_psql_blocks_locksmith() {
+    let pg = shared().await;
+    let client = connect(&pg.url(), Duration::from_secs(30)).await;
+    let name = unique("psql-holds");
+    let key = advisory_key(&name);
+    let mut psql = psql_background(
+        pg,
+        &format!("SELECT pg_advisory_lock({key}); SELECT pg_sleep(3)"),
+    );
+    until("psql holds the key", || async {
+        query(
+            pg,
+            &format!(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
+                 AND objid = ({key}::bigint & 4294967295)::oid AND classid = (({key}::bigint >> 32) & 4294967295)::oid"
+            ),
+        )
+        .await
+            == "1"
+    })
+    .await;
+    assert!(client
+        .lock(name.as_str())
+        .try_acquire()
+        .await
+        .unwrap()
+        .is_none());
+    let info = client
+        .describe(&name)
+        .await
+        .unwrap()
+        .expect("psql's hold is shown");
+    assert!(info.holders[0].owner.starts_with("pid:"), "{info:?}");
+    assert!(matches!(
+        client
+            .lock(name.as_str())
+            .acquire_timeout(Duration::from_millis(300))
+            .await,
+        Err(Error::Timeout(_))
+    ));
+    // A waiting acquire gets the lock when psql's session ends.
+    let guard = timeout(
+        Duration::from_secs(20),
+        client.lock(name.as_str()).acquire(),
+    )
+    .await
+    .expect("granted after psql exits")
+    .unwrap();
+    assert!(guard.fencing_token() > 0);
+    guard.release().await.unwrap();
+    let _ = psql.wait();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locksmith_hold_blocks_plain_try_lock_in_psql() {
+    let pg = shared().await;
+    let client = connect(&pg.url(), Duration::from_secs(30)).await;
+    for mode in ["exclusive", "shared"] {
+        let name = unique("locksmith-holds");
+        let key = advisory_key(&name);
+        let guard = if mode == "exclusive" {
+            client.lock(name.as_str()).acquire().await.unwrap()
+        } else {
+            client
+                .rw_lock(name.as_str())
+                .read()
+                .acquire()
+                .await
+                .unwrap()
+        };
+        assert_eq!(
+            query(pg, &format!("SELECT pg_try_advisory_lock({key})")).await,
+            "f",
+            "{mode}: psql must not get the key"
+        );
+        if mode == "shared" {
+            assert_eq!(
+                query(pg, &format!("SELECT pg_try_advisory_lock_shared({key})")).await,
+                "t",
+                "readers share with plain shared callers"
+            );
+        }
+        guard.release().await.unwrap();
+        assert_eq!(
+            query(pg, &format!("SELECT pg_try_advisory_lock({key})")).await,
+            "t"
+        );
+    }
+    // Lease holds are rows: only acquirers see them, but a plain caller that
+    // holds the key keeps new leases out.
+    let name = unique("lease-vs-psql");
+    let key = advisory_key(&name);
+    let mut psql = psql_background(
+        pg,
+        &format!("SELECT pg_advisory_lock({key}); SELECT pg_sleep(2)"),
+    );
+    until("psql holds the key", || async {
+        query(pg, &format!("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND objid = ({key}::bigint & 4294967295)::oid")).await == "1"
+    })
+    .await;
+    assert!(client
+        .lock(name.as_str())
+        .lease(Duration::from_secs(5))
+        .try_acquire()
+        .await
+        .unwrap()
+        .is_none());
+    let _ = psql.wait();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminated_connection_fires_lost_and_the_next_token_is_higher() {
+    let pg = shared().await;
+    let (a, b) = (
+        connect(&pg.url(), Duration::from_secs(3)).await,
+        connect(&pg.url(), Duration::from_secs(3)).await,
+    );
+    let name = unique("terminate");
+    let guard = a.lock(name.as_str()).acquire().await.unwrap();
+    let pid = query(
+        pg,
+        &format!(
+            "SELECT pid FROM locksmith.holds WHERE name = {} AND live",
+            literal(&name)
+        ),
+    )
+    .await;
+    assert!(!pid.is_empty());
+    let next = tokio::spawn({
+        let lock = b.lock(name.as_str());
+        async move { lock.acquire().await }
+    });
+    query(pg, &format!("SELECT pg_terminate_backend({pid})")).await;
+    let reason = timeout(Duration::from_secs(10), guard.lost())
+        .await
+        .expect("lost() fires when the connection is terminated");
+    assert!(!reason.is_empty());
+    let next = timeout(Duration::from_secs(10), next)
+        .await
+        .expect("the waiter gets the lock")
+        .unwrap()
+        .unwrap();
+    assert!(next.fencing_token() > guard.fencing_token());
+    assert!(matches!(guard.release().await, Err(Error::Lost(_))));
+    next.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_holds_survive_a_server_restart() {
+    let pg = tokio::task::spawn_blocking(Postgres::start).await.unwrap();
+    let url = format!("{}?locksmith_mode=ttl", pg.url());
+    let a = connect(&url, Duration::from_secs(6)).await;
+    let b = connect(&url, Duration::from_secs(6)).await;
+    let name = unique("restart");
+    let guard = a.lock(name.as_str()).acquire().await.unwrap();
+    let expiry = |pg: &Postgres| {
+        pg.query(&format!(
+            "SELECT extract(epoch FROM lease_expires) FROM locksmith.lease_holds WHERE name = {}",
+            literal(&name)
+        ))
+        .unwrap()
+        .parse::<f64>()
+        .unwrap()
+    };
+    let pg = tokio::task::spawn_blocking(move || {
+        pg.restart();
+        pg
+    })
+    .await
+    .unwrap();
+    let before = expiry(&pg);
+    // The watchdog renews through the restart: the expiry moves on.
+    until("a renewal after the restart", || async {
+        expiry(&pg) > before
+    })
+    .await;
+    assert!(!guard.is_lost(), "{:?}", guard.lost_signal().reason());
+    assert!(b.lock(name.as_str()).try_acquire().await.unwrap().is_none());
+    let info = b.describe(&name).await.unwrap().expect("still held");
+    assert_eq!(info.holders[0].fencing_token, Some(guard.fencing_token()));
+    let token = guard.fencing_token();
+    guard.release().await.unwrap();
+    let next = b
+        .lock(name.as_str())
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("free");
+    assert!(next.fencing_token() > token);
+    next.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_holds_end_with_a_server_restart() {
+    let pg = tokio::task::spawn_blocking(Postgres::start).await.unwrap();
+    let client = connect(&pg.url(), Duration::from_secs(3)).await;
+    let name = unique("restart-session");
+    let guard = client.lock(name.as_str()).acquire().await.unwrap();
+    let pg = tokio::task::spawn_blocking(move || {
+        pg.restart();
+        pg
+    })
+    .await
+    .unwrap();
+    timeout(Duration::from_secs(10), guard.lost())
+        .await
+        .expect("lost() fires");
+    let next = client.lock(name.as_str()).acquire().await.unwrap();
+    assert!(
+        next.fencing_token() > guard.fencing_token(),
+        "tokens survive restarts"
+    );
+    next.release().await.unwrap();
+    drop(pg);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_queue_behind_a_waiting_writer() {
+    // PostgreSQL's lock manager checks a new request against waiting ones
+    // too: a shared request conflicts with a queued exclusive one.
+    let pg = shared().await;
+    let (a, b, c) = (
+        connect(&pg.url(), Duration::from_secs(30)).await,
+        connect(&pg.url(), Duration::from_secs(30)).await,
+        connect(&pg.url(), Duration::from_secs(30)).await,
+    );
+    let name = unique("fair");
+    let reader = a.rw_lock(name.as_str()).read().acquire().await.unwrap();
+    let writer = tokio::spawn({
+        let lock = b.rw_lock(name.as_str()).write();
+        async move { lock.acquire().await }
+    });
+    until("the writer queues", || async {
+        a.describe(&name)
+            .await
+            .unwrap()
+            .is_some_and(|i| i.waiters.len() == 1)
+    })
+    .await;
+    let late_reader = tokio::spawn({
+        let lock = c.rw_lock(name.as_str()).read();
+        async move { lock.acquire().await }
+    });
+    until("the late reader queues behind the writer", || async {
+        a.describe(&name)
+            .await
+            .unwrap()
+            .is_some_and(|i| i.waiters.len() == 2)
+    })
+    .await;
+    let info = a.describe(&name).await.unwrap().unwrap();
+    assert_eq!(info.waiters[0].mode, Mode::Exclusive);
+    assert_eq!(info.waiters[1].mode, Mode::Shared);
+    reader.release().await.unwrap();
+    let writer = writer.await.unwrap().unwrap();
+    sleep(Duration::from_millis(200)).await;
+    assert!(
+        !late_reader.is_finished(),
+        "the late reader passed the writer"
+    );
+    writer.release().await.unwrap();
+    late_reader.await.unwrap().unwrap().release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transaction_scoped_locks_exclude_session_holds() {
+    let pg = shared().await;
+    let client = connect(&pg.url(), Duration::from_secs(30)).await;
+    let (mut raw, connection) = tokio_postgres::connect(&pg.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let name = unique("xact");
+
+    let held = client.lock(name.as_str()).acquire().await.unwrap();
+    let mut tx = raw.transaction().await.unwrap();
+    let try_options = XactOptions {
+        wait: Wait::No,
+        ..XactOptions::default()
+    };
+    assert_eq!(
+        lock_in_transaction(&mut tx, &name, &try_options)
+            .await
+            .unwrap(),
+        None
+    );
+    let timed = XactOptions {
+        wait: Wait::For(Duration::from_millis(200)),
+        ..XactOptions::default()
+    };
+    assert!(matches!(
+        lock_in_transaction(&mut tx, &name, &timed).await,
+        Err(Error::Timeout(_))
+    ));
+    // The transaction is still usable after the timeout.
+    tx.execute("SELECT 1", &[]).await.unwrap();
+    let token = held.fencing_token();
+    held.release().await.unwrap();
+    let grant = lock_in_transaction(&mut tx, &name, &XactOptions::default())
+        .await
+        .unwrap()
+        .expect("granted");
+    assert!(grant.fencing_token > token);
+    assert!(client
+        .lock(name.as_str())
+        .try_acquire()
+        .await
+        .unwrap()
+        .is_none());
+    let info = client.describe(&name).await.unwrap().unwrap();
+    assert!(info.holders[0].owner.starts_with("pid:"), "{info:?}");
+    tx.commit().await.unwrap();
+    let next = client
+        .lock(name.as_str())
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("free after commit");
+    assert!(next.fencing_token() > grant.fencing_token);
+    next.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_release_ends_session_and_lease_holds() {
+    let pg = shared().await;
+    let (a, admin) = (
+        connect(&pg.url(), Duration::from_secs(3)).await,
+        connect(&pg.url(), Duration::from_secs(3)).await,
+    );
+    let name = unique("force");
+    let guard = a.lock(name.as_str()).acquire().await.unwrap();
+    admin.force_release(&name).await.unwrap();
+    timeout(Duration::from_secs(10), guard.lost())
+        .await
+        .expect("the session holder sees the loss");
+    let lease = a.lock(name.as_str()).acquire().await.unwrap();
+    drop(guard);
+    let ttl = connect(
+        &format!("{}?locksmith_mode=ttl", pg.url()),
+        Duration::from_secs(1),
+    )
+    .await;
+    lease.release().await.unwrap();
+    let leased = ttl.lock(name.as_str()).acquire().await.unwrap();
+    admin.force_release(&name).await.unwrap();
+    timeout(Duration::from_secs(10), leased.lost())
+        .await
+        .expect("the watchdog finds the row gone");
+    assert!(admin.describe(&name).await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn url_options() {
+    let pg = shared().await;
+    let url = pg.url();
+    for bad in [
+        format!("{url}?locksmith_mode=forever"),
+        format!("{url}?locksmith_schema=Not-An-Identifier"),
+        format!("{url}?locksmith_bogus=1"),
+    ] {
+        assert!(
+            matches!(Client::connect(&bad).await, Err(Error::InvalidUrl { .. })),
+            "{bad}"
+        );
+    }
+    let fresh = format!("s{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let refused = Client::connect(&format!(
+        "{url}?locksmith_schema={fresh}&locksmith_migrate=false"
+    ))
+    .await;
+    assert!(matches!(refused, Err(Error::Backend { .. })), "{refused:?}");
+    let client = Client::connect(&format!("{url}?locksmith_schema={fresh}&sslmode=disable"))
+        .await
+        .unwrap();
+    let guard = client.lock("in/another/schema").acquire().await.unwrap();
+    assert_eq!(
+        query(
+            pg,
+            &format!("SELECT count(*) FROM {fresh}.holds WHERE live")
+        )
+        .await,
+        "1"
+    );
+    guard.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_first_use_migrates_once() {
+    let pg = tokio::task::spawn_blocking(Postgres::start).await.unwrap();
+    let url = pg.url();
+    let clients = futures::future::join_all((0..8).map(|_| Client::connect(&url))).await;
+    for client in clients {
+        let client = client.expect("every first user connects");
+        let guard = client.lock("first/use").acquire().await.unwrap();
+        guard.release().await.unwrap();
+    }
+    assert_eq!(pg.query("SELECT version FROM locksmith.meta").unwrap(), "1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn semaphore_waiters_are_served_in_order() {
+    let pg = shared().await;
+    let holder = connect(&pg.url(), Duration::from_secs(30)).await;
+    let name = unique("sem-fifo");
+    let mut permits = Vec::new();
+    for _ in 0..2 {
+        permits.push(holder.semaphore(name.as_str(), 2).acquire().await.unwrap());
+    }
+    let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..4 {
+        let client = connect(&pg.url(), Duration::from_secs(30)).await;
+        let (sem, order) = (name.clone(), order.clone());
+        tasks.push(tokio::spawn(async move {
+            let permit = client.semaphore(sem.as_str(), 2).acquire().await.unwrap();
+            order.lock().unwrap().push(i);
+            sleep(Duration::from_millis(50)).await;
+            permit.release().await.unwrap();
+        }));
+        until("the waiter queues", || async {
+            holder
+                .describe(&name)
+                .await
+                .unwrap()
+                .is_some_and(|info| info.waiters.len() == i + 1)
+        })
+        .await;
+    }
+    for permit in permits {
+        permit.release().await.unwrap();
+    }
+    for task in tasks {
+        timeout(Duration::from_secs(30), task)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    let order = order.lock().unwrap().clone();
+    assert_eq!(order.len(), 4);
+    // Two permits: each waiter is granted no later than one place behind its turn.
+    for (place, waiter) in order.iter().enumerate() {
+        assert!(waiter.abs_diff(place) <= 1, "order {order:?}");
+    }
+}

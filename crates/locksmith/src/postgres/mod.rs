@@ -1,25 +1,605 @@
-//! `postgres://` backend (being written).
+//! `postgres://user:pass@host:port/db`: locks on PostgreSQL advisory locks,
+//! with fencing tokens from a sequence and lease (TTL) holds on a table.
+//!
+//! # URL
+//!
+//! `postgres://` or `postgresql://`, with everything libpq-style URLs take
+//! (`?sslmode=`, `application_name=`, `connect_timeout=`, `options=`,
+//! `host=/run/postgresql` for a Unix socket, several hosts with
+//! `target_session_attrs=read-write`, …; parsed by tokio-postgres), plus these
+//! options of locksmith's own, which are taken out of the URL before it goes
+//! to tokio-postgres:
+//!
+//! | option | default | meaning |
+//! |---|---|---|
+//! | `locksmith_mode` | `session` | `session`: a hold without its own lease is a session-level advisory lock on an open connection. `ttl`: it is a lease row kept by the watchdog (lease = the client's `session_ttl`, renewed at a third), and holds no connection |
+//! | `locksmith_schema` | `locksmith` | schema of the layout (a lower-case identifier); also the `NOTIFY` channel |
+//! | `locksmith_pool_size` | `8` | connections for short statements (inspection, lease operations) |
+//! | `locksmith_migrate` | `true` | create the layout on first use; `false`: fail unless it exists (create it with [`schema_sql`]) |
+//! | `locksmith_keepalive_ms` | `min(session_ttl/3, 5s)` | keepalive query interval on connections that hold locks |
+//!
+//! TLS is not built in (the connector is `NoTls`): `sslmode=disable` or
+//! `prefer` work, `require` fails at connect. `application_name` defaults to
+//! `locksmith`. PostgreSQL 12 or newer.
+//!
+//! # Keys: how other clients find the same lock
+//!
+//! A lock name maps to one advisory lock key, the first 8 bytes of SHA-256 of
+//! the name's UTF-8 bytes read as a big-endian signed 64-bit integer
+//! ([`advisory_key`]):
+//!
+//! ```sql
+//! SELECT ('x' || left(encode(sha256(convert_to('orders/42', 'UTF8')), 'hex'), 16))::bit(64)::bigint;
+//! -- -4261225075031449721
+//! ```
+//!
+//! ```python
+//! int.from_bytes(hashlib.sha256("orders/42".encode()).digest()[:8], "big", signed=True)
+//! ```
+//!
+//! So a service in any language that runs `SELECT pg_advisory_lock(key)`
+//! excludes locksmith's exclusive holders and is excluded by them, and
+//! `pg_advisory_lock_shared(key)` shares with locksmith's readers. Slot `i`
+//! of a semaphore uses the same formula over `name || '\x00' || i`
+//! ([`semaphore_slot_key`]).
+//!
+//! # Layout (schema `locksmith`, created by [`schema_sql`])
+//!
+//! - `fencing_token`: the sequence every grant takes its token from (`CACHE
+//!   1`, so tokens increase across connections; `nextval` WAL-logs ahead and
+//!   the commit that hands a token out flushes that record, so tokens never
+//!   go backwards, across crashes either).
+//! - `session_holds` (UNLOGGED): one row per session hold: name, key, owner,
+//!   lock_by, mode, permits, slot, token, hold_count, lock_time, and the `pid`
+//!   of the connection holding the advisory lock. A row is live exactly while
+//!   that connection holds the key (`session_live()`, from `pg_locks`);
+//!   release only drops the advisory lock and the next holder of the key takes
+//!   the row over, so an uncontended acquire + release is one row update.
+//! - `lease_holds`: one row per lease hold (the same columns, `lease_expires`
+//!   instead of a pid), judged by the database's clock, logged so it survives
+//!   restarts. A unique index allows one exclusive row per name and one row
+//!   per semaphore slot; acquiring is an insert-or-take-expired upsert.
+//! - `waiters` (UNLOGGED): head waiters (below); a release NOTIFYs only when
+//!   its name has one.
+//! - `holds`: a view of both hold tables with a `live` column, for people.
+//! - functions `acquire_session`, `release_session`, `acquire_lease`,
+//!   `renew_lease`, `release_lease`, `acquire_xact`, `cleanup`: one round trip
+//!   per operation, each documented in `schema.sql`.
+//!
+//! The migration runs on first use, in one transaction after
+//! `pg_advisory_xact_lock(key of "<schema>\0migrate")`, so concurrent first
+//! users do not race; `meta.version` says which layout a database has.
+//!
+//! # Session holds (the default)
+//!
+//! `pg_advisory_lock(key)` for exclusive holds, `pg_advisory_lock_shared(key)`
+//! for readers. A non-waiting attempt runs `acquire_session` on the client's
+//! *holder connection*, which many holds share (a connection holds a name at
+//! most once: PostgreSQL would grant its own session the key again, so a
+//! second hold of the same name by this client uses a connection of its own).
+//! When the lock is busy and the request may wait, the wait gets a connection
+//! of its own: it blocks in `pg_advisory_lock(key)` with `lock_timeout` set
+//! to the wait, so waiters queue in PostgreSQL's lock manager, which grants in
+//! arrival order and makes a new reader queue behind a waiting writer
+//! ([`Capabilities::fifo`] and writer fairness hold). A lock_timeout that
+//! fires as the lock is granted reports SQLSTATE 55P03 while the lock is
+//! held; the waiter then checks `pg_locks` for its own pid holding the key and
+//! keeps the grant. A hold that waited keeps its connection until released;
+//! then the connection, which no longer holds any advisory lock (checked:
+//! `pg_advisory_unlock` must return true, or the connection is closed), goes
+//! back to a small idle pool for the next wait.
+//!
+//! Liveness is the connection's: when it closes (server restart,
+//! `pg_terminate_backend`, network), every hold on it fires `lost()` at once;
+//! a keepalive query every `locksmith_keepalive_ms` on connections that hold
+//! something finds peers that vanish without closing, and a keepalive that
+//! gets no answer within the session TTL closes the connection (so the server
+//! drops its locks) and fires `lost()`.
+//!
+//! Semaphores: slot keys, one session-level advisory lock per permit, taken
+//! in slot order; the lock's own key is the queue's turnstile (waiters queue
+//! on it exclusively, non-waiting attempts take it shared for a moment, so an
+//! attempt never passes a waiter). Every holder names the same permit count;
+//! a mismatch with a live hold is [`Error::Conflict`], as is using one name
+//! both as a semaphore and as a lock.
+//!
+//! # Lease (TTL) holds
+//!
+//! A hold with [`crate::Lock::lease`], or any hold in `locksmith_mode=ttl`, is
+//! a row in `lease_holds` and holds no connection: for jobs that outlive
+//! connections, and for PgBouncer. `acquire_lease` first takes the key with a
+//! transaction-level try-lock (so a session holder or a plain
+//! `pg_advisory_lock` caller keeps lease holds out, and waiters queued in
+//! PostgreSQL are not passed), then upserts the row. Without its own lease,
+//! the watchdog renews at a third of the session TTL and retries failed
+//! renewals until the lease runs out (renewals resume after a server restart;
+//! the row and its token survive it). `lost()` fires when the lease runs out
+//! by the local conservative clock (send time of the last renewal + lease)
+//! or when a renewal finds the row gone. Release is an owner-checked delete
+//! (committed asynchronously: losing one in a crash only keeps the lock until
+//! the lease ends). A plain `pg_advisory_lock` caller does not see lease
+//! holds: they are rows, and only locksmith reads them.
+//!
+//! # Waiting behind a lease, or for a semaphore slot
+//!
+//! A waiter that holds the key but still cannot be granted (a lease row holds
+//! the lock, all slots are taken) is the head of the queue: it records itself
+//! in `waiters`, LISTENs (one `LISTEN` connection per client), and sleeps in a
+//! `pg_sleep` statement bounded by the blocking lease's remaining time (at
+//! most 5 s, else a backoff from 50 ms to 1 s). Releases of the name NOTIFY
+//! `<schema>` with the name as payload; the client cancels the head's sleep,
+//! and the head re-checks. Everyone behind it stays in PostgreSQL's queue, so
+//! only the head wakes.
+//!
+//! # Inspection
+//!
+//! `describe` and `list` read the hold tables (live rows only), `pg_locks`
+//! (holders of the key that are not locksmith holds, as owner `pid:<pid>`)
+//! and `pg_stat_activity`: every waiting statement carries a comment
+//! `/*locksmith:wait key=… mode=… owner=… name=…*/`, which is how waiters are
+//! listed, in queue order. Seeing other roles' waiting statements needs
+//! `pg_read_all_stats` (or the same role); long names may be cut by
+//! `track_activity_query_size`.
+//!
+//! `force_release` deletes the name's lease rows and terminates the
+//! connections holding its key (`pg_terminate_backend`; needs the same role or
+//! `pg_signal_backend`), which ends every other hold of those connections too.
+//!
+//! # PgBouncer
+//!
+//! Session holds need a session: behind PgBouncer in transaction mode use
+//! [`lock_in_transaction`] (`pg_advisory_xact_lock` in a transaction of your
+//! own connection, released by its commit or rollback; unnamed statements
+//! only), or lease holds (`locksmith_mode=ttl` through a session-mode pool).
+//!
+//! # Cancel safety
+//!
+//! A dropped acquire leaves nothing behind: attempts run on tasks of their own
+//! and a grant that nobody receives releases itself; a dropped wait sends a
+//! cancel request before the drop returns and closes its connection, which
+//! takes it out of PostgreSQL's queue and ends anything it got.
+//!
+//! # Not supported
+//!
+//! Lock-delay ([`Capabilities::lock_delay`] is false; a request with one is
+//! [`Error::Unsupported`]). Re-entry is per client (same owner, same client).
+
+mod claim;
+mod config;
+mod conn;
+mod inspect;
+mod key;
+mod lease;
+mod listen;
+mod schema;
+mod session;
+mod wait;
+mod xact;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 
 use async_trait::async_trait;
+use tokio_util::sync::CancellationToken;
 
-use crate::backend::{AcquireRequest, Backend, Capabilities, Grant, LockInfo};
+use crate::backend::{
+    acquire_each_in_order, AcquireRequest, Backend, Capabilities, Grant, Hold, LockInfo,
+    LostSignal, Mode, Wait,
+};
 use crate::client::ConnectOptions;
 use crate::error::{Error, Result};
 
+pub use config::HoldMode;
+pub use key::{advisory_key, semaphore_slot_key};
+pub use schema::schema_sql;
+pub use xact::{lock_in_transaction, XactGrant, XactOptions};
+
+use claim::Target;
+use config::Settings;
+use conn::ConnPool;
+use lease::LeaseHold;
+use listen::Listener;
+use session::SessionHold;
+
 const BACKEND: &str = "postgres";
 
-/// The postgres backend.
-pub struct PostgresBackend;
+/// Wraps a tokio-postgres error.
+pub(crate) fn pg_error(error: tokio_postgres::Error) -> Error {
+    Error::backend(BACKEND, error)
+}
+
+/// Wraps a deadpool error.
+fn pool_error(error: deadpool_postgres::PoolError) -> Error {
+    match error {
+        deadpool_postgres::PoolError::Backend(error) => pg_error(error),
+        other => Error::backend(BACKEND, other.to_string()),
+    }
+}
+
+/// A lock store on PostgreSQL: session holds on advisory locks, lease holds on
+/// a table. See the module docs for the layout.
+pub struct PostgresBackend {
+    shared: Arc<Shared>,
+}
+
+/// State shared by the backend and its holds.
+pub(crate) struct Shared {
+    pub settings: Arc<Settings>,
+    pub sql: Sql,
+    /// Connections for short statements (no session state survives them).
+    pub pool: deadpool_postgres::Pool,
+    /// Idle connections for waits (each wait and each hold that waited pins one).
+    pub conns: ConnPool,
+    /// The connection non-waiting session holds share.
+    holder: Mutex<Option<Arc<conn::PgConn>>>,
+    holder_connect: tokio::sync::Mutex<()>,
+    pub listener: Listener,
+    /// Live grants by (name, owner): re-entries share them.
+    entries: Mutex<HashMap<(String, String), Arc<Entry>>>,
+    /// Serializes acquires of one owner on one name, so a second acquire by the
+    /// same owner sees the first one's grant and re-enters.
+    turns: Mutex<HashMap<(String, String), Weak<TurnLock>>>,
+    pub closed: CancellationToken,
+}
+
+/// SQL text of the statements, with the schema filled in.
+pub(crate) struct Sql {
+    pub acquire_session: String,
+    pub release_session: String,
+    pub acquire_lease: String,
+    pub renew_lease: String,
+    pub release_lease: String,
+    pub session_count: String,
+    pub lease_count: String,
+    pub add_waiter: String,
+    pub remove_waiter: String,
+    pub holds_key: String,
+}
+
+impl Sql {
+    fn new(schema: &str) -> Sql {
+        Sql {
+            acquire_session: format!(
+                "SELECT status, token, lock_time, slot, retry_ms, detail \
+                 FROM {schema}.acquire_session($1, $2, $3, $4, $5, $6, $7, $8)"
+            ),
+            release_session: format!("SELECT {schema}.release_session($1, $2, $3)"),
+            acquire_lease: format!(
+                "SELECT status, token, lock_time, lease_expires, slot, retry_ms, detail \
+                 FROM {schema}.acquire_lease($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+            ),
+            renew_lease: format!("SELECT lease_expires FROM {schema}.renew_lease($1, $2, $3, $4)"),
+            release_lease: format!("SELECT {schema}.release_lease($1, $2, $3)"),
+            session_count: format!(
+                "UPDATE {schema}.session_holds SET hold_count = $3 WHERE name = $1 AND token = $2"
+            ),
+            lease_count: format!(
+                "UPDATE {schema}.lease_holds SET hold_count = $3 WHERE name = $1 AND token = $2"
+            ),
+            add_waiter: format!(
+                "INSERT INTO {schema}.waiters (name, owner, mode, permits, pid) \
+                 VALUES ($1, $2, $3, $4, pg_backend_pid()) RETURNING id"
+            ),
+            remove_waiter: format!("DELETE FROM {schema}.waiters WHERE id = $1"),
+            holds_key: "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' \
+                        AND pid = pg_backend_pid() AND granted \
+                        AND classid = (($1::bigint >> 32) & 4294967295)::oid \
+                        AND objid = ($1::bigint & 4294967295)::oid AND objsubid = 1)"
+                .to_owned(),
+        }
+    }
+}
 
 impl PostgresBackend {
-    /// Connects to the store named by `url`.
+    /// Connects to the database named by `url` (`postgres://` or
+    /// `postgresql://`, libpq parameters and the `locksmith_*` options of the
+    /// module docs) and creates the layout on first use.
     ///
-    /// Cancel safety: safe; a dropped connect leaves nothing behind.
-    pub async fn connect(_url: &str, _options: &ConnectOptions) -> Result<Self> {
-        Err(Error::Unsupported {
-            backend: BACKEND,
-            what: "not built yet".into(),
+    /// Cancel safety: safe; a dropped connect leaves nothing behind (a
+    /// migration in flight rolls back).
+    pub async fn connect(url: &str, options: &ConnectOptions) -> Result<Self> {
+        let settings = Arc::new(Settings::parse(url, options)?);
+        let span = tracing::info_span!("postgres connect", url = %settings.url);
+        tracing::Instrument::instrument(Self::open(settings), span).await
+    }
+
+    async fn open(settings: Arc<Settings>) -> Result<Self> {
+        let manager = deadpool_postgres::Manager::from_config(
+            settings.pg.clone(),
+            tokio_postgres::NoTls,
+            deadpool_postgres::ManagerConfig {
+                recycling_method: deadpool_postgres::RecyclingMethod::Fast,
+            },
+        );
+        let pool = deadpool_postgres::Pool::builder(manager)
+            .max_size(settings.pool_size)
+            .build()
+            .map_err(|e| Error::backend(BACKEND, e.to_string()))?;
+        {
+            let mut client = pool.get().await.map_err(pool_error)?;
+            let client: &mut tokio_postgres::Client = &mut client;
+            schema::ensure(client, &settings.schema, settings.migrate).await?;
+        }
+        let shared = Arc::new(Shared {
+            sql: Sql::new(&settings.schema_ident()),
+            conns: ConnPool::new(settings.clone(), 4),
+            listener: Listener::new(settings.clone()),
+            settings,
+            pool,
+            holder: Mutex::new(None),
+            holder_connect: tokio::sync::Mutex::new(()),
+            entries: Mutex::default(),
+            turns: Mutex::default(),
+            closed: CancellationToken::new(),
+        });
+        tokio::spawn(cleanup(Arc::downgrade(&shared)));
+        Ok(PostgresBackend { shared })
+    }
+
+    /// How holds without an explicit lease are kept (`locksmith_mode`).
+    pub fn hold_mode(&self) -> HoldMode {
+        self.shared.settings.mode
+    }
+
+    /// The schema of the layout (`locksmith_schema`).
+    pub fn schema(&self) -> &str {
+        &self.shared.settings.schema
+    }
+}
+
+/// Runs the layout's `cleanup()` now and then (every 5 minutes), while the
+/// backend lives.
+async fn cleanup(shared: Weak<Shared>) {
+    loop {
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        let sql = format!("SELECT {}.cleanup()", shared.settings.schema_ident());
+        if let Ok(client) = shared.pool.get().await {
+            if let Err(error) = client.execute(&sql, &[]).await {
+                tracing::debug!(%error, "postgres cleanup failed");
+            }
+        }
+        let closed = shared.closed.clone();
+        drop(shared);
+        tokio::select! {
+            _ = closed.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_secs(300)) => {}
+        }
+    }
+}
+
+impl Shared {
+    /// The connection non-waiting session holds share, (re)connected as needed.
+    ///
+    /// Cancel safety: safe.
+    pub async fn holder(&self) -> Result<Arc<conn::PgConn>> {
+        if let Some(conn) = self.live_holder() {
+            return Ok(conn);
+        }
+        let _connecting = self.holder_connect.lock().await;
+        if let Some(conn) = self.live_holder() {
+            return Ok(conn);
+        }
+        let conn = conn::PgConn::connect(&self.settings).await?;
+        *self.holder.lock().expect("holder lock") = Some(conn.clone());
+        Ok(conn)
+    }
+
+    fn live_holder(&self) -> Option<Arc<conn::PgConn>> {
+        self.holder
+            .lock()
+            .expect("holder lock")
+            .as_ref()
+            .filter(|c| c.usable())
+            .cloned()
+    }
+
+    /// A pooled connection for a short statement.
+    ///
+    /// Cancel safety: safe.
+    pub async fn client(&self) -> Result<deadpool_postgres::Object> {
+        if self.closed.is_cancelled() {
+            return Err(Error::Closed);
+        }
+        self.pool.get().await.map_err(pool_error)
+    }
+
+    /// The lease of a hold acquired by `request`: its own, the session TTL in
+    /// TTL mode, none for a session hold.
+    fn lease_of(&self, request: &AcquireRequest) -> Option<Duration> {
+        request.lease.or(match self.settings.mode {
+            HoldMode::Ttl => Some(self.settings.session_ttl),
+            HoldMode::Session => None,
         })
+    }
+
+    /// Acquires one name, no re-entry handling.
+    async fn acquire_new(
+        self: &Arc<Self>,
+        request: &AcquireRequest,
+        name: &str,
+    ) -> Result<Option<Inner>> {
+        let lease = self.lease_of(request);
+        let target = Target::new(request, name, lease);
+        let deadline = match request.wait {
+            Wait::For(limit) => Some((tokio::time::Instant::now() + limit, limit)),
+            _ => None,
+        };
+        match lease {
+            None => session::acquire(self, &target, request.wait, deadline)
+                .await
+                .map(|hold| hold.map(Inner::Session)),
+            Some(lease) => {
+                let watchdog = request.lease.is_none();
+                lease::acquire(self, &target, request.wait, deadline, lease, watchdog)
+                    .await
+                    .map(|hold| hold.map(Inner::Lease))
+            }
+        }
+    }
+
+    /// Waits for this owner's turn on this name.
+    async fn turn(&self, name: &str, owner: &str) -> Turn<'_> {
+        let key = (name.to_owned(), owner.to_owned());
+        let mutex = {
+            let mut turns = self.turns.lock().expect("turns lock");
+            match turns.get(&key).and_then(Weak::upgrade) {
+                Some(mutex) => mutex,
+                None => {
+                    let mutex = Arc::new(TurnLock::new(()));
+                    turns.insert(key.clone(), Arc::downgrade(&mutex));
+                    mutex
+                }
+            }
+        };
+        let guard = mutex.clone().lock_owned().await;
+        Turn {
+            shared: self,
+            key,
+            guard: Some(guard),
+        }
+    }
+
+    /// Updates the recorded re-entry depth of a grant (best effort: it is for
+    /// inspection only).
+    async fn record_count(&self, name: &str, entry: &Entry, count: u32) {
+        let sql = match entry.inner {
+            Inner::Session(_) => &self.sql.session_count,
+            Inner::Lease(_) => &self.sql.lease_count,
+        };
+        let result = async {
+            let client = self.client().await?;
+            let statement = client.prepare_cached(sql).await.map_err(pg_error)?;
+            client
+                .execute(&statement, &[&name, &(entry.token as i64), &(count as i32)])
+                .await
+                .map_err(pg_error)
+        }
+        .await;
+        if let Err(error) = result {
+            tracing::debug!(%error, name, "postgres: recording the hold count failed");
+        }
+    }
+}
+
+/// The lock one owner's acquires of one name take turns on.
+type TurnLock = tokio::sync::Mutex<()>;
+
+/// An owner's turn on a name; dropping it lets the next acquire of the owner in.
+struct Turn<'a> {
+    shared: &'a Shared,
+    key: (String, String),
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        self.guard.take();
+        let mut turns = self.shared.turns.lock().expect("turns lock");
+        if turns.get(&self.key).is_some_and(|w| w.strong_count() == 0) {
+            turns.remove(&self.key);
+        }
+    }
+}
+
+/// A grant as this client tracks it: the real hold and its re-entry depth.
+struct Entry {
+    inner: Inner,
+    mode: Mode,
+    token: u64,
+    count: Mutex<u32>,
+}
+
+/// The real hold behind a grant.
+enum Inner {
+    Session(SessionHold),
+    Lease(Arc<LeaseHold>),
+}
+
+impl Inner {
+    fn token(&self) -> u64 {
+        match self {
+            Inner::Session(hold) => hold.token,
+            Inner::Lease(hold) => hold.token,
+        }
+    }
+
+    fn lost(&self) -> &Fan {
+        match self {
+            Inner::Session(hold) => &hold.lost,
+            Inner::Lease(hold) => &hold.lost,
+        }
+    }
+
+    /// Cancel safety: the release runs to completion on its own task.
+    async fn release(&self) -> Result<()> {
+        match self {
+            Inner::Session(hold) => hold.release().await,
+            Inner::Lease(hold) => hold.release().await,
+        }
+    }
+}
+
+/// The hold a guard owns: one level of a (possibly re-entered) grant.
+struct Handle {
+    shared: Arc<Shared>,
+    name: String,
+    owner: String,
+    entry: Arc<Entry>,
+}
+
+#[async_trait]
+impl Hold for Handle {
+    async fn release(self: Box<Self>) -> Result<()> {
+        let last = {
+            let mut entries = self.shared.entries.lock().expect("entries lock");
+            let mut count = self.entry.count.lock().expect("count lock");
+            *count -= 1;
+            if *count == 0 {
+                let key = (self.name.clone(), self.owner.clone());
+                if entries
+                    .get(&key)
+                    .is_some_and(|e| Arc::ptr_eq(e, &self.entry))
+                {
+                    entries.remove(&key);
+                }
+                None
+            } else {
+                Some(*count)
+            }
+        };
+        let span =
+            tracing::debug_span!("postgres release", name = %self.name, token = self.entry.token);
+        tracing::Instrument::instrument(
+            async {
+                match last {
+                    Some(count) => {
+                        if let Some(reason) = self.entry.inner.lost().reason() {
+                            return Err(Error::Lost(reason));
+                        }
+                        self.shared
+                            .record_count(&self.name, &self.entry, count)
+                            .await;
+                        Ok(())
+                    }
+                    None => self.entry.inner.release().await,
+                }
+            },
+            span,
+        )
+        .await
+    }
+
+    async fn extend(&self, lease: Duration) -> Result<()> {
+        match &self.entry.inner {
+            Inner::Lease(hold) => hold.extend(lease).await,
+            Inner::Session(_) => Err(Error::InvalidArgument(
+                "a session hold has no lease to extend".into(),
+            )),
+        }
     }
 }
 
@@ -31,31 +611,176 @@ impl Backend for PostgresBackend {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            fifo: false,
+            fifo: true,
             lock_delay: false,
-            lists_waiters: false,
-            shared: false,
-            semaphore: false,
+            lists_waiters: true,
+            shared: true,
+            semaphore: true,
         }
     }
 
-    async fn acquire(&self, _request: &AcquireRequest) -> Result<Option<Grant>> {
-        unimplemented!()
+    async fn acquire(&self, request: &AcquireRequest) -> Result<Option<Grant>> {
+        if request.names.len() > 1 {
+            return acquire_each_in_order(self, request).await;
+        }
+        if !request.lock_delay.is_zero() {
+            return Err(Error::Unsupported {
+                backend: BACKEND,
+                what: "lock-delay".into(),
+            });
+        }
+        if self.shared.closed.is_cancelled() {
+            return Err(Error::Closed);
+        }
+        let shared = &self.shared;
+        let name = request.names[0].as_str();
+        let _turn = shared.turn(name, &request.owner).await;
+        let key = (name.to_owned(), request.owner.clone());
+        let existing = shared
+            .entries
+            .lock()
+            .expect("entries lock")
+            .get(&key)
+            .cloned();
+        if let Some(entry) = existing.filter(|e| e.inner.lost().reason().is_none()) {
+            if !request.reentrant {
+                return Err(Error::AlreadyHeld { name: name.into() });
+            }
+            if entry.mode != request.mode {
+                return Err(Error::Conflict {
+                    name: name.into(),
+                    mode: request.mode,
+                    detail: format!("held by this owner as {}", entry.mode),
+                });
+            }
+            let count = {
+                let mut count = entry.count.lock().expect("count lock");
+                *count += 1;
+                *count
+            };
+            shared.record_count(name, &entry, count).await;
+            return Ok(Some(Grant {
+                tokens: vec![entry.token],
+                lost: entry.inner.lost().signal(),
+                hold: Box::new(Handle {
+                    shared: shared.clone(),
+                    name: name.into(),
+                    owner: request.owner.clone(),
+                    entry,
+                }),
+            }));
+        }
+        let Some(inner) = shared.acquire_new(request, name).await? else {
+            return Ok(None);
+        };
+        let entry = Arc::new(Entry {
+            token: inner.token(),
+            mode: request.mode,
+            count: Mutex::new(1),
+            inner,
+        });
+        shared
+            .entries
+            .lock()
+            .expect("entries lock")
+            .insert(key, entry.clone());
+        Ok(Some(Grant {
+            tokens: vec![entry.token],
+            lost: entry.inner.lost().signal(),
+            hold: Box::new(Handle {
+                shared: shared.clone(),
+                name: name.into(),
+                owner: request.owner.clone(),
+                entry,
+            }),
+        }))
     }
 
-    async fn describe(&self, _name: &str) -> Result<Option<LockInfo>> {
-        unimplemented!()
+    async fn describe(&self, name: &str) -> Result<Option<LockInfo>> {
+        let span = tracing::debug_span!("postgres describe", name);
+        tracing::Instrument::instrument(inspect::describe(&self.shared, name), span).await
     }
 
-    async fn list(&self, _prefix: &str) -> Result<Vec<LockInfo>> {
-        unimplemented!()
+    async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>> {
+        let span = tracing::debug_span!("postgres list", prefix);
+        tracing::Instrument::instrument(inspect::list(&self.shared, prefix), span).await
     }
 
-    async fn force_release(&self, _name: &str) -> Result<()> {
-        unimplemented!()
+    async fn force_release(&self, name: &str) -> Result<()> {
+        let span = tracing::info_span!("postgres force_release", name);
+        tracing::Instrument::instrument(inspect::force_release(&self.shared, name), span).await
     }
 
     async fn close(&self) -> Result<()> {
-        unimplemented!()
+        let shared = &self.shared;
+        shared.closed.cancel();
+        let entries: Vec<Arc<Entry>> = shared
+            .entries
+            .lock()
+            .expect("entries lock")
+            .drain()
+            .map(|(_, entry)| entry)
+            .collect();
+        for entry in entries {
+            if let Err(error) = entry.inner.release().await {
+                tracing::debug!(%error, "postgres: release on close failed");
+            }
+        }
+        shared.holder.lock().expect("holder lock").take();
+        shared.conns.clear();
+        shared.listener.close().await;
+        shared.pool.close();
+        Ok(())
     }
+}
+
+/// Lost signals of every guard of one grant (re-entries get a signal each,
+/// so releasing one level, which fires that guard's signal, leaves the
+/// others alone). The hold fires the fan when it is really lost.
+#[derive(Clone, Default)]
+pub(crate) struct Fan(Arc<Mutex<FanState>>);
+
+#[derive(Default)]
+struct FanState {
+    reason: Option<String>,
+    signals: Vec<LostSignal>,
+}
+
+impl Fan {
+    /// Fires every guard's signal; the first reason wins.
+    pub fn fire(&self, reason: impl Into<String>) {
+        let mut state = self.0.lock().expect("fan lock");
+        let reason = state.reason.get_or_insert_with(|| reason.into()).clone();
+        for signal in &state.signals {
+            signal.fire(reason.clone());
+        }
+    }
+
+    /// Why the hold was lost, once it has been.
+    pub fn reason(&self) -> Option<String> {
+        self.0.lock().expect("fan lock").reason.clone()
+    }
+
+    /// A new guard's signal (already fired if the hold is lost).
+    pub fn signal(&self) -> LostSignal {
+        let signal = LostSignal::new();
+        let mut state = self.0.lock().expect("fan lock");
+        if let Some(reason) = &state.reason {
+            signal.fire(reason.clone());
+        }
+        state.signals.retain(|s| !s.is_fired());
+        state.signals.push(signal.clone());
+        signal
+    }
+}
+
+/// Runs `work` on its own task, so that it completes even if the caller stops
+/// waiting for it; an output nobody received is dropped there (holds release
+/// themselves when dropped).
+pub(crate) async fn detached<T: Send + 'static>(
+    work: impl Future<Output = T> + Send + 'static,
+) -> Result<T> {
+    tokio::spawn(work)
+        .await
+        .map_err(|e| Error::backend(BACKEND, format!("postgres task failed: {e}")))
 }

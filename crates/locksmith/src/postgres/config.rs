@@ -1,0 +1,203 @@
+//! The `postgres://` URL: libpq parameters for tokio-postgres, and the
+//! `locksmith_*` query parameters this backend takes out of it first.
+
+use std::time::Duration;
+
+use crate::client::{redact, ConnectOptions};
+use crate::error::{Error, Result};
+
+/// How holds without an explicit lease are kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HoldMode {
+    /// `locksmith_mode=session` (default): a session-level advisory lock on a
+    /// connection that stays open while the hold lasts.
+    Session,
+    /// `locksmith_mode=ttl`: a row in `lease_holds` whose lease (the client's
+    /// session TTL) the watchdog renews at a third; no connection is held.
+    Ttl,
+}
+
+/// Everything `connect` learned from the URL and the connect options.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    /// What tokio-postgres connects with (the URL minus `locksmith_*`).
+    pub pg: tokio_postgres::Config,
+    /// The URL without its password, for messages.
+    pub url: String,
+    pub mode: HoldMode,
+    /// Schema of the layout, a plain lower-case identifier.
+    pub schema: String,
+    /// Connections for short statements (the deadpool pool).
+    pub pool_size: usize,
+    /// Create the layout on first use.
+    pub migrate: bool,
+    /// Keepalive query interval on connections that hold locks.
+    pub keepalive: Duration,
+    /// The client's session TTL: the watchdog lease of TTL-mode holds, and how
+    /// long a holding connection may stay silent before its holds count as lost.
+    pub session_ttl: Duration,
+    /// `lock_by` recorded with every hold: "client_name@host".
+    pub lock_by: String,
+}
+
+/// Query parameters of ours; everything else goes to tokio-postgres.
+const PREFIX: &str = "locksmith_";
+
+impl Settings {
+    /// Parses `url` (scheme `postgres` or `postgresql`).
+    pub fn parse(url: &str, options: &ConnectOptions) -> Result<Settings> {
+        let invalid = |reason: String| Error::InvalidUrl {
+            url: redact(url),
+            reason,
+        };
+        let mut parsed = url::Url::parse(url).map_err(|e| invalid(e.to_string()))?;
+        if !matches!(parsed.scheme(), "postgres" | "postgresql") {
+            return Err(invalid("expected postgres:// or postgresql://".into()));
+        }
+        let mut settings = Settings {
+            pg: tokio_postgres::Config::new(),
+            url: redact(url),
+            mode: HoldMode::Session,
+            schema: "locksmith".into(),
+            pool_size: 8,
+            migrate: true,
+            keepalive: (options.session_ttl / 3).min(Duration::from_secs(5)),
+            session_ttl: options.session_ttl,
+            lock_by: format!("{}@{}", options.client_name, options.host),
+        };
+        let mut passed = Vec::new();
+        for (key, value) in parsed.query_pairs() {
+            let Some(option) = key.strip_prefix(PREFIX) else {
+                passed.push((key.into_owned(), value.into_owned()));
+                continue;
+            };
+            let bad = |expected: &str| invalid(format!("{key}={value:?}: expected {expected}"));
+            match option {
+                "mode" => {
+                    settings.mode = match &*value {
+                        "session" => HoldMode::Session,
+                        "ttl" => HoldMode::Ttl,
+                        _ => return Err(bad("session or ttl")),
+                    }
+                }
+                "schema" => {
+                    if !is_identifier(&value) {
+                        return Err(bad(
+                            "a lower-case identifier ([a-z_][a-z0-9_]*, at most 63 bytes)",
+                        ));
+                    }
+                    settings.schema = value.into_owned();
+                }
+                "pool_size" => {
+                    settings.pool_size = value
+                        .parse()
+                        .ok()
+                        .filter(|n| (1..=1000).contains(n))
+                        .ok_or_else(|| bad("a number in 1..=1000"))?;
+                }
+                "migrate" => {
+                    settings.migrate = match &*value {
+                        "true" | "on" | "1" => true,
+                        "false" | "off" | "0" => false,
+                        _ => return Err(bad("true or false")),
+                    }
+                }
+                "keepalive_ms" => {
+                    let ms: u64 = value
+                        .parse()
+                        .ok()
+                        .filter(|ms| (10..=3_600_000).contains(ms))
+                        .ok_or_else(|| bad("milliseconds in 10..=3600000"))?;
+                    settings.keepalive = Duration::from_millis(ms);
+                }
+                _ => {
+                    return Err(invalid(format!(
+                        "unknown option {key} (known: locksmith_mode, locksmith_schema, \
+                         locksmith_pool_size, locksmith_migrate, locksmith_keepalive_ms)"
+                    )))
+                }
+            }
+        }
+        if passed.is_empty() {
+            parsed.set_query(None);
+        } else {
+            parsed.query_pairs_mut().clear().extend_pairs(passed);
+        }
+        settings.pg = parsed
+            .as_str()
+            .parse()
+            .map_err(|e: tokio_postgres::Error| invalid(e.to_string()))?;
+        if settings.pg.get_application_name().is_none() {
+            settings.pg.application_name("locksmith");
+        }
+        if settings.pg.get_connect_timeout().is_none() {
+            settings.pg.connect_timeout(Duration::from_secs(10));
+        }
+        Ok(settings)
+    }
+
+    /// The schema as an SQL identifier (it is validated, so quoting is plain).
+    pub fn schema_ident(&self) -> String {
+        format!("\"{}\"", self.schema)
+    }
+}
+
+/// `[a-z_][a-z0-9_]*`, 1..=63 bytes: needs no quoting rules beyond `"…"` and
+/// is a valid LISTEN channel.
+fn is_identifier(s: &str) -> bool {
+    let mut bytes = s.bytes();
+    matches!(bytes.next(), Some(b'a'..=b'z' | b'_'))
+        && bytes.all(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'_'))
+        && s.len() <= 63
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(url: &str) -> Result<Settings> {
+        Settings::parse(url, &ConnectOptions::default())
+    }
+
+    #[test]
+    fn strips_our_options_and_keeps_libpq_ones() {
+        let s = parse(
+            "postgresql://u:secret@db.example:6543/app?locksmith_mode=ttl&sslmode=disable\
+             &locksmith_schema=locks&application_name=svc&locksmith_pool_size=3",
+        )
+        .unwrap();
+        assert_eq!(s.mode, HoldMode::Ttl);
+        assert_eq!(s.schema, "locks");
+        assert_eq!(s.pool_size, 3);
+        assert_eq!(s.pg.get_user(), Some("u"));
+        assert_eq!(s.pg.get_dbname(), Some("app"));
+        assert_eq!(s.pg.get_ports(), [6543]);
+        assert_eq!(s.pg.get_application_name(), Some("svc"));
+        assert!(!s.url.contains("secret"));
+    }
+
+    #[test]
+    fn defaults() {
+        let s = parse("postgres://postgres@127.0.0.1/postgres").unwrap();
+        assert_eq!(s.mode, HoldMode::Session);
+        assert_eq!(s.schema, "locksmith");
+        assert!(s.migrate);
+        assert_eq!(s.pg.get_application_name(), Some("locksmith"));
+    }
+
+    #[test]
+    fn rejects_bad_options_with_the_password_removed() {
+        for url in [
+            "postgres://u:secret@h/db?locksmith_mode=lease",
+            "postgres://u:secret@h/db?locksmith_schema=Bad-Name",
+            "postgres://u:secret@h/db?locksmith_pool_size=0",
+            "postgres://u:secret@h/db?locksmith_nope=1",
+            "postgres://u:secret@h/db?not_a_libpq_param=1",
+        ] {
+            match parse(url) {
+                Err(Error::InvalidUrl { url, .. }) => assert!(!url.contains("secret"), "{url}"),
+                other => panic!("{url}: {other:?}"),
+            }
+        }
+    }
+}

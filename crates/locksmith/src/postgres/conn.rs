@@ -1,0 +1,383 @@
+//! Connections that hold advisory locks.
+//!
+//! Session-level advisory locks belong to a connection, so a connection that
+//! holds one must be watched (its end is the end of its holds) and must never
+//! go back to a pool while it still holds anything. [`PgConn`] is such a
+//! connection: its driver task fires the lost signals of every hold pinned to
+//! it the moment the socket closes, a keepalive query finds dead peers that
+//! never close, and [`PgConn::kill`] closes the socket so PostgreSQL drops the
+//! locks when this side stops trusting them. [`ConnPool`] keeps a few idle
+//! ones (holding nothing) for the next wait.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tokio_postgres::{NoTls, Statement};
+use tokio_util::sync::CancellationToken;
+
+use super::config::Settings;
+use super::{pg_error, Fan};
+use crate::error::Result;
+
+/// One PostgreSQL connection of our own (not deadpool's), see the module docs.
+pub(crate) struct PgConn {
+    client: tokio_postgres::Client,
+    /// Fired when the connection's driver task ends.
+    closed: CancellationToken,
+    /// Why it ended, once it has.
+    closed_reason: Arc<Mutex<Option<String>>>,
+    driver: JoinHandle<()>,
+    statements: Mutex<HashMap<String, Statement>>,
+    /// Lost signals of the holds pinned to this connection, by hold id.
+    holds: Mutex<HashMap<u64, Fan>>,
+    /// Names with a hold on this connection (a connection holds a name at
+    /// most once: PostgreSQL would grant the same session the key again).
+    names: Mutex<HashMap<String, u32>>,
+    /// No new holds: it failed a keepalive or was killed.
+    dead: AtomicBool,
+    /// Where to send a cancel request without the async runtime (see
+    /// [`PgConn::cancel_blocking`]).
+    cancel_addr: Option<SocketAddr>,
+    cancel: tokio_postgres::CancelToken,
+}
+
+static NEXT_HOLD: AtomicU64 = AtomicU64::new(1);
+
+/// A fresh id for [`PgConn::pin`].
+pub(crate) fn hold_id() -> u64 {
+    NEXT_HOLD.fetch_add(1, Ordering::Relaxed)
+}
+
+impl PgConn {
+    /// Opens a connection and starts its driver and keepalive tasks.
+    ///
+    /// Cancel safety: safe; a dropped connect closes the half-open connection.
+    pub async fn connect(settings: &Settings) -> Result<Arc<PgConn>> {
+        let (client, connection) = settings.pg.connect(NoTls).await.map_err(pg_error)?;
+        let closed = CancellationToken::new();
+        let closed_reason = Arc::new(Mutex::new(None));
+        let driver = tokio::spawn({
+            let (closed, reason) = (closed.clone(), closed_reason.clone());
+            async move {
+                let why = match connection.await {
+                    Ok(()) => "connection to PostgreSQL closed".to_owned(),
+                    Err(error) => format!("connection to PostgreSQL lost: {error}"),
+                };
+                reason.lock().expect("reason lock").get_or_insert(why);
+                closed.cancel();
+            }
+        });
+        let conn = Arc::new(PgConn {
+            cancel: client.cancel_token(),
+            client,
+            closed: closed.clone(),
+            closed_reason,
+            driver,
+            statements: Mutex::default(),
+            holds: Mutex::default(),
+            names: Mutex::default(),
+            dead: AtomicBool::new(false),
+            cancel_addr: cancel_addr(settings),
+        });
+        tokio::spawn(watch(
+            Arc::downgrade(&conn),
+            closed,
+            settings.keepalive,
+            settings.session_ttl,
+        ));
+        Ok(conn)
+    }
+
+    /// The tokio-postgres client.
+    pub fn client(&self) -> &tokio_postgres::Client {
+        &self.client
+    }
+
+    /// A prepared statement, prepared once per connection.
+    ///
+    /// Cancel safety: safe; a dropped prepare only costs a later one.
+    pub async fn prepare(&self, sql: &str) -> Result<Statement> {
+        if let Some(statement) = self.statements.lock().expect("statements").get(sql) {
+            return Ok(statement.clone());
+        }
+        let statement = self.client.prepare(sql).await.map_err(pg_error)?;
+        self.statements
+            .lock()
+            .expect("statements")
+            .insert(sql.to_owned(), statement.clone());
+        Ok(statement)
+    }
+
+    /// Whether new holds may go on this connection.
+    pub fn usable(&self) -> bool {
+        !self.dead.load(Ordering::Acquire) && !self.closed.is_cancelled()
+    }
+
+    /// Why the connection can no longer be trusted, if it cannot.
+    pub fn broken(&self) -> Option<String> {
+        if self.closed.is_cancelled() || self.dead.load(Ordering::Acquire) {
+            Some(
+                self.closed_reason
+                    .lock()
+                    .expect("reason lock")
+                    .clone()
+                    .unwrap_or_else(|| "connection to PostgreSQL closed".into()),
+            )
+        } else {
+            None
+        }
+    }
+
+    /// Pins a hold: `lost` fires when the connection dies. Returns false (and
+    /// fires `lost`) when it already has.
+    pub fn pin(&self, id: u64, lost: &Fan) -> bool {
+        self.holds
+            .lock()
+            .expect("holds lock")
+            .insert(id, lost.clone());
+        if let Some(reason) = self.broken() {
+            lost.fire(reason);
+            return false;
+        }
+        true
+    }
+
+    /// Unpins a hold (released or given up).
+    pub fn unpin(&self, id: u64) {
+        self.holds.lock().expect("holds lock").remove(&id);
+    }
+
+    /// Whether any hold is pinned here.
+    pub fn holds_anything(&self) -> bool {
+        !self.holds.lock().expect("holds lock").is_empty()
+    }
+
+    /// Claims `name` for a hold on this connection; false when the connection
+    /// already holds it (the hold must then go elsewhere).
+    pub fn claim_name(&self, name: &str) -> bool {
+        let mut names = self.names.lock().expect("names lock");
+        if names.contains_key(name) {
+            return false;
+        }
+        names.insert(name.to_owned(), 1);
+        true
+    }
+
+    /// Gives `name` back.
+    pub fn release_name(&self, name: &str) {
+        self.names.lock().expect("names lock").remove(name);
+    }
+
+    /// Stops trusting the connection: fires every pinned hold's lost signal
+    /// with `reason` and closes the socket, so PostgreSQL ends the session and
+    /// drops its advisory locks instead of keeping them for a client that
+    /// has given them up.
+    pub fn kill(&self, reason: &str) {
+        self.dead.store(true, Ordering::Release);
+        self.closed_reason
+            .lock()
+            .expect("reason lock")
+            .get_or_insert_with(|| reason.to_owned());
+        self.driver.abort();
+        self.fire_all();
+    }
+
+    fn fire_all(&self) {
+        let reason = self
+            .broken()
+            .unwrap_or_else(|| "connection to PostgreSQL closed".into());
+        let holds: Vec<Fan> = self
+            .holds
+            .lock()
+            .expect("holds lock")
+            .drain()
+            .map(|(_, lost)| lost)
+            .collect();
+        for lost in holds {
+            lost.fire(reason.clone());
+        }
+    }
+
+    /// Cancels the statement running on this connection and closes it, from
+    /// synchronous code (a drop guard). The cancel request goes out over a
+    /// blocking socket and this returns once the postmaster has signalled the
+    /// backend, so by the time the caller moves on the backend is leaving
+    /// PostgreSQL's lock queue: a dropped wait leaves no waiter behind for
+    /// longer than the backend takes to handle the signal. Falls back to an
+    /// async cancel where no plain TCP address is known.
+    pub fn cancel_blocking(&self) {
+        let sent = self.cancel_addr.is_some_and(|addr| {
+            let stream = match std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
+                Ok(stream) => stream,
+                Err(_) => return false,
+            };
+            let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+            let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
+            let clone = match stream.try_clone() {
+                Ok(clone) => clone,
+                Err(_) => return false,
+            };
+            let future = self.cancel.cancel_query_raw(BlockingStream(stream), NoTls);
+            if futures::executor::block_on(future).is_err() {
+                return false;
+            }
+            // The postmaster closes the socket after signalling the backend.
+            let mut sink = [0u8; 16];
+            let mut reader = &clone;
+            while std::io::Read::read(&mut reader, &mut sink).is_ok_and(|n| n > 0) {}
+            true
+        });
+        if !sent {
+            let cancel = self.cancel.clone();
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(async move {
+                    let _ = cancel.cancel_query(NoTls).await;
+                });
+            }
+        }
+        self.kill("acquire cancelled");
+    }
+}
+
+impl Drop for PgConn {
+    fn drop(&mut self) {
+        self.driver.abort();
+    }
+}
+
+/// The single TCP address of the server, when the config names exactly one.
+fn cancel_addr(settings: &Settings) -> Option<SocketAddr> {
+    let port = match settings.pg.get_ports() {
+        [] => 5432,
+        [port] => *port,
+        _ => return None,
+    };
+    if let [addr] = settings.pg.get_hostaddrs() {
+        return Some(SocketAddr::new(*addr, port));
+    }
+    match settings.pg.get_hosts() {
+        [tokio_postgres::config::Host::Tcp(host)] => {
+            host.parse().ok().map(|ip| SocketAddr::new(ip, port))
+        }
+        _ => None,
+    }
+}
+
+/// Watches one connection: fires its holds when it closes, and runs a
+/// keepalive query while it holds anything; a keepalive that fails or gets no
+/// answer within the session TTL kills the connection.
+async fn watch(conn: Weak<PgConn>, closed: CancellationToken, every: Duration, ttl: Duration) {
+    loop {
+        tokio::select! {
+            _ = closed.cancelled() => {
+                if let Some(conn) = conn.upgrade() {
+                    tracing::debug!(reason = ?conn.broken(), "postgres holding connection closed");
+                    conn.fire_all();
+                }
+                return;
+            }
+            _ = tokio::time::sleep(every) => {}
+        }
+        let Some(conn) = conn.upgrade() else { return };
+        if !conn.holds_anything() {
+            continue;
+        }
+        match tokio::time::timeout(ttl, conn.client.simple_query("")).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => conn.kill(&format!("keepalive failed: {error}")),
+            Err(_) => conn.kill(&format!("keepalive got no answer within {ttl:?}")),
+        }
+    }
+}
+
+/// A std TCP stream in blocking mode as a tokio stream that is always ready,
+/// for one cancel request from synchronous code.
+struct BlockingStream(std::net::TcpStream);
+
+impl tokio::io::AsyncRead for BlockingStream {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let n = std::io::Read::read(&mut self.0, buf.initialize_unfilled())?;
+        buf.advance(n);
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
+impl tokio::io::AsyncWrite for BlockingStream {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::task::Poll::Ready(std::io::Write::write(&mut self.0, buf))
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(std::io::Write::flush(&mut self.0))
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(self.0.shutdown(std::net::Shutdown::Write))
+    }
+}
+
+/// Idle holding connections (they hold nothing) for the next wait.
+pub(crate) struct ConnPool {
+    settings: Arc<Settings>,
+    idle: Mutex<Vec<Arc<PgConn>>>,
+    max_idle: usize,
+}
+
+impl ConnPool {
+    pub fn new(settings: Arc<Settings>, max_idle: usize) -> Self {
+        ConnPool {
+            settings,
+            idle: Mutex::default(),
+            max_idle,
+        }
+    }
+
+    /// An idle connection, or a new one.
+    ///
+    /// Cancel safety: safe.
+    pub async fn get(&self) -> Result<Arc<PgConn>> {
+        loop {
+            let Some(conn) = self.idle.lock().expect("idle lock").pop() else {
+                break;
+            };
+            if conn.usable() {
+                return Ok(conn);
+            }
+        }
+        PgConn::connect(&self.settings).await
+    }
+
+    /// Takes back a connection that holds nothing; others are dropped.
+    pub fn put(&self, conn: Arc<PgConn>) {
+        if !conn.usable() || conn.holds_anything() || Arc::strong_count(&conn) > 1 {
+            return;
+        }
+        let mut idle = self.idle.lock().expect("idle lock");
+        if idle.len() < self.max_idle {
+            idle.push(conn);
+        }
+    }
+
+    /// Drops every idle connection.
+    pub fn clear(&self) {
+        self.idle.lock().expect("idle lock").clear();
+    }
+}

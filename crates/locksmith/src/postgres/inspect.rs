@@ -1,0 +1,244 @@
+//! Inspection and the administrator's force release.
+//!
+//! Holders: live rows of `session_holds` (their connection holds the key, per
+//! `pg_locks`) and unexpired rows of `lease_holds`, plus connections that hold
+//! the lock's key without being a locksmith hold (a plain
+//! `pg_advisory_lock(key)` caller), shown with owner `pid:<pid>`. Waiters:
+//! statements running with a `/*locksmith:wait …*/` comment for the key (in
+//! PostgreSQL's queue, or a head's sleep) and registered heads, ordered by
+//! when they started waiting.
+
+use std::collections::{BTreeSet, HashSet};
+use std::time::SystemTime;
+
+use super::claim::parse_mode;
+use super::key::advisory_key;
+use super::wait::parse_comment;
+use super::{pg_error, Shared};
+use crate::backend::{Holder, LockInfo, Mode, Waiter};
+use crate::error::Result;
+
+/// `pg_locks` rows of advisory key `$1` in this database.
+const KEY_LOCKS: &str = "l.locktype = 'advisory' \
+     AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+     AND l.classid = (($1::bigint >> 32) & 4294967295)::oid \
+     AND l.objid = ($1::bigint & 4294967295)::oid AND l.objsubid = 1";
+
+/// Holders and waiters of `name`.
+///
+/// Cancel safety: safe, read-only.
+pub(crate) async fn describe(shared: &Shared, name: &str) -> Result<Option<LockInfo>> {
+    let key = advisory_key(name);
+    let schema = shared.settings.schema_ident();
+    let client = shared.client().await?;
+    let sessions = format!(
+        "SELECT owner, lock_by, mode, permits, token, hold_count, lock_time \
+           FROM {schema}.session_holds s \
+          WHERE s.name = $1 AND {schema}.session_live(s.pid, s.key, s.server_start) \
+          ORDER BY token"
+    );
+    let leases = format!(
+        "SELECT owner, lock_by, mode, permits, token, hold_count, lock_time, lease_expires \
+           FROM {schema}.lease_holds WHERE name = $1 AND lease_expires > clock_timestamp() \
+          ORDER BY token"
+    );
+    let others = format!(
+        "SELECT l.pid, l.mode, a.application_name, host(a.client_addr), a.backend_start \
+           FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
+          WHERE {KEY_LOCKS} AND l.granted AND l.pid <> pg_backend_pid() \
+            AND NOT EXISTS (SELECT 1 FROM {schema}.session_holds s \
+                             WHERE s.name = $2 AND s.key = $1 AND s.pid = l.pid \
+                               AND s.server_start = pg_postmaster_start_time()) \
+            AND NOT EXISTS (SELECT 1 FROM {schema}.waiters w WHERE w.name = $2 AND w.pid = l.pid) \
+            AND NOT (a.state = 'active' AND a.query LIKE '/*locksmith:wait %')"
+    );
+    let waiting = format!(
+        "SELECT a.pid, a.query, a.query_start, coalesce(l.granted, false) \
+           FROM pg_stat_activity a LEFT JOIN pg_locks l ON l.pid = a.pid AND {KEY_LOCKS} \
+          WHERE a.state = 'active' AND a.query LIKE $2 \
+          ORDER BY 4 DESC, 3"
+    );
+    let heads = format!(
+        "SELECT w.pid, w.owner, w.mode, w.permits, w.since FROM {schema}.waiters w \
+           JOIN pg_stat_activity a ON a.pid = w.pid AND a.state = 'active' \
+          WHERE w.name = $1 ORDER BY w.id"
+    );
+    let pattern = format!("/*locksmith:wait key={key} %");
+    let by_name: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&name];
+    let by_key_name: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&key, &name];
+    let by_key_pattern: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&key, &pattern];
+    let (sessions, leases, others, waiting, heads) = futures::try_join!(
+        client.query(&sessions, &by_name),
+        client.query(&leases, &by_name),
+        client.query(&others, &by_key_name),
+        client.query(&waiting, &by_key_pattern),
+        client.query(&heads, &by_name),
+    )
+    .map_err(pg_error)?;
+
+    let mut holders = Vec::new();
+    for row in sessions.iter().chain(&leases) {
+        let token: i64 = row.get("token");
+        let mode = parse_mode(row.get("mode"), row.get("permits"));
+        let lease_expires: Option<SystemTime> = if row.columns().len() > 7 {
+            row.get("lease_expires")
+        } else {
+            None
+        };
+        holders.push(Holder {
+            owner: row.get("owner"),
+            lock_by: Some(row.get("lock_by")),
+            lock_time: Some(row.get("lock_time")),
+            fencing_token: Some(token as u64),
+            lease_expires,
+            mode,
+            hold_count: row.get::<_, i32>("hold_count").max(1) as u32,
+        });
+    }
+    holders.sort_by_key(|h| h.fencing_token);
+    for row in &others {
+        let pid: i32 = row.get(0);
+        let lock_mode: String = row.get(1);
+        let app: Option<String> = row.get(2);
+        let addr: Option<String> = row.get(3);
+        holders.push(Holder {
+            owner: format!("pid:{pid}"),
+            lock_by: Some(format!(
+                "{}@{}",
+                app.unwrap_or_default(),
+                addr.unwrap_or_else(|| "local".into())
+            )),
+            lock_time: None,
+            fencing_token: None,
+            lease_expires: None,
+            mode: if lock_mode == "ShareLock" {
+                Mode::Shared
+            } else {
+                Mode::Exclusive
+            },
+            hold_count: 1,
+        });
+    }
+
+    let mut waiters = Vec::new();
+    let mut seen = HashSet::new();
+    for row in &heads {
+        let pid: i32 = row.get(0);
+        if seen.insert(pid) {
+            waiters.push(Waiter {
+                owner: row.get(1),
+                mode: parse_mode(row.get(2), row.get(3)),
+                since: Some(row.get(4)),
+            });
+        }
+    }
+    for row in &waiting {
+        let pid: i32 = row.get(0);
+        let query: String = row.get(1);
+        let Some((_, mode, owner, _)) = parse_comment(&query) else {
+            continue;
+        };
+        if seen.insert(pid) {
+            waiters.push(Waiter {
+                owner,
+                mode,
+                since: row.get(2),
+            });
+        }
+    }
+    if holders.is_empty() && waiters.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(LockInfo {
+        name: name.to_owned(),
+        holders,
+        waiters,
+    }))
+}
+
+/// Every lock under `prefix` with a holder or a waiter, sorted by name.
+///
+/// Cancel safety: safe, read-only.
+pub(crate) async fn list(shared: &Shared, prefix: &str) -> Result<Vec<LockInfo>> {
+    let schema = shared.settings.schema_ident();
+    let names_sql = format!(
+        "SELECT s.name FROM {schema}.session_holds s \
+          WHERE starts_with(s.name, $1) AND {schema}.session_live(s.pid, s.key, s.server_start) \
+         UNION SELECT name FROM {schema}.lease_holds \
+          WHERE starts_with(name, $1) AND lease_expires > clock_timestamp() \
+         UNION SELECT w.name FROM {schema}.waiters w JOIN pg_stat_activity a ON a.pid = w.pid \
+          WHERE starts_with(w.name, $1)"
+    );
+    let waiting_sql = "SELECT query FROM pg_stat_activity \
+                        WHERE state = 'active' AND query LIKE '/*locksmith:wait %'";
+    let client = shared.client().await?;
+    let by_prefix: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&prefix];
+    let (rows, waiting) = futures::try_join!(
+        client.query(&names_sql, &by_prefix),
+        client.query(waiting_sql, &[]),
+    )
+    .map_err(pg_error)?;
+    drop(client);
+    let mut names: BTreeSet<String> = rows.iter().map(|row| row.get(0)).collect();
+    for row in &waiting {
+        if let Some((key, _, _, name)) = parse_comment(row.get(0)) {
+            // The name may be cut short by track_activity_query_size; the key
+            // tells whether it was.
+            if name.starts_with(prefix) && advisory_key(&name) == key {
+                names.insert(name);
+            }
+        }
+    }
+    let mut infos = Vec::new();
+    for name in names {
+        if let Some(info) = describe(shared, &name).await? {
+            infos.push(info);
+        }
+    }
+    Ok(infos)
+}
+
+/// Ends every hold of `name`: deletes its lease rows and terminates the
+/// connections that hold its key (or its semaphore slots) in session mode,
+/// which ends every other hold of those connections too.
+///
+/// Cancel safety: the release may or may not have happened.
+pub(crate) async fn force_release(shared: &Shared, name: &str) -> Result<()> {
+    let key = advisory_key(name);
+    let schema = shared.settings.schema_ident();
+    let client = shared.client().await?;
+    let deleted = client
+        .execute(
+            &format!("DELETE FROM {schema}.lease_holds WHERE name = $1"),
+            &[&name],
+        )
+        .await
+        .map_err(pg_error)?;
+    let holders = format!(
+        "SELECT pg_terminate_backend(p.pid) FROM ( \
+            SELECT l.pid FROM pg_locks l WHERE {KEY_LOCKS} AND l.granted \
+               AND NOT EXISTS (SELECT 1 FROM {schema}.waiters w WHERE w.name = $2 AND w.pid = l.pid) \
+            UNION \
+            SELECT s.pid FROM {schema}.session_holds s \
+             WHERE s.name = $2 AND s.key <> $1 \
+               AND {schema}.session_live(s.pid, s.key, s.server_start)) p \
+          WHERE p.pid <> pg_backend_pid()"
+    );
+    let terminated = client
+        .query(&holders, &[&key, &name])
+        .await
+        .map_err(pg_error)?
+        .len();
+    client
+        .execute(
+            &format!(
+                "SELECT pg_notify('{}', $1) WHERE EXISTS (SELECT 1 FROM {schema}.waiters WHERE name = $1)",
+                shared.settings.schema
+            ),
+            &[&name],
+        )
+        .await
+        .map_err(pg_error)?;
+    tracing::info!(name, deleted, terminated, "postgres: force-released");
+    Ok(())
+}

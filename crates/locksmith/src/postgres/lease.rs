@@ -1,0 +1,367 @@
+//! Lease (TTL) holds: a row in `lease_holds`, no connection held.
+//!
+//! Acquired by `acquire_lease` (a transaction-level try-lock on the key, then
+//! the insert-or-take-expired upsert), kept by a task per hold: with the
+//! watchdog (a hold without its own lease: the session TTL, in TTL mode) it
+//! renews at a third of the lease and retries failed renewals until the lease
+//! runs out; without it, it only watches the expiry. Expiry is judged by the
+//! database's clock; locally the hold counts as expired at the time the last
+//! successful renewal (or the acquire) was *sent* plus the lease, which is
+//! never later than the database's expiry. `lost()` fires when that time
+//! passes, or when a renewal finds the row gone.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::claim::{conflict, Claim, Target};
+use super::{detached, pg_error, wait, Fan, Shared};
+use crate::backend::Wait;
+use crate::error::{Error, Result};
+
+/// A live lease hold.
+pub(crate) struct LeaseHold {
+    shared: Arc<Shared>,
+    name: String,
+    owner: String,
+    pub token: u64,
+    pub lost: Fan,
+    state: watch::Sender<LeaseState>,
+    stop: CancellationToken,
+    released: AtomicBool,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct LeaseState {
+    lease: Duration,
+    /// Local (conservative) expiry.
+    expires: Instant,
+    /// When the watchdog renews next.
+    renew_at: Instant,
+}
+
+/// Acquires a lease hold of `target` (whose lease is set): one
+/// `acquire_lease` call on a pooled connection, then, unless `wait` is
+/// [`Wait::No`], a wait in PostgreSQL's queue for the key (see `wait.rs`).
+///
+/// Cancel safety: safe. Attempts run on their own task and a grant nobody
+/// receives releases itself; a dropped wait leaves the queue.
+pub(crate) async fn acquire(
+    shared: &Arc<Shared>,
+    target: &Target,
+    wait: Wait,
+    deadline: Option<(Instant, Duration)>,
+    lease: Duration,
+    watchdog: bool,
+) -> Result<Option<Arc<LeaseHold>>> {
+    let attempt = detached({
+        let (shared, target) = (shared.clone(), target.clone());
+        async move {
+            let client = shared.client().await?;
+            let statement = client
+                .prepare_cached(&shared.sql.acquire_lease)
+                .await
+                .map_err(pg_error)?;
+            let sent = Instant::now();
+            let claim = call(&shared, &client, &statement, &target, false).await?;
+            Ok::<_, Error>(start(&shared, &target, claim, sent, lease, watchdog))
+        }
+    })
+    .await??;
+    match attempt {
+        Claim::Granted(hold) => return Ok(Some(hold)),
+        Claim::Conflict(detail) => return Err(conflict(target, detail)),
+        Claim::Busy(_) => {}
+    }
+    if wait == Wait::No {
+        return Ok(None);
+    }
+    let (conn, hold) = wait::wait(shared, target, deadline, |conn| {
+        let (shared, target) = (shared.clone(), target.clone());
+        async move {
+            detached(async move {
+                let statement = conn.prepare(&shared.sql.acquire_lease).await?;
+                let sent = Instant::now();
+                let claim = call(&shared, conn.client(), &statement, &target, true).await?;
+                Ok::<_, Error>(start(&shared, &target, claim, sent, lease, watchdog))
+            })
+            .await?
+        }
+    })
+    .await?;
+    // The wait's connection holds the key at session level: drop it there
+    // (the hold needs no connection) and keep the connection for later waits.
+    let unlock = if target.shared_key() {
+        "SELECT pg_advisory_unlock_shared($1)"
+    } else {
+        "SELECT pg_advisory_unlock($1)"
+    };
+    match conn.client().query_one(unlock, &[&target.key]).await {
+        Ok(_) => shared.conns.put(conn),
+        Err(error) => conn.kill(&format!("unlock after a lease grant failed: {error}")),
+    }
+    Ok(Some(hold))
+}
+
+/// One `acquire_lease` call (`held`: the connection holds the key at session
+/// level, having waited for it).
+async fn call(
+    shared: &Shared,
+    client: &tokio_postgres::Client,
+    statement: &tokio_postgres::Statement,
+    target: &Target,
+    held: bool,
+) -> Result<Claim> {
+    let row = client
+        .query_one(
+            statement,
+            &[
+                &target.name,
+                &target.key,
+                &target.slot_keys,
+                &target.owner,
+                &shared.settings.lock_by,
+                &target.mode_name(),
+                &target.permits(),
+                &target.lease_ms(),
+                &held,
+            ],
+        )
+        .await
+        .map_err(pg_error)?;
+    Claim::from_row(&row, target, true)
+}
+
+/// Turns a granted claim into a hold with its keeper task.
+fn start(
+    shared: &Arc<Shared>,
+    target: &Target,
+    claim: Claim,
+    sent: Instant,
+    lease: Duration,
+    watchdog: bool,
+) -> Claim<Arc<LeaseHold>> {
+    let granted = match claim {
+        Claim::Granted(granted) => granted,
+        Claim::Busy(retry) => return Claim::Busy(retry),
+        Claim::Conflict(detail) => return Claim::Conflict(detail),
+    };
+    let (state, updates) = watch::channel(LeaseState {
+        lease,
+        expires: sent + lease,
+        renew_at: sent + lease / 3,
+    });
+    let hold = Arc::new(LeaseHold {
+        shared: shared.clone(),
+        name: target.name.clone(),
+        owner: target.owner.clone(),
+        token: granted.token,
+        lost: Fan::default(),
+        state,
+        stop: CancellationToken::new(),
+        released: AtomicBool::new(false),
+    });
+    tokio::spawn(keep(
+        Keeper {
+            shared: shared.clone(),
+            name: hold.name.clone(),
+            owner: hold.owner.clone(),
+            token: hold.token,
+            lost: hold.lost.clone(),
+            state: hold.state.clone(),
+            stop: hold.stop.clone(),
+            watchdog,
+        },
+        updates,
+    ));
+    Claim::Granted(hold)
+}
+
+/// What the keeper task of one hold needs.
+struct Keeper {
+    shared: Arc<Shared>,
+    name: String,
+    owner: String,
+    token: u64,
+    lost: Fan,
+    state: watch::Sender<LeaseState>,
+    stop: CancellationToken,
+    watchdog: bool,
+}
+
+/// Renews (with the watchdog) and watches the expiry, see the module docs.
+async fn keep(keeper: Keeper, mut updates: watch::Receiver<LeaseState>) {
+    loop {
+        let state = *updates.borrow_and_update();
+        let wake = if keeper.watchdog {
+            state.renew_at.min(state.expires)
+        } else {
+            state.expires
+        };
+        tokio::select! {
+            _ = keeper.stop.cancelled() => return,
+            changed = updates.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                continue;
+            }
+            _ = tokio::time::sleep_until(wake) => {}
+        }
+        let now = Instant::now();
+        if now >= state.expires {
+            keeper
+                .lost
+                .fire(format!("lease of {} expired", keeper.name));
+            return;
+        }
+        if !keeper.watchdog || now < state.renew_at {
+            continue;
+        }
+        let sent = Instant::now();
+        match renew(
+            &keeper.shared,
+            &keeper.name,
+            keeper.token,
+            &keeper.owner,
+            state.lease,
+        )
+        .await
+        {
+            Ok(true) => keeper.state.send_modify(|s| {
+                s.expires = sent + s.lease;
+                s.renew_at = sent + s.lease / 3;
+            }),
+            Ok(false) => {
+                keeper.lost.fire(format!(
+                    "lease of {} is no longer held (expired and taken, or force-released)",
+                    keeper.name
+                ));
+                return;
+            }
+            Err(error) => {
+                tracing::warn!(%error, name = %keeper.name, "postgres: lease renewal failed, retrying");
+                keeper.state.send_modify(|s| {
+                    s.renew_at = now
+                        + (s.lease / 10).clamp(Duration::from_millis(10), Duration::from_secs(1));
+                });
+            }
+        }
+    }
+}
+
+/// `renew_lease`: true when the lease was still ours and runs `lease` from now.
+async fn renew(
+    shared: &Shared,
+    name: &str,
+    token: u64,
+    owner: &str,
+    lease: Duration,
+) -> Result<bool> {
+    let client = shared.client().await?;
+    let statement = client
+        .prepare_cached(&shared.sql.renew_lease)
+        .await
+        .map_err(pg_error)?;
+    let rows = client
+        .query(
+            &statement,
+            &[&name, &(token as i64), &owner, &(lease.as_millis() as i64)],
+        )
+        .await
+        .map_err(pg_error)?;
+    Ok(!rows.is_empty())
+}
+
+impl LeaseHold {
+    /// Sets the lease to `lease` from now.
+    ///
+    /// Cancel safety: safe; the extension either happened or did not.
+    pub async fn extend(&self, lease: Duration) -> Result<()> {
+        if let Some(reason) = self.lost.reason() {
+            return Err(Error::Lost(reason));
+        }
+        let sent = Instant::now();
+        if renew(&self.shared, &self.name, self.token, &self.owner, lease).await? {
+            self.state.send_modify(|s| {
+                s.lease = lease;
+                s.expires = sent + lease;
+                s.renew_at = sent + lease / 3;
+            });
+            Ok(())
+        } else {
+            let reason = format!("lease of {} is no longer held", self.name);
+            self.lost.fire(reason.clone());
+            Err(Error::Lost(reason))
+        }
+    }
+
+    /// Deletes the row if it is still ours.
+    ///
+    /// Cancel safety: the release runs to completion on its own task.
+    pub async fn release(&self) -> Result<()> {
+        if self.released.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        self.stop.cancel();
+        let (shared, name, owner, token) = (
+            self.shared.clone(),
+            self.name.clone(),
+            self.owner.clone(),
+            self.token,
+        );
+        let deleted = detached(async move { delete(&shared, &name, token, &owner).await }).await?;
+        match (deleted, self.lost.reason()) {
+            // The lease ran out by the local (conservative) clock first.
+            (Ok(()), Some(reason)) => Err(Error::Lost(reason)),
+            (result, _) => result,
+        }
+    }
+}
+
+impl Drop for LeaseHold {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        if self.released.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (shared, name, owner, token) = (
+            self.shared.clone(),
+            self.name.clone(),
+            self.owner.clone(),
+            self.token,
+        );
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = delete(&shared, &name, token, &owner).await;
+            });
+        }
+    }
+}
+
+/// `release_lease`.
+async fn delete(shared: &Shared, name: &str, token: u64, owner: &str) -> Result<()> {
+    let client = shared.client().await?;
+    let statement = client
+        .prepare_cached(&shared.sql.release_lease)
+        .await
+        .map_err(pg_error)?;
+    let outcome: String = client
+        .query_one(&statement, &[&name, &(token as i64), &owner])
+        .await
+        .map_err(pg_error)?
+        .get(0);
+    match outcome.as_str() {
+        "released" => Ok(()),
+        "expired" => Err(Error::Lost(format!(
+            "lease of {name} expired before release"
+        ))),
+        _ => Err(Error::Lost(format!(
+            "lease of {name} is no longer held (expired and taken, or force-released)"
+        ))),
+    }
+}

@@ -1,0 +1,285 @@
+//! Session holds: a session-level advisory lock held by a connection.
+//!
+//! An acquire first tries on the client's shared holder connection (one
+//! `acquire_session` call, which never waits); many holds share that
+//! connection. When the lock is busy and the request may wait, the wait goes
+//! to a connection of its own, queued in PostgreSQL's lock manager (see
+//! `wait.rs`), and the hold keeps that connection until it is released, then
+//! returns it for the next wait.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use super::claim::{conflict, Claim, Target};
+use super::conn::{hold_id, PgConn};
+use super::{detached, pg_error, wait, Fan, Shared};
+use crate::backend::Wait;
+use crate::error::{Error, Result};
+
+/// A live session hold.
+pub(crate) struct SessionHold {
+    shared: Arc<Shared>,
+    conn: Arc<PgConn>,
+    /// The connection was the hold's own (it goes back to the idle pool).
+    dedicated: bool,
+    name: String,
+    /// The advisory key held: the lock's, or a semaphore slot's.
+    key: i64,
+    shared_mode: bool,
+    id: u64,
+    pub token: u64,
+    pub lost: Fan,
+    released: AtomicBool,
+}
+
+/// Acquires a session hold of `target`: a try on the shared holder
+/// connection, then (unless `wait` is [`Wait::No`]) a wait on a connection of
+/// its own.
+///
+/// Cancel safety: safe. The try runs on its own task and a grant nobody
+/// receives releases itself; a dropped wait cancels its statement and closes
+/// its connection, which leaves PostgreSQL's queue and drops any lock.
+pub(crate) async fn acquire(
+    shared: &Arc<Shared>,
+    target: &Target,
+    wait: Wait,
+    deadline: Option<(tokio::time::Instant, std::time::Duration)>,
+) -> Result<Option<SessionHold>> {
+    let holder = shared.holder().await?;
+    let attempt = if holder.claim_name(&target.name) {
+        detached({
+            let (shared, target, holder) = (shared.clone(), target.clone(), holder.clone());
+            async move { try_on(&shared, &holder, &target, false).await }
+        })
+        .await??
+    } else {
+        // The holder connection already holds this name for another owner of
+        // this client, and PostgreSQL would grant its session the key again:
+        // try on a connection of its own.
+        let conn = shared.conns.get().await?;
+        conn.claim_name(&target.name);
+        detached({
+            let (shared, target) = (shared.clone(), target.clone());
+            async move {
+                let attempt = try_on(&shared, &conn, &target, true).await;
+                if !matches!(attempt, Ok(Claim::Granted(_))) {
+                    shared.conns.put(conn);
+                }
+                attempt
+            }
+        })
+        .await??
+    };
+    match attempt {
+        Claim::Granted(hold) => return Ok(Some(hold)),
+        Claim::Conflict(detail) => return Err(conflict(target, detail)),
+        Claim::Busy(_) => {}
+    }
+    if wait == Wait::No {
+        return Ok(None);
+    }
+    // A dropped wait closes its connection, which ends whatever the attempt
+    // in flight got: the attempt needs no task of its own.
+    let (conn, granted) = wait::wait(shared, target, deadline, |conn| async move {
+        call(shared, &conn, target, true).await
+    })
+    .await?;
+    let hold = SessionHold::new(shared, conn, true, target, granted.held_key, granted.token);
+    if !hold.conn.pin(hold.id, &hold.lost) {
+        let reason = hold.lost.reason().unwrap_or_default();
+        return Err(Error::Lost(reason));
+    }
+    Ok(Some(hold))
+}
+
+/// One `acquire_session` call on `conn`, which has `name` claimed; gives the
+/// claim back unless granted.
+async fn try_on(
+    shared: &Arc<Shared>,
+    conn: &Arc<PgConn>,
+    target: &Target,
+    dedicated: bool,
+) -> Result<Claim<SessionHold>> {
+    let result = call(shared, conn, target, false).await;
+    match result {
+        Ok(Claim::Granted(granted)) => {
+            let hold = SessionHold::new(
+                shared,
+                conn.clone(),
+                dedicated,
+                target,
+                granted.held_key,
+                granted.token,
+            );
+            if !conn.pin(hold.id, &hold.lost) {
+                // The connection died under the grant: nothing is held.
+                hold.released.store(true, Ordering::Release);
+                conn.release_name(&target.name);
+                return Ok(Claim::Busy(None));
+            }
+            Ok(Claim::Granted(hold))
+        }
+        Ok(Claim::Busy(retry)) => {
+            conn.release_name(&target.name);
+            Ok(Claim::Busy(retry))
+        }
+        Ok(Claim::Conflict(detail)) => {
+            conn.release_name(&target.name);
+            Ok(Claim::Conflict(detail))
+        }
+        Err(error) => {
+            // The call may have taken the advisory lock before it failed; a
+            // connection that might hold a lock nobody tracks must not live on.
+            conn.kill(&format!("acquire failed: {error}"));
+            Err(error)
+        }
+    }
+}
+
+/// Runs `acquire_session` on `conn` (`held`: the connection already holds the
+/// key, having waited for it).
+pub(crate) async fn call(
+    shared: &Shared,
+    conn: &PgConn,
+    target: &Target,
+    held: bool,
+) -> Result<Claim<super::claim::Granted>> {
+    let statement = conn.prepare(&shared.sql.acquire_session).await?;
+    let row = conn
+        .client()
+        .query_one(
+            &statement,
+            &[
+                &target.name,
+                &target.key,
+                &target.slot_keys,
+                &target.owner,
+                &shared.settings.lock_by,
+                &target.mode_name(),
+                &target.permits(),
+                &held,
+            ],
+        )
+        .await
+        .map_err(pg_error)?;
+    Claim::from_row(&row, target, false)
+}
+
+impl SessionHold {
+    fn new(
+        shared: &Arc<Shared>,
+        conn: Arc<PgConn>,
+        dedicated: bool,
+        target: &Target,
+        key: i64,
+        token: u64,
+    ) -> SessionHold {
+        SessionHold {
+            shared: shared.clone(),
+            conn,
+            dedicated,
+            name: target.name.clone(),
+            key,
+            shared_mode: target.shared_key(),
+            id: hold_id(),
+            token,
+            lost: Fan::default(),
+            released: AtomicBool::new(false),
+        }
+    }
+
+    /// Drops the advisory lock. Fails with [`Error::Lost`] when the connection
+    /// (and with it the lock) is gone.
+    ///
+    /// Cancel safety: the release runs to completion on its own task.
+    pub async fn release(&self) -> Result<()> {
+        if self.released.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let (shared, conn) = (self.shared.clone(), self.conn.clone());
+        let (name, key, shared_mode, id, dedicated) = (
+            self.name.clone(),
+            self.key,
+            self.shared_mode,
+            self.id,
+            self.dedicated,
+        );
+        detached(async move { unlock(&shared, conn, &name, key, shared_mode, id, dedicated).await })
+            .await?
+    }
+}
+
+impl Drop for SessionHold {
+    fn drop(&mut self) {
+        if self.released.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (shared, conn) = (self.shared.clone(), self.conn.clone());
+        let (name, key, shared_mode, id, dedicated) = (
+            self.name.clone(),
+            self.key,
+            self.shared_mode,
+            self.id,
+            self.dedicated,
+        );
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    let _ = unlock(&shared, conn, &name, key, shared_mode, id, dedicated).await;
+                });
+            }
+            // Nothing can run: closing the connection ends the lock.
+            Err(_) => conn.kill("hold dropped outside a runtime"),
+        }
+    }
+}
+
+/// `release_session` on the hold's connection, and the bookkeeping after it.
+async fn unlock(
+    shared: &Shared,
+    conn: Arc<PgConn>,
+    name: &str,
+    key: i64,
+    shared_mode: bool,
+    id: u64,
+    dedicated: bool,
+) -> Result<()> {
+    conn.unpin(id);
+    if let Some(reason) = conn.broken() {
+        return Err(Error::Lost(reason));
+    }
+    let result = async {
+        let statement = conn.prepare(&shared.sql.release_session).await?;
+        let row = conn
+            .client()
+            .query_one(&statement, &[&name, &key, &shared_mode])
+            .await
+            .map_err(pg_error)?;
+        Ok::<bool, Error>(row.get(0))
+    }
+    .await;
+    match result {
+        Ok(true) => {
+            conn.release_name(name);
+            if dedicated {
+                shared.conns.put(conn);
+            }
+            Ok(())
+        }
+        Ok(false) => {
+            conn.release_name(name);
+            Err(Error::Lost(format!(
+                "{name}: the connection no longer held its advisory lock"
+            )))
+        }
+        Err(error) => {
+            // Whether the unlock happened is unknown: end the session so it
+            // certainly did.
+            conn.kill(&format!("release failed: {error}"));
+            match conn.broken() {
+                Some(reason) if !matches!(error, Error::Backend { .. }) => Err(Error::Lost(reason)),
+                _ => Err(error),
+            }
+        }
+    }
+}
