@@ -24,6 +24,35 @@ const PALETTE: [RGBColor; 8] = [
     RGBColor(0x7f, 0x7f, 0x7f),
 ];
 
+/// Room to the right of the plot for the legend (pixels).
+const LEGEND_WIDTH: u32 = 130;
+
+/// Draws the legend in the margin right of the plot (plotters' own legend is
+/// clipped to the plotting area, where it would hide lines).
+fn draw_legend<DB: DrawingBackend>(
+    root: &DrawingArea<DB, plotters::coord::Shift>,
+    series: &[Series],
+) -> Result<(), String> {
+    let (width, _) = root.dim_in_pixel();
+    let x = width as i32 - LEGEND_WIDTH as i32 + 10;
+    for (i, s) in series.iter().enumerate() {
+        let color = PALETTE[i % PALETTE.len()];
+        let y = 60 + 22 * i as i32;
+        root.draw(&PathElement::new(
+            vec![(x, y), (x + 22, y)],
+            color.stroke_width(3),
+        ))
+        .map_err(|e| e.to_string())?;
+        root.draw(&Text::new(
+            s.label.clone(),
+            (x + 28, y - 7),
+            ("sans-serif", 14),
+        ))
+        .map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
 fn bounds(series: &[Series], pick: impl Fn(&(f64, f64)) -> f64) -> (f64, f64) {
     let values = series.iter().flat_map(|s| s.points.iter().map(&pick));
     let (lo, hi) = values.fold((f64::MAX, f64::MIN), |(lo, hi), v| (lo.min(v), hi.max(v)));
@@ -46,15 +75,25 @@ pub fn throughput(path: &Path, title: &str, series: &[Series]) -> Result<(), Str
     let (x_lo, x_hi) = bounds(series, |p| p.0);
     let (y_lo, y_hi) = bounds(series, |p| p.1);
     let (y_lo, y_hi) = decades(y_lo, y_hi);
+    // Label exactly the client counts measured.
+    let mut clients: Vec<f64> = series
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| p.0))
+        .collect();
+    clients.sort_by(f64::total_cmp);
+    clients.dedup();
     let root = SVGBackend::new(path, (800, 500)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| e.to_string())?;
     let mut chart = ChartBuilder::on(&root)
         .caption(title, ("sans-serif", 22))
         .margin(15)
+        .margin_right(LEGEND_WIDTH)
         .x_label_area_size(45)
         .y_label_area_size(75)
         .build_cartesian_2d(
-            (x_lo.max(1.0) * 0.8..x_hi * 1.25).log_scale(),
+            (x_lo.max(1.0) * 0.8..x_hi * 1.25)
+                .log_scale()
+                .with_key_points(clients),
             (y_lo..y_hi).log_scale(),
         )
         .map_err(|e| e.to_string())?;
@@ -73,22 +112,12 @@ pub fn throughput(path: &Path, title: &str, series: &[Series]) -> Result<(), Str
                 s.points.iter().copied(),
                 color.stroke_width(2),
             ))
-            .map_err(|e| e.to_string())?
-            .label(s.label.clone())
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-            });
+            .map_err(|e| e.to_string())?;
         chart
             .draw_series(s.points.iter().map(|&p| Circle::new(p, 4, color.filled())))
             .map_err(|e| e.to_string())?;
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::LowerRight)
-        .draw()
-        .map_err(|e| e.to_string())?;
+    draw_legend(&root, series)?;
     root.present().map_err(|e| e.to_string())
 }
 
@@ -101,6 +130,7 @@ pub fn cdf(path: &Path, title: &str, x_desc: &str, series: &[Series]) -> Result<
     let mut chart = ChartBuilder::on(&root)
         .caption(title, ("sans-serif", 22))
         .margin(15)
+        .margin_right(LEGEND_WIDTH)
         .x_label_area_size(45)
         .y_label_area_size(60)
         .build_cartesian_2d((x_lo..x_hi).log_scale(), 0.0..1.0)
@@ -120,18 +150,8 @@ pub fn cdf(path: &Path, title: &str, x_desc: &str, series: &[Series]) -> Result<
                 s.points.iter().map(|&(x, y)| (x.max(x_lo), y)),
                 color.stroke_width(2),
             ))
-            .map_err(|e| e.to_string())?
-            .label(s.label.clone())
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-            });
+            .map_err(|e| e.to_string())?;
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::LowerRight)
-        .draw()
-        .map_err(|e| e.to_string())?;
+    draw_legend(&root, series)?;
     root.present().map_err(|e| e.to_string())
 }

@@ -362,8 +362,9 @@ impl Report {
             md,
             "\n### (d) Scale: one client holding many locks at once\n\n\
              Acquires run {} at a time over one client. Memory is the server's (the PSS of its \
-             process group) with every lock held, and its growth per lock; for `memory://` it is \
-             this process's RSS, client included.\n\n\
+             process group, so PostgreSQL's shared memory counts once) with every lock held, and \
+             its growth per lock; known only for servers this run started (not for `memory://`, \
+             which shares the bench's process).\n\n\
              | backend | locks | time to hold all | acquires/s | release all | memory held | per lock |\n\
              |---|---:|---:|---:|---:|---:|---:|",
             s.scale_concurrency

@@ -223,14 +223,11 @@ impl Target {
 
     /// Memory of the server in bytes: the proportional set size (PSS) of every
     /// process of the server's process group (PostgreSQL runs one process per
-    /// connection; PSS counts their shared memory once). For `memory://` it is
-    /// this process's RSS. `None` for a server this run did not start.
+    /// connection; PSS counts their shared memory once). `None` for a server
+    /// this run did not start, and for `memory://`, whose table shares this
+    /// process with the bench's own clients.
     pub fn memory(&self) -> Option<u64> {
-        match &self.spawned {
-            Some(server) => group_memory(server.server().process().pid()?),
-            None if self.kind == Kind::Memory => own_rss(),
-            None => None,
-        }
+        group_memory(self.spawned.as_ref()?.server().process().pid()?)
     }
 
     /// The server's version, when this run started it.
@@ -404,11 +401,6 @@ pub fn group_memory(group: u32) -> Option<u64> {
     found.then_some(total)
 }
 
-/// This process's resident set size in bytes.
-pub fn own_rss() -> Option<u64> {
-    rss(std::process::id())
-}
-
 fn process_group(pid: u32) -> Option<u32> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name is in parentheses and may contain spaces.
@@ -465,8 +457,8 @@ mod tests {
     }
 
     #[test]
-    fn own_memory_is_readable() {
-        assert!(own_rss().unwrap() > 0);
+    fn group_memory_is_readable() {
+        assert!(rss(std::process::id()).unwrap() > 0);
         let group = nix::unistd::getpgrp().as_raw() as u32;
         assert!(group_memory(group).unwrap() > 0);
     }

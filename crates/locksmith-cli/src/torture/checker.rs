@@ -50,7 +50,10 @@ pub struct FaultRecord {
     pub start: u64,
     /// When it was healed (equal to `start` for instantaneous faults).
     pub end: u64,
-    /// The clients it targeted; `None` for all of them (or the backend).
+    /// The clients it hit directly (paused, cut off, killed, their session
+    /// taken); `None` for all of them. Faults of the backend or of the whole
+    /// network (restart, delay) target nobody: a client they cost its lock
+    /// must be told so by its client library to excuse an overlap.
     pub targets: Option<Vec<Who>>,
     /// What exactly was done.
     pub note: String,
@@ -108,6 +111,8 @@ pub struct Verdict {
     pub rate_after: f64,
     /// Longest time without any grant (ms).
     pub max_gap_ms: f64,
+    /// From the end of the faults to the first grant after them (ms).
+    pub recovery_ms: Option<f64>,
     /// Writes the resource accepted.
     pub writes_accepted: u64,
     /// Stale writes the resource rejected (fencing at work).
@@ -118,8 +123,12 @@ pub struct Verdict {
     pub lost: u64,
     /// Acquire or connect errors reported.
     pub acquire_errors: u64,
-    /// Unfenced overlaps (two clients inside at once), excused or not.
+    /// Unfenced overlaps (two clients inside at once), excused or not: the
+    /// critical sections another client entered before they ended.
     pub overlaps: u64,
+    /// Longest overlap: from another client's entry to the end of the
+    /// overlapped section (ms).
+    pub max_overlap_ms: f64,
     /// Overlaps with nothing to excuse them: violations.
     pub unexcused_overlaps: Vec<String>,
     /// Two grants with one token: violations.
@@ -347,40 +356,50 @@ pub fn check(
         }
     }
 
-    // Overlaps.
+    // Overlaps: each critical section that another client entered before it
+    // ended is one overlap, lasting from the first intruder's entry to the end
+    // of the section (or of the last intruder, if sooner).
     let mut unexcused = 0;
     for (lock, list) in &mut stays {
         list.sort_by_key(|s| s.from);
         for (i, earlier) in list.iter().enumerate() {
-            for later in &list[i + 1..] {
-                if later.from >= earlier.to {
-                    break;
-                }
-                if later.who == earlier.who {
-                    continue;
-                }
-                verdict.overlaps += 1;
-                let granted = grant_of
-                    .get(&(earlier.who, lock.as_str(), earlier.token))
-                    .map_or(earlier.from, |g| g.at);
-                let faulted = faults
-                    .iter()
-                    .any(|f| f.hits(earlier.who, granted, later.from));
-                let told = told_lost.contains_key(&(earlier.who, earlier.token));
-                if !faulted && !told {
-                    note(&mut verdict.unexcused_overlaps, &mut unexcused, || {
-                        format!(
-                            "{lock}: client {:?} (token {}) inside from {} to {}, client {:?} (token {}) entered at {}; no fault touched the first and it was never told its hold was lost",
-                            earlier.who,
-                            earlier.token,
-                            ms(earlier.from, origin),
-                            ms(earlier.to, origin),
-                            later.who,
-                            later.token,
-                            ms(later.from, origin)
-                        )
-                    });
-                }
+            let intruders: Vec<&Stay> = list[i + 1..]
+                .iter()
+                .take_while(|later| later.from < earlier.to)
+                .filter(|later| later.who != earlier.who)
+                .collect();
+            let Some(first) = intruders.first() else {
+                continue;
+            };
+            verdict.overlaps += 1;
+            let last_out = intruders.iter().map(|s| s.to).max().unwrap_or(first.to);
+            let span = earlier
+                .to
+                .min(last_out)
+                .min(phases.end)
+                .saturating_sub(first.from);
+            verdict.max_overlap_ms = verdict.max_overlap_ms.max(span as f64 / 1e6);
+            let granted = grant_of
+                .get(&(earlier.who, lock.as_str(), earlier.token))
+                .map_or(earlier.from, |g| g.at);
+            let faulted = faults
+                .iter()
+                .any(|f| f.hits(earlier.who, granted, first.from));
+            let told = told_lost.contains_key(&(earlier.who, earlier.token));
+            if !faulted && !told {
+                note(&mut verdict.unexcused_overlaps, &mut unexcused, || {
+                    format!(
+                        "{lock}: client {:?} (token {}) inside from {} to {}, client {:?} (token {}) entered at {}; \
+                         no fault touched the first and it was never told its hold was lost",
+                        earlier.who,
+                        earlier.token,
+                        ms(earlier.from, origin),
+                        ms(earlier.to, origin),
+                        first.who,
+                        first.token,
+                        ms(first.from, origin)
+                    )
+                });
             }
         }
     }
@@ -410,6 +429,10 @@ pub fn check(
     verdict.rate_before = rate(phases.start, phases.faults_from);
     verdict.rate_during = rate(phases.faults_from, phases.faults_until);
     verdict.rate_after = rate(phases.faults_until, phases.end);
+    verdict.recovery_ms = times
+        .iter()
+        .find(|&&t| t >= phases.faults_until)
+        .map(|&t| (t - phases.faults_until) as f64 / 1e6);
     verdict.no_progress_after = !times
         .iter()
         .any(|&t| t >= phases.faults_until && t < phases.end);

@@ -3,10 +3,11 @@
 //!
 //! It loops: acquire → `Begin` write to the fenced resource → work for the
 //! hold time → `End` write carrying (client, token, start, end) → release,
-//! reporting every step to the resource. It is a *careful* client: it checks
-//! its guard's lost signal right before each write and skips the write when
-//! the hold is known to be lost. What it cannot see, a pause between that
-//! check and the write, is exactly what the fencing token is for.
+//! reporting every step to the resource. It is a *careful* client: its work
+//! stops the moment the guard's lost signal fires, and it checks the signal
+//! right before each write, skipping the write (an `Abort`) when the hold is
+//! known to be lost. What it cannot see, a pause between that check and the
+//! write, is exactly what the fencing token is for.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -197,7 +198,7 @@ async fn critical_section(
     let entered = match lost_reason() {
         Some(reason) => {
             abort(resource, lock, token, reason).await?;
-            false
+            None
         }
         None => {
             let reply = call(
@@ -211,11 +212,19 @@ async fn critical_section(
                 },
             )
             .await?;
-            reply.accepted
+            reply
+                .accepted
+                .then_some(Duration::from_millis(reply.linger_ms))
         }
     };
-    if entered {
-        tokio::time::sleep(config.hold).await;
+    if let Some(linger) = entered {
+        // The work: it stops the moment the hold is lost, as code that must
+        // not write without the lock selects on `Guard::lost`. A pause between
+        // the check below and the write is what fencing is for.
+        tokio::select! {
+            _ = tokio::time::sleep(config.hold + linger) => {}
+            _ = guard.lost() => {}
+        }
         match lost_reason() {
             Some(reason) => abort(resource, lock, token, reason).await?,
             None => {

@@ -58,6 +58,9 @@ use nemesis::{FaultKind, Timing};
 use protocol::now;
 use round::{Round, RoundConfig};
 
+/// Longest wait for the first grant after the faults stop.
+const RECOVERY_LIMIT: Duration = Duration::from_secs(30);
+
 /// A comma-separated list of backend kinds, for `--spawn`.
 #[derive(Debug, Clone)]
 pub struct KindList(Vec<Kind>);
@@ -396,6 +399,14 @@ async fn run_round(
     )
     .await;
     let faults_until = now();
+    // Give the store time to recover before the after phase is measured: a
+    // restarted JVM or an etcd election takes seconds. No grant at all within
+    // the limit is a liveness failure.
+    let granted = round.resource.grants();
+    let recovery_limit = tokio::time::Instant::now() + RECOVERY_LIMIT.max(args.session_ttl * 5);
+    while round.resource.grants() == granted && tokio::time::Instant::now() < recovery_limit {
+        nemesis::wait_reaping(&mut round, Duration::from_millis(20)).await;
+    }
     nemesis::wait_reaping(&mut round, args.phase(args.after, 5_000, 2_000)).await;
     let end = now();
     let stuck = round
@@ -457,9 +468,9 @@ fn summary(reports: &[RoundReport], args: &TortureArgs) -> String {
     );
     md.push_str(
         "| backend | fault | injected | grants | grants/s before → during → after | longest gap | \
-         stale writes rejected | overlaps (unexcused) | lost signals | acquire errors | \
-         token regressions | duplicate tokens | accepted stale writes | stuck waiters | verdict |\n\
-         |---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
+         recovery | stale writes rejected | overlaps (unexcused) | longest overlap | lost signals | writes skipped (lost) | \
+         acquire errors | token regressions | duplicate tokens | accepted stale writes | stuck waiters | verdict |\n\
+         |---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
     );
     for r in reports {
         let v = &r.verdict;
@@ -467,7 +478,7 @@ fn summary(reports: &[RoundReport], args: &TortureArgs) -> String {
         if !ran {
             let _ = writeln!(
                 md,
-                "| {} | {} | | | | | | | | | | | | | {} |",
+                "| {} | {} | | | | | | | | | | | | | | | | {} |",
                 r.backend,
                 r.fault.name(),
                 r.verdict_cell()
@@ -476,19 +487,22 @@ fn summary(reports: &[RoundReport], args: &TortureArgs) -> String {
         }
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {:.0} → {:.0} → {:.0} | {:.0} ms | {} | {} ({}) | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} → {} → {} | {:.0} ms | {} | {} | {} ({}) | {:.0} ms | {} | {} | {} | {} | {} | {} | {} | {} |",
             r.backend,
             r.fault.name(),
             r.injected.len(),
             v.grants,
-            v.rate_before,
-            v.rate_during,
-            v.rate_after,
+            rate(v.rate_before),
+            rate(v.rate_during),
+            rate(v.rate_after),
             v.max_gap_ms,
+            v.recovery_ms.map_or("never".into(), |ms| format!("{ms:.0} ms")),
             v.stale_rejected,
             v.overlaps,
             count(&v.unexcused_overlaps),
+            v.max_overlap_ms,
             v.lost,
+            v.aborted,
             v.acquire_errors,
             count(&v.regressions),
             count(&v.duplicate_tokens),
@@ -534,6 +548,15 @@ fn summary(reports: &[RoundReport], args: &TortureArgs) -> String {
         md.push_str(&details);
     }
     md
+}
+
+/// A rate for the table: one decimal below 10.
+fn rate(per_sec: f64) -> String {
+    if per_sec < 10.0 {
+        format!("{per_sec:.1}")
+    } else {
+        format!("{per_sec:.0}")
+    }
 }
 
 /// The number of findings in an example list (the last entry may say "… N more").

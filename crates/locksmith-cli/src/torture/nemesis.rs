@@ -129,22 +129,65 @@ pub async fn wait_reaping(round: &mut Round, duration: Duration) {
 }
 
 /// A client inside its critical section right now (waits up to 5 s for one).
-async fn holder(round: &Round) -> Result<(Who, u32, String), String> {
+async fn holder(round: &Round) -> Result<Holder, String> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     loop {
         for (who, inside) in round.resource.inside() {
             if let Some(pid) = round.pid(who) {
-                return Ok((
+                return Ok(Holder {
                     who,
                     pid,
-                    format!("{} (token {})", inside.lock, inside.token),
-                ));
+                    lock: inside.lock,
+                    token: inside.token,
+                });
             }
         }
         if tokio::time::Instant::now() >= deadline {
             return Err("no client was inside its critical section for 5 s".into());
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// Asks the next client entering its critical section to stay inside
+/// `extra` longer, and returns it once it is inside (waits up to 5 s), so that
+/// a slow fault (a process to start, a server to restart) still finds it there.
+async fn lingering_holder(round: &Round, extra: Duration) -> Result<Holder, String> {
+    round.resource.request_linger(extra);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Some((who, inside)) = round.resource.lingering() {
+            if let Some(pid) = round.pid(who) {
+                return Ok(Holder {
+                    who,
+                    pid,
+                    lock: inside.lock,
+                    token: inside.token,
+                });
+            }
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err("no client entered its critical section for 5 s".into());
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// The client a fault targets.
+struct Holder {
+    who: Who,
+    pid: u32,
+    lock: String,
+    token: u64,
+}
+
+impl std::fmt::Display for Holder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "client {:?} (pid {}) inside {} with token {}",
+            self.who, self.pid, self.lock, self.token
+        )
     }
 }
 
@@ -171,35 +214,36 @@ async fn inject(
     match kind {
         FaultKind::None => Err("no fault".into()),
         FaultKind::KillClient => {
-            let (who, pid, lock) = holder(round).await?;
+            let victim = holder(round).await?;
             let start = now();
             round
-                .kill_and_respawn(who, Duration::from_millis(100))
+                .kill_and_respawn(victim.who, Duration::from_millis(100))
                 .await?;
             Ok(record(
                 kind,
                 start,
-                Some(vec![who]),
-                format!("killed client {who:?} (pid {pid}) inside {lock}"),
+                Some(vec![victim.who]),
+                format!("killed {victim}"),
             ))
         }
         FaultKind::PauseClient => {
-            let (who, pid, lock) = holder(round).await?;
+            let victim = holder(round).await?;
             let start = now();
-            signal(pid, Signal::SIGSTOP)?;
+            signal(victim.pid, Signal::SIGSTOP)?;
             tokio::time::sleep(timing.outage()).await;
-            signal(pid, Signal::SIGCONT)?;
+            signal(victim.pid, Signal::SIGCONT)?;
             Ok(record(
                 kind,
                 start,
-                Some(vec![who]),
-                format!(
-                    "paused client {who:?} (pid {pid}) inside {lock} for {:?}",
-                    timing.outage()
-                ),
+                Some(vec![victim.who]),
+                format!("paused {victim} for {:?}", timing.outage()),
             ))
         }
         FaultKind::RestartBackend => {
+            // A holder stays inside across the restart: a durable store must
+            // not give its lock to anyone else meanwhile (unless it tells the
+            // holder the lock is lost).
+            let victim = lingering_holder(round, timing.outage()).await?;
             let server = target.clone();
             let start = now();
             let note = tokio::task::spawn_blocking(move || {
@@ -217,20 +261,20 @@ async fn inject(
             })
             .await
             .map_err(|e| e.to_string())??;
-            Ok(record(kind, start, None, note))
+            Ok(record(
+                kind,
+                start,
+                Some(Vec::new()),
+                format!("{note} while {victim} stayed inside"),
+            ))
         }
         FaultKind::Partition => {
-            let (who, pid, lock) = holder(round).await?;
-            Ok(partition(
-                round,
-                who,
-                timing,
-                format!("client {who:?} (pid {pid}) inside {lock}"),
-            )
-            .await)
+            let victim = lingering_holder(round, timing.outage()).await?;
+            Ok(partition(round, victim.who, timing, victim.to_string()).await)
         }
         FaultKind::Delay => {
             let delay = (timing.session_ttl / 4).max(Duration::from_millis(50));
+            let victim = lingering_holder(round, timing.outage()).await?;
             let start = now();
             for proxy in round.all_proxies() {
                 proxy.set(Mode::Delay(delay));
@@ -242,9 +286,9 @@ async fn inject(
             Ok(record(
                 kind,
                 start,
-                None,
+                Some(Vec::new()),
                 format!(
-                    "delayed every client's traffic by {delay:?} each way for {:?}",
+                    "delayed every client's traffic by {delay:?} each way for {:?} while {victim} stayed inside",
                     timing.outage()
                 ),
             ))
@@ -276,8 +320,8 @@ async fn expire_session(
     timing: Timing,
 ) -> Result<FaultRecord, String> {
     let kind = FaultKind::ExpireSession;
-    let (who, pid, lock) = holder(round).await?;
-    let whom = format!("client {who:?} (pid {pid}) inside {lock}");
+    let victim = lingering_holder(round, timing.outage()).await?;
+    let (who, lock, whom) = (victim.who, victim.lock.clone(), victim.to_string());
     match (target.kind, target.spawned.as_ref()) {
         (Kind::ZooKeeper, _) => {
             let mut record = partition(round, who, timing, whom).await;

@@ -120,6 +120,10 @@ pub struct Reply {
     pub accepted: bool,
     /// The round is over: release and exit.
     pub stop: bool,
+    /// For an accepted `Begin`: stay inside this many milliseconds longer than
+    /// usual (the nemesis wants a long critical section to fault).
+    #[serde(default)]
+    pub linger_ms: u64,
 }
 
 #[cfg(test)]

@@ -52,6 +52,10 @@ struct State {
     inside: HashMap<Who, Inside>,
     grants: u64,
     stop: bool,
+    /// Asked for by the nemesis: the next accepted `Begin` lingers this long.
+    linger: Option<std::time::Duration>,
+    /// The client told to linger, once one was.
+    lingering: Option<Who>,
 }
 
 /// The running resource service.
@@ -93,6 +97,21 @@ impl Resource {
         self.state().stop = true;
     }
 
+    /// Makes the next client that enters a critical section stay inside
+    /// `extra` longer; [`Resource::lingering`] then names it.
+    pub fn request_linger(&self, extra: std::time::Duration) {
+        let mut state = self.state();
+        state.linger = Some(extra);
+        state.lingering = None;
+    }
+
+    /// The client told to linger, while it is still inside.
+    pub fn lingering(&self) -> Option<(Who, Inside)> {
+        let state = self.state();
+        let who = state.lingering?;
+        state.inside.get(&who).map(|inside| (who, inside.clone()))
+    }
+
     /// Grants reported so far.
     pub fn grants(&self) -> u64 {
         self.state().grants
@@ -126,6 +145,7 @@ impl Drop for Resource {
 fn apply(state: &mut State, who: Who, request: Request) -> Reply {
     let at = now();
     let mut accepted = true;
+    let mut linger_ms = 0;
     match &request {
         Request::Hello { .. } => {}
         Request::Granted { .. } => state.grants += 1,
@@ -139,6 +159,10 @@ fn apply(state: &mut State, who: Who, request: Request) -> Reply {
             }
             match phase {
                 Phase::Begin if accepted => {
+                    if let Some(extra) = state.linger.take() {
+                        linger_ms = extra.as_millis() as u64;
+                        state.lingering = Some(who);
+                    }
                     state.inside.insert(
                         who,
                         Inside {
@@ -171,6 +195,7 @@ fn apply(state: &mut State, who: Who, request: Request) -> Reply {
     Reply {
         accepted,
         stop: state.stop,
+        linger_ms,
     }
 }
 

@@ -1,0 +1,123 @@
+//! `locksmith bench` end to end, small: the locksmith server (started by the
+//! bench as `locksmith serve`) and `memory://`, every scenario, every output.
+
+use std::process::Command;
+
+#[test]
+fn bench_writes_the_report_json_and_charts() {
+    let out = tempfile::tempdir().expect("temporary directory");
+    let output = Command::new(env!("CARGO_BIN_EXE_locksmith"))
+        .args(["bench", "--quick", "--spawn", "server,memory"])
+        .args(["--duration", "300ms", "--clients", "1,4", "--waiters", "3"])
+        .args([
+            "--fair-clients",
+            "4",
+            "--scale",
+            "300",
+            "--scale-server",
+            "1000",
+        ])
+        .arg("--out")
+        .arg(out.path())
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run locksmith bench");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "locksmith bench failed ({}):\n{stdout}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+
+    // The Markdown: one row per backend in each table, ratios against the server.
+    for heading in [
+        "(a) Uncontended",
+        "(b) Contended handoff",
+        "(c) Fairness",
+        "(d) Scale",
+    ] {
+        assert!(stdout.contains(heading), "no {heading} table:\n{stdout}");
+    }
+    assert!(stdout.contains("| server | "), "{stdout}");
+    assert!(stdout.contains("| memory | "), "{stdout}");
+    assert!(
+        stdout.contains("(1.00×)"),
+        "no ratios against the server:\n{stdout}"
+    );
+    assert!(!stdout.contains("failed:"), "a scenario failed:\n{stdout}");
+    let markdown = std::fs::read_to_string(out.path().join("report.md")).expect("report.md");
+    assert!(markdown.contains("![") && markdown.contains("throughput.svg"));
+
+    // The JSON: every figure present for both backends.
+    let json = std::fs::read_to_string(out.path().join("report.json")).expect("report.json");
+    let report: serde_json::Value = serde_json::from_str(&json).expect("report.json is JSON");
+    assert_eq!(report["reference"], "server");
+    assert!(report["machine"]["nproc"].as_u64().unwrap() >= 1);
+    let backends = report["backends"].as_array().expect("backends");
+    assert_eq!(backends.len(), 2);
+    for backend in backends {
+        let label = backend["label"].as_str().unwrap();
+        let uncontended = backend["uncontended"].as_array().unwrap();
+        assert_eq!(uncontended.len(), 2, "{label}");
+        for point in uncontended {
+            assert!(
+                point["pairs_per_sec"].as_f64().unwrap() > 0.0,
+                "{label}: {point}"
+            );
+        }
+        let handoff = &backend["handoff"];
+        assert!(
+            handoff["grants_per_sec"].as_f64().unwrap() > 0.0,
+            "{label}: {handoff}"
+        );
+        assert!(
+            handoff["handoff"]["count"].as_u64().unwrap() > 0,
+            "{label}: {handoff}"
+        );
+        let fairness = &backend["fairness"];
+        let jain = fairness["jain"].as_f64().unwrap();
+        assert!((0.0..=1.0 + 1e-9).contains(&jain), "{label}: {fairness}");
+        let scale = &backend["scale"];
+        let expected = if label == "server" { 1000 } else { 300 };
+        assert_eq!(
+            scale["locks"].as_u64().unwrap(),
+            expected,
+            "{label}: {scale}"
+        );
+    }
+    // The server was started by the run, so its memory is known.
+    let server = backends.iter().find(|b| b["label"] == "server").unwrap();
+    assert!(
+        server["scale"]["memory_held"].as_u64().unwrap() > 0,
+        "{server}"
+    );
+    assert!(server["version"].as_str().unwrap().starts_with("locksmith"));
+
+    // The charts are SVG documents.
+    for chart in ["throughput.svg", "handoff-latency.svg", "fairness-wait.svg"] {
+        let svg = std::fs::read_to_string(out.path().join(chart)).expect(chart);
+        assert!(svg.starts_with("<svg") && svg.contains("</svg>"), "{chart}");
+        assert!(
+            svg.contains("server") && svg.contains("memory"),
+            "{chart} lacks a legend"
+        );
+    }
+}
+
+#[test]
+fn bench_refuses_nonsense() {
+    let output = Command::new(env!("CARGO_BIN_EXE_locksmith"))
+        .args(["bench", "--spawn", "mysql"])
+        .output()
+        .expect("run locksmith bench");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("unknown backend \"mysql\""), "{stderr}");
+
+    let output = Command::new(env!("CARGO_BIN_EXE_locksmith"))
+        .args(["bench", "--backend", "ftp://example.com"])
+        .output()
+        .expect("run locksmith bench");
+    assert!(!output.status.success());
+}

@@ -1,0 +1,98 @@
+//! The short CI torture: every backend, against a real server started by the
+//! run, with the faults that matter most, in a few seconds each.
+//!
+//! - `pause-client`: SIGSTOP a holder past its session (a GC pause), so the
+//!   fenced resource must refuse its stale write;
+//! - `restart-backend`: kill -9 and restart the server while a holder stays
+//!   inside: tokens must not go back, and nobody else may get the lock unless
+//!   the holder is told it lost it;
+//! - `partition`: cut the holder off the backend for twice its session TTL;
+//! - `kill-client` (server only): kill -9 a holder and respawn it.
+//!
+//! Each test runs `locksmith torture --quick …` and fails on a non-zero exit:
+//! any safety violation, any liveness failure, or a round that could not run.
+//! The output (the summary table and the findings) is in the failure message.
+
+use std::process::Command;
+
+/// Runs a short torture of `backend` with `faults` and fails on any finding.
+fn torture(backend: &str, faults: &str) {
+    let out = tempfile::tempdir().expect("temporary directory");
+    let output = Command::new(env!("CARGO_BIN_EXE_locksmith"))
+        .args(["torture", "--quick", "--spawn", backend, "--fault", faults])
+        .args(["--clients", "4", "--session-ttl", "2s"])
+        .args(["--before", "500ms", "--during", "2s", "--after", "1s"])
+        .arg("--out")
+        .arg(out.path())
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run locksmith torture");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    if !output.status.success() {
+        let logs: String = std::fs::read_dir(out.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("clients-"))
+            .map(|e| {
+                let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+                let lines: Vec<&str> = text.lines().collect();
+                format!(
+                    "--- {} (last lines)\n{}\n",
+                    e.file_name().to_string_lossy(),
+                    lines[lines.len().saturating_sub(15)..].join("\n")
+                )
+            })
+            .collect();
+        panic!(
+            "locksmith torture --spawn {backend} --fault {faults} failed ({}):\n{stdout}\n{stderr}\n{logs}",
+            output.status
+        );
+    }
+    // Every requested fault ran and was judged.
+    for fault in faults.split(',') {
+        let row = format!("| {backend} | {fault} |");
+        assert!(
+            stdout
+                .lines()
+                .any(|l| l.starts_with(&row) && l.ends_with("| ok |")),
+            "no passing row for {backend} × {fault}:\n{stdout}"
+        );
+    }
+    let json = std::fs::read_to_string(out.path().join("torture.json")).expect("torture.json");
+    let rounds: serde_json::Value = serde_json::from_str(&json).expect("torture.json is JSON");
+    for round in rounds.as_array().expect("a list of rounds") {
+        assert!(
+            round["verdict"]["grants"].as_u64().unwrap_or(0) > 0,
+            "a round without grants: {round}"
+        );
+        assert!(
+            !round["injected"].as_array().expect("injected").is_empty(),
+            "a round without an injected fault: {round}"
+        );
+    }
+}
+
+#[test]
+fn server() {
+    torture(
+        "server",
+        "kill-client,pause-client,restart-backend,partition",
+    );
+}
+
+#[test]
+fn redis() {
+    torture("redis", "pause-client,restart-backend,partition");
+}
+
+#[test]
+fn zookeeper() {
+    torture("zookeeper", "pause-client,restart-backend,partition");
+}
+
+#[test]
+fn etcd() {
+    torture("etcd", "pause-client,restart-backend,partition");
+}
