@@ -7,7 +7,8 @@
 //!   inside: tokens must not go back, and nobody else may get the lock unless
 //!   the holder is told it lost it;
 //! - `partition`: cut the holder off the backend for twice its session TTL;
-//! - `kill-client` (server only): kill -9 a holder and respawn it.
+//! - `kill-client` (server only): kill -9 a holder and respawn it;
+//! - `expire-session` (PostgreSQL only): `pg_terminate_backend` on the holder.
 //!
 //! Each test runs `locksmith torture --quick …` and fails on a non-zero exit:
 //! any safety violation, any liveness failure, or a round that could not run.
@@ -95,4 +96,9 @@ fn zookeeper() {
 #[test]
 fn etcd() {
     torture("etcd", "pause-client,restart-backend,partition");
+}
+
+#[test]
+fn postgres() {
+    torture("postgres", "pause-client,restart-backend,expire-session");
 }
