@@ -322,6 +322,15 @@ impl After {
     }
 }
 
+/// Counters of the core loop, for benchmarks and monitoring.
+#[derive(Debug, Default)]
+pub(crate) struct Stats {
+    pub batches: AtomicU64,
+    pub ops: AtomicU64,
+    pub fsyncs: AtomicU64,
+    pub records: AtomicU64,
+}
+
 /// The engine, its log and the session table, owned by one thread.
 pub(crate) struct Core {
     engine: Engine,
@@ -348,6 +357,7 @@ pub(crate) struct Core {
     orphans: Vec<Orphan>,
     effects: Vec<Effect>,
     shutting_down: bool,
+    stats: Arc<Stats>,
 }
 
 impl Core {
@@ -375,6 +385,7 @@ impl Core {
             orphans: Vec::new(),
             effects: Vec::new(),
             shutting_down: false,
+            stats: Arc::default(),
         };
         let Some(dir) = &config.data_dir else {
             return Ok(core);
@@ -412,6 +423,11 @@ impl Core {
             "recovered"
         );
         Ok(core)
+    }
+
+    /// The loop's counters.
+    pub(crate) fn stats(&self) -> Arc<Stats> {
+        self.stats.clone()
     }
 
     /// The counter of sessionless request ids, for the service.
@@ -486,6 +502,10 @@ impl Core {
             }
             let now = self.clock.now();
             self.last_now = now;
+            self.stats.batches.fetch_add(1, Ordering::Relaxed);
+            self.stats
+                .ops
+                .fetch_add(batch.len() as u64, Ordering::Relaxed);
             self.release_orphans(now);
             for command in self.engine.due(now) {
                 if let Err(error) = self.execute(now, command, None, None) {
@@ -568,7 +588,12 @@ impl Core {
 
     fn commit(&mut self) -> std::io::Result<()> {
         match self.storage.as_mut() {
-            Some(storage) if storage.has_pending() => storage.commit(),
+            Some(storage) if storage.has_pending() => {
+                let records = storage.commit()?;
+                self.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
+                self.stats.records.fetch_add(records, Ordering::Relaxed);
+                Ok(())
+            }
             _ => Ok(()),
         }
     }

@@ -75,6 +75,7 @@ mod storage;
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use locksmith_proto::v1::locksmith_server::LocksmithServer;
@@ -87,12 +88,25 @@ pub use crate::config::{ServerConfig, DEFAULT_DATA_DIR, DEFAULT_LISTEN};
 pub use crate::error::ServerError;
 pub use locksmith_core::Limits;
 
-use crate::core::{Core, Op};
+use crate::core::{Core, Op, Stats};
 use crate::service::Service;
 
 /// How long a graceful shutdown waits for connections to close before it
 /// drops them.
 const SHUTDOWN_DRAIN: Duration = Duration::from_secs(5);
+
+/// Counters of the engine loop since the server started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ServerStats {
+    /// Batches the engine thread processed (each woke it once).
+    pub batches: u64,
+    /// Operations (requests, stream messages, unary calls) in those batches.
+    pub ops: u64,
+    /// `fdatasync` calls of the log (one per batch that changed state).
+    pub fsyncs: u64,
+    /// Log records written (state-changing commands).
+    pub records: u64,
+}
 
 /// A running server. Dropping it shuts it down in the background; prefer
 /// [`Server::shutdown`], which reports how it went.
@@ -101,6 +115,7 @@ pub struct Server {
     addr: SocketAddr,
     stop: CancellationToken,
     task: Option<JoinHandle<Result<(), ServerError>>>,
+    stats: Arc<Stats>,
 }
 
 impl Server {
@@ -127,6 +142,7 @@ impl Server {
             .await
             .map_err(|e| ServerError::EngineStopped(format!("recovery panicked: {e}")))??;
         let unary_ids = core.unary_ids();
+        let stats = core.stats();
         let (ops, receiver) = std::sync::mpsc::channel();
         let (exit_tx, exit_rx) = oneshot::channel();
         std::thread::Builder::new()
@@ -207,6 +223,7 @@ impl Server {
             addr,
             stop,
             task: Some(task),
+            stats,
         })
     }
 
@@ -214,6 +231,18 @@ impl Server {
     /// asked for port 0).
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The engine loop's counters so far (average batch size = ops / batches,
+    /// group commit = records / fsyncs).
+    pub fn stats(&self) -> ServerStats {
+        let load = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+        ServerStats {
+            batches: load(&self.stats.batches),
+            ops: load(&self.stats.ops),
+            fsyncs: load(&self.stats.fsyncs),
+            records: load(&self.stats.records),
+        }
     }
 
     /// The client URL of this server: `locksmith://<addr>`.

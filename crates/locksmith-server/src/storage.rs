@@ -146,6 +146,8 @@ pub(crate) struct Storage {
     buffer: Vec<u8>,
     /// Records appended since the last snapshot.
     since_snapshot: u64,
+    /// Records in the write buffer.
+    buffered: u64,
     /// Segments to replay, found by [`Storage::open`].
     to_replay: Vec<u64>,
 }
@@ -178,6 +180,7 @@ impl Storage {
                 segment_seq: last,
                 buffer: Vec::with_capacity(64 * 1024),
                 since_snapshot: 0,
+                buffered: 0,
                 to_replay: segments,
             },
             snapshot,
@@ -246,6 +249,7 @@ impl Storage {
         self.buffer[mark.0..mark.0 + 4].copy_from_slice(&len.to_le_bytes());
         self.buffer[mark.0 + 4..mark.0 + HEADER].copy_from_slice(&crc.to_le_bytes());
         self.since_snapshot += 1;
+        self.buffered += 1;
     }
 
     /// Drops the record begun at `mark` (the command failed or changed nothing).
@@ -259,10 +263,10 @@ impl Storage {
     }
 
     /// Writes the buffered records and makes them durable with one `fdatasync`:
-    /// the group commit of a batch.
-    pub(crate) fn commit(&mut self) -> io::Result<()> {
+    /// the group commit of a batch. Returns how many records it wrote.
+    pub(crate) fn commit(&mut self) -> io::Result<u64> {
         if self.buffer.is_empty() {
-            return Ok(());
+            return Ok(0);
         }
         let segment = self
             .segment
@@ -271,7 +275,7 @@ impl Storage {
         segment.write_all(&self.buffer)?;
         segment.sync_data()?;
         self.buffer.clear();
-        Ok(())
+        Ok(std::mem::take(&mut self.buffered))
     }
 
     /// Records appended since the last snapshot.

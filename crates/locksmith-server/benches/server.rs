@@ -1,0 +1,429 @@
+//! The locksmith server against Redis, side by side, in one run (issue 3's
+//! benchmark).
+//!
+//! - locksmith: a durable server (fsync on, data directory under
+//!   `CARGO_TARGET_TMPDIR`, on the project's disk) on its own runtime, clients
+//!   through the `locksmith://` backend of the client library.
+//! - Redis: a real `redis-server` (locksmith-testkit) with a Lua lock script
+//!   (`SET NX PX` + `INCR` of a fencing-token key to acquire, compare-and-`DEL`
+//!   to release) through the `redis` crate's multiplexed connection; handoff
+//!   by pub/sub (the release script publishes, waiters retry on the message).
+//!
+//! Scenarios:
+//! - (a) 64 concurrent clients, each acquire + release on its own lock, for N
+//!   seconds: pairs per second. Each side runs twice: 64 connections (one per
+//!   client), and one connection shared by the 64 tasks (the redis crate then
+//!   pipelines; the locksmith client multiplexes on its one session stream).
+//! - (b) 16 clients contending for one lock: handoff latency from the start of
+//!   a release to the next grant (p50/p99), and transfers per second.
+//!
+//! `cargo bench -p locksmith-server --bench server` (N = `LOCKSMITH_BENCH_SECS`,
+//! default 5).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use locksmith::{Client, ConnectOptions};
+use locksmith_server::{Server, ServerConfig, ServerStats};
+
+const ACQUIRE: &str = r"
+if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return redis.call('incr', KEYS[2])
+end
+return 0";
+const RELEASE: &str = r"
+if redis.call('get', KEYS[1]) == ARGV[1] then
+  redis.call('del', KEYS[1])
+  if KEYS[2] then redis.call('publish', KEYS[2], ARGV[1]) end
+  return 1
+end
+return 0";
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Latencies in microseconds.
+#[derive(Default)]
+struct Samples(Vec<u32>);
+
+impl Samples {
+    fn push(&mut self, d: Duration) {
+        self.0.push(d.as_micros().min(u32::MAX as u128) as u32);
+    }
+
+    fn percentile(&mut self, p: f64) -> f64 {
+        if self.0.is_empty() {
+            return f64::NAN;
+        }
+        self.0.sort_unstable();
+        let index = ((self.0.len() - 1) as f64 * p).round() as usize;
+        self.0[index] as f64
+    }
+}
+
+struct Throughput {
+    per_second: f64,
+    p50_us: f64,
+    p99_us: f64,
+}
+
+struct Handoff {
+    transfers_per_second: f64,
+    p50_us: f64,
+    p99_us: f64,
+}
+
+/// Runs `tasks` until `duration` has been measured after a warmup; the tasks
+/// count operations and record latencies.
+async fn measure<F, Fut>(
+    tasks: usize,
+    duration: Duration,
+    task: F,
+) -> Result<(f64, Samples), BoxError>
+where
+    F: Fn(usize, Arc<AtomicBool>, Arc<AtomicBool>, Arc<AtomicU64>) -> Fut,
+    Fut: std::future::Future<Output = Result<Samples, BoxError>> + Send + 'static,
+{
+    let stop = Arc::new(AtomicBool::new(false));
+    let recording = Arc::new(AtomicBool::new(false));
+    let count = Arc::new(AtomicU64::new(0));
+    let handles: Vec<_> = (0..tasks)
+        .map(|i| tokio::spawn(task(i, stop.clone(), recording.clone(), count.clone())))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    recording.store(true, Ordering::SeqCst);
+    let start_count = count.load(Ordering::SeqCst);
+    let started = Instant::now();
+    tokio::time::sleep(duration).await;
+    let done = count.load(Ordering::SeqCst) - start_count;
+    let elapsed = started.elapsed();
+    recording.store(false, Ordering::SeqCst);
+    stop.store(true, Ordering::SeqCst);
+    let mut samples = Samples::default();
+    for handle in handles {
+        samples.0.extend(handle.await??.0);
+    }
+    Ok((done as f64 / elapsed.as_secs_f64(), samples))
+}
+
+fn options() -> ConnectOptions {
+    ConnectOptions {
+        session_ttl: Duration::from_secs(30),
+        client_name: "bench".into(),
+        ..ConnectOptions::default()
+    }
+}
+
+async fn locksmith_pairs(
+    url: &str,
+    clients: usize,
+    shared: bool,
+    duration: Duration,
+) -> Result<Throughput, BoxError> {
+    let connections = if shared { 1 } else { clients };
+    let mut pool = Vec::new();
+    for _ in 0..connections {
+        pool.push(Client::connect_with(url, options()).await?);
+    }
+    let run = uuid::Uuid::new_v4().simple().to_string();
+    let (per_second, mut samples) = measure(clients, duration, |i, stop, recording, count| {
+        let client = pool[i % connections].clone();
+        let name = format!("bench/a/{run}/{i}");
+        async move {
+            let lock = client.lock(name);
+            let mut samples = Samples::default();
+            while !stop.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                let guard = lock.acquire().await?;
+                guard.release().await?;
+                count.fetch_add(1, Ordering::Relaxed);
+                if recording.load(Ordering::Relaxed) {
+                    samples.push(t.elapsed());
+                }
+            }
+            Ok(samples)
+        }
+    })
+    .await?;
+    Ok(Throughput {
+        per_second,
+        p50_us: samples.percentile(0.5),
+        p99_us: samples.percentile(0.99),
+    })
+}
+
+async fn redis_pairs(
+    url: &str,
+    clients: usize,
+    shared: bool,
+    duration: Duration,
+) -> Result<Throughput, BoxError> {
+    let redis = redis::Client::open(url)?;
+    let connections = if shared { 1 } else { clients };
+    let mut pool = Vec::new();
+    for _ in 0..connections {
+        pool.push(redis.get_multiplexed_async_connection().await?);
+    }
+    let run = uuid::Uuid::new_v4().simple().to_string();
+    let (per_second, mut samples) = measure(clients, duration, |i, stop, recording, count| {
+        let mut con = pool[i % connections].clone();
+        let key = format!("bench:a:{run}:{i}");
+        let token_key = format!("{key}:token");
+        let owner = format!("owner-{i}");
+        async move {
+            let (acquire, release) = (redis::Script::new(ACQUIRE), redis::Script::new(RELEASE));
+            let mut samples = Samples::default();
+            while !stop.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                let token: u64 = acquire
+                    .key(&key)
+                    .key(&token_key)
+                    .arg(&owner)
+                    .arg(30_000)
+                    .invoke_async(&mut con)
+                    .await?;
+                assert!(token > 0, "own lock was busy");
+                let released: u64 = release.key(&key).arg(&owner).invoke_async(&mut con).await?;
+                assert_eq!(released, 1);
+                count.fetch_add(1, Ordering::Relaxed);
+                if recording.load(Ordering::Relaxed) {
+                    samples.push(t.elapsed());
+                }
+            }
+            Ok(samples)
+        }
+    })
+    .await?;
+    Ok(Throughput {
+        per_second,
+        p50_us: samples.percentile(0.5),
+        p99_us: samples.percentile(0.99),
+    })
+}
+
+/// When the last release started, for the handoff latency of the next grant.
+type LastRelease = Arc<Mutex<Option<Instant>>>;
+
+fn handoff_sample(last: &LastRelease, recording: &AtomicBool, samples: &mut Samples) {
+    if let Some(released) = last.lock().unwrap().take() {
+        if recording.load(Ordering::Relaxed) {
+            samples.push(released.elapsed());
+        }
+    }
+}
+
+async fn locksmith_handoff(
+    url: &str,
+    clients: usize,
+    duration: Duration,
+) -> Result<Handoff, BoxError> {
+    let mut pool = Vec::new();
+    for _ in 0..clients {
+        pool.push(Client::connect_with(url, options()).await?);
+    }
+    let name = format!("bench/b/{}", uuid::Uuid::new_v4().simple());
+    let last: LastRelease = Arc::default();
+    let (per_second, mut samples) = measure(clients, duration, |i, stop, recording, count| {
+        let lock = pool[i].lock(name.as_str());
+        let last = last.clone();
+        async move {
+            let mut samples = Samples::default();
+            while !stop.load(Ordering::Relaxed) {
+                let guard = lock.acquire().await?;
+                handoff_sample(&last, &recording, &mut samples);
+                count.fetch_add(1, Ordering::Relaxed);
+                *last.lock().unwrap() = Some(Instant::now());
+                guard.release().await?;
+            }
+            Ok(samples)
+        }
+    })
+    .await?;
+    Ok(Handoff {
+        transfers_per_second: per_second,
+        p50_us: samples.percentile(0.5),
+        p99_us: samples.percentile(0.99),
+    })
+}
+
+async fn redis_handoff(url: &str, clients: usize, duration: Duration) -> Result<Handoff, BoxError> {
+    let redis = redis::Client::open(url)?;
+    let run = uuid::Uuid::new_v4().simple().to_string();
+    let key = format!("bench:b:{run}");
+    let channel = format!("{key}:released");
+    let mut connections = Vec::new();
+    for _ in 0..clients {
+        let con = redis.get_multiplexed_async_connection().await?;
+        let mut pubsub = redis.get_async_pubsub().await?;
+        pubsub.subscribe(&channel).await?;
+        connections.push(Mutex::new(Some((con, pubsub))));
+    }
+    let last: LastRelease = Arc::default();
+    let (per_second, mut samples) = measure(clients, duration, |i, stop, recording, count| {
+        let (mut con, mut pubsub) = connections[i]
+            .lock()
+            .unwrap()
+            .take()
+            .expect("one task per client");
+        let (key, channel, last) = (key.clone(), channel.clone(), last.clone());
+        let owner = format!("owner-{i}");
+        async move {
+            let (acquire, release) = (redis::Script::new(ACQUIRE), redis::Script::new(RELEASE));
+            let token_key = format!("{key}:token");
+            let mut messages = pubsub.on_message();
+            let mut samples = Samples::default();
+            while !stop.load(Ordering::Relaxed) {
+                let token: u64 = acquire
+                    .key(&key)
+                    .key(&token_key)
+                    .arg(&owner)
+                    .arg(30_000)
+                    .invoke_async(&mut con)
+                    .await?;
+                if token == 0 {
+                    // Busy: wait for a release message (or re-check after a
+                    // while, in case one was missed), then retry.
+                    let _ = tokio::time::timeout(Duration::from_millis(100), messages.next()).await;
+                    continue;
+                }
+                handoff_sample(&last, &recording, &mut samples);
+                count.fetch_add(1, Ordering::Relaxed);
+                *last.lock().unwrap() = Some(Instant::now());
+                let released: u64 = release
+                    .key(&key)
+                    .key(&channel)
+                    .arg(&owner)
+                    .invoke_async(&mut con)
+                    .await?;
+                assert_eq!(released, 1);
+            }
+            Ok(samples)
+        }
+    })
+    .await?;
+    Ok(Handoff {
+        transfers_per_second: per_second,
+        p50_us: samples.percentile(0.5),
+        p99_us: samples.percentile(0.99),
+    })
+}
+
+fn delta(after: ServerStats, before: ServerStats) -> String {
+    let ops = after.ops - before.ops;
+    let batches = (after.batches - before.batches).max(1);
+    let records = after.records - before.records;
+    let fsyncs = (after.fsyncs - before.fsyncs).max(1);
+    format!(
+        "{ops} ops in {batches} batches ({:.1} per batch), {records} log records in {fsyncs} fsyncs ({:.1} per fsync)",
+        ops as f64 / batches as f64,
+        records as f64 / fsyncs as f64
+    )
+}
+
+/// The filesystem type of the mount holding `path` (from /proc/mounts).
+fn filesystem_of(path: &std::path::Path) -> String {
+    let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+    mounts
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let (_dev, mount, fs) = (fields.next()?, fields.next()?, fields.next()?);
+            path.starts_with(mount)
+                .then(|| (mount.len(), fs.to_owned()))
+        })
+        .max()
+        .map_or_else(|| "unknown".into(), |(_, fs)| fs)
+}
+
+fn main() -> Result<(), BoxError> {
+    let seconds: u64 = std::env::var("LOCKSMITH_BENCH_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5);
+    let duration = Duration::from_secs(seconds);
+
+    let dir = tempfile::Builder::new()
+        .prefix("locksmith-bench-")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))?;
+    let filesystem = filesystem_of(dir.path());
+    let server_runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("server")
+        .enable_all()
+        .build()?;
+    // For profiling: the same server without the log.
+    let in_memory = std::env::var_os("LOCKSMITH_BENCH_IN_MEMORY").is_some();
+    let config = if in_memory {
+        ServerConfig::in_memory()
+    } else {
+        ServerConfig::durable(dir.path())
+    }
+    .listen("127.0.0.1:0".parse()?);
+    let server = server_runtime.block_on(Server::start(config))?;
+    let url = server.url();
+    let redis = locksmith_testkit::Redis::start();
+    let redis_url = redis.url();
+
+    let clients = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("clients")
+        .enable_all()
+        .build()?;
+    eprintln!(
+        "data dir {} ({filesystem}), {seconds} s per measurement",
+        dir.path().display()
+    );
+    clients.block_on(async {
+        let s0 = server.stats();
+        let ls_a = locksmith_pairs(&url, 64, false, duration).await?;
+        let s1 = server.stats();
+        eprintln!("(a) locksmith, 64 connections: {}", delta(s1, s0));
+        let ls_a_shared = locksmith_pairs(&url, 64, true, duration).await?;
+        let s2 = server.stats();
+        eprintln!("(a) locksmith, 1 connection: {}", delta(s2, s1));
+        let redis_a = redis_pairs(&redis_url, 64, false, duration).await?;
+        let redis_a_shared = redis_pairs(&redis_url, 64, true, duration).await?;
+        let s3 = server.stats();
+        let ls_b = locksmith_handoff(&url, 16, duration).await?;
+        let s4 = server.stats();
+        eprintln!("(b) locksmith: {}", delta(s4, s3));
+        let redis_b = redis_handoff(&redis_url, 16, duration).await?;
+
+        let best_redis = redis_a.per_second.max(redis_a_shared.per_second);
+        let best_ls = ls_a.per_second.max(ls_a_shared.per_second);
+        println!("### (a) 64 clients, acquire + release of their own lock ({seconds} s)\n");
+        println!("| | pairs/s | pair p50 | pair p99 |");
+        println!("|---|---:|---:|---:|");
+        for (label, t) in [
+            ("locksmith, 64 connections", &ls_a),
+            ("locksmith, 1 shared connection", &ls_a_shared),
+            ("Redis Lua, 64 multiplexed connections", &redis_a),
+            ("Redis Lua, 1 shared multiplexed connection", &redis_a_shared),
+        ] {
+            println!("| {label} | {:.0} | {:.0} µs | {:.0} µs |", t.per_second, t.p50_us, t.p99_us);
+        }
+        println!(
+            "\nRatio locksmith / Redis (best of each): **{:.2}×** (goal ≥ 2×)\n",
+            best_ls / best_redis
+        );
+        println!("### (b) 16 clients contending for one lock ({seconds} s)\n");
+        println!("| | transfers/s | handoff p50 | handoff p99 |");
+        println!("|---|---:|---:|---:|");
+        for (label, h) in [("locksmith (FIFO push)", &ls_b), ("Redis Lua + pub/sub", &redis_b)] {
+            println!(
+                "| {label} | {:.0} | {:.0} µs | {:.0} µs |",
+                h.transfers_per_second, h.p50_us, h.p99_us
+            );
+        }
+        println!(
+            "\nRatio of transfers/s locksmith / Redis: **{:.2}×** (goal ≥ 3×); goal p50 ≤ 150 µs, p99 ≤ 1000 µs",
+            ls_b.transfers_per_second / redis_b.transfers_per_second
+        );
+        Ok::<_, BoxError>(())
+    })?;
+    drop(clients);
+    server_runtime.block_on(server.shutdown())?;
+    Ok(())
+}
