@@ -22,22 +22,36 @@
 //! locksmith adds one key of its own, `prefixName("locksmith_meta", name)`, a hash
 //! of holder metadata (token, lock time, lock_by) that Redisson ignores.
 
+/// Concatenates without the formatting machinery (this runs per acquire).
+fn concat(parts: &[&str]) -> String {
+    let mut out = String::with_capacity(parts.iter().map(|p| p.len()).sum());
+    for part in parts {
+        out.push_str(part);
+    }
+    out
+}
+
 /// `prefix:{name}` (Redisson's `prefixName`).
 pub(crate) fn prefix_name(prefix: &str, name: &str) -> String {
     if name.contains('{') {
-        format!("{prefix}:{name}")
+        concat(&[prefix, ":", name])
     } else {
-        format!("{prefix}:{{{name}}}")
+        concat(&[prefix, ":{", name, "}"])
     }
 }
 
 /// `{name}:suffix` (Redisson's `suffixName`).
 pub(crate) fn suffix_name(name: &str, suffix: &str) -> String {
     if name.contains('{') {
-        format!("{name}:{suffix}")
+        concat(&[name, ":", suffix])
     } else {
-        format!("{{{name}}}:{suffix}")
+        concat(&["{", name, "}:", suffix])
     }
+}
+
+/// `<client id>:<owner>`, the holder id.
+pub(crate) fn holder_id(client_id: &str, owner: &str) -> String {
+    concat(&[client_id, ":", owner])
 }
 
 /// Every key and channel of one lock.
@@ -82,7 +96,9 @@ impl Keys {
     /// Prefix of the per-level timeout keys of a read hold (Redisson
     /// `RedissonReadLock.getReadWriteTimeoutNamePrefix`).
     pub fn rw_timeout_prefix(&self, field: &str) -> String {
-        format!("{}:rwlock_timeout", suffix_name(&self.lock, field))
+        let mut prefix = suffix_name(&self.lock, field);
+        prefix.push_str(":rwlock_timeout");
+        prefix
     }
 
     /// The part of [`Keys::rw_timeout_prefix`] before the field (Redisson
@@ -97,7 +113,7 @@ impl Keys {
 
     /// The channel a fair-lock waiter listens on.
     pub fn waiter_channel(&self, field: &str) -> String {
-        format!("{}:{}", self.channel, field)
+        concat(&[&self.channel, ":", field])
     }
 }
 

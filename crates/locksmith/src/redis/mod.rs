@@ -330,8 +330,12 @@ impl Shared {
     fn target(&self, name: &str, owner: &str, kind: Kind) -> Target {
         Target {
             name: name.to_owned(),
-            keys: Arc::new(Keys::new(format!("{}{name}", self.config.prefix))),
-            field: format!("{}:{owner}", self.client_id),
+            keys: Arc::new(Keys::new(if self.config.prefix.is_empty() {
+                name.to_owned()
+            } else {
+                format!("{}{name}", self.config.prefix)
+            })),
+            field: keys::holder_id(&self.client_id, owner),
             kind,
         }
     }
@@ -354,26 +358,39 @@ impl Shared {
     async fn run<T: ::redis::FromRedisValue>(
         &self,
         node: usize,
-        call: &Call<'_>,
+        call: &Call,
         what: &str,
     ) -> Result<T> {
         let node = &self.nodes[node];
-        node.eval(call.script, &call.keys, &call.args)
+        node.eval(call)
             .await
             .map_err(|e| failure(format!("{what} on {}", node.label), e))
     }
 
-    /// One attempt, run as its own task: if the acquire is dropped while the
-    /// attempt is in flight, the task finishes it and undoes a grant.
+    /// One attempt, cancel safe: if the acquire is dropped while the attempt is
+    /// in flight, whatever it took is given back.
     async fn attempt(self: &Arc<Self>, target: &Target, spec: &AcquireSpec) -> Result<Attempt> {
+        if !self.watchdog.holds(target) {
+            // This owner holds nothing here, so any hold it has on this lock can
+            // only come from this attempt: a dropped attempt releases all of it.
+            // (The release goes out on the same connection after the acquire,
+            // so it cannot overtake it.)
+            let mut undo = UndoOnDrop {
+                shared: self,
+                target,
+                armed: true,
+            };
+            let result = self.attempt_inner(target, spec).await;
+            undo.armed = false;
+            return result;
+        }
+        // Possibly a re-entry: only the attempt knows whether it took a level,
+        // so it runs as its own task and undoes exactly that if nobody waits
+        // for its answer any more.
         let (sender, receiver) = tokio::sync::oneshot::channel();
         let (shared, target, spec) = (self.clone(), target.clone(), *spec);
         cleanup::spawn(async move {
-            let result = if shared.nodes.len() == 1 {
-                shared.attempt_single(&target, &spec).await
-            } else {
-                shared.attempt_quorum(&target, &spec).await
-            };
+            let result = shared.attempt_inner(&target, &spec).await;
             if let Err(Ok(Attempt::Granted(granted))) = sender.send(result) {
                 tracing::debug!(lock = %target.name, "acquire dropped while granted; releasing");
                 let _ = shared.release_on(&target, &granted.nodes, false).await;
@@ -384,6 +401,14 @@ impl Shared {
             .map_err(|_| problem("the acquire task ended unexpectedly"))?
     }
 
+    async fn attempt_inner(&self, target: &Target, spec: &AcquireSpec) -> Result<Attempt> {
+        if self.nodes.len() == 1 {
+            self.attempt_single(target, spec).await
+        } else {
+            self.attempt_quorum(target, spec).await
+        }
+    }
+
     async fn attempt_single(&self, target: &Target, spec: &AcquireSpec) -> Result<Attempt> {
         let call = target.acquire(spec, &self.lock_by, false);
         let sent = Instant::now();
@@ -392,13 +417,7 @@ impl Shared {
             Some(replicas) => {
                 let node = &self.nodes[0];
                 let (reply, acked): (Vec<i64>, i64) = node
-                    .eval_and_wait(
-                        call.script,
-                        &call.keys,
-                        &call.args,
-                        replicas,
-                        self.config.wait_timeout,
-                    )
+                    .eval_and_wait(&call, replicas, self.config.wait_timeout)
                     .await
                     .map_err(|e| failure(format!("acquire on {}", node.label), e))?;
                 if Reply::parse(&reply)?.took() && acked < i64::from(replicas) {
@@ -559,6 +578,14 @@ impl Shared {
     /// Releases one level (or all) on the given nodes; a majority decides.
     async fn release_on(&self, target: &Target, nodes: &[usize], all: bool) -> Result<()> {
         let call = target.release(self.fair(), all);
+        if let [node] = nodes {
+            let name = || target.name.clone();
+            return match self.run::<i64>(*node, &call, "release").await? {
+                0 | 1 => Ok(()),
+                -1 => Err(Error::NotHeld { name: name() }),
+                _ => Err(Error::NotOwner { name: name() }),
+            };
+        }
         let answers = join_all(nodes.iter().map(|&i| {
             let call = &call;
             async move { self.run::<i64>(i, call, "release").await }
@@ -722,6 +749,8 @@ impl Shared {
             for listener in listeners.iter_mut().flatten() {
                 listener.mark();
             }
+            // An attempt may queue us: from here on a drop must leave the queue.
+            queued.armed = spec.fair && waiting;
             let attempt = match self.attempt(&target, &spec).await {
                 Ok(attempt) => {
                     trouble_since = None;
@@ -735,7 +764,6 @@ impl Shared {
                         return Err(error);
                     }
                     tracing::debug!(lock = %name, %error, "acquire attempt failed; retrying");
-                    queued.armed = spec.fair;
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 }
@@ -753,7 +781,6 @@ impl Shared {
                 }
                 Attempt::Busy { .. } if !waiting => return Ok(None),
                 Attempt::Busy { hint, split } => {
-                    queued.armed = spec.fair;
                     let Some(listening) = listeners.as_mut() else {
                         listeners = Some(self.listen(&target).await);
                         continue;
@@ -791,6 +818,27 @@ impl Shared {
                 watched: spec.watched,
             }),
         }
+    }
+}
+
+/// Gives back everything a fresh owner holds on a lock when an attempt is
+/// dropped midway.
+struct UndoOnDrop<'a> {
+    shared: &'a Arc<Shared>,
+    target: &'a Target,
+    armed: bool,
+}
+
+impl Drop for UndoOnDrop<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let (shared, target) = (self.shared.clone(), self.target.clone());
+        cleanup::spawn(async move {
+            let nodes: Vec<usize> = (0..shared.nodes.len()).collect();
+            let _ = shared.release_on(&target, &nodes, true).await;
+        });
     }
 }
 
@@ -879,17 +927,16 @@ impl Backend for RedisBackend {
         cleanup::settle(SETTLE).await;
         let shared = &self.shared;
         let keys = Keys::new(format!("{}{name}", shared.config.prefix));
-        let call = Call {
-            script: &scripts::SCRIPTS.describe,
-            keys: vec![
+        let call = Call::new(
+            &scripts::SCRIPTS.describe,
+            &[
                 &keys.lock,
                 &keys.meta,
                 &keys.queue,
                 &keys.queue_deadlines,
                 &keys.permits,
             ],
-            args: Vec::new(),
-        };
+        );
         if shared.nodes.len() == 1 {
             let reply: ::redis::Value = shared.run(0, &call, "describe").await?;
             return Ok(describe::lock_info(name, &reply));
@@ -976,9 +1023,9 @@ impl Backend for RedisBackend {
     async fn force_release(&self, name: &str) -> Result<()> {
         let shared = &self.shared;
         let keys = Keys::new(format!("{}{name}", shared.config.prefix));
-        let call = Call {
-            script: &scripts::SCRIPTS.force_release,
-            keys: vec![
+        let call = Call::new(
+            &scripts::SCRIPTS.force_release,
+            &[
                 &keys.lock,
                 &keys.meta,
                 &keys.permits,
@@ -988,8 +1035,7 @@ impl Backend for RedisBackend {
                 &keys.queue,
                 &keys.queue_deadlines,
             ],
-            args: Vec::new(),
-        };
+        );
         let answers = join_all((0..shared.nodes.len()).map(|i| {
             let call = &call;
             async move { shared.run::<i64>(i, call, "force release").await }

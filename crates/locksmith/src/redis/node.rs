@@ -8,6 +8,7 @@ use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use ::redis::{ErrorKind, FromRedisValue, RedisError, Script, ServerErrorKind};
 use tokio::sync::Notify;
 
+use super::ops::Call;
 use super::pubsub::Hub;
 use super::BACKEND;
 use crate::error::{Error, Result};
@@ -124,52 +125,40 @@ impl Node {
         Ok(Node { label, conn, hub })
     }
 
-    /// Runs a script (EVALSHA, loading it on NOSCRIPT).
+    /// Runs a script call (EVALSHA, loading the script on NOSCRIPT).
     ///
     /// Cancel safety: the script may or may not have run.
-    pub async fn eval<T: FromRedisValue>(
-        &self,
-        script: &Script,
-        keys: &[&str],
-        args: &[String],
-    ) -> std::result::Result<T, RedisError> {
-        let mut invocation = script.prepare_invoke();
-        for key in keys {
-            invocation.key(*key);
-        }
-        for arg in args {
-            invocation.arg(arg.as_str());
-        }
+    pub async fn eval<T: FromRedisValue>(&self, call: &Call) -> std::result::Result<T, RedisError> {
         let mut conn = self.conn.clone();
-        invocation.invoke_async(&mut conn).await
+        match call.cmd.query_async(&mut conn).await {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                call.script.prepare_invoke().load_async(&mut conn).await?;
+                call.cmd.query_async(&mut conn).await
+            }
+            other => other,
+        }
     }
 
-    /// Runs a script and then `WAIT replicas timeout` on the same connection, in
-    /// one pipeline, so the WAIT covers the script's writes. Answers the script's
-    /// reply and how many replicas acknowledged.
+    /// Runs a script call and then `WAIT replicas timeout` on the same
+    /// connection, in one pipeline, so the WAIT covers the script's writes.
+    /// Answers the script's reply and how many replicas acknowledged.
     ///
     /// Cancel safety: the script may or may not have run.
     pub async fn eval_and_wait<T: FromRedisValue>(
         &self,
-        script: &Script,
-        keys: &[&str],
-        args: &[String],
+        call: &Call,
         replicas: u32,
         timeout: Duration,
     ) -> std::result::Result<(T, i64), RedisError> {
         let mut pipe = ::redis::pipe();
-        pipe.cmd("EVALSHA")
-            .arg(script.get_hash())
-            .arg(keys.len())
-            .arg(keys)
-            .arg(args)
+        pipe.add_command(call.cmd.clone())
             .cmd("WAIT")
             .arg(replicas)
             .arg(timeout.as_millis() as u64);
         let mut conn = self.conn.clone();
         match pipe.query_async(&mut conn).await {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                script.prepare_invoke().load_async(&mut conn).await?;
+                call.script.prepare_invoke().load_async(&mut conn).await?;
                 pipe.query_async(&mut conn).await
             }
             other => other,

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ::redis::Script;
+use ::redis::{Cmd, Script, ToRedisArgs};
 
 use super::config::Layout;
 use super::keys::Keys;
@@ -162,29 +162,51 @@ impl Reply {
     }
 }
 
-/// A script call: script, keys, arguments.
-pub(crate) struct Call<'a> {
+/// A script call, packed once: `EVALSHA <sha> <keys> <args>`, plus the script
+/// for loading it on NOSCRIPT.
+pub(crate) struct Call {
     pub script: &'static Script,
-    pub keys: Vec<&'a str>,
-    pub args: Vec<String>,
+    pub cmd: Cmd,
 }
 
-fn flag(on: bool) -> String {
-    if on { "1" } else { "0" }.to_owned()
+impl Call {
+    /// `EVALSHA` of `script` on `keys`; arguments follow with [`Call::arg`].
+    pub fn new(script: &'static Script, keys: &[&str]) -> Call {
+        let mut cmd = Cmd::with_capacity(keys.len() + 14, 512);
+        cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys.len());
+        for key in keys {
+            cmd.arg(*key);
+        }
+        Call { script, cmd }
+    }
+
+    /// Appends an argument.
+    pub fn arg<T: ToRedisArgs>(mut self, arg: T) -> Call {
+        self.cmd.arg(arg);
+        self
+    }
 }
 
-fn ms(d: Duration) -> String {
-    d.as_millis().max(1).to_string()
+fn flag(on: bool) -> &'static str {
+    if on {
+        "1"
+    } else {
+        "0"
+    }
+}
+
+fn ms(d: Duration) -> u64 {
+    (d.as_millis() as u64).max(1)
 }
 
 impl Target {
     /// The acquire call; `defer` leaves the fencing token to a Redlock quorum.
-    pub fn acquire(&self, spec: &AcquireSpec, lock_by: &str, defer: bool) -> Call<'_> {
+    pub fn acquire(&self, spec: &AcquireSpec, lock_by: &str, defer: bool) -> Call {
         let k = &*self.keys;
         match self.kind {
-            Kind::Hash | Kind::Shared => Call {
-                script: &SCRIPTS.acquire_hash,
-                keys: vec![
+            Kind::Hash | Kind::Shared => Call::new(
+                &SCRIPTS.acquire_hash,
+                &[
                     &k.lock,
                     &k.token,
                     &k.meta,
@@ -192,33 +214,26 @@ impl Target {
                     &k.queue_deadlines,
                     &k.channel,
                 ],
-                args: vec![
-                    self.field.clone(),
-                    ms(spec.lease),
-                    flag(spec.reentrant),
-                    lock_by.to_owned(),
-                    flag(spec.fair),
-                    flag(spec.wait),
-                    ms(spec.waiter_ttl),
-                    flag(defer),
-                    if self.kind == Kind::Shared { "s" } else { "x" }.to_owned(),
-                    k.rw_timeout_prefix(&self.field),
-                ],
-            },
-            Kind::Simple => Call {
-                script: &SCRIPTS.acquire_simple,
-                keys: vec![&k.lock, &k.token, &k.meta],
-                args: vec![
-                    self.field.clone(),
-                    ms(spec.lease),
-                    flag(spec.reentrant),
-                    lock_by.to_owned(),
-                    flag(defer),
-                ],
-            },
-            Kind::Semaphore(permits) => Call {
-                script: &SCRIPTS.acquire_semaphore,
-                keys: vec![
+            )
+            .arg(&self.field)
+            .arg(ms(spec.lease))
+            .arg(flag(spec.reentrant))
+            .arg(lock_by)
+            .arg(flag(spec.fair))
+            .arg(flag(spec.wait))
+            .arg(ms(spec.waiter_ttl))
+            .arg(flag(defer))
+            .arg(if self.kind == Kind::Shared { "s" } else { "x" })
+            .arg(k.rw_timeout_prefix(&self.field)),
+            Kind::Simple => Call::new(&SCRIPTS.acquire_simple, &[&k.lock, &k.token, &k.meta])
+                .arg(&self.field)
+                .arg(ms(spec.lease))
+                .arg(flag(spec.reentrant))
+                .arg(lock_by)
+                .arg(flag(defer)),
+            Kind::Semaphore(permits) => Call::new(
+                &SCRIPTS.acquire_semaphore,
+                &[
                     &k.lock,
                     &k.permits,
                     &k.token,
@@ -228,28 +243,26 @@ impl Target {
                     &k.channel,
                     &k.sem_channel,
                 ],
-                args: vec![
-                    self.field.clone(),
-                    ms(spec.lease),
-                    flag(spec.reentrant),
-                    lock_by.to_owned(),
-                    flag(spec.fair),
-                    flag(spec.wait),
-                    ms(spec.waiter_ttl),
-                    flag(defer),
-                    permits.to_string(),
-                ],
-            },
+            )
+            .arg(&self.field)
+            .arg(ms(spec.lease))
+            .arg(flag(spec.reentrant))
+            .arg(lock_by)
+            .arg(flag(spec.fair))
+            .arg(flag(spec.wait))
+            .arg(ms(spec.waiter_ttl))
+            .arg(flag(defer))
+            .arg(permits),
         }
     }
 
     /// The release call: one level, or `all` levels.
-    pub fn release(&self, fair: bool, all: bool) -> Call<'_> {
+    pub fn release(&self, fair: bool, all: bool) -> Call {
         let k = &*self.keys;
         match self.kind {
-            Kind::Hash | Kind::Shared => Call {
-                script: &SCRIPTS.release_hash,
-                keys: vec![
+            Kind::Hash => Call::new(
+                &SCRIPTS.release_hash,
+                &[
                     &k.lock,
                     &k.meta,
                     &k.queue,
@@ -257,23 +270,36 @@ impl Target {
                     &k.channel,
                     &k.rw_channel,
                 ],
-                args: vec![
-                    self.field.clone(),
-                    flag(fair),
-                    if self.kind == Kind::Shared { "s" } else { "x" }.to_owned(),
-                    k.rw_timeout_prefix(&self.field),
-                    k.rw_key_prefix(),
-                    flag(all),
+            )
+            .arg(&self.field)
+            .arg(flag(fair))
+            .arg("x")
+            .arg("")
+            .arg("")
+            .arg(flag(all)),
+            Kind::Shared => Call::new(
+                &SCRIPTS.release_hash,
+                &[
+                    &k.lock,
+                    &k.meta,
+                    &k.queue,
+                    &k.queue_deadlines,
+                    &k.channel,
+                    &k.rw_channel,
                 ],
-            },
-            Kind::Simple => Call {
-                script: &SCRIPTS.release_simple,
-                keys: vec![&k.lock, &k.meta, &k.channel],
-                args: vec![self.field.clone(), flag(all)],
-            },
-            Kind::Semaphore(permits) => Call {
-                script: &SCRIPTS.release_semaphore,
-                keys: vec![
+            )
+            .arg(&self.field)
+            .arg(flag(fair))
+            .arg("s")
+            .arg(k.rw_timeout_prefix(&self.field))
+            .arg(k.rw_key_prefix())
+            .arg(flag(all)),
+            Kind::Simple => Call::new(&SCRIPTS.release_simple, &[&k.lock, &k.meta, &k.channel])
+                .arg(&self.field)
+                .arg(flag(all)),
+            Kind::Semaphore(permits) => Call::new(
+                &SCRIPTS.release_semaphore,
+                &[
                     &k.lock,
                     &k.permits,
                     &k.meta,
@@ -282,24 +308,22 @@ impl Target {
                     &k.channel,
                     &k.sem_channel,
                 ],
-                args: vec![
-                    self.field.clone(),
-                    flag(fair),
-                    permits.to_string(),
-                    flag(all),
-                ],
-            },
+            )
+            .arg(&self.field)
+            .arg(flag(fair))
+            .arg(permits)
+            .arg(flag(all)),
         }
     }
 
     /// Leaving the fair queue.
-    pub fn leave_queue(&self) -> Call<'_> {
+    pub fn leave_queue(&self) -> Call {
         let k = &*self.keys;
-        Call {
-            script: &SCRIPTS.leave_queue,
-            keys: vec![&k.queue, &k.queue_deadlines, &k.channel],
-            args: vec![self.field.clone()],
-        }
+        Call::new(
+            &SCRIPTS.leave_queue,
+            &[&k.queue, &k.queue_deadlines, &k.channel],
+        )
+        .arg(&self.field)
     }
 
     /// The channel a waiter for this hold listens on.
@@ -316,37 +340,32 @@ impl Target {
 
 /// A renew (or check) call for up to [`super::watchdog::BATCH`] holds; a lease
 /// of 0 only checks. `exact` sets the TTL to the lease instead of raising it.
-pub(crate) fn renew<'a>(targets: &'a [Target], leases: &[u64], exact: bool) -> Call<'a> {
+pub(crate) fn renew(targets: &[Target], leases: &[u64], exact: bool) -> Call {
     let mut keys = Vec::with_capacity(targets.len() * 3);
-    let mut args = Vec::with_capacity(targets.len() * 5 + 1);
-    args.push(targets.len().to_string());
-    for (target, lease) in targets.iter().zip(leases) {
+    for target in targets {
         let k = &*target.keys;
         keys.extend([k.lock.as_str(), k.meta.as_str(), k.permits.as_str()]);
-        args.extend([
-            target.kind.letter().to_owned(),
-            target.field.clone(),
-            lease.to_string(),
-            flag(exact),
-            if target.kind == Kind::Shared {
-                k.rw_timeout_prefix(&target.field)
+    }
+    let mut call = Call::new(&SCRIPTS.renew, &keys).arg(targets.len());
+    for (target, lease) in targets.iter().zip(leases) {
+        call = call
+            .arg(target.kind.letter())
+            .arg(&target.field)
+            .arg(*lease)
+            .arg(flag(exact))
+            .arg(if target.kind == Kind::Shared {
+                target.keys.rw_timeout_prefix(&target.field)
             } else {
                 String::new()
-            },
-        ]);
+            });
     }
-    Call {
-        script: &SCRIPTS.renew,
-        keys,
-        args,
-    }
+    call
 }
 
 /// The fencing call of Redlock's second phase.
-pub(crate) fn fence(target: &Target, value: u64, lease: Duration) -> Call<'_> {
-    Call {
-        script: &SCRIPTS.fence,
-        keys: vec![&target.keys.token, &target.keys.meta],
-        args: vec![value.to_string(), target.field.clone(), ms(lease)],
-    }
+pub(crate) fn fence(target: &Target, value: u64, lease: Duration) -> Call {
+    Call::new(&SCRIPTS.fence, &[&target.keys.token, &target.keys.meta])
+        .arg(value)
+        .arg(&target.field)
+        .arg(ms(lease))
 }

@@ -56,9 +56,14 @@ local function meta_get(meta, field)
   if not tok then return nil end
   return {tok, at, tonumber(count), by}
 end
-local function meta_put(meta, field, m, lease)
+local function meta_put(meta, field, m, lease, sole)
   redis.call('HSET', meta, field, m[1] .. ' ' .. m[2] .. ' ' .. fmt(m[3]) .. ' ' .. m[4])
-  extend_to(meta, lease)
+  if sole then
+    -- An exclusive holder is the only live entry: its lease is the hash's.
+    redis.call('PEXPIRE', meta, lease)
+  else
+    extend_to(meta, lease)
+  end
 end
 local function meta_drop(meta, field)
   redis.call('HDEL', meta, field)
@@ -69,14 +74,14 @@ end
 -- A free->held transition: the next fencing token (Redisson RFencedLock: INCR of
 -- redisson_lock_token:{name}) and the holder's metadata. With `defer` (Redlock),
 -- the token is decided by a quorum afterwards; the current counter is returned.
-local function grant_new(token_key, meta, field, now, lock_by, lease, defer)
+local function grant_new(token_key, meta, field, now, lock_by, lease, defer, sole)
   if defer then
     local cur = tonumber(redis.call('GET', token_key) or '0') or 0
-    meta_put(meta, field, {'0', fmt(now), 1, lock_by}, lease)
+    meta_put(meta, field, {'0', fmt(now), 1, lock_by}, lease, sole)
     return {1, 0, cur}
   end
   local tok = redis.call('INCR', token_key)
-  meta_put(meta, field, {fmt(tok), fmt(now), 1, lock_by}, lease)
+  meta_put(meta, field, {fmt(tok), fmt(now), 1, lock_by}, lease, sole)
   return {1, tok, 0}
 end
 -- The token of a hold being re-entered (re-entry keeps the token).
@@ -186,8 +191,12 @@ if admit then
   else
     redis.call('HSET', lock, field, 1, 'mode', 'write')
   end
-  extend_to(lock, lease)
-  local granted = grant_new(token_key, meta, field, now, lock_by, lease, defer)
+  if kind == 'none' then
+    redis.call('PEXPIRE', lock, lease)
+  else
+    extend_to(lock, lease)
+  end
+  local granted = grant_new(token_key, meta, field, now, lock_by, lease, defer, not shared)
   if fair and shared then wake_head(q, qt, chan) end
   return granted
 end
@@ -217,16 +226,24 @@ if kind == 'none' then return -1 end
 if kind ~= 'hash' then return -2 end
 local count = tonumber(redis.call('HGET', lock, field))
 if not count then return -2 end
-local mode = redis.call('HGET', lock, 'mode')
-if (mode == 'read') ~= shared then return -2 end
+local mode = false
+if shared then
+  mode = redis.call('HGET', lock, 'mode')
+  if mode ~= 'read' then return -2 end
+end
 local left = 0
 if not all then left = redis.call('HINCRBY', lock, field, -1) end
 if shared then
   for i = left + 1, count do redis.call('DEL', rw_prefix .. ':' .. i) end
 end
 if left > 0 then return 0 end
-redis.call('HDEL', lock, field)
-meta_drop(meta, field)
+if shared then
+  redis.call('HDEL', lock, field)
+  meta_drop(meta, field)
+else
+  -- The exclusive holder was the only one: its metadata goes with it.
+  redis.call('DEL', meta)
+end
 if shared and redis.call('HLEN', lock) > 1 then
   -- Other readers remain: Redisson's read unlock keeps the hash alive as long as
   -- the longest remaining read-hold timeout key.
@@ -245,7 +262,8 @@ if shared and redis.call('HLEN', lock) > 1 then
   end
   if mode == 'write' then return 1 end
 end
-redis.call('DEL', lock)
+-- Nobody holds it any more: stale metadata of expired holders goes too.
+redis.call('DEL', lock, meta)
 local woke = false
 if fair then
   purge_queue(q, qt, now_ms())
@@ -288,7 +306,7 @@ if kind ~= 'none' then
   return {0, redis.call('PTTL', lock), 0}
 end
 redis.call('SET', lock, field, 'PX', lease)
-return grant_new(token_key, meta, field, now_ms(), lock_by, lease, defer)
+return grant_new(token_key, meta, field, now_ms(), lock_by, lease, defer, true)
 "#
 );
 
@@ -385,7 +403,7 @@ if admit then
   if fair then leave_queue(q, qt, field) end
   redis.call('DECRBY', avail_key, 1)
   redis.call('ZADD', zs, now + lease, field)
-  local granted = grant_new(token_key, meta, field, now, lock_by, lease, defer)
+  local granted = grant_new(token_key, meta, field, now, lock_by, lease, defer, false)
   if fair then wake_head(q, qt, chan) end
   return granted
 end

@@ -36,7 +36,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::ops::{Kind, Target};
+use super::ops::Target;
 use super::Shared;
 use crate::backend::LostSignal;
 
@@ -60,7 +60,33 @@ struct Entry {
 struct State {
     next_id: u64,
     entries: HashMap<u64, Entry>,
-    index: HashMap<(String, String, Kind), u64>,
+    /// Entry ids by holder id (looked up without allocating).
+    index: HashMap<String, Vec<u64>>,
+    /// When the task will look next (so registering only wakes it if needed).
+    wake_at: Option<Instant>,
+}
+
+impl State {
+    fn find(&self, target: &Target) -> Option<u64> {
+        self.index
+            .get(target.field.as_str())?
+            .iter()
+            .copied()
+            .find(|id| {
+                self.entries.get(id).is_some_and(|e| {
+                    e.target.kind == target.kind && e.target.keys.lock == target.keys.lock
+                })
+            })
+    }
+
+    fn unindex(&mut self, id: u64, field: &str) {
+        if let Some(ids) = self.index.get_mut(field) {
+            ids.retain(|&i| i != id);
+            if ids.is_empty() {
+                self.index.remove(field);
+            }
+        }
+    }
 }
 
 /// The watchdog's registry of holds.
@@ -93,10 +119,6 @@ pub(crate) struct BatchResult {
     pub replies: Vec<Result<Vec<i64>, String>>,
 }
 
-fn key(target: &Target) -> (String, String, Kind) {
-    (target.keys.lock.clone(), target.field.clone(), target.kind)
-}
-
 impl Watchdog {
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().expect("watchdog state")
@@ -105,13 +127,12 @@ impl Watchdog {
     /// Adds one level of a hold; re-entries share the first level's lost signal.
     pub fn register(&self, target: &Target, watched: bool, expires: Instant) -> (u64, LostSignal) {
         let mut state = self.state();
-        if let Some(&id) = state.index.get(&key(target)) {
-            if let Some(entry) = state.entries.get_mut(&id) {
-                entry.refs += 1;
-                entry.watched += u32::from(watched);
-                entry.expires = entry.expires.max(expires);
-                return (id, entry.lost.clone());
-            }
+        if let Some(id) = state.find(target) {
+            let entry = state.entries.get_mut(&id).expect("indexed");
+            entry.refs += 1;
+            entry.watched += u32::from(watched);
+            entry.expires = entry.expires.max(expires);
+            return (id, entry.lost.clone());
         }
         state.next_id += 1;
         let id = state.next_id;
@@ -127,16 +148,23 @@ impl Watchdog {
                 last_error: None,
             },
         );
-        state.index.insert(key(target), id);
+        state
+            .index
+            .entry(target.field.clone())
+            .or_default()
+            .push(id);
+        let wake = state.wake_at.is_none_or(|at| expires < at);
         drop(state);
-        self.changed.notify_one();
+        if wake {
+            self.changed.notify_one();
+        }
         (id, lost)
     }
 
     /// Whether this client holds `target` already (so an acquire may be a
     /// re-entry).
     pub fn holds(&self, target: &Target) -> bool {
-        self.state().index.contains_key(&key(target))
+        self.state().find(target).is_some()
     }
 
     /// Drops one level; the hold leaves the watchdog with its last level.
@@ -152,7 +180,7 @@ impl Watchdog {
         }
         if entry.refs == 0 {
             let entry = state.entries.remove(&id).expect("present");
-            state.index.remove(&key(&entry.target));
+            state.unindex(id, &entry.target.field);
         }
         true
     }
@@ -203,8 +231,17 @@ impl Watchdog {
         self.state().entries.len()
     }
 
-    fn earliest_expiry(&self) -> Option<Instant> {
-        self.state().entries.values().map(|e| e.expires).min()
+    /// The next time the task must look: the next tick or an earlier expiry.
+    fn next_wake(&self, tick: Instant) -> Instant {
+        let mut state = self.state();
+        let at = state
+            .entries
+            .values()
+            .map(|e| e.expires)
+            .min()
+            .map_or(tick, |expiry| expiry.min(tick));
+        state.wake_at = Some(at);
+        at
     }
 
     /// Marks holds whose lease has run out lost.
@@ -301,7 +338,7 @@ impl Watchdog {
 
 fn lose(state: &mut State, id: u64, reason: String) {
     if let Some(entry) = state.entries.remove(&id) {
-        state.index.remove(&key(&entry.target));
+        state.unindex(id, &entry.target.field);
         tracing::warn!(lock = %entry.target.name, %reason, "redis hold lost");
         entry.lost.fire(reason);
     }
@@ -337,9 +374,7 @@ pub(crate) async fn run(
                 inflight.push(Box::pin(shared.clone().renew_batch(batch, interval)));
             }
         }
-        let wake_at = dog
-            .earliest_expiry()
-            .map_or(next_tick, |expiry| expiry.min(next_tick));
+        let wake_at = dog.next_wake(next_tick);
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep_until(wake_at) => {}
