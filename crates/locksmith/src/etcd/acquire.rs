@@ -471,9 +471,8 @@ impl Inner {
                 HoldLease::Own(own)
             }
         };
-        let watch = self.hub.watch(
+        let watch = self.hub.watch_deferred(
             key.clone(),
-            None,
             granted_at + 1,
             Sink::Lost {
                 signal: lost.clone(),

@@ -197,10 +197,15 @@ impl Hold for EtcdHold {
             entry.armed.store(false, Ordering::SeqCst);
             entry.watch.lock().expect("hold watch").take();
             let lost_before = entry.lost.reason();
-            let task = tokio::spawn(delete_key(self.inner.clone(), entry.clone()));
-            let deleted = task
-                .await
-                .map_err(|e| Error::backend(BACKEND, format!("release task failed: {e}")))??;
+            // Should this future be dropped mid-delete, the guard finishes it.
+            let mut unfinished = Unfinished {
+                inner: self.inner.clone(),
+                entry: entry.clone(),
+                armed: true,
+            };
+            let deleted = delete_key(&self.inner, &entry).await;
+            unfinished.armed = false;
+            let deleted = deleted?;
             match (deleted, lost_before) {
                 (_, Some(reason)) => Err(Error::Lost(reason)),
                 (false, None) => Err(entry.lose(
@@ -290,9 +295,31 @@ impl Hold for EtcdHold {
     }
 }
 
+/// A final delete that has not completed; dropped armed, it completes the
+/// delete in a task.
+struct Unfinished {
+    inner: Arc<Inner>,
+    entry: Arc<Entry>,
+    armed: bool,
+}
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let (inner, entry) = (self.inner.clone(), self.entry.clone());
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = delete_key(&inner, &entry).await;
+            });
+        }
+    }
+}
+
 /// Deletes the key if it is still ours (`If(create_revision == token)
 /// Then(Delete)`), and gives back what it used. True when it was still ours.
-async fn delete_key(inner: Arc<Inner>, entry: Arc<Entry>) -> Result<bool> {
+async fn delete_key(inner: &Inner, entry: &Entry) -> Result<bool> {
     let txn = Txn::new()
         .when([entry.still_ours()])
         .and_then([TxnOp::delete(entry.key.clone(), None)]);

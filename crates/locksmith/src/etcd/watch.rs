@@ -8,10 +8,16 @@
 //! every watch resumes from the revision after the last event it saw, so no
 //! delete is missed; a watch whose start revision was compacted away is
 //! re-checked by reading the key.
+//!
+//! A hold's watch is *deferred*: it reaches etcd only if the hold is still
+//! alive [`DEFER`] after its grant, starting from the revision after the
+//! grant, so a delete in between is still reported (just up to [`DEFER`]
+//! later). Short holds (acquire, a few writes, release) thus cost etcd no
+//! watcher at all; waiters' watches are created at once.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use etcd_client::{
@@ -19,6 +25,7 @@ use etcd_client::{
     WatchResponse, WatchResponseStream,
 };
 use tokio::sync::{mpsc, Notify};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::BACKEND;
@@ -26,6 +33,9 @@ use crate::backend::LostSignal;
 
 /// Pause before reopening a broken watch stream.
 const RETRY: Duration = Duration::from_millis(200);
+
+/// How long a hold's watch waits before it is registered with etcd.
+pub(crate) const DEFER: Duration = Duration::from_millis(100);
 
 /// What a delete event does.
 #[derive(Clone)]
@@ -63,16 +73,44 @@ enum Command {
 pub(crate) struct WatchHub {
     commands: mpsc::UnboundedSender<Command>,
     next_id: AtomicI64,
+    deferred: Arc<Deferred>,
 }
 
-/// A registered watch; dropping it cancels the watch.
+/// Watches waiting for their time, in deadline order (all wait [`DEFER`]).
+#[derive(Default)]
+struct Deferred {
+    queue: Mutex<VecDeque<Postponed>>,
+    /// Wakes the hub when the queue stops being empty.
+    filled: Notify,
+}
+
+/// A deferred watch: due time, id, what to watch, handshake flags.
+type Postponed = (Instant, i64, Spec, Arc<Flags>);
+
+/// Handshake between a deferred watch's guard and the hub (Dekker style,
+/// both sides `SeqCst`): whichever side sees the other's flag cancels.
+#[derive(Default)]
+struct Flags {
+    dropped: AtomicBool,
+    registered: AtomicBool,
+}
+
+/// A watch; dropping it cancels it (a deferred one that never reached etcd
+/// costs nothing more).
 pub(crate) struct WatchGuard {
     id: i64,
     commands: mpsc::UnboundedSender<Command>,
+    flags: Option<Arc<Flags>>,
 }
 
 impl Drop for WatchGuard {
     fn drop(&mut self) {
+        if let Some(flags) = &self.flags {
+            flags.dropped.store(true, Ordering::SeqCst);
+            if !flags.registered.load(Ordering::SeqCst) {
+                return;
+            }
+        }
         let _ = self.commands.send(Command::Cancel(self.id));
     }
 }
@@ -81,10 +119,22 @@ impl WatchHub {
     /// Starts the hub's task; it stops on `shutdown`.
     pub fn start(watches: WatchClient, kv: KvClient, shutdown: CancellationToken) -> WatchHub {
         let (commands, receiver) = mpsc::unbounded_channel();
-        tokio::spawn(run(watches, kv, receiver, commands.clone(), shutdown));
+        let deferred = Arc::new(Deferred::default());
+        let hub = Hub {
+            watches,
+            kv,
+            commands: receiver,
+            loopback: commands.clone(),
+            deferred: deferred.clone(),
+            active: HashMap::new(),
+            stream: None,
+            retry_at: None,
+        };
+        tokio::spawn(hub.run(shutdown));
         WatchHub {
             commands,
             next_id: AtomicI64::new(1),
+            deferred,
         }
     }
 
@@ -108,6 +158,33 @@ impl WatchHub {
         WatchGuard {
             id,
             commands: self.commands.clone(),
+            flags: None,
+        }
+    }
+
+    /// Like [`WatchHub::watch`] on one key, but registered with etcd only
+    /// [`DEFER`] from now, and only if the guard still lives then.
+    pub fn watch_deferred(&self, key: impl Into<Vec<u8>>, start: i64, sink: Sink) -> WatchGuard {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let spec = Spec {
+            key: key.into(),
+            range_end: None,
+            start,
+            sink,
+        };
+        let flags = Arc::new(Flags::default());
+        let was_empty = {
+            let mut queue = self.deferred.queue.lock().expect("deferred watches");
+            queue.push_back((Instant::now() + DEFER, id, spec, flags.clone()));
+            queue.len() == 1
+        };
+        if was_empty {
+            self.deferred.filled.notify_one();
+        }
+        WatchGuard {
+            id,
+            commands: self.commands.clone(),
+            flags: Some(flags),
         }
     }
 }
@@ -151,72 +228,127 @@ async fn open(watches: &mut WatchClient, active: &HashMap<i64, Spec>) -> Option<
     Some((sender, responses))
 }
 
-async fn next(
-    stream: &mut Option<Stream>,
-) -> Option<std::result::Result<Option<WatchResponse>, etcd_client::Error>> {
+type Message = Option<std::result::Result<Option<WatchResponse>, etcd_client::Error>>;
+
+async fn next(stream: &mut Option<Stream>) -> Message {
     match stream {
         Some((_, responses)) => Some(responses.message().await),
         None => std::future::pending().await,
     }
 }
 
-async fn run(
-    mut watches: WatchClient,
+/// The hub's task state.
+struct Hub {
+    watches: WatchClient,
     kv: KvClient,
-    mut commands: mpsc::UnboundedReceiver<Command>,
+    commands: mpsc::UnboundedReceiver<Command>,
     loopback: mpsc::UnboundedSender<Command>,
-    shutdown: CancellationToken,
-) {
-    let mut active: HashMap<i64, Spec> = HashMap::new();
-    let mut stream: Option<Stream> = None;
-    let mut retry_at: Option<tokio::time::Instant> = None;
-    loop {
-        if stream.is_none() && !active.is_empty() {
-            let due = retry_at.is_none_or(|at| at <= tokio::time::Instant::now());
-            if due {
-                stream = open(&mut watches, &active).await;
-                retry_at = stream
-                    .is_none()
-                    .then(|| tokio::time::Instant::now() + RETRY);
+    deferred: Arc<Deferred>,
+    active: HashMap<i64, Spec>,
+    stream: Option<Stream>,
+    retry_at: Option<Instant>,
+}
+
+impl Hub {
+    async fn run(mut self, shutdown: CancellationToken) {
+        loop {
+            if self.stream.is_none() && !self.active.is_empty() {
+                let due = self.retry_at.is_none_or(|at| at <= Instant::now());
+                if due {
+                    self.stream = open(&mut self.watches, &self.active).await;
+                    self.retry_at = self.stream.is_none().then(|| Instant::now() + RETRY);
+                }
+            }
+            let retry_due = self
+                .retry_at
+                .filter(|_| self.stream.is_none() && !self.active.is_empty());
+            let next_deferred = self.next_deferred();
+            let deferred = self.deferred.clone();
+            let timers = async move {
+                let retry = async {
+                    match retry_due {
+                        Some(at) => tokio::time::sleep_until(at).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                let due = async {
+                    match next_deferred {
+                        Some(at) => tokio::time::sleep_until(at).await,
+                        None => deferred.filled.notified().await,
+                    }
+                };
+                tokio::select! {
+                    _ = retry => {}
+                    _ = due => {}
+                }
+            };
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = timers => self.promote_due().await,
+                command = self.commands.recv() => match command {
+                    None => return,
+                    Some(Command::Add(id, spec)) => self.add(id, spec).await,
+                    Some(Command::Cancel(id)) => self.cancel(id).await,
+                },
+                message = next(&mut self.stream) => match message {
+                    Some(Ok(Some(response))) => {
+                        route(response, &mut self.active, &self.kv, &self.loopback)
+                    }
+                    Some(Ok(None)) | Some(Err(_)) | None => {
+                        tracing::debug!(backend = BACKEND, "watch stream broke, reopening");
+                        self.stream = None;
+                    }
+                },
             }
         }
-        let retry_due = retry_at.filter(|_| stream.is_none() && !active.is_empty());
-        let retry = async move {
-            match retry_due {
-                Some(at) => tokio::time::sleep_until(at).await,
-                None => std::future::pending().await,
+    }
+
+    async fn add(&mut self, id: i64, spec: Spec) {
+        if let Some((sender, _)) = &mut self.stream {
+            if sender
+                .watch(spec.key.clone(), Some(create(id, &spec)))
+                .await
+                .is_err()
+            {
+                self.stream = None;
             }
+        }
+        self.active.insert(id, spec);
+    }
+
+    async fn cancel(&mut self, id: i64) {
+        if self.active.remove(&id).is_some() {
+            if let Some((sender, _)) = &mut self.stream {
+                if sender.cancel(id).await.is_err() {
+                    self.stream = None;
+                }
+            }
+        }
+    }
+
+    /// When the oldest deferred watch is due (`None`: nothing deferred).
+    fn next_deferred(&self) -> Option<Instant> {
+        let queue = self.deferred.queue.lock().expect("deferred watches");
+        queue.front().map(|(at, ..)| *at)
+    }
+
+    /// Registers the deferred watches that are due and still wanted.
+    async fn promote_due(&mut self) {
+        let now = Instant::now();
+        let due: Vec<(i64, Spec, Arc<Flags>)> = {
+            let mut queue = self.deferred.queue.lock().expect("deferred watches");
+            let mut due = Vec::new();
+            while queue.front().is_some_and(|(at, ..)| *at <= now) {
+                let (_, id, spec, flags) = queue.pop_front().expect("front exists");
+                due.push((id, spec, flags));
+            }
+            due
         };
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = retry => {}
-            command = commands.recv() => match command {
-                None => return,
-                Some(Command::Add(id, spec)) => {
-                    if let Some((sender, _)) = &mut stream {
-                        if sender.watch(spec.key.clone(), Some(create(id, &spec))).await.is_err() {
-                            stream = None;
-                        }
-                    }
-                    active.insert(id, spec);
-                }
-                Some(Command::Cancel(id)) => {
-                    if active.remove(&id).is_some() {
-                        if let Some((sender, _)) = &mut stream {
-                            if sender.cancel(id).await.is_err() {
-                                stream = None;
-                            }
-                        }
-                    }
-                }
-            },
-            message = next(&mut stream) => match message {
-                Some(Ok(Some(response))) => route(response, &mut active, &kv, &loopback),
-                Some(Ok(None)) | Some(Err(_)) | None => {
-                    tracing::debug!(backend = BACKEND, "watch stream broke, reopening");
-                    stream = None;
-                }
-            },
+        for (id, spec, flags) in due {
+            flags.registered.store(true, Ordering::SeqCst);
+            if !flags.dropped.load(Ordering::SeqCst) {
+                self.add(id, spec).await;
+            }
         }
     }
 }
