@@ -49,6 +49,8 @@ impl Service {
     }
 
     /// Sends an op carrying a reply slot and waits for the reply.
+    ///
+    /// Cancel safety: the op runs whether or not the reply is awaited.
     async fn call<T>(&self, op: impl FnOnce(UnaryReply<T>) -> Op) -> Result<Response<T>, Status> {
         let (reply, receiver) = oneshot::channel();
         self.core.send(op(reply)).map_err(|_| stopped())?;
@@ -120,6 +122,11 @@ struct StreamReader {
 }
 
 impl StreamReader {
+    /// Forwards the stream's messages to the core until the stream or the
+    /// session ends.
+    ///
+    /// Cancel safety: runs as its own task; if dropped, the session stays
+    /// attached until the core notices the closed channel or its TTL passes.
     async fn run(
         self,
         mut inbound: Streaming<pb::ClientMessage>,

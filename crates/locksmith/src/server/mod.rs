@@ -194,9 +194,8 @@ impl Backend for ServerBackend {
         };
         let outcome = pending.receiver.as_mut().expect("set above").await;
         pending.receiver = None;
-        let generation = self.shared.state().generation;
         match outcome.map_err(|_| Error::Closed)? {
-            AcquireOutcome::Granted(tokens, lost) => Ok(Some(Grant {
+            AcquireOutcome::Granted(tokens, lost, generation) => Ok(Some(Grant {
                 hold: Box::new(ServerHold {
                     shared: self.shared.clone(),
                     names: request.names.clone(),

@@ -47,7 +47,8 @@ const CLOSE_WAIT: Duration = Duration::from_secs(2);
 /// The outcome of an acquire, as delivered to its future.
 #[derive(Debug)]
 pub(super) enum AcquireOutcome {
-    Granted(Vec<u64>, LostSignal),
+    /// Tokens, the shared lost signal, and the session generation granted in.
+    Granted(Vec<u64>, LostSignal, u64),
     WouldBlock,
     TimedOut,
     Failed(Error),
@@ -153,6 +154,8 @@ impl Settling {
 
 /// Waits (at most a second) until the cancels and releases this process sent
 /// on nobody's behalf before now are answered.
+///
+/// Cancel safety: safe; it only waits.
 pub(super) async fn settle_earlier() {
     settling().wait_for_earlier(Duration::from_secs(1)).await;
 }
@@ -272,7 +275,7 @@ impl State {
             entry.resend = Resend::Cancel;
             entry.ticket = Some(settling().open());
             self.send(Out::Cancel(pb::Cancel { id }));
-        } else if let Ok(AcquireOutcome::Granted(tokens, _)) = receiver.try_recv() {
+        } else if let Ok(AcquireOutcome::Granted(tokens, ..)) = receiver.try_recv() {
             // The grant was delivered (under this lock) just before the drop.
             let ticket = settling().open();
             self.release_unused(names, owner, &tokens, ticket);
@@ -352,8 +355,10 @@ impl State {
                         let signal = self.register(&tokens);
                         let unused = match reply {
                             Some(reply) => {
-                                match reply.send(AcquireOutcome::Granted(tokens, signal)) {
-                                    Err(AcquireOutcome::Granted(tokens, _)) => tokens,
+                                let granted =
+                                    AcquireOutcome::Granted(tokens, signal, self.generation);
+                                match reply.send(granted) {
+                                    Err(AcquireOutcome::Granted(tokens, ..)) => tokens,
                                     _ => return,
                                 }
                             }
@@ -540,6 +545,9 @@ struct Link {
 }
 
 /// Opens (or resumes, with `resume`) a session on a new stream.
+///
+/// Cancel safety: safe; a dropped attempt leaves at most a session that
+/// expires after its TTL (or, for a resume, one still waiting to be resumed).
 async fn establish(
     client: &LocksmithClient<Channel>,
     options: &ConnectOptions,
@@ -607,6 +615,8 @@ async fn establish(
 }
 
 /// Opens the first session and starts the driver that keeps it.
+///
+/// Cancel safety: as [`establish`].
 pub(super) async fn connect(
     client: LocksmithClient<Channel>,
     options: ConnectOptions,
@@ -651,6 +661,9 @@ fn setup_timeout(ttl: Duration) -> Duration {
 
 /// Keeps the session: runs the stream, and after it breaks, reconnects and
 /// resumes (or opens a new session once the old one is lost).
+///
+/// Cancel safety: runs as its own task until the client closes; if the
+/// runtime drops it, the session expires on the server after its TTL.
 async fn drive(shared: Arc<Shared>, first: Link) {
     let mut link = first;
     let mut session = Some(link.credentials.clone());
@@ -750,6 +763,8 @@ async fn drive(shared: Arc<Shared>, first: Link) {
 }
 
 /// Closes a session through the unary call (best effort, bounded).
+///
+/// Cancel safety: safe; the close may or may not have happened.
 async fn close_remotely(shared: &Shared, credentials: Credentials) {
     let request = pb::CloseSessionRequest {
         session_id: credentials.id,
@@ -761,6 +776,8 @@ async fn close_remotely(shared: &Shared, credentials: Credentials) {
 
 /// Runs one stream until it ends: routes replies and pushes, heartbeats at a
 /// third of the TTL, and watches for a whole TTL without an answer.
+///
+/// Cancel safety: safe between messages; every routing step is synchronous.
 async fn run(
     shared: &Shared,
     inbound: &mut Streaming<pb::ServerMessage>,
@@ -834,6 +851,8 @@ fn lost_push(state: &mut State, lost: pb::Lost) {
 }
 
 /// Closes the session on its stream and waits (bounded) for the server's word.
+///
+/// Cancel safety: the close message is sent first; dropping only stops the wait.
 async fn close(shared: &Shared, inbound: &mut Streaming<pb::ServerMessage>) -> End {
     shared.state().send(Out::Close(pb::Close {}));
     let _ = tokio::time::timeout(CLOSE_WAIT, async {
