@@ -42,6 +42,10 @@ CREATE UNLOGGED TABLE IF NOT EXISTS __SCHEMA__.session_holds (
     server_start timestamptz NOT NULL
 ) WITH (fillfactor = 50);
 CREATE INDEX IF NOT EXISTS session_holds_name ON __SCHEMA__.session_holds (name);
+-- Lets every lock acquire check "is this name a semaphore?" in an index that
+-- is empty for names that are not.
+CREATE INDEX IF NOT EXISTS session_holds_semaphore ON __SCHEMA__.session_holds (name)
+    WHERE mode = 'semaphore';
 
 -- Lease (TTL) holds: hold no connection; alive while lease_expires is in the
 -- future by the database's clock. Logged: they survive a restart.
@@ -270,8 +274,25 @@ BEGIN
         END IF;
         RETURN;
     END IF;
-    SELECT r.token, r.lock_time INTO token, lock_time
-      FROM __SCHEMA__.record_session(p_name, p_key, p_owner, p_lock_by, p_mode, NULL, NULL) r;
+    -- record_session, inlined on this hot path.
+    token := nextval('__SCHEMA__.fencing_token');
+    UPDATE __SCHEMA__.session_holds s
+       SET token = acquire_session.token, owner = p_owner, lock_by = p_lock_by, mode = p_mode,
+           permits = NULL, slot = NULL, hold_count = 1, lock_time = clock_timestamp(),
+           pid = pg_backend_pid(), server_start = pg_postmaster_start_time()
+     WHERE s.ctid = (SELECT o.ctid FROM __SCHEMA__.session_holds o
+                      WHERE o.name = p_name AND o.key = p_key
+                        AND (p_mode <> 'shared' OR o.mode <> 'shared'
+                             OR (o.pid = pg_backend_pid() AND o.server_start = pg_postmaster_start_time()))
+                      LIMIT 1)
+    RETURNING s.lock_time INTO lock_time;
+    IF NOT FOUND THEN
+        INSERT INTO __SCHEMA__.session_holds AS s
+               (token, name, key, owner, lock_by, mode, lock_time, pid, server_start)
+        VALUES (acquire_session.token, p_name, p_key, p_owner, p_lock_by, p_mode,
+                clock_timestamp(), pg_backend_pid(), pg_postmaster_start_time())
+        RETURNING s.lock_time INTO lock_time;
+    END IF;
     status := 'granted';
 END
 $fn$;
