@@ -40,6 +40,9 @@ pub struct ServeArgs {
     /// Most locks one session may hold.
     #[arg(long, default_value_t = 1_000_000)]
     pub max_holds_per_session: usize,
+    /// Most session streams on one client connection.
+    #[arg(long, default_value_t = 256)]
+    pub max_sessions_per_connection: usize,
     /// Most concurrent streams (sessions and calls) on one client connection.
     #[arg(long, default_value_t = 1024)]
     pub max_streams_per_connection: u32,
@@ -63,6 +66,7 @@ impl ServeArgs {
         config.max_sessions = self.max_sessions;
         config.limits.max_waiters_per_lock = self.max_waiters_per_lock;
         config.limits.max_holds_per_session = self.max_holds_per_session;
+        config.max_sessions_per_connection = self.max_sessions_per_connection;
         config.max_streams_per_connection = self.max_streams_per_connection;
         config.max_message_bytes = self.max_message_bytes;
         config.snapshot_every = self.snapshot_every;

@@ -422,6 +422,8 @@ async fn limits_have_their_own_errors() {
         "1",
         "--max-holds-per-session",
         "2",
+        "--max-sessions-per-connection",
+        "1",
     ]);
     let ttl = Duration::from_secs(5);
     let (a, b, c) = (
@@ -466,4 +468,33 @@ async fn limits_have_their_own_errors() {
     }
     held.release().await.unwrap();
     waiting.await.unwrap().unwrap().release().await.unwrap();
+
+    // A second session on one connection is refused (each library client has
+    // its own connection, so they are not affected). The session limit of 3 is
+    // reached, so close one first.
+    c.close().await.unwrap();
+    let mut connection = grpc(server.port()).await;
+    let open = || {
+        Out::Open(pb::OpenSession {
+            client_name: "multi".into(),
+            host: "test".into(),
+            ttl_ms: 5_000,
+        })
+    };
+    let (_first_tx, first) = server_support::raw_stream_on(&mut connection, open()).await;
+    let mut first = first.unwrap();
+    assert!(matches!(
+        first.message().await.unwrap().unwrap().kind,
+        Some(pb::server_message::Kind::Opened(_))
+    ));
+    let (_tx, second) = server_support::raw_stream_on(&mut connection, open()).await;
+    let status = match second {
+        Err(status) => status,
+        Ok(mut stream) => stream.message().await.unwrap_err(),
+    };
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status}");
+    assert!(
+        status.message().contains("sessions per connection"),
+        "{status}"
+    );
 }

@@ -28,8 +28,11 @@ pub struct ServerConfig {
     pub limits: Limits,
     /// Most sessions open at once.
     pub max_sessions: usize,
+    /// Most session streams on one client connection (a library client opens
+    /// one); more are refused with a "limit reached" error.
+    pub max_sessions_per_connection: usize,
     /// Most concurrent HTTP/2 streams (sessions plus unary calls in flight) on
-    /// one connection.
+    /// one connection; a client queues streams beyond it.
     pub max_streams_per_connection: u32,
     /// Largest message a client may send, in bytes.
     pub max_message_bytes: usize,
@@ -63,6 +66,7 @@ impl ServerConfig {
             grace: Duration::from_secs(10),
             limits: Limits::default(),
             max_sessions: 100_000,
+            max_sessions_per_connection: 256,
             max_streams_per_connection: 1024,
             max_message_bytes: 1 << 20,
             max_label_bytes: 256,

@@ -49,8 +49,9 @@
 //! - **Limits** on everything a client controls, each with its own error:
 //!   name length and names per acquire, waiters per lock, holds per session,
 //!   TTL/lease/lock-delay bounds ([`locksmith_core::Limits`]); sessions
-//!   ([`ServerConfig::max_sessions`]), streams per connection
-//!   ([`ServerConfig::max_streams_per_connection`]; one session per stream),
+//!   ([`ServerConfig::max_sessions`]), sessions per connection
+//!   ([`ServerConfig::max_sessions_per_connection`]; one session per stream),
+//!   streams per connection ([`ServerConfig::max_streams_per_connection`]),
 //!   message size ([`ServerConfig::max_message_bytes`]), owner and client label
 //!   length ([`ServerConfig::max_label_bytes`]). Garbage on the port or a
 //!   malformed message closes that one connection or stream, nothing else.
@@ -155,12 +156,7 @@ impl Server {
                 source,
             })?;
 
-        let service = Service::new(
-            ops.clone(),
-            unary_ids,
-            config.max_label_bytes,
-            config.open_timeout,
-        );
+        let service = Service::new(ops.clone(), unary_ids, &config);
         let reflection = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(locksmith_proto::FILE_DESCRIPTOR_SET)
             .build_v1()

@@ -7,9 +7,11 @@
 //! malformed message ends that stream only; a malformed connection (garbage on
 //! the port) is closed by the HTTP/2 layer before it reaches this code.
 
+use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use locksmith_core::{validate_name, ClientInfo, Millis, SessionId};
@@ -20,6 +22,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::config::ServerConfig;
 use crate::convert::{self, check_label};
 use crate::core::{Acks, AcquireArgs, HoldArgs, Op, StreamId, StreamOp, UnaryReply, WaitArg};
 
@@ -30,22 +33,66 @@ pub(crate) struct Service {
     unary_ids: Arc<AtomicU64>,
     max_label: usize,
     open_timeout: Duration,
+    /// Session streams per client connection (by peer address).
+    per_connection: Arc<Mutex<HashMap<SocketAddr, usize>>>,
+    max_per_connection: usize,
+}
+
+/// One session stream's place in the per-connection count, given back on drop.
+struct ConnectionSlot {
+    counts: Arc<Mutex<HashMap<SocketAddr, usize>>>,
+    peer: SocketAddr,
+}
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(count) = counts.get_mut(&self.peer) {
+            *count -= 1;
+            if *count == 0 {
+                counts.remove(&self.peer);
+            }
+        }
+    }
 }
 
 impl Service {
     pub(crate) fn new(
         core: Sender<Op>,
         unary_ids: Arc<AtomicU64>,
-        max_label: usize,
-        open_timeout: Duration,
+        config: &ServerConfig,
     ) -> Service {
         Service {
             core,
             next_stream: AtomicU64::new(1),
             unary_ids,
-            max_label,
-            open_timeout,
+            max_label: config.max_label_bytes,
+            open_timeout: config.open_timeout,
+            per_connection: Arc::default(),
+            max_per_connection: config.max_sessions_per_connection,
         }
+    }
+
+    /// Counts a new session stream on the peer's connection, refusing it past
+    /// the limit.
+    fn take_slot(&self, peer: Option<SocketAddr>) -> Result<Option<ConnectionSlot>, Status> {
+        let Some(peer) = peer else { return Ok(None) };
+        let mut counts = self
+            .per_connection
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let count = counts.entry(peer).or_insert(0);
+        if *count >= self.max_per_connection {
+            return Err(Status::resource_exhausted(format!(
+                "limit reached: sessions per connection (at most {})",
+                self.max_per_connection
+            )));
+        }
+        *count += 1;
+        Ok(Some(ConnectionSlot {
+            counts: self.per_connection.clone(),
+            peer,
+        }))
     }
 
     /// Sends an op carrying a reply slot and waits for the reply.
@@ -316,13 +363,18 @@ impl Locksmith for Service {
         &self,
         request: Request<Streaming<pb::ClientMessage>>,
     ) -> Result<Response<Self::SessionStream>, Status> {
+        let slot = self.take_slot(request.remote_addr())?;
         let (tx, rx) = mpsc::unbounded_channel();
         let reader = StreamReader {
             core: self.core.clone(),
             stream: self.next_stream.fetch_add(1, Ordering::Relaxed),
             max_label: self.max_label,
         };
-        tokio::spawn(reader.run(request.into_inner(), tx, self.open_timeout));
+        let open_timeout = self.open_timeout;
+        tokio::spawn(async move {
+            let _slot = slot;
+            reader.run(request.into_inner(), tx, open_timeout).await;
+        });
         Ok(Response::new(UnboundedReceiverStream::new(rx)))
     }
 

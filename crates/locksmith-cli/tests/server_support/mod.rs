@@ -198,6 +198,17 @@ pub async fn raw_stream(
     tokio::sync::mpsc::UnboundedSender<locksmith_proto::v1::ClientMessage>,
     Result<tonic::Streaming<locksmith_proto::v1::ServerMessage>, tonic::Status>,
 ) {
+    raw_stream_on(&mut grpc(port).await, first).await
+}
+
+/// Like [`raw_stream`], on an existing connection.
+pub async fn raw_stream_on(
+    client: &mut locksmith_proto::v1::locksmith_client::LocksmithClient<tonic::transport::Channel>,
+    first: locksmith_proto::v1::client_message::Kind,
+) -> (
+    tokio::sync::mpsc::UnboundedSender<locksmith_proto::v1::ClientMessage>,
+    Result<tonic::Streaming<locksmith_proto::v1::ServerMessage>, tonic::Status>,
+) {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     tx.send(locksmith_proto::v1::ClientMessage {
         kind: Some(first),
@@ -207,11 +218,7 @@ pub async fn raw_stream(
     let outbound = futures::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|message| (message, rx))
     });
-    let stream = grpc(port)
-        .await
-        .session(outbound)
-        .await
-        .map(|r| r.into_inner());
+    let stream = client.session(outbound).await.map(|r| r.into_inner());
     (tx, stream)
 }
 
