@@ -962,3 +962,81 @@ async fn bad_urls_and_missing_servers_are_clear_errors() {
         Err(Error::Unsupported { .. })
     ));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rediss_with_a_private_ca() {
+    let (_server, port, ca, _dir) = redis_support::tls_redis();
+    let url = format!("rediss://127.0.0.1:{port}?tls_ca={}", ca.display());
+    let (a, b) = (
+        client(&url, Duration::from_secs(30)).await,
+        client(&url, Duration::from_secs(30)).await,
+    );
+    let name = unique("tls");
+    let held = a.lock(name.as_str()).acquire().await.unwrap();
+    let waiter = tokio::spawn({
+        let lock = b.lock(name.as_str());
+        async move { lock.acquire().await }
+    });
+    sleep(Duration::from_millis(200)).await;
+    held.release().await.unwrap();
+    let next = timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("woken over the TLS subscription")
+        .unwrap()
+        .unwrap();
+    next.release().await.unwrap();
+    // Without the CA the self-signed certificate is refused.
+    let error = locksmith::Client::connect(&format!("rediss://127.0.0.1:{port}"))
+        .await
+        .unwrap_err();
+    assert!(matches!(error, Error::Backend { .. }), "{error:?}");
+}
+
+/// Acquires dropped at every possible moment (before, during and after the
+/// script call, while waiting) never leave a hold or a queue entry behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_acquires_leave_nothing_behind() {
+    for query in ["", "?mode=fair"] {
+        let url = format!("{}{query}", shared_redis().url());
+        let c = client(&url, Duration::from_secs(30)).await;
+        let name = unique("drop-anywhere");
+        let holder = client(&url, Duration::from_secs(30)).await;
+        for i in 0..200u64 {
+            // Every other round the lock is held, so the acquire queues and waits.
+            let held = if i % 2 == 1 {
+                Some(holder.lock(name.as_str()).acquire().await.unwrap())
+            } else {
+                None
+            };
+            let lock = c.lock(name.as_str());
+            let task = tokio::spawn(async move { lock.acquire().await.map(std::mem::forget) });
+            // Spread the aborts over the first milliseconds.
+            tokio::time::sleep(Duration::from_micros((i * 37) % 1500)).await;
+            task.abort();
+            if let Some(held) = held {
+                held.release().await.unwrap();
+            }
+            let completed = matches!(task.await, Ok(Ok(())));
+            // Inspection first waits for this process's own background undo
+            // work, so what it sees is final.
+            let info = c.describe(&name).await.unwrap();
+            if let Some(info) = &info {
+                assert!(
+                    info.waiters.is_empty(),
+                    "{query}: queue entry left: {info:?}"
+                );
+            }
+            match (
+                completed,
+                c.lock(name.as_str()).try_acquire().await.unwrap(),
+            ) {
+                (_, Some(guard)) => guard.release().await.unwrap(),
+                // The acquire finished before the abort: its guard was forgotten.
+                (true, None) => c.force_release(&name).await.unwrap(),
+                (false, None) => panic!("{query}: cancelled acquire #{i} left a hold: {info:?}"),
+            }
+        }
+        let info = c.describe(&name).await.unwrap();
+        assert!(info.is_none(), "{query}: left behind {info:?}");
+    }
+}

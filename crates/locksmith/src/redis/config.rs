@@ -39,6 +39,10 @@ pub(crate) struct Config {
     pub node_timeout: Option<Duration>,
     /// Redlock: the upper bound of the random delay between attempts.
     pub retry_delay: Duration,
+    /// TLS: a PEM file of the CA(s) to trust instead of the system's.
+    pub tls_ca: Option<String>,
+    /// TLS: PEM files of a client certificate and key (mutual TLS).
+    pub tls_client: Option<(String, String)>,
     /// The URL without its password, for messages.
     pub display: String,
 }
@@ -95,8 +99,11 @@ impl Config {
             wait_timeout: Duration::from_secs(1),
             node_timeout: None,
             retry_delay: Duration::from_millis(100),
+            tls_ca: None,
+            tls_client: None,
             display: redact(url),
         };
+        let (mut tls_cert, mut tls_key) = (None, None);
         let mut tls = scheme == "rediss";
         let mut passthrough = Vec::new();
         for (key, value) in url::form_urlencoded::parse(query.as_bytes()) {
@@ -135,6 +142,9 @@ impl Config {
                         }
                     }
                 }
+                "tls_ca" => config.tls_ca = Some(value.into_owned()),
+                "tls_cert" => tls_cert = Some(value.into_owned()),
+                "tls_key" => tls_key = Some(value.into_owned()),
                 "protocol" => passthrough.push(format!("{key}={value}")),
                 other => {
                     return Err(invalid(
@@ -161,6 +171,17 @@ impl Config {
             return Err(invalid(
                 url,
                 "node_timeout and retry_delay apply to redis+redlock:// only",
+            ));
+        }
+        match (tls_cert, tls_key) {
+            (Some(cert), Some(key)) => config.tls_client = Some((cert, key)),
+            (None, None) => {}
+            _ => return Err(invalid(url, "tls_cert and tls_key go together")),
+        }
+        if (config.tls_ca.is_some() || config.tls_client.is_some()) && !tls {
+            return Err(invalid(
+                url,
+                "tls_ca, tls_cert and tls_key need rediss:// (or tls=true)",
             ));
         }
         let query = if passthrough.is_empty() {

@@ -15,7 +15,7 @@
 //! | URL | what you get |
 //! |---|---|
 //! | `redis://[user:pass@]host:port[/db]` | one Redis; Redisson RLock layout |
-//! | `rediss://…` | the same over TLS (rustls; `#insecure` skips verification) |
+//! | `rediss://…` | the same over TLS (rustls; the system's roots unless `tls_ca=` names a CA file) |
 //! | `redis+redlock://[:pass@]h1:p1,h2:p2,h3:p3[/db]` | Redlock over independent masters |
 //!
 //! Query options (an unknown option is an error):
@@ -30,6 +30,8 @@
 //! | `node_timeout=50ms` | Redlock: how long one node may take per request (default lease/10, 50ms..1s) |
 //! | `retry_delay=100ms` | Redlock: upper bound of the random pause after a split vote |
 //! | `tls=true` | Redlock: connect to every node with TLS |
+//! | `tls_ca=/path/ca.pem` | TLS: trust these CAs instead of the system's |
+//! | `tls_cert=/path/c.pem&tls_key=/path/k.pem` | TLS: client certificate (mutual TLS) |
 //! | `protocol=resp3` | passed on to the `redis` crate |
 //!
 //! [`RedisBackend::capabilities`] is honest per mode: `fifo` (and a waiter list
@@ -238,7 +240,14 @@ impl RedisBackend {
         let mut nodes = Vec::with_capacity(config.nodes.len());
         for node_url in &config.nodes {
             nodes.push(
-                Node::connect(node_url, response_timeout, eager, watchdog.recheck.clone()).await?,
+                Node::connect(
+                    node_url,
+                    &config,
+                    response_timeout,
+                    eager,
+                    watchdog.recheck.clone(),
+                )
+                .await?,
             );
         }
         let quorum = config.quorum();

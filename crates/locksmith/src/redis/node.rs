@@ -8,6 +8,7 @@ use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use ::redis::{ErrorKind, FromRedisValue, RedisError, Script, ServerErrorKind};
 use tokio::sync::Notify;
 
+use super::config::Config;
 use super::ops::Call;
 use super::pubsub::Hub;
 use super::BACKEND;
@@ -81,6 +82,14 @@ pub(crate) fn is_transient(error: &Error) -> bool {
     }
 }
 
+/// rustls needs a process-wide crypto provider; install ring's unless the
+/// application installed one already.
+fn ensure_crypto_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}
+
 /// One Redis server.
 pub(crate) struct Node {
     /// `host:port`, for messages and traces.
@@ -97,14 +106,37 @@ impl Node {
     /// Cancel safety: safe; nothing is left behind.
     pub async fn connect(
         url: &str,
+        config: &Config,
         response_timeout: Duration,
         eager: bool,
         reconnected: Arc<Notify>,
     ) -> Result<Node> {
-        let client = ::redis::Client::open(url).map_err(|e| Error::InvalidUrl {
+        let invalid = |reason: String| Error::InvalidUrl {
             url: crate::client::redact(url),
-            reason: e.to_string(),
-        })?;
+            reason,
+        };
+        if url.starts_with("rediss://") {
+            ensure_crypto_provider();
+        }
+        let client = if config.tls_ca.is_some() || config.tls_client.is_some() {
+            let read = |path: &str| {
+                std::fs::read(path).map_err(|e| invalid(format!("cannot read {path}: {e}")))
+            };
+            let certificates = ::redis::TlsCertificates {
+                client_tls: match &config.tls_client {
+                    Some((cert, key)) => Some(::redis::ClientTlsConfig {
+                        client_cert: read(cert)?,
+                        client_key: read(key)?,
+                    }),
+                    None => None,
+                },
+                root_cert: config.tls_ca.as_deref().map(read).transpose()?,
+            };
+            ::redis::Client::build_with_tls(url, certificates)
+        } else {
+            ::redis::Client::open(url)
+        }
+        .map_err(|e| invalid(e.to_string()))?;
         let info = client.get_connection_info();
         let label = format!("{}", info.addr());
         let config = ConnectionManagerConfig::new()
