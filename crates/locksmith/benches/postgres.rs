@@ -60,12 +60,12 @@ fn main() {
              SELECT pg_advisory_unlock(:client_id);\n",
         ),
         (
-            "pgbench: acquire_session() + release_session()",
+            "pgbench: acquire_session() + pg_advisory_unlock() (the statements of a session hold)",
             "SELECT token FROM locksmith.acquire_session('pgbench/' || :client_id, :client_id, '{}', 'o', 'pgbench', 'exclusive', NULL, false) \\gset\n\
-             SELECT locksmith.release_session('pgbench/' || :client_id, :client_id, false);\n",
+             SELECT pg_advisory_unlock(:client_id);\n",
         ),
         (
-            "pgbench: acquire_lease() + release_lease()",
+            "pgbench: acquire_lease() + release_lease() (the statements of a lease hold)",
             "SELECT token FROM locksmith.acquire_lease('pgbench-lease/' || :client_id, :client_id, '{}', 'o', 'pgbench', 'exclusive', NULL, 30000, false) \\gset\n\
              SELECT locksmith.release_lease('pgbench-lease/' || :client_id, :token, 'o');\n",
         ),

@@ -248,6 +248,8 @@ pub(crate) struct Shared {
 pub(crate) struct Sql {
     pub acquire_session: String,
     pub release_session: String,
+    pub unlock: String,
+    pub unlock_shared: String,
     pub acquire_lease: String,
     pub renew_lease: String,
     pub release_lease: String,
@@ -266,6 +268,8 @@ impl Sql {
                  FROM {schema}.acquire_session($1, $2, $3, $4, $5, $6, $7, $8)"
             ),
             release_session: format!("SELECT {schema}.release_session($1, $2, $3)"),
+            unlock: "SELECT pg_advisory_unlock($1)".to_owned(),
+            unlock_shared: "SELECT pg_advisory_unlock_shared($1)".to_owned(),
             acquire_lease: format!(
                 "SELECT status, token, lock_time, lease_expires, slot, retry_ms, detail \
                  FROM {schema}.acquire_lease($1, $2, $3, $4, $5, $6, $7, $8, $9)"

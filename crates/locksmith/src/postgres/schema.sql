@@ -248,16 +248,17 @@ BEGIN
             RETURN;
         END IF;
     END IF;
-    -- One probe of the name's lease holds: conflicting ones, and semaphores.
+    -- One probe: conflicting lease holds, and whether the name is a semaphore.
     SELECT min(l.lease_expires) FILTER (WHERE l.mode <> 'semaphore'
                                           AND (p_mode = 'exclusive' OR l.mode = 'exclusive')),
-           bool_or(l.mode = 'semaphore')
+           coalesce(bool_or(l.mode = 'semaphore'), false)
+           OR EXISTS (SELECT 1 FROM __SCHEMA__.session_holds s
+                       WHERE s.name = p_name AND s.mode = 'semaphore'
+                         AND __SCHEMA__.session_live(s.pid, s.key, s.server_start))
       INTO v_until, v_semaphore
       FROM __SCHEMA__.lease_holds l
      WHERE l.name = p_name AND l.lease_expires > clock_timestamp();
-    IF v_semaphore OR EXISTS (SELECT 1 FROM __SCHEMA__.session_holds s
-                               WHERE s.name = p_name AND s.mode = 'semaphore'
-                                 AND __SCHEMA__.session_live(s.pid, s.key, s.server_start)) THEN
+    IF v_semaphore THEN
         detail := __SCHEMA__.mode_conflict(p_name, p_mode, p_permits);
         status := 'conflict';
     ELSIF v_until IS NOT NULL THEN
@@ -275,9 +276,8 @@ BEGIN
         RETURN;
     END IF;
     -- record_session, inlined on this hot path.
-    token := nextval('__SCHEMA__.fencing_token');
     UPDATE __SCHEMA__.session_holds s
-       SET token = acquire_session.token, owner = p_owner, lock_by = p_lock_by, mode = p_mode,
+       SET token = nextval('__SCHEMA__.fencing_token'), owner = p_owner, lock_by = p_lock_by, mode = p_mode,
            permits = NULL, slot = NULL, hold_count = 1, lock_time = clock_timestamp(),
            pid = pg_backend_pid(), server_start = pg_postmaster_start_time()
      WHERE s.ctid = (SELECT o.ctid FROM __SCHEMA__.session_holds o
@@ -285,21 +285,23 @@ BEGIN
                         AND (p_mode <> 'shared' OR o.mode <> 'shared'
                              OR (o.pid = pg_backend_pid() AND o.server_start = pg_postmaster_start_time()))
                       LIMIT 1)
-    RETURNING s.lock_time INTO lock_time;
+    RETURNING s.token, s.lock_time INTO token, lock_time;
     IF NOT FOUND THEN
         INSERT INTO __SCHEMA__.session_holds AS s
                (token, name, key, owner, lock_by, mode, lock_time, pid, server_start)
-        VALUES (acquire_session.token, p_name, p_key, p_owner, p_lock_by, p_mode,
+        VALUES (nextval('__SCHEMA__.fencing_token'), p_name, p_key, p_owner, p_lock_by, p_mode,
                 clock_timestamp(), pg_backend_pid(), pg_postmaster_start_time())
-        RETURNING s.lock_time INTO lock_time;
+        RETURNING s.token, s.lock_time INTO token, lock_time;
     END IF;
     status := 'granted';
 END
 $fn$;
 
--- Session release: drops the advisory lock (the row stays, to be taken over
--- by the next holder) and wakes NOTIFY waiters of the name if there are any.
--- False when this connection did not hold the lock.
+-- Session release of a semaphore slot: drops the slot's advisory lock (the
+-- row stays, to be taken over by the next holder) and wakes NOTIFY waiters of
+-- the name if there are any. False when this connection did not hold it.
+-- (A lock's release is a plain pg_advisory_unlock: no head waiter can be
+-- waiting for a session hold of a lock, since a head holds the key itself.)
 CREATE OR REPLACE FUNCTION __SCHEMA__.release_session(p_name text, p_key bigint, p_shared boolean)
 RETURNS boolean LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE

@@ -26,6 +26,8 @@ pub(crate) struct SessionHold {
     /// The advisory key held: the lock's, or a semaphore slot's.
     key: i64,
     shared_mode: bool,
+    /// The key is a semaphore slot's.
+    slot: bool,
     id: u64,
     pub token: u64,
     pub lost: Fan,
@@ -181,6 +183,7 @@ impl SessionHold {
             name: target.name.clone(),
             key,
             shared_mode: target.shared_key(),
+            slot: key != target.key,
             id: hold_id(),
             token,
             lost: Fan::default(),
@@ -196,16 +199,8 @@ impl SessionHold {
         if self.released.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
-        let (shared, conn) = (self.shared.clone(), self.conn.clone());
-        let (name, key, shared_mode, id, dedicated) = (
-            self.name.clone(),
-            self.key,
-            self.shared_mode,
-            self.id,
-            self.dedicated,
-        );
-        detached(async move { unlock(&shared, conn, &name, key, shared_mode, id, dedicated).await })
-            .await?
+        let job = self.unlock_job();
+        detached(job.run()).await?
     }
 }
 
@@ -214,71 +209,111 @@ impl Drop for SessionHold {
         if self.released.swap(true, Ordering::AcqRel) {
             return;
         }
-        let (shared, conn) = (self.shared.clone(), self.conn.clone());
-        let (name, key, shared_mode, id, dedicated) = (
-            self.name.clone(),
-            self.key,
-            self.shared_mode,
-            self.id,
-            self.dedicated,
-        );
+        let job = self.unlock_job();
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 runtime.spawn(async move {
-                    let _ = unlock(&shared, conn, &name, key, shared_mode, id, dedicated).await;
+                    let _ = job.run().await;
                 });
             }
             // Nothing can run: closing the connection ends the lock.
-            Err(_) => conn.kill("hold dropped outside a runtime"),
+            Err(_) => job.conn.kill("hold dropped outside a runtime"),
         }
     }
 }
 
-/// `release_session` on the hold's connection, and the bookkeeping after it.
-async fn unlock(
-    shared: &Shared,
+/// What releasing a session hold needs, owned, to run on a task of its own.
+struct UnlockJob {
+    shared: Arc<Shared>,
     conn: Arc<PgConn>,
-    name: &str,
+    name: String,
     key: i64,
     shared_mode: bool,
+    slot: bool,
     id: u64,
     dedicated: bool,
-) -> Result<()> {
-    conn.unpin(id);
-    if let Some(reason) = conn.broken() {
-        return Err(Error::Lost(reason));
+}
+
+impl SessionHold {
+    fn unlock_job(&self) -> UnlockJob {
+        UnlockJob {
+            shared: self.shared.clone(),
+            conn: self.conn.clone(),
+            name: self.name.clone(),
+            key: self.key,
+            shared_mode: self.shared_mode,
+            slot: self.slot,
+            id: self.id,
+            dedicated: self.dedicated,
+        }
     }
-    let result = async {
-        let statement = conn.prepare(&shared.sql.release_session).await?;
-        let row = conn
-            .client()
-            .query_one(&statement, &[&name, &key, &shared_mode])
-            .await
-            .map_err(pg_error)?;
-        Ok::<bool, Error>(row.get(0))
-    }
-    .await;
-    match result {
-        Ok(true) => {
-            conn.release_name(name);
-            if dedicated {
-                shared.conns.put(conn);
+}
+
+impl UnlockJob {
+    /// Drops the advisory lock on the hold's connection, then the bookkeeping.
+    async fn run(self) -> Result<()> {
+        let UnlockJob {
+            shared,
+            conn,
+            name,
+            key,
+            shared_mode,
+            slot,
+            id,
+            dedicated,
+        } = self;
+        let name = name.as_str();
+        conn.unpin(id);
+        if let Some(reason) = conn.broken() {
+            return Err(Error::Lost(reason));
+        }
+        let result = async {
+            // A lock's release never has a head waiter to wake: a head holds the
+            // key itself (see wait.rs), so the next holder is PostgreSQL's next
+            // waiter. Only semaphore slots, whose waiters sleep, go through
+            // release_session for its NOTIFY.
+            let row = if slot {
+                let statement = conn.prepare(&shared.sql.release_session).await?;
+                conn.client()
+                    .query_one(&statement, &[&name, &key, &shared_mode])
+                    .await
+            } else {
+                let sql = if shared_mode {
+                    &shared.sql.unlock_shared
+                } else {
+                    &shared.sql.unlock
+                };
+                let statement = conn.prepare(sql).await?;
+                conn.client().query_one(&statement, &[&key]).await
             }
-            Ok(())
+            .map_err(pg_error)?;
+            Ok::<bool, Error>(row.get(0))
         }
-        Ok(false) => {
-            conn.release_name(name);
-            Err(Error::Lost(format!(
-                "{name}: the connection no longer held its advisory lock"
-            )))
-        }
-        Err(error) => {
-            // Whether the unlock happened is unknown: end the session so it
-            // certainly did.
-            conn.kill(&format!("release failed: {error}"));
-            match conn.broken() {
-                Some(reason) if !matches!(error, Error::Backend { .. }) => Err(Error::Lost(reason)),
-                _ => Err(error),
+        .await;
+        match result {
+            Ok(true) => {
+                conn.release_name(name);
+                if dedicated {
+                    shared.conns.put(conn);
+                }
+                Ok(())
+            }
+            Ok(false) => {
+                conn.release_name(name);
+                Err(Error::Lost(format!(
+                    "{name}: the connection no longer held its advisory lock"
+                )))
+            }
+            Err(error) => {
+                // Whether the unlock happened is unknown: end the session so it
+                // certainly did.
+                conn.kill(&format!("release failed: {error}"));
+                match conn.broken() {
+                    Some(reason) if !matches!(error, Error::Backend { .. }) => {
+                        Err(Error::Lost(reason))
+                    }
+                    _ => Err(error),
+                }
             }
         }
     }
