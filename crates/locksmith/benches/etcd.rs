@@ -1,6 +1,10 @@
 //! etcd lock clients side by side, on one fresh etcd, in one run:
 //!
 //! - **locksmith**: this crate's `etcd://` backend.
+//! - **Go concurrency.Mutex (port)**: the client-side algorithm of Go's
+//!   `concurrency.Mutex` (what `etcdctl lock` and Go programs run), ported
+//!   call for call onto the same Rust client, since there is no Go toolchain
+//!   here.
 //! - **etcd v3lock**: etcd's own lock service (`v3lockpb.Lock` / `Unlock`, here
 //!   through the `etcd-client` crate). The server runs Go's
 //!   `concurrency.NewMutex(session, name).Lock()` on the caller's lease, so this
@@ -283,6 +287,135 @@ impl Contender for V3Lock {
     }
 }
 
+/// Go's client-side `concurrency.Mutex`, ported line by line
+/// (`client/v3/concurrency/mutex.go` `Lock`/`Unlock`, `key.go` `waitDeletes`)
+/// onto the same Rust etcd client, one lease (session) per bench client: the
+/// algorithm `etcdctl lock` and Go programs run, without a Go toolchain.
+struct GoPort {
+    clients: Vec<(etcd_client::Client, i64)>,
+}
+
+impl GoPort {
+    async fn connect(endpoint: &str) -> Self {
+        GoPort {
+            clients: V3Lock::connect(endpoint).await.clients,
+        }
+    }
+}
+
+/// `Mutex.Lock`: returns `myKey`.
+async fn go_lock(client: &mut etcd_client::Client, name: &str, lease: i64) -> String {
+    use etcd_client::{
+        Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+        TxnOpResponse, WatchOptions,
+    };
+    let pfx = format!("{name}/");
+    let my_key = format!("{pfx}{lease:x}");
+    let first = GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Ascend)
+        .with_limit(1);
+    let txn = Txn::new()
+        .when([Compare::create_revision(
+            my_key.as_str(),
+            CompareOp::Equal,
+            0,
+        )])
+        .and_then([
+            TxnOp::put(
+                my_key.as_str(),
+                "",
+                Some(PutOptions::new().with_lease(lease)),
+            ),
+            TxnOp::get(pfx.as_str(), Some(first.clone())),
+        ])
+        .or_else([
+            TxnOp::get(my_key.as_str(), None),
+            TxnOp::get(pfx.as_str(), Some(first)),
+        ]);
+    let response = client.txn(txn).await.expect("tryAcquire");
+    let gets: Vec<_> = response
+        .op_responses()
+        .into_iter()
+        .map(|op| match op {
+            TxnOpResponse::Get(get) => get.kvs().to_vec(),
+            _ => Vec::new(),
+        })
+        .collect();
+    let my_rev = if response.succeeded() {
+        response.header().expect("header").revision()
+    } else {
+        gets[0][0].create_revision()
+    };
+    if gets[1].is_empty() || gets[1][0].create_revision() == my_rev {
+        return my_key;
+    }
+    // waitDeletes(ctx, client, m.pfx, m.myRev-1)
+    let last = GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Descend)
+        .with_limit(1)
+        .with_max_create_revision(my_rev - 1);
+    loop {
+        let response = client
+            .get(pfx.as_str(), Some(last.clone()))
+            .await
+            .expect("get");
+        let Some(last_key) = response.kvs().first().map(|kv| kv.key().to_vec()) else {
+            break;
+        };
+        // waitDelete(ctx, client, lastKey, resp.Header.Revision)
+        let rev = response.header().expect("header").revision();
+        let mut watch = client
+            .watch(last_key, Some(WatchOptions::new().with_start_revision(rev)))
+            .await
+            .expect("watch");
+        'watch: while let Some(message) = watch.message().await.expect("watch message") {
+            for event in message.events() {
+                if event.event_type() == EventType::Delete {
+                    break 'watch;
+                }
+            }
+        }
+    }
+    // The session key must still exist (etcd #11408).
+    let mine = client.get(my_key.as_str(), None).await.expect("get");
+    assert!(!mine.kvs().is_empty(), "session expired");
+    my_key
+}
+
+impl Contender for GoPort {
+    async fn pairs(&self, names: &(dyn Fn(usize) -> String + Sync)) -> f64 {
+        throughput(|i, stop, done| {
+            let ((mut client, lease), name) = (self.clients[i].clone(), names(i));
+            async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let key = go_lock(&mut client, &name, lease).await;
+                    client.delete(key, None).await.expect("unlock");
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        })
+        .await
+    }
+
+    async fn handoffs(&self, name: &str) -> Vec<Duration> {
+        handoff(|i, stop, handoffs| {
+            let (mut client, lease) = self.clients[i % self.clients.len()].clone();
+            let name = name.to_owned();
+            async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let key = go_lock(&mut client, &name, lease).await;
+                    handoffs.granted();
+                    handoffs.releasing();
+                    client.delete(key, None).await.expect("unlock");
+                }
+            }
+        })
+        .await
+    }
+}
+
 /// One row of the table.
 #[derive(Default)]
 struct Row {
@@ -439,16 +572,20 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    // LOCKSMITH_BENCH_ONLY=locksmith,v3lock,etcdctl picks clients (default: all).
+    // LOCKSMITH_BENCH_ONLY=locksmith,go,v3lock,etcdctl picks clients (default: all).
     let only = std::env::var("LOCKSMITH_BENCH_ONLY").unwrap_or_default();
     let wanted = |client: &str| only.is_empty() || only.split(',').any(|c| c == client);
     let mut rows = Vec::new();
     runtime.block_on(async {
         let locksmith = Locksmith::connect(&etcd.url()).await;
         let v3lock = V3Lock::connect(&etcd.endpoint()).await;
+        let go = GoPort::connect(&etcd.endpoint()).await;
         let mut contenders: Vec<(&str, &dyn ContenderDyn)> = Vec::new();
         if wanted("locksmith") {
             contenders.push(("locksmith", &locksmith));
+        }
+        if wanted("go") {
+            contenders.push(("go", &go));
         }
         if wanted("v3lock") {
             contenders.push(("v3lock", &v3lock));
@@ -457,7 +594,8 @@ fn main() {
         for ((label, _), row) in contenders.iter().zip(measured) {
             let label = match *label {
                 "locksmith" => "locksmith etcd backend",
-                _ => "etcd v3lock (Go concurrency.Mutex in etcd)",
+                "go" => "Go concurrency.Mutex algorithm (Rust port, same client)",
+                _ => "etcd v3lock service (Go concurrency.Mutex inside etcd)",
             };
             rows.push((label, row));
         }
@@ -465,6 +603,11 @@ fn main() {
             client.close().await.unwrap();
         }
         v3lock.revoke().await;
+        V3Lock {
+            clients: go.clients,
+        }
+        .revoke()
+        .await;
     });
     if wanted("etcdctl") {
         eprintln!("etcdctl lock …");

@@ -19,12 +19,13 @@
 
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use etcd_client::{
     Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
     TxnOpResponse,
 };
-use tokio::sync::Notify;
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -34,7 +35,7 @@ use super::layout::{
     Meta, Standing,
 };
 use super::session::{ttl_seconds, Session};
-use super::watch::Sink;
+use super::watch::{Sink, Wake};
 use super::{backend_error, cleanups, Inner, BACKEND};
 use crate::backend::{AcquireRequest, Grant, LostSignal, Mode, Wait};
 use crate::error::{Error, Result};
@@ -164,6 +165,17 @@ fn forwarded(source: &LostSignal) -> LostSignal {
 struct View {
     standing: Standing,
     revision: i64,
+    /// Keys under the prefix created before ours (any kind), when known.
+    earlier: usize,
+}
+
+/// What a waiter waits for.
+#[derive(Debug)]
+enum Blocked {
+    /// The delete of this key (created at `revision`).
+    Key { key: String, revision: i64 },
+    /// Any delete among the `count` keys created before ours.
+    Earlier { count: usize },
 }
 
 impl Inner {
@@ -276,6 +288,7 @@ impl Inner {
                     Some(first) if first.create_revision() == mine => Some(View {
                         standing: Standing::Holds,
                         revision: at,
+                        earlier: 0,
                     }),
                     // Someone queued first: `TryLock` gives up here.
                     Some(first) if classify(&prefix, name, first).is_some() && request.wait == Wait::No => {
@@ -299,6 +312,7 @@ impl Inner {
                 Some(View {
                     standing: standing(&all, mine, mode),
                     revision: at,
+                    earlier: queue.iter().filter(|kv| kv.create_revision() < mine).count(),
                 })
             };
             // waitDeletes (key.go), re-checking our own key at every step.
@@ -308,24 +322,30 @@ impl Inner {
                     Some(current) => current,
                     None => self.read_view(&prefix, name, &key, mine, mode).await?,
                 };
-                let (watched, range_end) = match current.standing {
+                let blocked = match current.standing {
                     Standing::Holds => break current.revision,
                     _ if request.wait == Wait::No => {
                         pending.remove().await;
                         return Ok(None);
                     }
-                    Standing::WaitFor(blocker) => (blocker, None),
-                    Standing::WaitForAny => (prefix.clone(), Some(prefix_end(prefix.as_bytes()))),
+                    Standing::WaitFor { key, revision } => Blocked::Key { key, revision },
+                    Standing::WaitForAny => Blocked::Earlier {
+                        count: current.earlier,
+                    },
                 };
-                tracing::trace!(backend = BACKEND, %key, %watched, "waiting for a delete");
-                let wake = Arc::new(Notify::new());
-                let _watch = self.hub.watch(
-                    watched,
-                    range_end,
-                    current.revision + 1,
-                    Sink::Wake(wake.clone()),
-                );
-                self.wait(&lease, &wake).await?;
+                tracing::trace!(backend = BACKEND, %key, ?blocked, "waiting for a delete");
+                let (sender, mut events) = mpsc::unbounded_channel();
+                let _watch = match &blocked {
+                    Blocked::Key { key, .. } => self.hub.watch(key.clone(), None, 0, Sink::Wake(sender)),
+                    Blocked::Earlier { .. } => self.hub.watch(
+                        prefix.clone(),
+                        Some(prefix_end(prefix.as_bytes())),
+                        0,
+                        Sink::Wake(sender),
+                    ),
+                };
+                self.wait(&lease, &mut events, &blocked, &prefix, mine, current.revision)
+                    .await?;
                 waited = true;
             };
             if let (true, QueueLease::Own(own), Some(duration)) = (waited, &lease, request.lease) {
@@ -342,33 +362,86 @@ impl Inner {
         .await
     }
 
-    /// Sleeps until woken, keeping a leased acquire's own lease alive, and
-    /// fails when the session ends.
-    async fn wait(&self, lease: &QueueLease, wake: &Notify) -> Result<()> {
-        match lease {
-            QueueLease::Session(session) => tokio::select! {
-                _ = wake.notified() => Ok(()),
-                reason = session.ended() => Err(Error::Lost(format!("while waiting: {reason}"))),
-            },
+    /// Sleeps until what blocks us is deleted, keeping a leased acquire's own
+    /// lease alive, and fails when the session ends.
+    ///
+    /// The watch starts at etcd's current revision (see the `watch` module);
+    /// when etcd reports it created after our read at `read_at`, one read
+    /// checks whether the blocker went in between.
+    async fn wait(
+        &self,
+        lease: &QueueLease,
+        events: &mut mpsc::UnboundedReceiver<Wake>,
+        blocked: &Blocked,
+        prefix: &str,
+        mine: i64,
+        read_at: i64,
+    ) -> Result<()> {
+        let ended = async {
+            match lease {
+                QueueLease::Session(session) => session.ended().await,
+                QueueLease::Own(_) => std::future::pending().await,
+            }
+        };
+        tokio::pin!(ended);
+        let (own, every) = match lease {
             QueueLease::Own(own) => {
-                let (id, ttl) = {
-                    let state = own.state.lock().expect("own lease");
-                    (state.id, state.ttl)
-                };
-                let every = std::time::Duration::from_secs(ttl.max(1) as u64) / 3;
-                let mut leases = self.client.lease_client();
-                loop {
-                    tokio::select! {
-                        _ = wake.notified() => return Ok(()),
-                        _ = tokio::time::sleep(every) => {
-                            if !refresh(&mut leases, id).await? {
-                                return Err(Error::Lost("the lease of the waiting acquire is gone".into()));
-                            }
+                let ttl = own.state.lock().expect("own lease").ttl;
+                (Some(own.id()), Duration::from_secs(ttl.max(1) as u64) / 3)
+            }
+            QueueLease::Session(_) => (None, Duration::from_secs(86_400)),
+        };
+        let mut leases = self.client.lease_client();
+        loop {
+            tokio::select! {
+                event = events.recv() => match event {
+                    Some(Wake::Deleted) | Some(Wake::Reset) => return Ok(()),
+                    Some(Wake::Created(at)) if at > read_at => {
+                        if self.gone_since_read(blocked, prefix, mine).await? {
+                            return Ok(());
                         }
+                    }
+                    Some(Wake::Created(_)) => {}
+                    None => return Err(Error::Closed),
+                },
+                reason = &mut ended => return Err(Error::Lost(format!("while waiting: {reason}"))),
+                _ = tokio::time::sleep(every), if own.is_some() => {
+                    let id = own.expect("checked");
+                    if !refresh(&mut leases, id).await? {
+                        return Err(Error::Lost("the lease of the waiting acquire is gone".into()));
                     }
                 }
             }
         }
+    }
+
+    /// Whether what blocked us at our last read is gone by now.
+    async fn gone_since_read(&self, blocked: &Blocked, prefix: &str, mine: i64) -> Result<bool> {
+        let (key, options, expected) = match blocked {
+            Blocked::Key { key, revision } => {
+                (key.as_str(), GetOptions::new().with_keys_only(), *revision)
+            }
+            Blocked::Earlier { count } => (
+                prefix,
+                GetOptions::new()
+                    .with_prefix()
+                    .with_keys_only()
+                    .with_max_create_revision(mine - 1),
+                *count as i64,
+            ),
+        };
+        let response = self
+            .kv()
+            .get(key, Some(options))
+            .await
+            .map_err(|e| backend_error("checking the key we wait for", e))?;
+        Ok(match blocked {
+            Blocked::Key { .. } => response
+                .kvs()
+                .first()
+                .is_none_or(|kv| kv.create_revision() != expected),
+            Blocked::Earlier { .. } => (response.kvs().len() as i64) < expected,
+        })
     }
 
     /// One step of `waitDeletes` plus the own-key check, in one transaction.
@@ -409,13 +482,18 @@ impl Inner {
                     return Ok(View {
                         standing: Standing::Holds,
                         revision: at,
+                        earlier: 0,
                     })
                 }
                 Some(kv) => {
                     if let Some(blocker) = classify(prefix, name, kv) {
                         return Ok(View {
-                            standing: Standing::WaitFor(blocker.key),
+                            standing: Standing::WaitFor {
+                                key: blocker.key,
+                                revision: blocker.create_revision,
+                            },
                             revision: at,
+                            earlier: 1,
                         });
                     }
                     // A key of a nested lock: look at the whole queue.
@@ -439,6 +517,11 @@ impl Inner {
         Ok(View {
             standing: standing(&all, mine, mode),
             revision: at,
+            earlier: response
+                .kvs()
+                .iter()
+                .filter(|kv| kv.create_revision() < mine)
+                .count(),
         })
     }
 

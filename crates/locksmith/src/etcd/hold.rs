@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use etcd_client::{Compare, CompareOp, LeaseClient, PutOptions, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, DeleteOptions, LeaseClient, PutOptions, Txn, TxnOp};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -317,15 +317,19 @@ impl Drop for Unfinished {
     }
 }
 
-/// Deletes the key if it is still ours (`If(create_revision == token)
-/// Then(Delete)`), and gives back what it used. True when it was still ours.
+/// Deletes our key, as Go's `Mutex.Unlock` does (a plain `Delete(myKey)`,
+/// which etcd applies measurably cheaper than a compare-and-delete
+/// transaction), and gives back what it used. True when the deleted key was
+/// ours (its create revision is our token). Only this hold ever writes its
+/// key: the name carries our lease id and this client reserves it until the
+/// hold is released, so a plain delete cannot remove anyone else's key.
 async fn delete_key(inner: &Inner, entry: &Entry) -> Result<bool> {
-    let txn = Txn::new()
-        .when([entry.still_ours()])
-        .and_then([TxnOp::delete(entry.key.clone(), None)]);
     let result = inner
         .kv()
-        .txn(txn)
+        .delete(
+            entry.key.clone(),
+            Some(DeleteOptions::new().with_prev_key()),
+        )
         .await
         .map_err(|e| backend_error("deleting the lock key", e));
     match &entry.lease {
@@ -343,5 +347,8 @@ async fn delete_key(inner: &Inner, entry: &Entry) -> Result<bool> {
             revoke_in_background(inner.client.lease_client(), own.id());
         }
     }
-    Ok(result?.succeeded())
+    Ok(result?
+        .prev_kvs()
+        .first()
+        .is_some_and(|kv| kv.create_revision() == entry.token))
 }

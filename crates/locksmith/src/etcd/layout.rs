@@ -277,9 +277,15 @@ pub(crate) fn listed_lock_name(namespace: &str, kv: &KeyValue) -> Option<String>
 pub(crate) enum Standing {
     /// It holds the lock.
     Holds,
-    /// It waits for this key (the latest earlier contender it conflicts with)
-    /// to be deleted; etcd's `waitDeletes` picks the same key.
-    WaitFor(String),
+    /// It waits for this key (the latest earlier contender it conflicts with,
+    /// created at `revision`) to be deleted; etcd's `waitDeletes` picks the
+    /// same key.
+    WaitFor {
+        /// The key.
+        key: String,
+        /// Its create revision.
+        revision: i64,
+    },
     /// It waits for any earlier contender to go (a full semaphore).
     WaitForAny,
 }
@@ -300,7 +306,10 @@ pub(crate) fn standing(contenders: &[Contender], revision: i64, mode: Mode) -> S
             .iter()
             .rev()
             .find(|c| !ok(c.mode))
-            .map(|c| Standing::WaitFor(c.key.clone()))
+            .map(|c| Standing::WaitFor {
+                key: c.key.clone(),
+                revision: c.create_revision,
+            })
     };
     match mode {
         Mode::Exclusive => last_conflicting(&|_| false).unwrap_or(Standing::Holds),
@@ -326,6 +335,13 @@ pub(crate) fn permit_mismatch(contenders: &[Contender], permits: u32) -> Option<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn wait_for(rev: i64) -> Standing {
+        Standing::WaitFor {
+            key: format!("l/{rev:x}"),
+            revision: rev,
+        }
+    }
 
     fn contender(rev: i64, mode: Mode) -> Contender {
         Contender {
@@ -379,10 +395,7 @@ mod tests {
             contender(9, Mode::Exclusive),
         ];
         assert_eq!(standing(&all, 5, Mode::Shared), Standing::Holds);
-        assert_eq!(
-            standing(&all, 9, Mode::Exclusive),
-            Standing::WaitFor("l/7".into())
-        );
+        assert_eq!(standing(&all, 9, Mode::Exclusive), wait_for(7));
         assert_eq!(standing(&all[..0], 3, Mode::Exclusive), Standing::Holds);
     }
 
@@ -395,14 +408,8 @@ mod tests {
             contender(4, Mode::Shared),
         ];
         assert_eq!(standing(&all, 2, Mode::Shared), Standing::Holds);
-        assert_eq!(
-            standing(&all, 3, Mode::Exclusive),
-            Standing::WaitFor("l/2".into())
-        );
-        assert_eq!(
-            standing(&all, 4, Mode::Shared),
-            Standing::WaitFor("l/3".into())
-        );
+        assert_eq!(standing(&all, 3, Mode::Exclusive), wait_for(2));
+        assert_eq!(standing(&all, 4, Mode::Shared), wait_for(3));
     }
 
     #[test]
@@ -412,7 +419,7 @@ mod tests {
         assert_eq!(standing(&all, 2, sem), Standing::Holds);
         assert_eq!(standing(&all, 3, sem), Standing::WaitForAny);
         let mixed = [contender(1, Mode::Exclusive), contender(2, sem)];
-        assert_eq!(standing(&mixed, 2, sem), Standing::WaitFor("l/1".into()));
+        assert_eq!(standing(&mixed, 2, sem), wait_for(1));
         assert_eq!(permit_mismatch(&all, 2), None);
         assert_eq!(permit_mismatch(&all, 3), Some(2));
     }

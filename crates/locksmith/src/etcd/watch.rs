@@ -1,6 +1,11 @@
 //! One multiplexed watch stream per client, for delete events only.
 //!
-//! Waiters watch the key they queue behind (etcd's `waitDelete`), holders watch
+//! Waiters watch the key they queue behind (etcd's `waitDelete`) from the
+//! current revision, so that etcd puts the watcher straight into its *synced*
+//! group (a watcher that starts at an older revision waits for etcd's
+//! 100 ms catch-up loop, which would stall a handoff), and close the gap
+//! since their read with one check when etcd reports the watch created at a
+//! later revision. Holders watch
 //! their own key so that `lost()` fires the moment it is deleted (lease revoked
 //! or expired, `etcdctl del`, a forced release). All of them share one gRPC
 //! watch stream, told apart by client-chosen watch ids (etcd 3.4+), the way
@@ -40,9 +45,9 @@ pub(crate) const DEFER: Duration = Duration::from_millis(100);
 /// What a delete event does.
 #[derive(Clone)]
 pub(crate) enum Sink {
-    /// Wakes a waiter, which then re-reads the queue. Also woken when the watch
-    /// had to be reset, so a waiter never sleeps on a watch that cannot fire.
-    Wake(Arc<Notify>),
+    /// Tells a waiter what happened: the watch exists (and since which
+    /// revision), a delete, or a reset (a watch that cannot fire any more).
+    Wake(mpsc::UnboundedSender<Wake>),
     /// Fires a hold's lost signal while `armed` (a release disarms it first).
     /// On a reset the hub reads the key: still there with `token` as create
     /// revision means still held.
@@ -54,6 +59,18 @@ pub(crate) enum Sink {
         /// The fencing token (create revision) of the key.
         token: i64,
     },
+}
+
+/// What a waiter hears from its watch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wake {
+    /// etcd created the watch when the store was at this revision; deletes
+    /// after it will be reported.
+    Created(i64),
+    /// A watched key was deleted.
+    Deleted,
+    /// The watch was cancelled by etcd: re-read instead of waiting.
+    Reset,
 }
 
 struct Spec {
@@ -363,6 +380,12 @@ fn route(
     let Some(spec) = active.get_mut(&id) else {
         return;
     };
+    if response.created() {
+        if let Sink::Wake(waiter) = &spec.sink {
+            let at = response.header().map_or(0, |h| h.revision());
+            let _ = waiter.send(Wake::Created(at));
+        }
+    }
     for event in response.events() {
         if let Some(kv) = event.kv() {
             spec.start = spec.start.max(kv.mod_revision() + 1);
@@ -384,7 +407,9 @@ fn route(
             "watch cancelled by etcd"
         );
         match spec.sink {
-            Sink::Wake(notify) => notify.notify_one(),
+            Sink::Wake(waiter) => {
+                let _ = waiter.send(Wake::Reset);
+            }
             Sink::Lost {
                 signal,
                 armed,
@@ -406,7 +431,9 @@ fn route(
 
 fn deliver(sink: &Sink, reason: &str) {
     match sink {
-        Sink::Wake(notify) => notify.notify_one(),
+        Sink::Wake(waiter) => {
+            let _ = waiter.send(Wake::Deleted);
+        }
         Sink::Lost { signal, armed, .. } => {
             if armed.load(Ordering::SeqCst) {
                 signal.fire(reason);
