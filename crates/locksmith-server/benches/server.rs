@@ -19,7 +19,8 @@
 //!   a release to the next grant (p50/p99), and transfers per second.
 //!
 //! `cargo bench -p locksmith-server --bench server` (N = `LOCKSMITH_BENCH_SECS`,
-//! default 5).
+//! default 5). For profiling: `LOCKSMITH_BENCH_IN_MEMORY=1` runs the server
+//! without its log, `LOCKSMITH_BENCH_ONLY_SERVER=1` skips the Redis runs.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -67,21 +68,54 @@ struct Throughput {
     per_second: f64,
     p50_us: f64,
     p99_us: f64,
+    cpu_us: f64,
 }
 
 struct Handoff {
     transfers_per_second: f64,
     p50_us: f64,
     p99_us: f64,
+    cpu_us: f64,
 }
 
 /// Runs `tasks` until `duration` has been measured after a warmup; the tasks
 /// count operations and record latencies.
+/// The pid of `redis-server`, to count its CPU time too.
+static REDIS_PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// CPU time (user + system) of this process (server and clients) plus the
+/// Redis server.
+fn cpu_time() -> Duration {
+    // SAFETY: getrusage fills the struct we pass.
+    let own = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+        tv(usage.ru_utime) + tv(usage.ru_stime)
+    };
+    let pid = REDIS_PID.load(Ordering::Relaxed);
+    let redis = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            // Fields after the command name: state is field 3; utime, stime are 14, 15.
+            let rest = stat.rsplit_once(')')?.1;
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            let ticks: u64 =
+                fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+            // SAFETY: sysconf has no preconditions.
+            let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+            Some(Duration::from_micros(ticks * 1_000_000 / hz))
+        })
+        .unwrap_or_default();
+    own + redis
+}
+
+/// Operations per second, latency samples, and CPU microseconds per operation.
 async fn measure<F, Fut>(
     tasks: usize,
     duration: Duration,
     task: F,
-) -> Result<(f64, Samples), BoxError>
+) -> Result<(f64, Samples, f64), BoxError>
 where
     F: Fn(usize, Arc<AtomicBool>, Arc<AtomicBool>, Arc<AtomicU64>) -> Fut,
     Fut: std::future::Future<Output = Result<Samples, BoxError>> + Send + 'static,
@@ -96,16 +130,19 @@ where
     recording.store(true, Ordering::SeqCst);
     let start_count = count.load(Ordering::SeqCst);
     let started = Instant::now();
+    let cpu_started = cpu_time();
     tokio::time::sleep(duration).await;
     let done = count.load(Ordering::SeqCst) - start_count;
     let elapsed = started.elapsed();
+    let cpu = cpu_time().saturating_sub(cpu_started);
     recording.store(false, Ordering::SeqCst);
     stop.store(true, Ordering::SeqCst);
     let mut samples = Samples::default();
     for handle in handles {
         samples.0.extend(handle.await??.0);
     }
-    Ok((done as f64 / elapsed.as_secs_f64(), samples))
+    let cpu_per_op = cpu.as_micros() as f64 / done.max(1) as f64;
+    Ok((done as f64 / elapsed.as_secs_f64(), samples, cpu_per_op))
 }
 
 fn options() -> ConnectOptions {
@@ -128,29 +165,31 @@ async fn locksmith_pairs(
         pool.push(Client::connect_with(url, options()).await?);
     }
     let run = uuid::Uuid::new_v4().simple().to_string();
-    let (per_second, mut samples) = measure(clients, duration, |i, stop, recording, count| {
-        let client = pool[i % connections].clone();
-        let name = format!("bench/a/{run}/{i}");
-        async move {
-            let lock = client.lock(name);
-            let mut samples = Samples::default();
-            while !stop.load(Ordering::Relaxed) {
-                let t = Instant::now();
-                let guard = lock.acquire().await?;
-                guard.release().await?;
-                count.fetch_add(1, Ordering::Relaxed);
-                if recording.load(Ordering::Relaxed) {
-                    samples.push(t.elapsed());
+    let (per_second, mut samples, cpu_us) =
+        measure(clients, duration, |i, stop, recording, count| {
+            let client = pool[i % connections].clone();
+            let name = format!("bench/a/{run}/{i}");
+            async move {
+                let lock = client.lock(name);
+                let mut samples = Samples::default();
+                while !stop.load(Ordering::Relaxed) {
+                    let t = Instant::now();
+                    let guard = lock.acquire().await?;
+                    guard.release().await?;
+                    count.fetch_add(1, Ordering::Relaxed);
+                    if recording.load(Ordering::Relaxed) {
+                        samples.push(t.elapsed());
+                    }
                 }
+                Ok(samples)
             }
-            Ok(samples)
-        }
-    })
-    .await?;
+        })
+        .await?;
     Ok(Throughput {
         per_second,
         p50_us: samples.percentile(0.5),
         p99_us: samples.percentile(0.99),
+        cpu_us,
     })
 }
 
@@ -167,39 +206,42 @@ async fn redis_pairs(
         pool.push(redis.get_multiplexed_async_connection().await?);
     }
     let run = uuid::Uuid::new_v4().simple().to_string();
-    let (per_second, mut samples) = measure(clients, duration, |i, stop, recording, count| {
-        let mut con = pool[i % connections].clone();
-        let key = format!("bench:a:{run}:{i}");
-        let token_key = format!("{key}:token");
-        let owner = format!("owner-{i}");
-        async move {
-            let (acquire, release) = (redis::Script::new(ACQUIRE), redis::Script::new(RELEASE));
-            let mut samples = Samples::default();
-            while !stop.load(Ordering::Relaxed) {
-                let t = Instant::now();
-                let token: u64 = acquire
-                    .key(&key)
-                    .key(&token_key)
-                    .arg(&owner)
-                    .arg(30_000)
-                    .invoke_async(&mut con)
-                    .await?;
-                assert!(token > 0, "own lock was busy");
-                let released: u64 = release.key(&key).arg(&owner).invoke_async(&mut con).await?;
-                assert_eq!(released, 1);
-                count.fetch_add(1, Ordering::Relaxed);
-                if recording.load(Ordering::Relaxed) {
-                    samples.push(t.elapsed());
+    let (per_second, mut samples, cpu_us) =
+        measure(clients, duration, |i, stop, recording, count| {
+            let mut con = pool[i % connections].clone();
+            let key = format!("bench:a:{run}:{i}");
+            let token_key = format!("{key}:token");
+            let owner = format!("owner-{i}");
+            async move {
+                let (acquire, release) = (redis::Script::new(ACQUIRE), redis::Script::new(RELEASE));
+                let mut samples = Samples::default();
+                while !stop.load(Ordering::Relaxed) {
+                    let t = Instant::now();
+                    let token: u64 = acquire
+                        .key(&key)
+                        .key(&token_key)
+                        .arg(&owner)
+                        .arg(30_000)
+                        .invoke_async(&mut con)
+                        .await?;
+                    assert!(token > 0, "own lock was busy");
+                    let released: u64 =
+                        release.key(&key).arg(&owner).invoke_async(&mut con).await?;
+                    assert_eq!(released, 1);
+                    count.fetch_add(1, Ordering::Relaxed);
+                    if recording.load(Ordering::Relaxed) {
+                        samples.push(t.elapsed());
+                    }
                 }
+                Ok(samples)
             }
-            Ok(samples)
-        }
-    })
-    .await?;
+        })
+        .await?;
     Ok(Throughput {
         per_second,
         p50_us: samples.percentile(0.5),
         p99_us: samples.percentile(0.99),
+        cpu_us,
     })
 }
 
@@ -225,26 +267,28 @@ async fn locksmith_handoff(
     }
     let name = format!("bench/b/{}", uuid::Uuid::new_v4().simple());
     let last: LastRelease = Arc::default();
-    let (per_second, mut samples) = measure(clients, duration, |i, stop, recording, count| {
-        let lock = pool[i].lock(name.as_str());
-        let last = last.clone();
-        async move {
-            let mut samples = Samples::default();
-            while !stop.load(Ordering::Relaxed) {
-                let guard = lock.acquire().await?;
-                handoff_sample(&last, &recording, &mut samples);
-                count.fetch_add(1, Ordering::Relaxed);
-                *last.lock().unwrap() = Some(Instant::now());
-                guard.release().await?;
+    let (per_second, mut samples, cpu_us) =
+        measure(clients, duration, |i, stop, recording, count| {
+            let lock = pool[i].lock(name.as_str());
+            let last = last.clone();
+            async move {
+                let mut samples = Samples::default();
+                while !stop.load(Ordering::Relaxed) {
+                    let guard = lock.acquire().await?;
+                    handoff_sample(&last, &recording, &mut samples);
+                    count.fetch_add(1, Ordering::Relaxed);
+                    *last.lock().unwrap() = Some(Instant::now());
+                    guard.release().await?;
+                }
+                Ok(samples)
             }
-            Ok(samples)
-        }
-    })
-    .await?;
+        })
+        .await?;
     Ok(Handoff {
         transfers_per_second: per_second,
         p50_us: samples.percentile(0.5),
         p99_us: samples.percentile(0.99),
+        cpu_us,
     })
 }
 
@@ -261,52 +305,55 @@ async fn redis_handoff(url: &str, clients: usize, duration: Duration) -> Result<
         connections.push(Mutex::new(Some((con, pubsub))));
     }
     let last: LastRelease = Arc::default();
-    let (per_second, mut samples) = measure(clients, duration, |i, stop, recording, count| {
-        let (mut con, mut pubsub) = connections[i]
-            .lock()
-            .unwrap()
-            .take()
-            .expect("one task per client");
-        let (key, channel, last) = (key.clone(), channel.clone(), last.clone());
-        let owner = format!("owner-{i}");
-        async move {
-            let (acquire, release) = (redis::Script::new(ACQUIRE), redis::Script::new(RELEASE));
-            let token_key = format!("{key}:token");
-            let mut messages = pubsub.on_message();
-            let mut samples = Samples::default();
-            while !stop.load(Ordering::Relaxed) {
-                let token: u64 = acquire
-                    .key(&key)
-                    .key(&token_key)
-                    .arg(&owner)
-                    .arg(30_000)
-                    .invoke_async(&mut con)
-                    .await?;
-                if token == 0 {
-                    // Busy: wait for a release message (or re-check after a
-                    // while, in case one was missed), then retry.
-                    let _ = tokio::time::timeout(Duration::from_millis(100), messages.next()).await;
-                    continue;
+    let (per_second, mut samples, cpu_us) =
+        measure(clients, duration, |i, stop, recording, count| {
+            let (mut con, mut pubsub) = connections[i]
+                .lock()
+                .unwrap()
+                .take()
+                .expect("one task per client");
+            let (key, channel, last) = (key.clone(), channel.clone(), last.clone());
+            let owner = format!("owner-{i}");
+            async move {
+                let (acquire, release) = (redis::Script::new(ACQUIRE), redis::Script::new(RELEASE));
+                let token_key = format!("{key}:token");
+                let mut messages = pubsub.on_message();
+                let mut samples = Samples::default();
+                while !stop.load(Ordering::Relaxed) {
+                    let token: u64 = acquire
+                        .key(&key)
+                        .key(&token_key)
+                        .arg(&owner)
+                        .arg(30_000)
+                        .invoke_async(&mut con)
+                        .await?;
+                    if token == 0 {
+                        // Busy: wait for a release message (or re-check after a
+                        // while, in case one was missed), then retry.
+                        let _ =
+                            tokio::time::timeout(Duration::from_millis(100), messages.next()).await;
+                        continue;
+                    }
+                    handoff_sample(&last, &recording, &mut samples);
+                    count.fetch_add(1, Ordering::Relaxed);
+                    *last.lock().unwrap() = Some(Instant::now());
+                    let released: u64 = release
+                        .key(&key)
+                        .key(&channel)
+                        .arg(&owner)
+                        .invoke_async(&mut con)
+                        .await?;
+                    assert_eq!(released, 1);
                 }
-                handoff_sample(&last, &recording, &mut samples);
-                count.fetch_add(1, Ordering::Relaxed);
-                *last.lock().unwrap() = Some(Instant::now());
-                let released: u64 = release
-                    .key(&key)
-                    .key(&channel)
-                    .arg(&owner)
-                    .invoke_async(&mut con)
-                    .await?;
-                assert_eq!(released, 1);
+                Ok(samples)
             }
-            Ok(samples)
-        }
-    })
-    .await?;
+        })
+        .await?;
     Ok(Handoff {
         transfers_per_second: per_second,
         p50_us: samples.percentile(0.5),
         p99_us: samples.percentile(0.99),
+        cpu_us,
     })
 }
 
@@ -315,10 +362,13 @@ fn delta(after: ServerStats, before: ServerStats) -> String {
     let batches = (after.batches - before.batches).max(1);
     let records = after.records - before.records;
     let fsyncs = (after.fsyncs - before.fsyncs).max(1);
+    let commit = after.commit_time.saturating_sub(before.commit_time);
     format!(
-        "{ops} ops in {batches} batches ({:.1} per batch), {records} log records in {fsyncs} fsyncs ({:.1} per fsync)",
+        "{ops} ops in {batches} batches ({:.1} per batch), {records} log records in {fsyncs} \
+         fsyncs ({:.1} per fsync), write + fdatasync {:.0} µs on average",
         ops as f64 / batches as f64,
-        records as f64 / fsyncs as f64
+        records as f64 / fsyncs as f64,
+        commit.as_micros() as f64 / fsyncs as f64
     )
 }
 
@@ -366,6 +416,7 @@ fn main() -> Result<(), BoxError> {
     let url = server.url();
     let redis = locksmith_testkit::Redis::start();
     let redis_url = redis.url();
+    REDIS_PID.store(redis.pid().unwrap_or(0), Ordering::Relaxed);
 
     let clients = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -397,6 +448,13 @@ fn main() -> Result<(), BoxError> {
         let ls_b = locksmith_handoff(&url, 16, duration).await?;
         let s3 = server.stats();
         eprintln!("(b) locksmith: {}", delta(s3, s2));
+        eprintln!(
+            "locksmith CPU per op: (a) {:.0} / {:.0} µs per pair, (b) {:.0} µs per transfer",
+            ls_a.cpu_us, ls_a_shared.cpu_us, ls_b.cpu_us
+        );
+        if std::env::var_os("LOCKSMITH_BENCH_ONLY_SERVER").is_some() {
+            return Ok(());
+        }
         redis_mode(false)?;
         let redis_a = redis_pairs(&redis_url, 64, false, duration).await?;
         let redis_a_shared = redis_pairs(&redis_url, 64, true, duration).await?;
@@ -409,8 +467,8 @@ fn main() -> Result<(), BoxError> {
         let best_redis = redis_a.per_second.max(redis_a_shared.per_second);
         let best_ls = ls_a.per_second.max(ls_a_shared.per_second);
         println!("### (a) 64 clients, acquire + release of their own lock ({seconds} s)\n");
-        println!("| | pairs/s | pair p50 | pair p99 |");
-        println!("|---|---:|---:|---:|");
+        println!("| | pairs/s | pair p50 | pair p99 | CPU per pair |");
+        println!("|---|---:|---:|---:|---:|");
         for (label, t) in [
             ("locksmith (durable), 64 connections", &ls_a),
             ("locksmith (durable), 1 shared connection", &ls_a_shared),
@@ -426,8 +484,8 @@ fn main() -> Result<(), BoxError> {
             ),
         ] {
             println!(
-                "| {label} | {:.0} | {:.0} µs | {:.0} µs |",
-                t.per_second, t.p50_us, t.p99_us
+                "| {label} | {:.0} | {:.0} µs | {:.0} µs | {:.0} µs |",
+                t.per_second, t.p50_us, t.p99_us, t.cpu_us
             );
         }
         println!(
@@ -437,16 +495,16 @@ fn main() -> Result<(), BoxError> {
             best_ls / durable_a.per_second.max(durable_a_shared.per_second)
         );
         println!("### (b) 16 clients contending for one lock ({seconds} s)\n");
-        println!("| | transfers/s | handoff p50 | handoff p99 |");
-        println!("|---|---:|---:|---:|");
+        println!("| | transfers/s | handoff p50 | handoff p99 | CPU per transfer |");
+        println!("|---|---:|---:|---:|---:|");
         for (label, h) in [
             ("locksmith (durable, FIFO push)", &ls_b),
             ("Redis Lua + pub/sub", &redis_b),
             ("Redis Lua + pub/sub, appendfsync always", &durable_b),
         ] {
             println!(
-                "| {label} | {:.0} | {:.0} µs | {:.0} µs |",
-                h.transfers_per_second, h.p50_us, h.p99_us
+                "| {label} | {:.0} | {:.0} µs | {:.0} µs | {:.0} µs |",
+                h.transfers_per_second, h.p50_us, h.p99_us, h.cpu_us
             );
         }
         println!(

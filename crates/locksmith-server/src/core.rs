@@ -329,6 +329,7 @@ pub(crate) struct Stats {
     pub ops: AtomicU64,
     pub fsyncs: AtomicU64,
     pub records: AtomicU64,
+    pub commit_nanos: AtomicU64,
 }
 
 /// The engine, its log and the session table, owned by one thread.
@@ -589,7 +590,10 @@ impl Core {
     fn commit(&mut self) -> std::io::Result<()> {
         match self.storage.as_mut() {
             Some(storage) if storage.has_pending() => {
+                let started = Instant::now();
                 let records = storage.commit()?;
+                let nanos = started.elapsed().as_nanos() as u64;
+                self.stats.commit_nanos.fetch_add(nanos, Ordering::Relaxed);
                 self.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
                 self.stats.records.fetch_add(records, Ordering::Relaxed);
                 Ok(())

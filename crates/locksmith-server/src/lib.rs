@@ -107,6 +107,8 @@ pub struct ServerStats {
     pub fsyncs: u64,
     /// Log records written (state-changing commands).
     pub records: u64,
+    /// Time spent writing and fsyncing the log.
+    pub commit_time: Duration,
 }
 
 /// A running server. Dropping it shuts it down in the background; prefer
@@ -238,6 +240,7 @@ impl Server {
             ops: load(&self.stats.ops),
             fsyncs: load(&self.stats.fsyncs),
             records: load(&self.stats.records),
+            commit_time: Duration::from_nanos(load(&self.stats.commit_nanos)),
         }
     }
 
