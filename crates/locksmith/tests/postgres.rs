@@ -628,3 +628,52 @@ async fn semaphore_waiters_are_served_in_order() {
         assert!(waiter.abs_diff(place) <= 1, "order {order:?}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_backend_fires_lost_within_the_session_ttl() {
+    let pg = shared().await;
+    let ttl = Duration::from_secs(2);
+    let client = connect(&pg.url(), ttl).await;
+    let name = unique("silent");
+    let guard = client.lock(name.as_str()).acquire().await.unwrap();
+    let pid = query(
+        pg,
+        &format!(
+            "SELECT pid FROM locksmith.holds WHERE name = {} AND live",
+            literal(&name)
+        ),
+    )
+    .await;
+    // SIGSTOP the backend serving the holding connection: the connection
+    // stays open and nothing answers (a hung server, a partition without
+    // resets). (The testkit's pause() stops the postmaster's process group,
+    // which backends leave with setsid().)
+    signal(&pid, "STOP");
+    let started = Instant::now();
+    let reason = timeout(Duration::from_secs(15), guard.lost()).await;
+    let noticed = started.elapsed();
+    signal(&pid, "CONT");
+    let reason = reason.expect("the keepalive notices the silence");
+    assert!(
+        noticed <= ttl + ttl / 3 + Duration::from_secs(1),
+        "lost after {noticed:?}: {reason}"
+    );
+    // Giving up closed the connection, so the server drops the lock.
+    let other = connect(&pg.url(), Duration::from_secs(30)).await;
+    let next = other
+        .lock(name.as_str())
+        .acquire_timeout(Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert!(next.fencing_token() > guard.fencing_token());
+    next.release().await.unwrap();
+}
+
+/// `kill -<signal> <pid>`.
+fn signal(pid: &str, signal: &str) {
+    let status = std::process::Command::new("kill")
+        .args([&format!("-{signal}"), pid])
+        .status()
+        .expect("kill");
+    assert!(status.success(), "kill -{signal} {pid}");
+}

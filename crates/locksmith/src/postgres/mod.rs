@@ -242,6 +242,9 @@ pub(crate) struct Shared {
     /// same owner sees the first one's grant and re-enters.
     turns: Mutex<HashMap<(String, String), Weak<TurnLock>>>,
     pub closed: CancellationToken,
+    /// Stops background work that serves the backend, not its holds (the
+    /// cleanup task) once the backend itself is dropped.
+    background: CancellationToken,
 }
 
 /// SQL text of the statements, with the schema filled in.
@@ -337,6 +340,7 @@ impl PostgresBackend {
             entries: Mutex::default(),
             turns: Mutex::default(),
             closed: CancellationToken::new(),
+            background: CancellationToken::new(),
         });
         tokio::spawn(cleanup(Arc::downgrade(&shared)));
         Ok(PostgresBackend { shared })
@@ -353,6 +357,14 @@ impl PostgresBackend {
     }
 }
 
+impl Drop for PostgresBackend {
+    fn drop(&mut self) {
+        // Holds may outlive the backend (and keep using its pool); only the
+        // backend's own background work stops.
+        self.shared.background.cancel();
+    }
+}
+
 /// Runs the layout's `cleanup()` now and then (every 5 minutes), while the
 /// backend lives.
 async fn cleanup(shared: Weak<Shared>) {
@@ -366,10 +378,10 @@ async fn cleanup(shared: Weak<Shared>) {
                 tracing::debug!(%error, "postgres cleanup failed");
             }
         }
-        let closed = shared.closed.clone();
+        let stop = shared.background.clone();
         drop(shared);
         tokio::select! {
-            _ = closed.cancelled() => return,
+            _ = stop.cancelled() => return,
             _ = tokio::time::sleep(Duration::from_secs(300)) => {}
         }
     }
@@ -718,6 +730,7 @@ impl Backend for PostgresBackend {
     async fn close(&self) -> Result<()> {
         let shared = &self.shared;
         shared.closed.cancel();
+        shared.background.cancel();
         let entries: Vec<Arc<Entry>> = shared
             .entries
             .lock()
