@@ -1040,3 +1040,45 @@ async fn dropped_acquires_leave_nothing_behind() {
         assert!(info.is_none(), "{query}: left behind {info:?}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_fires_when_redis_is_unreachable_past_the_lease() {
+    let redis = Redis::start();
+    let ttl = Duration::from_secs(1);
+    let c = client(&redis.url(), ttl).await;
+    let guard = c.lock(unique("frozen").as_str()).acquire().await.unwrap();
+    redis.pause(); // SIGSTOP: connections stay open, nothing answers
+    let started = Instant::now();
+    let reason = timeout(ttl * 3, guard.lost())
+        .await
+        .expect("lost() fires when renewals cannot get through");
+    redis.resume();
+    assert!(
+        started.elapsed() <= ttl + Duration::from_millis(300),
+        "fired by the end of the lease, after {:?}",
+        started.elapsed()
+    );
+    assert!(reason.contains("lease ended"), "{reason}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_releases_everything() {
+    let redis = shared_redis();
+    let a = client(&redis.url(), Duration::from_secs(30)).await;
+    let b = client(&redis.url(), Duration::from_secs(30)).await;
+    let (x, y) = (unique("close-x"), unique("close-y"));
+    let gx = a.lock(x.as_str()).acquire().await.unwrap();
+    let gy = a.lock(y.as_str()).owner("o").acquire().await.unwrap();
+    let _again = a.lock(y.as_str()).owner("o").acquire().await.unwrap();
+    a.close().await.unwrap();
+    assert!(gx.is_lost() && gy.is_lost());
+    assert!(b.lock(x.as_str()).try_acquire().await.unwrap().is_some());
+    assert!(
+        b.lock(y.as_str()).try_acquire().await.unwrap().is_some(),
+        "every re-entry level is released"
+    );
+    assert!(matches!(
+        a.lock(unique("after").as_str()).try_acquire().await,
+        Err(Error::Closed)
+    ));
+}

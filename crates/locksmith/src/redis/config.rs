@@ -259,6 +259,11 @@ mod tests {
         assert_eq!(c.retry_delay, Duration::from_millis(50));
         let tls = Config::parse("redis+redlock://a:1,b:2?tls=true").unwrap();
         assert_eq!(tls.nodes, ["rediss://a:1", "rediss://b:2"]);
+        let ca =
+            Config::parse("rediss://h:1?tls_ca=/ca.pem&tls_cert=/c.pem&tls_key=/k.pem").unwrap();
+        assert_eq!(ca.tls_ca.as_deref(), Some("/ca.pem"));
+        assert_eq!(ca.tls_client, Some(("/c.pem".into(), "/k.pem".into())));
+        assert_eq!(ca.nodes, ["rediss://h:1"]);
     }
 
     #[test]
@@ -272,6 +277,8 @@ mod tests {
             "redis+redlock://a,b,c?wait_replicas=1",
             "redis://h?node_timeout=5",
             "redis+redlock://a,,c",
+            "redis://h?tls_ca=/ca.pem",
+            "rediss://h?tls_cert=/c.pem",
         ] {
             assert!(
                 matches!(Config::parse(bad), Err(Error::InvalidUrl { .. })),

@@ -885,6 +885,7 @@ struct RedisHold {
 
 #[async_trait]
 impl Hold for RedisHold {
+    #[tracing::instrument(level = "debug", name = "redis_release", skip_all, fields(lock = %self.target.name))]
     async fn release(self: Box<Self>) -> Result<()> {
         // Stop renewing first, so a release that fails midway leaves a hold that
         // simply expires.
@@ -903,6 +904,7 @@ impl Hold for RedisHold {
         result
     }
 
+    #[tracing::instrument(level = "debug", name = "redis_extend", skip_all, fields(lock = %self.target.name, ?lease))]
     async fn extend(&self, lease: Duration) -> Result<()> {
         self.shared.extend(&self.target, self.id, lease).await
     }
@@ -932,6 +934,7 @@ impl Backend for RedisBackend {
         self.shared.acquire_one(request).await
     }
 
+    #[tracing::instrument(level = "debug", name = "redis_describe", skip(self))]
     async fn describe(&self, name: &str) -> Result<Option<LockInfo>> {
         cleanup::settle(SETTLE).await;
         let shared = &self.shared;
@@ -970,6 +973,7 @@ impl Backend for RedisBackend {
         Ok(describe::agreed(name, views, shared.quorum))
     }
 
+    #[tracing::instrument(level = "debug", name = "redis_list", skip(self))]
     async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>> {
         cleanup::settle(SETTLE).await;
         let shared = &self.shared;
@@ -1029,6 +1033,7 @@ impl Backend for RedisBackend {
         Ok(infos)
     }
 
+    #[tracing::instrument(level = "debug", name = "redis_force_release", skip(self))]
     async fn force_release(&self, name: &str) -> Result<()> {
         let shared = &self.shared;
         let keys = Keys::new(format!("{}{name}", shared.config.prefix));
@@ -1065,6 +1070,7 @@ impl Backend for RedisBackend {
         }
     }
 
+    #[tracing::instrument(level = "debug", name = "redis_close", skip_all)]
     async fn close(&self) -> Result<()> {
         let shared = &self.shared;
         shared.closed.store(true, Ordering::Release);
