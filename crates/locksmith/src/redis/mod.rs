@@ -364,6 +364,8 @@ impl Shared {
     }
 
     /// Runs one call on one node.
+    ///
+    /// Cancel safety: the call may or may not have run.
     async fn run<T: ::redis::FromRedisValue>(
         &self,
         node: usize,
@@ -376,8 +378,10 @@ impl Shared {
             .map_err(|e| failure(format!("{what} on {}", node.label), e))
     }
 
-    /// One attempt, cancel safe: if the acquire is dropped while the attempt is
-    /// in flight, whatever it took is given back.
+    /// One attempt.
+    ///
+    /// Cancel safety: safe; if the acquire is dropped while the attempt is in
+    /// flight, whatever it took is given back.
     async fn attempt(self: &Arc<Self>, target: &Target, spec: &AcquireSpec) -> Result<Attempt> {
         if !self.watchdog.holds(target) {
             // This owner holds nothing here, so any hold it has on this lock can
@@ -410,6 +414,10 @@ impl Shared {
             .map_err(|_| problem("the acquire task ended unexpectedly"))?
     }
 
+    /// One attempt, on one node or by quorum.
+    ///
+    /// Cancel safety: not safe by itself (a grant can be lost); [`Shared::attempt`]
+    /// wraps it.
     async fn attempt_inner(&self, target: &Target, spec: &AcquireSpec) -> Result<Attempt> {
         if self.nodes.len() == 1 {
             self.attempt_single(target, spec).await
@@ -418,6 +426,9 @@ impl Shared {
         }
     }
 
+    /// One attempt on the single node (with `WAIT` if configured).
+    ///
+    /// Cancel safety: as [`Shared::attempt_inner`].
     async fn attempt_single(&self, target: &Target, spec: &AcquireSpec) -> Result<Attempt> {
         let call = target.acquire(spec, &self.lock_by, false);
         let sent = Instant::now();
@@ -461,6 +472,8 @@ impl Shared {
     }
 
     /// Redlock: all nodes at once, a majority within the validity time.
+    ///
+    /// Cancel safety: as [`Shared::attempt_inner`].
     async fn attempt_quorum(&self, target: &Target, spec: &AcquireSpec) -> Result<Attempt> {
         let n = self.nodes.len();
         let quorum = self.quorum;
@@ -550,6 +563,9 @@ impl Shared {
 
     /// Redlock fencing: writes `value` as the token to the granting majority,
     /// raising it past any higher counter found; `None` if no majority stored it.
+    ///
+    /// Cancel safety: safe; a counter raised by a dropped call only makes later
+    /// tokens larger.
     async fn fence(
         &self,
         target: &Target,
@@ -585,6 +601,8 @@ impl Shared {
     }
 
     /// Releases one level (or all) on the given nodes; a majority decides.
+    ///
+    /// Cancel safety: the release may or may not have happened.
     async fn release_on(&self, target: &Target, nodes: &[usize], all: bool) -> Result<()> {
         let call = target.release(self.fair(), all);
         if let [node] = nodes {
@@ -625,6 +643,8 @@ impl Shared {
     }
 
     /// The watchdog's batch: renew (or check) up to 100 holds on every node.
+    ///
+    /// Cancel safety: safe; a renewal either happened or did not.
     async fn renew_batch(
         self: Arc<Self>,
         batch: watchdog::Batch,
@@ -655,6 +675,8 @@ impl Shared {
     }
 
     /// Extends a leased hold to `lease` from now.
+    ///
+    /// Cancel safety: safe; the extension either happened or did not.
     async fn extend(&self, target: &Target, id: u64, lease: Duration) -> Result<()> {
         let limit = self.watchdog.expiry(id);
         let targets = [target.clone()];
@@ -695,6 +717,8 @@ impl Shared {
     }
 
     /// Subscribes to where releases of `target` are announced, on every node.
+    ///
+    /// Cancel safety: safe; dropped listeners unsubscribe.
     async fn listen(&self, target: &Target) -> Vec<Subscription> {
         let channel = target.wait_channel(self.fair());
         let mut subscriptions = Vec::with_capacity(self.nodes.len());
@@ -719,6 +743,9 @@ impl Shared {
     }
 
     /// Acquires one name, waiting as the request says.
+    ///
+    /// Cancel safety: safe; a dropped acquire leaves no hold and no queue entry
+    /// (undo work is spawned and tracked, see [`cleanup`]).
     async fn acquire_one(self: &Arc<Self>, request: &AcquireRequest) -> Result<Option<Grant>> {
         let name = &request.names[0];
         let kind = Kind::of(request.mode, self.config.layout);

@@ -205,6 +205,9 @@ fn dispatch(channels: &Channels, msg: ::redis::Msg) {
 
 /// The hub task: owns the subscription connection, applies (un)subscribe
 /// commands in order, dispatches messages and reconnects.
+///
+/// Cancel safety: the task ends when the hub is dropped; dropping it loses
+/// nothing but the subscriptions.
 async fn run(
     client: ::redis::Client,
     label: String,

@@ -347,6 +347,8 @@ fn lose(state: &mut State, id: u64, reason: String) {
 type Pending = Pin<Box<dyn Future<Output = BatchResult> + Send>>;
 
 /// The watchdog task of one client. Ends when the client is gone.
+///
+/// Cancel safety: stopping it stops renewal; holds then end with their lease.
 pub(crate) async fn run(
     shared: Weak<Shared>,
     dog: Arc<Watchdog>,
