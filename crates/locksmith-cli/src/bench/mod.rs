@@ -29,7 +29,8 @@
 //! `--backend [LABEL=]URL` (repeatable) measures a running store;
 //! `--spawn server,redis,zookeeper,etcd,postgres,memory` (or `all`) starts real
 //! servers on loopback ports with `locksmith-testkit` (the locksmith server as
-//! `locksmith serve`, a child of this executable) and kills them at the end.
+//! `locksmith serve`, a child of this executable), one at a time: each runs
+//! only while it is measured, so an idle JVM takes no CPU from the others.
 //! With neither, the run measures `memory://`. Ratios are against the locksmith
 //! server when it is part of the run.
 //!
@@ -157,6 +158,21 @@ impl BenchArgs {
     }
 }
 
+/// One backend to measure: a running store, or one to start.
+enum Plan {
+    Given(BackendSpec),
+    Spawn(Kind),
+}
+
+impl Plan {
+    fn kind(&self) -> Kind {
+        match self {
+            Plan::Given(spec) => Kind::of_url(&spec.url).unwrap_or(Kind::Memory),
+            Plan::Spawn(kind) => *kind,
+        }
+    }
+}
+
 /// Samples kept for the charts.
 #[derive(Default)]
 struct ChartData {
@@ -175,9 +191,26 @@ pub async fn bench(args: BenchArgs) -> std::process::ExitCode {
         return ExitCode::from(2);
     }
     let started = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
-    let mut failed = false;
-    let mut targets = Vec::new();
-    let mut reports = Vec::new();
+    let load_at_start = report::load_average();
+
+    // What to measure, the reference (the locksmith server) first. A server
+    // this run starts runs only while it is measured, so idle servers take no
+    // CPU from the others' figures.
+    let spawn = args.spawn.as_ref().map(|k| k.0.clone()).unwrap_or_default();
+    let given = if args.backends.is_empty() && spawn.is_empty() {
+        vec![BackendSpec {
+            label: "memory".into(),
+            url: format!("memory://locksmith-bench-{}", std::process::id()),
+        }]
+    } else {
+        args.backends.clone()
+    };
+    let mut plan: Vec<Plan> = given
+        .into_iter()
+        .map(Plan::Given)
+        .chain(spawn.into_iter().map(Plan::Spawn))
+        .collect();
+    plan.sort_by_key(Plan::kind);
     let mut labels = std::collections::HashSet::new();
     let mut unique = |label: String| {
         let mut candidate = label.clone();
@@ -189,68 +222,7 @@ pub async fn bench(args: BenchArgs) -> std::process::ExitCode {
         candidate
     };
 
-    let spawn = args.spawn.as_ref().map(|k| k.0.clone()).unwrap_or_default();
-    let given = if args.backends.is_empty() && spawn.is_empty() {
-        vec![BackendSpec {
-            label: "memory".into(),
-            url: format!("memory://locksmith-bench-{}", std::process::id()),
-        }]
-    } else {
-        args.backends.clone()
-    };
-    for spec in given {
-        let mut target = Target::given(spec);
-        target.label = unique(target.label);
-        targets.push(target);
-    }
-    for kind in spawn {
-        eprintln!("locksmith bench: starting {kind}…");
-        match tokio::task::spawn_blocking(move || Target::spawn(kind)).await {
-            Ok(Ok(mut target)) => {
-                target.label = unique(target.label);
-                targets.push(target);
-            }
-            Ok(Err(error)) => {
-                eprintln!("locksmith bench: cannot start {kind}: {error}");
-                failed = true;
-                reports.push(failed_report(
-                    unique(kind.name().into()),
-                    kind,
-                    "",
-                    &error,
-                    &args,
-                ));
-            }
-            Err(panic) => {
-                eprintln!("locksmith bench: starting {kind} panicked: {panic}");
-                failed = true;
-                reports.push(failed_report(
-                    unique(kind.name().into()),
-                    kind,
-                    "",
-                    &panic.to_string(),
-                    &args,
-                ));
-            }
-        }
-    }
-    // The reference (the locksmith server) first, then the stores in a fixed order.
-    targets.sort_by_key(|t| t.kind);
-
-    let steps = targets.len() as u64
-        * (if args.runs(ScenarioName::Uncontended) {
-            args.clients.len() as u64
-        } else {
-            0
-        } + [
-            ScenarioName::Handoff,
-            ScenarioName::Fairness,
-            ScenarioName::Scale,
-        ]
-        .iter()
-        .filter(|s| args.runs(**s))
-        .count() as u64);
-    let progress = ProgressBar::new(steps.max(1));
+    let progress = ProgressBar::new((plan.len() as u64 * step_count(&args)).max(1));
     progress.set_style(
         ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}")
             .expect("valid progress template"),
@@ -269,8 +241,40 @@ pub async fn bench(args: BenchArgs) -> std::process::ExitCode {
         ),
     };
     let mut charts = ChartData::default();
-    for target in &targets {
-        let report = run_backend(target, &args, &settings, &progress, &mut charts).await;
+    let mut failed = false;
+    let mut reports = Vec::new();
+    for step in plan {
+        let target = match step {
+            Plan::Given(spec) => Ok(Target::given(spec)),
+            Plan::Spawn(kind) => {
+                progress.set_message(format!("starting {kind}"));
+                match tokio::task::spawn_blocking(move || Target::spawn(kind)).await {
+                    Ok(Ok(target)) => Ok(target),
+                    Ok(Err(error)) => Err((kind, error)),
+                    Err(panic) => Err((kind, format!("starting it panicked: {panic}"))),
+                }
+            }
+        };
+        let report = match target {
+            Ok(mut target) => {
+                target.label = unique(target.label);
+                let report = run_backend(&target, &args, &settings, &progress, &mut charts).await;
+                // Stop the server before measuring the next one.
+                let _ = tokio::task::spawn_blocking(move || drop(target)).await;
+                report
+            }
+            Err((kind, error)) => {
+                say(&progress, format!("{kind}: cannot start: {error}"));
+                progress.inc(step_count(&args));
+                failed_report(
+                    unique(kind.name().into()),
+                    kind,
+                    "",
+                    &format!("cannot start: {error}"),
+                    &args,
+                )
+            }
+        };
         failed |= report_failed(&report);
         reports.push(report);
     }
@@ -280,7 +284,10 @@ pub async fn bench(args: BenchArgs) -> std::process::ExitCode {
     let report = Report {
         command: command_line(),
         started,
-        machine: Machine::describe(),
+        machine: Machine {
+            load_at_start,
+            ..Machine::describe()
+        },
         settings: RunSettings {
             duration_ms: settings.duration.as_millis() as u64,
             session_ttl_ms: args.session_ttl.as_millis() as u64,
@@ -309,7 +316,6 @@ pub async fn bench(args: BenchArgs) -> std::process::ExitCode {
         }
     }
     eprintln!("locksmith bench: report written to {}", args.out.display());
-    drop(targets);
     if failed {
         ExitCode::FAILURE
     } else {
@@ -380,7 +386,7 @@ async fn run_backend(
         }
         Ok(Err(error)) => {
             progress.inc(step_count(args));
-            progress.println(format!("{label}: cannot connect: {error}"));
+            say(progress, format!("{label}: cannot connect: {error}"));
             return failed_report(
                 label.clone(),
                 target.kind,
@@ -391,7 +397,7 @@ async fn run_backend(
         }
         Err(_) => {
             progress.inc(step_count(args));
-            progress.println(format!("{label}: connect timed out"));
+            say(progress, format!("{label}: connect timed out"));
             return failed_report(
                 label.clone(),
                 target.kind,
@@ -421,12 +427,15 @@ async fn run_backend(
             let outcome = bounded(limit, scenario::uncontended(target, clients, settings)).await;
             let outcome = match outcome {
                 Ok((u, _)) => {
-                    progress.println(format!(
-                        "{label}: uncontended C={clients}: {} pairs/s, p50 {} p99 {}",
-                        stats::fmt_rate(u.pairs_per_sec),
-                        stats::fmt_us(u.latency.p50_us),
-                        stats::fmt_us(u.latency.p99_us)
-                    ));
+                    say(
+                        progress,
+                        format!(
+                            "{label}: uncontended C={clients}: {} pairs/s, p50 {} p99 {}",
+                            stats::fmt_rate(u.pairs_per_sec),
+                            stats::fmt_us(u.latency.p50_us),
+                            stats::fmt_us(u.latency.p99_us)
+                        ),
+                    );
                     Outcome::Ok(u)
                 }
                 Err(error) => failed_line(progress, label, "uncontended", error),
@@ -444,13 +453,16 @@ async fn run_backend(
         .await;
         report.handoff = Some(match outcome {
             Ok((h, handoffs, _)) => {
-                progress.println(format!(
-                    "{label}: handoff: {} transfers/s, p50 {} p99 {} max {}",
-                    stats::fmt_rate(h.grants_per_sec),
-                    stats::fmt_us(h.handoff.p50_us),
-                    stats::fmt_us(h.handoff.p99_us),
-                    stats::fmt_us(h.handoff.max_us)
-                ));
+                say(
+                    progress,
+                    format!(
+                        "{label}: handoff: {} transfers/s, p50 {} p99 {} max {}",
+                        stats::fmt_rate(h.grants_per_sec),
+                        stats::fmt_us(h.handoff.p50_us),
+                        stats::fmt_us(h.handoff.p99_us),
+                        stats::fmt_us(h.handoff.max_us)
+                    ),
+                );
                 charts.handoff.push((label.clone(), handoffs));
                 Outcome::Ok(h)
             }
@@ -473,13 +485,16 @@ async fn run_backend(
         .await;
         report.fairness = Some(match outcome {
             Ok((f, _, waits)) => {
-                progress.println(format!(
-                    "{label}: fairness: wait p50 {} p99 {} max {}, Jain {:.3}",
-                    stats::fmt_us(f.wait.p50_us),
-                    stats::fmt_us(f.wait.p99_us),
-                    stats::fmt_us(f.wait.max_us),
-                    f.jain
-                ));
+                say(
+                    progress,
+                    format!(
+                        "{label}: fairness: wait p50 {} p99 {} max {}, Jain {:.3}",
+                        stats::fmt_us(f.wait.p50_us),
+                        stats::fmt_us(f.wait.p99_us),
+                        stats::fmt_us(f.wait.max_us),
+                        f.jain
+                    ),
+                );
                 charts.waits.push((label.clone(), waits));
                 Outcome::Ok(f)
             }
@@ -499,14 +514,17 @@ async fn run_backend(
         .await;
         report.scale = Some(match outcome {
             Ok(d) => {
-                progress.println(format!(
-                    "{label}: scale: {} locks in {:.2} s ({} /s), memory {}",
-                    d.locks,
-                    d.hold_secs,
-                    stats::fmt_rate(d.holds_per_sec),
-                    d.memory_held
-                        .map_or("n/a".into(), |m| stats::fmt_bytes(m as f64))
-                ));
+                say(
+                    progress,
+                    format!(
+                        "{label}: scale: {} locks in {:.2} s ({} /s), memory {}",
+                        d.locks,
+                        d.hold_secs,
+                        stats::fmt_rate(d.holds_per_sec),
+                        d.memory_held
+                            .map_or("n/a".into(), |m| stats::fmt_bytes(m as f64))
+                    ),
+                );
                 Outcome::Ok(d)
             }
             Err(error) => failed_line(progress, label, "scale", error),
@@ -531,13 +549,23 @@ fn step_count(args: &BenchArgs) -> u64 {
     .count()) as u64
 }
 
+/// Prints a line above the progress bar (or plainly, when stderr is not a
+/// terminal and the bar is hidden).
+fn say(progress: &ProgressBar, line: String) {
+    if progress.is_hidden() {
+        eprintln!("{line}");
+    } else {
+        progress.println(line);
+    }
+}
+
 fn failed_line<T>(
     progress: &ProgressBar,
     label: &str,
     scenario: &str,
     error: String,
 ) -> Outcome<T> {
-    progress.println(format!("{label}: {scenario} failed: {error}"));
+    say(progress, format!("{label}: {scenario} failed: {error}"));
     Outcome::Failed { error }
 }
 

@@ -52,6 +52,11 @@ pub struct Machine {
     pub kernel: String,
     /// Operating system.
     pub os: String,
+    /// The 1-minute load average when the run started: other work on the
+    /// machine skews every figure.
+    pub load_at_start: f64,
+    /// The 1-minute load average when the run ended.
+    pub load_at_end: f64,
 }
 
 impl Machine {
@@ -76,6 +81,8 @@ impl Machine {
             .map(|n| n.trim_matches('"').to_owned())
             .unwrap_or_else(|| "Linux".into());
         Machine {
+            load_at_start: load_average(),
+            load_at_end: load_average(),
             nproc: std::thread::available_parallelism().map_or(1, |n| n.get()),
             cpu,
             ram_bytes,
@@ -84,17 +91,28 @@ impl Machine {
         }
     }
 
-    /// One line: `2 CPUs (AMD EPYC …), 23.4 GiB RAM, Debian 12, Linux 6.1`.
+    /// One line: `2 CPUs (AMD EPYC …), 23.4 GiB RAM, Debian 12, Linux 6.1,
+    /// load average 0.3 at the start and 1.9 at the end`.
     pub fn line(&self) -> String {
         format!(
-            "{} CPUs ({}), {} RAM, {}, Linux {}",
+            "{} CPUs ({}), {} RAM, {}, Linux {}; load average {:.1} at the start, {:.1} at the end",
             self.nproc,
             self.cpu,
             fmt_bytes(self.ram_bytes as f64),
             self.os,
-            self.kernel
+            self.kernel,
+            self.load_at_start,
+            self.load_at_end
         )
     }
+}
+
+/// The 1-minute load average (0 where unknown).
+pub fn load_average() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0.0)
 }
 
 /// What the run was asked to do.
@@ -158,6 +176,26 @@ pub struct Report {
     pub backends: Vec<BackendReport>,
 }
 
+/// How a server started by the bench runs (the locksmith-testkit settings).
+fn setup(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Server => {
+            "`locksmith serve` with its durable command log (group commit: one fsync per batch) and snapshots"
+        }
+        Kind::Memory => "the engine inside the bench's own process: no network, no disk (the ceiling)",
+        Kind::Redis => {
+            "`redis-server` with `appendonly yes`, `appendfsync always` (every write fsynced before the reply), Redisson-compatible layout"
+        }
+        Kind::ZooKeeper => {
+            "standalone ZooKeeper (one JVM, `tickTime=500`, transaction log fsynced), Curator-compatible layout"
+        }
+        Kind::Etcd => "single-node `etcd` (write-ahead log fsynced), etcd concurrency-package layout",
+        Kind::Postgres => {
+            "PostgreSQL (`max_connections=200`, `shared_buffers=32MB`, fsync on); session advisory locks, tokens from a sequence"
+        }
+    }
+}
+
 /// First line of an error, shortened for a table cell.
 fn short(error: &str) -> String {
     let line = error.lines().next().unwrap_or("").replace('|', "/");
@@ -201,6 +239,20 @@ impl Report {
             })
             .collect();
         let _ = writeln!(md, "Backends: {}  ", versions.join(", "));
+        let setups: Vec<String> = self
+            .backends
+            .iter()
+            .filter(|b| b.spawned || b.kind == Kind::Memory)
+            .map(|b| format!("- {}: {}", b.label, setup(b.kind)))
+            .collect();
+        if !setups.is_empty() {
+            let _ = writeln!(
+                md,
+                "\nEvery server runs alone on loopback, started for its turn and stopped after it, \
+                 durable as in production:\n\n{}",
+                setups.join("\n")
+            );
+        }
         let _ = writeln!(
             md,
             "Each timed measurement runs {} ms; session TTL {} ms{}.",
@@ -374,9 +426,18 @@ impl Report {
             let base = reference.and_then(|r| r.scale.as_ref()?.ok().cloned());
             let row = match outcome {
                 Outcome::Ok(d) => format!(
-                    "| {} | {} | {:.2} s | {} | {:.2} s | {} | {} |",
+                    "| {} | {}{} | {:.2} s | {} | {:.2} s | {} | {} |",
                     b.label,
                     fmt_rate(d.locks as f64),
+                    if d.lost_at_peak > 0 || d.release_errors > 0 {
+                        format!(
+                            " ({} lost before the last was granted, {} failed to release)",
+                            fmt_rate(d.lost_at_peak as f64),
+                            fmt_rate(d.release_errors as f64)
+                        )
+                    } else {
+                        String::new()
+                    },
                     d.hold_secs,
                     with_ratio(
                         fmt_rate(d.holds_per_sec),

@@ -256,32 +256,42 @@ async fn coordinate(args: TortureArgs) -> ExitCode {
     };
 
     let mut reports = Vec::new();
-    let mut targets: Vec<Arc<Target>> = args
+    let run_id = format!("{}-{}", std::process::id(), now() / 1_000_000);
+    // Backends one at a time; a server this run starts lives only for its rounds.
+    let plan = args
         .backends
         .iter()
         .cloned()
-        .map(|b| Arc::new(Target::given(b)))
-        .collect();
-    for kind in spawn {
-        eprintln!("locksmith torture: starting {kind}…");
-        match tokio::task::spawn_blocking(move || Target::spawn(kind)).await {
-            Ok(Ok(target)) => targets.push(Arc::new(target)),
-            Ok(Err(error)) => reports.push(error_report(
-                kind.name(),
-                FaultKind::None,
-                format!("cannot start: {error}"),
-            )),
-            Err(panic) => reports.push(error_report(
-                kind.name(),
-                FaultKind::None,
-                format!("start panicked: {panic}"),
-            )),
-        }
-    }
-    let run_id = format!("{}-{}", std::process::id(), now() / 1_000_000);
-    for target in &targets {
+        .map(Ok)
+        .chain(spawn.into_iter().map(Err));
+    for step in plan {
+        let target = match step {
+            Ok(spec) => Arc::new(Target::given(spec)),
+            Err(kind) => {
+                eprintln!("locksmith torture: starting {kind}…");
+                match tokio::task::spawn_blocking(move || Target::spawn(kind)).await {
+                    Ok(Ok(target)) => Arc::new(target),
+                    Ok(Err(error)) => {
+                        reports.push(error_report(
+                            kind.name(),
+                            FaultKind::None,
+                            format!("cannot start: {error}"),
+                        ));
+                        continue;
+                    }
+                    Err(panic) => {
+                        reports.push(error_report(
+                            kind.name(),
+                            FaultKind::None,
+                            format!("start panicked: {panic}"),
+                        ));
+                        continue;
+                    }
+                }
+            }
+        };
         for &fault in &args.faults {
-            if let Some(why) = fault.unavailable(target) {
+            if let Some(why) = fault.unavailable(&target) {
                 let mut report = error_report(&target.label, fault, String::new());
                 report.error = None;
                 report.not_run = Some(why);
@@ -289,7 +299,7 @@ async fn coordinate(args: TortureArgs) -> ExitCode {
                 continue;
             }
             eprintln!("locksmith torture: {} × {}…", target.label, fault.name());
-            let report = run_round(target, fault, &args, &dir, &run_id).await;
+            let report = run_round(&target, fault, &args, &dir, &run_id).await;
             eprintln!(
                 "locksmith torture: {} × {}: {} ({} grants, {} stale writes rejected, {} overlaps)",
                 target.label,
@@ -301,8 +311,9 @@ async fn coordinate(args: TortureArgs) -> ExitCode {
             );
             reports.push(report);
         }
+        // Stop the server (a blocking kill and wait) before the next backend.
+        let _ = tokio::task::spawn_blocking(move || drop(target)).await;
     }
-    drop(targets);
 
     let markdown = summary(&reports, &args);
     println!("{markdown}");
