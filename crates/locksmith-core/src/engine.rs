@@ -1,6 +1,7 @@
 //! The lock table: one deterministic state machine.
 
 use std::collections::{BTreeSet, VecDeque};
+use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -33,12 +34,26 @@ pub struct Engine {
     sessions: FxHashMap<SessionId, Session>,
     waiters: FxHashMap<WaiterKey, Waiter>,
     timers: BTreeSet<(Millis, Timer)>,
+    /// Reused buffers (always empty between commands), so that the hot path of
+    /// an uncontended acquire / release allocates nothing but what it returns.
+    scratch: Scratch,
+}
+
+#[derive(Debug, Default)]
+struct Scratch {
+    /// What an acquire's first look found for each of its names.
+    found: Vec<Option<LockId>>,
+    /// Lock ids of an acquire being granted at once.
+    locks: Vec<LockId>,
+    /// [`Engine::settle`]'s work list and the locks it looked at.
+    work: Vec<LockId>,
+    seen: Vec<LockId>,
 }
 
 #[derive(Debug)]
 struct LockEntry {
     name: Arc<str>,
-    holders: Vec<Hold>,
+    holders: Holders,
     queue: VecDeque<WaiterKey>,
     delay_until: Option<Millis>,
 }
@@ -52,7 +67,81 @@ struct Hold {
     count: u32,
     lock_time: Millis,
     lease_until: Option<Millis>,
-    lock_delay: Millis,
+    /// In ms, as `u32` so that it shares a word with `count` (a hold is 72
+    /// bytes instead of 80). See [`compact_delay`].
+    lock_delay: u32,
+}
+
+/// A lock-delay for [`Hold::lock_delay`]. Acquire checks it against
+/// [`Limits::max_lock_delay`] (60 s by default); a limit configured above
+/// `u32::MAX` ms (49 days) would be capped there.
+fn compact_delay(ms: Millis) -> u32 {
+    u32::try_from(ms).unwrap_or(u32::MAX)
+}
+
+/// The holders of one lock, oldest first. Nearly every lock has exactly one
+/// holder, so that one is stored inline: a plain `Vec` allocated room for four
+/// holders on the first push, the largest part of the memory of a held lock.
+#[derive(Debug)]
+enum Holders {
+    One(Hold),
+    Many(Vec<Hold>),
+}
+
+impl Default for Holders {
+    fn default() -> Self {
+        Holders::Many(Vec::new())
+    }
+}
+
+impl Deref for Holders {
+    type Target = [Hold];
+
+    fn deref(&self) -> &[Hold] {
+        match self {
+            Holders::One(hold) => std::slice::from_ref(hold),
+            Holders::Many(holds) => holds,
+        }
+    }
+}
+
+impl DerefMut for Holders {
+    fn deref_mut(&mut self) -> &mut [Hold] {
+        match self {
+            Holders::One(hold) => std::slice::from_mut(hold),
+            Holders::Many(holds) => holds,
+        }
+    }
+}
+
+impl Holders {
+    /// Appends a holder (the newest).
+    fn push(&mut self, hold: Hold) {
+        match self {
+            Holders::Many(holds) if holds.is_empty() => *self = Holders::One(hold),
+            Holders::Many(holds) => holds.push(hold),
+            Holders::One(_) => {
+                let Holders::One(first) = std::mem::take(self) else {
+                    unreachable!()
+                };
+                *self = Holders::Many(vec![first, hold]);
+            }
+        }
+    }
+
+    /// Removes and returns the holder at `index`, keeping the order of the rest.
+    fn remove(&mut self, index: usize) -> Hold {
+        match self {
+            Holders::Many(holds) => holds.remove(index),
+            Holders::One(_) => {
+                assert_eq!(index, 0, "holder index out of bounds");
+                let Holders::One(hold) = std::mem::take(self) else {
+                    unreachable!()
+                };
+                hold
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -60,10 +149,23 @@ struct Waiter {
     locks: Vec<LockId>,
     owner: Box<str>,
     mode: Mode,
+    /// Whether the request allows re-entry: checked again at grant time, since
+    /// the owner may have come to hold the lock while this request waited.
+    reentrant: bool,
     lease: Option<Millis>,
     lock_delay: Millis,
     since: Millis,
     deadline: Option<Millis>,
+}
+
+/// A request being granted: from the acquire path directly, or a waiter.
+struct Grant<'a> {
+    session: SessionId,
+    locks: &'a [LockId],
+    owner: Box<str>,
+    mode: Mode,
+    lease: Option<Millis>,
+    lock_delay: Millis,
 }
 
 #[derive(Debug)]
@@ -187,10 +289,17 @@ impl Engine {
             Command::EndLockDelay { name } => {
                 if let Some(&id) = self.names.get(name.as_str()) {
                     let lock = self.lock_mut(id);
-                    if let Some(until) = lock.delay_until.take() {
+                    // Fix: end only a delay that is over. `due()` lists this
+                    // command from a snapshot of the timers; an abnormal loss
+                    // applied earlier in the same batch (e.g. a driver that woke
+                    // up late applies an ExpireSession due before it) may have
+                    // extended the delay, and the stale command used to end the
+                    // new, longer delay at once.
+                    if let Some(until) = lock.delay_until.filter(|&until| until <= now) {
+                        lock.delay_until = None;
                         self.timers.remove(&(until, Timer::LockDelay(id)));
                     }
-                    self.settle(now, vec![id], effects);
+                    self.settle(now, &[id], effects);
                 }
                 Ok(())
             }
@@ -325,7 +434,7 @@ impl Engine {
             self.drop_hold(now, lock, index, Some(reason), abnormal, effects);
             touched.push(lock);
         }
-        self.settle(now, touched, effects);
+        self.settle(now, &touched, effects);
         Ok(())
     }
 
@@ -341,10 +450,16 @@ impl Engine {
         self.validate_acquire(&a)?;
 
         // Look at every lock before touching any: an error must change nothing.
+        // Remember what was found, so that each name is looked up only once (an
+        // error below drops the buffer; the next acquire makes a new one).
+        let mut found = std::mem::take(&mut self.scratch.found);
+        found.clear();
         let mut grantable = true;
         let mut new_holds = 0;
         for name in &a.names {
-            let Some(&id) = self.names.get(name.as_str()) else {
+            let id = self.names.get(name.as_str()).copied();
+            found.push(id);
+            let Some(id) = id else {
                 new_holds += 1;
                 continue;
             };
@@ -428,15 +543,46 @@ impl Engine {
             }
         }
 
-        let locks: Vec<LockId> = a
-            .names
-            .into_iter()
-            .map(|name| self.lock_id_or_insert(name))
-            .collect();
+        // The reusable buffer when granted at once, the waiter's own list when
+        // queued: the uncontended path builds no `Waiter` and clones no owner.
+        let mut locks = if grantable {
+            std::mem::take(&mut self.scratch.locks)
+        } else {
+            Vec::with_capacity(a.names.len())
+        };
+        for (name, id) in a.names.into_iter().zip(found.drain(..)) {
+            locks.push(match id {
+                Some(id) => id,
+                None => self.insert_lock(name),
+            });
+        }
+        self.scratch.found = found;
+        if grantable {
+            let tokens = self.grant(
+                now,
+                Grant {
+                    session: key.0,
+                    locks: &locks,
+                    owner: a.owner.into_boxed_str(),
+                    mode: a.mode,
+                    lease: a.lease,
+                    lock_delay: a.lock_delay,
+                },
+            );
+            locks.clear();
+            self.scratch.locks = locks;
+            effects.push(Effect::Granted {
+                session: key.0,
+                request: key.1,
+                tokens,
+            });
+            return Ok(());
+        }
         let waiter = Waiter {
             locks,
             owner: a.owner.into_boxed_str(),
             mode: a.mode,
+            reentrant: a.reentrant,
             lease: a.lease,
             lock_delay: a.lock_delay,
             since: now,
@@ -445,15 +591,6 @@ impl Engine {
                 _ => None,
             },
         };
-        if grantable {
-            let tokens = self.grant(now, key.0, &waiter);
-            effects.push(Effect::Granted {
-                session: key.0,
-                request: key.1,
-                tokens,
-            });
-            return Ok(());
-        }
         let position = self.lock(waiter.locks[0]).queue.len() as u32;
         for &id in &waiter.locks {
             self.lock_mut(id).queue.push_back(key);
@@ -518,29 +655,46 @@ impl Engine {
         Ok(())
     }
 
-    /// Creates or re-enters a hold on every lock of `waiter`; returns the tokens.
-    fn grant(&mut self, now: Millis, session: SessionId, waiter: &Waiter) -> Vec<u64> {
-        let mut tokens = Vec::with_capacity(waiter.locks.len());
-        for &id in &waiter.locks {
+    /// Creates or re-enters a hold on every lock of the request; returns the
+    /// tokens.
+    fn grant(&mut self, now: Millis, grant: Grant<'_>) -> Vec<u64> {
+        let Grant {
+            session,
+            locks,
+            owner,
+            mode,
+            lease,
+            lock_delay,
+        } = grant;
+        let mut tokens = Vec::with_capacity(locks.len());
+        // The owner string moves into the last new hold; earlier ones clone it.
+        let mut owner = Some(owner);
+        for (i, &id) in locks.iter().enumerate() {
             let lock = self.locks[id as usize].as_mut().expect("live lock");
-            if let Some(index) = lock.hold_of(session, &waiter.owner) {
+            let who: &str = owner.as_deref().expect("taken only at the last lock");
+            if let Some(index) = lock.hold_of(session, who) {
                 let hold = &mut lock.holders[index];
                 hold.count += 1;
                 tokens.push(hold.token);
                 continue;
             }
+            let owner = if i + 1 == locks.len() {
+                owner.take().expect("present")
+            } else {
+                who.into()
+            };
             self.last_token += 1;
             let token = self.last_token;
-            let lease_until = waiter.lease.map(|lease| now + lease);
+            let lease_until = lease.map(|lease| now + lease);
             lock.holders.push(Hold {
                 session,
-                owner: waiter.owner.clone(),
-                mode: waiter.mode,
+                owner,
+                mode,
                 token,
                 count: 1,
                 lock_time: now,
                 lease_until,
-                lock_delay: waiter.lock_delay,
+                lock_delay: compact_delay(lock_delay),
             });
             if let Some(until) = lease_until {
                 self.timers.insert((until, Timer::Lease(id, token)));
@@ -592,7 +746,12 @@ impl Engine {
         hold.count -= 1;
         if hold.count == 0 {
             self.drop_hold(now, id, index, None, false, effects);
-            self.settle(now, vec![id], effects);
+            if self.lock(id).queue.is_empty() {
+                // Nobody waits: nothing to grant, at most an idle entry to drop.
+                self.drop_if_idle(id);
+            } else {
+                self.settle(now, &[id], effects);
+            }
         }
         Ok(())
     }
@@ -633,7 +792,7 @@ impl Engine {
             true,
             effects,
         );
-        self.settle(now, vec![id], effects);
+        self.settle(now, &[id], effects);
     }
 
     fn force_release(
@@ -652,7 +811,7 @@ impl Engine {
         while !self.lock(id).holders.is_empty() {
             self.drop_hold(now, id, 0, Some(LostReason::ForceReleased), false, effects);
         }
-        self.settle(now, vec![id], effects);
+        self.settle(now, &[id], effects);
         Ok(())
     }
 
@@ -674,7 +833,7 @@ impl Engine {
             self.timers.remove(&(until, Timer::Lease(id, hold.token)));
         }
         if abnormal && hold.lock_delay > 0 {
-            let until = now + hold.lock_delay;
+            let until = now + Millis::from(hold.lock_delay);
             if lock.delay_until.is_none_or(|old| old < until) {
                 if let Some(old) = lock.delay_until.replace(until) {
                     self.timers.remove(&(old, Timer::LockDelay(id)));
@@ -716,7 +875,7 @@ impl Engine {
             session.waiting.remove(&key.1);
         }
         effects.extend(effect);
-        self.settle(now, waiter.locks, effects);
+        self.settle(now, &waiter.locks, effects);
         Ok(())
     }
 
@@ -737,10 +896,12 @@ impl Engine {
 
     /// Grants every waiter that can now be granted, on `work` and on every lock a
     /// grant touches, then drops lock entries that became idle.
-    fn settle(&mut self, now: Millis, mut work: Vec<LockId>, effects: &mut Vec<Effect>) {
-        let mut seen = Vec::new();
+    fn settle(&mut self, now: Millis, ids: &[LockId], effects: &mut Vec<Effect>) {
+        // Borrow the reusable buffers (settle never nests).
+        let mut work = std::mem::take(&mut self.scratch.work);
+        let mut seen = std::mem::take(&mut self.scratch.seen);
         // Process in the order given: ids are not deterministic, work order is.
-        work.reverse();
+        work.extend(ids.iter().rev());
         while let Some(id) = work.pop() {
             if self.locks.get(id as usize).is_none_or(Option::is_none) {
                 continue;
@@ -748,15 +909,20 @@ impl Engine {
             seen.push(id);
             self.scan(now, id, &mut work, effects);
         }
-        for id in seen {
-            if self.locks[id as usize]
-                .as_ref()
-                .is_some_and(LockEntry::is_idle)
-            {
-                let lock = self.locks[id as usize].take().expect("checked");
-                self.names.remove(&lock.name);
-                self.free_ids.push(id);
-            }
+        for id in seen.drain(..) {
+            self.drop_if_idle(id);
+        }
+        self.scratch.work = work;
+        self.scratch.seen = seen;
+    }
+
+    /// Removes the lock's entry if nothing holds, waits or delays on it.
+    fn drop_if_idle(&mut self, id: LockId) {
+        let slot = &mut self.locks[id as usize];
+        if slot.as_ref().is_some_and(LockEntry::is_idle) {
+            let lock = slot.take().expect("checked");
+            self.names.remove(&lock.name);
+            self.free_ids.push(id);
         }
     }
 
@@ -788,7 +954,17 @@ impl Engine {
             if let Some(session) = self.sessions.get_mut(&key.0) {
                 session.waiting.remove(&key.1);
             }
-            let tokens = self.grant(now, key.0, &waiter);
+            let tokens = self.grant(
+                now,
+                Grant {
+                    session: key.0,
+                    locks: &waiter.locks,
+                    owner: waiter.owner,
+                    mode: waiter.mode,
+                    lease: waiter.lease,
+                    lock_delay: waiter.lock_delay,
+                },
+            );
             effects.push(Effect::Granted {
                 session: key.0,
                 request: key.1,
@@ -807,8 +983,15 @@ impl Engine {
         check_queue: bool,
     ) -> bool {
         let lock = self.lock(id);
-        if lock.hold_of(key.0, &waiter.owner).is_some() {
-            return true;
+        if let Some(index) = lock.hold_of(key.0, &waiter.owner) {
+            // Fix: the owner came to hold this lock while the request waited
+            // (through another of its requests). That makes the grant a
+            // re-entry, which the acquire path only allows when requested and in
+            // the same mode; before, a queued exclusive request could re-enter a
+            // shared hold (and be "granted" next to other readers), and a
+            // non-reentrant one was re-entered anyway. Otherwise it waits until
+            // the owner's own hold is gone.
+            return waiter.reentrant && lock.holders[index].mode == waiter.mode;
         }
         if lock.delayed(now) || !lock.holders_admit(waiter.mode) {
             return false;
@@ -851,13 +1034,18 @@ impl Engine {
     }
 
     fn lock_id_or_insert(&mut self, name: String) -> LockId {
-        if let Some(&id) = self.names.get(name.as_str()) {
-            return id;
+        match self.names.get(name.as_str()) {
+            Some(&id) => id,
+            None => self.insert_lock(name),
         }
+    }
+
+    /// Adds an entry for a name that has none.
+    fn insert_lock(&mut self, name: String) -> LockId {
         let name: Arc<str> = name.into();
         let entry = LockEntry {
             name: name.clone(),
-            holders: Vec::new(),
+            holders: Holders::default(),
             queue: VecDeque::new(),
             delay_until: None,
         };
@@ -989,7 +1177,7 @@ impl Engine {
                         count: h.count,
                         lock_time: h.lock_time,
                         lease_until: h.lease_until,
-                        lock_delay: h.lock_delay,
+                        lock_delay: h.lock_delay.into(),
                     })
                     .collect(),
                 queue: lock.queue.iter().copied().collect(),
@@ -1010,6 +1198,7 @@ impl Engine {
                     .collect(),
                 owner: w.owner.to_string(),
                 mode: w.mode,
+                reentrant: w.reentrant,
                 lease: w.lease,
                 lock_delay: w.lock_delay,
                 since: w.since,
@@ -1061,7 +1250,7 @@ impl Engine {
                     count: h.count,
                     lock_time: h.lock_time,
                     lease_until: h.lease_until,
-                    lock_delay: h.lock_delay,
+                    lock_delay: compact_delay(h.lock_delay),
                 });
             }
             if let Some(until) = lock.delay_until {
@@ -1091,6 +1280,7 @@ impl Engine {
                     locks,
                     owner: w.owner.into(),
                     mode: w.mode,
+                    reentrant: w.reentrant,
                     lease: w.lease,
                     lock_delay: w.lock_delay,
                     since: w.since,

@@ -87,6 +87,8 @@ pub struct WaiterSnapshot {
     pub owner: String,
     /// Mode.
     pub mode: Mode,
+    /// Whether it may re-enter a hold its owner has when it is granted.
+    pub reentrant: bool,
     /// Lease to give the hold.
     pub lease: Option<Millis>,
     /// Lock-delay to give the hold.
