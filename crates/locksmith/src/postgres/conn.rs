@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::config::Settings;
 use super::{pg_error, Fan};
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// One PostgreSQL connection of our own (not deadpool's), see the module docs.
 pub(crate) struct PgConn {
@@ -39,10 +39,38 @@ pub(crate) struct PgConn {
     names: Mutex<HashMap<String, u32>>,
     /// No new holds: it failed a keepalive or was killed.
     dead: AtomicBool,
-    /// Where to send a cancel request without the async runtime (see
-    /// [`PgConn::cancel_blocking`]).
-    cancel_addr: Option<SocketAddr>,
-    cancel: tokio_postgres::CancelToken,
+    /// How to cancel the statement running on this connection.
+    cancel: CancelHandle,
+    /// A duplicate of the connection's socket (when we opened it ourselves),
+    /// to close it from synchronous code and watch the server close its end.
+    socket: Option<std::net::TcpStream>,
+}
+
+/// The capability to cancel the statement running on one connection.
+#[derive(Clone)]
+pub(crate) struct CancelHandle {
+    token: tokio_postgres::CancelToken,
+    /// The server's address when the connection went to a single TCP address
+    /// (the token then carries none: the connection was opened raw).
+    addr: Option<SocketAddr>,
+}
+
+impl CancelHandle {
+    /// Sends a cancel request (the statement may finish first).
+    ///
+    /// Cancel safety: safe; the request went out or it did not.
+    pub async fn cancel(&self) {
+        let result = match self.addr {
+            Some(addr) => match tokio::net::TcpStream::connect(addr).await {
+                Ok(stream) => self.token.cancel_query_raw(stream, NoTls).await,
+                Err(_) => return,
+            },
+            None => self.token.cancel_query(NoTls).await,
+        };
+        if let Err(error) = result {
+            tracing::debug!(%error, "postgres: cancel request failed");
+        }
+    }
 }
 
 static NEXT_HOLD: AtomicU64 = AtomicU64::new(1);
@@ -57,22 +85,43 @@ impl PgConn {
     ///
     /// Cancel safety: safe; a dropped connect closes the half-open connection.
     pub async fn connect(settings: &Settings) -> Result<Arc<PgConn>> {
-        let (client, connection) = settings.pg.connect(NoTls).await.map_err(pg_error)?;
         let closed = CancellationToken::new();
         let closed_reason = Arc::new(Mutex::new(None));
-        let driver = tokio::spawn({
-            let (closed, reason) = (closed.clone(), closed_reason.clone());
-            async move {
-                let why = match connection.await {
-                    Ok(()) => "connection to PostgreSQL closed".to_owned(),
-                    Err(error) => format!("connection to PostgreSQL lost: {error}"),
-                };
-                reason.lock().expect("reason lock").get_or_insert(why);
-                closed.cancel();
+        let (client, driver, socket, addr) = match single_host(settings) {
+            // Open the socket ourselves, to keep a duplicate of it.
+            Some((host, port)) => {
+                let timeout = settings
+                    .pg
+                    .get_connect_timeout()
+                    .copied()
+                    .unwrap_or(Duration::from_secs(10));
+                let (stream, addr) = connect_tcp(&host, port, timeout).await?;
+                let _ = stream.set_nodelay(true);
+                let socket = stream
+                    .into_std()
+                    .and_then(|std| std.try_clone().map(|dup| (std, dup)))
+                    .map_err(|e| Error::backend("postgres", e))?;
+                let stream = tokio::net::TcpStream::from_std(socket.0)
+                    .map_err(|e| Error::backend("postgres", e))?;
+                let (client, connection) = settings
+                    .pg
+                    .connect_raw(stream, NoTls)
+                    .await
+                    .map_err(pg_error)?;
+                let driver = spawn_driver(connection, closed.clone(), closed_reason.clone());
+                (client, driver, Some(socket.1), Some(addr))
             }
-        });
+            None => {
+                let (client, connection) = settings.pg.connect(NoTls).await.map_err(pg_error)?;
+                let driver = spawn_driver(connection, closed.clone(), closed_reason.clone());
+                (client, driver, None, None)
+            }
+        };
         let conn = Arc::new(PgConn {
-            cancel: client.cancel_token(),
+            cancel: CancelHandle {
+                token: client.cancel_token(),
+                addr,
+            },
             client,
             closed: closed.clone(),
             closed_reason,
@@ -81,7 +130,7 @@ impl PgConn {
             holds: Mutex::default(),
             names: Mutex::default(),
             dead: AtomicBool::new(false),
-            cancel_addr: cancel_addr(settings),
+            socket,
         });
         tokio::spawn(watch(
             Arc::downgrade(&conn),
@@ -90,6 +139,11 @@ impl PgConn {
             settings.session_ttl,
         ));
         Ok(conn)
+    }
+
+    /// How to cancel this connection's running statement.
+    pub fn cancel_handle(&self) -> CancelHandle {
+        self.cancel.clone()
     }
 
     /// The tokio-postgres client.
@@ -182,6 +236,11 @@ impl PgConn {
             .lock()
             .expect("reason lock")
             .get_or_insert_with(|| reason.to_owned());
+        if let Some(socket) = &self.socket {
+            // Write side only: the server sees end-of-file and ends the
+            // session; our read side stays open to see it go (cancel_blocking).
+            let _ = socket.shutdown(std::net::Shutdown::Write);
+        }
         self.driver.abort();
         self.fire_all();
     }
@@ -203,44 +262,72 @@ impl PgConn {
     }
 
     /// Cancels the statement running on this connection and closes it, from
-    /// synchronous code (a drop guard). The cancel request goes out over a
-    /// blocking socket and this returns once the postmaster has signalled the
-    /// backend, so by the time the caller moves on the backend is leaving
-    /// PostgreSQL's lock queue: a dropped wait leaves no waiter behind for
-    /// longer than the backend takes to handle the signal. Falls back to an
-    /// async cancel where no plain TCP address is known.
+    /// synchronous code (a drop guard), and returns once the server's backend
+    /// is gone: a cancel request over a blocking socket (the postmaster has
+    /// signalled the backend when it closes that socket), then our end of
+    /// the connection shut down, then a blocking read until the server closes
+    /// its end, which a backend does only on exit, after it has left the lock
+    /// queue, dropped its locks and left `pg_stat_activity`. So a dropped wait
+    /// leaves no trace by the time the drop returns (bounded by a few
+    /// seconds). Without a duplicate socket (Unix sockets, several hosts) the
+    /// cancel and the close happen in the background instead.
     pub fn cancel_blocking(&self) {
-        let sent = self.cancel_addr.is_some_and(|addr| {
-            let stream = match std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
-                Ok(stream) => stream,
-                Err(_) => return false,
-            };
-            let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
-            let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
-            let clone = match stream.try_clone() {
-                Ok(clone) => clone,
-                Err(_) => return false,
-            };
-            let future = self.cancel.cancel_query_raw(BlockingStream(stream), NoTls);
-            if futures::executor::block_on(future).is_err() {
-                return false;
-            }
-            // The postmaster closes the socket after signalling the backend.
-            let mut sink = [0u8; 16];
-            let mut reader = &clone;
-            while std::io::Read::read(&mut reader, &mut sink).is_ok_and(|n| n > 0) {}
-            true
-        });
-        if !sent {
+        let Some(addr) = self.cancel.addr else {
             let cancel = self.cancel.clone();
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                runtime.spawn(async move {
-                    let _ = cancel.cancel_query(NoTls).await;
-                });
+                runtime.spawn(async move { cancel.cancel().await });
+            }
+            self.kill("acquire cancelled");
+            return;
+        };
+        let limit = Duration::from_secs(2);
+        if let Ok(stream) = std::net::TcpStream::connect_timeout(&addr, limit) {
+            let _ = stream.set_read_timeout(Some(limit));
+            let _ = stream.set_write_timeout(Some(limit));
+            if let Ok(reader) = stream.try_clone() {
+                let request = self
+                    .cancel
+                    .token
+                    .cancel_query_raw(BlockingStream(stream), NoTls);
+                if futures::executor::block_on(request).is_ok() {
+                    drain(&reader);
+                }
             }
         }
         self.kill("acquire cancelled");
+        if let Some(socket) = &self.socket {
+            let _ = socket.set_read_timeout(Some(limit));
+            drain(socket);
+        }
     }
+}
+
+/// Reads (and drops) until the peer closes the connection or the socket's
+/// read timeout passes.
+fn drain(socket: &std::net::TcpStream) {
+    let mut sink = [0u8; 512];
+    let mut reader = socket;
+    while std::io::Read::read(&mut reader, &mut sink).is_ok_and(|n| n > 0) {}
+}
+
+/// Spawns the task that drives a connection and records why it ended.
+fn spawn_driver<S, T>(
+    connection: tokio_postgres::Connection<S, T>,
+    closed: CancellationToken,
+    reason: Arc<Mutex<Option<String>>>,
+) -> JoinHandle<()>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    tokio::spawn(async move {
+        let why = match connection.await {
+            Ok(()) => "connection to PostgreSQL closed".to_owned(),
+            Err(error) => format!("connection to PostgreSQL lost: {error}"),
+        };
+        reason.lock().expect("reason lock").get_or_insert(why);
+        closed.cancel();
+    })
 }
 
 impl Drop for PgConn {
@@ -249,22 +336,41 @@ impl Drop for PgConn {
     }
 }
 
-/// The single TCP address of the server, when the config names exactly one.
-fn cancel_addr(settings: &Settings) -> Option<SocketAddr> {
+/// The one TCP host and port of the config, when it names exactly one (with
+/// `hostaddr`, that address).
+fn single_host(settings: &Settings) -> Option<(String, u16)> {
     let port = match settings.pg.get_ports() {
         [] => 5432,
         [port] => *port,
         _ => return None,
     };
     if let [addr] = settings.pg.get_hostaddrs() {
-        return Some(SocketAddr::new(*addr, port));
+        return Some((addr.to_string(), port));
     }
     match settings.pg.get_hosts() {
-        [tokio_postgres::config::Host::Tcp(host)] => {
-            host.parse().ok().map(|ip| SocketAddr::new(ip, port))
-        }
+        [tokio_postgres::config::Host::Tcp(host)] => Some((host.clone(), port)),
         _ => None,
     }
+}
+
+/// Connects to the first address of `host` that accepts, like libpq.
+async fn connect_tcp(
+    host: &str,
+    port: u16,
+    timeout: Duration,
+) -> Result<(tokio::net::TcpStream, SocketAddr)> {
+    let addrs = tokio::net::lookup_host((host, port))
+        .await
+        .map_err(|e| Error::backend("postgres", format!("resolving {host}: {e}")))?;
+    let mut last = format!("{host} has no address");
+    for addr in addrs {
+        match tokio::time::timeout(timeout, tokio::net::TcpStream::connect(addr)).await {
+            Ok(Ok(stream)) => return Ok((stream, addr)),
+            Ok(Err(e)) => last = format!("connecting to {addr}: {e}"),
+            Err(_) => last = format!("connecting to {addr} timed out"),
+        }
+    }
+    Err(Error::backend("postgres", last))
 }
 
 /// Watches one connection: fires its holds when it closes, and runs a

@@ -230,13 +230,7 @@ pub(crate) async fn force_release(shared: &Shared, name: &str) -> Result<()> {
         .map_err(pg_error)?
         .len();
     client
-        .execute(
-            &format!(
-                "SELECT pg_notify('{}', $1) WHERE EXISTS (SELECT 1 FROM {schema}.waiters WHERE name = $1)",
-                shared.settings.schema
-            ),
-            &[&name],
-        )
+        .execute(&format!("SELECT {schema}.wake($1)"), &[&name])
         .await
         .map_err(pg_error)?;
     tracing::info!(name, deleted, terminated, "postgres: force-released");

@@ -16,6 +16,7 @@ use futures::StreamExt;
 use tokio_postgres::{AsyncMessage, NoTls};
 
 use super::config::Settings;
+use super::conn::CancelHandle;
 use super::pg_error;
 use crate::error::Result;
 
@@ -25,7 +26,7 @@ pub(crate) struct Head {
     pub woken: AtomicBool,
     /// The head's connection runs its sleep statement right now.
     pub in_sleep: AtomicBool,
-    cancel: tokio_postgres::CancelToken,
+    cancel: CancelHandle,
 }
 
 impl Head {
@@ -33,9 +34,7 @@ impl Head {
         self.woken.store(true, Ordering::SeqCst);
         if self.in_sleep.load(Ordering::SeqCst) {
             let cancel = self.cancel.clone();
-            tokio::spawn(async move {
-                let _ = cancel.cancel_query(NoTls).await;
-            });
+            tokio::spawn(async move { cancel.cancel().await });
         }
     }
 }
@@ -85,11 +84,7 @@ impl Listener {
     ///
     /// Cancel safety: safe; a dropped call registers nothing (or a
     /// subscription that is dropped with it).
-    pub async fn subscribe(
-        &self,
-        name: &str,
-        cancel: tokio_postgres::CancelToken,
-    ) -> Result<Subscription> {
+    pub async fn subscribe(&self, name: &str, cancel: CancelHandle) -> Result<Subscription> {
         let head = Arc::new(Head {
             woken: AtomicBool::new(false),
             in_sleep: AtomicBool::new(false),

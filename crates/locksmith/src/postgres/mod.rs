@@ -504,6 +504,22 @@ impl Shared {
 /// The lock one owner's acquires of one name take turns on.
 type TurnLock = tokio::sync::Mutex<()>;
 
+impl Shared {
+    /// A guard's share of `entry`: one level of it, with a lost signal of its own.
+    fn grant(self: &Arc<Self>, name: &str, owner: &str, entry: Arc<Entry>) -> Grant {
+        Grant {
+            tokens: vec![entry.token],
+            lost: entry.inner.lost().signal(),
+            hold: Box::new(Handle {
+                shared: self.clone(),
+                name: name.into(),
+                owner: owner.into(),
+                entry,
+            }),
+        }
+    }
+}
+
 /// An owner's turn on a name; dropping it lets the next acquire of the owner in.
 struct Turn<'a> {
     shared: &'a Shared,
@@ -675,16 +691,7 @@ impl Backend for PostgresBackend {
                 *count
             };
             shared.record_count(name, &entry, count).await;
-            return Ok(Some(Grant {
-                tokens: vec![entry.token],
-                lost: entry.inner.lost().signal(),
-                hold: Box::new(Handle {
-                    shared: shared.clone(),
-                    name: name.into(),
-                    owner: request.owner.clone(),
-                    entry,
-                }),
-            }));
+            return Ok(Some(shared.grant(name, &request.owner, entry)));
         }
         let Some(inner) = shared.acquire_new(request, name).await? else {
             return Ok(None);
@@ -700,16 +707,7 @@ impl Backend for PostgresBackend {
             .lock()
             .expect("entries lock")
             .insert(key, entry.clone());
-        Ok(Some(Grant {
-            tokens: vec![entry.token],
-            lost: entry.inner.lost().signal(),
-            hold: Box::new(Handle {
-                shared: shared.clone(),
-                name: name.into(),
-                owner: request.owner.clone(),
-                entry,
-            }),
-        }))
+        Ok(Some(shared.grant(name, &request.owner, entry)))
     }
 
     async fn describe(&self, name: &str) -> Result<Option<LockInfo>> {

@@ -104,6 +104,37 @@ RETURNS bigint LANGUAGE sql VOLATILE AS $fn$
     SELECT greatest(1, ceil(extract(epoch FROM t - clock_timestamp()) * 1000))::bigint
 $fn$;
 
+-- NOTIFY `<schema>` with the name, when a head waiter waits for it.
+CREATE OR REPLACE FUNCTION __SCHEMA__.wake(p_name text)
+RETURNS void LANGUAGE plpgsql VOLATILE AS $fn$
+BEGIN
+    IF EXISTS (SELECT 1 FROM __SCHEMA__.waiters w WHERE w.name = p_name) THEN
+        PERFORM pg_notify('__CHANNEL__', p_name);
+    END IF;
+END
+$fn$;
+
+-- Takes lease slot `p_slot` of `p_name` (0 for an exclusive lock) if it is
+-- free or its lease has run out: the insert-or-take-expired upsert, one
+-- statement, on the unique index of (name, slot). No row when it is held.
+CREATE OR REPLACE FUNCTION __SCHEMA__.take_lease_slot(
+    p_name text, p_key bigint, p_owner text, p_lock_by text, p_mode text,
+    p_permits integer, p_slot integer, p_lease_ms bigint)
+RETURNS TABLE (token bigint, lock_time timestamptz, lease_expires timestamptz)
+LANGUAGE sql VOLATILE AS $fn$
+    INSERT INTO __SCHEMA__.lease_holds AS l
+           (token, name, key, owner, lock_by, mode, permits, slot, lock_time, lease_expires)
+    VALUES (nextval('__SCHEMA__.fencing_token'), p_name, p_key, p_owner, p_lock_by, p_mode,
+            p_permits, p_slot, clock_timestamp(),
+            clock_timestamp() + p_lease_ms * interval '1 millisecond')
+    ON CONFLICT (name, slot) WHERE mode <> 'shared' DO UPDATE
+       SET token = EXCLUDED.token, key = EXCLUDED.key, owner = EXCLUDED.owner,
+           lock_by = EXCLUDED.lock_by, mode = EXCLUDED.mode, permits = EXCLUDED.permits,
+           hold_count = 1, lock_time = EXCLUDED.lock_time, lease_expires = EXCLUDED.lease_expires
+     WHERE l.lease_expires <= clock_timestamp()
+    RETURNING l.token, l.lock_time, l.lease_expires
+$fn$;
+
 -- A live hold that keeps a request in `p_mode` (`p_permits`) off the name for
 -- good: a semaphore with another permit count, or a semaphore and a lock on
 -- one name. NULL when there is none.
@@ -312,9 +343,7 @@ BEGIN
     ELSE
         v_unlocked := pg_advisory_unlock(p_key);
     END IF;
-    IF EXISTS (SELECT 1 FROM __SCHEMA__.waiters w WHERE w.name = p_name) THEN
-        PERFORM pg_notify('__CHANNEL__', p_name);
-    END IF;
+    PERFORM __SCHEMA__.wake(p_name);
     RETURN v_unlocked;
 END
 $fn$;
@@ -355,16 +384,9 @@ BEGIN
                 v_blocked := true;
                 CONTINUE;
             END IF;
-            INSERT INTO __SCHEMA__.lease_holds AS l
-                   (token, name, key, owner, lock_by, mode, permits, slot, lock_time, lease_expires)
-            VALUES (nextval('__SCHEMA__.fencing_token'), p_name, v_key, p_owner, p_lock_by, p_mode,
-                    p_permits, i, clock_timestamp(), clock_timestamp() + p_lease_ms * interval '1 millisecond')
-            ON CONFLICT (name, slot) WHERE mode <> 'shared' DO UPDATE
-               SET token = EXCLUDED.token, key = EXCLUDED.key, owner = EXCLUDED.owner,
-                   lock_by = EXCLUDED.lock_by, mode = EXCLUDED.mode, permits = EXCLUDED.permits,
-                   hold_count = 1, lock_time = EXCLUDED.lock_time, lease_expires = EXCLUDED.lease_expires
-             WHERE l.lease_expires <= clock_timestamp()
-            RETURNING l.token, l.lock_time, l.lease_expires INTO token, lock_time, lease_expires;
+            SELECT t.token, t.lock_time, t.lease_expires INTO token, lock_time, lease_expires
+              FROM __SCHEMA__.take_lease_slot(p_name, v_key, p_owner, p_lock_by, p_mode,
+                                              p_permits, i, p_lease_ms) t;
             IF FOUND THEN
                 slot := i;
                 status := 'granted';
@@ -398,16 +420,9 @@ BEGIN
             status := 'busy';
             RETURN;
         END IF;
-        INSERT INTO __SCHEMA__.lease_holds AS l
-               (token, name, key, owner, lock_by, mode, slot, lock_time, lease_expires)
-        VALUES (nextval('__SCHEMA__.fencing_token'), p_name, p_key, p_owner, p_lock_by, p_mode, 0,
-                clock_timestamp(), clock_timestamp() + p_lease_ms * interval '1 millisecond')
-        ON CONFLICT (name, slot) WHERE mode <> 'shared' DO UPDATE
-           SET token = EXCLUDED.token, key = EXCLUDED.key, owner = EXCLUDED.owner,
-               lock_by = EXCLUDED.lock_by, mode = EXCLUDED.mode, permits = NULL,
-               hold_count = 1, lock_time = EXCLUDED.lock_time, lease_expires = EXCLUDED.lease_expires
-         WHERE l.lease_expires <= clock_timestamp()
-        RETURNING l.token, l.lock_time, l.lease_expires INTO token, lock_time, lease_expires;
+        SELECT t.token, t.lock_time, t.lease_expires INTO token, lock_time, lease_expires
+          FROM __SCHEMA__.take_lease_slot(p_name, p_key, p_owner, p_lock_by, p_mode,
+                                          NULL, 0, p_lease_ms) t;
         IF FOUND THEN
             status := 'granted';
             RETURN;
@@ -464,9 +479,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN 'gone';
     END IF;
-    IF EXISTS (SELECT 1 FROM __SCHEMA__.waiters w WHERE w.name = p_name) THEN
-        PERFORM pg_notify('__CHANNEL__', p_name);
-    END IF;
+    PERFORM __SCHEMA__.wake(p_name);
     RETURN CASE WHEN v_live THEN 'released' ELSE 'expired' END;
 END
 $fn$;

@@ -120,7 +120,7 @@ where
         };
         let Some(sub) = &subscription else {
             // Head of the queue: from now on releases of the name wake us.
-            let cancel = conn.client().cancel_token();
+            let cancel = conn.cancel_handle();
             subscription = Some(shared.listener.subscribe(&target.name, cancel).await?);
             waiter_row = Some(add_waiter(shared, &conn, target).await?);
             tracing::debug!(name = %target.name, "postgres: head waiter, sleeping until woken");
