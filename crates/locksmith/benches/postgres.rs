@@ -6,7 +6,8 @@
 //!
 //! ```text
 //! cargo bench -p locksmith --features postgres --bench postgres
-//! LOCKSMITH_BENCH_SECS=10 LOCKSMITH_BENCH_CLIENTS=64 (defaults)
+//! LOCKSMITH_BENCH_SECS=10 LOCKSMITH_BENCH_CLIENTS=64 LOCKSMITH_BENCH_THREADS=2 (defaults;
+//! THREADS: tokio worker threads of the locksmith clients, as pgbench's -j 2)
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -35,7 +36,9 @@ fn main() {
         .expect("alter system");
     pg.restart();
     let pgbench = pgbench(pg.bin_dir());
+    let threads = env_number("LOCKSMITH_BENCH_THREADS", 2) as usize;
     let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
         .enable_all()
         .build()
         .expect("runtime");

@@ -155,9 +155,12 @@
 //! # Cancel safety
 //!
 //! A dropped acquire leaves nothing behind: attempts run on tasks of their own
-//! and a grant that nobody receives releases itself; a dropped wait sends a
-//! cancel request before the drop returns and closes its connection, which
-//! takes it out of PostgreSQL's queue and ends anything it got.
+//! and a grant that nobody receives releases itself. A dropped wait sends a
+//! cancel request and closes its connection, and the drop returns once the
+//! server has closed its end too, which a backend does only after leaving
+//! the lock queue and dropping its locks: by then no trace of the wait is
+//! left (this blocks the dropping thread for a few milliseconds, at most 2 s;
+//! it needs a single TCP host in the URL, else it happens in the background).
 //!
 //! # Not supported
 //!

@@ -19,9 +19,10 @@
 //! NOTIFY for the name cancels the sleep. Everyone behind it stays queued in
 //! PostgreSQL.
 //!
-//! Dropping a wait cancels its statement with a cancel request sent before
-//! the drop returns, and closes the connection: the backend leaves the queue
-//! at once, and any lock it got in the meantime ends with its session.
+//! Dropping a wait cancels its statement, closes the connection and, before
+//! the drop returns, waits for the server to close its end (see
+//! [`PgConn::cancel_blocking`]): the backend has left the queue, and any lock
+//! it got in the meantime ended with its session.
 
 use std::future::Future;
 use std::sync::atomic::Ordering;
