@@ -49,6 +49,13 @@ fn knob(name: &str, default: usize) -> usize {
 }
 const WARMUP: Duration = Duration::from_millis(500);
 
+/// Whether to run a scenario (`LOCKSMITH_BENCH_SCENARIOS=own,one,handoff`,
+/// default all).
+fn scenario(name: &str) -> bool {
+    let only = std::env::var("LOCKSMITH_BENCH_SCENARIOS").unwrap_or_default();
+    only.is_empty() || only.split(',').any(|s| s == name)
+}
+
 /// Rounds per scenario (`LOCKSMITH_BENCH_ROUNDS`).
 fn rounds() -> usize {
     knob("LOCKSMITH_BENCH_ROUNDS", 3)
@@ -62,6 +69,37 @@ fn seconds() -> Duration {
     Duration::from_secs(secs)
 }
 
+/// The etcd server's pid, for its CPU time.
+static ETCD_PID: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+
+/// CPU time (user + system) of a process so far, from `/proc/<pid>/stat`.
+fn cpu_time(pid: &str) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or(Vec::new(), |(_, rest)| rest.split_whitespace().collect());
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    // utime and stime, in clock ticks of 10 ms.
+    Duration::from_millis((ticks(11) + ticks(12)) * 10)
+}
+
+/// CPU per pair spent in this process and in etcd during a throughput run.
+#[derive(Default, Clone, Copy)]
+struct CpuPerPair {
+    client: Duration,
+    etcd: Duration,
+}
+
+static LAST_CPU: Mutex<CpuPerPair> = Mutex::new(CpuPerPair {
+    client: Duration::ZERO,
+    etcd: Duration::ZERO,
+});
+
 /// Pairs per second over `seconds()`, after a warm-up, of `CLIENTS` loops.
 async fn throughput<F, Fut>(make: F) -> f64
 where
@@ -74,10 +112,16 @@ where
         .map(|i| tokio::spawn(make(i, stop.clone(), done.clone())))
         .collect();
     tokio::time::sleep(WARMUP).await;
+    let etcd = ETCD_PID.get().map_or(String::new(), u32::to_string);
+    let (client_before, etcd_before) = (cpu_time("self"), cpu_time(&etcd));
     let (start, before) = (Instant::now(), done.load(Ordering::Relaxed));
     tokio::time::sleep(seconds()).await;
     let pairs = done.load(Ordering::Relaxed) - before;
     let rate = pairs as f64 / start.elapsed().as_secs_f64();
+    *LAST_CPU.lock().unwrap() = CpuPerPair {
+        client: (cpu_time("self") - client_before) / pairs.max(1) as u32,
+        etcd: (cpu_time(&etcd) - etcd_before) / pairs.max(1) as u32,
+    };
     stop.store(true, Ordering::Relaxed);
     for task in tasks {
         task.await.expect("bench task");
@@ -420,11 +464,26 @@ impl Contender for GoPort {
 #[derive(Default)]
 struct Row {
     own: Vec<f64>,
+    /// CPU per pair in the own-locks scenario, per round.
+    cpu: Vec<CpuPerPair>,
     one: Vec<f64>,
     handoffs: Vec<Duration>,
 }
 
 impl Row {
+    /// Median client and etcd CPU per pair, in µs, or "–".
+    fn cpu_cells(&self) -> String {
+        if self.cpu.is_empty() {
+            return "– | –".into();
+        }
+        let median = |pick: fn(&CpuPerPair) -> Duration| {
+            let mut values: Vec<Duration> = self.cpu.iter().map(pick).collect();
+            values.sort();
+            values[values.len() / 2].as_micros()
+        };
+        format!("{} µs | {} µs", median(|c| c.client), median(|c| c.etcd))
+    }
+
     fn median(rates: &[f64]) -> f64 {
         let mut sorted = rates.to_vec();
         sorted.sort_by(f64::total_cmp);
@@ -439,13 +498,20 @@ async fn interleaved(contenders: &[(&str, &dyn ContenderDyn)], run: &str) -> Vec
     for round in 0..rounds() {
         for (k, (label, contender)) in contenders.iter().enumerate() {
             eprintln!("round {round}: {label}");
-            let own = |i: usize| format!("bench/{run}/{label}/own-{i}");
-            rows[k].own.push(contender.pairs_dyn(&own).await);
-            let one = |_: usize| format!("bench/{run}/{label}/one");
-            rows[k].one.push(contender.pairs_dyn(&one).await);
-            let name = format!("bench/{run}/{label}/handoff");
-            let samples = contender.handoffs_dyn(&name).await;
-            rows[k].handoffs.extend(samples);
+            if scenario("own") {
+                let own = |i: usize| format!("bench/{run}/{label}/own-{i}");
+                rows[k].own.push(contender.pairs_dyn(&own).await);
+                rows[k].cpu.push(*LAST_CPU.lock().unwrap());
+            }
+            if scenario("one") {
+                let one = |_: usize| format!("bench/{run}/{label}/one");
+                rows[k].one.push(contender.pairs_dyn(&one).await);
+            }
+            if scenario("handoff") {
+                let name = format!("bench/{run}/{label}/handoff");
+                let samples = contender.handoffs_dyn(&name).await;
+                rows[k].handoffs.extend(samples);
+            }
         }
     }
     rows
@@ -560,6 +626,7 @@ fn etcdctl_rows(etcd: &'static Etcd, run: &str) -> Row {
         .collect();
     Row {
         own: vec![own],
+        cpu: Vec::new(),
         one: vec![one],
         handoffs: gaps,
     }
@@ -567,6 +634,9 @@ fn etcdctl_rows(etcd: &'static Etcd, run: &str) -> Row {
 
 fn main() {
     let etcd: &'static Etcd = Box::leak(Box::new(Etcd::start()));
+    if let Some(pid) = etcd.pid() {
+        let _ = ETCD_PID.set(pid);
+    }
     let run = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -637,15 +707,16 @@ fn main() {
         seconds().as_secs()
     );
     println!(
-        "| client | pairs/s, {} clients, own locks | pairs/s, {} clients, one lock | handoff p50 ({} waiters) | handoff p99 | handoffs |",
+        "| client | pairs/s, {} clients, own locks | client CPU / pair | etcd CPU / pair | pairs/s, {} clients, one lock | handoff p50 ({} waiters) | handoff p99 | handoffs |",
         *CLIENTS, *CLIENTS, *WAITERS
     );
-    println!("|---|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     for (label, row) in rows {
-        let latency = Percentiles::of(row.handoffs);
+        let latency = Percentiles::of(row.handoffs.clone());
         println!(
-            "| {label} | {:.0} | {:.0} | {} |",
+            "| {label} | {:.0} | {} | {:.0} | {} |",
             Row::median(&row.own),
+            row.cpu_cells(),
             Row::median(&row.one),
             latency.cell()
         );

@@ -34,10 +34,11 @@ use super::layout::{
     classify, contenders, hold_key, lock_prefix, now_ms, permit_mismatch, prefix_end, standing,
     Meta, Standing,
 };
+use super::lost::HoldLost;
 use super::session::{ttl_seconds, Session};
 use super::watch::{Sink, Wake};
 use super::{backend_error, cleanups, Inner, BACKEND};
-use crate::backend::{AcquireRequest, Grant, LostSignal, Mode, Wait};
+use crate::backend::{AcquireRequest, Grant, Mode, Wait};
 use crate::error::{Error, Result};
 
 /// What a queued key is attached to.
@@ -144,21 +145,6 @@ impl From<Error> for Attempt {
 /// etcd's answer to a put on a lease that no longer exists.
 fn lease_not_found(error: &etcd_client::Error) -> bool {
     matches!(error, etcd_client::Error::GRpcStatus(status) if status.message().contains("lease not found"))
-}
-
-/// A lost signal of its own for one guard, fired when `source` fires. The
-/// generic layer fires a guard's signal with "released" on release, so guards
-/// of re-entries of one hold must not share the hold's signal.
-fn forwarded(source: &LostSignal) -> LostSignal {
-    let target = LostSignal::new();
-    let (source, forward) = (source.clone(), target.clone());
-    tokio::spawn(async move {
-        tokio::select! {
-            reason = source.fired() => forward.fire(reason),
-            _ = forward.fired() => {}
-        }
-    });
-    target
 }
 
 /// Where we stand, as of a read at `revision`.
@@ -539,7 +525,7 @@ impl Inner {
         mut pending: Pending,
     ) -> Result<Option<Grant>> {
         pending.armed = false;
-        let lost = LostSignal::new();
+        let lost = Arc::new(HoldLost::default());
         let armed = Arc::new(AtomicBool::new(true));
         let hold_lease = match lease {
             QueueLease::Session(session) => {
@@ -579,7 +565,7 @@ impl Inner {
         self.remember(entry.clone());
         Ok(Some(Grant {
             tokens: vec![token as u64],
-            lost: forwarded(&lost),
+            lost: lost.subscribe(),
             hold: Box::new(EtcdHold {
                 inner: self.clone(),
                 entry,
@@ -629,7 +615,7 @@ impl Inner {
         tracing::debug!(backend = BACKEND, key = %entry.key, count, "re-entered");
         Ok(Some(Grant {
             tokens: vec![entry.token as u64],
-            lost: forwarded(&entry.lost),
+            lost: entry.lost.subscribe(),
             hold: Box::new(EtcdHold {
                 inner: self.clone(),
                 entry,

@@ -12,10 +12,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::layout::Meta;
+use super::lost::HoldLost;
 use super::session::{ttl_seconds, Session};
 use super::watch::WatchGuard;
 use super::{backend_error, Inner, BACKEND};
-use crate::backend::{Hold, LostSignal, Mode};
+use crate::backend::{Hold, Mode};
 use crate::error::{Error, Result};
 
 /// One hold of one lock by one owner, shared by its re-entries.
@@ -28,7 +29,7 @@ pub(crate) struct Entry {
     /// Its create revision: the fencing token.
     pub token: i64,
     pub lease: HoldLease,
-    pub lost: LostSignal,
+    pub lost: Arc<HoldLost>,
     /// Cleared before our own delete, so the key watch does not call it a loss.
     pub armed: Arc<AtomicBool>,
     pub watch: Mutex<Option<WatchGuard>>,
@@ -84,7 +85,7 @@ impl OwnLease {
     }
 
     /// Ends the hold at its deadline: fires `lost` and revokes the lease.
-    pub fn spawn_timer(self: &Arc<Self>, lost: LostSignal, leases: LeaseClient) {
+    pub fn spawn_timer(self: &Arc<Self>, lost: Arc<HoldLost>, leases: LeaseClient) {
         let own = self.clone();
         tokio::spawn(async move {
             loop {

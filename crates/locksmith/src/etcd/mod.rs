@@ -162,6 +162,7 @@ mod acquire;
 mod cleanups;
 mod hold;
 mod layout;
+mod lost;
 mod session;
 mod watch;
 

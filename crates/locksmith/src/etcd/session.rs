@@ -15,8 +15,8 @@ use etcd_client::{LeaseClient, LeaseKeepAliveStream, LeaseKeeper};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::lost::HoldLost;
 use super::{backend_error, BACKEND};
-use crate::backend::LostSignal;
 use crate::error::Result;
 
 /// Pause between attempts to reopen a broken keep-alive stream.
@@ -32,7 +32,7 @@ pub(crate) struct Session {
     dead: CancellationToken,
     reason: Mutex<Option<String>>,
     /// Lost signals of the holds on this lease.
-    holds: Mutex<HashMap<u64, LostSignal>>,
+    holds: Mutex<HashMap<u64, Arc<HoldLost>>>,
     next_hold: AtomicU64,
     /// Keys in use on this lease (held, queued, or still being deleted), so that
     /// two owners of this client never share a key.
@@ -104,7 +104,7 @@ impl Session {
             }
         }
         self.dead.cancel();
-        let holds: Vec<LostSignal> = self
+        let holds: Vec<Arc<HoldLost>> = self
             .holds
             .lock()
             .expect("session holds")
@@ -118,7 +118,7 @@ impl Session {
     }
 
     /// Ties a hold's lost signal to this lease; fires at once if it already ended.
-    pub fn register(&self, signal: LostSignal) -> u64 {
+    pub fn register(&self, signal: Arc<HoldLost>) -> u64 {
         let id = self.next_hold.fetch_add(1, Ordering::Relaxed);
         self.holds
             .lock()

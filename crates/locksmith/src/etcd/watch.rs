@@ -33,8 +33,8 @@ use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::lost::HoldLost;
 use super::BACKEND;
-use crate::backend::LostSignal;
 
 /// Pause before reopening a broken watch stream.
 const RETRY: Duration = Duration::from_millis(200);
@@ -53,7 +53,7 @@ pub(crate) enum Sink {
     /// revision means still held.
     Lost {
         /// The hold's signal.
-        signal: LostSignal,
+        signal: Arc<HoldLost>,
         /// Cleared by release, so our own delete is not a loss.
         armed: Arc<AtomicBool>,
         /// The fencing token (create revision) of the key.
@@ -146,6 +146,7 @@ impl WatchHub {
             active: HashMap::new(),
             stream: None,
             retry_at: None,
+            promoted_at: Instant::now(),
         };
         tokio::spawn(hub.run(shutdown));
         WatchHub {
@@ -264,6 +265,9 @@ struct Hub {
     active: HashMap<i64, Spec>,
     stream: Option<Stream>,
     retry_at: Option<Instant>,
+    /// When deferred watches were last promoted; promotions are batched at
+    /// most every quarter of [`DEFER`], so short holds cost few wake-ups.
+    promoted_at: Instant,
 }
 
 impl Hub {
@@ -343,15 +347,17 @@ impl Hub {
         }
     }
 
-    /// When the oldest deferred watch is due (`None`: nothing deferred).
+    /// When to promote deferred watches next (`None`: nothing deferred).
     fn next_deferred(&self) -> Option<Instant> {
         let queue = self.deferred.queue.lock().expect("deferred watches");
-        queue.front().map(|(at, ..)| *at)
+        let batch = self.promoted_at + DEFER / 4;
+        queue.front().map(|(at, ..)| (*at).max(batch))
     }
 
     /// Registers the deferred watches that are due and still wanted.
     async fn promote_due(&mut self) {
         let now = Instant::now();
+        self.promoted_at = now;
         let due: Vec<(i64, Spec, Arc<Flags>)> = {
             let mut queue = self.deferred.queue.lock().expect("deferred watches");
             let mut due = Vec::new();
@@ -449,7 +455,7 @@ async fn recheck(
     loopback: mpsc::UnboundedSender<Command>,
     id: i64,
     key: Vec<u8>,
-    signal: LostSignal,
+    signal: Arc<HoldLost>,
     armed: Arc<AtomicBool>,
     token: i64,
 ) {
