@@ -290,24 +290,42 @@ impl PgConn {
                     .token
                     .cancel_query_raw(BlockingStream(stream), NoTls);
                 if futures::executor::block_on(request).is_ok() {
-                    drain(&reader);
+                    drain(&reader, limit);
                 }
             }
         }
         self.kill("acquire cancelled");
         if let Some(socket) = &self.socket {
-            let _ = socket.set_read_timeout(Some(limit));
-            drain(socket);
+            drain(socket, limit);
         }
     }
 }
 
-/// Reads (and drops) until the peer closes the connection or the socket's
-/// read timeout passes.
-fn drain(socket: &std::net::TcpStream) {
+/// Reads (and drops) until the peer closes the connection, for at most
+/// `limit`. The socket may be in non-blocking mode (a duplicate of one tokio
+/// drives), so "nothing yet" is waited out in short sleeps.
+fn drain(socket: &std::net::TcpStream, limit: Duration) {
+    let deadline = std::time::Instant::now() + limit;
     let mut sink = [0u8; 512];
     let mut reader = socket;
-    while std::io::Read::read(&mut reader, &mut sink).is_ok_and(|n| n > 0) {}
+    loop {
+        match std::io::Read::read(&mut reader, &mut sink) {
+            Ok(0) => return,
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+                ) =>
+            {
+                if std::time::Instant::now() >= deadline {
+                    return;
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            Err(_) => return,
+        }
+    }
 }
 
 /// Spawns the task that drives a connection and records why it ended.
@@ -471,9 +489,10 @@ impl ConnPool {
         PgConn::connect(&self.settings).await
     }
 
-    /// Takes back a connection that holds nothing; others are dropped.
+    /// Takes back a connection that holds nothing (its holds released, its
+    /// wait done); others are dropped.
     pub fn put(&self, conn: Arc<PgConn>) {
-        if !conn.usable() || conn.holds_anything() || Arc::strong_count(&conn) > 1 {
+        if !conn.usable() || conn.holds_anything() {
             return;
         }
         let mut idle = self.idle.lock().expect("idle lock");

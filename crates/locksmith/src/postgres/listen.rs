@@ -105,7 +105,10 @@ impl Listener {
         Ok(subscription)
     }
 
-    async fn ensure(&self) -> Result<()> {
+    /// Makes sure the `LISTEN` connection runs (after it died, say).
+    ///
+    /// Cancel safety: safe.
+    pub async fn ensure(&self) -> Result<()> {
         let mut client = self.client.lock().await;
         if client.as_ref().is_some_and(|c| !c.is_closed()) {
             return Ok(());

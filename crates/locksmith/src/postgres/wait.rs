@@ -143,6 +143,11 @@ where
             }
             pause = pause.min(left);
         }
+        // A LISTEN connection that died is back before the head sleeps on it
+        // (the sleep is bounded either way).
+        if let Err(error) = shared.listener.ensure().await {
+            tracing::debug!(%error, "postgres: LISTEN connection unavailable, polling");
+        }
         let head = &sub.head;
         head.in_sleep.store(true, Ordering::SeqCst);
         if head.woken.load(Ordering::SeqCst) {
