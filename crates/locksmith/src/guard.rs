@@ -107,7 +107,6 @@ impl Guard {
         let hold = self.hold.take().expect("hold until release");
         let lost = self.lost.reason();
         let result = hold.release().await;
-        self.lost.fire("released");
         match (result, lost) {
             (Err(_), Some(reason)) => Err(Error::Lost(reason)),
             (result, _) => result,
@@ -119,7 +118,6 @@ impl Drop for Guard {
     fn drop(&mut self) {
         if let Some(hold) = self.hold.take() {
             release_in_background(hold);
-            self.lost.fire("released");
         }
     }
 }
