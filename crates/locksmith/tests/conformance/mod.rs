@@ -248,7 +248,10 @@ pub async fn reentry_keeps_token<H: Harness>(h: &H) {
         other => panic!("non-reentrant re-acquire must fail, got {other:?}"),
     }
     second.release().await.unwrap();
-    assert!(!first.is_lost(), "releasing one re-entry level must not report the hold lost");
+    assert!(
+        !first.is_lost(),
+        "releasing one re-entry level must not report the hold lost"
+    );
     assert!(
         b.lock(name.as_str()).try_acquire().await.unwrap().is_none(),
         "one level still held"
