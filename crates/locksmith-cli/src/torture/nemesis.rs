@@ -413,7 +413,7 @@ async fn expire_session(
                 kind,
                 start,
                 Some(vec![who]),
-                format!("force-released {lock} under {whom}"),
+                format!("force-released the lock of {whom}"),
             ))
         }
     }
