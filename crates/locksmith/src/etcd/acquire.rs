@@ -36,7 +36,7 @@ use super::layout::{
 };
 use super::lost::HoldLost;
 use super::session::{ttl_seconds, Session};
-use super::watch::{Sink, Wake};
+use super::watch::{Deferrable, Sink, Wake};
 use super::{backend_error, cleanups, Inner, BACKEND};
 use crate::backend::{AcquireRequest, Grant, Mode, Wait};
 use crate::error::{Error, Result};
@@ -251,7 +251,7 @@ impl Inner {
                 Err(error) => {
                     if let (true, QueueLease::Session(session)) = (lease_not_found(&error), &lease) {
                         session.end("the session lease expired or was revoked");
-                        pending.remove().await;
+                        Box::pin(pending.remove()).await;
                         return Err(Attempt::StaleSession);
                     }
                     return Err(backend_error("enqueueing the lock key", error).into());
@@ -278,7 +278,7 @@ impl Inner {
                     }),
                     // Someone queued first: `TryLock` gives up here.
                     Some(first) if classify(&prefix, name, first).is_some() && request.wait == Wait::No => {
-                        pending.remove().await;
+                        Box::pin(pending.remove()).await;
                         return Ok(None);
                     }
                     _ => None,
@@ -287,7 +287,7 @@ impl Inner {
                 let all = contenders(&prefix, name, &queue);
                 if let Mode::Semaphore { permits } = mode {
                     if let Some(existing) = permit_mismatch(&all, permits) {
-                        pending.remove().await;
+                        Box::pin(pending.remove()).await;
                         return Err(Attempt::Failed(Error::Conflict {
                             name: name.to_owned(),
                             mode,
@@ -306,12 +306,13 @@ impl Inner {
             let granted_at = loop {
                 let current = match view.take() {
                     Some(current) => current,
-                    None => self.read_view(&prefix, name, &key, mine, mode).await?,
+                    // Boxed: the uncontended path never pays for the waiting path's state.
+                    None => Box::pin(self.read_view(&prefix, name, &key, mine, mode)).await?,
                 };
                 let blocked = match current.standing {
                     Standing::Holds => break current.revision,
                     _ if request.wait == Wait::No => {
-                        pending.remove().await;
+                        Box::pin(pending.remove()).await;
                         return Ok(None);
                     }
                     Standing::WaitFor { key, revision } => Blocked::Key { key, revision },
@@ -330,14 +331,14 @@ impl Inner {
                         Sink::Wake(sender),
                     ),
                 };
-                self.wait(&lease, &mut events, &blocked, &prefix, mine, current.revision)
+                Box::pin(self.wait(&lease, &mut events, &blocked, &prefix, mine, current.revision))
                     .await?;
                 waited = true;
             };
             if let (true, QueueLease::Own(own), Some(duration)) = (waited, &lease, request.lease) {
                 // The hold's lease starts now, not when it queued.
                 let sent = Instant::now();
-                if !refresh(&mut self.client.lease_client(), own.id()).await? {
+                if !Box::pin(refresh(&mut self.client.lease_client(), own.id())).await? {
                     return Err(Error::Lost("the lease of the waiting acquire is gone".into()).into());
                 }
                 own.state.lock().expect("own lease").deadline = sent + duration;
@@ -540,15 +541,6 @@ impl Inner {
                 HoldLease::Own(own)
             }
         };
-        let watch = self.hub.watch_deferred(
-            key.clone(),
-            granted_at + 1,
-            Sink::Lost {
-                signal: lost.clone(),
-                armed: armed.clone(),
-                token,
-            },
-        );
         let entry = Arc::new(Entry {
             name: name.to_owned(),
             owner: request.owner.clone(),
@@ -558,10 +550,13 @@ impl Inner {
             lease: hold_lease,
             lost: lost.clone(),
             armed,
-            watch: Mutex::new(Some(watch)),
+            watch: Mutex::new(None),
+            granted_at,
             state: tokio::sync::Mutex::new(EntryState { count: 1, meta }),
         });
         tracing::debug!(backend = BACKEND, key = %entry.key, token, "granted");
+        let weak: std::sync::Weak<dyn Deferrable> = Arc::downgrade(&entry) as _;
+        self.hub.watch_later(weak);
         self.remember(entry.clone());
         Ok(Some(Grant {
             tokens: vec![token as u64],

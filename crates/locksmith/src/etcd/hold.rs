@@ -14,7 +14,7 @@ use tracing::Instrument;
 use super::layout::Meta;
 use super::lost::HoldLost;
 use super::session::{ttl_seconds, Session};
-use super::watch::WatchGuard;
+use super::watch::{Deferrable, Sink, WatchGuard};
 use super::{backend_error, Inner, BACKEND};
 use crate::backend::{Hold, Mode};
 use crate::error::{Error, Result};
@@ -32,10 +32,34 @@ pub(crate) struct Entry {
     pub lost: Arc<HoldLost>,
     /// Cleared before our own delete, so the key watch does not call it a loss.
     pub armed: Arc<AtomicBool>,
+    /// The watch on our key, once [`super::watch::WatchHub::watch_later`]
+    /// registered it.
     pub watch: Mutex<Option<WatchGuard>>,
+    /// The revision at which we were found to hold (the watch starts after it).
+    pub granted_at: i64,
     /// Re-entry depth and the value it is written into; async so that value
     /// updates of one hold reach etcd in order.
     pub state: tokio::sync::Mutex<EntryState>,
+}
+
+impl Deferrable for Entry {
+    fn watch_now(&self) -> Option<(Vec<u8>, i64, Sink)> {
+        self.armed.load(Ordering::SeqCst).then(|| {
+            let sink = Sink::Lost {
+                signal: self.lost.clone(),
+                armed: self.armed.clone(),
+                token: self.token,
+            };
+            (self.key.clone().into_bytes(), self.granted_at + 1, sink)
+        })
+    }
+
+    fn keep(&self, guard: WatchGuard) {
+        // Released meanwhile: dropping the guard cancels the watch.
+        if self.armed.load(Ordering::SeqCst) {
+            *self.watch.lock().expect("hold watch") = Some(guard);
+        }
+    }
 }
 
 pub(crate) struct EntryState {

@@ -222,10 +222,41 @@ pub(crate) struct Inner {
     /// Serializes granting a replacement session.
     renewing: tokio::sync::Mutex<()>,
     hub: WatchHub,
-    /// Live holds by (name, owner), for re-entry and [`EtcdBackend::holder_key`].
-    holds: Mutex<HashMap<(String, String), Arc<Entry>>>,
+    /// Live holds by name, then owner, for re-entry and
+    /// [`EtcdBackend::holder_key`].
+    holds: Mutex<HashMap<String, HashMap<String, Arc<Entry>>>>,
+    /// Idle KV clients: cloning one per request costs more than reusing it.
+    kv_pool: Mutex<Vec<KvClient>>,
     shutdown: CancellationToken,
     closed: AtomicBool,
+}
+
+/// A pooled KV client; derefs to [`KvClient`] and goes back to the pool.
+pub(crate) struct PooledKv<'a> {
+    pool: &'a Mutex<Vec<KvClient>>,
+    client: Option<KvClient>,
+}
+
+impl std::ops::Deref for PooledKv<'_> {
+    type Target = KvClient;
+
+    fn deref(&self) -> &KvClient {
+        self.client.as_ref().expect("until dropped")
+    }
+}
+
+impl std::ops::DerefMut for PooledKv<'_> {
+    fn deref_mut(&mut self) -> &mut KvClient {
+        self.client.as_mut().expect("until dropped")
+    }
+}
+
+impl Drop for PooledKv<'_> {
+    fn drop(&mut self) {
+        if let Some(client) = self.client.take() {
+            self.pool.lock().expect("kv pool").push(client);
+        }
+    }
 }
 
 /// An etcd failure with what we were doing.
@@ -405,6 +436,7 @@ impl EtcdBackend {
                     renewing: tokio::sync::Mutex::new(()),
                     hub,
                     holds: Mutex::new(HashMap::new()),
+                    kv_pool: Mutex::new(Vec::new()),
                     shutdown,
                     closed: AtomicBool::new(false),
                 }),
@@ -438,8 +470,9 @@ impl EtcdBackend {
             .holds
             .lock()
             .expect("holds")
+            .get(name)?
             .values()
-            .find(|entry| entry.name == name && entry.token as u64 == token)
+            .find(|entry| entry.token as u64 == token)
             .map(|entry| entry.key.clone())
     }
 
@@ -480,8 +513,13 @@ pub fn fence(key: impl Into<Vec<u8>>, token: u64) -> Compare {
 }
 
 impl Inner {
-    fn kv(&self) -> KvClient {
-        self.client.kv_client()
+    /// A KV client from the pool (returned when dropped).
+    fn kv(&self) -> PooledKv<'_> {
+        let client = self.kv_pool.lock().expect("kv pool").pop();
+        PooledKv {
+            pool: &self.kv_pool,
+            client: Some(client.unwrap_or_else(|| self.client.kv_client())),
+        }
     }
 
     /// The live session, granting a new one if the last ended.
@@ -512,21 +550,32 @@ impl Inner {
     }
 
     fn remember(&self, entry: Arc<Entry>) {
-        let key = (entry.name.clone(), entry.owner.clone());
-        self.holds.lock().expect("holds").insert(key, entry);
+        let mut holds = self.holds.lock().expect("holds");
+        holds
+            .entry(entry.name.clone())
+            .or_default()
+            .insert(entry.owner.clone(), entry);
     }
 
     fn forget(&self, entry: &Arc<Entry>) {
         let mut holds = self.holds.lock().expect("holds");
-        let key = (entry.name.clone(), entry.owner.clone());
-        if holds.get(&key).is_some_and(|e| Arc::ptr_eq(e, entry)) {
-            holds.remove(&key);
+        let Some(owners) = holds.get_mut(&entry.name) else {
+            return;
+        };
+        if owners
+            .get(&entry.owner)
+            .is_some_and(|e| Arc::ptr_eq(e, entry))
+        {
+            owners.remove(&entry.owner);
+            if owners.is_empty() {
+                holds.remove(&entry.name);
+            }
         }
     }
 
     fn held_by(&self, name: &str, owner: &str) -> Option<Arc<Entry>> {
-        let key = (name.to_owned(), owner.to_owned());
-        self.holds.lock().expect("holds").get(&key).cloned()
+        let holds = self.holds.lock().expect("holds");
+        holds.get(name)?.get(owner).cloned()
     }
 
     /// Every key under `prefix`, oldest first.
@@ -765,7 +814,7 @@ impl Backend for EtcdBackend {
             .lock()
             .expect("holds")
             .drain()
-            .map(|(_, entry)| entry)
+            .flat_map(|(_, owners)| owners.into_values())
             .collect();
         let mut leases = self.inner.client.lease_client();
         let mut result = leases

@@ -15,14 +15,14 @@
 //! re-checked by reading the key.
 //!
 //! A hold's watch is *deferred*: it reaches etcd only if the hold is still
-//! alive [`DEFER`] after its grant, starting from the revision after the
-//! grant, so a delete in between is still reported (just up to [`DEFER`]
-//! later). Short holds (acquire, a few writes, release) thus cost etcd no
-//! watcher at all; waiters' watches are created at once.
+//! alive about [`DEFER`] after its grant (promotions are batched), starting
+//! from the revision after the grant, so a delete in between is still
+//! reported, just later. Short holds (acquire, a few writes, release) thus
+//! cost etcd no watcher at all; waiters' watches are created at once.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use etcd_client::{
@@ -89,45 +89,36 @@ enum Command {
 /// The handle of the hub; cheap to share.
 pub(crate) struct WatchHub {
     commands: mpsc::UnboundedSender<Command>,
-    next_id: AtomicI64,
+    next_id: Arc<AtomicI64>,
     deferred: Arc<Deferred>,
 }
 
-/// Watches waiting for their time, in deadline order (all wait [`DEFER`]).
+/// Something that may want a watch later (a hold), asked when its time comes.
+pub(crate) trait Deferrable: Send + Sync {
+    /// What to watch now, if still wanted: key, start revision, sink.
+    fn watch_now(&self) -> Option<(Vec<u8>, i64, Sink)>;
+    /// Keeps the guard of the watch it asked for (dropping it cancels).
+    fn keep(&self, guard: WatchGuard);
+}
+
+/// Holds waiting for their watch, in deadline order (all wait [`DEFER`]).
+/// Only a weak reference and a time per hold: a hold released before its
+/// time costs nothing else.
 #[derive(Default)]
 struct Deferred {
-    queue: Mutex<VecDeque<Postponed>>,
+    queue: Mutex<VecDeque<(Instant, Weak<dyn Deferrable>)>>,
     /// Wakes the hub when the queue stops being empty.
     filled: Notify,
 }
 
-/// A deferred watch: due time, id, what to watch, handshake flags.
-type Postponed = (Instant, i64, Spec, Arc<Flags>);
-
-/// Handshake between a deferred watch's guard and the hub (Dekker style,
-/// both sides `SeqCst`): whichever side sees the other's flag cancels.
-#[derive(Default)]
-struct Flags {
-    dropped: AtomicBool,
-    registered: AtomicBool,
-}
-
-/// A watch; dropping it cancels it (a deferred one that never reached etcd
-/// costs nothing more).
+/// A watch; dropping it cancels it.
 pub(crate) struct WatchGuard {
     id: i64,
     commands: mpsc::UnboundedSender<Command>,
-    flags: Option<Arc<Flags>>,
 }
 
 impl Drop for WatchGuard {
     fn drop(&mut self) {
-        if let Some(flags) = &self.flags {
-            flags.dropped.store(true, Ordering::SeqCst);
-            if !flags.registered.load(Ordering::SeqCst) {
-                return;
-            }
-        }
         let _ = self.commands.send(Command::Cancel(self.id));
     }
 }
@@ -137,7 +128,9 @@ impl WatchHub {
     pub fn start(watches: WatchClient, kv: KvClient, shutdown: CancellationToken) -> WatchHub {
         let (commands, receiver) = mpsc::unbounded_channel();
         let deferred = Arc::new(Deferred::default());
+        let next_id = Arc::new(AtomicI64::new(1));
         let hub = Hub {
+            next_id: next_id.clone(),
             watches,
             kv,
             commands: receiver,
@@ -151,7 +144,7 @@ impl WatchHub {
         tokio::spawn(hub.run(shutdown));
         WatchHub {
             commands,
-            next_id: AtomicI64::new(1),
+            next_id,
             deferred,
         }
     }
@@ -176,33 +169,19 @@ impl WatchHub {
         WatchGuard {
             id,
             commands: self.commands.clone(),
-            flags: None,
         }
     }
 
-    /// Like [`WatchHub::watch`] on one key, but registered with etcd only
-    /// [`DEFER`] from now, and only if the guard still lives then.
-    pub fn watch_deferred(&self, key: impl Into<Vec<u8>>, start: i64, sink: Sink) -> WatchGuard {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let spec = Spec {
-            key: key.into(),
-            range_end: None,
-            start,
-            sink,
-        };
-        let flags = Arc::new(Flags::default());
+    /// Asks `holder` [`DEFER`] from now what to watch, if it still lives then,
+    /// and hands it the guard.
+    pub fn watch_later(&self, holder: Weak<dyn Deferrable>) {
         let was_empty = {
             let mut queue = self.deferred.queue.lock().expect("deferred watches");
-            queue.push_back((Instant::now() + DEFER, id, spec, flags.clone()));
+            queue.push_back((Instant::now() + DEFER, holder));
             queue.len() == 1
         };
         if was_empty {
             self.deferred.filled.notify_one();
-        }
-        WatchGuard {
-            id,
-            commands: self.commands.clone(),
-            flags: Some(flags),
         }
     }
 }
@@ -257,6 +236,7 @@ async fn next(stream: &mut Option<Stream>) -> Message {
 
 /// The hub's task state.
 struct Hub {
+    next_id: Arc<AtomicI64>,
     watches: WatchClient,
     kv: KvClient,
     commands: mpsc::UnboundedReceiver<Command>,
@@ -358,20 +338,31 @@ impl Hub {
     async fn promote_due(&mut self) {
         let now = Instant::now();
         self.promoted_at = now;
-        let due: Vec<(i64, Spec, Arc<Flags>)> = {
+        let due: Vec<Arc<dyn Deferrable>> = {
             let mut queue = self.deferred.queue.lock().expect("deferred watches");
             let mut due = Vec::new();
-            while queue.front().is_some_and(|(at, ..)| *at <= now) {
-                let (_, id, spec, flags) = queue.pop_front().expect("front exists");
-                due.push((id, spec, flags));
+            while queue.front().is_some_and(|(at, _)| *at <= now) {
+                let (_, holder) = queue.pop_front().expect("front exists");
+                due.extend(holder.upgrade());
             }
             due
         };
-        for (id, spec, flags) in due {
-            flags.registered.store(true, Ordering::SeqCst);
-            if !flags.dropped.load(Ordering::SeqCst) {
-                self.add(id, spec).await;
-            }
+        for holder in due {
+            let Some((key, start, sink)) = holder.watch_now() else {
+                continue;
+            };
+            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            let spec = Spec {
+                key,
+                range_end: None,
+                start,
+                sink,
+            };
+            self.add(id, spec).await;
+            holder.keep(WatchGuard {
+                id,
+                commands: self.loopback.clone(),
+            });
         }
     }
 }
