@@ -303,11 +303,12 @@ impl Inner {
             };
             // waitDeletes (key.go), re-checking our own key at every step.
             let mut waited = false;
+            let mut seen = None;
             let granted_at = loop {
                 let current = match view.take() {
                     Some(current) => current,
                     // Boxed: the uncontended path never pays for the waiting path's state.
-                    None => Box::pin(self.read_view(&prefix, name, &key, mine, mode)).await?,
+                    None => Box::pin(self.read_view(&prefix, name, &key, mine, mode, seen)).await?,
                 };
                 let blocked = match current.standing {
                     Standing::Holds => break current.revision,
@@ -331,7 +332,7 @@ impl Inner {
                         Sink::Wake(sender),
                     ),
                 };
-                Box::pin(self.wait(&lease, &mut events, &blocked, &prefix, mine, current.revision))
+                seen = Box::pin(self.wait(&lease, &mut events, &blocked, &prefix, mine, current.revision))
                     .await?;
                 waited = true;
             };
@@ -363,7 +364,7 @@ impl Inner {
         prefix: &str,
         mine: i64,
         read_at: i64,
-    ) -> Result<()> {
+    ) -> Result<Option<i64>> {
         let ended = async {
             match lease {
                 QueueLease::Session(session) => session.ended().await,
@@ -382,10 +383,11 @@ impl Inner {
         loop {
             tokio::select! {
                 event = events.recv() => match event {
-                    Some(Wake::Deleted) | Some(Wake::Reset) => return Ok(()),
+                    Some(Wake::Deleted(at)) => return Ok(Some(at)),
+                    Some(Wake::Reset) => return Ok(None),
                     Some(Wake::Created(at)) if at > read_at => {
                         if self.gone_since_read(blocked, prefix, mine).await? {
-                            return Ok(());
+                            return Ok(None);
                         }
                     }
                     Some(Wake::Created(_)) => {}
@@ -431,7 +433,36 @@ impl Inner {
         })
     }
 
-    /// One step of `waitDeletes` plus the own-key check, in one transaction.
+    /// A range read; serializable when `seen` is given and the answer reflects
+    /// at least that revision, linearizable otherwise.
+    async fn read(
+        &self,
+        prefix: &str,
+        options: GetOptions,
+        seen: Option<i64>,
+    ) -> Result<etcd_client::GetResponse> {
+        if let Some(seen) = seen {
+            let local = self
+                .kv()
+                .get(prefix, Some(options.clone().with_serializable()))
+                .await
+                .map_err(|e| backend_error("reading the queue", e))?;
+            if local.header().is_some_and(|h| h.revision() >= seen) {
+                return Ok(local);
+            }
+        }
+        self.kv()
+            .get(prefix, Some(options))
+            .await
+            .map_err(|e| backend_error("reading the queue", e))
+    }
+
+    /// One step of `waitDeletes` plus the own-key check, in one read.
+    ///
+    /// `seen`: a revision we know the store reached (the delete that woke
+    /// us). Then a serializable read (no consensus round) will do, as long as
+    /// it reflects at least that revision: any committed state at or after it
+    /// proves the same things (no older contender can appear later).
     async fn read_view(
         &self,
         prefix: &str,
@@ -439,6 +470,7 @@ impl Inner {
         key: &str,
         mine: i64,
         mode: Mode,
+        seen: Option<i64>,
     ) -> Result<View> {
         let gone = || {
             Error::Lost(format!(
@@ -446,25 +478,22 @@ impl Inner {
             ))
         };
         if mode == Mode::Exclusive {
-            // Get(pfx, WithLastCreate, WithMaxCreateRev(myRev-1)) and Get(myKey).
-            let last = by_create(SortOrder::Descend)
-                .with_max_create_revision(mine - 1)
-                .with_limit(1);
-            let txn = Txn::new().and_then([TxnOp::get(prefix, Some(last)), TxnOp::get(key, None)]);
-            let response = self
-                .kv()
-                .txn(txn)
-                .await
-                .map_err(|e| backend_error("reading the queue", e))?;
-            let gets = get_responses(&response);
-            if gets[1]
+            // Go's Get(pfx, WithLastCreate, WithMaxCreateRev(myRev-1)) and
+            // Get(myKey) in one range: the two newest keys up to our revision
+            // are ours and the one we queue behind.
+            let newest = by_create(SortOrder::Descend)
+                .with_max_create_revision(mine)
+                .with_limit(2);
+            let response = self.read(prefix, newest, seen).await?;
+            let at = response.header().map_or(0, |h| h.revision());
+            let kvs = response.kvs();
+            if kvs
                 .first()
-                .is_none_or(|kv| kv.create_revision() != mine)
+                .is_none_or(|kv| kv.create_revision() != mine || kv.key() != key.as_bytes())
             {
                 return Err(gone());
             }
-            let at = revision(&response);
-            match gets[0].first() {
+            match kvs.get(1) {
                 None => {
                     return Ok(View {
                         standing: Standing::Holds,
@@ -488,10 +517,8 @@ impl Inner {
             }
         }
         let response = self
-            .kv()
-            .get(prefix, Some(by_create(SortOrder::Ascend)))
-            .await
-            .map_err(|e| backend_error("reading the queue", e))?;
+            .read(prefix, by_create(SortOrder::Ascend), seen)
+            .await?;
         let at = response.header().map_or(0, |h| h.revision());
         if !response
             .kvs()

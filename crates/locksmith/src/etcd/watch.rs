@@ -67,8 +67,8 @@ pub(crate) enum Wake {
     /// etcd created the watch when the store was at this revision; deletes
     /// after it will be reported.
     Created(i64),
-    /// A watched key was deleted.
-    Deleted,
+    /// A watched key was deleted, at this revision.
+    Deleted(i64),
     /// The watch was cancelled by etcd: re-read instead of waiting.
     Reset,
 }
@@ -388,8 +388,10 @@ fn route(
             spec.start = spec.start.max(kv.mod_revision() + 1);
         }
         if event.event_type() == EventType::Delete {
+            let at = event.kv().map_or(0, |kv| kv.mod_revision());
             deliver(
                 &spec.sink,
+                at,
                 "its key was deleted (lease expired or revoked, or deleted by hand)",
             );
         }
@@ -426,10 +428,10 @@ fn route(
     }
 }
 
-fn deliver(sink: &Sink, reason: &str) {
+fn deliver(sink: &Sink, at: i64, reason: &str) {
     match sink {
         Sink::Wake(waiter) => {
-            let _ = waiter.send(Wake::Deleted);
+            let _ = waiter.send(Wake::Deleted(at));
         }
         Sink::Lost { signal, armed, .. } => {
             if armed.load(Ordering::SeqCst) {
