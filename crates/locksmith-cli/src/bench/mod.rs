@@ -105,6 +105,10 @@ pub struct BenchArgs {
     /// Client counts of the uncontended scenario.
     #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
     clients: Vec<usize>,
+    /// Run each timed measurement this many times and report the median run
+    /// (every run's rate goes to report.json).
+    #[arg(long, default_value_t = 1)]
+    repeat: usize,
     /// Length of each timed measurement [default: 5s, quick: 1s].
     #[arg(long, value_parser = parse_duration)]
     duration: Option<Duration>,
@@ -296,6 +300,7 @@ pub async fn bench(args: BenchArgs) -> std::process::ExitCode {
             fair_clients: args.fair_clients,
             fair_hold_us: args.fair_hold.as_micros() as u64,
             scale_concurrency: args.scale_concurrency,
+            repeat: args.repeat.max(1),
             quick: args.quick,
         },
         reference: reports
@@ -424,9 +429,16 @@ async fn run_backend(
     if args.runs(ScenarioName::Uncontended) {
         for &clients in &args.clients {
             progress.set_message(format!("{label}: uncontended, {clients} clients"));
-            let outcome = bounded(limit, scenario::uncontended(target, clients, settings)).await;
+            let outcome = median_of(
+                args.repeat,
+                limit,
+                || scenario::uncontended(target, clients, settings),
+                |(u, _)| u.pairs_per_sec,
+            )
+            .await;
             let outcome = match outcome {
-                Ok((u, _)) => {
+                Ok(((mut u, _), rates)) => {
+                    u.runs = rates;
                     say(
                         progress,
                         format!(
@@ -446,13 +458,16 @@ async fn run_backend(
     }
     if args.runs(ScenarioName::Handoff) {
         progress.set_message(format!("{label}: handoff, {} waiters", args.waiters));
-        let outcome = bounded(
+        let outcome = median_of(
+            args.repeat,
             limit,
-            scenario::contended(target, args.waiters, Duration::ZERO, "handoff", settings),
+            || scenario::contended(target, args.waiters, Duration::ZERO, "handoff", settings),
+            |(h, _, _)| h.grants_per_sec,
         )
         .await;
         report.handoff = Some(match outcome {
-            Ok((h, handoffs, _)) => {
+            Ok(((mut h, handoffs, _), rates)) => {
+                h.runs = rates;
                 say(
                     progress,
                     format!(
@@ -472,19 +487,24 @@ async fn run_backend(
     }
     if args.runs(ScenarioName::Fairness) {
         progress.set_message(format!("{label}: fairness, {} clients", args.fair_clients));
-        let outcome = bounded(
+        let outcome = median_of(
+            args.repeat,
             limit,
-            scenario::contended(
-                target,
-                args.fair_clients,
-                args.fair_hold,
-                "fairness",
-                settings,
-            ),
+            || {
+                scenario::contended(
+                    target,
+                    args.fair_clients,
+                    args.fair_hold,
+                    "fairness",
+                    settings,
+                )
+            },
+            |(f, _, _)| f.grants_per_sec,
         )
         .await;
         report.fairness = Some(match outcome {
-            Ok((f, _, waits)) => {
+            Ok(((mut f, _, waits), rates)) => {
+                f.runs = rates;
                 say(
                     progress,
                     format!(
@@ -567,6 +587,28 @@ fn failed_line<T>(
 ) -> Outcome<T> {
     say(progress, format!("{label}: {scenario} failed: {error}"));
     Outcome::Failed { error }
+}
+
+/// Runs a timed measurement `repeat` times (each within `limit`) and keeps the
+/// run with the median rate, with every run's rate: on a shared machine one run
+/// can be off by a wide margin.
+async fn median_of<T, Fut>(
+    repeat: usize,
+    limit: Duration,
+    mut run: impl FnMut() -> Fut,
+    rate: impl Fn(&T) -> f64,
+) -> Result<(T, Vec<f64>), String>
+where
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let mut results = Vec::new();
+    for _ in 0..repeat.max(1) {
+        results.push(bounded(limit, run()).await?);
+    }
+    let rates: Vec<f64> = results.iter().map(&rate).collect();
+    results.sort_by(|a, b| rate(a).total_cmp(&rate(b)));
+    let median = results.swap_remove(results.len() / 2);
+    Ok((median, rates))
 }
 
 /// Runs a scenario with a time limit.

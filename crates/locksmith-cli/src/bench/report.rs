@@ -132,6 +132,8 @@ pub struct RunSettings {
     pub fair_hold_us: u64,
     /// Acquires in flight in scenario (d).
     pub scale_concurrency: usize,
+    /// Runs of each timed measurement (the median is reported).
+    pub repeat: usize,
     /// Whether this was a `--quick` run.
     pub quick: bool,
 }
@@ -255,8 +257,16 @@ impl Report {
         }
         let _ = writeln!(
             md,
-            "Each timed measurement runs {} ms; session TTL {} ms{}.",
+            "\nEach timed measurement runs {} ms{}; session TTL {} ms{}.",
             s.duration_ms,
+            if s.repeat > 1 {
+                format!(
+                    ", {} times: the tables show the run with the median rate (every run's rate is in report.json)",
+                    s.repeat
+                )
+            } else {
+                String::new()
+            },
             s.session_ttl_ms,
             if s.quick {
                 "; **quick mode** (small counts, short runs: figures are indicative only)"

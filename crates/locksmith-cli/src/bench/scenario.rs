@@ -40,6 +40,8 @@ pub struct Uncontended {
     pub pairs_per_sec: f64,
     /// Latency of one acquire + release pair.
     pub latency: Summary,
+    /// With `--repeat`: the rate of every run (this one is the median).
+    pub runs: Vec<f64>,
 }
 
 /// A contended run: workers taking turns on one lock.
@@ -64,6 +66,8 @@ pub struct Contended {
     pub per_client: Vec<u64>,
     /// Jain's fairness index of `per_client` (1.0 = perfectly even).
     pub jain: f64,
+    /// With `--repeat`: the rate of every run (this one is the median).
+    pub runs: Vec<f64>,
 }
 
 /// (d) Many locks held at once.
@@ -157,6 +161,7 @@ pub async fn uncontended(
             pairs,
             pairs_per_sec: rate,
             latency,
+            runs: Vec::new(),
         },
         samples,
     ))
@@ -244,6 +249,7 @@ pub async fn contended(
             / (handoffs.len().max(1)) as f64,
         jain: jain(&per_client),
         per_client,
+        runs: Vec::new(),
     };
     Ok((summary, handoffs, waits))
 }
