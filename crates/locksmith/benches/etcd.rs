@@ -180,6 +180,7 @@ struct Percentiles {
     count: usize,
     p50: Duration,
     p99: Duration,
+    mean: Duration,
 }
 
 impl Percentiles {
@@ -187,18 +188,21 @@ impl Percentiles {
         samples.sort();
         let at =
             |q: usize| samples.get((samples.len() * q / 100).min(samples.len().saturating_sub(1)));
+        let total: Duration = samples.iter().sum();
         Percentiles {
             count: samples.len(),
             p50: at(50).copied().unwrap_or_default(),
             p99: at(99).copied().unwrap_or_default(),
+            mean: total / samples.len().max(1) as u32,
         }
     }
 
     fn cell(&self) -> String {
         format!(
-            "{:.2} ms | {:.2} ms | {}",
+            "{:.2} ms | {:.2} ms | {:.2} ms | {}",
             self.p50.as_secs_f64() * 1e3,
             self.p99.as_secs_f64() * 1e3,
+            self.mean.as_secs_f64() * 1e3,
             self.count
         )
     }
@@ -707,10 +711,10 @@ fn main() {
         seconds().as_secs()
     );
     println!(
-        "| client | pairs/s, {} clients, own locks | client CPU / pair | etcd CPU / pair | pairs/s, {} clients, one lock | handoff p50 ({} waiters) | handoff p99 | handoffs |",
+        "| client | pairs/s, {} clients, own locks | client CPU / pair | etcd CPU / pair | pairs/s, {} clients, one lock | handoff p50 ({} waiters) | handoff p99 | handoff mean | handoffs |",
         *CLIENTS, *CLIENTS, *WAITERS
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (label, row) in rows {
         let latency = Percentiles::of(row.handoffs.clone());
         println!(

@@ -51,7 +51,7 @@
 //!   than ours are semaphore keys. etcd has no semaphore recipe; this is the
 //!   Mutex layout with the permit count in each value. Every contender records
 //!   its N, and an acquire naming a different N fails with
-//!   [`Error::Conflict`](crate::Error::Conflict) (kazoo's rule). A waiter
+//!   [`Error::Conflict`] (kazoo's rule). A waiter
 //!   watches the whole prefix for deletes, so one release wakes every waiter of
 //!   that semaphore (a small herd, bounded by its queue).
 //!
@@ -110,7 +110,7 @@
 //! the fencing token (the key and its create revision stay).
 //!
 //! Lock-delay is not supported on etcd (an acquire asking for it fails with
-//! [`Error::Unsupported`](crate::Error::Unsupported)). Multi-locks take their
+//! [`Error::Unsupported`]). Multi-locks take their
 //! names one at a time in sorted order.
 //!
 //! # Fencing with etcd itself
@@ -479,7 +479,7 @@ impl EtcdBackend {
     /// `If(create_revision(key) == token)` for the guard's (first) lock: a
     /// transaction guarded by it applies only while the hold is still the
     /// current one (Go's `Mutex.IsOwner()`). Fails with
-    /// [`Error::NotHeld`](crate::Error::NotHeld) for a guard of another
+    /// [`Error::NotHeld`] for a guard of another
     /// client or backend, or one already released.
     pub fn fenced_compare(&self, guard: &Guard) -> Result<Compare> {
         let key = self
