@@ -26,7 +26,9 @@ struct Received {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kill_9_under_load_loses_no_grant_and_tokens_only_grow() {
-    let server = ServerProcess::start_with(&["--grace", "30s"]);
+    // Small snapshot interval: the load crosses many snapshots and log
+    // segments, and the crash lands between two of them.
+    let server = ServerProcess::start_with(&["--grace", "30s", "--snapshot-every", "150"]);
     let ttl = Duration::from_secs(10);
     let base = unique("load");
 
@@ -175,6 +177,11 @@ async fn kill_9_under_load_loses_no_grant_and_tokens_only_grow() {
         guard.release().await.expect("release after the restart");
     }
     server.assert_running();
+    let log = server.log_tail(2000);
+    assert!(
+        log.matches("snapshot written").count() >= 4,
+        "the load should cross several snapshots"
+    );
 }
 
 async fn holds_and_queue_survive(restart: impl FnOnce(&ServerProcess)) {

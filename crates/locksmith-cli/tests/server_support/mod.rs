@@ -31,9 +31,11 @@ impl ServerProcess {
 
     /// A durable server with extra `serve` arguments.
     pub fn start_with(extra: &[&str]) -> ServerProcess {
+        // Under cargo's target/tmp: a server shared through a static is never
+        // dropped, so its directory stays behind for `cargo clean`.
         let temp = tempfile::Builder::new()
             .prefix("locksmith-serve-")
-            .tempdir()
+            .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
             .expect("temporary data directory");
         let dir = temp.path().to_owned();
         let mut server = Self::spawn(&dir, extra);
