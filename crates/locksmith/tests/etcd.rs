@@ -476,3 +476,75 @@ async fn lock_delay_is_refused() {
         "{result:?}"
     );
 }
+
+/// Faults that stop or restart the server get an etcd of their own, so that
+/// the tests sharing the binary's server are not disturbed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holds_survive_an_etcd_restart() {
+    let own = tokio::task::block_in_place(Etcd::start);
+    let name = unique("restart");
+    let options = ConnectOptions {
+        session_ttl: Duration::from_secs(10),
+        ..ConnectOptions::default()
+    };
+    let a = Client::connect_with(&own.url(), options.clone())
+        .await
+        .unwrap();
+    let b = Client::connect_with(&own.url(), options).await.unwrap();
+    let held = a.lock(name.as_str()).acquire().await.unwrap();
+    let waiter = tokio::spawn({
+        let lock = b.lock(name.as_str());
+        async move { lock.acquire().await }
+    });
+    until(&a, &name, "a waiter", |info| info.waiters.len() == 1).await;
+
+    tokio::task::block_in_place(|| own.restart());
+
+    // The lease outlives the restart (etcd persists leases) and the keep-alive
+    // and the watches reconnect: still held, the waiter still queued.
+    until(&b, &name, "the queue back after the restart", |info| {
+        info.holders.len() == 1 && info.waiters.len() == 1
+    })
+    .await;
+    assert!(!held.is_lost(), "{:?}", held.lost_signal().reason());
+    let token = held.fencing_token();
+    held.release().await.unwrap();
+    let next = timeout(Duration::from_secs(20), waiter)
+        .await
+        .expect("the waiter is woken after the restart")
+        .unwrap()
+        .unwrap();
+    assert!(next.fencing_token() > token);
+    next.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_etcd_fires_lost_before_the_lease_ends() {
+    let own = tokio::task::block_in_place(Etcd::start);
+    let name = unique("paused");
+    let ttl = Duration::from_secs(3);
+    let options = ConnectOptions {
+        session_ttl: ttl,
+        ..ConnectOptions::default()
+    };
+    let a = Client::connect_with(&own.url(), options).await.unwrap();
+    let held = a.lock(name.as_str()).acquire().await.unwrap();
+    let started = tokio::time::Instant::now();
+    own.pause();
+    let reason = timeout(ttl * 3, held.lost()).await;
+    own.resume();
+    let reason = reason.expect("lost() fires when etcd cannot be reached for a whole TTL");
+    assert!(reason.contains("renew"), "{reason}");
+    // Not before the lease could have run out, and not much after.
+    assert!(
+        started.elapsed() <= ttl + Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    // Once etcd is back, the client grants itself a new session.
+    let again = timeout(Duration::from_secs(20), a.lock(name.as_str()).acquire())
+        .await
+        .expect("a new session after etcd is back")
+        .unwrap();
+    again.release().await.unwrap();
+}
