@@ -268,14 +268,27 @@ impl Contender for Locksmith {
     }
 }
 
+/// Which lock protocol a [`Raw`] contender speaks.
+#[derive(Clone, Copy)]
+enum Protocol {
+    /// etcd's lock service: `Lock` / `Unlock` RPCs.
+    V3Lock,
+    /// Go's client-side `concurrency.Mutex`, ported line by line
+    /// (`client/v3/concurrency/mutex.go` `Lock`/`Unlock`, `key.go`
+    /// `waitDeletes`) onto the same Rust etcd client: the algorithm `etcdctl
+    /// lock` and Go programs run, without a Go toolchain.
+    GoMutex,
+}
+
 /// One etcd client and one lease (long enough for the run) per bench client,
-/// calling etcd's lock service.
-struct V3Lock {
+/// locking with `protocol`.
+struct Raw {
+    protocol: Protocol,
     clients: Vec<(etcd_client::Client, i64)>,
 }
 
-impl V3Lock {
-    async fn connect(endpoint: &str) -> Self {
+impl Raw {
+    async fn connect(endpoint: &str, protocol: Protocol) -> Self {
         let mut clients = Vec::new();
         for _ in 0..*CLIENTS {
             let mut client = etcd_client::Client::connect([endpoint], None)
@@ -284,7 +297,7 @@ impl V3Lock {
             let lease = client.lease_grant(600, None).await.expect("lease").id();
             clients.push((client, lease));
         }
-        V3Lock { clients }
+        Raw { protocol, clients }
     }
 
     async fn revoke(self) {
@@ -294,59 +307,25 @@ impl V3Lock {
     }
 }
 
-async fn v3_lock(client: &mut etcd_client::Client, name: &str, lease: i64) -> Vec<u8> {
-    client
-        .lock(name, Some(LockOptions::new().with_lease(lease)))
-        .await
-        .expect("lock")
-        .key()
-        .to_vec()
-}
-
-impl Contender for V3Lock {
-    async fn pairs(&self, names: &(dyn Fn(usize) -> String + Sync)) -> f64 {
-        throughput(|i, stop, done| {
-            let ((mut client, lease), name) = (self.clients[i].clone(), names(i));
-            async move {
-                while !stop.load(Ordering::Relaxed) {
-                    let key = v3_lock(&mut client, &name, lease).await;
-                    client.unlock(key).await.expect("unlock");
-                    done.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-        })
-        .await
+impl Protocol {
+    /// Acquires; returns the key to release.
+    async fn lock(self, client: &mut etcd_client::Client, name: &str, lease: i64) -> Vec<u8> {
+        match self {
+            Protocol::V3Lock => client
+                .lock(name, Some(LockOptions::new().with_lease(lease)))
+                .await
+                .expect("lock")
+                .key()
+                .to_vec(),
+            Protocol::GoMutex => go_lock(client, name, lease).await.into_bytes(),
+        }
     }
 
-    async fn handoffs(&self, name: &str) -> Vec<Duration> {
-        handoff(|i, stop, handoffs| {
-            let (mut client, lease) = self.clients[i % self.clients.len()].clone();
-            let name = name.to_owned();
-            async move {
-                while !stop.load(Ordering::Relaxed) {
-                    let key = v3_lock(&mut client, &name, lease).await;
-                    handoffs.granted();
-                    handoffs.releasing();
-                    client.unlock(key).await.expect("unlock");
-                }
-            }
-        })
-        .await
-    }
-}
-
-/// Go's client-side `concurrency.Mutex`, ported line by line
-/// (`client/v3/concurrency/mutex.go` `Lock`/`Unlock`, `key.go` `waitDeletes`)
-/// onto the same Rust etcd client, one lease (session) per bench client: the
-/// algorithm `etcdctl lock` and Go programs run, without a Go toolchain.
-struct GoPort {
-    clients: Vec<(etcd_client::Client, i64)>,
-}
-
-impl GoPort {
-    async fn connect(endpoint: &str) -> Self {
-        GoPort {
-            clients: V3Lock::connect(endpoint).await.clients,
+    async fn unlock(self, client: &mut etcd_client::Client, key: Vec<u8>) {
+        match self {
+            Protocol::V3Lock => drop(client.unlock(key).await.expect("unlock")),
+            // `Mutex.Unlock`: `Delete(myKey)`.
+            Protocol::GoMutex => drop(client.delete(key, None).await.expect("unlock")),
         }
     }
 }
@@ -432,14 +411,15 @@ async fn go_lock(client: &mut etcd_client::Client, name: &str, lease: i64) -> St
     my_key
 }
 
-impl Contender for GoPort {
+impl Contender for Raw {
     async fn pairs(&self, names: &(dyn Fn(usize) -> String + Sync)) -> f64 {
         throughput(|i, stop, done| {
             let ((mut client, lease), name) = (self.clients[i].clone(), names(i));
+            let protocol = self.protocol;
             async move {
                 while !stop.load(Ordering::Relaxed) {
-                    let key = go_lock(&mut client, &name, lease).await;
-                    client.delete(key, None).await.expect("unlock");
+                    let key = protocol.lock(&mut client, &name, lease).await;
+                    protocol.unlock(&mut client, key).await;
                     done.fetch_add(1, Ordering::Relaxed);
                 }
             }
@@ -450,13 +430,13 @@ impl Contender for GoPort {
     async fn handoffs(&self, name: &str) -> Vec<Duration> {
         handoff(|i, stop, handoffs| {
             let (mut client, lease) = self.clients[i % self.clients.len()].clone();
-            let name = name.to_owned();
+            let (name, protocol) = (name.to_owned(), self.protocol);
             async move {
                 while !stop.load(Ordering::Relaxed) {
-                    let key = go_lock(&mut client, &name, lease).await;
+                    let key = protocol.lock(&mut client, &name, lease).await;
                     handoffs.granted();
                     handoffs.releasing();
-                    client.delete(key, None).await.expect("unlock");
+                    protocol.unlock(&mut client, key).await;
                 }
             }
         })
@@ -652,8 +632,8 @@ fn main() {
     let mut rows = Vec::new();
     runtime.block_on(async {
         let locksmith = Locksmith::connect(&etcd.url()).await;
-        let v3lock = V3Lock::connect(&etcd.endpoint()).await;
-        let go = GoPort::connect(&etcd.endpoint()).await;
+        let v3lock = Raw::connect(&etcd.endpoint(), Protocol::V3Lock).await;
+        let go = Raw::connect(&etcd.endpoint(), Protocol::GoMutex).await;
         let mut contenders: Vec<(&str, &dyn ContenderDyn)> = Vec::new();
         if wanted("locksmith") {
             contenders.push(("locksmith", &locksmith));
@@ -677,11 +657,7 @@ fn main() {
             client.close().await.unwrap();
         }
         v3lock.revoke().await;
-        V3Lock {
-            clients: go.clients,
-        }
-        .revoke()
-        .await;
+        go.revoke().await;
     });
     if wanted("etcdctl") {
         eprintln!("etcdctl lock …");
