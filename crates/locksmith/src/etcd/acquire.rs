@@ -82,6 +82,8 @@ struct Pending {
 
 impl Pending {
     /// Deletes the key now (a busy `try_acquire`, a conflict).
+    ///
+    /// Cancel safety: if dropped midway the key may stay; it ends with its lease.
     async fn remove(mut self) {
         self.armed = false;
         remove(self.inner.clone(), self.key.clone(), self.lease.clone()).await;
@@ -107,6 +109,8 @@ impl Drop for Pending {
 
 /// Deletes a queue entry: the key on the session lease, or the whole lease of
 /// a leased acquire (which deletes its key).
+///
+/// Cancel safety: if dropped midway the key may stay; it ends with its lease.
 async fn remove(inner: Arc<Inner>, key: String, lease: QueueLease) {
     match lease {
         QueueLease::Session(session) => match inner.kv().delete(key.clone(), None).await {
@@ -180,6 +184,9 @@ enum Blocked {
 
 impl Inner {
     /// Acquires one name (re-entries excluded). See the module docs.
+    ///
+    /// Cancel safety: safe; a dropped acquire deletes its queue key in the
+    /// background (see `Pending`).
     pub(crate) async fn acquire_one(
         self: &Arc<Self>,
         name: &str,
@@ -200,6 +207,10 @@ impl Inner {
         }
     }
 
+    /// One enqueue-and-wait; [`Attempt::StaleSession`] when the session lease
+    /// turned out to be gone.
+    ///
+    /// Cancel safety: safe, as for [`Inner::acquire_one`].
     async fn attempt(
         self: &Arc<Self>,
         name: &str,
@@ -370,6 +381,8 @@ impl Inner {
     /// The watch starts at etcd's current revision (see the `watch` module);
     /// when etcd reports it created after our read at `read_at`, one read
     /// checks whether the blocker went in between.
+    ///
+    /// Cancel safety: safe; it only waits (and renews a lease).
     async fn wait(
         &self,
         lease: &QueueLease,
@@ -419,6 +432,8 @@ impl Inner {
     }
 
     /// Whether what blocked us at our last read is gone by now.
+    ///
+    /// Cancel safety: safe, read-only.
     async fn gone_since_read(&self, blocked: &Blocked, prefix: &str, mine: i64) -> Result<bool> {
         let (key, options, expected) = match blocked {
             Blocked::Key { key, revision } => {
@@ -449,6 +464,8 @@ impl Inner {
 
     /// A range read; serializable when `seen` is given and the answer reflects
     /// at least that revision, linearizable otherwise.
+    ///
+    /// Cancel safety: safe, read-only.
     async fn read(
         &self,
         prefix: &str,
@@ -477,6 +494,8 @@ impl Inner {
     /// us). Then a serializable read (no consensus round) will do, as long as
     /// it reflects at least that revision: any committed state at or after it
     /// proves the same things (no older contender can appear later).
+    ///
+    /// Cancel safety: safe, read-only.
     async fn read_view(
         &self,
         prefix: &str,
@@ -611,6 +630,9 @@ impl Inner {
 
     /// A re-entry of a hold this owner has: same key, same token, count + 1.
     /// `Ok(None)` when the owner holds nothing here (or only a lost hold).
+    ///
+    /// Cancel safety: safe for the hold; if dropped after etcd took the new
+    /// depth, the value shows one level more than the client counts.
     pub(crate) async fn reenter(
         self: &Arc<Self>,
         name: &str,

@@ -148,6 +148,8 @@ pub(crate) fn revoke_in_background(mut leases: LeaseClient, id: i64) {
 }
 
 /// Renews a lease once: `Ok(false)` when it no longer exists.
+///
+/// Cancel safety: safe; the renewal happened or not.
 pub(crate) async fn refresh(leases: &mut LeaseClient, id: i64) -> Result<bool> {
     match leases.keep_alive(id).await {
         Ok(_) => Ok(true),
@@ -171,6 +173,9 @@ impl Entry {
 
     /// Writes the value for a new depth: `If(create_revision == token)
     /// Then(Put(ignore_lease))`; false when the key is no longer ours.
+    ///
+    /// Cancel safety: the write may or may not have happened (the count in
+    /// the value is for inspection only).
     pub async fn write_count(&self, inner: &Inner, state: &EntryState, count: u32) -> Result<bool> {
         let mut meta = state.meta.clone();
         meta.count = count;
@@ -348,6 +353,9 @@ impl Drop for Unfinished {
 /// ours (its create revision is our token). Only this hold ever writes its
 /// key: the name carries our lease id and this client reserves it until the
 /// hold is released, so a plain delete cannot remove anyone else's key.
+///
+/// Cancel safety: the delete may or may not have happened; callers finish
+/// it in a task when dropped (see `Unfinished`).
 async fn delete_key(inner: &Inner, entry: &Entry) -> Result<bool> {
     let result = inner
         .kv()

@@ -579,6 +579,8 @@ impl Inner {
     }
 
     /// Every key under `prefix`, oldest first.
+    ///
+    /// Cancel safety: safe, read-only.
     async fn read_prefix(&self, prefix: &str) -> Result<Vec<KeyValue>> {
         let options = if prefix.is_empty() {
             GetOptions::new().with_all_keys()
@@ -597,6 +599,8 @@ impl Inner {
     }
 
     /// Inspection of one lock from its contenders.
+    ///
+    /// Cancel safety: safe, read-only.
     async fn info(&self, name: &str, all: &[Contender]) -> Option<LockInfo> {
         if all.is_empty() {
             return None;
@@ -639,6 +643,8 @@ impl Inner {
     }
 
     /// When a lease runs out unless renewed (`LeaseTimeToLive`).
+    ///
+    /// Cancel safety: safe, read-only.
     async fn lease_expiry(&self, lease: i64) -> Option<SystemTime> {
         if lease == 0 {
             return None;
@@ -695,6 +701,7 @@ impl Backend for EtcdBackend {
         self.inner.acquire_one(name, request).await
     }
 
+    /// Cancel safety: safe, read-only.
     async fn describe(&self, name: &str) -> Result<Option<LockInfo>> {
         let span = tracing::debug_span!("describe", backend = BACKEND, name);
         async move {
@@ -710,6 +717,7 @@ impl Backend for EtcdBackend {
         .await
     }
 
+    /// Cancel safety: safe, read-only.
     async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>> {
         let span = tracing::debug_span!("list", backend = BACKEND, prefix);
         async move {
@@ -742,6 +750,8 @@ impl Backend for EtcdBackend {
     /// Deletes the keys of the current holders, whoever they are (each delete
     /// guarded by the create revision it saw, retried if the queue moved);
     /// their guards see `lost()` fire through their key watches.
+    ///
+    /// Cancel safety: the deletes (one transaction) may or may not have happened.
     async fn force_release(&self, name: &str) -> Result<()> {
         let span = tracing::debug_span!("force_release", backend = BACKEND, name);
         async move {
@@ -802,6 +812,8 @@ impl Backend for EtcdBackend {
 
     /// Revokes the session lease (deleting every key on it at once) and the
     /// leases of leased holds; every guard of this client is lost.
+    ///
+    /// Cancel safety: if dropped midway, the leases not yet revoked expire.
     async fn close(&self) -> Result<()> {
         if self.inner.closed.swap(true, Ordering::SeqCst) {
             return Ok(());

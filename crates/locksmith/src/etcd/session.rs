@@ -165,6 +165,8 @@ pub(crate) fn ttl_seconds(ttl: Duration) -> i64 {
 
 /// Renews the lease every TTL/3; ends the session when the lease is gone or
 /// when no renewal got through before it would run out.
+///
+/// Cancel safety: aborting it stops the renewals; the lease then expires.
 async fn keep_alive(
     session: Arc<Session>,
     mut leases: LeaseClient,
@@ -229,6 +231,9 @@ async fn keep_alive(
 
 /// One keep-alive round trip: `Some(ttl)` when renewed, `None` when the lease
 /// no longer exists.
+///
+/// Cancel safety: a dropped renewal leaves the stream in an unknown state;
+/// the caller drops the stream on error.
 async fn renew(
     leases: &mut LeaseClient,
     stream: &mut Option<(LeaseKeeper, LeaseKeepAliveStream)>,

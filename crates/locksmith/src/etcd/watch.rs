@@ -199,6 +199,7 @@ fn create(id: i64, spec: &Spec) -> WatchOptions {
 
 type Stream = (WatchRequestSender, WatchResponseStream);
 
+/// Cancel safety: a dropped open leaves no stream behind.
 async fn open(watches: &mut WatchClient, active: &HashMap<i64, Spec>) -> Option<Stream> {
     let mut specs = active.iter();
     let (&first_id, first) = specs.next()?;
@@ -227,6 +228,7 @@ async fn open(watches: &mut WatchClient, active: &HashMap<i64, Spec>) -> Option<
 
 type Message = Option<std::result::Result<Option<WatchResponse>, etcd_client::Error>>;
 
+/// Cancel safety: safe (`Streaming::message` is cancel safe).
 async fn next(stream: &mut Option<Stream>) -> Message {
     match stream {
         Some((_, responses)) => Some(responses.message().await),
@@ -251,6 +253,7 @@ struct Hub {
 }
 
 impl Hub {
+    /// Cancel safety: stopping it ends every watch of the client.
     async fn run(mut self, shutdown: CancellationToken) {
         loop {
             if self.stream.is_none() && !self.active.is_empty() {
@@ -304,6 +307,7 @@ impl Hub {
         }
     }
 
+    /// Cancel safety: only called from the hub's own task, never dropped midway.
     async fn add(&mut self, id: i64, spec: Spec) {
         if let Some((sender, _)) = &mut self.stream {
             if sender
@@ -317,6 +321,7 @@ impl Hub {
         self.active.insert(id, spec);
     }
 
+    /// Cancel safety: only called from the hub's own task, never dropped midway.
     async fn cancel(&mut self, id: i64) {
         if self.active.remove(&id).is_some() {
             if let Some((sender, _)) = &mut self.stream {
@@ -335,6 +340,8 @@ impl Hub {
     }
 
     /// Registers the deferred watches that are due and still wanted.
+    ///
+    /// Cancel safety: only called from the hub's own task, never dropped midway.
     async fn promote_due(&mut self) {
         let now = Instant::now();
         self.promoted_at = now;
@@ -443,6 +450,8 @@ fn deliver(sink: &Sink, at: i64, reason: &str) {
 
 /// After a reset of a hold's watch: still held means watch again from now,
 /// anything else means lost.
+///
+/// Cancel safety: runs in its own task.
 async fn recheck(
     mut kv: KvClient,
     loopback: mpsc::UnboundedSender<Command>,
