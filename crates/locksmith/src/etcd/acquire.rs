@@ -43,7 +43,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::hold::{refresh, Entry, EntryState, EtcdHold, HoldLease, OwnLease};
+use super::hold::{delete_until_done, refresh, Entry, EntryState, EtcdHold, HoldLease, OwnLease};
 use super::layout::{
     classify, contenders, hold_key, lock_prefix, now_ms, permit_mismatch, prefix_end, standing,
     Meta, Standing,
@@ -108,17 +108,15 @@ impl Drop for Pending {
 }
 
 /// Deletes a queue entry: the key on the session lease, or the whole lease of
-/// a leased acquire (which deletes its key).
+/// a leased acquire (which deletes its key; should the revoke fail, the
+/// lease still runs out).
 ///
 /// Cancel safety: if dropped midway the key may stay; it ends with its lease.
 async fn remove(inner: Arc<Inner>, key: String, lease: QueueLease) {
     match lease {
-        QueueLease::Session(session) => match inner.kv().delete(key.clone(), None).await {
-            Ok(_) => session.free_key(&key),
-            Err(error) => {
-                tracing::debug!(backend = BACKEND, %key, %error, "cannot delete an abandoned queue key; it ends with the session")
-            }
-        },
+        // Retried until it lands: an abandoned key would block every later
+        // waiter for as long as our session lives.
+        QueueLease::Session(session) => delete_until_done(&inner, &key, &session).await,
         QueueLease::Own(own) => {
             own.stop();
             let _ = inner.client.lease_client().revoke(own.id()).await;
@@ -146,6 +144,9 @@ fn by_create(order: SortOrder) -> GetOptions {
         .with_prefix()
         .with_sort(SortTarget::Create, order)
 }
+
+/// Pause before reading the queue again after a failed read.
+const RETRY: Duration = Duration::from_millis(200);
 
 /// Why one enqueue attempt failed.
 enum Attempt {
@@ -333,7 +334,19 @@ impl Inner {
                 let current = match view.take() {
                     Some(current) => current,
                     // Boxed: the uncontended path never pays for the waiting path's state.
-                    None => Box::pin(self.read_view(&prefix, name, &key, mine, mode, seen)).await?,
+                    None => match Box::pin(self.read_view(&prefix, name, &key, mine, mode, seen)).await {
+                        Ok(current) => current,
+                        // etcd unreachable for a moment (a restart, a leader
+                        // change): keep our place and read again, for as long
+                        // as our lease lives.
+                        Err(error @ Error::Backend { .. }) => {
+                            tracing::debug!(backend = BACKEND, %key, %error, "reading the queue failed; retrying");
+                            Box::pin(self.pause(&lease)).await?;
+                            seen = None;
+                            continue;
+                        }
+                        Err(error) => return Err(error.into()),
+                    },
                 };
                 let blocked = match current.standing {
                     Standing::Holds => break current.revision,
@@ -413,7 +426,8 @@ impl Inner {
                     Some(Wake::Deleted(at)) => return Ok(Some(at)),
                     Some(Wake::Reset) => return Ok(None),
                     Some(Wake::Created(at)) if at > read_at => {
-                        if self.gone_since_read(blocked, prefix, mine).await? {
+                        // An error is treated as a change: the caller re-reads.
+                        if self.gone_since_read(blocked, prefix, mine).await.unwrap_or(true) {
                             return Ok(None);
                         }
                     }
@@ -423,7 +437,9 @@ impl Inner {
                 reason = &mut ended => return Err(Error::Lost(format!("while waiting: {reason}"))),
                 _ = tokio::time::sleep(every), if own.is_some() => {
                     let id = own.expect("checked");
-                    if !refresh(&mut leases, id).await? {
+                    // A failed renewal is retried at the next tick; a lease
+                    // that is gone deletes our key, which the next read sees.
+                    if let Ok(false) = refresh(&mut leases, id).await {
                         return Err(Error::Lost("the lease of the waiting acquire is gone".into()));
                     }
                 }
@@ -486,6 +502,24 @@ impl Inner {
             .get(prefix, Some(options))
             .await
             .map_err(|e| backend_error("reading the queue", e))
+    }
+
+    /// A short pause before retrying a failed read; fails if the session
+    /// ends meanwhile.
+    ///
+    /// Cancel safety: safe; it only waits.
+    async fn pause(&self, lease: &QueueLease) -> Result<()> {
+        let retry = tokio::time::sleep(RETRY);
+        match lease {
+            QueueLease::Session(session) => tokio::select! {
+                _ = retry => Ok(()),
+                reason = session.ended() => Err(Error::Lost(format!("while waiting: {reason}"))),
+            },
+            QueueLease::Own(_) => {
+                retry.await;
+                Ok(())
+            }
+        }
     }
 
     /// One step of `waitDeletes` plus the own-key check, in one read.

@@ -325,6 +325,30 @@ impl Hold for EtcdHold {
     }
 }
 
+/// Deletes a key on the session lease until etcd confirms it, retrying with
+/// backoff while the session lives (when it ends, etcd deletes the key).
+///
+/// Cancel safety: if dropped midway the key may stay until the session ends.
+pub(crate) async fn delete_until_done(inner: &Inner, key: &str, session: &Session) {
+    let mut pause = Duration::from_millis(100);
+    loop {
+        match inner.kv().delete(key, None).await {
+            Ok(_) => {
+                session.free_key(key);
+                return;
+            }
+            Err(error) => {
+                tracing::debug!(backend = BACKEND, %key, %error, "deleting a lock key failed; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(pause) => {}
+                    _ = session.ended() => return,
+                }
+                pause = (pause * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
+}
+
 /// A final delete that has not completed; dropped armed, it completes the
 /// delete in a task.
 struct Unfinished {
@@ -356,7 +380,7 @@ impl Drop for Unfinished {
 ///
 /// Cancel safety: the delete may or may not have happened; callers finish
 /// it in a task when dropped (see `Unfinished`).
-async fn delete_key(inner: &Inner, entry: &Entry) -> Result<bool> {
+async fn delete_key(inner: &Arc<Inner>, entry: &Entry) -> Result<bool> {
     let result = inner
         .kv()
         .delete(
@@ -373,6 +397,11 @@ async fn delete_key(inner: &Inner, entry: &Entry) -> Result<bool> {
             session.unregister(*registration);
             if result.is_ok() {
                 session.free_key(&entry.key);
+            } else {
+                // The key would otherwise hold the lock as long as the
+                // session lives: keep trying in the background.
+                let (inner, session, key) = (inner.clone(), session.clone(), entry.key.clone());
+                tokio::spawn(async move { delete_until_done(&inner, &key, &session).await });
             }
         }
         HoldLease::Own(own) => {
