@@ -29,8 +29,14 @@
 //! `--backend [LABEL=]URL` (repeatable) measures a running store;
 //! `--spawn server,redis,zookeeper,etcd,postgres,memory` (or `all`) starts real
 //! servers on loopback ports with `locksmith-testkit` (the locksmith server as
-//! `locksmith serve`, a child of this executable), one at a time: each runs
-//! only while it is measured, so an idle JVM takes no CPU from the others.
+//! `locksmith serve`, a child of this executable) and kills them at the end.
+//!
+//! The timed scenarios (a)–(c) run in rounds (`--repeat N`): each round
+//! measures every backend once, in turn, so that load from elsewhere on the
+//! machine spreads over all backends instead of spoiling one, and the report
+//! shows each backend's median round. The report also records the load
+//! average and the disk's `fdatasync` latency at the start and the end, since
+//! every durable store waits for the disk.
 //! With neither, the run measures `memory://`. Ratios are against the locksmith
 //! server when it is part of the run.
 //!
@@ -56,7 +62,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::common::parse_duration;
 use report::{BackendReport, Machine, Outcome, Report, RunSettings};
-use scenario::Settings;
+use scenario::{Contended, Scale, Settings, Uncontended};
 use stats::Samples;
 use target::{BackendSpec, Kind, Target};
 
@@ -196,10 +202,12 @@ pub async fn bench(args: BenchArgs) -> std::process::ExitCode {
     }
     let started = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
     let load_at_start = report::load_average();
+    let fsync_at_start = tokio::task::spawn_blocking(report::fsync_probe)
+        .await
+        .ok()
+        .flatten();
 
-    // What to measure, the reference (the locksmith server) first. A server
-    // this run starts runs only while it is measured, so idle servers take no
-    // CPU from the others' figures.
+    // What to measure, the reference (the locksmith server) first.
     let spawn = args.spawn.as_ref().map(|k| k.0.clone()).unwrap_or_default();
     let given = if args.backends.is_empty() && spawn.is_empty() {
         vec![BackendSpec {
@@ -226,13 +234,6 @@ pub async fn bench(args: BenchArgs) -> std::process::ExitCode {
         candidate
     };
 
-    let progress = ProgressBar::new((plan.len() as u64 * step_count(&args)).max(1));
-    progress.set_style(
-        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}")
-            .expect("valid progress template"),
-    );
-    progress.enable_steady_tick(Duration::from_millis(200));
-
     let settings = Settings {
         duration: args.duration(),
         session_ttl: args.session_ttl,
@@ -244,44 +245,86 @@ pub async fn bench(args: BenchArgs) -> std::process::ExitCode {
                 .map_or(0, |d| d.as_secs())
         ),
     };
-    let mut charts = ChartData::default();
-    let mut failed = false;
     let mut reports = Vec::new();
+    let mut live: Vec<Target> = Vec::new();
     for step in plan {
         let target = match step {
             Plan::Given(spec) => Ok(Target::given(spec)),
             Plan::Spawn(kind) => {
-                progress.set_message(format!("starting {kind}"));
+                eprintln!("locksmith bench: starting {kind}…");
                 match tokio::task::spawn_blocking(move || Target::spawn(kind)).await {
                     Ok(Ok(target)) => Ok(target),
-                    Ok(Err(error)) => Err((kind, error)),
+                    Ok(Err(error)) => Err((kind, format!("cannot start: {error}"))),
                     Err(panic) => Err((kind, format!("starting it panicked: {panic}"))),
                 }
             }
         };
-        let report = match target {
+        match target {
             Ok(mut target) => {
                 target.label = unique(target.label);
-                let report = run_backend(&target, &args, &settings, &progress, &mut charts).await;
-                // Stop the server before measuring the next one.
-                let _ = tokio::task::spawn_blocking(move || drop(target)).await;
-                report
+                // One connection first: a backend that cannot connect fails
+                // every scenario with one clear error instead of timing out in each.
+                match check_connect(&target, &settings).await {
+                    Ok(()) => live.push(target),
+                    Err(error) => {
+                        eprintln!("locksmith bench: {}: {error}", target.label);
+                        let report = failed_report(
+                            target.label.clone(),
+                            target.kind,
+                            &target.url,
+                            &error,
+                            &args,
+                        );
+                        reports.push(report);
+                    }
+                }
             }
             Err((kind, error)) => {
-                say(&progress, format!("{kind}: cannot start: {error}"));
-                progress.inc(step_count(&args));
-                failed_report(
+                eprintln!("locksmith bench: {kind}: {error}");
+                reports.push(failed_report(
                     unique(kind.name().into()),
                     kind,
                     "",
-                    &format!("cannot start: {error}"),
+                    &error,
                     &args,
-                )
+                ));
             }
-        };
+        }
+    }
+    let mut failed = !reports.is_empty();
+
+    let repeat = args.repeat.max(1);
+    let steps = live.len() as u64
+        * (repeat as u64 * timed_steps(&args) + u64::from(args.runs(ScenarioName::Scale)));
+    let progress = ProgressBar::new(steps.max(1));
+    progress.set_style(
+        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}")
+            .expect("valid progress template"),
+    );
+    progress.enable_steady_tick(Duration::from_millis(200));
+
+    // The timed scenarios run in rounds: each round measures every backend
+    // once, in turn, so that load from elsewhere on the machine (a shared CI
+    // box, a neighbour's fsyncs) spreads over all backends instead of spoiling
+    // one; each backend's median round is reported.
+    let mut rounds: Vec<Rounds> = live.iter().map(|_| Rounds::default()).collect();
+    for round in 0..repeat {
+        for (target, runs) in live.iter().zip(rounds.iter_mut()) {
+            timed_round(target, &args, &settings, &progress, runs, round).await;
+        }
+    }
+    let mut charts = ChartData::default();
+    for (target, runs) in live.iter().zip(rounds) {
+        let mut report = summarize(target, runs, &args, &progress, &mut charts);
+        if args.runs(ScenarioName::Scale) {
+            report.scale = Some(run_scale(target, &args, &settings, &progress).await);
+            progress.inc(1);
+        }
         failed |= report_failed(&report);
         reports.push(report);
     }
+    // Stop the servers (a blocking kill and wait each).
+    let _ = tokio::task::spawn_blocking(move || drop(live)).await;
     progress.finish_and_clear();
     reports.sort_by_key(|r| r.kind);
 
@@ -290,6 +333,11 @@ pub async fn bench(args: BenchArgs) -> std::process::ExitCode {
         started,
         machine: Machine {
             load_at_start,
+            fsync_us_at_start: fsync_at_start,
+            fsync_us_at_end: tokio::task::spawn_blocking(report::fsync_probe)
+                .await
+                .ok()
+                .flatten(),
             ..Machine::describe()
         },
         settings: RunSettings {
@@ -368,18 +416,8 @@ fn failed_report(
     }
 }
 
-/// Runs every selected scenario against one backend.
-async fn run_backend(
-    target: &Target,
-    args: &BenchArgs,
-    settings: &Settings,
-    progress: &ProgressBar,
-    charts: &mut ChartData,
-) -> BackendReport {
-    let label = &target.label;
-    progress.set_message(format!("{label}: connecting"));
-    // One connection first: a backend that cannot connect fails every scenario
-    // with the same clear error instead of timing out in each.
+/// Connects once and closes again.
+async fn check_connect(target: &Target, settings: &Settings) -> Result<(), String> {
     match tokio::time::timeout(
         Duration::from_secs(30),
         target.connect(settings.session_ttl, "bench"),
@@ -388,30 +426,143 @@ async fn run_backend(
     {
         Ok(Ok(client)) => {
             let _ = client.close().await;
+            Ok(())
         }
-        Ok(Err(error)) => {
-            progress.inc(step_count(args));
-            say(progress, format!("{label}: cannot connect: {error}"));
-            return failed_report(
-                label.clone(),
-                target.kind,
-                &target.url,
-                &format!("connect: {error}"),
-                args,
-            );
-        }
-        Err(_) => {
-            progress.inc(step_count(args));
-            say(progress, format!("{label}: connect timed out"));
-            return failed_report(
-                label.clone(),
-                target.kind,
-                &target.url,
-                "connect timed out after 30s",
-                args,
-            );
+        Ok(Err(error)) => Err(format!("connect: {error}")),
+        Err(_) => Err("connect timed out after 30s".into()),
+    }
+}
+
+/// One backend's results of every round of the timed scenarios.
+#[derive(Default)]
+struct Rounds {
+    /// Per client count, one result per round.
+    uncontended: Vec<Vec<Result<Uncontended, String>>>,
+    handoff: Vec<Result<(Contended, Samples), String>>,
+    fairness: Vec<Result<(Contended, Samples), String>>,
+}
+
+/// Runs the timed scenarios once against `target`.
+async fn timed_round(
+    target: &Target,
+    args: &BenchArgs,
+    settings: &Settings,
+    progress: &ProgressBar,
+    runs: &mut Rounds,
+    round: usize,
+) {
+    let label = &target.label;
+    let of = if args.repeat > 1 {
+        format!(" (round {}/{})", round + 1, args.repeat)
+    } else {
+        String::new()
+    };
+    // Generous: a measurement that takes this long has hung.
+    let limit = settings.duration * 4 + Duration::from_secs(60);
+    if args.runs(ScenarioName::Uncontended) {
+        runs.uncontended.resize_with(args.clients.len(), Vec::new);
+        for (i, &clients) in args.clients.iter().enumerate() {
+            progress.set_message(format!("{label}: uncontended, {clients} clients{of}"));
+            let outcome = bounded(limit, scenario::uncontended(target, clients, settings)).await;
+            match &outcome {
+                Ok((u, _)) => say(
+                    progress,
+                    format!(
+                        "{label}: uncontended C={clients}{of}: {} pairs/s, p50 {} p99 {}",
+                        stats::fmt_rate(u.pairs_per_sec),
+                        stats::fmt_us(u.latency.p50_us),
+                        stats::fmt_us(u.latency.p99_us)
+                    ),
+                ),
+                Err(error) => say(
+                    progress,
+                    format!("{label}: uncontended C={clients}{of} failed: {error}"),
+                ),
+            }
+            runs.uncontended[i].push(outcome.map(|(u, _)| u));
+            progress.inc(1);
         }
     }
+    if args.runs(ScenarioName::Handoff) {
+        progress.set_message(format!("{label}: handoff, {} waiters{of}", args.waiters));
+        let outcome = bounded(
+            limit,
+            scenario::contended(target, args.waiters, Duration::ZERO, "handoff", settings),
+        )
+        .await;
+        match &outcome {
+            Ok((h, _, _)) => say(
+                progress,
+                format!(
+                    "{label}: handoff{of}: {} transfers/s, p50 {} p99 {} max {}",
+                    stats::fmt_rate(h.grants_per_sec),
+                    stats::fmt_us(h.handoff.p50_us),
+                    stats::fmt_us(h.handoff.p99_us),
+                    stats::fmt_us(h.handoff.max_us)
+                ),
+            ),
+            Err(error) => say(progress, format!("{label}: handoff{of} failed: {error}")),
+        }
+        runs.handoff
+            .push(outcome.map(|(h, handoffs, _)| (h, handoffs)));
+        progress.inc(1);
+    }
+    if args.runs(ScenarioName::Fairness) {
+        progress.set_message(format!(
+            "{label}: fairness, {} clients{of}",
+            args.fair_clients
+        ));
+        let outcome = bounded(
+            limit,
+            scenario::contended(
+                target,
+                args.fair_clients,
+                args.fair_hold,
+                "fairness",
+                settings,
+            ),
+        )
+        .await;
+        match &outcome {
+            Ok((f, _, _)) => say(
+                progress,
+                format!(
+                    "{label}: fairness{of}: wait p50 {} p99 {} max {}, Jain {:.3}",
+                    stats::fmt_us(f.wait.p50_us),
+                    stats::fmt_us(f.wait.p99_us),
+                    stats::fmt_us(f.wait.max_us),
+                    f.jain
+                ),
+            ),
+            Err(error) => say(progress, format!("{label}: fairness{of} failed: {error}")),
+        }
+        runs.fairness.push(outcome.map(|(f, _, waits)| (f, waits)));
+        progress.inc(1);
+    }
+}
+
+/// The run with the median rate, and every run's rate; a failure in any run
+/// fails the scenario.
+fn median<T>(
+    runs: Vec<Result<T, String>>,
+    rate: impl Fn(&T) -> f64,
+) -> Result<(T, Vec<f64>), String> {
+    let mut done = runs.into_iter().collect::<Result<Vec<T>, String>>()?;
+    let rates: Vec<f64> = done.iter().map(&rate).collect();
+    done.sort_by(|a, b| rate(a).total_cmp(&rate(b)));
+    let middle = done.len() / 2;
+    Ok((done.swap_remove(middle), rates))
+}
+
+/// One backend's report from its rounds (the median round of each scenario).
+fn summarize(
+    target: &Target,
+    runs: Rounds,
+    args: &BenchArgs,
+    progress: &ProgressBar,
+    charts: &mut ChartData,
+) -> BackendReport {
+    let label = &target.label;
     let mut report = BackendReport {
         label: label.clone(),
         kind: target.kind,
@@ -423,150 +574,86 @@ async fn run_backend(
         fairness: None,
         scale: None,
     };
-    // Generous: a measurement that takes this long has hung.
-    let limit = settings.duration * 4 + Duration::from_secs(60);
-
-    if args.runs(ScenarioName::Uncontended) {
-        for &clients in &args.clients {
-            progress.set_message(format!("{label}: uncontended, {clients} clients"));
-            let outcome = median_of(
-                args.repeat,
-                limit,
-                || scenario::uncontended(target, clients, settings),
-                |(u, _)| u.pairs_per_sec,
-            )
-            .await;
-            let outcome = match outcome {
-                Ok(((mut u, _), rates)) => {
+    for per_count in runs.uncontended {
+        report
+            .uncontended
+            .push(match median(per_count, |u| u.pairs_per_sec) {
+                Ok((mut u, rates)) => {
                     u.runs = rates;
-                    say(
-                        progress,
-                        format!(
-                            "{label}: uncontended C={clients}: {} pairs/s, p50 {} p99 {}",
-                            stats::fmt_rate(u.pairs_per_sec),
-                            stats::fmt_us(u.latency.p50_us),
-                            stats::fmt_us(u.latency.p99_us)
-                        ),
-                    );
                     Outcome::Ok(u)
                 }
-                Err(error) => failed_line(progress, label, "uncontended", error),
-            };
-            report.uncontended.push(outcome);
-            progress.inc(1);
-        }
+                Err(error) => Outcome::Failed { error },
+            });
     }
     if args.runs(ScenarioName::Handoff) {
-        progress.set_message(format!("{label}: handoff, {} waiters", args.waiters));
-        let outcome = median_of(
-            args.repeat,
-            limit,
-            || scenario::contended(target, args.waiters, Duration::ZERO, "handoff", settings),
-            |(h, _, _)| h.grants_per_sec,
-        )
-        .await;
-        report.handoff = Some(match outcome {
-            Ok(((mut h, handoffs, _), rates)) => {
+        report.handoff = Some(match median(runs.handoff, |(h, _)| h.grants_per_sec) {
+            Ok(((mut h, handoffs), rates)) => {
                 h.runs = rates;
-                say(
-                    progress,
-                    format!(
-                        "{label}: handoff: {} transfers/s, p50 {} p99 {} max {}",
-                        stats::fmt_rate(h.grants_per_sec),
-                        stats::fmt_us(h.handoff.p50_us),
-                        stats::fmt_us(h.handoff.p99_us),
-                        stats::fmt_us(h.handoff.max_us)
-                    ),
-                );
                 charts.handoff.push((label.clone(), handoffs));
                 Outcome::Ok(h)
             }
             Err(error) => failed_line(progress, label, "handoff", error),
         });
-        progress.inc(1);
     }
     if args.runs(ScenarioName::Fairness) {
-        progress.set_message(format!("{label}: fairness, {} clients", args.fair_clients));
-        let outcome = median_of(
-            args.repeat,
-            limit,
-            || {
-                scenario::contended(
-                    target,
-                    args.fair_clients,
-                    args.fair_hold,
-                    "fairness",
-                    settings,
-                )
-            },
-            |(f, _, _)| f.grants_per_sec,
-        )
-        .await;
-        report.fairness = Some(match outcome {
-            Ok(((mut f, _, waits), rates)) => {
+        report.fairness = Some(match median(runs.fairness, |(f, _)| f.grants_per_sec) {
+            Ok(((mut f, waits), rates)) => {
                 f.runs = rates;
-                say(
-                    progress,
-                    format!(
-                        "{label}: fairness: wait p50 {} p99 {} max {}, Jain {:.3}",
-                        stats::fmt_us(f.wait.p50_us),
-                        stats::fmt_us(f.wait.p99_us),
-                        stats::fmt_us(f.wait.max_us),
-                        f.jain
-                    ),
-                );
                 charts.waits.push((label.clone(), waits));
                 Outcome::Ok(f)
             }
             Err(error) => failed_line(progress, label, "fairness", error),
         });
-        progress.inc(1);
-    }
-    if args.runs(ScenarioName::Scale) {
-        let locks = args.scale_count(target.kind);
-        progress.set_message(format!("{label}: scale, {locks} locks"));
-        // Scale gets its own, longer limit: a million locks take a while anywhere.
-        let scale_limit = Duration::from_secs(120) + Duration::from_millis(locks);
-        let outcome = bounded(
-            scale_limit,
-            scenario::scale(target, locks, args.scale_concurrency, settings, progress),
-        )
-        .await;
-        report.scale = Some(match outcome {
-            Ok(d) => {
-                say(
-                    progress,
-                    format!(
-                        "{label}: scale: {} locks in {:.2} s ({} /s), memory {}",
-                        d.locks,
-                        d.hold_secs,
-                        stats::fmt_rate(d.holds_per_sec),
-                        d.memory_held
-                            .map_or("n/a".into(), |m| stats::fmt_bytes(m as f64))
-                    ),
-                );
-                Outcome::Ok(d)
-            }
-            Err(error) => failed_line(progress, label, "scale", error),
-        });
-        progress.inc(1);
     }
     report
 }
 
-fn step_count(args: &BenchArgs) -> u64 {
+/// Scenario (d) against one backend.
+async fn run_scale(
+    target: &Target,
+    args: &BenchArgs,
+    settings: &Settings,
+    progress: &ProgressBar,
+) -> Outcome<Scale> {
+    let label = &target.label;
+    let locks = args.scale_count(target.kind);
+    progress.set_message(format!("{label}: scale, {locks} locks"));
+    // Scale gets its own, longer limit: a million locks take a while anywhere.
+    let limit = Duration::from_secs(120) + Duration::from_millis(locks);
+    match bounded(
+        limit,
+        scenario::scale(target, locks, args.scale_concurrency, settings, progress),
+    )
+    .await
+    {
+        Ok(d) => {
+            say(
+                progress,
+                format!(
+                    "{label}: scale: {} locks in {:.2} s ({} /s), memory {}",
+                    d.locks,
+                    d.hold_secs,
+                    stats::fmt_rate(d.holds_per_sec),
+                    d.memory_held
+                        .map_or("n/a".into(), |m| stats::fmt_bytes(m as f64))
+                ),
+            );
+            Outcome::Ok(d)
+        }
+        Err(error) => failed_line(progress, label, "scale", error),
+    }
+}
+
+/// Timed measurements in one round.
+fn timed_steps(args: &BenchArgs) -> u64 {
     (if args.runs(ScenarioName::Uncontended) {
         args.clients.len()
     } else {
         0
-    } + [
-        ScenarioName::Handoff,
-        ScenarioName::Fairness,
-        ScenarioName::Scale,
-    ]
-    .iter()
-    .filter(|s| args.runs(**s))
-    .count()) as u64
+    } + [ScenarioName::Handoff, ScenarioName::Fairness]
+        .iter()
+        .filter(|s| args.runs(**s))
+        .count()) as u64
 }
 
 /// Prints a line above the progress bar (or plainly, when stderr is not a
@@ -587,28 +674,6 @@ fn failed_line<T>(
 ) -> Outcome<T> {
     say(progress, format!("{label}: {scenario} failed: {error}"));
     Outcome::Failed { error }
-}
-
-/// Runs a timed measurement `repeat` times (each within `limit`) and keeps the
-/// run with the median rate, with every run's rate: on a shared machine one run
-/// can be off by a wide margin.
-async fn median_of<T, Fut>(
-    repeat: usize,
-    limit: Duration,
-    mut run: impl FnMut() -> Fut,
-    rate: impl Fn(&T) -> f64,
-) -> Result<(T, Vec<f64>), String>
-where
-    Fut: std::future::Future<Output = Result<T, String>>,
-{
-    let mut results = Vec::new();
-    for _ in 0..repeat.max(1) {
-        results.push(bounded(limit, run()).await?);
-    }
-    let rates: Vec<f64> = results.iter().map(&rate).collect();
-    results.sort_by(|a, b| rate(a).total_cmp(&rate(b)));
-    let median = results.swap_remove(results.len() / 2);
-    Ok((median, rates))
 }
 
 /// Runs a scenario with a time limit.

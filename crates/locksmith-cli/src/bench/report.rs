@@ -57,6 +57,11 @@ pub struct Machine {
     pub load_at_start: f64,
     /// The 1-minute load average when the run ended.
     pub load_at_end: f64,
+    /// Median latency of a 4 KiB write + `fdatasync` in the temporary
+    /// directory (where the servers keep their data) when the run started (µs).
+    pub fsync_us_at_start: Option<f64>,
+    /// The same when the run ended (µs).
+    pub fsync_us_at_end: Option<f64>,
 }
 
 impl Machine {
@@ -83,6 +88,8 @@ impl Machine {
         Machine {
             load_at_start: load_average(),
             load_at_end: load_average(),
+            fsync_us_at_start: None,
+            fsync_us_at_end: None,
             nproc: std::thread::available_parallelism().map_or(1, |n| n.get()),
             cpu,
             ram_bytes,
@@ -95,16 +102,35 @@ impl Machine {
     /// load average 0.3 at the start and 1.9 at the end`.
     pub fn line(&self) -> String {
         format!(
-            "{} CPUs ({}), {} RAM, {}, Linux {}; load average {:.1} at the start, {:.1} at the end",
+            "{} CPUs ({}), {} RAM, {}, Linux {}; load average {:.1} at the start, {:.1} at the end; \
+             4 KiB write + fdatasync p50 {} at the start, {} at the end",
             self.nproc,
             self.cpu,
             fmt_bytes(self.ram_bytes as f64),
             self.os,
             self.kernel,
             self.load_at_start,
-            self.load_at_end
+            self.load_at_end,
+            self.fsync_us_at_start.map_or("n/a".into(), fmt_us),
+            self.fsync_us_at_end.map_or("n/a".into(), fmt_us),
         )
     }
+}
+
+/// The median latency of a 4 KiB write + `fdatasync` in the temporary
+/// directory, over 50 tries (µs). Blocking.
+pub fn fsync_probe() -> Option<f64> {
+    use std::io::Write;
+    let file = tempfile::NamedTempFile::new().ok()?;
+    let mut samples = super::stats::Samples::new();
+    let block = [0u8; 4096];
+    for _ in 0..50 {
+        let start = std::time::Instant::now();
+        (&mut file.as_file()).write_all(&block).ok()?;
+        file.as_file().sync_data().ok()?;
+        samples.push(start.elapsed());
+    }
+    Some(samples.quantile(0.5).as_nanos() as f64 / 1_000.0)
 }
 
 /// The 1-minute load average (0 where unknown).
@@ -250,8 +276,7 @@ impl Report {
         if !setups.is_empty() {
             let _ = writeln!(
                 md,
-                "\nEvery server runs alone on loopback, started for its turn and stopped after it, \
-                 durable as in production:\n\n{}",
+                "\nEvery server runs on loopback, started by the bench, durable as in production:\n\n{}",
                 setups.join("\n")
             );
         }
@@ -261,7 +286,8 @@ impl Report {
             s.duration_ms,
             if s.repeat > 1 {
                 format!(
-                    ", {} times: the tables show the run with the median rate (every run's rate is in report.json)",
+                    ", in {} rounds (each round measures every backend in turn): the tables show each \
+                     backend's median round (every round's rate is in report.json)",
                     s.repeat
                 )
             } else {
@@ -289,55 +315,61 @@ impl Report {
         }
 
         // (a)
-        let _ = writeln!(
-            md,
-            "\n### (a) Uncontended: acquire + release pairs per second\n\n\
+        if self.backends.iter().any(|b| !b.uncontended.is_empty()) {
+            let _ = writeln!(
+                md,
+                "\n### (a) Uncontended: acquire + release pairs per second\n\n\
              C clients, each its own connection, each looping on a lock of its own.\n"
-        );
-        let mut header = String::from("| backend |");
-        let mut rule = String::from("|---|");
-        for c in &s.clients {
-            let _ = write!(header, " C={c} pairs/s |");
+            );
+            let mut header = String::from("| backend |");
+            let mut rule = String::from("|---|");
+            for c in &s.clients {
+                let _ = write!(header, " C={c} pairs/s |");
+                rule.push_str("---:|");
+            }
+            header.push_str(" p50 / p99 pair latency (C=1) |");
             rule.push_str("---:|");
-        }
-        header.push_str(" p50 / p99 pair latency (C=1) |");
-        rule.push_str("---:|");
-        let _ = writeln!(md, "{header}\n{rule}");
-        for b in &self.backends {
-            let mut row = format!("| {} |", b.label);
-            for (i, outcome) in b.uncontended.iter().enumerate() {
-                let base = reference
-                    .and_then(|r| r.uncontended.get(i))
-                    .and_then(Outcome::ok)
-                    .map(|u| u.pairs_per_sec);
-                let _ = write!(
-                    row,
-                    " {} |",
-                    outcome.cell(|u| with_ratio(fmt_rate(u.pairs_per_sec), u.pairs_per_sec, base))
-                );
-            }
-            for _ in b.uncontended.len()..s.clients.len() {
-                row.push_str(" – |");
-            }
-            let latency = b
-                .uncontended
-                .first()
-                .map(|o| {
-                    o.cell(|u| {
-                        format!(
-                            "{} / {}",
-                            fmt_us(u.latency.p50_us),
-                            fmt_us(u.latency.p99_us)
-                        )
+            let _ = writeln!(md, "{header}\n{rule}");
+            for b in &self.backends {
+                let mut row = format!("| {} |", b.label);
+                for (i, outcome) in b.uncontended.iter().enumerate() {
+                    let base = reference
+                        .and_then(|r| r.uncontended.get(i))
+                        .and_then(Outcome::ok)
+                        .map(|u| u.pairs_per_sec);
+                    let _ = write!(
+                        row,
+                        " {} |",
+                        outcome.cell(|u| with_ratio(
+                            fmt_rate(u.pairs_per_sec),
+                            u.pairs_per_sec,
+                            base
+                        ))
+                    );
+                }
+                for _ in b.uncontended.len()..s.clients.len() {
+                    row.push_str(" – |");
+                }
+                let latency = b
+                    .uncontended
+                    .first()
+                    .map(|o| {
+                        o.cell(|u| {
+                            format!(
+                                "{} / {}",
+                                fmt_us(u.latency.p50_us),
+                                fmt_us(u.latency.p99_us)
+                            )
+                        })
                     })
-                })
-                .unwrap_or_else(|| "–".into());
-            let _ = writeln!(row, " {latency} |");
-            md.push_str(&row);
+                    .unwrap_or_else(|| "–".into());
+                let _ = writeln!(row, " {latency} |");
+                md.push_str(&row);
+            }
         }
-
         // (b)
-        let _ = writeln!(
+        if self.backends.iter().any(|b| b.handoff.is_some()) {
+            let _ = writeln!(
             md,
             "\n### (b) Contended handoff: {} waiters on one lock, no hold time\n\n\
              Handoff = from the moment the holder calls release to the moment the next \
@@ -346,40 +378,41 @@ impl Report {
              |---|---:|---:|---:|---:|---:|",
             s.waiters
         );
-        for b in &self.backends {
-            let Some(outcome) = &b.handoff else { continue };
-            let base = reference.and_then(|r| r.handoff.as_ref()?.ok().cloned());
-            let row = match outcome {
-                Outcome::Ok(h) => format!(
-                    "| {} | {} | {} | {} | {} | {:.0} % |",
-                    b.label,
-                    with_ratio(
-                        fmt_rate(h.grants_per_sec),
-                        h.grants_per_sec,
-                        base.as_ref().map(|r| r.grants_per_sec)
+            for b in &self.backends {
+                let Some(outcome) = &b.handoff else { continue };
+                let base = reference.and_then(|r| r.handoff.as_ref()?.ok().cloned());
+                let row = match outcome {
+                    Outcome::Ok(h) => format!(
+                        "| {} | {} | {} | {} | {} | {:.0} % |",
+                        b.label,
+                        with_ratio(
+                            fmt_rate(h.grants_per_sec),
+                            h.grants_per_sec,
+                            base.as_ref().map(|r| r.grants_per_sec)
+                        ),
+                        with_ratio(
+                            fmt_us(h.handoff.p50_us),
+                            h.handoff.p50_us,
+                            base.as_ref().map(|r| r.handoff.p50_us)
+                        ),
+                        with_ratio(
+                            fmt_us(h.handoff.p99_us),
+                            h.handoff.p99_us,
+                            base.as_ref().map(|r| r.handoff.p99_us)
+                        ),
+                        fmt_us(h.handoff.max_us),
+                        h.self_regrant_ratio * 100.0
                     ),
-                    with_ratio(
-                        fmt_us(h.handoff.p50_us),
-                        h.handoff.p50_us,
-                        base.as_ref().map(|r| r.handoff.p50_us)
-                    ),
-                    with_ratio(
-                        fmt_us(h.handoff.p99_us),
-                        h.handoff.p99_us,
-                        base.as_ref().map(|r| r.handoff.p99_us)
-                    ),
-                    fmt_us(h.handoff.max_us),
-                    h.self_regrant_ratio * 100.0
-                ),
-                Outcome::Failed { error } => {
-                    format!("| {} | failed: {} | | | | |", b.label, short(error))
-                }
-            };
-            let _ = writeln!(md, "{row}");
+                    Outcome::Failed { error } => {
+                        format!("| {} | failed: {} | | | | |", b.label, short(error))
+                    }
+                };
+                let _ = writeln!(md, "{row}");
+            }
         }
-
         // (c)
-        let _ = writeln!(
+        if self.backends.iter().any(|b| b.fairness.is_some()) {
+            let _ = writeln!(
             md,
             "\n### (c) Fairness: {} clients on one lock, each holding it {}\n\n\
              Wait = from the acquire call to its return. Jain's index of grants per client: \
@@ -389,38 +422,39 @@ impl Report {
             s.fair_clients,
             fmt_us(s.fair_hold_us as f64)
         );
-        for b in &self.backends {
-            let Some(outcome) = &b.fairness else { continue };
-            let base = reference.and_then(|r| r.fairness.as_ref()?.ok().cloned());
-            let row = match outcome {
-                Outcome::Ok(f) => format!(
-                    "| {} | {} | {} | {} | {} | {:.3} | {}–{} |",
-                    b.label,
-                    with_ratio(
-                        fmt_rate(f.grants_per_sec),
-                        f.grants_per_sec,
-                        base.as_ref().map(|r| r.grants_per_sec)
+            for b in &self.backends {
+                let Some(outcome) = &b.fairness else { continue };
+                let base = reference.and_then(|r| r.fairness.as_ref()?.ok().cloned());
+                let row = match outcome {
+                    Outcome::Ok(f) => format!(
+                        "| {} | {} | {} | {} | {} | {:.3} | {}–{} |",
+                        b.label,
+                        with_ratio(
+                            fmt_rate(f.grants_per_sec),
+                            f.grants_per_sec,
+                            base.as_ref().map(|r| r.grants_per_sec)
+                        ),
+                        fmt_us(f.wait.p50_us),
+                        with_ratio(
+                            fmt_us(f.wait.p99_us),
+                            f.wait.p99_us,
+                            base.as_ref().map(|r| r.wait.p99_us)
+                        ),
+                        fmt_us(f.wait.max_us),
+                        f.jain,
+                        f.per_client.iter().min().unwrap_or(&0),
+                        f.per_client.iter().max().unwrap_or(&0),
                     ),
-                    fmt_us(f.wait.p50_us),
-                    with_ratio(
-                        fmt_us(f.wait.p99_us),
-                        f.wait.p99_us,
-                        base.as_ref().map(|r| r.wait.p99_us)
-                    ),
-                    fmt_us(f.wait.max_us),
-                    f.jain,
-                    f.per_client.iter().min().unwrap_or(&0),
-                    f.per_client.iter().max().unwrap_or(&0),
-                ),
-                Outcome::Failed { error } => {
-                    format!("| {} | failed: {} | | | | | |", b.label, short(error))
-                }
-            };
-            let _ = writeln!(md, "{row}");
+                    Outcome::Failed { error } => {
+                        format!("| {} | failed: {} | | | | | |", b.label, short(error))
+                    }
+                };
+                let _ = writeln!(md, "{row}");
+            }
         }
-
         // (d)
-        let _ = writeln!(
+        if self.backends.iter().any(|b| b.scale.is_some()) {
+            let _ = writeln!(
             md,
             "\n### (d) Scale: one client holding many locks at once\n\n\
              Acquires run {} at a time over one client. Memory is the server's (the PSS of its \
@@ -431,47 +465,47 @@ impl Report {
              |---|---:|---:|---:|---:|---:|---:|",
             s.scale_concurrency
         );
-        for b in &self.backends {
-            let Some(outcome) = &b.scale else { continue };
-            let base = reference.and_then(|r| r.scale.as_ref()?.ok().cloned());
-            let row = match outcome {
-                Outcome::Ok(d) => format!(
-                    "| {} | {}{} | {:.2} s | {} | {:.2} s | {} | {} |",
-                    b.label,
-                    fmt_rate(d.locks as f64),
-                    if d.lost_at_peak > 0 || d.release_errors > 0 {
-                        format!(
-                            " ({} lost before the last was granted, {} failed to release)",
-                            fmt_rate(d.lost_at_peak as f64),
-                            fmt_rate(d.release_errors as f64)
-                        )
-                    } else {
-                        String::new()
-                    },
-                    d.hold_secs,
-                    with_ratio(
-                        fmt_rate(d.holds_per_sec),
-                        d.holds_per_sec,
-                        base.as_ref().map(|r| r.holds_per_sec)
-                    ),
-                    d.release_secs,
-                    d.memory_held.map_or("n/a".into(), |m| fmt_bytes(m as f64)),
-                    match d.bytes_per_lock {
-                        Some(per) => with_ratio(
-                            format!("{per:.0} B"),
-                            per,
-                            base.as_ref().and_then(|r| r.bytes_per_lock)
+            for b in &self.backends {
+                let Some(outcome) = &b.scale else { continue };
+                let base = reference.and_then(|r| r.scale.as_ref()?.ok().cloned());
+                let row = match outcome {
+                    Outcome::Ok(d) => format!(
+                        "| {} | {}{} | {:.2} s | {} | {:.2} s | {} | {} |",
+                        b.label,
+                        fmt_rate(d.locks as f64),
+                        if d.lost_at_peak > 0 || d.release_errors > 0 {
+                            format!(
+                                " ({} lost before the last was granted, {} failed to release)",
+                                fmt_rate(d.lost_at_peak as f64),
+                                fmt_rate(d.release_errors as f64)
+                            )
+                        } else {
+                            String::new()
+                        },
+                        d.hold_secs,
+                        with_ratio(
+                            fmt_rate(d.holds_per_sec),
+                            d.holds_per_sec,
+                            base.as_ref().map(|r| r.holds_per_sec)
                         ),
-                        None => "n/a".into(),
-                    },
-                ),
-                Outcome::Failed { error } => {
-                    format!("| {} | failed: {} | | | | | |", b.label, short(error))
-                }
-            };
-            let _ = writeln!(md, "{row}");
+                        d.release_secs,
+                        d.memory_held.map_or("n/a".into(), |m| fmt_bytes(m as f64)),
+                        match d.bytes_per_lock {
+                            Some(per) => with_ratio(
+                                format!("{per:.0} B"),
+                                per,
+                                base.as_ref().and_then(|r| r.bytes_per_lock)
+                            ),
+                            None => "n/a".into(),
+                        },
+                    ),
+                    Outcome::Failed { error } => {
+                        format!("| {} | failed: {} | | | | | |", b.label, short(error))
+                    }
+                };
+                let _ = writeln!(md, "{row}");
+            }
         }
-
         if !charts.is_empty() {
             md.push_str("\n### Charts\n\n");
             for (file, title) in charts {
