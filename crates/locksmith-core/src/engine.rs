@@ -440,6 +440,35 @@ impl Engine {
 
     // ----- acquire -----
 
+    /// Refuses an acquire that would take `session` past its holds limit.
+    ///
+    /// Queued requests count too, since each becomes holds when granted:
+    /// otherwise a session could pass the limit by queueing. Counting them
+    /// exactly walks the session's waiters, so it only happens when the cheap
+    /// upper bound (every waiter naming the most names an acquire may) says
+    /// the limit is near.
+    fn check_holds_limit(&self, session: SessionId, new_holds: usize) -> Result<(), EngineError> {
+        let limit = self.limits.max_holds_per_session;
+        let entry = &self.sessions[&session];
+        let committed = entry.holds.len() + new_holds;
+        let pending_bound = entry.waiting.len() * self.limits.max_names_per_acquire;
+        if committed + pending_bound <= limit {
+            return Ok(());
+        }
+        let mut pending: FxHashSet<LockId> = FxHashSet::default();
+        for request in &entry.waiting {
+            let waiter = &self.waiters[&(session, *request)];
+            pending.extend(waiter.locks.iter().filter(|l| !entry.holds.contains(l)));
+        }
+        if committed + pending.len() > limit {
+            return Err(EngineError::LimitReached {
+                what: "holds per session",
+                limit: limit as u64,
+            });
+        }
+        Ok(())
+    }
+
     fn acquire(
         &mut self,
         now: Millis,
@@ -504,13 +533,7 @@ impl Engine {
             grantable &= queue_clear && !lock.delayed(now) && lock.holders_admit(a.mode);
         }
         if a.session != SessionId::NONE {
-            let held = self.sessions[&a.session].holds.len();
-            if held + new_holds > self.limits.max_holds_per_session {
-                return Err(EngineError::LimitReached {
-                    what: "holds per session",
-                    limit: self.limits.max_holds_per_session as u64,
-                });
-            }
+            self.check_holds_limit(a.session, new_holds)?;
         }
 
         if !grantable {

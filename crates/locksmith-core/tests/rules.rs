@@ -1319,7 +1319,16 @@ fn limits_give_limit_reached_and_out_of_range() {
         limit: 2,
     };
     h.err(2, acq(1, 4, "o", &["c"]), holds.clone());
-    h.err(2, acq(1, 4, "o", &["b", "c"]), holds);
+    h.err(2, acq(1, 4, "o", &["b", "c"]), holds.clone());
+    // Queued requests count: they become holds when granted.
+    h.ok(2, acq(2, 1, "o2", &["q"]));
+    assert_eq!(h.ok(2, acq(4, 1, "w", &["q"])), [queued(4, 1, 0)]);
+    h.err(2, acq(4, 2, "w", &["r", "s"]), holds.clone());
+    h.ok(2, acq(4, 3, "w", &["r"]));
+    h.err(2, acq(4, 4, "w", &["s"]), holds);
+    h.ok(2, cancel(4, 1));
+    h.ok(2, release(4, "w", "r"));
+    h.ok(2, release(2, "o2", "q"));
 
     // Waiters per lock.
     assert_eq!(h.ok(3, acq(2, 1, "w", &["a"])), [queued(2, 1, 0)]);
