@@ -677,3 +677,111 @@ fn signal(pid: &str, signal: &str) {
         .expect("kill");
     assert!(status.success(), "kill -{signal} {pid}");
 }
+
+/// Whether process `pid` has SIGALRM pending (`ShdPnd` of /proc/<pid>/status):
+/// a stopped backend whose lock_timeout timer has fired.
+fn alarm_pending(pid: &str) -> bool {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("ShdPnd:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .is_some_and(|mask| mask & (1 << (SIGALRM - 1)) != 0)
+}
+
+/// SIGALRM's number on Linux.
+const SIGALRM: u32 = 14;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_that_races_lock_timeout_is_kept() {
+    // PostgreSQL can grant a waiting lock and still report lock_timeout
+    // (SQLSTATE 55P03): the releasing backend grants the waiter, and the
+    // waiter, waking up, handles its pending timeout before it looks at the
+    // grant. A session-level advisory lock then stays held after the error.
+    // Forced here by stopping the waiting backend (SIGSTOP) across both
+    // events: the grant, then its lock_timeout timer firing.
+    use locksmith::backend::{AcquireRequest, Backend};
+    let pg = shared().await;
+    let holder = connect(&pg.url(), Duration::from_secs(30)).await;
+    let name = unique("timeout-race");
+    let key = advisory_key(&name);
+    let held = holder.lock(name.as_str()).acquire().await.unwrap();
+    // The backend itself: the client's own timer would drop the wait when
+    // the deadline passes, before the stopped server could answer.
+    let backend = locksmith::postgres::PostgresBackend::connect(
+        &pg.url(),
+        &ConnectOptions {
+            session_ttl: Duration::from_secs(30),
+            ..ConnectOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    let request = AcquireRequest {
+        names: vec![name.clone()],
+        mode: Mode::Exclusive,
+        owner: "racer".into(),
+        wait: Wait::For(Duration::from_millis(500)),
+        lease: None,
+        reentrant: false,
+        lock_delay: Duration::ZERO,
+    };
+    let backend = std::sync::Arc::new(backend);
+    let waiting = tokio::spawn({
+        let backend = backend.clone();
+        async move { backend.acquire(&request).await }
+    });
+    let find_waiter = format!(
+        "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+         AND query LIKE '/*locksmith:wait key={key} %'"
+    );
+    until("the waiter blocks in the lock queue", || async {
+        !query(pg, &find_waiter).await.is_empty()
+    })
+    .await;
+    let waiter_pid = query(pg, &find_waiter).await;
+    signal(&waiter_pid, "STOP");
+    let held_token = held.fencing_token();
+    held.release().await.unwrap();
+    until("the stopped waiter is granted the key", || async {
+        query(
+            pg,
+            &format!(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
+                 AND pid = {waiter_pid} AND objid = ({key}::bigint & 4294967295)::oid \
+                 AND classid = (({key}::bigint >> 32) & 4294967295)::oid"
+            ),
+        )
+        .await
+            == "1"
+    })
+    .await;
+    until("the stopped waiter's lock_timeout fires", || async {
+        alarm_pending(&waiter_pid)
+    })
+    .await;
+    signal(&waiter_pid, "CONT");
+    let grant = timeout(Duration::from_secs(20), waiting)
+        .await
+        .expect("the wait ends")
+        .unwrap()
+        .expect("the grant that raced lock_timeout is kept, not reported as a timeout")
+        .expect("granted");
+    assert!(grant.tokens[0] > held_token);
+    assert!(holder
+        .lock(name.as_str())
+        .try_acquire()
+        .await
+        .unwrap()
+        .is_none());
+    let info = holder.describe(&name).await.unwrap().expect("held");
+    assert_eq!(info.holders.len(), 1, "{info:?}");
+    assert_eq!(info.holders[0].owner, "racer");
+    grant.hold.release().await.unwrap();
+    assert!(holder
+        .lock(name.as_str())
+        .try_acquire()
+        .await
+        .unwrap()
+        .is_some());
+}
