@@ -20,7 +20,8 @@
 //!
 //! `cargo bench -p locksmith-server --bench server` (N = `LOCKSMITH_BENCH_SECS`,
 //! default 5). For profiling: `LOCKSMITH_BENCH_IN_MEMORY=1` runs the server
-//! without its log, `LOCKSMITH_BENCH_ONLY_SERVER=1` skips the Redis runs.
+//! without its log, `LOCKSMITH_BENCH_ONLY_SERVER=1` skips the Redis runs,
+//! `LOCKSMITH_BENCH_ONLY=a64|a1|b` runs only that locksmith scenario.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -438,21 +439,58 @@ fn main() -> Result<(), BoxError> {
         }
     };
     clients.block_on(async {
-        let s0 = server.stats();
-        let ls_a = locksmith_pairs(&url, 64, false, duration).await?;
-        let s1 = server.stats();
-        eprintln!("(a) locksmith, 64 connections: {}", delta(s1, s0));
-        let ls_a_shared = locksmith_pairs(&url, 64, true, duration).await?;
-        let s2 = server.stats();
-        eprintln!("(a) locksmith, 1 connection: {}", delta(s2, s1));
-        let ls_b = locksmith_handoff(&url, 16, duration).await?;
-        let s3 = server.stats();
-        eprintln!("(b) locksmith: {}", delta(s3, s2));
+        // For profiling one scenario: LOCKSMITH_BENCH_ONLY=a64|a1|b.
+        let only = std::env::var("LOCKSMITH_BENCH_ONLY").ok();
+        let runs = |scenario: &str| only.as_deref().is_none_or(|o| o == scenario);
+        let skipped = || Throughput {
+            per_second: f64::NAN,
+            p50_us: f64::NAN,
+            p99_us: f64::NAN,
+            cpu_us: f64::NAN,
+        };
+        let mut stats = server.stats();
+        let mut report = |label: &str| {
+            let now = server.stats();
+            eprintln!("{label}: {}", delta(now, stats));
+            stats = now;
+        };
+        let ls_a = if runs("a64") {
+            let t = locksmith_pairs(&url, 64, false, duration).await?;
+            report("(a) locksmith, 64 connections");
+            t
+        } else {
+            skipped()
+        };
+        let ls_a_shared = if runs("a1") {
+            let t = locksmith_pairs(&url, 64, true, duration).await?;
+            report("(a) locksmith, 1 connection");
+            t
+        } else {
+            skipped()
+        };
+        let ls_b = if runs("b") {
+            let h = locksmith_handoff(&url, 16, duration).await?;
+            report("(b) locksmith");
+            h
+        } else {
+            Handoff {
+                transfers_per_second: f64::NAN,
+                p50_us: f64::NAN,
+                p99_us: f64::NAN,
+                cpu_us: f64::NAN,
+            }
+        };
+        for (label, t) in [("64 connections", &ls_a), ("1 connection", &ls_a_shared)] {
+            eprintln!(
+                "(a) locksmith, {label}: {:.0} pairs/s, p50 {:.0} µs, p99 {:.0} µs, {:.1} µs CPU per pair",
+                t.per_second, t.p50_us, t.p99_us, t.cpu_us
+            );
+        }
         eprintln!(
-            "locksmith CPU per op: (a) {:.0} / {:.0} µs per pair, (b) {:.0} µs per transfer",
-            ls_a.cpu_us, ls_a_shared.cpu_us, ls_b.cpu_us
+            "(b) locksmith: {:.0} transfers/s, handoff p50 {:.0} µs, p99 {:.0} µs, {:.1} µs CPU per transfer",
+            ls_b.transfers_per_second, ls_b.p50_us, ls_b.p99_us, ls_b.cpu_us
         );
-        if std::env::var_os("LOCKSMITH_BENCH_ONLY_SERVER").is_some() {
+        if std::env::var_os("LOCKSMITH_BENCH_ONLY_SERVER").is_some() || only.is_some() {
             return Ok(());
         }
         redis_mode(false)?;
