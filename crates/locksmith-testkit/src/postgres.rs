@@ -49,6 +49,9 @@ const DATABASE: &str = "postgres";
 /// let pg = Postgres::start();
 /// assert_eq!(pg.query("select 1").unwrap(), "1");
 /// ```
+///
+/// [`Postgres::start_tls`] starts one that also speaks TLS, with a certificate
+/// of its own CA ([`Postgres::ca_cert`]).
 #[derive(Debug)]
 pub struct Postgres {
     // Declared first so it is dropped (killed) before the directory is removed.
@@ -56,6 +59,7 @@ pub struct Postgres {
     port: u16,
     dir: TempDir,
     bin_dir: PathBuf,
+    ca_cert: Option<PathBuf>,
 }
 
 impl Postgres {
@@ -69,6 +73,26 @@ impl Postgres {
 
     /// Like [`Postgres::start`], returning the error instead of panicking.
     pub fn try_start() -> Result<Postgres> {
+        Self::try_start_with(false)
+    }
+
+    /// Like [`Postgres::start`], with TLS on (`ssl=on`): the server's
+    /// certificate, for `localhost` only (not `127.0.0.1`, so a client that
+    /// checks host names against [`url`](Postgres::url) must refuse it), is
+    /// signed by a CA made for this server ([`ca_cert`](Postgres::ca_cert)).
+    /// Clients may still connect without TLS; `pg_stat_ssl` tells which did.
+    /// Needs `openssl`.
+    #[track_caller]
+    pub fn start_tls() -> Postgres {
+        crate::or_panic(Self::try_start_with(true))
+    }
+
+    /// Like [`Postgres::start_tls`], returning the error instead of panicking.
+    pub fn try_start_tls() -> Result<Postgres> {
+        Self::try_start_with(true)
+    }
+
+    fn try_start_with(tls: bool) -> Result<Postgres> {
         let bin_dir = bin_dir()?;
         let initdb = tool(&bin_dir, "initdb", "postgresql")?;
         let postgres = tool(&bin_dir, "postgres", "postgresql")?;
@@ -93,6 +117,11 @@ impl Postgres {
                 .env("LC_ALL", "C"),
             user,
         )?;
+        let tls_files = if tls {
+            Some(make_certificates(&dir.path().join("tls"), user)?)
+        } else {
+            None
+        };
         let (process, port) = retry_on_port_clash(|| {
             let port = free_port();
             let mut spec = ProcessSpec::new(
@@ -110,9 +139,18 @@ impl Postgres {
             .args(["-c", "listen_addresses=127.0.0.1"])
             .args(["-c", "max_connections=200"])
             .args(["-c", "shared_buffers=32MB"])
-            .args(["-c", "logging_collector=off"])
-            // SIGINT is PostgreSQL's "fast" shutdown: roll back, checkpoint, exit.
-            .stop_signal(libc::SIGINT, Duration::from_secs(30));
+            .args(["-c", "logging_collector=off"]);
+            if let Some(files) = &tls_files {
+                spec = spec
+                    .args(["-c", "ssl=on"])
+                    .arg("-c")
+                    .arg(format!("ssl_cert_file={}", files.server_cert.display()))
+                    .arg("-c")
+                    .arg(format!("ssl_key_file={}", files.server_key.display()));
+            }
+            spec = spec
+                // SIGINT is PostgreSQL's "fast" shutdown: roll back, checkpoint, exit.
+                .stop_signal(libc::SIGINT, Duration::from_secs(30));
             if let Some((uid, gid)) = user {
                 spec = spec.user(uid, gid);
             }
@@ -125,6 +163,7 @@ impl Postgres {
             port,
             dir,
             bin_dir,
+            ca_cert: tls_files.map(|files| files.ca_cert),
         })
     }
 
@@ -165,6 +204,12 @@ impl Postgres {
     /// `postgres://postgres@127.0.0.1:<port>/postgres`.
     pub fn url(&self) -> String {
         format!("postgres://{USER}@{}:{}/{DATABASE}", crate::HOST, self.port)
+    }
+
+    /// The CA certificate (PEM) that signed the server's certificate, for a
+    /// server started with [`Postgres::start_tls`].
+    pub fn ca_cert(&self) -> Option<&Path> {
+        self.ca_cert.as_deref()
     }
 
     /// The directory holding `postgres`, `initdb` (and usually `psql`) in use.
@@ -228,6 +273,89 @@ fn bin_dir() -> Result<PathBuf> {
             looked_in: format!("on PATH or in {DEBIAN_PG_DIR}/*/bin"),
             package: "postgresql".into(),
         })
+}
+
+/// The certificate files of a TLS server.
+struct TlsFiles {
+    ca_cert: PathBuf,
+    server_cert: PathBuf,
+    server_key: PathBuf,
+}
+
+/// Makes a CA and a certificate for `localhost` signed by it in `dir` (P-256
+/// keys, valid for ten years), with `openssl` run as the server's user, since
+/// PostgreSQL only reads a key that its own user owns with mode 0600.
+fn make_certificates(dir: &Path, user: Option<(u32, u32)>) -> Result<TlsFiles> {
+    let openssl = find_on_path("openssl").ok_or_else(|| not_installed("openssl", "openssl"))?;
+    fs::create_dir(dir).map_err(|e| Error::io(format!("cannot create {}", dir.display()), e))?;
+    if let Some((uid, gid)) = user {
+        chown(dir, Some(uid), Some(gid))
+            .map_err(|e| Error::io(format!("cannot give {} to {PG_USER}", dir.display()), e))?;
+    }
+    let extensions = dir.join("server.ext");
+    fs::write(
+        &extensions,
+        "subjectAltName = DNS:localhost\n\
+         basicConstraints = critical, CA:FALSE\n\
+         keyUsage = critical, digitalSignature\n\
+         extendedKeyUsage = serverAuth\n",
+    )
+    .map_err(|e| Error::io(format!("cannot write {}", extensions.display()), e))?;
+    let key = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    let steps: [&[&str]; 3] = [
+        &[
+            &[
+                "req",
+                "-x509",
+                "-days",
+                "3650",
+                "-subj",
+                "/CN=locksmith test CA",
+            ][..],
+            &key,
+            &["-keyout", "ca.key", "-out", "ca.crt"],
+            &["-addext", "basicConstraints = critical, CA:TRUE"],
+            &["-addext", "keyUsage = critical, keyCertSign, cRLSign"],
+        ]
+        .concat(),
+        &[
+            &["req", "-subj", "/CN=localhost"][..],
+            &key,
+            &["-keyout", "server.key", "-out", "server.csr"],
+        ]
+        .concat(),
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "3650",
+            "-extfile",
+            "server.ext",
+            "-out",
+            "server.crt",
+        ],
+    ];
+    for args in steps {
+        process::run(Command::new(&openssl).args(args).current_dir(dir), user)?;
+    }
+    Ok(TlsFiles {
+        ca_cert: dir.join("ca.crt"),
+        server_cert: dir.join("server.crt"),
+        server_key: dir.join("server.key"),
+    })
 }
 
 /// `name` from `bin_dir`, else from `PATH`.

@@ -785,3 +785,184 @@ async fn a_grant_that_races_lock_timeout_is_kept() {
         .unwrap()
         .is_some());
 }
+
+/// How many statements the server has cancelled on request (from its log).
+fn cancel_count(pg: &Postgres) -> usize {
+    std::fs::read_to_string(pg.dir().join("postgres.log"))
+        .unwrap_or_default()
+        .matches("canceling statement due to user request")
+        .count()
+}
+
+/// Counts the connections of `application_name = app` and how many of them
+/// use TLS.
+async fn tls_connections(pg: &'static Postgres, app: &str) -> (u32, u32) {
+    let row = query(
+        pg,
+        &format!(
+            "SELECT count(*), count(*) FILTER (WHERE s.ssl) FROM pg_stat_activity a \
+             JOIN pg_stat_ssl s USING (pid) WHERE a.application_name = {}",
+            literal(app)
+        ),
+    )
+    .await;
+    let (all, tls) = row.split_once('|').expect("two columns");
+    (all.parse().unwrap(), tls.parse().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_sslmodes() {
+    static SERVER: OnceLock<Postgres> = OnceLock::new();
+    let pg: &'static Postgres =
+        tokio::task::spawn_blocking(|| SERVER.get_or_init(Postgres::start_tls))
+            .await
+            .unwrap();
+    let ca = pg
+        .ca_cert()
+        .expect("a TLS server has a CA")
+        .display()
+        .to_string();
+    let by_address = pg.url(); // the certificate names localhost only
+    let by_name = format!("postgres://postgres@localhost:{}/postgres", pg.port());
+    for (url, encrypted) in [
+        (by_address.clone(), true), // sslmode=prefer, libpq's default
+        (format!("{by_address}?sslmode=require"), true),
+        (
+            format!("{by_address}?sslmode=verify-ca&sslrootcert={ca}"),
+            true,
+        ),
+        (
+            format!("{by_name}?sslmode=verify-full&sslrootcert={ca}"),
+            true,
+        ),
+        (format!("{by_address}?sslmode=disable"), false),
+    ] {
+        let app = format!("tls-{}", uuid::Uuid::new_v4().simple());
+        let url = format!(
+            "{url}{}application_name={app}",
+            if url.contains('?') { '&' } else { '?' }
+        );
+        let (a, b) = (
+            connect(&url, Duration::from_secs(30)).await,
+            connect(&url, Duration::from_secs(30)).await,
+        );
+        let name = unique("tls");
+        // Every kind of connection: the holder connection, a wait's own
+        // (dropped, which cancels its statement, then granted), the pool (a
+        // lease, and inspection), and a head waiter's LISTEN connection and
+        // its sleep (a waiter behind a lease).
+        let held = a.lock(name.as_str()).acquire().await.unwrap();
+        let cancels = cancel_count(pg);
+        let dropped = tokio::spawn({
+            let lock = b.lock(name.as_str());
+            async move { lock.acquire().await }
+        });
+        until("the waiter queues", || async {
+            a.describe(&name)
+                .await
+                .unwrap()
+                .is_some_and(|info| info.waiters.len() == 1)
+        })
+        .await;
+        dropped.abort();
+        until("the dropped waiter leaves", || async {
+            a.describe(&name)
+                .await
+                .unwrap()
+                .is_some_and(|info| info.waiters.is_empty())
+        })
+        .await;
+        assert!(
+            cancel_count(pg) > cancels,
+            "{url}: the cancel request reached the server"
+        );
+        let waiting = tokio::spawn({
+            let lock = b.lock(name.as_str());
+            async move { lock.acquire().await }
+        });
+        until("the waiter queues", || async {
+            a.describe(&name)
+                .await
+                .unwrap()
+                .is_some_and(|info| info.waiters.len() == 1)
+        })
+        .await;
+        held.release().await.unwrap();
+        let granted = waiting.await.unwrap().unwrap();
+        granted.release().await.unwrap();
+        let lease = a
+            .lock(name.as_str())
+            .lease(Duration::from_secs(30))
+            .acquire()
+            .await
+            .unwrap();
+        let head = tokio::spawn({
+            let lock = b.lock(name.as_str());
+            async move { lock.acquire().await }
+        });
+        until("the waiter behind the lease sleeps as the head", || async {
+            a.describe(&name)
+                .await
+                .unwrap()
+                .is_some_and(|info| info.waiters.len() == 1)
+        })
+        .await;
+        let (all, tls) = tls_connections(pg, &app).await;
+        assert!(all >= 4, "{url}: {all} connections");
+        assert_eq!(tls, if encrypted { all } else { 0 }, "{url}");
+        lease.release().await.unwrap();
+        let woken = timeout(Duration::from_secs(10), head)
+            .await
+            .expect("the head gets the lock once the lease is released")
+            .unwrap()
+            .unwrap();
+        woken.release().await.unwrap();
+    }
+
+    // Refused: a certificate that does not name the host, a CA that did not
+    // sign it, and TLS required by a server that has none.
+    let refused = |url: String| async move {
+        match Client::connect(&url).await {
+            Err(Error::Backend { .. }) => {}
+            other => panic!("{url}: {:?}", other.map(|_| "connected")),
+        }
+    };
+    refused(format!("{by_address}?sslmode=verify-full&sslrootcert={ca}")).await;
+    let other_ca = std::env::temp_dir().join(format!("locksmith-other-ca-{}", std::process::id()));
+    std::fs::create_dir_all(&other_ca).unwrap();
+    let status = std::process::Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+        ])
+        .args(["-nodes", "-days", "1", "-subj", "/CN=another CA"])
+        .args(["-keyout", "ca.key", "-out", "ca.crt"])
+        .current_dir(&other_ca)
+        .output()
+        .expect("openssl");
+    assert!(status.status.success(), "{status:?}");
+    let other = other_ca.join("ca.crt").display().to_string();
+    refused(format!("{by_name}?sslmode=verify-full&sslrootcert={other}")).await;
+    refused(format!(
+        "{by_address}?sslmode=verify-ca&sslrootcert={other}"
+    ))
+    .await;
+    std::fs::remove_dir_all(&other_ca).unwrap();
+    refused(format!("{}?sslmode=require", shared().await.url())).await;
+
+    // Bad TLS options change nothing and say why.
+    for bad in [
+        format!("{by_address}?sslmode=allow"),
+        format!("{by_address}?sslmode=verify-full&sslrootcert=/nonexistent/root.crt"),
+        format!("{by_address}?sslmode=require&sslcert=client.crt"),
+    ] {
+        assert!(
+            matches!(Client::connect(&bad).await, Err(Error::InvalidUrl { .. })),
+            "{bad}"
+        );
+    }
+}

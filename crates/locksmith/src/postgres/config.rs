@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use super::tls::{SslMode, Tls};
 use crate::client::{redact, ConnectOptions};
 use crate::error::{Error, Result};
 
@@ -38,6 +39,8 @@ pub(crate) struct Settings {
     pub session_ttl: Duration,
     /// `lock_by` recorded with every hold: "client_name@host".
     pub lock_by: String,
+    /// The TLS connector (`sslmode`, `sslrootcert`).
+    pub tls: Tls,
 }
 
 /// Query parameters of ours; everything else goes to tokio-postgres.
@@ -64,9 +67,39 @@ impl Settings {
             keepalive: (options.session_ttl / 3).min(Duration::from_secs(5)),
             session_ttl: options.session_ttl,
             lock_by: format!("{}@{}", options.client_name, options.host),
+            tls: Tls::new(SslMode::Disable, None).map_err(invalid)?,
         };
         let mut passed = Vec::new();
+        // libpq's default; tokio-postgres knows neither verify-* nor sslrootcert.
+        let mut ssl_mode = SslMode::Prefer;
+        let mut ssl_root = None;
         for (key, value) in parsed.query_pairs() {
+            match &*key {
+                "sslmode" => {
+                    ssl_mode = SslMode::parse(&value).ok_or_else(|| {
+                        invalid(format!(
+                            "sslmode={value:?}: expected disable, prefer, require, verify-ca \
+                             or verify-full"
+                        ))
+                    })?;
+                    continue;
+                }
+                "sslrootcert" => {
+                    if value == "system" {
+                        return Err(invalid(
+                            "sslrootcert=system is not supported: name a PEM file".into(),
+                        ));
+                    }
+                    ssl_root = Some(std::path::PathBuf::from(&*value));
+                    continue;
+                }
+                "sslcert" | "sslkey" | "sslpassword" | "sslcrl" | "sslcrldir" => {
+                    return Err(invalid(format!(
+                        "{key}: client certificates and CRLs are not supported"
+                    )));
+                }
+                _ => {}
+            }
             let Some(option) = key.strip_prefix(PREFIX) else {
                 passed.push((key.into_owned(), value.into_owned()));
                 continue;
@@ -127,6 +160,8 @@ impl Settings {
             .as_str()
             .parse()
             .map_err(|e: tokio_postgres::Error| invalid(e.to_string()))?;
+        settings.pg.ssl_mode(ssl_mode.negotiation());
+        settings.tls = Tls::new(ssl_mode, ssl_root.as_deref()).map_err(invalid)?;
         if settings.pg.get_application_name().is_none() {
             settings.pg.application_name("locksmith");
         }
@@ -183,6 +218,31 @@ mod tests {
         assert_eq!(s.schema, "locksmith");
         assert!(s.migrate);
         assert_eq!(s.pg.get_application_name(), Some("locksmith"));
+    }
+
+    #[test]
+    fn sslmode_goes_to_the_connector() {
+        use tokio_postgres::config::SslMode as Negotiation;
+        for (mode, negotiation) in [
+            ("disable", Negotiation::Disable),
+            ("prefer", Negotiation::Prefer),
+            ("require", Negotiation::Require),
+        ] {
+            let s = parse(&format!("postgres://u@h/db?sslmode={mode}")).unwrap();
+            assert_eq!(s.pg.get_ssl_mode(), negotiation, "{mode}");
+        }
+        assert_eq!(
+            parse("postgres://u@h/db").unwrap().pg.get_ssl_mode(),
+            Negotiation::Prefer
+        );
+        for url in [
+            "postgres://u@h/db?sslmode=allow",
+            "postgres://u@h/db?sslmode=verify-ca&sslrootcert=/nonexistent.pem",
+            "postgres://u@h/db?sslrootcert=system&sslmode=verify-full",
+            "postgres://u@h/db?sslkey=client.key",
+        ] {
+            assert!(matches!(parse(url), Err(Error::InvalidUrl { .. })), "{url}");
+        }
     }
 
     #[test]

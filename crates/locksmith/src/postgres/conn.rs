@@ -16,10 +16,11 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
-use tokio_postgres::{NoTls, Statement};
+use tokio_postgres::Statement;
 use tokio_util::sync::CancellationToken;
 
 use super::config::Settings;
+use super::tls::Tls;
 use super::{pg_error, Fan};
 use crate::error::{Error, Result};
 
@@ -50,9 +51,11 @@ pub(crate) struct PgConn {
 #[derive(Clone)]
 pub(crate) struct CancelHandle {
     token: tokio_postgres::CancelToken,
-    /// The server's address when the connection went to a single TCP address
-    /// (the token then carries none: the connection was opened raw).
-    addr: Option<SocketAddr>,
+    /// The server's address and the name its certificate is checked against,
+    /// when the connection went to a single TCP address (the token then
+    /// carries neither: the connection was opened raw).
+    addr: Option<(SocketAddr, String)>,
+    tls: Tls,
 }
 
 impl CancelHandle {
@@ -60,12 +63,15 @@ impl CancelHandle {
     ///
     /// Cancel safety: safe; the request went out or it did not.
     pub async fn cancel(&self) {
-        let result = match self.addr {
-            Some(addr) => match tokio::net::TcpStream::connect(addr).await {
-                Ok(stream) => self.token.cancel_query_raw(stream, NoTls).await,
+        let result = match &self.addr {
+            Some((addr, host)) => match tokio::net::TcpStream::connect(addr).await {
+                Ok(stream) => {
+                    let tls = self.tls.connect_to::<tokio::net::TcpStream>(host);
+                    self.token.cancel_query_raw(stream, tls).await
+                }
                 Err(_) => return,
             },
-            None => self.token.cancel_query(NoTls).await,
+            None => self.token.cancel_query(self.tls.0.clone()).await,
         };
         if let Err(error) = result {
             tracing::debug!(%error, "postgres: cancel request failed");
@@ -89,7 +95,7 @@ impl PgConn {
         let closed_reason = Arc::new(Mutex::new(None));
         let (client, driver, socket, addr) = match single_host(settings) {
             // Open the socket ourselves, to keep a duplicate of it.
-            Some((host, port)) => {
+            Some((host, tls_name, port)) => {
                 let timeout = settings
                     .pg
                     .get_connect_timeout()
@@ -103,16 +109,21 @@ impl PgConn {
                     .map_err(|e| Error::backend("postgres", e))?;
                 let stream = tokio::net::TcpStream::from_std(socket.0)
                     .map_err(|e| Error::backend("postgres", e))?;
+                let tls = settings.tls.connect_to::<tokio::net::TcpStream>(&tls_name);
                 let (client, connection) = settings
                     .pg
-                    .connect_raw(stream, NoTls)
+                    .connect_raw(stream, tls)
                     .await
                     .map_err(pg_error)?;
                 let driver = spawn_driver(connection, closed.clone(), closed_reason.clone());
-                (client, driver, Some(socket.1), Some(addr))
+                (client, driver, Some(socket.1), Some((addr, tls_name)))
             }
             None => {
-                let (client, connection) = settings.pg.connect(NoTls).await.map_err(pg_error)?;
+                let (client, connection) = settings
+                    .pg
+                    .connect(settings.tls.0.clone())
+                    .await
+                    .map_err(pg_error)?;
                 let driver = spawn_driver(connection, closed.clone(), closed_reason.clone());
                 (client, driver, None, None)
             }
@@ -121,6 +132,7 @@ impl PgConn {
             cancel: CancelHandle {
                 token: client.cancel_token(),
                 addr,
+                tls: settings.tls.clone(),
             },
             client,
             closed: closed.clone(),
@@ -272,7 +284,7 @@ impl PgConn {
     /// seconds). Without a duplicate socket (Unix sockets, several hosts) the
     /// cancel and the close happen in the background instead.
     pub fn cancel_blocking(&self) {
-        let Some(addr) = self.cancel.addr else {
+        let Some((addr, host)) = &self.cancel.addr else {
             let cancel = self.cancel.clone();
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                 runtime.spawn(async move { cancel.cancel().await });
@@ -281,14 +293,15 @@ impl PgConn {
             return;
         };
         let limit = Duration::from_secs(2);
-        if let Ok(stream) = std::net::TcpStream::connect_timeout(&addr, limit) {
+        if let Ok(stream) = std::net::TcpStream::connect_timeout(addr, limit) {
             let _ = stream.set_read_timeout(Some(limit));
             let _ = stream.set_write_timeout(Some(limit));
             if let Ok(reader) = stream.try_clone() {
+                let tls = self.cancel.tls.connect_to::<BlockingStream>(host);
                 let request = self
                     .cancel
                     .token
-                    .cancel_query_raw(BlockingStream(stream), NoTls);
+                    .cancel_query_raw(BlockingStream(stream), tls);
                 if futures::executor::block_on(request).is_ok() {
                     drain(&reader, limit);
                 }
@@ -354,19 +367,27 @@ impl Drop for PgConn {
     }
 }
 
-/// The one TCP host and port of the config, when it names exactly one (with
-/// `hostaddr`, that address).
-fn single_host(settings: &Settings) -> Option<(String, u16)> {
+/// The one TCP host of the config, when it names exactly one: where to
+/// connect (with `hostaddr`, that address), the name the server's certificate
+/// must carry (the host), and the port.
+fn single_host(settings: &Settings) -> Option<(String, String, u16)> {
     let port = match settings.pg.get_ports() {
         [] => 5432,
         [port] => *port,
         _ => return None,
     };
-    if let [addr] = settings.pg.get_hostaddrs() {
-        return Some((addr.to_string(), port));
-    }
-    match settings.pg.get_hosts() {
-        [tokio_postgres::config::Host::Tcp(host)] => Some((host.clone(), port)),
+    let host = match settings.pg.get_hosts() {
+        [tokio_postgres::config::Host::Tcp(host)] => Some(host.clone()),
+        [] => None,
+        _ => return None,
+    };
+    match (settings.pg.get_hostaddrs(), host) {
+        ([addr], host) => Some((
+            addr.to_string(),
+            host.unwrap_or_else(|| addr.to_string()),
+            port,
+        )),
+        ([], Some(host)) => Some((host.clone(), host, port)),
         _ => None,
     }
 }

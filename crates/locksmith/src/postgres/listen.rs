@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use futures::StreamExt;
-use tokio_postgres::{AsyncMessage, NoTls};
+use tokio_postgres::AsyncMessage;
 
 use super::config::Settings;
 use super::conn::CancelHandle;
@@ -113,7 +113,12 @@ impl Listener {
         if client.as_ref().is_some_and(|c| !c.is_closed()) {
             return Ok(());
         }
-        let (new, mut connection) = self.settings.pg.connect(NoTls).await.map_err(pg_error)?;
+        let (new, mut connection) = self
+            .settings
+            .pg
+            .connect(self.settings.tls.0.clone())
+            .await
+            .map_err(pg_error)?;
         let heads = self.heads.clone();
         tokio::spawn(async move {
             let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));

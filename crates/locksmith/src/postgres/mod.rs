@@ -18,9 +18,16 @@
 //! | `locksmith_migrate` | `true` | create the layout on first use; `false`: fail unless it exists (create it with [`schema_sql`]) |
 //! | `locksmith_keepalive_ms` | `min(session_ttl/3, 5s)` | keepalive query interval on connections that hold locks |
 //!
-//! TLS is not built in (the connector is `NoTls`): `sslmode=disable` or
-//! `prefer` work, `require` fails at connect. `application_name` defaults to
-//! `locksmith`. PostgreSQL 12 or newer.
+//! TLS (rustls) as libpq does it: `sslmode=disable`, `prefer` (the default:
+//! TLS when the server offers it), `require`, `verify-ca` and `verify-full`,
+//! with `sslrootcert=<PEM file>` naming the CA (default for `verify-*`:
+//! `~/.postgresql/root.crt`). `prefer` and `require` encrypt without checking
+//! the certificate, unless `sslrootcert` is given (then the chain is checked,
+//! as libpq does when the root file exists); `verify-ca` checks the chain,
+//! `verify-full` also that the certificate names the URL's host. Cancel
+//! requests go over TLS too. Not supported: `sslmode=allow`,
+//! `sslrootcert=system`, client certificates (`sslcert`, `sslkey`).
+//! `application_name` defaults to `locksmith`. PostgreSQL 12 or newer.
 //!
 //! # Keys: how other clients find the same lock
 //!
@@ -176,6 +183,7 @@ mod lease;
 mod listen;
 mod schema;
 mod session;
+mod tls;
 mod wait;
 mod xact;
 
@@ -318,7 +326,7 @@ impl PostgresBackend {
     async fn open(settings: Arc<Settings>) -> Result<Self> {
         let manager = deadpool_postgres::Manager::from_config(
             settings.pg.clone(),
-            tokio_postgres::NoTls,
+            settings.tls.0.clone(),
             deadpool_postgres::ManagerConfig {
                 recycling_method: deadpool_postgres::RecyclingMethod::Fast,
             },
