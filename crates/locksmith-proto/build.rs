@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-env-changed=PROTOC");
+    println!("cargo:rerun-if-changed=proto");
     let protoc = match std::env::var_os("PROTOC") {
         Some(path) => PathBuf::from(path),
         None => protoc_bin_vendored::protoc_bin_path()?,

@@ -484,7 +484,7 @@ async fn limits_have_their_own_errors() {
     let (_first_tx, first) = server_support::raw_stream_on(&mut connection, open()).await;
     let mut first = first.unwrap();
     assert!(matches!(
-        first.message().await.unwrap().unwrap().kind,
+        first.message().await.unwrap().unwrap().messages[0].kind,
         Some(pb::server_message::Kind::Opened(_))
     ));
     let (_tx, second) = server_support::raw_stream_on(&mut connection, open()).await;

@@ -25,12 +25,18 @@
 //!                                     ◀──  heartbeat {now_ms}
 //!                                     ◀──  reply {id: 1, granted {tokens: [7]}}
 //!   request {id: 2, release {...}}
-//!     + ack_replies: [1]              ──▶
+//!     (batch ack_replies: [1])        ──▶
 //!                                     ◀──  reply {id: 2, done {}}
 //!   (connection drops, server restarts)
 //!   resume {session_id, secret}       ──▶
 //!                                     ◀──  resumed {session_id, ttl_ms}
 //! ```
+//!
+//! Each arrow is one message inside a batch: a client sends every message it
+//! has ready as one [`v1::ClientBatch`] (with its acknowledgements), and the
+//! server sends everything one engine step produced for the session as one
+//! [`v1::ServerBatch`]. A client with 64 requests in flight on one stream thus
+//! pays HTTP/2 framing, encoding and wake-ups once, not 64 times.
 //!
 //! Every request carries a client-chosen id and gets exactly one final reply.
 //! The server keeps final replies until the client acknowledges them
@@ -44,6 +50,10 @@
 pub mod v1 {
     tonic::include_proto!("locksmith.v1");
 }
+
+/// The `prost` version the messages are generated with (for
+/// [`prost::Message::encoded_len`] and friends without a separate dependency).
+pub use prost;
 
 /// Encoded `FileDescriptorSet` of `locksmith.v1`, for gRPC server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("locksmith_descriptor");

@@ -60,12 +60,13 @@ use crate::clock::Clock;
 use crate::config::ServerConfig;
 use crate::convert::{self, engine_error_to_status};
 use crate::error::ServerError;
+use crate::outbox::Outbox;
 use crate::storage::{
     LogRecord, LogRecordRef, LostNotice, Outcome, ServerSnapshot, SessionRecord, Storage,
 };
 
 /// Where a session stream's messages go.
-pub(crate) type StreamTx = mpsc::UnboundedSender<Result<pb::ServerMessage, Status>>;
+pub(crate) type StreamTx = mpsc::UnboundedSender<Result<pb::ServerBatch, Status>>;
 /// Identifies one session stream (one gRPC call) for the life of the process.
 pub(crate) type StreamId = u64;
 /// The reply slot of a unary call.
@@ -172,11 +173,12 @@ pub(crate) enum Op {
         session: SessionId,
         secret: u128,
     },
-    /// A message on an attached stream.
+    /// One client batch on an attached stream: its acknowledgements, then its
+    /// messages in order.
     Stream {
         stream: StreamId,
         acks: Acks,
-        op: StreamOp,
+        ops: Vec<StreamOp>,
     },
     /// A stream ended (its session lives on until its TTL); `error` is sent to
     /// it first if it is still attached.
@@ -232,6 +234,17 @@ pub(crate) enum Op {
     Shutdown {
         done: oneshot::Sender<Result<(), String>>,
     },
+}
+
+impl Op {
+    /// How many operations it carries (the messages of a client batch, one
+    /// for anything else).
+    fn count(&self) -> usize {
+        match self {
+            Op::Stream { ops, .. } => ops.len().max(1),
+            _ => 1,
+        }
+    }
 }
 
 /// The server's part of one session.
@@ -352,7 +365,7 @@ pub(crate) struct Core {
     next_unary: Arc<AtomicU64>,
     last_now: Millis,
     /// Messages of the batch, sent after the commit.
-    outbox: Vec<(StreamTx, Result<pb::ServerMessage, Status>)>,
+    outbox: Outbox,
     /// Unary replies of the batch, sent after the commit.
     deferred: Vec<Box<dyn FnOnce() + Send>>,
     /// Sessionless grants of the batch, sent after the commit.
@@ -386,7 +399,7 @@ impl Core {
             next_session: 1,
             next_unary: Arc::new(AtomicU64::new(1)),
             last_now: 0,
-            outbox: Vec::new(),
+            outbox: Outbox::default(),
             deferred: Vec::new(),
             lease_grants: Vec::new(),
             orphans: Vec::new(),
@@ -516,13 +529,13 @@ impl Core {
                     }
                 }
             }
-            self.last_batch = batch.len();
+            self.last_batch = batch.iter().map(Op::count).sum();
             let now = self.clock.now();
             self.last_now = now;
             self.stats.batches.fetch_add(1, Ordering::Relaxed);
             self.stats
                 .ops
-                .fetch_add(batch.len() as u64, Ordering::Relaxed);
+                .fetch_add(self.last_batch as u64, Ordering::Relaxed);
             self.release_orphans(now);
             for command in self.engine.due(now) {
                 if let Err(error) = self.execute(now, command, None, None) {
@@ -554,6 +567,11 @@ impl Core {
                 if let Err(error) = self.write_snapshot(now) {
                     return Err(self.fail(format!("cannot write a snapshot: {error}")));
                 }
+            }
+            // Between batches, off the path of any reply: zeros ahead of the
+            // log's end, so the next commits are cheap overwrites.
+            if let Some(Err(error)) = self.storage.as_mut().map(Storage::prepare) {
+                return Err(self.fail(format!("cannot extend the log: {error}")));
             }
         }
     }
@@ -644,9 +662,7 @@ impl Core {
     }
 
     fn flush(&mut self) {
-        for (tx, message) in self.outbox.drain(..) {
-            let _ = tx.send(message);
-        }
+        self.outbox.flush();
         for reply in self.deferred.drain(..) {
             reply();
         }
@@ -824,7 +840,7 @@ impl Core {
                 };
                 if let Some(a) = &entry.attached {
                     self.outbox
-                        .push((a.tx.clone(), Ok(convert::lost_to_proto(&notice))));
+                        .push(a.stream, &a.tx, convert::lost_to_proto(&notice));
                 }
                 entry.lost.insert(token, notice);
             }
@@ -854,7 +870,7 @@ impl Core {
         };
         if let Some(a) = &entry.attached {
             let message = convert::reply(request, convert::outcome_to_proto(&outcome));
-            self.outbox.push((a.tx.clone(), Ok(message)));
+            self.outbox.push(a.stream, &a.tx, message);
         }
         entry.replies.insert(request, outcome);
         if entry.replies.len() > self.max_unacked {
@@ -868,7 +884,7 @@ impl Core {
             .get(&session)
             .and_then(|e| e.attached.as_ref())
         {
-            self.outbox.push((a.tx.clone(), Ok(message)));
+            self.outbox.push(a.stream, &a.tx, message);
         }
     }
 
@@ -890,7 +906,7 @@ impl Core {
                     reason: reason.into(),
                 })),
             };
-            self.outbox.push((a.tx, Ok(ended)));
+            self.outbox.push(a.stream, &a.tx, ended);
             a.ended.cancel();
         }
         tracing::debug!(%session, reason, "session ended");
@@ -932,7 +948,7 @@ impl Core {
                 session,
                 secret,
             } => self.resume(now, stream, tx, ended, session, secret),
-            Op::Stream { stream, acks, op } => {
+            Op::Stream { stream, acks, ops } => {
                 let Some(&session) = self.streams.get(&stream) else {
                     return; // a stream that was detached or resumed elsewhere
                 };
@@ -944,7 +960,14 @@ impl Core {
                         entry.lost.remove(&token);
                     }
                 }
-                self.stream_op(now, session, op);
+                for op in ops {
+                    // A close (or an expiry) ends the session midway: the rest
+                    // of the batch has no session to run in.
+                    if self.streams.get(&stream) != Some(&session) {
+                        break;
+                    }
+                    self.stream_op(now, session, op);
+                }
             }
             Op::Detach { stream, error } => {
                 let Some(session) = self.streams.remove(&stream) else {
@@ -956,7 +979,7 @@ impl Core {
                 if entry.attached.as_ref().is_some_and(|a| a.stream == stream) {
                     let a = entry.attached.take().expect("checked");
                     if let Some(status) = error {
-                        self.outbox.push((a.tx, Err(status)));
+                        self.outbox.end(a.stream, &a.tx, status);
                     }
                     a.ended.cancel();
                     tracing::debug!(%session, "session detached; it lives until its TTL");
@@ -1120,8 +1143,8 @@ impl Core {
         ttl: Millis,
     ) {
         if self.shutting_down {
-            self.outbox
-                .push((tx, Err(Status::unavailable("lock server is shutting down"))));
+            let status = Status::unavailable("lock server is shutting down");
+            self.outbox.end(stream, &tx, status);
             return ended.cancel();
         }
         if self.sessions.len() >= self.max_sessions {
@@ -1129,7 +1152,7 @@ impl Core {
                 "limit reached: sessions (at most {})",
                 self.max_sessions
             ));
-            self.outbox.push((tx, Err(status)));
+            self.outbox.end(stream, &tx, status);
             return ended.cancel();
         }
         let session = SessionId(self.next_session);
@@ -1140,7 +1163,7 @@ impl Core {
             info: info.clone(),
         };
         if let Err(error) = self.execute(now, command, Some(secret), None) {
-            self.outbox.push((tx, Err(engine_error_to_status(&error))));
+            self.outbox.end(stream, &tx, engine_error_to_status(&error));
             return ended.cancel();
         }
         let opened = pb::ServerMessage {
@@ -1150,7 +1173,7 @@ impl Core {
                 ttl_ms: ttl,
             })),
         };
-        self.outbox.push((tx.clone(), Ok(opened)));
+        self.outbox.push(stream, &tx, opened);
         self.attach(session, stream, tx, ended);
         tracing::debug!(%session, client = %info.name, host = %info.host, ttl, "session opened");
     }
@@ -1170,28 +1193,26 @@ impl Core {
                 .get(&session)
                 .is_some_and(|e| e.secret == secret);
         if !valid {
-            self.outbox.push((tx, Err(unknown_session(session))));
+            self.outbox.end(stream, &tx, unknown_session(session));
             return ended.cancel();
         }
         let entry = self.sessions.get_mut(&session).expect("checked");
         if let Some(old) = entry.attached.take() {
             self.streams.remove(&old.stream);
-            self.outbox.push((
-                old.tx,
-                Err(Status::aborted("session resumed on another stream")),
-            ));
+            let status = Status::aborted("session resumed on another stream");
+            self.outbox.end(old.stream, &old.tx, status);
             old.ended.cancel();
         }
-        let ttl = entry.ttl;
-        let mut messages = vec![pb::ServerMessage {
+        let resumed = pb::ServerMessage {
             kind: Some(pb::server_message::Kind::Resumed(pb::SessionResumed {
                 session_id: session.0,
-                ttl_ms: ttl,
+                ttl_ms: entry.ttl,
             })),
-        }];
-        messages.extend(entry.lost.values().map(convert::lost_to_proto));
-        for message in messages {
-            self.outbox.push((tx.clone(), Ok(message)));
+        };
+        self.outbox.push(stream, &tx, resumed);
+        for notice in entry.lost.values() {
+            self.outbox
+                .push(stream, &tx, convert::lost_to_proto(notice));
         }
         let mut effects = Vec::new();
         let _ = self

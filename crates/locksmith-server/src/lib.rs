@@ -71,6 +71,7 @@ mod config;
 mod convert;
 mod core;
 mod error;
+mod outbox;
 mod service;
 mod storage;
 

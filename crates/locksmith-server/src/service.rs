@@ -1,11 +1,14 @@
 //! The gRPC service: turns calls and stream messages into [`Op`]s for the core.
 //!
-//! Each session stream gets a task that reads the client's messages, checks
+//! Each session stream gets a task that reads the client's batches, checks
 //! what can be checked without the lock table (modes, owners, labels, the
-//! order of open/resume) and forwards them; the replies come back from the core
-//! through the stream's channel, after their log records are durable. A
-//! malformed message ends that stream only; a malformed connection (garbage on
-//! the port) is closed by the HTTP/2 layer before it reaches this code.
+//! order of open/resume) and forwards each batch as one [`Op::Stream`]; the
+//! replies come back from the core through the stream's channel, one
+//! [`pb::ServerBatch`] per engine batch, after their log records are durable.
+//! An invalid request is answered with its own error; a message that breaks
+//! the stream protocol ends that stream only (before anything of its batch
+//! runs); a malformed connection (garbage on the port) is closed by the HTTP/2
+//! layer before it reaches this code.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -169,20 +172,20 @@ struct StreamReader {
 }
 
 impl StreamReader {
-    /// Forwards the stream's messages to the core until the stream or the
+    /// Forwards the stream's batches to the core until the stream or the
     /// session ends.
     ///
     /// Cancel safety: runs as its own task; if dropped, the session stays
     /// attached until the core notices the closed channel or its TTL passes.
     async fn run(
         self,
-        mut inbound: Streaming<pb::ClientMessage>,
+        mut inbound: Streaming<pb::ClientBatch>,
         tx: crate::core::StreamTx,
         open_timeout: Duration,
     ) {
         let first = tokio::time::timeout(open_timeout, inbound.message()).await;
         let ended = CancellationToken::new();
-        let first = match first {
+        let mut first = match first {
             Err(_) => {
                 let _ = tx.send(Err(Status::deadline_exceeded(
                     "no open or resume message in time",
@@ -190,9 +193,14 @@ impl StreamReader {
                 return;
             }
             Ok(Err(_)) | Ok(Ok(None)) => return,
-            Ok(Ok(Some(message))) => message,
+            Ok(Ok(Some(batch))) => batch,
         };
-        let op = match first.kind {
+        let opening = if first.messages.is_empty() {
+            None
+        } else {
+            first.messages.remove(0).kind
+        };
+        let op = match opening {
             Some(pb::client_message::Kind::Open(open)) => {
                 let checked = check_label("client_name", &open.client_name, self.max_label, false)
                     .and_then(|()| check_label("host", &open.host, self.max_label, false));
@@ -236,42 +244,55 @@ impl StreamReader {
         if self.core.send(op).is_err() {
             return;
         }
+        // The rest of the first batch runs once the session is attached (the
+        // core handles ops in order).
+        let mut batch = Some(first);
         loop {
-            let message = tokio::select! {
-                biased;
-                _ = ended.cancelled() => return,
-                message = inbound.message() => message,
-            };
-            let message = match message {
-                Ok(Some(message)) => message,
-                Ok(None) | Err(_) => {
-                    let _ = self.core.send(Op::Detach {
-                        stream: self.stream,
-                        error: None,
-                    });
-                    return;
+            let batch = match batch.take() {
+                Some(batch) => batch,
+                None => {
+                    let message = tokio::select! {
+                        biased;
+                        _ = ended.cancelled() => return,
+                        message = inbound.message() => message,
+                    };
+                    match message {
+                        Ok(Some(batch)) => batch,
+                        Ok(None) | Err(_) => {
+                            let _ = self.core.send(Op::Detach {
+                                stream: self.stream,
+                                error: None,
+                            });
+                            return;
+                        }
+                    }
                 }
             };
             let acks = Acks {
-                replies: message.ack_replies,
-                lost: message.ack_lost,
+                replies: batch.ack_replies,
+                lost: batch.ack_lost,
             };
-            let op = match self.stream_op(message.kind) {
-                Ok(op) => op,
-                Err(status) => {
-                    let _ = self.core.send(Op::Detach {
-                        stream: self.stream,
-                        error: Some(status),
-                    });
-                    return;
-                }
+            if batch.messages.is_empty() && acks.replies.is_empty() && acks.lost.is_empty() {
+                continue;
+            }
+            let ops = batch
+                .messages
+                .into_iter()
+                .map(|message| self.stream_op(message.kind))
+                .collect::<Result<Vec<_>, Status>>();
+            let op = match ops {
+                Ok(ops) => Op::Stream {
+                    stream: self.stream,
+                    acks,
+                    ops,
+                },
+                Err(status) => Op::Detach {
+                    stream: self.stream,
+                    error: Some(status),
+                },
             };
-            let op = Op::Stream {
-                stream: self.stream,
-                acks,
-                op,
-            };
-            if self.core.send(op).is_err() {
+            let detach = matches!(op, Op::Detach { .. });
+            if self.core.send(op).is_err() || detach {
                 return;
             }
         }
@@ -357,11 +378,11 @@ impl Drop for LeaseGuard {
 
 #[tonic::async_trait]
 impl Locksmith for Service {
-    type SessionStream = UnboundedReceiverStream<Result<pb::ServerMessage, Status>>;
+    type SessionStream = UnboundedReceiverStream<Result<pb::ServerBatch, Status>>;
 
     async fn session(
         &self,
-        request: Request<Streaming<pb::ClientMessage>>,
+        request: Request<Streaming<pb::ClientBatch>>,
     ) -> Result<Response<Self::SessionStream>, Status> {
         let slot = self.take_slot(request.remote_addr())?;
         let (tx, rx) = mpsc::unbounded_channel();

@@ -29,9 +29,24 @@
 //! **Recovery** = load `snapshot` (if any), replay segments `>= first_segment`
 //! in order, then write a fresh snapshot and start a new segment (so every
 //! start compacts the log).
+//!
+//! # Zeros ahead of the end
+//!
+//! An `fdatasync` after an append must also make the file's new size durable
+//! (on ext4 a journal commit); one after overwriting blocks the file already
+//! has only flushes the data, which is much cheaper (on the benchmark machine
+//! p50 35–43 µs instead of 54–170 µs, and half the CPU). So, like PostgreSQL's
+//! pre-allocated WAL segments, a segment keeps at least [`ZEROS_LOW_WATER`]
+//! bytes of zeros, written and fsynced, ahead of its last record
+//! ([`Storage::prepare`], between batches), and a commit writes its records
+//! over them. A record never has length 0, so on recovery a zero length field
+//! is the end of a segment's records; in an older segment everything after it
+//! must be zeros, in the newest it is at most unacknowledged bytes of a write
+//! a crash interrupted.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
+use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
@@ -45,6 +60,10 @@ const HEADER: usize = 8;
 /// Largest record accepted on recovery (anything larger is garbage).
 const MAX_RECORD: usize = 64 << 20;
 const SNAPSHOT_MAGIC: &[u8; 4] = b"LSNP";
+/// Zeros [`Storage::prepare`] adds ahead of the end of the log at a time.
+const ZEROS_CHUNK: usize = 1 << 20;
+/// [`Storage::prepare`] adds a chunk of zeros when fewer than this are left.
+const ZEROS_LOW_WATER: u64 = 256 << 10;
 /// Version of the snapshot and record encoding.
 const FORMAT: u32 = 1;
 
@@ -140,7 +159,7 @@ pub(crate) struct Storage {
     /// Held for the `flock` on `LOCK`.
     _lock: File,
     /// The segment being appended to (`None` until recovery wrote its snapshot).
-    segment: Option<File>,
+    segment: Option<Segment>,
     segment_seq: u64,
     /// Encoded records not yet written.
     buffer: Vec<u8>,
@@ -154,6 +173,44 @@ pub(crate) struct Storage {
 
 /// Where a record being appended starts, to finish or roll it back.
 pub(crate) struct Mark(usize);
+
+/// The log segment being appended to.
+#[derive(Debug)]
+struct Segment {
+    file: File,
+    /// End of its records: where the next commit writes.
+    end: u64,
+    /// End of the zeros ahead of `end` (the file's length).
+    zeroed: u64,
+}
+
+impl Segment {
+    /// Creates segment `path`, durable with its directory entry and a first
+    /// chunk of zeros.
+    fn create(dir: &Path, path: &Path) -> io::Result<Segment> {
+        let mut segment = Segment {
+            file: create_durable(dir, path)?,
+            end: 0,
+            zeroed: 0,
+        };
+        segment.add_zeros()?;
+        Ok(segment)
+    }
+
+    /// Writes a chunk of zeros after the current ones and makes it durable
+    /// (this fsync pays for the file's new size, so commits do not).
+    fn add_zeros(&mut self) -> io::Result<()> {
+        static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+        let mut at = self.zeroed;
+        for _ in 0..ZEROS_CHUNK / ZEROS.len() {
+            self.file.write_all_at(&ZEROS, at)?;
+            at += ZEROS.len() as u64;
+        }
+        self.file.sync_data()?;
+        self.zeroed = at;
+        Ok(())
+    }
+}
 
 impl Storage {
     /// Opens (creating if needed) and locks the data directory, and loads the
@@ -200,6 +257,7 @@ impl Storage {
                 .and_then(|mut f| f.read_to_end(&mut bytes))
                 .map_err(|e| io_error(format!("cannot read {}", path.display()), e))?;
             let mut at = 0;
+            let mut torn = false;
             while let Some(frame) = next_frame(&bytes[at..]) {
                 let record: LogRecord = match frame {
                     Ok(payload) => {
@@ -214,6 +272,7 @@ impl Storage {
                             "torn record at the end of the log (a crash during a write): truncating"
                         );
                         truncate(&path, at as u64)?;
+                        torn = true;
                         break;
                     }
                     Err(detail) => {
@@ -226,6 +285,19 @@ impl Storage {
                 at += HEADER + frame_len(&bytes[at..]);
                 apply(record);
                 count += 1;
+            }
+            let rest = bytes.get(at..).unwrap_or_default();
+            if !torn && rest.iter().any(|&b| b != 0) {
+                if !newest {
+                    return Err(ServerError::Corrupt {
+                        path,
+                        detail: format!("data after the end of the records at byte {at}"),
+                    });
+                }
+                tracing::warn!(
+                    segment = %path.display(), offset = at,
+                    "unacknowledged bytes after the end of the log (a crash during a write): ignored"
+                );
             }
         }
         Ok(count)
@@ -262,8 +334,9 @@ impl Storage {
         !self.buffer.is_empty()
     }
 
-    /// Writes the buffered records and makes them durable with one `fdatasync`:
-    /// the group commit of a batch. Returns how many records it wrote.
+    /// Writes the buffered records (over the zeros ahead of the end) and makes
+    /// them durable with one `fdatasync`: the group commit of a batch. Returns
+    /// how many records it wrote.
     pub(crate) fn commit(&mut self) -> io::Result<u64> {
         if self.buffer.is_empty() {
             return Ok(0);
@@ -272,10 +345,23 @@ impl Storage {
             .segment
             .as_mut()
             .ok_or_else(|| io::Error::other("no log segment open"))?;
-        segment.write_all(&self.buffer)?;
-        segment.sync_data()?;
+        segment.file.write_all_at(&self.buffer, segment.end)?;
+        segment.end += self.buffer.len() as u64;
+        segment.zeroed = segment.zeroed.max(segment.end);
+        segment.file.sync_data()?;
         self.buffer.clear();
         Ok(std::mem::take(&mut self.buffered))
+    }
+
+    /// Keeps at least [`ZEROS_LOW_WATER`] bytes of zeros ahead of the end of
+    /// the log, so that commits overwrite blocks instead of growing the file.
+    /// Call it between batches: when it adds zeros, it writes and fsyncs a
+    /// chunk of 1 MiB (every few thousand records).
+    pub(crate) fn prepare(&mut self) -> io::Result<()> {
+        match self.segment.as_mut() {
+            Some(segment) if segment.zeroed - segment.end < ZEROS_LOW_WATER => segment.add_zeros(),
+            _ => Ok(()),
+        }
     }
 
     /// Records appended since the last snapshot.
@@ -288,7 +374,7 @@ impl Storage {
     pub(crate) fn write_snapshot(&mut self, snapshot: &mut ServerSnapshot) -> io::Result<()> {
         self.commit()?;
         let next = self.segment_seq + 1;
-        let segment = create_durable(&self.dir, &segment_path(&self.dir, next))?;
+        let segment = Segment::create(&self.dir, &segment_path(&self.dir, next))?;
         snapshot.first_segment = next;
         let payload = postcard::to_stdvec(snapshot).map_err(io::Error::other)?;
         let mut bytes = Vec::with_capacity(payload.len() + 20);
@@ -320,10 +406,11 @@ fn frame_len(bytes: &[u8]) -> usize {
     u32::from_le_bytes(bytes[0..4].try_into().expect("4 bytes")) as usize
 }
 
-/// The next record's payload, `None` at a clean end, `Err` for a torn or
+/// The next record's payload, `None` at a clean end (the end of the file or
+/// a zero length field: the zeros ahead of the end), `Err` for a torn or
 /// corrupt record.
 fn next_frame(bytes: &[u8]) -> Option<Result<&[u8], String>> {
-    if bytes.is_empty() {
+    if bytes.is_empty() || bytes.iter().take(4).all(|&b| b == 0) {
         return None;
     }
     if bytes.len() < HEADER {
@@ -331,7 +418,7 @@ fn next_frame(bytes: &[u8]) -> Option<Result<&[u8], String>> {
     }
     let len = frame_len(bytes);
     let crc = u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes"));
-    if len == 0 || len > MAX_RECORD {
+    if len > MAX_RECORD {
         return Some(Err(format!("record length {len}")));
     }
     let Some(payload) = bytes.get(HEADER..HEADER + len) else {
@@ -493,7 +580,7 @@ mod tests {
     #[test]
     fn records_survive_and_a_torn_tail_is_cut() {
         let dir = tempfile::tempdir().unwrap();
-        {
+        let end = {
             let (mut storage, _, records) = reopen(dir.path());
             assert!(records.is_empty());
             storage.write_snapshot(&mut empty_snapshot()).unwrap();
@@ -508,16 +595,16 @@ mod tests {
             });
             storage.rollback(mark);
             storage.commit().unwrap();
-        }
-        // Tear the last record: cut 3 bytes off the segment.
+            storage.segment.as_ref().unwrap().end
+        };
+        // Tear the last record: cut the segment 3 bytes before its end.
         let segment = list_segments(dir.path()).unwrap()[0];
         let path = segment_path(dir.path(), segment);
-        let len = fs::metadata(&path).unwrap().len();
         OpenOptions::new()
             .write(true)
             .open(&path)
             .unwrap()
-            .set_len(len - 3)
+            .set_len(end - 3)
             .unwrap();
 
         let (storage, snapshot, records) = reopen(dir.path());
@@ -562,7 +649,7 @@ mod tests {
         // A second segment after the first, without a snapshot (as after a crash
         // during a snapshot write).
         storage.segment =
-            Some(create_durable(dir.path(), &segment_path(dir.path(), first + 1)).unwrap());
+            Some(Segment::create(dir.path(), &segment_path(dir.path(), first + 1)).unwrap());
         storage.segment_seq = first + 1;
         append(&mut storage, &record(7));
         storage.commit().unwrap();
@@ -572,6 +659,50 @@ mod tests {
         bytes[HEADER + 1] ^= 0xff;
         fs::write(&path, bytes).unwrap();
 
+        let (mut storage, _) = Storage::open(dir.path()).unwrap();
+        assert!(matches!(
+            storage.replay(|_| {}),
+            Err(ServerError::Corrupt { .. })
+        ));
+    }
+
+    #[test]
+    fn records_are_written_over_zeros_ahead_of_the_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut storage, _, _) = reopen(dir.path());
+        storage.write_snapshot(&mut empty_snapshot()).unwrap();
+        let first = storage.segment_seq;
+        let path = segment_path(dir.path(), first);
+        assert_eq!(fs::metadata(&path).unwrap().len(), ZEROS_CHUNK as u64);
+        // Enough records to use up most of the first chunk of zeros.
+        let mut n = 0;
+        while storage.buffer.len() < ZEROS_CHUNK - ZEROS_LOW_WATER as usize / 2 {
+            append(&mut storage, &record(n));
+            n += 1;
+        }
+        storage.commit().unwrap();
+        let end = storage.segment.as_ref().unwrap().end;
+        assert_eq!(fs::metadata(&path).unwrap().len(), ZEROS_CHUNK as u64);
+        storage.prepare().unwrap();
+        assert_eq!(fs::metadata(&path).unwrap().len(), 2 * ZEROS_CHUNK as u64);
+        let bytes = fs::read(&path).unwrap();
+        assert!(bytes[end as usize..].iter().all(|&b| b == 0));
+        // A second segment without a snapshot (a crash during a snapshot
+        // write): the first one's zeros are its clean end.
+        storage.segment =
+            Some(Segment::create(dir.path(), &segment_path(dir.path(), first + 1)).unwrap());
+        storage.segment_seq = first + 1;
+        append(&mut storage, &record(n));
+        storage.commit().unwrap();
+        drop(storage);
+        let (storage, _, records) = reopen(dir.path());
+        drop(storage);
+        assert_eq!(records, (0..=n).map(record).collect::<Vec<_>>());
+
+        // Data after the end of an older segment's records is corruption.
+        let mut bytes = fs::read(&path).unwrap();
+        bytes[end as usize + 100] = 1;
+        fs::write(&path, &bytes).unwrap();
         let (mut storage, _) = Storage::open(dir.path()).unwrap();
         assert!(matches!(
             storage.replay(|_| {}),

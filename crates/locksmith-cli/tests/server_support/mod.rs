@@ -183,22 +183,24 @@ pub async fn grpc(
 
 /// A session stream driven by hand: it heartbeats only when told to.
 pub struct RawSession {
-    tx: tokio::sync::mpsc::UnboundedSender<locksmith_proto::v1::ClientMessage>,
-    inbound: tonic::Streaming<locksmith_proto::v1::ServerMessage>,
+    tx: tokio::sync::mpsc::UnboundedSender<locksmith_proto::v1::ClientBatch>,
+    inbound: tonic::Streaming<locksmith_proto::v1::ServerBatch>,
+    /// Messages of a server batch not read yet.
+    buffered: std::collections::VecDeque<locksmith_proto::v1::ServerMessage>,
     /// The session id from `opened`.
     pub session_id: u64,
     /// The resume secret from `opened`.
     pub secret: Vec<u8>,
 }
 
-/// Starts a session stream whose first message is `first`; returns the sender
-/// and the stream (or the call's error status).
+/// Starts a session stream whose first message is `first` (alone in its
+/// batch); returns the sender and the stream (or the call's error status).
 pub async fn raw_stream(
     port: u16,
     first: locksmith_proto::v1::client_message::Kind,
 ) -> (
-    tokio::sync::mpsc::UnboundedSender<locksmith_proto::v1::ClientMessage>,
-    Result<tonic::Streaming<locksmith_proto::v1::ServerMessage>, tonic::Status>,
+    tokio::sync::mpsc::UnboundedSender<locksmith_proto::v1::ClientBatch>,
+    Result<tonic::Streaming<locksmith_proto::v1::ServerBatch>, tonic::Status>,
 ) {
     raw_stream_on(&mut grpc(port).await, first).await
 }
@@ -208,12 +210,12 @@ pub async fn raw_stream_on(
     client: &mut locksmith_proto::v1::locksmith_client::LocksmithClient<tonic::transport::Channel>,
     first: locksmith_proto::v1::client_message::Kind,
 ) -> (
-    tokio::sync::mpsc::UnboundedSender<locksmith_proto::v1::ClientMessage>,
-    Result<tonic::Streaming<locksmith_proto::v1::ServerMessage>, tonic::Status>,
+    tokio::sync::mpsc::UnboundedSender<locksmith_proto::v1::ClientBatch>,
+    Result<tonic::Streaming<locksmith_proto::v1::ServerBatch>, tonic::Status>,
 ) {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    tx.send(locksmith_proto::v1::ClientMessage {
-        kind: Some(first),
+    tx.send(locksmith_proto::v1::ClientBatch {
+        messages: vec![locksmith_proto::v1::ClientMessage { kind: Some(first) }],
         ..Default::default()
     })
     .unwrap();
@@ -235,7 +237,14 @@ impl RawSession {
         });
         let (tx, stream) = raw_stream(port, open).await;
         let mut inbound = stream.expect("session call");
-        let opened = match inbound.message().await.expect("first message") {
+        let mut buffered: std::collections::VecDeque<_> = inbound
+            .message()
+            .await
+            .expect("first message")
+            .map(|batch| batch.messages)
+            .unwrap_or_default()
+            .into();
+        let opened = match buffered.pop_front() {
             Some(pb::ServerMessage {
                 kind: Some(pb::server_message::Kind::Opened(opened)),
             }) => opened,
@@ -244,16 +253,26 @@ impl RawSession {
         RawSession {
             tx,
             inbound,
+            buffered,
             session_id: opened.session_id,
             secret: opened.secret,
         }
     }
 
-    /// Sends one message.
+    /// Sends one message (alone in its batch).
     pub fn send(&self, kind: locksmith_proto::v1::client_message::Kind) {
+        self.send_batch(vec![kind]);
+    }
+
+    /// Sends several messages as one batch.
+    pub fn send_batch(&self, kinds: Vec<locksmith_proto::v1::client_message::Kind>) {
+        let messages = kinds
+            .into_iter()
+            .map(|kind| locksmith_proto::v1::ClientMessage { kind: Some(kind) })
+            .collect();
         self.tx
-            .send(locksmith_proto::v1::ClientMessage {
-                kind: Some(kind),
+            .send(locksmith_proto::v1::ClientBatch {
+                messages,
                 ..Default::default()
             })
             .expect("stream open");
@@ -268,20 +287,32 @@ impl RawSession {
 
     /// The next message (`None` when the stream ends); panics after 15 s.
     pub async fn next(&mut self) -> Option<locksmith_proto::v1::server_message::Kind> {
-        match tokio::time::timeout(Duration::from_secs(15), self.inbound.message()).await {
-            Ok(Ok(Some(message))) => message.kind,
-            Ok(Ok(None)) => None,
-            Ok(Err(status)) => panic!("stream failed: {status}"),
-            Err(_) => panic!("no message within 15 s"),
+        loop {
+            if let Some(message) = self.buffered.pop_front() {
+                return message.kind;
+            }
+            match tokio::time::timeout(Duration::from_secs(15), self.inbound.message()).await {
+                Ok(Ok(Some(batch))) => self.buffered.extend(batch.messages),
+                Ok(Ok(None)) => return None,
+                Ok(Err(status)) => panic!("stream failed: {status}"),
+                Err(_) => panic!("no message within 15 s"),
+            }
         }
     }
 
     /// Reads one message: `Some(code)` if the stream failed with that status,
     /// `None` if a message (or the end) arrived.
     pub async fn next_status(&mut self) -> Option<tonic::Code> {
+        if self.buffered.pop_front().is_some() {
+            return None;
+        }
         match self.inbound.message().await {
             Err(status) => Some(status.code()),
-            Ok(_) => None,
+            Ok(Some(batch)) => {
+                self.buffered.extend(batch.messages);
+                None
+            }
+            Ok(None) => None,
         }
     }
 

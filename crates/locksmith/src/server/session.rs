@@ -177,7 +177,7 @@ pub(super) struct State {
     /// (re-entries share a token).
     holds: HashMap<u64, (LostSignal, u32)>,
     /// The current stream, while connected.
-    link: Option<mpsc::UnboundedSender<pb::ClientMessage>>,
+    link: Option<mpsc::UnboundedSender<Outgoing>>,
     /// Bumped whenever the session is lost: holds of an older generation are gone.
     pub generation: u64,
     pub closed: bool,
@@ -198,10 +198,11 @@ impl State {
     }
 
     /// Sends one message on the current stream, with pending acknowledgements.
+    /// It leaves in the next batch (see [`batches`]).
     fn send(&mut self, kind: Out) {
         let Some(link) = &self.link else { return };
-        let message = pb::ClientMessage {
-            kind: Some(kind),
+        let message = Outgoing {
+            kind,
             ack_replies: std::mem::take(&mut self.ack_replies),
             ack_lost: std::mem::take(&mut self.ack_lost),
         };
@@ -536,12 +537,61 @@ enum SetupError {
 
 /// A stream carrying an open session.
 struct Link {
-    inbound: Streaming<pb::ServerMessage>,
-    outbound: mpsc::UnboundedSender<pb::ClientMessage>,
+    inbound: Streaming<pb::ServerBatch>,
+    /// Messages that came in the same batch as `opened`/`resumed` (lost
+    /// notices after a resume), for [`run`] to handle first.
+    early: Vec<pb::ServerMessage>,
+    outbound: mpsc::UnboundedSender<Outgoing>,
     credentials: Credentials,
     /// When the open/resume message was sent: the session lives at least one
     /// TTL from then.
     sent_at: Instant,
+}
+
+/// One message for the stream, with the acknowledgements gathered before it.
+struct Outgoing {
+    kind: Out,
+    ack_replies: Vec<u64>,
+    ack_lost: Vec<u64>,
+}
+
+/// Encoded bytes at which a batch stops growing: far below the server's
+/// message limit (1 MiB by default), and large enough that a bigger batch
+/// would save nothing more.
+const MAX_BATCH_BYTES: usize = 64 << 10;
+
+/// The request stream of a session: every message queued since the last poll
+/// leaves as one [`pb::ClientBatch`] (up to [`MAX_BATCH_BYTES`]), so many
+/// callers' requests share one HTTP/2 message and one wake-up of the
+/// connection. Ends when every sender is gone.
+fn batches(
+    mut queue: mpsc::UnboundedReceiver<Outgoing>,
+) -> impl futures::Stream<Item = pb::ClientBatch> {
+    use locksmith_proto::prost::Message as _;
+    futures::stream::poll_fn(move |cx| {
+        let mut next = match queue.poll_recv(cx) {
+            std::task::Poll::Ready(Some(first)) => Some(first),
+            std::task::Poll::Ready(None) => return std::task::Poll::Ready(None),
+            std::task::Poll::Pending => return std::task::Poll::Pending,
+        };
+        let mut batch = pb::ClientBatch::default();
+        let mut bytes = 0;
+        while let Some(outgoing) = next.take() {
+            let message = pb::ClientMessage {
+                kind: Some(outgoing.kind),
+            };
+            bytes += message.encoded_len()
+                + 4
+                + 10 * (outgoing.ack_replies.len() + outgoing.ack_lost.len());
+            batch.messages.push(message);
+            batch.ack_replies.extend(outgoing.ack_replies);
+            batch.ack_lost.extend(outgoing.ack_lost);
+            if bytes < MAX_BATCH_BYTES {
+                next = queue.try_recv().ok();
+            }
+        }
+        std::task::Poll::Ready(Some(batch))
+    })
 }
 
 /// Opens (or resumes, with `resume`) a session on a new stream.
@@ -554,7 +604,7 @@ async fn establish(
     ttl: Duration,
     resume: Option<&Credentials>,
 ) -> Result<Link, SetupError> {
-    let (outbound, receiver) = mpsc::unbounded_channel();
+    let (outbound, queue) = mpsc::unbounded_channel();
     let first = match resume {
         Some(c) => Out::Resume(pb::ResumeSession {
             session_id: c.id,
@@ -566,12 +616,10 @@ async fn establish(
             ttl_ms: convert::ceil_ms(ttl),
         }),
     };
-    let _ = outbound.send(pb::ClientMessage {
-        kind: Some(first),
-        ..pb::ClientMessage::default()
-    });
-    let requests = futures::stream::unfold(receiver, |mut receiver| async move {
-        receiver.recv().await.map(|message| (message, receiver))
+    let _ = outbound.send(Outgoing {
+        kind: first,
+        ack_replies: Vec::new(),
+        ack_lost: Vec::new(),
     });
     let sent_at = Instant::now();
     let failed = |status: tonic::Status| {
@@ -583,20 +631,23 @@ async fn establish(
     };
     let mut inbound = client
         .clone()
-        .session(requests)
+        .session(batches(queue))
         .await
         .map_err(failed)?
         .into_inner();
-    let credentials = match inbound.message().await.map_err(failed)? {
-        Some(pb::ServerMessage {
-            kind: Some(In::Opened(opened)),
-        }) => Credentials {
+    let mut early = inbound
+        .message()
+        .await
+        .map_err(failed)?
+        .map(|batch| batch.messages)
+        .unwrap_or_default();
+    let first = (!early.is_empty()).then(|| early.remove(0).kind);
+    let credentials = match first {
+        Some(Some(In::Opened(opened))) => Credentials {
             id: opened.session_id,
             secret: opened.secret,
         },
-        Some(pb::ServerMessage {
-            kind: Some(In::Resumed(_)),
-        }) => resume
+        Some(Some(In::Resumed(_))) => resume
             .cloned()
             .expect("resumed only what we asked to resume"),
         other => {
@@ -608,6 +659,7 @@ async fn establish(
     };
     Ok(Link {
         inbound,
+        early,
         outbound,
         credentials,
         sent_at,
@@ -669,7 +721,8 @@ async fn drive(shared: Arc<Shared>, first: Link) {
     let mut session = Some(link.credentials.clone());
     let mut confirmed = link.sent_at;
     loop {
-        let end = run(&shared, &mut link.inbound, &mut confirmed).await;
+        let early = std::mem::take(&mut link.early);
+        let end = run(&shared, &mut link.inbound, early, &mut confirmed).await;
         let mut stale = None;
         match end {
             End::Closed => {
@@ -774,13 +827,15 @@ async fn close_remotely(shared: &Shared, credentials: Credentials) {
     let _ = tokio::time::timeout(CLOSE_WAIT, client.close_session(request)).await;
 }
 
-/// Runs one stream until it ends: routes replies and pushes, heartbeats at a
-/// third of the TTL, and watches for a whole TTL without an answer.
+/// Runs one stream until it ends: routes replies and pushes (`early` first),
+/// heartbeats at a third of the TTL, and watches for a whole TTL without an
+/// answer.
 ///
-/// Cancel safety: safe between messages; every routing step is synchronous.
+/// Cancel safety: safe between batches; every routing step is synchronous.
 async fn run(
     shared: &Shared,
-    inbound: &mut Streaming<pb::ServerMessage>,
+    inbound: &mut Streaming<pb::ServerBatch>,
+    early: Vec<pb::ServerMessage>,
     confirmed: &mut Instant,
 ) -> End {
     let ttl = shared.ttl;
@@ -789,39 +844,30 @@ async fn run(
     let mut sent = VecDeque::new();
     let jeopardy = sleep_until(*confirmed + ttl);
     tokio::pin!(jeopardy);
+    let mut batch = early;
     loop {
+        if !batch.is_empty() {
+            let mut heard = None;
+            if let Some(end) = route(shared, std::mem::take(&mut batch), &mut sent, &mut heard) {
+                return end;
+            }
+            if let Some(at) = heard {
+                *confirmed = at;
+                jeopardy.as_mut().reset(at + ttl);
+            }
+        }
         tokio::select! {
             biased;
             _ = shared.closing.cancelled() => return close(shared, inbound).await,
             message = inbound.message() => {
-                let message = match message {
-                    Ok(Some(message)) => message,
+                batch = match message {
+                    Ok(Some(batch)) => batch.messages,
                     Ok(None) => return End::Broken("the server ended the stream".into()),
                     Err(status) if status.code() == Code::NotFound => {
                         return End::SessionLost(status.message().to_owned())
                     }
                     Err(status) => return End::Broken(status.to_string()),
                 };
-                match message.kind {
-                    Some(In::Heartbeat(_)) => {
-                        if let Some(at) = sent.pop_front() {
-                            *confirmed = at;
-                            jeopardy.as_mut().reset(at + ttl);
-                        }
-                    }
-                    Some(In::Reply(reply)) => {
-                        if let Some(result) = reply.result {
-                            if !matches!(result, pb::reply::Result::Queued(_)) {
-                                shared.state().finish(reply.id, result);
-                            }
-                        }
-                    }
-                    Some(In::Lost(lost)) => lost_push(&mut shared.state(), lost),
-                    Some(In::Ended(ended)) => {
-                        return End::SessionLost(format!("session {}", ended.reason))
-                    }
-                    Some(In::Opened(_)) | Some(In::Resumed(_)) | None => {}
-                }
             }
             _ = heartbeat.tick() => {
                 shared.state().send(Out::Heartbeat(pb::Heartbeat {}));
@@ -834,6 +880,39 @@ async fn run(
             }
         }
     }
+}
+
+/// Routes one batch of server messages under one lock of the state. `heard`
+/// becomes the send time of the latest heartbeat answered.
+fn route(
+    shared: &Shared,
+    messages: Vec<pb::ServerMessage>,
+    sent: &mut VecDeque<Instant>,
+    heard: &mut Option<Instant>,
+) -> Option<End> {
+    let mut state = shared.state();
+    for message in messages {
+        match message.kind {
+            Some(In::Heartbeat(_)) => {
+                if let Some(at) = sent.pop_front() {
+                    *heard = Some(at);
+                }
+            }
+            Some(In::Reply(reply)) => {
+                if let Some(result) = reply.result {
+                    if !matches!(result, pb::reply::Result::Queued(_)) {
+                        state.finish(reply.id, result);
+                    }
+                }
+            }
+            Some(In::Lost(lost)) => lost_push(&mut state, lost),
+            Some(In::Ended(ended)) => {
+                return Some(End::SessionLost(format!("session {}", ended.reason)))
+            }
+            Some(In::Opened(_)) | Some(In::Resumed(_)) | None => {}
+        }
+    }
+    None
 }
 
 fn lost_push(state: &mut State, lost: pb::Lost) {
@@ -853,14 +932,16 @@ fn lost_push(state: &mut State, lost: pb::Lost) {
 /// Closes the session on its stream and waits (bounded) for the server's word.
 ///
 /// Cancel safety: the close message is sent first; dropping only stops the wait.
-async fn close(shared: &Shared, inbound: &mut Streaming<pb::ServerMessage>) -> End {
+async fn close(shared: &Shared, inbound: &mut Streaming<pb::ServerBatch>) -> End {
     shared.state().send(Out::Close(pb::Close {}));
     let _ = tokio::time::timeout(CLOSE_WAIT, async {
-        while let Ok(Some(message)) = inbound.message().await {
-            match message.kind {
-                Some(In::Lost(lost)) => lost_push(&mut shared.state(), lost),
-                Some(In::Ended(_)) => return,
-                _ => {}
+        while let Ok(Some(batch)) = inbound.message().await {
+            for message in batch.messages {
+                match message.kind {
+                    Some(In::Lost(lost)) => lost_push(&mut shared.state(), lost),
+                    Some(In::Ended(_)) => return,
+                    _ => {}
+                }
             }
         }
     })
