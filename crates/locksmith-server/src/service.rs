@@ -258,10 +258,12 @@ impl StreamReader {
                     };
                     match message {
                         Ok(Some(batch)) => batch,
-                        Ok(None) | Err(_) => {
+                        ended => {
+                            // A batch that does not decode (too large, malformed)
+                            // ends the stream with the reason.
                             let _ = self.core.send(Op::Detach {
                                 stream: self.stream,
-                                error: None,
+                                error: ended.err(),
                             });
                             return;
                         }

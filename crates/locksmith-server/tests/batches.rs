@@ -1,0 +1,252 @@
+//! Batches on the session stream: every message of a client batch is handled
+//! on its own and in order, a batch that breaks the stream protocol or the
+//! size limit ends the stream before any of it runs, and the first batch may
+//! carry requests after its `open`.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use locksmith_proto::v1 as pb;
+use locksmith_server::{Server, ServerConfig};
+use pb::client_message::Kind as Out;
+use pb::locksmith_client::LocksmithClient;
+use pb::server_message::Kind as In;
+use tokio::sync::mpsc;
+use tonic::transport::Channel;
+use tonic::Code;
+
+/// Largest client message the test server accepts.
+const MAX_MESSAGE: usize = 64 << 10;
+
+async fn server() -> (Server, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("temporary data directory");
+    let mut config = ServerConfig::durable(dir.path()).listen("127.0.0.1:0".parse().unwrap());
+    config.max_message_bytes = MAX_MESSAGE;
+    (Server::start(config).await.expect("start the server"), dir)
+}
+
+async fn grpc(server: &Server) -> LocksmithClient<Channel> {
+    LocksmithClient::connect(format!("http://{}", server.local_addr()))
+        .await
+        .expect("gRPC connect")
+}
+
+/// A session stream driven by hand, batch by batch.
+struct Raw {
+    tx: mpsc::UnboundedSender<pb::ClientBatch>,
+    inbound: tonic::Streaming<pb::ServerBatch>,
+    buffered: VecDeque<pb::ServerMessage>,
+}
+
+impl Raw {
+    /// Starts a stream whose first batch is `first`.
+    async fn start(server: &Server, first: Vec<Out>) -> Raw {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let outbound = futures::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|batch| (batch, rx))
+        });
+        let raw = Raw {
+            inbound: grpc(server)
+                .await
+                .session(outbound)
+                .await
+                .expect("session call")
+                .into_inner(),
+            tx,
+            buffered: VecDeque::new(),
+        };
+        raw.send(first);
+        raw
+    }
+
+    fn send(&self, kinds: Vec<Out>) {
+        let messages = kinds
+            .into_iter()
+            .map(|kind| pb::ClientMessage { kind: Some(kind) })
+            .collect();
+        self.tx
+            .send(pb::ClientBatch {
+                messages,
+                ..Default::default()
+            })
+            .expect("stream open");
+    }
+
+    /// The next message, or the status the stream ended with.
+    async fn next(&mut self) -> Result<In, tonic::Status> {
+        loop {
+            if let Some(message) = self.buffered.pop_front() {
+                return Ok(message.kind.expect("a message has a kind"));
+            }
+            let batch = tokio::time::timeout(Duration::from_secs(10), self.inbound.message())
+                .await
+                .expect("a message within 10 s")?
+                .expect("the stream ends with a status");
+            assert!(!batch.messages.is_empty(), "empty server batch");
+            self.buffered.extend(batch.messages);
+        }
+    }
+
+    /// The final replies to `count` requests, by id, in the order they came.
+    async fn replies(&mut self, count: usize) -> Vec<(u64, pb::reply::Result)> {
+        let mut replies = Vec::new();
+        while replies.len() < count {
+            match self.next().await.expect("stream open") {
+                In::Reply(pb::Reply {
+                    id,
+                    result: Some(result),
+                }) if !matches!(result, pb::reply::Result::Queued(_)) => replies.push((id, result)),
+                _ => {}
+            }
+        }
+        replies
+    }
+}
+
+fn open() -> Out {
+    Out::Open(pb::OpenSession {
+        client_name: "batches".into(),
+        host: "test".into(),
+        ttl_ms: 5_000,
+    })
+}
+
+fn acquire(id: u64, name: &str, owner: &str) -> Out {
+    Out::Request(pb::Request {
+        id,
+        op: Some(pb::request::Op::Acquire(pb::Acquire {
+            names: vec![name.into()],
+            owner: owner.into(),
+            wait: pb::WaitKind::No as i32,
+            ..Default::default()
+        })),
+    })
+}
+
+fn release(id: u64, name: &str, owner: &str) -> Out {
+    Out::Request(pb::Request {
+        id,
+        op: Some(pb::request::Op::Release(pb::Release {
+            name: name.into(),
+            owner: owner.into(),
+            token: None,
+        })),
+    })
+}
+
+fn error_code(result: &pb::reply::Result) -> Option<pb::ErrorCode> {
+    match result {
+        pb::reply::Result::Error(error) => pb::ErrorCode::try_from(error.code).ok(),
+        _ => None,
+    }
+}
+
+async fn holders(server: &Server, name: &str) -> Vec<String> {
+    let described = grpc(server)
+        .await
+        .describe(pb::DescribeRequest { name: name.into() })
+        .await
+        .expect("describe")
+        .into_inner();
+    described
+        .lock
+        .map(|lock| lock.holders.into_iter().map(|h| h.owner).collect())
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_message_of_a_batch_gets_its_own_answer() {
+    let (server, _dir) = server().await;
+    // The first batch carries requests after its open.
+    let mut raw = Raw::start(&server, vec![open(), acquire(1, "batch/first", "a")]).await;
+    assert!(matches!(raw.next().await, Ok(In::Opened(_))));
+    let first = raw.replies(1).await;
+    assert!(matches!(first[0], (1, pb::reply::Result::Granted(_))));
+
+    // Valid and invalid requests mixed in one batch.
+    raw.send(vec![
+        acquire(2, "batch/a", "a"),
+        acquire(3, "batch//bad", "a"),
+        Out::Request(pb::Request { id: 4, op: None }),
+        acquire(5, "batch/b", "b"),
+        release(6, "batch/a", "someone-else"),
+        acquire(7, "batch/c", ""),
+        release(8, "batch/first", "a"),
+        Out::Heartbeat(pb::Heartbeat {}),
+        acquire(9, "batch/b", "c"),
+    ]);
+    let replies = raw.replies(8).await;
+    let ids: Vec<u64> = replies.iter().map(|(id, _)| *id).collect();
+    assert_eq!(ids, [2, 3, 4, 5, 6, 7, 8, 9], "answered in order");
+    assert!(matches!(replies[0].1, pb::reply::Result::Granted(_)));
+    assert_eq!(error_code(&replies[1].1), Some(pb::ErrorCode::InvalidName));
+    assert_eq!(
+        error_code(&replies[2].1),
+        Some(pb::ErrorCode::InvalidArgument)
+    );
+    assert!(matches!(replies[3].1, pb::reply::Result::Granted(_)));
+    assert_eq!(error_code(&replies[4].1), Some(pb::ErrorCode::NotOwner));
+    assert_eq!(
+        error_code(&replies[5].1),
+        Some(pb::ErrorCode::InvalidArgument)
+    );
+    assert!(matches!(replies[6].1, pb::reply::Result::Done(_)));
+    assert!(matches!(replies[7].1, pb::reply::Result::WouldBlock(_)));
+
+    // Nothing else changed: the refused requests left no trace.
+    assert_eq!(holders(&server, "batch/a").await, ["a"]);
+    assert_eq!(holders(&server, "batch/b").await, ["b"]);
+    assert!(holders(&server, "batch/c").await.is_empty());
+    assert!(holders(&server, "batch/first").await.is_empty());
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_that_breaks_the_protocol_ends_the_stream_before_it_runs() {
+    let (server, _dir) = server().await;
+    let mut raw = Raw::start(&server, vec![open()]).await;
+    assert!(matches!(raw.next().await, Ok(In::Opened(_))));
+    raw.send(vec![acquire(1, "broken/a", "a"), open()]);
+    let status = loop {
+        match raw.next().await {
+            Err(status) => break status,
+            Ok(other) => panic!("expected the stream to end, got {other:?}"),
+        }
+    };
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status}");
+    assert!(holders(&server, "broken/a").await.is_empty());
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_batch_gets_the_size_limit_error_and_nothing_runs() {
+    let (server, _dir) = server().await;
+    let mut raw = Raw::start(&server, vec![open()]).await;
+    assert!(matches!(raw.next().await, Ok(In::Opened(_))));
+    // Each acquire is small; together they pass the limit.
+    let name = |i: u64| format!("oversized/{i:0>200}");
+    let batch: Vec<Out> = (1..=MAX_MESSAGE as u64 / 200)
+        .map(|i| acquire(i, &name(i), "a"))
+        .collect();
+    raw.send(batch);
+    let status = loop {
+        match raw.next().await {
+            Err(status) => break status,
+            Ok(other) => panic!("expected the stream to end, got {other:?}"),
+        }
+    };
+    assert!(
+        matches!(status.code(), Code::OutOfRange | Code::ResourceExhausted),
+        "{status}"
+    );
+    assert!(holders(&server, &name(1)).await.is_empty());
+
+    // The server keeps serving: a new stream works.
+    let mut again = Raw::start(&server, vec![open(), acquire(1, "oversized/after", "a")]).await;
+    assert!(matches!(again.next().await, Ok(In::Opened(_))));
+    assert!(matches!(
+        again.replies(1).await[0],
+        (1, pb::reply::Result::Granted(_))
+    ));
+    server.shutdown().await.unwrap();
+}
