@@ -207,11 +207,9 @@ async fn a_batch_that_breaks_the_protocol_ends_the_stream_before_it_runs() {
     let mut raw = Raw::start(&server, vec![open()]).await;
     assert!(matches!(raw.next().await, Ok(In::Opened(_))));
     raw.send(vec![acquire(1, "broken/a", "a"), open()]);
-    let status = loop {
-        match raw.next().await {
-            Err(status) => break status,
-            Ok(other) => panic!("expected the stream to end, got {other:?}"),
-        }
+    let status = match raw.next().await {
+        Err(status) => status,
+        Ok(other) => panic!("expected the stream to end, got {other:?}"),
     };
     assert_eq!(status.code(), Code::FailedPrecondition, "{status}");
     assert!(holders(&server, "broken/a").await.is_empty());
@@ -229,11 +227,9 @@ async fn an_oversized_batch_gets_the_size_limit_error_and_nothing_runs() {
         .map(|i| acquire(i, &name(i), "a"))
         .collect();
     raw.send(batch);
-    let status = loop {
-        match raw.next().await {
-            Err(status) => break status,
-            Ok(other) => panic!("expected the stream to end, got {other:?}"),
-        }
+    let status = match raw.next().await {
+        Err(status) => status,
+        Ok(other) => panic!("expected the stream to end, got {other:?}"),
     };
     assert!(
         matches!(status.code(), Code::OutOfRange | Code::ResourceExhausted),
