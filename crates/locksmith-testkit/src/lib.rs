@@ -55,6 +55,7 @@
 mod error;
 mod etcd;
 mod find;
+pub mod pgbouncer;
 mod postgres;
 mod process;
 mod redis;

@@ -369,7 +369,7 @@ fn tool(bin_dir: &Path, name: &str, package: &str) -> Result<PathBuf> {
 
 /// `(uid, gid)` to run PostgreSQL as: `None` for the current user, or the
 /// `locksmith-pg` system user (created if needed) when running as root.
-fn server_user() -> Result<Option<(u32, u32)>> {
+pub(crate) fn server_user() -> Result<Option<(u32, u32)>> {
     // SAFETY: geteuid cannot fail.
     if unsafe { libc::geteuid() } != 0 {
         return Ok(None);
@@ -439,7 +439,9 @@ fn probe(port: u16) -> std::result::Result<(), String> {
     handshake(port, Duration::from_millis(500)).map_err(|e| e.to_string())
 }
 
-fn handshake(port: u16, timeout: Duration) -> io::Result<()> {
+/// A startup handshake on `127.0.0.1:port` (PostgreSQL's protocol, also
+/// PgBouncer's), until `ReadyForQuery`.
+pub(crate) fn handshake(port: u16, timeout: Duration) -> io::Result<()> {
     let mut stream = TcpStream::connect_timeout(&crate::loopback(port), timeout)?;
     stream.set_read_timeout(Some(timeout))?;
     stream.set_write_timeout(Some(timeout))?;

@@ -966,3 +966,279 @@ async fn tls_sslmodes() {
         );
     }
 }
+
+/// Through PgBouncer: in transaction mode only what lives in one transaction
+/// works (lease holds with `locksmith_pooler=transaction`, and
+/// `lock_in_transaction`); session holds need session mode.
+mod pgbouncer {
+    use super::*;
+    use locksmith_testkit::pgbouncer::{PgBouncer, PoolMode};
+
+    /// A transaction-mode PgBouncer in front of the shared server.
+    pub(super) async fn transaction_pooler() -> &'static PgBouncer {
+        static BOUNCER: OnceLock<PgBouncer> = OnceLock::new();
+        let pg = shared().await;
+        tokio::task::spawn_blocking(move || {
+            BOUNCER.get_or_init(|| PgBouncer::start(pg, PoolMode::Transaction))
+        })
+        .await
+        .expect("start PgBouncer")
+    }
+
+    /// The URL of a locksmith client behind a transaction pooler.
+    pub(super) async fn pooled_url() -> String {
+        format!(
+            "{}?locksmith_pooler=transaction",
+            transaction_pooler().await.url()
+        )
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn lease_holds_through_a_transaction_pooler() {
+        let pg = shared().await;
+        let url = pooled_url().await;
+        let ttl = Duration::from_secs(1);
+        let (a, b) = (connect(&url, ttl).await, connect(&url, ttl).await);
+        let name = unique("bouncer-lease");
+
+        let first = a.lock(name.as_str()).acquire().await.unwrap();
+        assert!(b.lock(name.as_str()).try_acquire().await.unwrap().is_none());
+        assert!(matches!(
+            b.lock(name.as_str())
+                .acquire_timeout(Duration::from_millis(300))
+                .await,
+            Err(Error::Timeout(_))
+        ));
+        // The watchdog renews through the pooler: the lease moves on.
+        let expiry = || async {
+            query(
+                pg,
+                &format!(
+                    "SELECT extract(epoch FROM lease_expires) FROM locksmith.lease_holds \
+                     WHERE name = {} AND token = {}",
+                    literal(&name),
+                    first.fencing_token()
+                ),
+            )
+            .await
+            .parse::<f64>()
+            .unwrap()
+        };
+        let before = expiry().await;
+        until("a renewal", || async { expiry().await > before }).await;
+        let info = b.describe(&name).await.unwrap().expect("held");
+        assert_eq!(info.holders[0].fencing_token, Some(first.fencing_token()));
+        assert!(info.holders[0].lease_expires.is_some());
+
+        // A waiter queues in PostgreSQL (in a transaction) behind the lease
+        // hold, polls as the head, and is granted after the release.
+        let waiting = tokio::spawn({
+            let lock = b.lock(name.as_str());
+            async move { lock.acquire().await }
+        });
+        until("the waiter shows", || async {
+            a.describe(&name)
+                .await
+                .unwrap()
+                .is_some_and(|info| info.waiters.len() == 1)
+        })
+        .await;
+        let token = first.fencing_token();
+        first.release().await.unwrap();
+        let second = timeout(Duration::from_secs(20), waiting)
+            .await
+            .expect("granted after the release")
+            .unwrap()
+            .unwrap();
+        assert!(second.fencing_token() > token);
+        assert!(a.lock(name.as_str()).try_acquire().await.unwrap().is_none());
+        second.release().await.unwrap();
+
+        // Readers share, a writer waits for them; a semaphore counts.
+        let readers = (
+            a.rw_lock(name.as_str()).read().acquire().await.unwrap(),
+            b.rw_lock(name.as_str()).read().acquire().await.unwrap(),
+        );
+        assert!(a
+            .rw_lock(name.as_str())
+            .write()
+            .try_acquire()
+            .await
+            .unwrap()
+            .is_none());
+        readers.0.release().await.unwrap();
+        readers.1.release().await.unwrap();
+        let semaphore = unique("bouncer-semaphore");
+        let permits = (
+            a.semaphore(semaphore.as_str(), 2).acquire().await.unwrap(),
+            b.semaphore(semaphore.as_str(), 2).acquire().await.unwrap(),
+        );
+        assert!(a
+            .semaphore(semaphore.as_str(), 2)
+            .try_acquire()
+            .await
+            .unwrap()
+            .is_none());
+        permits.0.release().await.unwrap();
+        permits.1.release().await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn transaction_scoped_locks_through_a_transaction_pooler() {
+        let bouncer = transaction_pooler().await;
+        let raw = || async {
+            let (client, connection) =
+                tokio_postgres::connect(&bouncer.url(), tokio_postgres::NoTls)
+                    .await
+                    .unwrap();
+            tokio::spawn(connection);
+            client
+        };
+        let (mut first, mut second) = (raw().await, raw().await);
+        let locksmith = connect(&pooled_url().await, Duration::from_secs(5)).await;
+        let name = unique("bouncer-xact");
+
+        let mut tx = first.transaction().await.unwrap();
+        let grant = lock_in_transaction(&mut tx, &name, &XactOptions::default())
+            .await
+            .unwrap()
+            .expect("granted");
+        let mut other = second.transaction().await.unwrap();
+        let try_options = XactOptions {
+            wait: Wait::No,
+            ..XactOptions::default()
+        };
+        assert_eq!(
+            lock_in_transaction(&mut other, &name, &try_options)
+                .await
+                .unwrap(),
+            None
+        );
+        let timed = XactOptions {
+            wait: Wait::For(Duration::from_millis(200)),
+            ..XactOptions::default()
+        };
+        assert!(matches!(
+            lock_in_transaction(&mut other, &name, &timed).await,
+            Err(Error::Timeout(_))
+        ));
+        assert!(locksmith
+            .lock(name.as_str())
+            .try_acquire()
+            .await
+            .unwrap()
+            .is_none());
+        let pg = shared().await;
+        let key = advisory_key(&name);
+        let forever = XactOptions::default();
+        let (next, committed) = tokio::join!(
+            timeout(
+                Duration::from_secs(20),
+                lock_in_transaction(&mut other, &name, &forever),
+            ),
+            async {
+                until("the second transaction waits for the key", || async {
+                    query(
+                        pg,
+                        &format!(
+                            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' \
+                             AND NOT granted AND objid = ({key}::bigint & 4294967295)::oid"
+                        ),
+                    )
+                    .await
+                        == "1"
+                })
+                .await;
+                tx.commit().await
+            }
+        );
+        committed.unwrap();
+        let next = next
+            .expect("granted after the commit")
+            .unwrap()
+            .expect("granted");
+        other.commit().await.unwrap();
+        assert!(next.fencing_token > grant.fencing_token);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn session_holds_are_refused_behind_a_transaction_pooler() {
+        let bouncer = transaction_pooler().await;
+        match Client::connect(&bouncer.url()).await {
+            Err(Error::Unsupported { what, .. }) => {
+                assert!(what.contains("locksmith_pooler=transaction"), "{what}")
+            }
+            other => panic!("{:?}", other.map(|_| "connected")),
+        }
+        let declared = format!(
+            "{}?locksmith_pooler=transaction&locksmith_mode=session",
+            bouncer.url()
+        );
+        assert!(matches!(
+            Client::connect(&declared).await,
+            Err(Error::InvalidUrl { .. })
+        ));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn session_holds_work_behind_a_session_pooler() {
+        let pg = shared().await;
+        let bouncer = tokio::task::spawn_blocking(move || PgBouncer::start(pg, PoolMode::Session))
+            .await
+            .unwrap();
+        let (a, b) = (
+            connect(&bouncer.url(), Duration::from_secs(5)).await,
+            connect(&bouncer.url(), Duration::from_secs(5)).await,
+        );
+        let name = unique("bouncer-session");
+        let held = a.lock(name.as_str()).acquire().await.unwrap();
+        assert_eq!(
+            query(
+                pg,
+                &format!(
+                    "SELECT count(*) FROM locksmith.holds WHERE name = {} AND live AND kind = 'session'",
+                    literal(&name)
+                )
+            )
+            .await,
+            "1"
+        );
+        let waiting = tokio::spawn({
+            let lock = b.lock(name.as_str());
+            async move { lock.acquire().await }
+        });
+        until("the waiter queues", || async {
+            a.describe(&name)
+                .await
+                .unwrap()
+                .is_some_and(|info| info.waiters.len() == 1)
+        })
+        .await;
+        let token = held.fencing_token();
+        held.release().await.unwrap();
+        let next = timeout(Duration::from_secs(20), waiting)
+            .await
+            .expect("granted")
+            .unwrap()
+            .unwrap();
+        assert!(next.fencing_token() > token);
+        next.release().await.unwrap();
+    }
+}
+
+/// The whole suite once more through a transaction-mode PgBouncer
+/// (`locksmith_pooler=transaction`: every hold a lease row).
+mod pooled {
+    use super::*;
+
+    async fn pooled_harness() -> Pg {
+        Pg {
+            url: pgbouncer::pooled_url().await,
+        }
+    }
+
+    conformance::suite!(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        pooled_harness()
+    );
+}

@@ -22,6 +22,12 @@ pub(crate) struct Target {
     pub owner: String,
     /// Lease of a lease hold; `None` for a session hold.
     pub lease: Option<Duration>,
+    /// `mode` as the layout spells it.
+    pub mode_name: &'static str,
+    /// The permit count of a semaphore.
+    pub permits: Option<i32>,
+    /// The lease in milliseconds (0 for a session hold).
+    pub lease_ms: i64,
 }
 
 impl Target {
@@ -39,28 +45,18 @@ impl Target {
             mode: request.mode,
             owner: request.owner.clone(),
             lease,
-        }
-    }
-
-    /// `mode` as the layout spells it.
-    pub fn mode_name(&self) -> &'static str {
-        mode_name(self.mode)
-    }
-
-    pub fn permits(&self) -> Option<i32> {
-        match self.mode {
-            Mode::Semaphore { permits } => Some(permits as i32),
-            _ => None,
+            mode_name: mode_name(request.mode),
+            permits: match request.mode {
+                Mode::Semaphore { permits } => Some(permits as i32),
+                _ => None,
+            },
+            lease_ms: lease.map_or(0, |d| d.as_millis() as i64),
         }
     }
 
     /// Whether the name's key is held (or waited for) in shared mode.
     pub fn shared_key(&self) -> bool {
         self.mode == Mode::Shared
-    }
-
-    pub fn lease_ms(&self) -> i64 {
-        self.lease.map_or(0, |d| d.as_millis() as i64)
     }
 }
 

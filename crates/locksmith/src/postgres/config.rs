@@ -18,6 +18,20 @@ pub enum HoldMode {
     Ttl,
 }
 
+/// What sits between the client and PostgreSQL (`locksmith_pooler`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pooler {
+    /// `none` (default): PostgreSQL, or a pooler that gives each client
+    /// connection a server session of its own (PgBouncer's session mode).
+    None,
+    /// `transaction`: a transaction pooler (PgBouncer's `pool_mode =
+    /// transaction`), which may run each transaction of a client connection on
+    /// another server session. Only what lives within one transaction works:
+    /// lease holds (the mode is `ttl`), waits inside a transaction, unnamed
+    /// statements.
+    Transaction,
+}
+
 /// Everything `connect` learned from the URL and the connect options.
 #[derive(Debug, Clone)]
 pub(crate) struct Settings {
@@ -26,6 +40,7 @@ pub(crate) struct Settings {
     /// The URL without its password, for messages.
     pub url: String,
     pub mode: HoldMode,
+    pub pooler: Pooler,
     /// Schema of the layout, a plain lower-case identifier.
     pub schema: String,
     /// Connections for short statements (the deadpool pool).
@@ -61,6 +76,7 @@ impl Settings {
             pg: tokio_postgres::Config::new(),
             url: redact(url),
             mode: HoldMode::Session,
+            pooler: Pooler::None,
             schema: "locksmith".into(),
             pool_size: 8,
             migrate: true,
@@ -73,6 +89,7 @@ impl Settings {
         // libpq's default; tokio-postgres knows neither verify-* nor sslrootcert.
         let mut ssl_mode = SslMode::Prefer;
         let mut ssl_root = None;
+        let mut mode = None;
         for (key, value) in parsed.query_pairs() {
             match &*key {
                 "sslmode" => {
@@ -107,10 +124,17 @@ impl Settings {
             let bad = |expected: &str| invalid(format!("{key}={value:?}: expected {expected}"));
             match option {
                 "mode" => {
-                    settings.mode = match &*value {
+                    mode = Some(match &*value {
                         "session" => HoldMode::Session,
                         "ttl" => HoldMode::Ttl,
                         _ => return Err(bad("session or ttl")),
+                    })
+                }
+                "pooler" => {
+                    settings.pooler = match &*value {
+                        "none" => Pooler::None,
+                        "transaction" => Pooler::Transaction,
+                        _ => return Err(bad("none or transaction")),
                     }
                 }
                 "schema" => {
@@ -145,12 +169,26 @@ impl Settings {
                 }
                 _ => {
                     return Err(invalid(format!(
-                        "unknown option {key} (known: locksmith_mode, locksmith_schema, \
-                         locksmith_pool_size, locksmith_migrate, locksmith_keepalive_ms)"
+                        "unknown option {key} (known: locksmith_mode, locksmith_pooler, \
+                         locksmith_schema, locksmith_pool_size, locksmith_migrate, \
+                         locksmith_keepalive_ms)"
                     )))
                 }
             }
         }
+        settings.mode = match (settings.pooler, mode) {
+            (Pooler::None, mode) => mode.unwrap_or(HoldMode::Session),
+            (Pooler::Transaction, None | Some(HoldMode::Ttl)) => HoldMode::Ttl,
+            (Pooler::Transaction, Some(HoldMode::Session)) => {
+                return Err(invalid(
+                    "locksmith_mode=session cannot work behind a transaction pooler: a \
+                     session hold needs a server session that stays with its connection; \
+                     use locksmith_mode=ttl (the default with locksmith_pooler=transaction) \
+                     or lock_in_transaction"
+                        .into(),
+                ))
+            }
+        };
         if passed.is_empty() {
             parsed.set_query(None);
         } else {
@@ -218,6 +256,20 @@ mod tests {
         assert_eq!(s.schema, "locksmith");
         assert!(s.migrate);
         assert_eq!(s.pg.get_application_name(), Some("locksmith"));
+    }
+
+    #[test]
+    fn transaction_pooler_means_lease_holds() {
+        let s = parse("postgres://u@h/db?locksmith_pooler=transaction").unwrap();
+        assert_eq!((s.pooler, s.mode), (Pooler::Transaction, HoldMode::Ttl));
+        let s = parse("postgres://u@h/db?locksmith_pooler=transaction&locksmith_mode=ttl").unwrap();
+        assert_eq!(s.mode, HoldMode::Ttl);
+        for url in [
+            "postgres://u@h/db?locksmith_pooler=transaction&locksmith_mode=session",
+            "postgres://u@h/db?locksmith_pooler=statement",
+        ] {
+            assert!(matches!(parse(url), Err(Error::InvalidUrl { .. })), "{url}");
+        }
     }
 
     #[test]

@@ -16,12 +16,12 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
-use tokio_postgres::Statement;
+use tokio_postgres::{Row, Statement};
 use tokio_util::sync::CancellationToken;
 
 use super::config::Settings;
 use super::tls::Tls;
-use super::{pg_error, Fan};
+use super::{pg_error, run, Fan, Params};
 use crate::error::{Error, Result};
 
 /// One PostgreSQL connection of our own (not deadpool's), see the module docs.
@@ -45,6 +45,8 @@ pub(crate) struct PgConn {
     /// A duplicate of the connection's socket (when we opened it ourselves),
     /// to close it from synchronous code and watch the server close its end.
     socket: Option<std::net::TcpStream>,
+    /// Behind a transaction pooler: no named statements.
+    unnamed: bool,
 }
 
 /// The capability to cancel the statement running on one connection.
@@ -143,6 +145,7 @@ impl PgConn {
             names: Mutex::default(),
             dead: AtomicBool::new(false),
             socket,
+            unnamed: settings.pooler == super::config::Pooler::Transaction,
         });
         tokio::spawn(watch(
             Arc::downgrade(&conn),
@@ -176,6 +179,26 @@ impl PgConn {
             .expect("statements")
             .insert(sql.to_owned(), statement.clone());
         Ok(statement)
+    }
+
+    /// Runs `sql`, prepared once per connection, or unnamed behind a
+    /// transaction pooler (see [`super::run`]).
+    ///
+    /// Cancel safety: safe if the statement is (a dropped call may or may not
+    /// have run it).
+    pub async fn query(&self, sql: &str, params: Params<'_>) -> Result<Vec<Row>> {
+        if self.unnamed {
+            return run(&self.client, None, sql, params).await;
+        }
+        let statement = self.prepare(sql).await?;
+        run(&self.client, Some(&statement), sql, params).await
+    }
+
+    /// Runs `sql` as an unnamed statement (for statements whose text varies).
+    ///
+    /// Cancel safety: as [`PgConn::query`].
+    pub async fn query_unnamed(&self, sql: &str, params: Params<'_>) -> Result<Vec<Row>> {
+        run(&self.client, None, sql, params).await
     }
 
     /// Whether new holds may go on this connection.
@@ -471,11 +494,15 @@ impl tokio::io::AsyncWrite for BlockingStream {
         std::task::Poll::Ready(std::io::Write::flush(&mut self.0))
     }
 
+    /// Does nothing: the caller reads until the server closes the
+    /// connection, then drops it. (A half-close right after the request, which
+    /// tokio-postgres asks for, crashes PgBouncer 1.18 when it comes before
+    /// PgBouncer has passed the request on: its issue 801.)
     fn poll_shutdown(
         self: std::pin::Pin<&mut Self>,
         _: &mut std::task::Context<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
-        std::task::Poll::Ready(self.0.shutdown(std::net::Shutdown::Write))
+        std::task::Poll::Ready(Ok(()))
     }
 }
 

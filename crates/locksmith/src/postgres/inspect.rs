@@ -4,9 +4,11 @@
 //! `pg_locks`) and unexpired rows of `lease_holds`, plus connections that hold
 //! the lock's key without being a locksmith hold (a plain
 //! `pg_advisory_lock(key)` caller), shown with owner `pid:<pid>`. Waiters:
-//! statements running with a `/*locksmith:wait …*/` comment for the key (in
-//! PostgreSQL's queue, or a head's sleep) and registered heads, ordered by
-//! when they started waiting.
+//! connections whose statement carries a `/*locksmith:wait …*/` comment for
+//! the key (in PostgreSQL's queue, a head's sleep, a waiter's claim; running,
+//! or the last one of a connection that got no grant from it and whose
+//! transaction did not fail, as a cancelled wait's does), and registered heads
+//! in a statement, ordered by when they started waiting.
 
 use std::collections::{BTreeSet, HashSet};
 use std::time::SystemTime;
@@ -14,7 +16,9 @@ use std::time::SystemTime;
 use super::claim::parse_mode;
 use super::key::advisory_key;
 use super::wait::parse_comment;
-use super::{pg_error, Shared};
+use tokio_postgres::types::{ToSql, Type};
+
+use super::Shared;
 use crate::backend::{Holder, LockInfo, Mode, Waiter};
 use crate::error::Result;
 
@@ -50,12 +54,15 @@ pub(crate) async fn describe(shared: &Shared, name: &str) -> Result<Option<LockI
                              WHERE s.name = $2 AND s.key = $1 AND s.pid = l.pid \
                                AND s.server_start = pg_postmaster_start_time()) \
             AND NOT EXISTS (SELECT 1 FROM {schema}.waiters w WHERE w.name = $2 AND w.pid = l.pid) \
-            AND NOT (a.state = 'active' AND a.query LIKE '/*locksmith:wait %')"
+            AND a.query NOT LIKE '/*locksmith:%'"
     );
     let waiting = format!(
         "SELECT a.pid, a.query, a.query_start, coalesce(l.granted, false) \
            FROM pg_stat_activity a LEFT JOIN pg_locks l ON l.pid = a.pid AND {KEY_LOCKS} \
-          WHERE a.state = 'active' AND a.query LIKE $2 \
+          WHERE a.query LIKE $2 AND a.state IN ('active', 'idle', 'idle in transaction') \
+            AND (a.state = 'active' OR NOT EXISTS ( \
+                 SELECT 1 FROM {schema}.session_holds s \
+                  WHERE s.pid = a.pid AND s.name = $3 AND s.lock_time >= a.query_start)) \
           ORDER BY 4 DESC, 3"
     );
     let heads = format!(
@@ -64,17 +71,23 @@ pub(crate) async fn describe(shared: &Shared, name: &str) -> Result<Option<LockI
           WHERE w.name = $1 ORDER BY w.id"
     );
     let pattern = format!("/*locksmith:wait key={key} %");
-    let by_name: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&name];
-    let by_key_name: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&key, &name];
-    let by_key_pattern: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&key, &pattern];
+    let by_name = [(&name as &(dyn ToSql + Sync), Type::TEXT)];
+    let by_key_name = [
+        (&key as &(dyn ToSql + Sync), Type::INT8),
+        (&name, Type::TEXT),
+    ];
+    let by_key_pattern_name = [
+        (&key as &(dyn ToSql + Sync), Type::INT8),
+        (&pattern, Type::TEXT),
+        (&name, Type::TEXT),
+    ];
     let (sessions, leases, others, waiting, heads) = futures::try_join!(
-        client.query(&sessions, &by_name),
-        client.query(&leases, &by_name),
-        client.query(&others, &by_key_name),
-        client.query(&waiting, &by_key_pattern),
-        client.query(&heads, &by_name),
-    )
-    .map_err(pg_error)?;
+        shared.query_on(&client, &sessions, &by_name),
+        shared.query_on(&client, &leases, &by_name),
+        shared.query_on(&client, &others, &by_key_name),
+        shared.query_on(&client, &waiting, &by_key_pattern_name),
+        shared.query_on(&client, &heads, &by_name),
+    )?;
 
     let mut holders = Vec::new();
     for row in sessions.iter().chain(&leases) {
@@ -172,12 +185,11 @@ pub(crate) async fn list(shared: &Shared, prefix: &str) -> Result<Vec<LockInfo>>
     let waiting_sql = "SELECT query FROM pg_stat_activity \
                         WHERE state = 'active' AND query LIKE '/*locksmith:wait %'";
     let client = shared.client().await?;
-    let by_prefix: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&prefix];
+    let by_prefix = [(&prefix as &(dyn ToSql + Sync), Type::TEXT)];
     let (rows, waiting) = futures::try_join!(
-        client.query(&names_sql, &by_prefix),
-        client.query(waiting_sql, &[]),
-    )
-    .map_err(pg_error)?;
+        shared.query_on(&client, &names_sql, &by_prefix),
+        shared.query_on(&client, waiting_sql, &[]),
+    )?;
     drop(client);
     let mut names: BTreeSet<String> = rows.iter().map(|row| row.get(0)).collect();
     for row in &waiting {
@@ -207,13 +219,14 @@ pub(crate) async fn force_release(shared: &Shared, name: &str) -> Result<()> {
     let key = advisory_key(name);
     let schema = shared.settings.schema_ident();
     let client = shared.client().await?;
-    let deleted = client
-        .execute(
-            &format!("DELETE FROM {schema}.lease_holds WHERE name = $1"),
-            &[&name],
+    let deleted = shared
+        .query_on(
+            &client,
+            &format!("DELETE FROM {schema}.lease_holds WHERE name = $1 RETURNING 1"),
+            &[(&name, Type::TEXT)],
         )
-        .await
-        .map_err(pg_error)?;
+        .await?
+        .len();
     let holders = format!(
         "SELECT pg_terminate_backend(p.pid) FROM ( \
             SELECT l.pid FROM pg_locks l WHERE {KEY_LOCKS} AND l.granted \
@@ -224,15 +237,21 @@ pub(crate) async fn force_release(shared: &Shared, name: &str) -> Result<()> {
                AND {schema}.session_live(s.pid, s.key, s.server_start)) p \
           WHERE p.pid <> pg_backend_pid()"
     );
-    let terminated = client
-        .query(&holders, &[&key, &name])
-        .await
-        .map_err(pg_error)?
+    let terminated = shared
+        .query_on(
+            &client,
+            &holders,
+            &[(&key, Type::INT8), (&name, Type::TEXT)],
+        )
+        .await?
         .len();
-    client
-        .execute(&format!("SELECT {schema}.wake($1)"), &[&name])
-        .await
-        .map_err(pg_error)?;
+    shared
+        .query_on(
+            &client,
+            &format!("SELECT {schema}.wake($1)"),
+            &[(&name, Type::TEXT)],
+        )
+        .await?;
     tracing::info!(name, deleted, terminated, "postgres: force-released");
     Ok(())
 }

@@ -18,8 +18,11 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use tokio_postgres::types::{ToSql, Type};
+
 use super::claim::{conflict, Claim, Target};
-use super::{detached, pg_error, wait, Fan, Shared};
+use super::config::Pooler;
+use super::{detached, one, pg_error, wait, Fan, Shared};
 use crate::backend::Wait;
 use crate::error::{Error, Result};
 
@@ -61,13 +64,11 @@ pub(crate) async fn acquire(
     let attempt = detached({
         let (shared, target) = (shared.clone(), target.clone());
         async move {
-            let client = shared.client().await?;
-            let statement = client
-                .prepare_cached(&shared.sql.acquire_lease)
-                .await
-                .map_err(pg_error)?;
             let sent = Instant::now();
-            let claim = call(&shared, &client, &statement, &target, false).await?;
+            let row = one(shared
+                .query(&shared.sql.acquire_lease, &params(&shared, &target, false))
+                .await?)?;
+            let claim = Claim::from_row(&row, &target, true)?;
             Ok::<_, Error>(start(&shared, &target, claim, sent, lease, watchdog))
         }
     })
@@ -84,56 +85,73 @@ pub(crate) async fn acquire(
         let (shared, target) = (shared.clone(), target.clone());
         async move {
             detached(async move {
-                let statement = conn.prepare(&shared.sql.acquire_lease).await?;
                 let sent = Instant::now();
-                let claim = call(&shared, conn.client(), &statement, &target, true).await?;
+                let row = one(wait::query(
+                    &conn,
+                    &target,
+                    &shared.sql.acquire_lease,
+                    &params(&shared, &target, true),
+                )
+                .await?)?;
+                let claim = Claim::from_row(&row, &target, true)?;
                 Ok::<_, Error>(start(&shared, &target, claim, sent, lease, watchdog))
             })
             .await?
         }
     })
     .await?;
-    // The wait's connection holds the key at session level: drop it there
-    // (the hold needs no connection) and keep the connection for later waits.
-    let unlock = if target.shared_key() {
-        "SELECT pg_advisory_unlock_shared($1)"
+    // The wait's connection still holds the key, at session level or (behind
+    // a transaction pooler) in the wait's transaction, which also holds the
+    // new row: unlock, or commit. The connection serves later waits.
+    let done = if shared.settings.pooler == Pooler::Transaction {
+        conn.client()
+            .batch_execute(&format!("{} COMMIT", wait::GRANTED))
+            .await
     } else {
-        "SELECT pg_advisory_unlock($1)"
+        let unlock = if target.shared_key() {
+            "pg_advisory_unlock_shared"
+        } else {
+            "pg_advisory_unlock"
+        };
+        conn.client()
+            .batch_execute(&format!(
+                "{} SELECT {unlock}({})",
+                wait::GRANTED,
+                target.key
+            ))
+            .await
     };
-    match conn.client().query_one(unlock, &[&target.key]).await {
-        Ok(_) => shared.conns.put(conn),
-        Err(error) => conn.kill(&format!("unlock after a lease grant failed: {error}")),
+    match done {
+        Ok(()) => shared.conns.put(conn),
+        Err(error) => {
+            conn.kill(&format!("ending a lease grant's wait failed: {error}"));
+            if shared.settings.pooler == Pooler::Transaction {
+                // The row was never committed.
+                return Err(pg_error(error));
+            }
+        }
     }
     Ok(Some(hold))
 }
 
-/// One `acquire_lease` call (`held`: the connection holds the key at session
-/// level, having waited for it).
-async fn call(
-    shared: &Shared,
-    client: &tokio_postgres::Client,
-    statement: &tokio_postgres::Statement,
-    target: &Target,
+/// The parameters of one `acquire_lease` call (`held`: the connection holds
+/// the key, having waited for it).
+fn params<'a>(
+    shared: &'a Shared,
+    target: &'a Target,
     held: bool,
-) -> Result<Claim> {
-    let row = client
-        .query_one(
-            statement,
-            &[
-                &target.name,
-                &target.key,
-                &target.slot_keys,
-                &target.owner,
-                &shared.settings.lock_by,
-                &target.mode_name(),
-                &target.permits(),
-                &target.lease_ms(),
-                &held,
-            ],
-        )
-        .await
-        .map_err(pg_error)?;
-    Claim::from_row(&row, target, true)
+) -> [(&'a (dyn ToSql + Sync), Type); 9] {
+    [
+        (&target.name, Type::TEXT),
+        (&target.key, Type::INT8),
+        (&target.slot_keys, Type::INT8_ARRAY),
+        (&target.owner, Type::TEXT),
+        (&shared.settings.lock_by, Type::TEXT),
+        (&target.mode_name, Type::TEXT),
+        (&target.permits, Type::INT4),
+        (&target.lease_ms, Type::INT8),
+        (if held { &true } else { &false }, Type::BOOL),
+    ]
 }
 
 /// Turns a granted claim into a hold with its keeper task.
@@ -262,18 +280,17 @@ async fn renew(
     owner: &str,
     lease: Duration,
 ) -> Result<bool> {
-    let client = shared.client().await?;
-    let statement = client
-        .prepare_cached(&shared.sql.renew_lease)
-        .await
-        .map_err(pg_error)?;
-    let rows = client
+    let rows = shared
         .query(
-            &statement,
-            &[&name, &(token as i64), &owner, &(lease.as_millis() as i64)],
+            &shared.sql.renew_lease,
+            &[
+                (&name, Type::TEXT),
+                (&(token as i64), Type::INT8),
+                (&owner, Type::TEXT),
+                (&(lease.as_millis() as i64), Type::INT8),
+            ],
         )
-        .await
-        .map_err(pg_error)?;
+        .await?;
     Ok(!rows.is_empty())
 }
 
@@ -345,16 +362,17 @@ impl Drop for LeaseHold {
 
 /// `release_lease`.
 async fn delete(shared: &Shared, name: &str, token: u64, owner: &str) -> Result<()> {
-    let client = shared.client().await?;
-    let statement = client
-        .prepare_cached(&shared.sql.release_lease)
-        .await
-        .map_err(pg_error)?;
-    let outcome: String = client
-        .query_one(&statement, &[&name, &(token as i64), &owner])
-        .await
-        .map_err(pg_error)?
-        .get(0);
+    let outcome: String = one(shared
+        .query(
+            &shared.sql.release_lease,
+            &[
+                (&name, Type::TEXT),
+                (&(token as i64), Type::INT8),
+                (&owner, Type::TEXT),
+            ],
+        )
+        .await?)?
+    .get(0);
     match outcome.as_str() {
         "released" => Ok(()),
         "expired" => Err(Error::Lost(format!(

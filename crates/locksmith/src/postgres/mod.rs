@@ -13,6 +13,7 @@
 //! | option | default | meaning |
 //! |---|---|---|
 //! | `locksmith_mode` | `session` | `session`: a hold without its own lease is a session-level advisory lock on an open connection. `ttl`: it is a lease row kept by the watchdog (lease = the client's `session_ttl`, renewed at a third), and holds no connection |
+//! | `locksmith_pooler` | `none` | `transaction`: a transaction pooler (PgBouncer's transaction mode) sits in front of PostgreSQL; see [PgBouncer](#pgbouncer-and-other-transaction-poolers) |
 //! | `locksmith_schema` | `locksmith` | schema of the layout (a lower-case identifier); also the `NOTIFY` channel |
 //! | `locksmith_pool_size` | `8` | connections for short statements (inspection, lease operations) |
 //! | `locksmith_migrate` | `true` | create the layout on first use; `false`: fail unless it exists (create it with [`schema_sql`]) |
@@ -152,12 +153,40 @@
 //! connections holding its key (`pg_terminate_backend`; needs the same role or
 //! `pg_signal_backend`), which ends every other hold of those connections too.
 //!
-//! # PgBouncer
+//! # PgBouncer and other transaction poolers
 //!
-//! Session holds need a session: behind PgBouncer in transaction mode use
+//! Behind PgBouncer in transaction mode (`pool_mode = transaction`) the
+//! transactions of one client connection may run on different server
+//! sessions, so nothing may outlive a transaction: no session-level advisory
+//! lock, no named prepared statement (PgBouncer before 1.21 keeps none), no
+//! `LISTEN`. Say so in the URL:
+//!
+//! ```text
+//! postgres://app@pgbouncer:6432/db?locksmith_pooler=transaction
+//! ```
+//!
+//! Every hold is then a lease hold (`locksmith_mode=ttl` is implied;
+//! `locksmith_mode=session` is refused as an invalid URL), every statement is
+//! unnamed, and a wait runs in one transaction: `BEGIN`,
+//! `pg_advisory_xact_lock(key)` under `lock_timeout` (queued in PostgreSQL's
+//! lock manager as always), `acquire_lease` in a savepoint until it grants,
+//! `COMMIT`. A head waiter polls (every 250 ms at most) instead of sleeping
+//! until a `NOTIFY`. Each waiting acquire pins one server connection of the
+//! pooler while it waits: size `default_pool_size` for them. The whole
+//! conformance suite runs this way against a real PgBouncer in the tests.
+//!
+//! A client without `locksmith_pooler=transaction` checks at connect that two
+//! of its connections do not share one server session (a setting made on one
+//! must not show on the other), and refuses to start with
+//! [`Error::Unsupported`], naming the option, when they do: a session hold
+//! would stay behind on a pooled server session for whoever gets it next. A
+//! busy pooler may hand the two connections different sessions, so declare
+//! the pooler instead of relying on the check. Behind PgBouncer in session
+//! mode everything works as with PostgreSQL itself.
+//!
 //! [`lock_in_transaction`] (`pg_advisory_xact_lock` in a transaction of your
 //! own connection, released by its commit or rollback; unnamed statements
-//! only), or lease holds (`locksmith_mode=ttl` through a session-mode pool).
+//! only) works through any pooler.
 //!
 //! # Cancel safety
 //!
@@ -168,6 +197,8 @@
 //! the lock queue and dropping its locks: by then no trace of the wait is
 //! left (this blocks the dropping thread for a few milliseconds, at most 2 s;
 //! it needs a single TCP host in the URL, else it happens in the background).
+//! Behind a pooler the drop returns once the pooler has passed the cancel on
+//! and closed the connection; the backend leaves the queue a moment later.
 //!
 //! # Not supported
 //!
@@ -193,6 +224,9 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::TryStreamExt;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::Row;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::{
@@ -202,7 +236,7 @@ use crate::backend::{
 use crate::client::ConnectOptions;
 use crate::error::{Error, Result};
 
-pub use config::HoldMode;
+pub use config::{HoldMode, Pooler};
 pub use key::{advisory_key, semaphore_slot_key};
 pub use schema::schema_sql;
 pub use xact::{lock_in_transaction, XactGrant, XactOptions};
@@ -219,6 +253,45 @@ const BACKEND: &str = "postgres";
 /// Wraps a tokio-postgres error.
 pub(crate) fn pg_error(error: tokio_postgres::Error) -> Error {
     Error::backend(BACKEND, error)
+}
+
+/// A statement's parameters with their types (unnamed statements need them).
+pub(crate) type Params<'a> = &'a [(&'a (dyn ToSql + Sync), Type)];
+
+/// Runs `sql` on `client`: as the named statement `prepared` (prepared once
+/// per connection), or, when it is `None` (behind a transaction pooler, which
+/// keeps no named statement from one transaction to the next), as an unnamed
+/// statement parsed with the call.
+pub(crate) async fn run(
+    client: &tokio_postgres::Client,
+    prepared: Option<&tokio_postgres::Statement>,
+    sql: &str,
+    params: Params<'_>,
+) -> Result<Vec<Row>> {
+    match prepared {
+        Some(statement) => client
+            .query_raw(statement, params.iter().map(|(value, _)| *value))
+            .await
+            .map_err(pg_error)?
+            .try_collect()
+            .await
+            .map_err(pg_error),
+        None => client.query_typed(sql, params).await.map_err(pg_error),
+    }
+}
+
+/// The one row of a statement that returns exactly one.
+pub(crate) fn one(rows: Vec<Row>) -> Result<Row> {
+    let count = rows.len();
+    rows.into_iter()
+        .next()
+        .filter(|_| count == 1)
+        .ok_or_else(|| {
+            Error::backend(
+                BACKEND,
+                format!("expected one row from PostgreSQL, got {count}"),
+            )
+        })
 }
 
 /// Wraps a deadpool error.
@@ -298,7 +371,7 @@ impl Sql {
             ),
             add_waiter: format!(
                 "INSERT INTO {schema}.waiters (name, owner, mode, permits, pid) \
-                 VALUES ($1, $2, $3, $4, pg_backend_pid()) RETURNING id"
+                 VALUES ($1, $2, $3, $4, coalesce($5, pg_backend_pid())) RETURNING id"
             ),
             remove_waiter: format!("DELETE FROM {schema}.waiters WHERE id = $1"),
             holds_key: "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' \
@@ -340,6 +413,9 @@ impl PostgresBackend {
             let client: &mut tokio_postgres::Client = &mut client;
             schema::ensure(client, &settings.schema, settings.migrate).await?;
         }
+        if settings.pooler == Pooler::None {
+            refuse_shared_sessions(&pool, &settings).await?;
+        }
         let shared = Arc::new(Shared {
             sql: Sql::new(&settings.schema_ident()),
             conns: ConnPool::new(settings.clone(), 4),
@@ -362,6 +438,12 @@ impl PostgresBackend {
         self.shared.settings.mode
     }
 
+    /// What the URL said sits between this client and PostgreSQL
+    /// (`locksmith_pooler`).
+    pub fn pooler(&self) -> Pooler {
+        self.shared.settings.pooler
+    }
+
     /// The schema of the layout (`locksmith_schema`).
     pub fn schema(&self) -> &str {
         &self.shared.settings.schema
@@ -376,6 +458,61 @@ impl Drop for PostgresBackend {
     }
 }
 
+/// Fails when two connections of the pool share one server session, as they
+/// do behind a transaction pooler that did not say so
+/// (`locksmith_pooler=transaction`): a setting made on one connection is seen
+/// on the other. Session holds and prepared statements would go wrong there.
+/// A busy pooler may hand the second connection another session, so this
+/// catches the pooler when it is quiet (at the latest in tests and on first
+/// use), not always.
+///
+/// Cancel safety: safe.
+async fn refuse_shared_sessions(pool: &deadpool_postgres::Pool, settings: &Settings) -> Result<()> {
+    let first = pool.get().await.map_err(pool_error)?;
+    // A connection of its own: the pool may have room for only one.
+    let (second, connection) = settings
+        .pg
+        .connect(settings.tls.0.clone())
+        .await
+        .map_err(pg_error)?;
+    let driver = tokio::spawn(connection);
+    let _stop = AbortOnDrop(driver);
+    let mark = uuid::Uuid::new_v4().simple().to_string();
+    first
+        .batch_execute(&format!(
+            "SELECT set_config('locksmith.session_mark', '{mark}', false)"
+        ))
+        .await
+        .map_err(pg_error)?;
+    let seen = second
+        .simple_query("SELECT current_setting('locksmith.session_mark', true)")
+        .await
+        .map_err(pg_error)?;
+    let shared = seen.iter().any(|message| {
+        matches!(message, tokio_postgres::SimpleQueryMessage::Row(row) if row.get(0) == Some(mark.as_str()))
+    });
+    if shared {
+        return Err(Error::Unsupported {
+            backend: BACKEND,
+            what: "a transaction pooler that was not declared: two connections of this \
+                   client got one server session. Session holds need a session of their \
+                   own; add locksmith_pooler=transaction to the URL (lease holds) or use \
+                   lock_in_transaction"
+                .into(),
+        });
+    }
+    Ok(())
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Runs the layout's `cleanup()` now and then (every 5 minutes), while the
 /// backend lives.
 async fn cleanup(shared: Weak<Shared>) {
@@ -385,7 +522,7 @@ async fn cleanup(shared: Weak<Shared>) {
         };
         let sql = format!("SELECT {}.cleanup()", shared.settings.schema_ident());
         if let Ok(client) = shared.pool.get().await {
-            if let Err(error) = client.execute(&sql, &[]).await {
+            if let Err(error) = client.batch_execute(&sql).await {
                 tracing::debug!(%error, "postgres cleanup failed");
             }
         }
@@ -432,6 +569,39 @@ impl Shared {
             return Err(Error::Closed);
         }
         self.pool.get().await.map_err(pool_error)
+    }
+
+    /// Runs `sql` on a pooled connection (see [`run`]).
+    ///
+    /// Cancel safety: safe if the statement is (a dropped call may or may not
+    /// have run it).
+    pub async fn query(&self, sql: &str, params: Params<'_>) -> Result<Vec<Row>> {
+        let client = self.client().await?;
+        self.query_on(&client, sql, params).await
+    }
+
+    /// Runs `sql` on `client`, a pooled connection (see [`run`]).
+    ///
+    /// Cancel safety: as [`Shared::query`].
+    pub async fn query_on(
+        &self,
+        client: &deadpool_postgres::Object,
+        sql: &str,
+        params: Params<'_>,
+    ) -> Result<Vec<Row>> {
+        let prepared = match self.settings.pooler {
+            Pooler::Transaction => None,
+            Pooler::None => {
+                let types: Vec<Type> = params.iter().map(|(_, t)| t.clone()).collect();
+                Some(
+                    client
+                        .prepare_typed_cached(sql, &types)
+                        .await
+                        .map_err(pg_error)?,
+                )
+            }
+        };
+        run(client, prepared.as_ref(), sql, params).await
     }
 
     /// The lease of a hold acquired by `request`: its own, the session TTL in
@@ -497,15 +667,16 @@ impl Shared {
             Inner::Session(_) => &self.sql.session_count,
             Inner::Lease(_) => &self.sql.lease_count,
         };
-        let result = async {
-            let client = self.client().await?;
-            let statement = client.prepare_cached(sql).await.map_err(pg_error)?;
-            client
-                .execute(&statement, &[&name, &(entry.token as i64), &(count as i32)])
-                .await
-                .map_err(pg_error)
-        }
-        .await;
+        let result = self
+            .query(
+                sql,
+                &[
+                    (&name, Type::TEXT),
+                    (&(entry.token as i64), Type::INT8),
+                    (&(count as i32), Type::INT4),
+                ],
+            )
+            .await;
         if let Err(error) = result {
             tracing::debug!(%error, name, "postgres: recording the hold count failed");
         }

@@ -1,5 +1,7 @@
 //! The layout's migration: `schema.sql`, run once per database on first use.
 
+use tokio_postgres::types::Type;
+
 use super::key::advisory_key;
 use super::pg_error;
 use crate::error::{Error, Result};
@@ -59,10 +61,12 @@ pub(crate) async fn ensure(
 
 /// The migration transaction of [`ensure`].
 async fn run_migration(client: &mut tokio_postgres::Client, schema: &str) -> Result<()> {
+    // Unnamed statements only, here and in `version`: they also work behind a
+    // transaction pooler.
     let tx = client.transaction().await.map_err(pg_error)?;
-    tx.execute(
+    tx.query_typed(
         "SELECT pg_advisory_xact_lock($1)",
-        &[&migration_key(schema)],
+        &[(&migration_key(schema), Type::INT8)],
     )
     .await
     .map_err(pg_error)?;
@@ -75,13 +79,9 @@ async fn run_migration(client: &mut tokio_postgres::Client, schema: &str) -> Res
     tx.batch_execute(&schema_sql(schema))
         .await
         .map_err(pg_error)?;
-    tx.execute(&format!("DELETE FROM \"{schema}\".meta"), &[])
-        .await
-        .map_err(pg_error)?;
-    tx.execute(
-        &format!("INSERT INTO \"{schema}\".meta (version) VALUES ($1)"),
-        &[&VERSION],
-    )
+    tx.batch_execute(&format!(
+        "DELETE FROM \"{schema}\".meta; INSERT INTO \"{schema}\".meta (version) VALUES ({VERSION})"
+    ))
     .await
     .map_err(pg_error)?;
     tx.commit().await.map_err(pg_error)?;
@@ -92,9 +92,9 @@ async fn run_migration(client: &mut tokio_postgres::Client, schema: &str) -> Res
 /// The layout version recorded in `schema`, `None` when there is none.
 async fn version(client: &impl tokio_postgres::GenericClient, schema: &str) -> Result<Option<i32>> {
     let exists: Option<String> = client
-        .query_one(
+        .query_typed_one(
             "SELECT to_regclass($1)::text",
-            &[&format!("\"{schema}\".meta")],
+            &[(&format!("\"{schema}\".meta"), Type::TEXT)],
         )
         .await
         .map_err(pg_error)?
@@ -103,7 +103,7 @@ async fn version(client: &impl tokio_postgres::GenericClient, schema: &str) -> R
         return Ok(None);
     }
     let row = client
-        .query_one(&format!("SELECT max(version) FROM \"{schema}\".meta"), &[])
+        .query_typed_one(&format!("SELECT max(version) FROM \"{schema}\".meta"), &[])
         .await
         .map_err(pg_error)?;
     Ok(row.get(0))

@@ -12,7 +12,9 @@ use std::sync::Arc;
 
 use super::claim::{conflict, Claim, Target};
 use super::conn::{hold_id, PgConn};
-use super::{detached, pg_error, wait, Fan, Shared};
+use tokio_postgres::types::Type;
+
+use super::{detached, one, pg_error, wait, Fan, Params, Shared};
 use crate::backend::Wait;
 use crate::error::{Error, Result};
 
@@ -139,32 +141,29 @@ async fn try_on(
 }
 
 /// Runs `acquire_session` on `conn` (`held`: the connection already holds the
-/// key, having waited for it).
+/// key, having waited for it; the statement then carries the wait's comment).
 pub(crate) async fn call(
     shared: &Shared,
     conn: &PgConn,
     target: &Target,
     held: bool,
 ) -> Result<Claim<super::claim::Granted>> {
-    let statement = conn.prepare(&shared.sql.acquire_session).await?;
-    let row = conn
-        .client()
-        .query_one(
-            &statement,
-            &[
-                &target.name,
-                &target.key,
-                &target.slot_keys,
-                &target.owner,
-                &shared.settings.lock_by,
-                &target.mode_name(),
-                &target.permits(),
-                &held,
-            ],
-        )
-        .await
-        .map_err(pg_error)?;
-    Claim::from_row(&row, target, false)
+    let params: Params = &[
+        (&target.name, Type::TEXT),
+        (&target.key, Type::INT8),
+        (&target.slot_keys, Type::INT8_ARRAY),
+        (&target.owner, Type::TEXT),
+        (&shared.settings.lock_by, Type::TEXT),
+        (&target.mode_name, Type::TEXT),
+        (&target.permits, Type::INT4),
+        (if held { &true } else { &false }, Type::BOOL),
+    ];
+    let rows = if held {
+        wait::query(conn, target, &shared.sql.acquire_session, params).await?
+    } else {
+        conn.query(&shared.sql.acquire_session, params).await?
+    };
+    Claim::from_row(&one(rows)?, target, false)
 }
 
 impl SessionHold {

@@ -6,7 +6,9 @@
 //! behind a waiting writer, a release wakes exactly the next waiter. The
 //! statement carries a comment, `/*locksmith:wait key=… mode=… owner=…
 //! name=…*/`, which is how inspection lists waiters (`pg_stat_activity`), and
-//! a `lock_timeout` for `Wait::For`. When the timeout and the grant race,
+//! a `lock_timeout` for `Wait::For`. Every later statement of the wait carries
+//! it too (as unnamed statements), so inspection never takes a waiter that
+//! holds the key for a holder of the lock. When the timeout and the grant race,
 //! PostgreSQL may grant the lock while reporting SQLSTATE 55P03; the wait
 //! then looks in `pg_locks` for its own pid holding the key, and takes it.
 //!
@@ -32,14 +34,19 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_postgres::error::SqlState;
 
+use tokio_postgres::types::Type;
+
 use super::claim::{conflict, Claim, Target};
+use super::config::Pooler;
 use super::conn::PgConn;
-use super::{pg_error, Shared};
+use super::{one, pg_error, Params, Shared};
 use crate::backend::Mode;
 use crate::error::{Error, Result};
 
 /// Longest sleep of a head between two checks.
 const MAX_SLEEP: Duration = Duration::from_secs(5);
+/// Longest pause of a head behind a transaction pooler, which polls.
+const POLL: Duration = Duration::from_millis(250);
 /// First and longest pause when no lease says how long to wait.
 const BACKOFF: (Duration, Duration) = (Duration::from_millis(50), Duration::from_secs(1));
 
@@ -89,6 +96,8 @@ where
         .then_some(())
         .ok_or_else(timed_out)?;
 
+    // Behind a transaction pooler a head polls: LISTEN needs a session.
+    let pooled = shared.settings.pooler == Pooler::Transaction;
     let mut subscription = None;
     let mut waiter_row: Option<i64> = None;
     let mut backoff = BACKOFF.0;
@@ -97,10 +106,19 @@ where
             let sub: &super::listen::Subscription = sub;
             sub.head.woken.store(false, Ordering::SeqCst);
         }
+        if pooled {
+            // A busy attempt may have locked the blocking lease's row (the
+            // upsert's ON CONFLICT does): rolling back to here lets it go, so
+            // its holder can renew while we wait.
+            conn.client()
+                .batch_execute(&format!("{comment} SAVEPOINT locksmith_claim"))
+                .await
+                .map_err(pg_error)?;
+        }
         let retry = match claim(conn.clone()).await {
             Ok(Claim::Granted(hold)) => {
                 if let Some(id) = waiter_row {
-                    remove_waiter(shared, &conn, id).await?;
+                    remove_waiter(shared, &conn, target, id).await?;
                 }
                 guard.disarm();
                 return Ok((conn, hold));
@@ -109,7 +127,15 @@ where
                 guard.disarm().kill("conflicting acquire");
                 return Err(conflict(target, detail));
             }
-            Ok(Claim::Busy(retry)) => retry,
+            Ok(Claim::Busy(retry)) => {
+                if pooled {
+                    conn.client()
+                        .batch_execute(&format!("{comment} ROLLBACK TO SAVEPOINT locksmith_claim"))
+                        .await
+                        .map_err(pg_error)?;
+                }
+                retry
+            }
             Err(error) if is_cancel(&error) => {
                 // A wake-up meant for our sleep hit the attempt instead.
                 if matches!(target.mode, Mode::Semaphore { .. }) && target.lease.is_none() {
@@ -119,14 +145,16 @@ where
             }
             Err(error) => return Err(error),
         };
-        let Some(sub) = &subscription else {
+        if waiter_row.is_none() {
             // Head of the queue: from now on releases of the name wake us.
-            let cancel = conn.cancel_handle();
-            subscription = Some(shared.listener.subscribe(&target.name, cancel).await?);
+            if !pooled {
+                let cancel = conn.cancel_handle();
+                subscription = Some(shared.listener.subscribe(&target.name, cancel).await?);
+            }
             waiter_row = Some(add_waiter(shared, &conn, target).await?);
             tracing::debug!(name = %target.name, "postgres: head waiter, sleeping until woken");
             continue;
-        };
+        }
         let mut pause = match retry {
             Some(lease_left) => lease_left + Duration::from_millis(5),
             None => {
@@ -135,7 +163,7 @@ where
                 pause
             }
         }
-        .min(MAX_SLEEP);
+        .min(if pooled { POLL } else { MAX_SLEEP });
         if let Some((at, _)) = deadline {
             let left = at.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -143,6 +171,11 @@ where
             }
             pause = pause.min(left);
         }
+        let sleep = format!("{comment} SELECT pg_sleep({:.3})", pause.as_secs_f64());
+        let Some(sub) = &subscription else {
+            conn.client().simple_query(&sleep).await.map_err(pg_error)?;
+            continue;
+        };
         // A LISTEN connection that died is back before the head sleeps on it
         // (the sleep is bounded either way).
         if let Err(error) = shared.listener.ensure().await {
@@ -154,13 +187,7 @@ where
             head.in_sleep.store(false, Ordering::SeqCst);
             continue;
         }
-        let slept = conn
-            .client()
-            .simple_query(&format!(
-                "{comment} SELECT pg_sleep({:.3})",
-                pause.as_secs_f64()
-            ))
-            .await;
+        let slept = conn.client().simple_query(&sleep).await;
         head.in_sleep.store(false, Ordering::SeqCst);
         match slept {
             Ok(_) => {}
@@ -189,6 +216,33 @@ async fn queue(
             left.as_millis().max(1)
         }
     };
+    if shared.settings.pooler == Pooler::Transaction {
+        // The wait, and the claim after it, run in one transaction, which the
+        // pooler keeps on one server session; the lock is the transaction's.
+        let function = if target.shared_key() {
+            "pg_advisory_xact_lock_shared"
+        } else {
+            "pg_advisory_xact_lock"
+        };
+        let sql = format!(
+            "{comment} BEGIN; \
+             WITH t AS MATERIALIZED (SELECT set_config('lock_timeout', '{timeout_ms}', true)) \
+             SELECT {function}({key}) FROM t",
+            key = target.key
+        );
+        return match conn.client().simple_query(&sql).await {
+            Ok(_) => Ok(true),
+            Err(error) if error.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
+                // A grant that raced the timeout goes with the transaction.
+                conn.client()
+                    .batch_execute("ROLLBACK")
+                    .await
+                    .map_err(pg_error)?;
+                Ok(false)
+            }
+            Err(error) => Err(pg_error(error)),
+        };
+    }
     let function = if target.shared_key() {
         "pg_advisory_lock_shared"
     } else {
@@ -204,13 +258,14 @@ async fn queue(
         Err(error) if error.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
             // lock_timeout fired; PostgreSQL may have granted the lock in the
             // same instant (it then keeps the grant and still reports 55P03).
-            let statement = conn.prepare(&shared.sql.holds_key).await?;
-            let held: bool = conn
-                .client()
-                .query_one(&statement, &[&target.key])
-                .await
-                .map_err(pg_error)?
-                .get(0);
+            let held: bool = one(query(
+                conn,
+                target,
+                &shared.sql.holds_key,
+                &[(&target.key, Type::INT8)],
+            )
+            .await?)?
+            .get(0);
             if held {
                 tracing::debug!(name = %target.name, "postgres: granted as lock_timeout fired");
             }
@@ -219,6 +274,25 @@ async fn queue(
         Err(error) => Err(pg_error(error)),
     }
 }
+
+/// Runs `sql` on the waiting connection `conn` as an unnamed statement that
+/// carries the wait's comment, so that inspection, which sees the connection
+/// hold the key, knows it for a waiter and not a holder.
+///
+/// Cancel safety: as the statement's.
+pub(crate) async fn query(
+    conn: &PgConn,
+    target: &Target,
+    sql: &str,
+    params: Params<'_>,
+) -> Result<Vec<tokio_postgres::Row>> {
+    conn.query_unnamed(&format!("{} {sql}", comment(target)), params)
+        .await
+}
+
+/// The comment of the statement that drops the key a waiter took for a lease
+/// grant: inspection shows it as neither holder nor waiter.
+pub(crate) const GRANTED: &str = "/*locksmith:granted*/";
 
 /// The comment that marks a waiting statement (see the module docs).
 pub(crate) fn comment(target: &Target) -> String {
@@ -282,46 +356,52 @@ fn is_cancel(error: &Error) -> bool {
     }
 }
 
+/// Registers a head in `waiters`. Behind a transaction pooler the row goes in
+/// through the pool (a row written in the wait's transaction would show only
+/// once the wait is over), naming the wait's backend.
 async fn add_waiter(shared: &Shared, conn: &PgConn, target: &Target) -> Result<i64> {
-    let statement = conn.prepare(&shared.sql.add_waiter).await?;
-    let row = conn
-        .client()
-        .query_one(
-            &statement,
-            &[
-                &target.name,
-                &target.owner,
-                &target.mode_name(),
-                &target.permits(),
-            ],
-        )
-        .await
-        .map_err(pg_error)?;
-    Ok(row.get(0))
+    let pid: Option<i32> = if shared.settings.pooler == Pooler::Transaction {
+        Some(one(query(conn, target, "SELECT pg_backend_pid()", &[]).await?)?.get(0))
+    } else {
+        None
+    };
+    let params: Params = &[
+        (&target.name, Type::TEXT),
+        (&target.owner, Type::TEXT),
+        (&target.mode_name, Type::TEXT),
+        (&target.permits, Type::INT4),
+        (&pid, Type::INT4),
+    ];
+    let rows = match pid {
+        Some(_) => shared.query(&shared.sql.add_waiter, params).await?,
+        None => query(conn, target, &shared.sql.add_waiter, params).await?,
+    };
+    Ok(one(rows)?.get(0))
 }
 
-async fn remove_waiter(shared: &Shared, conn: &PgConn, id: i64) -> Result<()> {
-    let statement = conn.prepare(&shared.sql.remove_waiter).await?;
-    conn.client()
-        .execute(&statement, &[&id])
-        .await
-        .map_err(pg_error)?;
+async fn remove_waiter(shared: &Shared, conn: &PgConn, target: &Target, id: i64) -> Result<()> {
+    let params: Params = &[(&id, Type::INT8)];
+    if shared.settings.pooler == Pooler::Transaction {
+        shared.query(&shared.sql.remove_waiter, params).await?;
+    } else {
+        query(conn, target, &shared.sql.remove_waiter, params).await?;
+    }
     Ok(())
 }
 
 /// Drops any semaphore slot lock an interrupted attempt left on `conn`.
 async fn release_slots(conn: &PgConn, target: &Target) -> Result<()> {
-    conn.client()
-        .execute(
-            "SELECT pg_advisory_unlock(k) FROM unnest($1::bigint[]) AS k \
-              WHERE EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' \
-                AND pid = pg_backend_pid() AND granted \
-                AND classid = ((k >> 32) & 4294967295)::oid \
-                AND objid = (k & 4294967295)::oid AND objsubid = 1)",
-            &[&target.slot_keys],
-        )
-        .await
-        .map_err(pg_error)?;
+    query(
+        conn,
+        target,
+        "SELECT pg_advisory_unlock(k) FROM unnest($1::bigint[]) AS k \
+          WHERE EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' \
+            AND pid = pg_backend_pid() AND granted \
+            AND classid = ((k >> 32) & 4294967295)::oid \
+            AND objid = (k & 4294967295)::oid AND objsubid = 1)",
+        &[(&target.slot_keys, Type::INT8_ARRAY)],
+    )
+    .await?;
     Ok(())
 }
 
@@ -338,6 +418,9 @@ mod tests {
             mode: Mode::Semaphore { permits: 3 },
             owner: "o*/wn er+%".into(),
             lease: None,
+            mode_name: "semaphore",
+            permits: Some(3),
+            lease_ms: 0,
         };
         let comment = comment(&target);
         assert_eq!(comment.matches("*/").count(), 1, "{comment}");
