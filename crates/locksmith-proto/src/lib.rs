@@ -19,7 +19,8 @@
 //! client                                   server
 //!   open {client_name, host, ttl_ms}  ──▶
 //!                                     ◀──  opened {session_id, secret, ttl_ms}
-//!   request {id: 1, acquire {...}}    ──▶
+//!   request {id: 1, acquire {...,     ──▶
+//!     notify_queued: true}}
 //!                                     ◀──  reply {id: 1, queued {position: 0}}
 //!   heartbeat (every ttl/3)           ──▶
 //!                                     ◀──  heartbeat {now_ms}

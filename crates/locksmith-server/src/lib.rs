@@ -21,13 +21,19 @@
 //! ## How a request flows
 //!
 //! ```text
-//! client ──gRPC──▶ service (one task per stream)  ──Op──▶  core thread
-//!                                                          │ engine.apply(now, command)
-//!                                                          │ log buffer += command
-//!                                                          │ ... every op of the batch ...
-//!                                                          │ write + fdatasync (group commit)
-//! client ◀──────── stream / unary reply  ◀─────────────────┘ replies and pushes
+//! client ──ClientBatch──▶ service (a task per stream) ──Op──▶ core thread
+//!                                                      │ engine.apply(now, command)
+//!                                                      │ log buffer += command
+//!                                                      │ ... every op of the batch ...
+//!                                                      │ write + fdatasync (group commit)
+//! client ◀──ServerBatch── stream / unary reply ◀───────┘ replies and pushes,
+//!                                                        one batch per stream
 //! ```
+//!
+//! A client sends every request it has ready as one `ClientBatch` and gets
+//! everything one engine batch produced for it as one `ServerBatch`, so a
+//! connection multiplexing many callers pays framing, encoding, syscalls and
+//! wake-ups per batch, not per request (like a pipelined Redis connection).
 //!
 //! - **One owner of the engine**: the core thread (module `core`) is the only
 //!   code that touches the lock table. The server never decides lock semantics:
@@ -36,8 +42,10 @@
 //!   and then applies and logs like any request. Replaying the log therefore
 //!   rebuilds exactly the same state, and the same command stream can later go
 //!   through a replicated log (Raft) unchanged.
-//! - **Durable by default**: a reply leaves only after the log records of its
-//!   batch are fsynced; one fsync covers every request that arrived meanwhile.
+//! - **Durable by default**: a reply or push leaves only after the log records
+//!   of its batch (and every earlier one) are fsynced; one fsync covers every
+//!   request that arrived meanwhile (group commit), and a batch that makes
+//!   nothing visible waits for the next one instead of an fsync of its own.
 //!   Snapshots bound the log; recovery is snapshot + replay (module `storage`
 //!   describes the files). Fencing tokens therefore never go backwards, even
 //!   after kill -9 in the middle of a load.

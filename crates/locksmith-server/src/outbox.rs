@@ -52,6 +52,11 @@ impl Outbox {
         self.entry(stream, tx).end = Some(status);
     }
 
+    /// Whether nothing is queued.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+
     /// Forgets everything queued (replay, or a storage failure: nothing of the
     /// batch may be seen).
     pub(crate) fn clear(&mut self) {

@@ -147,6 +147,7 @@ fn acquire_args(acquire: pb::Acquire, max_label: usize) -> Result<AcquireArgs, p
         lease: acquire.lease_ms,
         reentrant: acquire.reentrant,
         lock_delay: acquire.lock_delay_ms,
+        notify_queued: acquire.notify_queued,
     })
 }
 

@@ -334,6 +334,11 @@ impl Storage {
         !self.buffer.is_empty()
     }
 
+    /// Bytes of records waiting to be written.
+    pub(crate) fn pending_bytes(&self) -> usize {
+        self.buffer.len()
+    }
+
     /// Writes the buffered records (over the zeros ahead of the end) and makes
     /// them durable with one `fdatasync`: the group commit of a batch. Returns
     /// how many records it wrote.

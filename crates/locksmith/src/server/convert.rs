@@ -31,6 +31,8 @@ pub(super) fn acquire(request: &AcquireRequest) -> pb::Acquire {
         lease_ms: request.lease.map(ceil_ms),
         reentrant: request.reentrant,
         lock_delay_ms: ceil_ms(request.lock_delay),
+        // Only the final outcome matters to the caller.
+        notify_queued: false,
     }
 }
 

@@ -1,7 +1,8 @@
-//! Batches on the session stream: every message of a client batch is handled
-//! on its own and in order, a batch that breaks the stream protocol or the
-//! size limit ends the stream before any of it runs, and the first batch may
-//! carry requests after its `open`.
+//! The session stream protocol, as a raw client sees it: every message of a
+//! client batch is handled on its own and in order, a batch that breaks the
+//! stream protocol or the size limit ends the stream before any of it runs,
+//! the first batch may carry requests after its `open`, and `queued` replies
+//! come only to acquires that ask for them.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -118,6 +119,19 @@ fn acquire(id: u64, name: &str, owner: &str) -> Out {
             names: vec![name.into()],
             owner: owner.into(),
             wait: pb::WaitKind::No as i32,
+            ..Default::default()
+        })),
+    })
+}
+
+fn acquire_waiting(id: u64, name: &str, owner: &str, notify_queued: bool) -> Out {
+    Out::Request(pb::Request {
+        id,
+        op: Some(pb::request::Op::Acquire(pb::Acquire {
+            names: vec![name.into()],
+            owner: owner.into(),
+            wait: pb::WaitKind::Forever as i32,
+            notify_queued,
             ..Default::default()
         })),
     })
@@ -244,5 +258,84 @@ async fn an_oversized_batch_gets_the_size_limit_error_and_nothing_runs() {
         again.replies(1).await[0],
         (1, pb::reply::Result::Granted(_))
     ));
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_is_sent_only_when_asked() {
+    let (server, _dir) = server().await;
+    let mut raw = Raw::start(&server, vec![open(), acquire(1, "queued/a", "holder")]).await;
+    assert!(matches!(raw.next().await, Ok(In::Opened(_))));
+    assert!(matches!(
+        raw.replies(1).await[0],
+        (1, pb::reply::Result::Granted(_))
+    ));
+    raw.send(vec![
+        acquire_waiting(2, "queued/a", "quiet", false),
+        acquire_waiting(3, "queued/a", "told", true),
+    ]);
+    match raw.next().await {
+        Ok(In::Reply(pb::Reply {
+            id: 3,
+            result: Some(pb::reply::Result::Queued(queued)),
+        })) => assert_eq!(queued.position, 1, "one waiter ahead"),
+        other => panic!("expected the queued reply to 3 only, got {other:?}"),
+    }
+    // The releases hand the lock on in FIFO order; each grant is pushed.
+    raw.send(vec![release(4, "queued/a", "holder")]);
+    let replies = raw.replies(2).await;
+    assert!(
+        matches!(replies[0], (2, pb::reply::Result::Granted(_))),
+        "{replies:?}"
+    );
+    assert!(
+        matches!(replies[1], (4, pb::reply::Result::Done(_))),
+        "{replies:?}"
+    );
+    raw.send(vec![release(5, "queued/a", "quiet")]);
+    let replies = raw.replies(2).await;
+    assert!(
+        matches!(replies[0], (3, pb::reply::Result::Granted(_))),
+        "{replies:?}"
+    );
+    assert!(
+        matches!(replies[1], (5, pb::reply::Result::Done(_))),
+        "{replies:?}"
+    );
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_that_queues_needs_no_fsync_of_its_own() {
+    let (server, _dir) = server().await;
+    let mut raw = Raw::start(&server, vec![open(), acquire(1, "durable/a", "holder")]).await;
+    assert!(matches!(raw.next().await, Ok(In::Opened(_))));
+    assert!(matches!(
+        raw.replies(1).await[0],
+        (1, pb::reply::Result::Granted(_))
+    ));
+    let before = server.stats();
+    raw.send(vec![acquire_waiting(2, "durable/a", "waiter", false)]);
+    // Seeing the waiter takes a commit, which covers the acquire's record: one
+    // fsync in all (a describe with no record pending needs none).
+    let mut client = grpc(&server).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let described = client
+            .describe(pb::DescribeRequest {
+                name: "durable/a".into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        if described.lock.is_some_and(|l| l.waiters.len() == 1) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never queued");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let after = server.stats();
+    assert_eq!(after.records - before.records, 1);
+    assert_eq!(after.fsyncs - before.fsyncs, 1);
     server.shutdown().await.unwrap();
 }
