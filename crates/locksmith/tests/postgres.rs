@@ -580,7 +580,7 @@ async fn concurrent_first_use_migrates_once() {
         let guard = client.lock("first/use").acquire().await.unwrap();
         guard.release().await.unwrap();
     }
-    assert_eq!(pg.query("SELECT version FROM locksmith.meta").unwrap(), "1");
+    assert_eq!(pg.query("SELECT version FROM locksmith.meta").unwrap(), "2");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1241,4 +1241,72 @@ mod pooled {
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         pooled_harness()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quick_takeover_respects_leases_and_semaphores() {
+    // An exclusive session acquire takes its row over in one statement when
+    // the row is `quick`; a lease hold or a semaphore permit of the name
+    // must make it look first.
+    let pg = shared().await;
+    let (a, b) = (
+        connect(&pg.url(), Duration::from_secs(30)).await,
+        connect(&pg.url(), Duration::from_secs(30)).await,
+    );
+    let name = unique("quick");
+    let quick_rows = || async {
+        query(
+            pg,
+            &format!(
+                "SELECT count(*) FROM locksmith.session_holds WHERE name = {} AND quick",
+                literal(&name)
+            ),
+        )
+        .await
+    };
+    a.lock(name.as_str())
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    assert_eq!(quick_rows().await, "1");
+    for shared_lease in [false, true] {
+        let lease = if shared_lease {
+            b.rw_lock(name.as_str())
+                .read()
+                .lease(Duration::from_secs(30))
+                .acquire()
+                .await
+                .unwrap()
+        } else {
+            b.lock(name.as_str())
+                .lease(Duration::from_secs(30))
+                .acquire()
+                .await
+                .unwrap()
+        };
+        assert!(
+            a.lock(name.as_str()).try_acquire().await.unwrap().is_none(),
+            "shared lease: {shared_lease}"
+        );
+        assert_eq!(quick_rows().await, "0", "the lease cleared quick");
+        lease.release().await.unwrap();
+        a.lock(name.as_str())
+            .try_acquire()
+            .await
+            .unwrap()
+            .expect("free again")
+            .release()
+            .await
+            .unwrap();
+        assert_eq!(quick_rows().await, "1", "an exclusive grant sets quick");
+    }
+    let permit = b.semaphore(name.as_str(), 2).acquire().await.unwrap();
+    assert!(matches!(
+        a.lock(name.as_str()).try_acquire().await,
+        Err(Error::Conflict { .. })
+    ));
+    permit.release().await.unwrap();
 }

@@ -333,6 +333,7 @@ pub(crate) struct Shared {
 
 /// SQL text of the statements, with the schema filled in.
 pub(crate) struct Sql {
+    pub acquire_quick: String,
     pub acquire_session: String,
     pub release_session: String,
     pub unlock: String,
@@ -350,6 +351,23 @@ pub(crate) struct Sql {
 impl Sql {
     fn new(schema: &str) -> Sql {
         Sql {
+            // An exclusive session acquire in one plain statement: the
+            // try-lock, then the takeover of a `quick` row of the key (see
+            // schema.sql). `got` without a token: the key is held, but the
+            // slow path (acquire_session) must decide.
+            acquire_quick: format!(
+                "WITH l AS MATERIALIZED (SELECT pg_try_advisory_lock($2) AS got), \
+                 h AS (UPDATE {schema}.session_holds s \
+                          SET token = nextval('{schema}.fencing_token'), owner = $3, \
+                              lock_by = $4, hold_count = 1, lock_time = clock_timestamp(), \
+                              pid = pg_backend_pid(), server_start = pg_postmaster_start_time() \
+                         FROM l \
+                        WHERE l.got AND s.quick AND s.ctid = ( \
+                              SELECT o.ctid FROM {schema}.session_holds o \
+                               WHERE o.name = $1 AND o.key = $2 AND o.quick LIMIT 1) \
+                       RETURNING s.token) \
+                 SELECT l.got, h.token FROM l LEFT JOIN h ON true"
+            ),
             acquire_session: format!(
                 "SELECT status, token, lock_time, slot, retry_ms, detail \
                  FROM {schema}.acquire_session($1, $2, $3, $4, $5, $6, $7, $8)"

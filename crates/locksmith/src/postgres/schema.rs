@@ -7,7 +7,7 @@ use super::pg_error;
 use crate::error::{Error, Result};
 
 /// The layout version this client speaks (`<schema>.meta.version`).
-pub(crate) const VERSION: i32 = 1;
+pub(crate) const VERSION: i32 = 2;
 
 const SQL: &str = include_str!("schema.sql");
 

@@ -1,4 +1,4 @@
--- The locksmith layout in PostgreSQL, version 1.
+-- The locksmith layout in PostgreSQL, version 2.
 --
 -- `__SCHEMA__` stands for the quoted schema name (default "locksmith") and
 -- `__CHANNEL__` for the NOTIFY channel (the schema name). `migrate` runs this
@@ -26,6 +26,12 @@ CREATE SEQUENCE IF NOT EXISTS __SCHEMA__.fencing_token AS bigint MINVALUE 1 NO C
 -- A row outlives its hold: release only drops the advisory lock (no write),
 -- and the next holder of the key takes the row over. A row is a live hold
 -- exactly when `session_live(pid, key, server_start)`.
+-- `quick`: an exclusive holder may take this row over in one plain statement
+-- (the client's `acquire_quick`), without looking for lease holds or
+-- semaphore use of the name: the last exclusive grant on it found none, and
+-- whoever creates one since (a lease, a semaphore permit) has cleared the flag
+-- on every row of the name (`mark_slow`) in its own transaction, while it held
+-- the name's key so that no exclusive acquirer could run alongside it.
 -- UNLOGGED: crash recovery empties it, and every session ends in a crash.
 CREATE UNLOGGED TABLE IF NOT EXISTS __SCHEMA__.session_holds (
     token bigint NOT NULL,
@@ -39,8 +45,11 @@ CREATE UNLOGGED TABLE IF NOT EXISTS __SCHEMA__.session_holds (
     hold_count integer NOT NULL DEFAULT 1,
     lock_time timestamptz NOT NULL,
     pid integer NOT NULL,
-    server_start timestamptz NOT NULL
+    server_start timestamptz NOT NULL,
+    quick boolean NOT NULL DEFAULT false
 ) WITH (fillfactor = 50);
+-- Layout version 1 had no `quick`.
+ALTER TABLE __SCHEMA__.session_holds ADD COLUMN IF NOT EXISTS quick boolean NOT NULL DEFAULT false;
 CREATE INDEX IF NOT EXISTS session_holds_name ON __SCHEMA__.session_holds (name);
 -- Lets every lock acquire check "is this name a semaphore?" in an index that
 -- is empty for names that are not.
@@ -135,6 +144,15 @@ LANGUAGE sql VOLATILE AS $fn$
     RETURNING l.token, l.lock_time, l.lease_expires
 $fn$;
 
+-- Clears `quick` on the session rows of lock `p_name` (key `p_key`): called
+-- in the transaction that creates a lease hold or a semaphore permit of the
+-- name, so exclusive acquirers look before they take a row again.
+CREATE OR REPLACE FUNCTION __SCHEMA__.mark_slow(p_name text, p_key bigint)
+RETURNS void LANGUAGE sql VOLATILE AS $fn$
+    UPDATE __SCHEMA__.session_holds s SET quick = false
+     WHERE s.name = p_name AND s.key = p_key AND s.quick
+$fn$;
+
 -- A live hold that keeps a request in `p_mode` (`p_permits`) off the name for
 -- good: a semaphore with another permit count, or a semaphore and a lock on
 -- one name. NULL when there is none.
@@ -180,7 +198,7 @@ BEGIN
     UPDATE __SCHEMA__.session_holds s
        SET token = record_session.token, owner = p_owner, lock_by = p_lock_by, mode = p_mode,
            permits = p_permits, slot = p_slot, hold_count = 1, lock_time = clock_timestamp(),
-           pid = pg_backend_pid(), server_start = pg_postmaster_start_time()
+           pid = pg_backend_pid(), server_start = pg_postmaster_start_time(), quick = false
      WHERE s.ctid = (SELECT o.ctid FROM __SCHEMA__.session_holds o
                       WHERE o.name = p_name AND o.key = p_key
                         AND (p_mode <> 'shared' OR o.mode <> 'shared'
@@ -205,7 +223,10 @@ $fn$;
 -- Exclusive / shared: the advisory lock on `p_key` in that mode.
 -- Semaphore: a turnstile on `p_key` (shared for a try, exclusive for waiters
 -- queued in PostgreSQL's lock queue, so a try never passes a waiter), then
--- the first free slot key of `p_slot_keys`.
+-- the first free slot key of `p_slot_keys`. The turnstile is held until the
+-- grant is committed (a try's is transaction-level; a waiter drops its own
+-- after this call), so no exclusive acquirer can take a lock row of the name
+-- before `mark_slow` is visible.
 --
 -- status 'granted' | 'busy' | 'conflict'. Busy: retry_ms is when the first
 -- blocking lease ends (NULL when a session holder blocks). A busy answer
@@ -229,7 +250,7 @@ BEGIN
             status := 'conflict';
             RETURN;
         END IF;
-        IF NOT p_held AND NOT pg_try_advisory_lock_shared(p_key) THEN
+        IF NOT p_held AND NOT pg_try_advisory_xact_lock_shared(p_key) THEN
             status := 'busy';
             RETURN;
         END IF;
@@ -249,18 +270,11 @@ BEGIN
             END IF;
             SELECT r.token, r.lock_time INTO token, lock_time
               FROM __SCHEMA__.record_session(p_name, v_key, p_owner, p_lock_by, p_mode, p_permits, i) r;
-            IF p_held THEN
-                PERFORM pg_advisory_unlock(p_key);
-            ELSE
-                PERFORM pg_advisory_unlock_shared(p_key);
-            END IF;
+            PERFORM __SCHEMA__.mark_slow(p_name, p_key);
             slot := i;
             status := 'granted';
             RETURN;
         END LOOP;
-        IF NOT p_held THEN
-            PERFORM pg_advisory_unlock_shared(p_key);
-        END IF;
         IF v_blocked THEN
             retry_ms := NULL;
         END IF;
@@ -306,11 +320,13 @@ BEGIN
         END IF;
         RETURN;
     END IF;
-    -- record_session, inlined on this hot path.
+    -- record_session, inlined. An exclusive grant has found no lease hold and
+    -- no semaphore use: its row may be taken over quickly next time.
     UPDATE __SCHEMA__.session_holds s
        SET token = nextval('__SCHEMA__.fencing_token'), owner = p_owner, lock_by = p_lock_by, mode = p_mode,
            permits = NULL, slot = NULL, hold_count = 1, lock_time = clock_timestamp(),
-           pid = pg_backend_pid(), server_start = pg_postmaster_start_time()
+           pid = pg_backend_pid(), server_start = pg_postmaster_start_time(),
+           quick = (p_mode = 'exclusive')
      WHERE s.ctid = (SELECT o.ctid FROM __SCHEMA__.session_holds o
                       WHERE o.name = p_name AND o.key = p_key
                         AND (p_mode <> 'shared' OR o.mode <> 'shared'
@@ -319,9 +335,9 @@ BEGIN
     RETURNING s.token, s.lock_time INTO token, lock_time;
     IF NOT FOUND THEN
         INSERT INTO __SCHEMA__.session_holds AS s
-               (token, name, key, owner, lock_by, mode, lock_time, pid, server_start)
+               (token, name, key, owner, lock_by, mode, lock_time, pid, server_start, quick)
         VALUES (nextval('__SCHEMA__.fencing_token'), p_name, p_key, p_owner, p_lock_by, p_mode,
-                clock_timestamp(), pg_backend_pid(), pg_postmaster_start_time())
+                clock_timestamp(), pg_backend_pid(), pg_postmaster_start_time(), p_mode = 'exclusive')
         RETURNING s.token, s.lock_time INTO token, lock_time;
     END IF;
     status := 'granted';
@@ -356,6 +372,7 @@ $fn$;
 -- `p_held`: the connection holds the key at session level (a waiter at the
 -- head of the queue); the semaphore turnstile is then skipped, since a shared
 -- request would queue behind the exclusive waiters after it.
+-- A grant clears `quick` on the name's session rows (`mark_slow`).
 CREATE OR REPLACE FUNCTION __SCHEMA__.acquire_lease(
     p_name text, p_key bigint, p_slot_keys bigint[], p_owner text, p_lock_by text,
     p_mode text, p_permits integer, p_lease_ms bigint, p_held boolean,
@@ -388,6 +405,7 @@ BEGIN
               FROM __SCHEMA__.take_lease_slot(p_name, v_key, p_owner, p_lock_by, p_mode,
                                               p_permits, i, p_lease_ms) t;
             IF FOUND THEN
+                PERFORM __SCHEMA__.mark_slow(p_name, p_key);
                 slot := i;
                 status := 'granted';
                 RETURN;
@@ -424,6 +442,7 @@ BEGIN
           FROM __SCHEMA__.take_lease_slot(p_name, p_key, p_owner, p_lock_by, p_mode,
                                           NULL, 0, p_lease_ms) t;
         IF FOUND THEN
+            PERFORM __SCHEMA__.mark_slow(p_name, p_key);
             status := 'granted';
             RETURN;
         END IF;
@@ -447,6 +466,7 @@ BEGIN
     VALUES (nextval('__SCHEMA__.fencing_token'), p_name, p_key, p_owner, p_lock_by, p_mode, 0,
             clock_timestamp(), clock_timestamp() + p_lease_ms * interval '1 millisecond')
     RETURNING l.token, l.lock_time, l.lease_expires INTO token, lock_time, lease_expires;
+    PERFORM __SCHEMA__.mark_slow(p_name, p_key);
     status := 'granted';
 END
 $fn$;

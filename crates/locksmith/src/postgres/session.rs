@@ -10,12 +10,12 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use super::claim::{conflict, Claim, Target};
+use super::claim::{conflict, Claim, Granted, Target};
 use super::conn::{hold_id, PgConn};
 use tokio_postgres::types::Type;
 
 use super::{detached, one, pg_error, wait, Fan, Params, Shared};
-use crate::backend::Wait;
+use crate::backend::{Mode, Wait};
 use crate::error::{Error, Result};
 
 /// A live session hold.
@@ -85,9 +85,26 @@ pub(crate) async fn acquire(
     // A dropped wait closes its connection, which ends whatever the attempt
     // in flight got: the attempt needs no task of its own.
     let (conn, granted) = wait::wait(shared, target, deadline, |conn| async move {
-        call(shared, &conn, target, true).await
+        call(shared, &conn, target, Key::Waited).await
     })
     .await?;
+    if matches!(target.mode, Mode::Semaphore { .. }) {
+        // The wait queued on the semaphore's turnstile, which it drops only
+        // now that the grant is committed (see acquire_session).
+        let unlocked = conn
+            .client()
+            .batch_execute(&format!(
+                "{} SELECT pg_advisory_unlock({})",
+                wait::GRANTED,
+                target.key
+            ))
+            .await;
+        if let Err(error) = unlocked {
+            // The grant's slot lock goes with the connection.
+            conn.kill(&format!("dropping the turnstile failed: {error}"));
+            return Err(pg_error(error));
+        }
+    }
     let hold = SessionHold::new(shared, conn, true, target, granted.held_key, granted.token);
     if !hold.conn.pin(hold.id, &hold.lost) {
         let reason = hold.lost.reason().unwrap_or_default();
@@ -96,15 +113,15 @@ pub(crate) async fn acquire(
     Ok(Some(hold))
 }
 
-/// One `acquire_session` call on `conn`, which has `name` claimed; gives the
-/// claim back unless granted.
+/// One attempt on `conn`, which has `name` claimed; gives the claim back
+/// unless granted.
 async fn try_on(
     shared: &Arc<Shared>,
     conn: &Arc<PgConn>,
     target: &Target,
     dedicated: bool,
 ) -> Result<Claim<SessionHold>> {
-    let result = call(shared, conn, target, false).await;
+    let result = attempt(shared, conn, target).await;
     match result {
         Ok(Claim::Granted(granted)) => {
             let hold = SessionHold::new(
@@ -140,14 +157,58 @@ async fn try_on(
     }
 }
 
-/// Runs `acquire_session` on `conn` (`held`: the connection already holds the
-/// key, having waited for it; the statement then carries the wait's comment).
-pub(crate) async fn call(
-    shared: &Shared,
-    conn: &PgConn,
-    target: &Target,
-    held: bool,
-) -> Result<Claim<super::claim::Granted>> {
+/// A non-waiting attempt on `conn`. An exclusive lock first tries the quick
+/// statement (the try-lock and the takeover of its `quick` row); when that
+/// gets the key but may not take a row, `acquire_session` decides, and the key
+/// goes again unless it grants. Other modes go to `acquire_session` at once.
+async fn attempt(shared: &Shared, conn: &PgConn, target: &Target) -> Result<Claim> {
+    if target.mode != Mode::Exclusive {
+        return call(shared, conn, target, Key::Try).await;
+    }
+    let row = one(conn
+        .query(
+            &shared.sql.acquire_quick,
+            &[
+                (&target.name, Type::TEXT),
+                (&target.key, Type::INT8),
+                (&target.owner, Type::TEXT),
+                (&shared.settings.lock_by, Type::TEXT),
+            ],
+        )
+        .await?)?;
+    let got: bool = row.try_get(0).map_err(pg_error)?;
+    if !got {
+        return Ok(Claim::Busy(None));
+    }
+    if let Some(token) = row.try_get::<_, Option<i64>>(1).map_err(pg_error)? {
+        return Ok(Claim::Granted(Granted {
+            token: token as u64,
+            held_key: target.key,
+        }));
+    }
+    let claim = call(shared, conn, target, Key::Taken).await?;
+    if !matches!(claim, Claim::Granted(_)) {
+        conn.query(&shared.sql.unlock, &[(&target.key, Type::INT8)])
+            .await?;
+    }
+    Ok(claim)
+}
+
+/// Who holds the key when `acquire_session` runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Key {
+    /// Nobody yet: the call tries to take it.
+    Try,
+    /// This connection, since the quick statement.
+    Taken,
+    /// This connection, a wait's, since its queue statement.
+    Waited,
+}
+
+/// Runs `acquire_session` on `conn` (on a wait's connection, with the wait's
+/// comment).
+async fn call(shared: &Shared, conn: &PgConn, target: &Target, key: Key) -> Result<Claim<Granted>> {
+    let held = key != Key::Try;
     let params: Params = &[
         (&target.name, Type::TEXT),
         (&target.key, Type::INT8),
@@ -156,9 +217,9 @@ pub(crate) async fn call(
         (&shared.settings.lock_by, Type::TEXT),
         (&target.mode_name, Type::TEXT),
         (&target.permits, Type::INT4),
-        (if held { &true } else { &false }, Type::BOOL),
+        (&held, Type::BOOL),
     ];
-    let rows = if held {
+    let rows = if key == Key::Waited {
         wait::query(conn, target, &shared.sql.acquire_session, params).await?
     } else {
         conn.query(&shared.sql.acquire_session, params).await?
