@@ -121,3 +121,36 @@ fn bench_refuses_nonsense() {
         .expect("run locksmith bench");
     assert!(!output.status.success());
 }
+
+/// PostgreSQL's default lock table (64 × max_connections slots, some 23 000
+/// advisory locks here) cannot hold the scale scenario's locks; the bench
+/// makes room, and says so.
+#[test]
+fn bench_scale_holds_more_locks_than_postgres_holds_by_default() {
+    let out = tempfile::tempdir().expect("temporary directory");
+    let output = Command::new(env!("CARGO_BIN_EXE_locksmith"))
+        .args(["bench", "--spawn", "postgres", "--scenarios", "scale"])
+        .args(["--scale", "40000"])
+        .arg("--out")
+        .arg(out.path())
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run locksmith bench");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "locksmith bench failed ({}):\n{stdout}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        stdout.contains("`max_locks_per_transaction=512`"),
+        "the report does not say what the bench changed:\n{stdout}"
+    );
+    let json = std::fs::read_to_string(out.path().join("report.json")).expect("report.json");
+    let report: serde_json::Value = serde_json::from_str(&json).expect("report.json is JSON");
+    let scale = &report["backends"][0]["scale"];
+    assert_eq!(scale["locks"], 40000, "{scale}");
+    assert_eq!(scale["lost_at_peak"], 0, "{scale}");
+    assert!(scale["bytes_per_lock"].as_f64().unwrap() > 0.0, "{scale}");
+}

@@ -70,6 +70,19 @@ fn decades(lo: f64, hi: f64) -> (f64, f64) {
     (lo, hi)
 }
 
+/// An axis count in k and M: `500`, `20 k`, `1.5 M`.
+fn fmt_count(value: f64) -> String {
+    let (scaled, unit) = if value >= 1e6 {
+        (value / 1e6, " M")
+    } else if value >= 1e3 {
+        (value / 1e3, " k")
+    } else {
+        (value, "")
+    };
+    let digits = if scaled.fract().abs() < 0.05 { 0 } else { 1 };
+    format!("{scaled:.digits$}{unit}")
+}
+
 /// Throughput against concurrent clients, both axes logarithmic.
 pub fn throughput(path: &Path, title: &str, series: &[Series]) -> Result<(), String> {
     let (x_lo, x_hi) = bounds(series, |p| p.0);
@@ -102,7 +115,7 @@ pub fn throughput(path: &Path, title: &str, series: &[Series]) -> Result<(), Str
         .x_desc("concurrent clients (each on its own lock)")
         .y_desc("acquire + release pairs / s")
         .x_label_formatter(&|x| format!("{x:.0}"))
-        .y_label_formatter(&|y| format!("{y:.0}"))
+        .y_label_formatter(&|y| fmt_count(*y))
         .draw()
         .map_err(|e| e.to_string())?;
     for (i, s) in series.iter().enumerate() {

@@ -19,10 +19,10 @@
 //! - **(c) fairness**: F clients (`--fair-clients`) on one lock, each holding it
 //!   `--fair-hold`: the spread of wait times and Jain's index of grants per
 //!   client.
-//! - **(d) scale**: one client holds N distinct locks at once (`--scale`, and
-//!   `--scale-server` for the locksmith server): time to hold them all, and the
-//!   server's memory (PSS of its process group, from /proc) when this run
-//!   started the server.
+//! - **(d) scale**: `--scale-clients` clients hold N distinct locks at once
+//!   between them (`--scale`, and `--scale-server` for the locksmith server):
+//!   time to hold them all, and the server's memory (PSS of its process tree,
+//!   from /proc) when this run started the server.
 //!
 //! # Backends
 //!
@@ -134,7 +134,11 @@ pub struct BenchArgs {
     /// [default: 1000000, quick: 20000].
     #[arg(long)]
     scale_server: Option<u64>,
-    /// Acquires in flight at once in the scale scenario.
+    /// Clients holding the scale scenario's locks between them (each its own
+    /// connection and session).
+    #[arg(long, default_value_t = 16)]
+    scale_clients: usize,
+    /// Acquires in flight at once in the scale scenario (over all its clients).
     #[arg(long, default_value_t = 256)]
     scale_concurrency: usize,
     /// Session TTL of every client.
@@ -196,8 +200,13 @@ pub async fn bench(args: BenchArgs) -> std::process::ExitCode {
         || args.clients.contains(&0)
         || args.waiters == 0
         || args.fair_clients == 0
+        || args.scale_clients == 0
+        || args.scale_concurrency == 0
     {
-        eprintln!("locksmith bench: client, waiter and fair-client counts must be at least 1");
+        eprintln!(
+            "locksmith bench: client, waiter, fair-client, scale-client and scale-concurrency \
+             counts must be at least 1"
+        );
         return ExitCode::from(2);
     }
     let started = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
@@ -252,7 +261,17 @@ pub async fn bench(args: BenchArgs) -> std::process::ExitCode {
             Plan::Given(spec) => Ok(Target::given(spec)),
             Plan::Spawn(kind) => {
                 eprintln!("locksmith bench: starting {kind}…");
-                match tokio::task::spawn_blocking(move || Target::spawn(kind)).await {
+                let scale_locks = args
+                    .runs(ScenarioName::Scale)
+                    .then(|| args.scale_count(kind));
+                let start = move || -> Result<Target, String> {
+                    let mut target = Target::spawn(kind)?;
+                    if let Some(locks) = scale_locks {
+                        target.make_room_for_locks(locks)?;
+                    }
+                    Ok(target)
+                };
+                match tokio::task::spawn_blocking(start).await {
                     Ok(Ok(target)) => Ok(target),
                     Ok(Err(error)) => Err((kind, format!("cannot start: {error}"))),
                     Err(panic) => Err((kind, format!("starting it panicked: {panic}"))),
@@ -347,6 +366,7 @@ pub async fn bench(args: BenchArgs) -> std::process::ExitCode {
             waiters: args.waiters,
             fair_clients: args.fair_clients,
             fair_hold_us: args.fair_hold.as_micros() as u64,
+            scale_clients: args.scale_clients,
             scale_concurrency: args.scale_concurrency,
             repeat: args.repeat.max(1),
             quick: args.quick,
@@ -405,6 +425,7 @@ fn failed_report(
         url: report::redact(url),
         version: None,
         spawned: false,
+        tuning: Vec::new(),
         uncontended: if args.runs(ScenarioName::Uncontended) {
             args.clients.iter().map(|_| failed(error)).collect()
         } else {
@@ -569,6 +590,7 @@ fn summarize(
         url: report::redact(&target.url),
         version: target.version(),
         spawned: target.spawned.is_some(),
+        tuning: target.tuning.clone(),
         uncontended: Vec::new(),
         handoff: None,
         fairness: None,
@@ -622,7 +644,14 @@ async fn run_scale(
     let limit = Duration::from_secs(120) + Duration::from_millis(locks);
     match bounded(
         limit,
-        scenario::scale(target, locks, args.scale_concurrency, settings, progress),
+        scenario::scale(
+            target,
+            locks,
+            args.scale_clients,
+            args.scale_concurrency,
+            settings,
+            progress,
+        ),
     )
     .await
     {

@@ -156,6 +156,8 @@ pub struct RunSettings {
     pub fair_clients: usize,
     /// Hold time of scenario (c) (µs).
     pub fair_hold_us: u64,
+    /// Clients holding the locks of scenario (d).
+    pub scale_clients: usize,
     /// Acquires in flight in scenario (d).
     pub scale_concurrency: usize,
     /// Runs of each timed measurement (the median is reported).
@@ -177,6 +179,8 @@ pub struct BackendReport {
     pub version: Option<String>,
     /// Whether this run started the server.
     pub spawned: bool,
+    /// Settings this run changed from the server's defaults, and why.
+    pub tuning: Vec<String>,
     /// (a), one entry per client count.
     pub uncontended: Vec<Outcome<Uncontended>>,
     /// (b).
@@ -237,8 +241,25 @@ fn short(error: &str) -> String {
 /// `value (1.23×)` against the reference value, when there is one.
 fn with_ratio(shown: String, value: f64, reference: Option<f64>) -> String {
     match reference {
-        Some(r) if r > 0.0 && value.is_finite() => format!("{shown} ({:.2}×)", value / r),
+        Some(r) if r > 0.0 && value.is_finite() => format!("{shown} ({}×)", fmt_ratio(value / r)),
         _ => shown,
+    }
+}
+
+/// A ratio as precise as it is worth, so that neither 0.0026 nor 199.97 reads
+/// as noise: whole from 100, one decimal from 10, two from 0.1, and two
+/// significant digits below: `200`, `17.0`, `1.62`, `0.45`, `0.0026`.
+fn fmt_ratio(ratio: f64) -> String {
+    if ratio >= 100.0 {
+        format!("{ratio:.0}")
+    } else if ratio >= 10.0 {
+        format!("{ratio:.1}")
+    } else if ratio >= 0.1 || ratio <= 0.0 {
+        format!("{ratio:.2}")
+    } else {
+        // Two significant digits below 0.1.
+        let decimals = (1 - ratio.log10().floor() as i32).max(2) as usize;
+        format!("{ratio:.decimals$}")
     }
 }
 
@@ -271,7 +292,13 @@ impl Report {
             .backends
             .iter()
             .filter(|b| b.spawned || b.kind == Kind::Memory)
-            .map(|b| format!("- {}: {}", b.label, setup(b.kind)))
+            .map(|b| {
+                let mut line = format!("- {}: {}", b.label, setup(b.kind));
+                for change in &b.tuning {
+                    let _ = write!(line, "; {change}");
+                }
+                line
+            })
             .collect();
         if !setups.is_empty() {
             let _ = writeln!(
@@ -456,13 +483,15 @@ impl Report {
         if self.backends.iter().any(|b| b.scale.is_some()) {
             let _ = writeln!(
             md,
-            "\n### (d) Scale: one client holding many locks at once\n\n\
-             Acquires run {} at a time over one client. Memory is the server's (the PSS of its \
-             process group, so PostgreSQL's shared memory counts once) with every lock held, and \
-             its growth per lock; known only for servers this run started (not for `memory://`, \
-             which shares the bench's process).\n\n\
+            "\n### (d) Scale: many locks held at once\n\n\
+             {} clients (each its own connection and session) hold the locks between them; \
+             acquires run {} at a time in all. Memory is the server's (the PSS of its process \
+             tree, so PostgreSQL's shared memory counts once) with every lock held, and its \
+             growth per lock over a baseline read with the clients connected; known only for \
+             servers this run started (not for `memory://`, which shares the bench's process).\n\n\
              | backend | locks | time to hold all | acquires/s | release all | memory held | per lock |\n\
              |---|---:|---:|---:|---:|---:|---:|",
+            s.scale_clients,
             s.scale_concurrency
         );
             for b in &self.backends {
@@ -470,25 +499,25 @@ impl Report {
                 let base = reference.and_then(|r| r.scale.as_ref()?.ok().cloned());
                 let row = match outcome {
                     Outcome::Ok(d) => format!(
-                        "| {} | {}{} | {:.2} s | {} | {:.2} s | {} | {} |",
+                        "| {} | {}{} | {} | {} | {} | {} | {} |",
                         b.label,
                         fmt_rate(d.locks as f64),
                         if d.lost_at_peak > 0 || d.release_errors > 0 {
                             format!(
-                                " ({} lost before the last was granted, {} failed to release)",
+                                " ({} already lost when the memory was read, {} lost before their release)",
                                 fmt_rate(d.lost_at_peak as f64),
                                 fmt_rate(d.release_errors as f64)
                             )
                         } else {
                             String::new()
                         },
-                        d.hold_secs,
+                        fmt_us(d.hold_secs * 1e6),
                         with_ratio(
                             fmt_rate(d.holds_per_sec),
                             d.holds_per_sec,
                             base.as_ref().map(|r| r.holds_per_sec)
                         ),
-                        d.release_secs,
+                        fmt_us(d.release_secs * 1e6),
                         d.memory_held.map_or("n/a".into(), |m| fmt_bytes(m as f64)),
                         match d.bytes_per_lock {
                             Some(per) => with_ratio(
@@ -544,6 +573,16 @@ mod tests {
         );
         assert_eq!(redact("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
         assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
+    }
+
+    #[test]
+    fn ratios_keep_two_significant_digits() {
+        assert_eq!(fmt_ratio(199.97), "200");
+        assert_eq!(fmt_ratio(16.98), "17.0");
+        assert_eq!(fmt_ratio(1.0), "1.00");
+        assert_eq!(fmt_ratio(0.45), "0.45");
+        assert_eq!(fmt_ratio(0.06), "0.060");
+        assert_eq!(fmt_ratio(0.0026), "0.0026");
     }
 
     #[test]

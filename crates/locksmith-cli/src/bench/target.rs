@@ -156,6 +156,8 @@ pub struct Target {
     pub url: String,
     /// The server process, when this run started it.
     pub spawned: Option<Spawned>,
+    /// Settings this run changed from the server's defaults, and why.
+    pub tuning: Vec<String>,
 }
 
 impl fmt::Debug for Target {
@@ -177,6 +179,7 @@ impl Target {
             kind,
             url: spec.url,
             spawned: None,
+            tuning: Vec::new(),
         }
     }
 
@@ -206,7 +209,41 @@ impl Target {
             kind,
             url,
             spawned,
+            tuning: Vec::new(),
         })
+    }
+
+    /// Makes a server this run started able to hold `locks` locks at once
+    /// where its defaults would refuse them (blocking: it may restart the
+    /// server). PostgreSQL keeps every held advisory lock in a shared lock
+    /// table of `max_locks_per_transaction × max_connections` slots (64 × 200
+    /// by default), so the bench raises `max_locks_per_transaction`, as anyone
+    /// holding that many locks in production must. Other stores need nothing.
+    pub fn make_room_for_locks(&mut self, locks: u64) -> Result<(), String> {
+        let Some(Spawned::Postgres(pg)) = &self.spawned else {
+            return Ok(());
+        };
+        let connections: u64 = pg
+            .query("show max_connections")
+            .map_err(|e| e.to_string())?
+            .parse()
+            .map_err(|e| format!("max_connections: {e}"))?;
+        // Room for the other scenarios' locks and PostgreSQL's own beside them.
+        let slots = locks + locks / 5 + 10_000;
+        let per_connection = slots.div_ceil(connections).next_power_of_two().max(64);
+        if per_connection == 64 {
+            return Ok(());
+        }
+        pg.query(&format!(
+            "alter system set max_locks_per_transaction = {per_connection}"
+        ))
+        .map_err(|e| e.to_string())?;
+        pg.try_restart().map_err(|e| e.to_string())?;
+        self.tuning.push(format!(
+            "`max_locks_per_transaction={per_connection}` so that its lock table holds the scale \
+             scenario's {locks} advisory locks"
+        ));
+        Ok(())
     }
 
     /// Connects a new client (its own connection and session).
@@ -221,13 +258,13 @@ impl Target {
         Client::connect_with(&self.url, options).await
     }
 
-    /// Memory of the server in bytes: the proportional set size (PSS) of every
-    /// process of the server's process group (PostgreSQL runs one process per
-    /// connection; PSS counts their shared memory once). `None` for a server
+    /// Memory of the server in bytes: the proportional set size (PSS) of the
+    /// server's process and all its descendants (PostgreSQL runs one process
+    /// per connection; PSS counts their shared memory once). `None` for a server
     /// this run did not start, and for `memory://`, whose table shares this
     /// process with the bench's own clients.
     pub fn memory(&self) -> Option<u64> {
-        group_memory(self.spawned.as_ref()?.server().process().pid()?)
+        tree_memory(self.spawned.as_ref()?.server().process().pid()?)
     }
 
     /// The server's version, when this run started it.
@@ -378,35 +415,53 @@ impl Server for ServeProcess {
     }
 }
 
-/// Sum of the PSS (or RSS where PSS is unavailable) of every process in the
-/// process group `group`, in bytes.
-pub fn group_memory(group: u32) -> Option<u64> {
-    let mut total = 0;
-    let mut found = false;
-    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if process_group(pid) == Some(group) {
-            if let Some(bytes) = pss(pid).or_else(|| rss(pid)) {
-                total += bytes;
-                found = true;
-            }
-        }
-    }
-    found.then_some(total)
+/// Sum of the PSS (or RSS where PSS is unavailable) of the process `root` and
+/// its [`family`], in bytes.
+pub fn tree_memory(root: u32) -> Option<u64> {
+    let sizes: Vec<u64> = family(root)
+        .into_iter()
+        .filter_map(|pid| pss(pid).or_else(|| rss(pid)))
+        .collect();
+    (!sizes.is_empty()).then(|| sizes.iter().sum())
 }
 
-fn process_group(pid: u32) -> Option<u32> {
+/// The process `root`, its descendants and the rest of its process group.
+/// Descendants, because PostgreSQL puts every backend in a process group of
+/// its own; the group, for a server started through a wrapper that has exited.
+fn family(root: u32) -> Vec<u32> {
+    // (pid, parent, group) of every process.
+    let processes: Vec<(u32, u32, u32)> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| {
+            let (parent, group) = parent_and_group(pid)?;
+            Some((pid, parent, group))
+        })
+        .collect();
+    let mut members = vec![root];
+    let mut i = 0;
+    while i < members.len() {
+        let parent = members[i];
+        for &(pid, ppid, group) in &processes {
+            if (ppid == parent || group == root) && !members.contains(&pid) {
+                members.push(pid);
+            }
+        }
+        i += 1;
+    }
+    members
+}
+
+/// The parent and the process group of `pid`, from /proc/PID/stat.
+fn parent_and_group(pid: u32) -> Option<(u32, u32)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name is in parentheses and may contain spaces.
     let after = &stat[stat.rfind(')')? + 2..];
     // Fields after the name: state, ppid, pgrp.
-    after.split_whitespace().nth(2)?.parse().ok()
+    let mut fields = after.split_whitespace().skip(1);
+    Some((fields.next()?.parse().ok()?, fields.next()?.parse().ok()?))
 }
 
 fn kib_field(path: &str, field: &str) -> Option<u64> {
@@ -457,9 +512,15 @@ mod tests {
     }
 
     #[test]
-    fn group_memory_is_readable() {
-        assert!(rss(std::process::id()).unwrap() > 0);
-        let group = nix::unistd::getpgrp().as_raw() as u32;
-        assert!(group_memory(group).unwrap() > 0);
+    fn memory_counts_the_whole_process_tree() {
+        assert!(tree_memory(std::process::id()).unwrap() > 0);
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let family = family(std::process::id());
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(family.contains(&child.id()), "{family:?}");
     }
 }
