@@ -63,8 +63,21 @@ fn main() {
              SELECT pg_advisory_unlock(:client_id);\n",
         ),
         (
-            "pgbench: acquire_session() + pg_advisory_unlock() (the statements of a session hold)",
+            "pgbench: acquire_session() + pg_advisory_unlock() (a session hold's slow path)",
             "SELECT token FROM locksmith.acquire_session('pgbench/' || :client_id, :client_id, '{}', 'o', 'pgbench', 'exclusive', NULL, false) \\gset\n\
+             SELECT pg_advisory_unlock(:client_id);\n",
+        ),
+        (
+            // Runs after acquire_session(), whose exclusive grants left the
+            // rows quick.
+            "pgbench: quick acquire + pg_advisory_unlock() (the statements of a session hold)",
+            "WITH l AS MATERIALIZED (SELECT pg_try_advisory_lock(:client_id) AS got), \
+             h AS (UPDATE locksmith.session_holds s SET token = nextval('locksmith.fencing_token'), \
+             owner = 'o', lock_by = 'pgbench', hold_count = 1, lock_time = clock_timestamp(), \
+             pid = pg_backend_pid(), server_start = pg_postmaster_start_time() FROM l \
+             WHERE l.got AND s.quick AND s.ctid = (SELECT o.ctid FROM locksmith.session_holds o \
+             WHERE o.name = 'pgbench/' || :client_id AND o.key = :client_id AND o.quick LIMIT 1) \
+             RETURNING s.token) SELECT l.got, h.token FROM l LEFT JOIN h ON true;\n\
              SELECT pg_advisory_unlock(:client_id);\n",
         ),
         (

@@ -32,7 +32,9 @@ pub(crate) struct PgConn {
     /// Why it ended, once it has.
     closed_reason: Arc<Mutex<Option<String>>>,
     driver: JoinHandle<()>,
-    statements: Mutex<HashMap<String, Statement>>,
+    /// Prepared statements by SQL text: a handful per connection, so a list
+    /// (hashing the long texts on every call cost more than comparing them).
+    statements: Mutex<Vec<(String, Statement)>>,
     /// Lost signals of the holds pinned to this connection, by hold id.
     holds: Mutex<HashMap<u64, Fan>>,
     /// Names with a hold on this connection (a connection holds a name at
@@ -170,14 +172,21 @@ impl PgConn {
     ///
     /// Cancel safety: safe; a dropped prepare only costs a later one.
     pub async fn prepare(&self, sql: &str) -> Result<Statement> {
-        if let Some(statement) = self.statements.lock().expect("statements").get(sql) {
-            return Ok(statement.clone());
-        }
-        let statement = self.client.prepare(sql).await.map_err(pg_error)?;
-        self.statements
+        let known = self
+            .statements
             .lock()
             .expect("statements")
-            .insert(sql.to_owned(), statement.clone());
+            .iter()
+            .find(|(text, _)| text == sql)
+            .map(|(_, statement)| statement.clone());
+        if let Some(statement) = known {
+            return Ok(statement);
+        }
+        let statement = self.client.prepare(sql).await.map_err(pg_error)?;
+        let mut statements = self.statements.lock().expect("statements");
+        if !statements.iter().any(|(text, _)| text == sql) {
+            statements.push((sql.to_owned(), statement.clone()));
+        }
         Ok(statement)
     }
 

@@ -63,6 +63,8 @@
 //!   that connection holds the key (`session_live()`, from `pg_locks`);
 //!   release only drops the advisory lock and the next holder of the key takes
 //!   the row over, so an uncontended acquire + release is one row update.
+//!   `quick` marks a row an exclusive acquirer may take over without looking
+//!   for lease holds or semaphore use first (see below).
 //! - `lease_holds`: one row per lease hold (the same columns, `lease_expires`
 //!   instead of a pid), judged by the database's clock, logged so it survives
 //!   restarts. A unique index allows one exclusive row per name and one row
@@ -71,8 +73,8 @@
 //!   its name has one.
 //! - `holds`: a view of both hold tables with a `live` column, for people.
 //! - functions `acquire_session`, `release_session`, `acquire_lease`,
-//!   `renew_lease`, `release_lease`, `acquire_xact`, `cleanup`: one round trip
-//!   per operation, each documented in `schema.sql`.
+//!   `renew_lease`, `release_lease`, `acquire_xact`, `mark_slow`, `cleanup`:
+//!   one round trip per operation, each documented in `schema.sql`.
 //!
 //! The migration runs on first use, in one transaction after
 //! `pg_advisory_xact_lock(key of "<schema>\0migrate")`, so concurrent first
@@ -81,10 +83,22 @@
 //! # Session holds (the default)
 //!
 //! `pg_advisory_lock(key)` for exclusive holds, `pg_advisory_lock_shared(key)`
-//! for readers. A non-waiting attempt runs `acquire_session` on the client's
-//! *holder connection*, which many holds share (a connection holds a name at
-//! most once: PostgreSQL would grant its own session the key again, so a
-//! second hold of the same name by this client uses a connection of its own).
+//! for readers. A non-waiting attempt runs on the client's *holder
+//! connection*, which many holds share (a connection holds a name at most
+//! once: PostgreSQL would grant its own session the key again, so a second
+//! hold of the same name by this client uses a connection of its own).
+//!
+//! An exclusive attempt is one plain prepared statement: `pg_try_advisory_lock`
+//! and, in the same statement, the takeover of the key's `quick` row with a
+//! new token (`UPDATE … SET token = nextval(…)`). A row is `quick` when the
+//! last exclusive grant on it found no lease hold and no semaphore use of the
+//! name; whoever creates one since (a lease acquire, a semaphore permit) clears
+//! `quick` on the name's rows in its own transaction while holding the name's
+//! key, so the statement's `UPDATE` either sees that (PostgreSQL re-checks an
+//! updated row) or runs after the key was free again. When the statement gets
+//! the key but no row (the first hold of a name, a cleared flag), the PL/pgSQL
+//! `acquire_session` decides with its full checks on the same connection.
+//! Readers and semaphores always go through `acquire_session`.
 //! When the lock is busy and the request may wait, the wait gets a connection
 //! of its own: it blocks in `pg_advisory_lock(key)` with `lock_timeout` set
 //! to the wait, so waiters queue in PostgreSQL's lock manager, which grants in
