@@ -276,10 +276,15 @@ struct ServerHold {
 }
 
 impl ServerHold {
-    /// Sends one request per name and waits for all of them; the first error wins.
-    async fn each(&self, op: impl Fn(String, u64) -> pb::request::Op) -> Result<()> {
+    /// Sends one request per name and waits for all of them; the first error
+    /// wins. With `release`, the hold stops listening for lost pushes first
+    /// (under the same lock of the session state).
+    async fn each(&self, release: bool, op: impl Fn(String, u64) -> pb::request::Op) -> Result<()> {
         let receivers = {
             let mut state = self.shared.state();
+            if release {
+                state.forget(&self.tokens);
+            }
             if state.generation != self.generation {
                 return Err(Error::Lost("the session that held it was lost".into()));
             }
@@ -303,13 +308,11 @@ impl ServerHold {
 #[async_trait]
 impl Hold for ServerHold {
     async fn release(self: Box<Self>) -> Result<()> {
-        self.shared.state().forget(&self.tokens);
-        let owner = self.owner.clone();
         let span = tracing::debug_span!("release", backend = BACKEND, names = ?self.names);
-        let release = self.each(|name, token| {
+        let release = self.each(true, |name, token| {
             pb::request::Op::Release(pb::Release {
                 name,
-                owner: owner.clone(),
+                owner: self.owner.clone(),
                 token: Some(token),
             })
         });
@@ -319,7 +322,7 @@ impl Hold for ServerHold {
     async fn extend(&self, lease: Duration) -> Result<()> {
         let lease_ms = convert::ceil_ms(lease);
         let span = tracing::debug_span!("extend", backend = BACKEND, names = ?self.names, ?lease);
-        let renew = self.each(|name, token| {
+        let renew = self.each(false, |name, token| {
             pb::request::Op::Renew(pb::Renew {
                 name,
                 owner: self.owner.clone(),

@@ -54,20 +54,11 @@ pub(super) enum AcquireOutcome {
     Failed(Error),
 }
 
-/// What to send again for an outstanding request after a reconnect.
-enum Resend {
-    Request(pb::request::Op),
-    /// The caller gave up on this acquire: cancel it.
-    Cancel,
-}
-
 /// Who waits for an outstanding request's final reply.
 enum Waiter {
     Acquire {
         /// `None` once the caller dropped the acquire future (abandoned).
         reply: Option<oneshot::Sender<AcquireOutcome>>,
-        names: Vec<String>,
-        owner: String,
         /// The caller's deadline, to shorten the wait when the request is sent again.
         deadline: Option<Instant>,
     },
@@ -75,7 +66,11 @@ enum Waiter {
 }
 
 struct Outstanding {
-    resend: Resend,
+    /// The request as sent: sent again after a reconnect, and for an acquire
+    /// the names and owner to release a grant nobody wants any more.
+    op: pb::request::Op,
+    /// The caller gave up on this acquire: after a reconnect, cancel it.
+    cancelled: bool,
     waiter: Waiter,
     /// For requests sent on nobody's behalf (cancels, releases of unwanted
     /// grants): the [`Settling`] ticket to close when the request is answered.
@@ -222,7 +217,8 @@ impl State {
         self.outstanding.insert(
             id,
             Outstanding {
-                resend: Resend::Request(op),
+                op,
+                cancelled: false,
                 waiter,
                 ticket,
             },
@@ -242,8 +238,6 @@ impl State {
         let (reply, receiver) = oneshot::channel();
         let waiter = Waiter::Acquire {
             reply: Some(reply),
-            names: acquire.names.clone(),
-            owner: acquire.owner.clone(),
             deadline,
         };
         let id = self.request(pb::request::Op::Acquire(acquire), waiter, None);
@@ -273,7 +267,7 @@ impl State {
             if let Waiter::Acquire { reply, .. } = &mut entry.waiter {
                 *reply = None;
             }
-            entry.resend = Resend::Cancel;
+            entry.cancelled = true;
             entry.ticket = Some(settling().open());
             self.send(Out::Cancel(pb::Cancel { id }));
         } else if let Ok(AcquireOutcome::Granted(tokens, ..)) = receiver.try_recv() {
@@ -334,22 +328,18 @@ impl State {
         };
         self.ack_replies.push(id);
         let ticket = entry.ticket;
-        self.deliver(entry.waiter, result, ticket);
+        self.deliver(entry, result);
         if let Some(ticket) = ticket {
             settling().close(ticket);
         }
     }
 
     /// Hands a final reply to whoever waits for it.
-    fn deliver(&mut self, waiter: Waiter, result: pb::reply::Result, ticket: Option<u64>) {
+    fn deliver(&mut self, entry: Outstanding, result: pb::reply::Result) {
         use pb::reply::Result as R;
-        match waiter {
-            Waiter::Acquire {
-                reply,
-                names,
-                owner,
-                ..
-            } => {
+        let ticket = entry.ticket;
+        match entry.waiter {
+            Waiter::Acquire { reply, .. } => {
                 let outcome = match result {
                     R::Granted(granted) => {
                         let tokens = granted.tokens;
@@ -365,9 +355,12 @@ impl State {
                             }
                             None => tokens,
                         };
+                        let pb::request::Op::Acquire(acquire) = &entry.op else {
+                            return; // a grant answers an acquire only
+                        };
                         let own = ticket.is_none();
                         let ticket = ticket.unwrap_or_else(|| settling().open());
-                        self.release_unused(&names, &owner, &unused, ticket);
+                        self.release_unused(&acquire.names, &acquire.owner, &unused, ticket);
                         if own {
                             settling().close(ticket);
                         }
@@ -407,9 +400,9 @@ impl State {
         let messages: Vec<Out> = self
             .outstanding
             .iter()
-            .map(|(&id, entry)| match &entry.resend {
-                Resend::Cancel => Out::Cancel(pb::Cancel { id }),
-                Resend::Request(op) => {
+            .map(|(&id, entry)| match &entry.op {
+                _ if entry.cancelled => Out::Cancel(pb::Cancel { id }),
+                op => {
                     let mut op = op.clone();
                     if let (
                         pb::request::Op::Acquire(acquire),
