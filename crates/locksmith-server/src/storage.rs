@@ -60,10 +60,12 @@ const HEADER: usize = 8;
 /// Largest record accepted on recovery (anything larger is garbage).
 const MAX_RECORD: usize = 64 << 20;
 const SNAPSHOT_MAGIC: &[u8; 4] = b"LSNP";
-/// Zeros [`Storage::prepare`] adds ahead of the end of the log at a time.
-const ZEROS_CHUNK: usize = 1 << 20;
+/// Zeros [`Storage::prepare`] adds ahead of the end of the log at a time:
+/// small enough that writing and fsyncing them delays the next batch by well
+/// under a millisecond.
+const ZEROS_CHUNK: usize = 256 << 10;
 /// [`Storage::prepare`] adds a chunk of zeros when fewer than this are left.
-const ZEROS_LOW_WATER: u64 = 256 << 10;
+const ZEROS_LOW_WATER: u64 = 64 << 10;
 /// Version of the snapshot and record encoding.
 const FORMAT: u32 = 1;
 
@@ -361,7 +363,7 @@ impl Storage {
     /// Keeps at least [`ZEROS_LOW_WATER`] bytes of zeros ahead of the end of
     /// the log, so that commits overwrite blocks instead of growing the file.
     /// Call it between batches: when it adds zeros, it writes and fsyncs a
-    /// chunk of 1 MiB (every few thousand records).
+    /// chunk of 256 KiB (every couple of thousand records).
     pub(crate) fn prepare(&mut self) -> io::Result<()> {
         match self.segment.as_mut() {
             Some(segment) if segment.zeroed - segment.end < ZEROS_LOW_WATER => segment.add_zeros(),
