@@ -60,6 +60,34 @@ impl Raw {
         raw
     }
 
+    /// Opens a session.
+    async fn opened(server: &Server) -> Raw {
+        let mut raw = Raw::start(server, vec![open()]).await;
+        assert!(matches!(raw.next().await, Ok(In::Opened(_))));
+        raw
+    }
+
+    /// The status the stream ends with next.
+    async fn ended(&mut self) -> tonic::Status {
+        match self.next().await {
+            Err(status) => status,
+            Ok(other) => panic!("expected the stream to end, got {other:?}"),
+        }
+    }
+
+    /// Opens a session whose first batch also acquires `name` (request 1), and
+    /// checks both answers.
+    async fn holding(server: &Server, name: &str, owner: &str) -> Raw {
+        let mut raw = Raw::start(server, vec![open(), acquire(1, name, owner)]).await;
+        assert!(matches!(raw.next().await, Ok(In::Opened(_))));
+        let replies = raw.replies(1).await;
+        assert!(
+            matches!(replies[0], (1, pb::reply::Result::Granted(_))),
+            "{replies:?}"
+        );
+        raw
+    }
+
     fn send(&self, kinds: Vec<Out>) {
         let messages = kinds
             .into_iter()
@@ -171,11 +199,7 @@ async fn holders(server: &Server, name: &str) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_message_of_a_batch_gets_its_own_answer() {
     let (server, _dir) = server().await;
-    // The first batch carries requests after its open.
-    let mut raw = Raw::start(&server, vec![open(), acquire(1, "batch/first", "a")]).await;
-    assert!(matches!(raw.next().await, Ok(In::Opened(_))));
-    let first = raw.replies(1).await;
-    assert!(matches!(first[0], (1, pb::reply::Result::Granted(_))));
+    let mut raw = Raw::holding(&server, "batch/first", "a").await;
 
     // Valid and invalid requests mixed in one batch.
     raw.send(vec![
@@ -218,13 +242,9 @@ async fn each_message_of_a_batch_gets_its_own_answer() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_that_breaks_the_protocol_ends_the_stream_before_it_runs() {
     let (server, _dir) = server().await;
-    let mut raw = Raw::start(&server, vec![open()]).await;
-    assert!(matches!(raw.next().await, Ok(In::Opened(_))));
+    let mut raw = Raw::opened(&server).await;
     raw.send(vec![acquire(1, "broken/a", "a"), open()]);
-    let status = match raw.next().await {
-        Err(status) => status,
-        Ok(other) => panic!("expected the stream to end, got {other:?}"),
-    };
+    let status = raw.ended().await;
     assert_eq!(status.code(), Code::FailedPrecondition, "{status}");
     assert!(holders(&server, "broken/a").await.is_empty());
     server.shutdown().await.unwrap();
@@ -233,18 +253,14 @@ async fn a_batch_that_breaks_the_protocol_ends_the_stream_before_it_runs() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_oversized_batch_gets_the_size_limit_error_and_nothing_runs() {
     let (server, _dir) = server().await;
-    let mut raw = Raw::start(&server, vec![open()]).await;
-    assert!(matches!(raw.next().await, Ok(In::Opened(_))));
+    let mut raw = Raw::opened(&server).await;
     // Each acquire is small; together they pass the limit.
     let name = |i: u64| format!("oversized/{i:0>200}");
     let batch: Vec<Out> = (1..=MAX_MESSAGE as u64 / 200)
         .map(|i| acquire(i, &name(i), "a"))
         .collect();
     raw.send(batch);
-    let status = match raw.next().await {
-        Err(status) => status,
-        Ok(other) => panic!("expected the stream to end, got {other:?}"),
-    };
+    let status = raw.ended().await;
     assert!(
         matches!(status.code(), Code::OutOfRange | Code::ResourceExhausted),
         "{status}"
@@ -252,24 +268,14 @@ async fn an_oversized_batch_gets_the_size_limit_error_and_nothing_runs() {
     assert!(holders(&server, &name(1)).await.is_empty());
 
     // The server keeps serving: a new stream works.
-    let mut again = Raw::start(&server, vec![open(), acquire(1, "oversized/after", "a")]).await;
-    assert!(matches!(again.next().await, Ok(In::Opened(_))));
-    assert!(matches!(
-        again.replies(1).await[0],
-        (1, pb::reply::Result::Granted(_))
-    ));
+    Raw::holding(&server, "oversized/after", "a").await;
     server.shutdown().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queued_is_sent_only_when_asked() {
     let (server, _dir) = server().await;
-    let mut raw = Raw::start(&server, vec![open(), acquire(1, "queued/a", "holder")]).await;
-    assert!(matches!(raw.next().await, Ok(In::Opened(_))));
-    assert!(matches!(
-        raw.replies(1).await[0],
-        (1, pb::reply::Result::Granted(_))
-    ));
+    let mut raw = Raw::holding(&server, "queued/a", "holder").await;
     raw.send(vec![
         acquire_waiting(2, "queued/a", "quiet", false),
         acquire_waiting(3, "queued/a", "told", true),
@@ -281,39 +287,27 @@ async fn queued_is_sent_only_when_asked() {
         })) => assert_eq!(queued.position, 1, "one waiter ahead"),
         other => panic!("expected the queued reply to 3 only, got {other:?}"),
     }
-    // The releases hand the lock on in FIFO order; each grant is pushed.
-    raw.send(vec![release(4, "queued/a", "holder")]);
-    let replies = raw.replies(2).await;
-    assert!(
-        matches!(replies[0], (2, pb::reply::Result::Granted(_))),
-        "{replies:?}"
-    );
-    assert!(
-        matches!(replies[1], (4, pb::reply::Result::Done(_))),
-        "{replies:?}"
-    );
-    raw.send(vec![release(5, "queued/a", "quiet")]);
-    let replies = raw.replies(2).await;
-    assert!(
-        matches!(replies[0], (3, pb::reply::Result::Granted(_))),
-        "{replies:?}"
-    );
-    assert!(
-        matches!(replies[1], (5, pb::reply::Result::Done(_))),
-        "{replies:?}"
-    );
+    // The releases hand the lock on in FIFO order; each grant is pushed
+    // (before the release's own reply).
+    for (release_id, owner, granted_id) in [(4, "holder", 2), (5, "quiet", 3)] {
+        raw.send(vec![release(release_id, "queued/a", owner)]);
+        let replies = raw.replies(2).await;
+        assert!(
+            matches!(replies[0], (id, pb::reply::Result::Granted(_)) if id == granted_id),
+            "{replies:?}"
+        );
+        assert!(
+            matches!(replies[1], (id, pb::reply::Result::Done(_)) if id == release_id),
+            "{replies:?}"
+        );
+    }
     server.shutdown().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acquire_that_queues_needs_no_fsync_of_its_own() {
     let (server, _dir) = server().await;
-    let mut raw = Raw::start(&server, vec![open(), acquire(1, "durable/a", "holder")]).await;
-    assert!(matches!(raw.next().await, Ok(In::Opened(_))));
-    assert!(matches!(
-        raw.replies(1).await[0],
-        (1, pb::reply::Result::Granted(_))
-    ));
+    let raw = Raw::holding(&server, "durable/a", "holder").await;
     let before = server.stats();
     raw.send(vec![acquire_waiting(2, "durable/a", "waiter", false)]);
     // Seeing the waiter takes a commit, which covers the acquire's record: one
