@@ -1,5 +1,5 @@
-//! The one owner of the lock engine: a thread fed by a channel, with group
-//! commit.
+//! The one owner of the lock engine: a thread fed by a channel, with a
+//! pipelined group commit.
 //!
 //! # The loop
 //!
@@ -7,34 +7,37 @@
 //! ([`Engine::next_deadline`]) passes. Then it takes every op already queued
 //! (up to `max_batch`) as one **batch**, and for that batch:
 //!
-//! 1. reads the clock once (`now`, see [`Clock`]); when the last fsync was
-//!    slow and many clients are busy, it first waits a fraction of that fsync
-//!    for more requests (adaptive group commit, see `Core::gather_window`);
+//! 1. reads the clock once (`now`, see [`Clock`]);
 //! 2. applies the time-driven commands that are due ([`Engine::due`]: session
 //!    expiries, lease expiries, waiter timeouts, ends of lock-delay), each logged
 //!    like any other command, so replay never re-decides time;
 //! 3. handles each op: turns it into engine commands, applies them, appends
 //!    every command that changed state (all but heartbeats, failed commands and
 //!    no-wait acquires that found the lock busy) to the log buffer, and routes
-//!    the effects (grants, queue positions, timeouts, lost holds) to the session
-//!    streams and unary callers, **without sending anything yet**;
-//! 4. writes the log buffer and makes it durable with **one `fdatasync`** (the
-//!    group commit: every request that arrived meanwhile shares it);
-//! 5. only then sends the replies and pushes of the batch: one
-//!    [`pb::ServerBatch`] per session stream (module `outbox`).
+//!    the effects (grants, queue positions, timeouts, lost holds) to the
+//!    batch's output (module `outbox`), **without sending anything yet**;
+//! 4. has the log records written and made durable with **one `fdatasync`**
+//!    (the group commit), and only then the output sent: one
+//!    [`pb::ServerBatch`] per session stream, plus unary replies.
+//!
+//! Step 4 runs on the log thread (module `commit`) when the batch is large or
+//! a commit is already in flight: the core goes on with the next batch while
+//! the disk works, and every batch that queues during an fsync shares the next
+//! one. A small batch with nothing in flight (a lone request, a handoff in a
+//! quiet queue) is committed by the core itself, which saves a thread wake-up
+//! on its path.
 //!
 //! So a client never sees a grant, a release or a fencing token that a crash
 //! could take back: tokens never go backwards, even after kill -9 mid-load.
-//! While the fsync runs, new requests queue in the channel and form the next
-//! batch.
 //!
 //! The rule is *durable before visible*, and the log is written in order, so
-//! a commit covers every record before it. A batch that makes nothing visible
-//! (say, an acquire that queues, whose client waits for the grant) skips step
-//! 4: its records wait in the buffer for the next batch that sends something.
-//! If the server crashes first, nobody saw them, and the client sends the
-//! request again when it resumes its session. In a busy queue this halves the
-//! fsyncs: a handoff (release + grant) pays one, the new waiter's acquire none.
+//! a commit covers every record before it, and outputs are sent in batch
+//! order. A batch that makes nothing visible (say, an acquire that queues,
+//! whose client waits for the grant) skips step 4: its records wait in the
+//! buffer for the next batch that sends something. If the server crashes
+//! first, nobody saw them, and the client sends the request again when it
+//! resumes its session. In a busy queue this halves the fsyncs: a handoff
+//! (release + grant) pays one, the new waiter's acquire none.
 //!
 //! # Sessions and their secrets
 //!
@@ -53,8 +56,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use locksmith_core::{
     Acquire, ClientInfo, Command, Effect, Engine, EngineError, Millis, Mode, RequestId, SessionId,
@@ -66,12 +69,13 @@ use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
 use crate::clock::Clock;
+use crate::commit::{commit_records, Commit, Committer};
 use crate::config::ServerConfig;
 use crate::convert::{self, engine_error_to_status};
 use crate::error::ServerError;
-use crate::outbox::Outbox;
+use crate::outbox::{LeaseWaiter, Orphan, Output};
 use crate::storage::{
-    LogRecord, LogRecordRef, LostNotice, Outcome, ServerSnapshot, SessionRecord, Storage,
+    LogBuffer, LogRecord, LogRecordRef, LostNotice, Outcome, ServerSnapshot, SessionRecord, Storage,
 };
 
 /// Log bytes a batch with nothing to send may leave unsynced for the next
@@ -277,20 +281,6 @@ struct Attached {
     ended: CancellationToken,
 }
 
-/// A sessionless acquire waiting for its outcome.
-struct LeaseWaiter {
-    reply: UnaryReply<pb::AcquireLeaseResponse>,
-    names: Vec<String>,
-    owner: String,
-}
-
-/// A sessionless grant nobody received: released again.
-struct Orphan {
-    names: Vec<String>,
-    owner: String,
-    tokens: Vec<u64>,
-}
-
 /// What the core does after a command succeeded, besides routing its effects.
 enum After {
     Nothing,
@@ -362,11 +352,23 @@ pub(crate) struct Stats {
     pub commit_nanos: AtomicU64,
 }
 
+/// The durable log of a core.
+struct Log {
+    /// Records of the batches since the last commit.
+    buffer: LogBuffer,
+    storage: Arc<Mutex<Storage>>,
+    /// The log thread (started by [`Core::run`]).
+    committer: Option<Committer>,
+    /// Records since the last snapshot.
+    since_snapshot: u64,
+}
+
 /// The engine, its log and the session table, owned by one thread.
 pub(crate) struct Core {
     engine: Engine,
     clock: Clock,
-    storage: Option<Storage>,
+    /// `None` in memory.
+    log: Option<Log>,
     grace: Millis,
     max_sessions: usize,
     max_unacked: usize,
@@ -379,22 +381,14 @@ pub(crate) struct Core {
     /// Request ids of sessionless acquires, shared with the service that picks them.
     next_unary: Arc<AtomicU64>,
     last_now: Millis,
-    /// Messages of the batch, sent after the commit.
-    outbox: Outbox,
-    /// Unary replies of the batch, sent after the commit.
-    deferred: Vec<Box<dyn FnOnce() + Send>>,
-    /// Sessionless grants of the batch, sent after the commit.
-    lease_grants: Vec<(LeaseWaiter, Vec<u64>)>,
+    /// What the batch sends once its records are durable.
+    output: Output,
     orphans: Vec<Orphan>,
     effects: Vec<Effect>,
     shutting_down: bool,
     /// Whether the acquire being applied asked for a `queued` reply.
     notify_queued: bool,
     stats: Arc<Stats>,
-    /// Size of the last batch and duration of the last commit, for the
-    /// adaptive group commit.
-    last_batch: usize,
-    last_commit: Duration,
 }
 
 impl Core {
@@ -404,7 +398,7 @@ impl Core {
         let mut core = Core {
             engine: Engine::new(config.limits.clone()),
             clock: Clock::starting_after(0),
-            storage: None,
+            log: None,
             grace: config.grace.as_millis() as Millis,
             max_sessions: config.max_sessions,
             max_unacked: config.max_unacked_replies.max(1),
@@ -416,16 +410,12 @@ impl Core {
             next_session: 1,
             next_unary: Arc::new(AtomicU64::new(1)),
             last_now: 0,
-            outbox: Outbox::default(),
-            deferred: Vec::new(),
-            lease_grants: Vec::new(),
+            output: Output::default(),
             orphans: Vec::new(),
             effects: Vec::new(),
             shutting_down: false,
             notify_queued: false,
             stats: Arc::default(),
-            last_batch: 0,
-            last_commit: Duration::ZERO,
         };
         let Some(dir) = &config.data_dir else {
             return Ok(core);
@@ -449,7 +439,12 @@ impl Core {
         let now = core.clock.now();
         core.last_now = now;
         core.engine.grant_grace(now, core.grace);
-        core.storage = Some(storage);
+        core.log = Some(Log {
+            buffer: LogBuffer::default(),
+            storage: Arc::new(Mutex::new(storage)),
+            committer: None,
+            since_snapshot: 0,
+        });
         core.write_snapshot(now).map_err(|e| ServerError::Io {
             context: format!("cannot write a snapshot in {}", dir.display()),
             source: e,
@@ -507,13 +502,18 @@ impl Core {
             // and this engine disagree; carry on with what does apply.
             tracing::error!(%error, %command, "a logged command fails on replay");
         }
-        self.outbox.clear();
+        self.output = Output::default();
     }
 
     /// Runs the loop until shutdown or until every sender is gone. Returns an
     /// error when the log could not be written (the server must stop: its state
     /// is ahead of what is durable).
     pub(crate) fn run(mut self, ops: Receiver<Op>) -> Result<(), String> {
+        if let Some(log) = self.log.as_mut() {
+            let committer = Committer::start(log.storage.clone(), self.stats.clone())
+                .map_err(|e| format!("cannot start the log thread: {e}"))?;
+            log.committer = Some(committer);
+        }
         let mut batch = Vec::with_capacity(self.max_batch);
         loop {
             let deadline = self
@@ -535,25 +535,11 @@ impl Core {
             };
             batch.extend(first);
             self.drain(&ops, &mut batch);
-            if let Some(window) = self.gather_window() {
-                let until = Instant::now() + window;
-                while batch.len() < self.max_batch {
-                    match ops.recv_timeout(until.saturating_duration_since(Instant::now())) {
-                        Ok(op) => {
-                            batch.push(op);
-                            self.drain(&ops, &mut batch);
-                        }
-                        Err(_) => break,
-                    }
-                }
-            }
-            self.last_batch = batch.iter().map(Op::count).sum();
+            let count: usize = batch.iter().map(Op::count).sum();
             let now = self.clock.now();
             self.last_now = now;
             self.stats.batches.fetch_add(1, Ordering::Relaxed);
-            self.stats
-                .ops
-                .fetch_add(self.last_batch as u64, Ordering::Relaxed);
+            self.stats.ops.fetch_add(count as u64, Ordering::Relaxed);
             self.release_orphans(now);
             for command in self.engine.due(now) {
                 if let Err(error) = self.execute(now, command, None, None) {
@@ -568,37 +554,68 @@ impl Core {
                 }
                 self.release_orphans(now);
             }
-            // Durable before visible: the commit covers every record so far,
-            // because the log is written in order. A batch that makes nothing
-            // visible (a queued acquire, a cancel nobody waits for) needs no
-            // fsync of its own: its records wait for the next commit.
-            let unsynced = self.storage.as_ref().map_or(0, Storage::pending_bytes);
-            if self.has_output() || unsynced >= MAX_UNSYNCED_BYTES {
-                if let Err(error) = self.commit() {
-                    return Err(self.fail(format!("cannot write the log: {error}")));
-                }
+            if let Err(message) = self.finish_batch(count) {
+                return Err(self.fail(message));
             }
-            self.flush();
             if let Some(done) = shutdown {
                 let result = self.shut_down(now);
                 let _ = done.send(result.clone());
                 return result;
             }
             if self
-                .storage
+                .log
                 .as_ref()
-                .is_some_and(|s| s.since_snapshot() >= self.snapshot_every)
+                .is_some_and(|log| log.since_snapshot >= self.snapshot_every)
             {
                 if let Err(error) = self.write_snapshot(now) {
                     return Err(self.fail(format!("cannot write a snapshot: {error}")));
                 }
             }
-            // Between batches, off the path of any reply: zeros ahead of the
-            // log's end, so the next commits are cheap overwrites.
-            if let Some(Err(error)) = self.storage.as_mut().map(Storage::prepare) {
-                return Err(self.fail(format!("cannot extend the log: {error}")));
-            }
         }
+    }
+
+    /// Sends the batch's output once its records (and every earlier one) are
+    /// durable: at once in memory; by the core itself for a small batch when
+    /// the log thread has nothing in flight (no thread hop on the path of a
+    /// lone request); by the log thread otherwise, so the core goes on with
+    /// the next batch during the fsync.
+    ///
+    /// Durable before visible: the log is written in order, so a commit
+    /// covers every record before it. A batch that makes nothing visible (a
+    /// queued acquire, a cancel nobody waits for) needs no commit of its own:
+    /// its records wait in the buffer for the next one.
+    fn finish_batch(&mut self, ops: usize) -> Result<(), String> {
+        /// Largest batch the core commits by itself.
+        const INLINE_OPS: usize = 4;
+        let output = std::mem::take(&mut self.output);
+        let Some(log) = self.log.as_mut() else {
+            output.send(&mut self.orphans);
+            return Ok(());
+        };
+        let committer = log.committer.as_ref().expect("started by Core::run");
+        committer.collect(&mut self.orphans)?;
+        if output.is_empty() && log.buffer.len() < MAX_UNSYNCED_BYTES {
+            return Ok(());
+        }
+        let (records, count) = log.buffer.take();
+        if ops > INLINE_OPS || !committer.is_idle() {
+            return committer.submit(Commit {
+                records,
+                count,
+                output,
+            });
+        }
+        let mut storage = log.storage.lock().unwrap_or_else(|e| e.into_inner());
+        commit_records(&mut storage, &records, count, &self.stats)
+            .map_err(|e| format!("cannot write the log: {e}"))?;
+        output.send(&mut self.orphans);
+        // Off the path of the replies just sent: zeros ahead of the log's end.
+        storage
+            .prepare()
+            .map_err(|e| format!("cannot extend the log: {e}"))?;
+        drop(storage);
+        log.buffer.give_back(records);
+        Ok(())
     }
 
     /// Takes what is queued, up to the batch limit.
@@ -611,20 +628,6 @@ impl Core {
         }
     }
 
-    /// Adaptive group commit (PostgreSQL's `commit_delay` with
-    /// `commit_siblings`): when the log is slow and several clients are busy,
-    /// wait a quarter of the last commit's duration (at most 1 ms) for more
-    /// requests before applying the batch. Their clients got their replies at
-    /// the end of the last commit; without the wait, their next requests just
-    /// miss this batch and wait for a whole extra fsync.
-    fn gather_window(&self) -> Option<Duration> {
-        const SIBLINGS: usize = 4;
-        const SLOW_COMMIT: Duration = Duration::from_micros(400);
-        const MAX_WAIT: Duration = Duration::from_millis(1);
-        (self.storage.is_some() && self.last_batch >= SIBLINGS && self.last_commit >= SLOW_COMMIT)
-            .then(|| (self.last_commit / 4).min(MAX_WAIT))
-    }
-
     /// Every sender is gone (the server was dropped without a shutdown).
     fn stop(mut self) -> Result<(), String> {
         let now = self.clock.now();
@@ -634,9 +637,7 @@ impl Core {
     /// Stops after a storage failure: ends every stream, sends nothing else.
     fn fail(&mut self, message: String) -> String {
         tracing::error!(%message, "stopping: the lock state is ahead of the durable log");
-        self.outbox.clear();
-        self.deferred.clear();
-        self.lease_grants.clear();
+        self.output = Output::default();
         for entry in self.sessions.values_mut() {
             if let Some(a) = entry.attached.take() {
                 let _ =
@@ -648,6 +649,10 @@ impl Core {
     }
 
     fn shut_down(&mut self, now: Millis) -> Result<(), String> {
+        // What the log thread holds goes out first.
+        if let Some(committer) = self.log.as_ref().and_then(|log| log.committer.as_ref()) {
+            committer.drain()?;
+        }
         self.shutting_down = true;
         for entry in self.sessions.values_mut() {
             if let Some(a) = entry.attached.take() {
@@ -662,58 +667,16 @@ impl Core {
                 .reply
                 .send(Err(Status::unavailable("lock server is shutting down")));
         }
-        self.commit()
-            .map_err(|e| format!("cannot write the log: {e}"))?;
         self.write_snapshot(now)
             .map_err(|e| format!("cannot write a snapshot: {e}"))?;
         tracing::info!(last_token = self.engine.last_token(), "lock engine stopped");
         Ok(())
     }
 
-    fn commit(&mut self) -> std::io::Result<()> {
-        match self.storage.as_mut() {
-            Some(storage) if storage.has_pending() => {
-                let started = Instant::now();
-                let records = storage.commit()?;
-                self.last_commit = started.elapsed();
-                let nanos = self.last_commit.as_nanos() as u64;
-                self.stats.commit_nanos.fetch_add(nanos, Ordering::Relaxed);
-                self.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
-                self.stats.records.fetch_add(records, Ordering::Relaxed);
-                Ok(())
-            }
-            _ => Ok(()),
-        }
-    }
-
-    /// Whether the batch has anything to send.
-    fn has_output(&self) -> bool {
-        !self.outbox.is_empty() || !self.deferred.is_empty() || !self.lease_grants.is_empty()
-    }
-
-    fn flush(&mut self) {
-        self.outbox.flush();
-        for reply in self.deferred.drain(..) {
-            reply();
-        }
-        for (waiter, tokens) in self.lease_grants.drain(..) {
-            let response = pb::AcquireLeaseResponse {
-                granted: true,
-                tokens: tokens.clone(),
-                timed_out: false,
-            };
-            if waiter.reply.send(Ok(response)).is_err() {
-                self.orphans.push(Orphan {
-                    names: waiter.names,
-                    owner: waiter.owner,
-                    tokens,
-                });
-            }
-        }
-    }
-
+    /// Commits what is buffered (once the log thread is done), then writes a
+    /// snapshot, which starts a new log segment.
     fn write_snapshot(&mut self, now: Millis) -> std::io::Result<()> {
-        if self.storage.is_none() {
+        if self.log.is_none() {
             return Ok(());
         }
         let started = Instant::now();
@@ -737,8 +700,16 @@ impl Core {
             engine: self.engine.snapshot(),
             sessions,
         };
-        let storage = self.storage.as_mut().expect("checked above");
+        let log = self.log.as_mut().expect("checked above");
+        if let Some(committer) = &log.committer {
+            committer.drain().map_err(std::io::Error::other)?;
+        }
+        let (records, count) = log.buffer.take();
+        let mut storage = log.storage.lock().unwrap_or_else(|e| e.into_inner());
+        commit_records(&mut storage, &records, count, &self.stats)?;
         storage.write_snapshot(&mut snapshot)?;
+        drop(storage);
+        log.since_snapshot = 0;
         tracing::info!(
             locks = snapshot.engine.locks.len(),
             sessions = snapshot.sessions.len(),
@@ -758,8 +729,8 @@ impl Core {
         request: Option<u64>,
     ) -> Result<(), EngineError> {
         let after = After::of(&command, secret, request);
-        let mark = self.storage.as_mut().map(|storage| {
-            storage.begin(&LogRecordRef {
+        let mark = self.log.as_mut().map(|log| {
+            log.buffer.begin(&LogRecordRef {
                 now,
                 command: &command,
                 secret,
@@ -768,16 +739,17 @@ impl Core {
         });
         let mut effects = std::mem::take(&mut self.effects);
         let result = self.engine.apply(now, command, &mut effects);
-        if let (Some(mark), Some(storage)) = (mark, self.storage.as_mut()) {
+        if let (Some(mark), Some(log)) = (mark, self.log.as_mut()) {
             let no_op = matches!(after, After::Acquire)
                 && matches!(
                     effects.as_slice(),
                     [Effect::WouldBlock { .. }] | [Effect::TimedOut { .. }]
                 );
             if result.is_ok() && !no_op {
-                storage.finish(mark);
+                log.buffer.finish(mark);
+                log.since_snapshot += 1;
             } else {
-                storage.rollback(mark);
+                log.buffer.rollback(mark);
             }
         }
         if result.is_ok() {
@@ -829,7 +801,7 @@ impl Core {
             } => {
                 if session == SessionId::NONE {
                     if let Some(waiter) = self.leases.remove(&request.0) {
-                        self.lease_grants.push((waiter, tokens));
+                        self.output.lease_grants.push((waiter, tokens));
                     }
                 } else {
                     self.reply(session, request.0, Outcome::Granted(tokens));
@@ -872,7 +844,8 @@ impl Core {
                     reason,
                 };
                 if let Some(a) = &entry.attached {
-                    self.outbox
+                    self.output
+                        .streams
                         .push(a.stream, &a.tx, convert::lost_to_proto(&notice));
                 }
                 entry.lost.insert(token, notice);
@@ -890,7 +863,7 @@ impl Core {
                 tokens: Vec::new(),
                 timed_out: outcome == Outcome::TimedOut,
             };
-            self.deferred.push(Box::new(move || {
+            self.output.unary.push(Box::new(move || {
                 let _ = waiter.reply.send(Ok(response));
             }));
         }
@@ -903,7 +876,7 @@ impl Core {
         };
         if let Some(a) = &entry.attached {
             let message = convert::reply(request, convert::outcome_to_proto(&outcome));
-            self.outbox.push(a.stream, &a.tx, message);
+            self.output.streams.push(a.stream, &a.tx, message);
         }
         entry.replies.insert(request, outcome);
         if entry.replies.len() > self.max_unacked {
@@ -917,7 +890,7 @@ impl Core {
             .get(&session)
             .and_then(|e| e.attached.as_ref())
         {
-            self.outbox.push(a.stream, &a.tx, message);
+            self.output.streams.push(a.stream, &a.tx, message);
         }
     }
 
@@ -939,7 +912,7 @@ impl Core {
                     reason: reason.into(),
                 })),
             };
-            self.outbox.push(a.stream, &a.tx, ended);
+            self.output.streams.push(a.stream, &a.tx, ended);
             a.ended.cancel();
         }
         tracing::debug!(%session, reason, "session ended");
@@ -960,7 +933,7 @@ impl Core {
     }
 
     fn defer<T: Send + 'static>(&mut self, reply: UnaryReply<T>, value: Result<T, Status>) {
-        self.deferred.push(Box::new(move || {
+        self.output.unary.push(Box::new(move || {
             let _ = reply.send(value);
         }));
     }
@@ -1012,7 +985,7 @@ impl Core {
                 if entry.attached.as_ref().is_some_and(|a| a.stream == stream) {
                     let a = entry.attached.take().expect("checked");
                     if let Some(status) = error {
-                        self.outbox.end(a.stream, &a.tx, status);
+                        self.output.streams.end(a.stream, &a.tx, status);
                     }
                     a.ended.cancel();
                     tracing::debug!(%session, "session detached; it lives until its TTL");
@@ -1177,7 +1150,7 @@ impl Core {
     ) {
         if self.shutting_down {
             let status = Status::unavailable("lock server is shutting down");
-            self.outbox.end(stream, &tx, status);
+            self.output.streams.end(stream, &tx, status);
             return ended.cancel();
         }
         if self.sessions.len() >= self.max_sessions {
@@ -1185,7 +1158,7 @@ impl Core {
                 "limit reached: sessions (at most {})",
                 self.max_sessions
             ));
-            self.outbox.end(stream, &tx, status);
+            self.output.streams.end(stream, &tx, status);
             return ended.cancel();
         }
         let session = SessionId(self.next_session);
@@ -1196,7 +1169,9 @@ impl Core {
             info: info.clone(),
         };
         if let Err(error) = self.execute(now, command, Some(secret), None) {
-            self.outbox.end(stream, &tx, engine_error_to_status(&error));
+            self.output
+                .streams
+                .end(stream, &tx, engine_error_to_status(&error));
             return ended.cancel();
         }
         let opened = pb::ServerMessage {
@@ -1206,7 +1181,7 @@ impl Core {
                 ttl_ms: ttl,
             })),
         };
-        self.outbox.push(stream, &tx, opened);
+        self.output.streams.push(stream, &tx, opened);
         self.attach(session, stream, tx, ended);
         tracing::debug!(%session, client = %info.name, host = %info.host, ttl, "session opened");
     }
@@ -1226,14 +1201,16 @@ impl Core {
                 .get(&session)
                 .is_some_and(|e| e.secret == secret);
         if !valid {
-            self.outbox.end(stream, &tx, unknown_session(session));
+            self.output
+                .streams
+                .end(stream, &tx, unknown_session(session));
             return ended.cancel();
         }
         let entry = self.sessions.get_mut(&session).expect("checked");
         if let Some(old) = entry.attached.take() {
             self.streams.remove(&old.stream);
             let status = Status::aborted("session resumed on another stream");
-            self.outbox.end(old.stream, &old.tx, status);
+            self.output.streams.end(old.stream, &old.tx, status);
             old.ended.cancel();
         }
         let resumed = pb::ServerMessage {
@@ -1242,9 +1219,10 @@ impl Core {
                 ttl_ms: entry.ttl,
             })),
         };
-        self.outbox.push(stream, &tx, resumed);
+        self.output.streams.push(stream, &tx, resumed);
         for notice in entry.lost.values() {
-            self.outbox
+            self.output
+                .streams
                 .push(stream, &tx, convert::lost_to_proto(notice));
         }
         let mut effects = Vec::new();

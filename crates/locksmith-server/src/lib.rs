@@ -25,16 +25,26 @@
 //!                                                      │ engine.apply(now, command)
 //!                                                      │ log buffer += command
 //!                                                      │ ... every op of the batch ...
-//!                                                      │ write + fdatasync (group commit)
+//!                                                      ▼
+//!                                    log thread (or the core itself for a
+//!                                    small batch with nothing in flight):
+//!                                    write + fdatasync (group commit)
+//!                                                      │
 //! client ◀──ServerBatch── stream / unary reply ◀───────┘ replies and pushes,
 //!                                                        one batch per stream
 //! ```
 //!
-//! A client sends every request it has ready as one `ClientBatch` and gets
-//! everything one engine batch produced for it as one `ServerBatch`, so a
-//! connection multiplexing many callers pays framing, encoding, syscalls and
-//! wake-ups per batch, not per request (like a pipelined Redis connection).
-//!
+//! - **Batches on the wire**: a client sends every request it has ready as
+//!   one `ClientBatch` and gets everything one engine batch produced for it as
+//!   one `ServerBatch`, so a connection multiplexing many callers pays
+//!   framing, encoding, syscalls and wake-ups per batch, not per request (like
+//!   a pipelined Redis connection).
+//! - **Pipelined group commit**: while the log thread (module `commit`)
+//!   writes and fsyncs one batch, the core applies the next ones; everything
+//!   that queues during an fsync shares the next fsync. A lone request (a
+//!   handoff in a quiet queue) is committed by the core itself, without a
+//!   thread hop. The log is written over zeros kept ahead of its end, so an
+//!   fsync flushes data only, not the file's size (module `storage`).
 //! - **One owner of the engine**: the core thread (module `core`) is the only
 //!   code that touches the lock table. The server never decides lock semantics:
 //!   every decision is an engine command, including time-driven ones (expiry,
@@ -75,6 +85,7 @@
 #![deny(missing_docs)]
 
 mod clock;
+mod commit;
 mod config;
 mod convert;
 mod core;

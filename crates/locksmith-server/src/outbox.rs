@@ -1,6 +1,6 @@
-//! What one engine batch sends to the session streams, held until the batch's
-//! log records are durable and then sent as **one [`pb::ServerBatch`] per
-//! stream**.
+//! What one engine batch sends: held until the batch's log records are
+//! durable, then sent as **one [`pb::ServerBatch`] per stream**, plus the
+//! replies of unary calls.
 //!
 //! Grouping by stream is what makes a multiplexed client cheap: 64 requests
 //! answered in one engine batch reach their stream as one channel send, one
@@ -11,7 +11,62 @@ use std::collections::HashMap;
 use locksmith_proto::v1 as pb;
 use tonic::Status;
 
-use crate::core::{StreamId, StreamTx};
+use crate::core::{StreamId, StreamTx, UnaryReply};
+
+/// Everything one engine batch sends once its records are durable.
+#[derive(Default)]
+pub(crate) struct Output {
+    /// Messages for the session streams.
+    pub streams: Outbox,
+    /// Replies of unary calls.
+    pub unary: Vec<Box<dyn FnOnce() + Send>>,
+    /// Sessionless grants (a grant nobody receives must be released again).
+    pub lease_grants: Vec<(LeaseWaiter, Vec<u64>)>,
+}
+
+/// A sessionless acquire waiting for its outcome.
+pub(crate) struct LeaseWaiter {
+    pub reply: UnaryReply<pb::AcquireLeaseResponse>,
+    pub names: Vec<String>,
+    pub owner: String,
+}
+
+/// A sessionless grant nobody received: the core releases it again.
+pub(crate) struct Orphan {
+    pub names: Vec<String>,
+    pub owner: String,
+    pub tokens: Vec<u64>,
+}
+
+impl Output {
+    /// Whether there is nothing to send.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.streams.is_empty() && self.unary.is_empty() && self.lease_grants.is_empty()
+    }
+
+    /// Sends everything, in the order it was made; sessionless grants whose
+    /// caller went away go to `orphans`.
+    pub(crate) fn send(self, orphans: &mut Vec<Orphan>) {
+        self.streams.send();
+        for reply in self.unary {
+            reply();
+        }
+        for (waiter, tokens) in self.lease_grants {
+            let response = pb::AcquireLeaseResponse {
+                granted: true,
+                tokens: tokens.clone(),
+                timed_out: false,
+            };
+            if waiter.reply.send(Ok(response)).is_err() {
+                orphans.push(Orphan {
+                    names: waiter.names,
+                    owner: waiter.owner,
+                    tokens,
+                });
+            }
+        }
+    }
+}
 
 /// The messages of one engine batch, per stream, in the order they were made.
 #[derive(Default)]
@@ -57,17 +112,9 @@ impl Outbox {
         self.pending.is_empty()
     }
 
-    /// Forgets everything queued (replay, or a storage failure: nothing of the
-    /// batch may be seen).
-    pub(crate) fn clear(&mut self) {
-        self.pending.clear();
-        self.index.clear();
-    }
-
     /// Sends every stream its batch (and its end, if any).
-    pub(crate) fn flush(&mut self) {
-        self.index.clear();
-        for pending in self.pending.drain(..) {
+    fn send(self) {
+        for pending in self.pending {
             if !pending.messages.is_empty() {
                 let batch = pb::ServerBatch {
                     messages: pending.messages,

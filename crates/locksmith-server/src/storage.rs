@@ -154,7 +154,7 @@ pub(crate) struct ServerSnapshot {
     pub sessions: Vec<SessionRecord>,
 }
 
-/// The open data directory: the current log segment and its write buffer.
+/// The open data directory and the log segment being appended to.
 #[derive(Debug)]
 pub(crate) struct Storage {
     dir: PathBuf,
@@ -163,18 +163,66 @@ pub(crate) struct Storage {
     /// The segment being appended to (`None` until recovery wrote its snapshot).
     segment: Option<Segment>,
     segment_seq: u64,
-    /// Encoded records not yet written.
-    buffer: Vec<u8>,
-    /// Records appended since the last snapshot.
-    since_snapshot: u64,
-    /// Records in the write buffer.
-    buffered: u64,
     /// Segments to replay, found by [`Storage::open`].
     to_replay: Vec<u64>,
 }
 
+/// Encoded records not yet handed to [`Storage::commit`].
+#[derive(Debug, Default)]
+pub(crate) struct LogBuffer {
+    bytes: Vec<u8>,
+    records: u64,
+}
+
 /// Where a record being appended starts, to finish or roll it back.
 pub(crate) struct Mark(usize);
+
+impl LogBuffer {
+    /// Appends a record; [`LogBuffer::finish`] or [`LogBuffer::rollback`] it
+    /// once the command's outcome is known.
+    pub(crate) fn begin(&mut self, record: &LogRecordRef<'_>) -> Mark {
+        let start = self.bytes.len();
+        self.bytes.extend_from_slice(&[0; HEADER]);
+        self.bytes = postcard::to_extend(record, std::mem::take(&mut self.bytes))
+            .expect("log records always encode");
+        Mark(start)
+    }
+
+    /// Seals the record begun at `mark` with its length and checksum.
+    pub(crate) fn finish(&mut self, mark: Mark) {
+        let payload = &self.bytes[mark.0 + HEADER..];
+        let len = payload.len() as u32;
+        let crc = crc32fast::hash(payload);
+        self.bytes[mark.0..mark.0 + 4].copy_from_slice(&len.to_le_bytes());
+        self.bytes[mark.0 + 4..mark.0 + HEADER].copy_from_slice(&crc.to_le_bytes());
+        self.records += 1;
+    }
+
+    /// Drops the record begun at `mark` (the command failed or changed nothing).
+    pub(crate) fn rollback(&mut self, mark: Mark) {
+        self.bytes.truncate(mark.0);
+    }
+
+    /// Bytes of sealed records.
+    pub(crate) fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// Takes the records: their bytes and how many they are.
+    pub(crate) fn take(&mut self) -> (Vec<u8>, u64) {
+        let records = std::mem::take(&mut self.records);
+        (std::mem::take(&mut self.bytes), records)
+    }
+
+    /// Gives the bytes [`LogBuffer::take`] took back once they are written, to
+    /// reuse their allocation.
+    pub(crate) fn give_back(&mut self, mut bytes: Vec<u8>) {
+        if self.bytes.is_empty() {
+            bytes.clear();
+            self.bytes = bytes;
+        }
+    }
+}
 
 /// The log segment being appended to.
 #[derive(Debug)]
@@ -237,9 +285,6 @@ impl Storage {
                 // Recovery ends with a snapshot, which starts a new segment.
                 segment: None,
                 segment_seq: last,
-                buffer: Vec::with_capacity(64 * 1024),
-                since_snapshot: 0,
-                buffered: 0,
                 to_replay: segments,
             },
             snapshot,
@@ -305,59 +350,20 @@ impl Storage {
         Ok(count)
     }
 
-    /// Appends a record to the write buffer; [`Storage::finish`] or
-    /// [`Storage::rollback`] it once the command's outcome is known.
-    pub(crate) fn begin(&mut self, record: &LogRecordRef<'_>) -> Mark {
-        let start = self.buffer.len();
-        self.buffer.extend_from_slice(&[0; HEADER]);
-        self.buffer = postcard::to_extend(record, std::mem::take(&mut self.buffer))
-            .expect("log records always encode");
-        Mark(start)
-    }
-
-    /// Seals the record begun at `mark` with its length and checksum.
-    pub(crate) fn finish(&mut self, mark: Mark) {
-        let payload = &self.buffer[mark.0 + HEADER..];
-        let len = payload.len() as u32;
-        let crc = crc32fast::hash(payload);
-        self.buffer[mark.0..mark.0 + 4].copy_from_slice(&len.to_le_bytes());
-        self.buffer[mark.0 + 4..mark.0 + HEADER].copy_from_slice(&crc.to_le_bytes());
-        self.since_snapshot += 1;
-        self.buffered += 1;
-    }
-
-    /// Drops the record begun at `mark` (the command failed or changed nothing).
-    pub(crate) fn rollback(&mut self, mark: Mark) {
-        self.buffer.truncate(mark.0);
-    }
-
-    /// Whether records wait to be written.
-    pub(crate) fn has_pending(&self) -> bool {
-        !self.buffer.is_empty()
-    }
-
-    /// Bytes of records waiting to be written.
-    pub(crate) fn pending_bytes(&self) -> usize {
-        self.buffer.len()
-    }
-
-    /// Writes the buffered records (over the zeros ahead of the end) and makes
-    /// them durable with one `fdatasync`: the group commit of a batch. Returns
-    /// how many records it wrote.
-    pub(crate) fn commit(&mut self) -> io::Result<u64> {
-        if self.buffer.is_empty() {
-            return Ok(0);
+    /// Writes `records` (over the zeros ahead of the end) and makes them
+    /// durable with one `fdatasync`: the group commit.
+    pub(crate) fn commit(&mut self, records: &[u8]) -> io::Result<()> {
+        if records.is_empty() {
+            return Ok(());
         }
         let segment = self
             .segment
             .as_mut()
             .ok_or_else(|| io::Error::other("no log segment open"))?;
-        segment.file.write_all_at(&self.buffer, segment.end)?;
-        segment.end += self.buffer.len() as u64;
+        segment.file.write_all_at(records, segment.end)?;
+        segment.end += records.len() as u64;
         segment.zeroed = segment.zeroed.max(segment.end);
-        segment.file.sync_data()?;
-        self.buffer.clear();
-        Ok(std::mem::take(&mut self.buffered))
+        segment.file.sync_data()
     }
 
     /// Keeps at least [`ZEROS_LOW_WATER`] bytes of zeros ahead of the end of
@@ -371,15 +377,10 @@ impl Storage {
         }
     }
 
-    /// Records appended since the last snapshot.
-    pub(crate) fn since_snapshot(&self) -> u64 {
-        self.since_snapshot
-    }
-
-    /// Writes `snapshot` (which must reflect every record appended so far),
-    /// starts a new segment after it and deletes the segments it replaces.
+    /// Writes `snapshot` (which must reflect every record committed so far,
+    /// and no other), starts a new segment after it and deletes the segments
+    /// it replaces.
     pub(crate) fn write_snapshot(&mut self, snapshot: &mut ServerSnapshot) -> io::Result<()> {
-        self.commit()?;
         let next = self.segment_seq + 1;
         let segment = Segment::create(&self.dir, &segment_path(&self.dir, next))?;
         snapshot.first_segment = next;
@@ -404,7 +405,6 @@ impl Storage {
         }
         self.segment = Some(segment);
         self.segment_seq = next;
-        self.since_snapshot = 0;
         Ok(())
     }
 }
@@ -556,14 +556,18 @@ mod tests {
         }
     }
 
-    fn append(storage: &mut Storage, r: &LogRecord) {
-        let mark = storage.begin(&LogRecordRef {
+    fn append(buffer: &mut LogBuffer, r: &LogRecord) {
+        let mark = buffer.begin(&LogRecordRef {
             now: r.now,
             command: &r.command,
             secret: r.secret,
             request: r.request,
         });
-        storage.finish(mark);
+        buffer.finish(mark);
+    }
+
+    fn commit(storage: &mut Storage, buffer: &mut LogBuffer) {
+        storage.commit(&buffer.take().0).unwrap();
     }
 
     fn empty_snapshot() -> ServerSnapshot {
@@ -589,19 +593,20 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let end = {
             let (mut storage, _, records) = reopen(dir.path());
+            let mut buffer = LogBuffer::default();
             assert!(records.is_empty());
             storage.write_snapshot(&mut empty_snapshot()).unwrap();
             for n in 0..10 {
-                append(&mut storage, &record(n));
+                append(&mut buffer, &record(n));
             }
-            let mark = storage.begin(&LogRecordRef {
+            let mark = buffer.begin(&LogRecordRef {
                 now: 99,
                 command: &record(99).command,
                 secret: None,
                 request: None,
             });
-            storage.rollback(mark);
-            storage.commit().unwrap();
+            buffer.rollback(mark);
+            commit(&mut storage, &mut buffer);
             storage.segment.as_ref().unwrap().end
         };
         // Tear the last record: cut the segment 3 bytes before its end.
@@ -627,14 +632,15 @@ mod tests {
     fn snapshot_replaces_older_segments() {
         let dir = tempfile::tempdir().unwrap();
         let (mut storage, _, _) = reopen(dir.path());
+        let mut buffer = LogBuffer::default();
         storage.write_snapshot(&mut empty_snapshot()).unwrap();
-        append(&mut storage, &record(1));
-        storage.commit().unwrap();
+        append(&mut buffer, &record(1));
+        commit(&mut storage, &mut buffer);
         let mut snapshot = empty_snapshot();
         snapshot.next_session = 42;
         storage.write_snapshot(&mut snapshot).unwrap();
-        append(&mut storage, &record(2));
-        storage.commit().unwrap();
+        append(&mut buffer, &record(2));
+        commit(&mut storage, &mut buffer);
         drop(storage);
 
         assert_eq!(list_segments(dir.path()).unwrap().len(), 1);
@@ -647,19 +653,20 @@ mod tests {
     fn corruption_before_the_end_refuses_to_start() {
         let dir = tempfile::tempdir().unwrap();
         let (mut storage, _, _) = reopen(dir.path());
+        let mut buffer = LogBuffer::default();
         storage.write_snapshot(&mut empty_snapshot()).unwrap();
         for n in 0..3 {
-            append(&mut storage, &record(n));
+            append(&mut buffer, &record(n));
         }
-        storage.commit().unwrap();
+        commit(&mut storage, &mut buffer);
         let first = storage.segment_seq;
         // A second segment after the first, without a snapshot (as after a crash
         // during a snapshot write).
         storage.segment =
             Some(Segment::create(dir.path(), &segment_path(dir.path(), first + 1)).unwrap());
         storage.segment_seq = first + 1;
-        append(&mut storage, &record(7));
-        storage.commit().unwrap();
+        append(&mut buffer, &record(7));
+        commit(&mut storage, &mut buffer);
         drop(storage);
         let path = segment_path(dir.path(), first);
         let mut bytes = fs::read(&path).unwrap();
@@ -677,17 +684,18 @@ mod tests {
     fn records_are_written_over_zeros_ahead_of_the_end() {
         let dir = tempfile::tempdir().unwrap();
         let (mut storage, _, _) = reopen(dir.path());
+        let mut buffer = LogBuffer::default();
         storage.write_snapshot(&mut empty_snapshot()).unwrap();
         let first = storage.segment_seq;
         let path = segment_path(dir.path(), first);
         assert_eq!(fs::metadata(&path).unwrap().len(), ZEROS_CHUNK as u64);
         // Enough records to use up most of the first chunk of zeros.
         let mut n = 0;
-        while storage.buffer.len() < ZEROS_CHUNK - ZEROS_LOW_WATER as usize / 2 {
-            append(&mut storage, &record(n));
+        while buffer.len() < ZEROS_CHUNK - ZEROS_LOW_WATER as usize / 2 {
+            append(&mut buffer, &record(n));
             n += 1;
         }
-        storage.commit().unwrap();
+        commit(&mut storage, &mut buffer);
         let end = storage.segment.as_ref().unwrap().end;
         assert_eq!(fs::metadata(&path).unwrap().len(), ZEROS_CHUNK as u64);
         storage.prepare().unwrap();
@@ -699,8 +707,8 @@ mod tests {
         storage.segment =
             Some(Segment::create(dir.path(), &segment_path(dir.path(), first + 1)).unwrap());
         storage.segment_seq = first + 1;
-        append(&mut storage, &record(n));
-        storage.commit().unwrap();
+        append(&mut buffer, &record(n));
+        commit(&mut storage, &mut buffer);
         drop(storage);
         let (storage, _, records) = reopen(dir.path());
         drop(storage);
