@@ -1,5 +1,5 @@
-//! The one owner of the lock engine: a thread fed by a channel, with a
-//! pipelined group commit.
+//! The one owner of the lock engine: a thread fed by a channel, with group
+//! commit.
 //!
 //! # The loop
 //!
@@ -7,7 +7,9 @@
 //! ([`Engine::next_deadline`]) passes. Then it takes every op already queued
 //! (up to `max_batch`) as one **batch**, and for that batch:
 //!
-//! 1. reads the clock once (`now`, see [`Clock`]);
+//! 1. reads the clock once (`now`, see [`Clock`]); when the last fsync was
+//!    slow and many requests are busy, it first waits a fraction of that fsync
+//!    for more of them (adaptive group commit, see `Core::gather_window`);
 //! 2. applies the time-driven commands that are due ([`Engine::due`]: session
 //!    expiries, lease expiries, waiter timeouts, ends of lock-delay), each logged
 //!    like any other command, so replay never re-decides time;
@@ -16,28 +18,23 @@
 //!    no-wait acquires that found the lock busy) to the log buffer, and routes
 //!    the effects (grants, queue positions, timeouts, lost holds) to the
 //!    batch's output (module `outbox`), **without sending anything yet**;
-//! 4. has the log records written and made durable with **one `fdatasync`**
-//!    (the group commit), and only then the output sent: one
-//!    [`pb::ServerBatch`] per session stream, plus unary replies.
-//!
-//! Step 4 runs on the log thread (module `commit`) when the batch is large or
-//! a commit is already in flight: the core goes on with the next batch while
-//! the disk works, and every batch that queues during an fsync shares the next
-//! one. A small batch with nothing in flight (a lone request, a handoff in a
-//! quiet queue) is committed by the core itself, which saves a thread wake-up
-//! on its path.
+//! 4. writes the log buffer and makes it durable with **one `fdatasync`** (the
+//!    group commit: every request that arrived meanwhile shares it);
+//! 5. only then sends the output: one [`pb::ServerBatch`] per session stream,
+//!    plus unary replies.
 //!
 //! So a client never sees a grant, a release or a fencing token that a crash
 //! could take back: tokens never go backwards, even after kill -9 mid-load.
+//! While the fsync runs, new requests queue in the channel and form the next
+//! batch.
 //!
 //! The rule is *durable before visible*, and the log is written in order, so
-//! a commit covers every record before it, and outputs are sent in batch
-//! order. A batch that makes nothing visible (say, an acquire that queues,
-//! whose client waits for the grant) skips step 4: its records wait in the
-//! buffer for the next batch that sends something. If the server crashes
-//! first, nobody saw them, and the client sends the request again when it
-//! resumes its session. In a busy queue this halves the fsyncs: a handoff
-//! (release + grant) pays one, the new waiter's acquire none.
+//! a commit covers every record before it. A batch that makes nothing visible
+//! (say, an acquire that queues, whose client waits for the grant) skips step
+//! 4: its records wait in the buffer for the next batch that sends something.
+//! If the server crashes first, nobody saw them, and the client sends the
+//! request again when it resumes its session. In a busy queue this halves the
+//! fsyncs: a handoff (release + grant) pays one, the new waiter's acquire none.
 //!
 //! # Sessions and their secrets
 //!
@@ -56,8 +53,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
-use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use locksmith_core::{
     Acquire, ClientInfo, Command, Effect, Engine, EngineError, Millis, Mode, RequestId, SessionId,
@@ -69,7 +66,6 @@ use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
 use crate::clock::Clock;
-use crate::commit::{commit_records, Commit, Committer};
 use crate::config::ServerConfig;
 use crate::convert::{self, engine_error_to_status};
 use crate::error::ServerError;
@@ -356,9 +352,7 @@ pub(crate) struct Stats {
 struct Log {
     /// Records of the batches since the last commit.
     buffer: LogBuffer,
-    storage: Arc<Mutex<Storage>>,
-    /// The log thread (started by [`Core::run`]).
-    committer: Option<Committer>,
+    storage: Storage,
     /// Records since the last snapshot.
     since_snapshot: u64,
 }
@@ -389,6 +383,10 @@ pub(crate) struct Core {
     /// Whether the acquire being applied asked for a `queued` reply.
     notify_queued: bool,
     stats: Arc<Stats>,
+    /// Operations in the last batch and duration of the last commit, for the
+    /// adaptive group commit.
+    last_batch: usize,
+    last_commit: Duration,
 }
 
 impl Core {
@@ -416,6 +414,8 @@ impl Core {
             shutting_down: false,
             notify_queued: false,
             stats: Arc::default(),
+            last_batch: 0,
+            last_commit: Duration::ZERO,
         };
         let Some(dir) = &config.data_dir else {
             return Ok(core);
@@ -441,8 +441,7 @@ impl Core {
         core.engine.grant_grace(now, core.grace);
         core.log = Some(Log {
             buffer: LogBuffer::default(),
-            storage: Arc::new(Mutex::new(storage)),
-            committer: None,
+            storage,
             since_snapshot: 0,
         });
         core.write_snapshot(now).map_err(|e| ServerError::Io {
@@ -509,11 +508,6 @@ impl Core {
     /// error when the log could not be written (the server must stop: its state
     /// is ahead of what is durable).
     pub(crate) fn run(mut self, ops: Receiver<Op>) -> Result<(), String> {
-        if let Some(log) = self.log.as_mut() {
-            let committer = Committer::start(log.storage.clone(), self.stats.clone())
-                .map_err(|e| format!("cannot start the log thread: {e}"))?;
-            log.committer = Some(committer);
-        }
         let mut batch = Vec::with_capacity(self.max_batch);
         loop {
             let deadline = self
@@ -535,11 +529,25 @@ impl Core {
             };
             batch.extend(first);
             self.drain(&ops, &mut batch);
-            let count: usize = batch.iter().map(Op::count).sum();
+            if let Some(window) = self.gather_window() {
+                let until = Instant::now() + window;
+                while batch.len() < self.max_batch {
+                    match ops.recv_timeout(until.saturating_duration_since(Instant::now())) {
+                        Ok(op) => {
+                            batch.push(op);
+                            self.drain(&ops, &mut batch);
+                        }
+                        Err(_) => break,
+                    }
+                }
+            }
+            self.last_batch = batch.iter().map(Op::count).sum();
             let now = self.clock.now();
             self.last_now = now;
             self.stats.batches.fetch_add(1, Ordering::Relaxed);
-            self.stats.ops.fetch_add(count as u64, Ordering::Relaxed);
+            self.stats
+                .ops
+                .fetch_add(self.last_batch as u64, Ordering::Relaxed);
             self.release_orphans(now);
             for command in self.engine.due(now) {
                 if let Err(error) = self.execute(now, command, None, None) {
@@ -554,8 +562,8 @@ impl Core {
                 }
                 self.release_orphans(now);
             }
-            if let Err(message) = self.finish_batch(count) {
-                return Err(self.fail(message));
+            if let Err(error) = self.finish_batch() {
+                return Err(self.fail(format!("cannot write the log: {error}")));
             }
             if let Some(done) = shutdown {
                 let result = self.shut_down(now);
@@ -575,46 +583,24 @@ impl Core {
     }
 
     /// Sends the batch's output once its records (and every earlier one) are
-    /// durable: at once in memory; by the core itself for a small batch when
-    /// the log thread has nothing in flight (no thread hop on the path of a
-    /// lone request); by the log thread otherwise, so the core goes on with
-    /// the next batch during the fsync.
+    /// durable.
     ///
     /// Durable before visible: the log is written in order, so a commit
     /// covers every record before it. A batch that makes nothing visible (a
     /// queued acquire, a cancel nobody waits for) needs no commit of its own:
     /// its records wait in the buffer for the next one.
-    fn finish_batch(&mut self, ops: usize) -> Result<(), String> {
-        /// Largest batch the core commits by itself.
-        const INLINE_OPS: usize = 4;
+    fn finish_batch(&mut self) -> std::io::Result<()> {
         let output = std::mem::take(&mut self.output);
-        let Some(log) = self.log.as_mut() else {
+        if let Some(log) = self.log.as_mut() {
+            if output.is_empty() && log.buffer.len() < MAX_UNSYNCED_BYTES {
+                return Ok(());
+            }
+            self.last_commit = commit(log, &self.stats)?;
             output.send(&mut self.orphans);
-            return Ok(());
-        };
-        let committer = log.committer.as_ref().expect("started by Core::run");
-        committer.collect(&mut self.orphans)?;
-        if output.is_empty() && log.buffer.len() < MAX_UNSYNCED_BYTES {
-            return Ok(());
+            // Off the path of the replies just sent: zeros ahead of the end.
+            return log.storage.prepare();
         }
-        let (records, count) = log.buffer.take();
-        if ops > INLINE_OPS || !committer.is_idle() {
-            return committer.submit(Commit {
-                records,
-                count,
-                output,
-            });
-        }
-        let mut storage = log.storage.lock().unwrap_or_else(|e| e.into_inner());
-        commit_records(&mut storage, &records, count, &self.stats)
-            .map_err(|e| format!("cannot write the log: {e}"))?;
         output.send(&mut self.orphans);
-        // Off the path of the replies just sent: zeros ahead of the log's end.
-        storage
-            .prepare()
-            .map_err(|e| format!("cannot extend the log: {e}"))?;
-        drop(storage);
-        log.buffer.give_back(records);
         Ok(())
     }
 
@@ -626,6 +612,20 @@ impl Core {
                 Err(_) => break,
             }
         }
+    }
+
+    /// Adaptive group commit (PostgreSQL's `commit_delay` with
+    /// `commit_siblings`): when the log is slow and several requests are busy,
+    /// wait a quarter of the last commit's duration (at most 1 ms) for more
+    /// requests before applying the batch. Their clients got their replies at
+    /// the end of the last commit; without the wait, their next requests just
+    /// miss this batch and wait for a whole extra fsync.
+    fn gather_window(&self) -> Option<Duration> {
+        const SIBLINGS: usize = 4;
+        const SLOW_COMMIT: Duration = Duration::from_micros(400);
+        const MAX_WAIT: Duration = Duration::from_millis(1);
+        (self.log.is_some() && self.last_batch >= SIBLINGS && self.last_commit >= SLOW_COMMIT)
+            .then(|| (self.last_commit / 4).min(MAX_WAIT))
     }
 
     /// Every sender is gone (the server was dropped without a shutdown).
@@ -649,10 +649,6 @@ impl Core {
     }
 
     fn shut_down(&mut self, now: Millis) -> Result<(), String> {
-        // What the log thread holds goes out first.
-        if let Some(committer) = self.log.as_ref().and_then(|log| log.committer.as_ref()) {
-            committer.drain()?;
-        }
         self.shutting_down = true;
         for entry in self.sessions.values_mut() {
             if let Some(a) = entry.attached.take() {
@@ -673,8 +669,8 @@ impl Core {
         Ok(())
     }
 
-    /// Commits what is buffered (once the log thread is done), then writes a
-    /// snapshot, which starts a new log segment.
+    /// Commits what is buffered, then writes a snapshot, which starts a new
+    /// log segment.
     fn write_snapshot(&mut self, now: Millis) -> std::io::Result<()> {
         if self.log.is_none() {
             return Ok(());
@@ -701,14 +697,8 @@ impl Core {
             sessions,
         };
         let log = self.log.as_mut().expect("checked above");
-        if let Some(committer) = &log.committer {
-            committer.drain().map_err(std::io::Error::other)?;
-        }
-        let (records, count) = log.buffer.take();
-        let mut storage = log.storage.lock().unwrap_or_else(|e| e.into_inner());
-        commit_records(&mut storage, &records, count, &self.stats)?;
-        storage.write_snapshot(&mut snapshot)?;
-        drop(storage);
+        commit(log, &self.stats)?;
+        log.storage.write_snapshot(&mut snapshot)?;
         log.since_snapshot = 0;
         tracing::info!(
             locks = snapshot.engine.locks.len(),
@@ -1343,6 +1333,25 @@ impl Core {
         let message = convert::reply(id, convert::outcome_to_proto(outcome));
         self.send_to(session, message);
     }
+}
+
+/// Writes and fsyncs the buffered records (if any), counting it in `stats`;
+/// returns how long it took.
+fn commit(log: &mut Log, stats: &Stats) -> std::io::Result<Duration> {
+    let (records, count) = log.buffer.take();
+    if records.is_empty() {
+        return Ok(Duration::ZERO);
+    }
+    let started = Instant::now();
+    log.storage.commit(&records)?;
+    let elapsed = started.elapsed();
+    stats
+        .commit_nanos
+        .fetch_add(elapsed.as_nanos() as u64, Ordering::Relaxed);
+    stats.fsyncs.fetch_add(1, Ordering::Relaxed);
+    stats.records.fetch_add(count, Ordering::Relaxed);
+    log.buffer.give_back(records);
+    Ok(elapsed)
 }
 
 fn unknown_session(session: SessionId) -> Status {

@@ -25,11 +25,7 @@
 //!                                                      │ engine.apply(now, command)
 //!                                                      │ log buffer += command
 //!                                                      │ ... every op of the batch ...
-//!                                                      ▼
-//!                                    log thread (or the core itself for a
-//!                                    small batch with nothing in flight):
-//!                                    write + fdatasync (group commit)
-//!                                                      │
+//!                                                      │ write + fdatasync (group commit)
 //! client ◀──ServerBatch── stream / unary reply ◀───────┘ replies and pushes,
 //!                                                        one batch per stream
 //! ```
@@ -39,12 +35,10 @@
 //!   one `ServerBatch`, so a connection multiplexing many callers pays
 //!   framing, encoding, syscalls and wake-ups per batch, not per request (like
 //!   a pipelined Redis connection).
-//! - **Pipelined group commit**: while the log thread (module `commit`)
-//!   writes and fsyncs one batch, the core applies the next ones; everything
-//!   that queues during an fsync shares the next fsync. A lone request (a
-//!   handoff in a quiet queue) is committed by the core itself, without a
-//!   thread hop. The log is written over zeros kept ahead of its end, so an
-//!   fsync flushes data only, not the file's size (module `storage`).
+//! - **Cheap fsyncs**: the log is written over zeros kept ahead of its end, so
+//!   an `fdatasync` flushes data only, not the file's new size (module
+//!   `storage`), and a batch that makes nothing visible waits for the next
+//!   commit instead of paying one of its own.
 //! - **One owner of the engine**: the core thread (module `core`) is the only
 //!   code that touches the lock table. The server never decides lock semantics:
 //!   every decision is an engine command, including time-driven ones (expiry,
@@ -85,7 +79,6 @@
 #![deny(missing_docs)]
 
 mod clock;
-mod commit;
 mod config;
 mod convert;
 mod core;
