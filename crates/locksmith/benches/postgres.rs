@@ -6,8 +6,11 @@
 //!
 //! ```text
 //! cargo bench -p locksmith --features postgres --bench postgres
-//! LOCKSMITH_BENCH_SECS=10 LOCKSMITH_BENCH_CLIENTS=64 LOCKSMITH_BENCH_THREADS=2 (defaults;
-//! THREADS: tokio worker threads of the locksmith clients, as pgbench's -j 2)
+//! LOCKSMITH_BENCH_SECS=5 LOCKSMITH_BENCH_ROUNDS=3 LOCKSMITH_BENCH_CLIENTS=64
+//! LOCKSMITH_BENCH_THREADS=2 (defaults; SECS: per scenario and round; THREADS:
+//! tokio worker threads of the locksmith clients, as pgbench's -j 2)
+//! LOCKSMITH_BENCH_ONLY=<text>: only the scenarios whose label contains it
+//! (and the baseline)
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -27,7 +30,7 @@ fn env_number(name: &str, default: u64) -> u64 {
 }
 
 fn main() {
-    let secs = env_number("LOCKSMITH_BENCH_SECS", 10);
+    let secs = env_number("LOCKSMITH_BENCH_SECS", 5);
     let clients = env_number("LOCKSMITH_BENCH_CLIENTS", 64) as usize;
     let pg = Postgres::start();
     // 64 clients with a holder connection and a pooled one each, plus
@@ -86,44 +89,126 @@ fn main() {
              SELECT locksmith.release_lease('pgbench-lease/' || :client_id, :token, 'o');\n",
         ),
     ];
-    let mut rows = Vec::new();
-    let baseline = run_pgbench(&pgbench, &pg, scripts[0].1, clients, secs);
-    rows.push((scripts[0].0.to_owned(), baseline));
-    let session = runtime.block_on(run_locksmith(&pg.url(), clients, secs, None));
-    rows.push((
-        format!("locksmith session holds ({clients} clients)"),
-        session,
-    ));
-    let ttl_url = format!("{}?locksmith_mode=ttl", pg.url());
-    let ttl = runtime.block_on(run_locksmith(&ttl_url, clients, secs, None));
-    rows.push((format!("locksmith TTL holds ({clients} clients)"), ttl));
-    let leased = runtime.block_on(run_locksmith(
-        &pg.url(),
-        clients,
-        secs,
-        Some(Duration::from_secs(30)),
-    ));
-    rows.push((
-        format!("locksmith .lease(30s) holds, session mode ({clients} clients)"),
-        leased,
-    ));
-    for (label, script) in &scripts[1..] {
-        rows.push((
-            (*label).to_owned(),
-            run_pgbench(&pgbench, &pg, script, clients, secs),
-        ));
+    // Every round runs every scenario once, between two baseline runs; a
+    // scenario's ratio in a round is its rate over the mean of that round's
+    // baselines, and the table shows the median over the rounds: the machine
+    // is shared, and its load drifts over minutes.
+    let scenarios: Vec<(String, Scenario)> = vec![
+        (
+            format!("locksmith session holds ({clients} clients)"),
+            Scenario::Locksmith {
+                url: pg.url(),
+                lease: None,
+                read: false,
+            },
+        ),
+        (
+            format!("locksmith TTL holds, `locksmith_mode=ttl` ({clients} clients)"),
+            Scenario::Locksmith {
+                url: format!("{}?locksmith_mode=ttl", pg.url()),
+                lease: None,
+                read: false,
+            },
+        ),
+        (
+            format!("locksmith `.lease(30s)` holds, session mode ({clients} clients)"),
+            Scenario::Locksmith {
+                url: pg.url(),
+                lease: Some(Duration::from_secs(30)),
+                read: false,
+            },
+        ),
+        (
+            // The same client code through acquire_session(), the path readers
+            // take: the A/B of the quick statement.
+            format!("locksmith session read holds, `acquire_session()` path ({clients} clients)"),
+            Scenario::Locksmith {
+                url: pg.url(),
+                lease: None,
+                read: true,
+            },
+        ),
+    ]
+    .into_iter()
+    .chain(
+        scripts[1..]
+            .iter()
+            .map(|(label, script)| ((*label).to_owned(), Scenario::Pgbench(script))),
+    )
+    .filter(|(label, _)| {
+        std::env::var("LOCKSMITH_BENCH_ONLY").map_or(true, |only| label.contains(&only))
+    })
+    .collect();
+    let rounds = env_number("LOCKSMITH_BENCH_ROUNDS", 3) as usize;
+    let mut baselines = Vec::new();
+    let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); scenarios.len()];
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); scenarios.len()];
+    for round in 1..=rounds {
+        eprintln!("round {round} of {rounds}");
+        let before = run_pgbench(&pgbench, &pg, scripts[0].1, clients, secs);
+        let mut round_rates = Vec::new();
+        for (_, scenario) in &scenarios {
+            round_rates.push(match scenario {
+                Scenario::Pgbench(script) => run_pgbench(&pgbench, &pg, script, clients, secs),
+                Scenario::Locksmith { url, lease, read } => {
+                    runtime.block_on(run_locksmith(url, clients, secs, *lease, *read))
+                }
+            });
+        }
+        let after = run_pgbench(&pgbench, &pg, scripts[0].1, clients, secs);
+        let baseline = (before + after) / 2.0;
+        baselines.push(baseline);
+        for (i, rate) in round_rates.into_iter().enumerate() {
+            ratios[i].push(rate / baseline);
+            rates[i].push(rate);
+        }
     }
-    // The baseline again, to see drift over the run.
-    let again = run_pgbench(&pgbench, &pg, scripts[0].1, clients, secs);
-    rows.push((format!("{} again", scripts[0].0), again));
-    let baseline = (baseline + again) / 2.0;
 
     println!();
-    println!("| scenario ({clients} clients, {secs} s each) | pairs/s | vs pgbench baseline |");
-    println!("|---|---:|---:|");
-    for (label, rate) in &rows {
-        println!("| {label} | {rate:.0} | {:.2}x |", rate / baseline);
+    println!(
+        "| scenario ({clients} clients, {secs} s each, median of {rounds} rounds) | pairs/s | vs pgbench baseline | ratio in each round |"
+    );
+    println!("|---|---:|---:|---|");
+    println!(
+        "| {} | {:.0} | 1.00x | {} |",
+        scripts[0].0,
+        median(&baselines),
+        baselines
+            .iter()
+            .map(|b| format!("{b:.0}/s"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    for (i, (label, _)) in scenarios.iter().enumerate() {
+        println!(
+            "| {label} | {:.0} | {:.2}x | {} |",
+            median(&rates[i]),
+            median(&ratios[i]),
+            ratios[i]
+                .iter()
+                .map(|r| format!("{r:.2}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
     }
+}
+
+/// One measured scenario besides the baseline.
+enum Scenario {
+    /// pgbench running this script.
+    Pgbench(&'static str),
+    /// locksmith clients acquiring and releasing (see [`run_locksmith`]).
+    Locksmith {
+        url: String,
+        lease: Option<Duration>,
+        read: bool,
+    },
+}
+
+fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted[sorted.len() / 2]
 }
 
 fn pgbench(bin_dir: &Path) -> PathBuf {
@@ -169,7 +254,14 @@ fn run_pgbench(pgbench: &Path, pg: &Postgres, script: &str, clients: usize, secs
 
 /// `clients` clients (each its own `Client`), each acquiring and releasing a
 /// lock of its own in a loop; pairs per second.
-async fn run_locksmith(url: &str, clients: usize, secs: u64, lease: Option<Duration>) -> f64 {
+/// `read`: shared (read) holds instead of exclusive ones.
+async fn run_locksmith(
+    url: &str,
+    clients: usize,
+    secs: u64,
+    lease: Option<Duration>,
+    read: bool,
+) -> f64 {
     let mut connected = Vec::new();
     for _ in 0..clients {
         let options = ConnectOptions {
@@ -201,7 +293,11 @@ async fn run_locksmith(url: &str, clients: usize, secs: u64, lease: Option<Durat
         let (client, pairs, stop) = (client.clone(), pairs.clone(), stop.clone());
         let name = format!("bench/{run}/{i}");
         tasks.push(tokio::spawn(async move {
-            let mut lock = client.lock(name);
+            let mut lock = if read {
+                client.rw_lock(name).read()
+            } else {
+                client.lock(name)
+            };
             if let Some(lease) = lease {
                 lock = lock.lease(lease);
             }
@@ -225,7 +321,7 @@ async fn run_locksmith(url: &str, clients: usize, secs: u64, lease: Option<Durat
         let _ = client.close().await;
     }
     eprintln!(
-        "locksmith {url} lease={lease:?}: {rate:.0} pairs/s; client CPU {:.0} us/pair ({:.0}% of a core)",
+        "locksmith {url} lease={lease:?} read={read}: {rate:.0} pairs/s; client CPU {:.0} us/pair ({:.0}% of a core)",
         cpu / done * 1e6,
         cpu / elapsed * 100.0
     );

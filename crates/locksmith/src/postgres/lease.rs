@@ -104,22 +104,18 @@ pub(crate) async fn acquire(
     // a transaction pooler) in the wait's transaction, which also holds the
     // new row: unlock, or commit. The connection serves later waits.
     let done = if shared.settings.pooler == Pooler::Transaction {
+        // (No cancel request is ever sent behind a pooler: heads poll.)
         conn.client()
             .batch_execute(&format!("{} COMMIT", wait::GRANTED))
             .await
+            .map_err(pg_error)
     } else {
         let unlock = if target.shared_key() {
             "pg_advisory_unlock_shared"
         } else {
             "pg_advisory_unlock"
         };
-        conn.client()
-            .batch_execute(&format!(
-                "{} SELECT {unlock}({})",
-                wait::GRANTED,
-                target.key
-            ))
-            .await
+        wait::after_grant(&conn, &format!("SELECT {unlock}({})", target.key)).await
     };
     match done {
         Ok(()) => shared.conns.put(conn),
@@ -127,7 +123,7 @@ pub(crate) async fn acquire(
             conn.kill(&format!("ending a lease grant's wait failed: {error}"));
             if shared.settings.pooler == Pooler::Transaction {
                 // The row was never committed.
-                return Err(pg_error(error));
+                return Err(error);
             }
         }
     }

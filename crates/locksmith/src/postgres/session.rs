@@ -91,18 +91,11 @@ pub(crate) async fn acquire(
     if matches!(target.mode, Mode::Semaphore { .. }) {
         // The wait queued on the semaphore's turnstile, which it drops only
         // now that the grant is committed (see acquire_session).
-        let unlocked = conn
-            .client()
-            .batch_execute(&format!(
-                "{} SELECT pg_advisory_unlock({})",
-                wait::GRANTED,
-                target.key
-            ))
-            .await;
-        if let Err(error) = unlocked {
+        let unlock = format!("SELECT pg_advisory_unlock({})", target.key);
+        if let Err(error) = wait::after_grant(&conn, &unlock).await {
             // The grant's slot lock goes with the connection.
             conn.kill(&format!("dropping the turnstile failed: {error}"));
-            return Err(pg_error(error));
+            return Err(error);
         }
     }
     let hold = SessionHold::new(shared, conn, true, target, granted.held_key, granted.token);

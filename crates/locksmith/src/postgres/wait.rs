@@ -290,9 +290,29 @@ pub(crate) async fn query(
         .await
 }
 
-/// The comment of the statement that drops the key a waiter took for a lease
-/// grant: inspection shows it as neither holder nor waiter.
+/// The comment of the statements that end a granted wait (dropping the key a
+/// waiter took for a lease or a semaphore turnstile): inspection shows them as
+/// neither holder nor waiter.
 pub(crate) const GRANTED: &str = "/*locksmith:granted*/";
+
+/// Runs `sql` (simple protocol, behind [`GRANTED`]) on the connection of a
+/// granted wait. A cancel request meant for the head's sleep may still arrive
+/// and hit it; it runs again then (the statements are idempotent: unlocking a
+/// key no longer held only returns false).
+///
+/// Cancel safety: as the statement's.
+pub(crate) async fn after_grant(conn: &PgConn, sql: &str) -> Result<()> {
+    let sql = format!("{GRANTED} {sql}");
+    let mut cancelled = 0;
+    loop {
+        match conn.client().batch_execute(&sql).await {
+            Err(error) if error.code() == Some(&SqlState::QUERY_CANCELED) && cancelled < 3 => {
+                cancelled += 1;
+            }
+            other => return other.map_err(pg_error),
+        }
+    }
+}
 
 /// The comment that marks a waiting statement (see the module docs).
 pub(crate) fn comment(target: &Target) -> String {
