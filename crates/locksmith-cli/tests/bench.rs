@@ -1,33 +1,53 @@
 //! `locksmith bench` end to end, small: the locksmith server (started by the
-//! bench as `locksmith serve`) and `memory://`, every scenario, every output.
+//! bench as `locksmith serve`) and `memory://`, every scenario, every output;
+//! and the scale scenario on PostgreSQL past its default lock table.
 
+use std::path::Path;
 use std::process::Command;
+
+/// Runs `locksmith bench ARGS --out OUT`, expects success and returns its
+/// standard output (the Markdown report).
+fn bench(args: &[&str], out: &Path) -> String {
+    let output = Command::new(env!("CARGO_BIN_EXE_locksmith"))
+        .arg("bench")
+        .args(args)
+        .arg("--out")
+        .arg(out)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run locksmith bench");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "locksmith bench failed ({}):\n{stdout}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}
 
 #[test]
 fn bench_writes_the_report_json_and_charts() {
     let out = tempfile::tempdir().expect("temporary directory");
-    let output = Command::new(env!("CARGO_BIN_EXE_locksmith"))
-        .args(["bench", "--quick", "--spawn", "server,memory"])
-        .args(["--duration", "300ms", "--clients", "1,4", "--waiters", "3"])
-        .args([
+    let stdout = bench(
+        &[
+            "--quick",
+            "--spawn",
+            "server,memory",
+            "--duration",
+            "300ms",
+            "--clients",
+            "1,4",
+            "--waiters",
+            "3",
             "--fair-clients",
             "4",
             "--scale",
             "300",
             "--scale-server",
             "1000",
-        ])
-        .arg("--out")
-        .arg(out.path())
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("run locksmith bench");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "locksmith bench failed ({}):\n{stdout}\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
+        ],
+        out.path(),
     );
 
     // The Markdown: one row per backend in each table, ratios against the server.
@@ -128,20 +148,16 @@ fn bench_refuses_nonsense() {
 #[test]
 fn bench_scale_holds_more_locks_than_postgres_holds_by_default() {
     let out = tempfile::tempdir().expect("temporary directory");
-    let output = Command::new(env!("CARGO_BIN_EXE_locksmith"))
-        .args(["bench", "--spawn", "postgres", "--scenarios", "scale"])
-        .args(["--scale", "40000"])
-        .arg("--out")
-        .arg(out.path())
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("run locksmith bench");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "locksmith bench failed ({}):\n{stdout}\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
+    let stdout = bench(
+        &[
+            "--spawn",
+            "postgres",
+            "--scenarios",
+            "scale",
+            "--scale",
+            "40000",
+        ],
+        out.path(),
     );
     assert!(
         stdout.contains("`max_locks_per_transaction=512`"),
