@@ -24,7 +24,7 @@
 //! renewal stops at once. After a reconnect the hubs poke the watchdog, which
 //! then re-checks every hold immediately.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
@@ -62,6 +62,9 @@ struct State {
     entries: HashMap<u64, Entry>,
     /// Entry ids by holder id (looked up without allocating).
     index: HashMap<String, Vec<u64>>,
+    /// Every entry by expiry, so that finding the due ones and the next one
+    /// costs a lookup, not a walk over every hold (a client may hold 100 k).
+    by_expiry: BTreeSet<(Instant, u64)>,
     /// When the task will look next (so registering only wakes it if needed).
     wake_at: Option<Instant>,
 }
@@ -79,12 +82,25 @@ impl State {
             })
     }
 
-    fn unindex(&mut self, id: u64, field: &str) {
-        if let Some(ids) = self.index.get_mut(field) {
+    /// Takes an entry out of the registry and both indexes.
+    fn remove(&mut self, id: u64) -> Option<Entry> {
+        let entry = self.entries.remove(&id)?;
+        self.by_expiry.remove(&(entry.expires, id));
+        if let Some(ids) = self.index.get_mut(entry.target.field.as_str()) {
             ids.retain(|&i| i != id);
             if ids.is_empty() {
-                self.index.remove(field);
+                self.index.remove(entry.target.field.as_str());
             }
+        }
+        Some(entry)
+    }
+
+    /// Moves an entry's expiry, keeping the expiry index in step.
+    fn set_expires(&mut self, id: u64, expires: Instant) {
+        if let Some(entry) = self.entries.get_mut(&id) {
+            self.by_expiry.remove(&(entry.expires, id));
+            entry.expires = expires;
+            self.by_expiry.insert((expires, id));
         }
     }
 }
@@ -131,8 +147,9 @@ impl Watchdog {
             let entry = state.entries.get_mut(&id).expect("indexed");
             entry.refs += 1;
             entry.watched += u32::from(watched);
-            entry.expires = entry.expires.max(expires);
-            return (id, entry.lost.clone());
+            let (later, lost) = (entry.expires.max(expires), entry.lost.clone());
+            state.set_expires(id, later);
+            return (id, lost);
         }
         state.next_id += 1;
         let id = state.next_id;
@@ -148,6 +165,7 @@ impl Watchdog {
                 last_error: None,
             },
         );
+        state.by_expiry.insert((expires, id));
         state
             .index
             .entry(target.field.clone())
@@ -179,17 +197,14 @@ impl Watchdog {
             entry.watched = entry.watched.saturating_sub(1);
         }
         if entry.refs == 0 {
-            let entry = state.entries.remove(&id).expect("present");
-            state.unindex(id, &entry.target.field);
+            state.remove(id);
         }
         true
     }
 
     /// Moves a hold's expiry (after an extension).
     pub fn set_expiry(&self, id: u64, expires: Instant) {
-        if let Some(entry) = self.state().entries.get_mut(&id) {
-            entry.expires = expires;
-        }
+        self.state().set_expires(id, expires);
         self.changed.notify_one();
     }
 
@@ -216,6 +231,7 @@ impl Watchdog {
     pub fn drain(&self, reason: &str) -> Vec<Target> {
         let mut state = self.state();
         state.index.clear();
+        state.by_expiry.clear();
         state
             .entries
             .drain()
@@ -235,11 +251,9 @@ impl Watchdog {
     fn next_wake(&self, tick: Instant) -> Instant {
         let mut state = self.state();
         let at = state
-            .entries
-            .values()
-            .map(|e| e.expires)
-            .min()
-            .map_or(tick, |expiry| expiry.min(tick));
+            .by_expiry
+            .first()
+            .map_or(tick, |&(expiry, _)| expiry.min(tick));
         state.wake_at = Some(at);
         at
     }
@@ -248,10 +262,10 @@ impl Watchdog {
     fn expire(&self, now: Instant) {
         let mut state = self.state();
         let due: Vec<u64> = state
-            .entries
+            .by_expiry
             .iter()
-            .filter(|(_, e)| e.expires <= now)
-            .map(|(&id, _)| id)
+            .take_while(|&&(expires, _)| expires <= now)
+            .map(|&(_, id)| id)
             .collect();
         for id in due {
             let entry = &state.entries[&id];
@@ -318,11 +332,11 @@ impl Watchdog {
                 continue;
             };
             if held >= quorum {
+                entry.last_error = None;
                 // Only a renewal that came back within the current validity counts.
                 if entry.watched > 0 && now < entry.expires {
-                    entry.expires = result.sent + renew_lease - drift;
+                    state.set_expires(*id, result.sent + renew_lease - drift);
                 }
-                entry.last_error = None;
             } else if gone > nodes - quorum {
                 let reason = format!(
                     "lock {:?} is no longer held in Redis (expired, force-released or lost with Redis data)",
@@ -337,8 +351,7 @@ impl Watchdog {
 }
 
 fn lose(state: &mut State, id: u64, reason: String) {
-    if let Some(entry) = state.entries.remove(&id) {
-        state.unindex(id, &entry.target.field);
+    if let Some(entry) = state.remove(id) {
         tracing::warn!(lock = %entry.target.name, %reason, "redis hold lost");
         entry.lost.fire(reason);
     }
