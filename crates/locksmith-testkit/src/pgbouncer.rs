@@ -2,14 +2,13 @@
 
 use std::fmt;
 use std::fs;
-use std::os::unix::fs::chown;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use tempfile::TempDir;
 
 use crate::find::{find_on_path, is_executable, not_installed};
-use crate::postgres::{handshake, server_user, PG_USER};
+use crate::postgres::{give, handshake, server_user};
 use crate::process::{Process, ProcessSpec};
 use crate::{free_port, impl_server, retry_on_port_clash, server_dir, Error, Postgres, Result};
 
@@ -78,14 +77,7 @@ impl PgBouncer {
             .ok_or_else(|| not_installed("pgbouncer", "pgbouncer"))?;
         let user = server_user()?;
         let dir = server_dir("pgbouncer")?;
-        if let Some((uid, gid)) = user {
-            chown(dir.path(), Some(uid), Some(gid)).map_err(|e| {
-                Error::io(
-                    format!("cannot give {} to {PG_USER}", dir.path().display()),
-                    e,
-                )
-            })?;
-        }
+        give(dir.path(), user)?;
         let userlist = dir.path().join("userlist.txt");
         write(&userlist, "\"postgres\" \"\"\n")?;
         let ini = dir.path().join("pgbouncer.ini");

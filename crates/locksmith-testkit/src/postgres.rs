@@ -98,14 +98,7 @@ impl Postgres {
         let postgres = tool(&bin_dir, "postgres", "postgresql")?;
         let user = server_user()?;
         let dir = server_dir("postgres")?;
-        if let Some((uid, gid)) = user {
-            chown(dir.path(), Some(uid), Some(gid)).map_err(|e| {
-                Error::io(
-                    format!("cannot give {} to {PG_USER}", dir.path().display()),
-                    e,
-                )
-            })?;
-        }
+        give(dir.path(), user)?;
         let data = dir.path().join("data");
         process::run(
             Command::new(&initdb)
@@ -288,10 +281,7 @@ struct TlsFiles {
 fn make_certificates(dir: &Path, user: Option<(u32, u32)>) -> Result<TlsFiles> {
     let openssl = find_on_path("openssl").ok_or_else(|| not_installed("openssl", "openssl"))?;
     fs::create_dir(dir).map_err(|e| Error::io(format!("cannot create {}", dir.display()), e))?;
-    if let Some((uid, gid)) = user {
-        chown(dir, Some(uid), Some(gid))
-            .map_err(|e| Error::io(format!("cannot give {} to {PG_USER}", dir.display()), e))?;
-    }
+    give(dir, user)?;
     let extensions = dir.join("server.ext");
     fs::write(
         &extensions,
@@ -410,6 +400,15 @@ pub(crate) fn server_user() -> Result<Option<(u32, u32)>> {
             io::ErrorKind::NotFound.into(),
         )
     }))
+}
+
+/// Gives `path` to `user` (from [`server_user`]; `None`: keeps it).
+pub(crate) fn give(path: &Path, user: Option<(u32, u32)>) -> Result<()> {
+    let Some((uid, gid)) = user else {
+        return Ok(());
+    };
+    chown(path, Some(uid), Some(gid))
+        .map_err(|e| Error::io(format!("cannot give {} to {PG_USER}", path.display()), e))
 }
 
 /// `(uid, gid)` of the user `name`, if it exists.

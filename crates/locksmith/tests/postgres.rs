@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use locksmith::backend::Wait;
 use locksmith::postgres::{advisory_key, lock_in_transaction, semaphore_slot_key, XactOptions};
-use locksmith::{Client, ConnectOptions, Error, Mode};
+use locksmith::{Client, ConnectOptions, Error, Guard, Mode};
 use locksmith_testkit::Postgres;
 use tokio::time::{sleep, timeout, Instant};
 
@@ -120,6 +120,31 @@ where
         assert!(start.elapsed() < Duration::from_secs(20), "never: {what}");
         sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// `b` waits for `name`, which `held` (a guard of `a`) holds; once `a` lists
+/// the waiter, `held` is released, and `b` gets the lock with a higher token.
+async fn hand_over(a: &Client, b: &Client, name: &str, held: Guard) -> Guard {
+    let waiting = tokio::spawn({
+        let lock = b.lock(name);
+        async move { lock.acquire().await }
+    });
+    until("the waiter queues", || async {
+        a.describe(name)
+            .await
+            .unwrap()
+            .is_some_and(|info| info.waiters.len() == 1)
+    })
+    .await;
+    let token = held.fencing_token();
+    held.release().await.unwrap();
+    let next = timeout(Duration::from_secs(20), waiting)
+        .await
+        .expect("granted after the release")
+        .unwrap()
+        .unwrap();
+    assert!(next.fencing_token() > token);
+    next
 }
 
 #[tokio::test]
@@ -876,20 +901,11 @@ async fn tls_sslmodes() {
             cancel_count(pg) > cancels,
             "{url}: the cancel request reached the server"
         );
-        let waiting = tokio::spawn({
-            let lock = b.lock(name.as_str());
-            async move { lock.acquire().await }
-        });
-        until("the waiter queues", || async {
-            a.describe(&name)
-                .await
-                .unwrap()
-                .is_some_and(|info| info.waiters.len() == 1)
-        })
-        .await;
-        held.release().await.unwrap();
-        let granted = waiting.await.unwrap().unwrap();
-        granted.release().await.unwrap();
+        hand_over(&a, &b, &name, held)
+            .await
+            .release()
+            .await
+            .unwrap();
         let lease = a
             .lock(name.as_str())
             .lease(Duration::from_secs(30))
@@ -1032,25 +1048,7 @@ mod pgbouncer {
 
         // A waiter queues in PostgreSQL (in a transaction) behind the lease
         // hold, polls as the head, and is granted after the release.
-        let waiting = tokio::spawn({
-            let lock = b.lock(name.as_str());
-            async move { lock.acquire().await }
-        });
-        until("the waiter shows", || async {
-            a.describe(&name)
-                .await
-                .unwrap()
-                .is_some_and(|info| info.waiters.len() == 1)
-        })
-        .await;
-        let token = first.fencing_token();
-        first.release().await.unwrap();
-        let second = timeout(Duration::from_secs(20), waiting)
-            .await
-            .expect("granted after the release")
-            .unwrap()
-            .unwrap();
-        assert!(second.fencing_token() > token);
+        let second = hand_over(&a, &b, &name, first).await;
         assert!(a.lock(name.as_str()).try_acquire().await.unwrap().is_none());
         second.release().await.unwrap();
 
@@ -1203,26 +1201,11 @@ mod pgbouncer {
             .await,
             "1"
         );
-        let waiting = tokio::spawn({
-            let lock = b.lock(name.as_str());
-            async move { lock.acquire().await }
-        });
-        until("the waiter queues", || async {
-            a.describe(&name)
-                .await
-                .unwrap()
-                .is_some_and(|info| info.waiters.len() == 1)
-        })
-        .await;
-        let token = held.fencing_token();
-        held.release().await.unwrap();
-        let next = timeout(Duration::from_secs(20), waiting)
+        hand_over(&a, &b, &name, held)
             .await
-            .expect("granted")
-            .unwrap()
+            .release()
+            .await
             .unwrap();
-        assert!(next.fencing_token() > token);
-        next.release().await.unwrap();
     }
 }
 
