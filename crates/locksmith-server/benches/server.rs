@@ -21,7 +21,9 @@
 //! `cargo bench -p locksmith-server --bench server` (N = `LOCKSMITH_BENCH_SECS`,
 //! default 5). For profiling: `LOCKSMITH_BENCH_IN_MEMORY=1` runs the server
 //! without its log, `LOCKSMITH_BENCH_ONLY_SERVER=1` skips the Redis runs,
-//! `LOCKSMITH_BENCH_ONLY=a64|a1|b` runs only that locksmith scenario.
+//! `LOCKSMITH_BENCH_ONLY=a64|a1|b` runs only that locksmith scenario. The run
+//! prints the disk's `fdatasync` latency (150-byte writes over zeros, as the
+//! log commits) and the load average at its start and end.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -373,6 +375,44 @@ fn delta(after: ServerStats, before: ServerStats) -> String {
     )
 }
 
+/// The disk as the log sees it: 200 writes of 150 bytes over zeros, each
+/// followed by `fdatasync` (the log's commit), as "p50 / p99".
+fn fdatasync_probe(dir: &std::path::Path) -> String {
+    use std::os::unix::fs::FileExt;
+    let probe = || -> std::io::Result<String> {
+        let path = dir.join("fdatasync-probe");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .read(true)
+            .write(true)
+            .open(&path)?;
+        file.write_all_at(&[0; 64 << 10], 0)?;
+        file.sync_all()?;
+        let mut samples = Samples::default();
+        for i in 0..200u64 {
+            let started = Instant::now();
+            file.write_all_at(&[7; 150], i * 150)?;
+            file.sync_data()?;
+            samples.push(started.elapsed());
+        }
+        std::fs::remove_file(&path)?;
+        Ok(format!(
+            "p50 {:.0} µs / p99 {:.0} µs",
+            samples.percentile(0.5),
+            samples.percentile(0.99)
+        ))
+    };
+    probe().unwrap_or_else(|e| format!("probe failed: {e}"))
+}
+
+/// The 1, 5 and 15 minute load averages (from /proc/loadavg).
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".into())
+}
+
 /// The filesystem type of the mount holding `path` (from /proc/mounts).
 fn filesystem_of(path: &std::path::Path) -> String {
     let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
@@ -425,8 +465,10 @@ fn main() -> Result<(), BoxError> {
         .enable_all()
         .build()?;
     eprintln!(
-        "data dir {} ({filesystem}), {seconds} s per measurement",
-        dir.path().display()
+        "data dir {} ({filesystem}), {seconds} s per measurement; fdatasync {}; load average {}",
+        dir.path().display(),
+        fdatasync_probe(dir.path()),
+        load_average()
     );
     // Redis as it ships (no persistence: the baseline), and with an
     // fsync per write (appendfsync always, as durable as the locksmith server).
@@ -554,6 +596,11 @@ fn main() -> Result<(), BoxError> {
         Ok::<_, BoxError>(())
     })?;
     drop(clients);
+    eprintln!(
+        "at the end: fdatasync {}; load average {}",
+        fdatasync_probe(dir.path()),
+        load_average()
+    );
     server_runtime.block_on(server.shutdown())?;
     Ok(())
 }
