@@ -21,9 +21,11 @@
 //! `cargo bench -p locksmith-server --bench server` (N = `LOCKSMITH_BENCH_SECS`,
 //! default 5). For profiling: `LOCKSMITH_BENCH_IN_MEMORY=1` runs the server
 //! without its log, `LOCKSMITH_BENCH_ONLY_SERVER=1` skips the Redis runs,
-//! `LOCKSMITH_BENCH_ONLY=a64|a1|b` runs only that locksmith scenario. The run
-//! prints the disk's `fdatasync` latency (150-byte writes over zeros, as the
-//! log commits) and the load average at its start and end.
+//! `LOCKSMITH_BENCH_ONLY=a64|a1|b` runs only that locksmith scenario,
+//! `LOCKSMITH_BENCH_ROUNDS=N` runs every measurement N times in turn and
+//! reports the run with the median rate of each. The run prints the disk's
+//! `fdatasync` latency (150-byte writes over zeros, as the log commits) and
+//! the load average at its start and end.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -79,6 +81,37 @@ struct Handoff {
     p50_us: f64,
     p99_us: f64,
     cpu_us: f64,
+}
+
+impl Throughput {
+    /// A measurement that did not run.
+    fn none() -> Throughput {
+        Throughput {
+            per_second: f64::NAN,
+            p50_us: f64::NAN,
+            p99_us: f64::NAN,
+            cpu_us: f64::NAN,
+        }
+    }
+}
+
+impl Handoff {
+    /// A measurement that did not run.
+    fn none() -> Handoff {
+        Handoff {
+            transfers_per_second: f64::NAN,
+            p50_us: f64::NAN,
+            p99_us: f64::NAN,
+            cpu_us: f64::NAN,
+        }
+    }
+}
+
+/// The run with the median rate (the lower middle one of an even count).
+fn median<T>(mut runs: Vec<T>, rate: impl Fn(&T) -> f64) -> Option<T> {
+    runs.sort_by(|a, b| rate(a).total_cmp(&rate(b)));
+    let middle = runs.len().checked_sub(1)? / 2;
+    Some(runs.swap_remove(middle))
 }
 
 /// Runs `tasks` until `duration` has been measured after a warmup; the tasks
@@ -435,6 +468,11 @@ fn main() -> Result<(), BoxError> {
         .and_then(|s| s.parse().ok())
         .unwrap_or(5);
     let duration = Duration::from_secs(seconds);
+    let rounds: usize = std::env::var("LOCKSMITH_BENCH_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1)
+        .max(1);
 
     let dir = tempfile::Builder::new()
         .prefix("locksmith-bench-")
@@ -484,44 +522,56 @@ fn main() -> Result<(), BoxError> {
         // For profiling one scenario: LOCKSMITH_BENCH_ONLY=a64|a1|b.
         let only = std::env::var("LOCKSMITH_BENCH_ONLY").ok();
         let runs = |scenario: &str| only.as_deref().is_none_or(|o| o == scenario);
-        let skipped = || Throughput {
-            per_second: f64::NAN,
-            p50_us: f64::NAN,
-            p99_us: f64::NAN,
-            cpu_us: f64::NAN,
-        };
+        let with_redis =
+            only.is_none() && std::env::var_os("LOCKSMITH_BENCH_ONLY_SERVER").is_none();
         let mut stats = server.stats();
         let mut report = |label: &str| {
             let now = server.stats();
             eprintln!("{label}: {}", delta(now, stats));
             stats = now;
         };
-        let ls_a = if runs("a64") {
-            let t = locksmith_pairs(&url, 64, false, duration).await?;
-            report("(a) locksmith, 64 connections");
-            t
-        } else {
-            skipped()
-        };
-        let ls_a_shared = if runs("a1") {
-            let t = locksmith_pairs(&url, 64, true, duration).await?;
-            report("(a) locksmith, 1 connection");
-            t
-        } else {
-            skipped()
-        };
-        let ls_b = if runs("b") {
-            let h = locksmith_handoff(&url, 16, duration).await?;
-            report("(b) locksmith");
-            h
-        } else {
-            Handoff {
-                transfers_per_second: f64::NAN,
-                p50_us: f64::NAN,
-                p99_us: f64::NAN,
-                cpu_us: f64::NAN,
+        // Rounds run every measurement in turn, so that a noisy moment on the
+        // machine (other jobs, a busy disk) hits every side alike.
+        let (mut ls_a, mut ls_a_shared, mut ls_b) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut redis_a, mut redis_a_shared, mut redis_b) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut durable_a, mut durable_a_shared, mut durable_b) =
+            (Vec::new(), Vec::new(), Vec::new());
+        for round in 1..=rounds {
+            eprintln!("round {round} of {rounds}; load average {}", load_average());
+            if runs("a64") {
+                ls_a.push(locksmith_pairs(&url, 64, false, duration).await?);
+                report("(a) locksmith, 64 connections");
             }
-        };
+            if runs("a1") {
+                ls_a_shared.push(locksmith_pairs(&url, 64, true, duration).await?);
+                report("(a) locksmith, 1 connection");
+            }
+            if runs("b") {
+                ls_b.push(locksmith_handoff(&url, 16, duration).await?);
+                report("(b) locksmith");
+            }
+            if with_redis {
+                redis_mode(false)?;
+                redis_a.push(redis_pairs(&redis_url, 64, false, duration).await?);
+                redis_a_shared.push(redis_pairs(&redis_url, 64, true, duration).await?);
+                redis_b.push(redis_handoff(&redis_url, 16, duration).await?);
+                redis_mode(true)?;
+                durable_a.push(redis_pairs(&redis_url, 64, false, duration).await?);
+                durable_a_shared.push(redis_pairs(&redis_url, 64, true, duration).await?);
+                durable_b.push(redis_handoff(&redis_url, 16, duration).await?);
+            }
+        }
+        let [ls_a, ls_a_shared, redis_a, redis_a_shared, durable_a, durable_a_shared] = [
+            ls_a,
+            ls_a_shared,
+            redis_a,
+            redis_a_shared,
+            durable_a,
+            durable_a_shared,
+        ]
+        .map(|runs| median(runs, |t| t.per_second).unwrap_or_else(Throughput::none));
+        let [ls_b, redis_b, durable_b] = [ls_b, redis_b, durable_b]
+            .map(|runs| median(runs, |h| h.transfers_per_second).unwrap_or_else(Handoff::none));
         for (label, t) in [("64 connections", &ls_a), ("1 connection", &ls_a_shared)] {
             eprintln!(
                 "(a) locksmith, {label}: {:.0} pairs/s, p50 {:.0} µs, p99 {:.0} µs, {:.1} µs CPU per pair",
@@ -532,21 +582,19 @@ fn main() -> Result<(), BoxError> {
             "(b) locksmith: {:.0} transfers/s, handoff p50 {:.0} µs, p99 {:.0} µs, {:.1} µs CPU per transfer",
             ls_b.transfers_per_second, ls_b.p50_us, ls_b.p99_us, ls_b.cpu_us
         );
-        if std::env::var_os("LOCKSMITH_BENCH_ONLY_SERVER").is_some() || only.is_some() {
+        if !with_redis {
             return Ok(());
         }
-        redis_mode(false)?;
-        let redis_a = redis_pairs(&redis_url, 64, false, duration).await?;
-        let redis_a_shared = redis_pairs(&redis_url, 64, true, duration).await?;
-        let redis_b = redis_handoff(&redis_url, 16, duration).await?;
-        redis_mode(true)?;
-        let durable_a = redis_pairs(&redis_url, 64, false, duration).await?;
-        let durable_a_shared = redis_pairs(&redis_url, 64, true, duration).await?;
-        let durable_b = redis_handoff(&redis_url, 16, duration).await?;
-
         let best_redis = redis_a.per_second.max(redis_a_shared.per_second);
         let best_ls = ls_a.per_second.max(ls_a_shared.per_second);
-        println!("### (a) 64 clients, acquire + release of their own lock ({seconds} s)\n");
+        let of_rounds = if rounds > 1 {
+            format!(", median of {rounds} rounds")
+        } else {
+            String::new()
+        };
+        println!(
+            "### (a) 64 clients, acquire + release of their own lock ({seconds} s{of_rounds})\n"
+        );
         println!("| | pairs/s | pair p50 | pair p99 | CPU per pair |");
         println!("|---|---:|---:|---:|---:|");
         for (label, t) in [
@@ -574,7 +622,7 @@ fn main() -> Result<(), BoxError> {
             best_ls / best_redis,
             best_ls / durable_a.per_second.max(durable_a_shared.per_second)
         );
-        println!("### (b) 16 clients contending for one lock ({seconds} s)\n");
+        println!("### (b) 16 clients contending for one lock ({seconds} s{of_rounds})\n");
         println!("| | transfers/s | handoff p50 | handoff p99 | CPU per transfer |");
         println!("|---|---:|---:|---:|---:|");
         for (label, h) in [
