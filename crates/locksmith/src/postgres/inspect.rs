@@ -54,7 +54,7 @@ pub(crate) async fn describe(shared: &Shared, name: &str) -> Result<Option<LockI
                              WHERE s.name = $2 AND s.key = $1 AND s.pid = l.pid \
                                AND s.server_start = pg_postmaster_start_time()) \
             AND NOT EXISTS (SELECT 1 FROM {schema}.waiters w WHERE w.name = $2 AND w.pid = l.pid) \
-            AND a.query NOT LIKE '/*locksmith:%'"
+            AND coalesce(a.query, '') NOT LIKE '/*locksmith:%'"
     );
     let waiting = format!(
         "SELECT a.pid, a.query, a.query_start, coalesce(l.granted, false) \
@@ -68,6 +68,7 @@ pub(crate) async fn describe(shared: &Shared, name: &str) -> Result<Option<LockI
     let heads = format!(
         "SELECT w.pid, w.owner, w.mode, w.permits, w.since FROM {schema}.waiters w \
            JOIN pg_stat_activity a ON a.pid = w.pid AND a.state = 'active' \
+                                  AND a.backend_start <= w.since \
           WHERE w.name = $1 ORDER BY w.id"
     );
     let pattern = format!("/*locksmith:wait key={key} %");

@@ -290,6 +290,27 @@ pub(crate) async fn query(
         .await
 }
 
+/// Like [`query`], for the head's statements besides its claims: they run
+/// again when a cancel request meant for the head's sleep arrives late and
+/// hits them (each is a transaction of its own, which the cancel rolls back,
+/// or idempotent).
+///
+/// Cancel safety: as the statement's.
+async fn query_again_if_cancelled(
+    conn: &PgConn,
+    target: &Target,
+    sql: &str,
+    params: Params<'_>,
+) -> Result<Vec<tokio_postgres::Row>> {
+    let mut cancelled = 0;
+    loop {
+        match query(conn, target, sql, params).await {
+            Err(error) if is_cancel(&error) && cancelled < 3 => cancelled += 1,
+            other => return other,
+        }
+    }
+}
+
 /// The comment of the statements that end a granted wait (dropping the key a
 /// waiter took for a lease or a semaphore turnstile): inspection shows them as
 /// neither holder nor waiter.
@@ -394,7 +415,7 @@ async fn add_waiter(shared: &Shared, conn: &PgConn, target: &Target) -> Result<i
     ];
     let rows = match pid {
         Some(_) => shared.query(&shared.sql.add_waiter, params).await?,
-        None => query(conn, target, &shared.sql.add_waiter, params).await?,
+        None => query_again_if_cancelled(conn, target, &shared.sql.add_waiter, params).await?,
     };
     Ok(one(rows)?.get(0))
 }
@@ -404,14 +425,14 @@ async fn remove_waiter(shared: &Shared, conn: &PgConn, target: &Target, id: i64)
     if shared.settings.pooler == Pooler::Transaction {
         shared.query(&shared.sql.remove_waiter, params).await?;
     } else {
-        query(conn, target, &shared.sql.remove_waiter, params).await?;
+        query_again_if_cancelled(conn, target, &shared.sql.remove_waiter, params).await?;
     }
     Ok(())
 }
 
 /// Drops any semaphore slot lock an interrupted attempt left on `conn`.
 async fn release_slots(conn: &PgConn, target: &Target) -> Result<()> {
-    query(
+    query_again_if_cancelled(
         conn,
         target,
         "SELECT pg_advisory_unlock(k) FROM unnest($1::bigint[]) AS k \
