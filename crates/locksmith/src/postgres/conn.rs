@@ -49,6 +49,10 @@ pub(crate) struct PgConn {
     socket: Option<std::net::TcpStream>,
     /// Behind a transaction pooler: no named statements.
     unnamed: bool,
+    /// A statement was sent and its answer has not been read (set while one
+    /// runs, and left set by a call dropped before the answer): how a dropped
+    /// wait knows that the server still owes it an answer.
+    in_flight: AtomicBool,
 }
 
 /// The capability to cancel the statement running on one connection.
@@ -148,6 +152,7 @@ impl PgConn {
             dead: AtomicBool::new(false),
             socket,
             unnamed: settings.pooler == super::config::Pooler::Transaction,
+            in_flight: AtomicBool::new(false),
         });
         tokio::spawn(watch(
             Arc::downgrade(&conn),
@@ -197,17 +202,36 @@ impl PgConn {
     /// have run it).
     pub async fn query(&self, sql: &str, params: Params<'_>) -> Result<Vec<Row>> {
         if self.unnamed {
-            return run(&self.client, None, sql, params).await;
+            return self.tracked(run(&self.client, None, sql, params)).await;
         }
         let statement = self.prepare(sql).await?;
-        run(&self.client, Some(&statement), sql, params).await
+        self.tracked(run(&self.client, Some(&statement), sql, params))
+            .await
+    }
+
+    /// Runs `sql` with the simple protocol (it may hold several statements).
+    ///
+    /// Cancel safety: as the statements'.
+    pub async fn simple(
+        &self,
+        sql: &str,
+    ) -> std::result::Result<Vec<tokio_postgres::SimpleQueryMessage>, tokio_postgres::Error> {
+        self.tracked(self.client.simple_query(sql)).await
+    }
+
+    /// Runs `statement`, keeping `in_flight` (for connections one task uses).
+    async fn tracked<T>(&self, statement: impl std::future::Future<Output = T>) -> T {
+        self.in_flight.store(true, Ordering::Release);
+        let answer = statement.await;
+        self.in_flight.store(false, Ordering::Release);
+        answer
     }
 
     /// Runs `sql` as an unnamed statement (for statements whose text varies).
     ///
     /// Cancel safety: as [`PgConn::query`].
     pub async fn query_unnamed(&self, sql: &str, params: Params<'_>) -> Result<Vec<Row>> {
-        run(&self.client, None, sql, params).await
+        self.tracked(run(&self.client, None, sql, params)).await
     }
 
     /// Whether new holds may go on this connection.
@@ -325,6 +349,7 @@ impl PgConn {
             return;
         };
         let limit = Duration::from_secs(2);
+        let mut cancelled = false;
         if let Ok(stream) = std::net::TcpStream::connect_timeout(addr, limit) {
             let _ = stream.set_read_timeout(Some(limit));
             let _ = stream.set_write_timeout(Some(limit));
@@ -336,12 +361,46 @@ impl PgConn {
                     .cancel_query_raw(BlockingStream(stream), tls);
                 if futures::executor::block_on(request).is_ok() {
                     drain(&reader, limit);
+                    cancelled = true;
                 }
+            }
+        }
+        if self.unnamed && cancelled && self.in_flight.load(Ordering::Acquire) {
+            // Behind a pooler, the pooler closing our connection says nothing
+            // about the backend. Wait instead for the answer to the cancelled
+            // statement: it comes once the backend has left the lock queue and
+            // its transaction, with the locks in it, has ended. The driver
+            // stops first, so that the answer is left for us to see.
+            self.driver.abort();
+            if let Some(socket) = &self.socket {
+                until_readable(socket, limit);
             }
         }
         self.kill("acquire cancelled");
         if let Some(socket) = &self.socket {
             drain(socket, limit);
+        }
+    }
+}
+
+/// Waits until `socket` has something to read (or is closed), for at most
+/// `limit`, and reads (drops) what is there. Non-blocking sockets as for
+/// [`drain`].
+fn until_readable(socket: &std::net::TcpStream, limit: Duration) {
+    let deadline = std::time::Instant::now() + limit;
+    let mut sink = [0u8; 512];
+    let mut reader = socket;
+    loop {
+        match std::io::Read::read(&mut reader, &mut sink) {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+                ) && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            _ => return,
         }
     }
 }

@@ -28,6 +28,20 @@ const KEY_LOCKS: &str = "l.locktype = 'advisory' \
      AND l.classid = (($1::bigint >> 32) & 4294967295)::oid \
      AND l.objid = ($1::bigint & 4294967295)::oid AND l.objsubid = 1";
 
+/// SQL: backend `a` (a row of `pg_stat_activity`) waits for the lock. Its
+/// statement carries the wait comment for the key (`pattern`, an SQL
+/// expression for `LIKE`) and runs, or was the last one of a connection that
+/// got no grant from it (`name`: an SQL expression for the lock's name) and
+/// whose transaction did not fail, as a cancelled wait's does.
+fn waits(schema: &str, pattern: &str, name: &str) -> String {
+    format!(
+        "(a.query LIKE {pattern} AND a.state IN ('active', 'idle', 'idle in transaction') \
+          AND (a.state = 'active' OR NOT EXISTS ( \
+               SELECT 1 FROM {schema}.session_holds s \
+                WHERE s.pid = a.pid AND s.name = {name} AND s.lock_time >= a.query_start)))"
+    )
+}
+
 /// Holders and waiters of `name`.
 ///
 /// Cancel safety: safe, read-only.
@@ -59,11 +73,9 @@ pub(crate) async fn describe(shared: &Shared, name: &str) -> Result<Option<LockI
     let waiting = format!(
         "SELECT a.pid, a.query, a.query_start, coalesce(l.granted, false) \
            FROM pg_stat_activity a LEFT JOIN pg_locks l ON l.pid = a.pid AND {KEY_LOCKS} \
-          WHERE a.query LIKE $2 AND a.state IN ('active', 'idle', 'idle in transaction') \
-            AND (a.state = 'active' OR NOT EXISTS ( \
-                 SELECT 1 FROM {schema}.session_holds s \
-                  WHERE s.pid = a.pid AND s.name = $3 AND s.lock_time >= a.query_start)) \
-          ORDER BY 4 DESC, 3"
+          WHERE {waits} \
+          ORDER BY 4 DESC, 3",
+        waits = waits(&schema, "$2", "$3")
     );
     let heads = format!(
         "SELECT w.pid, w.owner, w.mode, w.permits, w.since FROM {schema}.waiters w \
@@ -232,11 +244,13 @@ pub(crate) async fn force_release(shared: &Shared, name: &str) -> Result<()> {
         "SELECT pg_terminate_backend(p.pid) FROM ( \
             SELECT l.pid FROM pg_locks l WHERE {KEY_LOCKS} AND l.granted \
                AND NOT EXISTS (SELECT 1 FROM {schema}.waiters w WHERE w.name = $2 AND w.pid = l.pid) \
+               AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = l.pid AND {waits}) \
             UNION \
             SELECT s.pid FROM {schema}.session_holds s \
              WHERE s.name = $2 AND s.key <> $1 \
                AND {schema}.session_live(s.pid, s.key, s.server_start)) p \
-          WHERE p.pid <> pg_backend_pid()"
+          WHERE p.pid <> pg_backend_pid()",
+        waits = waits(&schema, "'/*locksmith:wait key=' || $1::bigint || ' %'", "$2")
     );
     let terminated = shared
         .query_on(

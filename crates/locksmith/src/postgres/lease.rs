@@ -105,9 +105,9 @@ pub(crate) async fn acquire(
     // new row: unlock, or commit. The connection serves later waits.
     let done = if shared.settings.pooler == Pooler::Transaction {
         // (No cancel request is ever sent behind a pooler: heads poll.)
-        conn.client()
-            .batch_execute(&format!("{} COMMIT", wait::GRANTED))
+        conn.simple(&format!("{} COMMIT", wait::GRANTED))
             .await
+            .map(drop)
             .map_err(pg_error)
     } else {
         let unlock = if target.shared_key() {

@@ -185,7 +185,9 @@
 //! `pg_advisory_xact_lock(key)` under `lock_timeout` (queued in PostgreSQL's
 //! lock manager as always), `acquire_lease` in a savepoint until it grants,
 //! `COMMIT`. A head waiter polls (every 250 ms at most) instead of sleeping
-//! until a `NOTIFY`. Each waiting acquire pins one server connection of the
+//! until a `NOTIFY`, and has no row in `waiters` (it would only show once the
+//! wait is over): inspection and `force_release` know waiters by their
+//! statements' comment. Each waiting acquire pins one server connection of the
 //! pooler while it waits: size `default_pool_size` for them. The whole
 //! conformance suite runs this way against a real PgBouncer in the tests.
 //!
@@ -403,7 +405,7 @@ impl Sql {
             ),
             add_waiter: format!(
                 "INSERT INTO {schema}.waiters (name, owner, mode, permits, pid) \
-                 VALUES ($1, $2, $3, $4, coalesce($5, pg_backend_pid())) RETURNING id"
+                 VALUES ($1, $2, $3, $4, pg_backend_pid()) RETURNING id"
             ),
             remove_waiter: format!("DELETE FROM {schema}.waiters WHERE id = $1"),
             holds_key: "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' \

@@ -99,6 +99,7 @@ where
     // Behind a transaction pooler a head polls: LISTEN needs a session.
     let pooled = shared.settings.pooler == Pooler::Transaction;
     let mut subscription = None;
+    let mut head = false;
     let mut waiter_row: Option<i64> = None;
     let mut backoff = BACKOFF.0;
     loop {
@@ -110,8 +111,7 @@ where
             // A busy attempt may have locked the blocking lease's row (the
             // upsert's ON CONFLICT does): rolling back to here lets it go, so
             // its holder can renew while we wait.
-            conn.client()
-                .batch_execute(&format!("{comment} SAVEPOINT locksmith_claim"))
+            conn.simple(&format!("{comment} SAVEPOINT locksmith_claim"))
                 .await
                 .map_err(pg_error)?;
         }
@@ -129,8 +129,7 @@ where
             }
             Ok(Claim::Busy(retry)) => {
                 if pooled {
-                    conn.client()
-                        .batch_execute(&format!("{comment} ROLLBACK TO SAVEPOINT locksmith_claim"))
+                    conn.simple(&format!("{comment} ROLLBACK TO SAVEPOINT locksmith_claim"))
                         .await
                         .map_err(pg_error)?;
                 }
@@ -145,13 +144,18 @@ where
             }
             Err(error) => return Err(error),
         };
-        if waiter_row.is_none() {
+        if !head {
             // Head of the queue: from now on releases of the name wake us.
+            // Behind a pooler nothing wakes a head (it polls), and it is not
+            // registered either: a row written in the wait's transaction
+            // would only show once the wait is over. Inspection and
+            // force_release know it by its statements' comment.
+            head = true;
             if !pooled {
                 let cancel = conn.cancel_handle();
                 subscription = Some(shared.listener.subscribe(&target.name, cancel).await?);
+                waiter_row = Some(add_waiter(shared, &conn, target).await?);
             }
-            waiter_row = Some(add_waiter(shared, &conn, target).await?);
             tracing::debug!(name = %target.name, "postgres: head waiter, sleeping until woken");
             continue;
         }
@@ -173,7 +177,7 @@ where
         }
         let sleep = format!("{comment} SELECT pg_sleep({:.3})", pause.as_secs_f64());
         let Some(sub) = &subscription else {
-            conn.client().simple_query(&sleep).await.map_err(pg_error)?;
+            conn.simple(&sleep).await.map_err(pg_error)?;
             continue;
         };
         // A LISTEN connection that died is back before the head sleeps on it
@@ -187,7 +191,7 @@ where
             head.in_sleep.store(false, Ordering::SeqCst);
             continue;
         }
-        let slept = conn.client().simple_query(&sleep).await;
+        let slept = conn.simple(&sleep).await;
         head.in_sleep.store(false, Ordering::SeqCst);
         match slept {
             Ok(_) => {}
@@ -230,14 +234,11 @@ async fn queue(
              SELECT {function}({key}) FROM t",
             key = target.key
         );
-        return match conn.client().simple_query(&sql).await {
+        return match conn.simple(&sql).await {
             Ok(_) => Ok(true),
             Err(error) if error.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
                 // A grant that raced the timeout goes with the transaction.
-                conn.client()
-                    .batch_execute("ROLLBACK")
-                    .await
-                    .map_err(pg_error)?;
+                conn.simple("ROLLBACK").await.map_err(pg_error)?;
                 Ok(false)
             }
             Err(error) => Err(pg_error(error)),
@@ -253,7 +254,7 @@ async fn queue(
          SELECT {function}({key}) FROM t",
         key = target.key
     );
-    match conn.client().simple_query(&sql).await {
+    match conn.simple(&sql).await {
         Ok(_) => Ok(true),
         Err(error) if error.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
             // lock_timeout fired; PostgreSQL may have granted the lock in the
@@ -326,7 +327,7 @@ pub(crate) async fn after_grant(conn: &PgConn, sql: &str) -> Result<()> {
     let sql = format!("{GRANTED} {sql}");
     let mut cancelled = 0;
     loop {
-        match conn.client().batch_execute(&sql).await {
+        match conn.simple(&sql).await.map(drop) {
             Err(error) if error.code() == Some(&SqlState::QUERY_CANCELED) && cancelled < 3 => {
                 cancelled += 1;
             }
@@ -401,32 +402,19 @@ fn is_cancel(error: &Error) -> bool {
 /// through the pool (a row written in the wait's transaction would show only
 /// once the wait is over), naming the wait's backend.
 async fn add_waiter(shared: &Shared, conn: &PgConn, target: &Target) -> Result<i64> {
-    let pid: Option<i32> = if shared.settings.pooler == Pooler::Transaction {
-        Some(one(query(conn, target, "SELECT pg_backend_pid()", &[]).await?)?.get(0))
-    } else {
-        None
-    };
     let params: Params = &[
         (&target.name, Type::TEXT),
         (&target.owner, Type::TEXT),
         (&target.mode_name, Type::TEXT),
         (&target.permits, Type::INT4),
-        (&pid, Type::INT4),
     ];
-    let rows = match pid {
-        Some(_) => shared.query(&shared.sql.add_waiter, params).await?,
-        None => query_again_if_cancelled(conn, target, &shared.sql.add_waiter, params).await?,
-    };
+    let rows = query_again_if_cancelled(conn, target, &shared.sql.add_waiter, params).await?;
     Ok(one(rows)?.get(0))
 }
 
 async fn remove_waiter(shared: &Shared, conn: &PgConn, target: &Target, id: i64) -> Result<()> {
     let params: Params = &[(&id, Type::INT8)];
-    if shared.settings.pooler == Pooler::Transaction {
-        shared.query(&shared.sql.remove_waiter, params).await?;
-    } else {
-        query_again_if_cancelled(conn, target, &shared.sql.remove_waiter, params).await?;
-    }
+    query_again_if_cancelled(conn, target, &shared.sql.remove_waiter, params).await?;
     Ok(())
 }
 
