@@ -260,7 +260,6 @@ impl ZooKeeperBackend {
         name: &str,
         request: &AcquireRequest,
     ) -> Result<Option<Grant>> {
-        let trust = session.trust();
         let path = layout::lock_path(name);
         let data = request.owner.as_bytes();
         let acquired = match request.mode {
@@ -272,6 +271,11 @@ impl ZooKeeperBackend {
         let Some((Node { path, czxid }, pending)) = acquired else {
             return Ok(None);
         };
+        // The trust of the connection the grant was read on, not of the one
+        // the wait began on: a suspension while waiting says nothing about a
+        // node that a read after the reconnection found at the head. (An
+        // expired session keeps its fired signal, and its node is gone.)
+        let trust = session.trust();
         pending.keep();
         let hold = HoldState::start(
             NewHold {
