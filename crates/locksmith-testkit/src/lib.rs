@@ -45,6 +45,9 @@
 //! | [`Etcd`]      | `etcd` (`etcd-server`), `etcdctl` (`etcd-client`)          |
 //! | [`Postgres`]  | `postgres`, `initdb` (`postgresql`), `psql` (`postgresql-client`) |
 //!
+//! [`pgbouncer::PgBouncer`] puts a real PgBouncer (`pgbouncer`) in front of a
+//! [`Postgres`], in session or transaction pooling mode.
+//!
 //! Each has `start()` (panics with a readable message) and `try_start()`
 //! (returns [`Error`]), `port()`, `url()`, `kill()`, `restart()`, `pause()`,
 //! `resume()` and `is_running()`. The [`Server`] trait offers the same operations
