@@ -109,6 +109,27 @@ async fn query(pg: &'static Postgres, sql: &str) -> String {
         .expect("psql")
 }
 
+/// Asserts that `name` is taken for a transaction: a try gets nothing, a
+/// timed wait times out.
+async fn assert_busy_in_transaction(tx: &mut tokio_postgres::Transaction<'_>, name: &str) {
+    let try_options = XactOptions {
+        wait: Wait::No,
+        ..XactOptions::default()
+    };
+    assert_eq!(
+        lock_in_transaction(tx, name, &try_options).await.unwrap(),
+        None
+    );
+    let timed = XactOptions {
+        wait: Wait::For(Duration::from_millis(200)),
+        ..XactOptions::default()
+    };
+    assert!(matches!(
+        lock_in_transaction(tx, name, &timed).await,
+        Err(Error::Timeout(_))
+    ));
+}
+
 /// Waits until `check` holds, polling; panics with `what` after 20 s.
 async fn until<F, Fut>(what: &str, mut check: F)
 where
@@ -485,24 +506,7 @@ async fn transaction_scoped_locks_exclude_session_holds() {
 
     let held = client.lock(name.as_str()).acquire().await.unwrap();
     let mut tx = raw.transaction().await.unwrap();
-    let try_options = XactOptions {
-        wait: Wait::No,
-        ..XactOptions::default()
-    };
-    assert_eq!(
-        lock_in_transaction(&mut tx, &name, &try_options)
-            .await
-            .unwrap(),
-        None
-    );
-    let timed = XactOptions {
-        wait: Wait::For(Duration::from_millis(200)),
-        ..XactOptions::default()
-    };
-    assert!(matches!(
-        lock_in_transaction(&mut tx, &name, &timed).await,
-        Err(Error::Timeout(_))
-    ));
+    assert_busy_in_transaction(&mut tx, &name).await;
     // The transaction is still usable after the timeout.
     tx.execute("SELECT 1", &[]).await.unwrap();
     let token = held.fencing_token();
@@ -1102,24 +1106,7 @@ mod pgbouncer {
             .unwrap()
             .expect("granted");
         let mut other = second.transaction().await.unwrap();
-        let try_options = XactOptions {
-            wait: Wait::No,
-            ..XactOptions::default()
-        };
-        assert_eq!(
-            lock_in_transaction(&mut other, &name, &try_options)
-                .await
-                .unwrap(),
-            None
-        );
-        let timed = XactOptions {
-            wait: Wait::For(Duration::from_millis(200)),
-            ..XactOptions::default()
-        };
-        assert!(matches!(
-            lock_in_transaction(&mut other, &name, &timed).await,
-            Err(Error::Timeout(_))
-        ));
+        assert_busy_in_transaction(&mut other, &name).await;
         assert!(locksmith
             .lock(name.as_str())
             .try_acquire()
