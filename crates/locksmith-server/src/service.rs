@@ -379,6 +379,13 @@ impl Drop for LeaseGuard {
     }
 }
 
+/// The gRPC handlers.
+///
+/// Cancel safety (tonic drops a handler's future when its client goes away):
+/// every handler hands its op to the core and awaits the reply, so a dropped
+/// handler leaves the op to run to its end, except a waiting `acquire_lease`,
+/// whose [`LeaseGuard`] cancels the wait or releases a grant that raced the
+/// drop; a session stream runs as its own task.
 #[tonic::async_trait]
 impl Locksmith for Service {
     type SessionStream = UnboundedReceiverStream<Result<pb::ServerBatch, Status>>;

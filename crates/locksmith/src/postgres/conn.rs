@@ -484,6 +484,8 @@ fn single_host(settings: &Settings) -> Option<(String, String, u16)> {
 }
 
 /// Connects to the first address of `host` that accepts, like libpq.
+///
+/// Cancel safety: safe; a dropped call leaves no socket behind.
 async fn connect_tcp(
     host: &str,
     port: u16,
@@ -506,6 +508,9 @@ async fn connect_tcp(
 /// Watches one connection: fires its holds when it closes, and runs a
 /// keepalive query while it holds anything; a keepalive that fails or gets no
 /// answer within the session TTL kills the connection.
+///
+/// Cancel safety: runs as the connection's own task; stopping it stops the
+/// keepalive, so the connection's holds are no longer watched.
 async fn watch(conn: Weak<PgConn>, closed: CancellationToken, every: Duration, ttl: Duration) {
     loop {
         tokio::select! {
