@@ -83,6 +83,7 @@ mod config;
 mod convert;
 mod core;
 mod error;
+mod op;
 mod outbox;
 mod service;
 mod storage;
@@ -102,7 +103,8 @@ pub use crate::config::{ServerConfig, DEFAULT_DATA_DIR, DEFAULT_LISTEN};
 pub use crate::error::ServerError;
 pub use locksmith_core::Limits;
 
-use crate::core::{Core, Op, Stats};
+use crate::core::{Core, Stats};
+use crate::op::Op;
 use crate::service::Service;
 
 /// How long a graceful shutdown waits for connections to close before it

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use locksmith_proto::v1 as pb;
 use tonic::Status;
 
-use crate::core::{StreamId, StreamTx, UnaryReply};
+use crate::op::{StreamId, StreamTx, UnaryReply};
 
 /// Everything one engine batch sends once its records are durable.
 #[derive(Default)]

@@ -27,7 +27,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::config::ServerConfig;
 use crate::convert::{self, check_label};
-use crate::core::{Acks, AcquireArgs, HoldArgs, Op, StreamId, StreamOp, UnaryReply, WaitArg};
+use crate::op::{Acks, AcquireArgs, HoldArgs, Op, StreamId, StreamOp, UnaryReply, WaitArg};
 
 /// The `locksmith.v1.Locksmith` service.
 pub(crate) struct Service {
@@ -181,7 +181,7 @@ impl StreamReader {
     async fn run(
         self,
         mut inbound: Streaming<pb::ClientBatch>,
-        tx: crate::core::StreamTx,
+        tx: crate::op::StreamTx,
         open_timeout: Duration,
     ) {
         let first = tokio::time::timeout(open_timeout, inbound.message()).await;

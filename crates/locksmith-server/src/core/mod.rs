@@ -1,0 +1,466 @@
+//! The one owner of the lock engine: a thread fed by a channel, with group
+//! commit.
+//!
+//! # The loop
+//!
+//! The core thread sleeps until an [`Op`] arrives or the engine's next deadline
+//! ([`Engine::next_deadline`]) passes. Then it takes every op already queued
+//! (up to `max_batch`) as one **batch**, and for that batch:
+//!
+//! 1. reads the clock once (`now`, see [`Clock`]); when the last fsync was
+//!    slow and many requests are busy, it first waits a fraction of that fsync
+//!    for more of them (adaptive group commit, see `Core::gather_window`);
+//! 2. applies the time-driven commands that are due ([`Engine::due`]: session
+//!    expiries, lease expiries, waiter timeouts, ends of lock-delay), each logged
+//!    like any other command, so replay never re-decides time;
+//! 3. handles each op: turns it into engine commands, applies them, appends
+//!    every command that changed state (all but heartbeats, failed commands and
+//!    no-wait acquires that found the lock busy) to the log buffer, and routes
+//!    the effects (grants, queue positions, timeouts, lost holds) to the
+//!    batch's output (module `outbox`), **without sending anything yet**;
+//! 4. writes the log buffer and makes it durable with **one `fdatasync`** (the
+//!    group commit: every request that arrived meanwhile shares it);
+//! 5. only then sends the output: one [`pb::ServerBatch`] per session stream,
+//!    plus unary replies.
+//!
+//! So a client never sees a grant, a release or a fencing token that a crash
+//! could take back: tokens never go backwards, even after kill -9 mid-load.
+//! While the fsync runs, new requests queue in the channel and form the next
+//! batch.
+//!
+//! The rule is *durable before visible*, and the log is written in order, so
+//! a commit covers every record before it. A batch that makes nothing visible
+//! (say, an acquire that queues, whose client waits for the grant) skips step
+//! 4: its records wait in the buffer for the next batch that sends something.
+//! If the server crashes first, nobody saw them, and the client sends the
+//! request again when it resumes its session. In a busy queue this halves the
+//! fsyncs: a handoff (release + grant) pays one, the new waiter's acquire none.
+//!
+//! # Sessions and their secrets
+//!
+//! The engine knows sessions (TTL, holds, waiters); the core keeps the rest in
+//! its own table, rebuilt from the same log: the **secret** a client needs to
+//! resume a session (random, generated at open and logged in the `OpenSession`
+//! record, so it survives restarts), the stream the session is attached to, and
+//! the **final replies and lost notices not yet acknowledged** by the client.
+//! A client that reconnects resumes its session with id + secret and sends its
+//! unanswered requests again with the same ids; a request that already ran is
+//! answered from the kept reply (the Raft dissertation's client-session rule,
+//! §6.3), so nothing runs twice and no grant is lost in a dropped connection.
+//! Replay rebuilds the kept replies too: grants and timeouts come out of the
+//! replayed effects, and release/renew/cancel records carry the request id.
+mod apply;
+mod handle;
+mod session;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use locksmith_core::{Command, Effect, Engine, Millis, SessionId};
+use tonic::Status;
+
+use crate::clock::Clock;
+use crate::config::ServerConfig;
+use crate::error::ServerError;
+use crate::op::{Op, StreamId};
+use crate::outbox::{LeaseWaiter, Orphan, Output};
+use crate::storage::{LogBuffer, LogRecord, ServerSnapshot, SessionRecord, Storage};
+use session::SessionEntry;
+
+/// Log bytes a batch with nothing to send may leave unsynced for the next
+/// commit.
+const MAX_UNSYNCED_BYTES: usize = 64 << 10;
+
+/// Counters of the core loop, for benchmarks and monitoring.
+#[derive(Debug, Default)]
+pub(crate) struct Stats {
+    pub batches: AtomicU64,
+    pub ops: AtomicU64,
+    pub fsyncs: AtomicU64,
+    pub records: AtomicU64,
+    pub commit_nanos: AtomicU64,
+}
+
+/// The durable log of a core.
+struct Log {
+    /// Records of the batches since the last commit.
+    buffer: LogBuffer,
+    storage: Storage,
+    /// Records since the last snapshot.
+    since_snapshot: u64,
+}
+
+/// The engine, its log and the session table, owned by one thread.
+pub(crate) struct Core {
+    engine: Engine,
+    clock: Clock,
+    /// `None` in memory.
+    log: Option<Log>,
+    grace: Millis,
+    max_sessions: usize,
+    max_unacked: usize,
+    snapshot_every: u64,
+    max_batch: usize,
+    sessions: HashMap<SessionId, SessionEntry>,
+    streams: HashMap<StreamId, SessionId>,
+    leases: HashMap<u64, LeaseWaiter>,
+    next_session: u64,
+    /// Request ids of sessionless acquires, shared with the service that picks them.
+    next_unary: Arc<AtomicU64>,
+    last_now: Millis,
+    /// What the batch sends once its records are durable.
+    output: Output,
+    orphans: Vec<Orphan>,
+    effects: Vec<Effect>,
+    shutting_down: bool,
+    /// Whether the acquire being applied asked for a `queued` reply.
+    notify_queued: bool,
+    stats: Arc<Stats>,
+    /// Operations in the last batch and duration of the last commit, for the
+    /// adaptive group commit.
+    last_batch: usize,
+    last_commit: Duration,
+}
+
+impl Core {
+    /// Builds the core from the data directory (snapshot + log replay, then a
+    /// fresh snapshot) or empty for an in-memory server.
+    pub(crate) fn recover(config: &ServerConfig) -> Result<Core, ServerError> {
+        let mut core = Core {
+            engine: Engine::new(config.limits.clone()),
+            clock: Clock::starting_after(0),
+            log: None,
+            grace: config.grace.as_millis() as Millis,
+            max_sessions: config.max_sessions,
+            max_unacked: config.max_unacked_replies.max(1),
+            snapshot_every: config.snapshot_every.max(1),
+            max_batch: config.max_batch.max(1),
+            sessions: HashMap::new(),
+            streams: HashMap::new(),
+            leases: HashMap::new(),
+            next_session: 1,
+            next_unary: Arc::new(AtomicU64::new(1)),
+            last_now: 0,
+            output: Output::default(),
+            orphans: Vec::new(),
+            effects: Vec::new(),
+            shutting_down: false,
+            notify_queued: false,
+            stats: Arc::default(),
+            last_batch: 0,
+            last_commit: Duration::ZERO,
+        };
+        let Some(dir) = &config.data_dir else {
+            return Ok(core);
+        };
+        let started = Instant::now();
+        let (mut storage, snapshot) = Storage::open(dir)?;
+        if let Some(snapshot) = snapshot {
+            core.restore(config, snapshot);
+        }
+        let mut next_unary = core.next_unary.load(Ordering::Relaxed);
+        let replayed = storage.replay(|record| {
+            if let Command::Acquire(a) = &record.command {
+                if a.session == SessionId::NONE {
+                    next_unary = next_unary.max(a.request.0 + 1);
+                }
+            }
+            core.replay(record);
+        })?;
+        core.next_unary.store(next_unary, Ordering::Relaxed);
+        core.clock = Clock::starting_after(core.last_now + 1);
+        let now = core.clock.now();
+        core.last_now = now;
+        core.engine.grant_grace(now, core.grace);
+        core.log = Some(Log {
+            buffer: LogBuffer::default(),
+            storage,
+            since_snapshot: 0,
+        });
+        core.write_snapshot(now).map_err(|e| ServerError::Io {
+            context: format!("cannot write a snapshot in {}", dir.display()),
+            source: e,
+        })?;
+        tracing::info!(
+            data_dir = %dir.display(),
+            replayed,
+            sessions = core.sessions.len(),
+            last_token = core.engine.last_token(),
+            elapsed = ?started.elapsed(),
+            "recovered"
+        );
+        Ok(core)
+    }
+
+    /// The loop's counters.
+    pub(crate) fn stats(&self) -> Arc<Stats> {
+        self.stats.clone()
+    }
+
+    /// The counter of sessionless request ids, for the service.
+    pub(crate) fn unary_ids(&self) -> Arc<AtomicU64> {
+        self.next_unary.clone()
+    }
+
+    fn restore(&mut self, config: &ServerConfig, snapshot: ServerSnapshot) {
+        self.last_now = snapshot.last_now;
+        self.next_session = snapshot.next_session;
+        self.next_unary = Arc::new(AtomicU64::new(snapshot.next_unary));
+        self.engine = Engine::restore(config.limits.clone(), snapshot.engine);
+        self.sessions = snapshot
+            .sessions
+            .into_iter()
+            .map(|s| {
+                (
+                    SessionId(s.session),
+                    SessionEntry {
+                        secret: s.secret,
+                        ttl: s.ttl,
+                        attached: None,
+                        replies: s.replies.into_iter().collect(),
+                        lost: s.lost.into_iter().map(|n| (n.token, n)).collect(),
+                    },
+                )
+            })
+            .collect();
+    }
+
+    fn replay(&mut self, record: LogRecord) {
+        self.last_now = self.last_now.max(record.now);
+        let command = format!("{:?}", record.command);
+        if let Err(error) = self.execute(record.now, record.command, record.secret, record.request)
+        {
+            // Replay applies exactly what succeeded before, so this means the log
+            // and this engine disagree; carry on with what does apply.
+            tracing::error!(%error, %command, "a logged command fails on replay");
+        }
+        self.output = Output::default();
+    }
+
+    /// Runs the loop until shutdown or until every sender is gone. Returns an
+    /// error when the log could not be written (the server must stop: its state
+    /// is ahead of what is durable).
+    pub(crate) fn run(mut self, ops: Receiver<Op>) -> Result<(), String> {
+        let mut batch = Vec::with_capacity(self.max_batch);
+        loop {
+            let deadline = self
+                .engine
+                .next_deadline()
+                .and_then(|at| self.clock.instant_of(at));
+            let first = match deadline {
+                Some(deadline) => {
+                    match ops.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                        Ok(op) => Some(op),
+                        Err(RecvTimeoutError::Timeout) => None,
+                        Err(RecvTimeoutError::Disconnected) => return self.stop(),
+                    }
+                }
+                None => match ops.recv() {
+                    Ok(op) => Some(op),
+                    Err(_) => return self.stop(),
+                },
+            };
+            batch.extend(first);
+            self.drain(&ops, &mut batch);
+            if let Some(window) = self.gather_window() {
+                let until = Instant::now() + window;
+                while batch.len() < self.max_batch {
+                    match ops.recv_timeout(until.saturating_duration_since(Instant::now())) {
+                        Ok(op) => {
+                            batch.push(op);
+                            self.drain(&ops, &mut batch);
+                        }
+                        Err(_) => break,
+                    }
+                }
+            }
+            self.last_batch = batch.iter().map(Op::count).sum();
+            let now = self.clock.now();
+            self.last_now = now;
+            self.stats.batches.fetch_add(1, Ordering::Relaxed);
+            self.stats
+                .ops
+                .fetch_add(self.last_batch as u64, Ordering::Relaxed);
+            self.release_orphans(now);
+            for command in self.engine.due(now) {
+                if let Err(error) = self.execute(now, command, None, None) {
+                    tracing::debug!(%error, "time-driven command no longer applies");
+                }
+            }
+            let mut shutdown = None;
+            for op in batch.drain(..) {
+                match op {
+                    Op::Shutdown { done } => shutdown = Some(done),
+                    op => self.handle(now, op),
+                }
+                self.release_orphans(now);
+            }
+            if let Err(error) = self.finish_batch() {
+                return Err(self.fail(format!("cannot write the log: {error}")));
+            }
+            if let Some(done) = shutdown {
+                let result = self.shut_down(now);
+                let _ = done.send(result.clone());
+                return result;
+            }
+            if self
+                .log
+                .as_ref()
+                .is_some_and(|log| log.since_snapshot >= self.snapshot_every)
+            {
+                if let Err(error) = self.write_snapshot(now) {
+                    return Err(self.fail(format!("cannot write a snapshot: {error}")));
+                }
+            }
+        }
+    }
+
+    /// Sends the batch's output once its records (and every earlier one) are
+    /// durable.
+    ///
+    /// Durable before visible: the log is written in order, so a commit
+    /// covers every record before it. A batch that makes nothing visible (a
+    /// queued acquire, a cancel nobody waits for) needs no commit of its own:
+    /// its records wait in the buffer for the next one.
+    fn finish_batch(&mut self) -> std::io::Result<()> {
+        let output = std::mem::take(&mut self.output);
+        if let Some(log) = self.log.as_mut() {
+            if output.is_empty() && log.buffer.len() < MAX_UNSYNCED_BYTES {
+                return Ok(());
+            }
+            self.last_commit = commit(log, &self.stats)?;
+            output.send(&mut self.orphans);
+            // Off the path of the replies just sent: zeros ahead of the end.
+            return log.storage.prepare();
+        }
+        output.send(&mut self.orphans);
+        Ok(())
+    }
+
+    /// Takes what is queued, up to the batch limit.
+    fn drain(&self, ops: &Receiver<Op>, batch: &mut Vec<Op>) {
+        while batch.len() < self.max_batch {
+            match ops.try_recv() {
+                Ok(op) => batch.push(op),
+                Err(_) => break,
+            }
+        }
+    }
+
+    /// Adaptive group commit (PostgreSQL's `commit_delay` with
+    /// `commit_siblings`): when the log is slow and several requests are busy,
+    /// wait a quarter of the last commit's duration (at most 1 ms) for more
+    /// requests before applying the batch. Their clients got their replies at
+    /// the end of the last commit; without the wait, their next requests just
+    /// miss this batch and wait for a whole extra fsync.
+    fn gather_window(&self) -> Option<Duration> {
+        const SIBLINGS: usize = 4;
+        const SLOW_COMMIT: Duration = Duration::from_micros(400);
+        const MAX_WAIT: Duration = Duration::from_millis(1);
+        (self.log.is_some() && self.last_batch >= SIBLINGS && self.last_commit >= SLOW_COMMIT)
+            .then(|| (self.last_commit / 4).min(MAX_WAIT))
+    }
+
+    /// Every sender is gone (the server was dropped without a shutdown).
+    fn stop(mut self) -> Result<(), String> {
+        let now = self.clock.now();
+        self.shut_down(now)
+    }
+
+    /// Stops after a storage failure: ends every stream, sends nothing else.
+    fn fail(&mut self, message: String) -> String {
+        tracing::error!(%message, "stopping: the lock state is ahead of the durable log");
+        self.output = Output::default();
+        for entry in self.sessions.values_mut() {
+            if let Some(a) = entry.attached.take() {
+                let _ =
+                    a.tx.send(Err(Status::unavailable("lock server storage failure")));
+                a.ended.cancel();
+            }
+        }
+        message
+    }
+
+    fn shut_down(&mut self, now: Millis) -> Result<(), String> {
+        self.shutting_down = true;
+        for entry in self.sessions.values_mut() {
+            if let Some(a) = entry.attached.take() {
+                let _ =
+                    a.tx.send(Err(Status::unavailable("lock server is shutting down")));
+                a.ended.cancel();
+            }
+        }
+        self.streams.clear();
+        for (_, waiter) in self.leases.drain() {
+            let _ = waiter
+                .reply
+                .send(Err(Status::unavailable("lock server is shutting down")));
+        }
+        self.write_snapshot(now)
+            .map_err(|e| format!("cannot write a snapshot: {e}"))?;
+        tracing::info!(last_token = self.engine.last_token(), "lock engine stopped");
+        Ok(())
+    }
+
+    /// Commits what is buffered, then writes a snapshot, which starts a new
+    /// log segment.
+    fn write_snapshot(&mut self, now: Millis) -> std::io::Result<()> {
+        if self.log.is_none() {
+            return Ok(());
+        }
+        let started = Instant::now();
+        let mut sessions: Vec<SessionRecord> = self
+            .sessions
+            .iter()
+            .map(|(id, e)| SessionRecord {
+                session: id.0,
+                secret: e.secret,
+                ttl: e.ttl,
+                replies: e.replies.iter().map(|(k, v)| (*k, v.clone())).collect(),
+                lost: e.lost.values().cloned().collect(),
+            })
+            .collect();
+        sessions.sort_unstable_by_key(|s| s.session);
+        let mut snapshot = ServerSnapshot {
+            first_segment: 0,
+            last_now: now,
+            next_session: self.next_session,
+            next_unary: self.next_unary.load(Ordering::Relaxed),
+            engine: self.engine.snapshot(),
+            sessions,
+        };
+        let log = self.log.as_mut().expect("checked above");
+        commit(log, &self.stats)?;
+        log.storage.write_snapshot(&mut snapshot)?;
+        log.since_snapshot = 0;
+        tracing::info!(
+            locks = snapshot.engine.locks.len(),
+            sessions = snapshot.sessions.len(),
+            elapsed = ?started.elapsed(),
+            "snapshot written"
+        );
+        Ok(())
+    }
+}
+
+/// Writes and fsyncs the buffered records (if any), counting it in `stats`;
+/// returns how long it took.
+fn commit(log: &mut Log, stats: &Stats) -> std::io::Result<Duration> {
+    let (records, count) = log.buffer.take();
+    if records.is_empty() {
+        return Ok(Duration::ZERO);
+    }
+    let started = Instant::now();
+    log.storage.commit(&records)?;
+    let elapsed = started.elapsed();
+    stats
+        .commit_nanos
+        .fetch_add(elapsed.as_nanos() as u64, Ordering::Relaxed);
+    stats.fsyncs.fetch_add(1, Ordering::Relaxed);
+    stats.records.fetch_add(count, Ordering::Relaxed);
+    log.buffer.give_back(records);
+    Ok(elapsed)
+}
