@@ -16,6 +16,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     config.protoc_executable(protoc);
     let out = PathBuf::from(std::env::var("OUT_DIR")?);
     tonic_prost_build::configure()
+        // A message that does not decode is the sender's error (src/codec.rs).
+        .codec_path("crate::ProtoCodec")
         .file_descriptor_set_path(out.join("locksmith_descriptor.bin"))
         .compile_with_config(config, &["proto/locksmith/v1/locksmith.proto"], &["proto"])?;
     Ok(())

@@ -46,6 +46,10 @@
 //! that already ran is answered from the kept reply instead of running twice.
 #![deny(missing_docs)]
 
+mod codec;
+
+pub use codec::{ProtoCodec, ProtoDecoder};
+
 /// The `locksmith.v1` package.
 #[allow(missing_docs, clippy::all, clippy::pedantic)]
 pub mod v1 {

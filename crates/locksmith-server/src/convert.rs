@@ -2,7 +2,9 @@
 
 use std::collections::HashMap;
 
-use locksmith_core::{EngineError, LockInfo, LostReason, Millis, Mode, NameError, SessionId};
+use locksmith_core::{
+    validate_name, EngineError, LockInfo, LostReason, Millis, Mode, NameError, SessionId,
+};
 use locksmith_proto::v1 as pb;
 use tonic::{Code, Status};
 
@@ -140,6 +142,18 @@ pub(crate) fn engine_error_to_proto(error: &EngineError) -> pb::Error {
     };
     out.code = code as i32;
     out
+}
+
+/// Checks a lock name by the engine's rules, with the error an acquire gets
+/// for it: code, broken rule, length, and at most 64 characters of the name
+/// (so a huge name is never echoed back).
+pub(crate) fn check_name(name: &str) -> Result<(), pb::Error> {
+    validate_name(name).map_err(|error| {
+        engine_error_to_proto(&EngineError::InvalidName {
+            name: name.chars().take(64).collect(),
+            error,
+        })
+    })
 }
 
 fn name_error_to_proto(error: &NameError) -> pb::NameErrorKind {

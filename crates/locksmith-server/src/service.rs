@@ -17,7 +17,7 @@ use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use locksmith_core::{validate_name, ClientInfo, Millis, SessionId};
+use locksmith_core::{ClientInfo, Millis, SessionId};
 use locksmith_proto::v1 as pb;
 use pb::locksmith_server::Locksmith;
 use tokio::sync::{mpsc, oneshot};
@@ -121,12 +121,7 @@ fn status_of(error: pb::Error) -> Status {
 }
 
 fn check_name(name: &str) -> Result<(), Status> {
-    validate_name(name).map_err(|error| {
-        Status::invalid_argument(format!(
-            "invalid lock name {:?}: {error}",
-            name.chars().take(64).collect::<String>()
-        ))
-    })
+    convert::check_name(name).map_err(status_of)
 }
 
 /// Checks an acquire message and turns it into the core's form.
@@ -157,6 +152,7 @@ fn hold_args(
     token: Option<u64>,
     max_label: usize,
 ) -> Result<HoldArgs, pb::Error> {
+    convert::check_name(&name)?;
     check_label("owner", &owner, max_label, true).map_err(invalid)?;
     Ok(HoldArgs { name, owner, token })
 }

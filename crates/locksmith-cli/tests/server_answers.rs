@@ -1,0 +1,251 @@
+//! Answers the server must get right whatever a client sends, against a real
+//! `locksmith serve` process: lock names checked the same way by every call,
+//! strings that are not UTF-8, reused request ids, unary acquires whose
+//! caller gives up, and `locksmith status` output that a lock name cannot
+//! forge.
+
+mod server_support;
+
+use std::sync::OnceLock;
+
+use locksmith_proto::prost::bytes::{Buf, BufMut};
+use locksmith_proto::prost::encoding::{skip_field, DecodeContext, WireType};
+use locksmith_proto::prost::{DecodeError, Message};
+use locksmith_proto::v1 as pb;
+use locksmith_proto::ProtoCodec;
+use server_support::{grpc, RawSession, ServerProcess};
+use tonic::codegen::http::uri::PathAndQuery;
+use tonic::Code;
+
+fn server() -> &'static ServerProcess {
+    static SERVER: OnceLock<ServerProcess> = OnceLock::new();
+    let server = SERVER.get_or_init(ServerProcess::start);
+    server.assert_running();
+    server
+}
+
+/// An already encoded message, sent as is: how a hostile client puts bytes
+/// the generated types cannot express on the wire.
+#[derive(Debug, Default)]
+struct Raw(Vec<u8>);
+
+impl Message for Raw {
+    fn encode_raw(&self, buf: &mut impl BufMut) {
+        buf.put_slice(&self.0);
+    }
+    fn merge_field(
+        &mut self,
+        tag: u32,
+        wire_type: WireType,
+        buf: &mut impl Buf,
+        ctx: DecodeContext,
+    ) -> Result<(), DecodeError> {
+        skip_field(wire_type, tag, buf, ctx)
+    }
+    fn encoded_len(&self) -> usize {
+        self.0.len()
+    }
+    fn clear(&mut self) {
+        self.0.clear();
+    }
+}
+
+/// `message` encoded, with the string `marker` in it overwritten by bytes that
+/// are not UTF-8.
+fn not_utf8(message: &impl Message, marker: &str) -> Raw {
+    let mut bytes = message.encode_to_vec();
+    let at = bytes
+        .windows(marker.len())
+        .position(|w| w == marker.as_bytes())
+        .expect("marker in the encoding");
+    bytes[at..at + marker.len()].fill(0xff);
+    Raw(bytes)
+}
+
+/// A gRPC client that sends [`Raw`] messages.
+async fn raw_client(port: u16) -> tonic::client::Grpc<tonic::transport::Channel> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
+        .unwrap()
+        .connect()
+        .await
+        .expect("connect");
+    tonic::client::Grpc::new(channel)
+}
+
+fn release(name: &str) -> pb::request::Op {
+    pb::request::Op::Release(pb::Release {
+        name: name.into(),
+        owner: "raw".into(),
+        token: None,
+    })
+}
+
+fn renew(name: &str) -> pb::request::Op {
+    pb::request::Op::Renew(pb::Renew {
+        name: name.into(),
+        owner: "raw".into(),
+        token: None,
+        lease_ms: 1000,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_and_renew_check_names_like_acquire() {
+    let server = server();
+    let huge = "x".repeat(100_000);
+    let mut grpc = grpc(server.port()).await;
+    for bad in ["", "/a", "a//b", "nul\0byte", huge.as_str()] {
+        let status = grpc
+            .release(pb::ReleaseRequest {
+                release: Some(pb::Release {
+                    name: bad.into(),
+                    owner: "o".into(),
+                    token: None,
+                }),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument, "{status}");
+        assert!(
+            status.message().starts_with("invalid lock name"),
+            "{status}"
+        );
+        assert!(status.message().len() < 300, "the name was echoed back");
+        let status = grpc
+            .renew(pb::RenewRequest {
+                renew: Some(pb::Renew {
+                    name: bad.into(),
+                    owner: "o".into(),
+                    token: None,
+                    lease_ms: 1000,
+                }),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument, "{status}");
+        assert!(status.message().len() < 300, "the name was echoed back");
+    }
+
+    // On a session stream: the reply an acquire gets for the same name.
+    let mut session = RawSession::open(server.port(), 5_000).await;
+    let mut id = 0;
+    for (op, kind, len) in [
+        (release(""), pb::NameErrorKind::Empty, 0),
+        (renew(""), pb::NameErrorKind::Empty, 0),
+        (release("a//b"), pb::NameErrorKind::EmptySegment, 0),
+        (renew(&huge), pb::NameErrorKind::TooLong, huge.len()),
+        (release(&huge), pb::NameErrorKind::TooLong, huge.len()),
+    ] {
+        id += 1;
+        session.request(id, op);
+        match session.reply(id).await {
+            pb::reply::Result::Error(e) => {
+                assert_eq!(e.code, pb::ErrorCode::InvalidName as i32, "{e:?}");
+                assert_eq!(e.name_error, kind as i32);
+                assert_eq!(e.name_len, len as u64);
+                assert!(e.name.len() <= 64 && e.message.len() < 300, "echoed");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    // The stream and the session are fine after that.
+    let name = server_support::unique("names-after");
+    assert!(matches!(
+        session.acquire(100, &name, pb::WaitKind::No).await,
+        pb::reply::Result::Granted(_)
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strings_that_are_not_utf8_are_invalid_arguments() {
+    let server = server();
+    let mut client = raw_client(server.port()).await;
+    let calls = [
+        (
+            "/locksmith.v1.Locksmith/Describe",
+            not_utf8(
+                &pb::DescribeRequest {
+                    name: "MARK".into(),
+                },
+                "MARK",
+            ),
+        ),
+        (
+            "/locksmith.v1.Locksmith/Release",
+            not_utf8(
+                &pb::ReleaseRequest {
+                    release: Some(pb::Release {
+                        name: "lock".into(),
+                        owner: "MARK".into(),
+                        token: None,
+                    }),
+                },
+                "MARK",
+            ),
+        ),
+    ];
+    for (path, message) in calls {
+        client.ready().await.unwrap();
+        let status = client
+            .unary::<Raw, pb::ReleaseResponse, _>(
+                tonic::Request::new(message),
+                PathAndQuery::from_static(path),
+                ProtoCodec::default(),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument, "{path}: {status}");
+    }
+
+    // On a session stream: a batch that does not decode ends the stream with
+    // the same code (a retry would fail the same way).
+    let open = pb::ClientBatch {
+        messages: vec![pb::ClientMessage {
+            kind: Some(pb::client_message::Kind::Open(pb::OpenSession {
+                client_name: "raw".into(),
+                host: "test".into(),
+                ttl_ms: 5_000,
+            })),
+        }],
+        ..Default::default()
+    };
+    let garbled = pb::ClientBatch {
+        messages: vec![pb::ClientMessage {
+            kind: Some(pb::client_message::Kind::Request(pb::Request {
+                id: 1,
+                op: Some(release("MARK")),
+            })),
+        }],
+        ..Default::default()
+    };
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tx.send(Raw(open.encode_to_vec())).unwrap();
+    let outbound = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|message| (message, rx))
+    });
+    client.ready().await.unwrap();
+    let mut inbound = client
+        .streaming::<_, Raw, pb::ServerBatch, _>(
+            tonic::Request::new(outbound),
+            PathAndQuery::from_static("/locksmith.v1.Locksmith/Session"),
+            ProtoCodec::default(),
+        )
+        .await
+        .expect("session call")
+        .into_inner();
+    let opened = inbound.message().await.unwrap().unwrap();
+    assert!(matches!(
+        opened.messages[0].kind,
+        Some(pb::server_message::Kind::Opened(_))
+    ));
+    tx.send(not_utf8(&garbled, "MARK")).unwrap();
+    let status = loop {
+        match inbound.message().await {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("the stream ended without a status"),
+            Err(status) => break status,
+        }
+    };
+    assert_eq!(status.code(), Code::InvalidArgument, "{status}");
+    server.assert_running();
+}
