@@ -62,6 +62,12 @@ pub enum Command {
     ExpireSession {
         /// The session.
         session: SessionId,
+        /// The expiry this was decided from ([`crate::Engine::due`]). If a
+        /// heartbeat or a grace applied since moved it, the command fails with
+        /// [`crate::EngineError::NotDue`] and changes nothing: under
+        /// replication an expiry is decided before it is applied, and a renewal
+        /// committed in between must win (the in-flight renew race).
+        deadline: Millis,
     },
     /// Acquire one or more locks.
     Acquire(Acquire),
@@ -110,11 +116,29 @@ pub enum Command {
         name: String,
         /// The hold's token (tokens are unique).
         token: u64,
+        /// The lease end this was decided from; like
+        /// [`Command::ExpireSession::deadline`], a renew or grace that moved it
+        /// makes the command fail with [`crate::EngineError::NotDue`].
+        deadline: Millis,
     },
     /// A lock-delay ended: waiters may be granted again.
     EndLockDelay {
         /// The lock.
         name: String,
+        /// The end of the delay this was decided from; a delay extended since
+        /// (a later abnormal loss, a grace) makes the command fail with
+        /// [`crate::EngineError::NotDue`].
+        deadline: Millis,
+    },
+    /// A new leader (or a restarted server) takes over: every session, lease and
+    /// lock-delay deadline is pushed to at least `now + grace` (sessions: `now +
+    /// max(ttl, grace)`), so that no healthy holder loses its lock to the time
+    /// its clients spent finding the new leader (Chubby's grace period, etcd's
+    /// lease promotion). Logged like any command, so every replica agrees.
+    /// Deadlines are never shortened.
+    GrantGrace {
+        /// How long the takeover may take.
+        grace: Millis,
     },
     /// Administrator: drop every hold of a lock.
     ForceRelease {

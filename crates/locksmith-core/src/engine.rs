@@ -186,6 +186,17 @@ enum Timer {
     LockDelay(LockId),
 }
 
+/// A time-driven command applies only if the deadline it was decided from is
+/// still the current one and has passed; otherwise a renewal, heartbeat or
+/// grace applied in between moved it, and the command is stale.
+fn check_deadline(current: Millis, decided: Millis, now: Millis) -> Result<(), EngineError> {
+    if current == decided && decided <= now {
+        Ok(())
+    } else {
+        Err(EngineError::NotDue)
+    }
+}
+
 impl LockEntry {
     fn hold_of(&self, session: SessionId, owner: &str) -> Option<usize> {
         self.holders
@@ -250,7 +261,13 @@ impl Engine {
             Command::CloseSession { session } => {
                 self.end_session(now, session, LostReason::SessionClosed, effects)
             }
-            Command::ExpireSession { session } => {
+            Command::ExpireSession { session, deadline } => {
+                let current = self
+                    .sessions
+                    .get(&session)
+                    .ok_or(EngineError::UnknownSession(session.0))?
+                    .expires_at;
+                check_deadline(current, deadline, now)?;
                 self.end_session(now, session, LostReason::SessionExpired, effects)
             }
             Command::Acquire(acquire) => self.acquire(now, acquire, effects),
@@ -282,25 +299,26 @@ impl Engine {
                 token,
                 lease,
             } => self.renew(now, session, &owner, &name, token, lease),
-            Command::ExpireHold { name, token } => {
-                self.expire_hold(now, &name, token, effects);
+            Command::ExpireHold {
+                name,
+                token,
+                deadline,
+            } => self.expire_hold(now, &name, token, deadline, effects),
+            Command::EndLockDelay { name, deadline } => {
+                // `due()` lists this command from the timers as they were; an
+                // abnormal loss applied since (e.g. a driver that woke up late
+                // applies an ExpireSession due before it) may have extended the
+                // delay, and a stale command must not end the new, longer one.
+                let &id = self.names.get(name.as_str()).ok_or(EngineError::NotDue)?;
+                let current = self.lock(id).delay_until.ok_or(EngineError::NotDue)?;
+                check_deadline(current, deadline, now)?;
+                self.lock_mut(id).delay_until = None;
+                self.timers.remove(&(current, Timer::LockDelay(id)));
+                self.settle(now, &[id], effects);
                 Ok(())
             }
-            Command::EndLockDelay { name } => {
-                if let Some(&id) = self.names.get(name.as_str()) {
-                    let lock = self.lock_mut(id);
-                    // Fix: end only a delay that is over. `due()` lists this
-                    // command from a snapshot of the timers; an abnormal loss
-                    // applied earlier in the same batch (e.g. a driver that woke
-                    // up late applies an ExpireSession due before it) may have
-                    // extended the delay, and the stale command used to end the
-                    // new, longer delay at once.
-                    if let Some(until) = lock.delay_until.filter(|&until| until <= now) {
-                        lock.delay_until = None;
-                        self.timers.remove(&(until, Timer::LockDelay(id)));
-                    }
-                    self.settle(now, &[id], effects);
-                }
+            Command::GrantGrace { grace } => {
+                self.grant_grace(now, grace);
                 Ok(())
             }
             Command::ForceRelease { name } => self.force_release(now, &name, effects),
@@ -318,33 +336,60 @@ impl Engine {
     pub fn due(&self, now: Millis) -> Vec<Command> {
         self.timers
             .range(..=(now, Timer::LockDelay(LockId::MAX)))
-            .map(|&(_, timer)| match timer {
-                Timer::Session(session) => Command::ExpireSession { session },
+            .map(|&(deadline, timer)| match timer {
+                Timer::Session(session) => Command::ExpireSession { session, deadline },
                 Timer::Lease(id, token) => Command::ExpireHold {
                     name: self.lock(id).name.to_string(),
                     token,
+                    deadline,
                 },
                 Timer::Waiter(session, request) => Command::TimeoutWaiter { session, request },
                 Timer::LockDelay(id) => Command::EndLockDelay {
                     name: self.lock(id).name.to_string(),
+                    deadline,
                 },
             })
             .collect()
     }
 
-    /// Resets every session's expiry to `now + max(ttl, grace)`. Called after a
-    /// restart or failover so that clients get time to resume (Chubby's grace
-    /// period). Volatile like a heartbeat: not logged.
-    pub fn grant_grace(&mut self, now: Millis, grace: Millis) {
-        let ids: Vec<SessionId> = self.sessions.keys().copied().collect();
-        for id in ids {
-            let session = self.sessions.get_mut(&id).expect("listed above");
-            let old = session.expires_at;
-            session.expires_at = now + session.ttl.max(grace);
-            let new = session.expires_at;
-            self.timers.remove(&(old, Timer::Session(id)));
-            self.timers.insert((new, Timer::Session(id)));
+    /// [`Command::GrantGrace`]: pushes every session, lease and lock-delay
+    /// deadline to at least `now + grace` (sessions `now + max(ttl, grace)`).
+    /// Rebuilds the timer set once instead of moving entries one by one.
+    fn grant_grace(&mut self, now: Millis, grace: Millis) {
+        let floor = now.saturating_add(grace);
+        for session in self.sessions.values_mut() {
+            let floor = now.saturating_add(session.ttl.max(grace));
+            session.expires_at = session.expires_at.max(floor);
         }
+        for lock in self.locks.iter_mut().flatten() {
+            for hold in lock.holders.iter_mut() {
+                if let Some(until) = hold.lease_until.as_mut() {
+                    *until = (*until).max(floor);
+                }
+            }
+            if let Some(until) = lock.delay_until.as_mut() {
+                *until = (*until).max(floor);
+            }
+        }
+        let moved: Vec<(Millis, Timer)> = std::mem::take(&mut self.timers)
+            .into_iter()
+            .map(|(at, timer)| {
+                let at = match timer {
+                    Timer::Session(id) => self.sessions[&id].expires_at,
+                    Timer::Lease(id, token) => self
+                        .lock(id)
+                        .holders
+                        .iter()
+                        .find(|h| h.token == token)
+                        .and_then(|h| h.lease_until)
+                        .unwrap_or(at),
+                    Timer::LockDelay(id) => self.lock(id).delay_until.unwrap_or(at),
+                    Timer::Waiter(..) => at,
+                };
+                (at, timer)
+            })
+            .collect();
+        self.timers = moved.into_iter().collect();
     }
 
     // ----- sessions -----
@@ -800,13 +845,27 @@ impl Engine {
         Ok(())
     }
 
-    fn expire_hold(&mut self, now: Millis, name: &str, token: u64, effects: &mut Vec<Effect>) {
-        let Some(&id) = self.names.get(name) else {
-            return;
-        };
-        let Some(index) = self.lock(id).holders.iter().position(|h| h.token == token) else {
-            return;
-        };
+    fn expire_hold(
+        &mut self,
+        now: Millis,
+        name: &str,
+        token: u64,
+        deadline: Millis,
+        effects: &mut Vec<Effect>,
+    ) -> Result<(), EngineError> {
+        // A hold that is gone (released, or expired with its session) has no
+        // deadline left to match.
+        let &id = self.names.get(name).ok_or(EngineError::NotDue)?;
+        let index = self
+            .lock(id)
+            .holders
+            .iter()
+            .position(|h| h.token == token)
+            .ok_or(EngineError::NotDue)?;
+        let current = self.lock(id).holders[index]
+            .lease_until
+            .ok_or(EngineError::NotDue)?;
+        check_deadline(current, deadline, now)?;
         self.drop_hold(
             now,
             id,
@@ -816,6 +875,7 @@ impl Engine {
             effects,
         );
         self.settle(now, &[id], effects);
+        Ok(())
     }
 
     fn force_release(

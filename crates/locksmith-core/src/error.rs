@@ -44,6 +44,10 @@ pub enum EngineError {
         /// The repeated name.
         name: String,
     },
+    /// A time-driven command (expiry, end of lock-delay) whose deadline moved
+    /// since it was decided, or has not passed: a renewal won the race.
+    #[error("not due: the deadline this expiry was decided from moved or has not passed")]
+    NotDue,
     /// The session does not exist (never opened, closed or expired).
     #[error("unknown or expired session {0}")]
     UnknownSession(u64),

@@ -33,7 +33,7 @@ pub struct SessionSnapshot {
     /// Who the client is.
     pub info: ClientInfo,
     /// When it expires unless heartbeated (volatile; a restore usually follows
-    /// with [`crate::Engine::grant_grace`]).
+    /// with [`crate::Command::GrantGrace`]).
     pub expires_at: Millis,
 }
 

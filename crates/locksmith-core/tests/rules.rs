@@ -118,6 +118,13 @@ fn renew(session: u64, owner: &str, name: &str, lease: Millis) -> Command {
     }
 }
 
+fn es(session: u64, deadline: Millis) -> Command {
+    Command::ExpireSession {
+        session: SessionId(session),
+        deadline,
+    }
+}
+
 fn cancel(session: u64, request: u64) -> Command {
     Command::Cancel {
         session: SessionId(session),
@@ -783,14 +790,23 @@ fn heartbeat_extends_a_session_and_expiry_is_due_exactly_then() {
     assert_eq!(h.engine.due(1_599), []);
     assert_eq!(
         h.engine.due(1_600),
-        [Command::ExpireSession { session: sid(1) }]
+        [Command::ExpireSession {
+            session: sid(1),
+            deadline: 1_600
+        }]
     );
     h.err(
         1,
         Command::Heartbeat { session: sid(2) },
         EngineError::UnknownSession(2),
     );
-    h.ok(1_600, Command::ExpireSession { session: sid(1) });
+    h.ok(
+        1_600,
+        Command::ExpireSession {
+            session: sid(1),
+            deadline: 1_600,
+        },
+    );
     assert!(!h.engine.has_session(sid(1)));
     assert_eq!(h.engine.next_deadline(), None);
     h.err(
@@ -817,11 +833,20 @@ fn session_expiry_releases_every_hold_in_token_order_and_grants_the_next() {
     assert_eq!(h.engine.due(TTL - 1), []);
     let due = h.engine.due(TTL);
     assert!(
-        due.contains(&Command::ExpireSession { session: sid(1) }),
+        due.contains(&Command::ExpireSession {
+            session: sid(1),
+            deadline: TTL
+        }),
         "{due:?}"
     );
     assert_eq!(
-        h.ok(TTL, Command::ExpireSession { session: sid(1) }),
+        h.ok(
+            TTL,
+            Command::ExpireSession {
+                session: sid(1),
+                deadline: TTL
+            }
+        ),
         [
             lost(1, "o", "z", 1, LostReason::SessionExpired),
             lost(1, "o", "a", 2, LostReason::SessionExpired),
@@ -836,7 +861,10 @@ fn session_expiry_releases_every_hold_in_token_order_and_grants_the_next() {
     assert!(h.engine.sessions().iter().all(|s| s.session != sid(1)));
     h.err(
         TTL,
-        Command::ExpireSession { session: sid(1) },
+        Command::ExpireSession {
+            session: sid(1),
+            deadline: TTL,
+        },
         EngineError::UnknownSession(1),
     );
     h.err(TTL, acq(1, 9, "o", &["n"]), EngineError::UnknownSession(1));
@@ -882,7 +910,7 @@ fn grant_grace_moves_session_expiry() {
     let mut h = Harness::new();
     h.open(0, 1, 1_000);
     h.open(0, 2, 50_000);
-    h.engine.grant_grace(100, 10_000);
+    h.ok(100, Command::GrantGrace { grace: 10_000 });
     assert_eq!(
         h.session(1).expires_at,
         10_100,
@@ -897,8 +925,108 @@ fn grant_grace_moves_session_expiry() {
     assert_eq!(h.engine.next_deadline(), Some(10_100));
     assert_eq!(
         h.engine.due(10_100),
-        [Command::ExpireSession { session: sid(1) }]
+        [Command::ExpireSession {
+            session: sid(1),
+            deadline: 10_100
+        }]
     );
+}
+
+// ----- time across leader changes -----
+
+/// The in-flight renew race: an expiry is decided from the deadline the
+/// leader saw, and a renew committed before the expiry is applied wins.
+#[test]
+fn a_renew_applied_after_the_expiry_was_decided_makes_the_expiry_a_no_op() {
+    let mut h = Harness::with_sessions(1);
+    let mut a = acq(1, 1, "o", &["x"]);
+    a.lease = Some(100);
+    h.ok(0, a);
+    let due = h.engine.due(100);
+    assert_eq!(
+        due,
+        [Command::ExpireHold {
+            name: "x".into(),
+            token: 1,
+            deadline: 100
+        }]
+    );
+    assert_eq!(h.ok(100, renew(1, "o", "x", 500)), []);
+    h.err(101, due[0].clone(), EngineError::NotDue);
+    assert_eq!(h.holders("x"), [(sid(1), "o".into(), 1, 1)]);
+    assert_eq!(h.describe("x").holders[0].lease_until, Some(600));
+}
+
+#[test]
+fn a_heartbeat_applied_after_the_expiry_was_decided_keeps_the_session() {
+    let mut h = Harness::new();
+    h.open(0, 1, 1_000);
+    h.ok(10, acq(1, 1, "o", &["x"]));
+    let due = h.engine.due(1_000);
+    assert_eq!(due, [es(1, 1_000)]);
+    h.ok(1_000, Command::Heartbeat { session: sid(1) });
+    h.err(1_001, due[0].clone(), EngineError::NotDue);
+    assert!(h.engine.has_session(sid(1)));
+    assert_eq!(h.holders("x"), [(sid(1), "o".into(), 1, 1)]);
+    assert_eq!(h.engine.due(1_999), []);
+    assert_eq!(h.engine.due(2_000), [es(1, 2_000)]);
+}
+
+#[test]
+fn an_expiry_applied_before_its_deadline_is_refused() {
+    let mut h = Harness::new();
+    h.open(0, 1, 1_000);
+    h.err(999, es(1, 1_000), EngineError::NotDue);
+    h.err(1_000, es(1, 900), EngineError::NotDue);
+    assert!(h.engine.has_session(sid(1)));
+}
+
+/// A new leader's grace: every session, lease and lock-delay deadline is
+/// pushed to at least `now + grace` (sessions `now + max(ttl, grace)`), none
+/// is shortened, and the expiries decided before it are stale.
+#[test]
+fn grant_grace_extends_sessions_leases_and_lock_delays_and_never_shortens() {
+    let mut h = Harness::new();
+    h.open(0, 1, 1_000);
+    h.open(0, 2, 100_000);
+    h.open(0, 3, 1_000);
+    let mut leased = acq(0, 1, "ttl", &["lease"]);
+    leased.lease = Some(500);
+    h.ok(0, leased);
+    let mut long = acq(0, 2, "ttl", &["long"]);
+    long.lease = Some(90_000);
+    h.ok(0, long);
+    let mut delayed = acq(3, 1, "o", &["delay"]);
+    delayed.lock_delay = 2_000;
+    h.ok(0, delayed);
+    h.ok(1_000, es(3, 1_000));
+    assert_eq!(h.describe("delay").lock_delay_until, Some(3_000));
+    let stale = h.engine.due(1_000);
+    assert_eq!(stale.len(), 2, "{stale:?}");
+
+    assert_eq!(h.ok(1_000, Command::GrantGrace { grace: 5_000 }), []);
+    assert_eq!(h.session(1).expires_at, 6_000, "grace longer than the TTL");
+    assert_eq!(h.session(2).expires_at, 101_000, "the TTL when longer");
+    assert_eq!(h.describe("lease").holders[0].lease_until, Some(6_000));
+    assert_eq!(
+        h.describe("long").holders[0].lease_until,
+        Some(90_000),
+        "a lease ending after the grace is kept"
+    );
+    assert_eq!(h.describe("delay").lock_delay_until, Some(6_000));
+    for command in stale {
+        h.err(1_000, command, EngineError::NotDue);
+    }
+    assert_eq!(h.engine.due(5_999), []);
+    assert_eq!(h.engine.next_deadline(), Some(6_000));
+    let due = h.engine.due(6_000);
+    assert_eq!(due.len(), 3, "{due:?}");
+    for command in due {
+        h.ok(6_000, command);
+    }
+    assert!(!h.engine.has_session(sid(1)));
+    assert!(h.engine.describe("lease").is_none());
+    assert!(h.engine.describe("delay").is_none());
 }
 
 // ----- leases -----
@@ -919,7 +1047,8 @@ fn a_leased_hold_expires_through_due_with_lost_lease_expired() {
         due,
         [Command::ExpireHold {
             name: "x".into(),
-            token: 1
+            token: 1,
+            deadline: 110,
         }]
     );
     assert_eq!(
@@ -929,8 +1058,8 @@ fn a_leased_hold_expires_through_due_with_lost_lease_expired() {
             granted(1, 1, &[2])
         ]
     );
-    // Stale expiry of a hold that is gone: a no-op.
-    assert_eq!(h.ok(111, due[0].clone()), []);
+    // A stale expiry of a hold that is gone changes nothing.
+    h.err(111, due[0].clone(), EngineError::NotDue);
     assert_eq!(h.holders("x"), [(sid(1), "w".into(), 2, 1)]);
 }
 
@@ -948,7 +1077,8 @@ fn renew_extends_a_lease() {
         h.engine.due(160),
         [Command::ExpireHold {
             name: "x".into(),
-            token: 1
+            token: 1,
+            deadline: 160,
         }]
     );
     // With the right token; a wrong one is refused.
@@ -994,7 +1124,13 @@ fn lock_delay_after_session_expiry_holds_back_grants_until_it_ends() {
     h.ok(10, a);
     assert_eq!(h.ok(20, acq(2, 1, "w", &["x"])), [queued(2, 1, 0)]);
     assert_eq!(
-        h.ok(1_000, Command::ExpireSession { session: sid(1) }),
+        h.ok(
+            1_000,
+            Command::ExpireSession {
+                session: sid(1),
+                deadline: 1_000
+            }
+        ),
         [lost(1, "o", "x", 1, LostReason::SessionExpired)],
         "no grant during the lock-delay"
     );
@@ -1009,7 +1145,13 @@ fn lock_delay_after_session_expiry_holds_back_grants_until_it_ends() {
     );
     assert_eq!(h.ok(2_000, acq(3, 2, "t", &["x"])), [queued(3, 2, 1)]);
     let due = h.engine.due(4_000);
-    assert_eq!(due, [Command::EndLockDelay { name: "x".into() }]);
+    assert_eq!(
+        due,
+        [Command::EndLockDelay {
+            name: "x".into(),
+            deadline: 4_000
+        }]
+    );
     assert_eq!(h.ok(4_000, due[0].clone()), [granted(2, 1, &[2])]);
     assert_eq!(h.describe("x").lock_delay_until, None);
 }
@@ -1026,7 +1168,8 @@ fn lock_delay_after_lease_expiry() {
             100,
             Command::ExpireHold {
                 name: "x".into(),
-                token: 1
+                token: 1,
+                deadline: 100,
             }
         ),
         [lost(0, "ttl", "x", 1, LostReason::LeaseExpired)]
@@ -1040,10 +1183,19 @@ fn lock_delay_after_lease_expiry() {
     assert_eq!(h.engine.due(599), []);
     assert_eq!(
         h.engine.due(600),
-        [Command::EndLockDelay { name: "x".into() }]
+        [Command::EndLockDelay {
+            name: "x".into(),
+            deadline: 600
+        }]
     );
     assert_eq!(
-        h.ok(600, Command::EndLockDelay { name: "x".into() }),
+        h.ok(
+            600,
+            Command::EndLockDelay {
+                name: "x".into(),
+                deadline: 600
+            }
+        ),
         [granted(1, 2, &[2])]
     );
 }
@@ -1055,9 +1207,24 @@ fn an_idle_lock_in_lock_delay_stays_listed_until_the_delay_ends() {
     let mut a = acq(1, 1, "o", &["x"]);
     a.lock_delay = 2_000;
     h.ok(0, a);
-    h.ok(1_000, Command::ExpireSession { session: sid(1) });
+    h.ok(
+        1_000,
+        Command::ExpireSession {
+            session: sid(1),
+            deadline: 1_000,
+        },
+    );
     assert_eq!(h.describe("x").lock_delay_until, Some(3_000));
-    assert_eq!(h.ok(3_000, Command::EndLockDelay { name: "x".into() }), []);
+    assert_eq!(
+        h.ok(
+            3_000,
+            Command::EndLockDelay {
+                name: "x".into(),
+                deadline: 3_000
+            }
+        ),
+        []
+    );
     assert!(h.engine.describe("x").is_none());
     assert_eq!(h.engine.next_deadline(), None);
 }
@@ -1082,10 +1249,19 @@ fn a_stale_end_of_lock_delay_does_not_end_a_longer_delay() {
     // Session 1 expires on time: lock-delay until 2_000.
     assert_eq!(
         h.engine.due(1_000),
-        [Command::ExpireSession { session: sid(1) }]
+        [Command::ExpireSession {
+            session: sid(1),
+            deadline: 1_000
+        }]
     );
     assert_eq!(
-        h.ok(1_000, Command::ExpireSession { session: sid(1) }),
+        h.ok(
+            1_000,
+            Command::ExpireSession {
+                session: sid(1),
+                deadline: 1_000
+            }
+        ),
         [lost(1, "r", "x", 1, LostReason::SessionExpired)]
     );
     assert_eq!(h.describe("x").lock_delay_until, Some(2_000));
@@ -1096,27 +1272,39 @@ fn a_stale_end_of_lock_delay_does_not_end_a_longer_delay() {
     assert_eq!(
         due,
         [
-            Command::ExpireSession { session: sid(2) },
-            Command::EndLockDelay { name: "x".into() },
+            Command::ExpireSession {
+                session: sid(2),
+                deadline: 1_500
+            },
+            Command::EndLockDelay {
+                name: "x".into(),
+                deadline: 2_000
+            },
         ]
     );
-    let mut effects = Vec::new();
-    for command in due {
-        effects.extend(h.ok(2_000, command));
-    }
     assert_eq!(
-        effects,
+        h.ok(2_000, due[0].clone()),
         [lost(2, "r", "x", 2, LostReason::SessionExpired)],
-        "the writer must wait for the second lock-delay"
     );
+    // The writer must wait for the second lock-delay.
+    h.err(2_000, due[1].clone(), EngineError::NotDue);
     assert_eq!(h.describe("x").lock_delay_until, Some(7_000));
     assert_eq!(h.engine.due(6_999), []);
     assert_eq!(
         h.engine.due(7_000),
-        [Command::EndLockDelay { name: "x".into() }]
+        [Command::EndLockDelay {
+            name: "x".into(),
+            deadline: 7_000
+        }]
     );
     assert_eq!(
-        h.ok(7_000, Command::EndLockDelay { name: "x".into() }),
+        h.ok(
+            7_000,
+            Command::EndLockDelay {
+                name: "x".into(),
+                deadline: 7_000
+            }
+        ),
         [granted(3, 1, &[3])]
     );
 }
@@ -1511,7 +1699,10 @@ fn every_error_leaves_the_state_unchanged() {
             EngineError::UnknownSession(9),
         ),
         (
-            Command::ExpireSession { session: sid(9) },
+            Command::ExpireSession {
+                session: sid(9),
+                deadline: 0,
+            },
             EngineError::UnknownSession(9),
         ),
         (

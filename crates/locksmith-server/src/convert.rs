@@ -138,7 +138,8 @@ pub(crate) fn engine_error_to_proto(error: &EngineError) -> pb::Error {
         | EngineError::LeaseRequired
         | EngineError::SessionExists(_)
         | EngineError::DuplicateRequest(_)
-        | EngineError::UnknownRequest(_) => C::InvalidArgument,
+        | EngineError::UnknownRequest(_)
+        | EngineError::NotDue => C::InvalidArgument,
     };
     out.code = code as i32;
     out

@@ -66,8 +66,9 @@ const SNAPSHOT_MAGIC: &[u8; 4] = b"LSNP";
 const ZEROS_CHUNK: usize = 256 << 10;
 /// [`Storage::prepare`] adds a chunk of zeros when fewer than this are left.
 const ZEROS_LOW_WATER: u64 = 64 << 10;
-/// Version of the snapshot and record encoding.
-const FORMAT: u32 = 1;
+/// Version of the snapshot and record encoding. 2: expiries carry the
+/// deadline they were decided from, and a `GrantGrace` command exists.
+const FORMAT: u32 = 2;
 
 /// One logged state change: an engine command and the time it was applied at,
 /// plus what the server needs to rebuild its own session table on replay.

@@ -155,7 +155,8 @@ impl From<EngineError> for Error {
             | EngineError::LeaseRequired
             | EngineError::SessionExists(_)
             | EngineError::DuplicateRequest(_)
-            | EngineError::UnknownRequest(_) => Error::InvalidArgument(error.to_string()),
+            | EngineError::UnknownRequest(_)
+            | EngineError::NotDue => Error::InvalidArgument(error.to_string()),
         }
     }
 }

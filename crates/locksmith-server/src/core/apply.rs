@@ -50,7 +50,7 @@ impl After {
                 session: *session,
                 reason: "closed",
             },
-            Command::ExpireSession { session } => After::End {
+            Command::ExpireSession { session, .. } => After::End {
                 session: *session,
                 reason: "expired",
             },
