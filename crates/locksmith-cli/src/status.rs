@@ -1,5 +1,6 @@
 //! `locksmith status` and `locksmith release --force`.
 
+use std::borrow::Cow;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
@@ -67,6 +68,30 @@ pub async fn release(args: ReleaseArgs) -> ExitCode {
     }
 }
 
+/// `text` as it may reach a terminal: what is not printable (control
+/// characters, escape sequences, line breaks, bidirectional overrides,
+/// zero-width characters) is written as a Rust escape (`\u{1b}`, `\n`), and
+/// a backslash as `\\`, so a lock name, owner or client label can neither
+/// drive the operator's terminal nor forge rows of the table, and two
+/// different names never print the same.
+pub(crate) fn printable(text: &str) -> Cow<'_, str> {
+    // `escape_debug` leaves exactly the printable characters alone, except
+    // quotes, which need no escape here.
+    let plain = |c: char| matches!(c, '"' | '\'') || c.escape_debug().len() == 1;
+    if text.chars().all(plain) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if plain(c) {
+            out.push(c);
+        } else {
+            out.extend(c.escape_debug());
+        }
+    }
+    Cow::Owned(out)
+}
+
 /// One row per holder (and one for a lock with only waiters).
 fn render(locks: &[LockInfo], now: SystemTime) -> Table {
     let mut table = Table::new();
@@ -85,7 +110,7 @@ fn render(locks: &[LockInfo], now: SystemTime) -> Table {
         let waiters = lock.waiters.len().to_string();
         if lock.holders.is_empty() {
             table.add_row([
-                lock.name.as_str(),
+                &*printable(&lock.name),
                 "-",
                 "-",
                 "-",
@@ -101,10 +126,13 @@ fn render(locks: &[LockInfo], now: SystemTime) -> Table {
                 n => format!("{} x{n}", holder.mode),
             };
             table.add_row([
-                lock.name.clone(),
+                printable(&lock.name).into_owned(),
                 mode,
-                holder.owner.clone(),
-                holder.lock_by.clone().unwrap_or_else(|| "-".into()),
+                printable(&holder.owner).into_owned(),
+                holder
+                    .lock_by
+                    .as_deref()
+                    .map_or_else(|| "-".into(), |by| printable(by).into_owned()),
                 holder
                     .lock_time
                     .map(|t| humantime::format_rfc3339_seconds(t).to_string())
@@ -160,6 +188,26 @@ mod tests {
             "1970-01-12T13:46:35Z",
         ] {
             assert!(text.contains(expected), "{expected} missing from\n{text}");
+        }
+    }
+
+    #[test]
+    fn escapes_what_is_not_printable() {
+        assert!(matches!(printable("orders/42 ünï ключ"), Cow::Borrowed(_)));
+        for (raw, shown) in [
+            ("a\u{1b}[2Jb", "a\\u{1b}[2Jb"),
+            ("row\nforged", "row\\nforged"),
+            ("cr\rtab\t", "cr\\rtab\\t"),
+            ("rtl\u{202e}txt", "rtl\\u{202e}txt"),
+            ("zero\u{200b}width", "zero\\u{200b}width"),
+            ("bell\u{7}del\u{7f}", "bell\\u{7}del\\u{7f}"),
+            ("c1\u{9b}31m", "c1\\u{9b}31m"),
+            // A backslash is doubled, so "\\n" typed in a name cannot pass
+            // for an escaped line break.
+            ("back\\nslash", "back\\\\nslash"),
+            ("quotes \"'", "quotes \"'"),
+        ] {
+            assert_eq!(printable(raw), shown, "{raw:?}");
         }
     }
 }

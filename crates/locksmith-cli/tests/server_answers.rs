@@ -249,3 +249,48 @@ async fn strings_that_are_not_utf8_are_invalid_arguments() {
     assert_eq!(status.code(), Code::InvalidArgument, "{status}");
     server.assert_running();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_escapes_what_is_not_printable() {
+    let server = server();
+    let prefix = server_support::unique("status-escapes");
+    let name = format!("{prefix}/a\u{1b}[2J\u{1b}[H\nforged | row\r\u{202e}");
+    let options = locksmith::ConnectOptions {
+        session_ttl: std::time::Duration::from_secs(5),
+        client_name: "client\u{1b}]0;title\u{7}".into(),
+        ..locksmith::ConnectOptions::default()
+    };
+    let client = locksmith::Client::connect_with(&server.url(), options)
+        .await
+        .unwrap();
+    let _guard = client
+        .lock(name.as_str())
+        .owner("owner\nwith a line break")
+        .acquire()
+        .await
+        .unwrap();
+
+    let output = tokio::process::Command::new(server_support::BINARY)
+        .args(["status", &prefix, "--backend", &server.url()])
+        .output()
+        .await
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let text = String::from_utf8(output.stdout).unwrap();
+    assert!(
+        !text
+            .chars()
+            .any(|c| c != '\n' && (c.is_control() || c == '\u{202e}')),
+        "raw control characters reached the terminal:\n{text:?}"
+    );
+    // Header, separator, one row: the line breaks in the name and owner did
+    // not make rows of their own.
+    assert_eq!(text.trim_end().lines().count(), 3, "{text}");
+    for shown in [
+        "a\\u{1b}[2J\\u{1b}[H\\nforged | row\\r\\u{202e}",
+        "owner\\nwith a line break",
+        "client\\u{1b}]0;title\\u{7}@",
+    ] {
+        assert!(text.contains(shown), "{shown} missing from\n{text}");
+    }
+}
