@@ -244,6 +244,14 @@ impl Engine {
         self.last_token
     }
 
+    /// Makes every later grant's token larger than `floor` (nothing changes if
+    /// tokens are past it already). For a store that lost part of its history:
+    /// it no longer knows every token it handed out, only a bound on them, and
+    /// a token must never be handed out twice.
+    pub fn raise_token_floor(&mut self, floor: u64) {
+        self.last_token = self.last_token.max(floor);
+    }
+
     /// Applies one command at time `now`, appending what happened to `effects`.
     ///
     /// On `Err` nothing changed and nothing was appended.

@@ -82,3 +82,32 @@ fn restored_engine_continues_identically() {
     assert_eq!(restored.snapshot(), original.snapshot());
     assert_eq!(restored.last_token(), original.last_token());
 }
+
+#[test]
+fn a_raised_token_floor_survives_a_snapshot_and_only_moves_up() {
+    let mut engine = Engine::default();
+    let mut effects = Vec::new();
+    let open = Command::OpenSession {
+        session: SessionId(1),
+        ttl: 1_000,
+        info: ClientInfo::default(),
+    };
+    engine.apply(0, open, &mut effects).unwrap();
+    let grant = |engine: &mut Engine, request: u64, name: &str| {
+        let mut effects = Vec::new();
+        let command = acquire(1, request, &[name], Mode::Exclusive, Wait::No, None);
+        engine.apply(1, command, &mut effects).unwrap();
+        match effects.as_slice() {
+            [Effect::Granted { tokens, .. }] => tokens[0],
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(grant(&mut engine, 1, "a"), 1);
+    engine.raise_token_floor(1_000);
+    assert_eq!(grant(&mut engine, 2, "b"), 1_001);
+    // A floor below the tokens already issued changes nothing.
+    engine.raise_token_floor(5);
+    assert_eq!(engine.last_token(), 1_001);
+    let restored = Engine::restore(Limits::default(), engine.snapshot());
+    assert_eq!(restored.last_token(), 1_001);
+}
