@@ -10,6 +10,11 @@
 //! | `snapshot` | the whole state as of the start of segment `first_segment` |
 //! | `snapshot.tmp` | a snapshot being written (ignored and removed on start) |
 //!
+//! The directory is created with mode 0700 and every file in it with 0600
+//! (the log and snapshots hold the secrets that resume sessions); a start
+//! takes away any access other users have to an existing directory and its
+//! files, and logs it.
+//!
 //! A **record** is one [`LogRecord`] (a command with the time it was applied at,
 //! see [`crate::core`]) encoded with `postcard`, framed as
 //! `[len: u32 LE][crc32: u32 LE][payload]`. A crash (kill -9, power loss) can
@@ -46,7 +51,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
@@ -267,8 +272,7 @@ impl Storage {
     /// Opens (creating if needed) and locks the data directory, and loads the
     /// snapshot. Call [`Storage::replay`] next.
     pub(crate) fn open(dir: &Path) -> Result<(Storage, Option<ServerSnapshot>), ServerError> {
-        fs::create_dir_all(dir)
-            .map_err(|e| io_error(format!("cannot create {}", dir.display()), e))?;
+        make_owner_only(dir)?;
         let lock = lock_dir(dir)?;
         let _ = fs::remove_file(dir.join("snapshot.tmp"));
         let snapshot = read_snapshot(&dir.join("snapshot"))?;
@@ -393,7 +397,11 @@ impl Storage {
         bytes.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
         bytes.extend_from_slice(&payload);
         let tmp = self.dir.join("snapshot.tmp");
-        let mut file = File::create(&tmp)?;
+        let mut file = owner_only()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)?;
         file.write_all(&bytes)?;
         file.sync_all()?;
         drop(file);
@@ -492,7 +500,7 @@ fn list_segments(dir: &Path) -> Result<Vec<u64>, ServerError> {
 
 /// Creates an empty file and makes both it and its directory entry durable.
 fn create_durable(dir: &Path, path: &Path) -> io::Result<File> {
-    let file = OpenOptions::new()
+    let file = owner_only()
         .create(true)
         .truncate(true)
         .write(true)
@@ -500,6 +508,57 @@ fn create_durable(dir: &Path, path: &Path) -> io::Result<File> {
     file.sync_all()?;
     sync_dir(dir)?;
     Ok(file)
+}
+
+/// Options that create a file readable and writable by its owner only (mode
+/// 0600, before the umask): the log and snapshots hold session secrets.
+fn owner_only() -> OpenOptions {
+    let mut options = OpenOptions::new();
+    options.mode(0o600);
+    options
+}
+
+/// Creates `dir` (mode 0700) if needed, and takes away any access other users
+/// have to an existing one and to the files in it (an earlier release made
+/// them 0755 and 0644).
+fn make_owner_only(dir: &Path) -> Result<(), ServerError> {
+    let context = |what: &str, path: &Path| format!("cannot {what} {}", path.display());
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| io_error(context("create", dir), e))?;
+    let restrict = |path: &Path, mode: u32| -> Result<Option<u32>, ServerError> {
+        let old = fs::metadata(path)
+            .map_err(|e| io_error(context("inspect", path), e))?
+            .permissions()
+            .mode();
+        if old & 0o077 == 0 {
+            return Ok(None);
+        }
+        fs::set_permissions(path, fs::Permissions::from_mode(mode))
+            .map_err(|e| io_error(context("restrict the mode of", path), e))?;
+        Ok(Some(old & 0o777))
+    };
+    if let Some(old) = restrict(dir, 0o700)? {
+        tracing::warn!(
+            data_dir = %dir.display(), old_mode = format!("{old:o}"),
+            "the data directory was open to other users: made owner-only (700)"
+        );
+    }
+    let entries = fs::read_dir(dir).map_err(|e| io_error(context("list", dir), e))?;
+    for entry in entries {
+        let path = entry.map_err(|e| io_error(context("list", dir), e))?.path();
+        if path.is_file() {
+            if let Some(old) = restrict(&path, 0o600)? {
+                tracing::warn!(
+                    file = %path.display(), old_mode = format!("{old:o}"),
+                    "a data file was open to other users: made owner-only (600)"
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 fn sync_dir(dir: &Path) -> io::Result<()> {
@@ -519,7 +578,7 @@ fn truncate(path: &Path, len: u64) -> Result<(), ServerError> {
 /// Takes an exclusive `flock` on `dir/LOCK`, failing if another server holds it.
 fn lock_dir(dir: &Path) -> Result<File, ServerError> {
     let path = dir.join("LOCK");
-    let file = OpenOptions::new()
+    let file = owner_only()
         .create(true)
         .truncate(false)
         .write(true)

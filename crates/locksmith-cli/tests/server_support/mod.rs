@@ -31,6 +31,12 @@ impl ServerProcess {
 
     /// A durable server with extra `serve` arguments.
     pub fn start_with(extra: &[&str]) -> ServerProcess {
+        Self::start_prepared(|_| {}, extra)
+    }
+
+    /// A durable server with extra `serve` arguments, whose data directory
+    /// `prepare` sets up first (it gets the path, which does not exist yet).
+    pub fn start_prepared(prepare: impl FnOnce(&Path), extra: &[&str]) -> ServerProcess {
         // Under cargo's target/tmp: a server shared through a static is never
         // dropped, so its directory stays behind for `cargo clean`.
         let temp = tempfile::Builder::new()
@@ -38,6 +44,7 @@ impl ServerProcess {
             .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
             .expect("temporary data directory");
         let dir = temp.path().to_owned();
+        prepare(&dir.join("data"));
         let mut server = Self::spawn(&dir, extra);
         server._temp = Some(temp);
         server
