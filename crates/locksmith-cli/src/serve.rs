@@ -49,6 +49,13 @@ pub struct ServeArgs {
     /// Largest message a client may send, in bytes.
     #[arg(long, default_value_t = 1 << 20)]
     pub max_message_bytes: usize,
+    /// Most client connections open at once; more are closed when accepted.
+    /// Keep it below the open-file limit (`ulimit -n`).
+    #[arg(long, default_value_t = 10_000)]
+    pub max_connections: usize,
+    /// How long a new connection may take to finish its HTTP/2 handshake.
+    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    pub handshake_timeout: Duration,
     /// Write a snapshot (and start a new log segment) after this many log records.
     #[arg(long, default_value_t = 100_000)]
     pub snapshot_every: u64,
@@ -70,6 +77,8 @@ impl ServeArgs {
         config.max_streams_per_connection = self.max_streams_per_connection;
         config.max_message_bytes = self.max_message_bytes;
         config.snapshot_every = self.snapshot_every;
+        config.max_connections = self.max_connections;
+        config.handshake_timeout = self.handshake_timeout;
         config
     }
 }

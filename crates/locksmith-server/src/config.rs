@@ -47,6 +47,13 @@ pub struct ServerConfig {
     pub snapshot_every: u64,
     /// Most requests applied in one batch (one fsync).
     pub max_batch: usize,
+    /// Most client connections open at once (counting those still in their
+    /// HTTP/2 handshake); one more is closed as soon as it is accepted, with a
+    /// warning in the log. Keep it below the process's open-file limit.
+    pub max_connections: usize,
+    /// How long a new connection may take to send its HTTP/2 preface before
+    /// it is closed.
+    pub handshake_timeout: Duration,
 }
 
 impl ServerConfig {
@@ -74,6 +81,8 @@ impl ServerConfig {
             open_timeout: Duration::from_secs(10),
             snapshot_every: 100_000,
             max_batch: 4096,
+            max_connections: 10_000,
+            handshake_timeout: Duration::from_secs(10),
         }
     }
 

@@ -65,8 +65,12 @@
 //!   ([`ServerConfig::max_sessions_per_connection`]; one session per stream),
 //!   streams per connection ([`ServerConfig::max_streams_per_connection`]),
 //!   message size ([`ServerConfig::max_message_bytes`]), owner and client label
-//!   length ([`ServerConfig::max_label_bytes`]). Garbage on the port or a
-//!   malformed message closes that one connection or stream, nothing else.
+//!   length ([`ServerConfig::max_label_bytes`]), connections
+//!   ([`ServerConfig::max_connections`]) and the time to finish the HTTP/2
+//!   handshake ([`ServerConfig::handshake_timeout`]); running out of file
+//!   descriptors makes the accept loop back off and say so (module `accept`).
+//!   Garbage on the port or a malformed message closes that one connection or
+//!   stream, nothing else.
 //!
 //! The API is usable with `grpcurl` (server reflection is on):
 //!
@@ -78,6 +82,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod accept;
 mod clock;
 mod config;
 mod convert;
@@ -97,7 +102,6 @@ use locksmith_proto::v1::locksmith_server::LocksmithServer;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::server::TcpIncoming;
 
 pub use crate::config::{ServerConfig, DEFAULT_DATA_DIR, DEFAULT_LISTEN};
 pub use crate::error::ServerError;
@@ -181,7 +185,13 @@ impl Server {
             .ok();
         let stop = CancellationToken::new();
         let stop_accepting = CancellationToken::new();
-        let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+        let incoming = accept::incoming(
+            listener,
+            accept::AcceptLimits {
+                max_connections: config.max_connections,
+                handshake_timeout: config.handshake_timeout,
+            },
+        );
         let serve = tonic::transport::Server::builder()
             .max_concurrent_streams(config.max_streams_per_connection)
             .http2_keepalive_interval(Some(Duration::from_secs(10)))

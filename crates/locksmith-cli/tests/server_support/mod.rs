@@ -102,6 +102,11 @@ impl ServerProcess {
         self.port
     }
 
+    /// The server's process id (while it runs).
+    pub fn pid(&self) -> u32 {
+        self.process.pid().expect("locksmith serve is running")
+    }
+
     /// The data directory.
     pub fn data_dir(&self) -> PathBuf {
         self.dir.join("data")

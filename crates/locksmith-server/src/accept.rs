@@ -1,0 +1,363 @@
+//! The accept loop: which TCP connections reach the gRPC server.
+//!
+//! tonic's own `TcpIncoming` accepts everything at once and hands it to
+//! HTTP/2. That leaves three holes a careless or hostile client can use, so
+//! connections come through [`incoming`] instead:
+//!
+//! - **Connection limit** ([`ServerConfig::max_connections`]): a connection
+//!   past the limit is closed as soon as it is accepted (and logged), so file
+//!   descriptors and memory stay bounded and the client learns at once
+//!   instead of waiting for a handshake that never comes.
+//! - **Handshake timeout** ([`ServerConfig::handshake_timeout`]): a
+//!   connection must send the whole HTTP/2 client preface (the fixed string
+//!   and its SETTINGS frame) within this time, or it is closed. hyper waits
+//!   for the preface forever, and its keep-alive pings only start after it.
+//!   Once a connection is up, HTTP/2 keep-alive closes it if it stops
+//!   answering.
+//! - **Back-off when out of file descriptors**: `accept` failing with
+//!   EMFILE/ENFILE (or ENOBUFS/ENOMEM) leaves the connection in the backlog,
+//!   so retrying at once fails again at once: tonic's loop spun at full CPU
+//!   without a word. Here the loop waits (10 ms, doubling to 1 s) and logs
+//!   the condition once per episode, and once more when it recovers.
+//!
+//! The bytes of the preface read here are handed on to hyper unchanged
+//! ([`Connection`] replays them), so HTTP/2 sees the connection from its
+//! first byte.
+//!
+//! [`ServerConfig::max_connections`]: crate::ServerConfig::max_connections
+//! [`ServerConfig::handshake_timeout`]: crate::ServerConfig::handshake_timeout
+
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use futures::Stream;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::StreamExt;
+use tonic::transport::server::{Connected, TcpConnectInfo};
+
+/// The fixed start of every HTTP/2 connection (RFC 9113, section 3.4).
+const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+/// An HTTP/2 frame header: 3 bytes of length, type, flags, stream id.
+const FRAME_HEADER: usize = 9;
+const SETTINGS: u8 = 0x4;
+/// A client's first SETTINGS frame is a few dozen bytes; HTTP/2's smallest
+/// maximum frame size bounds it.
+const MAX_SETTINGS_LEN: usize = 16_384;
+/// First and longest wait after `accept` ran out of resources.
+const FIRST_BACKOFF: Duration = Duration::from_millis(10);
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+/// At most one warning per this interval about refused connections.
+const WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// What the accept loop enforces.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AcceptLimits {
+    /// Most connections open at once (including those still handshaking).
+    pub max_connections: usize,
+    /// How long a connection may take to send its HTTP/2 client preface.
+    pub handshake_timeout: Duration,
+}
+
+/// Accepts connections from `listener` until the returned stream is dropped,
+/// yielding each once it has sent its HTTP/2 preface in time.
+///
+/// Must be called within a tokio runtime: the loop runs as its own task (and
+/// each handshake as one), so a slow client never holds up the next accept.
+pub(crate) fn incoming(
+    listener: TcpListener,
+    limits: AcceptLimits,
+) -> impl Stream<Item = Result<Connection, io::Error>> {
+    let (ready, receiver) = mpsc::channel(64);
+    tokio::spawn(accept_loop(listener, limits, ready));
+    ReceiverStream::new(receiver).map(Ok)
+}
+
+/// The loop behind [`incoming`]; ends when the server stops taking
+/// connections (the receiver is dropped).
+///
+/// Cancel safety: runs as its own task; dropping it closes the listener.
+async fn accept_loop(listener: TcpListener, limits: AcceptLimits, ready: mpsc::Sender<Connection>) {
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let mut backoff: Option<(Duration, u64)> = None;
+    let mut refused = Throttled::default();
+    loop {
+        let accepted = tokio::select! {
+            _ = ready.closed() => return,
+            accepted = listener.accept() => accepted,
+        };
+        match accepted {
+            Ok((stream, peer)) => {
+                if let Some((_, failures)) = backoff.take() {
+                    tracing::info!(failures, "accepting connections again");
+                }
+                let Ok(slot) = slots.clone().try_acquire_owned() else {
+                    refused.warn(|suppressed| {
+                        tracing::warn!(
+                            %peer,
+                            limit = limits.max_connections,
+                            refused_since_last_warning = suppressed,
+                            "limit reached: connections; closing the new connection"
+                        )
+                    });
+                    continue; // dropping the stream closes it
+                };
+                let _ = stream.set_nodelay(true);
+                tokio::spawn(handshake(
+                    stream,
+                    peer,
+                    slot,
+                    limits.handshake_timeout,
+                    ready.clone(),
+                ));
+            }
+            Err(error) if out_of_resources(&error) => {
+                let (delay, failures) = match backoff {
+                    None => {
+                        tracing::warn!(
+                            %error,
+                            "cannot accept connections (out of file descriptors or memory); \
+                             backing off until some close (raise `ulimit -n` or lower \
+                             max_connections)"
+                        );
+                        (FIRST_BACKOFF, 1)
+                    }
+                    Some((delay, failures)) => ((delay * 2).min(MAX_BACKOFF), failures + 1),
+                };
+                backoff = Some((delay, failures));
+                tokio::select! {
+                    _ = ready.closed() => return,
+                    _ = tokio::time::sleep(delay) => {}
+                }
+            }
+            // The connection went away before it was accepted (ECONNABORTED
+            // and the like): nothing to do.
+            Err(error) => tracing::debug!(%error, "accept failed"),
+        }
+    }
+}
+
+/// Whether `accept` failed for want of resources, which retrying at once
+/// cannot fix.
+fn out_of_resources(error: &io::Error) -> bool {
+    matches!(
+        error.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+    )
+}
+
+/// Reads the client preface within `timeout`, then hands the connection on.
+///
+/// Cancel safety: runs as its own task.
+async fn handshake(
+    mut stream: TcpStream,
+    peer: SocketAddr,
+    slot: OwnedSemaphorePermit,
+    timeout: Duration,
+    ready: mpsc::Sender<Connection>,
+) {
+    match tokio::time::timeout(timeout, read_preface(&mut stream)).await {
+        Ok(Ok(preface)) => {
+            let connection = Connection {
+                stream,
+                preface,
+                replayed: 0,
+                _slot: slot,
+            };
+            let _ = ready.send(connection).await;
+        }
+        Ok(Err(error)) => tracing::debug!(%peer, %error, "not an HTTP/2 client; closed"),
+        Err(_) => tracing::debug!(%peer, ?timeout, "no HTTP/2 handshake in time; closed"),
+    }
+}
+
+/// Reads the HTTP/2 client preface: the fixed string and a SETTINGS frame.
+async fn read_preface(stream: &mut TcpStream) -> io::Result<Vec<u8>> {
+    let mut bytes = vec![0; PREFACE.len() + FRAME_HEADER];
+    stream.read_exact(&mut bytes).await?;
+    let header = &bytes[PREFACE.len()..];
+    let len = usize::from(header[0]) << 16 | usize::from(header[1]) << 8 | usize::from(header[2]);
+    if bytes[..PREFACE.len()] != PREFACE[..] || header[3] != SETTINGS || len > MAX_SETTINGS_LEN {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "the connection does not start with the HTTP/2 client preface",
+        ));
+    }
+    let start = bytes.len();
+    bytes.resize(start + len, 0);
+    stream.read_exact(&mut bytes[start..]).await?;
+    Ok(bytes)
+}
+
+/// An accepted connection: its preface (already read) comes first, then the
+/// socket. Holds a place under the connection limit until dropped.
+pub(crate) struct Connection {
+    stream: TcpStream,
+    preface: Vec<u8>,
+    replayed: usize,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl Connected for Connection {
+    type ConnectInfo = TcpConnectInfo;
+
+    fn connect_info(&self) -> TcpConnectInfo {
+        self.stream.connect_info()
+    }
+}
+
+impl AsyncRead for Connection {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        if this.replayed < this.preface.len() {
+            let rest = &this.preface[this.replayed..];
+            let n = rest.len().min(buf.remaining());
+            buf.put_slice(&rest[..n]);
+            this.replayed += n;
+            if this.replayed == this.preface.len() {
+                this.preface = Vec::new();
+                this.replayed = 0;
+            }
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Connection {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+/// A warning repeated at most every [`WARN_EVERY`], with a count of what it
+/// left out.
+#[derive(Default)]
+struct Throttled {
+    last: Option<Instant>,
+    suppressed: u64,
+}
+
+impl Throttled {
+    fn warn(&mut self, log: impl FnOnce(u64)) {
+        if self.last.is_some_and(|last| last.elapsed() < WARN_EVERY) {
+            self.suppressed += 1;
+            return;
+        }
+        log(self.suppressed);
+        self.last = Some(Instant::now());
+        self.suppressed = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncWriteExt;
+
+    async fn pair() -> (TcpStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        (client, server)
+    }
+
+    fn client_preface(settings: &[u8]) -> Vec<u8> {
+        let mut bytes = PREFACE.to_vec();
+        let len = settings.len();
+        bytes.extend_from_slice(&[(len >> 16) as u8, (len >> 8) as u8, len as u8, SETTINGS, 0]);
+        bytes.extend_from_slice(&[0, 0, 0, 0]);
+        bytes.extend_from_slice(settings);
+        bytes
+    }
+
+    #[tokio::test]
+    async fn the_preface_is_read_whole_and_replayed() {
+        let (mut client, mut server) = pair().await;
+        let mut sent = client_preface(&[0, 3, 0, 0, 0, 100]);
+        sent.extend_from_slice(b"after");
+        client.write_all(&sent).await.unwrap();
+        let preface = read_preface(&mut server).await.unwrap();
+        assert_eq!(preface, sent[..sent.len() - 5]);
+        let permit = Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap();
+        let mut connection = Connection {
+            stream: server,
+            preface,
+            replayed: 0,
+            _slot: permit,
+        };
+        let mut got = vec![0; sent.len()];
+        connection.read_exact(&mut got).await.unwrap();
+        assert_eq!(got, sent);
+    }
+
+    #[tokio::test]
+    async fn anything_else_is_refused() {
+        for garbage in [
+            b"GET / HTTP/1.1\r\nHost: x\r\n\r\n\r\n\r\n\r\n".to_vec(),
+            // The preface, then a frame that is not SETTINGS.
+            {
+                let mut bytes = client_preface(&[]);
+                bytes[PREFACE.len() + 3] = 0x1;
+                bytes
+            },
+            // A SETTINGS frame too long to be one.
+            {
+                let mut bytes = client_preface(&[]);
+                bytes[PREFACE.len()] = 0xff;
+                bytes
+            },
+        ] {
+            let (mut client, mut server) = pair().await;
+            client.write_all(&garbage).await.unwrap();
+            let error = read_preface(&mut server).await.unwrap_err();
+            assert_eq!(error.kind(), io::ErrorKind::InvalidData);
+        }
+    }
+
+    #[test]
+    fn warnings_are_throttled() {
+        let mut throttled = Throttled::default();
+        let mut logged = Vec::new();
+        for _ in 0..5 {
+            throttled.warn(|suppressed| logged.push(suppressed));
+        }
+        assert_eq!(logged, [0]);
+    }
+}
