@@ -1,4 +1,5 @@
-//! Generates the Rust code of the gRPC API from `proto/locksmith/v1/locksmith.proto`.
+//! Generates the Rust code of the gRPC API from `proto/locksmith/v1/locksmith.proto`
+//! and of the members' Raft traffic from `proto/locksmith/raft/v1/raft.proto`.
 //!
 //! protoc comes from the `protoc-bin-vendored` crate, so a fresh machine builds
 //! without installing anything; set `PROTOC` to use another protoc.
@@ -19,6 +20,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // A message that does not decode is the sender's error (src/codec.rs).
         .codec_path("crate::ProtoCodec")
         .file_descriptor_set_path(out.join("locksmith_descriptor.bin"))
-        .compile_with_config(config, &["proto/locksmith/v1/locksmith.proto"], &["proto"])?;
+        .compile_with_config(
+            config,
+            &[
+                "proto/locksmith/v1/locksmith.proto",
+                "proto/locksmith/raft/v1/raft.proto",
+            ],
+            &["proto"],
+        )?;
     Ok(())
 }

@@ -56,6 +56,17 @@ pub mod v1 {
     tonic::include_proto!("locksmith.v1");
 }
 
+/// The `locksmith.raft.v1` package: the envelope of the Raft traffic between
+/// the members of a server cluster (used by `locksmith-server` only).
+#[allow(missing_docs, clippy::all, clippy::pedantic)]
+pub mod raft {
+    tonic::include_proto!("locksmith.raft.v1");
+}
+
+/// gRPC metadata key with which a member that is not the leader names the
+/// leader (`host:port`) when it refuses a call: the client goes there.
+pub const LEADER_METADATA: &str = "locksmith-leader";
+
 /// The `prost` version the messages are generated with (for
 /// [`prost::Message::encoded_len`] and friends without a separate dependency).
 pub use prost;

@@ -1,4 +1,5 @@
-//! `locksmith://host[:port]`: the locksmith lock server (default port 7420).
+//! `locksmith://host[:port][,host[:port]...]`: the locksmith lock server
+//! (default port 7420), one server or the members of a cluster.
 //!
 //! The server (crate `locksmith-server`, started with `locksmith serve`) runs
 //! the same lock engine as `memory://`, durably, behind gRPC (package
@@ -6,6 +7,14 @@
 //! exclusive, shared and semaphore modes, atomic multi-locks, FIFO queues with
 //! a push on every grant (no polling, no herd), re-entry, lock-delay, fencing
 //! tokens from the server's durable counter, and inspection with waiters.
+//!
+//! # Several members
+//!
+//! With several addresses the client talks to one member at a time
+//! (module `members`): the first that serves, the next one when it goes
+//! away, and the leader at once when a member answers that it is not the
+//! leader and names it. The session stream then resumes there, as after a
+//! restart.
 //!
 //! # One session per client
 //!
@@ -47,6 +56,7 @@
 //! [`ConnectOptions::session_ttl`]: crate::ConnectOptions::session_ttl
 
 mod convert;
+mod members;
 mod session;
 
 use std::sync::Arc;
@@ -57,12 +67,13 @@ use locksmith_proto::v1 as pb;
 use locksmith_proto::v1::locksmith_client::LocksmithClient;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
-use tonic::transport::Endpoint;
+use tonic::transport::Channel;
 
 use crate::backend::{AcquireRequest, Backend, Capabilities, Grant, Hold, LockInfo, Wait};
 use crate::client::ConnectOptions;
 use crate::error::{Error, Result};
 
+use members::{member_down, Members};
 use session::{AcquireOutcome, Shared};
 
 const BACKEND: &str = "server";
@@ -77,52 +88,43 @@ pub struct ServerBackend {
 }
 
 impl ServerBackend {
-    /// Connects to `locksmith://host[:port]` and opens a session.
+    /// Connects to `locksmith://host[:port][,host[:port]...]` (the members
+    /// of a cluster, or one server) and opens a session on the first member
+    /// that serves, following its redirect to the leader.
     ///
     /// Cancel safety: safe; a dropped connect leaves at most a session that
     /// expires after its TTL.
     pub async fn connect(url: &str, options: &ConnectOptions) -> Result<Self> {
-        let endpoint = endpoint(url)?;
-        let span = tracing::debug_span!("connect", backend = BACKEND, %endpoint);
-        let channel = tracing::Instrument::instrument(
-            Endpoint::from_shared(endpoint.clone())
-                .map_err(|e| invalid_url(url, e.to_string()))?
-                .connect_timeout(Duration::from_secs(5))
-                .tcp_nodelay(true)
-                .http2_keep_alive_interval(Duration::from_secs(10))
-                .keep_alive_timeout(Duration::from_secs(20))
-                .keep_alive_while_idle(true)
-                .connect(),
-            span,
-        )
-        .await
-        .map_err(|e| Error::backend(BACKEND, format!("cannot connect to {endpoint}: {e}")))?;
-        let client = LocksmithClient::new(channel).max_decoding_message_size(MAX_RESPONSE_BYTES);
-        let shared = session::connect(client, options.clone()).await?;
+        let members = Arc::new(Members::parse(url)?);
+        let shared = session::connect(members, options.clone()).await?;
         Ok(ServerBackend { shared })
     }
-}
 
-/// `http://host:port` of a `locksmith://` URL.
-fn endpoint(url: &str) -> Result<String> {
-    let parsed = url::Url::parse(url).map_err(|e| invalid_url(url, e.to_string()))?;
-    if parsed.scheme() != "locksmith" {
-        return Err(invalid_url(url, "expected locksmith://host[:port]".into()));
+    /// A unary call on the current member; on the leader instead when the
+    /// member names it, on the next member when it is down (each at most
+    /// once).
+    ///
+    /// Cancel safety: safe; the call may or may not have reached a member.
+    async fn unary<T, F, Fut>(&self, call: F) -> std::result::Result<T, tonic::Status>
+    where
+        F: Fn(LocksmithClient<Channel>) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let members = &self.shared.members;
+        let mut attempts = 2 * members.len();
+        loop {
+            attempts -= 1;
+            let (at, _, client) = members.current();
+            match call(client).await {
+                Ok(response) => return Ok(response.into_inner()),
+                Err(status) if attempts > 0 && members.follow(&status) => {}
+                Err(status) if attempts > 0 && member_down(&status) && members.len() > 1 => {
+                    members.failed(at);
+                }
+                Err(status) => return Err(status),
+            }
+        }
     }
-    let host = parsed
-        .host_str()
-        .filter(|h| !h.is_empty())
-        .ok_or_else(|| invalid_url(url, "no host".into()))?;
-    if !matches!(parsed.path(), "" | "/") || parsed.query().is_some() {
-        return Err(invalid_url(
-            url,
-            "locksmith://host[:port] takes no path or options".into(),
-        ));
-    }
-    Ok(format!(
-        "http://{host}:{}",
-        parsed.port().unwrap_or(DEFAULT_PORT)
-    ))
 }
 
 fn invalid_url(url: &str, reason: String) -> Error {
@@ -219,12 +221,13 @@ impl Backend for ServerBackend {
         session::settle_earlier().await;
         let request = pb::DescribeRequest { name: name.into() };
         let response = self
-            .shared
-            .client()
-            .describe(request)
+            .unary(|mut client| {
+                let request = request.clone();
+                async move { client.describe(request).await }
+            })
             .await
             .map_err(convert::status)?;
-        Ok(response.into_inner().lock.map(convert::lock_info))
+        Ok(response.lock.map(convert::lock_info))
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>> {
@@ -233,22 +236,24 @@ impl Backend for ServerBackend {
             prefix: prefix.into(),
         };
         let response = self
-            .shared
-            .client()
-            .list(request)
+            .unary(|mut client| {
+                let request = request.clone();
+                async move { client.list(request).await }
+            })
             .await
             .map_err(convert::status)?;
-        Ok(response
-            .into_inner()
-            .locks
-            .into_iter()
-            .map(convert::lock_info)
-            .collect())
+        Ok(response.locks.into_iter().map(convert::lock_info).collect())
     }
 
     async fn force_release(&self, name: &str) -> Result<()> {
         let request = pb::ForceReleaseRequest { name: name.into() };
-        match self.shared.client().force_release(request).await {
+        let result = self
+            .unary(|mut client| {
+                let request = request.clone();
+                async move { client.force_release(request).await }
+            })
+            .await;
+        match result {
             Ok(_) => Ok(()),
             Err(status) if status.code() == tonic::Code::NotFound => {
                 Err(Error::NotHeld { name: name.into() })
@@ -331,34 +336,5 @@ impl Hold for ServerHold {
             })
         });
         tracing::Instrument::instrument(renew, span).await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn urls() {
-        assert_eq!(
-            endpoint("locksmith://127.0.0.1:7000").unwrap(),
-            "http://127.0.0.1:7000"
-        );
-        assert_eq!(
-            endpoint("locksmith://example.org").unwrap(),
-            "http://example.org:7420"
-        );
-        assert_eq!(endpoint("locksmith://[::1]:9/").unwrap(), "http://[::1]:9");
-        for bad in [
-            "locksmith://",
-            "locksmith://h:1/path",
-            "locksmith://h?x=1",
-            "http://h",
-        ] {
-            assert!(
-                matches!(endpoint(bad), Err(Error::InvalidUrl { .. })),
-                "{bad}"
-            );
-        }
     }
 }

@@ -23,13 +23,11 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use locksmith_proto::v1 as pb;
-use locksmith_proto::v1::locksmith_client::LocksmithClient;
 use pb::client_message::Kind as Out;
 use pb::server_message::Kind as In;
 use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::time::{sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Channel;
 use tonic::{Code, Streaming};
 
 use crate::backend::LostSignal;
@@ -37,6 +35,7 @@ use crate::client::ConnectOptions;
 use crate::error::{Error, Result};
 
 use super::convert;
+use super::members::{member_down, Members};
 
 /// Shortest and longest pause between reconnect attempts.
 const MIN_BACKOFF: Duration = Duration::from_millis(20);
@@ -497,7 +496,7 @@ pub(super) struct Shared {
     state: Mutex<State>,
     pub ttl: Duration,
     options: ConnectOptions,
-    client: LocksmithClient<Channel>,
+    pub members: Arc<Members>,
     /// Cancelled to close the session.
     pub closing: CancellationToken,
     /// Cancelled when the driver has finished.
@@ -507,11 +506,6 @@ pub(super) struct Shared {
 impl Shared {
     pub(super) fn state(&self) -> MutexGuard<'_, State> {
         self.state.lock().expect("server session state poisoned")
-    }
-
-    /// The gRPC client, for unary calls.
-    pub(super) fn client(&self) -> LocksmithClient<Channel> {
-        self.client.clone()
     }
 }
 
@@ -525,6 +519,8 @@ enum End {
 /// Why a stream could not be set up.
 enum SetupError {
     UnknownSession(String),
+    /// The member named the leader, which is now current: try again at once.
+    Redirected,
     Failed(Error),
 }
 
@@ -592,7 +588,7 @@ fn batches(
 /// Cancel safety: safe; a dropped attempt leaves at most a session that
 /// expires after its TTL (or, for a resume, one still waiting to be resumed).
 async fn establish(
-    client: &LocksmithClient<Channel>,
+    members: &Members,
     options: &ConnectOptions,
     ttl: Duration,
     resume: Option<&Credentials>,
@@ -615,11 +611,20 @@ async fn establish(
         ack_lost: Vec::new(),
     });
     let sent_at = Instant::now();
+    let (at, addr, client) = members.current();
     let failed = |status: tonic::Status| {
         if status.code() == Code::NotFound {
             SetupError::UnknownSession(status.message().to_owned())
+        } else if members.follow(&status) {
+            SetupError::Redirected
         } else {
-            SetupError::Failed(convert::status(status))
+            if member_down(&status) {
+                members.failed(at);
+            }
+            SetupError::Failed(Error::backend(
+                super::BACKEND,
+                format!("{addr}: {}", convert::status(status)),
+            ))
         }
     };
     let mut inbound = client
@@ -659,27 +664,40 @@ async fn establish(
     })
 }
 
-/// Opens the first session and starts the driver that keeps it.
+/// Opens the first session, on the first member that serves (following
+/// redirects to the leader), and starts the driver that keeps it.
 ///
 /// Cancel safety: as [`establish`].
-pub(super) async fn connect(
-    client: LocksmithClient<Channel>,
-    options: ConnectOptions,
-) -> Result<Arc<Shared>> {
+pub(super) async fn connect(members: Arc<Members>, options: ConnectOptions) -> Result<Arc<Shared>> {
     let ttl = options.session_ttl;
-    let setup = tokio::time::timeout(setup_timeout(ttl), establish(&client, &options, ttl, None));
-    let link = match setup.await {
-        Ok(Ok(link)) => link,
-        Ok(Err(SetupError::Failed(error))) => return Err(error),
-        Ok(Err(SetupError::UnknownSession(message))) => {
-            return Err(Error::backend(super::BACKEND, message))
+    // Every member once, plus a redirect to the leader from each.
+    let mut attempts = 2 * members.len();
+    let link = loop {
+        attempts -= 1;
+        let setup = establish(&members, &options, ttl, None);
+        let error = match tokio::time::timeout(setup_timeout(ttl), setup).await {
+            Ok(Ok(link)) => break link,
+            Ok(Err(SetupError::Redirected)) if attempts > 0 => continue,
+            Ok(Err(SetupError::Redirected)) => {
+                Error::backend(super::BACKEND, "redirected without reaching the leader")
+            }
+            Ok(Err(SetupError::Failed(error))) => error,
+            Ok(Err(SetupError::UnknownSession(message))) => {
+                return Err(Error::backend(super::BACKEND, message))
+            }
+            Err(_) => {
+                let (at, addr, _) = members.current();
+                members.failed(at);
+                Error::backend(
+                    super::BACKEND,
+                    format!("{addr}: the server did not open a session in time"),
+                )
+            }
+        };
+        if attempts == 0 || members.len() == 1 {
+            return Err(error);
         }
-        Err(_) => {
-            return Err(Error::backend(
-                super::BACKEND,
-                "the server did not open a session in time",
-            ))
-        }
+        tracing::debug!(backend = super::BACKEND, %error, "trying the next member");
     };
     let mut state = State::new();
     state.link = Some(link.outbound.clone());
@@ -687,7 +705,7 @@ pub(super) async fn connect(
         state: Mutex::new(state),
         ttl,
         options,
-        client,
+        members,
         closing: CancellationToken::new(),
         finished: CancellationToken::new(),
     });
@@ -756,7 +774,7 @@ async fn drive(shared: Arc<Shared>, first: Link) {
                 }
             }
             let setup = establish(
-                &shared.client,
+                &shared.members,
                 &shared.options,
                 shared.ttl,
                 session.as_ref(),
@@ -775,6 +793,7 @@ async fn drive(shared: Arc<Shared>, first: Link) {
                     session = None;
                     continue;
                 }
+                Ok(Err(SetupError::Redirected)) => continue,
                 Ok(Err(SetupError::Failed(error))) => {
                     tracing::debug!(backend = super::BACKEND, %error, "reconnect failed");
                 }
@@ -816,7 +835,7 @@ async fn close_remotely(shared: &Shared, credentials: Credentials) {
         session_id: credentials.id,
         secret: credentials.secret,
     };
-    let mut client = shared.client.clone();
+    let (_, _, mut client) = shared.members.current();
     let _ = tokio::time::timeout(CLOSE_WAIT, client.close_session(request)).await;
 }
 

@@ -1,0 +1,244 @@
+//! The members of a lock-server cluster as a client knows them
+//! (`locksmith://h1:p1,h2:p2,h3:p3`), and the one it talks to.
+//!
+//! The client talks to one member at a time: the leader, as far as it knows.
+//! When that member fails, it tries the next one in the list; when a member
+//! answers that it is not the leader and names the leader (gRPC metadata
+//! [`locksmith_proto::LEADER_METADATA`]), the client goes there at once, and
+//! adds the address to its list if it was not on it (a member added to the
+//! cluster after the client started).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use locksmith_proto::v1::locksmith_client::LocksmithClient;
+use tonic::transport::{Channel, Endpoint};
+use tonic::Status;
+
+use super::{invalid_url, DEFAULT_PORT, MAX_RESPONSE_BYTES};
+use crate::error::Result;
+
+/// One member: its address and a lazily connected channel to it.
+#[derive(Clone)]
+struct Member {
+    /// `host:port`.
+    addr: String,
+    client: LocksmithClient<Channel>,
+}
+
+/// The members and which one is current.
+pub(super) struct Members {
+    members: Mutex<Vec<Member>>,
+    current: AtomicUsize,
+}
+
+impl Members {
+    /// Parses `locksmith://host[:port][,host[:port]...]`. Connects to nothing
+    /// yet: each channel connects on first use and reconnects by itself.
+    pub(super) fn parse(url: &str) -> Result<Members> {
+        let members = addresses(url)?
+            .into_iter()
+            .map(|addr| member(url, addr))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Members {
+            members: Mutex::new(members),
+            current: AtomicUsize::new(0),
+        })
+    }
+
+    fn list(&self) -> MutexGuard<'_, Vec<Member>> {
+        self.members.lock().expect("member list poisoned")
+    }
+
+    /// How many members the client knows.
+    pub(super) fn len(&self) -> usize {
+        self.list().len()
+    }
+
+    /// The member to talk to: its position (for [`Members::failed`]), its
+    /// address and a client.
+    pub(super) fn current(&self) -> (usize, String, LocksmithClient<Channel>) {
+        let list = self.list();
+        let at = self.current.load(Ordering::Acquire) % list.len();
+        (at, list[at].addr.clone(), list[at].client.clone())
+    }
+
+    /// The member at `at` failed: the next one becomes current, unless
+    /// another caller moved on already.
+    pub(super) fn failed(&self, at: usize) {
+        let len = self.len();
+        let _ =
+            self.current
+                .compare_exchange(at, (at + 1) % len, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    /// If `status` is a member's "not the leader" answer naming the leader,
+    /// makes the leader current (adding it if it is new) and returns true.
+    pub(super) fn follow(&self, status: &Status) -> bool {
+        let Some(leader) = leader_of(status) else {
+            return false;
+        };
+        let mut list = self.list();
+        let at = match list.iter().position(|m| m.addr == leader) {
+            Some(at) => at,
+            None => match member(&leader, leader.clone()) {
+                Ok(new) => {
+                    list.push(new);
+                    list.len() - 1
+                }
+                Err(_) => return false,
+            },
+        };
+        self.current.store(at, Ordering::Release);
+        tracing::debug!(backend = super::BACKEND, %leader, "following the leader");
+        true
+    }
+}
+
+/// The leader a member's answer names, if it says it is not the leader.
+pub(super) fn leader_of(status: &Status) -> Option<String> {
+    let value = status.metadata().get(locksmith_proto::LEADER_METADATA)?;
+    let leader = value.to_str().ok()?.trim();
+    (!leader.is_empty()).then(|| leader.to_owned())
+}
+
+fn member(url: &str, addr: String) -> Result<Member> {
+    let channel = Endpoint::from_shared(format!("http://{addr}"))
+        .map_err(|e| invalid_url(url, e.to_string()))?
+        .connect_timeout(Duration::from_secs(5))
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_timeout(Duration::from_secs(20))
+        .keep_alive_while_idle(true)
+        .connect_lazy();
+    Ok(Member {
+        addr,
+        client: LocksmithClient::new(channel).max_decoding_message_size(MAX_RESPONSE_BYTES),
+    })
+}
+
+/// The `host:port` of each member of a `locksmith://` URL, in order.
+fn addresses(url: &str) -> Result<Vec<String>> {
+    let authority = url.strip_prefix("locksmith://").ok_or_else(|| {
+        invalid_url(
+            url,
+            "expected locksmith://host[:port][,host[:port]...]".into(),
+        )
+    })?;
+    let authority = match authority.find(['/', '?', '#']) {
+        Some(at) if !authority[at..].trim_start_matches('/').is_empty() => {
+            return Err(invalid_url(
+                url,
+                "locksmith://host[:port][,...] takes no path or options".into(),
+            ))
+        }
+        Some(at) => &authority[..at],
+        None => authority,
+    };
+    let mut addresses = Vec::new();
+    for part in authority.split(',') {
+        // Each member through the URL parser, which checks hosts and ports.
+        let parsed = url::Url::parse(&format!("locksmith://{part}"))
+            .map_err(|e| invalid_url(url, format!("member {part:?}: {e}")))?;
+        let host = parsed
+            .host_str()
+            .filter(|h| !h.is_empty())
+            .ok_or_else(|| invalid_url(url, format!("member {part:?} has no host")))?;
+        if !parsed.username().is_empty() || parsed.password().is_some() {
+            return Err(invalid_url(url, "members take no user or password".into()));
+        }
+        let addr = format!("{host}:{}", parsed.port().unwrap_or(DEFAULT_PORT));
+        if !addresses.contains(&addr) {
+            addresses.push(addr);
+        }
+    }
+    Ok(addresses)
+}
+
+/// Whether `status` says the member could not serve at all (unreachable,
+/// stopping, broken connection), so the next member is worth trying; an
+/// answer about the request itself is not.
+pub(super) fn member_down(status: &Status) -> bool {
+    use tonic::Code;
+    matches!(
+        status.code(),
+        Code::Unavailable | Code::Unknown | Code::Cancelled | Code::DeadlineExceeded
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Error;
+
+    #[test]
+    fn one_or_many_members() {
+        assert_eq!(
+            addresses("locksmith://127.0.0.1:7000").unwrap(),
+            ["127.0.0.1:7000"]
+        );
+        assert_eq!(
+            addresses("locksmith://example.org").unwrap(),
+            ["example.org:7420"]
+        );
+        assert_eq!(addresses("locksmith://[::1]:9/").unwrap(), ["[::1]:9"]);
+        assert_eq!(
+            addresses("locksmith://a:1,b,[::1]:3,a:1").unwrap(),
+            ["a:1", "b:7420", "[::1]:3"],
+            "in order, default port, duplicates once"
+        );
+        for bad in [
+            "locksmith://",
+            "locksmith://h:1/path",
+            "locksmith://h?x=1",
+            "locksmith://a:1,",
+            "locksmith://a:1,,b:2",
+            "locksmith://a:99999",
+            "locksmith://u:p@h:1",
+            "http://h",
+        ] {
+            assert!(
+                matches!(addresses(bad), Err(Error::InvalidUrl { .. })),
+                "{bad}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_redirect_makes_the_leader_current_and_adds_a_new_one() {
+        let members = Members::parse("locksmith://a:1,b:2").unwrap();
+        assert_eq!(members.current().1, "a:1");
+        let mut status = Status::unavailable("not the leader");
+        status
+            .metadata_mut()
+            .insert(locksmith_proto::LEADER_METADATA, "b:2".parse().unwrap());
+        assert!(members.follow(&status));
+        assert_eq!(members.current().1, "b:2");
+        status
+            .metadata_mut()
+            .insert(locksmith_proto::LEADER_METADATA, "c:3".parse().unwrap());
+        assert!(members.follow(&status));
+        assert_eq!(members.current().1, "c:3");
+        assert_eq!(members.len(), 3);
+        assert!(!members.follow(&Status::unavailable("down")));
+        assert_eq!(members.current().1, "c:3");
+    }
+
+    #[tokio::test]
+    async fn a_failure_moves_to_the_next_member_once() {
+        let members = Members::parse("locksmith://a:1,b:2,c:3").unwrap();
+        let (at, _, _) = members.current();
+        members.failed(at);
+        members.failed(at);
+        assert_eq!(
+            members.current().1,
+            "b:2",
+            "a second report of a:1 is stale"
+        );
+        let (at, _, _) = members.current();
+        members.failed(at);
+        members.failed(2);
+        assert_eq!(members.current().1, "a:1", "around the list");
+    }
+}
