@@ -42,10 +42,9 @@ async fn no_member_serving_is_a_clear_error() {
         session_ttl: Duration::from_secs(2),
         ..ConnectOptions::default()
     };
-    let error = Client::connect_with(&url, options)
-        .await
-        .err()
-        .expect("nobody serves");
+    let Err(error) = Client::connect_with(&url, options).await else {
+        panic!("connected although nobody serves");
+    };
     let message = error.to_string();
     assert!(message.contains(&format!("127.0.0.1:{b}")), "{message}");
 }
