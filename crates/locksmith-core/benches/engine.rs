@@ -19,6 +19,8 @@
 //! * the same pairs/s as the fastest of 200 windows of 10,000 pairs: robust
 //!   against a loaded machine, where criterion's means include the time the
 //!   benchmark spent preempted;
+//! * pairs/s of a session that also has 0 to 100,000 requests queued: flat,
+//!   because no per-request check walks the session's queue;
 //! * memory per held lock: 1,000,000 locks with 16-byte names held by one
 //!   session, measured with a counting global allocator (live bytes requested
 //!   from the allocator, so malloc's own per-block overhead is not included),
@@ -32,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput};
 use locksmith_core::{
-    Acquire, ClientInfo, Command, Effect, Engine, Mode, RequestId, SessionId, Wait,
+    Acquire, ClientInfo, Command, Effect, Engine, Limits, Mode, RequestId, SessionId, Wait,
 };
 
 /// Counts live bytes (and calls) on top of the system allocator, while
@@ -353,6 +355,65 @@ fn fastest_window(distinct: bool, prebuilt: bool, windows: usize) -> f64 {
     WINDOW as f64 / best.as_secs_f64()
 }
 
+/// Pairs per second (fastest of `windows` windows of 1,000 pairs, 4096 names)
+/// in a session that also has `queued` acquires waiting, spread over locks it
+/// holds under another owner: the cost of each acquire must not grow with
+/// the session's queue (the holds-per-session check used to walk it).
+fn pairs_with_queue(queued: usize, windows: usize) -> f64 {
+    const WINDOW: u64 = 1_000;
+    let limits = Limits {
+        max_waiters_per_lock: usize::MAX,
+        ..Limits::default()
+    };
+    let mut engine = Engine::new(limits);
+    let mut effects = Vec::new();
+    let open = Command::OpenSession {
+        session: SESSION,
+        ttl: 60_000,
+        info: ClientInfo::default(),
+    };
+    engine.apply(0, open, &mut effects).expect("open session");
+    let blockers = 16;
+    for b in 0..blockers {
+        let mut hold = acquire(format!("bench/blocker/{b}"), u64::MAX - b as u64);
+        if let Command::Acquire(a) = &mut hold {
+            a.owner = "blocker".into();
+        }
+        engine.apply(0, hold, &mut effects).expect("blocker");
+    }
+    for q in 0..queued {
+        let mut wait = acquire(
+            format!("bench/blocker/{}", q % blockers),
+            1 << 40 | q as u64,
+        );
+        if let Command::Acquire(a) = &mut wait {
+            a.owner = format!("waiter-{q}");
+            a.wait = Wait::Forever;
+        }
+        engine.apply(0, wait, &mut effects).expect("queue");
+    }
+    effects.clear();
+    let names: Vec<String> = (0..NAMES).map(name).collect();
+    let mut best = Duration::MAX;
+    let mut i = 0u64;
+    for _ in 0..windows {
+        let start = Instant::now();
+        for _ in 0..WINDOW {
+            i += 1;
+            let n = &names[i as usize % NAMES];
+            pair(
+                &mut engine,
+                &mut effects,
+                1,
+                acquire(n.clone(), i),
+                release(n.clone()),
+            );
+        }
+        best = best.min(start.elapsed());
+    }
+    WINDOW as f64 / best.as_secs_f64()
+}
+
 /// Allocator calls of one acquire + release pair (steady state, same name).
 fn allocations_per_pair() {
     let mut engine = engine_with_session();
@@ -413,6 +474,11 @@ fn main() {
             rate / 1e6,
             if rate >= 3e6 { "met" } else { "MISSED" }
         );
+    }
+    println!("acquire+release pairs/s in a session with queued requests (4096 names):");
+    for queued in [0, 1_000, 10_000, 100_000] {
+        let rate = pairs_with_queue(queued, if quick { 1 } else { 20 });
+        println!("  {queued:>7} queued: {rate:.0} pairs/s");
     }
     memory_per_held_lock(if quick { 10_000 } else { 1_000_000 });
 }

@@ -176,6 +176,23 @@ struct Session {
     /// Locks where this session has at least one hold.
     holds: FxHashSet<LockId>,
     waiting: FxHashSet<RequestId>,
+    /// Names over all of `waiting` (each may become a hold): kept as a count
+    /// so that the holds limit is checked in O(1) however long the queue.
+    queued_names: usize,
+}
+
+impl Session {
+    fn add_waiter(&mut self, request: RequestId, names: usize) {
+        if self.waiting.insert(request) {
+            self.queued_names += names;
+        }
+    }
+
+    fn remove_waiter(&mut self, request: RequestId, names: usize) {
+        if self.waiting.remove(&request) {
+            self.queued_names -= names;
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -422,6 +439,7 @@ impl Engine {
                 info,
                 holds: FxHashSet::default(),
                 waiting: FxHashSet::default(),
+                queued_names: 0,
             },
         );
         self.timers.insert((expires_at, Timer::Session(id)));
@@ -496,24 +514,15 @@ impl Engine {
     /// Refuses an acquire that would take `session` past its holds limit.
     ///
     /// Queued requests count too, since each becomes holds when granted:
-    /// otherwise a session could pass the limit by queueing. Counting them
-    /// exactly walks the session's waiters, so it only happens when the cheap
-    /// upper bound (every waiter naming the most names an acquire may) says
-    /// the limit is near.
+    /// otherwise a session could pass the limit by queueing. Each queued name
+    /// counts once per request (even one the session already holds or queues
+    /// for in another request), so the check is O(1) from a counter: walking
+    /// the queue made every acquire of a session with many waiters slower,
+    /// and held the engine thread for seconds at tens of thousands.
     fn check_holds_limit(&self, session: SessionId, new_holds: usize) -> Result<(), EngineError> {
         let limit = self.limits.max_holds_per_session;
         let entry = &self.sessions[&session];
-        let committed = entry.holds.len() + new_holds;
-        let pending_bound = entry.waiting.len() * self.limits.max_names_per_acquire;
-        if committed + pending_bound <= limit {
-            return Ok(());
-        }
-        let mut pending: FxHashSet<LockId> = FxHashSet::default();
-        for request in &entry.waiting {
-            let waiter = &self.waiters[&(session, *request)];
-            pending.extend(waiter.locks.iter().filter(|l| !entry.holds.contains(l)));
-        }
-        if committed + pending.len() > limit {
+        if entry.holds.len() + new_holds + entry.queued_names > limit {
             return Err(EngineError::LimitReached {
                 what: "holds per session",
                 limit: limit as u64,
@@ -675,7 +684,7 @@ impl Engine {
             self.timers.insert((deadline, Timer::Waiter(key.0, key.1)));
         }
         if let Some(session) = self.sessions.get_mut(&key.0) {
-            session.waiting.insert(key.1);
+            session.add_waiter(key.1, waiter.locks.len());
         }
         self.waiters.insert(key, waiter);
         effects.push(Effect::Queued {
@@ -963,7 +972,7 @@ impl Engine {
         }
         let waiter = self.take_waiter(key);
         if let Some(session) = self.sessions.get_mut(&key.0) {
-            session.waiting.remove(&key.1);
+            session.remove_waiter(key.1, waiter.locks.len());
         }
         effects.extend(effect);
         self.settle(now, &waiter.locks, effects);
@@ -1043,7 +1052,7 @@ impl Engine {
             }
             let waiter = self.take_waiter(key);
             if let Some(session) = self.sessions.get_mut(&key.0) {
-                session.waiting.remove(&key.1);
+                session.remove_waiter(key.1, waiter.locks.len());
             }
             let tokens = self.grant(
                 now,
@@ -1321,6 +1330,7 @@ impl Engine {
                     info: s.info,
                     holds: FxHashSet::default(),
                     waiting: FxHashSet::default(),
+                    queued_names: 0,
                 },
             );
         }
@@ -1352,7 +1362,7 @@ impl Engine {
             entry.delay_until = lock.delay_until;
         }
         for w in snapshot.waiters {
-            let locks = w
+            let locks: Vec<LockId> = w
                 .names
                 .into_iter()
                 .map(|name| engine.lock_id_or_insert(name))
@@ -1363,7 +1373,7 @@ impl Engine {
                     .insert((deadline, Timer::Waiter(w.session, w.request)));
             }
             if let Some(session) = engine.sessions.get_mut(&w.session) {
-                session.waiting.insert(w.request);
+                session.add_waiter(w.request, locks.len());
             }
             engine.waiters.insert(
                 (w.session, w.request),

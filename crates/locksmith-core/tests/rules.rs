@@ -1513,10 +1513,21 @@ fn limits_give_limit_reached_and_out_of_range() {
     assert_eq!(h.ok(2, acq(4, 1, "w", &["q"])), [queued(4, 1, 0)]);
     h.err(2, acq(4, 2, "w", &["r", "s"]), holds.clone());
     h.ok(2, acq(4, 3, "w", &["r"]));
-    h.err(2, acq(4, 4, "w", &["s"]), holds);
+    h.err(2, acq(4, 4, "w", &["s"]), holds.clone());
     h.ok(2, cancel(4, 1));
     h.ok(2, release(4, "w", "r"));
+    // Each queued request counts its names, even one the session already
+    // queues for (kept as a counter: the check never walks the queue).
+    assert_eq!(h.ok(2, acq(4, 5, "w1", &["q"])), [queued(4, 5, 0)]);
+    assert_eq!(h.ok(2, acq(4, 6, "w2", &["q"])), [queued(4, 6, 1)]);
+    h.err(2, acq(4, 7, "w3", &["q"]), holds.clone());
+    // A grant turns a queued name into a hold; a cancel frees its place.
+    h.ok(2, cancel(4, 6));
     h.ok(2, release(2, "o2", "q"));
+    h.ok(2, acq(4, 8, "w4", &["t"]));
+    h.err(2, acq(4, 9, "w5", &["u"]), holds);
+    h.ok(2, release(4, "w1", "q"));
+    h.ok(2, release(4, "w4", "t"));
 
     // Waiters per lock.
     assert_eq!(h.ok(3, acq(2, 1, "w", &["a"])), [queued(2, 1, 0)]);

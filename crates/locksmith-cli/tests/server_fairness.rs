@@ -1,0 +1,82 @@
+//! One client must not stall or expire the others, against a real `locksmith
+//! serve` process: a session with a long queue, a batch that keeps the engine
+//! busy past another session's TTL, snapshots and listings of a big lock
+//! table. The assertions are about behaviour (the well-behaved client keeps
+//! its session and its lock), never about durations.
+
+mod server_support;
+
+use std::time::Duration;
+
+use locksmith_proto::v1 as pb;
+use pb::client_message::Kind as Out;
+use server_support::{unique, RawSession, ServerProcess};
+
+/// Acquire requests of `owner` on `name` that wait forever and say when
+/// they are queued.
+fn waiting_acquire(id: u64, name: &str, owner: String) -> Out {
+    Out::Request(pb::Request {
+        id,
+        op: Some(pb::request::Op::Acquire(pb::Acquire {
+            names: vec![name.into()],
+            owner,
+            wait: pb::WaitKind::Forever as i32,
+            notify_queued: true,
+            ..Default::default()
+        })),
+    })
+}
+
+/// Reads `count` replies (any kind), panicking on an error reply.
+async fn replies(session: &mut RawSession, count: usize) {
+    let mut seen = 0;
+    while seen < count {
+        match session.next().await {
+            Some(pb::server_message::Kind::Reply(pb::Reply {
+                result: Some(pb::reply::Result::Error(e)),
+                ..
+            })) => panic!("{e:?}"),
+            Some(pb::server_message::Kind::Reply(_)) => seen += 1,
+            Some(_) => {}
+            None => panic!("the stream ended after {seen} of {count} replies"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_with_a_long_queue_slows_nobody_else() {
+    const QUEUED: u64 = 40_000;
+    const PER_BATCH: u64 = 2_000;
+    let server = ServerProcess::start_with(&["--max-waiters-per-lock", "100000"]);
+    // The well-behaved client: heartbeats every second, a 3 s TTL.
+    let client = server.client(Duration::from_secs(3)).await;
+    let name = unique("long-queue");
+    let guard = client.lock(name.as_str()).acquire().await.unwrap();
+
+    // The other one holds a lock and queues tens of thousands of requests on
+    // it from the same session, all sent at once.
+    let mut flood = RawSession::open(server.port(), 30_000).await;
+    let blocker = unique("long-queue-blocker");
+    flood.send(waiting_acquire(0, &blocker, "holder".into()));
+    replies(&mut flood, 1).await;
+    for first in (1..=QUEUED).step_by(PER_BATCH as usize) {
+        flood.send_batch(
+            (first..first + PER_BATCH)
+                .map(|id| waiting_acquire(id, &blocker, format!("waiter-{id}")))
+                .collect(),
+        );
+    }
+    tokio::select! {
+        _ = replies(&mut flood, QUEUED as usize) => {}
+        reason = guard.lost() => panic!("the well-behaved client lost its lock: {reason}"),
+    }
+
+    server.assert_running();
+    assert!(!guard.is_lost(), "{:?}", guard.lost_signal().reason());
+    guard
+        .release()
+        .await
+        .expect("the session lived through the flood");
+    let again = client.lock(name.as_str()).try_acquire().await.unwrap();
+    assert!(again.is_some());
+}
