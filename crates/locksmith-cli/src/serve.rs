@@ -59,6 +59,17 @@ pub struct ServeArgs {
     /// Write a snapshot (and start a new log segment) after this many log records.
     #[arg(long, default_value_t = 100_000)]
     pub snapshot_every: u64,
+    /// Start a new log segment once one holds this many bytes.
+    #[arg(long, default_value_t = 64 << 20)]
+    pub segment_bytes: u64,
+    /// Start even on a damaged data directory (a damaged log record before
+    /// valid ones, a missing snapshot or log segment): keep the files as found
+    /// in `damaged-<time>/`, recover what comes before the damage, and hand
+    /// out fencing tokens above every token the directory may have issued.
+    /// What comes after the damage is lost. Without this flag the server
+    /// refuses to start and says what is wrong.
+    #[arg(long)]
+    pub recover_damaged_data: bool,
 }
 
 impl ServeArgs {
@@ -79,6 +90,8 @@ impl ServeArgs {
         config.snapshot_every = self.snapshot_every;
         config.max_connections = self.max_connections;
         config.handshake_timeout = self.handshake_timeout;
+        config.segment_bytes = self.segment_bytes;
+        config.recover_damaged_data = self.recover_damaged_data;
         config
     }
 }

@@ -45,6 +45,16 @@ pub struct ServerConfig {
     pub open_timeout: Duration,
     /// Write a snapshot (and start a new log segment) after this many records.
     pub snapshot_every: u64,
+    /// A log segment is closed, and the next one started, after the commit
+    /// that makes it this long (in bytes).
+    pub segment_bytes: u64,
+    /// Start even on a damaged data directory (a damaged log frame before
+    /// valid ones, a missing snapshot or segment): keep the files as found in
+    /// `damaged-<time>/`, recover what comes before the damage, and hand out
+    /// fencing tokens above every token the directory may have issued. What
+    /// comes after the damage is lost. Without it the server refuses to start
+    /// and names what is wrong.
+    pub recover_damaged_data: bool,
     /// Most requests applied in one batch (one fsync).
     pub max_batch: usize,
     /// Most client connections open at once (counting those still in their
@@ -80,6 +90,8 @@ impl ServerConfig {
             max_unacked_replies: 100_000,
             open_timeout: Duration::from_secs(10),
             snapshot_every: 100_000,
+            segment_bytes: 64 << 20,
+            recover_damaged_data: false,
             max_batch: 4096,
             max_connections: 10_000,
             handshake_timeout: Duration::from_secs(10),

@@ -14,13 +14,32 @@ pub enum ServerError {
         /// The underlying error.
         source: std::io::Error,
     },
-    /// The data directory holds something the server cannot trust: a bad record
-    /// before the end of the log, or a snapshot that does not check out.
+    /// The data directory holds something the server cannot trust: a damaged
+    /// log frame before valid ones, a snapshot or manifest that does not check
+    /// out. The files are left as they are.
     #[error("corrupt data in {}: {detail}", path.display())]
     Corrupt {
         /// The file.
         path: PathBuf,
-        /// What is wrong.
+        /// What is wrong, where (byte offsets), and what an operator can do.
+        detail: String,
+    },
+    /// A file the data directory must hold is missing: a snapshot or log
+    /// segment its manifest names, or the manifest itself.
+    #[error("missing {}: {detail}", path.display())]
+    Missing {
+        /// The file.
+        path: PathBuf,
+        /// Why it must exist, and what an operator can do.
+        detail: String,
+    },
+    /// The data directory was written by a release whose format this one does
+    /// not read.
+    #[error("{}: {detail}", path.display())]
+    Incompatible {
+        /// The file.
+        path: PathBuf,
+        /// What it is, and what an operator can do.
         detail: String,
     },
     /// Another server process uses the data directory.

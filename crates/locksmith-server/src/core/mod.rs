@@ -157,7 +157,7 @@ impl Core {
             return Ok(core);
         };
         let started = Instant::now();
-        let (mut storage, snapshot) = Storage::open(dir)?;
+        let (mut storage, snapshot) = Storage::open(dir, config)?;
         if let Some(snapshot) = snapshot {
             core.restore(config, snapshot);
         }
@@ -171,6 +171,9 @@ impl Core {
             core.replay(record);
         })?;
         core.next_unary.store(next_unary, Ordering::Relaxed);
+        if let Some(floor) = storage.token_floor() {
+            core.engine.raise_token_floor(floor);
+        }
         core.clock = Clock::starting_after(core.last_now + 1);
         let now = core.clock.now();
         core.last_now = now;
@@ -336,7 +339,7 @@ impl Core {
             if output.is_empty() && log.buffer.len() < MAX_UNSYNCED_BYTES {
                 return Ok(());
             }
-            self.last_commit = commit(log, &self.stats)?;
+            self.last_commit = commit(log, &self.stats, self.engine.last_token())?;
             output.send(&mut self.orphans);
             // Off the path of the replies just sent: zeros ahead of the end.
             return log.storage.prepare();
@@ -438,7 +441,7 @@ impl Core {
             sessions,
         };
         let log = self.log.as_mut().expect("checked above");
-        commit(log, &self.stats)?;
+        commit(log, &self.stats, self.engine.last_token())?;
         log.storage.write_snapshot(&mut snapshot)?;
         log.since_snapshot = 0;
         tracing::info!(
@@ -452,14 +455,15 @@ impl Core {
 }
 
 /// Writes and fsyncs the buffered records (if any), counting it in `stats`;
-/// returns how long it took.
-fn commit(log: &mut Log, stats: &Stats) -> std::io::Result<Duration> {
-    let (records, count) = log.buffer.take();
+/// returns how long it took. `last_token` is the engine's (the storage keeps
+/// a ceiling above every token made visible).
+fn commit(log: &mut Log, stats: &Stats, last_token: u64) -> std::io::Result<Duration> {
+    let (mut records, count) = log.buffer.take();
     if records.is_empty() {
         return Ok(Duration::ZERO);
     }
     let started = Instant::now();
-    log.storage.commit(&records)?;
+    log.storage.commit(&mut records, last_token)?;
     let elapsed = started.elapsed();
     stats
         .commit_nanos

@@ -1,0 +1,219 @@
+//! The data directory's files as files: owner-only modes, the `flock`, files
+//! replaced atomically and checked on reading (the manifest and the
+//! snapshot), the list of segments, and the copy a forced recovery keeps.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::error::ServerError;
+
+/// Format of the checked files' framing.
+const CHECKED_FORMAT: u32 = 1;
+/// Bytes before a checked file's payload: magic, format, length, CRC-32.
+const CHECKED_HEADER: usize = 20;
+
+/// Options that create a file readable and writable by its owner only (mode
+/// 0600, before the umask): the log and snapshots hold session secrets.
+pub(super) fn owner_only() -> OpenOptions {
+    let mut options = OpenOptions::new();
+    options.mode(0o600);
+    options
+}
+
+/// Creates `dir` (mode 0700) if needed, and takes away any access other users
+/// have to an existing one and to the files in it (an earlier release made
+/// them 0755 and 0644).
+pub(super) fn make_owner_only(dir: &Path) -> Result<(), ServerError> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| io_error("cannot create", dir, e))?;
+    let restrict = |path: &Path, mode: u32| -> Result<Option<u32>, ServerError> {
+        let old = fs::metadata(path)
+            .map_err(|e| io_error("cannot inspect", path, e))?
+            .permissions()
+            .mode();
+        if old & 0o077 == 0 {
+            return Ok(None);
+        }
+        fs::set_permissions(path, fs::Permissions::from_mode(mode))
+            .map_err(|e| io_error("cannot restrict the mode of", path, e))?;
+        Ok(Some(old & 0o777))
+    };
+    if let Some(old) = restrict(dir, 0o700)? {
+        tracing::warn!(
+            data_dir = %dir.display(), old_mode = format!("{old:o}"),
+            "the data directory was open to other users: made owner-only (700)"
+        );
+    }
+    for entry in fs::read_dir(dir).map_err(|e| io_error("cannot list", dir, e))? {
+        let path = entry.map_err(|e| io_error("cannot list", dir, e))?.path();
+        if path.is_file() {
+            if let Some(old) = restrict(&path, 0o600)? {
+                tracing::warn!(
+                    file = %path.display(), old_mode = format!("{old:o}"),
+                    "a data file was open to other users: made owner-only (600)"
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Takes an exclusive `flock` on `dir/LOCK`, failing if another server holds it.
+pub(super) fn lock_dir(dir: &Path) -> Result<File, ServerError> {
+    let path = dir.join("LOCK");
+    let file = owner_only()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| io_error("cannot open", &path, e))?;
+    // SAFETY: flock(2) on a descriptor we own.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let error = io::Error::last_os_error();
+        return Err(if error.kind() == io::ErrorKind::WouldBlock {
+            ServerError::DataDirInUse(dir.to_owned())
+        } else {
+            io_error("cannot lock", &path, error)
+        });
+    }
+    Ok(file)
+}
+
+pub(super) fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// Replaces `dir/name` with `bytes`, atomically and durably: written to
+/// `name.tmp`, fsynced, renamed over `name`, and the directory fsynced. A
+/// crash leaves either the old file or the new one, never half of one.
+pub(super) fn replace_durably(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
+    let tmp = dir.join(format!("{name}.tmp"));
+    let mut file = owner_only()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&tmp)?;
+    file.write_all(bytes)?;
+    file.sync_all()?;
+    drop(file);
+    fs::rename(&tmp, dir.join(name))?;
+    sync_dir(dir)
+}
+
+/// `payload` framed as a checked file: `[magic][format: u32 LE][len: u64 LE]
+/// [crc32: u32 LE][payload]`.
+pub(super) fn checked(magic: &[u8; 4], payload: &[u8]) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(CHECKED_HEADER + payload.len());
+    bytes.extend_from_slice(magic);
+    bytes.extend_from_slice(&CHECKED_FORMAT.to_le_bytes());
+    bytes.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    bytes.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
+    bytes.extend_from_slice(payload);
+    bytes
+}
+
+/// The payload of the checked file at `path` (`None` if there is no such
+/// file), or why it cannot be trusted.
+pub(super) fn read_checked(path: &Path, magic: &[u8; 4]) -> Result<Option<Vec<u8>>, ServerError> {
+    let bytes = match fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io_error("cannot read", path, e)),
+    };
+    let corrupt = |detail: String| ServerError::Corrupt {
+        path: path.to_owned(),
+        detail,
+    };
+    if bytes.len() < CHECKED_HEADER || &bytes[0..4] != magic {
+        return Err(corrupt(format!(
+            "not a locksmith {} file (byte 0)",
+            String::from_utf8_lossy(magic)
+        )));
+    }
+    let format = u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes"));
+    if format != CHECKED_FORMAT {
+        return Err(corrupt(format!(
+            "format {format} (byte 4), this server reads {CHECKED_FORMAT}"
+        )));
+    }
+    let len = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
+    let crc = u32::from_le_bytes(bytes[16..20].try_into().expect("4 bytes"));
+    let payload = usize::try_from(len)
+        .ok()
+        .and_then(|len| bytes.get(CHECKED_HEADER..CHECKED_HEADER + len))
+        .ok_or_else(|| {
+            corrupt(format!(
+                "{len} bytes announced at byte 8, {} present",
+                bytes.len() - CHECKED_HEADER
+            ))
+        })?;
+    if crc32fast::hash(payload) != crc {
+        return Err(corrupt(format!(
+            "checksum mismatch over bytes {CHECKED_HEADER}..{}",
+            CHECKED_HEADER + payload.len()
+        )));
+    }
+    Ok(Some(payload.to_vec()))
+}
+
+pub(super) fn segment_path(dir: &Path, seq: u64) -> PathBuf {
+    dir.join(format!("log-{seq:020}"))
+}
+
+/// The numbers of the segments in `dir`, in order.
+pub(super) fn list_segments(dir: &Path) -> Result<Vec<u64>, ServerError> {
+    let entries = fs::read_dir(dir).map_err(|e| io_error("cannot list", dir, e))?;
+    let mut segments: Vec<u64> = entries
+        .filter_map(|entry| {
+            let name = entry.ok()?.file_name();
+            name.to_str()?.strip_prefix("log-")?.parse().ok()
+        })
+        .collect();
+    segments.sort_unstable();
+    Ok(segments)
+}
+
+/// Hard-links every file of `dir` (but `LOCK`) into a new `damaged-<unix
+/// time>` directory in it: the files exactly as a forced recovery found them,
+/// kept for inspection whatever the recovery then replaces or deletes.
+pub(super) fn keep_evidence(dir: &Path) -> Result<PathBuf, ServerError> {
+    let seconds = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let mut evidence = dir.join(format!("damaged-{seconds}"));
+    let mut n = 1;
+    while evidence.exists() {
+        n += 1;
+        evidence = dir.join(format!("damaged-{seconds}-{n}"));
+    }
+    fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&evidence)
+        .map_err(|e| io_error("cannot create", &evidence, e))?;
+    for entry in fs::read_dir(dir).map_err(|e| io_error("cannot list", dir, e))? {
+        let entry = entry.map_err(|e| io_error("cannot list", dir, e))?;
+        let path = entry.path();
+        if path.is_file() && entry.file_name() != "LOCK" {
+            fs::hard_link(&path, evidence.join(entry.file_name()))
+                .map_err(|e| io_error("cannot keep a link to", &path, e))?;
+        }
+    }
+    sync_dir(&evidence)
+        .and_then(|()| sync_dir(dir))
+        .map_err(|e| io_error("cannot sync", &evidence, e))?;
+    Ok(evidence)
+}
+
+pub(super) fn io_error(what: &str, path: &Path, source: io::Error) -> ServerError {
+    ServerError::Io {
+        context: format!("{what} {}", path.display()),
+        source,
+    }
+}
