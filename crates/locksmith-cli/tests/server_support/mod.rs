@@ -80,6 +80,13 @@ impl ServerProcess {
     fn wait_ready(&self) {
         let port = self.port;
         let ready = self.process.wait_ready(Duration::from_secs(30), || {
+            // Another test process may have been given the same free port:
+            // only this server's own log line says it is this one listening.
+            if !listening_on(&self.process.log_tail(50), port) {
+                return Err(format!(
+                    "no \"listening\" line for port {port} in the log yet"
+                ));
+            }
             TcpStream::connect_timeout(
                 &(Ipv4Addr::LOCALHOST, port).into(),
                 Duration::from_millis(200),
@@ -128,6 +135,18 @@ impl ServerProcess {
         self.wait_ready();
     }
 
+    /// Starts another server on this one's data directory (stop this one
+    /// first), with extra `serve` arguments.
+    pub fn start_again_with(&self, extra: &[&str]) -> ServerProcess {
+        Self::spawn(&self.dir, extra)
+    }
+
+    /// Starts `locksmith serve` on this server's data directory (stop this
+    /// one first), expecting it to refuse; returns what it printed.
+    pub fn refused(&self, extra: &[&str]) -> String {
+        refused_start(&self.data_dir(), extra)
+    }
+
     /// The exit status if the server exited on its own.
     pub fn exit_status(&self) -> Option<std::process::ExitStatus> {
         self.process.try_exit_status()
@@ -158,6 +177,17 @@ impl ServerProcess {
             .await
             .unwrap_or_else(|e| panic!("connect to {}: {e}\n{}", self.url(), self.log_tail(20)))
     }
+}
+
+/// Whether `log` has the server's "listening" line for `port`.
+fn listening_on(log: &str, port: u16) -> bool {
+    let addr = format!("127.0.0.1:{port}");
+    log.lines().any(|line| {
+        line.contains("locksmith server listening")
+            && line
+                .match_indices(&addr)
+                .any(|(at, _)| !line[at + addr.len()..].starts_with(|c: char| c.is_ascii_digit()))
+    })
 }
 
 /// A lock name unique to this run.
@@ -364,5 +394,63 @@ impl RawSession {
             }),
         );
         self.reply(id).await
+    }
+}
+
+/// Runs `locksmith serve` on `data_dir`, expecting it to exit with a failure
+/// before it serves; returns what it printed. Panics if it serves instead.
+pub fn refused_start(data_dir: &Path, extra: &[&str]) -> String {
+    use std::io::Read;
+    use std::sync::{Arc, Mutex};
+
+    let mut child = std::process::Command::new(BINARY)
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(extra)
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start locksmith serve");
+    let printed = Arc::new(Mutex::new(String::new()));
+    let reader = {
+        let mut stderr = child.stderr.take().expect("piped");
+        let printed = printed.clone();
+        std::thread::spawn(move || {
+            let mut chunk = [0; 4096];
+            while let Ok(n @ 1..) = stderr.read(&mut chunk) {
+                printed
+                    .lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&chunk[..n]));
+            }
+        })
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(status) = child.try_wait().expect("wait for locksmith serve") {
+            reader.join().expect("stderr reader");
+            let text = printed.lock().unwrap().clone();
+            assert!(
+                !status.success(),
+                "locksmith serve exited with success:\n{text}"
+            );
+            return text;
+        }
+        let serving = printed
+            .lock()
+            .unwrap()
+            .contains("locksmith server listening");
+        if serving || std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "locksmith serve started on {} instead of refusing:\n{}",
+                data_dir.display(),
+                printed.lock().unwrap()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
