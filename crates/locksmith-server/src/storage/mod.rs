@@ -124,8 +124,8 @@ const MANIFEST_MAGIC: &[u8; 4] = b"LSMF";
 /// when a token passes it: large, so that the manifest is rarely rewritten.
 pub(crate) const TOKEN_RESERVATION: u64 = 1_000_000;
 /// Said with every refusal that a forced recovery can get past.
-const RECOVERY_HINT: &str = "nothing was changed; restore the file from a backup, or start with \
-     --recover-damaged-data (ServerConfig::recover_damaged_data) to keep what comes before \
+const RECOVERY_HINT: &str = "nothing was changed; restore the data directory from a backup, or \
+     start with --recover-damaged-data (ServerConfig::recover_damaged_data) to keep what comes before \
      the damage (see docs/RELIABILITY.md)";
 
 /// One logged state change: an engine command and the time it was applied at,
