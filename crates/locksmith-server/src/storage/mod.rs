@@ -65,11 +65,13 @@
 //!    manifest, is damaged, and is refused (even under
 //!    `recover_damaged_data`: it no longer knows its token ceiling).
 //! 2. The snapshot must exist if the manifest says so, check out, and precede
-//!    `first_segment` (or `last_segment + 1`: a crash came between a
-//!    snapshot and its manifest; the snapshot covers every named segment).
+//!    `first_segment` (or a segment after `last_segment`: a crash came
+//!    between a snapshot and its manifest; a snapshot is written after every
+//!    segment the manifest names, so it covers them all).
 //! 3. Every named segment must exist, with a header naming its own number.
 //! 4. Segments outside the named range are leftovers of interrupted writes:
-//!    older ones are deleted, newer ones must hold no frames (else damage).
+//!    older ones (covered by the snapshot) are deleted, newer ones must hold
+//!    no frames (else damage) and are deleted.
 //! 5. Each named segment is read frame by frame. Where the valid frames end,
 //!    the rest of an older segment must be zeros. In the newest, what follows
 //!    may be the last write, torn by a crash (never acknowledged): zeros, a
@@ -347,11 +349,12 @@ impl Storage {
             Err(error) if is_damage(&error) => return self.damaged(error).map(|()| None),
             Err(error) => return Err(error),
         };
-        let first = match &snapshot {
-            // A crash between a snapshot and its manifest: the snapshot
-            // covers every segment the manifest names.
-            Some(s) if s.first_segment == last + 1 => last + 1,
-            Some(s) if has_snapshot && s.first_segment == first => first,
+        let (first, last) = match &snapshot {
+            // A crash between a snapshot and its manifest: a snapshot is
+            // always written after every segment the manifest names, so it
+            // covers them all.
+            Some(s) if s.first_segment > last => (s.first_segment, s.first_segment - 1),
+            Some(s) if has_snapshot && s.first_segment == first => (first, last),
             Some(s) => {
                 let expected = if has_snapshot {
                     format!("MANIFEST says the snapshot precedes segment {first}")
@@ -370,7 +373,7 @@ impl Storage {
                 let missing = ServerError::Missing { path, detail };
                 return self.damaged(missing).map(|()| None);
             }
-            None => first,
+            None => (first, last),
         };
         for seq in first..=last {
             if present.binary_search(&seq).is_err() {
@@ -1033,8 +1036,12 @@ mod tests {
         let config = config(dir.path());
         let mut storage = start(&config);
         log(&mut storage, 0..3, 0);
-        // The snapshot is written (its new segment first), the manifest not.
-        let next = storage.segment_seq + 1;
+        // A segment change was interrupted (an empty segment is left over),
+        // then the recovery's snapshot was written above it (its new segment
+        // first), but not the manifest.
+        let leftover = storage.segment_seq + 1;
+        Segment::create(dir.path(), leftover).unwrap();
+        let next = leftover + 1;
         Segment::create(dir.path(), next).unwrap();
         let mut newer = snapshot(0);
         newer.first_segment = next;
