@@ -105,6 +105,8 @@
 //! length is never 0, so a zero length field is where a segment's frames end.
 
 mod files;
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) mod raft_log;
 mod segment;
 
 use std::fs::{self, OpenOptions};
@@ -471,53 +473,10 @@ impl Storage {
         apply: &mut impl FnMut(LogRecord),
         count: &mut u64,
     ) -> Result<(), ServerError> {
-        let path = segment_path(&self.dir, seq);
-        let bytes = fs::read(&path).map_err(|e| io_error("cannot read", &path, e))?;
-        let header =
-            SegmentHeader::decode(&bytes).map_err(|detail| corrupt(path.clone(), detail))?;
-        if header.seq != seq {
-            let detail = format!("its header says it is segment {} (byte 8)", header.seq);
-            return Err(corrupt(path, detail));
-        }
-        let scan = scan(&bytes, header.seed);
-        for &(at, payload) in &scan.frames {
-            let records = segment::decode_records(payload).map_err(|e| {
-                let detail = format!(
-                    "the frame at byte {at} passes its checksums, but its records do not \
-                     decode: {e}"
-                );
-                corrupt(path.clone(), detail)
-            })?;
-            for record in records {
-                apply(record);
-                *count += 1;
-            }
-        }
-        let at = scan.end_at;
-        match scan.end {
-            End::Clean => Ok(()),
-            End::Torn { detail } if newest => {
-                tracing::warn!(
-                    segment = %path.display(), offset = at, %detail,
-                    "an incomplete last write (a crash during a commit, never acknowledged): cut"
-                );
-                truncate(&path, at as u64)
-            }
-            End::Torn { detail } => Err(corrupt(
-                path,
-                format!(
-                    "{detail} at byte {at}; in a segment that is not the newest, the frames are \
-                     followed by zeros only"
-                ),
-            )),
-            End::Damaged { detail, valid_at } => Err(corrupt(
-                path,
-                format!(
-                    "{detail} at byte {at}, and a valid frame follows at byte {valid_at}: the \
-                     log was damaged after it was written (a crash can only tear the last write)"
-                ),
-            )),
-        }
+        replay_segment(&self.dir, seq, newest, |record| {
+            apply(record);
+            *count += 1;
+        })
     }
 
     /// After a forced recovery that left damaged data out: the token ceiling,
@@ -683,6 +642,60 @@ fn read_snapshot(path: &Path) -> Result<Option<ServerSnapshot>, ServerError> {
         let detail = format!("the snapshot does not decode: {e}");
         corrupt(path.to_owned(), detail)
     })
+}
+
+/// Reads segment `seq` of `dir` frame by frame (step 5 of the module docs),
+/// handing each record to `apply` in order: cuts a torn tail of the newest
+/// segment, and refuses anything else that does not check out with the file
+/// and the byte offset, leaving the file as it is.
+pub(super) fn replay_segment<R: serde::de::DeserializeOwned>(
+    dir: &Path,
+    seq: u64,
+    newest: bool,
+    mut apply: impl FnMut(R),
+) -> Result<(), ServerError> {
+    let path = segment_path(dir, seq);
+    let bytes = fs::read(&path).map_err(|e| io_error("cannot read", &path, e))?;
+    let header = SegmentHeader::decode(&bytes).map_err(|detail| corrupt(path.clone(), detail))?;
+    if header.seq != seq {
+        let detail = format!("its header says it is segment {} (byte 8)", header.seq);
+        return Err(corrupt(path, detail));
+    }
+    let scan = scan(&bytes, header.seed);
+    for &(at, payload) in &scan.frames {
+        let records: Vec<R> = segment::decode_records(payload).map_err(|e| {
+            let detail = format!(
+                "the frame at byte {at} passes its checksums, but its records do not decode: {e}"
+            );
+            corrupt(path.clone(), detail)
+        })?;
+        records.into_iter().for_each(&mut apply);
+    }
+    let at = scan.end_at;
+    match scan.end {
+        End::Clean => Ok(()),
+        End::Torn { detail } if newest => {
+            tracing::warn!(
+                segment = %path.display(), offset = at, %detail,
+                "an incomplete last write (a crash during a commit, never acknowledged): cut"
+            );
+            truncate(&path, at as u64)
+        }
+        End::Torn { detail } => Err(corrupt(
+            path,
+            format!(
+                "{detail} at byte {at}; in a segment that is not the newest, the frames are \
+                 followed by zeros only"
+            ),
+        )),
+        End::Damaged { detail, valid_at } => Err(corrupt(
+            path,
+            format!(
+                "{detail} at byte {at}, and a valid frame follows at byte {valid_at}: the \
+                 log was damaged after it was written (a crash can only tear the last write)"
+            ),
+        )),
+    }
 }
 
 /// Whether a segment holds nothing but zeros after its header.

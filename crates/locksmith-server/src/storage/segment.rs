@@ -8,7 +8,6 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use super::files::{owner_only, segment_path, sync_dir};
-use super::{LogRecord, LogRecordRef};
 
 /// Bytes of a segment header.
 pub(super) const SEGMENT_HEADER: usize = 24;
@@ -105,7 +104,7 @@ pub(crate) struct Mark(usize);
 impl LogBuffer {
     /// Appends a record; [`LogBuffer::finish`] or [`LogBuffer::rollback`] it
     /// once the command's outcome is known.
-    pub(crate) fn begin(&mut self, record: &LogRecordRef<'_>) -> Mark {
+    pub(crate) fn begin<R: serde::Serialize>(&mut self, record: &R) -> Mark {
         match self.open {
             Some(start) if self.bytes.len() - start - FRAME_HEADER < FRAME_TARGET => {}
             _ => {
@@ -187,7 +186,9 @@ fn seal(frame: &mut [u8], seed: u32) {
 }
 
 /// The records of a frame's payload.
-pub(super) fn decode_records(mut payload: &[u8]) -> Result<Vec<LogRecord>, postcard::Error> {
+pub(super) fn decode_records<R: serde::de::DeserializeOwned>(
+    mut payload: &[u8],
+) -> Result<Vec<R>, postcard::Error> {
     let mut records = Vec::new();
     while !payload.is_empty() {
         let (record, rest) = postcard::take_from_bytes(payload)?;
@@ -392,6 +393,7 @@ impl Segment {
 
 #[cfg(test)]
 mod tests {
+    use super::super::{LogRecord, LogRecordRef};
     use super::*;
     use locksmith_core::Command;
     use proptest::prelude::*;

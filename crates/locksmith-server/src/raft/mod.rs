@@ -1,0 +1,44 @@
+//! Replication of the lock server through Raft (openraft).
+//!
+//! docs/architecture.md ("The replicated server") describes the whole flow.
+//! This module holds the pieces openraft is generic over:
+//!
+//! - [`TypeConfig`]: what a log entry carries ([`Batch`]: the records of one
+//!   core batch, so group commit stays one entry, one fsync, many requests),
+//!   node ids and addresses;
+//! - `network`: the members' traffic over gRPC on the clients' port.
+
+pub(crate) mod network;
+pub(crate) mod state_machine;
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::storage::LogRecord;
+
+/// The records of one core batch: one Raft log entry.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Batch {
+    /// The records, applied in order.
+    pub records: Vec<LogRecord>,
+}
+
+impl fmt::Display for Batch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "batch of {} records", self.records.len())
+    }
+}
+
+openraft::declare_raft_types!(
+    /// The openraft types of a locksmith cluster: a member is a `u64` id and
+    /// the address its clients and peers both use.
+    pub(crate) TypeConfig:
+        D = Batch,
+        R = (),
+        NodeId = u64,
+        Node = openraft::BasicNode,
+);
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,344 @@
+//! The members' Raft traffic: openraft's messages, postcard-encoded, inside
+//! the `locksmith.raft.v1` gRPC service (`raft.proto`), on the same port as
+//! the clients' API.
+//!
+//! - [`PeerNetwork`] / [`Peer`]: the sending side openraft drives, one lazily
+//!   connected gRPC channel per peer.
+//! - [`RaftService`]: the receiving side, which hands each message to the
+//!   local [`openraft::Raft`].
+//!
+//! Snapshots go as a stream of chunks of [`SNAPSHOT_CHUNK`] bytes, at most
+//! `snapshot_rate` bytes per second, so that a member catching up never takes
+//! the bandwidth the cluster needs to keep serving (SharkLock's bounded
+//! snapshot sending).
+
+use std::future::Future;
+use std::io::Cursor;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use locksmith_proto::raft as pb;
+use locksmith_proto::raft::raft_client::RaftClient;
+use openraft::errors::{
+    Fatal, NetworkError, RPCError, RaftError, ReplicationClosed, StreamingError, Unreachable,
+};
+use openraft::network::v2::RaftNetworkV2;
+use openraft::network::{RPCOption, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest,
+    TransferLeaderResponse, VoteRequest, VoteResponse,
+};
+use openraft::storage::RaftStateMachine;
+use openraft::type_config::alias::{SnapshotMetaOf, SnapshotOf, VoteOf};
+use openraft::BasicNode;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Request, Response, Status, Streaming};
+
+use super::TypeConfig;
+
+/// Bytes of snapshot per chunk on the wire.
+pub(crate) const SNAPSHOT_CHUNK: usize = 1 << 20;
+
+/// Largest snapshot a member accepts from a peer: a bound on what one
+/// (possibly confused) peer can make this member buffer.
+const MAX_SNAPSHOT_BYTES: usize = 16 << 30;
+
+/// Creates a [`Peer`] for each member openraft replicates to.
+#[derive(Debug, Clone)]
+pub(crate) struct PeerNetwork {
+    /// Bytes per second a snapshot is sent at, at most.
+    pub snapshot_rate: u64,
+}
+
+impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
+    type Network = Peer;
+
+    /// Does not connect: the channel connects on first use and reconnects by
+    /// itself, as openraft expects of a factory.
+    async fn new_client(&mut self, _target: u64, node: &BasicNode) -> Peer {
+        let uri = format!("http://{}", node.addr);
+        let channel = match Endpoint::from_shared(uri.clone()) {
+            Ok(endpoint) => Some(
+                endpoint
+                    .connect_timeout(Duration::from_secs(1))
+                    .tcp_nodelay(true)
+                    .connect_lazy(),
+            ),
+            Err(error) => {
+                tracing::error!(%uri, %error, "a member's address is not a valid URI");
+                None
+            }
+        };
+        Peer {
+            addr: node.addr.clone(),
+            client: channel.map(RaftClient::new),
+            snapshot_rate: self.snapshot_rate,
+        }
+    }
+}
+
+/// The sending side towards one member.
+pub(crate) struct Peer {
+    addr: String,
+    /// `None` when the member's address does not parse (every call fails).
+    client: Option<RaftClient<Channel>>,
+    snapshot_rate: u64,
+}
+
+impl Peer {
+    fn client(&self) -> Result<RaftClient<Channel>, Unreachable<TypeConfig>> {
+        self.client.clone().ok_or_else(|| {
+            Unreachable::from_string(format!("invalid member address {:?}", self.addr))
+        })
+    }
+
+    /// One unary call: encode, send within the soft TTL, decode the remote
+    /// `Result`.
+    async fn call<Req, Resp, E, F, Fut>(
+        &self,
+        request: &Req,
+        option: &RPCOption,
+        send: F,
+    ) -> Result<Resp, RPCError<TypeConfig, E>>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+        F: FnOnce(RaftClient<Channel>, pb::Payload) -> Fut,
+        Fut: Future<Output = Result<Response<pb::Payload>, Status>>,
+    {
+        let payload = pb::Payload {
+            postcard: encode(request).map_err(|e| RPCError::Network(NetworkError::new(&e)))?,
+        };
+        let client = self.client()?;
+        let reply = tokio::time::timeout(option.soft_ttl(), send(client, payload))
+            .await
+            .map_err(|_| {
+                RPCError::Network(NetworkError::from_string(format!(
+                    "no answer from {} within {:?}",
+                    self.addr,
+                    option.soft_ttl()
+                )))
+            })?
+            .map_err(|status| status_to_rpc_error(&self.addr, status))?;
+        let result: Result<Resp, E> = decode(&reply.into_inner().postcard)
+            .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        result.map_err(|e| RPCError::RemoteError(openraft::errors::RemoteError::new(0, e)))
+    }
+}
+
+impl RaftNetworkV2<TypeConfig> for Peer {
+    type SnapshotData = Cursor<Vec<u8>>;
+
+    async fn append_entries(
+        &mut self,
+        request: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
+        let result: Result<_, RPCError<TypeConfig, RaftError<TypeConfig>>> = self
+            .call(
+                &request,
+                &option,
+                |mut c, p| async move { c.append(p).await },
+            )
+            .await;
+        result.map_err(flatten_remote)
+    }
+
+    async fn vote(
+        &mut self,
+        request: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        let result: Result<_, RPCError<TypeConfig, RaftError<TypeConfig>>> = self
+            .call(&request, &option, |mut c, p| async move { c.vote(p).await })
+            .await;
+        result.map_err(flatten_remote)
+    }
+
+    async fn transfer_leader(
+        &mut self,
+        request: TransferLeaderRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
+        let result: Result<_, RPCError<TypeConfig, Fatal<TypeConfig>>> = self
+            .call(&request, &option, |mut c, p| async move {
+                c.transfer_leader(p).await
+            })
+            .await;
+        result.map_err(flatten_remote)
+    }
+
+    /// Cancel safety: dropping the future (or `cancel` firing) ends the
+    /// stream; the receiver discards an incomplete snapshot.
+    async fn full_snapshot(
+        &mut self,
+        vote: VoteOf<TypeConfig>,
+        snapshot: SnapshotOf<TypeConfig, Cursor<Vec<u8>>>,
+        cancel: impl Future<Output = ReplicationClosed> + Send + 'static,
+        option: RPCOption,
+    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        let header = encode(&(vote, snapshot.meta))
+            .map_err(|e| StreamingError::Network(NetworkError::new(&e)))?;
+        let chunks = chunks(header, snapshot.snapshot.into_inner(), self.snapshot_rate);
+        let mut client = self.client()?;
+        let send = async move {
+            client
+                .install_snapshot(chunks)
+                .await
+                .map_err(|status| status_to_streaming_error(&self.addr, status))
+        };
+        let reply = tokio::select! {
+            closed = cancel => return Err(StreamingError::Closed(closed)),
+            reply = tokio::time::timeout(option.hard_ttl(), send) => reply
+                .map_err(|_| StreamingError::Network(NetworkError::from_string(
+                    "snapshot not installed within the hard TTL")))??,
+        };
+        let result: Result<SnapshotResponse<TypeConfig>, Fatal<TypeConfig>> =
+            decode(&reply.into_inner().postcard)
+                .map_err(|e| StreamingError::Network(NetworkError::new(&e)))?;
+        result.map_err(|fatal| StreamingError::Network(NetworkError::new(&fatal)))
+    }
+}
+
+/// The snapshot as a stream of chunks, the header on the first one, paced to
+/// `rate` bytes per second.
+fn chunks(header: Vec<u8>, data: Vec<u8>, rate: u64) -> impl Stream<Item = pb::SnapshotChunk> {
+    let pause = Duration::from_secs_f64(SNAPSHOT_CHUNK as f64 / rate.max(1) as f64);
+    let count = data.len().div_ceil(SNAPSHOT_CHUNK).max(1);
+    futures::stream::iter(0..count).then(move |i| {
+        let header = if i == 0 { header.clone() } else { Vec::new() };
+        let end = ((i + 1) * SNAPSHOT_CHUNK).min(data.len());
+        let data = data[i * SNAPSHOT_CHUNK..end].to_vec();
+        async move {
+            if i > 0 {
+                tokio::time::sleep(pause).await;
+            }
+            pb::SnapshotChunk { header, data }
+        }
+    })
+}
+
+/// The receiving side: hands each message to the local Raft.
+pub(crate) struct RaftService<SM>
+where
+    SM: RaftStateMachine<TypeConfig, SnapshotData = Cursor<Vec<u8>>>,
+{
+    raft: openraft::Raft<TypeConfig, SM>,
+}
+
+impl<SM> RaftService<SM>
+where
+    SM: RaftStateMachine<TypeConfig, SnapshotData = Cursor<Vec<u8>>>,
+{
+    pub(crate) fn new(raft: openraft::Raft<TypeConfig, SM>) -> Self {
+        RaftService { raft }
+    }
+}
+
+#[tonic::async_trait]
+impl<SM> pb::raft_server::Raft for RaftService<SM>
+where
+    SM: RaftStateMachine<TypeConfig, SnapshotData = Cursor<Vec<u8>>>,
+{
+    async fn append(&self, request: Request<pb::Payload>) -> Result<Response<pb::Payload>, Status> {
+        let request: AppendEntriesRequest<TypeConfig> = decode_request(request)?;
+        reply(&self.raft.append_entries(request).await)
+    }
+
+    async fn vote(&self, request: Request<pb::Payload>) -> Result<Response<pb::Payload>, Status> {
+        let request: VoteRequest<TypeConfig> = decode_request(request)?;
+        reply(&self.raft.vote(request).await)
+    }
+
+    async fn transfer_leader(
+        &self,
+        request: Request<pb::Payload>,
+    ) -> Result<Response<pb::Payload>, Status> {
+        let request: TransferLeaderRequest<TypeConfig> = decode_request(request)?;
+        reply(&self.raft.handle_transfer_leader(request).await)
+    }
+
+    /// Cancel safety: a stream that ends early installs nothing.
+    async fn install_snapshot(
+        &self,
+        request: Request<Streaming<pb::SnapshotChunk>>,
+    ) -> Result<Response<pb::Payload>, Status> {
+        let mut chunks = request.into_inner();
+        let first = chunks
+            .message()
+            .await?
+            .ok_or_else(|| Status::invalid_argument("empty snapshot stream"))?;
+        let (vote, meta): (VoteOf<TypeConfig>, SnapshotMetaOf<TypeConfig>) =
+            decode(&first.header).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let mut data = first.data;
+        while let Some(chunk) = chunks.message().await? {
+            if data.len() + chunk.data.len() > MAX_SNAPSHOT_BYTES {
+                return Err(Status::resource_exhausted(format!(
+                    "snapshot larger than {MAX_SNAPSHOT_BYTES} bytes"
+                )));
+            }
+            data.extend_from_slice(&chunk.data);
+        }
+        let snapshot = SnapshotOf::<TypeConfig, Cursor<Vec<u8>>> {
+            meta,
+            snapshot: Cursor::new(data),
+        };
+        reply(&self.raft.install_full_snapshot(vote, snapshot).await)
+    }
+}
+
+fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, postcard::Error> {
+    postcard::to_allocvec(value)
+}
+
+fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, postcard::Error> {
+    postcard::from_bytes(bytes)
+}
+
+fn decode_request<T: DeserializeOwned>(request: Request<pb::Payload>) -> Result<T, Status> {
+    decode(&request.into_inner().postcard)
+        .map_err(|e| Status::invalid_argument(format!("undecodable Raft message: {e}")))
+}
+
+fn reply<T: Serialize>(result: &T) -> Result<Response<pb::Payload>, Status> {
+    let postcard = encode(result).map_err(|e| Status::internal(e.to_string()))?;
+    Ok(Response::new(pb::Payload { postcard }))
+}
+
+/// A member that cannot be reached is backed off from; other failures are
+/// retried at once.
+fn status_to_rpc_error<E: std::error::Error>(
+    addr: &str,
+    status: Status,
+) -> RPCError<TypeConfig, E> {
+    let message = format!("{addr}: {}", status.message());
+    match status.code() {
+        tonic::Code::Unavailable => RPCError::Unreachable(Unreachable::from_string(message)),
+        _ => RPCError::Network(NetworkError::from_string(message)),
+    }
+}
+
+fn status_to_streaming_error(addr: &str, status: Status) -> StreamingError<TypeConfig> {
+    let message = format!("{addr}: {}", status.message());
+    match status.code() {
+        tonic::Code::Unavailable => StreamingError::Unreachable(Unreachable::from_string(message)),
+        _ => StreamingError::Network(NetworkError::from_string(message)),
+    }
+}
+
+/// openraft's network API has no remote error for these calls: a remote
+/// `RaftError` or `Fatal` means the peer could not serve, i.e. a network
+/// failure from the sender's point of view.
+fn flatten_remote<E: std::error::Error>(error: RPCError<TypeConfig, E>) -> RPCError<TypeConfig> {
+    match error {
+        RPCError::Timeout(t) => RPCError::Timeout(t),
+        RPCError::Unreachable(u) => RPCError::Unreachable(u),
+        RPCError::Network(n) => RPCError::Network(n),
+        RPCError::RemoteError(remote) => {
+            RPCError::Network(NetworkError::from_string(remote.to_string()))
+        }
+    }
+}

@@ -1,0 +1,577 @@
+//! The Raft log of a member: openraft's [`RaftLogStorage`] over the same
+//! segments as the single server's log (module docs of [`super`]): frames
+//! over pre-written zeros, one `fdatasync` per append, a torn tail cut, damage
+//! before valid frames and missing segments refused.
+//!
+//! # Files, in `<data dir>/raft/`
+//!
+//! | file | content |
+//! |---|---|
+//! | `RAFTLOG` | checked file: the segments the log is in (`first ..= last`) |
+//! | `log-<seq>` | segments whose frames hold [`RaftRecord`]s |
+//!
+//! The log is a sequence of records replayed in order on open: entries,
+//! truncations of a conflicting suffix, purges up to a snapshot, votes, the
+//! committed id. Nothing is rewritten in place: a truncation is a record, so
+//! a crash in the middle of one leaves either the old log or the new one.
+//! Each segment starts by restating the vote, the purge point and the
+//! committed id, so that a segment whose entries are all purged can be
+//! deleted (only from the front: a truncation record in a later segment may
+//! refer to entries of an earlier one) without losing them.
+//!
+//! Every start opens a new segment. The entries since the last purge are
+//! kept in memory too (openraft reads them to replicate); openraft purges
+//! after each snapshot, which bounds them.
+//!
+//! Cancel safety of every method: the record is durable once the method
+//! returns; a method dropped midway leaves a torn tail at worst, cut on the
+//! next start (never acknowledged to openraft).
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::fs;
+use std::io;
+use std::ops::RangeBounds;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use openraft::entry::RaftEntry;
+use openraft::storage::{IOFlushed, LogState, RaftLogReader, RaftLogStorage};
+use openraft::type_config::alias::{EntryOf, LogIdOf, VoteOf};
+use serde::{Deserialize, Serialize};
+use tokio::sync::Mutex;
+
+use super::files::{self, io_error, list_segments, segment_path};
+use super::segment::{LogBuffer, Segment};
+use crate::error::ServerError;
+use crate::raft::TypeConfig;
+
+const MANIFEST_MAGIC: &[u8; 4] = b"LSRL";
+const MANIFEST: &str = "RAFTLOG";
+
+/// One record of the Raft log.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) enum RaftRecord {
+    /// An entry, appended (replacing any entry at its index).
+    Entry(EntryOf<TypeConfig>),
+    /// Entries after this log id (all, for `None`) are void.
+    TruncateAfter(Option<LogIdOf<TypeConfig>>),
+    /// Entries up to and including this log id are in a snapshot: gone.
+    Purge(LogIdOf<TypeConfig>),
+    /// The vote, as saved last.
+    Vote(VoteOf<TypeConfig>),
+    /// The committed log id, as saved last.
+    Committed(Option<LogIdOf<TypeConfig>>),
+}
+
+/// What `RAFTLOG` says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+struct Manifest {
+    first_segment: u64,
+    /// Below `first_segment` when there is none.
+    last_segment: u64,
+}
+
+/// The Raft log, shared by the writer and the readers openraft takes.
+#[derive(Clone)]
+pub(crate) struct RaftLog {
+    inner: Arc<Mutex<Inner>>,
+}
+
+struct Inner {
+    dir: PathBuf,
+    manifest: Manifest,
+    segment: Segment,
+    /// Entries not purged, by index.
+    entries: BTreeMap<u64, EntryOf<TypeConfig>>,
+    /// The highest index each segment (`first..=last`) holds an entry of.
+    segment_last_index: BTreeMap<u64, u64>,
+    purged: Option<LogIdOf<TypeConfig>>,
+    vote: Option<VoteOf<TypeConfig>>,
+    committed: Option<LogIdOf<TypeConfig>>,
+    buffer: LogBuffer,
+    segment_bytes: u64,
+}
+
+impl RaftLog {
+    /// Opens (creating if needed) the Raft log in `dir`: checks it against
+    /// its manifest, replays it, cuts a torn tail, and starts a new segment.
+    /// Anything that does not check out is an error naming the file and
+    /// offset, and the files stay as they are.
+    pub(crate) fn open(dir: &Path, segment_bytes: u64) -> Result<RaftLog, ServerError> {
+        files::make_owner_only(dir)?;
+        let _ = fs::remove_file(dir.join(format!("{MANIFEST}.tmp")));
+        let present = list_segments(dir)?;
+        let manifest = match read_manifest(dir)? {
+            Some(manifest) => manifest,
+            None if present.is_empty() => {
+                let manifest = Manifest {
+                    first_segment: 1,
+                    last_segment: 0,
+                };
+                write_manifest(dir, manifest).map_err(|e| io_error("cannot write", dir, e))?;
+                manifest
+            }
+            None => {
+                return Err(ServerError::Missing {
+                    path: dir.join(MANIFEST),
+                    detail: format!(
+                        "the Raft log holds segments ({} among them) but no {MANIFEST}: this \
+                         member cannot tell which entries it acknowledged; replace it with a new \
+                         member (a new node id) and remove this one from the cluster",
+                        segment_path(dir, present[0]).display()
+                    ),
+                })
+            }
+        };
+        let mut state = Replayed::default();
+        let named = manifest.first_segment..=manifest.last_segment;
+        for seq in named.clone() {
+            if present.binary_search(&seq).is_err() {
+                return Err(ServerError::Missing {
+                    path: segment_path(dir, seq),
+                    detail: format!(
+                        "{MANIFEST} says the Raft log is in segments {} to {}",
+                        manifest.first_segment, manifest.last_segment
+                    ),
+                });
+            }
+            state.replay_segment(dir, seq, seq == manifest.last_segment)?;
+        }
+        for &seq in present.iter().filter(|seq| !named.contains(seq)) {
+            // Leftovers of an interrupted segment change or purge.
+            let path = segment_path(dir, seq);
+            fs::remove_file(&path).map_err(|e| io_error("cannot remove", &path, e))?;
+        }
+        let next = manifest
+            .last_segment
+            .max(present.last().copied().unwrap_or(0))
+            + 1;
+        let mut inner = Inner {
+            dir: dir.to_owned(),
+            manifest,
+            segment: Segment::create(dir, next).map_err(|e| io_error("cannot create", dir, e))?,
+            entries: state.entries,
+            segment_last_index: state.segment_last_index,
+            purged: state.purged,
+            vote: state.vote,
+            committed: state.committed,
+            buffer: LogBuffer::default(),
+            segment_bytes: segment_bytes.max(1),
+        };
+        inner
+            .enter_segment(next)
+            .map_err(|e| io_error("cannot write", dir, e))?;
+        Ok(RaftLog {
+            inner: Arc::new(Mutex::new(inner)),
+        })
+    }
+}
+
+/// What replaying the segments rebuilt.
+#[derive(Default)]
+struct Replayed {
+    entries: BTreeMap<u64, EntryOf<TypeConfig>>,
+    segment_last_index: BTreeMap<u64, u64>,
+    purged: Option<LogIdOf<TypeConfig>>,
+    vote: Option<VoteOf<TypeConfig>>,
+    committed: Option<LogIdOf<TypeConfig>>,
+}
+
+impl Replayed {
+    fn apply(&mut self, seq: u64, record: RaftRecord) {
+        match record {
+            RaftRecord::Entry(entry) => {
+                let index = entry.index();
+                let last = self.segment_last_index.entry(seq).or_insert(index);
+                *last = (*last).max(index);
+                self.entries.insert(index, entry);
+            }
+            RaftRecord::TruncateAfter(after) => {
+                truncate(&mut self.entries, &mut self.segment_last_index, after);
+            }
+            RaftRecord::Purge(upto) => {
+                self.entries = self.entries.split_off(&(upto.index() + 1));
+                self.purged = Some(upto);
+            }
+            RaftRecord::Vote(vote) => self.vote = Some(vote),
+            RaftRecord::Committed(committed) => self.committed = committed,
+        }
+    }
+
+    fn replay_segment(&mut self, dir: &Path, seq: u64, newest: bool) -> Result<(), ServerError> {
+        super::replay_segment(dir, seq, newest, |record| self.apply(seq, record))
+    }
+}
+
+impl Inner {
+    /// Makes `seq` (created already) the segment appended to: restates the
+    /// vote, purge point and committed id in it, then names it in the
+    /// manifest.
+    fn enter_segment(&mut self, seq: u64) -> io::Result<()> {
+        if let Some(vote) = self.vote {
+            self.buffer.begin(&RaftRecord::Vote(vote));
+        }
+        if let Some(purged) = self.purged {
+            self.buffer.begin(&RaftRecord::Purge(purged));
+        }
+        self.buffer.begin(&RaftRecord::Committed(self.committed));
+        self.flush()?;
+        self.manifest = Manifest {
+            first_segment: self.manifest.first_segment.min(seq),
+            last_segment: seq,
+        };
+        if self.segment_last_index.is_empty() && self.manifest.first_segment < seq {
+            // No entry left in older segments: they can all go.
+            self.manifest.first_segment = seq;
+        }
+        write_manifest(&self.dir, self.manifest)?;
+        self.delete_before(self.manifest.first_segment)
+    }
+
+    /// Writes what is buffered as one durable commit.
+    fn flush(&mut self) -> io::Result<()> {
+        let (mut frames, _) = self.buffer.take();
+        if !frames.is_empty() {
+            self.segment.commit(&mut frames)?;
+        }
+        self.buffer.give_back(frames);
+        self.segment.keep_zeros_ahead()
+    }
+
+    /// Writes `records` as one durable commit.
+    fn write(&mut self, records: impl IntoIterator<Item = RaftRecord>) -> io::Result<()> {
+        for record in records {
+            self.buffer.begin(&record);
+        }
+        self.flush()
+    }
+
+    /// Starts the next segment once the current one is full. Called after
+    /// the in-memory state took in what was written, so that the new segment
+    /// knows which older segments still hold entries.
+    fn rotate_if_full(&mut self) -> io::Result<()> {
+        if self.segment.len() >= self.segment_bytes {
+            let next = self.manifest.last_segment + 1;
+            self.segment = Segment::create(&self.dir, next)?;
+            self.enter_segment(next)?;
+        }
+        Ok(())
+    }
+
+    /// Deletes segments below `first` (already dropped from the manifest).
+    fn delete_before(&mut self, first: u64) -> io::Result<()> {
+        for seq in list_segments(&self.dir).map_err(io::Error::other)? {
+            if seq < first {
+                fs::remove_file(segment_path(&self.dir, seq))?;
+            }
+        }
+        self.segment_last_index.retain(|&seq, _| seq >= first);
+        Ok(())
+    }
+
+    fn log_state(&self) -> LogState<TypeConfig> {
+        let last = self
+            .entries
+            .values()
+            .next_back()
+            .map(|entry| entry.log_id())
+            .or(self.purged);
+        LogState {
+            last_purged_log_id: self.purged,
+            last_log_id: last,
+        }
+    }
+}
+
+/// Drops the entries after `after` (all for `None`), and lowers what each
+/// segment is known to hold to match: void entries keep no segment alive.
+fn truncate(
+    entries: &mut BTreeMap<u64, EntryOf<TypeConfig>>,
+    segment_last_index: &mut BTreeMap<u64, u64>,
+    after: Option<LogIdOf<TypeConfig>>,
+) {
+    let Some(after) = after else {
+        entries.clear();
+        segment_last_index.clear();
+        return;
+    };
+    entries.split_off(&(after.index() + 1));
+    for last in segment_last_index.values_mut() {
+        *last = (*last).min(after.index());
+    }
+}
+
+fn read_manifest(dir: &Path) -> Result<Option<Manifest>, ServerError> {
+    let path = dir.join(MANIFEST);
+    let Some(payload) = files::read_checked(&path, MANIFEST_MAGIC)? else {
+        return Ok(None);
+    };
+    postcard::from_bytes(&payload)
+        .map(Some)
+        .map_err(|e| ServerError::Corrupt {
+            path,
+            detail: format!("the Raft log manifest does not decode: {e}"),
+        })
+}
+
+fn write_manifest(dir: &Path, manifest: Manifest) -> io::Result<()> {
+    let payload = postcard::to_stdvec(&manifest).map_err(io::Error::other)?;
+    files::replace_durably(dir, MANIFEST, &files::checked(MANIFEST_MAGIC, &payload))
+}
+
+impl RaftLogReader<TypeConfig> for RaftLog {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + Send>(
+        &mut self,
+        range: RB,
+    ) -> io::Result<Vec<EntryOf<TypeConfig>>> {
+        let inner = self.inner.lock().await;
+        Ok(inner.entries.range(range).map(|(_, e)| e.clone()).collect())
+    }
+
+    async fn read_vote(&mut self) -> io::Result<Option<VoteOf<TypeConfig>>> {
+        Ok(self.inner.lock().await.vote)
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for RaftLog {
+    type LogReader = Self;
+
+    async fn get_log_state(&mut self) -> io::Result<LogState<TypeConfig>> {
+        Ok(self.inner.lock().await.log_state())
+    }
+
+    async fn get_log_reader(&mut self) -> Self {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &VoteOf<TypeConfig>) -> io::Result<()> {
+        let mut inner = self.inner.lock().await;
+        inner.write([RaftRecord::Vote(*vote)])?;
+        inner.vote = Some(*vote);
+        inner.rotate_if_full()
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogIdOf<TypeConfig>>) -> io::Result<()> {
+        let mut inner = self.inner.lock().await;
+        // Buffered: made durable by the next append or vote. openraft only
+        // uses it to apply sooner after a restart.
+        inner.buffer.begin(&RaftRecord::Committed(committed));
+        inner.committed = committed;
+        Ok(())
+    }
+
+    async fn read_committed(&mut self) -> io::Result<Option<LogIdOf<TypeConfig>>> {
+        Ok(self.inner.lock().await.committed)
+    }
+
+    async fn append<I>(&mut self, entries: I, callback: IOFlushed<TypeConfig>) -> io::Result<()>
+    where
+        I: IntoIterator<Item = EntryOf<TypeConfig>> + Send,
+    {
+        let mut inner = self.inner.lock().await;
+        let entries: Vec<_> = entries.into_iter().collect();
+        let seq = inner.manifest.last_segment;
+        let result = inner.write(entries.iter().cloned().map(RaftRecord::Entry));
+        if result.is_ok() {
+            for entry in entries {
+                let index = entry.index();
+                let last = inner.segment_last_index.entry(seq).or_insert(index);
+                *last = (*last).max(index);
+                inner.entries.insert(index, entry);
+            }
+        }
+        let result = result.and_then(|()| inner.rotate_if_full());
+        let report = result
+            .as_ref()
+            .map(|_| ())
+            .map_err(|e| io::Error::new(e.kind(), e.to_string()));
+        callback.io_completed(report);
+        result
+    }
+
+    async fn truncate_after(&mut self, after: Option<LogIdOf<TypeConfig>>) -> io::Result<()> {
+        let mut inner = self.inner.lock().await;
+        inner.write([RaftRecord::TruncateAfter(after)])?;
+        let inner = &mut *inner;
+        truncate(&mut inner.entries, &mut inner.segment_last_index, after);
+        inner.rotate_if_full()
+    }
+
+    async fn purge(&mut self, upto: LogIdOf<TypeConfig>) -> io::Result<()> {
+        let mut inner = self.inner.lock().await;
+        inner.write([RaftRecord::Purge(upto)])?;
+        inner.entries = inner.entries.split_off(&(upto.index() + 1));
+        inner.purged = Some(upto);
+        // Older segments whose entries are all purged go, front first.
+        let current = inner.manifest.last_segment;
+        let mut first = inner.manifest.first_segment;
+        while first < current
+            && inner
+                .segment_last_index
+                .get(&first)
+                .is_none_or(|&last| last <= upto.index())
+        {
+            first += 1;
+        }
+        if first != inner.manifest.first_segment {
+            inner.manifest.first_segment = first;
+            let manifest = inner.manifest;
+            write_manifest(&inner.dir, manifest)?;
+            inner.delete_before(first)?;
+        }
+        inner.rotate_if_full()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use locksmith_core::Limits;
+    use openraft::storage::IOFlushed;
+    use openraft::testing::log::{StoreBuilder, Suite};
+    use openraft::type_config::alias::LeaderIdOf;
+    use openraft::vote::RaftLeaderIdExt;
+    use openraft::{EntryPayload, StorageError};
+
+    use super::super::segment::{scan, SegmentHeader};
+    use super::*;
+    use crate::raft::state_machine::EngineMachine;
+
+    struct Builder;
+
+    impl StoreBuilder<TypeConfig, RaftLog, EngineMachine, tempfile::TempDir> for Builder {
+        async fn build(
+            &self,
+        ) -> Result<(tempfile::TempDir, RaftLog, EngineMachine), StorageError<TypeConfig>> {
+            let dir = tempfile::tempdir().expect("temporary directory");
+            let log = RaftLog::open(dir.path(), 1 << 20).expect("open");
+            Ok((dir, log, EngineMachine::new(Limits::default())))
+        }
+    }
+
+    /// openraft's own test suite for log storage and state machines.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn passes_openraft_storage_suite() {
+        Suite::test_all(Builder)
+            .await
+            .expect("openraft storage suite");
+    }
+
+    fn log_id(term: u64, index: u64) -> LogIdOf<TypeConfig> {
+        LogIdOf::<TypeConfig>::new(LeaderIdOf::<TypeConfig>::new_committed(term, 1), index)
+    }
+
+    fn entry(term: u64, index: u64) -> EntryOf<TypeConfig> {
+        EntryOf::<TypeConfig> {
+            log_id: log_id(term, index),
+            payload: EntryPayload::Blank,
+        }
+    }
+
+    async fn append(log: &mut RaftLog, entries: Vec<EntryOf<TypeConfig>>) {
+        log.append(entries, IOFlushed::noop())
+            .await
+            .expect("append");
+    }
+
+    async fn indexes(log: &mut RaftLog) -> Vec<(u64, u64)> {
+        log.try_get_log_entries(..)
+            .await
+            .unwrap()
+            .iter()
+            .map(|e| (e.log_id().leader_id.term, e.index()))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn everything_survives_a_reopen_across_segments() {
+        let dir = tempfile::tempdir().unwrap();
+        let vote = VoteOf::<TypeConfig>::new_committed(3, 2);
+        {
+            // Tiny segments: every append starts a new one.
+            let mut log = RaftLog::open(dir.path(), 1).unwrap();
+            append(&mut log, (1..=10).map(|i| entry(1, i)).collect()).await;
+            log.save_vote(&vote).await.unwrap();
+            log.truncate_after(Some(log_id(1, 6))).await.unwrap();
+            append(&mut log, (7..=8).map(|i| entry(2, i)).collect()).await;
+            log.purge(log_id(1, 3)).await.unwrap();
+            log.save_committed(Some(log_id(2, 7))).await.unwrap();
+            append(&mut log, vec![entry(2, 9)]).await;
+        }
+        let mut log = RaftLog::open(dir.path(), 1).unwrap();
+        assert_eq!(
+            indexes(&mut log).await,
+            [(1, 4), (1, 5), (1, 6), (2, 7), (2, 8), (2, 9)]
+        );
+        assert_eq!(log.read_vote().await.unwrap(), Some(vote));
+        assert_eq!(log.read_committed().await.unwrap(), Some(log_id(2, 7)));
+        let state = log.get_log_state().await.unwrap();
+        assert_eq!(state.last_purged_log_id, Some(log_id(1, 3)));
+        assert_eq!(state.last_log_id, Some(log_id(2, 9)));
+
+        // A purge of everything lets every older segment go, and still
+        // nothing is lost on the next start.
+        log.purge(log_id(2, 9)).await.unwrap();
+        drop(log);
+        let segments = list_segments(dir.path()).unwrap();
+        assert!(segments.len() <= 2, "older segments deleted: {segments:?}");
+        let mut log = RaftLog::open(dir.path(), 1).unwrap();
+        assert_eq!(indexes(&mut log).await, []);
+        assert_eq!(log.read_vote().await.unwrap(), Some(vote));
+        let state = log.get_log_state().await.unwrap();
+        assert_eq!(state.last_log_id, Some(log_id(2, 9)));
+    }
+
+    #[tokio::test]
+    async fn a_torn_tail_is_cut_and_damage_or_a_missing_segment_refuses() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let mut log = RaftLog::open(dir.path(), 1 << 20).unwrap();
+            append(&mut log, (1..=3).map(|i| entry(1, i)).collect()).await;
+            append(&mut log, vec![entry(1, 4)]).await;
+        }
+        let newest = *list_segments(dir.path()).unwrap().last().unwrap();
+        let path = segment_path(dir.path(), newest);
+        // Garbage where the next write would have gone: a torn last write.
+        let end = {
+            let bytes = fs::read(&path).unwrap();
+            let header = SegmentHeader::decode(&bytes).unwrap();
+            scan(&bytes, header.seed).end_at
+        };
+        let mut file = fs::OpenOptions::new().write(true).open(&path).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&file, &[7, 0, 0, 0, 1, 2, 3], end as u64)
+            .unwrap();
+        file.flush().unwrap();
+        drop(file);
+        let mut log = RaftLog::open(dir.path(), 1 << 20).unwrap();
+        assert_eq!(indexes(&mut log).await.len(), 4, "the torn tail is cut");
+        drop(log);
+
+        // A flipped bit in the first frame of the segment with the entries,
+        // with valid frames after it: damage, refused, the file untouched.
+        let with_entries = list_segments(dir.path()).unwrap()[0];
+        let path = segment_path(dir.path(), with_entries);
+        let mut bytes = fs::read(&path).unwrap();
+        let header = SegmentHeader::decode(&bytes).unwrap();
+        let frames = scan(&bytes, header.seed)
+            .frames
+            .iter()
+            .map(|f| f.0)
+            .collect::<Vec<_>>();
+        assert!(frames.len() >= 2, "{frames:?}");
+        bytes[frames[0] + 20] ^= 1;
+        fs::write(&path, &bytes).unwrap();
+        let error = RaftLog::open(dir.path(), 1 << 20).err().expect("refused");
+        let message = error.to_string();
+        assert!(message.contains(&path.display().to_string()), "{message}");
+        assert!(message.contains("valid frame follows"), "{message}");
+        assert_eq!(fs::read(&path).unwrap(), bytes, "the evidence is kept");
+
+        // A missing segment is refused too.
+        fs::remove_file(&path).unwrap();
+        let error = RaftLog::open(dir.path(), 1 << 20).err().expect("refused");
+        assert!(matches!(error, ServerError::Missing { .. }), "{error}");
+    }
+}
