@@ -13,6 +13,7 @@ mod common;
 mod hold;
 mod run;
 mod serve;
+mod session;
 mod status;
 mod torture;
 
@@ -40,6 +41,8 @@ enum Command {
     Status(status::StatusArgs),
     /// Free a lock whoever holds it (administrators only).
     Release(status::ReleaseArgs),
+    /// List a locksmith server's sessions, or end them (administrators only).
+    Session(session::SessionArgs),
     /// Measure every backend side by side.
     Bench(bench::BenchArgs),
     /// Check safety under injected faults (kill, pause, restart, partition).
@@ -69,6 +72,7 @@ fn main() -> ExitCode {
             Command::Hold(args) => hold::hold(args).await,
             Command::Status(args) => status::status(args).await,
             Command::Release(args) => status::release(args).await,
+            Command::Session(args) => session::session(args).await,
             Command::Bench(args) => bench::bench(args).await,
             Command::Torture(args) => torture::torture(args).await,
         }

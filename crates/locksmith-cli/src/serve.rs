@@ -34,6 +34,12 @@ pub struct ServeArgs {
     /// Most sessions open at once.
     #[arg(long, default_value_t = 100_000)]
     pub max_sessions: usize,
+    /// Most sessions open at once from one client address.
+    #[arg(long, default_value_t = 10_000)]
+    pub max_sessions_per_peer: usize,
+    /// Longest session TTL a client may ask for, e.g. `5m`.
+    #[arg(long, value_parser = parse_duration, default_value = "5m")]
+    pub max_session_ttl: Duration,
     /// Most waiters queued on one lock.
     #[arg(long, default_value_t = 10_000)]
     pub max_waiters_per_lock: usize,
@@ -82,6 +88,8 @@ impl ServeArgs {
         config.listen = self.listen;
         config.grace = self.grace;
         config.max_sessions = self.max_sessions;
+        config.max_sessions_per_peer = self.max_sessions_per_peer;
+        config.max_session_ttl = self.max_session_ttl;
         config.limits.max_waiters_per_lock = self.max_waiters_per_lock;
         config.limits.max_holds_per_session = self.max_holds_per_session;
         config.max_sessions_per_connection = self.max_sessions_per_connection;

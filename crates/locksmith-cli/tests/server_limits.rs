@@ -10,7 +10,8 @@ use std::io::Read;
 use std::net::TcpStream;
 use std::time::Duration;
 
-use server_support::{eventually, unique, ServerProcess};
+use locksmith_proto::v1 as pb;
+use server_support::{eventually, unique, RawSession, ServerProcess};
 
 /// Whether the server closes `stream` (EOF or reset) before `guard` passes:
 /// the guard only keeps a broken server from hanging the test.
@@ -200,4 +201,181 @@ async fn out_of_file_descriptors_the_accept_loop_backs_off_and_says_so() {
     )
     .await;
     server.assert_running();
+}
+
+/// Opens a session from `local` (a loopback address other than 127.0.0.1
+/// makes a second client address) and returns the first server message or
+/// the refusal; the stream stays open while the returned sender lives.
+async fn open_from(
+    port: u16,
+    local: std::net::IpAddr,
+    ttl_ms: u64,
+) -> (
+    tokio::sync::mpsc::UnboundedSender<pb::ClientBatch>,
+    Result<pb::server_message::Kind, tonic::Status>,
+) {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
+        .unwrap()
+        .local_address(Some(local))
+        .connect()
+        .await
+        .expect("connect");
+    let mut client = pb::locksmith_client::LocksmithClient::new(channel);
+    let open = pb::client_message::Kind::Open(pb::OpenSession {
+        client_name: "abandoner".into(),
+        host: "test".into(),
+        ttl_ms,
+    });
+    let (tx, stream) = server_support::raw_stream_on(&mut client, open).await;
+    let first = match stream {
+        Err(status) => Err(status),
+        Ok(mut inbound) => match inbound.message().await {
+            Err(status) => Err(status),
+            Ok(Some(mut batch)) => Ok(batch.messages.remove(0).kind.expect("a message")),
+            Ok(None) => panic!("the stream ended without a word"),
+        },
+    };
+    (tx, first)
+}
+
+const OTHER_ADDRESS: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, 2));
+const LOOPBACK: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_session_ttl_a_client_may_ask_for_is_capped() {
+    let server = ServerProcess::start_with(&["--max-session-ttl", "60s"]);
+    for (ttl, allowed) in [(24 * 3_600_000, false), (60_001, false), (60_000, true)] {
+        let (_tx, first) = open_from(server.port(), LOOPBACK, ttl).await;
+        match first {
+            Ok(pb::server_message::Kind::Opened(opened)) if allowed => {
+                assert_eq!(opened.ttl_ms, ttl)
+            }
+            Err(status) if !allowed => {
+                assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status}");
+                assert!(status.message().contains("session TTL"), "{status}");
+                assert!(status.message().contains("60000"), "{status}");
+            }
+            other => panic!("TTL {ttl} ms: {other:?}"),
+        }
+    }
+    // The default cap is 5 minutes.
+    let server = ServerProcess::start();
+    let (_tx, first) = open_from(server.port(), LOOPBACK, 24 * 3_600_000).await;
+    assert_eq!(first.unwrap_err().code(), tonic::Code::InvalidArgument);
+    let (_tx, first) = open_from(server.port(), LOOPBACK, 300_000).await;
+    assert!(matches!(first, Ok(pb::server_message::Kind::Opened(_))));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_client_address_cannot_take_every_session() {
+    let server =
+        ServerProcess::start_with(&["--max-sessions", "8", "--max-sessions-per-peer", "4"]);
+    // One client opens sessions on new connections and abandons them.
+    for _ in 0..4 {
+        let (tx, first) = open_from(server.port(), OTHER_ADDRESS, 60_000).await;
+        assert!(
+            matches!(first, Ok(pb::server_message::Kind::Opened(_))),
+            "{first:?}"
+        );
+        drop(tx);
+    }
+    let (_tx, first) = open_from(server.port(), OTHER_ADDRESS, 60_000).await;
+    let status = first.expect_err("a fifth session from the same address");
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status}");
+    assert!(status.message().contains("one client address"), "{status}");
+    // Everyone else is still served.
+    let client = server.client(Duration::from_secs(5)).await;
+    let name = unique("per-peer");
+    let guard = client.lock(name.as_str()).acquire().await.unwrap();
+    guard.release().await.unwrap();
+}
+
+/// Runs `locksmith session ...` against `server`; returns (success, stdout,
+/// stderr).
+async fn session_command(server: &ServerProcess, args: &[&str]) -> (bool, String, String) {
+    let output = tokio::process::Command::new(server_support::BINARY)
+        .arg("session")
+        .args(args)
+        .args(["--backend", &server.url()])
+        .output()
+        .await
+        .unwrap();
+    (
+        output.status.success(),
+        String::from_utf8(output.stdout).unwrap(),
+        String::from_utf8(output.stderr).unwrap(),
+    )
+}
+
+/// The id (as listed) of the session whose row contains `needle`.
+fn listed_id(list: &str, needle: &str) -> String {
+    list.lines()
+        .find(|line| line.contains(needle))
+        .unwrap_or_else(|| panic!("no session with {needle} in\n{list}"))
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_administrator_lists_and_ends_sessions() {
+    let server = ServerProcess::start();
+    let options = locksmith::ConnectOptions {
+        session_ttl: Duration::from_secs(5),
+        client_name: "well-behaved".into(),
+        ..locksmith::ConnectOptions::default()
+    };
+    let client = locksmith::Client::connect_with(&server.url(), options)
+        .await
+        .unwrap();
+    let kept = unique("admin-kept");
+    let guard = client.lock(kept.as_str()).acquire().await.unwrap();
+
+    // A client takes a lock and abandons its session (60 s TTL).
+    let mut abandoned = RawSession::open(server.port(), 60_000).await;
+    let taken = unique("admin-taken");
+    assert!(matches!(
+        abandoned.acquire(1, &taken, pb::WaitKind::No).await,
+        pb::reply::Result::Granted(_)
+    ));
+    drop(abandoned);
+
+    eventually(
+        Duration::from_secs(10),
+        "the abandoned session shows disconnected",
+        || async {
+            let (ok, list, _) = session_command(&server, &["list"]).await;
+            ok && list
+                .lines()
+                .any(|l| l.contains("raw") && l.contains(" no "))
+        },
+    )
+    .await;
+    let (ok, text, stderr) = session_command(&server, &["list"]).await;
+    assert!(ok, "{stderr}");
+    assert!(text.contains("127.0.0.1:"), "no client address in\n{text}");
+    let id = listed_id(&text, "raw");
+    let (ok, _, stderr) = session_command(&server, &["end", &id]).await;
+    assert!(ok, "{stderr}");
+    assert!(stderr.contains("ended session"), "{stderr}");
+
+    // Its lock is free at once; the other session is untouched.
+    let other = client.lock(taken.as_str()).try_acquire().await.unwrap();
+    assert!(other.is_some(), "the ended session's lock is still held");
+    assert!(!guard.is_lost());
+
+    // Ending an attached session tells its client.
+    let id = listed_id(&session_command(&server, &["list"]).await.1, "well-behaved");
+    let (ok, _, stderr) = session_command(&server, &["end", &id]).await;
+    assert!(ok, "{stderr}");
+    let reason = tokio::time::timeout(Duration::from_secs(10), guard.lost())
+        .await
+        .expect("the holder was told");
+    assert!(!reason.is_empty());
+
+    // An unknown id is an error.
+    let (ok, _, stderr) = session_command(&server, &["end", "ffffffffffffff"]).await;
+    assert!(!ok);
+    assert!(stderr.contains("unknown session"), "{stderr}");
 }

@@ -28,6 +28,14 @@ pub struct ServerConfig {
     pub limits: Limits,
     /// Most sessions open at once.
     pub max_sessions: usize,
+    /// Most sessions open at once from one client address (IP), attached or
+    /// not: one client that opens sessions and abandons them cannot take
+    /// them all. Sessions recovered after a restart count once they resume.
+    pub max_sessions_per_peer: usize,
+    /// Longest session TTL a client may ask for; a longer one is refused. It
+    /// bounds how long an abandoned session (and its holds) outlives its
+    /// client, before and after a restart.
+    pub max_session_ttl: Duration,
     /// Most session streams on one client connection (a library client opens
     /// one); more are refused with a "limit reached" error.
     pub max_sessions_per_connection: usize,
@@ -83,6 +91,8 @@ impl ServerConfig {
             grace: Duration::from_secs(10),
             limits: Limits::default(),
             max_sessions: 100_000,
+            max_sessions_per_peer: 10_000,
+            max_session_ttl: Duration::from_secs(300),
             max_sessions_per_connection: 256,
             max_streams_per_connection: 1024,
             max_message_bytes: 1 << 20,

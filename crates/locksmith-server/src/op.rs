@@ -4,6 +4,8 @@
 //! The service builds these; the core (module `core`) consumes them; the
 //! outbox (module `outbox`) sends to the reply slots and streams named here.
 
+use std::net::SocketAddr;
+
 use locksmith_core::{Acquire, ClientInfo, Command, Millis, Mode, RequestId, SessionId, Wait};
 use locksmith_proto::v1 as pb;
 use tokio::sync::{mpsc, oneshot};
@@ -102,21 +104,28 @@ pub(crate) struct Acks {
     pub lost: Vec<u64>,
 }
 
+/// A session stream that opens or resumes a session.
+pub(crate) struct NewStream {
+    pub id: StreamId,
+    /// Where its messages go.
+    pub tx: StreamTx,
+    /// Cancelled when the core is done with it, which stops its reader.
+    pub ended: CancellationToken,
+    /// The client's address, when the transport knows it.
+    pub peer: Option<SocketAddr>,
+}
+
 /// A message to the core thread.
 pub(crate) enum Op {
     /// A new stream opens a session.
     Open {
-        stream: StreamId,
-        tx: StreamTx,
-        ended: CancellationToken,
+        stream: NewStream,
         info: ClientInfo,
         ttl: Millis,
     },
     /// A new stream resumes a session.
     Resume {
-        stream: StreamId,
-        tx: StreamTx,
-        ended: CancellationToken,
+        stream: NewStream,
         session: SessionId,
         secret: u128,
     },
@@ -176,6 +185,11 @@ pub(crate) enum Op {
         session: SessionId,
         secret: u128,
         reply: UnaryReply<pb::CloseSessionResponse>,
+    },
+    /// Administrator: end a session, no secret needed.
+    EndSession {
+        session: SessionId,
+        reply: UnaryReply<pb::EndSessionResponse>,
     },
     /// End every stream, write a snapshot and stop.
     Shutdown {

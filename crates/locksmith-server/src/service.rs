@@ -17,7 +17,7 @@ use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use locksmith_core::{ClientInfo, Millis, SessionId};
+use locksmith_core::{ClientInfo, EngineError, Millis, SessionId};
 use locksmith_proto::v1 as pb;
 use pb::locksmith_server::Locksmith;
 use tokio::sync::{mpsc, oneshot};
@@ -27,7 +27,9 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::config::ServerConfig;
 use crate::convert::{self, check_label};
-use crate::op::{Acks, AcquireArgs, HoldArgs, Op, StreamId, StreamOp, UnaryReply, WaitArg};
+use crate::op::{
+    Acks, AcquireArgs, HoldArgs, NewStream, Op, StreamId, StreamOp, StreamTx, UnaryReply, WaitArg,
+};
 
 /// The `locksmith.v1.Locksmith` service.
 pub(crate) struct Service {
@@ -36,6 +38,9 @@ pub(crate) struct Service {
     unary_ids: Arc<AtomicU64>,
     max_label: usize,
     open_timeout: Duration,
+    /// TTL bounds of a session: the engine's minimum, the server's cap.
+    min_session_ttl: Millis,
+    max_session_ttl: Millis,
     /// Session streams per client connection (by peer address).
     per_connection: Arc<Mutex<HashMap<SocketAddr, usize>>>,
     max_per_connection: usize,
@@ -71,6 +76,9 @@ impl Service {
             unary_ids,
             max_label: config.max_label_bytes,
             open_timeout: config.open_timeout,
+            min_session_ttl: config.limits.min_ttl,
+            max_session_ttl: (config.max_session_ttl.as_millis() as Millis)
+                .min(config.limits.max_ttl),
             per_connection: Arc::default(),
             max_per_connection: config.max_sessions_per_connection,
         }
@@ -166,6 +174,10 @@ struct StreamReader {
     core: Sender<Op>,
     stream: StreamId,
     max_label: usize,
+    /// The client's address, if the transport knows it.
+    peer: Option<SocketAddr>,
+    /// Session TTL bounds, inclusive.
+    ttl: (Millis, Millis),
 }
 
 impl StreamReader {
@@ -177,7 +189,7 @@ impl StreamReader {
     async fn run(
         self,
         mut inbound: Streaming<pb::ClientBatch>,
-        tx: crate::op::StreamTx,
+        tx: StreamTx,
         open_timeout: Duration,
     ) {
         let first = tokio::time::timeout(open_timeout, inbound.message()).await;
@@ -205,10 +217,19 @@ impl StreamReader {
                     let _ = tx.send(Err(Status::invalid_argument(message)));
                     return;
                 }
+                let (min_ms, max_ms) = self.ttl;
+                if !(min_ms..=max_ms).contains(&open.ttl_ms) {
+                    let error = EngineError::OutOfRange {
+                        what: "session TTL",
+                        value_ms: open.ttl_ms,
+                        min_ms,
+                        max_ms,
+                    };
+                    let _ = tx.send(Err(convert::engine_error_to_status(&error)));
+                    return;
+                }
                 Op::Open {
-                    stream: self.stream,
-                    tx,
-                    ended: ended.clone(),
+                    stream: self.new_stream(tx, &ended),
                     info: ClientInfo {
                         name: open.client_name,
                         host: open.host,
@@ -224,9 +245,7 @@ impl StreamReader {
                     return;
                 };
                 Op::Resume {
-                    stream: self.stream,
-                    tx,
-                    ended: ended.clone(),
+                    stream: self.new_stream(tx, &ended),
                     session: SessionId(resume.session_id),
                     secret,
                 }
@@ -294,6 +313,15 @@ impl StreamReader {
             if self.core.send(op).is_err() || detach {
                 return;
             }
+        }
+    }
+
+    fn new_stream(&self, tx: StreamTx, ended: &CancellationToken) -> NewStream {
+        NewStream {
+            id: self.stream,
+            tx,
+            ended: ended.clone(),
+            peer: self.peer,
         }
     }
 
@@ -390,10 +418,13 @@ impl Locksmith for Service {
         &self,
         request: Request<Streaming<pb::ClientBatch>>,
     ) -> Result<Response<Self::SessionStream>, Status> {
-        let slot = self.take_slot(request.remote_addr())?;
+        let peer = request.remote_addr();
+        let slot = self.take_slot(peer)?;
         let (tx, rx) = mpsc::unbounded_channel();
         let reader = StreamReader {
             core: self.core.clone(),
+            peer,
+            ttl: (self.min_session_ttl, self.max_session_ttl),
             stream: self.next_stream.fetch_add(1, Ordering::Relaxed),
             max_label: self.max_label,
         };
@@ -499,6 +530,14 @@ impl Locksmith for Service {
         check_name(&name)?;
         tracing::info!(lock = %name, "force release");
         self.call(|reply| Op::ForceRelease { name, reply }).await
+    }
+
+    async fn end_session(
+        &self,
+        request: Request<pb::EndSessionRequest>,
+    ) -> Result<Response<pb::EndSessionResponse>, Status> {
+        let session = SessionId(request.into_inner().session_id);
+        self.call(|reply| Op::EndSession { session, reply }).await
     }
 
     async fn close_session(

@@ -126,6 +126,7 @@ impl Core {
                         attached: None,
                         replies: BTreeMap::new(),
                         lost: BTreeMap::new(),
+                        peer: None,
                     },
                 );
             }
@@ -268,6 +269,7 @@ impl Core {
         let Some(entry) = self.sessions.remove(&session) else {
             return;
         };
+        self.peers.remove(entry.peer);
         if let Some(a) = entry.attached {
             self.streams.remove(&a.stream);
             let ended = pb::ServerMessage {

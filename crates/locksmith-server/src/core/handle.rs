@@ -17,20 +17,12 @@ use crate::storage::Outcome;
 impl Core {
     pub(super) fn handle(&mut self, now: Millis, op: Op) {
         match op {
-            Op::Open {
-                stream,
-                tx,
-                ended,
-                info,
-                ttl,
-            } => self.open(now, stream, tx, ended, info, ttl),
+            Op::Open { stream, info, ttl } => self.open(now, stream, info, ttl),
             Op::Resume {
                 stream,
-                tx,
-                ended,
                 session,
                 secret,
-            } => self.resume(now, stream, tx, ended, session, secret),
+            } => self.resume(now, stream, session, secret),
             Op::Stream { stream, acks, ops } => {
                 let Some(&session) = self.streams.get(&stream) else {
                     return; // a stream that was detached or resumed elsewhere
@@ -159,6 +151,12 @@ impl Core {
                             .sessions
                             .get(&s.session)
                             .is_some_and(|e| e.attached.is_some()),
+                        peer: self
+                            .sessions
+                            .get(&s.session)
+                            .and_then(|e| e.peer)
+                            .map(|p| p.to_string())
+                            .unwrap_or_default(),
                     })
                     .collect();
                 self.defer(
@@ -191,6 +189,30 @@ impl Core {
                         .map_err(|e| engine_error_to_status(&e))
                 } else {
                     Err(unknown_session(session))
+                };
+                self.defer(reply, result);
+            }
+            Op::EndSession { session, reply } => {
+                let result = match self.sessions.get_mut(&session) {
+                    Some(entry) => {
+                        // Told first, so that the stream learns why rather
+                        // than the generic "closed".
+                        if let Some(a) = entry.attached.take() {
+                            self.streams.remove(&a.stream);
+                            let ended = pb::ServerMessage {
+                                kind: Some(pb::server_message::Kind::Ended(pb::SessionEnded {
+                                    reason: "ended by an administrator".into(),
+                                })),
+                            };
+                            self.output.streams.push(a.stream, &a.tx, ended);
+                            a.ended.cancel();
+                        }
+                        tracing::info!(%session, "session ended by an administrator");
+                        self.execute(now, Command::CloseSession { session }, None, None)
+                            .map(|()| pb::EndSessionResponse {})
+                            .map_err(|e| engine_error_to_status(&e))
+                    }
+                    None => Err(unknown_session(session)),
                 };
                 self.defer(reply, result);
             }

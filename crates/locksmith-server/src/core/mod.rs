@@ -68,7 +68,7 @@ use crate::error::ServerError;
 use crate::op::{Op, StreamId};
 use crate::outbox::{LeaseWaiter, Orphan, Output};
 use crate::storage::{LogBuffer, LogRecord, ServerSnapshot, SessionRecord, Storage};
-use session::SessionEntry;
+use session::{PeerCounts, SessionEntry};
 
 /// Log bytes a batch with nothing to send may leave unsynced for the next
 /// commit.
@@ -101,6 +101,9 @@ pub(crate) struct Core {
     log: Option<Log>,
     grace: Millis,
     max_sessions: usize,
+    max_sessions_per_peer: usize,
+    /// Open sessions per client address.
+    peers: PeerCounts,
     max_unacked: usize,
     snapshot_every: u64,
     max_batch: usize,
@@ -135,6 +138,8 @@ impl Core {
             log: None,
             grace: config.grace.as_millis() as Millis,
             max_sessions: config.max_sessions,
+            max_sessions_per_peer: config.max_sessions_per_peer,
+            peers: PeerCounts::default(),
             max_unacked: config.max_unacked_replies.max(1),
             snapshot_every: config.snapshot_every.max(1),
             max_batch: config.max_batch.max(1),
@@ -230,6 +235,7 @@ impl Core {
                         attached: None,
                         replies: s.replies.into_iter().collect(),
                         lost: s.lost.into_iter().map(|n| (n.token, n)).collect(),
+                        peer: None,
                     },
                 )
             })

@@ -4,7 +4,8 @@
 //! resume secret, the stream it is attached to, and the replies and lost
 //! notices its client has not acknowledged yet.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, SocketAddr};
 
 use locksmith_core::{ClientInfo, Command, Millis, SessionId};
 use locksmith_proto::v1 as pb;
@@ -13,7 +14,7 @@ use tonic::Status;
 
 use super::Core;
 use crate::convert::{self, engine_error_to_status};
-use crate::op::{StreamId, StreamTx};
+use crate::op::{NewStream, StreamId, StreamTx};
 use crate::storage::{LostNotice, Outcome};
 
 /// The server's part of one session.
@@ -23,6 +24,40 @@ pub(super) struct SessionEntry {
     pub(super) attached: Option<Attached>,
     pub(super) replies: BTreeMap<u64, Outcome>,
     pub(super) lost: BTreeMap<u64, LostNotice>,
+    /// The client connection that opened or last resumed it; unknown for a
+    /// session recovered after a restart until it resumes.
+    pub(super) peer: Option<SocketAddr>,
+}
+
+/// Open sessions per client address, for
+/// [`ServerConfig::max_sessions_per_peer`](crate::ServerConfig::max_sessions_per_peer):
+/// a session counts against the address it was last seen from, attached or
+/// not, until it ends.
+#[derive(Debug, Default)]
+pub(super) struct PeerCounts(HashMap<IpAddr, usize>);
+
+impl PeerCounts {
+    fn of(&self, peer: Option<SocketAddr>) -> usize {
+        peer.and_then(|p| self.0.get(&p.ip()).copied()).unwrap_or(0)
+    }
+
+    fn add(&mut self, peer: Option<SocketAddr>) {
+        if let Some(peer) = peer {
+            *self.0.entry(peer.ip()).or_insert(0) += 1;
+        }
+    }
+
+    pub(super) fn remove(&mut self, peer: Option<SocketAddr>) {
+        let Some(ip) = peer.map(|p| p.ip()) else {
+            return;
+        };
+        if let Some(count) = self.0.get_mut(&ip) {
+            *count -= 1;
+            if *count == 0 {
+                self.0.remove(&ip);
+            }
+        }
+    }
 }
 
 pub(super) struct Attached {
@@ -32,15 +67,13 @@ pub(super) struct Attached {
 }
 
 impl Core {
-    pub(super) fn open(
-        &mut self,
-        now: Millis,
-        stream: StreamId,
-        tx: StreamTx,
-        ended: CancellationToken,
-        info: ClientInfo,
-        ttl: Millis,
-    ) {
+    pub(super) fn open(&mut self, now: Millis, new: NewStream, info: ClientInfo, ttl: Millis) {
+        let NewStream {
+            id: stream,
+            tx,
+            ended,
+            peer,
+        } = new;
         if self.shutting_down {
             let status = Status::unavailable("lock server is shutting down");
             self.output.streams.end(stream, &tx, status);
@@ -50,6 +83,14 @@ impl Core {
             let status = Status::resource_exhausted(format!(
                 "limit reached: sessions (at most {})",
                 self.max_sessions
+            ));
+            self.output.streams.end(stream, &tx, status);
+            return ended.cancel();
+        }
+        if self.peers.of(peer) >= self.max_sessions_per_peer {
+            let status = Status::resource_exhausted(format!(
+                "limit reached: sessions from one client address (at most {})",
+                self.max_sessions_per_peer
             ));
             self.output.streams.end(stream, &tx, status);
             return ended.cancel();
@@ -75,19 +116,17 @@ impl Core {
             })),
         };
         self.output.streams.push(stream, &tx, opened);
-        self.attach(session, stream, tx, ended);
-        tracing::debug!(%session, client = %info.name, host = %info.host, ttl, "session opened");
+        self.attach(session, stream, tx, ended, peer);
+        tracing::debug!(%session, client = %info.name, host = %info.host, ?peer, ttl, "session opened");
     }
 
-    pub(super) fn resume(
-        &mut self,
-        now: Millis,
-        stream: StreamId,
-        tx: StreamTx,
-        ended: CancellationToken,
-        session: SessionId,
-        secret: u128,
-    ) {
+    pub(super) fn resume(&mut self, now: Millis, new: NewStream, session: SessionId, secret: u128) {
+        let NewStream {
+            id: stream,
+            tx,
+            ended,
+            peer,
+        } = new;
         let valid = !self.shutting_down
             && self
                 .sessions
@@ -122,8 +161,8 @@ impl Core {
         let _ = self
             .engine
             .apply(now, Command::Heartbeat { session }, &mut effects);
-        self.attach(session, stream, tx, ended);
-        tracing::debug!(%session, "session resumed");
+        self.attach(session, stream, tx, ended, peer);
+        tracing::debug!(%session, ?peer, "session resumed");
     }
 
     pub(super) fn attach(
@@ -132,10 +171,16 @@ impl Core {
         stream: StreamId,
         tx: StreamTx,
         ended: CancellationToken,
+        peer: Option<SocketAddr>,
     ) {
         if let Some(entry) = self.sessions.get_mut(&session) {
             entry.attached = Some(Attached { stream, tx, ended });
             self.streams.insert(stream, session);
+            if peer.is_some() {
+                self.peers.remove(entry.peer);
+                self.peers.add(peer);
+                entry.peer = peer;
+            }
         }
     }
 }

@@ -1,0 +1,195 @@
+//! `locksmith session list|end`: the sessions of a locksmith server, for
+//! administrators (a session a client abandoned keeps its holds until its
+//! TTL; `end` takes them away now).
+//!
+//! Sessions are the server's own notion (the other stores have none to
+//! list), so this talks to the server's gRPC API directly: `ListSessions` and
+//! `EndSession`.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use comfy_table::{presets::ASCII_NO_BORDERS, Table};
+use locksmith_proto::v1 as pb;
+use pb::locksmith_client::LocksmithClient;
+use tonic::transport::Channel;
+
+use crate::common::fail;
+use crate::status::printable;
+
+/// Options of `locksmith session`.
+#[derive(Debug, clap::Args)]
+pub struct SessionArgs {
+    #[command(subcommand)]
+    command: SessionCommand,
+    /// The server: locksmith://host[:port] (with several members, the first
+    /// is asked).
+    #[arg(
+        long,
+        global = true,
+        env = "LOCKSMITH_BACKEND",
+        default_value = "locksmith://127.0.0.1:7420"
+    )]
+    backend: String,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum SessionCommand {
+    /// Show every open session: client, host, address, holds, expiry.
+    List,
+    /// End sessions now: their holds are lost and their waiters dropped.
+    End {
+        /// Session ids as `session list` and the server log show them (hex).
+        #[arg(required = true, value_parser = parse_session_id)]
+        ids: Vec<u64>,
+    },
+}
+
+/// Runs `locksmith session`.
+pub async fn session(args: SessionArgs) -> ExitCode {
+    let mut client = match connect(&args.backend).await {
+        Ok(client) => client,
+        Err(message) => return fail(&message),
+    };
+    match args.command {
+        SessionCommand::List => match client.list_sessions(pb::ListSessionsRequest {}).await {
+            Ok(response) => {
+                println!("{}", render(&response.into_inner()));
+                ExitCode::SUCCESS
+            }
+            Err(status) => fail(&status.message()),
+        },
+        SessionCommand::End { ids } => {
+            let mut code = ExitCode::SUCCESS;
+            for id in ids {
+                let request = pb::EndSessionRequest { session_id: id };
+                match client.end_session(request).await {
+                    Ok(_) => eprintln!("locksmith: ended session {id:016x}"),
+                    Err(status) => code = fail(&status.message()),
+                }
+            }
+            code
+        }
+    }
+}
+
+/// `http://host:port` of the first member of a `locksmith://` URL.
+fn endpoint(url: &str) -> Result<String, String> {
+    let rest = url
+        .strip_prefix("locksmith://")
+        .ok_or_else(|| format!("{url}: expected locksmith://host[:port]"))?;
+    let first = rest
+        .split([',', '/'])
+        .next()
+        .filter(|h| !h.is_empty())
+        .ok_or_else(|| format!("{url}: no host"))?;
+    let has_port = match first.rfind(']') {
+        Some(end) => first[end..].contains(':'),
+        None => first.contains(':'),
+    };
+    Ok(if has_port {
+        format!("http://{first}")
+    } else {
+        format!("http://{first}:{}", locksmith::server::DEFAULT_PORT)
+    })
+}
+
+async fn connect(url: &str) -> Result<LocksmithClient<Channel>, String> {
+    let endpoint = endpoint(url)?;
+    let channel = tonic::transport::Endpoint::from_shared(endpoint.clone())
+        .map_err(|e| format!("{url}: {e}"))?
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .map_err(|e| format!("cannot connect to {endpoint}: {e}"))?;
+    Ok(LocksmithClient::new(channel).max_decoding_message_size(256 << 20))
+}
+
+fn parse_session_id(text: &str) -> Result<u64, String> {
+    let digits = text.strip_prefix("0x").unwrap_or(text);
+    u64::from_str_radix(digits, 16).map_err(|e| format!("{text}: not a session id ({e})"))
+}
+
+fn render(list: &pb::ListSessionsResponse) -> Table {
+    let mut table = Table::new();
+    table.load_style(ASCII_NO_BORDERS).set_header([
+        "SESSION",
+        "CLIENT",
+        "HOST",
+        "ADDRESS",
+        "CONNECTED",
+        "TTL",
+        "EXPIRES IN",
+        "HOLDS",
+    ]);
+    let seconds = |ms: u64| format!("{:.1}s", ms as f64 / 1000.0);
+    for s in &list.sessions {
+        table.add_row([
+            format!("{:016x}", s.session_id),
+            printable(&s.client_name).into_owned(),
+            printable(&s.host).into_owned(),
+            if s.peer.is_empty() {
+                "-".into()
+            } else {
+                printable(&s.peer).into_owned()
+            },
+            if s.connected { "yes" } else { "no" }.into(),
+            seconds(s.ttl_ms),
+            seconds(s.expires_at_ms.saturating_sub(list.now_ms)),
+            s.holds.to_string(),
+        ]);
+    }
+    table
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints() {
+        assert_eq!(endpoint("locksmith://h:7").unwrap(), "http://h:7");
+        assert_eq!(endpoint("locksmith://h").unwrap(), "http://h:7420");
+        assert_eq!(endpoint("locksmith://a:1,b:2").unwrap(), "http://a:1");
+        assert_eq!(endpoint("locksmith://[::1]").unwrap(), "http://[::1]:7420");
+        assert_eq!(endpoint("locksmith://[::1]:9/").unwrap(), "http://[::1]:9");
+        assert!(endpoint("redis://h").is_err());
+        assert!(endpoint("locksmith://").is_err());
+    }
+
+    #[test]
+    fn session_ids_are_hex() {
+        assert_eq!(parse_session_id("000000000000002a"), Ok(42));
+        assert_eq!(parse_session_id("0x2a"), Ok(42));
+        assert!(parse_session_id("xyz").is_err());
+    }
+
+    #[test]
+    fn renders_sessions() {
+        let list = pb::ListSessionsResponse {
+            sessions: vec![pb::SessionInfo {
+                session_id: 42,
+                client_name: "cron\u{1b}[2J".into(),
+                host: "host-a".into(),
+                ttl_ms: 15_000,
+                expires_at_ms: 12_500,
+                holds: 3,
+                connected: false,
+                peer: "10.0.0.7:51234".into(),
+            }],
+            now_ms: 10_000,
+        };
+        let text = render(&list).to_string();
+        for expected in [
+            "000000000000002a",
+            "cron\\u{1b}[2J",
+            "host-a",
+            "10.0.0.7:51234",
+            "no",
+            "15.0s",
+            "2.5s",
+        ] {
+            assert!(text.contains(expected), "{expected} missing from\n{text}");
+        }
+    }
+}
