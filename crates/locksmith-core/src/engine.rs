@@ -203,11 +203,17 @@ enum Timer {
     LockDelay(LockId),
 }
 
-/// A time-driven command applies only if the deadline it was decided from is
-/// still the current one and has passed; otherwise a renewal, heartbeat or
-/// grace applied in between moved it, and the command is stale.
+/// A time-driven command applies only if the deadline it was decided from has
+/// passed and the current deadline is not later: a renewal, heartbeat or
+/// grace applied in between moved it later, and the command is stale.
+///
+/// "Not later" rather than "equal": heartbeats are not logged, so a replay
+/// (of the log after a restart) sees an earlier deadline than the one the
+/// expiry was decided from, and must still apply it. Heartbeats and graces
+/// only ever move a session's deadline later, so a deadline that is earlier
+/// than the decided one can only be such a replay.
 fn check_deadline(current: Millis, decided: Millis, now: Millis) -> Result<(), EngineError> {
-    if current == decided && decided <= now {
+    if current <= decided && decided <= now {
         Ok(())
     } else {
         Err(EngineError::NotDue)
@@ -452,7 +458,8 @@ impl Engine {
             .get_mut(&id)
             .ok_or(EngineError::UnknownSession(id.0))?;
         let old = session.expires_at;
-        session.expires_at = now + session.ttl;
+        // Never earlier: a grace may have given the session more than a TTL.
+        session.expires_at = old.max(now + session.ttl);
         let new = session.expires_at;
         self.timers.remove(&(old, Timer::Session(id)));
         self.timers.insert((new, Timer::Session(id)));

@@ -972,6 +972,46 @@ fn a_heartbeat_applied_after_the_expiry_was_decided_keeps_the_session() {
     assert_eq!(h.engine.due(2_000), [es(1, 2_000)]);
 }
 
+/// Heartbeats are not logged: replaying the log after a restart applies an
+/// expiry that was decided from a heartbeat-extended deadline to a session
+/// whose deadline never saw the heartbeat. It must apply all the same, with
+/// the same effects (a divergence here made the restarted server refuse
+/// later releases of the lock's next holder).
+#[test]
+fn a_replayed_expiry_applies_without_the_heartbeats_it_was_decided_after() {
+    let run = |heartbeats: bool| {
+        let mut h = Harness::new();
+        h.open(0, 1, 1_000);
+        h.open(0, 2, 100_000);
+        h.ok(10, acq(1, 1, "o", &["x"]));
+        h.ok(20, acq(2, 1, "w", &["x"]));
+        if heartbeats {
+            h.ok(500, Command::Heartbeat { session: sid(1) });
+            assert_eq!(h.engine.due(1_500), [es(1, 1_500)]);
+        }
+        h.ok(1_500, es(1, 1_500))
+    };
+    assert_eq!(run(true), run(false));
+    assert_eq!(
+        run(false),
+        [
+            lost(1, "o", "x", 1, LostReason::SessionExpired),
+            granted(2, 1, &[2])
+        ]
+    );
+}
+
+#[test]
+fn a_heartbeat_never_shortens_a_grace() {
+    let mut h = Harness::new();
+    h.open(0, 1, 1_000);
+    h.ok(100, Command::GrantGrace { grace: 10_000 });
+    h.ok(200, Command::Heartbeat { session: sid(1) });
+    assert_eq!(h.session(1).expires_at, 10_100);
+    h.ok(9_500, Command::Heartbeat { session: sid(1) });
+    assert_eq!(h.session(1).expires_at, 10_500);
+}
+
 #[test]
 fn an_expiry_applied_before_its_deadline_is_refused() {
     let mut h = Harness::new();

@@ -20,7 +20,7 @@
 //!    batch's output (module `outbox`), **without sending anything yet**;
 //! 4. writes the log buffer and makes it durable with **one `fdatasync`** (the
 //!    group commit: every request that arrived meanwhile shares it);
-//! 5. only then sends the output: one [`pb::ServerBatch`] per session stream,
+//! 5. only then sends the output: one [`locksmith_proto::v1::ServerBatch`] per session stream,
 //!    plus unary replies.
 //!
 //! So a client never sees a grant, a release or a fencing token that a crash

@@ -621,10 +621,15 @@ async fn establish(
             if member_down(&status) {
                 members.failed(at);
             }
-            SetupError::Failed(Error::backend(
-                super::BACKEND,
-                format!("{addr}: {}", convert::status(status)),
-            ))
+            // Which member failed matters for a connection problem; an
+            // answer about the request (a limit, a bad argument) keeps its
+            // own error.
+            SetupError::Failed(match convert::status(status) {
+                Error::Backend { source, .. } => {
+                    Error::backend(super::BACKEND, format!("{addr}: {source}"))
+                }
+                error => error,
+            })
         }
     };
     let mut inbound = client
