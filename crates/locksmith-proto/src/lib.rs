@@ -12,6 +12,13 @@
 //!   wrapper (implemented by `locksmith-server`).
 //! - [`FILE_DESCRIPTOR_SET`]: the encoded descriptors, for gRPC server
 //!   reflection (so `grpcurl` works without the `.proto` file).
+//! - `etcd` (feature `etcd`): clients of the etcd v3 API calls the
+//!   `locksmith` crate's etcd backend makes, from trimmed copies of etcd's
+//!   messages in `proto/etcd/` (etcd's package, message and service names and
+//!   field numbers, so the wire format is etcd's).
+//!
+//! Every `.proto` file is compiled by the protoc of the `protoc-bin-vendored`
+//! crate: building needs no protoc and no include files on the machine.
 //!
 //! ## The session stream in one picture
 //!
@@ -66,6 +73,31 @@ pub mod raft {
 /// gRPC metadata key with which a member that is not the leader names the
 /// leader (`host:port`) when it refuses a call: the client goes there.
 pub const LEADER_METADATA: &str = "locksmith-leader";
+
+/// The part of etcd's v3 API that the `locksmith` etcd backend calls: the
+/// `KV`, `Watch` and `Lease` services and `Auth.Authenticate`
+/// ([`etcd::etcdserverpb`]), keys and events ([`etcd::mvccpb`]), and etcd's
+/// lock service ([`etcd::v3lockpb`], for benchmarks). Clients only.
+#[cfg(feature = "etcd")]
+pub mod etcd {
+    /// Keys and watch events (etcd's `mvccpb`).
+    #[allow(missing_docs, clippy::all, clippy::pedantic)]
+    pub mod mvccpb {
+        tonic::include_proto!("mvccpb");
+    }
+
+    /// The `KV`, `Watch`, `Lease` and `Auth` services (etcd's `etcdserverpb`).
+    #[allow(missing_docs, clippy::all, clippy::pedantic)]
+    pub mod etcdserverpb {
+        tonic::include_proto!("etcdserverpb");
+    }
+
+    /// etcd's lock service (`v3lockpb`).
+    #[allow(missing_docs, clippy::all, clippy::pedantic)]
+    pub mod v3lockpb {
+        tonic::include_proto!("v3lockpb");
+    }
+}
 
 /// The `prost` version the messages are generated with (for
 /// [`prost::Message::encoded_len`] and friends without a separate dependency).
