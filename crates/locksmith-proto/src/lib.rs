@@ -97,6 +97,35 @@ pub mod etcd {
     pub mod v3lockpb {
         tonic::include_proto!("v3lockpb");
     }
+
+    use etcdserverpb::{request_op, DeleteRangeRequest, PutRequest, RangeRequest, RequestOp};
+
+    /// A read inside a transaction.
+    impl From<RangeRequest> for RequestOp {
+        fn from(request: RangeRequest) -> Self {
+            RequestOp {
+                request: Some(request_op::Request::RequestRange(request)),
+            }
+        }
+    }
+
+    /// A write inside a transaction.
+    impl From<PutRequest> for RequestOp {
+        fn from(request: PutRequest) -> Self {
+            RequestOp {
+                request: Some(request_op::Request::RequestPut(request)),
+            }
+        }
+    }
+
+    /// A delete inside a transaction.
+    impl From<DeleteRangeRequest> for RequestOp {
+        fn from(request: DeleteRangeRequest) -> Self {
+            RequestOp {
+                request: Some(request_op::Request::RequestDeleteRange(request)),
+            }
+        }
+    }
 }
 
 /// The `prost` version the messages are generated with (for

@@ -6,7 +6,7 @@
 //!   call for call onto the same Rust client, since there is no Go toolchain
 //!   here.
 //! - **etcd v3lock**: etcd's own lock service (`v3lockpb.Lock` / `Unlock`, here
-//!   through the `etcd-client` crate). The server runs Go's
+//!   through the generated client in `locksmith::etcd::rpc`). The server runs Go's
 //!   `concurrency.NewMutex(session, name).Lock()` on the caller's lease, so this
 //!   is Go's `concurrency.Mutex`, measured without needing a Go toolchain
 //!   (the client's extra hop is inside etcd, on loopback).
@@ -29,7 +29,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use locksmith::etcd::etcd_client::{self, LockOptions};
+use locksmith::etcd::rpc::etcdserverpb::range_request::SortOrder;
+use locksmith::etcd::rpc::etcdserverpb::{RangeRequest, TxnRequest, WatchCreateRequest};
+use locksmith::etcd::rpc::mvccpb::event::EventType;
+use locksmith::etcd::rpc::v3lockpb::{LockRequest, UnlockRequest};
+use locksmith::etcd::rpc::{self, EtcdClient};
 use locksmith::{Client, ConnectOptions};
 use locksmith_testkit::Etcd;
 use tokio::time::Instant;
@@ -284,142 +288,137 @@ enum Protocol {
 /// locking with `protocol`.
 struct Raw {
     protocol: Protocol,
-    clients: Vec<(etcd_client::Client, i64)>,
+    clients: Vec<(EtcdClient, i64)>,
 }
 
 impl Raw {
     async fn connect(endpoint: &str, protocol: Protocol) -> Self {
         let mut clients = Vec::new();
         for _ in 0..*CLIENTS {
-            let mut client = etcd_client::Client::connect([endpoint], None)
+            let client = EtcdClient::connect(&[endpoint.to_owned()], None)
                 .await
                 .expect("connect");
-            let lease = client.lease_grant(600, None).await.expect("lease").id();
+            let lease = client.grant_lease(600).await.expect("lease").id;
             clients.push((client, lease));
         }
         Raw { protocol, clients }
     }
 
     async fn revoke(self) {
-        for (mut client, lease) in self.clients {
-            let _ = client.lease_revoke(lease).await;
+        for (client, lease) in self.clients {
+            let _ = client.revoke_lease(lease).await;
         }
     }
 }
 
 impl Protocol {
     /// Acquires; returns the key to release.
-    async fn lock(self, client: &mut etcd_client::Client, name: &str, lease: i64) -> Vec<u8> {
+    async fn lock(self, client: &EtcdClient, name: &str, lease: i64) -> Vec<u8> {
         match self {
-            Protocol::V3Lock => client
-                .lock(name, Some(LockOptions::new().with_lease(lease)))
-                .await
-                .expect("lock")
-                .key()
-                .to_vec(),
+            Protocol::V3Lock => {
+                let request = LockRequest {
+                    name: name.as_bytes().to_vec(),
+                    lease,
+                };
+                client
+                    .lock()
+                    .lock(request)
+                    .await
+                    .expect("lock")
+                    .into_inner()
+                    .key
+            }
             Protocol::GoMutex => go_lock(client, name, lease).await.into_bytes(),
         }
     }
 
-    async fn unlock(self, client: &mut etcd_client::Client, key: Vec<u8>) {
+    async fn unlock(self, client: &EtcdClient, key: Vec<u8>) {
         match self {
-            Protocol::V3Lock => drop(client.unlock(key).await.expect("unlock")),
+            Protocol::V3Lock => drop(
+                client
+                    .lock()
+                    .unlock(UnlockRequest { key })
+                    .await
+                    .expect("unlock"),
+            ),
             // `Mutex.Unlock`: `Delete(myKey)`.
-            Protocol::GoMutex => drop(client.delete(key, None).await.expect("unlock")),
+            Protocol::GoMutex => drop(client.delete(rpc::delete(key)).await.expect("unlock")),
         }
     }
 }
 
 /// `Mutex.Lock`: returns `myKey`.
-async fn go_lock(client: &mut etcd_client::Client, name: &str, lease: i64) -> String {
-    use etcd_client::{
-        Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
-        TxnOpResponse, WatchOptions,
-    };
+async fn go_lock(client: &EtcdClient, name: &str, lease: i64) -> String {
     let pfx = format!("{name}/");
     let my_key = format!("{pfx}{lease:x}");
-    let first = GetOptions::new()
-        .with_prefix()
-        .with_sort(SortTarget::Create, SortOrder::Ascend)
-        .with_limit(1);
-    let txn = Txn::new()
-        .when([Compare::create_revision(
-            my_key.as_str(),
-            CompareOp::Equal,
-            0,
-        )])
-        .and_then([
-            TxnOp::put(
-                my_key.as_str(),
-                "",
-                Some(PutOptions::new().with_lease(lease)),
-            ),
-            TxnOp::get(pfx.as_str(), Some(first.clone())),
-        ])
-        .or_else([
-            TxnOp::get(my_key.as_str(), None),
-            TxnOp::get(pfx.as_str(), Some(first)),
-        ]);
-    let response = client.txn(txn).await.expect("tryAcquire");
-    let gets: Vec<_> = response
-        .op_responses()
-        .into_iter()
-        .map(|op| match op {
-            TxnOpResponse::Get(get) => get.kvs().to_vec(),
-            _ => Vec::new(),
-        })
-        .collect();
-    let my_rev = if response.succeeded() {
-        response.header().expect("header").revision()
-    } else {
-        gets[0][0].create_revision()
+    let first = RangeRequest {
+        limit: 1,
+        ..rpc::by_create(&pfx, SortOrder::Ascend)
     };
-    if gets[1].is_empty() || gets[1][0].create_revision() == my_rev {
+    let txn = TxnRequest {
+        compare: vec![rpc::create_revision_is(my_key.as_str(), 0)],
+        success: vec![
+            rpc::put(my_key.as_str(), "", lease).into(),
+            first.clone().into(),
+        ],
+        failure: vec![rpc::get(my_key.as_str()).into(), first.into()],
+    };
+    let response = client.txn(txn).await.expect("tryAcquire");
+    let header_revision = rpc::revision(response.header.as_ref());
+    let succeeded = response.succeeded;
+    let gets = rpc::read_results(response);
+    let my_rev = if succeeded {
+        header_revision
+    } else {
+        gets[0][0].create_revision
+    };
+    if gets[1].is_empty() || gets[1][0].create_revision == my_rev {
         return my_key;
     }
     // waitDeletes(ctx, client, m.pfx, m.myRev-1)
-    let last = GetOptions::new()
-        .with_prefix()
-        .with_sort(SortTarget::Create, SortOrder::Descend)
-        .with_limit(1)
-        .with_max_create_revision(my_rev - 1);
+    let last = RangeRequest {
+        limit: 1,
+        max_create_revision: my_rev - 1,
+        ..rpc::by_create(&pfx, SortOrder::Descend)
+    };
     loop {
-        let response = client
-            .get(pfx.as_str(), Some(last.clone()))
-            .await
-            .expect("get");
-        let Some(last_key) = response.kvs().first().map(|kv| kv.key().to_vec()) else {
+        let response = client.range(last.clone()).await.expect("get");
+        let Some(last_key) = response.kvs.first().map(|kv| kv.key.clone()) else {
             break;
         };
         // waitDelete(ctx, client, lastKey, resp.Header.Revision)
-        let rev = response.header().expect("header").revision();
+        let rev = rpc::revision(response.header.as_ref());
         let mut watch = client
-            .watch(last_key, Some(WatchOptions::new().with_start_revision(rev)))
+            .watch_stream(WatchCreateRequest {
+                key: last_key,
+                start_revision: rev,
+                ..WatchCreateRequest::default()
+            })
             .await
             .expect("watch");
         'watch: while let Some(message) = watch.message().await.expect("watch message") {
-            for event in message.events() {
-                if event.event_type() == EventType::Delete {
+            for event in &message.events {
+                if event.r#type == EventType::Delete as i32 {
                     break 'watch;
                 }
             }
         }
     }
     // The session key must still exist (etcd #11408).
-    let mine = client.get(my_key.as_str(), None).await.expect("get");
-    assert!(!mine.kvs().is_empty(), "session expired");
+    let mine = client.range(rpc::get(my_key.as_str())).await.expect("get");
+    assert!(!mine.kvs.is_empty(), "session expired");
     my_key
 }
 
 impl Contender for Raw {
     async fn pairs(&self, names: &(dyn Fn(usize) -> String + Sync)) -> f64 {
         throughput(|i, stop, done| {
-            let ((mut client, lease), name) = (self.clients[i].clone(), names(i));
+            let ((client, lease), name) = (self.clients[i].clone(), names(i));
             let protocol = self.protocol;
             async move {
                 while !stop.load(Ordering::Relaxed) {
-                    let key = protocol.lock(&mut client, &name, lease).await;
-                    protocol.unlock(&mut client, key).await;
+                    let key = protocol.lock(&client, &name, lease).await;
+                    protocol.unlock(&client, key).await;
                     done.fetch_add(1, Ordering::Relaxed);
                 }
             }
@@ -429,14 +428,14 @@ impl Contender for Raw {
 
     async fn handoffs(&self, name: &str) -> Vec<Duration> {
         handoff(|i, stop, handoffs| {
-            let (mut client, lease) = self.clients[i % self.clients.len()].clone();
+            let (client, lease) = self.clients[i % self.clients.len()].clone();
             let (name, protocol) = (name.to_owned(), self.protocol);
             async move {
                 while !stop.load(Ordering::Relaxed) {
-                    let key = protocol.lock(&mut client, &name, lease).await;
+                    let key = protocol.lock(&client, &name, lease).await;
                     handoffs.granted();
                     handoffs.releasing();
-                    protocol.unlock(&mut client, key).await;
+                    protocol.unlock(&client, key).await;
                 }
             }
         })

@@ -8,11 +8,12 @@ use std::process::Stdio;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use locksmith::etcd::etcd_client::{Compare, GetOptions, Txn, TxnOp};
+use locksmith::etcd::rpc::{self, etcdserverpb::Compare, etcdserverpb::TxnRequest};
 use locksmith::etcd::EtcdBackend;
-use locksmith::{Client, ConnectOptions, Error, Mode};
+use locksmith::{Client, ConnectOptions, Error, Guard, Mode};
 use locksmith_testkit::Etcd;
 use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::task::JoinHandle;
 use tokio::time::{sleep, timeout};
 
 /// One etcd for the whole binary (it dies with the test process).
@@ -102,6 +103,30 @@ async fn until(
         sleep(Duration::from_millis(20)).await;
     }
     panic!("{name}: never saw {what}");
+}
+
+/// An acquire of `name` by `client`, once it waits in the queue.
+async fn queued(client: &Client, name: &str) -> JoinHandle<locksmith::Result<Guard>> {
+    let waiter = tokio::spawn({
+        let lock = client.lock(name);
+        async move { lock.acquire().await }
+    });
+    until(client, name, "a waiter", |info| info.waiters.len() == 1).await;
+    waiter
+}
+
+/// Releases `held`; the `waiter` must then get the lock within `within`, with
+/// a higher token, and releases it too.
+async fn hand_over(held: Guard, waiter: JoinHandle<locksmith::Result<Guard>>, within: Duration) {
+    let token = held.fencing_token();
+    held.release().await.unwrap();
+    let next = timeout(within, waiter)
+        .await
+        .expect("the waiter is granted the released lock")
+        .unwrap()
+        .unwrap();
+    assert!(next.fencing_token() > token);
+    next.release().await.unwrap();
 }
 
 fn terminate(child: &tokio::process::Child) {
@@ -217,11 +242,7 @@ async fn revoked_lease_fires_lost_and_next_waiter_gets_higher_token() {
     let (a_backend, a) = etcd_backend(&etcd().url(), Duration::from_secs(30)).await;
     let b = Client::connect(&etcd().url()).await.unwrap();
     let held = a.lock(name.as_str()).acquire().await.unwrap();
-    let waiter = tokio::spawn({
-        let lock = b.lock(name.as_str());
-        async move { lock.acquire().await }
-    });
-    until(&b, &name, "a waiter", |info| info.waiters.len() == 1).await;
+    let waiter = queued(&b, &name).await;
 
     let lease = format!("{:x}", a_backend.session_lease());
     let out = etcd()
@@ -261,12 +282,14 @@ async fn fenced_transactions_reject_a_former_holder() {
     let data = format!("{name}-data");
     let write = |compare: Compare, value: &'static str| {
         let data = data.clone();
-        let mut kv = backend_a.etcd_client();
+        let etcd = backend_a.etcd_client();
         async move {
-            let txn = Txn::new()
-                .when([compare])
-                .and_then([TxnOp::put(data, value, None)]);
-            kv.txn(txn).await.unwrap().succeeded()
+            let txn = TxnRequest {
+                compare: vec![compare],
+                success: vec![rpc::put(data, value, 0).into()],
+                failure: Vec::new(),
+            };
+            etcd.txn(txn).await.unwrap().succeeded
         }
     };
 
@@ -292,9 +315,8 @@ async fn fenced_transactions_reject_a_former_holder() {
     assert!(write(locksmith::etcd::fence(key, second.fencing_token()), "again").await);
     second.release().await.unwrap();
 
-    let mut kv = backend_a.etcd_client();
-    let value = kv.get(data.as_str(), None).await.unwrap();
-    assert_eq!(value.kvs()[0].value(), b"again");
+    let value = backend_a.etcd_client().range(rpc::get(data)).await.unwrap();
+    assert_eq!(value.kvs[0].value, b"again");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -446,15 +468,12 @@ async fn semaphore_values_record_permits() {
     let name = unique("sem-meta");
     let client = Client::connect(&etcd().url()).await.unwrap();
     let permit = client.semaphore(name.as_str(), 4).acquire().await.unwrap();
-    let mut kv = etcd_backend(&etcd().url(), Duration::from_secs(30))
+    let etcd = etcd_backend(&etcd().url(), Duration::from_secs(30))
         .await
         .0
         .etcd_client();
-    let got = kv
-        .get(format!("{name}/"), Some(GetOptions::new().with_prefix()))
-        .await
-        .unwrap();
-    let value = std::str::from_utf8(got.kvs()[0].value()).unwrap();
+    let got = etcd.range(rpc::prefix(&format!("{name}/"))).await.unwrap();
+    let value = std::str::from_utf8(&got.kvs[0].value).unwrap();
     assert!(value.starts_with("locksmith/1\n"), "{value}");
     assert!(value.contains("\nmode=semaphore/4\n"), "{value}");
     let info = client.describe(&name).await.unwrap().unwrap();
@@ -492,11 +511,7 @@ async fn holds_survive_an_etcd_restart() {
         .unwrap();
     let b = Client::connect_with(&own.url(), options).await.unwrap();
     let held = a.lock(name.as_str()).acquire().await.unwrap();
-    let waiter = tokio::spawn({
-        let lock = b.lock(name.as_str());
-        async move { lock.acquire().await }
-    });
-    until(&a, &name, "a waiter", |info| info.waiters.len() == 1).await;
+    let waiter = queued(&b, &name).await;
 
     tokio::task::block_in_place(|| own.restart());
 
@@ -507,15 +522,8 @@ async fn holds_survive_an_etcd_restart() {
     })
     .await;
     assert!(!held.is_lost(), "{:?}", held.lost_signal().reason());
-    let token = held.fencing_token();
-    held.release().await.unwrap();
-    let next = timeout(Duration::from_secs(20), waiter)
-        .await
-        .expect("the waiter is woken after the restart")
-        .unwrap()
-        .unwrap();
-    assert!(next.fencing_token() > token);
-    next.release().await.unwrap();
+    // The waiter is woken after the restart.
+    hand_over(held, waiter, Duration::from_secs(20)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -547,4 +555,37 @@ async fn unreachable_etcd_fires_lost_before_the_lease_ends() {
         .expect("a new session after etcd is back")
         .unwrap();
     again.release().await.unwrap();
+}
+
+/// etcd with authentication on: the client logs in with the URL's user and
+/// sends the token on every call (keys, leases, watches); a wrong password
+/// fails the connect, and a client without credentials is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn authenticated_clients_lock_and_hand_over() {
+    let own = tokio::task::block_in_place(Etcd::start);
+    for args in [
+        &["user", "add", "root:s3cret"][..],
+        &["user", "grant-role", "root", "root"],
+        &["auth", "enable"],
+    ] {
+        let out = own.etcdctl().args(args).output().unwrap();
+        assert!(out.status.success(), "etcdctl {args:?}: {out:?}");
+    }
+    let url = format!("etcd://root:s3cret@127.0.0.1:{}", own.port());
+    let name = unique("auth");
+    let a = Client::connect(&url).await.unwrap();
+    let b = Client::connect(&url).await.unwrap();
+    let held = a.lock(name.as_str()).acquire().await.unwrap();
+    // b's watch sees the release.
+    hand_over(held, queued(&b, &name).await, Duration::from_secs(10)).await;
+
+    let wrong = format!("etcd://root:wrong@127.0.0.1:{}", own.port());
+    match Client::connect(&wrong).await {
+        Err(Error::Backend { .. }) => {}
+        other => panic!("a wrong password connected: {:?}", other.err()),
+    }
+    // Without the token etcd refuses the key (so the clients above sent it).
+    let anonymous = Client::connect(&own.url()).await.unwrap();
+    let refused = anonymous.lock(name.as_str()).try_acquire().await;
+    assert!(matches!(refused, Err(Error::Backend { .. })), "{refused:?}");
 }

@@ -35,20 +35,18 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use etcd_client::{
-    Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
-    TxnOpResponse,
-};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::hold::{delete_until_done, refresh, Entry, EntryState, EtcdHold, HoldLease, OwnLease};
 use super::layout::{
-    classify, contenders, hold_key, lock_prefix, now_ms, permit_mismatch, prefix_end, standing,
-    Meta, Standing,
+    classify, contenders, hold_key, lock_prefix, now_ms, permit_mismatch, standing, Meta, Standing,
 };
 use super::lost::HoldLost;
+use super::rpc::etcdserverpb::range_request::SortOrder;
+use super::rpc::etcdserverpb::{RangeRequest, RangeResponse, TxnRequest};
+use super::rpc::{self, by_create, revision};
 use super::session::{ttl_seconds, Session};
 use super::watch::{Deferrable, Sink, Wake};
 use super::{backend_error, cleanups, Inner, BACKEND};
@@ -119,30 +117,9 @@ async fn remove(inner: Arc<Inner>, key: String, lease: QueueLease) {
         QueueLease::Session(session) => delete_until_done(&inner, &key, &session).await,
         QueueLease::Own(own) => {
             own.stop();
-            let _ = inner.client.lease_client().revoke(own.id()).await;
+            let _ = inner.client.revoke_lease(own.id()).await;
         }
     }
-}
-
-fn get_responses(response: &etcd_client::TxnResponse) -> Vec<Vec<KeyValue>> {
-    response
-        .op_responses()
-        .into_iter()
-        .map(|op| match op {
-            TxnOpResponse::Get(mut get) => get.take_kvs(),
-            _ => Vec::new(),
-        })
-        .collect()
-}
-
-fn revision(response: &etcd_client::TxnResponse) -> i64 {
-    response.header().map_or(0, |h| h.revision())
-}
-
-fn by_create(order: SortOrder) -> GetOptions {
-    GetOptions::new()
-        .with_prefix()
-        .with_sort(SortTarget::Create, order)
 }
 
 /// Pause before reading the queue again after a failed read.
@@ -162,8 +139,8 @@ impl From<Error> for Attempt {
 }
 
 /// etcd's answer to a put on a lease that no longer exists.
-fn lease_not_found(error: &etcd_client::Error) -> bool {
-    matches!(error, etcd_client::Error::GRpcStatus(status) if status.message().contains("lease not found"))
+fn lease_not_found(error: &tonic::Status) -> bool {
+    error.message().contains("lease not found")
 }
 
 /// Where we stand, as of a read at `revision`.
@@ -229,12 +206,11 @@ impl Inner {
                 let sent = Instant::now();
                 let granted = self
                     .client
-                    .lease_client()
-                    .grant(ttl_seconds(duration), None)
+                    .grant_lease(ttl_seconds(duration))
                     .await
                     .map_err(|e| backend_error("granting the hold's lease", e))?;
-                let own = OwnLease::new(granted.id(), granted.ttl(), sent + duration);
-                let key = hold_key(&prefix, mode, granted.id());
+                let own = OwnLease::new(granted.id, granted.ttl, sent + duration);
+                let key = hold_key(&prefix, mode, granted.id);
                 (QueueLease::Own(own), key)
             }
         };
@@ -255,24 +231,19 @@ impl Inner {
         };
         async move {
             // tryAcquire (mutex.go), with the whole queue for shared/semaphore.
-            let first = if mode == Mode::Exclusive {
-                by_create(SortOrder::Ascend).with_limit(1)
-            } else {
-                by_create(SortOrder::Ascend)
+            let first = RangeRequest {
+                limit: i64::from(mode == Mode::Exclusive),
+                ..by_create(&prefix, SortOrder::Ascend)
             };
-            let put = TxnOp::put(
-                key.clone(),
-                meta.encode(),
-                Some(PutOptions::new().with_lease(lease.id())),
-            );
-            let txn = Txn::new()
-                .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-                .and_then([put, TxnOp::get(prefix.clone(), Some(first.clone()))])
-                .or_else([
-                    TxnOp::get(key.clone(), None),
-                    TxnOp::get(prefix.clone(), Some(first)),
-                ]);
-            let response = match self.kv().txn(txn).await {
+            let txn = TxnRequest {
+                compare: vec![rpc::create_revision_is(key.clone(), 0)],
+                success: vec![
+                    rpc::put(key.clone(), meta.encode(), lease.id()).into(),
+                    first.clone().into(),
+                ],
+                failure: vec![rpc::get(key.clone()).into(), first.into()],
+            };
+            let response = match self.client.txn(txn).await {
                 Ok(response) => response,
                 Err(error) => {
                     if let (true, QueueLease::Session(session)) = (lease_not_found(&error), &lease) {
@@ -283,21 +254,22 @@ impl Inner {
                     return Err(backend_error("enqueueing the lock key", error).into());
                 }
             };
-            let mut gets = get_responses(&response);
-            let mine = if response.succeeded() {
-                revision(&response)
+            let at = revision(response.header.as_ref());
+            let succeeded = response.succeeded;
+            let mut reads = rpc::read_results(response);
+            let mine = if succeeded {
+                at
             } else {
                 tracing::debug!(backend = BACKEND, %key, "key existed: reusing it, as mutex.go does");
-                gets[0]
+                reads[0]
                     .first()
-                    .map(|kv| kv.create_revision())
+                    .map(|kv| kv.create_revision)
                     .ok_or_else(|| Error::Lost(format!("{key} vanished while enqueueing")))?
             };
-            let queue = std::mem::take(&mut gets[1]);
-            let at = revision(&response);
+            let queue = std::mem::take(&mut reads[1]);
             let mut view = if mode == Mode::Exclusive {
                 match queue.first() {
-                    Some(first) if first.create_revision() == mine => Some(View {
+                    Some(first) if first.create_revision == mine => Some(View {
                         standing: Standing::Holds,
                         revision: at,
                         earlier: 0,
@@ -324,7 +296,7 @@ impl Inner {
                 Some(View {
                     standing: standing(&all, mine, mode),
                     revision: at,
-                    earlier: queue.iter().filter(|kv| kv.create_revision() < mine).count(),
+                    earlier: queue.iter().filter(|kv| kv.create_revision < mine).count(),
                 })
             };
             // waitDeletes (key.go), re-checking our own key at every step.
@@ -363,12 +335,10 @@ impl Inner {
                 let (sender, mut events) = mpsc::unbounded_channel();
                 let _watch = match &blocked {
                     Blocked::Key { key, .. } => self.hub.watch(key.clone(), None, 0, Sink::Wake(sender)),
-                    Blocked::Earlier { .. } => self.hub.watch(
-                        prefix.clone(),
-                        Some(prefix_end(prefix.as_bytes())),
-                        0,
-                        Sink::Wake(sender),
-                    ),
+                    Blocked::Earlier { .. } => {
+                        let (start, end) = rpc::prefix_range(prefix.as_bytes());
+                        self.hub.watch(start, Some(end), 0, Sink::Wake(sender))
+                    }
                 };
                 seen = Box::pin(self.wait(&lease, &mut events, &blocked, &prefix, mine, current.revision))
                     .await?;
@@ -377,7 +347,7 @@ impl Inner {
             if let (true, QueueLease::Own(own), Some(duration)) = (waited, &lease, request.lease) {
                 // The hold's lease starts now, not when it queued.
                 let sent = Instant::now();
-                if !Box::pin(refresh(&mut self.client.lease_client(), own.id())).await? {
+                if !Box::pin(refresh(&self.client, own.id())).await? {
                     return Err(Error::Lost("the lease of the waiting acquire is gone".into()).into());
                 }
                 own.state.lock().expect("own lease").deadline = sent + duration;
@@ -419,7 +389,6 @@ impl Inner {
             }
             QueueLease::Session(_) => (None, Duration::from_secs(86_400)),
         };
-        let mut leases = self.client.lease_client();
         loop {
             tokio::select! {
                 event = events.recv() => match event {
@@ -439,7 +408,7 @@ impl Inner {
                     let id = own.expect("checked");
                     // A failed renewal is retried at the next tick; a lease
                     // that is gone deletes our key, which the next read sees.
-                    if let Ok(false) = refresh(&mut leases, id).await {
+                    if let Ok(false) = refresh(&self.client, id).await {
                         return Err(Error::Lost("the lease of the waiting acquire is gone".into()));
                     }
                 }
@@ -451,30 +420,31 @@ impl Inner {
     ///
     /// Cancel safety: safe, read-only.
     async fn gone_since_read(&self, blocked: &Blocked, prefix: &str, mine: i64) -> Result<bool> {
-        let (key, options, expected) = match blocked {
-            Blocked::Key { key, revision } => {
-                (key.as_str(), GetOptions::new().with_keys_only(), *revision)
-            }
+        let (request, expected) = match blocked {
+            Blocked::Key { key, revision } => (rpc::get(key.clone()), *revision),
             Blocked::Earlier { count } => (
-                prefix,
-                GetOptions::new()
-                    .with_prefix()
-                    .with_keys_only()
-                    .with_max_create_revision(mine - 1),
+                RangeRequest {
+                    max_create_revision: mine - 1,
+                    ..rpc::prefix(prefix)
+                },
                 *count as i64,
             ),
         };
+        let request = RangeRequest {
+            keys_only: true,
+            ..request
+        };
         let response = self
-            .kv()
-            .get(key, Some(options))
+            .client
+            .range(request)
             .await
             .map_err(|e| backend_error("checking the key we wait for", e))?;
         Ok(match blocked {
             Blocked::Key { .. } => response
-                .kvs()
+                .kvs
                 .first()
-                .is_none_or(|kv| kv.create_revision() != expected),
-            Blocked::Earlier { .. } => (response.kvs().len() as i64) < expected,
+                .is_none_or(|kv| kv.create_revision != expected),
+            Blocked::Earlier { .. } => (response.kvs.len() as i64) < expected,
         })
     }
 
@@ -482,24 +452,23 @@ impl Inner {
     /// at least that revision, linearizable otherwise.
     ///
     /// Cancel safety: safe, read-only.
-    async fn read(
-        &self,
-        prefix: &str,
-        options: GetOptions,
-        seen: Option<i64>,
-    ) -> Result<etcd_client::GetResponse> {
+    async fn read(&self, request: RangeRequest, seen: Option<i64>) -> Result<RangeResponse> {
         if let Some(seen) = seen {
+            let serializable = RangeRequest {
+                serializable: true,
+                ..request.clone()
+            };
             let local = self
-                .kv()
-                .get(prefix, Some(options.clone().with_serializable()))
+                .client
+                .range(serializable)
                 .await
                 .map_err(|e| backend_error("reading the queue", e))?;
-            if local.header().is_some_and(|h| h.revision() >= seen) {
+            if revision(local.header.as_ref()) >= seen {
                 return Ok(local);
             }
         }
-        self.kv()
-            .get(prefix, Some(options))
+        self.client
+            .range(request)
             .await
             .map_err(|e| backend_error("reading the queue", e))
     }
@@ -548,15 +517,17 @@ impl Inner {
             // Go's Get(pfx, WithLastCreate, WithMaxCreateRev(myRev-1)) and
             // Get(myKey) in one range: the two newest keys up to our revision
             // are ours and the one we queue behind.
-            let newest = by_create(SortOrder::Descend)
-                .with_max_create_revision(mine)
-                .with_limit(2);
-            let response = self.read(prefix, newest, seen).await?;
-            let at = response.header().map_or(0, |h| h.revision());
-            let kvs = response.kvs();
+            let newest = RangeRequest {
+                max_create_revision: mine,
+                limit: 2,
+                ..by_create(prefix, SortOrder::Descend)
+            };
+            let response = self.read(newest, seen).await?;
+            let at = revision(response.header.as_ref());
+            let kvs = &response.kvs;
             if kvs
                 .first()
-                .is_none_or(|kv| kv.create_revision() != mine || kv.key() != key.as_bytes())
+                .is_none_or(|kv| kv.create_revision != mine || kv.key != key.as_bytes())
             {
                 return Err(gone());
             }
@@ -584,24 +555,24 @@ impl Inner {
             }
         }
         let response = self
-            .read(prefix, by_create(SortOrder::Ascend), seen)
+            .read(by_create(prefix, SortOrder::Ascend), seen)
             .await?;
-        let at = response.header().map_or(0, |h| h.revision());
+        let at = revision(response.header.as_ref());
         if !response
-            .kvs()
+            .kvs
             .iter()
-            .any(|kv| kv.key() == key.as_bytes() && kv.create_revision() == mine)
+            .any(|kv| kv.key == key.as_bytes() && kv.create_revision == mine)
         {
             return Err(gone());
         }
-        let all = contenders(prefix, name, response.kvs());
+        let all = contenders(prefix, name, &response.kvs);
         Ok(View {
             standing: standing(&all, mine, mode),
             revision: at,
             earlier: response
-                .kvs()
+                .kvs
                 .iter()
-                .filter(|kv| kv.create_revision() < mine)
+                .filter(|kv| kv.create_revision < mine)
                 .count(),
         })
     }
@@ -631,7 +602,7 @@ impl Inner {
                 }
             }
             QueueLease::Own(own) => {
-                own.spawn_timer(lost.clone(), self.client.lease_client());
+                own.spawn_timer(lost.clone(), self.client.clone());
                 HoldLease::Own(own)
             }
         };

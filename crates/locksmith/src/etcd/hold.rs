@@ -5,7 +5,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use etcd_client::{Compare, CompareOp, DeleteOptions, LeaseClient, PutOptions, Txn, TxnOp};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -13,6 +12,8 @@ use tracing::Instrument;
 
 use super::layout::Meta;
 use super::lost::HoldLost;
+use super::rpc::etcdserverpb::{Compare, DeleteRangeRequest, PutRequest, TxnRequest};
+use super::rpc::{self, EtcdClient};
 use super::session::{ttl_seconds, Session};
 use super::watch::{Deferrable, Sink, WatchGuard};
 use super::{backend_error, Inner, BACKEND};
@@ -109,7 +110,7 @@ impl OwnLease {
     }
 
     /// Ends the hold at its deadline: fires `lost` and revokes the lease.
-    pub fn spawn_timer(self: &Arc<Self>, lost: Arc<HoldLost>, leases: LeaseClient) {
+    pub fn spawn_timer(self: &Arc<Self>, lost: Arc<HoldLost>, client: EtcdClient) {
         let own = self.clone();
         tokio::spawn(async move {
             loop {
@@ -125,7 +126,7 @@ impl OwnLease {
                 };
                 if due {
                     lost.fire("the hold's lease ran out");
-                    revoke_in_background(leases, id);
+                    revoke_in_background(client, id);
                     return;
                 }
             }
@@ -139,9 +140,9 @@ impl OwnLease {
 }
 
 /// Revokes a lease without waiting; a failure leaves it to expire.
-pub(crate) fn revoke_in_background(mut leases: LeaseClient, id: i64) {
+pub(crate) fn revoke_in_background(client: EtcdClient, id: i64) {
     tokio::spawn(async move {
-        if let Err(error) = leases.revoke(id).await {
+        if let Err(error) = client.revoke_lease(id).await {
             tracing::debug!(backend = BACKEND, lease = format_args!("{id:x}"), %error, "revoke failed; the lease will expire");
         }
     });
@@ -150,12 +151,9 @@ pub(crate) fn revoke_in_background(mut leases: LeaseClient, id: i64) {
 /// Renews a lease once: `Ok(false)` when it no longer exists.
 ///
 /// Cancel safety: safe; the renewal happened or not.
-pub(crate) async fn refresh(leases: &mut LeaseClient, id: i64) -> Result<bool> {
-    match leases.keep_alive(id).await {
-        Ok(_) => Ok(true),
-        Err(etcd_client::Error::LeaseKeepAliveError(message)) if message.contains("not found") => {
-            Ok(false)
-        }
+pub(crate) async fn refresh(client: &EtcdClient, id: i64) -> Result<bool> {
+    match client.keep_alive_once(id).await {
+        Ok(ttl) => Ok(ttl.is_some()),
         Err(error) => Err(backend_error("renewing a lease", error)),
     }
 }
@@ -168,7 +166,7 @@ pub(crate) struct EtcdHold {
 
 impl Entry {
     fn still_ours(&self) -> Compare {
-        Compare::create_revision(self.key.clone(), CompareOp::Equal, self.token)
+        rpc::create_revision_is(self.key.clone(), self.token)
     }
 
     /// Writes the value for a new depth: `If(create_revision == token)
@@ -179,18 +177,21 @@ impl Entry {
     pub async fn write_count(&self, inner: &Inner, state: &EntryState, count: u32) -> Result<bool> {
         let mut meta = state.meta.clone();
         meta.count = count;
-        let put = TxnOp::put(
-            self.key.clone(),
-            meta.encode(),
-            Some(PutOptions::new().with_ignore_lease()),
-        );
-        let txn = Txn::new().when([self.still_ours()]).and_then([put]);
+        let put = PutRequest {
+            ignore_lease: true,
+            ..rpc::put(self.key.clone(), meta.encode(), 0)
+        };
+        let txn = TxnRequest {
+            compare: vec![self.still_ours()],
+            success: vec![put.into()],
+            failure: Vec::new(),
+        };
         let response = inner
-            .kv()
+            .client
             .txn(txn)
             .await
             .map_err(|e| backend_error("updating the hold count", e))?;
-        Ok(response.succeeded())
+        Ok(response.succeeded)
     }
 
     fn lose(&self, why: &str) -> Error {
@@ -260,7 +261,7 @@ impl Hold for EtcdHold {
         };
         let span = tracing::debug_span!("extend", backend = BACKEND, key = %entry.key, ?lease);
         async move {
-            let mut leases = self.inner.client.lease_client();
+            let client = &self.inner.client;
             let wanted = ttl_seconds(lease);
             let (id, ttl) = {
                 let state = own.state.lock().expect("own lease");
@@ -269,46 +270,44 @@ impl Hold for EtcdHold {
             let sent = Instant::now();
             if wanted <= ttl {
                 // A keep-alive restores the lease's TTL, which covers the request.
-                if !refresh(&mut leases, id).await? {
+                if !refresh(client, id).await? {
                     return Err(entry.lose("the hold's lease is gone"));
                 }
             } else {
                 // etcd cannot change a lease's TTL: move the key to a new lease.
-                let granted = leases
-                    .grant(wanted, None)
+                let granted = client
+                    .grant_lease(wanted)
                     .await
                     .map_err(|e| backend_error("granting a longer lease", e))?;
                 let state = entry.state.lock().await;
-                let put = TxnOp::put(
-                    entry.key.clone(),
-                    state.meta.encode(),
-                    Some(PutOptions::new().with_lease(granted.id())),
-                );
+                let put = rpc::put(entry.key.clone(), state.meta.encode(), granted.id);
                 drop(state);
-                let txn = Txn::new().when([entry.still_ours()]).and_then([put]);
-                let moved = self
-                    .inner
-                    .kv()
+                let txn = TxnRequest {
+                    compare: vec![entry.still_ours()],
+                    success: vec![put.into()],
+                    failure: Vec::new(),
+                };
+                let moved = client
                     .txn(txn)
                     .await
                     .map_err(|e| backend_error("moving the key to a longer lease", e));
                 let moved = match moved {
-                    Ok(response) => response.succeeded(),
+                    Ok(response) => response.succeeded,
                     Err(error) => {
-                        revoke_in_background(leases, granted.id());
+                        revoke_in_background(client.clone(), granted.id);
                         return Err(error);
                     }
                 };
                 if !moved {
-                    revoke_in_background(leases, granted.id());
+                    revoke_in_background(client.clone(), granted.id);
                     return Err(entry.lose("the key is no longer ours"));
                 }
                 {
                     let mut state = own.state.lock().expect("own lease");
-                    state.id = granted.id();
-                    state.ttl = granted.ttl();
+                    state.id = granted.id;
+                    state.ttl = granted.ttl;
                 }
-                revoke_in_background(leases, id);
+                revoke_in_background(client.clone(), id);
             }
             {
                 let mut state = own.state.lock().expect("own lease");
@@ -332,7 +331,7 @@ impl Hold for EtcdHold {
 pub(crate) async fn delete_until_done(inner: &Inner, key: &str, session: &Session) {
     let mut pause = Duration::from_millis(100);
     loop {
-        match inner.kv().delete(key, None).await {
+        match inner.client.delete(rpc::delete(key)).await {
             Ok(_) => {
                 session.free_key(key);
                 return;
@@ -381,12 +380,13 @@ impl Drop for Unfinished {
 /// Cancel safety: the delete may or may not have happened; callers finish
 /// it in a task when dropped (see `Unfinished`).
 async fn delete_key(inner: &Arc<Inner>, entry: &Entry) -> Result<bool> {
+    let request = DeleteRangeRequest {
+        prev_kv: true,
+        ..rpc::delete(entry.key.clone())
+    };
     let result = inner
-        .kv()
-        .delete(
-            entry.key.clone(),
-            Some(DeleteOptions::new().with_prev_key()),
-        )
+        .client
+        .delete(request)
         .await
         .map_err(|e| backend_error("deleting the lock key", e));
     match &entry.lease {
@@ -406,11 +406,11 @@ async fn delete_key(inner: &Arc<Inner>, entry: &Entry) -> Result<bool> {
         }
         HoldLease::Own(own) => {
             own.stop();
-            revoke_in_background(inner.client.lease_client(), own.id());
+            revoke_in_background(inner.client.clone(), own.id());
         }
     }
     Ok(result?
-        .prev_kvs()
+        .prev_kvs
         .first()
-        .is_some_and(|kv| kv.create_revision() == entry.token))
+        .is_some_and(|kv| kv.create_revision == entry.token))
 }

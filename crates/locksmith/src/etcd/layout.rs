@@ -4,7 +4,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use etcd_client::KeyValue;
+use super::rpc::mvccpb::KeyValue;
 
 use crate::backend::Mode;
 
@@ -37,20 +37,6 @@ pub(crate) fn hold_key(prefix: &str, mode: Mode, lease: i64) -> String {
         Mode::Shared => format!("{prefix}{READ}/{lease:x}"),
         Mode::Exclusive | Mode::Semaphore { .. } => format!("{prefix}{lease:x}"),
     }
-}
-
-/// The end of the range of keys starting with `prefix` (etcd's `GetPrefixRangeEnd`).
-pub(crate) fn prefix_end(prefix: &[u8]) -> Vec<u8> {
-    let mut end = prefix.to_vec();
-    while let Some(&last) = end.last() {
-        if last < 0xff {
-            *end.last_mut().expect("not empty") += 1;
-            return end;
-        }
-        end.pop();
-    }
-    // Every byte was 0xff (or the prefix is empty): the range runs to the end.
-    vec![0]
 }
 
 /// What locksmith stores in the value of each of its keys, for inspection and
@@ -223,9 +209,9 @@ impl Contender {
 ///   recipe RWMutex (`contrib/recipes/rwmutex.go`).
 /// - Anything deeper belongs to a nested lock and is ignored.
 pub(crate) fn classify(prefix: &str, name: &str, kv: &KeyValue) -> Option<Contender> {
-    let key = std::str::from_utf8(kv.key()).ok()?;
+    let key = std::str::from_utf8(&kv.key).ok()?;
     let rest = key.strip_prefix(prefix)?;
-    let meta = Meta::decode(kv.value());
+    let meta = Meta::decode(&kv.value);
     let mode = match &meta {
         Some(meta) if meta.name == name => meta.mode,
         Some(_) => return None,
@@ -238,11 +224,11 @@ pub(crate) fn classify(prefix: &str, name: &str, kv: &KeyValue) -> Option<Conten
     };
     Some(Contender {
         key: key.to_owned(),
-        create_revision: kv.create_revision(),
-        lease: kv.lease(),
+        create_revision: kv.create_revision,
+        lease: kv.lease,
         mode,
         meta,
-        value: kv.value().to_vec(),
+        value: kv.value.clone(),
     })
 }
 
@@ -261,14 +247,12 @@ pub(crate) fn contenders(prefix: &str, name: &str, kvs: &[KeyValue]) -> Vec<Cont
 /// segment is the hex id of the lease it is attached to (Go's Mutex, Election
 /// and `etcdctl lock`). `namespace` is stripped.
 pub(crate) fn listed_lock_name(namespace: &str, kv: &KeyValue) -> Option<String> {
-    if let Some(meta) = Meta::decode(kv.value()) {
+    if let Some(meta) = Meta::decode(&kv.value) {
         return Some(meta.name);
     }
-    let key = std::str::from_utf8(kv.key())
-        .ok()?
-        .strip_prefix(namespace)?;
+    let key = std::str::from_utf8(&kv.key).ok()?.strip_prefix(namespace)?;
     let (parent, last) = key.rsplit_once('/')?;
-    (kv.lease() != 0 && last == format!("{:x}", kv.lease()) && !parent.is_empty())
+    (kv.lease != 0 && last == format!("{:x}", kv.lease) && !parent.is_empty())
         .then(|| parent.to_owned())
 }
 
@@ -378,13 +362,6 @@ mod tests {
         );
         assert_eq!(hold_key(&prefix, Mode::Shared, 0xabc), "orders/42/read/abc");
         assert_eq!(lock_prefix("ns/", "a"), "ns/a/");
-    }
-
-    #[test]
-    fn prefix_end_increments_last_byte() {
-        assert_eq!(prefix_end(b"a/"), b"a0".to_vec());
-        assert_eq!(prefix_end(b"a\xff"), b"b".to_vec());
-        assert_eq!(prefix_end(b""), vec![0]);
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //! ```
 //!
 //! - Hosts: one or more etcd members, comma-separated; the port defaults to
-//!   2379. Requests are balanced over them by the `etcd-client` crate.
+//!   2379. Requests are balanced over them.
 //! - `user:password`: etcd authentication (percent-encode special characters).
 //! - `prefix`: a namespace, **opt-in**. Without it, lock `orders/42` lives at
 //!   `orders/42/…`, exactly where `etcdctl lock orders/42` looks. With
@@ -16,9 +16,12 @@
 //!   `etcdctl lock locks/orders/42` and Go's `namespace.NewKV(cli, "locks/")`
 //!   look. Nothing is prefixed unless you ask.
 //!
-//! Any other query parameter is an error. TLS endpoints are not supported in
-//! this build (the `etcd-client` crate's `tls` feature is off). etcd 3.4 or
-//! newer is required (client-chosen watch ids).
+//! Any other query parameter is an error. TLS endpoints are not supported
+//! yet. etcd 3.4 or newer is required (client-chosen watch ids).
+//!
+//! The backend speaks etcd's gRPC API through [`rpc`], a small client over
+//! code generated at build time by the protoc vendored in `locksmith-proto`,
+//! so building it needs no protoc on the machine.
 //!
 //! # Layout (the contract with other clients)
 //!
@@ -123,7 +126,7 @@
 //! ```no_run
 //! # async fn demo() -> locksmith::Result<()> {
 //! use std::sync::Arc;
-//! use locksmith::etcd::{etcd_client::{Txn, TxnOp}, EtcdBackend};
+//! use locksmith::etcd::{rpc::{self, etcdserverpb::TxnRequest}, EtcdBackend};
 //! use locksmith::{Client, ConnectOptions};
 //!
 //! let backend = Arc::new(
@@ -131,11 +134,12 @@
 //! );
 //! let client = Client::from_backend(backend.clone());
 //! let guard = client.lock("orders/42").acquire().await?;
-//! let still_mine = backend.fenced_compare(&guard)?;
-//! let txn = Txn::new()
-//!     .when([still_mine])
-//!     .and_then([TxnOp::put("orders/42/state", "paid", None)]);
-//! let applied = backend.etcd_client().txn(txn).await.expect("txn").succeeded();
+//! let txn = TxnRequest {
+//!     compare: vec![backend.fenced_compare(&guard)?],
+//!     success: vec![rpc::put("orders/42/state", "paid", 0).into()],
+//!     failure: vec![],
+//! };
+//! let applied = backend.etcd_client().txn(txn).await.expect("txn").succeeded;
 //! assert!(applied, "only the holder's write lands");
 //! guard.release().await?;
 //! # Ok(()) }
@@ -163,6 +167,7 @@ mod cleanups;
 mod hold;
 mod layout;
 mod lost;
+pub mod rpc;
 mod session;
 mod watch;
 
@@ -172,18 +177,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use etcd_client::{
-    Compare, CompareOp, GetOptions, KeyValue, KvClient, SortOrder, SortTarget, Txn, TxnOp,
-};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-/// The `etcd-client` crate this backend uses, re-exported so that guarded
-/// transactions are built with the same version.
-pub use etcd_client;
-
 use self::hold::Entry;
 use self::layout::{contenders, listed_lock_name, lock_prefix, standing, Contender, Standing};
+use self::rpc::etcdserverpb::range_request::SortOrder;
+use self::rpc::etcdserverpb::{Compare, TxnRequest};
+use self::rpc::mvccpb::KeyValue;
+use self::rpc::EtcdClient;
 use self::session::Session;
 use self::watch::WatchHub;
 use crate::backend::{
@@ -198,13 +200,6 @@ const BACKEND: &str = "etcd";
 /// etcd's default client port.
 const DEFAULT_PORT: u16 = 2379;
 
-/// How long connecting to an endpoint may take.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// HTTP/2 pings, as `etcdctl` sets them (`--keepalive-time=2s`,
-/// `--keepalive-timeout=6s`), so a dead connection is noticed and replaced.
-const HTTP2_KEEPALIVE: (Duration, Duration) = (Duration::from_secs(2), Duration::from_secs(6));
-
 /// A backend on etcd; see the [module docs](self) for the layout.
 pub struct EtcdBackend {
     inner: Arc<Inner>,
@@ -212,7 +207,7 @@ pub struct EtcdBackend {
 
 /// State shared by the backend, its holds and its tasks.
 pub(crate) struct Inner {
-    client: etcd_client::Client,
+    client: EtcdClient,
     /// `""` or `"<prefix>/"`.
     namespace: String,
     /// `client_name@host`, written into every value.
@@ -225,38 +220,8 @@ pub(crate) struct Inner {
     /// Live holds by name, then owner, for re-entry and
     /// [`EtcdBackend::holder_key`].
     holds: Mutex<HashMap<String, HashMap<String, Arc<Entry>>>>,
-    /// Idle KV clients: cloning one per request costs more than reusing it.
-    kv_pool: Mutex<Vec<KvClient>>,
     shutdown: CancellationToken,
     closed: AtomicBool,
-}
-
-/// A pooled KV client; derefs to [`KvClient`] and goes back to the pool.
-pub(crate) struct PooledKv<'a> {
-    pool: &'a Mutex<Vec<KvClient>>,
-    client: Option<KvClient>,
-}
-
-impl std::ops::Deref for PooledKv<'_> {
-    type Target = KvClient;
-
-    fn deref(&self) -> &KvClient {
-        self.client.as_ref().expect("until dropped")
-    }
-}
-
-impl std::ops::DerefMut for PooledKv<'_> {
-    fn deref_mut(&mut self) -> &mut KvClient {
-        self.client.as_mut().expect("until dropped")
-    }
-}
-
-impl Drop for PooledKv<'_> {
-    fn drop(&mut self) {
-        if let Some(client) = self.client.take() {
-            self.pool.lock().expect("kv pool").push(client);
-        }
-    }
 }
 
 /// An etcd failure with what we were doing.
@@ -265,10 +230,10 @@ impl Drop for PooledKv<'_> {
 struct Failure {
     context: &'static str,
     #[source]
-    source: etcd_client::Error,
+    source: tonic::Status,
 }
 
-pub(crate) fn backend_error(context: &'static str, source: etcd_client::Error) -> Error {
+pub(crate) fn backend_error(context: &'static str, source: tonic::Status) -> Error {
     Error::backend(BACKEND, Failure { context, source })
 }
 
@@ -412,20 +377,13 @@ impl EtcdBackend {
         let span =
             tracing::debug_span!("connect", backend = BACKEND, endpoints = ?target.endpoints);
         async move {
-            let mut connect = etcd_client::ConnectOptions::new()
-                .with_connect_timeout(CONNECT_TIMEOUT)
-                .with_keep_alive(HTTP2_KEEPALIVE.0, HTTP2_KEEPALIVE.1);
-            if let Some((user, password)) = &target.user {
-                connect = connect.with_user(user.clone(), password.clone());
-            }
-            let client = etcd_client::Client::connect(&target.endpoints, Some(connect))
+            let client = EtcdClient::connect(&target.endpoints, target.user)
                 .await
                 .map_err(|e| backend_error("connecting", e))?;
             let shutdown = CancellationToken::new();
             let session =
-                Session::start(client.lease_client(), options.session_ttl, shutdown.clone())
-                    .await?;
-            let hub = WatchHub::start(client.watch_client(), client.kv_client(), shutdown.clone());
+                Session::start(client.clone(), options.session_ttl, shutdown.clone()).await?;
+            let hub = WatchHub::start(client.clone(), shutdown.clone());
             Ok(EtcdBackend {
                 inner: Arc::new(Inner {
                     client,
@@ -436,7 +394,6 @@ impl EtcdBackend {
                     renewing: tokio::sync::Mutex::new(()),
                     hub,
                     holds: Mutex::new(HashMap::new()),
-                    kv_pool: Mutex::new(Vec::new()),
                     shutdown,
                     closed: AtomicBool::new(false),
                 }),
@@ -447,8 +404,8 @@ impl EtcdBackend {
     }
 
     /// The underlying etcd client (a cheap clone), for guarded transactions
-    /// and anything else on the same connection.
-    pub fn etcd_client(&self) -> etcd_client::Client {
+    /// and anything else on the same connections.
+    pub fn etcd_client(&self) -> EtcdClient {
         self.inner.client.clone()
     }
 
@@ -509,19 +466,10 @@ impl EtcdBackend {
 /// `If(create_revision(key) == token)`: the fencing comparison for a lock key
 /// and its token, however they were obtained.
 pub fn fence(key: impl Into<Vec<u8>>, token: u64) -> Compare {
-    Compare::create_revision(key, CompareOp::Equal, token as i64)
+    rpc::create_revision_is(key, token as i64)
 }
 
 impl Inner {
-    /// A KV client from the pool (returned when dropped).
-    fn kv(&self) -> PooledKv<'_> {
-        let client = self.kv_pool.lock().expect("kv pool").pop();
-        PooledKv {
-            pool: &self.kv_pool,
-            client: Some(client.unwrap_or_else(|| self.client.kv_client())),
-        }
-    }
-
     /// The live session, granting a new one if the last ended.
     ///
     /// Cancel safety: safe; a dropped grant leaves a lease without keys.
@@ -539,12 +487,8 @@ impl Inner {
             return Ok(current);
         }
         tracing::info!(backend = BACKEND, reason = ?current.reason(), "session ended; granting a new lease");
-        let fresh = Session::start(
-            self.client.lease_client(),
-            self.session_ttl,
-            self.shutdown.clone(),
-        )
-        .await?;
+        let fresh =
+            Session::start(self.client.clone(), self.session_ttl, self.shutdown.clone()).await?;
         *self.session.lock().expect("session") = fresh.clone();
         Ok(fresh)
     }
@@ -582,20 +526,12 @@ impl Inner {
     ///
     /// Cancel safety: safe, read-only.
     async fn read_prefix(&self, prefix: &str) -> Result<Vec<KeyValue>> {
-        let options = if prefix.is_empty() {
-            GetOptions::new().with_all_keys()
-        } else {
-            GetOptions::new().with_prefix()
-        };
-        let mut response = self
-            .kv()
-            .get(
-                prefix,
-                Some(options.with_sort(SortTarget::Create, SortOrder::Ascend)),
-            )
+        let response = self
+            .client
+            .range(rpc::by_create(prefix, SortOrder::Ascend))
             .await
             .map_err(|e| backend_error("reading the lock keys", e))?;
-        Ok(response.take_kvs())
+        Ok(response.kvs)
     }
 
     /// Inspection of one lock from its contenders.
@@ -649,14 +585,8 @@ impl Inner {
         if lease == 0 {
             return None;
         }
-        let response = self
-            .client
-            .lease_client()
-            .time_to_live(lease, None)
-            .await
-            .ok()?;
-        (response.ttl() >= 0)
-            .then(|| SystemTime::now() + Duration::from_secs(response.ttl() as u64))
+        let response = self.client.lease_time_to_live(lease).await.ok()?;
+        (response.ttl >= 0).then(|| SystemTime::now() + Duration::from_secs(response.ttl as u64))
     }
 }
 
@@ -766,32 +696,24 @@ impl Backend for EtcdBackend {
                 if holders.is_empty() {
                     return Ok(());
                 }
-                let txn = Txn::new()
-                    .when(
-                        holders
-                            .iter()
-                            .map(|c| {
-                                Compare::create_revision(
-                                    c.key.clone(),
-                                    CompareOp::Equal,
-                                    c.create_revision,
-                                )
-                            })
-                            .collect::<Vec<_>>(),
-                    )
-                    .and_then(
-                        holders
-                            .iter()
-                            .map(|c| TxnOp::delete(c.key.clone(), None))
-                            .collect::<Vec<_>>(),
-                    );
+                let txn = TxnRequest {
+                    compare: holders
+                        .iter()
+                        .map(|c| rpc::create_revision_is(c.key.clone(), c.create_revision))
+                        .collect(),
+                    success: holders
+                        .iter()
+                        .map(|c| rpc::delete(c.key.clone()).into())
+                        .collect(),
+                    failure: Vec::new(),
+                };
                 let response = self
                     .inner
-                    .kv()
+                    .client
                     .txn(txn)
                     .await
                     .map_err(|e| backend_error("deleting the holders' keys", e))?;
-                if response.succeeded() {
+                if response.succeeded {
                     tracing::info!(
                         backend = BACKEND,
                         name,
@@ -828,17 +750,16 @@ impl Backend for EtcdBackend {
             .drain()
             .flat_map(|(_, owners)| owners.into_values())
             .collect();
-        let mut leases = self.inner.client.lease_client();
-        let mut result = leases
-            .revoke(session.id)
+        let client = &self.inner.client;
+        let mut result = client
+            .revoke_lease(session.id)
             .await
-            .map(|_| ())
             .map_err(|e| backend_error("revoking the session lease", e));
         for entry in owned {
             entry.lost.fire("the client was closed");
             if let hold::HoldLease::Own(own) = &entry.lease {
                 own.stop();
-                if let Err(error) = leases.revoke(own.id()).await {
+                if let Err(error) = client.revoke_lease(own.id()).await {
                     result = result.and(Err(backend_error("revoking a hold's lease", error)));
                 }
             }
@@ -857,9 +778,9 @@ impl Drop for EtcdBackend {
         session.end("the client was dropped");
         self.inner.shutdown.cancel();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let mut leases = self.inner.client.lease_client();
+            let client = self.inner.client.clone();
             runtime.spawn(async move {
-                let _ = leases.revoke(session.id).await;
+                let _ = client.revoke_lease(session.id).await;
             });
         }
     }

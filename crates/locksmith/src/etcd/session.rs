@@ -11,11 +11,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use etcd_client::{LeaseClient, LeaseKeepAliveStream, LeaseKeeper};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::lost::HoldLost;
+use super::rpc::{EtcdClient, KeepAlive};
 use super::{backend_error, BACKEND};
 use crate::error::Result;
 
@@ -47,19 +47,19 @@ impl Session {
     /// Cancel safety: a dropped grant may leave a lease without keys behind;
     /// it expires after its TTL.
     pub async fn start(
-        mut leases: LeaseClient,
+        client: EtcdClient,
         ttl: Duration,
         shutdown: CancellationToken,
     ) -> Result<Arc<Session>> {
         let seconds = ttl_seconds(ttl);
         let sent = Instant::now();
-        let granted = leases
-            .grant(seconds, None)
+        let granted = client
+            .grant_lease(seconds)
             .await
             .map_err(|e| backend_error("granting the session lease", e))?;
         let session = Arc::new(Session {
-            id: granted.id(),
-            ttl: Duration::from_secs(granted.ttl().max(1) as u64),
+            id: granted.id,
+            ttl: Duration::from_secs(granted.ttl.max(1) as u64),
             dead: CancellationToken::new(),
             reason: Mutex::new(None),
             holds: Mutex::new(HashMap::new()),
@@ -73,7 +73,7 @@ impl Session {
             ttl = ?session.ttl,
             "session lease granted"
         );
-        tokio::spawn(keep_alive(session.clone(), leases, sent, shutdown));
+        tokio::spawn(keep_alive(session.clone(), client, sent, shutdown));
         Ok(session)
     }
 
@@ -169,7 +169,7 @@ pub(crate) fn ttl_seconds(ttl: Duration) -> i64 {
 /// Cancel safety: aborting it stops the renewals; the lease then expires.
 async fn keep_alive(
     session: Arc<Session>,
-    mut leases: LeaseClient,
+    client: EtcdClient,
     granted_at: Instant,
     shutdown: CancellationToken,
 ) {
@@ -178,7 +178,7 @@ async fn keep_alive(
     // so never later than etcd's own clock says).
     let mut expires = granted_at + session.ttl;
     let mut next = granted_at + every;
-    let mut stream: Option<(LeaseKeeper, LeaseKeepAliveStream)> = None;
+    let mut stream: Option<KeepAlive> = None;
     loop {
         tokio::select! {
             _ = tokio::time::sleep_until(next) => {}
@@ -187,12 +187,12 @@ async fn keep_alive(
         }
         let sent = Instant::now();
         let outcome = tokio::select! {
-            outcome = tokio::time::timeout_at(expires, renew(&mut leases, &mut stream, session.id, session.ttl.as_secs())) => outcome,
+            outcome = tokio::time::timeout_at(expires, renew(&client, &mut stream, session.id)) => outcome,
             _ = shutdown.cancelled() => return,
         };
         match outcome {
             Ok(Ok(Some(ttl))) => {
-                expires = sent + Duration::from_secs(ttl);
+                expires = sent + Duration::from_secs(ttl as u64);
                 next = sent + every;
             }
             Ok(Ok(None)) => {
@@ -229,42 +229,22 @@ async fn keep_alive(
     }
 }
 
-/// One keep-alive round trip: `Some(ttl)` when renewed, `None` when the lease
-/// no longer exists.
+/// One keep-alive round trip on the session's stream (opened first if
+/// needed): `Some(ttl)` when renewed, `None` when the lease no longer exists.
 ///
 /// Cancel safety: a dropped renewal leaves the stream in an unknown state;
 /// the caller drops the stream on error.
 async fn renew(
-    leases: &mut LeaseClient,
-    stream: &mut Option<(LeaseKeeper, LeaseKeepAliveStream)>,
+    client: &EtcdClient,
+    stream: &mut Option<KeepAlive>,
     id: i64,
-    granted_ttl: u64,
-) -> std::result::Result<Option<u64>, etcd_client::Error> {
-    let response = match stream {
-        Some((keeper, responses)) => {
-            keeper.keep_alive().await?;
-            responses.message().await?
+) -> std::result::Result<Option<i64>, tonic::Status> {
+    match stream {
+        Some(open) => open.renew().await,
+        None => {
+            let (opened, ttl) = client.keep_alive(id).await?;
+            *stream = Some(opened);
+            Ok(ttl)
         }
-        None => match leases.keep_alive(id).await {
-            // Opening the stream sends the first keep-alive and reads its answer.
-            // (it checked that TTL > 0; a renewal restores the granted TTL).
-            Ok(opened) => {
-                *stream = Some(opened);
-                return Ok(Some(granted_ttl));
-            }
-            Err(etcd_client::Error::LeaseKeepAliveError(message))
-                if message.contains("not found") =>
-            {
-                return Ok(None)
-            }
-            Err(error) => return Err(error),
-        },
-    };
-    match response {
-        Some(response) if response.ttl() > 0 => Ok(Some(response.ttl() as u64)),
-        Some(_) => Ok(None),
-        None => Err(etcd_client::Error::LeaseKeepAliveError(
-            "keep-alive stream closed".into(),
-        )),
     }
 }

@@ -25,15 +25,15 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use etcd_client::{
-    EventType, KvClient, WatchClient, WatchFilterType, WatchOptions, WatchRequestSender,
-    WatchResponse, WatchResponseStream,
-};
 use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::lost::HoldLost;
+use super::rpc::etcdserverpb::watch_create_request::FilterType;
+use super::rpc::etcdserverpb::{WatchCreateRequest, WatchResponse};
+use super::rpc::mvccpb::event::EventType;
+use super::rpc::{self, EtcdClient, WatchStream};
 use super::BACKEND;
 
 /// Pause before reopening a broken watch stream.
@@ -125,14 +125,13 @@ impl Drop for WatchGuard {
 
 impl WatchHub {
     /// Starts the hub's task; it stops on `shutdown`.
-    pub fn start(watches: WatchClient, kv: KvClient, shutdown: CancellationToken) -> WatchHub {
+    pub fn start(client: EtcdClient, shutdown: CancellationToken) -> WatchHub {
         let (commands, receiver) = mpsc::unbounded_channel();
         let deferred = Arc::new(Deferred::default());
         let next_id = Arc::new(AtomicI64::new(1));
         let hub = Hub {
             next_id: next_id.clone(),
-            watches,
-            kv,
+            client,
             commands: receiver,
             loopback: commands.clone(),
             deferred: deferred.clone(),
@@ -186,52 +185,41 @@ impl WatchHub {
     }
 }
 
-fn create(id: i64, spec: &Spec) -> WatchOptions {
-    let mut options = WatchOptions::new()
-        .with_watch_id(id)
-        .with_start_revision(spec.start)
-        .with_filters([WatchFilterType::NoPut]);
-    if let Some(end) = &spec.range_end {
-        options = options.with_range(end.clone());
+/// The create request of watch `id`: deletes only.
+fn create(id: i64, spec: &Spec) -> WatchCreateRequest {
+    WatchCreateRequest {
+        key: spec.key.clone(),
+        range_end: spec.range_end.clone().unwrap_or_default(),
+        start_revision: spec.start,
+        filters: vec![FilterType::Noput as i32],
+        watch_id: id,
+        ..WatchCreateRequest::default()
     }
-    options
 }
 
-type Stream = (WatchRequestSender, WatchResponseStream);
-
 /// Cancel safety: a dropped open leaves no stream behind.
-async fn open(watches: &mut WatchClient, active: &HashMap<i64, Spec>) -> Option<Stream> {
+async fn open(client: &EtcdClient, active: &HashMap<i64, Spec>) -> Option<WatchStream> {
     let mut specs = active.iter();
     let (&first_id, first) = specs.next()?;
-    let stream = match watches
-        .watch(first.key.clone(), Some(create(first_id, first)))
-        .await
-    {
+    let stream = match client.watch_stream(create(first_id, first)).await {
         Ok(stream) => stream,
         Err(error) => {
             tracing::debug!(backend = BACKEND, %error, "cannot open the watch stream");
             return None;
         }
     };
-    let (mut sender, responses) = stream.split();
     for (&id, spec) in specs {
-        if sender
-            .watch(spec.key.clone(), Some(create(id, spec)))
-            .await
-            .is_err()
-        {
-            return None;
-        }
+        stream.create(create(id, spec)).ok()?;
     }
-    Some((sender, responses))
+    Some(stream)
 }
 
-type Message = Option<std::result::Result<Option<WatchResponse>, etcd_client::Error>>;
+type Message = Option<std::result::Result<Option<WatchResponse>, tonic::Status>>;
 
-/// Cancel safety: safe (`Streaming::message` is cancel safe).
-async fn next(stream: &mut Option<Stream>) -> Message {
+/// Cancel safety: safe (`WatchStream::message` is cancel safe).
+async fn next(stream: &mut Option<WatchStream>) -> Message {
     match stream {
-        Some((_, responses)) => Some(responses.message().await),
+        Some(stream) => Some(stream.message().await),
         None => std::future::pending().await,
     }
 }
@@ -239,13 +227,12 @@ async fn next(stream: &mut Option<Stream>) -> Message {
 /// The hub's task state.
 struct Hub {
     next_id: Arc<AtomicI64>,
-    watches: WatchClient,
-    kv: KvClient,
+    client: EtcdClient,
     commands: mpsc::UnboundedReceiver<Command>,
     loopback: mpsc::UnboundedSender<Command>,
     deferred: Arc<Deferred>,
     active: HashMap<i64, Spec>,
-    stream: Option<Stream>,
+    stream: Option<WatchStream>,
     retry_at: Option<Instant>,
     /// When deferred watches were last promoted; promotions are batched at
     /// most every quarter of [`DEFER`], so short holds cost few wake-ups.
@@ -259,7 +246,7 @@ impl Hub {
             if self.stream.is_none() && !self.active.is_empty() {
                 let due = self.retry_at.is_none_or(|at| at <= Instant::now());
                 if due {
-                    self.stream = open(&mut self.watches, &self.active).await;
+                    self.stream = open(&self.client, &self.active).await;
                     self.retry_at = self.stream.is_none().then(|| Instant::now() + RETRY);
                 }
             }
@@ -288,15 +275,15 @@ impl Hub {
             };
             tokio::select! {
                 _ = shutdown.cancelled() => return,
-                _ = timers => self.promote_due().await,
+                _ = timers => self.promote_due(),
                 command = self.commands.recv() => match command {
                     None => return,
-                    Some(Command::Add(id, spec)) => self.add(id, spec).await,
-                    Some(Command::Cancel(id)) => self.cancel(id).await,
+                    Some(Command::Add(id, spec)) => self.add(id, spec),
+                    Some(Command::Cancel(id)) => self.cancel(id),
                 },
                 message = next(&mut self.stream) => match message {
                     Some(Ok(Some(response))) => {
-                        route(response, &mut self.active, &self.kv, &self.loopback)
+                        route(response, &mut self.active, &self.client, &self.loopback)
                     }
                     Some(Ok(None)) | Some(Err(_)) | None => {
                         tracing::debug!(backend = BACKEND, "watch stream broke, reopening");
@@ -307,25 +294,19 @@ impl Hub {
         }
     }
 
-    /// Cancel safety: only called from the hub's own task, never dropped midway.
-    async fn add(&mut self, id: i64, spec: Spec) {
-        if let Some((sender, _)) = &mut self.stream {
-            if sender
-                .watch(spec.key.clone(), Some(create(id, &spec)))
-                .await
-                .is_err()
-            {
+    fn add(&mut self, id: i64, spec: Spec) {
+        if let Some(stream) = &self.stream {
+            if stream.create(create(id, &spec)).is_err() {
                 self.stream = None;
             }
         }
         self.active.insert(id, spec);
     }
 
-    /// Cancel safety: only called from the hub's own task, never dropped midway.
-    async fn cancel(&mut self, id: i64) {
+    fn cancel(&mut self, id: i64) {
         if self.active.remove(&id).is_some() {
-            if let Some((sender, _)) = &mut self.stream {
-                if sender.cancel(id).await.is_err() {
+            if let Some(stream) = &self.stream {
+                if stream.cancel(id).is_err() {
                     self.stream = None;
                 }
             }
@@ -341,8 +322,7 @@ impl Hub {
 
     /// Registers the deferred watches that are due and still wanted.
     ///
-    /// Cancel safety: only called from the hub's own task, never dropped midway.
-    async fn promote_due(&mut self) {
+    fn promote_due(&mut self) {
         let now = Instant::now();
         self.promoted_at = now;
         let due: Vec<Arc<dyn Deferrable>> = {
@@ -365,7 +345,7 @@ impl Hub {
                 start,
                 sink,
             };
-            self.add(id, spec).await;
+            self.add(id, spec);
             holder.keep(WatchGuard {
                 id,
                 commands: self.loopback.clone(),
@@ -377,25 +357,25 @@ impl Hub {
 fn route(
     response: WatchResponse,
     active: &mut HashMap<i64, Spec>,
-    kv: &KvClient,
+    client: &EtcdClient,
     loopback: &mpsc::UnboundedSender<Command>,
 ) {
-    let id = response.watch_id();
+    let id = response.watch_id;
     let Some(spec) = active.get_mut(&id) else {
         return;
     };
-    if response.created() {
+    if response.created {
         if let Sink::Wake(waiter) = &spec.sink {
-            let at = response.header().map_or(0, |h| h.revision());
+            let at = rpc::revision(response.header.as_ref());
             let _ = waiter.send(Wake::Created(at));
         }
     }
-    for event in response.events() {
-        if let Some(kv) = event.kv() {
-            spec.start = spec.start.max(kv.mod_revision() + 1);
+    for event in &response.events {
+        if let Some(kv) = &event.kv {
+            spec.start = spec.start.max(kv.mod_revision + 1);
         }
-        if event.event_type() == EventType::Delete {
-            let at = event.kv().map_or(0, |kv| kv.mod_revision());
+        if event.r#type == EventType::Delete as i32 {
+            let at = event.kv.as_ref().map_or(0, |kv| kv.mod_revision);
             deliver(
                 &spec.sink,
                 at,
@@ -403,13 +383,13 @@ fn route(
             );
         }
     }
-    if response.canceled() {
+    if response.canceled {
         // Compacted past our start revision, or refused: this watch cannot fire.
         let spec = active.remove(&id).expect("looked up above");
         tracing::debug!(
             backend = BACKEND,
-            reason = response.cancel_reason(),
-            compacted = response.compact_revision(),
+            reason = response.cancel_reason,
+            compacted = response.compact_revision,
             "watch cancelled by etcd"
         );
         match spec.sink {
@@ -422,7 +402,7 @@ fn route(
                 token,
             } => {
                 tokio::spawn(recheck(
-                    kv.clone(),
+                    client.clone(),
                     loopback.clone(),
                     id,
                     spec.key,
@@ -453,7 +433,7 @@ fn deliver(sink: &Sink, at: i64, reason: &str) {
 ///
 /// Cancel safety: runs in its own task.
 async fn recheck(
-    mut kv: KvClient,
+    client: EtcdClient,
     loopback: mpsc::UnboundedSender<Command>,
     id: i64,
     key: Vec<u8>,
@@ -461,14 +441,14 @@ async fn recheck(
     armed: Arc<AtomicBool>,
     token: i64,
 ) {
-    match kv.get(key.clone(), None).await {
+    match client.range(rpc::get(key.clone())).await {
         Ok(response) => {
             let held = response
-                .kvs()
+                .kvs
                 .first()
-                .is_some_and(|kv| kv.create_revision() == token);
+                .is_some_and(|kv| kv.create_revision == token);
             if held && armed.load(Ordering::SeqCst) {
-                let start = response.header().map_or(0, |h| h.revision()) + 1;
+                let start = rpc::revision(response.header.as_ref()) + 1;
                 let sink = Sink::Lost {
                     signal,
                     armed,

@@ -1,0 +1,435 @@
+//! A small etcd v3 client over the gRPC code that `locksmith-proto` generates
+//! (its `etcd` feature): the connection, request helpers for keys and
+//! transactions, a lease's keep-alive stream and the watch stream.
+//!
+//! Written here instead of taken from the `etcd-client` crate, whose build
+//! script needs a system `protoc` with its `google/protobuf` include files:
+//! with it, neither `cargo install locksmith-cli` nor a build of this crate
+//! worked on a machine with only the Rust toolchain. What the backend needs
+//! of a client is this module.
+//!
+//! The generated types are re-exported ([`etcdserverpb`], [`mvccpb`],
+//! [`v3lockpb`]): requests are plain structs, for example a transaction that
+//! writes only while a lock is still held:
+//!
+//! ```no_run
+//! # async fn demo(client: locksmith::etcd::rpc::EtcdClient, key: &str, token: u64)
+//! #     -> Result<(), tonic::Status> {
+//! use locksmith::etcd::rpc::{self, etcdserverpb::TxnRequest};
+//!
+//! let txn = TxnRequest {
+//!     compare: vec![locksmith::etcd::fence(key, token)],
+//!     success: vec![rpc::put("orders/42/state", "paid", 0).into()],
+//!     failure: vec![],
+//! };
+//! let applied = client.txn(txn).await?.succeeded;
+//! # Ok(()) }
+//! ```
+
+use std::time::Duration;
+
+use futures::channel::mpsc;
+use tonic::metadata::AsciiMetadataValue;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::channel::Change;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Request, Status, Streaming};
+
+pub use locksmith_proto::etcd::{etcdserverpb, mvccpb, v3lockpb};
+
+use self::etcdserverpb::range_request::{SortOrder, SortTarget};
+use self::etcdserverpb::{
+    compare, AuthenticateRequest, Compare, DeleteRangeRequest, DeleteRangeResponse,
+    LeaseGrantRequest, LeaseGrantResponse, LeaseKeepAliveRequest, LeaseKeepAliveResponse,
+    LeaseRevokeRequest, LeaseTimeToLiveRequest, LeaseTimeToLiveResponse, PutRequest, RangeRequest,
+    RangeResponse, ResponseHeader, TxnRequest, TxnResponse, WatchCancelRequest, WatchCreateRequest,
+    WatchRequest, WatchResponse,
+};
+use self::mvccpb::KeyValue;
+
+/// How long connecting to an endpoint may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// HTTP/2 pings, as `etcdctl` sets them (`--keepalive-time=2s`,
+/// `--keepalive-timeout=6s`), so a dead connection is noticed and replaced.
+const HTTP2_KEEPALIVE: (Duration, Duration) = (Duration::from_secs(2), Duration::from_secs(6));
+
+/// Requests that may wait in the channel for a connection, as `etcd-client`
+/// (and before it this backend) sized it.
+const CHANNEL_BUFFER: usize = 64;
+
+/// The channel every call goes through: balanced over the members, with the
+/// auth token (if any) attached.
+pub type EtcdChannel = InterceptedService<Channel, AuthToken>;
+/// The generated `KV` client.
+pub type KvClient = etcdserverpb::kv_client::KvClient<EtcdChannel>;
+/// The generated `Lease` client.
+pub type LeaseClient = etcdserverpb::lease_client::LeaseClient<EtcdChannel>;
+/// The generated `Watch` client.
+pub type WatchClient = etcdserverpb::watch_client::WatchClient<EtcdChannel>;
+/// The generated client of etcd's lock service (`v3lockpb.Lock`).
+pub type LockClient = v3lockpb::lock_client::LockClient<EtcdChannel>;
+
+/// Puts the token from `Authenticate` on every call, as etcd's `token`
+/// metadata (what Go's clientv3 sends).
+#[derive(Clone, Default)]
+pub struct AuthToken(Option<AsciiMetadataValue>);
+
+impl tonic::service::Interceptor for AuthToken {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        if let Some(token) = &self.0 {
+            request.metadata_mut().insert("token", token.clone());
+        }
+        Ok(request)
+    }
+}
+
+/// A connection to an etcd cluster; cheap to clone, and every clone shares
+/// the connections.
+#[derive(Clone)]
+pub struct EtcdClient {
+    channel: EtcdChannel,
+    /// Keeps the balancer's set of endpoints open for the channel's lifetime.
+    _endpoints: tokio::sync::mpsc::Sender<Change<String, Endpoint>>,
+}
+
+impl EtcdClient {
+    /// A client balanced over `endpoints` (`http://host:port` each), logged
+    /// in as `user` (name, password) when given. Connections are made when
+    /// the first call needs one, so an unreachable cluster shows at the
+    /// first call (or here, when logging in).
+    ///
+    /// Cancel safety: safe; nothing is left behind.
+    pub async fn connect(
+        endpoints: &[String],
+        user: Option<(String, String)>,
+    ) -> Result<EtcdClient, Status> {
+        let (channel, changes) = Channel::balance_channel(CHANNEL_BUFFER);
+        for url in endpoints {
+            let endpoint = Endpoint::from_shared(url.clone())
+                .map_err(|e| Status::invalid_argument(format!("endpoint {url}: {e}")))?
+                .connect_timeout(CONNECT_TIMEOUT)
+                .http2_keep_alive_interval(HTTP2_KEEPALIVE.0)
+                .keep_alive_timeout(HTTP2_KEEPALIVE.1)
+                .keep_alive_while_idle(true);
+            changes
+                .send(Change::Insert(url.clone(), endpoint))
+                .await
+                .map_err(|_| Status::internal("the channel's balancer stopped"))?;
+        }
+        let token = match user {
+            None => None,
+            Some((name, password)) => {
+                let mut auth = etcdserverpb::auth_client::AuthClient::new(channel.clone());
+                let token = auth
+                    .authenticate(AuthenticateRequest { name, password })
+                    .await?
+                    .into_inner()
+                    .token;
+                Some(token.parse().map_err(|_| {
+                    Status::unauthenticated("etcd answered with a token that is not ASCII")
+                })?)
+            }
+        };
+        Ok(EtcdClient {
+            channel: InterceptedService::new(channel, AuthToken(token)),
+            _endpoints: changes,
+        })
+    }
+
+    /// The channel, for other generated clients.
+    pub fn channel(&self) -> EtcdChannel {
+        self.channel.clone()
+    }
+
+    /// A `KV` client.
+    pub fn kv(&self) -> KvClient {
+        KvClient::new(self.channel())
+    }
+
+    /// A `Lease` client.
+    pub fn lease(&self) -> LeaseClient {
+        LeaseClient::new(self.channel())
+    }
+
+    /// A `Watch` client.
+    pub fn watch(&self) -> WatchClient {
+        WatchClient::new(self.channel())
+    }
+
+    /// A client of etcd's lock service.
+    pub fn lock(&self) -> LockClient {
+        LockClient::new(self.channel())
+    }
+
+    /// `KV.Range`.
+    ///
+    /// Cancel safety: safe, read-only.
+    pub async fn range(&self, request: RangeRequest) -> Result<RangeResponse, Status> {
+        Ok(self.kv().range(request).await?.into_inner())
+    }
+
+    /// `KV.Txn`.
+    ///
+    /// Cancel safety: the transaction may or may not have been applied.
+    pub async fn txn(&self, request: TxnRequest) -> Result<TxnResponse, Status> {
+        Ok(self.kv().txn(request).await?.into_inner())
+    }
+
+    /// `KV.DeleteRange`.
+    ///
+    /// Cancel safety: the delete may or may not have been applied.
+    pub async fn delete(&self, request: DeleteRangeRequest) -> Result<DeleteRangeResponse, Status> {
+        Ok(self.kv().delete_range(request).await?.into_inner())
+    }
+
+    /// `Lease.LeaseGrant` of `ttl` seconds (etcd raises it to its minimum).
+    ///
+    /// Cancel safety: a lease may have been granted; it expires unused.
+    pub async fn grant_lease(&self, ttl: i64) -> Result<LeaseGrantResponse, Status> {
+        let request = LeaseGrantRequest { ttl, id: 0 };
+        Ok(self.lease().lease_grant(request).await?.into_inner())
+    }
+
+    /// `Lease.LeaseRevoke`: deletes every key attached to the lease.
+    ///
+    /// Cancel safety: the lease may or may not have been revoked.
+    pub async fn revoke_lease(&self, id: i64) -> Result<(), Status> {
+        self.lease()
+            .lease_revoke(LeaseRevokeRequest { id })
+            .await
+            .map(drop)
+    }
+
+    /// `Lease.LeaseTimeToLive` (without the keys).
+    ///
+    /// Cancel safety: safe, read-only.
+    pub async fn lease_time_to_live(&self, id: i64) -> Result<LeaseTimeToLiveResponse, Status> {
+        let request = LeaseTimeToLiveRequest { id, keys: false };
+        Ok(self.lease().lease_time_to_live(request).await?.into_inner())
+    }
+
+    /// Opens a keep-alive stream for lease `id` and renews it once; see
+    /// [`KeepAlive::renew`] for the answer.
+    ///
+    /// Cancel safety: safe; a dropped open closes its stream (the lease may
+    /// have been renewed).
+    pub async fn keep_alive(&self, id: i64) -> Result<(KeepAlive, Option<i64>), Status> {
+        let (requests, outgoing) = mpsc::unbounded();
+        // Queued before the call: etcd answers the call only with the first
+        // response, which needs a request.
+        let _ = requests.unbounded_send(LeaseKeepAliveRequest { id });
+        let responses = self.lease().lease_keep_alive(outgoing).await?.into_inner();
+        let mut stream = KeepAlive {
+            id,
+            requests,
+            responses,
+        };
+        let ttl = stream.answer().await?;
+        Ok((stream, ttl))
+    }
+
+    /// Renews lease `id` once: `Some(ttl)` in seconds, `None` when the lease
+    /// no longer exists.
+    ///
+    /// Cancel safety: safe; the lease was renewed or not.
+    pub async fn keep_alive_once(&self, id: i64) -> Result<Option<i64>, Status> {
+        self.keep_alive(id).await.map(|(_, ttl)| ttl)
+    }
+
+    /// Opens a watch stream with its first watch; more are added and
+    /// cancelled on the [`WatchStream`].
+    ///
+    /// Cancel safety: safe; a dropped open closes its stream.
+    pub async fn watch_stream(&self, first: WatchCreateRequest) -> Result<WatchStream, Status> {
+        let (requests, outgoing) = mpsc::unbounded();
+        // Queued before the call, as for `keep_alive`.
+        let _ = requests.unbounded_send(create_request(first));
+        let responses = self.watch().watch(outgoing).await?.into_inner();
+        Ok(WatchStream {
+            requests,
+            responses,
+        })
+    }
+}
+
+/// A keep-alive stream of one lease (`Lease.LeaseKeepAlive`).
+pub struct KeepAlive {
+    id: i64,
+    requests: mpsc::UnboundedSender<LeaseKeepAliveRequest>,
+    responses: Streaming<LeaseKeepAliveResponse>,
+}
+
+impl KeepAlive {
+    /// Renews the lease: `Some(ttl)`, its TTL in seconds from now, or `None`
+    /// when the lease no longer exists (expired or revoked).
+    ///
+    /// Cancel safety: not cancel safe; a dropped renewal may leave its answer
+    /// on the stream, so drop the stream with it.
+    pub async fn renew(&mut self) -> Result<Option<i64>, Status> {
+        self.requests
+            .unbounded_send(LeaseKeepAliveRequest { id: self.id })
+            .map_err(|_| Status::unavailable("the keep-alive stream is closed"))?;
+        self.answer().await
+    }
+
+    /// Cancel safety: as for [`KeepAlive::renew`].
+    async fn answer(&mut self) -> Result<Option<i64>, Status> {
+        match self.responses.message().await? {
+            Some(response) => Ok((response.ttl > 0).then_some(response.ttl)),
+            None => Err(Status::unavailable("the keep-alive stream ended")),
+        }
+    }
+}
+
+/// A watch stream (`Watch.Watch`): many watches, told apart by the ids the
+/// client gives them.
+pub struct WatchStream {
+    requests: mpsc::UnboundedSender<WatchRequest>,
+    responses: Streaming<WatchResponse>,
+}
+
+impl WatchStream {
+    /// Adds a watch; etcd confirms it with a `created` response.
+    pub fn create(&self, request: WatchCreateRequest) -> Result<(), Status> {
+        self.send(create_request(request))
+    }
+
+    /// Cancels the watch `watch_id`; etcd confirms with a `canceled` response.
+    pub fn cancel(&self, watch_id: i64) -> Result<(), Status> {
+        self.send(WatchRequest {
+            request_union: Some(etcdserverpb::watch_request::RequestUnion::CancelRequest(
+                WatchCancelRequest { watch_id },
+            )),
+        })
+    }
+
+    fn send(&self, request: WatchRequest) -> Result<(), Status> {
+        self.requests
+            .unbounded_send(request)
+            .map_err(|_| Status::unavailable("the watch stream is closed"))
+    }
+
+    /// The next response; `None` when etcd ended the stream.
+    ///
+    /// Cancel safety: safe (`Streaming::message` is).
+    pub async fn message(&mut self) -> Result<Option<WatchResponse>, Status> {
+        self.responses.message().await
+    }
+}
+
+fn create_request(request: WatchCreateRequest) -> WatchRequest {
+    WatchRequest {
+        request_union: Some(etcdserverpb::watch_request::RequestUnion::CreateRequest(
+            request,
+        )),
+    }
+}
+
+/// The key range of every key starting with `prefix` (every key at all for
+/// an empty prefix): `(key, range_end)`, as Go's `clientv3.WithPrefix`.
+pub fn prefix_range(prefix: &[u8]) -> (Vec<u8>, Vec<u8>) {
+    if prefix.is_empty() {
+        // etcd refuses an empty key; "\0" to "\0" means every key.
+        return (vec![0], vec![0]);
+    }
+    let mut end = prefix.to_vec();
+    while let Some(&last) = end.last() {
+        if last < 0xff {
+            *end.last_mut().expect("not empty") += 1;
+            return (prefix.to_vec(), end);
+        }
+        end.pop();
+    }
+    // Every byte was 0xff: the range runs to the end.
+    (prefix.to_vec(), vec![0])
+}
+
+/// A read of every key under `prefix` (every key at all for `""`).
+pub fn prefix(prefix: &str) -> RangeRequest {
+    let (key, range_end) = prefix_range(prefix.as_bytes());
+    RangeRequest {
+        key,
+        range_end,
+        ..RangeRequest::default()
+    }
+}
+
+/// A read of every key under `prefix`, sorted by create revision in `order`.
+pub fn by_create(under: &str, order: SortOrder) -> RangeRequest {
+    RangeRequest {
+        sort_order: order as i32,
+        sort_target: SortTarget::Create as i32,
+        ..prefix(under)
+    }
+}
+
+/// A read of one key (`.into()` makes it an operation of a transaction).
+pub fn get(key: impl Into<Vec<u8>>) -> RangeRequest {
+    RangeRequest {
+        key: key.into(),
+        ..RangeRequest::default()
+    }
+}
+
+/// A write of one key, attached to `lease` (0: none).
+pub fn put(key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>, lease: i64) -> PutRequest {
+    PutRequest {
+        key: key.into(),
+        value: value.into(),
+        lease,
+        ..PutRequest::default()
+    }
+}
+
+/// A delete of one key.
+pub fn delete(key: impl Into<Vec<u8>>) -> DeleteRangeRequest {
+    DeleteRangeRequest {
+        key: key.into(),
+        ..DeleteRangeRequest::default()
+    }
+}
+
+/// `If(create_revision(key) == revision)`; revision 0 means "the key does
+/// not exist".
+pub fn create_revision_is(key: impl Into<Vec<u8>>, revision: i64) -> Compare {
+    Compare {
+        result: compare::CompareResult::Equal as i32,
+        target: compare::CompareTarget::Create as i32,
+        key: key.into(),
+        target_union: Some(compare::TargetUnion::CreateRevision(revision)),
+        range_end: Vec::new(),
+    }
+}
+
+/// The store revision a response was served at (0 without a header).
+pub fn revision(header: Option<&ResponseHeader>) -> i64 {
+    header.map_or(0, |h| h.revision)
+}
+
+/// The keys each read of a transaction returned, in order (empty for
+/// operations that are not reads).
+pub fn read_results(response: TxnResponse) -> Vec<Vec<KeyValue>> {
+    use self::etcdserverpb::response_op::Response;
+    response
+        .responses
+        .into_iter()
+        .map(|op| match op.response {
+            Some(Response::ResponseRange(range)) => range.kvs,
+            _ => Vec::new(),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_range_increments_the_last_byte() {
+        assert_eq!(prefix_range(b"a/"), (b"a/".to_vec(), b"a0".to_vec()));
+        assert_eq!(prefix_range(b"a\xff"), (b"a\xff".to_vec(), b"b".to_vec()));
+        assert_eq!(prefix_range(b"\xff"), (b"\xff".to_vec(), vec![0]));
+        assert_eq!(prefix_range(b""), (vec![0], vec![0]));
+    }
+}
