@@ -52,6 +52,31 @@
 //! (returns [`Error`]), `port()`, `url()`, `kill()`, `restart()`, `pause()`,
 //! `resume()` and `is_running()`. The [`Server`] trait offers the same operations
 //! for code that handles every backend alike.
+//!
+//! # Where the binaries come from
+//!
+//! Nothing is bundled or downloaded: each server is found on the machine when
+//! it is started, at run time, so a program built with this crate (the
+//! `locksmith` command's `bench --spawn …` and `torture --spawn …`, also
+//! after `cargo install locksmith-cli`) uses whatever the machine it runs on
+//! has installed, the same way the tests do:
+//!
+//! - `redis-server`, `etcd`, `etcdctl`, `openssl`, `java`: the first
+//!   executable of that name on `PATH`.
+//! - PostgreSQL (`postgres`, `initdb`, `psql`): the directory in
+//!   `LOCKSMITH_PG_BINDIR`, else that of `postgres` on `PATH`, else the newest
+//!   `/usr/lib/postgresql/<version>/bin` (where Debian keeps them, off
+//!   `PATH`); a tool missing there is looked for on `PATH`.
+//! - `pgbouncer`: on `PATH`, else `/usr/sbin/pgbouncer` (Debian).
+//! - ZooKeeper: the classpath in `LOCKSMITH_ZOOKEEPER_CLASSPATH`, else
+//!   Debian's `/usr/share/java/zookeeper.jar` (whose manifest names its
+//!   dependencies), run by `java`.
+//!
+//! On Debian or Ubuntu, `scripts/test --install-only` in the locksmith
+//! repository installs all of them; the packages are those of the table above.
+//! The lock server itself is not found here: `locksmith bench --spawn server`
+//! and `torture --spawn server` start the running `locksmith` executable as
+//! `locksmith serve`.
 
 #![deny(missing_docs)]
 
