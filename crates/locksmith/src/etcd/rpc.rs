@@ -54,8 +54,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// `--keepalive-timeout=6s`), so a dead connection is noticed and replaced.
 const HTTP2_KEEPALIVE: (Duration, Duration) = (Duration::from_secs(2), Duration::from_secs(6));
 
-/// Requests that may wait in the channel for a connection, as `etcd-client`
-/// (and before it this backend) sized it.
+/// Requests that may queue in the channel before a connection takes them
+/// (the size `etcd-client` used, with which this backend was measured).
 const CHANNEL_BUFFER: usize = 64;
 
 /// The channel every call goes through: balanced over the members, with the
