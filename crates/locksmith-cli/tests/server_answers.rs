@@ -294,3 +294,102 @@ async fn status_escapes_what_is_not_printable() {
         assert!(text.contains(shown), "{shown} missing from\n{text}");
     }
 }
+
+fn acquire_op(name: &str) -> pb::request::Op {
+    pb::request::Op::Acquire(pb::Acquire {
+        names: vec![name.into()],
+        owner: "raw".into(),
+        reentrant: true,
+        ..Default::default()
+    })
+}
+
+/// Who holds `name` (session ids), from `Describe`.
+async fn holders(port: u16, name: &str) -> Vec<u64> {
+    grpc(port)
+        .await
+        .describe(pb::DescribeRequest { name: name.into() })
+        .await
+        .unwrap()
+        .into_inner()
+        .lock
+        .map(|l| l.holders.iter().map(|h| h.session_id).collect())
+        .unwrap_or_default()
+}
+
+fn reused_id_error(result: pb::reply::Result) {
+    match result {
+        pb::reply::Result::Error(e) => {
+            assert_eq!(e.code, pb::ErrorCode::InvalidArgument as i32, "{e:?}");
+            assert!(e.message.contains("in use by another request"), "{e:?}");
+        }
+        other => panic!("a reused id was answered {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reused_request_id_is_a_protocol_error_and_a_retry_is_not() {
+    let server = server();
+    let port = server.port();
+    let mut session = RawSession::open(port, 10_000).await;
+    let (a, b, c) = (
+        server_support::unique("reuse-a"),
+        server_support::unique("reuse-b"),
+        server_support::unique("reuse-c"),
+    );
+
+    // acquire id 7, then a release under id 7: refused, the release never
+    // runs (it used to be answered "granted").
+    session.request(7, acquire_op(&a));
+    let token = match session.reply(7).await {
+        pb::reply::Result::Granted(g) => g.tokens[0],
+        other => panic!("{other:?}"),
+    };
+    session.request(7, release(&a));
+    reused_id_error(session.reply(7).await);
+    assert_eq!(holders(port, &a).await, [session.session_id]);
+
+    // Two acquires with id 1 on different locks: the second is refused and
+    // does not get the first one's token.
+    session.request(1, acquire_op(&b));
+    assert!(matches!(
+        session.reply(1).await,
+        pb::reply::Result::Granted(_)
+    ));
+    session.request(1, acquire_op(&c));
+    reused_id_error(session.reply(1).await);
+    assert!(holders(port, &c).await.is_empty());
+
+    // The same request sent again gets its kept reply (the same token), and
+    // runs once: the hold count stays 1.
+    session.request(7, acquire_op(&a));
+    match session.reply(7).await {
+        pb::reply::Result::Granted(g) => assert_eq!(g.tokens, [token]),
+        other => panic!("{other:?}"),
+    }
+    let described = grpc(port)
+        .await
+        .describe(pb::DescribeRequest { name: a.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(described.lock.unwrap().holders[0].hold_count, 1);
+
+    // Once its reply is acknowledged, an id may carry a new request.
+    session.ack(vec![7]);
+    session.request(7, release(&a));
+    assert!(matches!(session.reply(7).await, pb::reply::Result::Done(_)));
+    assert!(holders(port, &a).await.is_empty());
+
+    // A refused request keeps nothing: its id is free at once.
+    session.request(30, release(&c));
+    assert!(matches!(
+        session.reply(30).await,
+        pb::reply::Result::Error(_)
+    ));
+    session.request(30, acquire_op(&c));
+    assert!(matches!(
+        session.reply(30).await,
+        pb::reply::Result::Granted(_)
+    ));
+}

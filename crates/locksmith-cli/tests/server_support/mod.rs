@@ -320,6 +320,16 @@ impl RawSession {
             .expect("stream open");
     }
 
+    /// Acknowledges final replies (an empty batch carrying only the acks).
+    pub fn ack(&self, replies: Vec<u64>) {
+        self.tx
+            .send(locksmith_proto::v1::ClientBatch {
+                ack_replies: replies,
+                ..Default::default()
+            })
+            .expect("stream open");
+    }
+
     /// Sends a request.
     pub fn request(&self, id: u64, op: locksmith_proto::v1::request::Op) {
         self.send(locksmith_proto::v1::client_message::Kind::Request(

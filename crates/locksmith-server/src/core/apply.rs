@@ -3,7 +3,7 @@
 //! output, plus what the server keeps beside the engine (kept replies, lost
 //! notices, the session table).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use locksmith_core::{Command, Effect, EngineError, Millis, RequestId, SessionId};
 use locksmith_proto::v1 as pb;
@@ -125,6 +125,7 @@ impl Core {
                         ttl,
                         attached: None,
                         replies: BTreeMap::new(),
+                        fingerprints: HashMap::new(),
                         lost: BTreeMap::new(),
                         peer: None,
                     },
@@ -244,7 +245,9 @@ impl Core {
         }
         entry.replies.insert(request, outcome);
         if entry.replies.len() > self.max_unacked {
-            entry.replies.pop_first();
+            if let Some((forgotten, _)) = entry.replies.pop_first() {
+                entry.fingerprints.remove(&forgotten);
+            }
         }
     }
 

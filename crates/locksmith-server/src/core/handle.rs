@@ -7,6 +7,7 @@ use locksmith_core::{Command, EngineError, Millis, RequestId, SessionId};
 use locksmith_proto::v1 as pb;
 use tonic::Status;
 
+use super::request_ids::Known;
 use super::session::unknown_session;
 use super::Core;
 use crate::convert::{self, engine_error_to_status};
@@ -30,6 +31,7 @@ impl Core {
                 if let Some(entry) = self.sessions.get_mut(&session) {
                     for id in acks.replies {
                         entry.replies.remove(&id);
+                        entry.fingerprints.remove(&id);
                     }
                     for token in acks.lost {
                         entry.lost.remove(&token);
@@ -268,40 +270,20 @@ impl Core {
                 }
             }
             StreamOp::Acquire { id, args } => {
-                if let Some(outcome) = cached(self, id) {
-                    return self.resend(session, id, &outcome);
-                }
-                self.notify_queued = args.notify_queued;
+                let notify_queued = args.notify_queued;
                 let command = args.into_command(session, id, now);
-                let result = self.execute(now, command, None, None);
-                self.notify_queued = false;
-                match result {
-                    Ok(()) => {}
-                    // The same request is still queued: a retry after a resume.
-                    Err(EngineError::DuplicateRequest(_)) => {}
-                    Err(error) => {
-                        self.send_error(session, id, convert::engine_error_to_proto(&error))
-                    }
-                }
+                self.request(now, session, id, command, notify_queued);
             }
             StreamOp::Release { id, hold } => {
-                if let Some(outcome) = cached(self, id) {
-                    return self.resend(session, id, &outcome);
-                }
                 let command = Command::Release {
                     session,
                     owner: hold.owner,
                     name: hold.name,
                     token: hold.token,
                 };
-                if let Err(error) = self.execute(now, command, None, Some(id)) {
-                    self.send_error(session, id, convert::engine_error_to_proto(&error));
-                }
+                self.request(now, session, id, command, false);
             }
             StreamOp::Renew { id, hold, lease } => {
-                if let Some(outcome) = cached(self, id) {
-                    return self.resend(session, id, &outcome);
-                }
                 let command = Command::Renew {
                     session,
                     owner: hold.owner,
@@ -309,9 +291,7 @@ impl Core {
                     token: hold.token,
                     lease,
                 };
-                if let Err(error) = self.execute(now, command, None, Some(id)) {
-                    self.send_error(session, id, convert::engine_error_to_proto(&error));
-                }
+                self.request(now, session, id, command, false);
             }
             StreamOp::Cancel { id } => {
                 if let Some(outcome) = cached(self, id) {
@@ -331,6 +311,41 @@ impl Core {
                 let _ = self.execute(now, Command::CloseSession { session }, None, None);
             }
             StreamOp::Invalid { id, error } => self.send_error(session, id, error),
+        }
+    }
+
+    /// Runs request `id` (an acquire, release or renew) unless its id says
+    /// it already ran or is taken by another request.
+    fn request(
+        &mut self,
+        now: Millis,
+        session: SessionId,
+        id: u64,
+        command: Command,
+        notify_queued: bool,
+    ) {
+        match self.check_request_id(session, id, &command) {
+            Known::Answered(outcome) => return self.resend(session, id, &outcome),
+            // Still queued: a retry after a resume keeps its place.
+            Known::Waiting => return,
+            Known::Conflict(error) => return self.send_error(session, id, error),
+            Known::New => {}
+        }
+        // Acquires log their id inside the command, releases and renews
+        // beside it.
+        let logged_id = (!matches!(command, Command::Acquire(_))).then_some(id);
+        self.notify_queued = notify_queued;
+        let result = self.execute(now, command, None, logged_id);
+        self.notify_queued = false;
+        match result {
+            Ok(()) => {}
+            // Queued before a restart, recovered from a snapshot (so without
+            // a fingerprint): the retry after the resume keeps its place.
+            Err(EngineError::DuplicateRequest(_)) => {}
+            Err(error) => {
+                self.forget_request_id(session, id);
+                self.send_error(session, id, convert::engine_error_to_proto(&error));
+            }
         }
     }
 

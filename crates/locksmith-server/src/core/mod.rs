@@ -51,6 +51,7 @@
 //! replayed effects, and release/renew/cancel records carry the request id.
 mod apply;
 mod handle;
+mod request_ids;
 mod session;
 
 use std::collections::HashMap;
@@ -234,6 +235,7 @@ impl Core {
                         ttl: s.ttl,
                         attached: None,
                         replies: s.replies.into_iter().collect(),
+                        fingerprints: HashMap::new(),
                         lost: s.lost.into_iter().map(|n| (n.token, n)).collect(),
                         peer: None,
                     },
@@ -245,6 +247,7 @@ impl Core {
     fn replay(&mut self, record: LogRecord) {
         self.last_now = self.last_now.max(record.now);
         let command = format!("{:?}", record.command);
+        self.replayed_request_id(&record.command, record.request);
         if let Err(error) = self.execute(record.now, record.command, record.secret, record.request)
         {
             // Replay applies exactly what succeeded before, so this means the log

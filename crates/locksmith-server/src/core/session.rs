@@ -23,6 +23,9 @@ pub(super) struct SessionEntry {
     pub(super) ttl: Millis,
     pub(super) attached: Option<Attached>,
     pub(super) replies: BTreeMap<u64, Outcome>,
+    /// Fingerprints of the requests whose ids are in use (waiting, or with a
+    /// kept reply): module `request_ids`.
+    pub(super) fingerprints: HashMap<u64, u64>,
     pub(super) lost: BTreeMap<u64, LostNotice>,
     /// The client connection that opened or last resumed it; unknown for a
     /// session recovered after a restart until it resumes.
