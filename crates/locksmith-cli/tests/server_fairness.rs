@@ -80,3 +80,106 @@ async fn a_session_with_a_long_queue_slows_nobody_else() {
     let again = client.lock(name.as_str()).try_acquire().await.unwrap();
     assert!(again.is_some());
 }
+
+/// `count` exclusive acquires (no wait) of distinct locks under `prefix`.
+fn acquires(first_id: u64, count: u64, prefix: &str) -> Vec<Out> {
+    (first_id..first_id + count)
+        .map(|id| {
+            Out::Request(pb::Request {
+                id,
+                op: Some(pb::request::Op::Acquire(pb::Acquire {
+                    names: vec![format!("{prefix}/{id}")],
+                    owner: "many".into(),
+                    ..Default::default()
+                })),
+            })
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_never_expires_while_its_heartbeat_is_queued() {
+    const HOLDS: u64 = 200_000;
+    const PER_BATCH: u64 = 4_000;
+    let server = ServerProcess::start();
+    let port = server.port();
+    // The well-behaved client: a short TTL, a heartbeat every fifth of it.
+    let ttl = Duration::from_millis(1_000);
+    let mut good = RawSession::open(port, ttl.as_millis() as u64).await;
+    let name = unique("queued-heartbeat");
+    assert!(matches!(
+        good.acquire(1, &name, pb::WaitKind::No).await,
+        pb::reply::Result::Granted(_)
+    ));
+    let mut beat = tokio::time::interval(ttl / 5);
+
+    // The other client holds many locks, then closes its session: a single
+    // command that keeps the engine busy longer than the good client's TTL,
+    // while the good client's heartbeats queue up.
+    let mut big = RawSession::open(port, 60_000).await;
+    let prefix = unique("queued-heartbeat-many");
+    for first in (1..=HOLDS).step_by(PER_BATCH as usize) {
+        big.send_batch(acquires(first, PER_BATCH, &prefix));
+        let mut granted = 0;
+        while granted < PER_BATCH {
+            tokio::select! {
+                _ = beat.tick() => good.send(Out::Heartbeat(pb::Heartbeat {})),
+                message = big.next() => match message {
+                    Some(pb::server_message::Kind::Reply(pb::Reply {
+                        result: Some(pb::reply::Result::Granted(_)), ..
+                    })) => granted += 1,
+                    other => panic!("{other:?}"),
+                },
+            }
+        }
+    }
+    let started = std::time::Instant::now();
+    big.send(Out::Close(pb::Close {}));
+    loop {
+        tokio::select! {
+            _ = beat.tick() => good.send(Out::Heartbeat(pb::Heartbeat {})),
+            message = big.next() => match message {
+                Some(pb::server_message::Kind::Ended(_)) | None => break,
+                Some(_) => {}
+            },
+        }
+    }
+    eprintln!(
+        "closing the session with {HOLDS} holds took {:?}",
+        started.elapsed()
+    );
+
+    // The good client's session and lock are intact: up to the answer of a
+    // new request, it got heartbeat answers and nothing else.
+    good.send(waiting_acquire(
+        2,
+        &unique("queued-heartbeat-probe"),
+        "raw".into(),
+    ));
+    loop {
+        match good.next().await {
+            Some(pb::server_message::Kind::Heartbeat(_)) => {}
+            Some(pb::server_message::Kind::Reply(pb::Reply { id: 2, result })) => {
+                assert!(
+                    matches!(
+                        result,
+                        Some(pb::reply::Result::Queued(_) | pb::reply::Result::Granted(_))
+                    ),
+                    "{result:?}"
+                );
+                break;
+            }
+            other => panic!("the well-behaved session got {other:?}"),
+        }
+    }
+    let described = server_support::grpc(port)
+        .await
+        .describe(pb::DescribeRequest { name: name.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        described.lock.unwrap().holders[0].session_id,
+        good.session_id
+    );
+}

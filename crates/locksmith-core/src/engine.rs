@@ -365,8 +365,16 @@ impl Engine {
     /// lock-delay), in deadline order. The engine does not apply them itself: the
     /// caller applies (and logs) each, so replay never re-decides time.
     pub fn due(&self, now: Millis) -> Vec<Command> {
+        self.due_at_most(now, usize::MAX)
+    }
+
+    /// The first `max` of [`Engine::due`]: a caller that bounds its work per
+    /// step takes the rest (still due) the next time, and pays for listing
+    /// only what it applies.
+    pub fn due_at_most(&self, now: Millis, max: usize) -> Vec<Command> {
         self.timers
             .range(..=(now, Timer::LockDelay(LockId::MAX)))
+            .take(max)
             .map(|&(deadline, timer)| match timer {
                 Timer::Session(session) => Command::ExpireSession { session, deadline },
                 Timer::Lease(id, token) => Command::ExpireHold {

@@ -13,6 +13,11 @@ use tonic::Status;
 
 use crate::op::{StreamId, StreamTx, UnaryReply};
 
+/// Most messages in one [`pb::ServerBatch`]: well under the 4 MiB a gRPC
+/// client decodes by default, with the largest messages (lost notices with
+/// 512-byte names and 256-byte owners).
+pub(crate) const MAX_MESSAGES_PER_BATCH: usize = 4096;
+
 /// Everything one engine batch sends once its records are durable.
 #[derive(Default)]
 pub(crate) struct Output {
@@ -114,10 +119,16 @@ impl Outbox {
 
     /// Sends every stream its batch (and its end, if any).
     fn send(self) {
-        for pending in self.pending {
-            if !pending.messages.is_empty() {
+        for mut pending in self.pending {
+            // One command can make many messages (closing a session with a
+            // million holds makes a million lost notices): they go out in
+            // batches a client can decode, at most a few hundred KiB each.
+            while !pending.messages.is_empty() {
+                let rest = pending
+                    .messages
+                    .split_off(pending.messages.len().min(MAX_MESSAGES_PER_BATCH));
                 let batch = pb::ServerBatch {
-                    messages: pending.messages,
+                    messages: std::mem::replace(&mut pending.messages, rest),
                 };
                 let _ = pending.tx.send(Ok(batch));
             }

@@ -4,15 +4,19 @@
 //! # The loop
 //!
 //! The core thread sleeps until an [`Op`] arrives or the engine's next deadline
-//! ([`Engine::next_deadline`]) passes. Then it takes every op already queued
-//! (up to `max_batch`) as one **batch**, and for that batch:
+//! ([`Engine::next_deadline`]) passes. Then it takes the ops queued so far, in
+//! order and up to `max_batch` messages, as one **batch**, and for that batch:
 //!
 //! 1. reads the clock once (`now`, see [`Clock`]); when the last fsync was
 //!    slow and many requests are busy, it first waits a fraction of that fsync
 //!    for more of them (adaptive group commit, see `Core::gather_window`);
+//!    it moves everything waiting in the channel to its backlog and applies
+//!    the heartbeats found there at once, so that no session expires while
+//!    its heartbeat is queued, however long the last batch took;
 //! 2. applies the time-driven commands that are due ([`Engine::due`]: session
-//!    expiries, lease expiries, waiter timeouts, ends of lock-delay), each logged
-//!    like any other command, so replay never re-decides time;
+//!    expiries, lease expiries, waiter timeouts, ends of lock-delay), at most
+//!    `max_batch` of them, each logged like any other command, so replay
+//!    never re-decides time;
 //! 3. handles each op: turns it into engine commands, applies them, appends
 //!    every command that changed state (all but heartbeats, failed commands and
 //!    no-wait acquires that found the lock busy) to the log buffer, and routes
@@ -54,7 +58,7 @@ mod handle;
 mod request_ids;
 mod session;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
@@ -66,7 +70,7 @@ use tonic::Status;
 use crate::clock::Clock;
 use crate::config::ServerConfig;
 use crate::error::ServerError;
-use crate::op::{Op, StreamId};
+use crate::op::{Op, StreamId, StreamOp};
 use crate::outbox::{LeaseWaiter, Orphan, Output};
 use crate::storage::{LogBuffer, LogRecord, ServerSnapshot, SessionRecord, Storage};
 use session::{PeerCounts, SessionEntry};
@@ -127,6 +131,10 @@ pub(crate) struct Core {
     /// adaptive group commit.
     last_batch: usize,
     last_commit: Duration,
+    /// Ops received and not looked at yet (see `take_arrivals`).
+    arrived: Vec<Op>,
+    /// Ops looked at (their heartbeats applied), waiting for their batch.
+    backlog: VecDeque<Op>,
 }
 
 impl Core {
@@ -158,6 +166,8 @@ impl Core {
             stats: Arc::default(),
             last_batch: 0,
             last_commit: Duration::ZERO,
+            arrived: Vec::new(),
+            backlog: VecDeque::new(),
         };
         let Some(dir) = &config.data_dir else {
             return Ok(core);
@@ -263,46 +273,47 @@ impl Core {
     pub(crate) fn run(mut self, ops: Receiver<Op>) -> Result<(), String> {
         let mut batch = Vec::with_capacity(self.max_batch);
         loop {
-            let deadline = self
-                .engine
-                .next_deadline()
-                .and_then(|at| self.clock.instant_of(at));
-            let first = match deadline {
-                Some(deadline) => {
-                    match ops.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-                        Ok(op) => Some(op),
-                        Err(RecvTimeoutError::Timeout) => None,
-                        Err(RecvTimeoutError::Disconnected) => return self.stop(),
+            if self.backlog.is_empty() && self.arrived.is_empty() {
+                let deadline = self
+                    .engine
+                    .next_deadline()
+                    .and_then(|at| self.clock.instant_of(at));
+                let first = match deadline {
+                    Some(deadline) => {
+                        match ops.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                            Ok(op) => Some(op),
+                            Err(RecvTimeoutError::Timeout) => None,
+                            Err(RecvTimeoutError::Disconnected) => return self.stop(),
+                        }
                     }
-                }
-                None => match ops.recv() {
-                    Ok(op) => Some(op),
-                    Err(_) => return self.stop(),
-                },
-            };
-            batch.extend(first);
-            self.drain(&ops, &mut batch);
+                    None => match ops.recv() {
+                        Ok(op) => Some(op),
+                        Err(_) => return self.stop(),
+                    },
+                };
+                self.arrived.extend(first);
+            }
             if let Some(window) = self.gather_window() {
                 let until = Instant::now() + window;
-                while batch.len() < self.max_batch {
-                    match ops.recv_timeout(until.saturating_duration_since(Instant::now())) {
-                        Ok(op) => {
-                            batch.push(op);
-                            self.drain(&ops, &mut batch);
-                        }
-                        Err(_) => break,
+                while let Ok(op) = ops.recv_timeout(until.saturating_duration_since(Instant::now()))
+                {
+                    self.arrived.push(op);
+                    if self.arrived.len() >= self.max_batch {
+                        break;
                     }
                 }
             }
-            self.last_batch = batch.iter().map(Op::count).sum();
             let now = self.clock.now();
             self.last_now = now;
+            self.take_arrivals(&ops, now);
+            self.next_batch(&mut batch);
+            self.last_batch = batch.iter().map(Op::count).sum();
             self.stats.batches.fetch_add(1, Ordering::Relaxed);
             self.stats
                 .ops
                 .fetch_add(self.last_batch as u64, Ordering::Relaxed);
             self.release_orphans(now);
-            for command in self.engine.due(now) {
+            for command in self.engine.due_at_most(now, self.max_batch) {
                 if let Err(error) = self.execute(now, command, None, None) {
                     tracing::debug!(%error, "time-driven command no longer applies");
                 }
@@ -335,6 +346,67 @@ impl Core {
         }
     }
 
+    /// Moves every op waiting in the channel (and those received meanwhile)
+    /// to the backlog, applying the heartbeats among them first.
+    ///
+    /// This is what keeps one client from expiring another: when a batch
+    /// kept the engine busy past a session's deadline while that session's
+    /// heartbeat waited in the channel, the heartbeat is applied before the
+    /// expiry is decided, so a session never expires while its heartbeat is
+    /// queued. A heartbeat applied ahead of its turn changes nothing else
+    /// (it only moves the session's deadline, and is not logged); its answer
+    /// still goes out in order.
+    fn take_arrivals(&mut self, ops: &Receiver<Op>, now: Millis) {
+        self.arrived.extend(ops.try_iter());
+        let mut arrived = std::mem::take(&mut self.arrived);
+        for op in arrived.drain(..) {
+            if let Some(session) = self.heartbeat_in(&op) {
+                let _ = self
+                    .engine
+                    .apply(now, Command::Heartbeat { session }, &mut self.effects);
+                self.effects.clear();
+            }
+            self.backlog.push_back(op);
+        }
+        self.arrived = arrived;
+    }
+
+    /// The session `op` proves alive: a client batch with a heartbeat, or a
+    /// resume with the right secret.
+    fn heartbeat_in(&self, op: &Op) -> Option<SessionId> {
+        match op {
+            Op::Stream { stream, ops, .. }
+                if ops.iter().any(|o| matches!(o, StreamOp::Heartbeat)) =>
+            {
+                self.streams.get(stream).copied()
+            }
+            Op::Resume {
+                session, secret, ..
+            } if self
+                .sessions
+                .get(session)
+                .is_some_and(|e| e.secret == *secret) =>
+            {
+                Some(*session)
+            }
+            _ => None,
+        }
+    }
+
+    /// Takes the next batch from the backlog: ops in arrival order, up to
+    /// `max_batch` messages (at least one op), so that no batch holds the
+    /// engine thread for long however much is queued.
+    fn next_batch(&mut self, batch: &mut Vec<Op>) {
+        let mut messages = 0;
+        while let Some(op) = self.backlog.front() {
+            messages += op.count();
+            if messages > self.max_batch && !batch.is_empty() {
+                break;
+            }
+            batch.extend(self.backlog.pop_front());
+        }
+    }
+
     /// Sends the batch's output once its records (and every earlier one) are
     /// durable.
     ///
@@ -355,16 +427,6 @@ impl Core {
         }
         output.send(&mut self.orphans);
         Ok(())
-    }
-
-    /// Takes what is queued, up to the batch limit.
-    fn drain(&self, ops: &Receiver<Op>, batch: &mut Vec<Op>) {
-        while batch.len() < self.max_batch {
-            match ops.try_recv() {
-                Ok(op) => batch.push(op),
-                Err(_) => break,
-            }
-        }
     }
 
     /// Adaptive group commit (PostgreSQL's `commit_delay` with
@@ -481,4 +543,84 @@ fn commit(log: &mut Log, stats: &Stats, last_token: u64) -> std::io::Result<Dura
     stats.records.fetch_add(count, Ordering::Relaxed);
     log.buffer.give_back(records);
     Ok(elapsed)
+}
+
+#[cfg(test)]
+mod tests {
+    use locksmith_core::ClientInfo;
+    use tokio_util::sync::CancellationToken;
+
+    use super::*;
+    use crate::op::{Acks, NewStream};
+
+    fn core(max_batch: usize) -> Core {
+        let config = ServerConfig {
+            max_batch,
+            ..ServerConfig::in_memory()
+        };
+        Core::recover(&config).unwrap()
+    }
+
+    /// Opens a session (TTL 1 s) on stream `stream` at `now`.
+    fn open(core: &mut Core, stream: StreamId, now: Millis) -> SessionId {
+        let (tx, _) = tokio::sync::mpsc::unbounded_channel();
+        let new = NewStream {
+            id: stream,
+            tx,
+            ended: CancellationToken::new(),
+            peer: None,
+        };
+        core.handle(
+            now,
+            Op::Open {
+                stream: new,
+                info: ClientInfo::default(),
+                ttl: 1_000,
+            },
+        );
+        core.streams[&stream]
+    }
+
+    fn client_batch(stream: StreamId, ops: impl IntoIterator<Item = StreamOp>) -> Op {
+        Op::Stream {
+            stream,
+            acks: Acks::default(),
+            ops: ops.into_iter().collect(),
+        }
+    }
+
+    #[test]
+    fn a_heartbeat_waiting_in_the_channel_is_applied_before_expiries() {
+        let mut core = core(4096);
+        let now = core.clock.now();
+        let session = open(&mut core, 1, now);
+        let (ops, arrivals) = std::sync::mpsc::channel();
+        ops.send(client_batch(1, [StreamOp::Heartbeat])).unwrap();
+        // The engine was busy past the session's deadline meanwhile.
+        let late = now + 1_500;
+        core.take_arrivals(&arrivals, late);
+        assert_eq!(core.engine.due(late), []);
+        assert!(core.engine.has_session(session));
+    }
+
+    #[test]
+    fn a_batch_ends_at_max_batch_messages() {
+        let mut core = core(10);
+        let (ops, arrivals) = std::sync::mpsc::channel();
+        for _ in 0..3 {
+            ops.send(client_batch(1, (0..4).map(|_| StreamOp::AckOnly)))
+                .unwrap();
+        }
+        // One client batch larger than the limit is still taken whole.
+        ops.send(client_batch(1, (0..25).map(|_| StreamOp::AckOnly)))
+            .unwrap();
+        core.take_arrivals(&arrivals, 0);
+        let mut batch = Vec::new();
+        let mut sizes = Vec::new();
+        while !core.backlog.is_empty() {
+            core.next_batch(&mut batch);
+            sizes.push(batch.drain(..).map(|op| op.count()).sum::<usize>());
+        }
+        assert_eq!(sizes, [8, 4, 25]);
+    }
 }
