@@ -76,6 +76,22 @@ pub enum Error {
         /// The end of its log.
         tail: String,
     },
+
+    /// A replicated setup (a Sentinel group, a Redis Cluster, an etcd cluster,
+    /// a ZooKeeper ensemble) did not reach the state asked for in time.
+    #[error("{setup}: not {state} after {timeout:?} (last check: {last_check}){logs}")]
+    NotSettled {
+        /// Which setup, like `Redis Cluster on ports 7000, 7001, …`.
+        setup: String,
+        /// The state waited for, like `healthy`.
+        state: String,
+        /// How long it was given.
+        timeout: Duration,
+        /// What the last check saw.
+        last_check: String,
+        /// The end of every member's log, each headed by its file name.
+        logs: String,
+    },
 }
 
 impl Error {

@@ -46,39 +46,51 @@ impl Etcd {
     }
 
     fn launch() -> Result<Etcd> {
+        let (port, peer_port) = (free_port(), free_port());
+        let peer_url = format!("http://{}:{peer_port}", crate::HOST);
+        let etcd = Self::spawn_member("default", port, peer_port, &format!("default={peer_url}"))?;
+        etcd.wait_ready()?;
+        Ok(etcd)
+    }
+
+    /// Starts member `name` of a new cluster whose members and peer URLs are
+    /// `initial_cluster` (`name=http://…,…`), without waiting: a member of a
+    /// new cluster becomes healthy only once a majority of them runs.
+    pub(crate) fn spawn_member(
+        name: &str,
+        port: u16,
+        peer_port: u16,
+        initial_cluster: &str,
+    ) -> Result<Etcd> {
         let program = try_binary("etcd", "etcd-server")?;
-        let port = free_port();
-        let peer_port = free_port();
         let dir = server_dir("etcd")?;
         let client_url = format!("http://{}:{port}", crate::HOST);
         let peer_url = format!("http://{}:{peer_port}", crate::HOST);
         let spec = ProcessSpec::new(
-            format!("etcd on port {port}"),
+            format!("etcd {name} on port {port}"),
             program,
             dir.path().join("etcd.log"),
         )
         .current_dir(dir.path())
-        .args(["--name", "default"])
+        .args(["--name", name])
         .arg("--data-dir")
         .arg(dir.path().join("data"))
         .args(["--listen-client-urls", &client_url])
         .args(["--advertise-client-urls", &client_url])
         .args(["--listen-peer-urls", &peer_url])
         .args(["--initial-advertise-peer-urls", &peer_url])
-        .args(["--initial-cluster", &format!("default={peer_url}")])
+        .args(["--initial-cluster", initial_cluster])
         .args(["--initial-cluster-state", "new"])
         .args(["--logger", "zap", "--log-outputs", "stderr"]);
-        let etcd = Etcd {
+        Ok(Etcd {
             process: Process::spawn(spec)?,
             port,
             peer_port,
             dir,
-        };
-        etcd.wait_ready()?;
-        Ok(etcd)
+        })
     }
 
-    fn wait_ready(&self) -> Result<()> {
+    pub(crate) fn wait_ready(&self) -> Result<()> {
         self.process.wait_ready(READY_TIMEOUT, || {
             let answer = health(self.port, Duration::from_millis(500))
                 .map_err(|e| format!("GET /health failed: {e}"))?;
@@ -146,13 +158,26 @@ impl_server!(Etcd, "etcd");
 
 /// `GET /health` over a raw TCP connection; returns the whole HTTP response.
 fn health(port: u16, timeout: Duration) -> io::Result<String> {
+    http(port, "GET", "/health", "", timeout)
+}
+
+/// One HTTP/1.1 request over a raw TCP connection; returns the whole response.
+pub(crate) fn http(
+    port: u16,
+    method: &str,
+    path: &str,
+    body: &str,
+    timeout: Duration,
+) -> io::Result<String> {
     let mut stream = TcpStream::connect_timeout(&crate::loopback(port), timeout)?;
     stream.set_read_timeout(Some(timeout))?;
     stream.set_write_timeout(Some(timeout))?;
     write!(
         stream,
-        "GET /health HTTP/1.1\r\nHost: {}:{port}\r\nConnection: close\r\n\r\n",
-        crate::HOST
+        "{method} {path} HTTP/1.1\r\nHost: {}:{port}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        crate::HOST,
+        body.len()
     )?;
     let mut answer = String::new();
     stream.read_to_string(&mut answer)?;

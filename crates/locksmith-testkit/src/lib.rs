@@ -40,10 +40,16 @@
 //!
 //! | type          | binaries (Debian package)                                  |
 //! |---------------|------------------------------------------------------------|
-//! | [`Redis`]     | `redis-server` (`redis-server`)                            |
+//! | [`Redis`]     | `redis-server` (`redis-server`); `redis-cli` (`redis-tools`) for a cluster |
 //! | [`ZooKeeper`] | `java` + `/usr/share/java/zookeeper.jar` (`zookeeper`)     |
 //! | [`Etcd`]      | `etcd` (`etcd-server`), `etcdctl` (`etcd-client`)          |
 //! | [`Postgres`]  | `postgres`, `initdb` (`postgresql`), `psql` (`postgresql-client`) |
+//!
+//! Replicated setups start several of these as one and wait until it is
+//! healthy: [`RedisSentinel`] (a primary, replicas and Sentinels),
+//! [`RedisCluster`], [`EtcdCluster`] and [`ZooKeeperEnsemble`]. Their members
+//! are the handles above, so one member can be killed, paused or restarted
+//! for a failover; each setup can also name its current primary or leader.
 //!
 //! [`pgbouncer::PgBouncer`] puts a real PgBouncer (`pgbouncer`) in front of a
 //! [`Postgres`], in session or transaction pooling mode.
@@ -82,14 +88,19 @@
 
 mod error;
 mod etcd;
+mod etcd_cluster;
 mod find;
 pub mod pgbouncer;
 mod postgres;
 mod process;
 mod redis;
+mod redis_cluster;
+mod redis_sentinel;
 mod resp;
+mod settle;
 mod spawner;
 mod zookeeper;
+mod zookeeper_ensemble;
 
 use std::collections::HashSet;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
@@ -97,12 +108,16 @@ use std::sync::{Mutex, OnceLock};
 
 pub use error::{Error, Result};
 pub use etcd::Etcd;
+pub use etcd_cluster::EtcdCluster;
 pub use find::{binary, try_binary};
 pub use postgres::Postgres;
 pub use process::{Process, ProcessSpec};
 pub use redis::Redis;
+pub use redis_cluster::RedisCluster;
+pub use redis_sentinel::RedisSentinel;
 pub use resp::RespValue;
 pub use zookeeper::ZooKeeper;
+pub use zookeeper_ensemble::ZooKeeperEnsemble;
 
 /// The loopback address every server listens on.
 pub const HOST: &str = "127.0.0.1";

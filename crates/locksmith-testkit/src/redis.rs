@@ -37,6 +37,23 @@ pub struct Redis {
     port: u16,
     dir: TempDir,
     primary_port: Option<u16>,
+    role: Role,
+}
+
+/// What a `redis-server` process is for, which decides its configuration and
+/// when it counts as ready.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// A primary on its own: ready when it answers `PING`.
+    Standalone,
+    /// A replica: ready when it is in sync with its primary.
+    Replica,
+    /// A member of a Sentinel or Cluster setup, whose role may change: ready
+    /// when it answers `PING`; the setup waits for the rest.
+    Member,
+    /// A Sentinel (`redis-server sentinel.conf --sentinel`): ready when it
+    /// answers `PING`.
+    Sentinel,
 }
 
 impl Redis {
@@ -66,34 +83,71 @@ impl Redis {
     }
 
     fn launch(primary_port: Option<u16>) -> Result<Redis> {
+        let role = match primary_port {
+            Some(_) => Role::Replica,
+            None => Role::Standalone,
+        };
+        Self::launch_as(role, primary_port, &[])
+    }
+
+    /// Starts a `redis-server` in the given role from a `redis.conf` in its own
+    /// directory (so `CONFIG REWRITE`, which Sentinel and Cluster rely on, keeps
+    /// a changed role across restarts), with `extra` configuration lines, and
+    /// waits until it is ready for that role.
+    pub(crate) fn launch_as(
+        role: Role,
+        primary_port: Option<u16>,
+        extra: &[String],
+    ) -> Result<Redis> {
         let program = try_binary("redis-server", "redis-server")?;
         let port = free_port();
         let dir = server_dir("redis")?;
-        let role = match primary_port {
-            Some(p) => format!("redis-server replica of {p} on port {port}"),
-            None => format!("redis-server on port {port}"),
+        let name = match (role, primary_port) {
+            (Role::Sentinel, _) => format!("redis-sentinel on port {port}"),
+            (_, Some(p)) => format!("redis-server replica of {p} on port {port}"),
+            (_, None) => format!("redis-server on port {port}"),
         };
-        let mut spec = ProcessSpec::new(role, program, dir.path().join("redis.log"))
-            .current_dir(dir.path())
-            .args(["--port", &port.to_string()])
-            .args(["--bind", crate::HOST])
-            .arg("--dir")
-            .arg(dir.path())
-            .args(["--save", ""])
-            .args(["--appendonly", "yes"])
-            .args(["--appendfsync", "always"])
-            .args(["--daemonize", "no"])
-            .args(["--protected-mode", "no"])
-            .args(["--logfile", ""])
-            .args(["--repl-diskless-sync-delay", "0"]);
+        let mut config = vec![
+            format!("port {port}"),
+            format!("bind {}", crate::HOST),
+            format!("dir {}", dir.path().display()),
+            "daemonize no".to_owned(),
+            "protected-mode no".to_owned(),
+            "logfile \"\"".to_owned(),
+        ];
+        if role != Role::Sentinel {
+            config.extend(
+                [
+                    "save \"\"",
+                    "appendonly yes",
+                    "appendfsync always",
+                    "repl-diskless-sync-delay 0",
+                ]
+                .map(str::to_owned),
+            );
+        }
         if let Some(p) = primary_port {
-            spec = spec.args(["--replicaof", crate::HOST, &p.to_string()]);
+            config.push(format!("replicaof {} {p}", crate::HOST));
+        }
+        config.extend(extra.iter().cloned());
+        let file = dir.path().join(match role {
+            Role::Sentinel => "sentinel.conf",
+            _ => "redis.conf",
+        });
+        std::fs::write(&file, config.join("\n") + "\n")
+            .map_err(|e| crate::Error::io(format!("cannot write {}", file.display()), e))?;
+        let mut spec = ProcessSpec::new(name, program, dir.path().join("redis.log"))
+            .current_dir(dir.path())
+            .arg(&file);
+        if role == Role::Sentinel {
+            spec = spec.arg("--sentinel");
         }
         let redis = Redis {
             process: Process::spawn(spec)?,
             port,
             dir,
             primary_port,
+            role,
         };
         redis.wait_ready()?;
         Ok(redis)
@@ -106,7 +160,7 @@ impl Redis {
                 Ok(other) => return Err(format!("PING answered {other:?}")),
                 Err(e) => return Err(format!("PING failed: {e}")),
             }
-            if self.primary_port.is_some() {
+            if self.role == Role::Replica {
                 let info = resp::query(
                     self.port,
                     &["INFO", "replication"],

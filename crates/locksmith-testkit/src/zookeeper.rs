@@ -23,6 +23,10 @@ const DEBIAN_JAR: &str = "/usr/share/java/zookeeper.jar";
 /// slf4j's stderr logger (from `libslf4j-java`, a dependency of the package);
 /// without a binding ZooKeeper logs nothing.
 const SLF4J_SIMPLE: &str = "/usr/share/java/slf4j-simple.jar";
+/// The entry point of a standalone server.
+const STANDALONE_MAIN: &str = "org.apache.zookeeper.server.ZooKeeperServerMain";
+/// The entry point of an ensemble member.
+const QUORUM_MAIN: &str = "org.apache.zookeeper.server.quorum.QuorumPeerMain";
 /// Overrides the classpath, for ZooKeeper installed some other way.
 const CLASSPATH_VAR: &str = "LOCKSMITH_ZOOKEEPER_CLASSPATH";
 
@@ -90,50 +94,73 @@ impl ZooKeeper {
     }
 
     fn launch() -> Result<ZooKeeper> {
-        let java = try_binary("java", "default-jre-headless")?;
-        let classpath = classpath()?;
         let port = free_port();
-        let dir = server_dir("zookeeper")?;
-        let data = dir.path().join("data");
-        fs::create_dir(&data)
-            .map_err(|e| Error::io(format!("cannot create {}", data.display()), e))?;
-        let config = dir.path().join("zoo.cfg");
-        fs::write(&config, zoo_cfg(&data, port))
-            .map_err(|e| Error::io(format!("cannot write {}", config.display()), e))?;
-        let spec = ProcessSpec::new(
-            format!("ZooKeeper on port {port}"),
-            java,
-            dir.path().join("zookeeper.log"),
-        )
-        .current_dir(dir.path())
-        .args([
-            "-Xmx256m",
-            "-XX:+UseSerialGC",
-            "-XX:TieredStopAtLevel=1",
-            "-XX:-UsePerfData",
-            "-Djava.net.preferIPv4Stack=true",
-            "-Dzookeeper.jmx.log4j.disable=true",
-            "-Dzookeeper.admin.enableServer=false",
-            "-Dorg.slf4j.simpleLogger.showDateTime=true",
-            "-Dorg.slf4j.simpleLogger.defaultLogLevel=info",
-        ])
-        .arg("-cp")
-        .arg(classpath)
-        .arg("org.apache.zookeeper.server.ZooKeeperServerMain")
-        .arg(&config)
-        // Transactions are fsynced before they are acknowledged, and the JVM's
-        // shutdown is slow: a restart is a kill.
-        .stop_signal(libc::SIGKILL, Duration::from_secs(5));
-        let zk = ZooKeeper {
-            process: Process::spawn(spec)?,
-            port,
-            dir,
-        };
+        let zk = Self::spawn(port, None, STANDALONE_MAIN, |data| zoo_cfg(data, port))?;
         zk.wait_ready()?;
         Ok(zk)
     }
 
-    fn wait_ready(&self) -> Result<()> {
+    /// Starts server `id` (1, 2, …) of an ensemble whose `server.N=…` lines
+    /// are `servers`, without waiting: a member serves only once a majority
+    /// of the ensemble runs.
+    pub(crate) fn spawn_member(id: usize, port: u16, servers: &str) -> Result<ZooKeeper> {
+        Self::spawn(port, Some(id), QUORUM_MAIN, |data| {
+            format!("{}{servers}", zoo_cfg(data, port))
+        })
+    }
+
+    fn spawn(
+        port: u16,
+        id: Option<usize>,
+        main: &str,
+        config: impl FnOnce(&Path) -> String,
+    ) -> Result<ZooKeeper> {
+        let java = try_binary("java", "default-jre-headless")?;
+        let classpath = classpath()?;
+        let dir = server_dir("zookeeper")?;
+        let data = dir.path().join("data");
+        fs::create_dir(&data)
+            .map_err(|e| Error::io(format!("cannot create {}", data.display()), e))?;
+        if let Some(id) = id {
+            let myid = data.join("myid");
+            fs::write(&myid, format!("{id}\n"))
+                .map_err(|e| Error::io(format!("cannot write {}", myid.display()), e))?;
+        }
+        let file = dir.path().join("zoo.cfg");
+        fs::write(&file, config(&data))
+            .map_err(|e| Error::io(format!("cannot write {}", file.display()), e))?;
+        let name = match id {
+            Some(id) => format!("ZooKeeper server {id} on port {port}"),
+            None => format!("ZooKeeper on port {port}"),
+        };
+        let spec = ProcessSpec::new(name, java, dir.path().join("zookeeper.log"))
+            .current_dir(dir.path())
+            .args([
+                "-Xmx256m",
+                "-XX:+UseSerialGC",
+                "-XX:TieredStopAtLevel=1",
+                "-XX:-UsePerfData",
+                "-Djava.net.preferIPv4Stack=true",
+                "-Dzookeeper.jmx.log4j.disable=true",
+                "-Dzookeeper.admin.enableServer=false",
+                "-Dorg.slf4j.simpleLogger.showDateTime=true",
+                "-Dorg.slf4j.simpleLogger.defaultLogLevel=info",
+            ])
+            .arg("-cp")
+            .arg(classpath)
+            .arg(main)
+            .arg(&file)
+            // Transactions are fsynced before they are acknowledged, and the JVM's
+            // shutdown is slow: a restart is a kill.
+            .stop_signal(libc::SIGKILL, Duration::from_secs(5));
+        Ok(ZooKeeper {
+            process: Process::spawn(spec)?,
+            port,
+            dir,
+        })
+    }
+
+    pub(crate) fn wait_ready(&self) -> Result<()> {
         self.process.wait_ready(READY_TIMEOUT, || {
             let answer = four_letter(self.port, "srvr", Duration::from_millis(500))
                 .map_err(|e| format!("srvr failed: {e}"))?;
@@ -221,7 +248,7 @@ fn classpath() -> Result<String> {
 
 /// Sends the four-letter word `word` to `127.0.0.1:port` and reads the answer
 /// until the server closes the connection.
-fn four_letter(port: u16, word: &str, timeout: Duration) -> io::Result<String> {
+pub(crate) fn four_letter(port: u16, word: &str, timeout: Duration) -> io::Result<String> {
     let mut stream = TcpStream::connect_timeout(&crate::loopback(port), timeout)?;
     stream.set_read_timeout(Some(timeout))?;
     stream.set_write_timeout(Some(timeout))?;

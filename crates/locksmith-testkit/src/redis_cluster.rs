@@ -1,0 +1,258 @@
+//! [`RedisCluster`]: a Redis Cluster of primaries with replicas.
+
+use std::process::Command;
+use std::time::Duration;
+
+use crate::process::run;
+use crate::redis::Role;
+use crate::redis_sentinel::info_replication;
+use crate::settle::{host_list, until};
+use crate::{free_port, retry_on_port_clash, try_binary, Process, Redis, RespValue, Result};
+
+/// How long a fresh cluster gets to agree on its configuration.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a failover may take: the node timeout, a vote, a promotion.
+const FAILOVER_TIMEOUT: Duration = Duration::from_secs(60);
+/// The timeout of each probe.
+const PROBE: Duration = Duration::from_millis(500);
+/// Slots of a Redis Cluster.
+const SLOTS: u32 = 16_384;
+
+/// A Redis Cluster on `127.0.0.1`: every node a `redis-server
+/// --cluster-enabled yes` in its own directory, joined by `redis-cli --cluster
+/// create`; everything is killed on drop.
+///
+/// Nodes time out after 1 s (`cluster-node-timeout 1000`), so a replica takes
+/// over a killed primary within a few seconds. While a primary is down and not
+/// yet replaced, the cluster refuses every command (`cluster-require-full-coverage
+/// yes`, Redis's default). A restarted node rejoins with its `nodes.conf`; a
+/// former primary comes back as a replica of the node that replaced it.
+///
+/// ```no_run
+/// use locksmith_testkit::RedisCluster;
+///
+/// let cluster = RedisCluster::start(); // 3 primaries, 1 replica each
+/// let url = cluster.url(); // redis+cluster://127.0.0.1:…,…
+/// let old = cluster.primary_of("orders/42").unwrap();
+/// old.kill();
+/// cluster.wait_for_failover(old).unwrap();
+/// assert_ne!(cluster.primary_of("orders/42").unwrap().port(), old.port());
+/// old.restart();
+/// cluster.wait_healthy().unwrap();
+/// ```
+#[derive(Debug)]
+pub struct RedisCluster {
+    nodes: Vec<Redis>,
+    primaries: usize,
+}
+
+impl RedisCluster {
+    /// Starts 3 primaries with 1 replica each and waits until the cluster is
+    /// [healthy](Self::wait_healthy); panics on failure.
+    #[track_caller]
+    pub fn start() -> RedisCluster {
+        crate::or_panic(Self::try_start())
+    }
+
+    /// Like [`RedisCluster::start`], returning the error instead of panicking.
+    pub fn try_start() -> Result<RedisCluster> {
+        Self::try_start_with(3, 1)
+    }
+
+    /// Starts `primaries` primaries (at least 3, so that a majority survives
+    /// one failure) with `replicas` replicas each, and waits until the cluster
+    /// is healthy.
+    pub fn try_start_with(primaries: usize, replicas: usize) -> Result<RedisCluster> {
+        assert!(primaries >= 3, "a Redis Cluster needs at least 3 primaries");
+        let cli = try_binary("redis-cli", "redis-tools")?;
+        let nodes = (0..primaries * (1 + replicas))
+            .map(|_| {
+                retry_on_port_clash(|| {
+                    let config = [
+                        "cluster-enabled yes".to_owned(),
+                        "cluster-config-file nodes.conf".to_owned(),
+                        "cluster-node-timeout 1000".to_owned(),
+                        format!("cluster-port {}", free_port()),
+                    ];
+                    Redis::launch_as(Role::Member, None, &config)
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut create = Command::new(cli);
+        create.args(["--cluster", "create"]);
+        create.args(
+            nodes
+                .iter()
+                .map(|n| format!("{}:{}", crate::HOST, n.port())),
+        );
+        create.args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"]);
+        run(&mut create, None)?;
+        let cluster = RedisCluster { nodes, primaries };
+        cluster.wait_healthy()?;
+        Ok(cluster)
+    }
+
+    /// `redis+cluster://127.0.0.1:<p1>,127.0.0.1:<p2>,…`: every node.
+    pub fn url(&self) -> String {
+        format!(
+            "redis+cluster://{}",
+            host_list(self.nodes.iter().map(Redis::port))
+        )
+    }
+
+    /// Every node, primaries and replicas, in the order they were started.
+    pub fn nodes(&self) -> &[Redis] {
+        &self.nodes
+    }
+
+    /// The running nodes that are primaries now.
+    pub fn primaries(&self) -> Vec<&Redis> {
+        self.running()
+            .filter(|n| crate::redis_sentinel::role(n).is_ok_and(|r| r == "master"))
+            .collect()
+    }
+
+    /// The primary serving the slot of `key` now, as a running node sees it.
+    pub fn primary_of(&self, key: &str) -> Result<&Redis> {
+        self.settle("naming the primary of a key", PROBE * 20, || {
+            let node = self.running().next().ok_or("no node runs")?;
+            let slot = query(node, &["CLUSTER", "KEYSLOT", key])?
+                .as_int()
+                .ok_or("CLUSTER KEYSLOT answered no number")?;
+            let port = slot_ranges(node)?
+                .into_iter()
+                .find(|(from, to, _)| (*from..=*to).contains(&slot))
+                .map(|(_, _, port)| port)
+                .ok_or_else(|| format!("no node serves slot {slot}"))?;
+            self.nodes
+                .iter()
+                .find(|n| n.port() == port)
+                .ok_or_else(|| format!("an unknown node {port} serves slot {slot}"))
+        })
+    }
+
+    /// Waits until no running node sees `old` serving a slot any more (a replica
+    /// took over) and every running node reports the cluster ok.
+    pub fn wait_for_failover(&self, old: &Redis) -> Result<()> {
+        self.settle("failed over", FAILOVER_TIMEOUT, || {
+            for node in self.running() {
+                if slot_ranges(node)?.iter().any(|r| r.2 == old.port()) {
+                    return Err(format!(
+                        "node {} still sees {} serving slots",
+                        node.port(),
+                        old.port()
+                    ));
+                }
+                check_cluster_ok(node)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Waits until every running node reports the cluster ok with every slot
+    /// served, sees no running node as failing, there are as many primaries as
+    /// the cluster was created with, and every replica is in sync.
+    pub fn wait_healthy(&self) -> Result<()> {
+        self.settle("healthy", SETTLE_TIMEOUT, || {
+            let running: Vec<u16> = self.running().map(Redis::port).collect();
+            for node in self.running() {
+                check_cluster_ok(node)?;
+                let nodes = query(node, &["CLUSTER", "NODES"])?;
+                for line in nodes.as_str().unwrap_or_default().lines() {
+                    let fields: Vec<&str> = line.split_whitespace().collect();
+                    let port = fields
+                        .get(1)
+                        .and_then(|a| a.split(['@', ',']).next())
+                        .and_then(|a| a.rsplit(':').next())
+                        .and_then(|p| p.parse::<u16>().ok());
+                    let flags = fields.get(2).copied().unwrap_or_default();
+                    if port.is_some_and(|p| running.contains(&p)) && flags.contains("fail") {
+                        return Err(format!("node {} flags {line:?}", node.port()));
+                    }
+                }
+                let info = info_replication(node)?;
+                if info.contains("role:slave") && !info.contains("master_link_status:up") {
+                    return Err(format!("replica {} is not in sync", node.port()));
+                }
+            }
+            let primaries = self.primaries().len();
+            if primaries != self.primaries {
+                return Err(format!(
+                    "{primaries} primaries run, expected {}",
+                    self.primaries
+                ));
+            }
+            Ok(())
+        })
+    }
+
+    fn running(&self) -> impl Iterator<Item = &Redis> {
+        self.nodes.iter().filter(|n| n.is_running())
+    }
+
+    fn settle<T>(
+        &self,
+        state: &str,
+        timeout: Duration,
+        check: impl FnMut() -> std::result::Result<T, String>,
+    ) -> Result<T> {
+        let members: Vec<&Process> = self.nodes.iter().map(Redis::process).collect();
+        let name = format!(
+            "Redis Cluster on {}",
+            host_list(self.nodes.iter().map(Redis::port))
+        );
+        until(&name, state, timeout, &members, check)
+    }
+}
+
+fn query(node: &Redis, args: &[&str]) -> std::result::Result<RespValue, String> {
+    match crate::resp::query(node.port(), args, PROBE) {
+        Ok(RespValue::Error(e)) => Err(format!("node {}: {args:?}: {e}", node.port())),
+        Ok(value) => Ok(value),
+        Err(e) => Err(format!("node {}: {args:?}: {e}", node.port())),
+    }
+}
+
+/// `cluster_state:ok` with every slot served.
+fn check_cluster_ok(node: &Redis) -> std::result::Result<(), String> {
+    let info = query(node, &["CLUSTER", "INFO"])?;
+    let info = info.as_str().unwrap_or_default();
+    if info.contains("cluster_state:ok") && info.contains(&format!("cluster_slots_ok:{SLOTS}")) {
+        Ok(())
+    } else {
+        Err(format!(
+            "node {} reports {:?}",
+            node.port(),
+            info.lines()
+                .filter(|l| l.starts_with("cluster_state") || l.starts_with("cluster_slots"))
+                .collect::<Vec<_>>()
+        ))
+    }
+}
+
+/// `(first slot, last slot, primary port)` of every range, as `CLUSTER SLOTS`
+/// on `node` answers.
+fn slot_ranges(node: &Redis) -> std::result::Result<Vec<(i64, i64, u16)>, String> {
+    let RespValue::Array(Some(ranges)) = query(node, &["CLUSTER", "SLOTS"])? else {
+        return Err(format!(
+            "node {}: CLUSTER SLOTS answered no list",
+            node.port()
+        ));
+    };
+    Ok(ranges
+        .iter()
+        .filter_map(|range| {
+            let RespValue::Array(Some(fields)) = range else {
+                return None;
+            };
+            let RespValue::Array(Some(primary)) = fields.get(2)? else {
+                return None;
+            };
+            Some((
+                fields.first()?.as_int()?,
+                fields.get(1)?.as_int()?,
+                u16::try_from(primary.get(1)?.as_int()?).ok()?,
+            ))
+        })
+        .collect())
+}

@@ -1,0 +1,326 @@
+//! [`RedisSentinel`]: a Redis primary with replicas, watched by Sentinels.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use crate::redis::Role;
+use crate::settle::{host_list, until};
+use crate::{retry_on_port_clash, Process, Redis, RespValue, Result};
+
+/// The name the Sentinels know the primary by (`sentinel monitor <name> …`).
+pub const MASTER_NAME: &str = "locksmith";
+
+/// How long a fresh setup gets to settle: Sentinels find each other through
+/// hello messages sent every 2 s.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a failover may take: 1 s to notice, an election, a promotion.
+const FAILOVER_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long [`RedisSentinel::primary`] waits for a Sentinel to answer.
+const PRIMARY_TIMEOUT: Duration = Duration::from_secs(10);
+/// The timeout of each probe.
+const PROBE: Duration = Duration::from_millis(500);
+
+/// A Redis primary, its replicas and the Sentinels watching them, all on
+/// `127.0.0.1`, each in its own directory; everything is killed on drop.
+///
+/// Sentinels declare the primary down after 1 s without an answer
+/// (`down-after-milliseconds 1000`), two of them must agree (quorum 2 of 3),
+/// and a failover that stalls is retried after 10 s. Every data node runs from
+/// a `redis.conf` that the Sentinels rewrite on a failover, so a restarted
+/// node keeps its new role.
+///
+/// ```no_run
+/// use locksmith_testkit::RedisSentinel;
+///
+/// let setup = RedisSentinel::start(); // primary + 2 replicas + 3 Sentinels
+/// let url = setup.url(); // redis+sentinel://127.0.0.1:…,…/locksmith
+/// let old = setup.primary();
+/// old.kill(); // kill -9
+/// let new = setup.wait_for_failover(old).unwrap();
+/// assert_ne!(new.port(), old.port());
+/// old.restart(); // comes back, the Sentinels make it a replica
+/// setup.wait_healthy().unwrap();
+/// ```
+#[derive(Debug)]
+pub struct RedisSentinel {
+    nodes: Vec<Redis>,
+    sentinels: Vec<Redis>,
+}
+
+impl RedisSentinel {
+    /// Starts a primary, 2 replicas and 3 Sentinels and waits until they are
+    /// [healthy](Self::wait_healthy); panics on failure.
+    #[track_caller]
+    pub fn start() -> RedisSentinel {
+        crate::or_panic(Self::try_start())
+    }
+
+    /// Like [`RedisSentinel::start`], returning the error instead of panicking.
+    pub fn try_start() -> Result<RedisSentinel> {
+        Self::try_start_with(2, 3)
+    }
+
+    /// Starts a primary with `replicas` replicas and `sentinels` Sentinels
+    /// (quorum: a majority of them) and waits until they are healthy.
+    pub fn try_start_with(replicas: usize, sentinels: usize) -> Result<RedisSentinel> {
+        let primary = retry_on_port_clash(|| Redis::launch_as(Role::Member, None, &[]))?;
+        let mut nodes = vec![primary];
+        for _ in 0..replicas {
+            let port = nodes[0].port();
+            nodes.push(retry_on_port_clash(|| {
+                Redis::launch_as(Role::Member, Some(port), &[])
+            })?);
+        }
+        let monitor = [
+            format!(
+                "sentinel monitor {MASTER_NAME} {} {} {}",
+                crate::HOST,
+                nodes[0].port(),
+                sentinels / 2 + 1
+            ),
+            format!("sentinel down-after-milliseconds {MASTER_NAME} 1000"),
+            format!("sentinel failover-timeout {MASTER_NAME} 10000"),
+            format!("sentinel parallel-syncs {MASTER_NAME} {}", replicas.max(1)),
+        ];
+        let sentinels = (0..sentinels)
+            .map(|_| retry_on_port_clash(|| Redis::launch_as(Role::Sentinel, None, &monitor)))
+            .collect::<Result<Vec<_>>>()?;
+        let setup = RedisSentinel { nodes, sentinels };
+        setup.settle("healthy", SETTLE_TIMEOUT, || setup.check_healthy())?;
+        Ok(setup)
+    }
+
+    /// The name the Sentinels know the primary by ([`MASTER_NAME`]).
+    pub fn master_name(&self) -> &str {
+        MASTER_NAME
+    }
+
+    /// `redis+sentinel://127.0.0.1:<s1>,127.0.0.1:<s2>,…/locksmith`: every
+    /// Sentinel, and the master name.
+    pub fn url(&self) -> String {
+        format!(
+            "redis+sentinel://{}/{MASTER_NAME}",
+            host_list(self.sentinels.iter().map(Redis::port))
+        )
+    }
+
+    /// The data nodes; the first one started as the primary.
+    pub fn nodes(&self) -> &[Redis] {
+        &self.nodes
+    }
+
+    /// The Sentinels (they answer `PING` and `SENTINEL …` like a Redis).
+    pub fn sentinels(&self) -> &[Redis] {
+        &self.sentinels
+    }
+
+    /// The node the Sentinels name as the primary now; panics if no Sentinel
+    /// answers within 10 s.
+    #[track_caller]
+    pub fn primary(&self) -> &Redis {
+        crate::or_panic(self.try_primary())
+    }
+
+    /// Like [`RedisSentinel::primary`], returning the error instead of panicking.
+    pub fn try_primary(&self) -> Result<&Redis> {
+        self.settle("naming a primary", PRIMARY_TIMEOUT, || self.named_primary())
+    }
+
+    /// Waits until the Sentinels have promoted another node than `old`, and
+    /// that node reports itself primary; answers it.
+    pub fn wait_for_failover(&self, old: &Redis) -> Result<&Redis> {
+        self.settle("failed over", FAILOVER_TIMEOUT, || {
+            let primary = self.named_primary()?;
+            if primary.port() == old.port() {
+                return Err(format!("the Sentinels still name {}", old.port()));
+            }
+            match role(primary)? {
+                r if r == "master" => Ok(primary),
+                other => Err(format!("{} is still a {other}", primary.port())),
+            }
+        })
+    }
+
+    /// Waits until every running Sentinel names the same primary, knows the
+    /// other running Sentinels and sees every other running node as a healthy
+    /// replica, and every replica is in sync with the primary.
+    pub fn wait_healthy(&self) -> Result<()> {
+        self.settle("healthy", SETTLE_TIMEOUT, || self.check_healthy())
+    }
+
+    fn check_healthy(&self) -> std::result::Result<(), String> {
+        let running_nodes = self.nodes.iter().filter(|n| n.is_running()).count();
+        let running_sentinels: Vec<&Redis> =
+            self.sentinels.iter().filter(|s| s.is_running()).collect();
+        let primary = self.named_primary()?;
+        for sentinel in &running_sentinels {
+            let named = sentinel_query(sentinel, &["get-master-addr-by-name", MASTER_NAME])?;
+            let port = named
+                .get(1)
+                .and_then(|p| p.parse::<u16>().ok())
+                .ok_or_else(|| format!("Sentinel {} names no primary", sentinel.port()))?;
+            if port != primary.port() {
+                return Err(format!(
+                    "Sentinel {} names {port}, another names {}",
+                    sentinel.port(),
+                    primary.port()
+                ));
+            }
+            let master = fields(&sentinel_value(sentinel, &["master", MASTER_NAME])?);
+            let flags = master.get("flags").map(String::as_str).unwrap_or_default();
+            if flags != "master" {
+                return Err(format!(
+                    "Sentinel {} flags the primary {flags:?}",
+                    sentinel.port()
+                ));
+            }
+            let healthy = |what: &str| -> std::result::Result<usize, String> {
+                let RespValue::Array(Some(items)) = sentinel_value(sentinel, &[what, MASTER_NAME])?
+                else {
+                    return Err(format!("SENTINEL {what} answered no list"));
+                };
+                Ok(items
+                    .iter()
+                    .map(fields)
+                    .filter(|f| f.get("flags").is_some_and(|f| !f.contains("down")))
+                    .count())
+            };
+            let (replicas, others) = (healthy("replicas")?, healthy("sentinels")?);
+            if replicas != running_nodes - 1 || others != running_sentinels.len() - 1 {
+                return Err(format!(
+                    "Sentinel {} sees {replicas} healthy replicas and {others} other Sentinels \
+                     (expected {} and {})",
+                    sentinel.port(),
+                    running_nodes - 1,
+                    running_sentinels.len() - 1
+                ));
+            }
+        }
+        for node in self.nodes.iter().filter(|n| n.is_running()) {
+            let info = info_replication(node)?;
+            let expected = if node.port() == primary.port() {
+                "role:master"
+            } else {
+                "master_link_status:up"
+            };
+            if !info.contains(expected) {
+                return Err(format!("node {} lacks {expected}", node.port()));
+            }
+            if node.port() != primary.port()
+                && !info.contains(&format!("master_port:{}", primary.port()))
+            {
+                return Err(format!(
+                    "node {} does not replicate {}",
+                    node.port(),
+                    primary.port()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The node the first answering Sentinel names as the primary.
+    fn named_primary(&self) -> std::result::Result<&Redis, String> {
+        let mut complaints = Vec::new();
+        for sentinel in self.sentinels.iter().filter(|s| s.is_running()) {
+            match sentinel_query(sentinel, &["get-master-addr-by-name", MASTER_NAME]) {
+                Ok(addr) => {
+                    let port = addr.get(1).and_then(|p| p.parse::<u16>().ok());
+                    return self
+                        .nodes
+                        .iter()
+                        .find(|n| Some(n.port()) == port)
+                        .ok_or_else(|| format!("the Sentinels name an unknown primary {addr:?}"));
+                }
+                Err(e) => complaints.push(e),
+            }
+        }
+        Err(format!("no Sentinel answered: {}", complaints.join("; ")))
+    }
+
+    fn members(&self) -> Vec<&Process> {
+        self.nodes
+            .iter()
+            .chain(&self.sentinels)
+            .map(Redis::process)
+            .collect()
+    }
+
+    fn name(&self) -> String {
+        format!(
+            "Redis Sentinel setup (nodes on {}, Sentinels on {})",
+            host_list(self.nodes.iter().map(Redis::port)),
+            host_list(self.sentinels.iter().map(Redis::port))
+        )
+    }
+
+    fn settle<T>(
+        &self,
+        state: &str,
+        timeout: Duration,
+        check: impl FnMut() -> std::result::Result<T, String>,
+    ) -> Result<T> {
+        until(&self.name(), state, timeout, &self.members(), check)
+    }
+}
+
+/// One `SENTINEL …` request.
+fn sentinel_value(sentinel: &Redis, args: &[&str]) -> std::result::Result<RespValue, String> {
+    let mut command = vec!["SENTINEL"];
+    command.extend_from_slice(args);
+    match crate::resp::query(sentinel.port(), &command, PROBE) {
+        Ok(RespValue::Error(e)) => Err(format!("Sentinel {}: {e}", sentinel.port())),
+        Ok(value) => Ok(value),
+        Err(e) => Err(format!("Sentinel {}: {e}", sentinel.port())),
+    }
+}
+
+/// One `SENTINEL …` request answered with a list of strings.
+fn sentinel_query(sentinel: &Redis, args: &[&str]) -> std::result::Result<Vec<String>, String> {
+    match sentinel_value(sentinel, args)? {
+        RespValue::Array(Some(items)) => Ok(items
+            .iter()
+            .filter_map(|i| i.as_str().map(str::to_owned))
+            .collect()),
+        other => Err(format!(
+            "Sentinel {} answered {other:?} to {args:?}",
+            sentinel.port()
+        )),
+    }
+}
+
+/// A flat `[field, value, field, value, …]` reply as a map.
+fn fields(value: &RespValue) -> HashMap<String, String> {
+    let RespValue::Array(Some(items)) = value else {
+        return HashMap::new();
+    };
+    items
+        .chunks(2)
+        .filter_map(|pair| {
+            Some((
+                pair[0].as_str()?.to_owned(),
+                pair.get(1)?.as_str()?.to_owned(),
+            ))
+        })
+        .collect()
+}
+
+/// `INFO replication` of a node.
+pub(crate) fn info_replication(node: &Redis) -> std::result::Result<String, String> {
+    match crate::resp::query(node.port(), &["INFO", "replication"], PROBE) {
+        Ok(info) => info
+            .as_str()
+            .map(str::to_owned)
+            .ok_or_else(|| format!("node {}: INFO answered {info:?}", node.port())),
+        Err(e) => Err(format!("node {}: {e}", node.port())),
+    }
+}
+
+/// The role a node reports (`master`, `slave`).
+pub(crate) fn role(node: &Redis) -> std::result::Result<String, String> {
+    let info = info_replication(node)?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("role:"))
+        .map(|r| r.trim().to_owned())
+        .ok_or_else(|| format!("node {}: no role in INFO", node.port()))
+}

@@ -1,0 +1,132 @@
+//! Starts every replicated setup for real, kills a member where it hurts most
+//! (the primary, the leader), and checks that the setup recovers as the
+//! failover tests and the torture tool rely on: another member takes over with
+//! the data, and the killed member comes back into the setup.
+
+use locksmith_testkit::{
+    EtcdCluster, Redis, RedisCluster, RedisSentinel, RespValue, ZooKeeperEnsemble,
+};
+
+fn bulk(text: &str) -> RespValue {
+    RespValue::Bulk(Some(text.as_bytes().to_vec()))
+}
+
+/// `WAIT` until `replicas` replicas have every write so far.
+fn replicate(primary: &Redis, replicas: usize) {
+    let acked = primary
+        .query(&["WAIT", &replicas.to_string(), "5000"])
+        .unwrap();
+    assert_eq!(
+        acked.as_int(),
+        Some(replicas as i64),
+        "WAIT answered {acked:?}"
+    );
+}
+
+#[test]
+fn redis_sentinel_fails_over_and_takes_the_old_primary_back() {
+    let setup = RedisSentinel::start();
+    assert_eq!(setup.nodes().len(), 3);
+    assert_eq!(setup.sentinels().len(), 3);
+    assert!(setup.url().starts_with("redis+sentinel://127.0.0.1:"));
+    assert!(setup.url().ends_with("/locksmith"));
+    let old = setup.primary();
+    assert_eq!(old.port(), setup.nodes()[0].port());
+    old.query(&["SET", "k", "v"]).unwrap();
+    replicate(old, 2);
+
+    old.kill();
+    let new = setup.wait_for_failover(old).unwrap();
+    assert_ne!(new.port(), old.port());
+    assert_eq!(new.query(&["GET", "k"]).unwrap(), bulk("v"));
+    assert_eq!(setup.primary().port(), new.port());
+
+    old.restart();
+    setup.wait_healthy().unwrap();
+    let info = old.query(&["INFO", "replication"]).unwrap();
+    let info = info.as_str().unwrap();
+    assert!(info.contains("role:slave"), "{info}");
+    assert!(
+        info.contains(&format!("master_port:{}", new.port())),
+        "{info}"
+    );
+}
+
+#[test]
+fn redis_cluster_serves_every_slot_and_fails_over() {
+    let cluster = RedisCluster::start();
+    assert_eq!(cluster.nodes().len(), 6);
+    assert_eq!(cluster.primaries().len(), 3);
+    assert!(cluster.url().starts_with("redis+cluster://127.0.0.1:"));
+    // Keys in different slots land on different primaries.
+    let owners: std::collections::BTreeSet<u16> = (0..30)
+        .map(|i| cluster.primary_of(&format!("key-{i}")).unwrap().port())
+        .collect();
+    assert_eq!(owners.len(), 3, "30 keys over 3 primaries: {owners:?}");
+
+    let old = cluster.primary_of("orders/42").unwrap();
+    assert_eq!(
+        old.query(&["SET", "orders/42", "v"]).unwrap().as_str(),
+        Some("OK")
+    );
+    replicate(old, 1);
+    old.kill();
+    cluster.wait_for_failover(old).unwrap();
+    let new = cluster.primary_of("orders/42").unwrap();
+    assert_ne!(new.port(), old.port());
+    assert_eq!(new.query(&["GET", "orders/42"]).unwrap(), bulk("v"));
+
+    old.restart();
+    cluster.wait_healthy().unwrap();
+    assert_eq!(cluster.primaries().len(), 3);
+    let moved = old.query(&["GET", "orders/42"]).unwrap();
+    assert!(
+        matches!(&moved, RespValue::Error(e) if e.starts_with("MOVED")),
+        "the old primary came back as a replica: {moved:?}"
+    );
+}
+
+#[test]
+fn etcd_cluster_elects_a_new_leader_and_takes_the_old_one_back() {
+    let cluster = EtcdCluster::start();
+    assert_eq!(cluster.members().len(), 3);
+    assert_eq!(cluster.endpoints().len(), 3);
+    let leader = cluster.leader().unwrap();
+    let put = leader.etcdctl().args(["put", "k", "v"]).output().unwrap();
+    assert!(put.status.success(), "{put:?}");
+
+    leader.kill();
+    let next = cluster.leader().unwrap();
+    assert_ne!(next.port(), leader.port());
+    let get = next
+        .etcdctl()
+        .args(["get", "k", "--print-value-only"])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&get.stdout).trim(), "v");
+
+    leader.restart();
+    cluster.wait_healthy().unwrap();
+    assert!(leader.is_healthy());
+}
+
+#[test]
+fn zookeeper_ensemble_elects_a_new_leader_and_takes_the_old_one_back() {
+    let ensemble = ZooKeeperEnsemble::start();
+    assert_eq!(ensemble.servers().len(), 3);
+    assert!(ensemble.url().starts_with("zk://127.0.0.1:"));
+    let leader = ensemble.leader().unwrap();
+
+    leader.kill();
+    let next = ensemble.leader().unwrap();
+    assert_ne!(next.port(), leader.port());
+
+    leader.restart();
+    ensemble.wait_healthy().unwrap();
+    let srvr = leader.four_letter("srvr").unwrap();
+    assert!(srvr.contains("Mode: follower"), "{srvr}");
+    assert_eq!(
+        ensemble.servers().iter().filter(|s| s.is_running()).count(),
+        3
+    );
+}
