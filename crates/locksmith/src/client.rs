@@ -73,7 +73,8 @@ impl std::fmt::Debug for Client {
 impl Client {
     /// Connects with default options. The URL scheme picks the backend:
     /// `memory://[table]`, `locksmith://host:port`, `redis://`, `rediss://`,
-    /// `redis+redlock://h1,h2,h3`, `zk://hosts/chroot`, `etcd://hosts`,
+    /// `redis+redlock://h1,h2,h3`, `redis+sentinel://s1,s2/master`,
+    /// `redis+cluster://h1,h2`, `zk://hosts/chroot`, `etcd://hosts`,
     /// `postgres://…`.
     ///
     /// Cancel safety: safe; a dropped connect leaves nothing behind.
@@ -119,7 +120,8 @@ impl Client {
                 return Err(not_enabled(scheme, "memory"));
             }
             "locksmith" => backend!("server", server::ServerBackend),
-            "redis" | "rediss" | "redis+redlock" => backend!("redis", redis::RedisBackend),
+            "redis" | "rediss" | "redis+redlock" | "redis+sentinel" | "rediss+sentinel"
+            | "redis+cluster" | "rediss+cluster" => backend!("redis", redis::RedisBackend),
             "zk" | "zookeeper" => backend!("zookeeper", zookeeper::ZooKeeperBackend),
             "etcd" => backend!("etcd", etcd::EtcdBackend),
             "postgres" | "postgresql" => backend!("postgres", postgres::PostgresBackend),

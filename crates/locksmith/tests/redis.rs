@@ -10,30 +10,7 @@ mod redis_support;
 
 use std::time::Duration;
 
-use locksmith::{Client, ConnectOptions};
-
-use redis_support::{shared_redis, shared_redlock};
-
-/// Connects clients to one URL.
-struct Harness {
-    url: String,
-}
-
-impl conformance::Harness for Harness {
-    async fn connect(&self, session_ttl: Duration) -> Client {
-        let options = ConnectOptions {
-            session_ttl,
-            ..ConnectOptions::default()
-        };
-        Client::connect_with(&self.url, options)
-            .await
-            .unwrap_or_else(|e| panic!("connect {}: {e}", self.url))
-    }
-
-    fn short_ttl(&self) -> Duration {
-        Duration::from_secs(1)
-    }
-}
+use redis_support::{shared_redis, shared_redlock, Harness};
 
 async fn harness(query: &str) -> Harness {
     Harness {

@@ -1,4 +1,5 @@
-//! Parsing `redis://`, `rediss://` and `redis+redlock://` URLs.
+//! Parsing `redis://`, `rediss://`, `redis+redlock://`, `redis+sentinel://`
+//! and `redis+cluster://` URLs.
 //!
 //! The query options of locksmith are taken out of the URL; what remains (user,
 //! password, database, `protocol=`) goes to the `redis` crate unchanged. An
@@ -6,7 +7,6 @@
 
 use std::time::Duration;
 
-use crate::client::redact;
 use crate::error::{Error, Result};
 
 /// Which key layout exclusive locks use.
@@ -20,13 +20,32 @@ pub(crate) enum Layout {
     Simple,
 }
 
+/// How the Redis servers of a URL work together.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Topology {
+    /// One server (`redis://`, `rediss://`).
+    Single,
+    /// Independent masters, a majority decides (`redis+redlock://`).
+    Redlock,
+    /// A primary with replicas that the Sentinels in [`Config::nodes`] know
+    /// by this name (`redis+sentinel://`).
+    Sentinel {
+        /// The name the Sentinels monitor the primary under.
+        master: String,
+    },
+    /// A Redis Cluster; [`Config::nodes`] are the seed nodes
+    /// (`redis+cluster://`).
+    Cluster,
+}
+
 /// A parsed URL.
 #[derive(Debug, Clone)]
 pub(crate) struct Config {
-    /// One `redis://` / `rediss://` URL per node, for the `redis` crate.
+    /// One `redis://` / `rediss://` URL per server the URL names: the server,
+    /// the Redlock masters, the Sentinels, or the Cluster's seed nodes.
     pub nodes: Vec<String>,
-    /// Whether this is Redlock over independent masters.
-    pub redlock: bool,
+    /// How those servers work together.
+    pub topology: Topology,
     /// The exclusive-lock layout.
     pub layout: Layout,
     /// Namespace prepended to every lock name (opt-in).
@@ -43,12 +62,53 @@ pub(crate) struct Config {
     pub tls_ca: Option<String>,
     /// TLS: PEM files of a client certificate and key (mutual TLS).
     pub tls_client: Option<(String, String)>,
+    /// Sentinel: how a data node's URL is made from its `host:port`.
+    data_node: NodeUrl,
     /// The URL without its password, for messages.
     pub display: String,
 }
 
 const OPTIONS: &str =
-    "mode, prefix, wait_replicas, wait_timeout, node_timeout, retry_delay, tls, protocol";
+    "mode, prefix, wait_replicas, wait_timeout, node_timeout, retry_delay, tls, tls_ca, tls_cert, tls_key, protocol";
+
+/// The replicas a grant waits for by default where the URL says there are
+/// replicas (Sentinel, Cluster): one, so that the replica a failover promotes
+/// (the most up-to-date one, in both) has every grant it acknowledged.
+const DEFAULT_WAIT_REPLICAS: u32 = 1;
+
+/// The parts of a server URL other than its `host:port`.
+#[derive(Debug, Clone, Default)]
+struct NodeUrl {
+    scheme: &'static str,
+    userinfo: String,
+    path: String,
+    query: String,
+}
+
+impl NodeUrl {
+    fn at(&self, host: &str) -> String {
+        format!(
+            "{}://{}{host}{}{}",
+            self.scheme, self.userinfo, self.path, self.query
+        )
+    }
+}
+
+/// The URL with the password of its user info replaced by `***`; works for
+/// the multi-host URLs that a URL parser refuses.
+pub(crate) fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    match rest[..end].rsplit_once('@') {
+        Some((userinfo, _)) if userinfo.contains(':') => {
+            let user = userinfo.split_once(':').map_or("", |(u, _)| u);
+            format!("{scheme}://{user}:***@{}", &rest[userinfo.len() + 1..])
+        }
+        _ => url.to_owned(),
+    }
+}
 
 fn invalid(url: &str, reason: impl Into<String>) -> Error {
     Error::InvalidUrl {
@@ -75,6 +135,20 @@ fn duration(url: &str, key: &str, value: &str) -> Result<Duration> {
     }
 }
 
+/// `host:port` with `default` filled in where the port is missing.
+fn with_port(host: &str, default: u16) -> String {
+    let has_port = if host.starts_with('[') {
+        host.contains("]:")
+    } else {
+        host.contains(':')
+    };
+    if has_port {
+        host.to_owned()
+    } else {
+        format!("{host}:{default}")
+    }
+}
+
 impl Config {
     /// Parses a URL; nothing is contacted.
     pub fn parse(url: &str) -> Result<Config> {
@@ -85,14 +159,19 @@ impl Config {
             Some((b, q)) => (b, q),
             None => (rest, ""),
         };
-        let redlock = match scheme {
-            "redis" | "rediss" => false,
-            "redis+redlock" => true,
+        let (kind, mut tls) = match scheme {
+            "redis" => ("single", false),
+            "rediss" => ("single", true),
+            "redis+redlock" => ("redlock", false),
+            "redis+sentinel" => ("sentinel", false),
+            "rediss+sentinel" => ("sentinel", true),
+            "redis+cluster" => ("cluster", false),
+            "rediss+cluster" => ("cluster", true),
             other => return Err(invalid(url, format!("not a Redis scheme: {other:?}"))),
         };
         let mut config = Config {
             nodes: Vec::new(),
-            redlock,
+            topology: Topology::Single,
             layout: Layout::RLock,
             prefix: String::new(),
             wait_replicas: None,
@@ -101,10 +180,11 @@ impl Config {
             retry_delay: Duration::from_millis(100),
             tls_ca: None,
             tls_client: None,
+            data_node: NodeUrl::default(),
             display: redact(url),
         };
+        let multi_host = kind != "single";
         let (mut tls_cert, mut tls_key) = (None, None);
-        let mut tls = scheme == "rediss";
         let mut passthrough = Vec::new();
         for (key, value) in url::form_urlencoded::parse(query.as_bytes()) {
             match key.as_ref() {
@@ -130,7 +210,7 @@ impl Config {
                 "wait_timeout" => config.wait_timeout = duration(url, &key, &value)?,
                 "node_timeout" => config.node_timeout = Some(duration(url, &key, &value)?),
                 "retry_delay" => config.retry_delay = duration(url, &key, &value)?,
-                "tls" if redlock => {
+                "tls" if multi_host => {
                     tls = match value.as_ref() {
                         "true" | "1" | "yes" => true,
                         "false" | "0" | "no" => false,
@@ -154,7 +234,7 @@ impl Config {
                 }
             }
         }
-        if redlock {
+        if kind == "redlock" {
             if config.layout == Layout::Fair {
                 return Err(invalid(
                     url,
@@ -164,7 +244,7 @@ impl Config {
             if config.wait_replicas.is_some() {
                 return Err(invalid(
                     url,
-                    "wait_replicas applies to one Redis with replicas, not to Redlock's independent masters",
+                    "wait_replicas applies to a Redis with replicas, not to Redlock's independent masters",
                 ));
             }
         } else if config.node_timeout.is_some() || query.contains("retry_delay=") {
@@ -181,7 +261,7 @@ impl Config {
         if (config.tls_ca.is_some() || config.tls_client.is_some()) && !tls {
             return Err(invalid(
                 url,
-                "tls_ca, tls_cert and tls_key need rediss:// (or tls=true)",
+                "tls_ca, tls_cert and tls_key need TLS (rediss://, rediss+sentinel://, rediss+cluster:// or tls=true)",
             ));
         }
         let query = if passthrough.is_empty() {
@@ -190,45 +270,111 @@ impl Config {
             format!("?{}", passthrough.join("&"))
         };
         let node_scheme = if tls { "rediss" } else { "redis" };
-        if redlock {
-            // userinfo@h1:p1,h2:p2/db
-            let (userinfo, hosts_path) = match before_query.rsplit_once('@') {
-                Some((u, h)) => (format!("{u}@"), h),
-                None => (String::new(), before_query),
-            };
-            let (hosts, path) = match hosts_path.split_once('/') {
-                Some((h, p)) => (h, format!("/{p}")),
-                None => (hosts_path, String::new()),
-            };
-            for host in hosts.split(',') {
-                if host.is_empty() {
-                    return Err(invalid(url, "empty host in the Redlock host list"));
-                }
-                let has_port = if host.starts_with('[') {
-                    host.contains("]:")
-                } else {
-                    host.contains(':')
-                };
-                let host = if has_port {
-                    host.to_owned()
-                } else {
-                    format!("{host}:6379")
-                };
-                let node = format!("{node_scheme}://{userinfo}{host}{path}{query}");
-                url::Url::parse(&node).map_err(|e| invalid(url, format!("host {host:?}: {e}")))?;
-                config.nodes.push(node);
-            }
-        } else {
+        if kind == "single" {
             let node = format!("{scheme}://{before_query}{query}");
             url::Url::parse(&node).map_err(|e| invalid(url, e.to_string()))?;
             config.nodes.push(node);
+            return Ok(config);
+        }
+        // userinfo@h1:p1,h2:p2/path
+        let (userinfo, hosts_path) = match before_query.rsplit_once('@') {
+            Some((u, h)) => (format!("{u}@"), h),
+            None => (String::new(), before_query),
+        };
+        let (hosts, path) = match hosts_path.split_once('/') {
+            Some((h, p)) => (h, p),
+            None => (hosts_path, ""),
+        };
+        let mut node = NodeUrl {
+            scheme: node_scheme,
+            userinfo,
+            path: String::new(),
+            query,
+        };
+        let default_port = match kind {
+            "sentinel" => {
+                let (master, db) = match path.split_once('/') {
+                    Some((m, db)) => (m, db),
+                    None => (path, ""),
+                };
+                if master.is_empty() {
+                    return Err(invalid(
+                        url,
+                        "name the primary's master name as the path, like redis+sentinel://h1:26379,h2:26379/mymaster",
+                    ));
+                }
+                config.topology = Topology::Sentinel {
+                    master: master.to_owned(),
+                };
+                config.data_node = NodeUrl {
+                    path: if db.is_empty() {
+                        String::new()
+                    } else {
+                        format!("/{db}")
+                    },
+                    ..node.clone()
+                };
+                // Sentinels have no databases and speak RESP2.
+                node.query = String::new();
+                26379
+            }
+            "cluster" => {
+                if !path.is_empty() && path != "0" {
+                    return Err(invalid(url, "a Redis Cluster has only database 0"));
+                }
+                config.topology = Topology::Cluster;
+                6379
+            }
+            _ => {
+                config.topology = Topology::Redlock;
+                node.path = if path.is_empty() {
+                    String::new()
+                } else {
+                    format!("/{path}")
+                };
+                6379
+            }
+        };
+        for host in hosts.split(',') {
+            if host.is_empty() {
+                return Err(invalid(url, "empty host in the host list"));
+            }
+            let host = with_port(host, default_port);
+            let node_url = node.at(&host);
+            url::Url::parse(&node_url).map_err(|e| invalid(url, format!("host {host:?}: {e}")))?;
+            config.nodes.push(node_url);
+        }
+        if matches!(
+            config.topology,
+            Topology::Sentinel { .. } | Topology::Cluster
+        ) {
+            config.wait_replicas = match config.wait_replicas {
+                None => Some(DEFAULT_WAIT_REPLICAS),
+                Some(0) => None,
+                some => some,
+            };
+        } else if config.wait_replicas == Some(0) {
+            config.wait_replicas = None;
         }
         Ok(config)
     }
 
-    /// How many nodes must agree.
+    /// How many nodes must agree: a majority of Redlock's masters, else one.
     pub fn quorum(&self) -> usize {
-        self.nodes.len() / 2 + 1
+        match self.topology {
+            Topology::Redlock => self.nodes.len() / 2 + 1,
+            _ => 1,
+        }
+    }
+
+    /// Whether this is Redlock over independent masters.
+    pub fn redlock(&self) -> bool {
+        self.topology == Topology::Redlock
+    }
+
+    /// The URL of a data node of a Sentinel setup at `host:port`.
+    pub fn data_node_url(&self, host_port: &str) -> String {
+        self.data_node.at(host_port)
     }
 }
 
@@ -243,7 +389,8 @@ mod tests {
         assert_eq!(c.nodes, ["redis://:pw@127.0.0.1:7000/2?protocol=resp3"]);
         assert_eq!(c.layout, Layout::Fair);
         assert_eq!(c.prefix, "app/");
-        assert!(!c.redlock);
+        assert_eq!(c.topology, Topology::Single);
+        assert_eq!(c.wait_replicas, None, "no replicas assumed");
         assert!(!c.display.contains("pw"));
     }
 
@@ -267,6 +414,63 @@ mod tests {
     }
 
     #[test]
+    fn sentinel_urls_name_sentinels_and_the_master() {
+        let c = Config::parse("redis+sentinel://:pw@s1,s2:5000/mymaster/3?protocol=resp3").unwrap();
+        assert_eq!(
+            c.topology,
+            Topology::Sentinel {
+                master: "mymaster".into()
+            }
+        );
+        assert_eq!(c.nodes, ["redis://:pw@s1:26379", "redis://:pw@s2:5000"]);
+        assert_eq!(
+            c.data_node_url("10.0.0.5:6380"),
+            "redis://:pw@10.0.0.5:6380/3?protocol=resp3"
+        );
+        assert_eq!(
+            c.wait_replicas,
+            Some(1),
+            "replicas exist: WAIT 1 by default"
+        );
+        assert_eq!(c.quorum(), 1);
+        assert_eq!(
+            c.display,
+            "redis+sentinel://:***@s1,s2:5000/mymaster/3?protocol=resp3"
+        );
+        let tls = Config::parse("rediss+sentinel://s1/m?wait_replicas=0&tls_ca=/ca.pem").unwrap();
+        assert_eq!(tls.nodes, ["rediss://s1:26379"]);
+        assert_eq!(tls.data_node_url("h:1"), "rediss://h:1");
+        assert_eq!(tls.wait_replicas, None, "wait_replicas=0 turns WAIT off");
+    }
+
+    #[test]
+    fn cluster_urls_name_seed_nodes() {
+        let c = Config::parse("redis+cluster://u:pw@a:7000,b?mode=fair&wait_replicas=2").unwrap();
+        assert_eq!(c.topology, Topology::Cluster);
+        assert_eq!(c.nodes, ["redis://u:pw@a:7000", "redis://u:pw@b:6379"]);
+        assert_eq!(c.wait_replicas, Some(2));
+        assert_eq!(c.layout, Layout::Fair);
+        let tls = Config::parse("redis+cluster://a:1?tls=true").unwrap();
+        assert_eq!(tls.nodes, ["rediss://a:1"]);
+        assert_eq!(tls.wait_replicas, Some(1));
+        assert_eq!(
+            Config::parse("rediss+cluster://a:1").unwrap().nodes,
+            ["rediss://a:1"]
+        );
+    }
+
+    #[test]
+    fn passwords_never_show() {
+        assert_eq!(
+            redact("redis+redlock://user:secret@a:1,b:2/0?x=y"),
+            "redis+redlock://user:***@a:1,b:2/0?x=y"
+        );
+        assert_eq!(redact("redis://a:1/0"), "redis://a:1/0");
+        let error = Config::parse("redis+cluster://:secret@a,b/3").unwrap_err();
+        assert!(!error.to_string().contains("secret"), "{error}");
+    }
+
+    #[test]
     fn bad_options_are_errors() {
         for bad in [
             "redis://h?mode=quick",
@@ -279,6 +483,12 @@ mod tests {
             "redis+redlock://a,,c",
             "redis://h?tls_ca=/ca.pem",
             "rediss://h?tls_cert=/c.pem",
+            "redis+sentinel://s1,s2",
+            "redis+sentinel://s1,s2/",
+            "redis+sentinel://s1/m?node_timeout=5",
+            "redis+cluster://a,b/2",
+            "redis+cluster://a,,b",
+            "redis+cluster://a?tls_ca=/ca.pem",
         ] {
             assert!(
                 matches!(Config::parse(bad), Err(Error::InvalidUrl { .. })),

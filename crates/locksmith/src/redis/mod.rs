@@ -138,6 +138,7 @@
 //! to a safe global count.
 
 mod cleanup;
+mod cluster;
 mod config;
 mod describe;
 pub mod keys;
@@ -145,6 +146,7 @@ mod node;
 mod ops;
 pub mod pubsub;
 pub mod scripts;
+mod sentinel;
 pub mod watchdog;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -156,11 +158,12 @@ use futures::future::join_all;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use self::config::{Config, Layout};
+use self::config::{Config, Layout, Topology};
 use self::keys::Keys;
 use self::node::{failure, is_transient, problem, Node};
 use self::ops::{AcquireSpec, Call, Kind, Reply, Target};
 use self::pubsub::Subscription;
+use self::scripts::Scripts;
 use self::watchdog::Watchdog;
 use crate::backend::{
     acquire_each_in_order, AcquireRequest, Backend, Capabilities, Grant, Hold, LockInfo, Wait,
@@ -185,6 +188,8 @@ pub struct RedisBackend {
 pub(crate) struct Shared {
     config: Config,
     nodes: Vec<Node>,
+    /// The scripts, publishing the way the nodes' subscriptions listen.
+    scripts: &'static Scripts,
     quorum: usize,
     /// Redisson's "connection manager id": the first half of every holder id.
     client_id: String,
@@ -236,22 +241,28 @@ impl RedisBackend {
         let response_timeout =
             Duration::from_secs(5).max(config.wait_timeout + Duration::from_secs(1));
         let watchdog = Arc::new(Watchdog::default());
-        let eager = !config.redlock;
-        let mut nodes = Vec::with_capacity(config.nodes.len());
-        for node_url in &config.nodes {
-            nodes.push(
-                Node::connect(
-                    node_url,
-                    &config,
-                    response_timeout,
-                    eager,
-                    watchdog.recheck.clone(),
-                )
-                .await?,
-            );
-        }
+        let recheck = watchdog.recheck.clone();
+        let nodes = match &config.topology {
+            Topology::Single => vec![
+                Node::server(&config.nodes[0], &config, response_timeout, true, recheck).await?,
+            ],
+            Topology::Redlock => {
+                let mut nodes = Vec::with_capacity(config.nodes.len());
+                for url in &config.nodes {
+                    nodes.push(
+                        Node::server(url, &config, response_timeout, false, recheck.clone())
+                            .await?,
+                    );
+                }
+                nodes
+            }
+            Topology::Sentinel { master } => {
+                vec![Node::sentinel(&config, master, response_timeout, recheck).await?]
+            }
+            Topology::Cluster => vec![Node::cluster(&config, response_timeout, recheck).await?],
+        };
         let quorum = config.quorum();
-        if config.redlock {
+        if config.redlock() {
             let ping = ::redis::cmd("PING");
             let pings = join_all(nodes.iter().map(|node| {
                 tokio::time::timeout(Duration::from_secs(2), node.query::<String>(&ping))
@@ -262,8 +273,8 @@ impl RedisBackend {
                 .zip(&nodes)
                 .filter_map(|(ping, node)| match ping {
                     Ok(Ok(_)) => None,
-                    Ok(Err(e)) => Some(format!("{}: {e}", node.label)),
-                    Err(_) => Some(format!("{}: no answer within 2s", node.label)),
+                    Ok(Err(e)) => Some(format!("{}: {e}", node.label())),
+                    Err(_) => Some(format!("{}: no answer within 2s", node.label())),
                 })
                 .collect();
             if nodes.len() - failures.len() < quorum {
@@ -275,24 +286,27 @@ impl RedisBackend {
                 )));
             }
         }
+        let scripts = scripts::scripts(nodes[0].hub.sharded());
         if config.wait_replicas.is_some() {
             // Loaded up front: the WAIT pipeline cannot load on NOSCRIPT as
             // cheaply as a plain call.
-            for script in scripts::SCRIPTS.all() {
+            for script in scripts.all() {
                 nodes[0]
                     .load(script)
                     .await
                     .map_err(|e| failure("loading the lock scripts", e))?;
             }
         }
-        let drift = if config.redlock {
+        let drift = if config.redlock() {
             options.session_ttl / 100 + Duration::from_millis(2)
         } else {
             Duration::ZERO
         };
+        let by_slot = config.topology == Topology::Cluster;
         let shared = Arc::new(Shared {
             quorum,
             nodes,
+            scripts,
             client_id: uuid::Uuid::new_v4().to_string(),
             lock_by: format!("{}@{}", options.client_name, options.host),
             session_ttl: options.session_ttl,
@@ -308,6 +322,7 @@ impl RedisBackend {
             options.session_ttl,
             quorum,
             drift,
+            by_slot,
         ));
         tracing::debug!(url = %shared.config.display, client = %shared.client_id, "redis backend connected");
         Ok(RedisBackend { shared })
@@ -336,17 +351,26 @@ impl Shared {
         self.config.layout == Layout::Fair
     }
 
-    fn target(&self, name: &str, owner: &str, kind: Kind) -> Target {
-        Target {
+    /// The keys of lock `name`; on a cluster they must share a slot.
+    fn keys(&self, name: &str) -> Result<Keys> {
+        let keys = Keys::new(if self.config.prefix.is_empty() {
+            name.to_owned()
+        } else {
+            format!("{}{name}", self.config.prefix)
+        });
+        if self.config.topology == Topology::Cluster {
+            cluster::one_slot(name, &keys)?;
+        }
+        Ok(keys)
+    }
+
+    fn target(&self, name: &str, owner: &str, kind: Kind) -> Result<Target> {
+        Ok(Target {
             name: name.to_owned(),
-            keys: Arc::new(Keys::new(if self.config.prefix.is_empty() {
-                name.to_owned()
-            } else {
-                format!("{}{name}", self.config.prefix)
-            })),
+            keys: Arc::new(self.keys(name)?),
             field: keys::holder_id(&self.client_id, owner),
             kind,
-        }
+        })
     }
 
     fn drift(&self, lease: Duration) -> Duration {
@@ -375,7 +399,7 @@ impl Shared {
         let node = &self.nodes[node];
         node.eval(call)
             .await
-            .map_err(|e| failure(format!("{what} on {}", node.label), e))
+            .map_err(|e| failure(format!("{what} on {}", node.label()), e))
     }
 
     /// One attempt.
@@ -430,7 +454,7 @@ impl Shared {
     ///
     /// Cancel safety: as [`Shared::attempt_inner`].
     async fn attempt_single(&self, target: &Target, spec: &AcquireSpec) -> Result<Attempt> {
-        let call = target.acquire(spec, &self.lock_by, false);
+        let call = target.acquire(self.scripts, spec, &self.lock_by, false);
         let sent = Instant::now();
         let reply: Vec<i64> = match self.config.wait_replicas {
             None => self.run(0, &call, "acquire").await?,
@@ -439,12 +463,12 @@ impl Shared {
                 let (reply, acked): (Vec<i64>, i64) = node
                     .eval_and_wait(&call, replicas, self.config.wait_timeout)
                     .await
-                    .map_err(|e| failure(format!("acquire on {}", node.label), e))?;
+                    .map_err(|e| failure(format!("acquire on {}", node.label()), e))?;
                 if Reply::parse(&reply)?.took() && acked < i64::from(replicas) {
                     let _ = self.release_on(target, &[0], false).await;
                     return Err(problem(format!(
                         "lock {:?} was granted on {} but only {acked} of {replicas} replicas acknowledged within {:?}; released it",
-                        target.name, node.label, self.config.wait_timeout
+                        target.name, node.label(), self.config.wait_timeout
                     )));
                 }
                 reply
@@ -480,7 +504,7 @@ impl Shared {
         let per_node = self.node_timeout(spec.lease);
         let drift = self.drift(spec.lease);
         let maybe_reentry = self.watchdog.holds(target);
-        let call = target.acquire(spec, &self.lock_by, true);
+        let call = target.acquire(self.scripts, spec, &self.lock_by, true);
         let start = Instant::now();
         let replies = join_all((0..n).map(|i| {
             let call = &call;
@@ -491,7 +515,7 @@ impl Shared {
                     Ok(Err(e)) => Err(e.to_string()),
                     Err(_) => Err(format!(
                         "{}: no answer within {per_node:?}",
-                        self.nodes[i].label
+                        self.nodes[i].label()
                     )),
                 }
             }
@@ -575,7 +599,7 @@ impl Shared {
         per_node: Duration,
     ) -> Option<u64> {
         for _ in 0..3 {
-            let call = ops::fence(target, value, lease);
+            let call = ops::fence(self.scripts, target, value, lease);
             let answers =
                 join_all(nodes.iter().map(|&i| {
                     let call = &call;
@@ -604,7 +628,7 @@ impl Shared {
     ///
     /// Cancel safety: the release may or may not have happened.
     async fn release_on(&self, target: &Target, nodes: &[usize], all: bool) -> Result<()> {
-        let call = target.release(self.fair(), all);
+        let call = target.release(self.scripts, self.fair(), all);
         if let [node] = nodes {
             let name = || target.name.clone();
             return match self.run::<i64>(*node, &call, "release").await? {
@@ -651,7 +675,7 @@ impl Shared {
         limit: Duration,
     ) -> watchdog::BatchResult {
         let sent = Instant::now();
-        let call = ops::renew(&batch.targets, &batch.leases, false);
+        let call = ops::renew(self.scripts, &batch.targets, &batch.leases, false);
         let replies = join_all((0..self.nodes.len()).map(|i| {
             let call = &call;
             let this = &self;
@@ -661,7 +685,7 @@ impl Shared {
                     Ok(Err(e)) => Err(e.to_string()),
                     Err(_) => Err(format!(
                         "{} did not answer within {limit:?}",
-                        this.nodes[i].label
+                        this.nodes[i].label()
                     )),
                 }
             }
@@ -681,7 +705,7 @@ impl Shared {
         let limit = self.watchdog.expiry(id);
         let targets = [target.clone()];
         let leases = [lease.as_millis() as u64];
-        let call = ops::renew(&targets, &leases, true);
+        let call = ops::renew(self.scripts, &targets, &leases, true);
         let sent = Instant::now();
         let answers = join_all((0..self.nodes.len()).map(|i| {
             let call = &call;
@@ -764,7 +788,7 @@ impl Shared {
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::Closed);
         }
-        let target = self.target(name, &request.owner, kind);
+        let target = self.target(name, &request.owner, kind)?;
         let waiting = request.wait != Wait::No;
         let spec = AcquireSpec {
             lease: request.lease.unwrap_or(self.session_ttl),
@@ -892,7 +916,7 @@ impl Drop for QueueSlot {
         }
         let (shared, target) = (self.shared.clone(), self.target.clone());
         cleanup::spawn(async move {
-            let call = target.leave_queue();
+            let call = target.leave_queue(shared.scripts);
             for i in 0..shared.nodes.len() {
                 if let Err(error) = shared.run::<i64>(i, &call, "leave queue").await {
                     tracing::debug!(lock = %target.name, %error, "could not leave the fair queue; its deadline will drop it");
@@ -965,9 +989,9 @@ impl Backend for RedisBackend {
     async fn describe(&self, name: &str) -> Result<Option<LockInfo>> {
         cleanup::settle(SETTLE).await;
         let shared = &self.shared;
-        let keys = Keys::new(format!("{}{name}", shared.config.prefix));
+        let keys = shared.keys(name)?;
         let call = Call::new(
-            &scripts::SCRIPTS.describe,
+            &shared.scripts.describe,
             &[
                 &keys.lock,
                 &keys.meta,
@@ -1014,40 +1038,23 @@ impl Backend for RedisBackend {
         }
         pattern.push('*');
         let mut names = std::collections::BTreeSet::new();
-        for node in 0..shared.nodes.len() {
-            let mut cursor: u64 = 0;
-            loop {
-                let (next, keys): (u64, Vec<String>) = match shared.nodes[node]
-                    .query(
-                        ::redis::cmd("SCAN")
-                            .arg(cursor)
-                            .arg("MATCH")
-                            .arg(&pattern)
-                            .arg("COUNT")
-                            .arg(1000),
-                    )
-                    .await
-                {
-                    Ok(page) => page,
-                    Err(e) if shared.nodes.len() > 1 => {
-                        tracing::debug!(node = %shared.nodes[node].label, error = %e, "list skips an unreachable node");
-                        break;
-                    }
-                    Err(e) => return Err(failure("listing locks", e)),
-                };
-                for key in keys {
-                    if keys::is_helper_key(&key) {
-                        continue;
-                    }
-                    if let Some(name) = key.strip_prefix(&shared.config.prefix) {
-                        if locksmith_core::validate_name(name).is_ok() {
-                            names.insert(name.to_owned());
-                        }
-                    }
+        for node in &shared.nodes {
+            let keys = match node.scan(&pattern).await {
+                Ok(keys) => keys,
+                Err(e) if shared.nodes.len() > 1 => {
+                    tracing::debug!(node = %node.label(), error = %e, "list skips an unreachable node");
+                    continue;
                 }
-                cursor = next;
-                if cursor == 0 {
-                    break;
+                Err(e) => return Err(failure("listing locks", e)),
+            };
+            for key in keys {
+                if keys::is_helper_key(&key) {
+                    continue;
+                }
+                if let Some(name) = key.strip_prefix(&shared.config.prefix) {
+                    if locksmith_core::validate_name(name).is_ok() {
+                        names.insert(name.to_owned());
+                    }
                 }
             }
         }
@@ -1063,9 +1070,9 @@ impl Backend for RedisBackend {
     #[tracing::instrument(level = "debug", name = "redis_force_release", skip(self))]
     async fn force_release(&self, name: &str) -> Result<()> {
         let shared = &self.shared;
-        let keys = Keys::new(format!("{}{name}", shared.config.prefix));
+        let keys = shared.keys(name)?;
         let call = Call::new(
-            &scripts::SCRIPTS.force_release,
+            &shared.scripts.force_release,
             &[
                 &keys.lock,
                 &keys.meta,

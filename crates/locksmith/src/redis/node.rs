@@ -1,17 +1,18 @@
-//! One Redis server: a multiplexed, self-reconnecting command connection and
-//! the shared subscription hub.
+//! One Redis endpoint the backend sends commands to: a server, the primary
+//! that Sentinel names, or a Redis Cluster; each with its subscription hub.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use ::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use ::redis::cluster_async::ClusterConnection;
 use ::redis::{ErrorKind, FromRedisValue, RedisError, Script, ServerErrorKind};
-use tokio::sync::Notify;
+use tokio::sync::{watch, Notify};
 
 use super::config::Config;
 use super::ops::Call;
-use super::pubsub::Hub;
-use super::BACKEND;
+use super::pubsub::{Hub, Source};
+use super::{cluster, sentinel, BACKEND};
 use crate::error::{Error, Result};
 
 /// A Redis error with what was being done, as the source of [`Error::Backend`].
@@ -58,6 +59,26 @@ pub(crate) fn problem(context: impl Into<String>) -> Error {
     )
 }
 
+/// Whether a Redis error is about reaching the primary (worth retrying, and,
+/// behind Sentinel, a hint that the primary moved) rather than about the
+/// request.
+fn is_unreachable(e: &RedisError) -> bool {
+    e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || matches!(
+            e.kind(),
+            ErrorKind::Server(
+                ServerErrorKind::BusyLoading
+                    | ServerErrorKind::TryAgain
+                    | ServerErrorKind::ClusterDown
+                    | ServerErrorKind::MasterDown
+                    | ServerErrorKind::ReadOnly
+            )
+        )
+}
+
 /// Whether an error is about reaching Redis (worth retrying) rather than about
 /// the request.
 pub(crate) fn is_transient(error: &Error) -> bool {
@@ -67,16 +88,7 @@ pub(crate) fn is_transient(error: &Error) -> bool {
     match source.downcast_ref::<Failure>() {
         Some(Failure {
             source: Some(e), ..
-        }) => {
-            e.is_io_error()
-                || e.is_timeout()
-                || e.is_connection_dropped()
-                || e.is_connection_refusal()
-                || matches!(
-                    e.kind(),
-                    ErrorKind::Server(ServerErrorKind::BusyLoading | ServerErrorKind::TryAgain)
-                )
-        }
+        }) => is_unreachable(e),
         Some(Failure { source: None, .. }) => true,
         None => false,
     }
@@ -90,18 +102,66 @@ fn ensure_crypto_provider() {
     }
 }
 
-/// One Redis server.
-pub(crate) struct Node {
-    /// `host:port`, for messages and traces.
-    pub label: String,
-    conn: ConnectionManager,
-    /// Its subscription connection.
-    pub hub: Arc<Hub>,
+/// The CA and client certificate the URL names, for the `redis` crate.
+pub(crate) fn certificates(config: &Config) -> Result<Option<::redis::TlsCertificates>> {
+    if config.tls_ca.is_none() && config.tls_client.is_none() {
+        return Ok(None);
+    }
+    let read = |path: &str| {
+        std::fs::read(path).map_err(|e| Error::InvalidUrl {
+            url: config.display.clone(),
+            reason: format!("cannot read {path}: {e}"),
+        })
+    };
+    Ok(Some(::redis::TlsCertificates {
+        client_tls: match &config.tls_client {
+            Some((cert, key)) => Some(::redis::ClientTlsConfig {
+                client_cert: read(cert)?,
+                client_key: read(key)?,
+            }),
+            None => None,
+        },
+        root_cert: config.tls_ca.as_deref().map(read).transpose()?,
+    }))
 }
 
-impl Node {
-    /// Sets up the connection; `eager` connects now (and fails if Redis is not
-    /// there), otherwise on first use.
+/// A `redis::Client` for one server URL, with the URL's TLS settings.
+pub(crate) fn client(url: &str, config: &Config) -> Result<::redis::Client> {
+    if url.starts_with("rediss://") {
+        ensure_crypto_provider();
+    }
+    match certificates(config)? {
+        Some(certificates) => ::redis::Client::build_with_tls(url, certificates),
+        None => ::redis::Client::open(url),
+    }
+    .map_err(|e| Error::InvalidUrl {
+        url: config.display.clone(),
+        reason: e.to_string(),
+    })
+}
+
+/// How the command connection of a server reconnects and times out.
+fn manager_config(response_timeout: Duration) -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(Duration::from_secs(2)))
+        .set_response_timeout(Some(response_timeout))
+        .set_number_of_retries(1)
+        .set_min_delay(Duration::from_millis(50))
+        .set_max_delay(Duration::from_millis(500))
+}
+
+/// One server and the self-reconnecting command connection to it.
+pub(crate) struct Server {
+    /// `host:port`, for messages and traces.
+    pub label: String,
+    /// For the subscription connection.
+    pub client: ::redis::Client,
+    conn: ConnectionManager,
+}
+
+impl Server {
+    /// Sets up the connection to `url`; `eager` connects now (and fails if
+    /// Redis is not there), otherwise on first use.
     ///
     /// Cancel safety: safe; nothing is left behind.
     pub async fn connect(
@@ -109,66 +169,159 @@ impl Node {
         config: &Config,
         response_timeout: Duration,
         eager: bool,
-        reconnected: Arc<Notify>,
-    ) -> Result<Node> {
-        let invalid = |reason: String| Error::InvalidUrl {
-            url: crate::client::redact(url),
-            reason,
-        };
-        if url.starts_with("rediss://") {
-            ensure_crypto_provider();
-        }
-        let client = if config.tls_ca.is_some() || config.tls_client.is_some() {
-            let read = |path: &str| {
-                std::fs::read(path).map_err(|e| invalid(format!("cannot read {path}: {e}")))
-            };
-            let certificates = ::redis::TlsCertificates {
-                client_tls: match &config.tls_client {
-                    Some((cert, key)) => Some(::redis::ClientTlsConfig {
-                        client_cert: read(cert)?,
-                        client_key: read(key)?,
-                    }),
-                    None => None,
-                },
-                root_cert: config.tls_ca.as_deref().map(read).transpose()?,
-            };
-            ::redis::Client::build_with_tls(url, certificates)
-        } else {
-            ::redis::Client::open(url)
-        }
-        .map_err(|e| invalid(e.to_string()))?;
-        let info = client.get_connection_info();
-        let label = format!("{}", info.addr());
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(2)))
-            .set_response_timeout(Some(response_timeout))
-            .set_number_of_retries(1)
-            .set_min_delay(Duration::from_millis(50))
-            .set_max_delay(Duration::from_millis(500));
+    ) -> Result<Server> {
+        let client = client(url, config)?;
+        let label = format!("{}", client.get_connection_info().addr());
+        let settings = manager_config(response_timeout);
         let conn = if eager {
-            ConnectionManager::new_with_config(client.clone(), config)
+            ConnectionManager::new_with_config(client.clone(), settings)
                 .await
                 .map_err(|e| failure(format!("cannot connect to {label}"), e))?
         } else {
-            ConnectionManager::new_lazy_with_config(client.clone(), config)
+            ConnectionManager::new_lazy_with_config(client.clone(), settings)
                 .map_err(|e| failure(format!("cannot set up {label}"), e))?
         };
-        let hub = Hub::new(client, label.clone(), reconnected);
-        Ok(Node { label, conn, hub })
+        Ok(Server {
+            label,
+            client,
+            conn,
+        })
+    }
+
+    /// Runs a plain command on this server.
+    ///
+    /// Cancel safety: the command may or may not have run.
+    pub async fn query<T: FromRedisValue>(
+        &self,
+        cmd: &::redis::Cmd,
+    ) -> std::result::Result<T, RedisError> {
+        cmd.query_async(&mut self.conn.clone()).await
+    }
+}
+
+/// Where a node's commands go.
+enum Conn {
+    /// One server (`redis://`, a Redlock master). The sender never changes
+    /// its value; it is a watch so that the hub treats every kind alike.
+    Server(watch::Sender<Arc<Server>>),
+    /// The primary the Sentinels name now, replaced on a failover.
+    Sentinel(Arc<sentinel::Primary>),
+    /// A Redis Cluster: each command goes to the primary of its first key's
+    /// slot; `MOVED`, `ASK` and failovers are the `redis` crate's business.
+    Cluster(ClusterConnection),
+}
+
+/// One Redis endpoint: what a lock's commands are sent to.
+pub(crate) struct Node {
+    conn: Conn,
+    /// Its subscription connection.
+    pub hub: Arc<Hub>,
+}
+
+impl Node {
+    /// One server; `eager` connects now (and fails if Redis is not there),
+    /// otherwise on first use.
+    ///
+    /// Cancel safety: safe; nothing is left behind.
+    pub async fn server(
+        url: &str,
+        config: &Config,
+        response_timeout: Duration,
+        eager: bool,
+        reconnected: Arc<Notify>,
+    ) -> Result<Node> {
+        let server = Server::connect(url, config, response_timeout, eager).await?;
+        let (current, watched) = watch::channel(Arc::new(server));
+        let hub = Hub::new(Source::Server(watched), reconnected);
+        Ok(Node {
+            conn: Conn::Server(current),
+            hub,
+        })
+    }
+
+    /// The primary of a Sentinel setup, found now and followed from then on.
+    ///
+    /// Cancel safety: safe; nothing is left behind.
+    pub async fn sentinel(
+        config: &Config,
+        master: &str,
+        response_timeout: Duration,
+        reconnected: Arc<Notify>,
+    ) -> Result<Node> {
+        let primary =
+            sentinel::Primary::connect(config, master, response_timeout, reconnected.clone())
+                .await?;
+        let hub = Hub::new(Source::Server(primary.watch()), reconnected);
+        Ok(Node {
+            conn: Conn::Sentinel(primary),
+            hub,
+        })
+    }
+
+    /// A Redis Cluster, reached through its seed nodes.
+    ///
+    /// Cancel safety: safe; nothing is left behind.
+    pub async fn cluster(
+        config: &Config,
+        response_timeout: Duration,
+        reconnected: Arc<Notify>,
+    ) -> Result<Node> {
+        let (conn, subscriber) = cluster::connect(config, response_timeout).await?;
+        let hub = Hub::new(subscriber, reconnected);
+        Ok(Node {
+            conn: Conn::Cluster(conn),
+            hub,
+        })
+    }
+
+    /// What the node is, for messages: `host:port`, the current primary, or
+    /// the cluster.
+    pub fn label(&self) -> String {
+        match &self.conn {
+            Conn::Server(server) => server.borrow().label.clone(),
+            Conn::Sentinel(primary) => primary.label(),
+            Conn::Cluster(_) => "the Redis Cluster".to_owned(),
+        }
+    }
+
+    /// The command connection to use now.
+    fn link(&self) -> Link {
+        match &self.conn {
+            Conn::Server(server) => Link::Server(server.borrow().conn.clone()),
+            Conn::Sentinel(primary) => Link::Server(primary.current().conn.clone()),
+            Conn::Cluster(cluster) => Link::Cluster(cluster.clone()),
+        }
+    }
+
+    /// Passes `result` through, telling the Sentinel follower when an error
+    /// hints that the primary moved.
+    fn notice<T>(
+        &self,
+        result: std::result::Result<T, RedisError>,
+    ) -> std::result::Result<T, RedisError> {
+        if let (Conn::Sentinel(primary), Err(e)) = (&self.conn, &result) {
+            if is_unreachable(e) {
+                primary.suspect();
+            }
+        }
+        result
     }
 
     /// Runs a script call (EVALSHA, loading the script on NOSCRIPT).
     ///
     /// Cancel safety: the script may or may not have run.
     pub async fn eval<T: FromRedisValue>(&self, call: &Call) -> std::result::Result<T, RedisError> {
-        let mut conn = self.conn.clone();
-        match call.cmd.query_async(&mut conn).await {
+        let mut link = self.link();
+        let result = match call.cmd.query_async(&mut link).await {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                call.script.prepare_invoke().load_async(&mut conn).await?;
-                call.cmd.query_async(&mut conn).await
+                match load(&mut link, call.script).await {
+                    Ok(()) => call.cmd.query_async(&mut link).await,
+                    Err(e) => Err(e),
+                }
             }
             other => other,
-        }
+        };
+        self.notice(result)
     }
 
     /// Runs a script call and then `WAIT replicas timeout` on the same
@@ -187,32 +340,127 @@ impl Node {
             .cmd("WAIT")
             .arg(replicas)
             .arg(timeout.as_millis() as u64);
-        let mut conn = self.conn.clone();
-        match pipe.query_async(&mut conn).await {
+        let mut link = self.link();
+        let result = match pipe.query_async(&mut link).await {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                call.script.prepare_invoke().load_async(&mut conn).await?;
-                pipe.query_async(&mut conn).await
+                match load(&mut link, call.script).await {
+                    Ok(()) => pipe.query_async(&mut link).await,
+                    Err(e) => Err(e),
+                }
             }
             other => other,
-        }
+        };
+        self.notice(result)
     }
 
-    /// Runs a plain command.
+    /// Runs a plain command (on a cluster: where its key says).
     ///
     /// Cancel safety: the command may or may not have run.
     pub async fn query<T: FromRedisValue>(
         &self,
         cmd: &::redis::Cmd,
     ) -> std::result::Result<T, RedisError> {
-        let mut conn = self.conn.clone();
-        cmd.query_async(&mut conn).await
+        let result = cmd.query_async(&mut self.link()).await;
+        self.notice(result)
     }
 
-    /// Loads a script (`SCRIPT LOAD`).
+    /// Loads a script (`SCRIPT LOAD`; on every primary of a cluster).
     ///
     /// Cancel safety: safe; loading is idempotent.
-    pub async fn load(&self, script: &Script) -> std::result::Result<String, RedisError> {
-        let mut conn = self.conn.clone();
-        script.prepare_invoke().load_async(&mut conn).await
+    pub async fn load(&self, script: &Script) -> std::result::Result<(), RedisError> {
+        let result = load(&mut self.link(), script).await;
+        self.notice(result)
     }
+
+    /// Every key matching `pattern` (`SCAN … MATCH`), on every primary of a
+    /// cluster.
+    ///
+    /// Cancel safety: safe; it only reads.
+    pub async fn scan(&self, pattern: &str) -> std::result::Result<Vec<String>, RedisError> {
+        let result = match &self.conn {
+            Conn::Cluster(cluster) => cluster::scan(cluster, pattern).await,
+            _ => scan(&mut self.link(), pattern).await,
+        };
+        self.notice(result)
+    }
+}
+
+/// The command connection of a node, whichever kind it is.
+#[derive(Clone)]
+enum Link {
+    Server(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Link {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a ::redis::Cmd,
+    ) -> ::redis::RedisFuture<'a, ::redis::Value> {
+        match self {
+            Link::Server(conn) => conn.req_packed_command(cmd),
+            Link::Cluster(conn) => conn.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a ::redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> ::redis::RedisFuture<'a, Vec<::redis::Value>> {
+        match self {
+            Link::Server(conn) => conn.req_packed_commands(cmd, offset, count),
+            Link::Cluster(conn) => conn.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Link::Server(conn) => conn.get_db(),
+            Link::Cluster(conn) => conn.get_db(),
+        }
+    }
+}
+
+/// One `SCAN cursor MATCH pattern` request.
+pub(crate) fn scan_page(cursor: u64, pattern: &str) -> ::redis::Cmd {
+    let mut cmd = ::redis::cmd("SCAN");
+    cmd.arg(cursor)
+        .arg("MATCH")
+        .arg(pattern)
+        .arg("COUNT")
+        .arg(1000);
+    cmd
+}
+
+/// `SCAN 0 MATCH pattern` to the end, on one connection.
+///
+/// Cancel safety: safe; it only reads.
+async fn scan(
+    conn: &mut impl ConnectionLike,
+    pattern: &str,
+) -> std::result::Result<Vec<String>, RedisError> {
+    let mut found = Vec::new();
+    let mut cursor = 0;
+    loop {
+        let (next, keys): (u64, Vec<String>) =
+            scan_page(cursor, pattern).query_async(&mut *conn).await?;
+        found.extend(keys);
+        cursor = next;
+        if cursor == 0 {
+            return Ok(found);
+        }
+    }
+}
+
+/// `SCRIPT LOAD` where the connection leads: one server, or every primary of
+/// a cluster.
+///
+/// Cancel safety: safe; loading is idempotent.
+async fn load(
+    conn: &mut impl ConnectionLike,
+    script: &Script,
+) -> std::result::Result<(), RedisError> {
+    script.prepare_invoke().load_async(conn).await.map(drop)
 }

@@ -7,7 +7,7 @@ use ::redis::{Cmd, Script, ToRedisArgs};
 
 use super::config::Layout;
 use super::keys::Keys;
-use super::scripts::SCRIPTS;
+use super::scripts::Scripts;
 use crate::backend::Mode;
 use crate::error::{Error, Result};
 
@@ -201,11 +201,17 @@ fn ms(d: Duration) -> u64 {
 
 impl Target {
     /// The acquire call; `defer` leaves the fencing token to a Redlock quorum.
-    pub fn acquire(&self, spec: &AcquireSpec, lock_by: &str, defer: bool) -> Call {
+    pub fn acquire(
+        &self,
+        scripts: &'static Scripts,
+        spec: &AcquireSpec,
+        lock_by: &str,
+        defer: bool,
+    ) -> Call {
         let k = &*self.keys;
         match self.kind {
             Kind::Hash | Kind::Shared => Call::new(
-                &SCRIPTS.acquire_hash,
+                &scripts.acquire_hash,
                 &[
                     &k.lock,
                     &k.token,
@@ -225,14 +231,14 @@ impl Target {
             .arg(flag(defer))
             .arg(if self.kind == Kind::Shared { "s" } else { "x" })
             .arg(k.rw_timeout_prefix(&self.field)),
-            Kind::Simple => Call::new(&SCRIPTS.acquire_simple, &[&k.lock, &k.token, &k.meta])
+            Kind::Simple => Call::new(&scripts.acquire_simple, &[&k.lock, &k.token, &k.meta])
                 .arg(&self.field)
                 .arg(ms(spec.lease))
                 .arg(flag(spec.reentrant))
                 .arg(lock_by)
                 .arg(flag(defer)),
             Kind::Semaphore(permits) => Call::new(
-                &SCRIPTS.acquire_semaphore,
+                &scripts.acquire_semaphore,
                 &[
                     &k.lock,
                     &k.permits,
@@ -257,11 +263,11 @@ impl Target {
     }
 
     /// The release call: one level, or `all` levels.
-    pub fn release(&self, fair: bool, all: bool) -> Call {
+    pub fn release(&self, scripts: &'static Scripts, fair: bool, all: bool) -> Call {
         let k = &*self.keys;
         match self.kind {
             Kind::Hash => Call::new(
-                &SCRIPTS.release_hash,
+                &scripts.release_hash,
                 &[
                     &k.lock,
                     &k.meta,
@@ -278,7 +284,7 @@ impl Target {
             .arg("")
             .arg(flag(all)),
             Kind::Shared => Call::new(
-                &SCRIPTS.release_hash,
+                &scripts.release_hash,
                 &[
                     &k.lock,
                     &k.meta,
@@ -294,11 +300,11 @@ impl Target {
             .arg(k.rw_timeout_prefix(&self.field))
             .arg(k.rw_key_prefix())
             .arg(flag(all)),
-            Kind::Simple => Call::new(&SCRIPTS.release_simple, &[&k.lock, &k.meta, &k.channel])
+            Kind::Simple => Call::new(&scripts.release_simple, &[&k.lock, &k.meta, &k.channel])
                 .arg(&self.field)
                 .arg(flag(all)),
             Kind::Semaphore(permits) => Call::new(
-                &SCRIPTS.release_semaphore,
+                &scripts.release_semaphore,
                 &[
                     &k.lock,
                     &k.permits,
@@ -317,10 +323,10 @@ impl Target {
     }
 
     /// Leaving the fair queue.
-    pub fn leave_queue(&self) -> Call {
+    pub fn leave_queue(&self, scripts: &'static Scripts) -> Call {
         let k = &*self.keys;
         Call::new(
-            &SCRIPTS.leave_queue,
+            &scripts.leave_queue,
             &[&k.queue, &k.queue_deadlines, &k.channel],
         )
         .arg(&self.field)
@@ -340,13 +346,18 @@ impl Target {
 
 /// A renew (or check) call for up to [`super::watchdog::BATCH`] holds; a lease
 /// of 0 only checks. `exact` sets the TTL to the lease instead of raising it.
-pub(crate) fn renew(targets: &[Target], leases: &[u64], exact: bool) -> Call {
+pub(crate) fn renew(
+    scripts: &'static Scripts,
+    targets: &[Target],
+    leases: &[u64],
+    exact: bool,
+) -> Call {
     let mut keys = Vec::with_capacity(targets.len() * 3);
     for target in targets {
         let k = &*target.keys;
         keys.extend([k.lock.as_str(), k.meta.as_str(), k.permits.as_str()]);
     }
-    let mut call = Call::new(&SCRIPTS.renew, &keys).arg(targets.len());
+    let mut call = Call::new(&scripts.renew, &keys).arg(targets.len());
     for (target, lease) in targets.iter().zip(leases) {
         call = call
             .arg(target.kind.letter())
@@ -363,8 +374,13 @@ pub(crate) fn renew(targets: &[Target], leases: &[u64], exact: bool) -> Call {
 }
 
 /// The fencing call of Redlock's second phase.
-pub(crate) fn fence(target: &Target, value: u64, lease: Duration) -> Call {
-    Call::new(&SCRIPTS.fence, &[&target.keys.token, &target.keys.meta])
+pub(crate) fn fence(
+    scripts: &'static Scripts,
+    target: &Target,
+    value: u64,
+    lease: Duration,
+) -> Call {
+    Call::new(&scripts.fence, &[&target.keys.token, &target.keys.meta])
         .arg(value)
         .arg(&target.field)
         .arg(ms(lease))

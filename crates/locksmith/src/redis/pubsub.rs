@@ -12,10 +12,18 @@
 //! attempts when a message arrives does not miss it: a wake-one is stored as a
 //! permit, a wake-all as an epoch the waiter compares against.
 //!
-//! When the connection drops (Redis restarted, network cut), the hub reconnects
-//! with backoff, subscribes every channel again, wakes every waiter so it
-//! re-checks (a release may have happened while nobody listened), and tells the
-//! watchdog to re-check the held locks.
+//! When the connection drops (Redis restarted, network cut) or the primary
+//! moves (a Sentinel failover), the hub reconnects with backoff, subscribes
+//! every channel again, wakes every waiter so it re-checks (a release may have
+//! happened while nobody listened), and tells the watchdog to re-check the
+//! held locks.
+//!
+//! On a Redis Cluster the hub subscribes through a cluster connection
+//! (RESP3), with `SSUBSCRIBE` on Redis 7+ (each lock's channels live on the
+//! shard of its slot, where its scripts `SPUBLISH`) and `SUBSCRIBE` before.
+//! The cluster client re-subscribes by itself after a reconnect or a slot
+//! move; the hub wakes every waiter and the watchdog whenever a node's
+//! connection drops.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -23,6 +31,9 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use tokio::sync::{mpsc, oneshot, watch, Notify};
+
+use super::config::Config;
+use super::node::Server;
 
 /// How long a waiter waits for its SUBSCRIBE to be confirmed before it relies on
 /// its bounded re-check alone.
@@ -63,10 +74,24 @@ enum Command {
     Unsubscribe(String),
 }
 
+/// Where a hub subscribes.
+#[derive(Clone)]
+pub(crate) enum Source {
+    /// The server a watch names: one server, or the primary Sentinel names
+    /// now (the hub moves with it).
+    Server(watch::Receiver<Arc<Server>>),
+    /// Every shard of a Redis Cluster; `sharded`: with `SSUBSCRIBE`.
+    Cluster {
+        /// The cluster's URL, parsed.
+        config: Box<Config>,
+        /// Whether the cluster has sharded pub/sub (Redis 7+).
+        sharded: bool,
+    },
+}
+
 /// The subscription connection of one node, started on first use.
 pub(crate) struct Hub {
-    client: ::redis::Client,
-    label: String,
+    source: Source,
     channels: Channels,
     commands: OnceLock<mpsc::UnboundedSender<Command>>,
     /// Notified after every reconnect, so held locks get re-checked.
@@ -74,11 +99,10 @@ pub(crate) struct Hub {
 }
 
 impl Hub {
-    /// A hub for the node reached through `client`; nothing connects yet.
-    pub fn new(client: ::redis::Client, label: String, reconnected: Arc<Notify>) -> Arc<Hub> {
+    /// A hub for the node `source` names; nothing connects yet.
+    pub fn new(source: Source, reconnected: Arc<Notify>) -> Arc<Hub> {
         Arc::new(Hub {
-            client,
-            label,
+            source,
             channels: Arc::default(),
             commands: OnceLock::new(),
             reconnected,
@@ -88,13 +112,21 @@ impl Hub {
     fn commands(&self) -> &mpsc::UnboundedSender<Command> {
         self.commands.get_or_init(|| {
             let (sender, receiver) = mpsc::unbounded_channel();
-            tokio::spawn(run(
-                self.client.clone(),
-                self.label.clone(),
-                self.channels.clone(),
-                receiver,
-                self.reconnected.clone(),
-            ));
+            let (channels, reconnected) = (self.channels.clone(), self.reconnected.clone());
+            match self.source.clone() {
+                Source::Server(server) => {
+                    tokio::spawn(run_server(server, channels, receiver, reconnected));
+                }
+                Source::Cluster { config, sharded } => {
+                    tokio::spawn(run_cluster(
+                        config,
+                        sharded,
+                        channels,
+                        receiver,
+                        reconnected,
+                    ));
+                }
+            }
             sender
         })
     }
@@ -130,9 +162,18 @@ impl Hub {
                 .await
                 .is_err()
         {
-            tracing::debug!(node = %self.label, channel, "subscription not confirmed in time; re-checks only");
+            tracing::debug!(
+                channel,
+                "subscription not confirmed in time; re-checks only"
+            );
         }
         subscription
+    }
+
+    /// Whether releases must be published with `SPUBLISH` to be heard here
+    /// (a Redis Cluster with sharded pub/sub).
+    pub fn sharded(&self) -> bool {
+        matches!(self.source, Source::Cluster { sharded: true, .. })
     }
 
     /// How many channels this client listens on right now.
@@ -192,10 +233,11 @@ impl Drop for Subscription {
     }
 }
 
-fn dispatch(channels: &Channels, msg: ::redis::Msg) {
+/// Wakes the listeners of `channel` as a message `payload` says.
+fn dispatch(channels: &Channels, channel: &str, payload: &[u8]) {
     let channels = channels.lock().expect("hub channels");
-    if let Some(entry) = channels.get(msg.get_channel_name()) {
-        if msg.get_payload_bytes() == b"0" {
+    if let Some(entry) = channels.get(channel) {
+        if payload == b"0" {
             entry.signal.one.notify_one();
         } else {
             entry.signal.wake_all();
@@ -203,14 +245,23 @@ fn dispatch(channels: &Channels, msg: ::redis::Msg) {
     }
 }
 
-/// The hub task: owns the subscription connection, applies (un)subscribe
-/// commands in order, dispatches messages and reconnects.
+/// Wakes every listener (after a reconnect: a release may have gone unheard)
+/// and tells the watchdog to re-check the held locks.
+fn wake_everyone(channels: &Channels, reconnected: &Notify) {
+    for entry in channels.lock().expect("hub channels").values() {
+        entry.signal.wake_all();
+    }
+    reconnected.notify_one();
+}
+
+/// The hub task of one server: owns the subscription connection, applies
+/// (un)subscribe commands in order, dispatches messages, reconnects, and
+/// moves to the new server when the watch names another one.
 ///
 /// Cancel safety: the task ends when the hub is dropped; dropping it loses
 /// nothing but the subscriptions.
-async fn run(
-    client: ::redis::Client,
-    label: String,
+async fn run_server(
+    mut server: watch::Receiver<Arc<Server>>,
     channels: Channels,
     mut commands: mpsc::UnboundedReceiver<Command>,
     reconnected: Arc<Notify>,
@@ -218,9 +269,15 @@ async fn run(
     let mut pending_acks: Vec<oneshot::Sender<()>> = Vec::new();
     let mut connected_before = false;
     let mut backoff = Duration::from_millis(50);
+    let mut following = true;
     loop {
-        // Connect, serving commands meanwhile (acks wait for the connection).
-        let pubsub = loop {
+        // Connect (to whichever server the watch names by then), serving
+        // commands meanwhile (acks wait for the connection).
+        let (pubsub, label) = loop {
+            let (client, label) = {
+                let current = server.borrow_and_update();
+                (current.client.clone(), current.label.clone())
+            };
             let attempt = tokio::time::timeout(IO_TIMEOUT, client.get_async_pubsub());
             tokio::pin!(attempt);
             let connected = loop {
@@ -234,7 +291,7 @@ async fn run(
                 }
             };
             match connected {
-                Ok(Ok(pubsub)) => break pubsub,
+                Ok(Ok(pubsub)) => break (pubsub, label),
                 Ok(Err(error)) => {
                     tracing::warn!(node = %label, %error, "redis subscription connection failed")
                 }
@@ -277,10 +334,7 @@ async fn run(
         }
         if connected_before {
             tracing::info!(node = %label, channels = wire.len(), "redis subscription connection restored");
-            for entry in channels.lock().expect("hub channels").values() {
-                entry.signal.wake_all();
-            }
-            reconnected.notify_one();
+            wake_everyone(&channels, &reconnected);
         }
         connected_before = true;
         let mut keepalive = tokio::time::interval(KEEPALIVE);
@@ -315,8 +369,12 @@ async fn run(
                     }
                 },
                 message = stream.next() => match message {
-                    Some(message) => dispatch(&channels, message),
+                    Some(message) => dispatch(&channels, message.get_channel_name(), message.get_payload_bytes()),
                     None => break Some("connection closed".into()),
+                },
+                moved = server.changed(), if following => match moved {
+                    Ok(()) => break Some("the primary moved".into()),
+                    Err(_) => following = false,
                 },
                 _ = keepalive.tick() => {
                     let ping = tokio::time::timeout(IO_TIMEOUT, sink.ping::<::redis::Value>()).await;
@@ -329,5 +387,132 @@ async fn run(
         if let Some(reason) = broken {
             tracing::warn!(node = %label, reason, "redis subscription connection lost; reconnecting");
         }
+    }
+}
+
+/// The hub task of a Redis Cluster: subscribes through a RESP3 cluster
+/// connection, which re-subscribes by itself after reconnects and slot moves;
+/// a dropped node connection wakes every waiter and the watchdog.
+///
+/// Cancel safety: the task ends when the hub is dropped; dropping it loses
+/// nothing but the subscriptions.
+async fn run_cluster(
+    config: Box<Config>,
+    sharded: bool,
+    channels: Channels,
+    mut commands: mpsc::UnboundedReceiver<Command>,
+    reconnected: Arc<Notify>,
+) {
+    let (pushes_to, mut pushes) = mpsc::unbounded_channel();
+    let client = match super::cluster::subscriber(&config, pushes_to) {
+        Ok(client) => client,
+        Err(error) => {
+            tracing::warn!(%error, "no redis cluster subscriptions; waiters re-check on their own");
+            return;
+        }
+    };
+    let mut pending_acks: Vec<oneshot::Sender<()>> = Vec::new();
+    let mut backoff = Duration::from_millis(50);
+    // Connect, serving commands meanwhile (acks wait for the connection).
+    let mut conn = loop {
+        let attempt = tokio::time::timeout(IO_TIMEOUT, client.get_async_connection());
+        tokio::pin!(attempt);
+        let connected = loop {
+            tokio::select! {
+                result = &mut attempt => break result,
+                command = commands.recv() => match command {
+                    None => return,
+                    Some(Command::Subscribe(_, ack)) => pending_acks.push(ack),
+                    Some(Command::Unsubscribe(_)) => {}
+                },
+            }
+        };
+        match connected {
+            Ok(Ok(conn)) => break conn,
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "redis cluster subscription connection failed")
+            }
+            Err(_) => tracing::warn!("redis cluster subscription connection timed out"),
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(1));
+    };
+    let wanted: Vec<String> = channels
+        .lock()
+        .expect("hub channels")
+        .keys()
+        .cloned()
+        .collect();
+    for channel in wanted {
+        if let Err(error) = subscribe(&mut conn, sharded, &channel, true).await {
+            tracing::warn!(channel, %error, "redis cluster subscription failed; re-checks only");
+        }
+    }
+    for ack in pending_acks.drain(..) {
+        let _ = ack.send(());
+    }
+    loop {
+        tokio::select! {
+            command = commands.recv() => match command {
+                None => return,
+                Some(Command::Subscribe(channel, ack)) => {
+                    let wanted = channels.lock().expect("hub channels").contains_key(&channel);
+                    if wanted {
+                        if let Err(error) = subscribe(&mut conn, sharded, &channel, true).await {
+                            tracing::debug!(channel, %error, "redis cluster subscription failed; re-checks only");
+                        }
+                    }
+                    let _ = ack.send(());
+                }
+                Some(Command::Unsubscribe(channel)) => {
+                    let wanted = channels.lock().expect("hub channels").contains_key(&channel);
+                    if !wanted {
+                        if let Err(error) = subscribe(&mut conn, sharded, &channel, false).await {
+                            tracing::debug!(channel, %error, "redis cluster unsubscription failed");
+                        }
+                    }
+                }
+            },
+            push = pushes.recv() => match push {
+                None => return,
+                Some(push) => match push.kind {
+                    ::redis::PushKind::Message | ::redis::PushKind::SMessage => {
+                        if let [::redis::Value::BulkString(channel), ::redis::Value::BulkString(payload), ..] = &push.data[..] {
+                            dispatch(&channels, &String::from_utf8_lossy(channel), payload);
+                        }
+                    }
+                    ::redis::PushKind::Disconnection => {
+                        tracing::info!("a redis cluster node's subscription connection dropped; waiters re-check");
+                        wake_everyone(&channels, &reconnected);
+                    }
+                    _ => {}
+                },
+            },
+        }
+    }
+}
+
+/// `SSUBSCRIBE` / `SUBSCRIBE` (or the unsubscribe) of one channel, bounded in
+/// time.
+///
+/// Cancel safety: the (un)subscription may or may not have happened.
+async fn subscribe(
+    conn: &mut ::redis::cluster_async::ClusterConnection,
+    sharded: bool,
+    channel: &str,
+    on: bool,
+) -> Result<(), String> {
+    let request = async {
+        match (sharded, on) {
+            (true, true) => conn.ssubscribe(channel).await,
+            (true, false) => conn.sunsubscribe(channel).await,
+            (false, true) => conn.subscribe(channel).await,
+            (false, false) => conn.unsubscribe(channel).await,
+        }
+    };
+    match tokio::time::timeout(IO_TIMEOUT, request).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!("no answer within {IO_TIMEOUT:?}")),
     }
 }

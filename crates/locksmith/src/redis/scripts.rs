@@ -40,6 +40,11 @@ end
 local function fmt(n)
   return string.format('%.0f', n)
 end
+-- PUBLISH; SPUBLISH in the scripts for a Redis Cluster (every channel of a
+-- lock shares its slot, so it lives on the lock's own shard).
+local function publish(chan, msg)
+  return redis.call('PUBLISH', chan, msg)
+end
 local function key_type(key)
   return redis.call('TYPE', key)['ok']
 end
@@ -136,7 +141,7 @@ end
 local function wake_head(q, qt, chan)
   local head = queue_head(q, qt)
   if head then
-    redis.call('PUBLISH', chan .. ':' .. head, '0')
+    publish(chan .. ':' .. head, '0')
     return true
   end
   return false
@@ -272,11 +277,11 @@ end
 -- Redisson LockPubSub: UNLOCK_MESSAGE = 0, READ_UNLOCK_MESSAGE = 1. RLock
 -- waiters listen on redisson_lock__channel:{name}; RReadWriteLock waiters on
 -- redisson_rwlock:{name}, where a write unlock sends 1 and a read unlock 0.
-if not woke then redis.call('PUBLISH', chan, '0') end
+if not woke then publish(chan, '0') end
 if shared then
-  redis.call('PUBLISH', rw_chan, '0')
+  publish(rw_chan, '0')
 else
-  redis.call('PUBLISH', rw_chan, '1')
+  publish(rw_chan, '1')
 end
 return 1
 "#
@@ -329,7 +334,7 @@ if m and m[3] > 1 and not all then
 end
 redis.call('DEL', lock)
 meta_drop(meta, field)
-redis.call('PUBLISH', chan, '0')
+publish(chan, '0')
 return 1
 "#
 );
@@ -369,7 +374,7 @@ if #expired > 0 then
   end
   if avail then
     avail = redis.call('INCRBY', avail_key, #expired)
-    redis.call('PUBLISH', sem_chan, avail)
+    publish(sem_chan, avail)
   end
 end
 local held = redis.call('ZCARD', zs)
@@ -462,7 +467,7 @@ if fair then
   purge_queue(q, qt, now)
   woke = wake_head(q, qt, chan)
 end
-if not woke then redis.call('PUBLISH', sem_chan, avail) end
+if not woke then publish(sem_chan, avail) end
 return 1
 "#
 );
@@ -597,14 +602,14 @@ pub const FORCE_RELEASE: &str = concat!(
 local lock, meta, zs, chan, rw_chan, sem_chan, q, qt = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local existed = redis.call('DEL', lock, meta, zs)
 wake_head(q, qt, chan)
-redis.call('PUBLISH', chan, '1')
-redis.call('PUBLISH', rw_chan, '1')
-redis.call('PUBLISH', sem_chan, '1')
+publish(chan, '1')
+publish(rw_chan, '1')
+publish(sem_chan, '1')
 return existed
 "#
 );
 
-/// One compiled script (its SHA1 computed once).
+/// The scripts, compiled (their SHA1 computed once).
 pub(crate) struct Scripts {
     pub acquire_hash: Script,
     pub release_hash: Script,
@@ -619,22 +624,48 @@ pub(crate) struct Scripts {
     pub force_release: Script,
 }
 
-/// The scripts, hashed once per process.
-pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-    acquire_hash: Script::new(ACQUIRE_HASH),
-    release_hash: Script::new(RELEASE_HASH),
-    acquire_simple: Script::new(ACQUIRE_SIMPLE),
-    release_simple: Script::new(RELEASE_SIMPLE),
-    acquire_semaphore: Script::new(ACQUIRE_SEMAPHORE),
-    release_semaphore: Script::new(RELEASE_SEMAPHORE),
-    renew: Script::new(RENEW),
-    leave_queue: Script::new(LEAVE_QUEUE),
-    fence: Script::new(FENCE),
-    describe: Script::new(DESCRIBE),
-    force_release: Script::new(FORCE_RELEASE),
-});
+/// The publish call of the prelude, and its sharded form.
+const PUBLISH: &str = "redis.call('PUBLISH', chan, msg)";
+const SPUBLISH: &str = "redis.call('SPUBLISH', chan, msg)";
+
+/// The scripts with `PUBLISH`, hashed once per process.
+static PLAIN: LazyLock<Scripts> = LazyLock::new(|| Scripts::new(false));
+/// The scripts with `SPUBLISH` (Redis Cluster 7+), hashed once per process.
+static SHARDED: LazyLock<Scripts> = LazyLock::new(|| Scripts::new(true));
+
+/// The scripts that publish with `SPUBLISH` when `sharded`, else `PUBLISH`.
+pub(crate) fn scripts(sharded: bool) -> &'static Scripts {
+    if sharded {
+        &SHARDED
+    } else {
+        &PLAIN
+    }
+}
 
 impl Scripts {
+    fn new(sharded: bool) -> Scripts {
+        let script = |text: &str| {
+            if sharded {
+                Script::new(&text.replace(PUBLISH, SPUBLISH))
+            } else {
+                Script::new(text)
+            }
+        };
+        Scripts {
+            acquire_hash: script(ACQUIRE_HASH),
+            release_hash: script(RELEASE_HASH),
+            acquire_simple: script(ACQUIRE_SIMPLE),
+            release_simple: script(RELEASE_SIMPLE),
+            acquire_semaphore: script(ACQUIRE_SEMAPHORE),
+            release_semaphore: script(RELEASE_SEMAPHORE),
+            renew: script(RENEW),
+            leave_queue: script(LEAVE_QUEUE),
+            fence: script(FENCE),
+            describe: script(DESCRIBE),
+            force_release: script(FORCE_RELEASE),
+        }
+    }
+
     /// Every script, for loading them up front.
     pub fn all(&self) -> [&Script; 11] {
         [

@@ -7,6 +7,9 @@
 //! 100 per script call (Redisson's batch size), so ten thousand holds cost a
 //! hundred calls per period, not ten thousand timers.
 //!
+//! On a Redis Cluster a batch holds locks of one hash slot only (one script
+//! runs on one primary), so renewals cost one call per slot in use.
+//!
 //! Holds with a fixed lease are not renewed, but they are checked in the same
 //! batches, and their guard is marked lost when the lease runs out.
 //!
@@ -30,6 +33,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use ::redis::cluster_routing::Slot;
 use futures::stream::FuturesUnordered;
 use futures::StreamExt;
 use tokio::sync::Notify;
@@ -285,28 +289,37 @@ impl Watchdog {
         }
     }
 
-    /// Every hold, in batches of at most [`BATCH`].
-    fn batches(&self, renew_lease: Duration) -> Vec<Batch> {
+    /// Every hold, in batches of at most [`BATCH`]; `by_slot`: each batch
+    /// within one Redis Cluster hash slot, so that one primary runs it.
+    fn batches(&self, renew_lease: Duration, by_slot: bool) -> Vec<Batch> {
         let state = self.state();
-        let mut batches: Vec<Batch> = Vec::new();
+        let mut groups: HashMap<Option<Slot>, Vec<u64>> = HashMap::new();
         for (&id, entry) in &state.entries {
-            if batches.last().is_none_or(|b| b.ids.len() >= BATCH) {
-                batches.push(Batch {
-                    ids: Vec::new(),
-                    targets: Vec::new(),
-                    leases: Vec::new(),
-                });
-            }
-            let batch = batches.last_mut().expect("pushed");
-            batch.ids.push(id);
-            batch.targets.push(entry.target.clone());
-            batch.leases.push(if entry.watched > 0 {
+            let slot = by_slot.then(|| super::cluster::slot_of(&entry.target.keys));
+            groups.entry(slot).or_default().push(id);
+        }
+        let lease = |entry: &Entry| {
+            if entry.watched > 0 {
                 renew_lease.as_millis() as u64
             } else {
                 0
-            });
-        }
-        batches
+            }
+        };
+        groups
+            .into_values()
+            .flat_map(|ids| {
+                ids.chunks(BATCH)
+                    .map(|chunk| Batch {
+                        ids: chunk.to_vec(),
+                        targets: chunk
+                            .iter()
+                            .map(|id| state.entries[id].target.clone())
+                            .collect(),
+                        leases: chunk.iter().map(|id| lease(&state.entries[id])).collect(),
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect()
     }
 
     /// Applies what a batch found.
@@ -369,6 +382,7 @@ pub(crate) async fn run(
     renew_lease: Duration,
     quorum: usize,
     drift: Duration,
+    by_slot: bool,
 ) {
     let interval = renew_lease / 3;
     let mut inflight: FuturesUnordered<Pending> = FuturesUnordered::new();
@@ -385,7 +399,7 @@ pub(crate) async fn run(
             let Some(shared) = shared.upgrade() else {
                 return;
             };
-            for batch in dog.batches(renew_lease) {
+            for batch in dog.batches(renew_lease, by_slot) {
                 inflight.push(Box::pin(shared.clone().renew_batch(batch, interval)));
             }
         }

@@ -5,7 +5,7 @@
 //! `RedissonLock.tryLockInnerAsync` / `unlockInnerAsync` (the 3.x scripts) and
 //! `RedissonReadLock.tryLockInnerAsync` / `unlockInnerAsync`.
 
-use redis::aio::MultiplexedConnection;
+use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::Script;
 
 /// RedissonLock.tryLockInnerAsync: KEYS[1] lock; ARGV lease ms, lock name.
@@ -23,7 +23,8 @@ end; \
 return redis.call('pttl', KEYS[1]);";
 
 /// RedissonLock.unlockInnerAsync: KEYS lock, channel; ARGV UNLOCK_MESSAGE,
-/// lease ms, lock name.
+/// lease ms, lock name, publish command (`getPublishCommand()`: SPUBLISH on a
+/// cluster with sharded pub/sub).
 const UNLOCK: &str = "if (redis.call('hexists', KEYS[1], ARGV[3]) == 0) then \
     return nil;\
 end; \
@@ -33,7 +34,7 @@ if (counter > 0) then \
     return 0; \
 else \
     redis.call('del', KEYS[1]); \
-    redis.call('publish', KEYS[2], ARGV[1]); \
+    redis.call(ARGV[4], KEYS[2], ARGV[1]); \
     return 1; \
 end; \
 return nil;";
@@ -110,10 +111,13 @@ redis.call('set', KEYS[5], 1, 'px', ARGV[4]); \
 return 1; ";
 
 /// A Redisson client: its connection manager id and one thread.
-pub struct Redisson {
+pub struct Redisson<C = MultiplexedConnection> {
     pub id: String,
     pub thread: u64,
-    conn: MultiplexedConnection,
+    conn: C,
+    /// `PUBLISH`, or `SPUBLISH` as Redisson publishes on a cluster with sharded
+    /// pub/sub.
+    publish: &'static str,
 }
 
 fn braced(name: &str) -> String {
@@ -122,10 +126,18 @@ fn braced(name: &str) -> String {
 
 impl Redisson {
     pub fn new(conn: MultiplexedConnection) -> Redisson {
+        Redisson::on(conn, "publish")
+    }
+}
+
+impl<C: ConnectionLike + Send> Redisson<C> {
+    /// A Redisson client on `conn` that publishes with `publish`.
+    pub fn on(conn: C, publish: &'static str) -> Redisson<C> {
         Redisson {
             id: uuid::Uuid::new_v4().to_string(),
             thread: 1,
             conn,
+            publish,
         }
     }
 
@@ -153,6 +165,7 @@ impl Redisson {
             .arg(0)
             .arg(30_000)
             .arg(self.lock_name())
+            .arg(self.publish)
             .invoke_async(&mut self.conn)
             .await
             .unwrap()
@@ -189,7 +202,7 @@ impl Redisson {
             ))
             .arg(0)
             .arg(self.lock_name())
-            .arg("publish")
+            .arg(self.publish)
             .arg(10_000)
             .invoke_async(&mut self.conn)
             .await

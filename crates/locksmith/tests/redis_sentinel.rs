@@ -1,0 +1,194 @@
+//! The Redis backend behind Sentinel (`redis+sentinel://`), against a real
+//! primary with two replicas and three Sentinels started by locksmith-testkit:
+//! the conformance suite, what a failover does to holds and waiters, and
+//! replica acknowledgement.
+#![cfg(feature = "redis")]
+
+#[allow(unused)]
+mod conformance;
+mod redis_support;
+
+use std::time::Duration;
+
+use locksmith::Error;
+use locksmith_testkit::{Redis, RedisSentinel, RespValue};
+use redis_support::{client, eventually, unique, whole_suite, Harness};
+use tokio::time::timeout;
+
+/// Starts the setup, letting the runtime's other tasks run meanwhile.
+async fn start() -> RedisSentinel {
+    tokio::task::block_in_place(RedisSentinel::start)
+}
+
+fn backend_message(error: &Error) -> String {
+    match error {
+        Error::Backend { source, .. } => source.to_string(),
+        other => panic!("expected a backend error, got {other:?}"),
+    }
+}
+
+fn replicas<'a>(setup: &'a RedisSentinel, primary: &Redis) -> Vec<&'a Redis> {
+    setup
+        .nodes()
+        .iter()
+        .filter(|n| n.port() != primary.port())
+        .collect()
+}
+
+#[test]
+fn the_whole_suite_runs_every_behaviour() {
+    assert_eq!(redis_support::suite_behaviours(), redis_support::BEHAVIOURS);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_suite_behind_sentinel() {
+    let setup = start().await;
+    whole_suite(&Harness { url: setup.url() }).await;
+}
+
+/// After a failover the client talks to the new primary: holds the new
+/// primary has stay held (and renewed), a hold it lacks fires `lost` at once
+/// (the watchdog re-checks every hold after the switch), and waiters listen on
+/// the new primary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_keeps_the_holds_the_new_primary_has_and_loses_the_rest() {
+    let setup = start().await;
+    // No acknowledgement: the test decides what the replicas have.
+    let url = format!("{}?wait_replicas=0", setup.url());
+    // Renewals come every 40 s: only the re-check after the switch can find
+    // the lost hold within the test.
+    let ttl = Duration::from_secs(120);
+    let holder = client(&url, ttl).await;
+    let (kept_name, lost_name) = (unique("kept"), unique("lost"));
+    let kept = holder.lock(kept_name.as_str()).acquire().await.unwrap();
+    let lost = holder.lock(lost_name.as_str()).acquire().await.unwrap();
+    let waiting = client(&url, ttl).await;
+    let waiter = tokio::spawn({
+        let lock = waiting.lock(kept_name.as_str());
+        async move { lock.acquire_timeout(Duration::from_secs(60)).await }
+    });
+    let old = setup.primary();
+    let channel = format!("redisson_lock__channel:{{{kept_name}}}");
+    let subscribers = |node: &Redis| match node.query(&["PUBSUB", "NUMSUB", &channel]) {
+        Ok(RespValue::Array(Some(reply))) => reply[1].as_int(),
+        _ => None,
+    };
+    eventually(Duration::from_secs(10), "the waiter subscribes", || {
+        subscribers(old) == Some(1)
+    })
+    .await;
+
+    // Stands in for a grant the primary acknowledged but had not sent to any
+    // replica when it died: the replicas drop it.
+    for replica in replicas(&setup, old) {
+        eventually(
+            Duration::from_secs(10),
+            "the replica has both holds",
+            || replica.query(&["EXISTS", &kept_name, &lost_name]).unwrap() == RespValue::Integer(2),
+        )
+        .await;
+        replica
+            .query(&["CONFIG", "SET", "replica-read-only", "no"])
+            .unwrap();
+        replica
+            .query(&[
+                "DEL",
+                &lost_name,
+                &format!("locksmith_meta:{{{lost_name}}}"),
+            ])
+            .unwrap();
+        replica
+            .query(&["CONFIG", "SET", "replica-read-only", "yes"])
+            .unwrap();
+    }
+    old.kill();
+    tokio::task::block_in_place(|| setup.wait_for_failover(old)).unwrap();
+    let reason = timeout(Duration::from_secs(30), lost.lost())
+        .await
+        .expect("the re-check after the switch finds the hold gone");
+    assert!(reason.contains("no longer held"), "{reason}");
+    assert!(
+        !kept.is_lost(),
+        "the hold the new primary has is kept: {:?}",
+        kept.lost_signal().reason()
+    );
+    let kept_token = kept.fencing_token();
+    kept.release().await.expect("released on the new primary");
+    let next = waiter
+        .await
+        .unwrap()
+        .expect("the waiter follows the primary and gets the lock");
+    assert!(next.fencing_token() > kept_token);
+    let other = client(&url, ttl).await;
+    assert!(
+        other
+            .lock(lost_name.as_str())
+            .try_acquire()
+            .await
+            .unwrap()
+            .is_some(),
+        "the lost lock is free on the new primary"
+    );
+    assert!(matches!(lost.release().await, Err(Error::Lost(_))));
+}
+
+/// By default a grant behind Sentinel waits until a replica has it (`WAIT 1`),
+/// so the replica a failover promotes has it too; when no replica can
+/// acknowledge, the grant is given back and the acquire fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_wait_for_a_replica_by_default() {
+    let setup = start().await;
+    let acked = client(&setup.url(), Duration::from_secs(30)).await;
+    let name = unique("acked");
+    let guard = acked.lock(name.as_str()).acquire().await.unwrap();
+    let primary = setup.primary();
+    let on_replicas = replicas(&setup, primary)
+        .iter()
+        .filter(|r| r.query(&["EXISTS", &name]).unwrap() == RespValue::Integer(1))
+        .count();
+    assert!(on_replicas >= 1, "WAIT 1 returned: a replica has the grant");
+    guard.release().await.unwrap();
+
+    for replica in replicas(&setup, primary) {
+        replica.pause();
+    }
+    let other = unique("unacked");
+    let error = acked.lock(other.as_str()).try_acquire().await.unwrap_err();
+    assert!(
+        backend_message(&error).contains("0 of 1 replicas"),
+        "{error}"
+    );
+    for replica in replicas(&setup, primary) {
+        replica.resume();
+    }
+    let unacked = client(
+        &format!("{}?wait_replicas=0", setup.url()),
+        Duration::from_secs(30),
+    )
+    .await;
+    assert!(
+        unacked
+            .lock(other.as_str())
+            .try_acquire()
+            .await
+            .unwrap()
+            .is_some(),
+        "the unacknowledged grant was given back"
+    );
+}
+
+#[test]
+fn bad_sentinel_urls_are_clear_errors() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let error = locksmith::Client::connect("redis+sentinel://127.0.0.1:1,127.0.0.1:2")
+            .await
+            .unwrap_err();
+        assert!(error.to_string().contains("master name"), "{error}");
+        let port = locksmith_testkit::free_port();
+        let error = locksmith::Client::connect(&format!("redis+sentinel://127.0.0.1:{port}/m"))
+            .await
+            .unwrap_err();
+        assert!(backend_message(&error).contains("no Sentinel"), "{error}");
+    });
+}
