@@ -1,5 +1,6 @@
-//! `redis://`, `rediss://` and `redis+redlock://`: locks in Redis, in the key
-//! layouts of Redisson (Java) and redis-py, with fencing tokens.
+//! `redis://`, `rediss://`, `redis+redlock://`, `redis+sentinel://` and
+//! `redis+cluster://`: locks in Redis, in the key layouts of Redisson (Java)
+//! and redis-py, with fencing tokens.
 //!
 //! ```no_run
 //! # async fn demo() -> locksmith::Result<()> {
@@ -17,6 +18,9 @@
 //! | `redis://[user:pass@]host:port[/db]` | one Redis; Redisson RLock layout |
 //! | `rediss://…` | the same over TLS (rustls; the system's roots unless `tls_ca=` names a CA file) |
 //! | `redis+redlock://[:pass@]h1:p1,h2:p2,h3:p3[/db]` | Redlock over independent masters |
+//! | `redis+sentinel://[:pass@]s1:p1,s2:p2/MASTER[/db]` | the primary the Sentinels name for `MASTER`, followed across failovers ([Sentinel](#sentinel)) |
+//! | `redis+cluster://[:pass@]h1:p1,h2:p2` | a Redis Cluster, reached through any of these nodes ([Cluster](#cluster)) |
+//! | `rediss+sentinel://…`, `rediss+cluster://…` | the same over TLS (also `tls=true`) |
 //!
 //! Query options (an unknown option is an error):
 //!
@@ -26,10 +30,10 @@
 //! | `mode=fair` | the RLock hash plus Redisson RFairLock's queue: FIFO for every mode (not with Redlock) |
 //! | `mode=simple` | exclusive locks as `SET name <id> NX PX <ttl>`, the layout of redis-py's `Lock` |
 //! | `prefix=app/` | prepend a namespace to every lock name (off by default: names map verbatim) |
-//! | `wait_replicas=N&wait_timeout=500ms` | after each grant, `WAIT` for N replicas; if fewer acknowledge in time the grant is released and the acquire fails (Redisson's `checkLockSyncedSlaves`) |
+//! | `wait_replicas=N&wait_timeout=500ms` | after each grant, `WAIT` for N replicas (at most as many as the primary has connected); if fewer acknowledge in time the grant is released and the acquire fails (Redisson's `checkLockSyncedSlaves`). Default 1 behind Sentinel and on a Cluster, off otherwise; `0` turns it off ([replica acknowledgement](#replica-acknowledgement)) |
 //! | `node_timeout=50ms` | Redlock: how long one node may take per request (default lease/10, 50ms..1s) |
 //! | `retry_delay=100ms` | Redlock: upper bound of the random pause after a split vote |
-//! | `tls=true` | Redlock: connect to every node with TLS |
+//! | `tls=true` | Redlock, Sentinel, Cluster: connect to every node with TLS |
 //! | `tls_ca=/path/ca.pem` | TLS: trust these CAs instead of the system's |
 //! | `tls_cert=/path/c.pem&tls_key=/path/k.pem` | TLS: client certificate (mutual TLS) |
 //! | `protocol=resp3` | passed on to the `redis` crate |
@@ -69,8 +73,8 @@
 //! called by SHA. Scripts read time with Redis's `TIME`, never the client's
 //! clock, so client clock skew cannot expire a permit or reorder a queue.
 //! Scripts touch several keys of one lock; they all hash to the same cluster
-//! slot, but the watchdog's batch renewal spans locks, so Redis Cluster is not
-//! supported.
+//! slot (the braces in Redisson's names), which is what lets a script run on
+//! a Redis Cluster.
 //!
 //! Interoperability with other clients, concretely:
 //!
@@ -110,6 +114,51 @@
 //! Connections reconnect by themselves; after a reconnect the subscriptions are
 //! restored, waiters re-check and the watchdog re-checks every hold at once.
 //!
+//! # Sentinel
+//!
+//! With `redis+sentinel://` the client asks the Sentinels (in the URL's order)
+//! for the primary of `MASTER`, checks with `ROLE` that it is one, and asks
+//! again every second, and every 100 ms while commands fail as if the primary
+//! moved. After a switch, commands and subscriptions go to the
+//! new primary, waiters re-check, and the watchdog re-checks every hold at
+//! once: a hold the new primary lacks (the old one died before a replica had
+//! it) fires `lost`, instead of lingering until its next renewal. The
+//! credentials of the URL are used for the Sentinels and the primary alike.
+//!
+//! # Cluster
+//!
+//! With `redis+cluster://` commands go through the `redis` crate's cluster
+//! client, which routes each script to the primary of its first key's slot and
+//! follows `MOVED`, `ASK` and failovers. All keys and channels of
+//! one lock share a slot: Redisson's names already put the lock name in
+//! braces. A name with braces of its own must keep that true (`orders{42}`
+//! hashes by `42`, which every key of it then does); a name that would split
+//! is refused with [`Error::Unsupported`] before any I/O. The watchdog renews
+//! per slot (up to 100 holds of one slot per call). Wake-ups use sharded
+//! pub/sub on Redis 7 (`SPUBLISH`, `SSUBSCRIBE` on the lock's shard), as
+//! Redisson does on a cluster, so Redisson and locksmith waiters hear each
+//! other's releases there too; on older versions plain `PUBLISH` reaches
+//! every node. Multi-locks over names in different slots take them one by one
+//! in sorted order, so two of them never deadlock. `list` scans every primary.
+//!
+//! # Replica acknowledgement
+//!
+//! Redis replicates asynchronously: a primary that grants a lock and dies
+//! before a replica has it hands the lock out again after the failover,
+//! possibly with the same fencing token (the counter's `INCR` is lost too).
+//! Behind Sentinel and on a Cluster every grant therefore waits, by default,
+//! for one replica to acknowledge it (`WAIT 1`, within `wait_timeout`, 1 s by
+//! default), in the same pipeline as the grant. Both Sentinel and Cluster
+//! promote the most up-to-date replica, so it has the grant. One replica
+//! rather than all of them, because one suffices for that and a slow replica
+//! then costs nothing. When no replica acknowledges in time the grant is given
+//! back and the attempt fails (a waiting acquire retries). When the primary has
+//! no replica connected at all (its only replica was just promoted, or every
+//! replica is down), grants do not wait: as in Redisson, they then survive only
+//! if their primary does. Renewals and releases do not wait: a renewal lost in
+//! a failover only shortens a hold, which the watchdog's re-check notices.
+//! `wait_replicas=0` turns it off; docs/BENCHMARKS.md has the cost.
+//!
 //! # Redlock
 //!
 //! With `redis+redlock://` every acquire goes to all nodes at once; it succeeds
@@ -145,6 +194,7 @@ pub mod keys;
 mod node;
 mod ops;
 pub mod pubsub;
+mod replicas;
 pub mod scripts;
 mod sentinel;
 pub mod watchdog;
@@ -163,6 +213,7 @@ use self::keys::Keys;
 use self::node::{failure, is_transient, problem, Node};
 use self::ops::{AcquireSpec, Call, Kind, Reply, Target};
 use self::pubsub::Subscription;
+use self::replicas::Replicas;
 use self::scripts::Scripts;
 use self::watchdog::Watchdog;
 use crate::backend::{
@@ -190,6 +241,8 @@ pub(crate) struct Shared {
     nodes: Vec<Node>,
     /// The scripts, publishing the way the nodes' subscriptions listen.
     scripts: &'static Scripts,
+    /// How many replicas the primaries have, for `WAIT`.
+    replicas: Replicas,
     quorum: usize,
     /// Redisson's "connection manager id": the first half of every holder id.
     client_id: String,
@@ -307,6 +360,7 @@ impl RedisBackend {
             quorum,
             nodes,
             scripts,
+            replicas: Replicas::default(),
             client_id: uuid::Uuid::new_v4().to_string(),
             lock_by: format!("{}@{}", options.client_name, options.host),
             session_ttl: options.session_ttl,
@@ -455,11 +509,19 @@ impl Shared {
     /// Cancel safety: as [`Shared::attempt_inner`].
     async fn attempt_single(&self, target: &Target, spec: &AcquireSpec) -> Result<Attempt> {
         let call = target.acquire(self.scripts, spec, &self.lock_by, false);
+        let node = &self.nodes[0];
+        let replicas = match self.config.wait_replicas {
+            Some(wanted) => {
+                self.replicas
+                    .to_wait_for(node, &target.keys.lock, wanted)
+                    .await
+            }
+            None => 0,
+        };
         let sent = Instant::now();
-        let reply: Vec<i64> = match self.config.wait_replicas {
-            None => self.run(0, &call, "acquire").await?,
-            Some(replicas) => {
-                let node = &self.nodes[0];
+        let reply: Vec<i64> = match replicas {
+            0 => self.run(0, &call, "acquire").await?,
+            replicas => {
                 let (reply, acked): (Vec<i64>, i64) = node
                     .eval_and_wait(&call, replicas, self.config.wait_timeout)
                     .await

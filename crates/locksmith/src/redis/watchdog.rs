@@ -47,6 +47,9 @@ use crate::backend::LostSignal;
 /// Most holds renewed by one script call (Redisson's batch size).
 pub(crate) const BATCH: usize = 100;
 
+/// How soon renewal is tried again after a node did not answer.
+const RETRY: Duration = Duration::from_millis(250);
+
 /// One hold (all re-entry levels of one owner on one lock) under watch.
 struct Entry {
     target: Target,
@@ -322,14 +325,22 @@ impl Watchdog {
             .collect()
     }
 
-    /// Applies what a batch found.
-    fn apply(&self, result: BatchResult, quorum: usize, renew_lease: Duration, drift: Duration) {
+    /// Applies what a batch found; answers whether some hold was neither
+    /// renewed nor found gone (too few nodes answered).
+    fn apply(
+        &self,
+        result: BatchResult,
+        quorum: usize,
+        renew_lease: Duration,
+        drift: Duration,
+    ) -> bool {
         let nodes = result.replies.len();
         let first_error = result
             .replies
             .iter()
             .find_map(|r| r.as_ref().err())
             .cloned();
+        let mut unsettled = false;
         let now = Instant::now();
         let mut state = self.state();
         for (index, id) in result.ids.iter().enumerate() {
@@ -358,8 +369,10 @@ impl Watchdog {
                 lose(&mut state, *id, reason);
             } else {
                 entry.last_error = first_error.clone();
+                unsettled = true;
             }
         }
+        unsettled
     }
 }
 
@@ -408,7 +421,11 @@ pub(crate) async fn run(
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep_until(wake_at) => {}
             Some(result) = inflight.next(), if !inflight.is_empty() => {
-                dog.apply(result, quorum, renew_lease, drift);
+                if dog.apply(result, quorum, renew_lease, drift) {
+                    // Try again soon: a restart or failover may be over before
+                    // the leases run out.
+                    next_tick = next_tick.min(Instant::now() + RETRY.min(interval));
+                }
             }
             _ = dog.changed.notified() => {}
             _ = dog.recheck.notified() => {

@@ -1,0 +1,325 @@
+//! The Redis backend on a Redis Cluster (`redis+cluster://`), against a real
+//! cluster of three primaries with a replica each started by
+//! locksmith-testkit: the conformance suite, locks in many slots, multi-locks
+//! across slots, interoperability with redis-py and Redisson, and a primary's
+//! failover.
+#![cfg(feature = "redis")]
+
+#[allow(unused)]
+mod conformance;
+mod redis_support;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use locksmith::{Error, Mode};
+use locksmith_testkit::{Redis, RedisCluster, RespValue};
+use redis::cluster_routing::Slot;
+use redis_support::redisson::Redisson;
+use redis_support::{backend_and_client, client, eventually, python, unique, whole_suite, Harness};
+use tokio::time::{sleep, timeout};
+
+/// Starts the cluster, letting the runtime's other tasks run meanwhile.
+async fn start() -> RedisCluster {
+    tokio::task::block_in_place(RedisCluster::start)
+}
+
+/// Subscribers of a sharded channel on the node that serves it.
+fn shard_subscribers(node: &Redis, channel: &str) -> Option<i64> {
+    match node.query(&["PUBSUB", "SHARDNUMSUB", channel]) {
+        Ok(RespValue::Array(Some(reply))) => reply.get(1)?.as_int(),
+        _ => None,
+    }
+}
+
+/// A cluster connection of the test's own (commands routed by key).
+async fn cluster_connection(cluster: &RedisCluster) -> redis::cluster_async::ClusterConnection {
+    let seeds: Vec<String> = cluster
+        .nodes()
+        .iter()
+        .map(|n| format!("redis://127.0.0.1:{}", n.port()))
+        .collect();
+    redis::cluster::ClusterClient::new(seeds)
+        .unwrap()
+        .get_async_connection()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_suite_on_a_cluster() {
+    let cluster = start().await;
+    whole_suite(&Harness { url: cluster.url() }).await;
+}
+
+/// Hundreds of locks over hundreds of slots on all three primaries stay held
+/// past several leases (the watchdog renews them slot by slot; one script
+/// across slots would fail with CROSSSLOT), are listed from every primary, and
+/// multi-locks take names in different slots all or nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_in_many_slots_and_multi_locks_across_slots() {
+    let cluster = start().await;
+    let ttl = Duration::from_secs(1);
+    let (backend, holder) = backend_and_client(&cluster.url(), ttl).await;
+    let prefix = unique("slots");
+    let names: Vec<String> = (0..300).map(|i| format!("{prefix}/lock-{i}")).collect();
+    let slots: HashSet<Slot> = names.iter().map(Slot::for_key).collect();
+    assert!(slots.len() > 250, "{} slots", slots.len());
+    let primaries: HashSet<u16> = names
+        .iter()
+        .take(30)
+        .map(|n| cluster.primary_of(n).unwrap().port())
+        .collect();
+    assert_eq!(primaries.len(), 3, "the locks live on every primary");
+    let mut guards = Vec::new();
+    for name in &names {
+        guards.push(holder.lock(name.as_str()).acquire().await.unwrap());
+    }
+    assert_eq!(backend.watched_holds(), names.len());
+    sleep(ttl * 3).await;
+    for guard in &guards {
+        assert!(!guard.is_lost(), "{:?}", guard.lost_signal().reason());
+    }
+    let listed = holder.list(&format!("{prefix}/")).await.unwrap();
+    assert_eq!(listed.len(), names.len(), "every primary is scanned");
+
+    let other = client(&cluster.url(), ttl).await;
+    let spread: Vec<String> = (0..3).map(|i| format!("{prefix}/multi-{i}")).collect();
+    let slots: HashSet<Slot> = spread.iter().map(Slot::for_key).collect();
+    assert_eq!(slots.len(), 3);
+    let all = other
+        .multi_lock(spread.iter().map(String::as_str))
+        .acquire()
+        .await
+        .unwrap();
+    for name in &spread {
+        let info = other.describe(name).await.unwrap().expect("held");
+        assert_eq!(info.holders[0].mode, Mode::Exclusive);
+    }
+    let overlapping = [spread[2].as_str(), names[0].as_str()];
+    assert!(holder
+        .multi_lock(overlapping)
+        .try_acquire()
+        .await
+        .unwrap()
+        .is_none());
+    assert!(
+        holder
+            .describe(&spread[2])
+            .await
+            .unwrap()
+            .unwrap()
+            .holders
+            .len()
+            == 1,
+        "all or nothing: the failed multi-lock took nothing"
+    );
+    all.release().await.unwrap();
+    for guard in guards {
+        guard.release().await.unwrap();
+    }
+
+    // A name whose braces would split the lock's keys over slots is refused.
+    let error = holder.lock("split{").try_acquire().await.unwrap_err();
+    assert!(
+        matches!(&error, Error::Unsupported { what, .. } if what.contains("hash slot")),
+        "{error:?}"
+    );
+    let tagged = holder.lock("orders{42}").try_acquire().await.unwrap();
+    assert!(tagged.is_some(), "a name with a proper hash tag works");
+}
+
+const REDIS_PY_CLUSTER_LOCK: &str = r#"
+import sys
+from redis.cluster import RedisCluster
+port, name = int(sys.argv[1]), sys.argv[2]
+lock = RedisCluster(host='127.0.0.1', port=port).lock(name, timeout=30)
+for line in sys.stdin:
+    cmd = line.strip()
+    if cmd == 'acquire':
+        print('acquired' if lock.acquire(blocking=False) else 'busy', flush=True)
+    elif cmd == 'release':
+        lock.release()
+        print('released', flush=True)
+    else:
+        break
+"#;
+
+/// redis-py's `Lock` on a `RedisCluster` and locksmith's simple mode exclude
+/// each other; Redisson's RLock (publishing with SPUBLISH, as it does on a
+/// cluster) and locksmith's default layout exclude each other and wake each
+/// other's waiters on the lock's shard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_py_and_redisson_interoperate_on_a_cluster() {
+    let cluster = start().await;
+    let wait = Duration::from_secs(20);
+
+    let simple = client(
+        &format!("{}?mode=simple", cluster.url()),
+        Duration::from_secs(3),
+    )
+    .await;
+    let name = unique("redis-py");
+    drop(python("pass"));
+    let mut py = redis_support::ChildLines::new(
+        std::process::Command::new("python3")
+            .args([
+                "-u",
+                "-c",
+                REDIS_PY_CLUSTER_LOCK,
+                &cluster.nodes()[0].port().to_string(),
+                &name,
+            ])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn python3"),
+    );
+    py.send("acquire");
+    assert_eq!(py.next(wait).await, "acquired");
+    assert!(
+        simple
+            .lock(name.as_str())
+            .try_acquire()
+            .await
+            .unwrap()
+            .is_none(),
+        "redis-py's lock keeps locksmith out"
+    );
+    py.send("release");
+    assert_eq!(py.next(wait).await, "released");
+    let guard = simple
+        .lock(name.as_str())
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("free");
+    py.send("acquire");
+    assert_eq!(py.next(wait).await, "busy", "locksmith keeps redis-py out");
+    guard.release().await.unwrap();
+    py.send("acquire");
+    assert_eq!(py.next(wait).await, "acquired");
+    py.send("release");
+    assert_eq!(py.next(wait).await, "released");
+    py.send("quit");
+
+    let ours = client(&cluster.url(), Duration::from_secs(30)).await;
+    let mut java = Redisson::on(cluster_connection(&cluster).await, "spublish");
+    let name = unique("redisson");
+    let channel = format!("redisson_lock__channel:{{{name}}}");
+    let shard = cluster.primary_of(&name).unwrap();
+    assert_eq!(
+        java.try_lock(&name, 30_000).await,
+        None,
+        "Redisson takes it"
+    );
+    assert!(ours
+        .lock(name.as_str())
+        .try_acquire()
+        .await
+        .unwrap()
+        .is_none());
+    let waiter = tokio::spawn({
+        let lock = ours.lock(name.as_str());
+        async move { lock.acquire().await }
+    });
+    eventually(
+        Duration::from_secs(10),
+        "the waiter listens on the lock's shard",
+        || shard_subscribers(shard, &channel) == Some(1),
+    )
+    .await;
+    assert_eq!(java.unlock(&name).await, Some(1));
+    let guard = timeout(wait, waiter)
+        .await
+        .expect("woken by Redisson's unlock")
+        .unwrap()
+        .unwrap();
+    assert!(
+        java.try_lock(&name, 30_000)
+            .await
+            .is_some_and(|pttl| pttl > 0),
+        "Redisson is refused"
+    );
+
+    // locksmith's release reaches a Redisson waiter's sharded subscription.
+    let (pushes_to, mut pushes) = tokio::sync::mpsc::unbounded_channel();
+    let seeds: Vec<String> = cluster
+        .nodes()
+        .iter()
+        .map(|n| format!("redis://127.0.0.1:{}", n.port()))
+        .collect();
+    let mut listener = redis::cluster::ClusterClientBuilder::new(seeds)
+        .use_protocol(redis::ProtocolVersion::RESP3)
+        .push_sender(pushes_to)
+        .build()
+        .unwrap()
+        .get_async_connection()
+        .await
+        .unwrap();
+    listener.ssubscribe(&channel).await.unwrap();
+    guard.release().await.unwrap();
+    let message = timeout(wait, async {
+        loop {
+            let push = pushes.recv().await.expect("push channel open");
+            if push.kind == redis::PushKind::SMessage {
+                return push.data;
+            }
+        }
+    })
+    .await
+    .expect("locksmith's release is published on the shard");
+    assert_eq!(
+        message,
+        [
+            redis::Value::BulkString(channel.into_bytes()),
+            redis::Value::BulkString(b"0".to_vec())
+        ]
+    );
+    assert_eq!(java.try_lock(&name, 30_000).await, None);
+}
+
+/// A primary fails over while a lock is held and another client waits: the
+/// hold is on the promoted replica (the grant waited for it), the holder
+/// releases it there, and the waiter gets the lock with a higher token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_failover_keeps_acknowledged_holds() {
+    let cluster = start().await;
+    let ttl = Duration::from_secs(30);
+    let holder = client(&cluster.url(), ttl).await;
+    let waiting = client(&cluster.url(), ttl).await;
+    let name = unique("failover");
+    let held = holder.lock(name.as_str()).acquire().await.unwrap();
+    let waiter = tokio::spawn({
+        let lock = waiting.lock(name.as_str());
+        async move { lock.acquire_timeout(Duration::from_secs(60)).await }
+    });
+    let old = cluster.primary_of(&name).unwrap();
+    let channel = format!("redisson_lock__channel:{{{name}}}");
+    eventually(
+        Duration::from_secs(10),
+        "the waiter listens on the shard",
+        || shard_subscribers(old, &channel) == Some(1),
+    )
+    .await;
+
+    old.kill();
+    tokio::task::block_in_place(|| cluster.wait_for_failover(old)).unwrap();
+    let new = cluster.primary_of(&name).unwrap();
+    assert_ne!(new.port(), old.port());
+    assert_eq!(
+        new.query(&["HGET", &name, "mode"]).unwrap().as_str(),
+        Some("write"),
+        "the promoted replica has the hold"
+    );
+    let token = held.fencing_token();
+    held.release()
+        .await
+        .expect("released on the promoted replica");
+    let next = waiter.await.unwrap().expect("the waiter gets the lock");
+    assert!(
+        next.fencing_token() > token,
+        "tokens go on from the replica's counter"
+    );
+    next.release().await.unwrap();
+}
