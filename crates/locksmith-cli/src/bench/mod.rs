@@ -30,6 +30,12 @@
 //! `--spawn server,redis,zookeeper,etcd,postgres,memory` (or `all`) starts real
 //! servers on loopback ports with `locksmith-testkit` (the locksmith server as
 //! `locksmith serve`, a child of this executable) and kills them at the end.
+//! Replicated setups are named one by one: `redis-sentinel` (a primary, 2
+//! replicas, 3 Sentinels), `redis-cluster` (3 primaries with a replica each),
+//! `redlock` (5 masters), `zookeeper-ensemble` and `etcd-cluster` (3 members
+//! each). A Sentinel setup and a Cluster are measured twice, as clients connect
+//! by default (each grant waits for a replica) and with `wait_replicas=0`
+//! (`…-nowait`): the difference is the cost of replica acknowledgement.
 //!
 //! The timed scenarios (a)–(c) run in rounds (`--repeat N`): each round
 //! measures every backend once, in turn, so that load from elsewhere on the
@@ -94,7 +100,9 @@ pub struct BenchArgs {
     #[arg(long = "backend", value_name = "[LABEL=]URL")]
     backends: Vec<BackendSpec>,
     /// Start real servers on loopback ports and measure them: a comma-separated
-    /// list of server, memory, redis, zookeeper, etcd, postgres, or `all`.
+    /// list of server, memory, redis, zookeeper, etcd, postgres, or `all`, and
+    /// the replicated setups redis-sentinel, redis-cluster, redlock,
+    /// zookeeper-ensemble, etcd-cluster.
     #[arg(long, value_name = "LIST", value_parser = parse_kind_list)]
     spawn: Option<KindList>,
     /// Which scenarios to run.
@@ -257,44 +265,48 @@ pub async fn bench(args: BenchArgs) -> std::process::ExitCode {
     let mut reports = Vec::new();
     let mut live: Vec<Target> = Vec::new();
     for step in plan {
-        let target = match step {
-            Plan::Given(spec) => Ok(Target::given(spec)),
+        let targets = match step {
+            Plan::Given(spec) => Ok(vec![Target::given(spec)]),
             Plan::Spawn(kind) => {
                 eprintln!("locksmith bench: starting {kind}…");
                 let scale_locks = args
                     .runs(ScenarioName::Scale)
                     .then(|| args.scale_count(kind));
-                let start = move || -> Result<Target, String> {
-                    let mut target = Target::spawn(kind)?;
+                let start = move || -> Result<Vec<Target>, String> {
+                    let mut targets = Target::spawn(kind)?;
                     if let Some(locks) = scale_locks {
-                        target.make_room_for_locks(locks)?;
+                        for target in &mut targets {
+                            target.make_room_for_locks(locks)?;
+                        }
                     }
-                    Ok(target)
+                    Ok(targets)
                 };
                 match tokio::task::spawn_blocking(start).await {
-                    Ok(Ok(target)) => Ok(target),
+                    Ok(Ok(targets)) => Ok(targets),
                     Ok(Err(error)) => Err((kind, format!("cannot start: {error}"))),
                     Err(panic) => Err((kind, format!("starting it panicked: {panic}"))),
                 }
             }
         };
-        match target {
-            Ok(mut target) => {
-                target.label = unique(target.label);
-                // One connection first: a backend that cannot connect fails
-                // every scenario with one clear error instead of timing out in each.
-                match check_connect(&target, &settings).await {
-                    Ok(()) => live.push(target),
-                    Err(error) => {
-                        eprintln!("locksmith bench: {}: {error}", target.label);
-                        let report = failed_report(
-                            target.label.clone(),
-                            target.kind,
-                            &target.url,
-                            &error,
-                            &args,
-                        );
-                        reports.push(report);
+        match targets {
+            Ok(targets) => {
+                for mut target in targets {
+                    target.label = unique(target.label);
+                    // One connection first: a backend that cannot connect fails
+                    // every scenario with one clear error instead of timing out in each.
+                    match check_connect(&target, &settings).await {
+                        Ok(()) => live.push(target),
+                        Err(error) => {
+                            eprintln!("locksmith bench: {}: {error}", target.label);
+                            let report = failed_report(
+                                target.label.clone(),
+                                target.kind,
+                                &target.url,
+                                &error,
+                                &args,
+                            );
+                            reports.push(report);
+                        }
                     }
                 }
             }

@@ -218,10 +218,21 @@ fn setup(kind: Kind) -> &'static str {
         Kind::Redis => {
             "`redis-server` with `appendonly yes`, `appendfsync always` (every write fsynced before the reply), Redisson-compatible layout"
         }
+        Kind::RedisSentinel => {
+            "a Redis primary with 2 replicas and 3 Sentinels (each `redis-server` as above), found through the Sentinels"
+        }
+        Kind::RedisCluster => {
+            "a Redis Cluster of 3 primaries with a replica each (each `redis-server` as above), sharded pub/sub"
+        }
+        Kind::Redlock => "Redlock over 5 independent `redis-server`s (each as above)",
         Kind::ZooKeeper => {
             "standalone ZooKeeper (one JVM, `tickTime=500`, transaction log fsynced), Curator-compatible layout"
         }
+        Kind::ZooKeeperEnsemble => {
+            "a ZooKeeper ensemble of 3 servers (each as the standalone one), Curator-compatible layout"
+        }
         Kind::Etcd => "single-node `etcd` (write-ahead log fsynced), etcd concurrency-package layout",
+        Kind::EtcdCluster => "an etcd cluster of 3 members (each as the single node), etcd concurrency-package layout",
         Kind::Postgres => {
             "PostgreSQL (`max_connections=200`, `shared_buffers=32MB`, fsync on); session advisory locks, tokens from a sequence"
         }

@@ -13,8 +13,13 @@ use std::net::TcpStream;
 use std::str::FromStr;
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use locksmith::{Client, ConnectOptions};
-use locksmith_testkit::{Etcd, Postgres, Process, ProcessSpec, Redis, Server, ZooKeeper};
+use locksmith_testkit::{
+    Etcd, EtcdCluster, Postgres, Process, ProcessSpec, Redis, RedisCluster, RedisSentinel, Server,
+    ZooKeeper, ZooKeeperEnsemble,
+};
 use serde::Serialize;
 
 /// The kinds of store `--spawn` can start, and the kind of any `--backend` URL.
@@ -27,16 +32,27 @@ pub enum Kind {
     Memory,
     /// `redis://`.
     Redis,
+    /// `redis+sentinel://`: a primary with 2 replicas and 3 Sentinels.
+    RedisSentinel,
+    /// `redis+cluster://`: 3 primaries with a replica each.
+    RedisCluster,
+    /// `redis+redlock://`: 5 independent masters.
+    Redlock,
     /// `zk://`.
     ZooKeeper,
+    /// `zk://` over a 3-server ensemble.
+    ZooKeeperEnsemble,
     /// `etcd://`.
     Etcd,
+    /// `etcd://` over a 3-member cluster.
+    EtcdCluster,
     /// `postgres://`.
     Postgres,
 }
 
 impl Kind {
-    /// Every kind, in report order (the reference, the server, first).
+    /// Every single-server kind, in report order (the reference, the server,
+    /// first): what `--spawn all` starts. Replicated setups are named one by one.
     pub const ALL: [Kind; 6] = [
         Kind::Server,
         Kind::Memory,
@@ -52,7 +68,10 @@ impl Kind {
         Some(match scheme {
             "locksmith" => Kind::Server,
             "memory" => Kind::Memory,
-            "redis" | "rediss" | "redis+redlock" => Kind::Redis,
+            "redis" | "rediss" => Kind::Redis,
+            "redis+sentinel" | "rediss+sentinel" => Kind::RedisSentinel,
+            "redis+cluster" | "rediss+cluster" => Kind::RedisCluster,
+            "redis+redlock" => Kind::Redlock,
             "zk" | "zookeeper" => Kind::ZooKeeper,
             "etcd" => Kind::Etcd,
             "postgres" | "postgresql" => Kind::Postgres,
@@ -66,8 +85,13 @@ impl Kind {
             Kind::Server => "server",
             Kind::Memory => "memory",
             Kind::Redis => "redis",
+            Kind::RedisSentinel => "redis-sentinel",
+            Kind::RedisCluster => "redis-cluster",
+            Kind::Redlock => "redlock",
             Kind::ZooKeeper => "zookeeper",
+            Kind::ZooKeeperEnsemble => "zookeeper-ensemble",
             Kind::Etcd => "etcd",
+            Kind::EtcdCluster => "etcd-cluster",
             Kind::Postgres => "postgres",
         }
     }
@@ -87,11 +111,17 @@ impl FromStr for Kind {
             "server" | "locksmith" => Ok(Kind::Server),
             "memory" => Ok(Kind::Memory),
             "redis" => Ok(Kind::Redis),
+            "redis-sentinel" => Ok(Kind::RedisSentinel),
+            "redis-cluster" => Ok(Kind::RedisCluster),
+            "redlock" => Ok(Kind::Redlock),
             "zookeeper" | "zk" => Ok(Kind::ZooKeeper),
+            "zookeeper-ensemble" | "zk-ensemble" => Ok(Kind::ZooKeeperEnsemble),
             "etcd" => Ok(Kind::Etcd),
+            "etcd-cluster" => Ok(Kind::EtcdCluster),
             "postgres" | "postgresql" | "pg" => Ok(Kind::Postgres),
             other => Err(format!(
-                "unknown backend {other:?}: expected server, memory, redis, zookeeper, etcd or postgres"
+                "unknown backend {other:?}: expected server, memory, redis, redis-sentinel, \
+                 redis-cluster, redlock, zookeeper, zookeeper-ensemble, etcd, etcd-cluster or postgres"
             )),
         }
     }
@@ -135,7 +165,7 @@ impl FromStr for BackendSpec {
             _ => (String::new(), text.to_owned()),
         };
         let kind = Kind::of_url(&url).ok_or_else(|| {
-            format!("{url:?} is not a lock store URL (locksmith://, redis://, zk://, etcd://, postgres://, memory://)")
+            format!("{url:?} is not a lock store URL (locksmith://, redis://, redis+sentinel://, redis+cluster://, redis+redlock://, zk://, etcd://, postgres://, memory://)")
         })?;
         let label = if label.is_empty() {
             kind.name().to_owned()
@@ -154,8 +184,9 @@ pub struct Target {
     pub kind: Kind,
     /// The URL clients connect to.
     pub url: String,
-    /// The server process, when this run started it.
-    pub spawned: Option<Spawned>,
+    /// The server(s), when this run started them (shared by the targets that
+    /// measure one setup with different client settings).
+    pub spawned: Option<Arc<Spawned>>,
     /// Settings this run changed from the server's defaults, and why.
     pub tuning: Vec<String>,
 }
@@ -185,32 +216,69 @@ impl Target {
 
     /// Starts a real server of `kind` (blocking: a JVM or `initdb` takes
     /// seconds; call it from a blocking thread). `memory` starts nothing.
-    pub fn spawn(kind: Kind) -> Result<Target, String> {
+    ///
+    /// A Sentinel setup or a Redis Cluster is measured twice: as a client
+    /// connects by default (every grant waits for a replica) and with
+    /// `wait_replicas=0` (labelled `…-nowait`), so one run shows what replica
+    /// acknowledgement costs.
+    pub fn spawn(kind: Kind) -> Result<Vec<Target>, String> {
         let spawned = match kind {
             Kind::Memory => None,
             Kind::Server => Some(Spawned::Serve(ServeProcess::start()?)),
             Kind::Redis => Some(Spawned::Redis(
                 Redis::try_start().map_err(|e| e.to_string())?,
             )),
+            Kind::RedisSentinel => Some(Spawned::RedisSentinel(
+                RedisSentinel::try_start().map_err(|e| e.to_string())?,
+            )),
+            Kind::RedisCluster => Some(Spawned::RedisCluster(
+                RedisCluster::try_start().map_err(|e| e.to_string())?,
+            )),
+            Kind::Redlock => Some(Spawned::Redlock(
+                (0..REDLOCK_MASTERS)
+                    .map(|_| Redis::try_start())
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| e.to_string())?,
+            )),
             Kind::ZooKeeper => Some(Spawned::ZooKeeper(
                 ZooKeeper::try_start().map_err(|e| e.to_string())?,
             )),
+            Kind::ZooKeeperEnsemble => Some(Spawned::ZooKeeperEnsemble(
+                ZooKeeperEnsemble::try_start().map_err(|e| e.to_string())?,
+            )),
             Kind::Etcd => Some(Spawned::Etcd(Etcd::try_start().map_err(|e| e.to_string())?)),
+            Kind::EtcdCluster => Some(Spawned::EtcdCluster(
+                EtcdCluster::try_start().map_err(|e| e.to_string())?,
+            )),
             Kind::Postgres => Some(Spawned::Postgres(
                 Postgres::try_start().map_err(|e| e.to_string())?,
             )),
         };
+        let spawned = spawned.map(Arc::new);
         let url = match &spawned {
-            Some(server) => server.server().url(),
+            Some(server) => server.url(),
             None => format!("memory://locksmith-bench-{}", std::process::id()),
         };
-        Ok(Target {
+        let mut targets = vec![Target {
             label: kind.name().to_owned(),
             kind,
-            url,
-            spawned,
+            url: url.clone(),
+            spawned: spawned.clone(),
             tuning: Vec::new(),
-        })
+        }];
+        if matches!(kind, Kind::RedisSentinel | Kind::RedisCluster) {
+            targets.push(Target {
+                label: format!("{}-nowait", kind.name()),
+                kind,
+                url: format!("{url}?wait_replicas=0"),
+                spawned,
+                tuning: vec![
+                    "clients connect with `wait_replicas=0`: grants do not wait for a replica"
+                        .into(),
+                ],
+            });
+        }
+        Ok(targets)
     }
 
     /// Makes a server this run started able to hold `locks` locks at once
@@ -220,7 +288,7 @@ impl Target {
     /// by default), so the bench raises `max_locks_per_transaction`, as anyone
     /// holding that many locks in production must. Other stores need nothing.
     pub fn make_room_for_locks(&mut self, locks: u64) -> Result<(), String> {
-        let Some(Spawned::Postgres(pg)) = &self.spawned else {
+        let Some(Spawned::Postgres(pg)) = self.spawned.as_deref() else {
             return Ok(());
         };
         let connections: u64 = pg
@@ -264,65 +332,152 @@ impl Target {
     /// this run did not start, and for `memory://`, whose table shares this
     /// process with the bench's own clients.
     pub fn memory(&self) -> Option<u64> {
-        tree_memory(self.spawned.as_ref()?.server().process().pid()?)
+        let sizes: Vec<u64> = self
+            .spawned
+            .as_ref()?
+            .processes()
+            .iter()
+            .filter_map(|p| tree_memory(p.pid()?))
+            .collect();
+        (!sizes.is_empty()).then(|| sizes.iter().sum())
     }
 
     /// The server's version, when this run started it.
     pub fn version(&self) -> Option<String> {
-        self.spawned.as_ref().and_then(Spawned::version)
+        self.spawned.as_deref().and_then(Spawned::version)
     }
 }
 
-/// A server started by this run.
+/// Masters of a Redlock setup.
+const REDLOCK_MASTERS: usize = 5;
+
+/// A server started by this run, or a replicated setup of them.
 pub enum Spawned {
     /// `locksmith serve`, a child of this executable.
     Serve(ServeProcess),
     /// `redis-server`.
     Redis(Redis),
+    /// A Redis primary with replicas and Sentinels.
+    RedisSentinel(RedisSentinel),
+    /// A Redis Cluster.
+    RedisCluster(RedisCluster),
+    /// Independent Redis masters for Redlock.
+    Redlock(Vec<Redis>),
     /// ZooKeeper (a JVM).
     ZooKeeper(ZooKeeper),
+    /// A ZooKeeper ensemble.
+    ZooKeeperEnsemble(ZooKeeperEnsemble),
     /// `etcd`.
     Etcd(Etcd),
+    /// An etcd cluster.
+    EtcdCluster(EtcdCluster),
     /// PostgreSQL.
     Postgres(Postgres),
 }
 
 impl Spawned {
-    /// The common operations: url, pid, kill, restart, pause.
-    pub fn server(&self) -> &dyn Server {
-        match self {
+    /// The server of a single-server kind: kill, restart, pause.
+    pub fn single(&self) -> Option<&dyn Server> {
+        Some(match self {
             Spawned::Serve(s) => s,
             Spawned::Redis(s) => s,
             Spawned::ZooKeeper(s) => s,
             Spawned::Etcd(s) => s,
             Spawned::Postgres(s) => s,
+            _ => return None,
+        })
+    }
+
+    /// Every server of the setup: the one server, or every member.
+    pub fn members(&self) -> Vec<&dyn Server> {
+        fn all<S: Server>(members: &[S]) -> Vec<&dyn Server> {
+            members.iter().map(|m| m as &dyn Server).collect()
+        }
+        match self {
+            Spawned::RedisSentinel(s) => {
+                let mut members = all(s.nodes());
+                members.extend(all(s.sentinels()));
+                members
+            }
+            Spawned::RedisCluster(c) => all(c.nodes()),
+            Spawned::Redlock(masters) => all(masters),
+            Spawned::ZooKeeperEnsemble(e) => all(e.servers()),
+            Spawned::EtcdCluster(c) => all(c.members()),
+            single => single.single().into_iter().collect(),
+        }
+    }
+
+    /// Waits until a replicated setup has every member back in place (after a
+    /// fault); a single server has nothing to wait for.
+    ///
+    /// Blocking: it asks the servers, for up to a minute or two.
+    pub fn wait_healthy(&self) -> Result<(), String> {
+        match self {
+            Spawned::RedisSentinel(s) => s.wait_healthy(),
+            Spawned::RedisCluster(c) => c.wait_healthy(),
+            Spawned::ZooKeeperEnsemble(e) => e.wait_healthy(),
+            Spawned::EtcdCluster(c) => c.wait_healthy(),
+            _ => Ok(()),
+        }
+        .map_err(|e| e.to_string())
+    }
+
+    /// The processes of every member, for memory figures.
+    pub fn processes(&self) -> Vec<&Process> {
+        self.members().into_iter().map(Server::process).collect()
+    }
+
+    /// The URL clients use.
+    pub fn url(&self) -> String {
+        match self {
+            Spawned::RedisSentinel(s) => s.url(),
+            Spawned::RedisCluster(c) => c.url(),
+            Spawned::Redlock(masters) => format!(
+                "redis+redlock://{}",
+                masters
+                    .iter()
+                    .map(|m| format!("127.0.0.1:{}", m.port()))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+            Spawned::ZooKeeperEnsemble(e) => e.url(),
+            Spawned::EtcdCluster(c) => c.url(),
+            single => single.single().expect("a single server").url(),
         }
     }
 
     /// The version the server reports (best effort).
     pub fn version(&self) -> Option<String> {
+        let redis_version = |redis: &Redis| {
+            let info = redis.query(&["INFO", "server"]).ok()?;
+            let info = info.as_str()?.to_owned();
+            info.lines()
+                .find_map(|l| l.strip_prefix("redis_version:"))
+                .map(|v| format!("Redis {}", v.trim()))
+        };
+        let zookeeper_version = |zk: &ZooKeeper| {
+            let srvr = zk.four_letter("srvr").ok()?;
+            srvr.lines()
+                .find_map(|l| l.strip_prefix("Zookeeper version: "))
+                .map(|v| format!("ZooKeeper {}", v.split(['-', ',']).next().unwrap_or(v)))
+        };
+        let etcd_version = |etcd: &Etcd| {
+            let out = etcd.etcdctl().arg("version").output().ok()?;
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            text.lines()
+                .find_map(|l| l.strip_prefix("etcdctl version: "))
+                .map(|v| format!("etcd {}", v.trim()))
+        };
         match self {
             Spawned::Serve(_) => Some(format!("locksmith {}", env!("CARGO_PKG_VERSION"))),
-            Spawned::Redis(redis) => {
-                let info = redis.query(&["INFO", "server"]).ok()?;
-                let info = info.as_str()?.to_owned();
-                info.lines()
-                    .find_map(|l| l.strip_prefix("redis_version:"))
-                    .map(|v| format!("Redis {}", v.trim()))
-            }
-            Spawned::ZooKeeper(zk) => {
-                let srvr = zk.four_letter("srvr").ok()?;
-                srvr.lines()
-                    .find_map(|l| l.strip_prefix("Zookeeper version: "))
-                    .map(|v| format!("ZooKeeper {}", v.split(['-', ',']).next().unwrap_or(v)))
-            }
-            Spawned::Etcd(etcd) => {
-                let out = etcd.etcdctl().arg("version").output().ok()?;
-                let text = String::from_utf8_lossy(&out.stdout).into_owned();
-                text.lines()
-                    .find_map(|l| l.strip_prefix("etcdctl version: "))
-                    .map(|v| format!("etcd {}", v.trim()))
-            }
+            Spawned::Redis(redis) => redis_version(redis),
+            Spawned::RedisSentinel(s) => redis_version(&s.nodes()[0]),
+            Spawned::RedisCluster(c) => redis_version(&c.nodes()[0]),
+            Spawned::Redlock(masters) => redis_version(&masters[0]),
+            Spawned::ZooKeeper(zk) => zookeeper_version(zk),
+            Spawned::ZooKeeperEnsemble(e) => zookeeper_version(&e.servers()[0]),
+            Spawned::Etcd(etcd) => etcd_version(etcd),
+            Spawned::EtcdCluster(c) => etcd_version(&c.members()[0]),
             Spawned::Postgres(pg) => pg
                 .query("show server_version")
                 .ok()
@@ -508,7 +663,16 @@ mod tests {
             vec![Kind::Server, Kind::Redis]
         );
         assert_eq!(parse_kinds("all").unwrap().len(), Kind::ALL.len());
+        assert_eq!(
+            parse_kinds("redis-cluster,redis,redis-sentinel").unwrap(),
+            vec![Kind::Redis, Kind::RedisSentinel, Kind::RedisCluster]
+        );
         assert!(parse_kinds("mysql").is_err());
+        assert_eq!(
+            Kind::of_url("redis+sentinel://a,b/m"),
+            Some(Kind::RedisSentinel)
+        );
+        assert_eq!(Kind::of_url("redis+redlock://a,b,c"), Some(Kind::Redlock));
     }
 
     #[test]

@@ -16,9 +16,12 @@
 //!        ▲ kill -9 / SIGSTOP        ▲ blackhole / delay       nemesis
 //! ```
 //!
-//! Faults (`--fault`, comma-separated, default all): `none` (the baseline),
+//! Faults (`--fault`, comma-separated): `none` (the baseline),
 //! `kill-client`, `pause-client`, `restart-backend`, `partition`, `delay`,
-//! `expire-session`; see [`nemesis::FaultKind`]. Each backend × fault is one
+//! `expire-session` (these by default), and for replicated setups
+//! `kill-primary`, `pause-primary` (Sentinel, Cluster, etcd cluster,
+//! ZooKeeper ensemble), `restart-empty` and `restart-empty-late` (Redlock); see
+//! [`nemesis::FaultKind`]. Each backend × fault is one
 //! round with fresh clients and fresh lock names: warm-up, `--before` without
 //! faults, `--during` with the fault injected again and again, `--after`
 //! without faults, then the clients are told to stop.
@@ -31,7 +34,10 @@
 //!
 //! Backends are `--backend URL` (repeatable; restart and some session faults
 //! need a server this run started) or `--spawn server,redis,zookeeper,etcd,postgres`
-//! (started as `locksmith bench` starts them). `memory://` lives inside one
+//! and the replicated setups `redis-sentinel`, `redis-cluster`, `redlock`,
+//! `etcd-cluster`, `zookeeper-ensemble` (started as `locksmith bench` starts
+//! them; a Sentinel setup and a Cluster are tortured twice, with and without
+//! replica acknowledgement, as `…-nowait`). `memory://` lives inside one
 //! process and cannot be shared by client processes, so it is refused.
 
 mod checker;
@@ -76,7 +82,9 @@ pub struct TortureArgs {
     #[arg(long = "backend", value_name = "[LABEL=]URL")]
     backends: Vec<BackendSpec>,
     /// Start real servers on loopback ports and torture them: a
-    /// comma-separated list of server, redis, zookeeper, etcd, postgres, or `all`.
+    /// comma-separated list of server, redis, zookeeper, etcd, postgres, or `all`,
+    /// and the replicated setups redis-sentinel, redis-cluster, redlock,
+    /// etcd-cluster, zookeeper-ensemble.
     #[arg(long, value_name = "LIST", value_parser = parse_kind_list)]
     spawn: Option<KindList>,
     /// Faults to inject, one round each.
@@ -265,12 +273,12 @@ async fn coordinate(args: TortureArgs) -> ExitCode {
         .map(Ok)
         .chain(spawn.into_iter().map(Err));
     for step in plan {
-        let target = match step {
-            Ok(spec) => Arc::new(Target::given(spec)),
+        let targets = match step {
+            Ok(spec) => vec![Arc::new(Target::given(spec))],
             Err(kind) => {
                 eprintln!("locksmith torture: starting {kind}…");
                 match tokio::task::spawn_blocking(move || Target::spawn(kind)).await {
-                    Ok(Ok(target)) => Arc::new(target),
+                    Ok(Ok(targets)) => targets.into_iter().map(Arc::new).collect(),
                     Ok(Err(error)) => {
                         reports.push(error_report(
                             kind.name(),
@@ -290,31 +298,12 @@ async fn coordinate(args: TortureArgs) -> ExitCode {
                 }
             }
         };
-        for &fault in &args.faults {
-            if let Some(why) = fault.unavailable(&target) {
-                let mut report = error_report(&target.label, fault, String::new());
-                report.error = None;
-                report.not_run = Some(why);
-                reports.push(report);
-                continue;
-            }
-            eprintln!("locksmith torture: {} × {}…", target.label, fault.name());
-            let report = run_round(&target, fault, &args, &dir, &run_id).await;
-            eprintln!(
-                "locksmith torture: {} × {}: {} ({} grants, {} stale writes rejected, {} overlaps)",
-                target.label,
-                fault.name(),
-                report.verdict_cell(),
-                report.verdict.grants,
-                report.verdict.stale_rejected,
-                report.verdict.overlaps
-            );
-            reports.push(report);
+        for target in targets {
+            torture_target(&target, &args, &dir, &run_id, &mut reports).await;
+            // Stop the server (a blocking kill and wait) before the next backend.
+            let _ = tokio::task::spawn_blocking(move || drop(target)).await;
         }
-        // Stop the server (a blocking kill and wait) before the next backend.
-        let _ = tokio::task::spawn_blocking(move || drop(target)).await;
     }
-
     let markdown = summary(&reports, &args);
     println!("{markdown}");
     let failed = reports.iter().any(RoundReport::failed);
@@ -332,6 +321,51 @@ async fn coordinate(args: TortureArgs) -> ExitCode {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
+    }
+}
+
+/// Every fault's round against one target.
+async fn torture_target(
+    target: &Arc<Target>,
+    args: &TortureArgs,
+    dir: &Path,
+    run_id: &str,
+    reports: &mut Vec<RoundReport>,
+) {
+    for &fault in &args.faults {
+        if let Some(why) = fault.unavailable(target) {
+            let mut report = error_report(&target.label, fault, String::new());
+            report.error = None;
+            report.not_run = Some(why);
+            reports.push(report);
+            continue;
+        }
+        if let Some(spawned) = target.spawned.clone() {
+            // Every round starts from a whole setup, whatever the last one did.
+            match tokio::task::spawn_blocking(move || spawned.wait_healthy()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => {
+                    reports.push(error_report(&target.label, fault, error));
+                    continue;
+                }
+                Err(panic) => {
+                    reports.push(error_report(&target.label, fault, panic.to_string()));
+                    continue;
+                }
+            }
+        }
+        eprintln!("locksmith torture: {} × {}…", target.label, fault.name());
+        let report = run_round(target, fault, args, dir, run_id).await;
+        eprintln!(
+            "locksmith torture: {} × {}: {} ({} grants, {} stale writes rejected, {} overlaps)",
+            target.label,
+            fault.name(),
+            report.verdict_cell(),
+            report.verdict.grants,
+            report.verdict.stale_rejected,
+            report.verdict.overlaps
+        );
+        reports.push(report);
     }
 }
 

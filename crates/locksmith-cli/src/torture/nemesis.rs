@@ -12,6 +12,7 @@ use super::proxy::Mode;
 use super::resource::Who;
 use super::round::Round;
 use crate::bench::target::{Kind, Spawned, Target};
+use locksmith_testkit::Server;
 
 /// A fault to inject.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum, serde::Serialize)]
@@ -39,6 +40,23 @@ pub enum FaultKind {
     /// has no admin call for it), and an administrator's `force_release` on the
     /// locksmith server and Redis.
     ExpireSession,
+    /// Replicated setups: `kill -9` the primary (Redis behind Sentinel; on a
+    /// Redis Cluster the primary of the holder's lock) or the leader (etcd,
+    /// ZooKeeper) while a holder stays inside, wait until another member took
+    /// over, then restart the killed one (it rejoins as a replica/follower).
+    KillPrimary,
+    /// Replicated setups: freeze the primary or leader (`SIGSTOP`) for twice
+    /// the session TTL, past its failover, then let it come back: a minority
+    /// cut off from everyone, which wakes up believing it still leads.
+    PausePrimary,
+    /// Redlock: `kill -9` a master that has the holder's lock, delete its data
+    /// and restart it at once, empty: the case of Kleppmann's critique, where
+    /// a second client can win a majority with the restarted master.
+    RestartEmpty,
+    /// Redlock: as `restart-empty`, but the master comes back only after a
+    /// session TTL (every lease it had has run out): antirez's "delayed
+    /// restart" mitigation.
+    RestartEmptyLate,
 }
 
 impl FaultKind {
@@ -52,20 +70,59 @@ impl FaultKind {
             FaultKind::Partition => "partition",
             FaultKind::Delay => "delay",
             FaultKind::ExpireSession => "expire-session",
+            FaultKind::KillPrimary => "kill-primary",
+            FaultKind::PausePrimary => "pause-primary",
+            FaultKind::RestartEmpty => "restart-empty",
+            FaultKind::RestartEmptyLate => "restart-empty-late",
         }
     }
 
     /// Why this fault cannot run against `target`, if it cannot.
     pub fn unavailable(self, target: &Target) -> Option<String> {
+        let spawned = target.spawned.as_deref();
         match self {
-            FaultKind::RestartBackend if target.spawned.is_none() => {
+            FaultKind::RestartBackend if spawned.is_none() => {
                 Some("needs a server started by this run (--spawn)".into())
             }
+            FaultKind::RestartBackend if spawned.and_then(Spawned::single).is_none() => Some(
+                "restarts one server; on a replicated setup kill-primary restarts a member".into(),
+            ),
+            FaultKind::Partition | FaultKind::Delay
+                if matches!(target.kind, Kind::RedisSentinel | Kind::RedisCluster) =>
+            {
+                Some(
+                    "clients reach the data nodes at the addresses the Sentinels or the cluster \
+                     announce, which the fault proxy cannot stand in for"
+                        .into(),
+                )
+            }
             FaultKind::ExpireSession
-                if target.spawned.is_none()
-                    && matches!(target.kind, Kind::Etcd | Kind::Postgres) =>
+                if spawned.is_none()
+                    && matches!(target.kind, Kind::Etcd | Kind::EtcdCluster | Kind::Postgres) =>
             {
                 Some("needs a server started by this run (--spawn)".into())
+            }
+            FaultKind::KillPrimary | FaultKind::PausePrimary
+                if !matches!(
+                    spawned,
+                    Some(
+                        Spawned::RedisSentinel(_)
+                            | Spawned::RedisCluster(_)
+                            | Spawned::EtcdCluster(_)
+                            | Spawned::ZooKeeperEnsemble(_)
+                    )
+                ) =>
+            {
+                Some(
+                    "needs a replicated setup started by this run (--spawn redis-sentinel, \
+                     redis-cluster, etcd-cluster or zookeeper-ensemble)"
+                        .into(),
+                )
+            }
+            FaultKind::RestartEmpty | FaultKind::RestartEmptyLate
+                if !matches!(spawned, Some(Spawned::Redlock(_))) =>
+            {
+                Some("needs Redlock masters started by this run (--spawn redlock)".into())
             }
             _ => None,
         }
@@ -249,9 +306,9 @@ async fn inject(
             let note = tokio::task::spawn_blocking(move || {
                 let server = server
                     .spawned
-                    .as_ref()
-                    .ok_or("no server started by this run")?
-                    .server();
+                    .as_deref()
+                    .and_then(Spawned::single)
+                    .ok_or("no server started by this run")?;
                 server.kill();
                 std::thread::sleep(Duration::from_millis(300));
                 server
@@ -294,7 +351,174 @@ async fn inject(
             ))
         }
         FaultKind::ExpireSession => expire_session(round, target, timing).await,
+        FaultKind::KillPrimary => {
+            let victim = lingering_holder(round, timing.outage() * 2).await?;
+            let (setup, lock) = (target.clone(), victim.lock.clone());
+            let start = now();
+            let note = tokio::task::spawn_blocking(move || {
+                let spawned = setup.spawned.as_deref().ok_or("nothing started")?;
+                kill_primary(spawned, &lock)
+            })
+            .await
+            .map_err(|e| e.to_string())??;
+            Ok(record(
+                kind,
+                start,
+                Some(Vec::new()),
+                format!("{note} while {victim} stayed inside"),
+            ))
+        }
+        FaultKind::PausePrimary => {
+            let victim = lingering_holder(round, timing.outage()).await?;
+            let (setup, lock) = (target.clone(), victim.lock.clone());
+            let start = now();
+            let outage = timing.outage();
+            let note = tokio::task::spawn_blocking(move || {
+                let spawned = setup.spawned.as_deref().ok_or("nothing started")?;
+                let primary = primary_of(spawned, &lock)?;
+                primary.pause();
+                std::thread::sleep(outage);
+                primary.resume();
+                Ok::<_, String>(format!(
+                    "froze the primary on port {} for {outage:?}",
+                    primary.port()
+                ))
+            })
+            .await
+            .map_err(|e| e.to_string())??;
+            Ok(record(
+                kind,
+                start,
+                Some(Vec::new()),
+                format!("{note} while {victim} stayed inside"),
+            ))
+        }
+        FaultKind::RestartEmpty | FaultKind::RestartEmptyLate => {
+            let victim = lingering_holder(round, timing.outage()).await?;
+            let (setup, lock) = (target.clone(), victim.lock.clone());
+            let late = (kind == FaultKind::RestartEmptyLate)
+                .then_some(timing.session_ttl + Duration::from_millis(500));
+            let start = now();
+            let note = tokio::task::spawn_blocking(move || {
+                let Some(Spawned::Redlock(masters)) = setup.spawned.as_deref() else {
+                    return Err("no Redlock masters started by this run".to_owned());
+                };
+                restart_empty(masters, &lock, late)
+            })
+            .await
+            .map_err(|e| e.to_string())??;
+            Ok(record(
+                kind,
+                start,
+                Some(Vec::new()),
+                format!("{note} while {victim} stayed inside"),
+            ))
+        }
     }
+}
+
+/// The member a primary fault hits: the Sentinel setup's primary, the primary
+/// of `lock`'s slot on a cluster, the etcd or ZooKeeper leader.
+///
+/// Blocking: it asks the servers.
+fn primary_of<'a>(spawned: &'a Spawned, lock: &str) -> Result<&'a dyn Server, String> {
+    Ok(match spawned {
+        Spawned::RedisSentinel(setup) => setup.try_primary().map_err(|e| e.to_string())?,
+        Spawned::RedisCluster(cluster) => cluster.primary_of(lock).map_err(|e| e.to_string())?,
+        Spawned::EtcdCluster(cluster) => cluster.leader().map_err(|e| e.to_string())?,
+        Spawned::ZooKeeperEnsemble(ensemble) => ensemble.leader().map_err(|e| e.to_string())?,
+        _ => return Err("not a replicated setup".into()),
+    })
+}
+
+/// Kills the primary or leader, waits for the failover, restarts the killed
+/// member; says what happened.
+///
+/// Blocking: it waits for the setup.
+fn kill_primary(spawned: &Spawned, lock: &str) -> Result<String, String> {
+    let old = primary_of(spawned, lock)?;
+    let port = old.port();
+    let killed = std::time::Instant::now();
+    old.kill();
+    let error = |e: locksmith_testkit::Error| e.to_string();
+    let successor = match spawned {
+        Spawned::RedisSentinel(setup) => {
+            let old = setup
+                .nodes()
+                .iter()
+                .find(|n| n.port() == port)
+                .ok_or("lost the node")?;
+            setup.wait_for_failover(old).map_err(error)?.port()
+        }
+        Spawned::RedisCluster(cluster) => {
+            let old = cluster
+                .nodes()
+                .iter()
+                .find(|n| n.port() == port)
+                .ok_or("lost the node")?;
+            cluster.wait_for_failover(old).map_err(error)?;
+            cluster.primary_of(lock).map_err(error)?.port()
+        }
+        Spawned::EtcdCluster(cluster) => cluster.leader().map_err(error)?.port(),
+        Spawned::ZooKeeperEnsemble(ensemble) => ensemble.leader().map_err(error)?.port(),
+        _ => return Err("not a replicated setup".into()),
+    };
+    let took = killed.elapsed();
+    old.try_restart()
+        .map_err(|e| format!("restart failed: {e}"))?;
+    Ok(format!(
+        "killed -9 the primary on port {port}; {successor} took over after {took:.1?}; restarted {port}"
+    ))
+}
+
+/// Kills a Redlock master that has `lock`, deletes its data, and restarts it
+/// empty, after `late` if given.
+///
+/// Blocking: it restarts a server.
+fn restart_empty(
+    masters: &[locksmith_testkit::Redis],
+    lock: &str,
+    late: Option<Duration>,
+) -> Result<String, String> {
+    let master = masters
+        .iter()
+        .find(|m| {
+            m.query(&["EXISTS", lock])
+                .is_ok_and(|e| e.as_int() == Some(1))
+        })
+        .ok_or_else(|| format!("no master has {lock}"))?;
+    master.kill();
+    for data in ["appendonlydir", "dump.rdb"] {
+        let path = master.dir().join(data);
+        if path.is_dir() {
+            std::fs::remove_dir_all(&path)
+        } else {
+            std::fs::remove_file(&path)
+        }
+        .or_else(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                Ok(())
+            } else {
+                Err(format!("cannot delete {}: {e}", path.display()))
+            }
+        })?;
+    }
+    if let Some(late) = late {
+        std::thread::sleep(late);
+    }
+    master
+        .try_restart()
+        .map_err(|e| format!("restart failed: {e}"))?;
+    Ok(match late {
+        Some(late) => format!(
+            "killed -9 master {}, deleted its data, restarted it empty after {late:?}",
+            master.port()
+        ),
+        None => format!(
+            "killed -9 master {}, deleted its data, restarted it empty at once",
+            master.port()
+        ),
+    })
 }
 
 async fn partition(round: &Round, who: Who, timing: Timing, whom: String) -> FaultRecord {
@@ -322,8 +546,8 @@ async fn expire_session(
     let kind = FaultKind::ExpireSession;
     let victim = lingering_holder(round, timing.outage()).await?;
     let (who, lock, whom) = (victim.who, victim.lock.clone(), victim.to_string());
-    match (target.kind, target.spawned.as_ref()) {
-        (Kind::ZooKeeper, _) => {
+    match (target.kind, target.spawned.as_deref()) {
+        (Kind::ZooKeeper | Kind::ZooKeeperEnsemble, _) => {
             let mut record = partition(round, who, timing, whom).await;
             record.kind = kind.name().into();
             record.note = format!(
@@ -332,13 +556,17 @@ async fn expire_session(
             );
             Ok(record)
         }
-        (Kind::Etcd, Some(Spawned::Etcd(_))) => {
+        (Kind::Etcd | Kind::EtcdCluster, Some(Spawned::Etcd(_) | Spawned::EtcdCluster(_))) => {
             let start = now();
             let server = target.clone();
             let lock_name = lock.clone();
             let lease = tokio::task::spawn_blocking(move || {
-                let Some(Spawned::Etcd(etcd)) = server.spawned.as_ref() else {
-                    unreachable!("checked above")
+                let etcd = match server.spawned.as_deref() {
+                    Some(Spawned::Etcd(etcd)) => etcd,
+                    Some(Spawned::EtcdCluster(cluster)) => {
+                        cluster.leader().map_err(|e| e.to_string())?
+                    }
+                    _ => unreachable!("checked above"),
                 };
                 // The holder is the key with the lowest create revision under
                 // `<name>/`, named `<name>/<lease hex>` (etcd's concurrency.Mutex).
@@ -380,7 +608,7 @@ async fn expire_session(
             let start = now();
             let server = target.clone();
             let killed = tokio::task::spawn_blocking(move || {
-                let Some(Spawned::Postgres(pg)) = server.spawned.as_ref() else {
+                let Some(Spawned::Postgres(pg)) = server.spawned.as_deref() else {
                     unreachable!("checked above")
                 };
                 pg.query(

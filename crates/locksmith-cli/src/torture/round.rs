@@ -273,7 +273,8 @@ impl UrlHosts {
             .ok_or_else(|| format!("{url:?} is not a URL"))?;
         let default_port = match scheme {
             "locksmith" => 7420,
-            "redis" | "rediss" | "redis+redlock" => 6379,
+            "redis" | "rediss" | "redis+redlock" | "redis+cluster" | "rediss+cluster" => 6379,
+            "redis+sentinel" | "rediss+sentinel" => 26379,
             "zk" | "zookeeper" => 2181,
             "etcd" => 2379,
             "postgres" | "postgresql" => 5432,
