@@ -530,6 +530,39 @@ async fn redlock_works_with_two_of_five_nodes_down() {
     guard.release().await.unwrap();
 }
 
+/// A release that did not reach one master leaves the owner's level there; the
+/// owner's next acquire must not take that leftover for a re-entry (with the
+/// old token) but clear it and get a fresh grant with a fresh token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_clears_a_level_a_release_did_not_reach() {
+    let nodes: Vec<Redis> = (0..3).map(|_| Redis::start()).collect();
+    let c = client(&redlock_url(&nodes), Duration::from_secs(30)).await;
+    let name = unique("leftover");
+    let lock = c.lock(name.as_str()).owner("worker");
+    let first = lock.acquire().await.unwrap();
+    let token = first.fencing_token();
+    nodes[2].kill();
+    first.release().await.expect("a majority released it");
+    nodes[2].restart();
+    assert_eq!(
+        nodes[2].query(&["EXISTS", &name]).unwrap().as_int(),
+        Some(1),
+        "the restarted master kept the level the release missed"
+    );
+    let second = lock.acquire().await.unwrap();
+    assert!(
+        second.fencing_token() > token,
+        "a fresh grant gets a fresh token, not the leftover's ({} after {token})",
+        second.fencing_token()
+    );
+    second.release().await.unwrap();
+    assert_eq!(
+        nodes[2].query(&["EXISTS", &name]).unwrap().as_int(),
+        Some(0),
+        "the leftover level is gone"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlock_fails_cleanly_with_three_of_five_nodes_down() {
     let nodes: Vec<Redis> = (0..5).map(|_| Redis::start()).collect();

@@ -280,8 +280,10 @@ async fn redis_py_and_redisson_interoperate_on_a_cluster() {
 }
 
 /// A primary fails over while a lock is held and another client waits: the
-/// hold is on the promoted replica (the grant waited for it), the holder
-/// releases it there, and the waiter gets the lock with a higher token.
+/// hold is on the promoted replica (the grant waited for it) and the holder
+/// releases it there; the promoted replica, with no replica of its own, grants
+/// nothing until the old primary is back as its replica; then the waiter gets
+/// the lock with a higher token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_primary_failover_keeps_acknowledged_holds() {
     let cluster = start().await;
@@ -316,6 +318,14 @@ async fn a_primary_failover_keeps_acknowledged_holds() {
     held.release()
         .await
         .expect("released on the promoted replica");
+    let other = client(&cluster.url(), ttl).await;
+    let attempt = other.lock(name.as_str()).try_acquire().await;
+    assert!(
+        !matches!(attempt, Ok(Some(_))),
+        "no replica can acknowledge a grant on the promoted replica: {attempt:?}"
+    );
+    old.restart();
+    tokio::task::block_in_place(|| cluster.wait_healthy()).unwrap();
     let next = waiter.await.unwrap().expect("the waiter gets the lock");
     assert!(
         next.fencing_token() > token,

@@ -273,13 +273,13 @@ pub async fn bench(args: BenchArgs) -> std::process::ExitCode {
                     .runs(ScenarioName::Scale)
                     .then(|| args.scale_count(kind));
                 let start = move || -> Result<Vec<Target>, String> {
-                    let mut targets = Target::spawn(kind)?;
+                    let mut target = Target::spawn(kind)?;
                     if let Some(locks) = scale_locks {
-                        for target in &mut targets {
-                            target.make_room_for_locks(locks)?;
-                        }
+                        target.make_room_for_locks(locks)?;
                     }
-                    Ok(targets)
+                    // Replica acknowledgement's cost: the same setup without it.
+                    let twin = target.without_replica_wait();
+                    Ok(std::iter::once(target).chain(twin).collect())
                 };
                 match tokio::task::spawn_blocking(start).await {
                     Ok(Ok(targets)) => Ok(targets),

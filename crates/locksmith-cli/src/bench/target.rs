@@ -216,12 +216,7 @@ impl Target {
 
     /// Starts a real server of `kind` (blocking: a JVM or `initdb` takes
     /// seconds; call it from a blocking thread). `memory` starts nothing.
-    ///
-    /// A Sentinel setup or a Redis Cluster is measured twice: as a client
-    /// connects by default (every grant waits for a replica) and with
-    /// `wait_replicas=0` (labelled `…-nowait`), so one run shows what replica
-    /// acknowledgement costs.
-    pub fn spawn(kind: Kind) -> Result<Vec<Target>, String> {
+    pub fn spawn(kind: Kind) -> Result<Target, String> {
         let spawned = match kind {
             Kind::Memory => None,
             Kind::Server => Some(Spawned::Serve(ServeProcess::start()?)),
@@ -259,26 +254,36 @@ impl Target {
             Some(server) => server.url(),
             None => format!("memory://locksmith-bench-{}", std::process::id()),
         };
-        let mut targets = vec![Target {
+        Ok(Target {
             label: kind.name().to_owned(),
             kind,
-            url: url.clone(),
-            spawned: spawned.clone(),
+            url,
+            spawned,
             tuning: Vec::new(),
-        }];
-        if matches!(kind, Kind::RedisSentinel | Kind::RedisCluster) {
-            targets.push(Target {
-                label: format!("{}-nowait", kind.name()),
-                kind,
-                url: format!("{url}?wait_replicas=0"),
-                spawned,
-                tuning: vec![
-                    "clients connect with `wait_replicas=0`: grants do not wait for a replica"
-                        .into(),
-                ],
-            });
+        })
+    }
+
+    /// The same Sentinel setup or Redis Cluster, reached by clients that do
+    /// not wait for a replica after a grant (`wait_replicas=0`), labelled
+    /// `…-nowait`: measured or tortured beside the default, it shows what
+    /// replica acknowledgement costs and what it prevents. `None` for other
+    /// kinds.
+    pub fn without_replica_wait(&self) -> Option<Target> {
+        if !matches!(self.kind, Kind::RedisSentinel | Kind::RedisCluster) {
+            return None;
         }
-        Ok(targets)
+        let separator = if self.url.contains('?') { '&' } else { '?' };
+        let mut tuning = self.tuning.clone();
+        tuning.push(
+            "clients connect with `wait_replicas=0`: grants do not wait for a replica".into(),
+        );
+        Some(Target {
+            label: format!("{}-nowait", self.label),
+            kind: self.kind,
+            url: format!("{}{separator}wait_replicas=0", self.url),
+            spawned: self.spawned.clone(),
+            tuning,
+        })
     }
 
     /// Makes a server this run started able to hold `locks` locks at once

@@ -36,8 +36,8 @@
 //! need a server this run started) or `--spawn server,redis,zookeeper,etcd,postgres`
 //! and the replicated setups `redis-sentinel`, `redis-cluster`, `redlock`,
 //! `etcd-cluster`, `zookeeper-ensemble` (started as `locksmith bench` starts
-//! them; a Sentinel setup and a Cluster are tortured twice, with and without
-//! replica acknowledgement, as `…-nowait`). `memory://` lives inside one
+//! them; with `--nowait-twins` a Sentinel setup and a Cluster are tortured
+//! twice, with and without replica acknowledgement, as `…-nowait`). `memory://` lives inside one
 //! process and cannot be shared by client processes, so it is refused.
 
 mod checker;
@@ -94,6 +94,10 @@ pub struct TortureArgs {
         default_value = "none,kill-client,pause-client,restart-backend,partition,delay,expire-session"
     )]
     faults: Vec<FaultKind>,
+    /// Also torture each spawned Sentinel setup and Redis Cluster as clients
+    /// with `wait_replicas=0` see it (labelled `…-nowait`), beside the default.
+    #[arg(long)]
+    nowait_twins: bool,
     /// Client processes per round.
     #[arg(long, default_value_t = 5)]
     clients: u32,
@@ -277,7 +281,13 @@ async fn coordinate(args: TortureArgs) -> ExitCode {
             Ok(spec) => vec![Arc::new(Target::given(spec))],
             Err(kind) => {
                 eprintln!("locksmith torture: starting {kind}…");
-                match tokio::task::spawn_blocking(move || Target::spawn(kind)).await {
+                let twins = args.nowait_twins;
+                let start = move || -> Result<Vec<Target>, String> {
+                    let target = Target::spawn(kind)?;
+                    let twin = twins.then(|| target.without_replica_wait()).flatten();
+                    Ok(std::iter::once(target).chain(twin).collect())
+                };
+                match tokio::task::spawn_blocking(start).await {
                     Ok(Ok(targets)) => targets.into_iter().map(Arc::new).collect(),
                     Ok(Err(error)) => {
                         reports.push(error_report(

@@ -49,9 +49,11 @@ pub enum FaultKind {
     /// the session TTL, past its failover, then let it come back: a minority
     /// cut off from everyone, which wakes up believing it still leads.
     PausePrimary,
-    /// Redlock: `kill -9` a master that has the holder's lock, delete its data
-    /// and restart it at once, empty: the case of Kleppmann's critique, where
-    /// a second client can win a majority with the restarted master.
+    /// Redlock: while two of five masters are cut off from every client, the
+    /// next holder wins the other three; one of them is killed, loses its data
+    /// and restarts at once, empty; then every master is reachable again. The
+    /// case of Kleppmann's critique: a second client can win a majority with
+    /// the restarted master and the two that never saw the first grant.
     RestartEmpty,
     /// Redlock: as `restart-empty`, but the master comes back only after a
     /// session TTL (every lease it had has run out): antirez's "delayed
@@ -394,24 +396,54 @@ async fn inject(
             ))
         }
         FaultKind::RestartEmpty | FaultKind::RestartEmptyLate => {
-            let victim = lingering_holder(round, timing.outage()).await?;
+            let Some(Spawned::Redlock(masters)) = target.spawned.as_deref() else {
+                return Err("no Redlock masters started by this run".into());
+            };
+            // Kleppmann's sequence: the holder reaches only a bare majority
+            // (the last masters are cut off from every client), one master of
+            // that majority restarts without its data, then everyone reaches
+            // every master again.
+            let majority = masters.len() / 2 + 1;
+            let cut_off = majority..masters.len();
+            // Refused, not held: a request sent meanwhile must not arrive late.
+            for host in cut_off.clone() {
+                round.proxies_to(host).for_each(|p| p.set(Mode::Refuse));
+            }
+            let heal = |round: &Round| {
+                for host in cut_off.clone() {
+                    round.proxies_to(host).for_each(|p| p.set(Mode::Pass));
+                }
+            };
+            let victim = match lingering_holder(round, timing.outage()).await {
+                Ok(victim) => victim,
+                Err(e) => {
+                    heal(round);
+                    return Err(e);
+                }
+            };
             let (setup, lock) = (target.clone(), victim.lock.clone());
             let late = (kind == FaultKind::RestartEmptyLate)
                 .then_some(timing.session_ttl + Duration::from_millis(500));
             let start = now();
-            let note = tokio::task::spawn_blocking(move || {
+            let restarted = tokio::task::spawn_blocking(move || {
                 let Some(Spawned::Redlock(masters)) = setup.spawned.as_deref() else {
-                    return Err("no Redlock masters started by this run".to_owned());
+                    unreachable!("checked above")
                 };
-                restart_empty(masters, &lock, late)
+                restart_empty(&masters[..majority], &lock, late)
             })
             .await
-            .map_err(|e| e.to_string())??;
+            .map_err(|e| e.to_string());
+            heal(round);
+            let note = restarted??;
             Ok(record(
                 kind,
                 start,
                 Some(Vec::new()),
-                format!("{note} while {victim} stayed inside"),
+                format!(
+                    "with masters {majority}..{} cut off from every client, {note} while {victim} \
+                     stayed inside; then healed",
+                    masters.len()
+                ),
             ))
         }
     }
@@ -471,7 +503,7 @@ fn kill_primary(spawned: &Spawned, lock: &str) -> Result<String, String> {
     ))
 }
 
-/// Kills a Redlock master that has `lock`, deletes its data, and restarts it
+/// Kills one of `masters` that has `lock`, deletes its data, and restarts it
 /// empty, after `late` if given.
 ///
 /// Blocking: it restarts a server.

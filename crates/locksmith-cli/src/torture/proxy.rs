@@ -8,6 +8,8 @@
 //! connecting them, but drops nothing: when it heals, what was sent arrives,
 //! as it would after TCP retransmission over a partition that healed in time.
 //! A delay holds every chunk for the given time before passing it on, in order.
+//! A refusal closes every connection and refuses new ones: the server is
+//! unreachable and nothing sent meanwhile arrives later.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -27,6 +29,8 @@ pub enum Mode {
     Blackhole,
     /// Deliver each chunk this long after it was read.
     Delay(Duration),
+    /// Close every connection and refuse new ones until the mode changes.
+    Refuse,
 }
 
 /// One relay from a loopback port to `upstream`.
@@ -69,12 +73,13 @@ impl Drop for Proxy {
     }
 }
 
-/// Waits while the proxy blackholes.
+/// Waits while the proxy blackholes; fails when it refuses (or is gone).
 async fn passable(mode: &mut watch::Receiver<Mode>) -> Result<Mode, ()> {
     loop {
-        let current = *mode.borrow_and_update();
-        if current != Mode::Blackhole {
-            return Ok(current);
+        match *mode.borrow_and_update() {
+            Mode::Blackhole => {}
+            Mode::Refuse => return Err(()),
+            current => return Ok(current),
         }
         mode.changed().await.map_err(|_| ())?;
     }
@@ -123,7 +128,17 @@ async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, mut mode: watch::
         }
     };
     let writer = async move {
-        while let Some((read_at, chunk)) = queue.recv().await {
+        loop {
+            let next = tokio::select! {
+                next = queue.recv() => next,
+                changed = mode.changed() => {
+                    if changed.is_err() || *mode.borrow() == Mode::Refuse {
+                        return;
+                    }
+                    continue;
+                }
+            };
+            let Some((read_at, chunk)) = next else { break };
             loop {
                 let Ok(current) = passable(&mut mode).await else {
                     return;
@@ -131,9 +146,12 @@ async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, mut mode: watch::
                 if let Mode::Delay(delay) = current {
                     tokio::time::sleep_until(read_at + delay).await;
                 }
-                // A blackhole may have started while this chunk was delayed.
-                if *mode.borrow() != Mode::Blackhole {
-                    break;
+                // A blackhole or refusal may have started while this chunk
+                // was delayed.
+                match *mode.borrow() {
+                    Mode::Blackhole => {}
+                    Mode::Refuse => return,
+                    _ => break,
                 }
             }
             if to.write_all(&chunk).await.is_err() {
@@ -205,6 +223,33 @@ mod tests {
         assert!(
             start.elapsed() >= Duration::from_millis(300),
             "delayed both ways"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_refusal_closes_connections_and_loses_what_was_sent() {
+        let proxy = Proxy::start(echo_server().await).await.unwrap();
+        let mut stream = TcpStream::connect(proxy.addr()).await.unwrap();
+        assert_eq!(round_trip(&mut stream, 1).await, 1);
+
+        proxy.set(Mode::Refuse);
+        let mut back = [0u8];
+        assert!(
+            matches!(stream.read(&mut back).await, Ok(0) | Err(_)),
+            "an open connection is closed"
+        );
+        let mut refused = TcpStream::connect(proxy.addr()).await.unwrap();
+        let _ = refused.write_all(&[2]).await;
+        assert!(
+            matches!(refused.read(&mut back).await, Ok(0) | Err(_)),
+            "a new connection is closed before anything passes"
+        );
+        proxy.set(Mode::Pass);
+        let mut healed = TcpStream::connect(proxy.addr()).await.unwrap();
+        assert_eq!(
+            round_trip(&mut healed, 3).await,
+            3,
+            "nothing sent while refused arrives"
         );
     }
 }

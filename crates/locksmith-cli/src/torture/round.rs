@@ -179,6 +179,11 @@ impl Round {
         &self.slots[slot as usize].proxies
     }
 
+    /// Every client's fault proxy to the `host`-th server of the URL.
+    pub fn proxies_to(&self, host: usize) -> impl Iterator<Item = &Proxy> {
+        self.slots.iter().filter_map(move |s| s.proxies.get(host))
+    }
+
     /// Every fault proxy.
     pub fn all_proxies(&self) -> impl Iterator<Item = &Proxy> {
         self.slots.iter().flat_map(|s| s.proxies.iter())

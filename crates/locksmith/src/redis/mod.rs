@@ -30,7 +30,7 @@
 //! | `mode=fair` | the RLock hash plus Redisson RFairLock's queue: FIFO for every mode (not with Redlock) |
 //! | `mode=simple` | exclusive locks as `SET name <id> NX PX <ttl>`, the layout of redis-py's `Lock` |
 //! | `prefix=app/` | prepend a namespace to every lock name (off by default: names map verbatim) |
-//! | `wait_replicas=N&wait_timeout=500ms` | after each grant, `WAIT` for N replicas (at most as many as the primary has connected); if fewer acknowledge in time the grant is released and the acquire fails (Redisson's `checkLockSyncedSlaves`). Default 1 behind Sentinel and on a Cluster, off otherwise; `0` turns it off ([replica acknowledgement](#replica-acknowledgement)) |
+//! | `wait_replicas=N&wait_timeout=500ms` | after each grant, `WAIT` for N replicas; if fewer acknowledge in time the grant is released and the acquire fails (Redisson's `checkLockSyncedSlaves`). Default 1 behind Sentinel and on a Cluster, off otherwise; `0` turns it off ([replica acknowledgement](#replica-acknowledgement)) |
 //! | `node_timeout=50ms` | Redlock: how long one node may take per request (default lease/10, 50ms..1s) |
 //! | `retry_delay=100ms` | Redlock: upper bound of the random pause after a split vote |
 //! | `tls=true` | Redlock, Sentinel, Cluster: connect to every node with TLS |
@@ -145,19 +145,27 @@
 //!
 //! Redis replicates asynchronously: a primary that grants a lock and dies
 //! before a replica has it hands the lock out again after the failover,
-//! possibly with the same fencing token (the counter's `INCR` is lost too).
-//! Behind Sentinel and on a Cluster every grant therefore waits, by default,
-//! for one replica to acknowledge it (`WAIT 1`, within `wait_timeout`, 1 s by
-//! default), in the same pipeline as the grant. Both Sentinel and Cluster
-//! promote the most up-to-date replica, so it has the grant. One replica
-//! rather than all of them, because one suffices for that and a slow replica
-//! then costs nothing. When no replica acknowledges in time the grant is given
-//! back and the attempt fails (a waiting acquire retries). When the primary has
-//! no replica connected at all (its only replica was just promoted, or every
-//! replica is down), grants do not wait: as in Redisson, they then survive only
-//! if their primary does. Renewals and releases do not wait: a renewal lost in
-//! a failover only shortens a hold, which the watchdog's re-check notices.
-//! `wait_replicas=0` turns it off; docs/BENCHMARKS.md has the cost.
+//! possibly with the same fencing token (the counter's `INCR` is lost too),
+//! and a primary that was cut off while the others failed over can grant on
+//! its own until it is demoted. Behind Sentinel and on a Cluster every grant
+//! therefore waits, by default, until one replica acknowledges it (`WAIT 1`
+//! within `wait_timeout`, 1 s by default), in the same pipeline as the grant.
+//! Sentinel and Cluster both promote the most up-to-date replica, so it has
+//! the grant; a cut-off primary has no replica left to acknowledge, so it
+//! grants nothing. One replica rather than all of them: one is enough for
+//! that, and a slow replica then costs nothing.
+//!
+//! When no replica acknowledges in time the grant is given back and the
+//! attempt fails (a waiting acquire retries for up to a session TTL). So a
+//! primary without any replica (its only replica was just promoted, or every
+//! replica is down) grants nothing until a replica is back; holds it already
+//! has keep being renewed. That is the price, chosen over Redisson's default,
+//! which waits only for the replicas that are connected and so lets exactly
+//! such a primary grant alone. Renewals and releases do not wait: a renewal
+//! lost in a failover only shortens a hold, which the watchdog's re-check
+//! notices. `wait_replicas=0` turns acknowledgement off, for availability
+//! over safety; docs/BENCHMARKS.md has its cost and docs/RELIABILITY.md what
+//! it prevents.
 //!
 //! # Redlock
 //!
@@ -194,7 +202,6 @@ pub mod keys;
 mod node;
 mod ops;
 pub mod pubsub;
-mod replicas;
 pub mod scripts;
 mod sentinel;
 pub mod watchdog;
@@ -213,7 +220,6 @@ use self::keys::Keys;
 use self::node::{failure, is_transient, problem, Node};
 use self::ops::{AcquireSpec, Call, Kind, Reply, Target};
 use self::pubsub::Subscription;
-use self::replicas::Replicas;
 use self::scripts::Scripts;
 use self::watchdog::Watchdog;
 use crate::backend::{
@@ -241,8 +247,6 @@ pub(crate) struct Shared {
     nodes: Vec<Node>,
     /// The scripts, publishing the way the nodes' subscriptions listen.
     scripts: &'static Scripts,
-    /// How many replicas the primaries have, for `WAIT`.
-    replicas: Replicas,
     quorum: usize,
     /// Redisson's "connection manager id": the first half of every holder id.
     client_id: String,
@@ -360,7 +364,6 @@ impl RedisBackend {
             quorum,
             nodes,
             scripts,
-            replicas: Replicas::default(),
             client_id: uuid::Uuid::new_v4().to_string(),
             lock_by: format!("{}@{}", options.client_name, options.host),
             session_ttl: options.session_ttl,
@@ -509,19 +512,11 @@ impl Shared {
     /// Cancel safety: as [`Shared::attempt_inner`].
     async fn attempt_single(&self, target: &Target, spec: &AcquireSpec) -> Result<Attempt> {
         let call = target.acquire(self.scripts, spec, &self.lock_by, false);
-        let node = &self.nodes[0];
-        let replicas = match self.config.wait_replicas {
-            Some(wanted) => {
-                self.replicas
-                    .to_wait_for(node, &target.keys.lock, wanted)
-                    .await
-            }
-            None => 0,
-        };
         let sent = Instant::now();
-        let reply: Vec<i64> = match replicas {
-            0 => self.run(0, &call, "acquire").await?,
-            replicas => {
+        let reply: Vec<i64> = match self.config.wait_replicas {
+            None => self.run(0, &call, "acquire").await?,
+            Some(replicas) => {
+                let node = &self.nodes[0];
                 let (reply, acked): (Vec<i64>, i64) = node
                     .eval_and_wait(&call, replicas, self.config.wait_timeout)
                     .await
@@ -605,7 +600,11 @@ impl Shared {
             }
         }
         let within = |at: Instant| spec.lease > at.duration_since(start) + drift;
-        if took.len() >= quorum && within(Instant::now()) {
+        // This owner holds nothing here, so a "re-entry" is a level that an
+        // earlier release never reached (its node was cut off then), with
+        // whatever token that node kept: nothing to build a grant on.
+        let leftovers = !maybe_reentry && !tokens.is_empty();
+        if !leftovers && took.len() >= quorum && within(Instant::now()) {
             let token = if !tokens.is_empty() {
                 tokens.iter().copied().max()
             } else {
@@ -622,13 +621,21 @@ impl Shared {
             }
         }
         // No majority in time: release wherever this attempt may have taken a
-        // level (everywhere, unless an existing hold could be re-entered).
+        // level (everywhere, unless an existing hold could be re-entered; then
+        // every level, leftovers included).
         let undo: Vec<usize> = if maybe_reentry {
             took.clone()
         } else {
             (0..n).collect()
         };
-        let _ = self.release_on(target, &undo, false).await;
+        let _ = self.release_on(target, &undo, !maybe_reentry).await;
+        if leftovers {
+            // Cleared: try again at once.
+            return Ok(Attempt::Busy {
+                hint: None,
+                split: true,
+            });
+        }
         if refusals.len() >= quorum {
             return Err(refusals[0].refusal(target).expect("a refusal"));
         }

@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use ::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use ::redis::cluster_async::ClusterConnection;
-use ::redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use ::redis::{ErrorKind, FromRedisValue, RedisError, Script, ServerErrorKind};
 use tokio::sync::{watch, Notify};
 
@@ -374,33 +373,6 @@ impl Node {
     pub async fn load(&self, script: &Script) -> std::result::Result<(), RedisError> {
         let result = load(&mut self.link(), script).await;
         self.notice(result)
-    }
-
-    /// Runs a keyless command where `key` lives: on a cluster, on the
-    /// primary of its slot.
-    ///
-    /// Cancel safety: the command may or may not have run.
-    pub async fn query_for_key<T: FromRedisValue>(
-        &self,
-        cmd: &::redis::Cmd,
-        key: &str,
-    ) -> std::result::Result<T, RedisError> {
-        let Conn::Cluster(cluster) = &self.conn else {
-            return self.query(cmd).await;
-        };
-        let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::with_key(
-            key,
-            SlotAddr::Master,
-        )));
-        match cluster.clone().route_command(cmd.clone(), route).await {
-            Ok(value) => ::redis::from_redis_value(value).map_err(RedisError::from),
-            Err(e) => Err(e),
-        }
-    }
-
-    /// Whether this is a Redis Cluster.
-    pub fn is_cluster(&self) -> bool {
-        matches!(self.conn, Conn::Cluster(_))
     }
 
     /// Every key matching `pattern` (`SCAN … MATCH`), on every primary of a
