@@ -8,7 +8,12 @@
 //!   the holder is told it lost it;
 //! - `partition`: cut the holder off the backend for twice its session TTL;
 //! - `kill-client` (server only): kill -9 a holder and respawn it;
-//! - `expire-session` (PostgreSQL only): `pg_terminate_backend` on the holder.
+//! - `expire-session` (PostgreSQL only): `pg_terminate_backend` on the holder;
+//! - on the replicated setups, `kill-primary` and `pause-primary` (the Redis
+//!   primary behind Sentinel, the primary of the holder's slot on a Redis
+//!   Cluster, the etcd and ZooKeeper leader) and, on Redlock,
+//!   `restart-empty-late` (a master restarted without its data only after a
+//!   session TTL, the mitigation that keeps Redlock safe).
 //!
 //! Each test runs `locksmith torture --quick …` and fails on a non-zero exit:
 //! any safety violation, any liveness failure, or a round that could not run.
@@ -101,4 +106,29 @@ fn etcd() {
 #[test]
 fn postgres() {
     torture("postgres", "pause-client,restart-backend,expire-session");
+}
+
+#[test]
+fn redis_sentinel() {
+    torture("redis-sentinel", "kill-primary,pause-primary");
+}
+
+#[test]
+fn redis_cluster() {
+    torture("redis-cluster", "kill-primary,pause-primary");
+}
+
+#[test]
+fn redlock() {
+    torture("redlock", "restart-empty-late");
+}
+
+#[test]
+fn etcd_cluster() {
+    torture("etcd-cluster", "kill-primary,pause-primary");
+}
+
+#[test]
+fn zookeeper_ensemble() {
+    torture("zookeeper-ensemble", "kill-primary,pause-primary");
 }
