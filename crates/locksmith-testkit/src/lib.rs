@@ -67,7 +67,7 @@
 //! after `cargo install locksmith-cli`) uses whatever the machine it runs on
 //! has installed, the same way the tests do:
 //!
-//! - `redis-server`, `etcd`, `etcdctl`, `openssl`, `java`: the first
+//! - `redis-server`, `redis-cli`, `etcd`, `etcdctl`, `openssl`, `java`: the first
 //!   executable of that name on `PATH`.
 //! - PostgreSQL (`postgres`, `initdb`, `psql`): the directory in
 //!   `LOCKSMITH_PG_BINDIR`, else that of `postgres` on `PATH`, else the newest
