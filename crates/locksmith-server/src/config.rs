@@ -72,6 +72,17 @@ pub struct ServerConfig {
     /// How long a new connection may take to send its HTTP/2 preface before
     /// it is closed.
     pub handshake_timeout: Duration,
+    /// Where the HTTP listener serves `/metrics` (Prometheus), `/healthz`,
+    /// `/readyz` and the live web page of the lock table; `None` (the
+    /// default) serves no HTTP. Port 0 picks a free port (see
+    /// [`crate::Server::http_addr`]).
+    pub metrics_listen: Option<SocketAddr>,
+    /// Most recent grants the grant history keeps per lock (0 keeps none).
+    pub history_per_lock: usize,
+    /// Most grants the grant history keeps in all (the oldest go first).
+    pub history_total: usize,
+    /// Grants older than this leave the grant history.
+    pub history_max_age: Duration,
 }
 
 impl ServerConfig {
@@ -105,6 +116,10 @@ impl ServerConfig {
             max_batch: 4096,
             max_connections: 10_000,
             handshake_timeout: Duration::from_secs(10),
+            metrics_listen: None,
+            history_per_lock: 16,
+            history_total: 10_000,
+            history_max_age: Duration::from_secs(3600),
         }
     }
 

@@ -88,6 +88,9 @@ mod config;
 mod convert;
 mod core;
 mod error;
+mod history;
+mod http;
+mod metrics;
 mod op;
 mod outbox;
 // The Raft layer (openraft types, the members' gRPC transport, the engine
@@ -114,6 +117,8 @@ pub use crate::error::ServerError;
 pub use locksmith_core::Limits;
 
 use crate::core::{Core, Stats};
+use crate::http::Readiness;
+use crate::metrics::Metrics;
 use crate::op::Op;
 use crate::service::Service;
 
@@ -144,6 +149,7 @@ pub struct Server {
     stop: CancellationToken,
     task: Option<JoinHandle<Result<(), ServerError>>>,
     stats: Arc<Stats>,
+    http_addr: Option<SocketAddr>,
 }
 
 impl Server {
@@ -165,18 +171,40 @@ impl Server {
             addr: config.listen,
             source,
         })?;
+        let (ops, receiver) = std::sync::mpsc::channel();
+        let stop = CancellationToken::new();
+        // Health and metrics answer while the log replays; the listener
+        // stops with the server, or at once if recovery fails.
+        let stop_on_error = stop.clone().drop_guard();
+        let metrics = Arc::new(Metrics::new());
+        let readiness = Arc::new(Readiness::default());
+        let http_addr = match config.metrics_listen {
+            Some(addr) => Some(
+                http::start(
+                    addr,
+                    ops.clone(),
+                    metrics.clone(),
+                    readiness.clone(),
+                    stop.clone(),
+                )
+                .await?,
+            ),
+            None => None,
+        };
         let recover_config = config.clone();
-        let core = tokio::task::spawn_blocking(move || Core::recover(&recover_config))
+        let mut core = tokio::task::spawn_blocking(move || Core::recover(&recover_config))
             .await
             .map_err(|e| ServerError::EngineStopped(format!("recovery panicked: {e}")))??;
+        core.count_in(metrics);
         let unary_ids = core.unary_ids();
         let stats = core.stats();
-        let (ops, receiver) = std::sync::mpsc::channel();
         let (exit_tx, exit_rx) = oneshot::channel();
+        let serving = readiness.clone();
         std::thread::Builder::new()
             .name("locksmith-engine".into())
             .spawn(move || {
                 let _ = exit_tx.send(core.run(receiver));
+                serving.set_serving(false);
             })
             .map_err(|source| ServerError::Io {
                 context: "cannot start the engine thread".into(),
@@ -189,7 +217,6 @@ impl Server {
             .build_v1()
             .map_err(|e| tracing::warn!(error = %e, "gRPC reflection is off"))
             .ok();
-        let stop = CancellationToken::new();
         let stop_accepting = CancellationToken::new();
         let incoming = accept::incoming(
             listener,
@@ -209,6 +236,7 @@ impl Server {
             .serve_with_incoming_shutdown(incoming, stop_accepting.clone().cancelled_owned());
 
         let durable = config.data_dir.is_some();
+        let serving_now = readiness.clone();
         let task = tokio::spawn({
             let stop = stop.clone();
             async move {
@@ -222,6 +250,7 @@ impl Server {
                         (exit_rx.await, Some(result))
                     }
                     _ = stop.cancelled() => {
+                        readiness.set_serving(false);
                         let (done, _) = oneshot::channel();
                         let _ = ops.send(Op::Shutdown { done });
                         (exit_rx.await, None)
@@ -247,12 +276,15 @@ impl Server {
                 Ok(())
             }
         });
+        stop_on_error.disarm();
+        serving_now.set_serving(true);
         tracing::info!(%addr, durable, "locksmith server listening");
         Ok(Server {
             addr,
             stop,
             task: Some(task),
             stats,
+            http_addr,
         })
     }
 
@@ -260,6 +292,12 @@ impl Server {
     /// asked for port 0).
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The address of the HTTP listener (metrics, health, web page), when
+    /// [`ServerConfig::metrics_listen`] asked for one.
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.http_addr
     }
 
     /// The engine loop's counters so far (average batch size = ops / batches,

@@ -175,6 +175,11 @@ pub(crate) enum Op {
     ListSessions {
         reply: UnaryReply<pb::ListSessionsResponse>,
     },
+    /// Recent grants of the locks under a prefix.
+    History {
+        prefix: String,
+        reply: UnaryReply<pb::HistoryResponse>,
+    },
     /// Administrator release.
     ForceRelease {
         name: String,

@@ -522,6 +522,14 @@ impl Locksmith for Service {
         self.call(|reply| Op::ListSessions { reply }).await
     }
 
+    async fn history(
+        &self,
+        request: Request<pb::HistoryRequest>,
+    ) -> Result<Response<pb::HistoryResponse>, Status> {
+        let prefix = request.into_inner().prefix;
+        self.call(|reply| Op::History { prefix, reply }).await
+    }
+
     async fn force_release(
         &self,
         request: Request<pb::ForceReleaseRequest>,

@@ -12,6 +12,7 @@ use tonic::Status;
 use super::session::SessionEntry;
 use super::Core;
 use crate::convert;
+use crate::metrics::Applied;
 use crate::op::UnaryReply;
 use crate::storage::{LogRecordRef, LostNotice, Outcome};
 
@@ -95,6 +96,9 @@ impl Core {
                 request,
             })
         });
+        let seen = self.history.before(now, &command);
+        let applied = Applied::of(&command);
+        let last_token = self.engine.last_token();
         let mut effects = std::mem::take(&mut self.effects);
         let result = self.engine.apply(now, command, &mut effects);
         if let (Some(mark), Some(log)) = (mark, self.log.as_mut()) {
@@ -111,6 +115,11 @@ impl Core {
             }
         }
         if result.is_ok() {
+            let metrics = self.metrics.as_deref();
+            self.history.after(now, seen, last_token, &effects, metrics);
+            if let Some(metrics) = metrics {
+                metrics.applied(applied, &effects);
+            }
             if let After::Open {
                 session,
                 secret,

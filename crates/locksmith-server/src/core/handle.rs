@@ -169,6 +169,16 @@ impl Core {
                     }),
                 );
             }
+            Op::History { prefix, reply } => {
+                let grants = self.history.query(now, &prefix);
+                self.defer(
+                    reply,
+                    Ok(pb::HistoryResponse {
+                        grants,
+                        now_ms: now,
+                    }),
+                );
+            }
             Op::ForceRelease { name, reply } => {
                 let result = self
                     .execute(now, Command::ForceRelease { name }, None, None)

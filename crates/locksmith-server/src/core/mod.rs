@@ -70,6 +70,8 @@ use tonic::Status;
 use crate::clock::Clock;
 use crate::config::ServerConfig;
 use crate::error::ServerError;
+use crate::history::{History, HistoryLimits};
+use crate::metrics::{Metrics, Tally};
 use crate::op::{Op, StreamId, StreamOp};
 use crate::outbox::{LeaseWaiter, Orphan, Output};
 use crate::storage::{LogBuffer, LogRecord, ServerSnapshot, SessionRecord, Storage};
@@ -135,6 +137,10 @@ pub(crate) struct Core {
     arrived: Vec<Op>,
     /// Ops looked at (their heartbeats applied), waiting for their batch.
     backlog: VecDeque<Op>,
+    /// The grant history and the table's counts (module `history`).
+    history: History,
+    /// Set once recovery is done: replayed records are not counted.
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl Core {
@@ -168,6 +174,12 @@ impl Core {
             last_commit: Duration::ZERO,
             arrived: Vec::new(),
             backlog: VecDeque::new(),
+            history: History::new(HistoryLimits {
+                per_lock: config.history_per_lock,
+                total: config.history_total,
+                max_age: config.history_max_age.as_millis() as Millis,
+            }),
+            metrics: None,
         };
         let Some(dir) = &config.data_dir else {
             return Ok(core);
@@ -224,6 +236,11 @@ impl Core {
         self.stats.clone()
     }
 
+    /// Counts what the core does from now on in `metrics`.
+    pub(crate) fn count_in(&mut self, metrics: Arc<Metrics>) {
+        self.metrics = Some(metrics);
+    }
+
     /// The counter of sessionless request ids, for the service.
     pub(crate) fn unary_ids(&self) -> Arc<AtomicU64> {
         self.next_unary.clone()
@@ -233,6 +250,7 @@ impl Core {
         self.last_now = snapshot.last_now;
         self.next_session = snapshot.next_session;
         self.next_unary = Arc::new(AtomicU64::new(snapshot.next_unary));
+        self.history.restore(&snapshot.engine);
         self.engine = Engine::restore(config.limits.clone(), snapshot.engine);
         self.sessions = snapshot
             .sessions
@@ -293,6 +311,7 @@ impl Core {
                 };
                 self.arrived.extend(first);
             }
+            let taken = Instant::now();
             if let Some(window) = self.gather_window() {
                 let until = Instant::now() + window;
                 while let Ok(op) = ops.recv_timeout(until.saturating_duration_since(Instant::now()))
@@ -318,6 +337,7 @@ impl Core {
                     tracing::debug!(%error, "time-driven command no longer applies");
                 }
             }
+            let tally = self.metrics.as_ref().map(|_| Tally::of(&batch));
             let mut shutdown = None;
             for op in batch.drain(..) {
                 match op {
@@ -326,8 +346,16 @@ impl Core {
                 }
                 self.release_orphans(now);
             }
+            if let Some(metrics) = &self.metrics {
+                // Before the replies leave: a client that saw one scrapes
+                // gauges at least as new.
+                metrics.table_now(self.history.census(), self.engine.last_token());
+            }
             if let Err(error) = self.finish_batch() {
                 return Err(self.fail(format!("cannot write the log: {error}")));
+            }
+            if let (Some(metrics), Some(tally)) = (&self.metrics, tally) {
+                metrics.batch_done(self.last_batch, &tally, taken.elapsed());
             }
             if let Some(done) = shutdown {
                 let result = self.shut_down(now);
@@ -420,7 +448,12 @@ impl Core {
             if output.is_empty() && log.buffer.len() < MAX_UNSYNCED_BYTES {
                 return Ok(());
             }
-            self.last_commit = commit(log, &self.stats, self.engine.last_token())?;
+            self.last_commit = commit(
+                log,
+                &self.stats,
+                self.engine.last_token(),
+                self.metrics.as_deref(),
+            )?;
             output.send(&mut self.orphans);
             // Off the path of the replies just sent: zeros ahead of the end.
             return log.storage.prepare();
@@ -512,7 +545,12 @@ impl Core {
             sessions,
         };
         let log = self.log.as_mut().expect("checked above");
-        commit(log, &self.stats, self.engine.last_token())?;
+        commit(
+            log,
+            &self.stats,
+            self.engine.last_token(),
+            self.metrics.as_deref(),
+        )?;
         log.storage.write_snapshot(&mut snapshot)?;
         log.since_snapshot = 0;
         tracing::info!(
@@ -525,10 +563,15 @@ impl Core {
     }
 }
 
-/// Writes and fsyncs the buffered records (if any), counting it in `stats`;
-/// returns how long it took. `last_token` is the engine's (the storage keeps
-/// a ceiling above every token made visible).
-fn commit(log: &mut Log, stats: &Stats, last_token: u64) -> std::io::Result<Duration> {
+/// Writes and fsyncs the buffered records (if any), counting it in `stats`
+/// and `metrics`; returns how long it took. `last_token` is the engine's (the
+/// storage keeps a ceiling above every token made visible).
+fn commit(
+    log: &mut Log,
+    stats: &Stats,
+    last_token: u64,
+    metrics: Option<&Metrics>,
+) -> std::io::Result<Duration> {
     let (mut records, count) = log.buffer.take();
     if records.is_empty() {
         return Ok(Duration::ZERO);
@@ -541,6 +584,9 @@ fn commit(log: &mut Log, stats: &Stats, last_token: u64) -> std::io::Result<Dura
         .fetch_add(elapsed.as_nanos() as u64, Ordering::Relaxed);
     stats.fsyncs.fetch_add(1, Ordering::Relaxed);
     stats.records.fetch_add(count, Ordering::Relaxed);
+    if let Some(metrics) = metrics {
+        metrics.committed(elapsed, count);
+    }
     log.buffer.give_back(records);
     Ok(elapsed)
 }

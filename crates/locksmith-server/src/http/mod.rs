@@ -1,0 +1,228 @@
+//! The HTTP listener (`--metrics-listen`): Prometheus metrics, health and
+//! readiness, and a live web page of the lock table with its JSON API.
+//!
+//! | path | what |
+//! |---|---|
+//! | `/metrics` | every metric (module `metrics`), OpenMetrics text |
+//! | `/healthz` | 200 while the process runs |
+//! | `/readyz` | 200 while the core serves, 503 during recovery, after a storage failure and while stopping |
+//! | `/` | the web page (plain HTML and JavaScript from the binary, no network) |
+//! | `/api/locks?prefix=P&limit=N` | locks under a prefix: holders, waiters in order |
+//! | `/api/sessions` | open sessions |
+//! | `/api/history?prefix=P` | recent grants (module `history`) |
+//!
+//! The listener starts before recovery, so health and metrics answer while a
+//! large log replays. The API asks the core with the same ops as the gRPC
+//! inspection calls (`List`, `ListSessions`, `History`), at most
+//! [`MAX_INSPECTIONS`] at a time, so a page left open anywhere never competes
+//! with lock traffic for more than that; nothing here runs on the core thread
+//! or makes it wait.
+//!
+//! Readiness is one flag today (the core runs and takes requests). A
+//! replicated member will also need a known leader and its apply index caught
+//! up with the commit index; that check belongs in [`Readiness::check`].
+
+mod api;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::Arc;
+
+use axum::extract::{Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde::Deserialize;
+use tokio::sync::{oneshot, Semaphore};
+use tokio_util::sync::CancellationToken;
+
+use crate::error::ServerError;
+use crate::metrics::Metrics;
+use crate::op::{Op, UnaryReply};
+
+/// Most inspection ops the HTTP API has in flight at the core at once.
+pub(crate) const MAX_INSPECTIONS: usize = 4;
+/// Most locks `/api/locks` returns (the page shows how many it left out).
+const MAX_LOCKS: usize = 10_000;
+/// Locks `/api/locks` returns when the request names no limit.
+const DEFAULT_LOCKS: usize = 1_000;
+
+const PAGE_HTML: &str = include_str!("page.html");
+const PAGE_JS: &str = include_str!("page.js");
+const PAGE_CSS: &str = include_str!("page.css");
+
+/// Whether the node can serve lock requests, for `/readyz`.
+#[derive(Debug, Default)]
+pub(crate) struct Readiness {
+    serving: AtomicBool,
+}
+
+impl Readiness {
+    /// The core runs (`true`) or stopped (`false`).
+    pub(crate) fn set_serving(&self, serving: bool) {
+        self.serving.store(serving, Ordering::Release);
+    }
+
+    /// `Ok` when ready, else why not.
+    pub(crate) fn check(&self) -> Result<(), &'static str> {
+        if self.serving.load(Ordering::Acquire) {
+            Ok(())
+        } else {
+            Err("the lock engine is not serving (recovering, stopping or stopped)")
+        }
+    }
+}
+
+/// What the handlers share.
+#[derive(Clone)]
+struct Http {
+    core: Sender<Op>,
+    metrics: Arc<Metrics>,
+    readiness: Arc<Readiness>,
+    inspections: Arc<Semaphore>,
+}
+
+/// Binds `addr` and serves until `stop` is cancelled. Returns the bound
+/// address once connections are accepted.
+///
+/// Cancel safety: safe before it returns (nothing was spawned); after, the
+/// listener runs until `stop`.
+pub(crate) async fn start(
+    addr: SocketAddr,
+    core: Sender<Op>,
+    metrics: Arc<Metrics>,
+    readiness: Arc<Readiness>,
+    stop: CancellationToken,
+) -> Result<SocketAddr, ServerError> {
+    let bind_error = |source| ServerError::Bind { addr, source };
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(bind_error)?;
+    let local = listener.local_addr().map_err(bind_error)?;
+    let state = Http {
+        core,
+        metrics,
+        readiness,
+        inspections: Arc::new(Semaphore::new(MAX_INSPECTIONS)),
+    };
+    let router = Router::new()
+        .route("/", get(page))
+        .route("/page.js", get(script))
+        .route("/page.css", get(style))
+        .route("/metrics", get(prometheus))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(ready))
+        .route("/api/locks", get(locks))
+        .route("/api/sessions", get(sessions))
+        .route("/api/history", get(history))
+        .with_state(state);
+    tokio::spawn(async move {
+        let served = axum::serve(listener, router)
+            .with_graceful_shutdown(stop.cancelled_owned())
+            .await;
+        if let Err(error) = served {
+            tracing::error!(%error, "the HTTP listener failed");
+        }
+    });
+    tracing::info!(addr = %local, "HTTP listening: /metrics, /healthz, /readyz, web page at /");
+    Ok(local)
+}
+
+fn with_type(content_type: &'static str, body: impl IntoResponse) -> Response {
+    ([(header::CONTENT_TYPE, content_type)], body).into_response()
+}
+
+async fn page() -> Response {
+    with_type("text/html; charset=utf-8", PAGE_HTML)
+}
+
+async fn script() -> Response {
+    with_type("text/javascript; charset=utf-8", PAGE_JS)
+}
+
+async fn style() -> Response {
+    with_type("text/css; charset=utf-8", PAGE_CSS)
+}
+
+async fn prometheus(State(http): State<Http>) -> Response {
+    with_type(
+        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        http.metrics.encode(),
+    )
+}
+
+async fn ready(State(http): State<Http>) -> Response {
+    match http.readiness.check() {
+        Ok(()) => "ready\n".into_response(),
+        Err(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {why}\n"),
+        )
+            .into_response(),
+    }
+}
+
+impl Http {
+    /// Sends an inspection op to the core and waits for its answer.
+    ///
+    /// Cancel safety: safe; a dropped call leaves at most an op whose answer
+    /// nobody reads.
+    async fn ask<T>(&self, op: impl FnOnce(UnaryReply<T>) -> Op) -> Result<T, Response> {
+        let unavailable =
+            |why: &str| (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")).into_response();
+        self.readiness.check().map_err(unavailable)?;
+        let _permit = self
+            .inspections
+            .acquire()
+            .await
+            .map_err(|_| unavailable("stopping"))?;
+        let (reply, answer) = oneshot::channel();
+        self.core
+            .send(op(reply))
+            .map_err(|_| unavailable("the lock engine stopped"))?;
+        match answer.await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(status)) => Err(unavailable(status.message())),
+            Err(_) => Err(unavailable("the lock engine stopped")),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct LocksQuery {
+    #[serde(default)]
+    prefix: String,
+    limit: Option<usize>,
+}
+
+async fn locks(
+    State(http): State<Http>,
+    Query(query): Query<LocksQuery>,
+) -> Result<Json<api::Locks>, Response> {
+    let limit = query.limit.unwrap_or(DEFAULT_LOCKS).min(MAX_LOCKS);
+    let prefix = query.prefix;
+    let list = http.ask(|reply| Op::List { prefix, reply }).await?;
+    Ok(Json(api::Locks::new(list, limit)))
+}
+
+async fn sessions(State(http): State<Http>) -> Result<Json<api::Sessions>, Response> {
+    let list = http.ask(|reply| Op::ListSessions { reply }).await?;
+    Ok(Json(api::Sessions::new(list)))
+}
+
+#[derive(Debug, Deserialize)]
+struct HistoryQuery {
+    #[serde(default)]
+    prefix: String,
+}
+
+async fn history(
+    State(http): State<Http>,
+    Query(query): Query<HistoryQuery>,
+) -> Result<Json<api::History>, Response> {
+    let prefix = query.prefix;
+    let grants = http.ask(|reply| Op::History { prefix, reply }).await?;
+    Ok(Json(api::History::new(grants)))
+}
