@@ -6,7 +6,7 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 mod bench;
 mod common;
@@ -32,6 +32,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the locksmith lock server.
+    #[command(args_override_self = true)]
     Serve(serve::ServeArgs),
     /// Run a command while holding a lock (like flock(1) or `etcdctl lock`).
     Run(run::RunArgs),
@@ -47,10 +48,63 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Check safety under injected faults (kill, pause, restart, partition).
     Torture(torture::TortureArgs),
+    /// Print a shell completion script (e.g. `locksmith completions bash >
+    /// /etc/bash_completion.d/locksmith`).
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page, or write one per subcommand into a directory.
+    Man {
+        /// Write locksmith.1 and locksmith-<subcommand>.1 here instead.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<std::path::PathBuf>,
+    },
+}
+
+/// `locksmith completions` and `locksmith man`: generated from the same clap
+/// definitions as the parser, so they never drift from it.
+fn generate(command: &Command) -> ExitCode {
+    let mut cli = Cli::command();
+    let written = match command {
+        Command::Completions { shell } => {
+            clap_complete::generate(*shell, &mut cli, "locksmith", &mut std::io::stdout());
+            Ok(())
+        }
+        Command::Man { dir: Some(dir) } => {
+            std::fs::create_dir_all(dir).and_then(|()| clap_mangen::generate_to(cli, dir))
+        }
+        Command::Man { dir: None } => clap_mangen::Man::new(cli).render(&mut std::io::stdout()),
+        _ => unreachable!("only generated output"),
+    };
+    match written {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("locksmith: {error}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let definitions = Cli::command();
+    let serve = definitions
+        .find_subcommand("serve")
+        .expect("serve is a subcommand");
+    let args = match serve::expand_config(std::env::args_os().collect(), serve) {
+        Ok(args) => args,
+        Err(error) => {
+            eprintln!("locksmith serve: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    let cli = Cli::parse_from(args);
+    if matches!(
+        cli.command,
+        Command::Completions { .. } | Command::Man { .. }
+    ) {
+        return generate(&cli.command);
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -75,6 +129,7 @@ fn main() -> ExitCode {
             Command::Session(args) => session::session(args).await,
             Command::Bench(args) => bench::bench(args).await,
             Command::Torture(args) => torture::torture(args).await,
+            command @ (Command::Completions { .. } | Command::Man { .. }) => generate(&command),
         }
     })
 }

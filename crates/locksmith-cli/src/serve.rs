@@ -5,7 +5,12 @@
 //! the `--grace` period. `--in-memory` keeps nothing. SIGINT/SIGTERM stop it
 //! gracefully (a final snapshot); kill -9 loses nothing that was acknowledged.
 //! Logs go to stderr; `RUST_LOG` filters them (default `info`).
+//!
+//! `--metrics-listen` serves Prometheus metrics, health, readiness and a live
+//! web page of the lock table over HTTP. `--config FILE` reads the same
+//! settings from a TOML file (see [`expand_config`]).
 
+use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -76,6 +81,27 @@ pub struct ServeArgs {
     /// refuses to start and says what is wrong.
     #[arg(long)]
     pub recover_damaged_data: bool,
+    /// Serve Prometheus metrics (/metrics), /healthz, /readyz and the live web
+    /// page of the lock table over HTTP on this address, e.g. 127.0.0.1:7421
+    /// (off by default; the page shows lock names and owners, so keep it on a
+    /// trusted network).
+    #[arg(long, env = "LOCKSMITH_METRICS_LISTEN", value_name = "HOST:PORT")]
+    pub metrics_listen: Option<SocketAddr>,
+    /// Grant history: most recent grants kept per lock (0 keeps none).
+    #[arg(long, default_value_t = 16)]
+    pub history_per_lock: usize,
+    /// Grant history: most grants kept in all (the oldest go first).
+    #[arg(long, default_value_t = 10_000)]
+    pub history_total: usize,
+    /// Grant history: forget grants older than this, e.g. `1h`.
+    #[arg(long, value_parser = parse_duration, default_value = "1h")]
+    pub history_max_age: Duration,
+    /// Read settings from a TOML file: each key is a long flag of this command
+    /// without its dashes (`listen = "0.0.0.0:7420"`, `in-memory = true`,
+    /// `grace = "30s"`). Flags on the command line win over the file, and
+    /// the file over environment variables.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
 }
 
 impl ServeArgs {
@@ -100,8 +126,83 @@ impl ServeArgs {
         config.handshake_timeout = self.handshake_timeout;
         config.segment_bytes = self.segment_bytes;
         config.recover_damaged_data = self.recover_damaged_data;
+        config.metrics_listen = self.metrics_listen;
+        config.history_per_lock = self.history_per_lock;
+        config.history_total = self.history_total;
+        config.history_max_age = self.history_max_age;
         config
     }
+}
+
+/// `locksmith serve --config FILE`: the file's settings become flags placed
+/// before those of the command line (which `serve` lets override earlier
+/// ones), so every flag has its setting, with the same name, parser and
+/// checks, and the command line wins. Any other command line is returned
+/// as it is. `serve` is the command whose long flags name the settings.
+pub fn expand_config(args: Vec<OsString>, serve: &clap::Command) -> Result<Vec<OsString>, String> {
+    if args.get(1).is_none_or(|a| a != "serve") {
+        return Ok(args);
+    }
+    let mut path = None;
+    let mut rest = args[2..].iter();
+    while let Some(arg) = rest.next() {
+        let arg = arg.to_string_lossy();
+        if arg == "--" {
+            break;
+        }
+        if arg == "--config" {
+            path = rest.next().cloned();
+        } else if let Some(value) = arg.strip_prefix("--config=") {
+            path = Some(value.into());
+        }
+    }
+    let Some(path) = path else {
+        return Ok(args);
+    };
+    let shown = std::path::Path::new(&path).display().to_string();
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("cannot read {shown}: {e}"))?;
+    let table: toml::Table = text
+        .parse()
+        .map_err(|e: toml::de::Error| format!("{shown} is not valid TOML: {e}"))?;
+    let mut flags: Vec<OsString> = Vec::new();
+    for (key, value) in table {
+        let arg = serve
+            .get_arguments()
+            .find(|a| a.get_long() == Some(key.as_str()) && key != "config")
+            .ok_or_else(|| {
+                format!(
+                    "{shown}: unknown setting `{key}` (settings are the long flags of \
+                     `locksmith serve` without their dashes, see `locksmith serve --help`)"
+                )
+            })?;
+        let flag = OsString::from(format!("--{key}"));
+        let text = match value {
+            toml::Value::Boolean(on) if !arg.get_action().takes_values() => {
+                if on {
+                    flags.push(flag);
+                }
+                continue;
+            }
+            toml::Value::String(text) => text,
+            toml::Value::Integer(n) => n.to_string(),
+            toml::Value::Float(x) => x.to_string(),
+            toml::Value::Boolean(b) => b.to_string(),
+            other => {
+                return Err(format!(
+                    "{shown}: setting `{key}` takes a single value, not {}",
+                    other.type_str()
+                ))
+            }
+        };
+        flags.push(flag);
+        flags.push(text.into());
+    }
+    Ok(args[..2]
+        .iter()
+        .cloned()
+        .chain(flags)
+        .chain(args[2..].iter().cloned())
+        .collect())
 }
 
 /// Runs the lock server until SIGINT/SIGTERM.

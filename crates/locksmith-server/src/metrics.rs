@@ -437,15 +437,8 @@ impl Metrics {
     }
 
     /// A batch of `ops` operations, whose requests `tally` counted, sent its
-    /// replies `elapsed` after the core took it; the table now holds `census`.
-    pub(crate) fn batch_done(
-        &self,
-        ops: usize,
-        tally: &Tally,
-        elapsed: Duration,
-        census: Census,
-        last_token: u64,
-    ) {
+    /// replies `elapsed` after the core took it.
+    pub(crate) fn batch_done(&self, ops: usize, tally: &Tally, elapsed: Duration) {
         self.core.batch_ops.observe(ops as f64);
         let seconds = elapsed.as_secs_f64();
         for (histogram, &count) in self.core.requests.iter().zip(&tally.0) {
@@ -453,6 +446,10 @@ impl Metrics {
                 histogram.observe(seconds);
             }
         }
+    }
+
+    /// The table holds `census` now, and `last_token` is the high-water mark.
+    pub(crate) fn table_now(&self, census: Census, last_token: u64) {
         let table = &self.table;
         table.holds.set(census.holds as i64);
         table.waiters.set(census.waiters as i64);

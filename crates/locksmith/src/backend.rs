@@ -11,7 +11,8 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::metrics::{self, LostCause};
 pub use locksmith_core::Mode;
 
 /// How long an acquire may wait.
@@ -115,6 +116,20 @@ pub trait Backend: Send + Sync + 'static {
     /// Cancel safety: safe, read-only.
     async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>>;
 
+    /// Recent grants of the locks under a prefix (`""` for all), by name,
+    /// oldest first within a lock. Only a store that keeps a grant history
+    /// has one (the locksmith server); the others answer
+    /// [`Error::Unsupported`].
+    ///
+    /// Cancel safety: safe, read-only.
+    async fn history(&self, prefix: &str) -> Result<Vec<GrantRecord>> {
+        let _ = prefix;
+        Err(Error::Unsupported {
+            backend: self.name(),
+            what: "a grant history (the locksmith server keeps one)".into(),
+        })
+    }
+
     /// Administrator: drop every hold of a lock, whoever owns it.
     ///
     /// Cancel safety: the release may or may not have happened.
@@ -157,6 +172,46 @@ pub struct Holder {
     pub hold_count: u32,
 }
 
+/// One grant of a lock, from a store's grant history.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GrantRecord {
+    /// The lock.
+    pub name: String,
+    /// Owner id as given by the acquiring client.
+    pub owner: String,
+    /// Who the client was ("name@host").
+    pub lock_by: Option<String>,
+    /// The hold's fencing token.
+    pub fencing_token: u64,
+    /// How it was held.
+    pub mode: Mode,
+    /// When it was granted.
+    pub granted_at: SystemTime,
+    /// How long the acquire waited in the queue first.
+    pub waited: Duration,
+    /// Whether and how the hold ended.
+    pub end: HoldEnd,
+}
+
+/// How a recorded hold ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HoldEnd {
+    /// Still held, as far as the store knows.
+    Held,
+    /// Its owner released it.
+    Released {
+        /// When.
+        at: SystemTime,
+    },
+    /// It ended without its owner releasing it.
+    Lost {
+        /// When.
+        at: SystemTime,
+        /// Why ("session expired", "lease expired", ...).
+        reason: String,
+    },
+}
+
 /// One waiter of a lock.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Waiter {
@@ -174,7 +229,16 @@ pub struct Waiter {
 #[derive(Debug, Clone, Default)]
 pub struct LostSignal {
     token: CancellationToken,
-    reason: Arc<Mutex<Option<String>>>,
+    state: Arc<Mutex<LostState>>,
+}
+
+#[derive(Debug, Default)]
+struct LostState {
+    reason: Option<String>,
+    cause: LostCause,
+    /// The backend whose client metrics count the loss, once a guard holds
+    /// the signal.
+    counted_for: Option<&'static str>,
 }
 
 impl LostSignal {
@@ -183,14 +247,44 @@ impl LostSignal {
         Self::default()
     }
 
-    /// Fires the signal; the first reason wins.
+    /// Fires the signal; the first reason wins. The client metrics count the
+    /// loss with the reason `other`: use [`LostSignal::fire_because`] when
+    /// the store says why.
     pub fn fire(&self, reason: impl Into<String>) {
-        let mut slot = self.reason.lock().expect("lost reason lock");
-        if slot.is_none() {
-            *slot = Some(reason.into());
+        self.fire_because(LostCause::Other, reason);
+    }
+
+    /// Fires the signal with the cause the client metrics count it under;
+    /// the first reason wins.
+    pub fn fire_because(&self, cause: LostCause, reason: impl Into<String>) {
+        let mut state = self.state.lock().expect("lost signal lock");
+        if state.reason.is_none() {
+            state.reason = Some(reason.into());
+            state.cause = cause;
+            if let Some(backend) = state.counted_for {
+                metrics::lost(backend, cause);
+            }
         }
-        drop(slot);
+        drop(state);
         self.token.cancel();
+    }
+
+    /// Why it fired in a word, once it has.
+    pub fn cause(&self) -> Option<LostCause> {
+        let state = self.state.lock().expect("lost signal lock");
+        state.reason.as_ref().map(|_| state.cause)
+    }
+
+    /// Counts the loss in the client metrics of `backend` when it fires (at
+    /// once if it has): the first call decides, so a loss counts once.
+    pub(crate) fn count_for(&self, backend: &'static str) {
+        let mut state = self.state.lock().expect("lost signal lock");
+        if state.counted_for.is_none() {
+            state.counted_for = Some(backend);
+            if state.reason.is_some() {
+                metrics::lost(backend, state.cause);
+            }
+        }
     }
 
     /// Whether it has fired.
@@ -200,7 +294,7 @@ impl LostSignal {
 
     /// Why it fired, once it has.
     pub fn reason(&self) -> Option<String> {
-        self.reason.lock().expect("lost reason lock").clone()
+        self.state.lock().expect("lost signal lock").reason.clone()
     }
 
     /// Completes when the signal fires, with the reason.
@@ -255,7 +349,9 @@ pub async fn acquire_each_in_order<B: Backend + ?Sized>(
         let (part, all) = (grant.lost.clone(), lost.clone());
         tokio::spawn(async move {
             tokio::select! {
-                reason = part.fired() => all.fire(reason),
+                reason = part.fired() => {
+                    all.fire_because(part.cause().unwrap_or_default(), reason)
+                }
                 _ = all.token.cancelled() => {}
             }
         });

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use locksmith_core::Mode;
 
-use crate::backend::{Backend, LockInfo};
+use crate::backend::{Backend, GrantRecord, LockInfo};
 use crate::election::Election;
 use crate::error::{Error, Result};
 use crate::lock::{Lock, RwLock};
@@ -194,6 +194,16 @@ impl Client {
     /// Cancel safety: safe, read-only.
     pub async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>> {
         self.inner.backend.list(prefix).await
+    }
+
+    /// Recent grants of the locks under `prefix` (`""` for all), by name,
+    /// oldest first within a lock: who held each lock, with which token, and
+    /// how the hold ended. Only the locksmith server keeps a grant history;
+    /// other stores answer [`crate::Error::Unsupported`].
+    ///
+    /// Cancel safety: safe, read-only.
+    pub async fn history(&self, prefix: &str) -> Result<Vec<GrantRecord>> {
+        self.inner.backend.history(prefix).await
     }
 
     /// Administrator: frees a lock whoever holds it. Holders see their guard lost.

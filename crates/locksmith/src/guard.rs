@@ -2,8 +2,11 @@
 
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use crate::backend::{Hold, LostSignal};
 use crate::error::{Error, Result};
+use crate::metrics;
 
 /// A held lock (or several, for a multi-lock).
 ///
@@ -13,6 +16,8 @@ use crate::error::{Error, Result};
 /// background (on the current tokio runtime) and reports nothing.
 #[must_use = "dropping a guard releases the lock at once"]
 pub struct Guard {
+    backend: &'static str,
+    granted_at: Instant,
     names: Vec<String>,
     tokens: Vec<u64>,
     leased: bool,
@@ -21,14 +26,20 @@ pub struct Guard {
 }
 
 impl Guard {
+    /// A guard for a grant on `backend`; its loss, extensions and release
+    /// are counted in the client metrics from now on.
     pub(crate) fn new(
+        backend: &'static str,
         names: Vec<String>,
         tokens: Vec<u64>,
         leased: bool,
         lost: LostSignal,
         hold: Box<dyn Hold>,
     ) -> Self {
+        lost.count_for(backend);
         Guard {
+            backend,
+            granted_at: Instant::now(),
             names,
             tokens,
             leased,
@@ -91,11 +102,16 @@ impl Guard {
             return Err(Error::Lost(reason));
         }
         crate::lock::check_lease(lease)?;
-        self.hold
+        let extended = self
+            .hold
             .as_ref()
             .expect("hold until release")
             .extend(lease)
-            .await
+            .await;
+        if extended.is_err() {
+            metrics::renewal_failed(self.backend);
+        }
+        extended
     }
 
     /// Releases the hold and reports whether that worked: an error means the hold
@@ -105,6 +121,7 @@ impl Guard {
     /// happened; the lease or session ends the hold in any case.
     pub async fn release(mut self) -> Result<()> {
         let hold = self.hold.take().expect("hold until release");
+        metrics::released(self.backend, self.granted_at.elapsed());
         let lost = self.lost.reason();
         let result = hold.release().await;
         match (result, lost) {
@@ -117,6 +134,7 @@ impl Guard {
 impl Drop for Guard {
     fn drop(&mut self) {
         if let Some(hold) = self.hold.take() {
+            metrics::released(self.backend, self.granted_at.elapsed());
             release_in_background(hold);
         }
     }

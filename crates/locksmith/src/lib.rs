@@ -65,6 +65,7 @@ mod guard;
 mod lock;
 #[cfg(feature = "memory")]
 pub mod memory;
+pub mod metrics;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "redis")]
@@ -74,7 +75,7 @@ pub mod server;
 #[cfg(feature = "zookeeper")]
 pub mod zookeeper;
 
-pub use backend::{Capabilities, Holder, LockInfo, LostSignal, Waiter};
+pub use backend::{Capabilities, GrantRecord, HoldEnd, Holder, LockInfo, LostSignal, Waiter};
 pub use client::{Client, ConnectOptions};
 pub use election::{Election, Leader};
 pub use error::{Error, Result};

@@ -5,11 +5,13 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use locksmith_core::{validate_name, Mode};
+use tokio::time::Instant;
 
 use crate::backend::{AcquireRequest, Wait};
 use crate::client::Client;
 use crate::error::{Error, Result};
 use crate::guard::Guard;
+use crate::metrics::{self, Outcome};
 
 /// Shortest and longest accepted lease.
 const LEASE_RANGE: std::ops::RangeInclusive<Duration> =
@@ -152,15 +154,26 @@ impl Lock {
         let span = tracing::debug_span!(
             "acquire", backend = backend.name(), names = ?request.names, mode = %request.mode
         );
+        let started = Instant::now();
         let acquire = tracing::Instrument::instrument(backend.acquire(&request), span);
         let grant = match wait {
             Wait::For(limit) => tokio::time::timeout(limit, acquire)
                 .await
-                .map_err(|_| Error::Timeout(limit))??,
-            Wait::No | Wait::Forever => acquire.await?,
+                .map_err(|_| Error::Timeout(limit))
+                .and_then(|result| result),
+            Wait::No | Wait::Forever => acquire.await,
         };
-        Ok(grant.map(|grant| {
+        let outcome = match &grant {
+            Ok(Some(_)) => Outcome::Granted,
+            Ok(None) => Outcome::Busy,
+            Err(Error::Timeout(_)) => Outcome::Timeout,
+            Err(_) => Outcome::Error,
+        };
+        let waited = wait != Wait::No;
+        metrics::acquired(backend.name(), outcome, waited, started.elapsed());
+        Ok(grant?.map(|grant| {
             Guard::new(
+                backend.name(),
                 request.names,
                 grant.tokens,
                 request.lease.is_some(),

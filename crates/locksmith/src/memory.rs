@@ -13,7 +13,8 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use locksmith_core::{
-    Acquire, ClientInfo, Command, Effect, Engine, EngineError, Millis, RequestId, SessionId,
+    Acquire, ClientInfo, Command, Effect, Engine, EngineError, LostReason, Millis, RequestId,
+    SessionId,
 };
 use tokio::sync::{oneshot, Notify};
 use tokio::time::Instant;
@@ -24,6 +25,7 @@ use crate::backend::{
 };
 use crate::client::ConnectOptions;
 use crate::error::{Error, Result};
+use crate::metrics::LostCause;
 
 const BACKEND: &str = "memory";
 
@@ -156,7 +158,13 @@ impl State {
                 ..
             } => {
                 if let Some((signal, _)) = self.lost.remove(&token) {
-                    signal.fire(format!("{name}: {reason}"));
+                    let cause = match reason {
+                        LostReason::SessionExpired => LostCause::SessionExpired,
+                        LostReason::SessionClosed => LostCause::SessionClosed,
+                        LostReason::LeaseExpired => LostCause::LeaseExpired,
+                        LostReason::ForceReleased => LostCause::ForceReleased,
+                    };
+                    signal.fire_because(cause, format!("{name}: {reason}"));
                 }
                 return;
             }

@@ -6,7 +6,7 @@ use locksmith_core::{Mode, NameError, MAX_NAME_LEN};
 use locksmith_proto::v1 as pb;
 use tonic::{Code, Status};
 
-use crate::backend::{AcquireRequest, Holder, LockInfo, Wait, Waiter};
+use crate::backend::{AcquireRequest, GrantRecord, HoldEnd, Holder, LockInfo, Wait, Waiter};
 use crate::error::Error;
 
 use super::BACKEND;
@@ -104,6 +104,39 @@ pub(super) fn status(status: Status) -> Error {
 
 fn at(ms: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(ms)
+}
+
+/// Why a hold was lost, as the lost signal says it.
+pub(super) fn lost_reason(reason: i32) -> &'static str {
+    match pb::LostReason::try_from(reason) {
+        Ok(pb::LostReason::SessionExpired) => "session expired",
+        Ok(pb::LostReason::SessionClosed) => "session closed",
+        Ok(pb::LostReason::LeaseExpired) => "lease expired",
+        Ok(pb::LostReason::ForceReleased) => "force-released",
+        Err(_) => "lost",
+    }
+}
+
+/// The library view of one grant of the history.
+pub(super) fn grant_record(g: pb::GrantRecord) -> GrantRecord {
+    let end = match (pb::HoldEnd::try_from(g.end), g.ended_at_ms) {
+        (Ok(pb::HoldEnd::Released), Some(ms)) => HoldEnd::Released { at: at(ms) },
+        (Ok(pb::HoldEnd::Lost), Some(ms)) => HoldEnd::Lost {
+            at: at(ms),
+            reason: lost_reason(g.lost_reason).into(),
+        },
+        _ => HoldEnd::Held,
+    };
+    GrantRecord {
+        lock_by: (g.session_id != 0).then(|| format!("{}@{}", g.client_name, g.host)),
+        name: g.name,
+        owner: g.owner,
+        fencing_token: g.fencing_token,
+        mode: mode_from_proto(g.mode, g.permits),
+        granted_at: at(g.granted_at_ms),
+        waited: Duration::from_millis(g.waited_ms),
+        end,
+    }
 }
 
 /// The library view of a lock.

@@ -69,7 +69,9 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tonic::transport::Channel;
 
-use crate::backend::{AcquireRequest, Backend, Capabilities, Grant, Hold, LockInfo, Wait};
+use crate::backend::{
+    AcquireRequest, Backend, Capabilities, Grant, GrantRecord, Hold, LockInfo, Wait,
+};
 use crate::client::ConnectOptions;
 use crate::error::{Error, Result};
 
@@ -243,6 +245,24 @@ impl Backend for ServerBackend {
             .await
             .map_err(convert::status)?;
         Ok(response.locks.into_iter().map(convert::lock_info).collect())
+    }
+
+    async fn history(&self, prefix: &str) -> Result<Vec<GrantRecord>> {
+        let request = pb::HistoryRequest {
+            prefix: prefix.into(),
+        };
+        let response = self
+            .shared
+            .client()
+            .history(request)
+            .await
+            .map_err(convert::status)?;
+        Ok(response
+            .into_inner()
+            .grants
+            .into_iter()
+            .map(convert::grant_record)
+            .collect())
     }
 
     async fn force_release(&self, name: &str) -> Result<()> {

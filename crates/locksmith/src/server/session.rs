@@ -30,6 +30,8 @@ use tokio::time::{sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, Streaming};
 
+use crate::metrics::LostCause;
+
 use crate::backend::LostSignal;
 use crate::client::ConnectOptions;
 use crate::error::{Error, Result};
@@ -428,7 +430,7 @@ impl State {
     fn lose_session(&mut self, reason: &str) {
         tracing::warn!(backend = super::BACKEND, %reason, holds = self.holds.len(), "session lost");
         for (_, (signal, _)) in self.holds.drain() {
-            signal.fire(reason);
+            signal.fire_because(LostCause::SessionExpired, reason);
         }
         self.outstanding.retain(|_, entry| {
             let keep = match &mut entry.waiter {
@@ -458,7 +460,7 @@ impl State {
         self.closed = true;
         self.link = None;
         for (_, (signal, _)) in self.holds.drain() {
-            signal.fire(reason);
+            signal.fire_because(LostCause::ClientClosed, reason);
         }
         for (_, entry) in std::mem::take(&mut self.outstanding) {
             if let Some(ticket) = entry.ticket {
@@ -827,6 +829,7 @@ async fn drive(shared: Arc<Shared>, first: Link) {
                 "session resumed"
             );
         }
+        crate::metrics::reconnected(super::BACKEND);
         session = Some(link.credentials.clone());
         confirmed = link.sent_at;
     }
@@ -935,14 +938,15 @@ fn route(
 fn lost_push(state: &mut State, lost: pb::Lost) {
     state.ack_lost.push(lost.token);
     if let Some((signal, _)) = state.holds.remove(&lost.token) {
-        let reason = match pb::LostReason::try_from(lost.reason) {
-            Ok(pb::LostReason::SessionExpired) => "session expired",
-            Ok(pb::LostReason::SessionClosed) => "session closed",
-            Ok(pb::LostReason::LeaseExpired) => "lease expired",
-            Ok(pb::LostReason::ForceReleased) => "force-released",
-            Err(_) => "lost",
+        let cause = match pb::LostReason::try_from(lost.reason) {
+            Ok(pb::LostReason::SessionExpired) => LostCause::SessionExpired,
+            Ok(pb::LostReason::SessionClosed) => LostCause::SessionClosed,
+            Ok(pb::LostReason::LeaseExpired) => LostCause::LeaseExpired,
+            Ok(pb::LostReason::ForceReleased) => LostCause::ForceReleased,
+            Err(_) => LostCause::Other,
         };
-        signal.fire(format!("{}: {reason}", lost.name));
+        let reason = super::convert::lost_reason(lost.reason);
+        signal.fire_because(cause, format!("{}: {reason}", lost.name));
     }
 }
 
