@@ -98,16 +98,14 @@ impl Guard {
                 "this hold has no lease: it lives as long as the client's session".into(),
             ));
         }
-        if let Some(reason) = self.lost.reason() {
-            return Err(Error::Lost(reason));
-        }
         crate::lock::check_lease(lease)?;
-        let extended = self
-            .hold
-            .as_ref()
-            .expect("hold until release")
-            .extend(lease)
-            .await;
+        let extended = match self.lost.reason() {
+            Some(reason) => Err(Error::Lost(reason)),
+            None => {
+                let hold = self.hold.as_ref().expect("hold until release");
+                hold.extend(lease).await
+            }
+        };
         if extended.is_err() {
             metrics::renewal_failed(self.backend);
         }

@@ -11,7 +11,7 @@
 //! | `locksmith_client_wait_duration_seconds` | histogram | | from the call to the grant, for acquires that were allowed to wait |
 //! | `locksmith_client_hold_duration_seconds` | histogram | | from the grant to the release (or the drop of the guard) |
 //! | `locksmith_client_lost_total` | counter | `reason` | holds lost: `session_expired`, `session_closed`, `lease_expired`, `force_released`, `client_closed`, or `other` where the store does not say |
-//! | `locksmith_client_renewal_failures_total` | counter | | `Guard::extend` calls that failed |
+//! | `locksmith_client_renewal_failures_total` | counter | | `Guard::extend` calls that failed (the hold was lost or the store refused; not an out-of-range lease) |
 //! | `locksmith_client_reconnects_total` | counter | | connections re-established after one broke (the session resumed, or a new one opened after the old was lost) |
 //!
 //! Call [`describe`] once after installing a recorder to give exporters the
