@@ -252,13 +252,13 @@ impl Backend for ServerBackend {
             prefix: prefix.into(),
         };
         let response = self
-            .shared
-            .client()
-            .history(request)
+            .unary(|mut client| {
+                let request = request.clone();
+                async move { client.history(request).await }
+            })
             .await
             .map_err(convert::status)?;
         Ok(response
-            .into_inner()
             .grants
             .into_iter()
             .map(convert::grant_record)
