@@ -112,10 +112,11 @@ pub(crate) enum RequestKind {
     History,
     ForceRelease,
     CloseSession,
+    EndSession,
 }
 
 impl RequestKind {
-    const ALL: [RequestKind; 18] = [
+    const ALL: [RequestKind; 19] = [
         RequestKind::Open,
         RequestKind::Resume,
         RequestKind::Heartbeat,
@@ -134,6 +135,7 @@ impl RequestKind {
         RequestKind::History,
         RequestKind::ForceRelease,
         RequestKind::CloseSession,
+        RequestKind::EndSession,
     ];
 
     fn label(self) -> &'static str {
@@ -156,6 +158,7 @@ impl RequestKind {
             RequestKind::History => "history",
             RequestKind::ForceRelease => "force_release",
             RequestKind::CloseSession => "close_session",
+            RequestKind::EndSession => "end_session",
         }
     }
 
@@ -185,6 +188,7 @@ impl RequestKind {
             Op::History { .. } => RequestKind::History,
             Op::ForceRelease { .. } => RequestKind::ForceRelease,
             Op::CloseSession { .. } => RequestKind::CloseSession,
+            Op::EndSession { .. } => RequestKind::EndSession,
             Op::Stream { .. } | Op::Detach { .. } | Op::Shutdown { .. } => return None,
         })
     }
