@@ -189,6 +189,10 @@ pub struct Target {
     pub spawned: Option<Arc<Spawned>>,
     /// Settings this run changed from the server's defaults, and why.
     pub tuning: Vec<String>,
+    /// Whether another target measures the same servers first (so memory
+    /// figures, which the servers keep after the locks are gone, are that
+    /// target's).
+    pub twin: bool,
 }
 
 impl fmt::Debug for Target {
@@ -211,6 +215,7 @@ impl Target {
             url: spec.url,
             spawned: None,
             tuning: Vec::new(),
+            twin: false,
         }
     }
 
@@ -260,6 +265,7 @@ impl Target {
             url,
             spawned,
             tuning: Vec::new(),
+            twin: false,
         })
     }
 
@@ -283,6 +289,7 @@ impl Target {
             url: format!("{}{separator}wait_replicas=0", self.url),
             spawned: self.spawned.clone(),
             tuning,
+            twin: true,
         })
     }
 
@@ -333,10 +340,14 @@ impl Target {
 
     /// Memory of the server in bytes: the proportional set size (PSS) of the
     /// server's process and all its descendants (PostgreSQL runs one process
-    /// per connection; PSS counts their shared memory once). `None` for a server
-    /// this run did not start, and for `memory://`, whose table shares this
-    /// process with the bench's own clients.
+    /// per connection; PSS counts their shared memory once), summed over every
+    /// member of a replicated setup. `None` for a server this run did not
+    /// start, for a twin, and for `memory://`, whose table shares this process
+    /// with the bench's own clients.
     pub fn memory(&self) -> Option<u64> {
+        if self.twin {
+            return None;
+        }
         let sizes: Vec<u64> = self
             .spawned
             .as_ref()?
