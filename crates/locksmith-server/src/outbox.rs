@@ -44,11 +44,6 @@ pub(crate) struct Orphan {
 }
 
 impl Output {
-    /// Whether there is nothing to send.
-    pub(crate) fn is_empty(&self) -> bool {
-        self.streams.is_empty() && self.unary.is_empty() && self.lease_grants.is_empty()
-    }
-
     /// Sends everything, in the order it was made; sessionless grants whose
     /// caller went away go to `orphans`.
     pub(crate) fn send(self, orphans: &mut Vec<Orphan>) {
@@ -110,11 +105,6 @@ impl Outbox {
     /// Ends `stream` with `status` once its queued messages are sent.
     pub(crate) fn end(&mut self, stream: StreamId, tx: &StreamTx, status: Status) {
         self.entry(stream, tx).end = Some(status);
-    }
-
-    /// Whether nothing is queued.
-    pub(crate) fn is_empty(&self) -> bool {
-        self.pending.is_empty()
     }
 
     /// Sends every stream its batch (and its end, if any).

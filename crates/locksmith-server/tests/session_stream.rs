@@ -303,33 +303,3 @@ async fn queued_is_sent_only_when_asked() {
     }
     server.shutdown().await.unwrap();
 }
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_acquire_that_queues_needs_no_fsync_of_its_own() {
-    let (server, _dir) = server().await;
-    let raw = Raw::holding(&server, "durable/a", "holder").await;
-    let before = server.stats();
-    raw.send(vec![acquire_waiting(2, "durable/a", "waiter", false)]);
-    // Seeing the waiter takes a commit, which covers the acquire's record: one
-    // fsync in all (a describe with no record pending needs none).
-    let mut client = grpc(&server).await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let described = client
-            .describe(pb::DescribeRequest {
-                name: "durable/a".into(),
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        if described.lock.is_some_and(|l| l.waiters.len() == 1) {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "never queued");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let after = server.stats();
-    assert_eq!(after.records - before.records, 1);
-    assert_eq!(after.fsyncs - before.fsyncs, 1);
-    server.shutdown().await.unwrap();
-}

@@ -1,7 +1,9 @@
-//! Applying a command: the engine call, its log record, and routing its
-//! effects (grants, queue positions, timeouts, lost holds) to the batch's
-//! output, plus what the server keeps beside the engine (kept replies, lost
-//! notices, the session table).
+//! Applying a logged record: the request-id check of a session's request,
+//! the engine call, and routing its effects (grants, queue positions,
+//! timeouts, lost holds) and its result to the batch's output, plus what the
+//! server keeps beside the engine (kept replies, lost notices, the session
+//! table). Everything here depends only on the records applied before, so
+//! replay decides exactly what the first run decided.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -9,17 +11,17 @@ use locksmith_core::{Command, Effect, EngineError, Millis, RequestId, SessionId}
 use locksmith_proto::v1 as pb;
 use tonic::Status;
 
-use super::session::SessionEntry;
-use super::Core;
-use crate::convert;
+use super::request_ids::Known;
+use super::session::{unknown_session, SessionEntry};
+use super::{Core, Proposal, Route};
+use crate::convert::{self, engine_error_to_status};
 use crate::metrics::Applied;
 use crate::op::UnaryReply;
-use crate::storage::{LogRecordRef, LostNotice, Outcome};
+use crate::storage::{LogRecord, LostNotice, Outcome, Record};
 
 /// What the core does after a command succeeded, besides routing its effects.
 enum After {
     Nothing,
-    Acquire,
     Open {
         session: SessionId,
         secret: u128,
@@ -55,7 +57,6 @@ impl After {
                 session: *session,
                 reason: "expired",
             },
-            Command::Acquire(_) => After::Acquire,
             Command::Cancel { session, request } if *session == SessionId::NONE => {
                 After::CancelLease { request: request.0 }
             }
@@ -78,8 +79,208 @@ impl After {
 }
 
 impl Core {
-    /// Applies one command: logs it if it changes state, routes its effects and
-    /// does what the server keeps beside the engine.
+    /// Applies one logged record and sends its results where `route` says:
+    /// the one path of every record, live and on replay (with
+    /// [`Route::Nobody`]).
+    pub(super) fn apply(&mut self, record: Record, route: Route) {
+        let record = match record {
+            Record::Acks {
+                session,
+                replies,
+                lost,
+            } => return self.acknowledge(session, replies, lost),
+            Record::Command(record) => record,
+        };
+        // Time never goes backwards, whoever stamped the record.
+        let now = record.now.max(self.last_now);
+        self.last_now = now;
+        let LogRecord {
+            command,
+            secret,
+            request,
+            ..
+        } = record;
+        match (&command, request) {
+            (Command::Acquire(a), _) if a.session != SessionId::NONE => {
+                let (session, id) = (a.session, a.request.0);
+                self.apply_request(now, session, id, command, None, route)
+            }
+            (Command::Release { session, .. } | Command::Renew { session, .. }, Some(id))
+                if *session != SessionId::NONE =>
+            {
+                let session = *session;
+                self.apply_request(now, session, id, command, Some(id), route)
+            }
+            (Command::Cancel { session, request }, Some(_)) if *session != SessionId::NONE => {
+                let (session, id) = (*session, request.0);
+                self.apply_cancel(now, session, id)
+            }
+            _ => self.apply_command(now, command, secret, request, route),
+        }
+    }
+
+    /// A record that is not a session's request: runs it, answers its route.
+    fn apply_command(
+        &mut self,
+        now: Millis,
+        command: Command,
+        secret: Option<u128>,
+        request: Option<u64>,
+        route: Route,
+    ) {
+        let refused = match (&command, secret, &route) {
+            // Closing with a secret is a client's own close (a unary call):
+            // only with the session's secret.
+            (Command::CloseSession { session }, Some(secret), _)
+                if self
+                    .sessions
+                    .get(session)
+                    .is_none_or(|e| e.secret != secret) =>
+            {
+                Some(unknown_session(*session))
+            }
+            (Command::CloseSession { session }, None, Route::EndSession(_))
+                if !self.sessions.contains_key(session) =>
+            {
+                Some(unknown_session(*session))
+            }
+            _ => None,
+        };
+        if let Some(status) = refused {
+            if let Route::Unary(answer) | Route::EndSession(answer) = route {
+                self.output
+                    .unary
+                    .push(Box::new(move || answer(Err(status))));
+            }
+            return;
+        }
+        let opening = match &command {
+            Command::OpenSession { session, .. } => *session,
+            _ => SessionId::NONE,
+        };
+        let lease = match &command {
+            Command::Acquire(a) => a.request.0,
+            _ => 0,
+        };
+        if let (Route::EndSession(_), Command::CloseSession { session }) = (&route, &command) {
+            self.tell_ended_by_administrator(*session);
+        }
+        let result = self.execute(now, command, secret, request);
+        match route {
+            Route::Nobody | Route::Stream { .. } => {
+                if let Err(error) = result {
+                    tracing::debug!(%error, "a logged command does not apply");
+                }
+            }
+            Route::Open(new) => self.opened(new, opening, result),
+            Route::Lease => {
+                if let Err(error) = result {
+                    if let Some(waiter) = self.leases.remove(&lease) {
+                        self.defer(waiter.reply, Err(engine_error_to_status(&error)));
+                    }
+                }
+            }
+            Route::Unary(answer) | Route::EndSession(answer) => {
+                let result = result.map_err(|e| engine_error_to_status(&e));
+                self.output.unary.push(Box::new(move || answer(result)));
+            }
+        }
+    }
+
+    /// Request `id` of a session (an acquire, release or renew): runs it
+    /// unless its id says it already ran or is taken by another request.
+    fn apply_request(
+        &mut self,
+        now: Millis,
+        session: SessionId,
+        id: u64,
+        command: Command,
+        logged_id: Option<u64>,
+        route: Route,
+    ) {
+        match self.check_request_id(session, id, &command) {
+            Known::Answered(outcome) => return self.resend(session, id, &outcome),
+            // Still queued: a retry after a resume keeps its place.
+            Known::Waiting => return,
+            Known::Conflict(error) => return self.send_error(session, id, error),
+            Known::New => {}
+        }
+        self.notify_queued = matches!(
+            route,
+            Route::Stream {
+                notify_queued: true
+            }
+        );
+        let result = self.execute(now, command, None, logged_id);
+        self.notify_queued = false;
+        match result {
+            Ok(()) => {}
+            // Queued before a restart, recovered from a snapshot (so without
+            // a fingerprint): the retry after the resume keeps its place.
+            Err(EngineError::DuplicateRequest(_)) => {}
+            Err(error) => {
+                self.forget_request_id(session, id);
+                self.send_error(session, id, convert::engine_error_to_proto(&error));
+            }
+        }
+    }
+
+    /// A session's cancel of its request `id`.
+    fn apply_cancel(&mut self, now: Millis, session: SessionId, id: u64) {
+        if let Some(outcome) = self
+            .sessions
+            .get(&session)
+            .and_then(|e| e.replies.get(&id))
+            .cloned()
+        {
+            return self.resend(session, id, &outcome);
+        }
+        let cancel = Command::Cancel {
+            session,
+            request: RequestId(id),
+        };
+        if self.execute(now, cancel, None, Some(id)).is_err() {
+            // Nothing waits under that id (the acquire never arrived):
+            // cancelled all the same.
+            self.reply(session, id, Outcome::Cancelled);
+        }
+    }
+
+    /// The client of `session` acknowledged these replies and lost notices.
+    fn acknowledge(&mut self, session: SessionId, replies: Vec<u64>, lost: Vec<u64>) {
+        if let Some(entry) = self.sessions.get_mut(&session) {
+            for id in replies {
+                entry.replies.remove(&id);
+                entry.fingerprints.remove(&id);
+            }
+            for token in lost {
+                entry.lost.remove(&token);
+            }
+        }
+    }
+
+    /// An administrator ends `session`: its stream learns why first, rather
+    /// than the generic "closed".
+    fn tell_ended_by_administrator(&mut self, session: SessionId) {
+        if let Some(a) = self
+            .sessions
+            .get_mut(&session)
+            .and_then(|e| e.attached.take())
+        {
+            self.streams.remove(&a.stream);
+            let ended = pb::ServerMessage {
+                kind: Some(pb::server_message::Kind::Ended(pb::SessionEnded {
+                    reason: "ended by an administrator".into(),
+                })),
+            };
+            self.output.streams.push(a.stream, &a.tx, ended);
+            a.ended.cancel();
+        }
+        tracing::info!(%session, "session ended by an administrator");
+    }
+
+    /// Runs one command on the engine, routes its effects and does what the
+    /// server keeps beside the engine.
     pub(super) fn execute(
         &mut self,
         now: Millis,
@@ -88,32 +289,11 @@ impl Core {
         request: Option<u64>,
     ) -> Result<(), EngineError> {
         let after = After::of(&command, secret, request);
-        let mark = self.log.as_mut().map(|log| {
-            log.buffer.begin(&LogRecordRef {
-                now,
-                command: &command,
-                secret,
-                request,
-            })
-        });
         let seen = self.history.before(now, &command);
         let applied = Applied::of(&command);
         let last_token = self.engine.last_token();
         let mut effects = std::mem::take(&mut self.effects);
         let result = self.engine.apply(now, command, &mut effects);
-        if let (Some(mark), Some(log)) = (mark, self.log.as_mut()) {
-            let no_op = matches!(after, After::Acquire)
-                && matches!(
-                    effects.as_slice(),
-                    [Effect::WouldBlock { .. }] | [Effect::TimedOut { .. }]
-                );
-            if result.is_ok() && !no_op {
-                log.buffer.finish(mark);
-                log.since_snapshot += 1;
-            } else {
-                log.buffer.rollback(mark);
-            }
-        }
         if result.is_ok() {
             let metrics = self.metrics.as_deref();
             self.history.after(now, seen, last_token, &effects, metrics);
@@ -153,12 +333,18 @@ impl Core {
                 After::CancelLease { request } => {
                     self.leases.remove(&request);
                 }
-                After::Nothing | After::Acquire | After::Open { .. } => {}
+                After::Nothing | After::Open { .. } => {}
             }
         }
         effects.clear();
         self.effects = effects;
         result
+    }
+
+    /// Sends the kept reply of request `id` again.
+    pub(super) fn resend(&mut self, session: SessionId, id: u64, outcome: &Outcome) {
+        let message = convert::reply(id, convert::outcome_to_proto(outcome));
+        self.send_to(session, message);
     }
 
     pub(super) fn route(&mut self, effect: Effect) {
@@ -295,7 +481,9 @@ impl Core {
         tracing::debug!(%session, reason, "session ended");
     }
 
-    pub(super) fn release_orphans(&mut self, now: Millis) {
+    /// Proposes the release of every sessionless grant whose caller went
+    /// away before it received it.
+    pub(super) fn propose_orphan_releases(&mut self, now: Millis, proposal: &mut Proposal) {
         for orphan in std::mem::take(&mut self.orphans) {
             for (name, token) in orphan.names.into_iter().zip(orphan.tokens) {
                 let release = Command::Release {
@@ -304,7 +492,7 @@ impl Core {
                     name,
                     token: Some(token),
                 };
-                let _ = self.execute(now, release, None, None);
+                proposal.command(now, release, None, None, Route::Nobody);
             }
         }
     }

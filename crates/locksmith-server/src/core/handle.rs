@@ -1,24 +1,53 @@
-//! Handling each request of a batch: the match over [`Op`] and over the
-//! messages of a session stream, turned into engine commands.
+//! What each op of a batch asks for: the records to log, and where their
+//! results go once applied (module `apply`).
+//!
+//! Nothing here changes the lock state. An op becomes records (what the
+//! client asked, with the time it was decided at) and a [`Route`] for each,
+//! local to this server: which stream waits for an opened session, which
+//! unary call waits for its answer. What only this server knows (which
+//! stream a session is attached to, reply slots) is decided here at once;
+//! whatever depends on the lock state (is the lock free, is this request id
+//! a retry, is the secret right) is decided when the record is applied, so
+//! that replaying the log decides it the same way.
 
 use std::collections::HashMap;
 
-use locksmith_core::{Command, EngineError, Millis, RequestId, SessionId};
+use locksmith_core::{Command, Millis, RequestId, SessionId};
 use locksmith_proto::v1 as pb;
 use tonic::Status;
 
-use super::request_ids::Known;
-use super::session::unknown_session;
-use super::Core;
-use crate::convert::{self, engine_error_to_status};
+use super::{Core, Proposal, Route};
+use crate::convert;
 use crate::op::{Op, StreamOp};
 use crate::outbox::LeaseWaiter;
-use crate::storage::Outcome;
+use crate::storage::{LogRecord, Record};
+
+impl Proposal {
+    /// Adds an engine command and where its result goes.
+    pub(super) fn command(
+        &mut self,
+        now: Millis,
+        command: Command,
+        secret: Option<u128>,
+        request: Option<u64>,
+        route: Route,
+    ) {
+        self.records.push(Record::Command(LogRecord {
+            now,
+            command,
+            secret,
+            request,
+        }));
+        self.routes.push(route);
+    }
+}
 
 impl Core {
-    pub(super) fn handle(&mut self, now: Millis, op: Op) {
+    /// Turns `op` into records of `proposal`, or handles it at once when it
+    /// changes nothing replicated.
+    pub(super) fn propose(&mut self, now: Millis, op: Op, proposal: &mut Proposal) {
         match op {
-            Op::Open { stream, info, ttl } => self.open(now, stream, info, ttl),
+            Op::Open { stream, info, ttl } => self.propose_open(now, stream, info, ttl, proposal),
             Op::Resume {
                 stream,
                 session,
@@ -28,22 +57,16 @@ impl Core {
                 let Some(&session) = self.streams.get(&stream) else {
                     return; // a stream that was detached or resumed elsewhere
                 };
-                if let Some(entry) = self.sessions.get_mut(&session) {
-                    for id in acks.replies {
-                        entry.replies.remove(&id);
-                        entry.fingerprints.remove(&id);
-                    }
-                    for token in acks.lost {
-                        entry.lost.remove(&token);
-                    }
+                if !acks.replies.is_empty() || !acks.lost.is_empty() {
+                    proposal.records.push(Record::Acks {
+                        session,
+                        replies: acks.replies,
+                        lost: acks.lost,
+                    });
+                    proposal.routes.push(Route::Nobody);
                 }
                 for op in ops {
-                    // A close (or an expiry) ends the session midway: the rest
-                    // of the batch has no session to run in.
-                    if self.streams.get(&stream) != Some(&session) {
-                        break;
-                    }
-                    self.stream_op(now, session, op);
+                    self.propose_stream_op(now, session, op, proposal);
                 }
             }
             Op::Detach { stream, error } => {
@@ -79,11 +102,7 @@ impl Core {
                     },
                 );
                 let command = args.into_command(SessionId::NONE, request, now);
-                if let Err(error) = self.execute(now, command, None, None) {
-                    if let Some(waiter) = self.leases.remove(&request) {
-                        self.defer(waiter.reply, Err(engine_error_to_status(&error)));
-                    }
-                }
+                proposal.command(now, command, None, None, Route::Lease);
             }
             Op::CancelLease { request } => {
                 if self.leases.remove(&request).is_some() {
@@ -91,7 +110,7 @@ impl Core {
                         session: SessionId::NONE,
                         request: RequestId(request),
                     };
-                    let _ = self.execute(now, cancel, None, None);
+                    proposal.command(now, cancel, None, None, Route::Nobody);
                 }
             }
             Op::Release { hold, reply } => {
@@ -101,11 +120,7 @@ impl Core {
                     name: hold.name,
                     token: hold.token,
                 };
-                let result = self
-                    .execute(now, command, None, None)
-                    .map(|()| pb::ReleaseResponse {})
-                    .map_err(|e| engine_error_to_status(&e));
-                self.defer(reply, result);
+                proposal.command(now, command, None, None, Route::unary(reply));
             }
             Op::Renew { hold, lease, reply } => {
                 let command = Command::Renew {
@@ -115,12 +130,137 @@ impl Core {
                     token: hold.token,
                     lease,
                 };
-                let result = self
-                    .execute(now, command, None, None)
-                    .map(|()| pb::RenewResponse {})
-                    .map_err(|e| engine_error_to_status(&e));
-                self.defer(reply, result);
+                proposal.command(now, command, None, None, Route::unary(reply));
             }
+            Op::ForceRelease { name, reply } => {
+                let command = Command::ForceRelease { name };
+                proposal.command(now, command, None, None, Route::unary(reply));
+            }
+            Op::CloseSession {
+                session,
+                secret,
+                reply,
+            } => {
+                // The secret is checked when the record is applied.
+                let command = Command::CloseSession { session };
+                proposal.command(now, command, Some(secret), None, Route::unary(reply));
+            }
+            Op::EndSession { session, reply } => {
+                let command = Command::CloseSession { session };
+                proposal.command(
+                    now,
+                    command,
+                    None,
+                    None,
+                    Route::EndSession(super::answer(reply)),
+                );
+            }
+            read @ (Op::Describe { .. }
+            | Op::List { .. }
+            | Op::ListSessions { .. }
+            | Op::History { .. }) => proposal.reads.push(read),
+            Op::Shutdown { done } => {
+                let _ = done.send(Ok(()));
+            }
+        }
+    }
+
+    fn propose_stream_op(
+        &mut self,
+        now: Millis,
+        session: SessionId,
+        op: StreamOp,
+        proposal: &mut Proposal,
+    ) {
+        match op {
+            StreamOp::AckOnly => {}
+            StreamOp::Heartbeat => {
+                let mut effects = Vec::new();
+                match self
+                    .engine
+                    .apply(now, Command::Heartbeat { session }, &mut effects)
+                {
+                    Ok(()) => self.send_to(
+                        session,
+                        pb::ServerMessage {
+                            kind: Some(pb::server_message::Kind::Heartbeat(pb::HeartbeatAck {
+                                now_ms: now,
+                            })),
+                        },
+                    ),
+                    Err(_) => self.end_session(session, "expired"),
+                }
+            }
+            StreamOp::Acquire { id, args } => {
+                let notify_queued = args.notify_queued;
+                let command = args.into_command(session, id, now);
+                // An acquire carries its id inside the command.
+                proposal.command(now, command, None, None, Route::Stream { notify_queued });
+            }
+            StreamOp::Release { id, hold } => {
+                let command = Command::Release {
+                    session,
+                    owner: hold.owner,
+                    name: hold.name,
+                    token: hold.token,
+                };
+                proposal.command(
+                    now,
+                    command,
+                    None,
+                    Some(id),
+                    Route::Stream {
+                        notify_queued: false,
+                    },
+                );
+            }
+            StreamOp::Renew { id, hold, lease } => {
+                let command = Command::Renew {
+                    session,
+                    owner: hold.owner,
+                    name: hold.name,
+                    token: hold.token,
+                    lease,
+                };
+                proposal.command(
+                    now,
+                    command,
+                    None,
+                    Some(id),
+                    Route::Stream {
+                        notify_queued: false,
+                    },
+                );
+            }
+            StreamOp::Cancel { id } => {
+                let cancel = Command::Cancel {
+                    session,
+                    request: RequestId(id),
+                };
+                proposal.command(
+                    now,
+                    cancel,
+                    None,
+                    Some(id),
+                    Route::Stream {
+                        notify_queued: false,
+                    },
+                );
+            }
+            StreamOp::Close => {
+                let close = Command::CloseSession { session };
+                proposal.command(now, close, None, None, Route::Nobody);
+            }
+            StreamOp::Invalid { id, error } => {
+                let at = proposal.records.len();
+                proposal.refused.push((at, session, id, error));
+            }
+        }
+    }
+
+    /// Answers an inspection op from the state as applied so far.
+    pub(super) fn read(&mut self, now: Millis, op: Op) {
+        match op {
             Op::Describe { name, reply } => {
                 let lock = self.engine.describe(&name).map(|info| {
                     let expiry = self.session_expiry(&[&info]);
@@ -179,58 +319,7 @@ impl Core {
                     }),
                 );
             }
-            Op::ForceRelease { name, reply } => {
-                let result = self
-                    .execute(now, Command::ForceRelease { name }, None, None)
-                    .map(|()| pb::ForceReleaseResponse {})
-                    .map_err(|e| engine_error_to_status(&e));
-                self.defer(reply, result);
-            }
-            Op::CloseSession {
-                session,
-                secret,
-                reply,
-            } => {
-                let result = if self
-                    .sessions
-                    .get(&session)
-                    .is_some_and(|e| e.secret == secret)
-                {
-                    self.execute(now, Command::CloseSession { session }, None, None)
-                        .map(|()| pb::CloseSessionResponse {})
-                        .map_err(|e| engine_error_to_status(&e))
-                } else {
-                    Err(unknown_session(session))
-                };
-                self.defer(reply, result);
-            }
-            Op::EndSession { session, reply } => {
-                let result = match self.sessions.get_mut(&session) {
-                    Some(entry) => {
-                        // Told first, so that the stream learns why rather
-                        // than the generic "closed".
-                        if let Some(a) = entry.attached.take() {
-                            self.streams.remove(&a.stream);
-                            let ended = pb::ServerMessage {
-                                kind: Some(pb::server_message::Kind::Ended(pb::SessionEnded {
-                                    reason: "ended by an administrator".into(),
-                                })),
-                            };
-                            self.output.streams.push(a.stream, &a.tx, ended);
-                            a.ended.cancel();
-                        }
-                        tracing::info!(%session, "session ended by an administrator");
-                        self.execute(now, Command::CloseSession { session }, None, None)
-                            .map(|()| pb::EndSessionResponse {})
-                            .map_err(|e| engine_error_to_status(&e))
-                    }
-                    None => Err(unknown_session(session)),
-                };
-                self.defer(reply, result);
-            }
-            Op::Shutdown { done } => {
-                let _ = done.send(Ok(()));
-            }
+            other => unreachable!("not an inspection op: {:?}", std::mem::discriminant(&other)),
         }
     }
 
@@ -251,116 +340,5 @@ impl Core {
             .into_iter()
             .map(|s| (s.session, s.expires_at))
             .collect()
-    }
-
-    pub(super) fn stream_op(&mut self, now: Millis, session: SessionId, op: StreamOp) {
-        let cached = |core: &Core, id: u64| {
-            core.sessions
-                .get(&session)
-                .and_then(|e| e.replies.get(&id))
-                .cloned()
-        };
-        match op {
-            StreamOp::AckOnly => {}
-            StreamOp::Heartbeat => {
-                let mut effects = Vec::new();
-                match self
-                    .engine
-                    .apply(now, Command::Heartbeat { session }, &mut effects)
-                {
-                    Ok(()) => self.send_to(
-                        session,
-                        pb::ServerMessage {
-                            kind: Some(pb::server_message::Kind::Heartbeat(pb::HeartbeatAck {
-                                now_ms: now,
-                            })),
-                        },
-                    ),
-                    Err(_) => self.end_session(session, "expired"),
-                }
-            }
-            StreamOp::Acquire { id, args } => {
-                let notify_queued = args.notify_queued;
-                let command = args.into_command(session, id, now);
-                self.request(now, session, id, command, notify_queued);
-            }
-            StreamOp::Release { id, hold } => {
-                let command = Command::Release {
-                    session,
-                    owner: hold.owner,
-                    name: hold.name,
-                    token: hold.token,
-                };
-                self.request(now, session, id, command, false);
-            }
-            StreamOp::Renew { id, hold, lease } => {
-                let command = Command::Renew {
-                    session,
-                    owner: hold.owner,
-                    name: hold.name,
-                    token: hold.token,
-                    lease,
-                };
-                self.request(now, session, id, command, false);
-            }
-            StreamOp::Cancel { id } => {
-                if let Some(outcome) = cached(self, id) {
-                    return self.resend(session, id, &outcome);
-                }
-                let cancel = Command::Cancel {
-                    session,
-                    request: RequestId(id),
-                };
-                if self.execute(now, cancel, None, Some(id)).is_err() {
-                    // Nothing waits under that id (the acquire never arrived):
-                    // cancelled all the same.
-                    self.reply(session, id, Outcome::Cancelled);
-                }
-            }
-            StreamOp::Close => {
-                let _ = self.execute(now, Command::CloseSession { session }, None, None);
-            }
-            StreamOp::Invalid { id, error } => self.send_error(session, id, error),
-        }
-    }
-
-    /// Runs request `id` (an acquire, release or renew) unless its id says
-    /// it already ran or is taken by another request.
-    fn request(
-        &mut self,
-        now: Millis,
-        session: SessionId,
-        id: u64,
-        command: Command,
-        notify_queued: bool,
-    ) {
-        match self.check_request_id(session, id, &command) {
-            Known::Answered(outcome) => return self.resend(session, id, &outcome),
-            // Still queued: a retry after a resume keeps its place.
-            Known::Waiting => return,
-            Known::Conflict(error) => return self.send_error(session, id, error),
-            Known::New => {}
-        }
-        // Acquires log their id inside the command, releases and renews
-        // beside it.
-        let logged_id = (!matches!(command, Command::Acquire(_))).then_some(id);
-        self.notify_queued = notify_queued;
-        let result = self.execute(now, command, None, logged_id);
-        self.notify_queued = false;
-        match result {
-            Ok(()) => {}
-            // Queued before a restart, recovered from a snapshot (so without
-            // a fingerprint): the retry after the resume keeps its place.
-            Err(EngineError::DuplicateRequest(_)) => {}
-            Err(error) => {
-                self.forget_request_id(session, id);
-                self.send_error(session, id, convert::engine_error_to_proto(&error));
-            }
-        }
-    }
-
-    pub(super) fn resend(&mut self, session: SessionId, id: u64, outcome: &Outcome) {
-        let message = convert::reply(id, convert::outcome_to_proto(outcome));
-        self.send_to(session, message);
     }
 }

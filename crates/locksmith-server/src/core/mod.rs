@@ -13,32 +13,34 @@
 //!    it moves everything waiting in the channel to its backlog and applies
 //!    the heartbeats found there at once, so that no session expires while
 //!    its heartbeat is queued, however long the last batch took;
-//! 2. applies the time-driven commands that are due ([`Engine::due`]: session
-//!    expiries, lease expiries, waiter timeouts, ends of lock-delay), at most
-//!    `max_batch` of them, each logged like any other command, so replay
-//!    never re-decides time;
-//! 3. handles each op: turns it into engine commands, applies them, appends
-//!    every command that changed state (all but heartbeats, failed commands and
-//!    no-wait acquires that found the lock busy) to the log buffer, and routes
-//!    the effects (grants, queue positions, timeouts, lost holds) to the
-//!    batch's output (module `outbox`), **without sending anything yet**;
-//! 4. writes the log buffer and makes it durable with **one `fdatasync`** (the
-//!    group commit: every request that arrived meanwhile shares it);
-//! 5. only then sends the output: one [`locksmith_proto::v1::ServerBatch`] per session stream,
-//!    plus unary replies.
+//! 2. **proposes** (module `handle`): turns each op into log records (what
+//!    the client asked, stamped with `now`) and a local [`Route`] for each
+//!    (where its result goes), then adds the time-driven commands that are
+//!    due ([`Engine::due`]: session expiries, lease expiries, waiter
+//!    timeouts, ends of lock-delay), after the client ops so that a renew in
+//!    the same batch wins; nothing changes state yet;
+//! 3. **commits**: writes the batch's records and makes them durable with
+//!    **one `fdatasync`** (the group commit: every request that arrived
+//!    meanwhile shares it);
+//! 4. **applies** the records in order (module `apply`): the request-id
+//!    check, the engine command, its effects (grants, queue positions,
+//!    timeouts, lost holds) routed to the batch's output; then answers the
+//!    batch's inspection ops from the state this leaves;
+//! 5. sends the output: one [`locksmith_proto::v1::ServerBatch`] per session
+//!    stream, plus unary replies.
 //!
 //! So a client never sees a grant, a release or a fencing token that a crash
 //! could take back: tokens never go backwards, even after kill -9 mid-load.
-//! While the fsync runs, new requests queue in the channel and form the next
-//! batch.
+//! And since only committed records are ever applied, applying the log again
+//! (replay after a restart, or another member of a replicated server) decides
+//! everything the same way: whether a lock was free, whether a request id is
+//! a retry, whether an expiry is still due (each one names the deadline it was
+//! decided from and is void if a renew moved it). While the fsync runs, new
+//! requests queue in the channel and form the next batch.
 //!
-//! The rule is *durable before visible*, and the log is written in order, so
-//! a commit covers every record before it. A batch that makes nothing visible
-//! (say, an acquire that queues, whose client waits for the grant) skips step
-//! 4: its records wait in the buffer for the next batch that sends something.
-//! If the server crashes first, nobody saw them, and the client sends the
-//! request again when it resumes its session. In a busy queue this halves the
-//! fsyncs: a handoff (release + grant) pays one, the new waiter's acquire none.
+//! Heartbeats are the exception: they only move a session's deadline, are
+//! applied when they arrive and are not logged (a restart grants every
+//! session a grace period instead).
 //!
 //! # Sessions and their secrets
 //!
@@ -65,6 +67,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use locksmith_core::{Command, Effect, Engine, Millis, SessionId};
+use locksmith_proto::v1 as pb;
 use tonic::Status;
 
 use crate::clock::Clock;
@@ -72,14 +75,60 @@ use crate::config::ServerConfig;
 use crate::error::ServerError;
 use crate::history::{History, HistoryLimits};
 use crate::metrics::{Metrics, Tally};
-use crate::op::{Op, StreamId, StreamOp};
+use crate::op::{NewStream, Op, StreamId, StreamOp, UnaryReply};
 use crate::outbox::{LeaseWaiter, Orphan, Output};
-use crate::storage::{LogBuffer, LogRecord, ServerSnapshot, SessionRecord, Storage};
+use crate::storage::{LogBuffer, Record, ServerSnapshot, SessionRecord, Storage};
 use session::{PeerCounts, SessionEntry};
 
-/// Log bytes a batch with nothing to send may leave unsynced for the next
-/// commit.
-const MAX_UNSYNCED_BYTES: usize = 64 << 10;
+/// The records one batch proposes, in order, and where each one's result
+/// goes (`routes[i]` is the route of `records[i]`), plus the inspection ops
+/// answered once they are applied.
+#[derive(Default)]
+pub(super) struct Proposal {
+    records: Vec<Record>,
+    routes: Vec<Route>,
+    reads: Vec<Op>,
+    /// Requests refused before they became records, answered in their place
+    /// among the others: `(records before it, session, request id, error)`.
+    refused: Vec<(usize, SessionId, u64, pb::Error)>,
+    /// `OpenSession` records among them, for the session limit.
+    opens: usize,
+}
+
+/// Where the result of a record goes once it is applied. Local to the
+/// server that proposed the record: never logged, and a replayed record has
+/// none ([`Route::Nobody`]).
+pub(super) enum Route {
+    /// Nobody waits for the result here (the clock, a replay, a close).
+    Nobody,
+    /// A session's request: replies go to the stream the session is
+    /// attached to; an acquire that has to wait says so if asked.
+    Stream { notify_queued: bool },
+    /// The stream that opens the session.
+    Open(NewStream),
+    /// A sessionless acquire, whose waiter is in `Core::leases`.
+    Lease,
+    /// A unary call's answer.
+    Unary(Answer),
+    /// An administrator's end of a session (the stream is told why first).
+    EndSession(Answer),
+}
+
+/// Sends a unary call's answer (its response has no fields).
+pub(super) type Answer = Box<dyn FnOnce(Result<(), Status>) + Send>;
+
+/// The [`Answer`] of a unary call whose response has no fields.
+pub(super) fn answer<T: Default + Send + 'static>(reply: UnaryReply<T>) -> Answer {
+    Box::new(move |result| {
+        let _ = reply.send(result.map(|()| T::default()));
+    })
+}
+
+impl Route {
+    pub(super) fn unary<T: Default + Send + 'static>(reply: UnaryReply<T>) -> Route {
+        Route::Unary(answer(reply))
+    }
+}
 
 /// Counters of the core loop, for benchmarks and monitoring.
 #[derive(Debug, Default)]
@@ -93,7 +142,7 @@ pub(crate) struct Stats {
 
 /// The durable log of a core.
 struct Log {
-    /// Records of the batches since the last commit.
+    /// The encoded records of the batch being committed.
     buffer: LogBuffer,
     storage: Storage,
     /// Records since the last snapshot.
@@ -121,8 +170,10 @@ pub(crate) struct Core {
     /// Request ids of sessionless acquires, shared with the service that picks them.
     next_unary: Arc<AtomicU64>,
     last_now: Millis,
-    /// What the batch sends once its records are durable.
+    /// What the batch sends once its records are durable and applied.
     output: Output,
+    /// The records of the batch being built (kept for its allocations).
+    proposal: Proposal,
     orphans: Vec<Orphan>,
     effects: Vec<Effect>,
     shutting_down: bool,
@@ -165,6 +216,7 @@ impl Core {
             next_unary: Arc::new(AtomicU64::new(1)),
             last_now: 0,
             output: Output::default(),
+            proposal: Proposal::default(),
             orphans: Vec::new(),
             effects: Vec::new(),
             shutting_down: false,
@@ -191,9 +243,11 @@ impl Core {
         }
         let mut next_unary = core.next_unary.load(Ordering::Relaxed);
         let replayed = storage.replay(|record| {
-            if let Command::Acquire(a) = &record.command {
-                if a.session == SessionId::NONE {
-                    next_unary = next_unary.max(a.request.0 + 1);
+            if let Record::Command(logged) = &record {
+                if let Command::Acquire(a) = &logged.command {
+                    if a.session == SessionId::NONE {
+                        next_unary = next_unary.max(a.request.0 + 1);
+                    }
                 }
             }
             core.replay(record);
@@ -272,16 +326,8 @@ impl Core {
             .collect();
     }
 
-    fn replay(&mut self, record: LogRecord) {
-        self.last_now = self.last_now.max(record.now);
-        let command = format!("{:?}", record.command);
-        self.replayed_request_id(&record.command, record.request);
-        if let Err(error) = self.execute(record.now, record.command, record.secret, record.request)
-        {
-            // Replay applies exactly what succeeded before, so this means the log
-            // and this engine disagree; carry on with what does apply.
-            tracing::error!(%error, %command, "a logged command fails on replay");
-        }
+    fn replay(&mut self, record: Record) {
+        self.apply(record, Route::Nobody);
         self.output = Output::default();
     }
 
@@ -331,28 +377,39 @@ impl Core {
             self.stats
                 .ops
                 .fetch_add(self.last_batch as u64, Ordering::Relaxed);
-            self.release_orphans(now);
-            for command in self.engine.due_at_most(now, self.max_batch) {
-                if let Err(error) = self.execute(now, command, None, None) {
-                    tracing::debug!(%error, "time-driven command no longer applies");
-                }
-            }
             let tally = self.metrics.as_ref().map(|_| Tally::of(&batch));
+            let mut proposal = std::mem::take(&mut self.proposal);
+            self.propose_orphan_releases(now, &mut proposal);
             let mut shutdown = None;
             for op in batch.drain(..) {
                 match op {
                     Op::Shutdown { done } => shutdown = Some(done),
-                    op => self.handle(now, op),
+                    op => self.propose(now, op, &mut proposal),
                 }
-                self.release_orphans(now);
+            }
+            // After the client ops: a heartbeat or renew in this batch wins.
+            for command in self.engine.due_at_most(now, self.max_batch) {
+                proposal.command(now, command, None, None, Route::Nobody);
+            }
+            if let Err(error) = self.commit(&proposal.records) {
+                return Err(self.fail(format!("cannot write the log: {error}")));
+            }
+            self.apply_proposal(now, &mut proposal);
+            self.proposal = proposal;
+            if let Err(error) = self.raise_token_ceiling() {
+                return Err(self.fail(format!("cannot write the manifest: {error}")));
             }
             if let Some(metrics) = &self.metrics {
                 // Before the replies leave: a client that saw one scrapes
                 // gauges at least as new.
                 metrics.table_now(self.history.census(), self.engine.last_token());
             }
-            if let Err(error) = self.finish_batch() {
-                return Err(self.fail(format!("cannot write the log: {error}")));
+            std::mem::take(&mut self.output).send(&mut self.orphans);
+            if let Some(log) = self.log.as_mut() {
+                // Off the path of the replies just sent: zeros ahead of the end.
+                if let Err(error) = log.storage.prepare() {
+                    return Err(self.fail(format!("cannot write the log: {error}")));
+                }
             }
             if let (Some(metrics), Some(tally)) = (&self.metrics, tally) {
                 metrics.batch_done(self.last_batch, &tally, taken.elapsed());
@@ -435,31 +492,55 @@ impl Core {
         }
     }
 
-    /// Sends the batch's output once its records (and every earlier one) are
-    /// durable.
-    ///
-    /// Durable before visible: the log is written in order, so a commit
-    /// covers every record before it. A batch that makes nothing visible (a
-    /// queued acquire, a cancel nobody waits for) needs no commit of its own:
-    /// its records wait in the buffer for the next one.
-    fn finish_batch(&mut self) -> std::io::Result<()> {
-        let output = std::mem::take(&mut self.output);
-        if let Some(log) = self.log.as_mut() {
-            if output.is_empty() && log.buffer.len() < MAX_UNSYNCED_BYTES {
-                return Ok(());
-            }
-            self.last_commit = commit(
-                log,
-                &self.stats,
-                self.engine.last_token(),
-                self.metrics.as_deref(),
-            )?;
-            output.send(&mut self.orphans);
-            // Off the path of the replies just sent: zeros ahead of the end.
-            return log.storage.prepare();
+    /// Makes `records` durable: one write and one `fdatasync` for the whole
+    /// batch (the group commit). Nothing of the batch is applied before.
+    fn commit(&mut self, records: &[Record]) -> std::io::Result<()> {
+        let Some(log) = self.log.as_mut() else {
+            return Ok(());
+        };
+        if records.is_empty() {
+            return Ok(());
         }
-        output.send(&mut self.orphans);
+        for record in records {
+            log.buffer.push(record);
+        }
+        log.since_snapshot += records.len() as u64;
+        self.last_commit = commit(
+            log,
+            &self.stats,
+            self.engine.last_token(),
+            self.metrics.as_deref(),
+        )?;
         Ok(())
+    }
+
+    /// Before any reply carries a token the batch handed out: makes the
+    /// storage's token ceiling cover it.
+    fn raise_token_ceiling(&mut self) -> std::io::Result<()> {
+        match self.log.as_mut() {
+            Some(log) => log.storage.commit(&mut [], self.engine.last_token()),
+            None => Ok(()),
+        }
+    }
+
+    /// Applies the committed records of `proposal` in order, each with its
+    /// route, then answers its inspection ops from the state they leave.
+    fn apply_proposal(&mut self, now: Millis, proposal: &mut Proposal) {
+        let mut refused = proposal.refused.drain(..).peekable();
+        let steps = proposal.records.drain(..).zip(proposal.routes.drain(..));
+        for (at, (record, route)) in steps.enumerate() {
+            while let Some((_, session, id, error)) = refused.next_if(|r| r.0 == at) {
+                self.send_error(session, id, error);
+            }
+            self.apply(record, route);
+        }
+        for (_, session, id, error) in refused {
+            self.send_error(session, id, error);
+        }
+        for read in proposal.reads.drain(..) {
+            self.read(now, read);
+        }
+        proposal.opens = 0;
     }
 
     /// Adaptive group commit (PostgreSQL's `commit_delay` with
@@ -616,15 +697,81 @@ mod tests {
             ended: CancellationToken::new(),
             peer: None,
         };
-        core.handle(
-            now,
-            Op::Open {
-                stream: new,
-                info: ClientInfo::default(),
-                ttl: 1_000,
-            },
-        );
+        let mut proposal = Proposal::default();
+        let open = Op::Open {
+            stream: new,
+            info: ClientInfo::default(),
+            ttl: 1_000,
+        };
+        core.propose(now, open, &mut proposal);
+        core.commit(&proposal.records).unwrap();
+        core.apply_proposal(now, &mut proposal);
         core.streams[&stream]
+    }
+
+    /// One batch of `op` through the whole path: propose, commit, apply.
+    fn run(core: &mut Core, now: Millis, op: Op) {
+        let mut proposal = Proposal::default();
+        core.propose(now, op, &mut proposal);
+        core.commit(&proposal.records).unwrap();
+        core.apply_proposal(now, &mut proposal);
+        core.output = Output::default();
+    }
+
+    fn hold_args(name: &str) -> crate::op::HoldArgs {
+        crate::op::HoldArgs {
+            name: name.into(),
+            owner: "o".into(),
+            token: None,
+        }
+    }
+
+    fn holders(core: &Core, name: &str) -> usize {
+        core.engine.describe(name).map_or(0, |l| l.holders.len())
+    }
+
+    #[test]
+    fn replay_decides_a_request_id_reused_after_its_ack_as_the_first_run_did() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = ServerConfig::durable(dir.path());
+        let mut core = Core::recover(&config).unwrap();
+        let now = core.clock.now();
+        let session = open(&mut core, 1, now);
+        let acquire = StreamOp::Acquire {
+            id: 1,
+            args: crate::op::AcquireArgs {
+                names: vec!["reused".into()],
+                mode: locksmith_core::Mode::Exclusive,
+                owner: "o".into(),
+                wait: crate::op::WaitArg::No,
+                lease: None,
+                reentrant: false,
+                lock_delay: 0,
+                notify_queued: false,
+            },
+        };
+        run(&mut core, now, client_batch(1, [acquire]));
+        assert_eq!(holders(&core, "reused"), 1);
+        // The client acknowledges the grant, so id 1 is free, and releases
+        // under it.
+        let release = Op::Stream {
+            stream: 1,
+            acks: Acks {
+                replies: vec![1],
+                lost: Vec::new(),
+            },
+            ops: vec![StreamOp::Release {
+                id: 1,
+                hold: hold_args("reused"),
+            }],
+        };
+        run(&mut core, now, release);
+        assert_eq!(holders(&core, "reused"), 0);
+        drop(core);
+
+        let core = Core::recover(&config).unwrap();
+        assert!(core.sessions.contains_key(&session));
+        assert_eq!(holders(&core, "reused"), 0, "replay released it too");
     }
 
     fn client_batch(stream: StreamId, ops: impl IntoIterator<Item = StreamOp>) -> Op {

@@ -10,8 +10,8 @@
 //! request under that id is refused as a protocol error and changes nothing.
 //! Once the client acknowledges the reply, the id is free again.
 //!
-//! Fingerprints are rebuilt from the log on replay (its records carry the
-//! request ids) but are not in snapshots: a reply recovered from a snapshot
+//! The check runs when a request's record is applied, so replay rebuilds the
+//! fingerprints as it goes; they are not in snapshots: a reply recovered from a snapshot
 //! is matched by kind only (an acquire's outcome, with as many tokens as
 //! names, for an acquire; `done` for a release or renew).
 
@@ -78,21 +78,6 @@ impl Core {
     pub(super) fn forget_request_id(&mut self, session: SessionId, id: u64) {
         if let Some(entry) = self.sessions.get_mut(&session) {
             entry.fingerprints.remove(&id);
-        }
-    }
-
-    /// Remembers the request of a replayed log record, if it has an id.
-    pub(super) fn replayed_request_id(&mut self, command: &Command, request: Option<u64>) {
-        let (session, id) = match command {
-            Command::Acquire(a) => (a.session, a.request.0),
-            Command::Release { session, .. } | Command::Renew { session, .. } => {
-                let Some(id) = request else { return };
-                (*session, id)
-            }
-            _ => return,
-        };
-        if let Some(entry) = self.sessions.get_mut(&session) {
-            entry.fingerprints.insert(id, fingerprint(command));
         }
     }
 }

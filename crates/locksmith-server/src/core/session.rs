@@ -7,12 +7,12 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
 
-use locksmith_core::{ClientInfo, Command, Millis, SessionId};
+use locksmith_core::{ClientInfo, Command, EngineError, Millis, SessionId};
 use locksmith_proto::v1 as pb;
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
-use super::Core;
+use super::{Core, Proposal, Route};
 use crate::convert::{self, engine_error_to_status};
 use crate::op::{NewStream, StreamId, StreamTx};
 use crate::storage::{LostNotice, Outcome};
@@ -70,57 +70,83 @@ pub(super) struct Attached {
 }
 
 impl Core {
-    pub(super) fn open(&mut self, now: Millis, new: NewStream, info: ClientInfo, ttl: Millis) {
+    /// Checks the limits and proposes the session's `OpenSession` record; the
+    /// stream gets its answer when the record is applied ([`Core::opened`]).
+    pub(super) fn propose_open(
+        &mut self,
+        now: Millis,
+        new: NewStream,
+        info: ClientInfo,
+        ttl: Millis,
+        proposal: &mut Proposal,
+    ) {
+        let refusal = if self.shutting_down {
+            Some(Status::unavailable("lock server is shutting down"))
+        } else if self.sessions.len() + proposal.opens >= self.max_sessions {
+            Some(Status::resource_exhausted(format!(
+                "limit reached: sessions (at most {})",
+                self.max_sessions
+            )))
+        } else if self.peers.of(new.peer) >= self.max_sessions_per_peer {
+            Some(Status::resource_exhausted(format!(
+                "limit reached: sessions from one client address (at most {})",
+                self.max_sessions_per_peer
+            )))
+        } else {
+            None
+        };
+        if let Some(status) = refusal {
+            self.output.streams.end(new.id, &new.tx, status);
+            return new.ended.cancel();
+        }
+        let session = SessionId(self.next_session);
+        self.next_session += 1;
+        proposal.opens += 1;
+        // Known to the stream at once: what the client sends right after its
+        // open (in the same batch, say) runs in the session, after the open.
+        self.streams.insert(new.id, session);
+        let secret: u128 = rand::random();
+        let command = Command::OpenSession { session, ttl, info };
+        proposal.command(now, command, Some(secret), None, Route::Open(new));
+    }
+
+    /// The `OpenSession` record of `new`'s stream was applied with `result`:
+    /// tells the stream and attaches it.
+    pub(super) fn opened(
+        &mut self,
+        new: NewStream,
+        session: SessionId,
+        result: Result<(), EngineError>,
+    ) {
         let NewStream {
             id: stream,
             tx,
             ended,
             peer,
         } = new;
-        if self.shutting_down {
-            let status = Status::unavailable("lock server is shutting down");
-            self.output.streams.end(stream, &tx, status);
-            return ended.cancel();
-        }
-        if self.sessions.len() >= self.max_sessions {
-            let status = Status::resource_exhausted(format!(
-                "limit reached: sessions (at most {})",
-                self.max_sessions
-            ));
-            self.output.streams.end(stream, &tx, status);
-            return ended.cancel();
-        }
-        if self.peers.of(peer) >= self.max_sessions_per_peer {
-            let status = Status::resource_exhausted(format!(
-                "limit reached: sessions from one client address (at most {})",
-                self.max_sessions_per_peer
-            ));
-            self.output.streams.end(stream, &tx, status);
-            return ended.cancel();
-        }
-        let session = SessionId(self.next_session);
-        let secret: u128 = rand::random();
-        let command = Command::OpenSession {
-            session,
-            ttl,
-            info: info.clone(),
+        let entry = match result {
+            Ok(()) => self.sessions.get(&session),
+            Err(error) => {
+                self.output
+                    .streams
+                    .end(stream, &tx, engine_error_to_status(&error));
+                None
+            }
         };
-        if let Err(error) = self.execute(now, command, Some(secret), None) {
-            self.output
-                .streams
-                .end(stream, &tx, engine_error_to_status(&error));
+        let Some(entry) = entry else {
+            self.streams.remove(&stream);
             return ended.cancel();
-        }
+        };
         let opened = pb::ServerMessage {
             kind: Some(pb::server_message::Kind::Opened(pb::SessionOpened {
                 session_id: session.0,
-                secret: secret.to_be_bytes().to_vec(),
-                ttl_ms: ttl,
+                secret: entry.secret.to_be_bytes().to_vec(),
+                ttl_ms: entry.ttl,
             })),
         };
         self.output.streams.push(stream, &tx, opened);
         self.attach(session, stream, tx, ended, peer);
-        tracing::debug!(%session, client = %info.name, host = %info.host, ?peer, ttl, "session opened");
+        tracing::debug!(%session, ?peer, "session opened");
     }
 
     pub(super) fn resume(&mut self, now: Millis, new: NewStream, session: SessionId, secret: u128) {

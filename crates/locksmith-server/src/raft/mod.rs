@@ -15,13 +15,13 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::storage::LogRecord;
+use crate::storage::Record;
 
 /// The records of one core batch: one Raft log entry.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Batch {
     /// The records, applied in order.
-    pub records: Vec<LogRecord>,
+    pub records: Vec<Record>,
 }
 
 impl fmt::Display for Batch {

@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
 use super::{Batch, TypeConfig};
+use crate::storage::Record;
 
 /// The engine as one member holds it.
 #[derive(Clone)]
@@ -70,6 +71,9 @@ impl EngineMachine {
 impl Inner {
     fn apply_batch(&mut self, batch: Batch, effects: &mut Vec<Effect>) {
         for record in batch.records {
+            let Record::Command(record) = record else {
+                continue; // acknowledgements concern the server's session table
+            };
             let now = record.now.max(self.last_now);
             self.last_now = now;
             if let Err(error) = self.engine.apply(now, record.command, effects) {

@@ -18,7 +18,7 @@ use super::network::{PeerNetwork, RaftService};
 use super::state_machine::EngineMachine;
 use super::{Batch, TypeConfig};
 use crate::storage::raft_log::RaftLog;
-use crate::storage::LogRecord;
+use crate::storage::{LogRecord, Record};
 
 type Raft = openraft::Raft<TypeConfig, EngineMachine>;
 
@@ -69,13 +69,13 @@ impl Member {
     }
 }
 
-fn record(now: u64, command: Command) -> LogRecord {
-    LogRecord {
+fn record(now: u64, command: Command) -> Record {
+    Record::Command(LogRecord {
         now,
         command,
         secret: None,
         request: None,
-    }
+    })
 }
 
 fn acquire(session: u64, request: u64, name: &str) -> Command {

@@ -113,12 +113,14 @@ use std::fs::{self, OpenOptions};
 use std::io;
 use std::path::{Path, PathBuf};
 
-use locksmith_core::{Command, LostReason, Millis, Snapshot};
+use locksmith_core::{Command, LostReason, Millis, SessionId, Snapshot};
 use serde::{Deserialize, Serialize};
 
 use self::files::{io_error, list_segments, segment_path};
 pub(crate) use self::segment::LogBuffer;
-use self::segment::{scan, End, Segment, SegmentHeader, SEGMENT_HEADER, SEGMENT_MAGIC};
+use self::segment::{
+    scan, End, Segment, SegmentHeader, SegmentRecord, SEGMENT_HEADER, SEGMENT_MAGIC,
+};
 use crate::config::ServerConfig;
 use crate::error::ServerError;
 
@@ -147,14 +149,31 @@ pub(crate) struct LogRecord {
     pub request: Option<u64>,
 }
 
-/// The borrowed twin of [`LogRecord`], encoded identically, so that a command
-/// is logged without cloning it.
-#[derive(Serialize)]
-pub(crate) struct LogRecordRef<'a> {
-    pub now: Millis,
-    pub command: &'a Command,
-    pub secret: Option<u128>,
-    pub request: Option<u64>,
+/// One logged record: what a client (or the clock) asked of the server, in
+/// the order the server decided it. Applying the records in order rebuilds
+/// the engine and the session table exactly, on replay as when they were
+/// first applied.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum Record {
+    /// An engine command, with what the server keeps beside it.
+    Command(LogRecord),
+    /// A session's client acknowledged these replies (request ids) and lost
+    /// notices (tokens): they are no longer kept, and the ids are free again.
+    Acks {
+        session: SessionId,
+        replies: Vec<u64>,
+        lost: Vec<u64>,
+    },
+}
+
+impl SegmentRecord for Record {
+    fn decode_frame(format: u32, payload: &[u8]) -> Result<Vec<Record>, postcard::Error> {
+        if format == 1 {
+            let commands: Vec<LogRecord> = segment::decode_records(payload)?;
+            return Ok(commands.into_iter().map(Record::Command).collect());
+        }
+        segment::decode_records(payload)
+    }
 }
 
 /// A final reply kept for a session until its client acknowledges it.
@@ -450,7 +469,7 @@ impl Storage {
     /// Feeds every logged record after the snapshot to `apply`, in order
     /// (step 5 of the module docs), and cuts a torn tail of the newest
     /// segment. Returns the record count.
-    pub(crate) fn replay(&mut self, mut apply: impl FnMut(LogRecord)) -> Result<u64, ServerError> {
+    pub(crate) fn replay(&mut self, mut apply: impl FnMut(Record)) -> Result<u64, ServerError> {
         let segments = std::mem::take(&mut self.to_replay);
         let mut count = 0;
         for (i, &seq) in segments.iter().enumerate() {
@@ -470,7 +489,7 @@ impl Storage {
         &self,
         seq: u64,
         newest: bool,
-        apply: &mut impl FnMut(LogRecord),
+        apply: &mut impl FnMut(Record),
         count: &mut u64,
     ) -> Result<(), ServerError> {
         replay_segment(&self.dir, seq, newest, |record| {
@@ -648,7 +667,7 @@ fn read_snapshot(path: &Path) -> Result<Option<ServerSnapshot>, ServerError> {
 /// handing each record to `apply` in order: cuts a torn tail of the newest
 /// segment, and refuses anything else that does not check out with the file
 /// and the byte offset, leaving the file as it is.
-pub(super) fn replay_segment<R: serde::de::DeserializeOwned>(
+pub(super) fn replay_segment<R: SegmentRecord>(
     dir: &Path,
     seq: u64,
     newest: bool,
@@ -663,7 +682,7 @@ pub(super) fn replay_segment<R: serde::de::DeserializeOwned>(
     }
     let scan = scan(&bytes, header.seed);
     for &(at, payload) in &scan.frames {
-        let records: Vec<R> = segment::decode_records(payload).map_err(|e| {
+        let records = R::decode_frame(header.format, payload).map_err(|e| {
             let detail = format!(
                 "the frame at byte {at} passes its checksums, but its records do not decode: {e}"
             );
@@ -747,13 +766,7 @@ mod tests {
     }
 
     fn append(buffer: &mut LogBuffer, r: &LogRecord) {
-        let mark = buffer.begin(&LogRecordRef {
-            now: r.now,
-            command: &r.command,
-            secret: r.secret,
-            request: r.request,
-        });
-        buffer.finish(mark);
+        buffer.push(&Record::Command(r.clone()));
     }
 
     /// Commits `records`, one frame each, as a server does with one record
@@ -799,7 +812,10 @@ mod tests {
         let dir = config.data_dir.as_deref().unwrap();
         let (mut storage, snapshot) = Storage::open(dir, config)?;
         let mut records = Vec::new();
-        storage.replay(|r| records.push(r))?;
+        storage.replay(|r| match r {
+            Record::Command(r) => records.push(r),
+            other => panic!("only commands are logged here: {other:?}"),
+        })?;
         Ok((storage, snapshot, records))
     }
 

@@ -64,6 +64,12 @@ pub(crate) enum RaftRecord {
     Committed(Option<LogIdOf<TypeConfig>>),
 }
 
+impl super::SegmentRecord for RaftRecord {
+    fn decode_frame(_format: u32, payload: &[u8]) -> Result<Vec<RaftRecord>, postcard::Error> {
+        super::segment::decode_records(payload)
+    }
+}
+
 /// What `RAFTLOG` says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 struct Manifest {
@@ -210,12 +216,12 @@ impl Inner {
     /// manifest.
     fn enter_segment(&mut self, seq: u64) -> io::Result<()> {
         if let Some(vote) = self.vote {
-            self.buffer.begin(&RaftRecord::Vote(vote));
+            self.buffer.push(&RaftRecord::Vote(vote));
         }
         if let Some(purged) = self.purged {
-            self.buffer.begin(&RaftRecord::Purge(purged));
+            self.buffer.push(&RaftRecord::Purge(purged));
         }
-        self.buffer.begin(&RaftRecord::Committed(self.committed));
+        self.buffer.push(&RaftRecord::Committed(self.committed));
         self.flush()?;
         self.manifest = Manifest {
             first_segment: self.manifest.first_segment.min(seq),
@@ -242,7 +248,7 @@ impl Inner {
     /// Writes `records` as one durable commit.
     fn write(&mut self, records: impl IntoIterator<Item = RaftRecord>) -> io::Result<()> {
         for record in records {
-            self.buffer.begin(&record);
+            self.buffer.push(&record);
         }
         self.flush()
     }
@@ -356,7 +362,7 @@ impl RaftLogStorage<TypeConfig> for RaftLog {
         let mut inner = self.inner.lock().await;
         // Buffered: made durable by the next append or vote. openraft only
         // uses it to apply sooner after a restart.
-        inner.buffer.begin(&RaftRecord::Committed(committed));
+        inner.buffer.push(&RaftRecord::Committed(committed));
         inner.committed = committed;
         Ok(())
     }

@@ -12,7 +12,11 @@ use super::files::{owner_only, segment_path, sync_dir};
 /// Bytes of a segment header.
 pub(super) const SEGMENT_HEADER: usize = 24;
 pub(super) const SEGMENT_MAGIC: &[u8; 4] = b"LSEG";
-const SEGMENT_FORMAT: u32 = 1;
+/// The format segments are written in: 2 holds [`super::Record`]s (1 held
+/// only engine commands, [`super::LogRecord`]s, and is still read).
+const SEGMENT_FORMAT: u32 = 2;
+/// The oldest format still read.
+const OLDEST_SEGMENT_FORMAT: u32 = 1;
 /// Bytes of a frame header: length, payload checksum, header checksum.
 pub(super) const FRAME_HEADER: usize = 12;
 /// A buffer starts a new frame once its open one holds this much: a commit
@@ -45,6 +49,8 @@ pub(super) struct SegmentHeader {
     pub seq: u64,
     /// Where its frames' checksums start.
     pub seed: u32,
+    /// The format its frames are in.
+    pub format: u32,
 }
 
 impl SegmentHeader {
@@ -53,7 +59,7 @@ impl SegmentHeader {
     fn encode(&self) -> [u8; SEGMENT_HEADER] {
         let mut bytes = [0; SEGMENT_HEADER];
         bytes[0..4].copy_from_slice(SEGMENT_MAGIC);
-        bytes[4..8].copy_from_slice(&SEGMENT_FORMAT.to_le_bytes());
+        bytes[4..8].copy_from_slice(&self.format.to_le_bytes());
         bytes[8..16].copy_from_slice(&self.seq.to_le_bytes());
         bytes[16..20].copy_from_slice(&self.seed.to_le_bytes());
         let crc = crc32fast::hash(&bytes[0..20]);
@@ -76,14 +82,16 @@ impl SegmentHeader {
             return Err("the segment header's checksum does not match (bytes 0..24)".into());
         }
         let format = u32_at(header, 4);
-        if format != SEGMENT_FORMAT {
+        if !(OLDEST_SEGMENT_FORMAT..=SEGMENT_FORMAT).contains(&format) {
             return Err(format!(
-                "segment format {format}, this server reads {SEGMENT_FORMAT}"
+                "segment format {format}, this server reads {OLDEST_SEGMENT_FORMAT} to \
+                 {SEGMENT_FORMAT}"
             ));
         }
         Ok(SegmentHeader {
             seq: u64::from_le_bytes(header[8..16].try_into().expect("8 bytes")),
             seed: u32_at(header, 16),
+            format,
         })
     }
 }
@@ -98,13 +106,9 @@ pub(crate) struct LogBuffer {
     records: u64,
 }
 
-/// Where a record being appended starts, to finish or roll it back.
-pub(crate) struct Mark(usize);
-
 impl LogBuffer {
-    /// Appends a record; [`LogBuffer::finish`] or [`LogBuffer::rollback`] it
-    /// once the command's outcome is known.
-    pub(crate) fn begin<R: serde::Serialize>(&mut self, record: &R) -> Mark {
+    /// Appends a record.
+    pub(crate) fn push<R: serde::Serialize>(&mut self, record: &R) {
         match self.open {
             Some(start) if self.bytes.len() - start - FRAME_HEADER < FRAME_TARGET => {}
             _ => {
@@ -113,23 +117,13 @@ impl LogBuffer {
                 self.bytes.extend_from_slice(&[0; FRAME_HEADER]);
             }
         }
-        let start = self.bytes.len();
         self.bytes = postcard::to_extend(record, std::mem::take(&mut self.bytes))
             .expect("log records always encode");
-        Mark(start)
-    }
-
-    /// Keeps the record begun at `mark`.
-    pub(crate) fn finish(&mut self, _mark: Mark) {
         self.records += 1;
     }
 
-    /// Drops the record begun at `mark` (the command failed or changed nothing).
-    pub(crate) fn rollback(&mut self, mark: Mark) {
-        self.bytes.truncate(mark.0);
-    }
-
     /// Bytes of the buffered frames.
+    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.bytes.len()
     }
@@ -183,6 +177,12 @@ fn seal(frame: &mut [u8], seed: u32) {
     frame[4..8].copy_from_slice(&payload_crc.to_le_bytes());
     let header_crc = checksum(seed, &[&frame[..8]]);
     frame[8..12].copy_from_slice(&header_crc.to_le_bytes());
+}
+
+/// A record type of segments: how a frame's payload decodes in the format
+/// its segment was written in.
+pub(crate) trait SegmentRecord: Sized {
+    fn decode_frame(format: u32, payload: &[u8]) -> Result<Vec<Self>, postcard::Error>;
 }
 
 /// The records of a frame's payload.
@@ -332,6 +332,7 @@ impl Segment {
         let header = SegmentHeader {
             seq,
             seed: rand::random(),
+            format: SEGMENT_FORMAT,
         };
         file.write_all_at(&header.encode(), 0)?;
         let mut segment = Segment {
@@ -393,7 +394,7 @@ impl Segment {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{LogRecord, LogRecordRef};
+    use super::super::LogRecord;
     use super::*;
     use locksmith_core::Command;
     use proptest::prelude::*;
@@ -420,18 +421,18 @@ mod tests {
         zeros: usize,
         seed: u32,
     ) -> (Vec<u8>, Vec<(usize, usize)>) {
-        let mut bytes = SegmentHeader { seq: 1, seed }.encode().to_vec();
+        let mut bytes = SegmentHeader {
+            seq: 1,
+            seed,
+            format: SEGMENT_FORMAT,
+        }
+        .encode()
+        .to_vec();
         let mut frames = Vec::new();
         let mut buffer = LogBuffer::default();
         for commit in commits {
             for r in commit {
-                let mark = buffer.begin(&LogRecordRef {
-                    now: r.now,
-                    command: &r.command,
-                    secret: r.secret,
-                    request: r.request,
-                });
-                buffer.finish(mark);
+                buffer.push(r);
             }
             let (mut taken, _) = buffer.take();
             for range in frame_ranges(&taken).collect::<Vec<_>>() {
@@ -613,7 +614,11 @@ mod tests {
 
     #[test]
     fn the_segment_header_is_checked() {
-        let header = SegmentHeader { seq: 42, seed: 9 };
+        let header = SegmentHeader {
+            seq: 42,
+            seed: 9,
+            format: SEGMENT_FORMAT,
+        };
         let mut bytes = header.encode().to_vec();
         assert_eq!(SegmentHeader::decode(&bytes), Ok(header));
         bytes[9] ^= 1;
