@@ -83,6 +83,18 @@ pub struct ServerConfig {
     pub history_total: usize,
     /// Grants older than this leave the grant history.
     pub history_max_age: Duration,
+    /// This member's id in its Raft group (a server is always a member of
+    /// one, alone by default).
+    pub node_id: u64,
+    /// The members of a new cluster: id and the address its clients and
+    /// peers both use. Empty: a one-member cluster, this server at its
+    /// listen address. Only read when the data directory is new.
+    pub cluster: Vec<(u64, String)>,
+    /// How often the leader sends heartbeats to the other members.
+    pub raft_heartbeat: Duration,
+    /// A member that hears no leader for this long (up to twice as long,
+    /// at random) starts an election.
+    pub election_timeout: Duration,
 }
 
 impl ServerConfig {
@@ -120,6 +132,10 @@ impl ServerConfig {
             history_per_lock: 16,
             history_total: 10_000,
             history_max_age: Duration::from_secs(3600),
+            node_id: 1,
+            cluster: Vec::new(),
+            raft_heartbeat: Duration::from_millis(50),
+            election_timeout: Duration::from_millis(300),
         }
     }
 

@@ -59,4 +59,10 @@ pub enum ServerError {
     /// The engine thread stopped unexpectedly (a storage failure while running).
     #[error("lock engine stopped: {0}")]
     EngineStopped(String),
+    /// The settings do not make a working server.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// The member's Raft layer failed (openraft stopped).
+    #[error("Raft: {0}")]
+    Raft(String),
 }

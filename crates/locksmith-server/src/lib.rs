@@ -93,11 +93,6 @@ mod http;
 mod metrics;
 mod op;
 mod outbox;
-// The Raft layer (openraft types, the members' gRPC transport, the engine
-// as replicated state machine, with the Raft log in `storage::raft_log`) is
-// tested on its own; the core does not run through it yet (docs/architecture.md,
-// "The replicated server").
-#[cfg_attr(not(test), allow(dead_code))]
 mod raft;
 mod service;
 mod storage;
@@ -116,11 +111,15 @@ pub use crate::config::{ServerConfig, DEFAULT_DATA_DIR, DEFAULT_LISTEN};
 pub use crate::error::ServerError;
 pub use locksmith_core::Limits;
 
-use crate::core::{Core, Stats};
+use crate::core::{Core, Replica, Stats};
 use crate::http::Readiness;
 use crate::metrics::Metrics;
 use crate::op::Op;
+use crate::raft::network::RaftService;
+use crate::raft::state_machine::CoreMachine;
 use crate::service::Service;
+use crate::storage::raft_log::RaftLog;
+use locksmith_proto::raft::raft_server::RaftServer;
 
 /// How long a graceful shutdown waits for connections to close before it
 /// drops them.
@@ -191,10 +190,17 @@ impl Server {
             ),
             None => None,
         };
-        let recover_config = config.clone();
-        let mut core = tokio::task::spawn_blocking(move || Core::recover(&recover_config))
+        let log_dir = raft::member::LogDir::of(&config)?;
+        let log_path = log_dir.path().to_owned();
+        let segment_bytes = config.segment_bytes;
+        let log = tokio::task::spawn_blocking(move || RaftLog::open(&log_path, segment_bytes))
             .await
-            .map_err(|e| ServerError::EngineStopped(format!("recovery panicked: {e}")))??;
+            .map_err(|e| ServerError::EngineStopped(format!("opening the log panicked: {e}")))??;
+        let applied = Arc::new(std::sync::Mutex::new(raft::Applied::default()));
+        let (proposals, proposed) = tokio::sync::mpsc::unbounded_channel();
+        let (serving_tx, mut serving_rx) = tokio::sync::watch::channel(false);
+        let replica = Replica::new(proposals, applied.clone(), serving_tx);
+        let mut core = Core::new(&config, replica, None);
         core.count_in(metrics);
         let unary_ids = core.unary_ids();
         let stats = core.stats();
@@ -210,6 +216,20 @@ impl Server {
                 context: "cannot start the engine thread".into(),
                 source,
             })?;
+        let machine = CoreMachine::new(ops.clone(), applied);
+        let raft = raft::member::start(
+            &config,
+            addr.to_string(),
+            log,
+            machine,
+            ops.clone(),
+            proposed,
+        )
+        .await?;
+        if config.cluster.len() <= 1 {
+            // A group of one elects itself at once: serve when it has.
+            let _ = serving_rx.wait_for(|serving| *serving).await;
+        }
 
         let service = Service::new(ops.clone(), unary_ids, &config);
         let reflection = tonic_reflection::server::Builder::configure()
@@ -232,6 +252,7 @@ impl Server {
             .add_service(
                 LocksmithServer::new(service).max_decoding_message_size(config.max_message_bytes),
             )
+            .add_service(RaftServer::new(RaftService::new(raft.clone())))
             .add_optional_service(reflection)
             .serve_with_incoming_shutdown(incoming, stop_accepting.clone().cancelled_owned());
 
@@ -240,6 +261,8 @@ impl Server {
         let task = tokio::spawn({
             let stop = stop.clone();
             async move {
+                // Removed (if temporary) when the server has stopped.
+                let _log_dir = log_dir;
                 tokio::pin!(serve);
                 let mut exit_rx = exit_rx;
                 let (engine, transport) = tokio::select! {
@@ -251,6 +274,9 @@ impl Server {
                     }
                     _ = stop.cancelled() => {
                         readiness.set_serving(false);
+                        // openraft first: it applies nothing more, then the
+                        // core ends its streams.
+                        let _ = raft.shutdown().await;
                         let (done, _) = oneshot::channel();
                         let _ = ops.send(Op::Shutdown { done });
                         (exit_rx.await, None)

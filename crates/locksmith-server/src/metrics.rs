@@ -189,7 +189,13 @@ impl RequestKind {
             Op::ForceRelease { .. } => RequestKind::ForceRelease,
             Op::CloseSession { .. } => RequestKind::CloseSession,
             Op::EndSession { .. } => RequestKind::EndSession,
-            Op::Stream { .. } | Op::Detach { .. } | Op::Shutdown { .. } => return None,
+            Op::Stream { .. }
+            | Op::Detach { .. }
+            | Op::Shutdown { .. }
+            | Op::Apply { .. }
+            | Op::Snapshot { .. }
+            | Op::Install { .. }
+            | Op::Role(_) => return None,
         })
     }
 }

@@ -6,11 +6,16 @@
 
 use std::net::SocketAddr;
 
+use std::io::Cursor;
+
 use locksmith_core::{Acquire, ClientInfo, Command, Millis, Mode, RequestId, SessionId, Wait};
 use locksmith_proto::v1 as pb;
+use openraft::type_config::alias::{EntryOf, SnapshotMetaOf, SnapshotOf};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
+
+use crate::raft::TypeConfig;
 
 /// Where a session stream's messages go.
 pub(crate) type StreamTx = mpsc::UnboundedSender<Result<pb::ServerBatch, Status>>;
@@ -196,10 +201,37 @@ pub(crate) enum Op {
         session: SessionId,
         reply: UnaryReply<pb::EndSessionResponse>,
     },
-    /// End every stream, write a snapshot and stop.
+    /// End every stream and stop.
     Shutdown {
         done: oneshot::Sender<Result<(), String>>,
     },
+    /// Committed log entries to apply, in order (from openraft's state
+    /// machine); `done` once they are.
+    Apply {
+        entries: Vec<EntryOf<TypeConfig>>,
+        done: oneshot::Sender<()>,
+    },
+    /// Encode the applied state as a snapshot.
+    Snapshot {
+        reply: oneshot::Sender<SnapshotOf<TypeConfig, Cursor<Vec<u8>>>>,
+    },
+    /// Replace the state with a snapshot the leader sent.
+    Install {
+        meta: SnapshotMetaOf<TypeConfig>,
+        data: Vec<u8>,
+        done: oneshot::Sender<Result<(), String>>,
+    },
+    /// This member's role changed.
+    Role(Role),
+}
+
+/// A member's role, as openraft reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// This member leads.
+    Leader,
+    /// Another member leads (its client address, when known), or nobody yet.
+    Follower { leader: Option<String> },
 }
 
 impl Op {

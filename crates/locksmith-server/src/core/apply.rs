@@ -162,6 +162,10 @@ impl Core {
             Command::Acquire(a) => a.request.0,
             _ => 0,
         };
+        let heartbeat_of = match &command {
+            Command::Heartbeat { session } => *session,
+            _ => SessionId::NONE,
+        };
         if let (Route::EndSession(_), Command::CloseSession { session }) = (&route, &command) {
             self.tell_ended_by_administrator(*session);
         }
@@ -170,6 +174,16 @@ impl Core {
             Route::Nobody | Route::Stream { .. } => {
                 if let Err(error) = result {
                     tracing::debug!(%error, "a logged command does not apply");
+                }
+            }
+            Route::Heartbeat => {
+                if result.is_ok() {
+                    let ack = pb::ServerMessage {
+                        kind: Some(pb::server_message::Kind::Heartbeat(pb::HeartbeatAck {
+                            now_ms: now,
+                        })),
+                    };
+                    self.send_to(heartbeat_of, ack);
                 }
             }
             Route::Open(new) => self.opened(new, opening, result),

@@ -18,7 +18,7 @@ use tonic::Status;
 
 use super::{Core, Proposal, Route};
 use crate::convert;
-use crate::op::{Op, StreamOp};
+use crate::op::{Op, StreamId, StreamOp};
 use crate::outbox::LeaseWaiter;
 use crate::storage::{LogRecord, Record};
 
@@ -52,7 +52,7 @@ impl Core {
                 stream,
                 session,
                 secret,
-            } => self.resume(now, stream, session, secret),
+            } => self.resume(now, stream, session, secret, proposal),
             Op::Stream { stream, acks, ops } => {
                 let Some(&session) = self.streams.get(&stream) else {
                     return; // a stream that was detached or resumed elsewhere
@@ -69,22 +69,7 @@ impl Core {
                     self.propose_stream_op(now, session, op, proposal);
                 }
             }
-            Op::Detach { stream, error } => {
-                let Some(session) = self.streams.remove(&stream) else {
-                    return;
-                };
-                let Some(entry) = self.sessions.get_mut(&session) else {
-                    return;
-                };
-                if entry.attached.as_ref().is_some_and(|a| a.stream == stream) {
-                    let a = entry.attached.take().expect("checked");
-                    if let Some(status) = error {
-                        self.output.streams.end(a.stream, &a.tx, status);
-                    }
-                    a.ended.cancel();
-                    tracing::debug!(%session, "session detached; it lives until its TTL");
-                }
-            }
+            Op::Detach { stream, error } => self.detach(stream, error),
             Op::AcquireLease {
                 request,
                 args,
@@ -159,9 +144,30 @@ impl Core {
             | Op::List { .. }
             | Op::ListSessions { .. }
             | Op::History { .. }) => proposal.reads.push(read),
-            Op::Shutdown { done } => {
-                let _ = done.send(Ok(()));
+            Op::Shutdown { .. }
+            | Op::Apply { .. }
+            | Op::Snapshot { .. }
+            | Op::Install { .. }
+            | Op::Role(_) => unreachable!("the core's own ops are handled as they arrive"),
+        }
+    }
+
+    /// A stream ended (its session lives on until its TTL); `error` is sent
+    /// to it first if it is still attached.
+    pub(super) fn detach(&mut self, stream: StreamId, error: Option<Status>) {
+        let Some(session) = self.streams.remove(&stream) else {
+            return;
+        };
+        let Some(entry) = self.sessions.get_mut(&session) else {
+            return;
+        };
+        if entry.attached.as_ref().is_some_and(|a| a.stream == stream) {
+            let a = entry.attached.take().expect("checked");
+            if let Some(status) = error {
+                self.output.streams.end(a.stream, &a.tx, status);
             }
+            a.ended.cancel();
+            tracing::debug!(%session, "session detached; it lives until its TTL");
         }
     }
 
@@ -175,21 +181,8 @@ impl Core {
         match op {
             StreamOp::AckOnly => {}
             StreamOp::Heartbeat => {
-                let mut effects = Vec::new();
-                match self
-                    .engine
-                    .apply(now, Command::Heartbeat { session }, &mut effects)
-                {
-                    Ok(()) => self.send_to(
-                        session,
-                        pb::ServerMessage {
-                            kind: Some(pb::server_message::Kind::Heartbeat(pb::HeartbeatAck {
-                                now_ms: now,
-                            })),
-                        },
-                    ),
-                    Err(_) => self.end_session(session, "expired"),
-                }
+                let heartbeat = Command::Heartbeat { session };
+                proposal.command(now, heartbeat, None, None, Route::Heartbeat);
             }
             StreamOp::Acquire { id, args } => {
                 let notify_queued = args.notify_queued;

@@ -57,27 +57,32 @@
 //! replayed effects, and release/renew/cancel records carry the request id.
 mod apply;
 mod handle;
+mod replica;
 mod request_ids;
 mod session;
 
 use std::collections::{HashMap, VecDeque};
+use std::io::Cursor;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use locksmith_core::{Command, Effect, Engine, Millis, SessionId};
 use locksmith_proto::v1 as pb;
+use openraft::type_config::alias::{SnapshotMetaOf, SnapshotOf};
+use tokio::sync::oneshot;
 use tonic::Status;
 
 use crate::clock::Clock;
 use crate::config::ServerConfig;
-use crate::error::ServerError;
 use crate::history::{History, HistoryLimits};
 use crate::metrics::{Metrics, Tally};
 use crate::op::{NewStream, Op, StreamId, StreamOp, UnaryReply};
 use crate::outbox::{LeaseWaiter, Orphan, Output};
-use crate::storage::{LogBuffer, Record, ServerSnapshot, SessionRecord, Storage};
+use crate::raft::TypeConfig;
+use crate::storage::{Record, ServerSnapshot, SessionRecord};
+pub(crate) use replica::Replica;
 use session::{PeerCounts, SessionEntry};
 
 /// The records one batch proposes, in order, and where each one's result
@@ -104,6 +109,8 @@ pub(super) enum Route {
     /// A session's request: replies go to the stream the session is
     /// attached to; an acquire that has to wait says so if asked.
     Stream { notify_queued: bool },
+    /// A session's heartbeat: acknowledged on its stream.
+    Heartbeat,
     /// The stream that opens the session.
     Open(NewStream),
     /// A sessionless acquire, whose waiter is in `Core::leases`.
@@ -135,33 +142,26 @@ impl Route {
 pub(crate) struct Stats {
     pub batches: AtomicU64,
     pub ops: AtomicU64,
+    /// Log entries proposed (each one append and `fdatasync` on a quorum).
     pub fsyncs: AtomicU64,
     pub records: AtomicU64,
+    /// Time from proposing entries to applying them.
     pub commit_nanos: AtomicU64,
 }
 
-/// The durable log of a core.
-struct Log {
-    /// The encoded records of the batch being committed.
-    buffer: LogBuffer,
-    storage: Storage,
-    /// Records since the last snapshot.
-    since_snapshot: u64,
-}
-
-/// The engine, its log and the session table, owned by one thread.
+/// The engine, the session table and the member's replication state, owned
+/// by one thread.
 pub(crate) struct Core {
     engine: Engine,
+    limits: locksmith_core::Limits,
     clock: Clock,
-    /// `None` in memory.
-    log: Option<Log>,
+    replica: Replica,
     grace: Millis,
     max_sessions: usize,
     max_sessions_per_peer: usize,
     /// Open sessions per client address.
     peers: PeerCounts,
     max_unacked: usize,
-    snapshot_every: u64,
     max_batch: usize,
     sessions: HashMap<SessionId, SessionEntry>,
     streams: HashMap<StreamId, SessionId>,
@@ -169,45 +169,48 @@ pub(crate) struct Core {
     next_session: u64,
     /// Request ids of sessionless acquires, shared with the service that picks them.
     next_unary: Arc<AtomicU64>,
+    /// The time of the last record applied: engine time never goes below it.
     last_now: Millis,
-    /// What the batch sends once its records are durable and applied.
+    /// What is sent once the records it answers are applied.
     output: Output,
-    /// The records of the batch being built (kept for its allocations).
+    /// The records of the batch being built.
     proposal: Proposal,
+    /// When the batch in flight was proposed.
+    proposed_at: Option<Instant>,
     orphans: Vec<Orphan>,
     effects: Vec<Effect>,
     shutting_down: bool,
     /// Whether the acquire being applied asked for a `queued` reply.
     notify_queued: bool,
     stats: Arc<Stats>,
-    /// Operations in the last batch and duration of the last commit, for the
-    /// adaptive group commit.
-    last_batch: usize,
-    last_commit: Duration,
     /// Ops received and not looked at yet (see `take_arrivals`).
     arrived: Vec<Op>,
-    /// Ops looked at (their heartbeats applied), waiting for their batch.
+    /// Client ops looked at (their heartbeats proposed), waiting for their
+    /// batch.
     backlog: VecDeque<Op>,
     /// The grant history and the table's counts (module `history`).
     history: History,
-    /// Set once recovery is done: replayed records are not counted.
     metrics: Option<Arc<Metrics>>,
 }
 
 impl Core {
-    /// Builds the core from the data directory (snapshot + log replay, then a
-    /// fresh snapshot) or empty for an in-memory server.
-    pub(crate) fn recover(config: &ServerConfig) -> Result<Core, ServerError> {
+    /// A core with an empty state, or the state of `snapshot` (the newest a
+    /// member kept); openraft then hands it the committed entries after it.
+    pub(crate) fn new(
+        config: &ServerConfig,
+        replica: Replica,
+        snapshot: Option<ServerSnapshot>,
+    ) -> Core {
         let mut core = Core {
             engine: Engine::new(config.limits.clone()),
+            limits: config.limits.clone(),
             clock: Clock::starting_after(0),
-            log: None,
+            replica,
             grace: config.grace.as_millis() as Millis,
             max_sessions: config.max_sessions,
             max_sessions_per_peer: config.max_sessions_per_peer,
             peers: PeerCounts::default(),
             max_unacked: config.max_unacked_replies.max(1),
-            snapshot_every: config.snapshot_every.max(1),
             max_batch: config.max_batch.max(1),
             sessions: HashMap::new(),
             streams: HashMap::new(),
@@ -217,13 +220,12 @@ impl Core {
             last_now: 0,
             output: Output::default(),
             proposal: Proposal::default(),
+            proposed_at: None,
             orphans: Vec::new(),
             effects: Vec::new(),
             shutting_down: false,
             notify_queued: false,
             stats: Arc::default(),
-            last_batch: 0,
-            last_commit: Duration::ZERO,
             arrived: Vec::new(),
             backlog: VecDeque::new(),
             history: History::new(HistoryLimits {
@@ -233,56 +235,10 @@ impl Core {
             }),
             metrics: None,
         };
-        let Some(dir) = &config.data_dir else {
-            return Ok(core);
-        };
-        let started = Instant::now();
-        let (mut storage, snapshot) = Storage::open(dir, config)?;
         if let Some(snapshot) = snapshot {
-            core.restore(config, snapshot);
+            core.restore(snapshot);
         }
-        let mut next_unary = core.next_unary.load(Ordering::Relaxed);
-        let replayed = storage.replay(|record| {
-            if let Record::Command(logged) = &record {
-                if let Command::Acquire(a) = &logged.command {
-                    if a.session == SessionId::NONE {
-                        next_unary = next_unary.max(a.request.0 + 1);
-                    }
-                }
-            }
-            core.replay(record);
-        })?;
-        core.next_unary.store(next_unary, Ordering::Relaxed);
-        if let Some(floor) = storage.token_floor() {
-            core.engine.raise_token_floor(floor);
-        }
-        core.clock = Clock::starting_after(core.last_now + 1);
-        let now = core.clock.now();
-        core.last_now = now;
-        // Logged through the snapshot written below, like any command, so a
-        // replica replaying it agrees.
-        let grace = Command::GrantGrace { grace: core.grace };
-        core.engine
-            .apply(now, grace, &mut Vec::new())
-            .expect("granting grace always applies");
-        core.log = Some(Log {
-            buffer: LogBuffer::default(),
-            storage,
-            since_snapshot: 0,
-        });
-        core.write_snapshot(now).map_err(|e| ServerError::Io {
-            context: format!("cannot write a snapshot in {}", dir.display()),
-            source: e,
-        })?;
-        tracing::info!(
-            data_dir = %dir.display(),
-            replayed,
-            sessions = core.sessions.len(),
-            last_token = core.engine.last_token(),
-            elapsed = ?started.elapsed(),
-            "recovered"
-        );
-        Ok(core)
+        core
     }
 
     /// The loop's counters.
@@ -300,12 +256,13 @@ impl Core {
         self.next_unary.clone()
     }
 
-    fn restore(&mut self, config: &ServerConfig, snapshot: ServerSnapshot) {
+    fn restore(&mut self, snapshot: ServerSnapshot) {
         self.last_now = snapshot.last_now;
         self.next_session = snapshot.next_session;
-        self.next_unary = Arc::new(AtomicU64::new(snapshot.next_unary));
+        self.next_unary
+            .store(snapshot.next_unary, Ordering::Relaxed);
         self.history.restore(&snapshot.engine);
-        self.engine = Engine::restore(config.limits.clone(), snapshot.engine);
+        self.engine = Engine::restore(self.limits.clone(), snapshot.engine);
         self.sessions = snapshot
             .sessions
             .into_iter()
@@ -326,155 +283,146 @@ impl Core {
             .collect();
     }
 
-    fn replay(&mut self, record: Record) {
-        self.apply(record, Route::Nobody);
-        self.output = Output::default();
-    }
-
-    /// Runs the loop until shutdown or until every sender is gone. Returns an
-    /// error when the log could not be written (the server must stop: its state
-    /// is ahead of what is durable).
+    /// Runs the loop until shutdown or until every sender is gone.
     pub(crate) fn run(mut self, ops: Receiver<Op>) -> Result<(), String> {
         let mut batch = Vec::with_capacity(self.max_batch);
         loop {
-            if self.backlog.is_empty() && self.arrived.is_empty() {
-                let deadline = self
-                    .engine
-                    .next_deadline()
-                    .and_then(|at| self.clock.instant_of(at));
+            if self.arrived.is_empty() && !self.has_work() {
+                let deadline = if self.replica.can_propose() {
+                    self.engine
+                        .next_deadline()
+                        .and_then(|at| self.clock.instant_of(at))
+                } else {
+                    None
+                };
                 let first = match deadline {
                     Some(deadline) => {
                         match ops.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
                             Ok(op) => Some(op),
                             Err(RecvTimeoutError::Timeout) => None,
-                            Err(RecvTimeoutError::Disconnected) => return self.stop(),
+                            Err(RecvTimeoutError::Disconnected) => return self.shut_down(),
                         }
                     }
                     None => match ops.recv() {
                         Ok(op) => Some(op),
-                        Err(_) => return self.stop(),
+                        Err(_) => return self.shut_down(),
                     },
                 };
                 self.arrived.extend(first);
             }
-            let taken = Instant::now();
-            if let Some(window) = self.gather_window() {
-                let until = Instant::now() + window;
-                while let Ok(op) = ops.recv_timeout(until.saturating_duration_since(Instant::now()))
-                {
-                    self.arrived.push(op);
-                    if self.arrived.len() >= self.max_batch {
-                        break;
-                    }
-                }
-            }
+            let batch_started = Instant::now();
             let now = self.clock.now();
-            self.last_now = now;
-            self.take_arrivals(&ops, now);
+            if let Some(done) = self.take_arrivals(&ops, now) {
+                let result = self.shut_down();
+                let _ = done.send(result.clone());
+                return result;
+            }
+            if !self.replica.can_propose() {
+                continue;
+            }
             self.next_batch(&mut batch);
-            self.last_batch = batch.iter().map(Op::count).sum();
+            let count: usize = batch.iter().map(Op::count).sum();
             self.stats.batches.fetch_add(1, Ordering::Relaxed);
-            self.stats
-                .ops
-                .fetch_add(self.last_batch as u64, Ordering::Relaxed);
+            self.stats.ops.fetch_add(count as u64, Ordering::Relaxed);
             let tally = self.metrics.as_ref().map(|_| Tally::of(&batch));
             let mut proposal = std::mem::take(&mut self.proposal);
             self.propose_orphan_releases(now, &mut proposal);
-            let mut shutdown = None;
             for op in batch.drain(..) {
-                match op {
-                    Op::Shutdown { done } => shutdown = Some(done),
-                    op => self.propose(now, op, &mut proposal),
-                }
+                self.propose(now, op, &mut proposal);
             }
             // After the client ops: a heartbeat or renew in this batch wins.
             for command in self.engine.due_at_most(now, self.max_batch) {
                 proposal.command(now, command, None, None, Route::Nobody);
             }
-            if let Err(error) = self.commit(&proposal.records) {
-                return Err(self.fail(format!("cannot write the log: {error}")));
-            }
-            self.apply_proposal(now, &mut proposal);
-            self.proposal = proposal;
-            if let Err(error) = self.raise_token_ceiling() {
-                return Err(self.fail(format!("cannot write the manifest: {error}")));
-            }
-            if let Some(metrics) = &self.metrics {
-                // Before the replies leave: a client that saw one scrapes
-                // gauges at least as new.
-                metrics.table_now(self.history.census(), self.engine.last_token());
-            }
-            std::mem::take(&mut self.output).send(&mut self.orphans);
-            if let Some(log) = self.log.as_mut() {
-                // Off the path of the replies just sent: zeros ahead of the end.
-                if let Err(error) = log.storage.prepare() {
-                    return Err(self.fail(format!("cannot write the log: {error}")));
-                }
+            if !proposal.records.is_empty() {
+                self.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
+                self.stats
+                    .records
+                    .fetch_add(proposal.records.len() as u64, Ordering::Relaxed);
+                self.proposed_at = Some(Instant::now());
             }
             if let (Some(metrics), Some(tally)) = (&self.metrics, tally) {
-                metrics.batch_done(self.last_batch, &tally, taken.elapsed());
+                metrics.batch_done(count, &tally, Instant::now() - batch_started);
             }
-            if let Some(done) = shutdown {
-                let result = self.shut_down(now);
-                let _ = done.send(result.clone());
-                return result;
-            }
-            if self
-                .log
-                .as_ref()
-                .is_some_and(|log| log.since_snapshot >= self.snapshot_every)
-            {
-                if let Err(error) = self.write_snapshot(now) {
-                    return Err(self.fail(format!("cannot write a snapshot: {error}")));
+            self.propose_batch(proposal);
+            self.send_output();
+        }
+    }
+
+    /// Whether the loop has something to do without waiting for an op.
+    fn has_work(&self) -> bool {
+        self.replica.can_propose()
+            && (!self.backlog.is_empty()
+                || !self.proposal.records.is_empty()
+                || !self.orphans.is_empty())
+    }
+
+    /// Takes every op waiting in the channel: the core's own ops (entries to
+    /// apply, snapshots, role changes, detaches) are handled at once, client
+    /// ops go to the backlog (the leader's) or are sent to the leader.
+    /// Returns the reply slot of a shutdown, if one came.
+    ///
+    /// The heartbeats among the client ops are proposed at once, in the next
+    /// batch, ahead of any expiry it decides: so one client cannot expire
+    /// another by keeping the core busy, however long the backlog.
+    fn take_arrivals(
+        &mut self,
+        ops: &Receiver<Op>,
+        now: Millis,
+    ) -> Option<oneshot::Sender<Result<(), String>>> {
+        self.arrived.extend(ops.try_iter());
+        let mut arrived = std::mem::take(&mut self.arrived);
+        let mut shutdown = None;
+        for op in arrived.drain(..) {
+            match op {
+                Op::Apply { entries, done } => {
+                    self.apply_entries(entries);
+                    self.finish_apply();
+                    let _ = done.send(());
+                }
+                Op::Snapshot { reply } => {
+                    let _ = reply.send(self.build_snapshot());
+                }
+                Op::Install { meta, data, done } => {
+                    let _ = done.send(self.install_snapshot(meta, data));
+                }
+                Op::Role(role) => self.change_role(role),
+                Op::Shutdown { done } => shutdown = Some(done),
+                Op::Detach { stream, error } => self.detach(stream, error),
+                mut op if self.replica.leading() => {
+                    if self.replica.serving() {
+                        self.propose_heartbeats(now, &mut op);
+                    }
+                    self.backlog.push_back(op);
+                }
+                op => {
+                    let status = self.replica.redirect();
+                    self.refuse(op, status);
                 }
             }
         }
-    }
-
-    /// Moves every op waiting in the channel (and those received meanwhile)
-    /// to the backlog, applying the heartbeats among them first.
-    ///
-    /// This is what keeps one client from expiring another: when a batch
-    /// kept the engine busy past a session's deadline while that session's
-    /// heartbeat waited in the channel, the heartbeat is applied before the
-    /// expiry is decided, so a session never expires while its heartbeat is
-    /// queued. A heartbeat applied ahead of its turn changes nothing else
-    /// (it only moves the session's deadline, and is not logged); its answer
-    /// still goes out in order.
-    fn take_arrivals(&mut self, ops: &Receiver<Op>, now: Millis) {
-        self.arrived.extend(ops.try_iter());
-        let mut arrived = std::mem::take(&mut self.arrived);
-        for op in arrived.drain(..) {
-            if let Some(session) = self.heartbeat_in(&op) {
-                let _ = self
-                    .engine
-                    .apply(now, Command::Heartbeat { session }, &mut self.effects);
-                self.effects.clear();
-            }
-            self.backlog.push_back(op);
-        }
         self.arrived = arrived;
+        self.send_output();
+        shutdown
     }
 
-    /// The session `op` proves alive: a client batch with a heartbeat, or a
-    /// resume with the right secret.
-    fn heartbeat_in(&self, op: &Op) -> Option<SessionId> {
-        match op {
-            Op::Stream { stream, ops, .. }
-                if ops.iter().any(|o| matches!(o, StreamOp::Heartbeat)) =>
-            {
-                self.streams.get(stream).copied()
+    /// Moves the heartbeats of `op` into the batch being built.
+    fn propose_heartbeats(&mut self, now: Millis, op: &mut Op) {
+        let Op::Stream { stream, ops, .. } = op else {
+            return;
+        };
+        let Some(&session) = self.streams.get(stream) else {
+            return;
+        };
+        let before = ops.len();
+        ops.retain(|o| !matches!(o, StreamOp::Heartbeat));
+        if ops.len() < before {
+            let heartbeat = Command::Heartbeat { session };
+            self.proposal
+                .command(now, heartbeat, None, None, Route::Heartbeat);
+            if ops.is_empty() {
+                ops.push(StreamOp::AckOnly);
             }
-            Op::Resume {
-                session, secret, ..
-            } if self
-                .sessions
-                .get(session)
-                .is_some_and(|e| e.secret == *secret) =>
-            {
-                Some(*session)
-            }
-            _ => None,
         }
     }
 
@@ -492,35 +440,29 @@ impl Core {
         }
     }
 
-    /// Makes `records` durable: one write and one `fdatasync` for the whole
-    /// batch (the group commit). Nothing of the batch is applied before.
-    fn commit(&mut self, records: &[Record]) -> std::io::Result<()> {
-        let Some(log) = self.log.as_mut() else {
-            return Ok(());
-        };
-        if records.is_empty() {
-            return Ok(());
+    /// After applying entries: the batch's latency, the gauges, then the
+    /// replies.
+    fn finish_apply(&mut self) {
+        if let Some(at) = self.proposed_at.take() {
+            let elapsed = at.elapsed();
+            self.stats
+                .commit_nanos
+                .fetch_add(elapsed.as_nanos() as u64, Ordering::Relaxed);
+            if let Some(metrics) = &self.metrics {
+                metrics.committed(elapsed, 1);
+            }
         }
-        for record in records {
-            log.buffer.push(record);
+        if let Some(metrics) = &self.metrics {
+            // Before the replies leave: a client that saw one scrapes
+            // gauges at least as new.
+            metrics.table_now(self.history.census(), self.engine.last_token());
         }
-        log.since_snapshot += records.len() as u64;
-        self.last_commit = commit(
-            log,
-            &self.stats,
-            self.engine.last_token(),
-            self.metrics.as_deref(),
-        )?;
-        Ok(())
+        self.send_output();
     }
 
-    /// Before any reply carries a token the batch handed out: makes the
-    /// storage's token ceiling cover it.
-    fn raise_token_ceiling(&mut self) -> std::io::Result<()> {
-        match self.log.as_mut() {
-            Some(log) => log.storage.commit(&mut [], self.engine.last_token()),
-            None => Ok(()),
-        }
+    /// Sends what the ops handled so far produced.
+    fn send_output(&mut self) {
+        std::mem::take(&mut self.output).send(&mut self.orphans);
     }
 
     /// Applies the committed records of `proposal` in order, each with its
@@ -543,67 +485,8 @@ impl Core {
         proposal.opens = 0;
     }
 
-    /// Adaptive group commit (PostgreSQL's `commit_delay` with
-    /// `commit_siblings`): when the log is slow and several requests are busy,
-    /// wait a quarter of the last commit's duration (at most 1 ms) for more
-    /// requests before applying the batch. Their clients got their replies at
-    /// the end of the last commit; without the wait, their next requests just
-    /// miss this batch and wait for a whole extra fsync.
-    fn gather_window(&self) -> Option<Duration> {
-        const SIBLINGS: usize = 4;
-        const SLOW_COMMIT: Duration = Duration::from_micros(400);
-        const MAX_WAIT: Duration = Duration::from_millis(1);
-        (self.log.is_some() && self.last_batch >= SIBLINGS && self.last_commit >= SLOW_COMMIT)
-            .then(|| (self.last_commit / 4).min(MAX_WAIT))
-    }
-
-    /// Every sender is gone (the server was dropped without a shutdown).
-    fn stop(mut self) -> Result<(), String> {
-        let now = self.clock.now();
-        self.shut_down(now)
-    }
-
-    /// Stops after a storage failure: ends every stream, sends nothing else.
-    fn fail(&mut self, message: String) -> String {
-        tracing::error!(%message, "stopping: the lock state is ahead of the durable log");
-        self.output = Output::default();
-        for entry in self.sessions.values_mut() {
-            if let Some(a) = entry.attached.take() {
-                let _ =
-                    a.tx.send(Err(Status::unavailable("lock server storage failure")));
-                a.ended.cancel();
-            }
-        }
-        message
-    }
-
-    fn shut_down(&mut self, now: Millis) -> Result<(), String> {
-        self.shutting_down = true;
-        for entry in self.sessions.values_mut() {
-            if let Some(a) = entry.attached.take() {
-                let _ =
-                    a.tx.send(Err(Status::unavailable("lock server is shutting down")));
-                a.ended.cancel();
-            }
-        }
-        self.streams.clear();
-        for (_, waiter) in self.leases.drain() {
-            let _ = waiter
-                .reply
-                .send(Err(Status::unavailable("lock server is shutting down")));
-        }
-        self.write_snapshot(now)
-            .map_err(|e| format!("cannot write a snapshot: {e}"))?;
-        tracing::info!(last_token = self.engine.last_token(), "lock engine stopped");
-        Ok(())
-    }
-
-    /// Commits what is buffered, then writes a snapshot, which starts a new
-    /// log segment.
-    fn write_snapshot(&mut self, now: Millis) -> std::io::Result<()> {
-        if self.log.is_none() {
-            return Ok(());
-        }
+    /// The applied state, encoded for openraft (`ServerSnapshot`, postcard).
+    fn build_snapshot(&self) -> SnapshotOf<TypeConfig, Cursor<Vec<u8>>> {
         let started = Instant::now();
         let mut sessions: Vec<SessionRecord> = self
             .sessions
@@ -617,59 +500,60 @@ impl Core {
             })
             .collect();
         sessions.sort_unstable_by_key(|s| s.session);
-        let mut snapshot = ServerSnapshot {
+        let state = ServerSnapshot {
             first_segment: 0,
-            last_now: now,
+            last_now: self.last_now,
             next_session: self.next_session,
             next_unary: self.next_unary.load(Ordering::Relaxed),
             engine: self.engine.snapshot(),
             sessions,
         };
-        let log = self.log.as_mut().expect("checked above");
-        commit(
-            log,
-            &self.stats,
-            self.engine.last_token(),
-            self.metrics.as_deref(),
-        )?;
-        log.storage.write_snapshot(&mut snapshot)?;
-        log.since_snapshot = 0;
+        let data = postcard::to_stdvec(&state).expect("the state always encodes");
+        let (last_log_id, last_membership) = self.applied_state();
         tracing::info!(
-            locks = snapshot.engine.locks.len(),
-            sessions = snapshot.sessions.len(),
+            locks = state.engine.locks.len(),
+            sessions = state.sessions.len(),
+            bytes = data.len(),
             elapsed = ?started.elapsed(),
-            "snapshot written"
+            "snapshot taken"
         );
+        SnapshotOf::<TypeConfig, Cursor<Vec<u8>>> {
+            meta: SnapshotMetaOf::<TypeConfig> {
+                last_log_id,
+                last_membership,
+            },
+            snapshot: Cursor::new(data),
+        }
+    }
+
+    /// Replaces the state with a snapshot from the leader.
+    fn install_snapshot(
+        &mut self,
+        meta: SnapshotMetaOf<TypeConfig>,
+        data: Vec<u8>,
+    ) -> Result<(), String> {
+        let state: ServerSnapshot = postcard::from_bytes(&data)
+            .map_err(|e| format!("a snapshot from the leader does not decode: {e}"))?;
+        for entry in self.sessions.values_mut() {
+            if let Some(a) = entry.attached.take() {
+                a.ended.cancel();
+            }
+        }
+        self.streams.clear();
+        self.restore(state);
+        self.set_applied(meta.last_log_id, meta.last_membership);
         Ok(())
     }
-}
 
-/// Writes and fsyncs the buffered records (if any), counting it in `stats`
-/// and `metrics`; returns how long it took. `last_token` is the engine's (the
-/// storage keeps a ceiling above every token made visible).
-fn commit(
-    log: &mut Log,
-    stats: &Stats,
-    last_token: u64,
-    metrics: Option<&Metrics>,
-) -> std::io::Result<Duration> {
-    let (mut records, count) = log.buffer.take();
-    if records.is_empty() {
-        return Ok(Duration::ZERO);
+    /// Ends every stream and every wait: nothing in flight will be applied.
+    fn shut_down(&mut self) -> Result<(), String> {
+        self.shutting_down = true;
+        let status = Status::unavailable("lock server is shutting down");
+        self.abandon_all(&status);
+        self.send_output();
+        tracing::info!(last_token = self.engine.last_token(), "lock engine stopped");
+        Ok(())
     }
-    let started = Instant::now();
-    log.storage.commit(&mut records, last_token)?;
-    let elapsed = started.elapsed();
-    stats
-        .commit_nanos
-        .fetch_add(elapsed.as_nanos() as u64, Ordering::Relaxed);
-    stats.fsyncs.fetch_add(1, Ordering::Relaxed);
-    stats.records.fetch_add(count, Ordering::Relaxed);
-    if let Some(metrics) = metrics {
-        metrics.committed(elapsed, count);
-    }
-    log.buffer.give_back(records);
-    Ok(elapsed)
 }
 
 #[cfg(test)]
@@ -680,16 +564,31 @@ mod tests {
     use super::*;
     use crate::op::{Acks, NewStream};
 
+    /// A core on its own (no openraft): the tests propose and apply by hand.
     fn core(max_batch: usize) -> Core {
         let config = ServerConfig {
             max_batch,
             ..ServerConfig::in_memory()
         };
-        Core::recover(&config).unwrap()
+        let (proposals, _) = tokio::sync::mpsc::unbounded_channel();
+        let (serving, _) = tokio::sync::watch::channel(false);
+        let replica = Replica::new(proposals, Arc::default(), serving);
+        Core::new(&config, replica, None)
+    }
+
+    /// One batch of `op`: proposed, then applied; returns its records, as a
+    /// log would keep them.
+    fn run(core: &mut Core, now: Millis, op: Op) -> Vec<Record> {
+        let mut proposal = std::mem::take(&mut core.proposal);
+        core.propose(now, op, &mut proposal);
+        let records = proposal.records.clone();
+        core.apply_proposal(now, &mut proposal);
+        core.output = Output::default();
+        records
     }
 
     /// Opens a session (TTL 1 s) on stream `stream` at `now`.
-    fn open(core: &mut Core, stream: StreamId, now: Millis) -> SessionId {
+    fn open(core: &mut Core, stream: StreamId, now: Millis) -> (SessionId, Vec<Record>) {
         let (tx, _) = tokio::sync::mpsc::unbounded_channel();
         let new = NewStream {
             id: stream,
@@ -697,25 +596,13 @@ mod tests {
             ended: CancellationToken::new(),
             peer: None,
         };
-        let mut proposal = Proposal::default();
         let open = Op::Open {
             stream: new,
             info: ClientInfo::default(),
             ttl: 1_000,
         };
-        core.propose(now, open, &mut proposal);
-        core.commit(&proposal.records).unwrap();
-        core.apply_proposal(now, &mut proposal);
-        core.streams[&stream]
-    }
-
-    /// One batch of `op` through the whole path: propose, commit, apply.
-    fn run(core: &mut Core, now: Millis, op: Op) {
-        let mut proposal = Proposal::default();
-        core.propose(now, op, &mut proposal);
-        core.commit(&proposal.records).unwrap();
-        core.apply_proposal(now, &mut proposal);
-        core.output = Output::default();
+        let records = run(core, now, open);
+        (core.streams[&stream], records)
     }
 
     fn hold_args(name: &str) -> crate::op::HoldArgs {
@@ -731,12 +618,10 @@ mod tests {
     }
 
     #[test]
-    fn replay_decides_a_request_id_reused_after_its_ack_as_the_first_run_did() {
-        let dir = tempfile::tempdir().unwrap();
-        let config = ServerConfig::durable(dir.path());
-        let mut core = Core::recover(&config).unwrap();
+    fn applying_the_log_again_decides_a_request_id_reused_after_its_ack_as_the_first_run_did() {
+        let mut core = core(4096);
         let now = core.clock.now();
-        let session = open(&mut core, 1, now);
+        let (session, mut log) = open(&mut core, 1, now);
         let acquire = StreamOp::Acquire {
             id: 1,
             args: crate::op::AcquireArgs {
@@ -750,7 +635,7 @@ mod tests {
                 notify_queued: false,
             },
         };
-        run(&mut core, now, client_batch(1, [acquire]));
+        log.extend(run(&mut core, now, client_batch(1, [acquire])));
         assert_eq!(holders(&core, "reused"), 1);
         // The client acknowledges the grant, so id 1 is free, and releases
         // under it.
@@ -765,13 +650,16 @@ mod tests {
                 hold: hold_args("reused"),
             }],
         };
-        run(&mut core, now, release);
+        log.extend(run(&mut core, now, release));
         assert_eq!(holders(&core, "reused"), 0);
-        drop(core);
 
-        let core = Core::recover(&config).unwrap();
-        assert!(core.sessions.contains_key(&session));
-        assert_eq!(holders(&core, "reused"), 0, "replay released it too");
+        // Another member (or this one after a restart) applies the same log.
+        let mut replica = self::core(4096);
+        for record in log {
+            replica.apply(record, Route::Nobody);
+        }
+        assert!(replica.sessions.contains_key(&session));
+        assert_eq!(holders(&replica, "reused"), 0, "released there too");
     }
 
     fn client_batch(stream: StreamId, ops: impl IntoIterator<Item = StreamOp>) -> Op {
@@ -783,22 +671,39 @@ mod tests {
     }
 
     #[test]
-    fn a_heartbeat_waiting_in_the_channel_is_applied_before_expiries() {
+    fn a_heartbeat_waiting_in_the_channel_is_proposed_before_expiries() {
         let mut core = core(4096);
         let now = core.clock.now();
-        let session = open(&mut core, 1, now);
+        let (session, _) = open(&mut core, 1, now);
+        core.replica.role = replica::Leadership::Leader {
+            stint: 1,
+            ready: true,
+        };
         let (ops, arrivals) = std::sync::mpsc::channel();
         ops.send(client_batch(1, [StreamOp::Heartbeat])).unwrap();
         // The engine was busy past the session's deadline meanwhile.
         let late = now + 1_500;
-        core.take_arrivals(&arrivals, late);
-        assert_eq!(core.engine.due(late), []);
-        assert!(core.engine.has_session(session));
+        assert!(core.take_arrivals(&arrivals, late).is_none());
+        let mut proposal = std::mem::take(&mut core.proposal);
+        for command in core.engine.due_at_most(late, 4096) {
+            proposal.command(late, command, None, None, Route::Nobody);
+        }
+        let first = proposal.records.first().cloned();
+        assert!(
+            matches!(&first, Some(Record::Command(r)) if r.command == Command::Heartbeat { session }),
+            "{first:?}"
+        );
+        core.apply_proposal(late, &mut proposal);
+        assert!(core.engine.has_session(session), "the expiry is void");
     }
 
     #[test]
     fn a_batch_ends_at_max_batch_messages() {
         let mut core = core(10);
+        core.replica.role = replica::Leadership::Leader {
+            stint: 1,
+            ready: true,
+        };
         let (ops, arrivals) = std::sync::mpsc::channel();
         for _ in 0..3 {
             ops.send(client_batch(1, (0..4).map(|_| StreamOp::AckOnly)))

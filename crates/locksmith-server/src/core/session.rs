@@ -149,7 +149,16 @@ impl Core {
         tracing::debug!(%session, ?peer, "session opened");
     }
 
-    pub(super) fn resume(&mut self, now: Millis, new: NewStream, session: SessionId, secret: u128) {
+    /// Attaches `new`'s stream to `session` if the secret is right, and
+    /// proposes the heartbeat a resume is.
+    pub(super) fn resume(
+        &mut self,
+        now: Millis,
+        new: NewStream,
+        session: SessionId,
+        secret: u128,
+        proposal: &mut Proposal,
+    ) {
         let NewStream {
             id: stream,
             tx,
@@ -186,10 +195,8 @@ impl Core {
                 .streams
                 .push(stream, &tx, convert::lost_to_proto(notice));
         }
-        let mut effects = Vec::new();
-        let _ = self
-            .engine
-            .apply(now, Command::Heartbeat { session }, &mut effects);
+        let heartbeat = Command::Heartbeat { session };
+        proposal.command(now, heartbeat, None, None, Route::Nobody);
         self.attach(session, stream, tx, ended, peer);
         tracing::debug!(%session, ?peer, "session resumed");
     }

@@ -8,6 +8,7 @@
 //!   node ids and addresses;
 //! - `network`: the members' traffic over gRPC on the clients' port.
 
+pub(crate) mod member;
 pub(crate) mod network;
 pub(crate) mod state_machine;
 
@@ -20,6 +21,12 @@ use crate::storage::Record;
 /// The records of one core batch: one Raft log entry.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Batch {
+    /// The leadership stint that proposed it (a random number each time a
+    /// member becomes leader): the proposer knows its own entries by it, and
+    /// where their results go.
+    pub origin: u64,
+    /// The proposer's sequence number of the batch within its stint.
+    pub seq: u64,
     /// The records, applied in order.
     pub records: Vec<Record>,
 }
@@ -28,6 +35,13 @@ impl fmt::Display for Batch {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "batch of {} records", self.records.len())
     }
+}
+
+/// What a member has applied, as its state machine reports it to openraft.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Applied {
+    pub last_applied: Option<openraft::type_config::alias::LogIdOf<TypeConfig>>,
+    pub membership: openraft::type_config::alias::StoredMembershipOf<TypeConfig>,
 }
 
 openraft::declare_raft_types!(
@@ -40,5 +54,5 @@ openraft::declare_raft_types!(
         Node = openraft::BasicNode,
 );
 
-#[cfg(test)]
-mod tests;
+/// This member's handle on openraft.
+pub(crate) type Raft = openraft::Raft<TypeConfig, state_machine::CoreMachine>;

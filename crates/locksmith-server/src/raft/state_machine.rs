@@ -1,145 +1,114 @@
-//! The replicated state machine: committed [`Batch`]es applied, in log order,
-//! to a lock engine, identically on every member.
+//! The replicated state machine is the core: openraft hands committed
+//! entries to [`CoreMachine`], which passes them to the core thread
+//! ([`Op::Apply`]) and waits until they are applied, so that every member
+//! applies the same entries in the same order to the same engine.
 //!
-//! A member applies each record at `max(record.now, last applied now)`, so
-//! engine time never goes backwards when leadership (and with it the clock
-//! that stamps records) moves to another member. A command that fails on
-//! apply fails the same way everywhere (the engine is deterministic) and
-//! changes nothing.
+//! A snapshot is the core's state (`ServerSnapshot`: the engine, the session
+//! table, the clock), postcard-encoded by the core thread, with openraft's
+//! metadata (last applied log id and membership) beside it.
 //!
-//! A snapshot is the engine's own ([`locksmith_core::Snapshot`]) plus the last
-//! applied time, postcard-encoded, with openraft's metadata (last applied log
-//! id and membership) beside it.
+//! Cancel safety of every method: the op is sent to the core before the
+//! first await; a dropped future leaves it to run, and openraft does not
+//! drop these futures before the member shuts down.
 
 use std::io::{self, Cursor};
-use std::sync::Arc;
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex};
 
 use futures::{Stream, TryStreamExt};
-use locksmith_core::{Effect, Engine, Limits, Millis, Snapshot};
 use openraft::storage::{EntryResponder, RaftStateMachine};
 use openraft::type_config::alias::{LogIdOf, SnapshotMetaOf, SnapshotOf, StoredMembershipOf};
-use openraft::{EntryPayload, RaftSnapshotBuilder};
-use serde::{Deserialize, Serialize};
-use tokio::sync::Mutex;
+use openraft::RaftSnapshotBuilder;
+use tokio::sync::oneshot;
 
-use super::{Batch, TypeConfig};
-use crate::storage::Record;
+use super::{Applied, TypeConfig};
+use crate::op::Op;
 
-/// The engine as one member holds it.
+/// openraft's handle on the core.
 #[derive(Clone)]
-pub(crate) struct EngineMachine {
-    inner: Arc<Mutex<Inner>>,
+pub(crate) struct CoreMachine {
+    core: Sender<Op>,
+    /// What the core has applied (the core updates it as it applies).
+    applied: Arc<Mutex<Applied>>,
+    /// The newest snapshot built or installed.
+    current: Arc<Mutex<Option<SnapshotOf<TypeConfig, Cursor<Vec<u8>>>>>>,
 }
 
-struct Inner {
-    engine: Engine,
-    limits: Limits,
-    last_now: Millis,
-    last_applied: Option<LogIdOf<TypeConfig>>,
-    membership: StoredMembershipOf<TypeConfig>,
-    current: Option<(SnapshotMetaOf<TypeConfig>, Vec<u8>)>,
-}
-
-/// What a snapshot's bytes hold.
-#[derive(Serialize, Deserialize)]
-struct MachineSnapshot {
-    last_now: Millis,
-    engine: Snapshot,
-}
-
-impl EngineMachine {
-    /// An empty machine.
-    pub(crate) fn new(limits: Limits) -> EngineMachine {
-        EngineMachine {
-            inner: Arc::new(Mutex::new(Inner {
-                engine: Engine::new(limits.clone()),
-                limits,
-                last_now: 0,
-                last_applied: None,
-                membership: StoredMembershipOf::<TypeConfig>::default(),
-                current: None,
-            })),
+impl CoreMachine {
+    pub(crate) fn new(core: Sender<Op>, applied: Arc<Mutex<Applied>>) -> CoreMachine {
+        CoreMachine {
+            core,
+            applied,
+            current: Arc::default(),
         }
     }
 
-    /// Runs `read` on the engine as applied so far.
-    pub(crate) async fn read<T>(&self, read: impl FnOnce(&Engine) -> T) -> T {
-        read(&self.inner.lock().await.engine)
+    /// Sends `op` to the core and waits for its answer.
+    async fn ask<T>(&self, op: impl FnOnce(oneshot::Sender<T>) -> Op) -> io::Result<T> {
+        let (reply, answer) = oneshot::channel();
+        self.core.send(op(reply)).map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())
+    }
+
+    fn keep(&self, snapshot: &SnapshotOf<TypeConfig, Cursor<Vec<u8>>>) {
+        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(copy(snapshot));
     }
 }
 
-impl Inner {
-    fn apply_batch(&mut self, batch: Batch, effects: &mut Vec<Effect>) {
-        for record in batch.records {
-            let Record::Command(record) = record else {
-                continue; // acknowledgements concern the server's session table
-            };
-            let now = record.now.max(self.last_now);
-            self.last_now = now;
-            if let Err(error) = self.engine.apply(now, record.command, effects) {
-                tracing::debug!(%error, "a replicated command does not apply");
-            }
-        }
-    }
-
-    fn encode(&self) -> io::Result<Vec<u8>> {
-        let snapshot = MachineSnapshot {
-            last_now: self.last_now,
-            engine: self.engine.snapshot(),
-        };
-        postcard::to_allocvec(&snapshot).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+fn copy(
+    snapshot: &SnapshotOf<TypeConfig, Cursor<Vec<u8>>>,
+) -> SnapshotOf<TypeConfig, Cursor<Vec<u8>>> {
+    SnapshotOf::<TypeConfig, Cursor<Vec<u8>>> {
+        meta: snapshot.meta.clone(),
+        snapshot: Cursor::new(snapshot.snapshot.get_ref().clone()),
     }
 }
 
-impl RaftSnapshotBuilder<TypeConfig> for EngineMachine {
+fn stopped() -> io::Error {
+    io::Error::other("the lock engine stopped")
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for CoreMachine {
     type SnapshotData = Cursor<Vec<u8>>;
 
     async fn build_snapshot(&mut self) -> io::Result<SnapshotOf<TypeConfig, Cursor<Vec<u8>>>> {
-        let mut inner = self.inner.lock().await;
-        let data = inner.encode()?;
-        let meta = SnapshotMetaOf::<TypeConfig> {
-            last_log_id: inner.last_applied,
-            last_membership: inner.membership.clone(),
-        };
-        inner.current = Some((meta.clone(), data.clone()));
-        Ok(SnapshotOf::<TypeConfig, Cursor<Vec<u8>>> {
-            meta,
-            snapshot: Cursor::new(data),
-        })
+        let snapshot = self.ask(|reply| Op::Snapshot { reply }).await?;
+        self.keep(&snapshot);
+        Ok(snapshot)
     }
 }
 
-impl RaftStateMachine<TypeConfig> for EngineMachine {
+impl RaftStateMachine<TypeConfig> for CoreMachine {
     type SnapshotData = Cursor<Vec<u8>>;
     type SnapshotBuilder = Self;
 
     async fn applied_state(
         &mut self,
     ) -> io::Result<(Option<LogIdOf<TypeConfig>>, StoredMembershipOf<TypeConfig>)> {
-        let inner = self.inner.lock().await;
-        Ok((inner.last_applied, inner.membership.clone()))
+        let applied = self.applied.lock().unwrap_or_else(|e| e.into_inner());
+        Ok((applied.last_applied.clone(), applied.membership.clone()))
     }
 
     async fn apply<Entries>(&mut self, mut entries: Entries) -> io::Result<()>
     where
         Entries: Stream<Item = io::Result<EntryResponder<TypeConfig>>> + Unpin + Send,
     {
-        let mut inner = self.inner.lock().await;
-        let mut effects = Vec::new();
+        let mut batch = Vec::new();
+        let mut responders = Vec::new();
         while let Some((entry, responder)) = entries.try_next().await? {
-            inner.last_applied = Some(entry.log_id);
-            match entry.payload {
-                EntryPayload::Blank => {}
-                EntryPayload::Normal(batch) => inner.apply_batch(batch, &mut effects),
-                EntryPayload::Membership(membership) => {
-                    inner.membership =
-                        StoredMembershipOf::<TypeConfig>::new(Some(entry.log_id), membership);
-                }
-            }
-            effects.clear();
-            if let Some(responder) = responder {
-                responder.send(());
-            }
+            batch.push(entry);
+            responders.extend(responder);
+        }
+        if batch.is_empty() {
+            return Ok(());
+        }
+        self.ask(|done| Op::Apply {
+            entries: batch,
+            done,
+        })
+        .await?;
+        for responder in responders {
+            responder.send(());
         }
         Ok(())
     }
@@ -150,31 +119,46 @@ impl RaftStateMachine<TypeConfig> for EngineMachine {
         snapshot: Cursor<Vec<u8>>,
     ) -> io::Result<()> {
         let data = snapshot.into_inner();
-        let decoded: MachineSnapshot = postcard::from_bytes(&data)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-        let mut inner = self.inner.lock().await;
-        inner.engine = Engine::restore(inner.limits.clone(), decoded.engine);
-        inner.last_now = decoded.last_now;
-        inner.last_applied = meta.last_log_id;
-        inner.membership = meta.last_membership.clone();
-        inner.current = Some((meta.clone(), data));
+        let installed = SnapshotOf::<TypeConfig, Cursor<Vec<u8>>> {
+            meta: meta.clone(),
+            snapshot: Cursor::new(data.clone()),
+        };
+        self.ask(|done| Op::Install {
+            meta: meta.clone(),
+            data,
+            done,
+        })
+        .await?
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        self.keep(&installed);
         Ok(())
     }
 
     async fn get_current_snapshot(
         &mut self,
     ) -> io::Result<Option<SnapshotOf<TypeConfig, Cursor<Vec<u8>>>>> {
-        let inner = self.inner.lock().await;
-        Ok(inner
-            .current
-            .as_ref()
-            .map(|(meta, data)| SnapshotOf::<TypeConfig, Cursor<Vec<u8>>> {
-                meta: meta.clone(),
-                snapshot: Cursor::new(data.clone()),
-            }))
+        let current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(current.as_ref().map(copy))
     }
 
     async fn get_snapshot_builder(&mut self) -> Self {
         self.clone()
+    }
+}
+
+#[cfg(test)]
+impl CoreMachine {
+    /// A machine over a core of its own, on its own thread, that proposes
+    /// nothing (for tests of the storage and the Raft layer).
+    pub(crate) fn for_tests() -> CoreMachine {
+        use crate::core::{Core, Replica};
+        let (ops, receiver) = std::sync::mpsc::channel();
+        let applied = Arc::new(Mutex::new(Applied::default()));
+        let (proposals, _) = tokio::sync::mpsc::unbounded_channel();
+        let (serving, _) = tokio::sync::watch::channel(false);
+        let replica = Replica::new(proposals, applied.clone(), serving);
+        let core = Core::new(&crate::ServerConfig::in_memory(), replica, None);
+        std::thread::spawn(move || core.run(receiver));
+        CoreMachine::new(ops, applied)
     }
 }

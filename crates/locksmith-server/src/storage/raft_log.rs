@@ -434,7 +434,6 @@ impl RaftLogStorage<TypeConfig> for RaftLog {
 mod tests {
     use std::io::Write;
 
-    use locksmith_core::Limits;
     use openraft::storage::IOFlushed;
     use openraft::testing::log::{StoreBuilder, Suite};
     use openraft::type_config::alias::LeaderIdOf;
@@ -443,17 +442,17 @@ mod tests {
 
     use super::super::segment::{scan, SegmentHeader};
     use super::*;
-    use crate::raft::state_machine::EngineMachine;
+    use crate::raft::state_machine::CoreMachine;
 
     struct Builder;
 
-    impl StoreBuilder<TypeConfig, RaftLog, EngineMachine, tempfile::TempDir> for Builder {
+    impl StoreBuilder<TypeConfig, RaftLog, CoreMachine, tempfile::TempDir> for Builder {
         async fn build(
             &self,
-        ) -> Result<(tempfile::TempDir, RaftLog, EngineMachine), StorageError<TypeConfig>> {
+        ) -> Result<(tempfile::TempDir, RaftLog, CoreMachine), StorageError<TypeConfig>> {
             let dir = tempfile::tempdir().expect("temporary directory");
             let log = RaftLog::open(dir.path(), 1 << 20).expect("open");
-            Ok((dir, log, EngineMachine::new(Limits::default())))
+            Ok((dir, log, CoreMachine::for_tests()))
         }
     }
 

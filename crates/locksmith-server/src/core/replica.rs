@@ -1,0 +1,365 @@
+//! The core as a member of a Raft group (openraft).
+//!
+//! Only the leader proposes: each batch of client ops becomes one log entry
+//! ([`Batch`]), handed to openraft by the proposer task (module
+//! `raft::propose`), replicated, committed on a quorum, and then applied by
+//! every member, the leader included, when openraft's state machine delivers
+//! it back to the core ([`Op::Apply`]). One batch is in flight at a time: while
+//! it commits, new ops gather in the backlog and form the next one (the group
+//! commit). The leader knows its own entries by their origin (a random number
+//! per leadership stint) and sequence number, and sends their results where
+//! their routes say; other members apply the same records with nobody to tell.
+//!
+//! A member that becomes leader first proposes `GrantGrace` (every session,
+//! lease and lock-delay deadline pushed past the failover), and serves
+//! nothing before that entry is applied: by then it has applied everything
+//! committed before its term. A member that stops being leader drops what it
+//! was doing for clients, tells them where the leader is, and ends their
+//! streams; they resume their sessions there and send again what was not
+//! answered.
+
+use std::sync::{Arc, Mutex};
+
+use locksmith_core::Command;
+use openraft::type_config::alias::{EntryOf, LogIdOf, StoredMembershipOf};
+use openraft::EntryPayload;
+use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::watch;
+use tonic::Status;
+
+use super::{Core, Proposal, Route};
+use crate::clock::Clock;
+use crate::op::{Op, Role};
+use crate::raft::{Applied, Batch, TypeConfig};
+
+/// The core's side of replication.
+pub(crate) struct Replica {
+    /// Batches for the proposer task, in order.
+    proposals: UnboundedSender<Batch>,
+    pub(super) role: Leadership,
+    next_seq: u64,
+    /// The batch this leader proposed and has not applied yet.
+    in_flight: Option<InFlight>,
+    /// What the state machine reports to openraft.
+    applied: Arc<Mutex<Applied>>,
+    /// Whether this member serves clients (leads, ready).
+    serving: watch::Sender<bool>,
+}
+
+/// What the core knows of its role.
+pub(super) enum Leadership {
+    /// Another member leads (its address when known), or nobody yet.
+    Follower { leader: Option<String> },
+    /// This member leads; `stint` marks the batches it proposes, and it
+    /// serves once its first entry (`GrantGrace`) is applied.
+    Leader { stint: u64, ready: bool },
+}
+
+/// A proposed batch: where its results go once it is applied.
+struct InFlight {
+    seq: u64,
+    proposal: Proposal,
+    /// The first entry of a leadership stint.
+    grace: bool,
+}
+
+impl Replica {
+    pub(crate) fn new(
+        proposals: UnboundedSender<Batch>,
+        applied: Arc<Mutex<Applied>>,
+        serving: watch::Sender<bool>,
+    ) -> Replica {
+        Replica {
+            proposals,
+            role: Leadership::Follower { leader: None },
+            next_seq: 0,
+            in_flight: None,
+            applied,
+            serving,
+        }
+    }
+
+    /// Whether this member leads and has applied its first entry.
+    pub(super) fn serving(&self) -> bool {
+        matches!(self.role, Leadership::Leader { ready: true, .. })
+    }
+
+    /// Whether this member leads (ready or not).
+    pub(super) fn leading(&self) -> bool {
+        matches!(self.role, Leadership::Leader { .. })
+    }
+
+    /// Whether a new batch may be proposed now.
+    pub(super) fn can_propose(&self) -> bool {
+        self.serving() && self.in_flight.is_none()
+    }
+
+    /// The answer of a member that cannot serve a request: where the leader
+    /// is, if it knows.
+    pub(super) fn redirect(&self) -> Status {
+        match &self.role {
+            Leadership::Follower {
+                leader: Some(leader),
+            } => {
+                let mut status =
+                    Status::unavailable(format!("not the leader: the leader is {leader}"));
+                if let Ok(value) = leader.parse() {
+                    status
+                        .metadata_mut()
+                        .insert(locksmith_proto::LEADER_METADATA, value);
+                }
+                status
+            }
+            Leadership::Follower { leader: None } => {
+                Status::unavailable("no leader yet: an election is under way")
+            }
+            Leadership::Leader { .. } => {
+                Status::unavailable("this member has just become leader and is catching up")
+            }
+        }
+    }
+
+    /// Hands `proposal`'s records to openraft as one entry and keeps the rest
+    /// until it is applied.
+    fn propose(&mut self, mut proposal: Proposal, grace: bool) {
+        let Leadership::Leader { stint, .. } = self.role else {
+            return;
+        };
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let batch = Batch {
+            origin: stint,
+            seq,
+            records: std::mem::take(&mut proposal.records),
+        };
+        // The proposer task ends only with the server, after the core.
+        let _ = self.proposals.send(batch);
+        self.in_flight = Some(InFlight {
+            seq,
+            proposal,
+            grace,
+        });
+    }
+
+    /// The routes of the batch `origin`/`seq`, if this member proposed it in
+    /// its current stint.
+    fn take_own(&mut self, origin: u64, seq: u64) -> Option<InFlight> {
+        match self.role {
+            Leadership::Leader { stint, .. } if stint == origin => {}
+            _ => return None,
+        }
+        if self.in_flight.as_ref().is_some_and(|f| f.seq == seq) {
+            return self.in_flight.take();
+        }
+        None
+    }
+}
+
+impl Core {
+    /// Proposes the batch being built, if it holds anything.
+    pub(super) fn propose_batch(&mut self, proposal: Proposal) {
+        if proposal.records.is_empty() && proposal.reads.is_empty() && proposal.refused.is_empty() {
+            self.proposal = proposal;
+            return;
+        }
+        self.replica.propose(proposal, false);
+    }
+
+    /// The member's role changed (openraft's metrics said so).
+    pub(super) fn change_role(&mut self, role: Role) {
+        match role {
+            Role::Leader => {
+                if self.replica.leading() {
+                    return;
+                }
+                let stint = rand::random();
+                self.replica.role = Leadership::Leader {
+                    stint,
+                    ready: false,
+                };
+                // Time never goes backwards from what the last leader stamped.
+                self.clock = Clock::starting_after(self.last_now + 1);
+                let now = self.clock.now();
+                let mut proposal = Proposal::default();
+                let grace = Command::GrantGrace { grace: self.grace };
+                proposal.command(now, grace, None, None, Route::Nobody);
+                self.replica.propose(proposal, true);
+                tracing::info!("elected leader: serving once the grace period is committed");
+            }
+            Role::Follower { leader } => {
+                let was_leading = self.replica.leading();
+                self.replica.role = Leadership::Follower { leader };
+                self.replica.serving.send_replace(false);
+                if was_leading {
+                    self.stop_leading();
+                }
+            }
+        }
+    }
+
+    /// No longer the leader: everyone waiting here is told where the leader
+    /// is; what this member proposed may still commit (the new leader then
+    /// applies it), but nobody here will hear of it.
+    fn stop_leading(&mut self) {
+        let status = self.replica.redirect();
+        tracing::info!(%status, "no longer the leader");
+        self.abandon_all(&status);
+        self.send_output();
+    }
+
+    /// Answers everyone waiting here with `status` and ends every stream.
+    pub(super) fn abandon_all(&mut self, status: &Status) {
+        if let Some(in_flight) = self.replica.in_flight.take() {
+            self.abandon(in_flight.proposal, status);
+        }
+        let ops: Vec<Op> = self.backlog.drain(..).collect();
+        for op in ops {
+            self.refuse(op, status.clone());
+        }
+        for (_, waiter) in self.leases.drain() {
+            let _ = waiter.reply.send(Err(status.clone()));
+        }
+        let streams: Vec<_> = self
+            .sessions
+            .values_mut()
+            .filter_map(|e| e.attached.take())
+            .collect();
+        for a in streams {
+            self.output.streams.end(a.stream, &a.tx, status.clone());
+            a.ended.cancel();
+        }
+        self.streams.clear();
+        self.proposal = Proposal::default();
+    }
+
+    /// Answers everyone a proposal would have answered with `status`.
+    fn abandon(&mut self, proposal: Proposal, status: &Status) {
+        for route in proposal.routes {
+            match route {
+                Route::Unary(answer) | Route::EndSession(answer) => {
+                    let status = status.clone();
+                    self.output
+                        .unary
+                        .push(Box::new(move || answer(Err(status))));
+                }
+                Route::Open(new) => {
+                    self.output.streams.end(new.id, &new.tx, status.clone());
+                    new.ended.cancel();
+                }
+                Route::Nobody | Route::Stream { .. } | Route::Heartbeat | Route::Lease => {}
+            }
+        }
+        for read in proposal.reads {
+            self.refuse(read, status.clone());
+        }
+    }
+
+    /// Applies committed entries (openraft's state machine hands them over).
+    pub(super) fn apply_entries(&mut self, entries: Vec<EntryOf<TypeConfig>>) {
+        let mut last = None;
+        for entry in entries {
+            match entry.payload {
+                EntryPayload::Blank => {}
+                EntryPayload::Normal(batch) => self.apply_batch(batch),
+                EntryPayload::Membership(membership) => {
+                    let stored = StoredMembershipOf::<TypeConfig>::new(
+                        Some(entry.log_id.clone()),
+                        membership,
+                    );
+                    self.lock_applied().membership = stored;
+                }
+            }
+            last = Some(entry.log_id);
+        }
+        if let Some(last) = last {
+            self.lock_applied().last_applied = Some(last);
+        }
+    }
+
+    fn apply_batch(&mut self, batch: Batch) {
+        let Some(mut in_flight) = self.replica.take_own(batch.origin, batch.seq) else {
+            for record in batch.records {
+                self.apply(record, Route::Nobody);
+            }
+            self.output = Default::default();
+            return;
+        };
+        in_flight.proposal.records = batch.records;
+        let now = self.clock.now();
+        self.apply_proposal(now, &mut in_flight.proposal);
+        self.proposal = in_flight.proposal;
+        if in_flight.grace {
+            if let Leadership::Leader { ready, .. } = &mut self.replica.role {
+                *ready = true;
+            }
+            self.replica.serving.send_replace(true);
+            tracing::info!(
+                last_token = self.engine.last_token(),
+                sessions = self.sessions.len(),
+                "leading: serving"
+            );
+        }
+    }
+
+    /// Where the state now is (after a snapshot was installed).
+    pub(super) fn set_applied(
+        &self,
+        last_applied: Option<LogIdOf<TypeConfig>>,
+        membership: StoredMembershipOf<TypeConfig>,
+    ) {
+        let mut applied = self.lock_applied();
+        applied.last_applied = last_applied;
+        applied.membership = membership;
+    }
+
+    fn lock_applied(&self) -> std::sync::MutexGuard<'_, Applied> {
+        self.replica
+            .applied
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The last log id applied, for snapshots.
+    pub(super) fn applied_state(
+        &self,
+    ) -> (Option<LogIdOf<TypeConfig>>, StoredMembershipOf<TypeConfig>) {
+        let applied = self.lock_applied();
+        (applied.last_applied.clone(), applied.membership.clone())
+    }
+
+    /// Answers `op` with `status` and runs nothing.
+    pub(super) fn refuse(&mut self, op: Op, status: Status) {
+        fn answer<T: Send + 'static>(
+            core: &mut Core,
+            reply: crate::op::UnaryReply<T>,
+            status: Status,
+        ) {
+            core.defer(reply, Err(status));
+        }
+        match op {
+            Op::Open { stream, .. } | Op::Resume { stream, .. } => {
+                self.output.streams.end(stream.id, &stream.tx, status);
+                stream.ended.cancel();
+            }
+            Op::AcquireLease { reply, .. } => answer(self, reply, status),
+            Op::Release { reply, .. } => answer(self, reply, status),
+            Op::Renew { reply, .. } => answer(self, reply, status),
+            Op::Describe { reply, .. } => answer(self, reply, status),
+            Op::List { reply, .. } => answer(self, reply, status),
+            Op::ListSessions { reply } => answer(self, reply, status),
+            Op::History { reply, .. } => answer(self, reply, status),
+            Op::ForceRelease { reply, .. } => answer(self, reply, status),
+            Op::CloseSession { reply, .. } => answer(self, reply, status),
+            Op::EndSession { reply, .. } => answer(self, reply, status),
+            // Nothing waits for these.
+            Op::Stream { .. } | Op::Detach { .. } | Op::CancelLease { .. } => {}
+            Op::Apply { .. }
+            | Op::Snapshot { .. }
+            | Op::Install { .. }
+            | Op::Role(_)
+            | Op::Shutdown { .. } => {
+                unreachable!("the core handles its own ops whatever its role")
+            }
+        }
+    }
+}
