@@ -96,6 +96,24 @@ pub struct ServeArgs {
     /// Grant history: forget grants older than this, e.g. `1h`.
     #[arg(long, value_parser = parse_duration, default_value = "1h")]
     pub history_max_age: Duration,
+    /// This member's id in its Raft group (every server is a member of one;
+    /// alone by default).
+    #[arg(long, env = "LOCKSMITH_NODE_ID", default_value_t = 1)]
+    pub node_id: u64,
+    /// Start a member of a new cluster of these members, each an id and the
+    /// address its clients and peers both use, e.g.
+    /// `1=10.0.0.1:7420,2=10.0.0.2:7420,3=10.0.0.3:7420` (this member's id
+    /// among them). Read only when the data directory is new; without it a
+    /// new server is a cluster of one at its `--listen` address.
+    #[arg(long, env = "LOCKSMITH_CLUSTER", value_name = "ID=HOST:PORT,...", value_parser = parse_members)]
+    pub cluster: Option<Members>,
+    /// How often the leader sends heartbeats to the other members, e.g. `50ms`.
+    #[arg(long, value_parser = parse_duration, default_value = "50ms")]
+    pub raft_heartbeat: Duration,
+    /// A member that hears no leader for this long (up to twice as long, at
+    /// random) starts an election, e.g. `300ms`.
+    #[arg(long, value_parser = parse_duration, default_value = "300ms")]
+    pub election_timeout: Duration,
     /// Read settings from a TOML file: each key is a long flag of this command
     /// without its dashes (`listen = "0.0.0.0:7420"`, `in-memory = true`,
     /// `grace = "30s"`). Flags on the command line win over the file, and
@@ -104,8 +122,41 @@ pub struct ServeArgs {
     pub config: Option<PathBuf>,
 }
 
+/// The members of `--cluster`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Members(pub Vec<(u64, String)>);
+
+/// Parses `1=host:port,2=host:port,...`: ids unique, addresses `host:port`.
+fn parse_members(text: &str) -> Result<Members, String> {
+    let mut members: Vec<(u64, String)> = Vec::new();
+    for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (id, addr) = part
+            .split_once('=')
+            .ok_or_else(|| format!("`{part}` is not ID=HOST:PORT"))?;
+        let id: u64 = id
+            .trim()
+            .parse()
+            .map_err(|_| format!("`{id}` in `{part}` is not a member id (a number)"))?;
+        let addr = addr.trim();
+        let port = addr
+            .rsplit_once(':')
+            .and_then(|(host, port)| (!host.is_empty()).then_some(port))
+            .ok_or_else(|| format!("`{addr}` in `{part}` is not HOST:PORT"))?;
+        port.parse::<u16>()
+            .map_err(|_| format!("`{port}` in `{part}` is not a port"))?;
+        if members.iter().any(|(known, _)| *known == id) {
+            return Err(format!("member id {id} appears twice"));
+        }
+        members.push((id, addr.to_owned()));
+    }
+    if members.is_empty() {
+        return Err("no members: expected ID=HOST:PORT,...".into());
+    }
+    Ok(Members(members))
+}
+
 impl ServeArgs {
-    fn config(&self) -> ServerConfig {
+    fn config(&self) -> Result<ServerConfig, String> {
         let mut config = if self.in_memory {
             ServerConfig::in_memory()
         } else {
@@ -130,7 +181,25 @@ impl ServeArgs {
         config.history_per_lock = self.history_per_lock;
         config.history_total = self.history_total;
         config.history_max_age = self.history_max_age;
-        config
+        config.node_id = self.node_id;
+        config.raft_heartbeat = self.raft_heartbeat;
+        config.election_timeout = self.election_timeout;
+        if let Some(Members(members)) = &self.cluster {
+            if !members.iter().any(|(id, _)| *id == self.node_id) {
+                return Err(format!(
+                    "--cluster does not list this member (--node-id {})",
+                    self.node_id
+                ));
+            }
+            config.cluster = members.clone();
+        }
+        if self.election_timeout <= self.raft_heartbeat * 2 {
+            return Err(format!(
+                "--election-timeout ({:?}) must be more than twice --raft-heartbeat ({:?})",
+                self.election_timeout, self.raft_heartbeat
+            ));
+        }
+        Ok(config)
     }
 }
 
@@ -207,7 +276,13 @@ pub fn expand_config(args: Vec<OsString>, serve: &clap::Command) -> Result<Vec<O
 
 /// Runs the lock server until SIGINT/SIGTERM.
 pub async fn serve(args: ServeArgs) -> ExitCode {
-    let config = args.config();
+    let config = match args.config() {
+        Ok(config) => config,
+        Err(error) => {
+            eprintln!("locksmith serve: {error}");
+            return ExitCode::from(2);
+        }
+    };
     match &config.data_dir {
         Some(dir) => {
             tracing::info!(data_dir = %dir.display(), grace = ?config.grace, "durable mode")

@@ -50,8 +50,23 @@ impl ServerProcess {
         server
     }
 
+    /// A durable server on `port` (a member of a cluster whose addresses
+    /// are fixed in advance), in a new temporary data directory.
+    pub fn start_on(port: u16, extra: &[&str]) -> ServerProcess {
+        let temp = tempfile::Builder::new()
+            .prefix("locksmith-serve-")
+            .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+            .expect("temporary data directory");
+        let mut server = Self::spawn_on(temp.path(), port, extra);
+        server._temp = Some(temp);
+        server
+    }
+
     fn spawn(dir: &Path, extra: &[&str]) -> ServerProcess {
-        let port = free_port();
+        Self::spawn_on(dir, free_port(), extra)
+    }
+
+    fn spawn_on(dir: &Path, port: u16, extra: &[&str]) -> ServerProcess {
         let data = dir.join("data");
         let spec = ProcessSpec::new(
             format!("locksmith serve on port {port}"),

@@ -51,6 +51,11 @@ impl Members {
         self.members.lock().expect("member list poisoned")
     }
 
+    /// The members' addresses, in order.
+    pub(super) fn addresses(&self) -> Vec<String> {
+        self.list().iter().map(|m| m.addr.clone()).collect()
+    }
+
     /// How many members the client knows.
     pub(super) fn len(&self) -> usize {
         self.list().len()
@@ -154,6 +159,45 @@ fn addresses(url: &str) -> Result<Vec<String>> {
         }
     }
     Ok(addresses)
+}
+
+/// Rounds over the members while none serves: each member once per round,
+/// a pause between rounds, until a deadline. An election (every member
+/// answering "no leader yet") or a leader's restart is waited out this way
+/// rather than failing at once.
+pub(super) struct Rounds {
+    deadline: tokio::time::Instant,
+    left_in_round: usize,
+    pause: Duration,
+}
+
+impl Rounds {
+    /// Rounds over `members` for at most `patience`.
+    pub(super) fn new(members: &Members, patience: Duration) -> Rounds {
+        Rounds {
+            deadline: tokio::time::Instant::now() + patience,
+            left_in_round: members.len(),
+            pause: Duration::from_millis(20),
+        }
+    }
+
+    /// Whether to try again after a member failed; waits first when every
+    /// member failed once since the last pause.
+    ///
+    /// Cancel safety: safe (a sleep).
+    pub(super) async fn again(&mut self, members: &Members) -> bool {
+        if tokio::time::Instant::now() >= self.deadline {
+            return false;
+        }
+        self.left_in_round = self.left_in_round.saturating_sub(1);
+        if self.left_in_round == 0 {
+            let pause = self.pause.min(self.deadline - tokio::time::Instant::now());
+            tokio::time::sleep(pause).await;
+            self.pause = (self.pause * 2).min(Duration::from_millis(500));
+            self.left_in_round = members.len();
+        }
+        true
+    }
 }
 
 /// Whether `status` says the member could not serve at all (unreachable,

@@ -75,7 +75,10 @@ use crate::backend::{
 use crate::client::ConnectOptions;
 use crate::error::{Error, Result};
 
-use members::{member_down, Members};
+use members::{member_down, Members, Rounds};
+
+/// How long a unary call waits out members that are down or in an election.
+const UNARY_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
 use session::{AcquireOutcome, Shared};
 
 const BACKEND: &str = "server";
@@ -113,14 +116,13 @@ impl ServerBackend {
         Fut: std::future::Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
     {
         let members = &self.shared.members;
-        let mut attempts = 2 * members.len();
+        let mut rounds = Rounds::new(members, UNARY_PATIENCE);
         loop {
-            attempts -= 1;
             let (at, _, client) = members.current();
             match call(client).await {
                 Ok(response) => return Ok(response.into_inner()),
-                Err(status) if attempts > 0 && members.follow(&status) => {}
-                Err(status) if attempts > 0 && member_down(&status) && members.len() > 1 => {
+                Err(status) if members.follow(&status) && rounds.again(members).await => {}
+                Err(status) if member_down(&status) && rounds.again(members).await => {
                     members.failed(at);
                 }
                 Err(status) => return Err(status),

@@ -37,7 +37,7 @@ use crate::client::ConnectOptions;
 use crate::error::{Error, Result};
 
 use super::convert;
-use super::members::{member_down, Members};
+use super::members::{member_down, Members, Rounds};
 
 /// Shortest and longest pause between reconnect attempts.
 const MIN_BACKOFF: Duration = Duration::from_millis(20);
@@ -677,14 +677,13 @@ async fn establish(
 /// Cancel safety: as [`establish`].
 pub(super) async fn connect(members: Arc<Members>, options: ConnectOptions) -> Result<Arc<Shared>> {
     let ttl = options.session_ttl;
-    // Every member once, plus a redirect to the leader from each.
-    let mut attempts = 2 * members.len();
+    // Members that are down, or in an election, are waited out for as long
+    // as one attempt may take.
+    let mut rounds = Rounds::new(&members, setup_timeout(ttl));
     let link = loop {
-        attempts -= 1;
         let setup = establish(&members, &options, ttl, None);
         let error = match tokio::time::timeout(setup_timeout(ttl), setup).await {
             Ok(Ok(link)) => break link,
-            Ok(Err(SetupError::Redirected)) if attempts > 0 => continue,
             Ok(Err(SetupError::Redirected)) => {
                 Error::backend(super::BACKEND, "redirected without reaching the leader")
             }
@@ -701,10 +700,17 @@ pub(super) async fn connect(members: Arc<Members>, options: ConnectOptions) -> R
                 )
             }
         };
-        if attempts == 0 || members.len() == 1 {
-            return Err(error);
+        if !rounds.again(&members).await {
+            if members.len() == 1 {
+                return Err(error);
+            }
+            let tried = members.addresses().join(", ");
+            return Err(Error::backend(
+                super::BACKEND,
+                format!("no member serves (tried {tried}); the last said: {error}"),
+            ));
         }
-        tracing::debug!(backend = super::BACKEND, %error, "trying the next member");
+        tracing::debug!(backend = super::BACKEND, %error, "trying again");
     };
     let mut state = State::new();
     state.link = Some(link.outbound.clone());
