@@ -9,7 +9,7 @@ use locksmith::{Client, ConnectOptions};
 use locksmith_proto::v1 as pb;
 use locksmith_proto::v1::locksmith_client::LocksmithClient;
 use locksmith_testkit::free_port;
-use server_support::{unique, ServerProcess};
+use server_support::{eventually, unique, ServerProcess};
 
 /// Three members of a new cluster, ids 1 to 3.
 struct Cluster {
@@ -118,5 +118,108 @@ async fn a_holder_keeps_its_lock_when_the_leader_dies_and_tokens_keep_increasing
     assert!(next.fencing_token() > token);
     next.release().await.unwrap();
     holder.close().await.unwrap();
+    other.close().await.unwrap();
+}
+
+/// Whether the member at `index` answers inspection (only a leader does).
+async fn answers(cluster: &Cluster, index: usize) -> bool {
+    let address = format!("http://127.0.0.1:{}", cluster.members[index].port());
+    let Ok(mut client) = LocksmithClient::connect(address).await else {
+        return false;
+    };
+    let request = pb::DescribeRequest {
+        name: "probe".into(),
+    };
+    client.describe(request).await.is_ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_paused_past_the_election_timeout_steps_down_and_grants_nothing() {
+    let cluster = Cluster::start();
+    let name = unique("cluster-pause");
+    let holder = cluster.client(Duration::from_secs(10)).await;
+    let guard = holder.lock(name.as_str()).acquire().await.expect("acquire");
+    let token = guard.fencing_token();
+    let leader = cluster.leader(&[]).await;
+
+    cluster.members[leader].pause();
+    let new_leader = cluster.leader(&[leader]).await;
+    // A waiter queues on the new leader while the old one is frozen.
+    let waiter = cluster.client(Duration::from_secs(10)).await;
+    let lock = waiter.lock(name.as_str());
+    let waiting = tokio::spawn(async move { lock.acquire().await });
+    eventually(Duration::from_secs(10), "the waiter queues", || async {
+        let info = waiter.describe(&name).await.ok().flatten();
+        info.is_some_and(|lock| lock.waiters.len() == 1)
+    })
+    .await;
+
+    cluster.members[leader].unpause();
+    // Woken up, the old leader learns the new term and serves nobody.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while answers(&cluster, leader).await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the old leader still answers as leader"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(answers(&cluster, new_leader).await);
+    assert!(!waiting.is_finished(), "granted while the holder holds it");
+    assert!(
+        !guard.is_lost(),
+        "the holder kept its session across the pause"
+    );
+    guard
+        .release()
+        .await
+        .expect("release through the new leader");
+    let next = waiting.await.unwrap().expect("the waiter is granted");
+    assert!(next.fencing_token() > token);
+    next.release().await.unwrap();
+    holder.close().await.unwrap();
+    waiter.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_follower_catches_up_and_carries_the_state_when_the_leader_dies() {
+    let cluster = Cluster::start();
+    let client = cluster.client(Duration::from_secs(10)).await;
+    let leader = cluster.leader(&[]).await;
+    let follower = (leader + 1) % 3;
+    cluster.members[follower].kill();
+    // Grants the follower misses while it is down.
+    let mut held = Vec::new();
+    for i in 0..20 {
+        let name = unique(&format!("cluster-catch-up-{i}"));
+        let guard = client.lock(name.as_str()).acquire().await.expect("acquire");
+        held.push((name, guard));
+    }
+    cluster.members[follower].restart();
+    // With the other follower down, nothing commits unless the restarted
+    // one accepts it, which it only does once its log holds everything
+    // before.
+    let other_follower = 3 - leader - follower;
+    cluster.members[other_follower].kill();
+    let probe = unique("cluster-catch-up-probe");
+    let guard = client
+        .lock(probe.as_str())
+        .acquire()
+        .await
+        .expect("acquire");
+    guard.release().await.expect("release");
+    // Now the restarted follower and the other one carry on alone.
+    cluster.members[other_follower].restart();
+    cluster.members[leader].kill();
+    cluster.leader(&[leader]).await;
+    let other = cluster.client(Duration::from_secs(10)).await;
+    for (name, guard) in &held {
+        let info = other.describe(name).await.expect("describe").expect("held");
+        assert_eq!(info.holders[0].fencing_token, Some(guard.fencing_token()));
+    }
+    for (_, guard) in held {
+        guard.release().await.expect("release");
+    }
+    client.close().await.unwrap();
     other.close().await.unwrap();
 }

@@ -139,6 +139,16 @@ impl ServerProcess {
         self.process.kill();
     }
 
+    /// Freezes the server (SIGSTOP) until [`ServerProcess::unpause`].
+    pub fn pause(&self) {
+        self.process.pause();
+    }
+
+    /// Lets a paused server run again (SIGCONT).
+    pub fn unpause(&self) {
+        self.process.resume();
+    }
+
     /// SIGTERM, waiting for a graceful exit (snapshot).
     pub fn stop(&self) {
         self.process.stop();
