@@ -232,6 +232,7 @@ fn setup(kind: Kind) -> &'static str {
             "a ZooKeeper ensemble of 3 servers (each as the standalone one), Curator-compatible layout"
         }
         Kind::Etcd => "single-node `etcd` (write-ahead log fsynced), etcd concurrency-package layout",
+        Kind::ServerCluster => "a locksmith cluster of 3 members (Raft, each with its own data directory), on loopback",
         Kind::EtcdCluster => "an etcd cluster of 3 members (each as the single node), etcd concurrency-package layout",
         Kind::Postgres => {
             "PostgreSQL (`max_connections=200`, `shared_buffers=32MB`, fsync on); session advisory locks, tokens from a sequence"

@@ -28,6 +28,8 @@ use serde::Serialize;
 pub enum Kind {
     /// The locksmith lock server (`locksmith://`).
     Server,
+    /// `locksmith://` over a 3-member cluster of the lock server.
+    ServerCluster,
     /// In-process engine (`memory://`).
     Memory,
     /// `redis://`.
@@ -83,6 +85,7 @@ impl Kind {
     pub fn name(self) -> &'static str {
         match self {
             Kind::Server => "server",
+            Kind::ServerCluster => "server-cluster",
             Kind::Memory => "memory",
             Kind::Redis => "redis",
             Kind::RedisSentinel => "redis-sentinel",
@@ -109,6 +112,7 @@ impl FromStr for Kind {
     fn from_str(text: &str) -> Result<Kind, String> {
         match text {
             "server" | "locksmith" => Ok(Kind::Server),
+            "server-cluster" => Ok(Kind::ServerCluster),
             "memory" => Ok(Kind::Memory),
             "redis" => Ok(Kind::Redis),
             "redis-sentinel" => Ok(Kind::RedisSentinel),
@@ -120,7 +124,7 @@ impl FromStr for Kind {
             "etcd-cluster" => Ok(Kind::EtcdCluster),
             "postgres" | "postgresql" | "pg" => Ok(Kind::Postgres),
             other => Err(format!(
-                "unknown backend {other:?}: expected server, memory, redis, redis-sentinel, \
+                "unknown backend {other:?}: expected server, server-cluster, memory, redis, redis-sentinel, \
                  redis-cluster, redlock, zookeeper, zookeeper-ensemble, etcd, etcd-cluster or postgres"
             )),
         }
@@ -225,6 +229,7 @@ impl Target {
         let spawned = match kind {
             Kind::Memory => None,
             Kind::Server => Some(Spawned::Serve(ServeProcess::start()?)),
+            Kind::ServerCluster => Some(Spawned::ServeCluster(ServeProcess::start_cluster(3)?)),
             Kind::Redis => Some(Spawned::Redis(
                 Redis::try_start().map_err(|e| e.to_string())?,
             )),
@@ -371,6 +376,8 @@ const REDLOCK_MASTERS: usize = 5;
 pub enum Spawned {
     /// `locksmith serve`, a child of this executable.
     Serve(ServeProcess),
+    /// `locksmith serve` processes forming one cluster.
+    ServeCluster(Vec<ServeProcess>),
     /// `redis-server`.
     Redis(Redis),
     /// A Redis primary with replicas and Sentinels.
@@ -419,6 +426,7 @@ impl Spawned {
             Spawned::Redlock(masters) => all(masters),
             Spawned::ZooKeeperEnsemble(e) => all(e.servers()),
             Spawned::EtcdCluster(c) => all(c.members()),
+            Spawned::ServeCluster(members) => all(members),
             single => single.single().into_iter().collect(),
         }
     }
@@ -433,6 +441,7 @@ impl Spawned {
             Spawned::RedisCluster(c) => c.wait_healthy(),
             Spawned::ZooKeeperEnsemble(e) => e.wait_healthy(),
             Spawned::EtcdCluster(c) => c.wait_healthy(),
+            Spawned::ServeCluster(members) => members.iter().try_for_each(ServeProcess::wait_ready),
             _ => Ok(()),
         }
         .map_err(|e| e.to_string())
@@ -458,6 +467,14 @@ impl Spawned {
             ),
             Spawned::ZooKeeperEnsemble(e) => e.url(),
             Spawned::EtcdCluster(c) => c.url(),
+            Spawned::ServeCluster(members) => format!(
+                "locksmith://{}",
+                members
+                    .iter()
+                    .map(|m| format!("127.0.0.1:{}", m.port))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
             single => single.single().expect("a single server").url(),
         }
     }
@@ -485,7 +502,9 @@ impl Spawned {
                 .map(|v| format!("etcd {}", v.trim()))
         };
         match self {
-            Spawned::Serve(_) => Some(format!("locksmith {}", env!("CARGO_PKG_VERSION"))),
+            Spawned::Serve(_) | Spawned::ServeCluster(_) => {
+                Some(format!("locksmith {}", env!("CARGO_PKG_VERSION")))
+            }
             Spawned::Redis(redis) => redis_version(redis),
             Spawned::RedisSentinel(s) => redis_version(&s.nodes()[0]),
             Spawned::RedisCluster(c) => redis_version(&c.nodes()[0]),
@@ -526,6 +545,32 @@ pub struct ServeProcess {
 impl ServeProcess {
     /// Starts `locksmith serve` and waits until it accepts connections.
     pub fn start() -> Result<ServeProcess, String> {
+        ServeProcess::start_with(locksmith_testkit::free_port(), &[])
+    }
+
+    /// Starts `members` processes of `locksmith serve` forming one new
+    /// cluster (ids 1 to `members`) on loopback.
+    pub fn start_cluster(members: u64) -> Result<Vec<ServeProcess>, String> {
+        let ports: Vec<u16> = (0..members)
+            .map(|_| locksmith_testkit::free_port())
+            .collect();
+        let list = ports
+            .iter()
+            .zip(1..)
+            .map(|(port, id)| format!("{id}=127.0.0.1:{port}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        ports
+            .iter()
+            .zip(1u64..)
+            .map(|(&port, id)| {
+                let id = id.to_string();
+                ServeProcess::start_with(port, &["--node-id", &id, "--cluster", &list])
+            })
+            .collect()
+    }
+
+    fn start_with(port: u16, extra: &[&str]) -> Result<ServeProcess, String> {
         let exe = std::env::current_exe()
             .map_err(|e| format!("cannot find this executable to run `locksmith serve`: {e}"))?;
         let dir = tempfile::Builder::new()
@@ -534,13 +579,13 @@ impl ServeProcess {
             .map_err(|e| format!("cannot create a directory for the server: {e}"))?;
         let data = dir.path().join("data");
         std::fs::create_dir(&data).map_err(|e| format!("cannot create {}: {e}", data.display()))?;
-        let port = locksmith_testkit::free_port();
         let spec = ProcessSpec::new(
             format!("locksmith serve on port {port}"),
             exe,
             dir.path().join("serve.log"),
         )
         .args(serve_args(port, &data))
+        .args(extra)
         .env("RUST_LOG", "warn");
         let process = Process::spawn(spec).map_err(|e| e.to_string())?;
         let serve = ServeProcess {
