@@ -132,3 +132,11 @@ fn etcd_cluster() {
 fn zookeeper_ensemble() {
     torture("zookeeper-ensemble", "kill-primary,pause-primary");
 }
+
+#[test]
+fn server_cluster() {
+    torture(
+        "server-cluster",
+        "kill-client,kill-primary,pause-primary,restart-follower,expire-session",
+    );
+}

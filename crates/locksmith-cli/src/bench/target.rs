@@ -597,6 +597,46 @@ impl ServeProcess {
         Ok(serve)
     }
 
+    /// Whether this member serves clients, as only a cluster's leader does
+    /// (blocking: asks it, for up to a second).
+    pub fn leads(&self) -> bool {
+        use locksmith_proto::v1::locksmith_client::LocksmithClient;
+        let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            return false;
+        };
+        let address = format!("http://127.0.0.1:{}", self.port);
+        runtime.block_on(async {
+            let ask = async {
+                let mut client = LocksmithClient::connect(address).await.ok()?;
+                let request = locksmith_proto::v1::DescribeRequest {
+                    name: "leader-probe".into(),
+                };
+                client.describe(request).await.ok()
+            };
+            matches!(
+                tokio::time::timeout(Duration::from_secs(1), ask).await,
+                Ok(Some(_))
+            )
+        })
+    }
+
+    /// The leader among `members`, once one serves (blocking: up to 20 s).
+    pub fn leader_of(members: &[ServeProcess]) -> Result<&ServeProcess, String> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(leader) = members.iter().find(|m| m.process.is_running() && m.leads()) {
+                return Ok(leader);
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err("no member of the locksmith cluster serves as leader".into());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     fn wait_ready(&self) -> locksmith_testkit::Result<()> {
         let addr = std::net::SocketAddr::from(([127, 0, 0, 1], self.port));
         self.process.wait_ready(Duration::from_secs(30), || {

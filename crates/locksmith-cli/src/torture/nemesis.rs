@@ -11,7 +11,7 @@ use super::protocol::now;
 use super::proxy::Mode;
 use super::resource::Who;
 use super::round::Round;
-use crate::bench::target::{Kind, Spawned, Target};
+use crate::bench::target::{Kind, ServeProcess, Spawned, Target};
 use locksmith_testkit::Server;
 
 /// A fault to inject.
@@ -42,13 +42,20 @@ pub enum FaultKind {
     ExpireSession,
     /// Replicated setups: `kill -9` the primary (Redis behind Sentinel; on a
     /// Redis Cluster the primary of the holder's lock) or the leader (etcd,
-    /// ZooKeeper) while a holder stays inside, wait until another member took
-    /// over, then restart the killed one (it rejoins as a replica/follower).
+    /// ZooKeeper, the locksmith cluster) while a holder stays inside, wait
+    /// until another member took over, then restart the killed one (it
+    /// rejoins as a replica/follower).
+    #[value(alias = "kill-leader")]
     KillPrimary,
     /// Replicated setups: freeze the primary or leader (`SIGSTOP`) for twice
     /// the session TTL, past its failover, then let it come back: a minority
     /// cut off from everyone, which wakes up believing it still leads.
+    #[value(alias = "pause-leader")]
     PausePrimary,
+    /// Consensus clusters (etcd, ZooKeeper, the locksmith cluster): `kill -9`
+    /// a follower while a holder stays inside, let the others carry on, then
+    /// restart it: it must catch up from the leader (log or snapshot).
+    RestartFollower,
     /// Redlock: while two of five masters are cut off from every client, the
     /// next holder wins the other three; one of them is killed, loses its data
     /// and restarts at once, empty; then every master is reachable again. The
@@ -74,6 +81,7 @@ impl FaultKind {
             FaultKind::ExpireSession => "expire-session",
             FaultKind::KillPrimary => "kill-primary",
             FaultKind::PausePrimary => "pause-primary",
+            FaultKind::RestartFollower => "restart-follower",
             FaultKind::RestartEmpty => "restart-empty",
             FaultKind::RestartEmptyLate => "restart-empty-late",
         }
@@ -90,11 +98,12 @@ impl FaultKind {
                 "restarts one server; on a replicated setup kill-primary restarts a member".into(),
             ),
             FaultKind::Partition | FaultKind::Delay
-                if matches!(target.kind, Kind::RedisSentinel | Kind::RedisCluster) =>
+                if matches!(target.kind, Kind::RedisSentinel | Kind::RedisCluster)
+                    || matches!(spawned, Some(Spawned::ServeCluster(_))) =>
             {
                 Some(
-                    "clients reach the data nodes at the addresses the Sentinels or the cluster \
-                     announce, which the fault proxy cannot stand in for"
+                    "clients reach the data nodes (the leader) at the addresses the Sentinels or \
+                     the cluster announce, which the fault proxy cannot stand in for"
                         .into(),
                 )
             }
@@ -112,12 +121,29 @@ impl FaultKind {
                             | Spawned::RedisCluster(_)
                             | Spawned::EtcdCluster(_)
                             | Spawned::ZooKeeperEnsemble(_)
+                            | Spawned::ServeCluster(_)
                     )
                 ) =>
             {
                 Some(
                     "needs a replicated setup started by this run (--spawn redis-sentinel, \
-                     redis-cluster, etcd-cluster or zookeeper-ensemble)"
+                     redis-cluster, etcd-cluster, zookeeper-ensemble or server-cluster)"
+                        .into(),
+                )
+            }
+            FaultKind::RestartFollower
+                if !matches!(
+                    spawned,
+                    Some(
+                        Spawned::EtcdCluster(_)
+                            | Spawned::ZooKeeperEnsemble(_)
+                            | Spawned::ServeCluster(_)
+                    )
+                ) =>
+            {
+                Some(
+                    "needs a consensus cluster started by this run (--spawn etcd-cluster, \
+                     zookeeper-ensemble or server-cluster)"
                         .into(),
                 )
             }
@@ -395,6 +421,24 @@ async fn inject(
                 format!("{note} while {victim} stayed inside"),
             ))
         }
+        FaultKind::RestartFollower => {
+            let victim = lingering_holder(round, timing.outage() * 2).await?;
+            let (setup, lock) = (target.clone(), victim.lock.clone());
+            let start = now();
+            let outage = timing.outage();
+            let note = tokio::task::spawn_blocking(move || {
+                let spawned = setup.spawned.as_deref().ok_or("nothing started")?;
+                restart_follower(spawned, &lock, outage)
+            })
+            .await
+            .map_err(|e| e.to_string())??;
+            Ok(record(
+                kind,
+                start,
+                Some(Vec::new()),
+                format!("{note} while {victim} stayed inside"),
+            ))
+        }
         FaultKind::RestartEmpty | FaultKind::RestartEmptyLate => {
             let Some(Spawned::Redlock(masters)) = target.spawned.as_deref() else {
                 return Err("no Redlock masters started by this run".into());
@@ -459,8 +503,31 @@ fn primary_of<'a>(spawned: &'a Spawned, lock: &str) -> Result<&'a dyn Server, St
         Spawned::RedisCluster(cluster) => cluster.primary_of(lock).map_err(|e| e.to_string())?,
         Spawned::EtcdCluster(cluster) => cluster.leader().map_err(|e| e.to_string())?,
         Spawned::ZooKeeperEnsemble(ensemble) => ensemble.leader().map_err(|e| e.to_string())?,
+        Spawned::ServeCluster(members) => ServeProcess::leader_of(members)?,
         _ => return Err("not a replicated setup".into()),
     })
+}
+
+/// Kills a member that is not the leader, lets the others serve without it
+/// for `outage`, restarts it; says what happened.
+///
+/// Blocking: it waits for the setup.
+fn restart_follower(spawned: &Spawned, lock: &str, outage: Duration) -> Result<String, String> {
+    let leader = primary_of(spawned, lock)?.port();
+    let follower = spawned
+        .members()
+        .into_iter()
+        .find(|m| m.port() != leader)
+        .ok_or("no follower")?;
+    follower.kill();
+    std::thread::sleep(outage);
+    follower
+        .try_restart()
+        .map_err(|e| format!("restart failed: {e}"))?;
+    Ok(format!(
+        "killed -9 the follower on port {} (leader on {leader}) for {outage:?}, then restarted it",
+        follower.port()
+    ))
 }
 
 /// Kills the primary or leader, waits for the failover, restarts the killed
@@ -493,6 +560,18 @@ fn kill_primary(spawned: &Spawned, lock: &str) -> Result<String, String> {
         }
         Spawned::EtcdCluster(cluster) => cluster.leader().map_err(error)?.port(),
         Spawned::ZooKeeperEnsemble(ensemble) => ensemble.leader().map_err(error)?.port(),
+        Spawned::ServeCluster(members) => {
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            loop {
+                if let Some(leader) = members.iter().find(|m| m.port() != port && m.leads()) {
+                    break leader.port();
+                }
+                if std::time::Instant::now() >= deadline {
+                    return Err("no new leader within 20 s".into());
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
         _ => return Err("not a replicated setup".into()),
     };
     let took = killed.elapsed();
