@@ -223,3 +223,157 @@ async fn a_restarted_follower_catches_up_and_carries_the_state_when_the_leader_d
     client.close().await.unwrap();
     other.close().await.unwrap();
 }
+
+/// The cluster again, each member a host of its own (a network namespace),
+/// so that the network between members can be cut while clients, on this
+/// machine, reach them all.
+struct SeparateHosts {
+    network: locksmith_testkit::netns::Network,
+    members: Vec<locksmith_testkit::Process>,
+    _dirs: Vec<tempfile::TempDir>,
+}
+
+impl SeparateHosts {
+    const PORT: u16 = 7420;
+
+    fn start() -> SeparateHosts {
+        let network = locksmith_testkit::netns::Network::create(3).expect("network namespaces");
+        let list = network
+            .hosts()
+            .iter()
+            .enumerate()
+            .map(|(i, host)| format!("{}={}:{}", i + 1, host.ip, Self::PORT))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut members = Vec::new();
+        let mut dirs = Vec::new();
+        for (i, host) in network.hosts().iter().enumerate() {
+            let dir = tempfile::Builder::new()
+                .prefix("locksmith-serve-")
+                .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+                .unwrap();
+            let (program, prefix) = host.command();
+            let spec = locksmith_testkit::ProcessSpec::new(
+                format!("member {} in {}", i + 1, host.namespace),
+                program,
+                dir.path().join("serve.log"),
+            )
+            .args(prefix)
+            .arg(server_support::BINARY)
+            .args(["serve", "--listen", &format!("{}:{}", host.ip, Self::PORT)])
+            .args(["--node-id", &(i + 1).to_string(), "--cluster", &list])
+            .arg("--data-dir")
+            .arg(dir.path().join("data"))
+            .env("RUST_LOG", "info");
+            members.push(locksmith_testkit::Process::spawn(spec).expect("start a member"));
+            dirs.push(dir);
+        }
+        SeparateHosts {
+            network,
+            members,
+            _dirs: dirs,
+        }
+    }
+
+    fn address(&self, i: usize) -> String {
+        format!("{}:{}", self.network.hosts()[i].ip, Self::PORT)
+    }
+
+    async fn client(&self) -> Client {
+        let url = format!(
+            "locksmith://{}",
+            (0..3)
+                .map(|i| self.address(i))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        let options = ConnectOptions {
+            session_ttl: Duration::from_secs(10),
+            ..ConnectOptions::default()
+        };
+        Client::connect_with(&url, options)
+            .await
+            .unwrap_or_else(|e| panic!("connect to {url}: {e}"))
+    }
+
+    async fn answers(&self, i: usize) -> bool {
+        let address = format!("http://{}", self.address(i));
+        let ask = async {
+            let mut client = LocksmithClient::connect(address).await.ok()?;
+            let request = pb::DescribeRequest {
+                name: "probe".into(),
+            };
+            client.describe(request).await.ok()
+        };
+        // A member without a quorum answers only once it gives up on one.
+        matches!(
+            tokio::time::timeout(Duration::from_secs(3), ask).await,
+            Ok(Some(_))
+        )
+    }
+
+    async fn leader(&self, except: Option<usize>) -> usize {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            for i in (0..3).filter(|&i| Some(i) != except) {
+                if self.answers(i).await {
+                    return i;
+                }
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no leader: {}",
+                self.members
+                    .iter()
+                    .map(|m| m.log_tail(10))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_cut_off_from_its_peers_but_not_its_clients_stops_serving() {
+    let cluster = SeparateHosts::start();
+    let name = unique("cluster-partition");
+    let holder = cluster.client().await;
+    let guard = holder.lock(name.as_str()).acquire().await.expect("acquire");
+    let token = guard.fencing_token();
+    let leader = cluster.leader(None).await;
+    for peer in (0..3).filter(|&i| i != leader) {
+        cluster.network.cut(leader, peer).unwrap();
+    }
+    // The two others elect a leader; the cut-off one, which every client
+    // still reaches, must stop serving: it cannot commit anything.
+    let new_leader = cluster.leader(Some(leader)).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while cluster.answers(leader).await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the cut-off leader still serves"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let other = cluster.client().await;
+    let busy = other.lock(name.as_str()).try_acquire().await.expect("try");
+    assert!(busy.is_none(), "the hold survives on the majority side");
+    let info = other.describe(&name).await.unwrap().expect("held");
+    assert_eq!(info.holders[0].fencing_token, Some(token));
+    assert!(cluster.answers(new_leader).await);
+    assert!(
+        !guard.is_lost(),
+        "the holder moved to the new leader in time"
+    );
+
+    for peer in (0..3).filter(|&i| i != leader) {
+        cluster.network.heal(leader, peer).unwrap();
+    }
+    guard.release().await.expect("release");
+    let next = other.lock(name.as_str()).acquire().await.expect("acquire");
+    assert!(next.fencing_token() > token);
+    next.release().await.unwrap();
+    holder.close().await.unwrap();
+    other.close().await.unwrap();
+}

@@ -195,7 +195,8 @@ impl RequestKind {
             | Op::Apply { .. }
             | Op::Snapshot { .. }
             | Op::Install { .. }
-            | Op::Role(_) => return None,
+            | Op::Role(_)
+            | Op::Refused { .. } => return None,
         })
     }
 }

@@ -223,6 +223,13 @@ pub(crate) enum Op {
     },
     /// This member's role changed.
     Role(Role),
+    /// openraft refused the batch `origin`/`seq` (this member cannot reach a
+    /// quorum, or no longer leads): it was never appended.
+    Refused {
+        origin: u64,
+        seq: u64,
+        reason: String,
+    },
 }
 
 /// A member's role, as openraft reports it.

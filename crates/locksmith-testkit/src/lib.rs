@@ -90,6 +90,7 @@ mod error;
 mod etcd;
 mod etcd_cluster;
 mod find;
+pub mod netns;
 pub mod pgbouncer;
 mod postgres;
 mod process;

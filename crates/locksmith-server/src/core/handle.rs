@@ -148,7 +148,8 @@ impl Core {
             | Op::Apply { .. }
             | Op::Snapshot { .. }
             | Op::Install { .. }
-            | Op::Role(_) => unreachable!("the core's own ops are handled as they arrive"),
+            | Op::Role(_)
+            | Op::Refused { .. } => unreachable!("the core's own ops are handled as they arrive"),
         }
     }
 

@@ -387,6 +387,11 @@ impl Core {
                     let _ = done.send(self.install_snapshot(meta, data));
                 }
                 Op::Role(role) => self.change_role(role),
+                Op::Refused {
+                    origin,
+                    seq,
+                    reason,
+                } => self.refused(origin, seq, &reason),
                 Op::Shutdown { done } => shutdown = Some(done),
                 Op::Detach { stream, error } => self.detach(stream, error),
                 mut op if self.replica.leading() => {

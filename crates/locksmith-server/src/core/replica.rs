@@ -232,6 +232,44 @@ impl Core {
         self.proposal = Proposal::default();
     }
 
+    /// openraft refused this leader's batch `origin`/`seq` (never appended):
+    /// this member cannot reach a quorum. Everyone waiting here is told to
+    /// try another member, and the streams end so that their clients do;
+    /// the member keeps proposing what comes, in case the quorum returns.
+    pub(super) fn refused(&mut self, origin: u64, seq: u64, reason: &str) {
+        let Some(in_flight) = self.replica.take_own(origin, seq) else {
+            return;
+        };
+        tracing::warn!(%reason, "cannot commit: no quorum reachable; sending clients elsewhere");
+        let status = Status::unavailable(format!(
+            "this member cannot reach a quorum of the cluster ({reason}): try another member"
+        ));
+        let grace = in_flight.grace;
+        self.abandon(in_flight.proposal, &status);
+        for (_, waiter) in self.leases.drain() {
+            let _ = waiter.reply.send(Err(status.clone()));
+        }
+        let streams: Vec<_> = self
+            .sessions
+            .values_mut()
+            .filter_map(|e| e.attached.take())
+            .collect();
+        for a in streams {
+            self.output.streams.end(a.stream, &a.tx, status.clone());
+            a.ended.cancel();
+        }
+        self.streams.clear();
+        if grace {
+            // Not serving before the grace is committed: propose it again.
+            let now = self.clock.now();
+            let mut proposal = Proposal::default();
+            let grace = Command::GrantGrace { grace: self.grace };
+            proposal.command(now, grace, None, None, Route::Nobody);
+            self.replica.propose(proposal, true);
+        }
+        self.send_output();
+    }
+
     /// Answers everyone a proposal would have answered with `status`.
     fn abandon(&mut self, proposal: Proposal, status: &Status) {
         for route in proposal.routes {
@@ -357,6 +395,7 @@ impl Core {
             | Op::Snapshot { .. }
             | Op::Install { .. }
             | Op::Role(_)
+            | Op::Refused { .. }
             | Op::Shutdown { .. } => {
                 unreachable!("the core handles its own ops whatever its role")
             }

@@ -119,7 +119,11 @@ pub(crate) async fn start(
     let raft = Raft::new(config.node_id, raft_config, network, log, machine)
         .await
         .map_err(|e| ServerError::Raft(format!("cannot start: {e}")))?;
-    tokio::spawn(propose(raft.clone(), proposals));
+    // A leader whose quorum lease is not confirmed refuses proposals: right
+    // after its election for a moment, or for as long as it is cut off from
+    // a quorum. The lease is the longest election timeout.
+    let patience = config.election_timeout * 2;
+    tokio::spawn(propose(raft.clone(), proposals, core.clone(), patience));
     tokio::spawn(watch_role(raft.clone(), config.node_id, core));
     let initialized = raft
         .is_initialized()
@@ -146,21 +150,37 @@ pub(crate) async fn start(
 }
 
 /// Hands the core's batches to openraft in order, one at a time. A leader
-/// whose lease is not confirmed yet (just elected) retries; anything else
-/// that refuses the batch means this member no longer leads, which the role
-/// watch tells the core.
-async fn propose(raft: Raft, mut proposals: UnboundedReceiver<Batch>) {
+/// whose lease is not confirmed retries for up to `patience` (a new leader's
+/// lease is confirmed by its first round of heartbeats); a batch refused in
+/// the end was never appended, and the core is told so ([`Op::Refused`]).
+async fn propose(
+    raft: Raft,
+    mut proposals: UnboundedReceiver<Batch>,
+    core: Sender<Op>,
+    patience: Duration,
+) {
     while let Some(batch) = proposals.recv().await {
+        let started = tokio::time::Instant::now();
         loop {
             match raft.client_write(batch.clone()).await {
                 Ok(_) => break,
                 Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward)))
-                    if forward.reason == ForwardReason::LeaseExpired && raft.is_leader() =>
+                    if forward.reason == ForwardReason::LeaseExpired
+                        && raft.is_leader()
+                        && started.elapsed() < patience =>
                 {
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
                 Err(error) => {
-                    tracing::debug!(%error, "a proposal was not accepted");
+                    tracing::warn!(%error, "a batch was refused");
+                    let refused = Op::Refused {
+                        origin: batch.origin,
+                        seq: batch.seq,
+                        reason: error.to_string(),
+                    };
+                    if core.send(refused).is_err() {
+                        return;
+                    }
                     break;
                 }
             }
