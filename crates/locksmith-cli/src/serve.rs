@@ -1,9 +1,11 @@
 //! `locksmith serve`: the lock server.
 //!
-//! Durable by default: the lock state lives in `--data-dir` (a command log and
-//! snapshots), and a restart recovers it; clients resume their sessions within
-//! the `--grace` period. `--in-memory` keeps nothing. SIGINT/SIGTERM stop it
-//! gracefully (a final snapshot); kill -9 loses nothing that was acknowledged.
+//! Every server is a member of a Raft group: alone by default, or one of
+//! `--cluster`. Durable by default: the lock state lives in `--data-dir` (the
+//! Raft log and snapshots), and a restart recovers it; clients resume their
+//! sessions within the `--grace` period. `--in-memory` keeps nothing.
+//! SIGINT/SIGTERM stop it gracefully (a final snapshot); kill -9 loses
+//! nothing that was acknowledged.
 //! Logs go to stderr; `RUST_LOG` filters them (default `info`).
 //!
 //! `--metrics-listen` serves Prometheus metrics, health, readiness and a live
@@ -67,8 +69,9 @@ pub struct ServeArgs {
     /// How long a new connection may take to finish its HTTP/2 handshake.
     #[arg(long, value_parser = parse_duration, default_value = "10s")]
     pub handshake_timeout: Duration,
-    /// Write a snapshot (and start a new log segment) after this many log records.
-    #[arg(long, default_value_t = 100_000)]
+    /// Take a snapshot (and let the Raft log before it go) after this many log
+    /// entries (each entry is one batch of requests).
+    #[arg(long, default_value_t = 10_000)]
     pub snapshot_every: u64,
     /// Start a new log segment once one holds this many bytes.
     #[arg(long, default_value_t = 64 << 20)]
@@ -190,6 +193,14 @@ impl ServeArgs {
                     "--cluster does not list this member (--node-id {})",
                     self.node_id
                 ));
+            }
+            if self.recover_damaged_data && members.len() > 1 {
+                return Err(
+                    "--recover-damaged-data is for a one-member cluster: a damaged member \
+                     of several is replaced (wipe its directory, add it back under a new node \
+                     id), since one that forgot entries could break the others' guarantees"
+                        .into(),
+                );
             }
             config.cluster = members.clone();
         }

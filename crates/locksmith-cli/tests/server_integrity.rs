@@ -6,8 +6,9 @@
 //! grant kept; the files are owner-only.
 //!
 //! The tests damage the files as the `storage` module of `locksmith-server`
-//! documents them: a segment is a 24-byte header, then frames `[len: u32 LE]
-//! [crc: u32][header crc: u32][payload]`, one per commit, then zeros.
+//! documents them: the Raft log's segments are in `raft/`, each a 24-byte
+//! header, then frames `[len: u32 LE][crc: u32][header crc: u32][payload]`,
+//! one per append, then zeros; `snapshot` and `TOKENS` are beside `raft/`.
 
 mod server_support;
 
@@ -57,7 +58,7 @@ fn contents(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
 
 /// The log segments of `data`, oldest first.
 fn segments(data: &Path) -> Vec<PathBuf> {
-    let mut segments: Vec<PathBuf> = fs::read_dir(data)
+    let mut segments: Vec<PathBuf> = fs::read_dir(data.join("raft"))
         .unwrap()
         .map(|e| e.unwrap().path())
         .filter(|p| p.file_name().unwrap().to_str().unwrap().starts_with("log-"))
@@ -140,9 +141,10 @@ async fn refuses_then_recovers(server: &ServerProcess, expected: &[&str], top: u
         })
         .unwrap_or_else(|| panic!("no damaged-* directory:\n{}", recovered.log_tail(40)));
     for (path, bytes) in &before {
-        let name = path.file_name().unwrap();
-        if name != "LOCK" {
-            assert_eq!(&fs::read(evidence.join(name)).unwrap(), bytes, "{name:?}");
+        let relative = path.strip_prefix(&data).unwrap();
+        if relative != Path::new("LOCK") {
+            let kept = fs::read(evidence.join(relative)).unwrap();
+            assert_eq!(&kept, bytes, "{}", relative.display());
         }
     }
     let client = recovered.client(Duration::from_secs(5)).await;
@@ -210,7 +212,9 @@ async fn a_zeroed_block_in_the_middle_of_the_log_stops_the_server() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_snapshot_stops_the_server() {
-    let (server, top) = killed_after(10, &[]).await;
+    // Frequent snapshots: the log is purged into them, so the snapshot alone
+    // holds the state up to the purge.
+    let (server, top) = killed_after(10, &["--snapshot-every", "5"]).await;
     let snapshot = server.data_dir().join("snapshot");
     fs::remove_file(&snapshot).unwrap();
     let missing = format!("missing {}", snapshot.display());
@@ -240,35 +244,32 @@ async fn a_deleted_middle_segment_stops_the_server() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lost_manifest_stops_the_server_even_with_the_recovery_flag() {
+async fn a_lost_token_ceiling_stops_the_server_even_with_the_recovery_flag() {
     let (server, _) = killed_after(5, &[]).await;
-    let manifest = server.data_dir().join("MANIFEST");
-    fs::remove_file(&manifest).unwrap();
+    let tokens = server.data_dir().join("TOKENS");
+    fs::remove_file(&tokens).unwrap();
     let before = contents(&server.data_dir());
     for extra in [&[][..], &["--recover-damaged-data"][..]] {
         let output = server.refused(extra);
-        let missing = format!("missing {}", manifest.display());
+        let missing = format!("missing {}", tokens.display());
         assert!(output.contains(&missing), "{output}");
-        assert!(
-            output.contains("restore MANIFEST from a backup"),
-            "{output}"
-        );
+        assert!(output.contains("restore TOKENS from a backup"), "{output}");
         assert_eq!(contents(&server.data_dir()), before);
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_directory_of_an_earlier_release_with_log_records_is_refused() {
-    // What the release before manifests left after a crash: a segment of
-    // `[len][crc][payload]` records from its first byte, no MANIFEST.
+async fn a_directory_of_the_single_server_layout_is_refused() {
+    // What a development version before the Raft log left: segments of
+    // frames at the top of the directory, no `raft/`.
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let segment = dir.path().join("log-00000000000000000001");
     let mut bytes = vec![3, 0, 0, 0, 0x14, 0x65, 0x8a, 0x12, 1, 2, 3];
     bytes.resize(4096, 0);
     fs::write(&segment, &bytes).unwrap();
     let output = refused_start(dir.path(), &[]);
-    assert!(output.contains("earlier locksmith release"), "{output}");
-    assert!(output.contains("stop it with SIGTERM"), "{output}");
+    assert!(output.contains("single server's layout"), "{output}");
+    assert!(output.contains("start with an empty directory"), "{output}");
     assert_eq!(fs::read(&segment).unwrap(), bytes);
 }
 

@@ -51,7 +51,8 @@ pub struct ServerConfig {
     pub max_unacked_replies: usize,
     /// How long a new stream may take to send its `open`/`resume`.
     pub open_timeout: Duration,
-    /// Write a snapshot (and start a new log segment) after this many records.
+    /// Take a snapshot (and let the Raft log before it go) after this many
+    /// log entries (each entry is one batch of requests).
     pub snapshot_every: u64,
     /// A log segment is closed, and the next one started, after the commit
     /// that makes it this long (in bytes).
@@ -122,7 +123,7 @@ impl ServerConfig {
             max_label_bytes: 256,
             max_unacked_replies: 100_000,
             open_timeout: Duration::from_secs(10),
-            snapshot_every: 100_000,
+            snapshot_every: 10_000,
             segment_bytes: 64 << 20,
             recover_damaged_data: false,
             max_batch: 4096,

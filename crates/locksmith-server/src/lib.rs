@@ -115,10 +115,10 @@ use crate::core::{Core, Replica, Stats};
 use crate::http::Readiness;
 use crate::metrics::Metrics;
 use crate::op::Op;
+use crate::raft::member::Storage;
 use crate::raft::network::RaftService;
 use crate::raft::state_machine::CoreMachine;
 use crate::service::Service;
-use crate::storage::raft_log::RaftLog;
 use locksmith_proto::raft::raft_server::RaftServer;
 
 /// How long a graceful shutdown waits for connections to close before it
@@ -190,17 +190,33 @@ impl Server {
             ),
             None => None,
         };
-        let log_dir = raft::member::LogDir::of(&config)?;
-        let log_path = log_dir.path().to_owned();
-        let segment_bytes = config.segment_bytes;
-        let log = tokio::task::spawn_blocking(move || RaftLog::open(&log_path, segment_bytes))
+        let storage_config = config.clone();
+        let storage = tokio::task::spawn_blocking(move || Storage::open(&storage_config))
             .await
             .map_err(|e| ServerError::EngineStopped(format!("opening the log panicked: {e}")))??;
+        let Storage {
+            log,
+            snapshot,
+            snapshots,
+            tokens,
+            token_floor,
+            keep,
+        } = storage;
         let applied = Arc::new(std::sync::Mutex::new(raft::Applied::default()));
         let (proposals, proposed) = tokio::sync::mpsc::unbounded_channel();
         let (serving_tx, mut serving_rx) = tokio::sync::watch::channel(false);
         let replica = Replica::new(proposals, applied.clone(), serving_tx);
-        let mut core = Core::new(&config, replica, None);
+        let mut core = Core::new(&config, replica, tokens);
+        if let Some(snapshot) = &snapshot {
+            core.install_snapshot(snapshot.meta.clone(), snapshot.data.clone())
+                .map_err(|detail| ServerError::Corrupt {
+                    path: config.data_dir.clone().unwrap_or_default().join("snapshot"),
+                    detail,
+                })?;
+        }
+        if let Some(floor) = token_floor {
+            core.raise_token_floor(floor);
+        }
         core.count_in(metrics);
         let unary_ids = core.unary_ids();
         let stats = core.stats();
@@ -216,7 +232,7 @@ impl Server {
                 context: "cannot start the engine thread".into(),
                 source,
             })?;
-        let machine = CoreMachine::new(ops.clone(), applied);
+        let machine = CoreMachine::new(ops.clone(), applied, snapshots, snapshot);
         let raft = raft::member::start(
             &config,
             addr.to_string(),
@@ -261,8 +277,8 @@ impl Server {
         let task = tokio::spawn({
             let stop = stop.clone();
             async move {
-                // Removed (if temporary) when the server has stopped.
-                let _log_dir = log_dir;
+                // The directory's lock, or the temporary log, until stopped.
+                let _keep = keep;
                 tokio::pin!(serve);
                 let mut exit_rx = exit_rx;
                 let (engine, transport) = tokio::select! {
@@ -274,6 +290,7 @@ impl Server {
                     }
                     _ = stop.cancelled() => {
                         readiness.set_serving(false);
+                        raft::member::snapshot_before_stopping(&raft).await;
                         // openraft first: it applies nothing more, then the
                         // core ends its streams.
                         let _ = raft.shutdown().await;

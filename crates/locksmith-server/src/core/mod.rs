@@ -81,6 +81,7 @@ use crate::metrics::{Metrics, Tally};
 use crate::op::{NewStream, Op, StreamId, StreamOp, UnaryReply};
 use crate::outbox::{LeaseWaiter, Orphan, Output};
 use crate::raft::TypeConfig;
+use crate::storage::member::TokenCeiling;
 use crate::storage::{Record, ServerSnapshot, SessionRecord};
 pub(crate) use replica::Replica;
 use session::{PeerCounts, SessionEntry};
@@ -149,6 +150,14 @@ pub(crate) struct Stats {
     pub commit_nanos: AtomicU64,
 }
 
+/// Why the loop stops.
+enum Stop {
+    /// Asked to: the answer goes here.
+    Shutdown(oneshot::Sender<Result<(), String>>),
+    /// Storage failed: the member must not go on.
+    Failed(String),
+}
+
 /// The engine, the session table and the member's replication state, owned
 /// by one thread.
 pub(crate) struct Core {
@@ -191,17 +200,22 @@ pub(crate) struct Core {
     /// The grant history and the table's counts (module `history`).
     history: History,
     metrics: Option<Arc<Metrics>>,
+    /// The durable token ceiling, raised before a reply carries a token
+    /// above it.
+    tokens: Option<TokenCeiling>,
 }
 
 impl Core {
-    /// A core with an empty state, or the state of `snapshot` (the newest a
-    /// member kept); openraft then hands it the committed entries after it.
+    /// A core with an empty state (install the member's snapshot next, if it
+    /// has one; openraft then hands it the committed entries after it).
+    /// `tokens` is the durable token ceiling (none for a server without a
+    /// data directory).
     pub(crate) fn new(
         config: &ServerConfig,
         replica: Replica,
-        snapshot: Option<ServerSnapshot>,
+        tokens: Option<TokenCeiling>,
     ) -> Core {
-        let mut core = Core {
+        Core {
             engine: Engine::new(config.limits.clone()),
             limits: config.limits.clone(),
             clock: Clock::starting_after(0),
@@ -234,11 +248,8 @@ impl Core {
                 max_age: config.history_max_age.as_millis() as Millis,
             }),
             metrics: None,
-        };
-        if let Some(snapshot) = snapshot {
-            core.restore(snapshot);
+            tokens,
         }
-        core
     }
 
     /// The loop's counters.
@@ -249,6 +260,12 @@ impl Core {
     /// Counts what the core does from now on in `metrics`.
     pub(crate) fn count_in(&mut self, metrics: Arc<Metrics>) {
         self.metrics = Some(metrics);
+    }
+
+    /// After a forced recovery: every fencing token from now on is above
+    /// `floor`.
+    pub(crate) fn raise_token_floor(&mut self, floor: u64) {
+        self.engine.raise_token_floor(floor);
     }
 
     /// The counter of sessionless request ids, for the service.
@@ -312,10 +329,17 @@ impl Core {
             }
             let batch_started = Instant::now();
             let now = self.clock.now();
-            if let Some(done) = self.take_arrivals(&ops, now) {
-                let result = self.shut_down();
-                let _ = done.send(result.clone());
-                return result;
+            match self.take_arrivals(&ops, now) {
+                None => {}
+                Some(Stop::Shutdown(done)) => {
+                    let result = self.shut_down();
+                    let _ = done.send(result.clone());
+                    return result;
+                }
+                Some(Stop::Failed(message)) => {
+                    let _ = self.shut_down();
+                    return Err(message);
+                }
             }
             if !self.replica.can_propose() {
                 continue;
@@ -360,16 +384,12 @@ impl Core {
     /// Takes every op waiting in the channel: the core's own ops (entries to
     /// apply, snapshots, role changes, detaches) are handled at once, client
     /// ops go to the backlog (the leader's) or are sent to the leader.
-    /// Returns the reply slot of a shutdown, if one came.
+    /// Returns why the loop must stop, if it must.
     ///
     /// The heartbeats among the client ops are proposed at once, in the next
     /// batch, ahead of any expiry it decides: so one client cannot expire
     /// another by keeping the core busy, however long the backlog.
-    fn take_arrivals(
-        &mut self,
-        ops: &Receiver<Op>,
-        now: Millis,
-    ) -> Option<oneshot::Sender<Result<(), String>>> {
+    fn take_arrivals(&mut self, ops: &Receiver<Op>, now: Millis) -> Option<Stop> {
         self.arrived.extend(ops.try_iter());
         let mut arrived = std::mem::take(&mut self.arrived);
         let mut shutdown = None;
@@ -377,7 +397,13 @@ impl Core {
             match op {
                 Op::Apply { entries, done } => {
                     self.apply_entries(entries);
-                    self.finish_apply();
+                    if let Err(error) = self.finish_apply() {
+                        // Nothing of these entries was told to anyone.
+                        self.output = Output::default();
+                        let message = format!("cannot write the token ceiling: {error}");
+                        tracing::error!(%message, "stopping");
+                        return Some(Stop::Failed(message));
+                    }
                     let _ = done.send(());
                 }
                 Op::Snapshot { reply } => {
@@ -392,7 +418,7 @@ impl Core {
                     seq,
                     reason,
                 } => self.refused(origin, seq, &reason),
-                Op::Shutdown { done } => shutdown = Some(done),
+                Op::Shutdown { done } => shutdown = Some(Stop::Shutdown(done)),
                 Op::Detach { stream, error } => self.detach(stream, error),
                 mut op if self.replica.leading() => {
                     if self.replica.serving() {
@@ -445,9 +471,12 @@ impl Core {
         }
     }
 
-    /// After applying entries: the batch's latency, the gauges, then the
-    /// replies.
-    fn finish_apply(&mut self) {
+    /// After applying entries: the token ceiling, the batch's latency, the
+    /// gauges, then the replies.
+    fn finish_apply(&mut self) -> std::io::Result<()> {
+        if let Some(tokens) = &mut self.tokens {
+            tokens.cover(self.engine.last_token())?;
+        }
         if let Some(at) = self.proposed_at.take() {
             let elapsed = at.elapsed();
             self.stats
@@ -463,6 +492,7 @@ impl Core {
             metrics.table_now(self.history.census(), self.engine.last_token());
         }
         self.send_output();
+        Ok(())
     }
 
     /// Sends what the ops handled so far produced.
@@ -515,7 +545,7 @@ impl Core {
         };
         let data = postcard::to_stdvec(&state).expect("the state always encodes");
         let (last_log_id, last_membership) = self.applied_state();
-        tracing::info!(
+        tracing::debug!(
             locks = state.engine.locks.len(),
             sessions = state.sessions.len(),
             bytes = data.len(),
@@ -531,8 +561,9 @@ impl Core {
         }
     }
 
-    /// Replaces the state with a snapshot from the leader.
-    fn install_snapshot(
+    /// Replaces the state with a snapshot (the leader's, or the member's own
+    /// at start).
+    pub(crate) fn install_snapshot(
         &mut self,
         meta: SnapshotMetaOf<TypeConfig>,
         data: Vec<u8>,

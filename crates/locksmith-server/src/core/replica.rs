@@ -300,10 +300,8 @@ impl Core {
                 EntryPayload::Blank => {}
                 EntryPayload::Normal(batch) => self.apply_batch(batch),
                 EntryPayload::Membership(membership) => {
-                    let stored = StoredMembershipOf::<TypeConfig>::new(
-                        Some(entry.log_id.clone()),
-                        membership,
-                    );
+                    let stored =
+                        StoredMembershipOf::<TypeConfig>::new(Some(entry.log_id), membership);
                     self.lock_applied().membership = stored;
                 }
             }
@@ -362,7 +360,7 @@ impl Core {
         &self,
     ) -> (Option<LogIdOf<TypeConfig>>, StoredMembershipOf<TypeConfig>) {
         let applied = self.lock_applied();
-        (applied.last_applied.clone(), applied.membership.clone())
+        (applied.last_applied, applied.membership.clone())
     }
 
     /// Answers `op` with `status` and runs nothing.

@@ -16,7 +16,6 @@
 //!   member becomes or stops being the leader, and where the leader is.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,55 +31,72 @@ use super::{Batch, Raft};
 use crate::config::ServerConfig;
 use crate::error::ServerError;
 use crate::op::{Op, Role};
+use crate::storage::member::{MemberDir, SnapshotFile, StoredSnapshot, TokenCeiling};
 use crate::storage::raft_log::RaftLog;
 
 /// Bytes per second a snapshot is sent to a member at, at most, so that
 /// catching up a member does not starve the group's own traffic.
 const SNAPSHOT_RATE: u64 = 64 << 20;
 
-/// Where the member's Raft log lives: `<data dir>/raft`, or a temporary
-/// directory (in memory when `/dev/shm` exists) for a server without a data
-/// directory, removed when it stops.
-pub(crate) enum LogDir {
-    Durable(PathBuf),
+/// What a member keeps on disk, opened: its data directory, or for a server
+/// without one, a Raft log in a temporary directory (in memory when
+/// `/dev/shm` exists) that is removed when the server stops.
+pub(crate) struct Storage {
+    pub log: RaftLog,
+    /// The newest snapshot kept, and where snapshots go (durable only).
+    pub snapshot: Option<StoredSnapshot>,
+    pub snapshots: Option<SnapshotFile>,
+    pub tokens: Option<TokenCeiling>,
+    /// After a forced recovery: every token from now on is above it.
+    pub token_floor: Option<u64>,
+    /// Held while the server runs (the directory's lock, or the temporary
+    /// directory).
+    pub keep: Keep,
+}
+
+/// What the running server holds on to (dropped when it stops: the
+/// directory's lock is released, a temporary directory removed).
+#[allow(dead_code)] // held for its drop
+pub(crate) enum Keep {
+    Directory(MemberDir),
     Temporary(tempfile::TempDir),
 }
 
-impl LogDir {
-    pub(crate) fn of(config: &ServerConfig) -> Result<LogDir, ServerError> {
-        match &config.data_dir {
-            Some(dir) => {
-                let raft = dir.join("raft");
-                std::fs::create_dir_all(&raft).map_err(|source| ServerError::Io {
-                    context: format!("cannot create {}", raft.display()),
-                    source,
-                })?;
-                Ok(LogDir::Durable(raft))
-            }
-            None => {
-                let shm = std::path::Path::new("/dev/shm");
-                let builder = tempfile::Builder::new()
-                    .prefix("locksmith-raft-")
-                    .tempdir_in(if shm.is_dir() {
-                        shm.to_path_buf()
-                    } else {
-                        std::env::temp_dir()
-                    });
-                builder
-                    .map(LogDir::Temporary)
-                    .map_err(|source| ServerError::Io {
-                        context: "cannot create a temporary directory for the Raft log".into(),
-                        source,
-                    })
-            }
+impl Storage {
+    /// Opens the member's storage (blocking: it reads the log).
+    pub(crate) fn open(config: &ServerConfig) -> Result<Storage, ServerError> {
+        if let Some(dir) = &config.data_dir {
+            let opened = MemberDir::open(dir, config)?;
+            return Ok(Storage {
+                log: opened.log,
+                snapshot: opened.snapshot,
+                snapshots: Some(opened.snapshots),
+                tokens: Some(opened.tokens),
+                token_floor: opened.token_floor,
+                keep: Keep::Directory(opened.dir),
+            });
         }
-    }
-
-    pub(crate) fn path(&self) -> &std::path::Path {
-        match self {
-            LogDir::Durable(path) => path,
-            LogDir::Temporary(dir) => dir.path(),
-        }
+        let shm = std::path::Path::new("/dev/shm");
+        let parent = if shm.is_dir() {
+            shm.to_path_buf()
+        } else {
+            std::env::temp_dir()
+        };
+        let temporary = tempfile::Builder::new()
+            .prefix("locksmith-raft-")
+            .tempdir_in(parent)
+            .map_err(|source| ServerError::Io {
+                context: "cannot create a temporary directory for the Raft log".into(),
+                source,
+            })?;
+        Ok(Storage {
+            log: RaftLog::open(temporary.path(), config.segment_bytes)?,
+            snapshot: None,
+            snapshots: None,
+            tokens: None,
+            token_floor: None,
+            keep: Keep::Temporary(temporary),
+        })
     }
 }
 
@@ -93,8 +109,10 @@ pub(crate) fn raft_config(config: &ServerConfig) -> Result<Config, ServerError> 
         election_timeout_min: election,
         election_timeout_max: election * 2,
         enable_pre_vote: Some(true),
-        // Snapshots are not kept on disk yet: the log keeps everything.
-        snapshot_policy: SnapshotPolicy::Never,
+        snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_every.max(1)),
+        // Entries kept after a snapshot, for a member a little behind (more
+        // than that and it gets the snapshot).
+        max_in_snapshot_log_to_keep: config.snapshot_every.clamp(1, 1000),
         ..Config::default()
     }
     .validate()
@@ -216,5 +234,24 @@ async fn watch_role(raft: Raft, me: u64, core: Sender<Op>) {
         if metrics.changed().await.is_err() {
             return;
         }
+    }
+}
+
+/// A graceful stop leaves a snapshot of everything applied, so that the next
+/// start replays nothing (it waits up to 10 s for it).
+pub(crate) async fn snapshot_before_stopping(raft: &Raft) {
+    let applied = raft.metrics().borrow_watched().last_applied;
+    if applied.is_none() || raft.trigger().snapshot().await.is_err() {
+        return;
+    }
+    let taken = raft
+        .wait(Some(Duration::from_secs(10)))
+        .metrics(
+            |m| m.snapshot >= applied,
+            "a snapshot of everything applied",
+        )
+        .await;
+    if let Err(error) = taken {
+        tracing::warn!(%error, "stopping without a final snapshot");
     }
 }

@@ -23,6 +23,10 @@ use tokio::sync::oneshot;
 
 use super::{Applied, TypeConfig};
 use crate::op::Op;
+use crate::storage::member::{SnapshotFile, StoredSnapshot};
+
+/// A snapshot as openraft moves it.
+type Snapshot = SnapshotOf<TypeConfig, Cursor<Vec<u8>>>;
 
 /// openraft's handle on the core.
 #[derive(Clone)]
@@ -31,16 +35,53 @@ pub(crate) struct CoreMachine {
     /// What the core has applied (the core updates it as it applies).
     applied: Arc<Mutex<Applied>>,
     /// The newest snapshot built or installed.
-    current: Arc<Mutex<Option<SnapshotOf<TypeConfig, Cursor<Vec<u8>>>>>>,
+    current: Arc<Mutex<Option<Snapshot>>>,
+    /// Where snapshots are kept on disk (none for a server without a data
+    /// directory).
+    file: Option<SnapshotFile>,
 }
 
 impl CoreMachine {
-    pub(crate) fn new(core: Sender<Op>, applied: Arc<Mutex<Applied>>) -> CoreMachine {
+    /// The machine over the core fed by `core`; `kept` is the snapshot the
+    /// member found on disk at start, which the core has installed.
+    pub(crate) fn new(
+        core: Sender<Op>,
+        applied: Arc<Mutex<Applied>>,
+        file: Option<SnapshotFile>,
+        kept: Option<StoredSnapshot>,
+    ) -> CoreMachine {
+        let current = kept.map(|s| SnapshotOf::<TypeConfig, Cursor<Vec<u8>>> {
+            meta: s.meta,
+            snapshot: Cursor::new(s.data),
+        });
         CoreMachine {
             core,
             applied,
-            current: Arc::default(),
+            current: Arc::new(Mutex::new(current)),
+            file,
         }
+    }
+
+    /// Keeps `snapshot` on disk (before openraft purges the log it covers)
+    /// and as the current one.
+    async fn keep_durably(
+        &self,
+        snapshot: &SnapshotOf<TypeConfig, Cursor<Vec<u8>>>,
+    ) -> io::Result<()> {
+        if let Some(file) = self.file.clone() {
+            let stored = StoredSnapshot {
+                meta: snapshot.meta.clone(),
+                data: snapshot.snapshot.get_ref().clone(),
+            };
+            let index = stored.meta.last_log_id.as_ref().map(|id| id.index);
+            let bytes = stored.data.len();
+            tokio::task::spawn_blocking(move || file.save(&stored))
+                .await
+                .map_err(io::Error::other)??;
+            tracing::info!(?index, bytes, "snapshot written");
+        }
+        self.keep(snapshot);
+        Ok(())
     }
 
     /// Sends `op` to the core and waits for its answer.
@@ -73,7 +114,7 @@ impl RaftSnapshotBuilder<TypeConfig> for CoreMachine {
 
     async fn build_snapshot(&mut self) -> io::Result<SnapshotOf<TypeConfig, Cursor<Vec<u8>>>> {
         let snapshot = self.ask(|reply| Op::Snapshot { reply }).await?;
-        self.keep(&snapshot);
+        self.keep_durably(&snapshot).await?;
         Ok(snapshot)
     }
 }
@@ -86,7 +127,7 @@ impl RaftStateMachine<TypeConfig> for CoreMachine {
         &mut self,
     ) -> io::Result<(Option<LogIdOf<TypeConfig>>, StoredMembershipOf<TypeConfig>)> {
         let applied = self.applied.lock().unwrap_or_else(|e| e.into_inner());
-        Ok((applied.last_applied.clone(), applied.membership.clone()))
+        Ok((applied.last_applied, applied.membership.clone()))
     }
 
     async fn apply<Entries>(&mut self, mut entries: Entries) -> io::Result<()>
@@ -130,7 +171,7 @@ impl RaftStateMachine<TypeConfig> for CoreMachine {
         })
         .await?
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-        self.keep(&installed);
+        self.keep_durably(&installed).await?;
         Ok(())
     }
 
@@ -159,6 +200,6 @@ impl CoreMachine {
         let replica = Replica::new(proposals, applied.clone(), serving);
         let core = Core::new(&crate::ServerConfig::in_memory(), replica, None);
         std::thread::spawn(move || core.run(receiver));
-        CoreMachine::new(ops, applied)
+        CoreMachine::new(ops, applied, None, None)
     }
 }

@@ -197,18 +197,30 @@ pub(super) fn keep_evidence(dir: &Path) -> Result<PathBuf, ServerError> {
         .mode(0o700)
         .create(&evidence)
         .map_err(|e| io_error("cannot create", &evidence, e))?;
-    for entry in fs::read_dir(dir).map_err(|e| io_error("cannot list", dir, e))? {
-        let entry = entry.map_err(|e| io_error("cannot list", dir, e))?;
-        let path = entry.path();
-        if path.is_file() && entry.file_name() != "LOCK" {
-            fs::hard_link(&path, evidence.join(entry.file_name()))
+    link_files(dir, &evidence)?;
+    sync_dir(dir).map_err(|e| io_error("cannot sync", dir, e))?;
+    Ok(evidence)
+}
+
+/// Hard-links the files of `from` (and of its subdirectories, but earlier
+/// evidence) into `to`, keeping their relative paths.
+fn link_files(from: &Path, to: &Path) -> Result<(), ServerError> {
+    for entry in fs::read_dir(from).map_err(|e| io_error("cannot list", from, e))? {
+        let entry = entry.map_err(|e| io_error("cannot list", from, e))?;
+        let (path, name) = (entry.path(), entry.file_name());
+        if path.is_file() && name != "LOCK" {
+            fs::hard_link(&path, to.join(&name))
                 .map_err(|e| io_error("cannot keep a link to", &path, e))?;
+        } else if path.is_dir() && !name.to_string_lossy().starts_with("damaged-") {
+            let sub = to.join(&name);
+            fs::DirBuilder::new()
+                .mode(0o700)
+                .create(&sub)
+                .map_err(|e| io_error("cannot create", &sub, e))?;
+            link_files(&path, &sub)?;
         }
     }
-    sync_dir(&evidence)
-        .and_then(|()| sync_dir(dir))
-        .map_err(|e| io_error("cannot sync", &evidence, e))?;
-    Ok(evidence)
+    sync_dir(to).map_err(|e| io_error("cannot sync", to, e))
 }
 
 pub(super) fn io_error(what: &str, path: &Path, source: io::Error) -> ServerError {

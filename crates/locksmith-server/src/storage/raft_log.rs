@@ -105,6 +105,17 @@ impl RaftLog {
     /// Anything that does not check out is an error naming the file and
     /// offset, and the files stay as they are.
     pub(crate) fn open(dir: &Path, segment_bytes: u64) -> Result<RaftLog, ServerError> {
+        RaftLog::read(dir, false)?.start(segment_bytes)
+    }
+
+    /// Reads the log in `dir` without writing to it (but for a new log's
+    /// manifest and the cut of a torn last frame), so that what a start
+    /// checks next can still refuse with the files as they were; then
+    /// [`ReadLog::start`] appends. With `recover` (a forced recovery, after
+    /// the files were kept as evidence), it keeps every entry before the
+    /// first damage or missing segment and drops the rest; the committed id
+    /// is brought back to the last entry kept.
+    pub(crate) fn read(dir: &Path, recover: bool) -> Result<ReadLog, ServerError> {
         files::make_owner_only(dir)?;
         let _ = fs::remove_file(dir.join(format!("{MANIFEST}.tmp")));
         let present = list_segments(dir)?;
@@ -132,20 +143,83 @@ impl RaftLog {
         };
         let mut state = Replayed::default();
         let named = manifest.first_segment..=manifest.last_segment;
+        let mut damaged = false;
         for seq in named.clone() {
-            if present.binary_search(&seq).is_err() {
-                return Err(ServerError::Missing {
+            let replayed = if present.binary_search(&seq).is_err() {
+                Err(ServerError::Missing {
                     path: segment_path(dir, seq),
                     detail: format!(
                         "{MANIFEST} says the Raft log is in segments {} to {}",
                         manifest.first_segment, manifest.last_segment
                     ),
-                });
+                })
+            } else {
+                state.replay_segment(dir, seq, seq == manifest.last_segment)
+            };
+            match replayed {
+                Ok(()) => {}
+                Err(error @ (ServerError::Corrupt { .. } | ServerError::Missing { .. }))
+                    if recover =>
+                {
+                    tracing::error!(
+                        %error,
+                        "recovering what comes before the damage: the entries after it are \
+                         dropped from this member's log"
+                    );
+                    damaged = true;
+                    break;
+                }
+                Err(error) => return Err(error),
             }
-            state.replay_segment(dir, seq, seq == manifest.last_segment)?;
         }
+        if damaged {
+            let last = state.entries.keys().next_back().copied();
+            if state.committed.as_ref().map(|c| c.index()) > last {
+                state.committed = last.map(|i| state.entries[&i].log_id());
+            }
+        }
+        Ok(ReadLog {
+            dir: dir.to_owned(),
+            manifest,
+            present,
+            state,
+            damaged,
+        })
+    }
+}
+
+/// A Raft log read from disk, not written to yet.
+pub(crate) struct ReadLog {
+    dir: PathBuf,
+    manifest: Manifest,
+    present: Vec<u64>,
+    state: Replayed,
+    /// Read up to a damage (a forced recovery): what follows is dropped.
+    damaged: bool,
+}
+
+impl ReadLog {
+    /// Up to where the log was purged (into a snapshot).
+    pub(crate) fn purged(&self) -> Option<LogIdOf<TypeConfig>> {
+        self.state.purged
+    }
+
+    /// Starts appending: removes leftovers of interrupted writes and opens a
+    /// new segment (after a forced recovery, one holding every entry kept,
+    /// which alone is named).
+    pub(crate) fn start(self, segment_bytes: u64) -> Result<RaftLog, ServerError> {
+        let ReadLog {
+            dir,
+            manifest,
+            present,
+            state,
+            damaged,
+        } = self;
+        let dir = dir.as_path();
+        let named = manifest.first_segment..=manifest.last_segment;
+        // Leftovers of an interrupted segment change or purge. (After a
+        // recovery the old segments go once the new one is named.)
         for &seq in present.iter().filter(|seq| !named.contains(seq)) {
-            // Leftovers of an interrupted segment change or purge.
             let path = segment_path(dir, seq);
             fs::remove_file(&path).map_err(|e| io_error("cannot remove", &path, e))?;
         }
@@ -165,6 +239,18 @@ impl RaftLog {
             buffer: LogBuffer::default(),
             segment_bytes: segment_bytes.max(1),
         };
+        if damaged {
+            // What is kept goes into the new segment, which alone is named.
+            inner.manifest.first_segment = next;
+            inner.segment_last_index.clear();
+            let kept: Vec<_> = inner.entries.values().cloned().collect();
+            if let Some(last) = kept.last() {
+                inner.segment_last_index.insert(next, last.index());
+            }
+            for entry in kept {
+                inner.buffer.push(&RaftRecord::Entry(entry));
+            }
+        }
         inner
             .enter_segment(next)
             .map_err(|e| io_error("cannot write", dir, e))?;

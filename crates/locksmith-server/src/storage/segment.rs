@@ -122,12 +122,6 @@ impl LogBuffer {
         self.records += 1;
     }
 
-    /// Bytes of the buffered frames.
-    #[cfg(test)]
-    pub(crate) fn len(&self) -> usize {
-        self.bytes.len()
-    }
-
     /// Takes the frames (empty if no record was kept) and how many records
     /// they hold.
     pub(crate) fn take(&mut self) -> (Vec<u8>, u64) {

@@ -687,6 +687,11 @@ pub(super) async fn connect(members: Arc<Members>, options: ConnectOptions) -> R
             Ok(Err(SetupError::Redirected)) => {
                 Error::backend(super::BACKEND, "redirected without reaching the leader")
             }
+            // An answer about the request (a limit, a bad argument) is final;
+            // only a member that cannot serve is worth another round.
+            Ok(Err(SetupError::Failed(error))) if !matches!(error, Error::Backend { .. }) => {
+                return Err(error)
+            }
             Ok(Err(SetupError::Failed(error))) => error,
             Ok(Err(SetupError::UnknownSession(message))) => {
                 return Err(Error::backend(super::BACKEND, message))
