@@ -9,6 +9,7 @@ use std::process::ExitCode;
 use clap::{CommandFactory, Parser, Subcommand};
 
 mod bench;
+mod cluster;
 mod common;
 mod hold;
 mod run;
@@ -44,6 +45,8 @@ enum Command {
     Release(status::ReleaseArgs),
     /// List a locksmith server's sessions, or end them (administrators only).
     Session(session::SessionArgs),
+    /// The members of a replicated lock server: status and changes.
+    Cluster(cluster::ClusterArgs),
     /// Measure every backend side by side.
     Bench(bench::BenchArgs),
     /// Check safety under injected faults (kill, pause, restart, partition).
@@ -127,6 +130,7 @@ fn main() -> ExitCode {
             Command::Status(args) => status::status(args).await,
             Command::Release(args) => status::release(args).await,
             Command::Session(args) => session::session(args).await,
+            Command::Cluster(args) => cluster::cluster(args).await,
             Command::Bench(args) => bench::bench(args).await,
             Command::Torture(args) => torture::torture(args).await,
             command @ (Command::Completions { .. } | Command::Man { .. }) => generate(&command),

@@ -110,6 +110,17 @@ pub struct ServeArgs {
     /// new server is a cluster of one at its `--listen` address.
     #[arg(long, env = "LOCKSMITH_CLUSTER", value_name = "ID=HOST:PORT,...", value_parser = parse_members)]
     pub cluster: Option<Members>,
+    /// Join a running cluster through one of its members (HOST:PORT) as a
+    /// learner; promote it with `locksmith cluster promote ID` once it has
+    /// caught up. Needs a new data directory, and a `--listen` address the
+    /// members can reach (they use it for this member).
+    #[arg(
+        long,
+        env = "LOCKSMITH_JOIN",
+        value_name = "HOST:PORT",
+        conflicts_with = "cluster"
+    )]
+    pub join: Option<String>,
     /// How often the leader sends heartbeats to the other members, e.g. `50ms`.
     #[arg(long, value_parser = parse_duration, default_value = "50ms")]
     pub raft_heartbeat: Duration,
@@ -185,6 +196,7 @@ impl ServeArgs {
         config.history_total = self.history_total;
         config.history_max_age = self.history_max_age;
         config.node_id = self.node_id;
+        config.join = self.join.clone();
         config.raft_heartbeat = self.raft_heartbeat;
         config.election_timeout = self.election_timeout;
         if let Some(Members(members)) = &self.cluster {

@@ -91,6 +91,10 @@ pub struct ServerConfig {
     /// peers both use. Empty: a one-member cluster, this server at its
     /// listen address. Only read when the data directory is new.
     pub cluster: Vec<(u64, String)>,
+    /// Join the cluster a member of which listens here (`host:port`), as a
+    /// learner, instead of starting a new one. Only read when the data
+    /// directory is new.
+    pub join: Option<String>,
     /// How often the leader sends heartbeats to the other members.
     pub raft_heartbeat: Duration,
     /// A member that hears no leader for this long (up to twice as long,
@@ -135,6 +139,7 @@ impl ServerConfig {
             history_max_age: Duration::from_secs(3600),
             node_id: 1,
             cluster: Vec::new(),
+            join: None,
             raft_heartbeat: Duration::from_millis(50),
             election_timeout: Duration::from_millis(300),
         }

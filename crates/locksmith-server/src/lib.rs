@@ -115,10 +115,12 @@ use crate::core::{Core, Replica, Stats};
 use crate::http::Readiness;
 use crate::metrics::Metrics;
 use crate::op::Op;
+use crate::raft::admin::ClusterService;
 use crate::raft::member::Storage;
 use crate::raft::network::RaftService;
 use crate::raft::state_machine::CoreMachine;
 use crate::service::Service;
+use locksmith_proto::raft::cluster_server::ClusterServer;
 use locksmith_proto::raft::raft_server::RaftServer;
 
 /// How long a graceful shutdown waits for connections to close before it
@@ -242,7 +244,7 @@ impl Server {
             proposed,
         )
         .await?;
-        if config.cluster.len() <= 1 {
+        if config.cluster.len() <= 1 && config.join.is_none() {
             // A group of one elects itself at once: serve when it has.
             let _ = serving_rx.wait_for(|serving| *serving).await;
         }
@@ -269,6 +271,7 @@ impl Server {
                 LocksmithServer::new(service).max_decoding_message_size(config.max_message_bytes),
             )
             .add_service(RaftServer::new(RaftService::new(raft.clone())))
+            .add_service(ClusterServer::new(ClusterService::new(raft.clone())))
             .add_optional_service(reflection)
             .serve_with_incoming_shutdown(incoming, stop_accepting.clone().cancelled_owned());
 
@@ -319,6 +322,16 @@ impl Server {
                 Ok(())
             }
         });
+        if let Some(through) = config.join.clone() {
+            // Once this member's port serves (the leader replicates to it).
+            let (id, address) = (config.node_id, addr.to_string());
+            tokio::spawn(async move {
+                match raft::admin::join(&through, id, &address).await {
+                    Ok(()) => tracing::info!(%through, "joined the cluster as a learner"),
+                    Err(error) => tracing::error!(%error, "could not join the cluster"),
+                }
+            });
+        }
         stop_on_error.disarm();
         serving_now.set_serving(true);
         tracing::info!(%addr, durable, "locksmith server listening");

@@ -192,6 +192,19 @@ impl ServerProcess {
         );
     }
 
+    /// A client of the members on `ports` (session TTL 10 s).
+    pub async fn client_of(ports: &[u16]) -> Client {
+        let members: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let url = format!("locksmith://{}", members.join(","));
+        let options = ConnectOptions {
+            session_ttl: Duration::from_secs(10),
+            ..ConnectOptions::default()
+        };
+        Client::connect_with(&url, options)
+            .await
+            .unwrap_or_else(|e| panic!("connect to {url}: {e}"))
+    }
+
     /// A client with the given session TTL.
     pub async fn client(&self, session_ttl: Duration) -> Client {
         let options = ConnectOptions {

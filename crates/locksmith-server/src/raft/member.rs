@@ -147,7 +147,7 @@ pub(crate) async fn start(
         .is_initialized()
         .await
         .map_err(|e| ServerError::Raft(e.to_string()))?;
-    if !initialized {
+    if !initialized && config.join.is_none() {
         let members: BTreeMap<u64, BasicNode> = if config.cluster.is_empty() {
             BTreeMap::from([(config.node_id, BasicNode::new(address))])
         } else {

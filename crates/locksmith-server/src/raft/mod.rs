@@ -8,6 +8,7 @@
 //!   node ids and addresses;
 //! - `network`: the members' traffic over gRPC on the clients' port.
 
+pub(crate) mod admin;
 pub(crate) mod member;
 pub(crate) mod network;
 pub(crate) mod state_machine;

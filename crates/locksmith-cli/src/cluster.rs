@@ -1,0 +1,273 @@
+//! `locksmith cluster`: the membership of a replicated lock server.
+//!
+//! `status` asks each member for its view and prints one row per member as
+//! the leader sees it (role, term, last log index, applied index, lag);
+//! `add-learner`, `promote`, `remove` and `transfer-leader` go to the leader
+//! (a member that does not lead names it, and the command follows).
+
+use std::process::ExitCode;
+
+use clap::{Args, Subcommand};
+use locksmith_proto::raft as pb;
+use locksmith_proto::raft::cluster_client::ClusterClient;
+use tonic::transport::Channel;
+
+/// Options of `locksmith cluster`.
+#[derive(Debug, Args)]
+pub struct ClusterArgs {
+    /// The cluster's members: `locksmith://host:port[,host:port...]` (any
+    /// one that answers will do).
+    #[arg(
+        long,
+        env = "LOCKSMITH_BACKEND",
+        default_value = "locksmith://127.0.0.1:7420"
+    )]
+    server: String,
+    #[command(subcommand)]
+    command: ClusterCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum ClusterCommand {
+    /// Every member: id, address, role, term, last log and applied index, lag.
+    Status {
+        /// One JSON object: `{"leader_id", "term", "members": [{"id",
+        /// "address", "voter", "leader", "last_log_index", "applied_index",
+        /// "lag"}]}` (an index or lag the answering member does not know is
+        /// null).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Add a member that receives the log but does not vote yet; returns once
+    /// it has caught up.
+    AddLearner {
+        /// Its id (unique in the cluster, never reused).
+        id: u64,
+        /// HOST:PORT where the members and clients reach it.
+        address: String,
+    },
+    /// Make a learner a voter.
+    Promote { id: u64 },
+    /// Take a member out of the cluster.
+    Remove { id: u64 },
+    /// Hand leadership to a voter.
+    TransferLeader { id: u64 },
+}
+
+/// The members' addresses in a `locksmith://` URL.
+fn addresses(url: &str) -> Result<Vec<String>, String> {
+    let rest = url
+        .strip_prefix("locksmith://")
+        .ok_or_else(|| format!("{url:?} is not a locksmith:// URL"))?;
+    let list: Vec<String> = rest
+        .trim_end_matches('/')
+        .split(',')
+        .filter(|a| !a.is_empty())
+        .map(|a| {
+            if a.contains(':') {
+                a.to_owned()
+            } else {
+                format!("{a}:7420")
+            }
+        })
+        .collect();
+    if list.is_empty() {
+        return Err(format!("{url:?} names no member"));
+    }
+    Ok(list)
+}
+
+async fn connect(address: &str) -> Result<ClusterClient<Channel>, String> {
+    ClusterClient::connect(format!("http://{address}"))
+        .await
+        .map_err(|e| format!("cannot reach {address}: {e}"))
+}
+
+/// Runs `locksmith cluster`.
+pub async fn cluster(args: ClusterArgs) -> ExitCode {
+    let result = match addresses(&args.server) {
+        Ok(members) => match args.command {
+            ClusterCommand::Status { json } => status(&members, json).await,
+            command => change(&members, command).await,
+        },
+        Err(error) => Err(error),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("locksmith cluster: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The leader's view (or, when no member leads, the first that answers).
+async fn status(members: &[String], json: bool) -> Result<(), String> {
+    let mut views = Vec::new();
+    let mut errors = Vec::new();
+    for address in members {
+        match connect(address).await {
+            Ok(mut client) => match client.status(pb::StatusRequest {}).await {
+                Ok(reply) => views.push(reply.into_inner()),
+                Err(status) => errors.push(format!("{address}: {}", status.message())),
+            },
+            Err(error) => errors.push(error),
+        }
+    }
+    let Some(view) = views
+        .iter()
+        .find(|v| v.leader_id != 0 && v.leader_id == v.node_id)
+        .or(views.first())
+        .cloned()
+    else {
+        return Err(format!("no member answered: {}", errors.join("; ")));
+    };
+    if json {
+        println!("{}", status_json(&view));
+        return Ok(());
+    }
+    println!(
+        "{:>4}  {:<22}  {:<9}  {:>6}  {:>9}  {:>9}  {:>6}",
+        "ID", "ADDRESS", "ROLE", "TERM", "LAST LOG", "APPLIED", "LAG"
+    );
+    let show = |n: Option<u64>| n.map_or("-".to_string(), |n| n.to_string());
+    for member in &view.members {
+        let role = match (member.leader, member.voter) {
+            (true, _) => "leader",
+            (false, true) => "follower",
+            (false, false) => "learner",
+        };
+        println!(
+            "{:>4}  {:<22}  {:<9}  {:>6}  {:>9}  {:>9}  {:>6}",
+            member.id,
+            member.address,
+            role,
+            view.term,
+            show(member.last_log_index),
+            show(member.applied_index),
+            show(member.lag)
+        );
+    }
+    for error in errors {
+        eprintln!("unreachable: {error}");
+    }
+    Ok(())
+}
+
+fn status_json(view: &pb::ClusterStatus) -> serde_json::Value {
+    serde_json::json!({
+        "leader_id": (view.leader_id != 0).then_some(view.leader_id),
+        "term": view.term,
+        "members": view.members.iter().map(|m| serde_json::json!({
+            "id": m.id,
+            "address": m.address,
+            "voter": m.voter,
+            "leader": m.leader,
+            "last_log_index": m.last_log_index,
+            "applied_index": m.applied_index,
+            "lag": m.lag,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// Sends a change to the leader, following its address from a member that
+/// does not lead.
+async fn change(members: &[String], command: ClusterCommand) -> Result<(), String> {
+    let mut queue: Vec<String> = members.to_vec();
+    let mut last = String::from("no member tried");
+    let mut tries = 0;
+    while let Some(address) = queue.first().cloned() {
+        tries += 1;
+        if tries > 10 {
+            break;
+        }
+        queue.remove(0);
+        let mut client = match connect(&address).await {
+            Ok(client) => client,
+            Err(error) => {
+                last = error;
+                continue;
+            }
+        };
+        let sent = match &command {
+            ClusterCommand::AddLearner { id, address } => {
+                let request = pb::AddLearnerRequest {
+                    id: *id,
+                    address: address.clone(),
+                };
+                client.add_learner(request).await
+            }
+            ClusterCommand::Promote { id } => client.promote(pb::MemberRequest { id: *id }).await,
+            ClusterCommand::Remove { id } => client.remove(pb::MemberRequest { id: *id }).await,
+            ClusterCommand::TransferLeader { id } => {
+                client.transfer_leader(pb::MemberRequest { id: *id }).await
+            }
+            ClusterCommand::Status { .. } => unreachable!("not a change"),
+        };
+        match sent {
+            Ok(reply) => {
+                let index = reply.into_inner().log_index;
+                if index > 0 {
+                    println!("done (log entry {index})");
+                } else {
+                    println!("done");
+                }
+                return Ok(());
+            }
+            Err(status) => {
+                let leader = status
+                    .metadata()
+                    .get(locksmith_proto::LEADER_METADATA)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_owned);
+                match leader {
+                    Some(leader) => queue.insert(0, leader),
+                    None if status.code() == tonic::Code::FailedPrecondition
+                        || status.code() == tonic::Code::Unavailable =>
+                    {
+                        last = format!("{address}: {}", status.message());
+                    }
+                    None => return Err(format!("{address}: {}", status.message())),
+                }
+            }
+        }
+    }
+    Err(last)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn member_lists() {
+        assert_eq!(
+            addresses("locksmith://a:1,b,c:3").unwrap(),
+            ["a:1", "b:7420", "c:3"]
+        );
+        assert!(addresses("redis://x").is_err());
+        assert!(addresses("locksmith://").is_err());
+    }
+
+    #[test]
+    fn status_json_has_the_documented_fields() {
+        let view = pb::ClusterStatus {
+            node_id: 1,
+            leader_id: 1,
+            term: 3,
+            members: vec![pb::MemberStatus {
+                id: 1,
+                address: "a:1".into(),
+                voter: true,
+                leader: true,
+                last_log_index: Some(9),
+                applied_index: Some(9),
+                lag: Some(0),
+            }],
+        };
+        let json = status_json(&view);
+        assert_eq!(json["leader_id"], 1);
+        assert_eq!(json["members"][0]["lag"], 0);
+        assert_eq!(json["members"][0]["address"], "a:1");
+    }
+}

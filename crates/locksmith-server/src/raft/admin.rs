@@ -1,0 +1,268 @@
+//! The cluster's membership, administered over gRPC (`locksmith.raft.v1.Cluster`,
+//! served on every member's port; `locksmith cluster` is its client).
+//!
+//! A new member joins as a **learner**: it receives the log (or a snapshot,
+//! when the log it needs was purged) but does not vote, so a cluster never
+//! waits for a member that is still catching up. Once it has caught up, it is
+//! **promoted** to voter. `add-learner` returns once the learner has caught
+//! up. Changes are made by the leader; another member refuses them with
+//! FAILED_PRECONDITION and names the leader in the `locksmith-leader`
+//! metadata, like the lock service does.
+
+use std::collections::BTreeSet;
+
+use locksmith_proto::raft as pb;
+use openraft::async_runtime::WatchReceiver;
+use openraft::errors::{ClientWriteError, RaftError};
+use openraft::{BasicNode, ChangeMembers, ServerState};
+use tonic::{Request, Response, Status};
+
+use openraft::raft::ClientWriteResponse;
+
+use super::{Raft, TypeConfig};
+
+/// The `Cluster` service of one member.
+pub(crate) struct ClusterService {
+    raft: Raft,
+}
+
+impl ClusterService {
+    pub(crate) fn new(raft: Raft) -> ClusterService {
+        ClusterService { raft }
+    }
+
+    /// Refuses a change on a member that does not lead, naming the leader.
+    fn leading(&self) -> Result<(), Status> {
+        if self.raft.is_leader() {
+            return Ok(());
+        }
+        let metrics = self.raft.metrics().borrow_watched().clone();
+        let leader = metrics.current_leader.and_then(|id| {
+            metrics
+                .membership_config
+                .membership()
+                .get_node(&id)
+                .map(|node| node.addr.clone())
+        });
+        let mut status = Status::failed_precondition(match &leader {
+            Some(addr) => format!("not the leader: membership changes go to {addr}"),
+            None => "no leader yet: try again once one is elected".into(),
+        });
+        if let Some(value) = leader.and_then(|addr| addr.parse().ok()) {
+            status
+                .metadata_mut()
+                .insert(locksmith_proto::LEADER_METADATA, value);
+        }
+        Err(status)
+    }
+
+    fn voters(&self) -> BTreeSet<u64> {
+        let metrics = self.raft.metrics().borrow_watched().clone();
+        metrics.membership_config.membership().voter_ids().collect()
+    }
+
+    fn is_member(&self, id: u64) -> bool {
+        let metrics = self.raft.metrics().borrow_watched().clone();
+        metrics
+            .membership_config
+            .membership()
+            .get_node(&id)
+            .is_some()
+    }
+}
+
+/// A change's outcome as the reply says it.
+fn changed(
+    result: Result<
+        ClientWriteResponse<TypeConfig>,
+        RaftError<TypeConfig, ClientWriteError<TypeConfig>>,
+    >,
+) -> Result<Response<pb::ChangeResponse>, Status> {
+    match result {
+        Ok(written) => Ok(Response::new(pb::ChangeResponse {
+            log_index: written.log_id.index,
+        })),
+        Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => Err(
+            Status::failed_precondition("no longer the leader: try the change again"),
+        ),
+        Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(error))) => {
+            Err(Status::failed_precondition(error.to_string()))
+        }
+        Err(error) => Err(Status::unavailable(error.to_string())),
+    }
+}
+
+#[tonic::async_trait]
+impl pb::cluster_server::Cluster for ClusterService {
+    async fn status(
+        &self,
+        _: Request<pb::StatusRequest>,
+    ) -> Result<Response<pb::ClusterStatus>, Status> {
+        let m = self.raft.metrics().borrow_watched().clone();
+        let membership = m.membership_config.membership();
+        let voters: BTreeSet<u64> = membership.voter_ids().collect();
+        let leading = m.state == ServerState::Leader;
+        let last_log = m.last_log_index;
+        let members = membership
+            .nodes()
+            .map(|(&id, node)| {
+                let (matched, lag) = if id == m.id {
+                    (last_log, leading.then_some(0))
+                } else {
+                    let matched = m
+                        .replication
+                        .as_ref()
+                        .and_then(|r| r.get(&id).cloned().flatten())
+                        .map(|log_id| log_id.index);
+                    let lag = m
+                        .replication
+                        .as_ref()
+                        .map(|_| last_log.unwrap_or(0).saturating_sub(matched.unwrap_or(0)));
+                    (matched, lag)
+                };
+                pb::MemberStatus {
+                    id,
+                    address: node.addr.clone(),
+                    voter: voters.contains(&id),
+                    leader: m.current_leader == Some(id),
+                    last_log_index: matched,
+                    applied_index: (id == m.id)
+                        .then(|| m.last_applied.map(|l| l.index))
+                        .flatten(),
+                    lag,
+                }
+            })
+            .collect();
+        Ok(Response::new(pb::ClusterStatus {
+            node_id: m.id,
+            leader_id: m.current_leader.unwrap_or(0),
+            term: m.current_term,
+            members,
+        }))
+    }
+
+    async fn add_learner(
+        &self,
+        request: Request<pb::AddLearnerRequest>,
+    ) -> Result<Response<pb::ChangeResponse>, Status> {
+        let pb::AddLearnerRequest { id, address } = request.into_inner();
+        if id == 0 {
+            return Err(Status::invalid_argument("a member id is a number above 0"));
+        }
+        let port_ok = address
+            .rsplit_once(':')
+            .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+        if !port_ok {
+            return Err(Status::invalid_argument(format!(
+                "{address:?} is not HOST:PORT"
+            )));
+        }
+        self.leading()?;
+        if self.is_member(id) {
+            return Err(Status::already_exists(format!(
+                "member {id} is in the cluster already"
+            )));
+        }
+        tracing::info!(id, %address, "adding a learner");
+        changed(
+            self.raft
+                .add_learner(id, BasicNode::new(address), true)
+                .await,
+        )
+    }
+
+    async fn promote(
+        &self,
+        request: Request<pb::MemberRequest>,
+    ) -> Result<Response<pb::ChangeResponse>, Status> {
+        let id = request.into_inner().id;
+        self.leading()?;
+        if !self.is_member(id) {
+            return Err(Status::not_found(format!("no member {id}")));
+        }
+        if self.voters().contains(&id) {
+            return Err(Status::already_exists(format!(
+                "member {id} is a voter already"
+            )));
+        }
+        tracing::info!(id, "promoting a learner to voter");
+        let change = ChangeMembers::AddVoterIds(BTreeSet::from([id]));
+        changed(self.raft.change_membership(change, false).await)
+    }
+
+    async fn remove(
+        &self,
+        request: Request<pb::MemberRequest>,
+    ) -> Result<Response<pb::ChangeResponse>, Status> {
+        let id = request.into_inner().id;
+        self.leading()?;
+        if !self.is_member(id) {
+            return Err(Status::not_found(format!("no member {id}")));
+        }
+        let voters = self.voters();
+        if voters.contains(&id) {
+            if voters.len() == 1 {
+                return Err(Status::failed_precondition(format!(
+                    "member {id} is the last voter: a cluster needs one"
+                )));
+            }
+            tracing::info!(id, "removing a voter");
+            let change = ChangeMembers::RemoveVoters(BTreeSet::from([id]));
+            changed(self.raft.change_membership(change, false).await)
+        } else {
+            tracing::info!(id, "removing a learner");
+            let change = ChangeMembers::RemoveNodes(BTreeSet::from([id]));
+            changed(self.raft.change_membership(change, false).await)
+        }
+    }
+
+    async fn transfer_leader(
+        &self,
+        request: Request<pb::MemberRequest>,
+    ) -> Result<Response<pb::ChangeResponse>, Status> {
+        let id = request.into_inner().id;
+        self.leading()?;
+        if !self.voters().contains(&id) {
+            return Err(Status::not_found(format!("no voter {id}")));
+        }
+        tracing::info!(to = id, "handing leadership over");
+        self.raft
+            .trigger()
+            .transfer_leader(id)
+            .await
+            .map_err(|e| Status::unavailable(e.to_string()))?;
+        Ok(Response::new(pb::ChangeResponse { log_index: 0 }))
+    }
+}
+
+/// Joins this member (not initialized: a new data directory) to the cluster
+/// a member of which listens at `through`: asks the leader (following the
+/// `locksmith-leader` hint) to add it as a learner. Returns once it is added.
+pub(crate) async fn join(through: &str, id: u64, address: &str) -> Result<(), String> {
+    let mut target = through.to_owned();
+    for _ in 0..10 {
+        let mut client = pb::cluster_client::ClusterClient::connect(format!("http://{target}"))
+            .await
+            .map_err(|e| format!("cannot reach {target}: {e}"))?;
+        let request = pb::AddLearnerRequest {
+            id,
+            address: address.to_owned(),
+        };
+        match client.add_learner(request).await {
+            Ok(_) => return Ok(()),
+            Err(status) if status.code() == tonic::Code::AlreadyExists => return Ok(()),
+            Err(status) => match status
+                .metadata()
+                .get(locksmith_proto::LEADER_METADATA)
+                .and_then(|v| v.to_str().ok())
+            {
+                Some(leader) => target = leader.to_owned(),
+                None if status.code() == tonic::Code::FailedPrecondition => {
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                }
+                None => return Err(format!("{target} refused to add this member: {status}")),
+            },
+        }
+    }
+    Err(format!("could not reach the leader through {through}"))
+}
