@@ -1,0 +1,72 @@
+//! The conformance suite, unchanged, against a cluster of three `locksmith
+//! serve` processes (durable, each with its own data directory), shared by
+//! every test of this binary: clients list all three members and follow the
+//! leader; each test uses its own lock names.
+
+#[path = "../../locksmith/tests/conformance/mod.rs"]
+mod conformance;
+mod server_support;
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use locksmith::{Client, ConnectOptions};
+use locksmith_testkit::free_port;
+use server_support::ServerProcess;
+
+struct Harness {
+    url: String,
+}
+
+impl conformance::Harness for Harness {
+    async fn connect(&self, session_ttl: Duration) -> Client {
+        let options = ConnectOptions {
+            session_ttl,
+            ..ConnectOptions::default()
+        };
+        Client::connect_with(&self.url, options)
+            .await
+            .unwrap_or_else(|e| panic!("connect to {}: {e}", self.url))
+    }
+
+    fn short_ttl(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+}
+
+/// One cluster for the whole test binary.
+async fn cluster() -> Harness {
+    static CLUSTER: OnceLock<Vec<ServerProcess>> = OnceLock::new();
+    let members = CLUSTER.get_or_init(|| {
+        let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let list = ports
+            .iter()
+            .enumerate()
+            .map(|(i, port)| format!("{}=127.0.0.1:{port}", i + 1))
+            .collect::<Vec<_>>()
+            .join(",");
+        ports
+            .iter()
+            .enumerate()
+            .map(|(i, &port)| {
+                let id = (i + 1).to_string();
+                ServerProcess::start_on(port, &["--node-id", &id, "--cluster", &list])
+            })
+            .collect()
+    });
+    for member in members {
+        member.assert_running();
+    }
+    let addresses: Vec<String> = members
+        .iter()
+        .map(|m| format!("127.0.0.1:{}", m.port()))
+        .collect();
+    Harness {
+        url: format!("locksmith://{}", addresses.join(",")),
+    }
+}
+
+conformance::suite!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    cluster()
+);
