@@ -193,7 +193,7 @@ impl Rounds {
         if self.left_in_round == 0 {
             let pause = self.pause.min(self.deadline - tokio::time::Instant::now());
             tokio::time::sleep(pause).await;
-            self.pause = (self.pause * 2).min(Duration::from_millis(500));
+            self.pause = (self.pause * 2).min(Duration::from_millis(100));
             self.left_in_round = members.len();
         }
         true
