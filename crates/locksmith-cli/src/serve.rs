@@ -121,6 +121,10 @@ pub struct ServeArgs {
         conflicts_with = "cluster"
     )]
     pub join: Option<String>,
+    /// Promote a learner to voter as soon as its log is within N entries of
+    /// the leader's (set it on every member: whichever leads does it).
+    #[arg(long, value_name = "N")]
+    pub auto_promote_lag: Option<u64>,
     /// How often the leader sends heartbeats to the other members, e.g. `50ms`.
     #[arg(long, value_parser = parse_duration, default_value = "50ms")]
     pub raft_heartbeat: Duration,
@@ -197,6 +201,7 @@ impl ServeArgs {
         config.history_max_age = self.history_max_age;
         config.node_id = self.node_id;
         config.join = self.join.clone();
+        config.auto_promote_lag = self.auto_promote_lag;
         config.raft_heartbeat = self.raft_heartbeat;
         config.election_timeout = self.election_timeout;
         if let Some(Members(members)) = &self.cluster {

@@ -471,3 +471,27 @@ async fn a_new_member_joins_as_a_learner_is_promoted_and_an_old_voter_leaves() {
     drop(held);
     drop(client);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_auto_promote_lag_a_learner_that_caught_up_becomes_a_voter() {
+    let cluster = Cluster::start_with(&["--auto-promote-lag", "10"]);
+    let url = cluster.url();
+    let client = cluster.client(Duration::from_secs(10)).await;
+    let guard = client
+        .lock(unique("cluster-auto-promote").as_str())
+        .acquire()
+        .await
+        .expect("acquire");
+    let through = format!("127.0.0.1:{}", cluster.members[0].port());
+    let _joiner = ServerProcess::start_on(free_port(), &["--node-id", "4", "--join", &through]);
+    eventually(Duration::from_secs(20), "member 4 promoted", || {
+        let url = url.clone();
+        async move {
+            members(&url)
+                .iter()
+                .any(|m| m["id"] == 4 && m["voter"] == true)
+        }
+    })
+    .await;
+    guard.release().await.unwrap();
+}

@@ -95,6 +95,9 @@ pub struct ServerConfig {
     /// learner, instead of starting a new one. Only read when the data
     /// directory is new.
     pub join: Option<String>,
+    /// The leader promotes a learner to voter once its log is within this
+    /// many entries of the leader's; `None` leaves promotion to an operator.
+    pub auto_promote_lag: Option<u64>,
     /// How often the leader sends heartbeats to the other members.
     pub raft_heartbeat: Duration,
     /// A member that hears no leader for this long (up to twice as long,
@@ -140,6 +143,7 @@ impl ServerConfig {
             node_id: 1,
             cluster: Vec::new(),
             join: None,
+            auto_promote_lag: None,
             raft_heartbeat: Duration::from_millis(50),
             election_timeout: Duration::from_millis(300),
         }

@@ -244,6 +244,9 @@ impl Server {
             proposed,
         )
         .await?;
+        if let Some(lag) = config.auto_promote_lag {
+            raft::admin::spawn_auto_promote(raft.clone(), lag);
+        }
         if config.cluster.len() <= 1 && config.join.is_none() {
             // A group of one elects itself at once: serve when it has.
             let _ = serving_rx.wait_for(|serving| *serving).await;

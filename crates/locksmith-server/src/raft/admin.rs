@@ -266,3 +266,43 @@ pub(crate) async fn join(through: &str, id: u64, address: &str) -> Result<(), St
     }
     Err(format!("could not reach the leader through {through}"))
 }
+
+/// While this member leads, promotes every learner whose log is within `lag`
+/// entries of the leader's (`--auto-promote-lag`): a member that joins
+/// becomes a voter once it has caught up, without an operator.
+pub(crate) fn spawn_auto_promote(raft: Raft, lag: u64) {
+    tokio::spawn(async move {
+        let mut metrics = raft.metrics();
+        loop {
+            let ready: Vec<u64> = {
+                let m = metrics.borrow_watched();
+                let membership = m.membership_config.membership();
+                let last = m.last_log_index.unwrap_or(0);
+                match (&m.replication, m.state == ServerState::Leader) {
+                    (Some(replication), true) => membership
+                        .learner_ids()
+                        .filter(|id| {
+                            let matched = replication
+                                .get(id)
+                                .cloned()
+                                .flatten()
+                                .map_or(0, |log_id| log_id.index);
+                            last.saturating_sub(matched) <= lag
+                        })
+                        .collect(),
+                    _ => Vec::new(),
+                }
+            };
+            if !ready.is_empty() {
+                tracing::info!(?ready, lag, "promoting learners that caught up");
+                let change = ChangeMembers::AddVoterIds(ready.into_iter().collect());
+                if let Err(error) = raft.change_membership(change, false).await {
+                    tracing::warn!(%error, "could not promote");
+                }
+            }
+            if metrics.changed().await.is_err() {
+                return;
+            }
+        }
+    });
+}
