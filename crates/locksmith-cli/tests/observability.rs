@@ -96,6 +96,28 @@ async fn metrics_follow_a_workload() {
     let scraped = scrape(http).await;
     assert_eq!(value(&scraped, "locksmith_grants_total", &[]), 1.0);
     assert_eq!(value(&scraped, "locksmith_holds", &[]), 1.0);
+    // A server alone is the leader of its group, and the grant's entry is
+    // committed and applied.
+    assert_eq!(
+        value(&scraped, "locksmith_raft_role", &[("role", "leader")]),
+        1.0
+    );
+    assert_eq!(
+        value(&scraped, "locksmith_raft_role", &[("role", "follower")]),
+        0.0
+    );
+    assert!(value(&scraped, "locksmith_raft_term", &[]) >= 1.0);
+    let applied = value(&scraped, "locksmith_raft_applied_index", &[]);
+    assert!(applied >= 1.0, "{applied}");
+    assert!(value(&scraped, "locksmith_raft_commit_index", &[]) >= applied);
+    assert_eq!(
+        value(
+            &scraped,
+            "locksmith_raft_replication_lag",
+            &[("member", "1")]
+        ),
+        0.0
+    );
     assert_eq!(value(&scraped, "locksmith_sessions", &[]), 1.0);
     assert_eq!(
         value(&scraped, "locksmith_fencing_token_high_water", &[]),

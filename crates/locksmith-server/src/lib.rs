@@ -219,7 +219,7 @@ impl Server {
         if let Some(floor) = token_floor {
             core.raise_token_floor(floor);
         }
-        core.count_in(metrics);
+        core.count_in(metrics.clone());
         let unary_ids = core.unary_ids();
         let stats = core.stats();
         let (exit_tx, exit_rx) = oneshot::channel();
@@ -244,6 +244,7 @@ impl Server {
             proposed,
         )
         .await?;
+        metrics.follow_raft(raft.clone());
         if let Some(lag) = config.auto_promote_lag {
             raft::admin::spawn_auto_promote(raft.clone(), lag);
         }

@@ -16,6 +16,7 @@
 //! `Family` labelled by member id), set by the Raft driver, not by the core.
 
 use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 use std::time::Duration;
 
 use locksmith_core::{Effect, LostReason};
@@ -40,7 +41,24 @@ pub(crate) struct Metrics {
     pub(crate) activity: ActivityMetrics,
     /// The core loop: batches, commits, request latency.
     pub(crate) core: CoreMetrics,
+    /// This member's place in its Raft group.
+    raft: RaftGauges,
 }
+
+/// Gauges of the member's Raft state, from openraft's metrics.
+struct RaftGauges {
+    /// `raft_role{role}`: 1 for the member's role now, 0 for the others.
+    role: Family<Label, Gauge>,
+    term: Gauge<u64, AtomicU64>,
+    last_log_index: Gauge<u64, AtomicU64>,
+    commit_index: Gauge<u64, AtomicU64>,
+    applied_index: Gauge<u64, AtomicU64>,
+    /// `raft_replication_lag{member}` on the leader: entries each member is
+    /// behind the leader's log.
+    lag: Family<Vec<(String, String)>, Gauge<u64, AtomicU64>>,
+}
+
+const RAFT_ROLES: [&str; 4] = ["leader", "follower", "candidate", "learner"];
 
 /// Gauges of the lock table, set after every batch.
 pub(crate) struct TableMetrics {
@@ -387,11 +405,99 @@ impl Metrics {
             requests_family,
         );
 
+        let raft = RaftGauges {
+            role: Family::default(),
+            term: Gauge::default(),
+            last_log_index: Gauge::default(),
+            commit_index: Gauge::default(),
+            applied_index: Gauge::default(),
+            lag: Family::default(),
+        };
+        registry.register(
+            "raft_role",
+            "This member's Raft role now (1 for its role)",
+            raft.role.clone(),
+        );
+        registry.register("raft_term", "This member's Raft term", raft.term.clone());
+        registry.register(
+            "raft_last_log_index",
+            "The index of this member's last log entry",
+            raft.last_log_index.clone(),
+        );
+        registry.register(
+            "raft_commit_index",
+            "The index of the last entry this member knows is committed",
+            raft.commit_index.clone(),
+        );
+        registry.register(
+            "raft_applied_index",
+            "The index of the last entry this member applied",
+            raft.applied_index.clone(),
+        );
+        registry.register(
+            "raft_replication_lag",
+            "On the leader: entries each member's log is behind the leader's",
+            raft.lag.clone(),
+        );
+
         Metrics {
             registry,
             table,
             activity,
             core,
+            raft,
+        }
+    }
+
+    /// Keeps the Raft gauges up to date with `raft`'s metrics, in a task that
+    /// ends with the member.
+    pub(crate) fn follow_raft(self: &Arc<Self>, raft: crate::raft::Raft) {
+        use openraft::async_runtime::WatchReceiver;
+        let metrics = self.clone();
+        tokio::spawn(async move {
+            let mut watch = raft.metrics();
+            loop {
+                metrics.raft_now(&watch.borrow_watched());
+                if watch.changed().await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+
+    fn raft_now(&self, m: &openraft::RaftMetrics<crate::raft::TypeConfig>) {
+        let raft = &self.raft;
+        let learner = !m
+            .membership_config
+            .membership()
+            .voter_ids()
+            .any(|id| id == m.id);
+        let role = match m.state {
+            openraft::ServerState::Leader => "leader",
+            openraft::ServerState::Candidate => "candidate",
+            _ if learner => "learner",
+            _ => "follower",
+        };
+        for name in RAFT_ROLES {
+            raft.role
+                .get_or_create(&[("role", name)])
+                .set(i64::from(name == role));
+        }
+        raft.term.set(m.current_term);
+        raft.last_log_index.set(m.last_log_index.unwrap_or(0));
+        raft.commit_index
+            .set(m.cluster_committed.map_or(0, |c| c.index));
+        raft.applied_index
+            .set(m.last_applied.map_or(0, |a| a.index));
+        raft.lag.clear();
+        if let Some(replication) = &m.replication {
+            let last = m.last_log_index.unwrap_or(0);
+            for (id, matched) in replication {
+                let matched = matched.map_or(0, |l| l.index);
+                raft.lag
+                    .get_or_create(&vec![("member".to_string(), id.to_string())])
+                    .set(last.saturating_sub(matched));
+            }
         }
     }
 
