@@ -241,13 +241,49 @@ fn not_enabled(scheme: &str, feature: &'static str) -> Error {
     }
 }
 
-/// The URL without its password, for messages.
-pub(crate) fn redact(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut parsed) if parsed.password().is_some() => {
-            let _ = parsed.set_password(Some("***"));
-            parsed.to_string()
-        }
-        _ => url.to_owned(),
+/// The URL with every password replaced by `***`, for messages and reports:
+/// each member of a multi-host URL is redacted too.
+pub fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    // Each member of a multi-host URL (`redis+sentinel://`, `redis+redlock://`,
+    // `locksmith://a,b,c`) may carry its own user and password.
+    let members: Vec<String> = authority
+        .split(',')
+        .map(|member| match member.rsplit_once('@') {
+            Some((userinfo, host)) => match userinfo.split_once(':') {
+                Some((user, _)) => format!("{user}:***@{host}"),
+                None => member.to_owned(),
+            },
+            None => member.to_owned(),
+        })
+        .collect();
+    format!("{scheme}://{}{tail}", members.join(","))
+}
+
+#[cfg(test)]
+mod redact_tests {
+    use super::redact;
+
+    #[test]
+    fn every_password_is_redacted_in_single_and_multi_host_urls() {
+        assert_eq!(
+            redact("postgres://u:secret@h:5432/db"),
+            "postgres://u:***@h:5432/db"
+        );
+        assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(redact("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+        assert_eq!(
+            redact("redis+sentinel://:pw@s1:26379,s2:26379/mymaster"),
+            "redis+sentinel://:***@s1:26379,s2:26379/mymaster"
+        );
+        assert_eq!(
+            redact("redis+redlock://a:one@h1:1,b:two@h2:2,h3:3?x=y"),
+            "redis+redlock://a:***@h1:1,b:***@h2:2,h3:3?x=y"
+        );
+        assert_eq!(redact("no url"), "no url");
     }
 }

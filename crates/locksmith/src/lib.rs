@@ -76,7 +76,7 @@ pub mod server;
 pub mod zookeeper;
 
 pub use backend::{Capabilities, GrantRecord, HoldEnd, Holder, LockInfo, LostSignal, Waiter};
-pub use client::{Client, ConnectOptions};
+pub use client::{redact, Client, ConnectOptions};
 pub use election::{Election, Leader};
 pub use error::{Error, Result};
 pub use guard::Guard;
