@@ -44,6 +44,7 @@
 //! | [`ZooKeeper`] | `java` + `/usr/share/java/zookeeper.jar` (`zookeeper`)     |
 //! | [`Etcd`]      | `etcd` (`etcd-server`), `etcdctl` (`etcd-client`)          |
 //! | [`Postgres`]  | `postgres`, `initdb` (`postgresql`), `psql` (`postgresql-client`) |
+//! | [`netns::Network`] | `ip` (`iproute2`), as root: hosts in network namespaces |
 //!
 //! Replicated setups start several of these as one and wait until it is
 //! healthy: [`RedisSentinel`] (a primary, replicas and Sentinels),
