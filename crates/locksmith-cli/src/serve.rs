@@ -62,6 +62,10 @@ pub struct ServeArgs {
     /// Largest message a client may send, in bytes.
     #[arg(long, default_value_t = 1 << 20)]
     pub max_message_bytes: usize,
+    /// Most bytes of replies a session stream holds for a client that does
+    /// not read them; past it the stream is closed (the session may resume).
+    #[arg(long, default_value_t = 16 << 20)]
+    pub max_stream_backlog_bytes: usize,
     /// Most client connections open at once; more are closed when accepted.
     /// Keep it below the open-file limit (`ulimit -n`).
     #[arg(long, default_value_t = 10_000)]
@@ -190,6 +194,7 @@ impl ServeArgs {
         config.max_sessions_per_connection = self.max_sessions_per_connection;
         config.max_streams_per_connection = self.max_streams_per_connection;
         config.max_message_bytes = self.max_message_bytes;
+        config.max_stream_backlog_bytes = self.max_stream_backlog_bytes;
         config.snapshot_every = self.snapshot_every;
         config.max_connections = self.max_connections;
         config.handshake_timeout = self.handshake_timeout;

@@ -393,3 +393,86 @@ async fn a_reused_request_id_is_a_protocol_error_and_a_retry_is_not() {
         pb::reply::Result::Granted(_)
     ));
 }
+
+/// A sessionless acquire of `name` for `owner` that waits up to a minute and
+/// holds for a minute.
+fn lease_request(name: &str, owner: &str) -> pb::AcquireLeaseRequest {
+    pb::AcquireLeaseRequest {
+        acquire: Some(pb::Acquire {
+            names: vec![name.into()],
+            owner: owner.into(),
+            wait: pb::WaitKind::For as i32,
+            wait_ms: 60_000,
+            lease_ms: Some(60_000),
+            ..Default::default()
+        }),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_unary_acquire_whose_caller_gives_up_leaves_no_hold() {
+    let port = server().port();
+    let mut holder = RawSession::open(port, 30_000).await;
+    let mut caller = grpc(port).await;
+    let deadline = std::time::Duration::from_millis(50);
+    let mut names = Vec::new();
+    // The holder lets go around the moment the caller gives up: before it,
+    // at it and after it, so that the grant races the caller's departure
+    // from every side (the outcome must not depend on which side wins).
+    for (attempt, offset_ms) in (0u64..).zip((0..=30).step_by(3)) {
+        let name = server_support::unique("lease-gives-up");
+        let owner = format!("gives-up-{attempt}");
+        let id = 2 * attempt + 1;
+        holder.request(id, acquire_op(&name));
+        assert!(matches!(
+            holder.reply(id).await,
+            pb::reply::Result::Granted(_)
+        ));
+        let call = {
+            let mut caller = caller.clone();
+            let request = lease_request(&name, &owner);
+            tokio::spawn(async move {
+                tokio::time::timeout(deadline, caller.acquire_lease(request)).await
+            })
+        };
+        tokio::time::sleep(deadline - std::time::Duration::from_millis(15)).await;
+        tokio::time::sleep(std::time::Duration::from_millis(offset_ms)).await;
+        holder.request(id + 1, release(&name));
+        assert!(matches!(
+            holder.reply(id + 1).await,
+            pb::reply::Result::Done(_)
+        ));
+        let answered = call.await.unwrap().is_ok();
+
+        // What the caller does after giving up, as the API documents it:
+        // release by name and owner, without a token.
+        let undo = caller
+            .release(pb::ReleaseRequest {
+                release: Some(pb::Release {
+                    name: name.clone(),
+                    owner: owner.clone(),
+                    token: None,
+                }),
+            })
+            .await;
+        if let Err(status) = &undo {
+            assert_eq!(status.code(), Code::NotFound, "{status:?}");
+        }
+        // Nothing of the abandoned call outlives that release (its lease
+        // would keep a hold for a minute).
+        server_support::eventually(
+            std::time::Duration::from_secs(5),
+            &format!("no hold left (attempt {attempt}, answered: {answered})"),
+            || async { holders(port, &name).await.is_empty() },
+        )
+        .await;
+        names.push(name);
+    }
+    // Nor later: no grant came back after its release.
+    for name in names {
+        assert!(
+            holders(port, &name).await.is_empty(),
+            "{name} is held again"
+        );
+    }
+}

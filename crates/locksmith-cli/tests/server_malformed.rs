@@ -408,6 +408,7 @@ async fn oversized_messages_are_refused() {
     let listed = grpc
         .list(pb::ListRequest {
             prefix: "nothing-here/".into(),
+            ..Default::default()
         })
         .await;
     assert!(listed.is_ok(), "{listed:?}");

@@ -25,7 +25,11 @@
 //!   session, measured with a counting global allocator (live bytes requested
 //!   from the allocator, so malloc's own per-block overhead is not included),
 //!   plus the time to insert them (from a run without counting) and to close the
-//!   session holding them.
+//!   session holding them;
+//! * on that table, the time of what inspection and snapshots ask of the
+//!   engine thread: `snapshot()` (the frozen copy a snapshot is encoded from,
+//!   off the engine thread), `list("")` of everything, and one page of
+//!   `list_page` (the server's `List` answers in pages of at most 10,000).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
@@ -481,4 +485,37 @@ fn main() {
         println!("  {queued:>7} queued: {rate:.0} pairs/s");
     }
     memory_per_held_lock(if quick { 10_000 } else { 1_000_000 });
+    inspection_of_a_big_table(if quick { 10_000 } else { 1_000_000 });
+}
+
+/// The engine-thread cost of a snapshot's copy and of listings, on a table of
+/// `count` held locks (best of 3 runs each), printed to stdout.
+fn inspection_of_a_big_table(count: usize) {
+    let Filled { engine, .. } = fill(count, false);
+    let best = |run: &dyn Fn() -> usize| {
+        (0..3)
+            .map(|_| {
+                let start = Instant::now();
+                black_box(run());
+                start.elapsed()
+            })
+            .min()
+            .expect("three runs")
+    };
+    let middle = name(count / 2);
+    println!("engine-thread time on a table of {count} held locks (best of 3):");
+    for (label, took) in [
+        ("snapshot() copy", best(&|| engine.snapshot().locks.len())),
+        ("list(\"\") of every lock", best(&|| engine.list("").len())),
+        (
+            "list_page(\"\", first 10,000)",
+            best(&|| engine.list_page("", "", 10_000).locks.len()),
+        ),
+        (
+            "list_page(\"\", 10,000 from the middle)",
+            best(&|| engine.list_page("", &middle, 10_000).locks.len()),
+        ),
+    ] {
+        println!("  {label}: {:.1} ms", took.as_secs_f64() * 1e3);
+    }
 }

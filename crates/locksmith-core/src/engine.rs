@@ -1,6 +1,6 @@
 //! The lock table: one deterministic state machine.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeSet, BinaryHeap, VecDeque};
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
@@ -8,7 +8,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::command::{Acquire, Command, Effect};
 use crate::error::EngineError;
-use crate::inspect::{HolderInfo, LockInfo, SessionInfo, WaiterInfo};
+use crate::inspect::{HolderInfo, ListPage, LockInfo, SessionInfo, WaiterInfo};
 use crate::name::validate_name;
 use crate::snapshot::{HoldSnapshot, LockSnapshot, SessionSnapshot, Snapshot, WaiterSnapshot};
 use crate::types::{ClientInfo, Limits, LostReason, Millis, Mode, RequestId, SessionId, Wait};
@@ -1187,14 +1187,40 @@ impl Engine {
 
     /// Every held or awaited lock whose name starts with `prefix`, sorted by name.
     pub fn list(&self, prefix: &str) -> Vec<LockInfo> {
-        let mut ids: Vec<(&Arc<str>, LockId)> = self
+        self.list_page(prefix, "", usize::MAX).locks
+    }
+
+    /// One page of [`Engine::list`]: the first `limit` locks, by name, whose
+    /// names start with `prefix` and come after `after` (`""`: from the start).
+    ///
+    /// It walks the name table once and keeps only the page (a bounded heap),
+    /// so a page costs time linear in the table but memory and copying only
+    /// for the page: a caller that serves huge tables in pages keeps every
+    /// page short.
+    pub fn list_page(&self, prefix: &str, after: &str, limit: usize) -> ListPage {
+        let mut page: BinaryHeap<(&Arc<str>, LockId)> = BinaryHeap::new();
+        let mut more = false;
+        let matching = self
             .names
             .iter()
-            .filter(|(name, _)| name.starts_with(prefix))
-            .map(|(n, &id)| (n, id))
+            .filter(|(name, _)| name.starts_with(prefix) && &***name > after);
+        for (name, &id) in matching {
+            if page.len() < limit {
+                page.push((name, id));
+            } else if page.peek().is_some_and(|(last, _)| name < *last) {
+                page.pop();
+                page.push((name, id));
+                more = true;
+            } else {
+                more = true;
+            }
+        }
+        let locks = page
+            .into_sorted_vec()
+            .into_iter()
+            .map(|(_, id)| self.lock_info(id))
             .collect();
-        ids.sort_unstable();
-        ids.into_iter().map(|(_, id)| self.lock_info(id)).collect()
+        ListPage { locks, more }
     }
 
     /// Every open session, sorted by id.
@@ -1217,6 +1243,11 @@ impl Engine {
     /// Whether the session is open.
     pub fn has_session(&self, session: SessionId) -> bool {
         self.sessions.contains_key(&session)
+    }
+
+    /// When the session expires unless heartbeated, if it is open.
+    pub fn session_expires_at(&self, session: SessionId) -> Option<Millis> {
+        self.sessions.get(&session).map(|s| s.expires_at)
     }
 
     fn lock_info(&self, id: LockId) -> LockInfo {

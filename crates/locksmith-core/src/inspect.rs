@@ -5,6 +5,15 @@ use serde::{Deserialize, Serialize};
 
 use crate::types::{ClientInfo, Millis, Mode, RequestId, SessionId};
 
+/// One page of a listing ([`crate::Engine::list_page`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListPage {
+    /// The locks of the page, sorted by name.
+    pub locks: Vec<LockInfo>,
+    /// Whether more locks match after the page's last one.
+    pub more: bool,
+}
+
 /// One lock as seen from outside.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(Serialize, Deserialize))]

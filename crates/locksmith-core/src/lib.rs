@@ -47,7 +47,7 @@ mod types;
 pub use command::{Acquire, Command, Effect};
 pub use engine::Engine;
 pub use error::{EngineError, NameError};
-pub use inspect::{HolderInfo, LockInfo, SessionInfo, WaiterInfo};
+pub use inspect::{HolderInfo, ListPage, LockInfo, SessionInfo, WaiterInfo};
 pub use name::{validate_name, MAX_NAME_LEN};
 pub use snapshot::{HoldSnapshot, LockSnapshot, SessionSnapshot, Snapshot, WaiterSnapshot};
 pub use types::{ClientInfo, Limits, LostReason, Millis, Mode, RequestId, SessionId, Wait};

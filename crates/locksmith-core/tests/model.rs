@@ -1047,6 +1047,26 @@ proptest! {
         };
         let (log, list, sessions, last) = run();
         let (log2, list2, sessions2, last2) = run();
+
+        // Listing in pages of any size gives the same locks, in order.
+        let mut driver = Driver::new(false);
+        for op in &ops {
+            driver.run(op);
+        }
+        for limit in 1..4 {
+            let mut paged = Vec::new();
+            let mut after = String::new();
+            loop {
+                let page = driver.engine.list_page("", &after, limit);
+                prop_assert!(page.locks.len() <= limit);
+                paged.extend(page.locks);
+                if !page.more {
+                    break;
+                }
+                after = paged.last().expect("a page before more").name.clone();
+            }
+            prop_assert_eq!(&paged, &list);
+        }
         prop_assert_eq!(&log, &log2);
         prop_assert_eq!(&list, &list2);
         prop_assert_eq!(sessions, sessions2);

@@ -49,6 +49,13 @@ pub struct ServerConfig {
     /// Final replies a session keeps for its client before it acknowledges them;
     /// beyond this the oldest are forgotten.
     pub max_unacked_replies: usize,
+    /// Most bytes of replies and notices a session stream may hold for a
+    /// client that does not read them; past it the stream is closed with
+    /// `RESOURCE_EXHAUSTED` (the session lives on and may resume).
+    pub max_stream_backlog_bytes: usize,
+    /// Most locks in one page of a listing (`List`): a page is built on the
+    /// core thread, so this bounds how long one listing call can hold it up.
+    pub max_list_page: usize,
     /// How long a new stream may take to send its `open`/`resume`.
     pub open_timeout: Duration,
     /// Take a snapshot (and let the Raft log before it go) after this many
@@ -129,6 +136,8 @@ impl ServerConfig {
             max_message_bytes: 1 << 20,
             max_label_bytes: 256,
             max_unacked_replies: 100_000,
+            max_stream_backlog_bytes: 16 << 20,
+            max_list_page: 10_000,
             open_timeout: Duration::from_secs(10),
             snapshot_every: 10_000,
             segment_bytes: 64 << 20,

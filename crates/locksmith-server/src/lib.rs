@@ -96,6 +96,7 @@ mod outbox;
 mod raft;
 mod service;
 mod storage;
+mod stream_queue;
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -11,14 +11,14 @@ use std::io::Cursor;
 use locksmith_core::{Acquire, ClientInfo, Command, Millis, Mode, RequestId, SessionId, Wait};
 use locksmith_proto::v1 as pb;
 use openraft::type_config::alias::{EntryOf, SnapshotMetaOf, SnapshotOf};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
 use crate::raft::TypeConfig;
+use crate::storage::ServerSnapshot;
+pub(crate) use crate::stream_queue::StreamTx;
 
-/// Where a session stream's messages go.
-pub(crate) type StreamTx = mpsc::UnboundedSender<Result<pb::ServerBatch, Status>>;
 /// Identifies one session stream (one gRPC call) for the life of the process.
 pub(crate) type StreamId = u64;
 /// The reply slot of a unary call.
@@ -120,6 +120,25 @@ pub(crate) struct NewStream {
     pub peer: Option<SocketAddr>,
 }
 
+/// The applied state as of one log entry, copied on the core thread so that
+/// encoding and writing it (the slow part with a big table) happen elsewhere
+/// while the core goes on.
+pub(crate) struct FrozenState {
+    pub meta: SnapshotMetaOf<TypeConfig>,
+    pub state: ServerSnapshot,
+}
+
+impl FrozenState {
+    /// The snapshot openraft keeps and sends (`ServerSnapshot`, postcard).
+    pub(crate) fn encode(self) -> SnapshotOf<TypeConfig, Cursor<Vec<u8>>> {
+        let data = postcard::to_stdvec(&self.state).expect("the state always encodes");
+        SnapshotOf::<TypeConfig, Cursor<Vec<u8>>> {
+            meta: self.meta,
+            snapshot: Cursor::new(data),
+        }
+    }
+}
+
 /// A message to the core thread.
 pub(crate) enum Op {
     /// A new stream opens a session.
@@ -174,6 +193,10 @@ pub(crate) enum Op {
     /// List locks by prefix.
     List {
         prefix: String,
+        /// Start after this name ("" from the first).
+        after: String,
+        /// Most locks in the page (at least 1, at most the server's page limit).
+        limit: usize,
         reply: UnaryReply<pb::ListResponse>,
     },
     /// List sessions.
@@ -211,10 +234,8 @@ pub(crate) enum Op {
         entries: Vec<EntryOf<TypeConfig>>,
         done: oneshot::Sender<()>,
     },
-    /// Encode the applied state as a snapshot.
-    Snapshot {
-        reply: oneshot::Sender<SnapshotOf<TypeConfig, Cursor<Vec<u8>>>>,
-    },
+    /// Copy the applied state for a snapshot.
+    Snapshot { reply: oneshot::Sender<FrozenState> },
     /// Replace the state with a snapshot the leader sent.
     Install {
         meta: SnapshotMetaOf<TypeConfig>,

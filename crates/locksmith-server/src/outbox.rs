@@ -11,7 +11,8 @@ use std::collections::HashMap;
 use locksmith_proto::v1 as pb;
 use tonic::Status;
 
-use crate::op::{StreamId, StreamTx, UnaryReply};
+use crate::op::{StreamId, UnaryReply};
+use crate::stream_queue::{StreamTx, TooSlow};
 
 /// Most messages in one [`pb::ServerBatch`]: well under the 4 MiB a gRPC
 /// client decodes by default, with the largest messages (lost notices with
@@ -45,9 +46,10 @@ pub(crate) struct Orphan {
 
 impl Output {
     /// Sends everything, in the order it was made; sessionless grants whose
-    /// caller went away go to `orphans`.
-    pub(crate) fn send(self, orphans: &mut Vec<Orphan>) {
-        self.streams.send();
+    /// caller went away go to `orphans`. Returns the streams that were ended
+    /// because their client does not read (the core detaches them).
+    pub(crate) fn send(self, orphans: &mut Vec<Orphan>) -> Vec<(StreamId, TooSlow)> {
+        let too_slow = self.streams.send();
         for reply in self.unary {
             reply();
         }
@@ -65,6 +67,7 @@ impl Output {
                 });
             }
         }
+        too_slow
     }
 }
 
@@ -78,6 +81,7 @@ pub(crate) struct Outbox {
 }
 
 struct Pending {
+    id: StreamId,
     tx: StreamTx,
     messages: Vec<pb::ServerMessage>,
     /// Ends the stream with this status after the messages.
@@ -88,6 +92,7 @@ impl Outbox {
     fn entry(&mut self, stream: StreamId, tx: &StreamTx) -> &mut Pending {
         let at = *self.index.entry(stream).or_insert_with(|| {
             self.pending.push(Pending {
+                id: stream,
                 tx: tx.clone(),
                 messages: Vec::new(),
                 end: None,
@@ -107,9 +112,11 @@ impl Outbox {
         self.entry(stream, tx).end = Some(status);
     }
 
-    /// Sends every stream its batch (and its end, if any).
-    fn send(self) {
-        for mut pending in self.pending {
+    /// Sends every stream its batch (and its end, if any); a stream whose
+    /// client is too slow to read gets its end instead, and is returned.
+    fn send(self) -> Vec<(StreamId, TooSlow)> {
+        let mut too_slow = Vec::new();
+        'streams: for mut pending in self.pending {
             // One command can make many messages (closing a session with a
             // million holds makes a million lost notices): they go out in
             // batches a client can decode, at most a few hundred KiB each.
@@ -120,11 +127,16 @@ impl Outbox {
                 let batch = pb::ServerBatch {
                     messages: std::mem::replace(&mut pending.messages, rest),
                 };
-                let _ = pending.tx.send(Ok(batch));
+                if let Err(slow) = pending.tx.send(batch) {
+                    pending.tx.end(slow.status());
+                    too_slow.push((pending.id, slow));
+                    continue 'streams;
+                }
             }
             if let Some(status) = pending.end {
-                let _ = pending.tx.send(Err(status));
+                pending.tx.end(status);
             }
         }
+        too_slow
     }
 }

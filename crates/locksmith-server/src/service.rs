@@ -20,16 +20,16 @@ use std::time::Duration;
 use locksmith_core::{ClientInfo, EngineError, Millis, SessionId};
 use locksmith_proto::v1 as pb;
 use pb::locksmith_server::Locksmith;
-use tokio::sync::{mpsc, oneshot};
-use tokio_stream::wrappers::UnboundedReceiverStream;
+use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::config::ServerConfig;
 use crate::convert::{self, check_label};
 use crate::op::{
-    Acks, AcquireArgs, HoldArgs, NewStream, Op, StreamId, StreamOp, StreamTx, UnaryReply, WaitArg,
+    Acks, AcquireArgs, HoldArgs, NewStream, Op, StreamId, StreamOp, UnaryReply, WaitArg,
 };
+use crate::stream_queue::{stream_queue, StreamRx, StreamTx};
 
 /// The `locksmith.v1.Locksmith` service.
 pub(crate) struct Service {
@@ -38,6 +38,10 @@ pub(crate) struct Service {
     unary_ids: Arc<AtomicU64>,
     max_label: usize,
     open_timeout: Duration,
+    /// Most unread bytes a session stream may queue for its client.
+    max_stream_backlog: usize,
+    /// Most locks in one page of `List`.
+    max_list_page: usize,
     /// TTL bounds of a session: the engine's minimum, the server's cap.
     min_session_ttl: Millis,
     max_session_ttl: Millis,
@@ -76,6 +80,8 @@ impl Service {
             unary_ids,
             max_label: config.max_label_bytes,
             open_timeout: config.open_timeout,
+            max_stream_backlog: config.max_stream_backlog_bytes,
+            max_list_page: config.max_list_page.max(1),
             min_session_ttl: config.limits.min_ttl,
             max_session_ttl: (config.max_session_ttl.as_millis() as Millis)
                 .min(config.limits.max_ttl),
@@ -196,9 +202,9 @@ impl StreamReader {
         let ended = CancellationToken::new();
         let mut first = match first {
             Err(_) => {
-                let _ = tx.send(Err(Status::deadline_exceeded(
+                tx.end(Status::deadline_exceeded(
                     "no open or resume message in time",
-                )));
+                ));
                 return;
             }
             Ok(Err(_)) | Ok(Ok(None)) => return,
@@ -214,7 +220,7 @@ impl StreamReader {
                 let checked = check_label("client_name", &open.client_name, self.max_label, false)
                     .and_then(|()| check_label("host", &open.host, self.max_label, false));
                 if let Err(message) = checked {
-                    let _ = tx.send(Err(Status::invalid_argument(message)));
+                    tx.end(Status::invalid_argument(message));
                     return;
                 }
                 let (min_ms, max_ms) = self.ttl;
@@ -225,7 +231,7 @@ impl StreamReader {
                         min_ms,
                         max_ms,
                     };
-                    let _ = tx.send(Err(convert::engine_error_to_status(&error)));
+                    tx.end(convert::engine_error_to_status(&error));
                     return;
                 }
                 Op::Open {
@@ -239,9 +245,7 @@ impl StreamReader {
             }
             Some(pb::client_message::Kind::Resume(resume)) => {
                 let Some(secret) = secret_of(&resume.secret) else {
-                    let _ = tx.send(Err(Status::invalid_argument(
-                        "a session secret is 16 bytes",
-                    )));
+                    tx.end(Status::invalid_argument("a session secret is 16 bytes"));
                     return;
                 };
                 Op::Resume {
@@ -251,9 +255,9 @@ impl StreamReader {
                 }
             }
             _ => {
-                let _ = tx.send(Err(Status::failed_precondition(
+                tx.end(Status::failed_precondition(
                     "the first message of a session stream must be open or resume",
-                )));
+                ));
                 return;
             }
         };
@@ -412,7 +416,7 @@ impl Drop for LeaseGuard {
 /// drop; a session stream runs as its own task.
 #[tonic::async_trait]
 impl Locksmith for Service {
-    type SessionStream = UnboundedReceiverStream<Result<pb::ServerBatch, Status>>;
+    type SessionStream = StreamRx;
 
     async fn session(
         &self,
@@ -420,7 +424,7 @@ impl Locksmith for Service {
     ) -> Result<Response<Self::SessionStream>, Status> {
         let peer = request.remote_addr();
         let slot = self.take_slot(peer)?;
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx) = stream_queue(self.max_stream_backlog);
         let reader = StreamReader {
             core: self.core.clone(),
             peer,
@@ -433,7 +437,7 @@ impl Locksmith for Service {
             let _slot = slot;
             reader.run(request.into_inner(), tx, open_timeout).await;
         });
-        Ok(Response::new(UnboundedReceiverStream::new(rx)))
+        Ok(Response::new(rx))
     }
 
     async fn acquire_lease(
@@ -511,8 +515,18 @@ impl Locksmith for Service {
         &self,
         request: Request<pb::ListRequest>,
     ) -> Result<Response<pb::ListResponse>, Status> {
-        let prefix = request.into_inner().prefix;
-        self.call(|reply| Op::List { prefix, reply }).await
+        let request = request.into_inner();
+        let limit = match request.limit as usize {
+            0 => self.max_list_page,
+            limit => limit.min(self.max_list_page),
+        };
+        self.call(|reply| Op::List {
+            prefix: request.prefix,
+            after: request.after,
+            limit,
+            reply,
+        })
+        .await
     }
 
     async fn list_sessions(

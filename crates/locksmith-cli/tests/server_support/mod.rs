@@ -315,27 +315,67 @@ impl RawSession {
             host: "test".into(),
             ttl_ms,
         });
-        let (tx, stream) = raw_stream(port, open).await;
+        let mut raw = RawSession::start(port, open).await;
+        match raw.buffered.pop_front().and_then(|m| m.kind) {
+            Some(pb::server_message::Kind::Opened(opened)) => {
+                raw.session_id = opened.session_id;
+                raw.secret = opened.secret;
+            }
+            other => panic!("expected opened, got {other:?}"),
+        }
+        raw
+    }
+
+    /// Resumes session `session_id` on a new stream.
+    pub async fn resume(port: u16, session_id: u64, secret: Vec<u8>) -> RawSession {
+        use locksmith_proto::v1 as pb;
+        let resume = pb::client_message::Kind::Resume(pb::ResumeSession {
+            session_id,
+            secret: secret.clone(),
+        });
+        let mut raw = RawSession::start(port, resume).await;
+        match raw.buffered.pop_front().and_then(|m| m.kind) {
+            Some(pb::server_message::Kind::Resumed(resumed)) => {
+                assert_eq!(resumed.session_id, session_id)
+            }
+            other => panic!("expected resumed, got {other:?}"),
+        }
+        raw.session_id = session_id;
+        raw.secret = secret;
+        raw
+    }
+
+    /// A stream whose first message is `first`, with the server's first
+    /// batch read.
+    async fn start(port: u16, first: locksmith_proto::v1::client_message::Kind) -> RawSession {
+        let (tx, stream) = raw_stream(port, first).await;
         let mut inbound = stream.expect("session call");
-        let mut buffered: std::collections::VecDeque<_> = inbound
+        let buffered = inbound
             .message()
             .await
             .expect("first message")
             .map(|batch| batch.messages)
             .unwrap_or_default()
             .into();
-        let opened = match buffered.pop_front() {
-            Some(pb::ServerMessage {
-                kind: Some(pb::server_message::Kind::Opened(opened)),
-            }) => opened,
-            other => panic!("expected opened, got {other:?}"),
-        };
         RawSession {
             tx,
             inbound,
             buffered,
-            session_id: opened.session_id,
-            secret: opened.secret,
+            session_id: 0,
+            secret: Vec::new(),
+        }
+    }
+
+    /// Reads the stream to its end: how many messages came, and the status
+    /// it ended with (`None` for a clean end).
+    pub async fn drain(&mut self) -> (usize, Option<tonic::Status>) {
+        let mut read = self.buffered.drain(..).count();
+        loop {
+            match self.inbound.message().await {
+                Ok(Some(batch)) => read += batch.messages.len(),
+                Ok(None) => return (read, None),
+                Err(status) => return (read, Some(status)),
+            }
         }
     }
 

@@ -262,14 +262,29 @@ impl Core {
                 });
                 self.defer(reply, Ok(pb::DescribeResponse { lock, now_ms: now }));
             }
-            Op::List { prefix, reply } => {
-                let infos = self.engine.list(&prefix);
-                let expiry = self.session_expiry(&infos.iter().collect::<Vec<_>>());
-                let locks = infos
+            Op::List {
+                prefix,
+                after,
+                limit,
+                reply,
+            } => {
+                let page = self.engine.list_page(&prefix, &after, limit);
+                let next_after = match (page.more, page.locks.last()) {
+                    (true, Some(last)) => last.name.clone(),
+                    _ => String::new(),
+                };
+                let expiry = self.session_expiry(&page.locks.iter().collect::<Vec<_>>());
+                let locks = page
+                    .locks
                     .into_iter()
                     .map(|info| convert::lock_info_to_proto(info, &expiry))
                     .collect();
-                self.defer(reply, Ok(pb::ListResponse { locks, now_ms: now }));
+                let response = pb::ListResponse {
+                    locks,
+                    now_ms: now,
+                    next_after,
+                };
+                self.defer(reply, Ok(response));
             }
             Op::ListSessions { reply } => {
                 let sessions = self
@@ -322,17 +337,16 @@ impl Core {
         &self,
         locks: &[&locksmith_core::LockInfo],
     ) -> HashMap<SessionId, Millis> {
-        let needed = locks
+        // Only the sessions these locks name: a look-up each, never a walk
+        // of every session.
+        locks
             .iter()
             .flat_map(|l| &l.holders)
-            .any(|h| h.session != SessionId::NONE);
-        if !needed {
-            return HashMap::new();
-        }
-        self.engine
-            .sessions()
-            .into_iter()
-            .map(|s| (s.session, s.expires_at))
+            .filter(|h| h.session != SessionId::NONE)
+            .filter_map(|h| {
+                let expires_at = self.engine.session_expires_at(h.session)?;
+                Some((h.session, expires_at))
+            })
             .collect()
     }
 }

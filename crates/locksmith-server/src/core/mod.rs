@@ -62,7 +62,6 @@ mod request_ids;
 mod session;
 
 use std::collections::{HashMap, VecDeque};
-use std::io::Cursor;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
@@ -70,7 +69,7 @@ use std::time::Instant;
 
 use locksmith_core::{Command, Effect, Engine, Millis, SessionId};
 use locksmith_proto::v1 as pb;
-use openraft::type_config::alias::{SnapshotMetaOf, SnapshotOf};
+use openraft::type_config::alias::SnapshotMetaOf;
 use tokio::sync::oneshot;
 use tonic::Status;
 
@@ -78,7 +77,7 @@ use crate::clock::Clock;
 use crate::config::ServerConfig;
 use crate::history::{History, HistoryLimits};
 use crate::metrics::{Metrics, Tally};
-use crate::op::{NewStream, Op, StreamId, StreamOp, UnaryReply};
+use crate::op::{FrozenState, NewStream, Op, StreamId, StreamOp, UnaryReply};
 use crate::outbox::{LeaseWaiter, Orphan, Output};
 use crate::raft::TypeConfig;
 use crate::storage::member::TokenCeiling;
@@ -407,7 +406,7 @@ impl Core {
                     let _ = done.send(());
                 }
                 Op::Snapshot { reply } => {
-                    let _ = reply.send(self.build_snapshot());
+                    let _ = reply.send(self.freeze());
                 }
                 Op::Install { meta, data, done } => {
                     let _ = done.send(self.install_snapshot(meta, data));
@@ -495,9 +494,22 @@ impl Core {
         Ok(())
     }
 
-    /// Sends what the ops handled so far produced.
+    /// Sends what the ops handled so far produced, and detaches the streams
+    /// whose clients do not read what they are sent.
     fn send_output(&mut self) {
-        std::mem::take(&mut self.output).send(&mut self.orphans);
+        let too_slow = std::mem::take(&mut self.output).send(&mut self.orphans);
+        for (stream, slow) in too_slow {
+            if let Some(session) = self.streams.get(&stream) {
+                tracing::warn!(
+                    %session,
+                    unread_bytes = slow.backlog,
+                    limit = slow.limit,
+                    "session stream closed: its client does not read its replies \
+                     (the session lives on and may resume)"
+                );
+            }
+            self.detach(stream, None);
+        }
     }
 
     /// Applies the committed records of `proposal` in order, each with its
@@ -520,8 +532,9 @@ impl Core {
         proposal.opens = 0;
     }
 
-    /// The applied state, encoded for openraft (`ServerSnapshot`, postcard).
-    fn build_snapshot(&self) -> SnapshotOf<TypeConfig, Cursor<Vec<u8>>> {
+    /// A copy of the applied state, for a snapshot encoded off this thread
+    /// (the core only pays for the copy; see [`FrozenState`]).
+    fn freeze(&self) -> FrozenState {
         let started = Instant::now();
         let mut sessions: Vec<SessionRecord> = self
             .sessions
@@ -543,21 +556,19 @@ impl Core {
             engine: self.engine.snapshot(),
             sessions,
         };
-        let data = postcard::to_stdvec(&state).expect("the state always encodes");
         let (last_log_id, last_membership) = self.applied_state();
         tracing::debug!(
             locks = state.engine.locks.len(),
             sessions = state.sessions.len(),
-            bytes = data.len(),
             elapsed = ?started.elapsed(),
-            "snapshot taken"
+            "state copied for a snapshot"
         );
-        SnapshotOf::<TypeConfig, Cursor<Vec<u8>>> {
+        FrozenState {
             meta: SnapshotMetaOf::<TypeConfig> {
                 last_log_id,
                 last_membership,
             },
-            snapshot: Cursor::new(data),
+            state,
         }
     }
 
@@ -625,7 +636,7 @@ mod tests {
 
     /// Opens a session (TTL 1 s) on stream `stream` at `now`.
     fn open(core: &mut Core, stream: StreamId, now: Millis) -> (SessionId, Vec<Record>) {
-        let (tx, _) = tokio::sync::mpsc::unbounded_channel();
+        let (tx, _) = crate::stream_queue::stream_queue(usize::MAX);
         let new = NewStream {
             id: stream,
             tx,

@@ -17,8 +17,8 @@ fn mode(mode: i32, permits: u32) -> String {
 #[derive(Debug, Serialize)]
 pub(super) struct Locks {
     now_ms: u64,
-    /// Locks under the prefix, before the limit.
-    total: usize,
+    /// Whether more locks match than `locks` shows.
+    more: bool,
     /// The first `limit` of them, by name.
     locks: Vec<Lock>,
 }
@@ -56,12 +56,11 @@ struct Waiter {
 }
 
 impl Locks {
-    pub(super) fn new(list: pb::ListResponse, limit: usize) -> Locks {
-        let total = list.locks.len();
+    pub(super) fn new(list: pb::ListResponse) -> Locks {
+        let more = !list.next_after.is_empty();
         let locks = list
             .locks
             .into_iter()
-            .take(limit)
             .map(|lock| Lock {
                 name: lock.name,
                 holders: lock
@@ -96,7 +95,7 @@ impl Locks {
             .collect();
         Locks {
             now_ms: list.now_ms,
-            total,
+            more,
             locks,
         }
     }

@@ -201,10 +201,17 @@ async fn locks(
     State(http): State<Http>,
     Query(query): Query<LocksQuery>,
 ) -> Result<Json<api::Locks>, Response> {
-    let limit = query.limit.unwrap_or(DEFAULT_LOCKS).min(MAX_LOCKS);
+    let limit = query.limit.unwrap_or(DEFAULT_LOCKS).clamp(1, MAX_LOCKS);
     let prefix = query.prefix;
-    let list = http.ask(|reply| Op::List { prefix, reply }).await?;
-    Ok(Json(api::Locks::new(list, limit)))
+    let list = http
+        .ask(|reply| Op::List {
+            prefix,
+            after: String::new(),
+            limit,
+            reply,
+        })
+        .await?;
+    Ok(Json(api::Locks::new(list)))
 }
 
 async fn sessions(State(http): State<Http>) -> Result<Json<api::Sessions>, Response> {

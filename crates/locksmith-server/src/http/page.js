@@ -130,7 +130,7 @@ function renderLocks(data) {
   document.getElementById("no-locks").hidden = data.locks.length > 0;
   const shown = data.locks.length;
   document.getElementById("lock-count").textContent =
-    shown < data.total ? "(first " + shown + " of " + data.total + ")" : "(" + shown + ")";
+    data.more ? "(the first " + shown + "; more match)" : "(" + shown + ")";
 }
 
 function renderSessions(data) {

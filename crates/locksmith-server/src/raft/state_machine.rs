@@ -112,8 +112,19 @@ fn stopped() -> io::Error {
 impl RaftSnapshotBuilder<TypeConfig> for CoreMachine {
     type SnapshotData = Cursor<Vec<u8>>;
 
+    /// The core copies its state (it goes on at once); the copy is encoded
+    /// here, on a blocking thread, then written.
     async fn build_snapshot(&mut self) -> io::Result<SnapshotOf<TypeConfig, Cursor<Vec<u8>>>> {
-        let snapshot = self.ask(|reply| Op::Snapshot { reply }).await?;
+        let frozen = self.ask(|reply| Op::Snapshot { reply }).await?;
+        let started = std::time::Instant::now();
+        let snapshot = tokio::task::spawn_blocking(move || frozen.encode())
+            .await
+            .map_err(io::Error::other)?;
+        tracing::debug!(
+            bytes = snapshot.snapshot.get_ref().len(),
+            elapsed = ?started.elapsed(),
+            "snapshot encoded"
+        );
         self.keep_durably(&snapshot).await?;
         Ok(snapshot)
     }

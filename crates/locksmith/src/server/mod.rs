@@ -234,19 +234,29 @@ impl Backend for ServerBackend {
         Ok(response.lock.map(convert::lock_info))
     }
 
+    /// Pages through the server's listing (each page is consistent on its
+    /// own; the server bounds a page so that a huge table never stalls it).
     async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>> {
         session::settle_earlier().await;
-        let request = pb::ListRequest {
+        let mut locks = Vec::new();
+        let mut request = pb::ListRequest {
             prefix: prefix.into(),
+            ..Default::default()
         };
-        let response = self
-            .unary(|mut client| {
-                let request = request.clone();
-                async move { client.list(request).await }
-            })
-            .await
-            .map_err(convert::status)?;
-        Ok(response.locks.into_iter().map(convert::lock_info).collect())
+        loop {
+            let response = self
+                .unary(|mut client| {
+                    let request = request.clone();
+                    async move { client.list(request).await }
+                })
+                .await
+                .map_err(convert::status)?;
+            locks.extend(response.locks.into_iter().map(convert::lock_info));
+            if response.next_after.is_empty() {
+                return Ok(locks);
+            }
+            request.after = response.next_after;
+        }
     }
 
     async fn history(&self, prefix: &str) -> Result<Vec<GrantRecord>> {
