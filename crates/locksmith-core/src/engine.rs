@@ -1,6 +1,7 @@
 //! The lock table: one deterministic state machine.
 
-use std::collections::{BTreeSet, BinaryHeap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::ops::Bound;
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
@@ -28,7 +29,9 @@ pub struct Engine {
     /// Highest fencing token handed out. One counter for all locks, so tokens
     /// stay unique and increasing even when a free lock's entry is dropped.
     last_token: u64,
-    names: FxHashMap<Arc<str>, LockId>,
+    /// Ordered, so that listings and snapshots walk names in order (a page
+    /// of a listing costs O(log n + page), a snapshot needs no sort).
+    names: BTreeMap<Arc<str>, LockId>,
     locks: Vec<Option<LockEntry>>,
     free_ids: Vec<LockId>,
     sessions: FxHashMap<SessionId, Session>,
@@ -1192,34 +1195,24 @@ impl Engine {
 
     /// One page of [`Engine::list`]: the first `limit` locks, by name, whose
     /// names start with `prefix` and come after `after` (`""`: from the start).
-    ///
-    /// It walks the name table once and keeps only the page (a bounded heap),
-    /// so a page costs time linear in the table but memory and copying only
-    /// for the page: a caller that serves huge tables in pages keeps every
-    /// page short.
+    /// O(log n + limit): a caller that serves huge tables in pages keeps
+    /// every page short.
     pub fn list_page(&self, prefix: &str, after: &str, limit: usize) -> ListPage {
-        let mut page: BinaryHeap<(&Arc<str>, LockId)> = BinaryHeap::new();
-        let mut more = false;
-        let matching = self
+        let start = if after < prefix {
+            Bound::Included(prefix)
+        } else {
+            Bound::Excluded(after)
+        };
+        let mut matching = self
             .names
-            .iter()
-            .filter(|(name, _)| name.starts_with(prefix) && &***name > after);
-        for (name, &id) in matching {
-            if page.len() < limit {
-                page.push((name, id));
-            } else if page.peek().is_some_and(|(last, _)| name < *last) {
-                page.pop();
-                page.push((name, id));
-                more = true;
-            } else {
-                more = true;
-            }
-        }
-        let locks = page
-            .into_sorted_vec()
-            .into_iter()
-            .map(|(_, id)| self.lock_info(id))
+            .range::<str, _>((start, Bound::Unbounded))
+            .take_while(|(name, _)| name.starts_with(prefix));
+        let locks = matching
+            .by_ref()
+            .take(limit)
+            .map(|(_, &id)| self.lock_info(id))
             .collect();
+        let more = matching.next().is_some();
         ListPage { locks, more }
     }
 
@@ -1306,10 +1299,10 @@ impl Engine {
             })
             .collect();
         sessions.sort_unstable_by_key(|s| s.session);
-        let mut locks: Vec<LockSnapshot> = self
-            .locks
-            .iter()
-            .flatten()
+        let locks: Vec<LockSnapshot> = self
+            .names
+            .values()
+            .map(|&id| self.lock(id))
             .map(|lock| LockSnapshot {
                 name: lock.name.to_string(),
                 holders: lock
@@ -1330,7 +1323,6 @@ impl Engine {
                 delay_until: lock.delay_until,
             })
             .collect();
-        locks.sort_unstable_by(|a, b| a.name.cmp(&b.name));
         let mut waiters: Vec<WaiterSnapshot> = self
             .waiters
             .iter()
