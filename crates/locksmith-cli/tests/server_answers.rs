@@ -476,3 +476,51 @@ async fn a_unary_acquire_whose_caller_gives_up_leaves_no_hold() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_unary_acquire_whose_caller_gives_up_while_queued_leaves_the_queue() {
+    let port = server().port();
+    let mut holder = RawSession::open(port, 30_000).await;
+    let name = server_support::unique("lease-gives-up-queued");
+    holder.request(1, acquire_op(&name));
+    assert!(matches!(
+        holder.reply(1).await,
+        pb::reply::Result::Granted(_)
+    ));
+    let waiters = || async {
+        grpc(port)
+            .await
+            .describe(pb::DescribeRequest { name: name.clone() })
+            .await
+            .unwrap()
+            .into_inner()
+            .lock
+            .map(|l| l.waiters.len())
+            .unwrap_or_default()
+    };
+    let mut caller = grpc(port).await;
+    let call = caller.acquire_lease(lease_request(&name, "gives-up-queued"));
+    let gave_up = tokio::select! {
+        _ = call => false,
+        () = async {
+            server_support::eventually(
+                std::time::Duration::from_secs(5),
+                "the unary acquire is queued",
+                || async { waiters().await == 1 },
+            )
+            .await
+        } => true,
+    };
+    assert!(gave_up, "the call ended while the lock was held");
+    // The call is gone (its future dropped): the server takes it out of the
+    // queue, so the release below grants nobody.
+    server_support::eventually(
+        std::time::Duration::from_secs(5),
+        "the abandoned wait leaves the queue",
+        || async { waiters().await == 0 },
+    )
+    .await;
+    holder.request(2, release(&name));
+    assert!(matches!(holder.reply(2).await, pb::reply::Result::Done(_)));
+    assert!(holders(port, &name).await.is_empty());
+}
