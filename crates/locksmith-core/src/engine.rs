@@ -32,7 +32,10 @@ pub struct Engine {
     /// Ordered, so that listings and snapshots walk names in order (a page
     /// of a listing costs O(log n + page), a snapshot needs no sort).
     names: BTreeMap<Arc<str>, LockId>,
-    locks: Vec<Option<LockEntry>>,
+    /// Shared with a [`FrozenEngine`] while one is alive: an entry changed
+    /// meanwhile is copied first (`Arc::make_mut`), so freezing costs a
+    /// reference per lock, not a copy of the table.
+    locks: Vec<Option<Arc<LockEntry>>>,
     free_ids: Vec<LockId>,
     sessions: FxHashMap<SessionId, Session>,
     waiters: FxHashMap<WaiterKey, Waiter>,
@@ -53,7 +56,7 @@ struct Scratch {
     seen: Vec<LockId>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct LockEntry {
     name: Arc<str>,
     holders: Holders,
@@ -85,7 +88,7 @@ fn compact_delay(ms: Millis) -> u32 {
 /// The holders of one lock, oldest first. Nearly every lock has exactly one
 /// holder, so that one is stored inline: a plain `Vec` allocated room for four
 /// holders on the first push, the largest part of the memory of a held lock.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 enum Holders {
     One(Hold),
     Many(Vec<Hold>),
@@ -404,6 +407,7 @@ impl Engine {
             session.expires_at = session.expires_at.max(floor);
         }
         for lock in self.locks.iter_mut().flatten() {
+            let lock = Arc::make_mut(lock);
             for hold in lock.holders.iter_mut() {
                 if let Some(until) = hold.lease_until.as_mut() {
                     *until = (*until).max(floor);
@@ -773,7 +777,7 @@ impl Engine {
         // The owner string moves into the last new hold; earlier ones clone it.
         let mut owner = Some(owner);
         for (i, &id) in locks.iter().enumerate() {
-            let lock = self.locks[id as usize].as_mut().expect("live lock");
+            let lock = Arc::make_mut(self.locks[id as usize].as_mut().expect("live lock"));
             let who: &str = owner.as_deref().expect("taken only at the last lock");
             if let Some(index) = lock.hold_of(session, who) {
                 let hold = &mut lock.holders[index];
@@ -944,7 +948,7 @@ impl Engine {
         abnormal: bool,
         effects: &mut Vec<Effect>,
     ) {
-        let lock = self.locks[id as usize].as_mut().expect("live lock");
+        let lock = Arc::make_mut(self.locks[id as usize].as_mut().expect("live lock"));
         let hold = lock.holders.remove(index);
         let session_still_holds = lock.holders.iter().any(|h| h.session == hold.session);
         if let Some(until) = hold.lease_until {
@@ -1037,7 +1041,7 @@ impl Engine {
     /// Removes the lock's entry if nothing holds, waits or delays on it.
     fn drop_if_idle(&mut self, id: LockId) {
         let slot = &mut self.locks[id as usize];
-        if slot.as_ref().is_some_and(LockEntry::is_idle) {
+        if slot.as_deref().is_some_and(LockEntry::is_idle) {
             let lock = slot.take().expect("checked");
             self.names.remove(&lock.name);
             self.free_ids.push(id);
@@ -1148,7 +1152,7 @@ impl Engine {
     }
 
     fn lock_mut(&mut self, id: LockId) -> &mut LockEntry {
-        self.locks[id as usize].as_mut().expect("live lock")
+        Arc::make_mut(self.locks[id as usize].as_mut().expect("live lock"))
     }
 
     fn lock_id_or_insert(&mut self, name: String) -> LockId {
@@ -1161,12 +1165,12 @@ impl Engine {
     /// Adds an entry for a name that has none.
     fn insert_lock(&mut self, name: String) -> LockId {
         let name: Arc<str> = name.into();
-        let entry = LockEntry {
+        let entry = Arc::new(LockEntry {
             name: name.clone(),
             holders: Holders::default(),
             queue: VecDeque::new(),
             delay_until: None,
-        };
+        });
         let id = match self.free_ids.pop() {
             Some(id) => {
                 self.locks[id as usize] = Some(entry);
@@ -1288,7 +1292,16 @@ impl Engine {
 impl Engine {
     /// A plain-data image of the whole state.
     pub fn snapshot(&self) -> Snapshot {
-        let mut sessions: Vec<SessionSnapshot> = self
+        self.freeze().into_snapshot()
+    }
+
+    /// The state as of now, for a [`Snapshot`] built elsewhere
+    /// ([`FrozenEngine::into_snapshot`], on another thread): sessions and
+    /// waiters are copied, locks are shared (a reference each, copied on
+    /// write by the engine), so freezing a table of a million locks costs
+    /// milliseconds, not a copy of every name and owner.
+    pub fn freeze(&self) -> FrozenEngine {
+        let sessions: Vec<SessionSnapshot> = self
             .sessions
             .iter()
             .map(|(&session, s)| SessionSnapshot {
@@ -1298,32 +1311,8 @@ impl Engine {
                 expires_at: s.expires_at,
             })
             .collect();
-        sessions.sort_unstable_by_key(|s| s.session);
-        let locks: Vec<LockSnapshot> = self
-            .names
-            .values()
-            .map(|&id| self.lock(id))
-            .map(|lock| LockSnapshot {
-                name: lock.name.to_string(),
-                holders: lock
-                    .holders
-                    .iter()
-                    .map(|h| HoldSnapshot {
-                        session: h.session,
-                        owner: h.owner.to_string(),
-                        mode: h.mode,
-                        token: h.token,
-                        count: h.count,
-                        lock_time: h.lock_time,
-                        lease_until: h.lease_until,
-                        lock_delay: h.lock_delay.into(),
-                    })
-                    .collect(),
-                queue: lock.queue.iter().copied().collect(),
-                delay_until: lock.delay_until,
-            })
-            .collect();
-        let mut waiters: Vec<WaiterSnapshot> = self
+        let locks = self.locks.iter().flatten().cloned().collect();
+        let waiters: Vec<WaiterSnapshot> = self
             .waiters
             .iter()
             .map(|(&(session, request), w)| WaiterSnapshot {
@@ -1343,8 +1332,7 @@ impl Engine {
                 deadline: w.deadline,
             })
             .collect();
-        waiters.sort_unstable_by_key(|w| (w.session, w.request));
-        Snapshot {
+        FrozenEngine {
             last_token: self.last_token,
             sessions,
             locks,
@@ -1428,5 +1416,59 @@ impl Engine {
             );
         }
         engine
+    }
+}
+
+/// The engine's state at one point, taken by [`Engine::freeze`]: turned into
+/// a [`Snapshot`] (sorting and copying, the slow part with a big table) away
+/// from the thread that runs the engine.
+#[derive(Debug)]
+pub struct FrozenEngine {
+    last_token: u64,
+    sessions: Vec<SessionSnapshot>,
+    locks: Vec<Arc<LockEntry>>,
+    waiters: Vec<WaiterSnapshot>,
+}
+
+impl FrozenEngine {
+    /// The snapshot, in the deterministic order [`Snapshot`] promises.
+    pub fn into_snapshot(self) -> Snapshot {
+        let FrozenEngine {
+            last_token,
+            mut sessions,
+            mut locks,
+            mut waiters,
+        } = self;
+        sessions.sort_unstable_by_key(|s| s.session);
+        locks.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+        let locks = locks
+            .iter()
+            .map(|lock| LockSnapshot {
+                name: lock.name.to_string(),
+                holders: lock
+                    .holders
+                    .iter()
+                    .map(|h| HoldSnapshot {
+                        session: h.session,
+                        owner: h.owner.to_string(),
+                        mode: h.mode,
+                        token: h.token,
+                        count: h.count,
+                        lock_time: h.lock_time,
+                        lease_until: h.lease_until,
+                        lock_delay: h.lock_delay.into(),
+                    })
+                    .collect(),
+                queue: lock.queue.iter().copied().collect(),
+                delay_until: lock.delay_until,
+            })
+            .collect();
+        waiters.sort_unstable_by_key(|w| (w.session, w.request));
+        Snapshot {
+            last_token,
+            sessions,
+            locks,
+            waiters,
+        }
     }
 }

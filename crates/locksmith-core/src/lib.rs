@@ -45,7 +45,7 @@ mod snapshot;
 mod types;
 
 pub use command::{Acquire, Command, Effect};
-pub use engine::Engine;
+pub use engine::{Engine, FrozenEngine};
 pub use error::{EngineError, NameError};
 pub use inspect::{HolderInfo, ListPage, LockInfo, SessionInfo, WaiterInfo};
 pub use name::{validate_name, MAX_NAME_LEN};

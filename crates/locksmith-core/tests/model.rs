@@ -1067,6 +1067,15 @@ proptest! {
             }
             prop_assert_eq!(&paged, &list);
         }
+
+        // A frozen state is the state when it was frozen, whatever the
+        // engine does afterwards (its locks are copied on write).
+        let frozen = driver.engine.freeze();
+        let then = driver.engine.snapshot();
+        for op in &ops {
+            driver.run(op);
+        }
+        prop_assert_eq!(frozen.into_snapshot(), then);
         prop_assert_eq!(&log, &log2);
         prop_assert_eq!(&list, &list2);
         prop_assert_eq!(sessions, sessions2);

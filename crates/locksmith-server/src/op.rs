@@ -8,7 +8,9 @@ use std::net::SocketAddr;
 
 use std::io::Cursor;
 
-use locksmith_core::{Acquire, ClientInfo, Command, Millis, Mode, RequestId, SessionId, Wait};
+use locksmith_core::{
+    Acquire, ClientInfo, Command, FrozenEngine, Millis, Mode, RequestId, SessionId, Wait,
+};
 use locksmith_proto::v1 as pb;
 use openraft::type_config::alias::{EntryOf, SnapshotMetaOf, SnapshotOf};
 use tokio::sync::oneshot;
@@ -16,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
 use crate::raft::TypeConfig;
-use crate::storage::ServerSnapshot;
+use crate::storage::{ServerSnapshot, SessionRecord};
 pub(crate) use crate::stream_queue::StreamTx;
 
 /// Identifies one session stream (one gRPC call) for the life of the process.
@@ -120,18 +122,31 @@ pub(crate) struct NewStream {
     pub peer: Option<SocketAddr>,
 }
 
-/// The applied state as of one log entry, copied on the core thread so that
-/// encoding and writing it (the slow part with a big table) happen elsewhere
-/// while the core goes on.
+/// The applied state as of one log entry, frozen on the core thread (the
+/// engine's locks shared copy-on-write, the server's session table copied) so
+/// that copying, encoding and writing it, the slow part with a big table,
+/// happen elsewhere while the core goes on.
 pub(crate) struct FrozenState {
     pub meta: SnapshotMetaOf<TypeConfig>,
-    pub state: ServerSnapshot,
+    pub last_now: Millis,
+    pub next_session: u64,
+    pub next_unary: u64,
+    pub engine: FrozenEngine,
+    pub sessions: Vec<SessionRecord>,
 }
 
 impl FrozenState {
     /// The snapshot openraft keeps and sends (`ServerSnapshot`, postcard).
     pub(crate) fn encode(self) -> SnapshotOf<TypeConfig, Cursor<Vec<u8>>> {
-        let data = postcard::to_stdvec(&self.state).expect("the state always encodes");
+        let state = ServerSnapshot {
+            first_segment: 0,
+            last_now: self.last_now,
+            next_session: self.next_session,
+            next_unary: self.next_unary,
+            engine: self.engine.into_snapshot(),
+            sessions: self.sessions,
+        };
+        let data = postcard::to_stdvec(&state).expect("the state always encodes");
         SnapshotOf::<TypeConfig, Cursor<Vec<u8>>> {
             meta: self.meta,
             snapshot: Cursor::new(data),

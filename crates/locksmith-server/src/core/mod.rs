@@ -532,8 +532,8 @@ impl Core {
         proposal.opens = 0;
     }
 
-    /// A copy of the applied state, for a snapshot encoded off this thread
-    /// (the core only pays for the copy; see [`FrozenState`]).
+    /// The applied state, frozen for a snapshot built off this thread (the
+    /// engine's locks are shared copy-on-write; see [`FrozenState`]).
     fn freeze(&self) -> FrozenState {
         let started = Instant::now();
         let mut sessions: Vec<SessionRecord> = self
@@ -548,28 +548,24 @@ impl Core {
             })
             .collect();
         sessions.sort_unstable_by_key(|s| s.session);
-        let state = ServerSnapshot {
-            first_segment: 0,
-            last_now: self.last_now,
-            next_session: self.next_session,
-            next_unary: self.next_unary.load(Ordering::Relaxed),
-            engine: self.engine.snapshot(),
-            sessions,
-        };
         let (last_log_id, last_membership) = self.applied_state();
-        tracing::debug!(
-            locks = state.engine.locks.len(),
-            sessions = state.sessions.len(),
-            elapsed = ?started.elapsed(),
-            "state copied for a snapshot"
-        );
-        FrozenState {
+        let frozen = FrozenState {
             meta: SnapshotMetaOf::<TypeConfig> {
                 last_log_id,
                 last_membership,
             },
-            state,
-        }
+            last_now: self.last_now,
+            next_session: self.next_session,
+            next_unary: self.next_unary.load(Ordering::Relaxed),
+            engine: self.engine.freeze(),
+            sessions,
+        };
+        tracing::debug!(
+            sessions = frozen.sessions.len(),
+            elapsed = ?started.elapsed(),
+            "state frozen for a snapshot"
+        );
+        frozen
     }
 
     /// Replaces the state with a snapshot (the leader's, or the member's own
