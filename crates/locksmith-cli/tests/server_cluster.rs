@@ -149,6 +149,15 @@ async fn a_leader_paused_past_the_election_timeout_steps_down_and_grants_nothing
     let leader = cluster.leader(&[]).await;
 
     cluster.members[leader].pause();
+    // Inspection through the holder's client, which was talking to the
+    // frozen leader (its socket still accepts; nothing answers): the call
+    // gives up on it and is answered by the next leader.
+    let described = tokio::time::timeout(Duration::from_secs(15), holder.describe(&name))
+        .await
+        .expect("a call to a frozen member moves on to the others")
+        .expect("describe")
+        .expect("still held");
+    assert_eq!(described.holders[0].fencing_token, Some(token));
     let new_leader = cluster.leader(&[leader]).await;
     // A waiter queues on the new leader while the old one is frozen.
     let waiter = cluster.client(Duration::from_secs(10)).await;

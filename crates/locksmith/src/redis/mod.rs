@@ -177,9 +177,11 @@
 //! cannot be reached, acquires fail with an error saying so.
 //!
 //! The fencing token comes from a quorum counter: the grant's nodes report
-//! their counter, locksmith writes `max + 1` to them, and the grant counts only
-//! once a majority stored it. Any two majorities intersect, so tokens increase
-//! from grant to grant.
+//! their counter, locksmith writes `max + 1` to every node (raising it past a
+//! higher counter any node reports), and the grant counts only once a
+//! majority stored it. Any two majorities intersect, so tokens increase from
+//! grant to grant; and while the nodes that kept the highest counter answer,
+//! a node that lost its data cannot bring a token back.
 //!
 //! **Limits, plainly** (Martin Kleppmann, "How to do distributed locking",
 //! 2016): Redlock's safety rests on timing assumptions: bounded network delay,
@@ -609,7 +611,12 @@ impl Shared {
                 tokens.iter().copied().max()
             } else {
                 let next = counters.iter().copied().max().unwrap_or(0) + 1;
-                self.fence(target, &took, next, spec.lease, per_node).await
+                // Fenced on every node, not only the granting ones: a node
+                // that did not grant (a leftover level, a split vote) may be
+                // the one that kept the highest counter, when a granting node
+                // lost its data.
+                let every: Vec<usize> = (0..n).collect();
+                self.fence(target, &every, next, spec.lease, per_node).await
             };
             if let Some(token) = token.filter(|_| within(Instant::now())) {
                 return Ok(Attempt::Granted(Granted {
@@ -654,7 +661,7 @@ impl Shared {
         })
     }
 
-    /// Redlock fencing: writes `value` as the token to the granting majority,
+    /// Redlock fencing: writes `value` as the token counter on `nodes`,
     /// raising it past any higher counter found; `None` if no majority stored it.
     ///
     /// Cancel safety: safe; a counter raised by a dropped call only makes later

@@ -78,7 +78,11 @@ use crate::error::{Error, Result};
 use members::{member_down, Members, Rounds};
 
 /// How long a unary call waits out members that are down or in an election.
-const UNARY_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
+const UNARY_PATIENCE: Duration = Duration::from_secs(5);
+/// How long one attempt of a unary call waits for its member's answer: a
+/// linearizable read or a force-release is one log commit on a healthy
+/// leader; a member that takes this long is taken for down.
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
 use session::{AcquireOutcome, Shared};
 
 const BACKEND: &str = "server";
@@ -106,11 +110,21 @@ impl ServerBackend {
     }
 
     /// A unary call on the current member; on the leader instead when the
-    /// member names it, on the next member when it is down (each at most
-    /// once).
+    /// member names it, on the next member when it is down or gives no
+    /// answer within [`ATTEMPT_TIMEOUT`] (a stopped process whose socket
+    /// still accepts), for at most [`UNARY_PATIENCE`] in all.
+    ///
+    /// `repeatable`: whether sending the call again is harmless when an
+    /// attempt's outcome is unknown (it timed out, or its connection broke).
+    /// A call that is not (a force-release, which could hit the next holder)
+    /// returns that error instead of trying again.
     ///
     /// Cancel safety: safe; the call may or may not have reached a member.
-    async fn unary<T, F, Fut>(&self, call: F) -> std::result::Result<T, tonic::Status>
+    async fn unary<T, F, Fut>(
+        &self,
+        repeatable: bool,
+        call: F,
+    ) -> std::result::Result<T, tonic::Status>
     where
         F: Fn(LocksmithClient<Channel>) -> Fut,
         Fut: std::future::Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
@@ -118,17 +132,35 @@ impl ServerBackend {
         let members = &self.shared.members;
         let mut rounds = Rounds::new(members, UNARY_PATIENCE);
         loop {
-            let (at, _, client) = members.current();
-            match call(client).await {
+            let (at, addr, client) = members.current();
+            let answer = tokio::time::timeout(ATTEMPT_TIMEOUT, call(client))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(tonic::Status::deadline_exceeded(format!(
+                        "{addr} gave no answer within {ATTEMPT_TIMEOUT:?}"
+                    )))
+                });
+            match answer {
                 Ok(response) => return Ok(response.into_inner()),
                 Err(status) if members.follow(&status) && rounds.again(members).await => {}
-                Err(status) if member_down(&status) && rounds.again(members).await => {
+                Err(status) if member_down(&status) => {
                     members.failed(at);
+                    let again = repeatable || refused_whole(&status);
+                    if !(again && rounds.again(members).await) {
+                        return Err(status);
+                    }
                 }
                 Err(status) => return Err(status),
             }
         }
     }
+}
+
+/// Whether a failed call surely never ran: a member answered that it cannot
+/// serve it at all (no leader, stopping), rather than the transport failing,
+/// the connection breaking midway or the member going silent.
+fn refused_whole(status: &tonic::Status) -> bool {
+    status.code() == tonic::Code::Unavailable && std::error::Error::source(status).is_none()
 }
 
 fn invalid_url(url: &str, reason: String) -> Error {
@@ -225,7 +257,7 @@ impl Backend for ServerBackend {
         session::settle_earlier().await;
         let request = pb::DescribeRequest { name: name.into() };
         let response = self
-            .unary(|mut client| {
+            .unary(true, |mut client| {
                 let request = request.clone();
                 async move { client.describe(request).await }
             })
@@ -245,7 +277,7 @@ impl Backend for ServerBackend {
         };
         loop {
             let response = self
-                .unary(|mut client| {
+                .unary(true, |mut client| {
                     let request = request.clone();
                     async move { client.list(request).await }
                 })
@@ -264,7 +296,7 @@ impl Backend for ServerBackend {
             prefix: prefix.into(),
         };
         let response = self
-            .unary(|mut client| {
+            .unary(true, |mut client| {
                 let request = request.clone();
                 async move { client.history(request).await }
             })
@@ -280,7 +312,7 @@ impl Backend for ServerBackend {
     async fn force_release(&self, name: &str) -> Result<()> {
         let request = pb::ForceReleaseRequest { name: name.into() };
         let result = self
-            .unary(|mut client| {
+            .unary(false, |mut client| {
                 let request = request.clone();
                 async move { client.force_release(request).await }
             })
