@@ -11,8 +11,7 @@ use std::time::Duration;
 
 use locksmith_proto::v1 as pb;
 use locksmith_testkit::free_port;
-use server_support::{eventually, unique, RawSession, ServerProcess, BINARY};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use server_support::{eventually, get, unique, RawSession, ServerProcess, BINARY};
 
 /// A server with its HTTP listener on a free port, ready (`/readyz`);
 /// returns it and that port.
@@ -27,24 +26,6 @@ async fn server_with_http(extra: &[&str]) -> (ServerProcess, u16) {
     })
     .await;
     (server, port)
-}
-
-/// `GET path` on 127.0.0.1:`port`: the status code and the body.
-async fn get(port: u16, path: &str) -> (u16, String) {
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .expect("connect to the HTTP listener");
-    let request = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.expect("send");
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.expect("read");
-    let (head, body) = response.split_once("\r\n\r\n").expect("HTTP response");
-    let code = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .expect("status code");
-    (code, body.to_owned())
 }
 
 /// `/metrics`, parsed as Prometheus text.
@@ -240,6 +221,14 @@ async fn health_readiness_and_the_page_are_served() {
     assert_eq!(code, 200);
     let json: serde_json::Value = serde_json::from_str(&body).expect("JSON");
     assert_eq!(json["locks"], serde_json::json!([]));
+    // A server on its own is a cluster of one: itself, the leader.
+    let (code, body) = get(http, "/api/cluster").await;
+    assert_eq!(code, 200, "{body}");
+    let cluster: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(cluster["node_id"], 1);
+    assert_eq!(cluster["leader_id"], 1);
+    assert_eq!(cluster["members"][0]["role"], "leader", "{cluster}");
+    assert_eq!(cluster["members"].as_array().map(Vec::len), Some(1));
     assert_eq!(get(http, "/nowhere").await.0, 404);
 }
 
@@ -317,6 +306,12 @@ async fn the_page_shows_a_held_lock_in_a_browser_and_drops_it_after_release() {
     let grants = table_body(&dom, "grants");
     assert!(grants.contains(&format!("<td class=\"token num\">{token}</td>")));
     assert!(grants.contains("<td>held</td>"), "{grants}");
+    let cluster = table_body(&dom, "cluster");
+    assert!(cluster.contains("1 (this page)"), "{cluster}");
+    assert!(
+        cluster.contains("<td class=\"leader\">leader</td>"),
+        "{cluster}"
+    );
 
     // SIGINT: `hold` releases and exits.
     nix::sys::signal::kill(

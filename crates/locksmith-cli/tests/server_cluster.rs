@@ -504,3 +504,69 @@ async fn with_auto_promote_lag_a_learner_that_caught_up_becomes_a_voter() {
     .await;
     guard.release().await.unwrap();
 }
+
+/// `/api/cluster` of the member whose HTTP listener is on `port`.
+async fn cluster_json(port: u16) -> serde_json::Value {
+    let (code, body) = server_support::get(port, "/api/cluster").await;
+    assert_eq!(code, 200, "{body}");
+    serde_json::from_str(&body).expect("JSON")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_member_shows_the_cluster_on_its_web_api() {
+    let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let http: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let list = ports
+        .iter()
+        .enumerate()
+        .map(|(i, port)| format!("{}=127.0.0.1:{port}", i + 1))
+        .collect::<Vec<_>>()
+        .join(",");
+    let members: Vec<ServerProcess> = (0..3)
+        .map(|i| {
+            let id = (i + 1).to_string();
+            let listen = format!("127.0.0.1:{}", http[i]);
+            let args = [
+                "--node-id",
+                &id,
+                "--cluster",
+                &list,
+                "--metrics-listen",
+                &listen,
+            ];
+            ServerProcess::start_on(ports[i], &args)
+        })
+        .collect();
+    let cluster = Cluster { members };
+    let leader = cluster.leader(&[]).await;
+
+    // The leader knows every member's log and lag.
+    let on_leader = cluster_json(http[leader]).await;
+    assert_eq!(on_leader["node_id"], leader + 1);
+    assert_eq!(on_leader["leader_id"], leader + 1);
+    let listed = on_leader["members"].as_array().expect("members").clone();
+    assert_eq!(listed.len(), 3, "{on_leader}");
+    for (i, member) in listed.iter().enumerate() {
+        assert_eq!(member["id"], i + 1, "{on_leader}");
+        assert_eq!(member["address"], format!("127.0.0.1:{}", ports[i]));
+        let role = if i == leader { "leader" } else { "voter" };
+        assert_eq!(member["role"], role, "{on_leader}");
+        assert!(member["lag"].is_u64(), "{on_leader}");
+    }
+    // A follower knows the members and who leads.
+    eventually(
+        Duration::from_secs(10),
+        "followers know the leader",
+        || async {
+            let mut known = true;
+            for i in (0..3).filter(|&i| i != leader) {
+                let on_follower = cluster_json(http[i]).await;
+                assert_eq!(on_follower["node_id"], i + 1);
+                assert_eq!(on_follower["members"].as_array().map(Vec::len), Some(3));
+                known &= on_follower["leader_id"] == leader + 1;
+            }
+            known
+        },
+    )
+    .await;
+}

@@ -180,6 +180,7 @@ impl Server {
         let stop_on_error = stop.clone().drop_guard();
         let metrics = Arc::new(Metrics::new());
         let readiness = Arc::new(Readiness::default());
+        let member = Arc::new(std::sync::OnceLock::new());
         let http_addr = match config.metrics_listen {
             Some(addr) => Some(
                 http::start(
@@ -187,6 +188,7 @@ impl Server {
                     ops.clone(),
                     metrics.clone(),
                     readiness.clone(),
+                    member.clone(),
                     stop.clone(),
                 )
                 .await?,
@@ -246,6 +248,7 @@ impl Server {
         )
         .await?;
         metrics.follow_raft(raft.clone());
+        let _ = member.set(raft.clone());
         if let Some(lag) = config.auto_promote_lag {
             raft::admin::spawn_auto_promote(raft.clone(), lag);
         }

@@ -542,3 +542,22 @@ pub fn refused_start(data_dir: &Path, extra: &[&str]) -> String {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// `GET path` on 127.0.0.1:`port`: the status code and the body.
+pub async fn get(port: u16, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect to the HTTP listener");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.expect("send");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.expect("read");
+    let (head, body) = response.split_once("\r\n\r\n").expect("HTTP response");
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .expect("status code");
+    (code, body.to_owned())
+}

@@ -208,3 +208,55 @@ impl History {
         }
     }
 }
+
+/// `/api/cluster`.
+#[derive(Debug, Serialize)]
+pub(super) struct Cluster {
+    /// This member's id.
+    node_id: u64,
+    /// The leader's id, when one is known.
+    leader_id: Option<u64>,
+    term: u64,
+    members: Vec<Member>,
+}
+
+#[derive(Debug, Serialize)]
+struct Member {
+    id: u64,
+    address: String,
+    /// `leader`, `voter` or `learner`.
+    role: &'static str,
+    /// The last log index known for it (every member's on the leader).
+    last_log_index: Option<u64>,
+    /// Its applied index (known for this member only).
+    applied_index: Option<u64>,
+    /// Entries it is behind the leader (known on the leader).
+    lag: Option<u64>,
+}
+
+impl Cluster {
+    pub(super) fn new(status: locksmith_proto::raft::ClusterStatus) -> Cluster {
+        let members = status
+            .members
+            .into_iter()
+            .map(|m| Member {
+                role: match (m.leader, m.voter) {
+                    (true, _) => "leader",
+                    (false, true) => "voter",
+                    (false, false) => "learner",
+                },
+                id: m.id,
+                address: m.address,
+                last_log_index: m.last_log_index,
+                applied_index: m.applied_index,
+                lag: m.lag,
+            })
+            .collect();
+        Cluster {
+            node_id: status.node_id,
+            leader_id: (status.leader_id != 0).then_some(status.leader_id),
+            term: status.term,
+            members,
+        }
+    }
+}

@@ -10,6 +10,7 @@
 //! | `/api/locks?prefix=P&limit=N` | locks under a prefix: holders, waiters in order |
 //! | `/api/sessions` | open sessions |
 //! | `/api/history?prefix=P` | recent grants (module `history`) |
+//! | `/api/cluster` | the Raft group's members as this member sees them (what `locksmith cluster status` shows); 503 before the member has started |
 //!
 //! The listener starts before recovery, so health and metrics answer while a
 //! large log replays. The API asks the core with the same ops as the gRPC
@@ -27,7 +28,7 @@ mod api;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use axum::extract::{Query, State};
 use axum::http::{header, StatusCode};
@@ -41,6 +42,8 @@ use tokio_util::sync::CancellationToken;
 use crate::error::ServerError;
 use crate::metrics::Metrics;
 use crate::op::{Op, UnaryReply};
+use crate::raft::admin::cluster_status;
+use crate::raft::Raft;
 
 /// Most inspection ops the HTTP API has in flight at the core at once.
 pub(crate) const MAX_INSPECTIONS: usize = 4;
@@ -82,6 +85,8 @@ struct Http {
     metrics: Arc<Metrics>,
     readiness: Arc<Readiness>,
     inspections: Arc<Semaphore>,
+    /// This member's Raft handle, once it has started (after recovery).
+    member: Arc<OnceLock<Raft>>,
 }
 
 /// Binds `addr` and serves until `stop` is cancelled. Returns the bound
@@ -94,6 +99,7 @@ pub(crate) async fn start(
     core: Sender<Op>,
     metrics: Arc<Metrics>,
     readiness: Arc<Readiness>,
+    member: Arc<OnceLock<Raft>>,
     stop: CancellationToken,
 ) -> Result<SocketAddr, ServerError> {
     let bind_error = |source| ServerError::Bind { addr, source };
@@ -106,6 +112,7 @@ pub(crate) async fn start(
         metrics,
         readiness,
         inspections: Arc::new(Semaphore::new(MAX_INSPECTIONS)),
+        member,
     };
     let router = Router::new()
         .route("/", get(page))
@@ -117,6 +124,7 @@ pub(crate) async fn start(
         .route("/api/locks", get(locks))
         .route("/api/sessions", get(sessions))
         .route("/api/history", get(history))
+        .route("/api/cluster", get(cluster))
         .with_state(state);
     tokio::spawn(async move {
         let served = axum::serve(listener, router)
@@ -232,4 +240,13 @@ async fn history(
     let prefix = query.prefix;
     let grants = http.ask(|reply| Op::History { prefix, reply }).await?;
     Ok(Json(api::History::new(grants)))
+}
+
+/// The members as this member's Raft metrics know them; no call to the core.
+async fn cluster(State(http): State<Http>) -> Result<Json<api::Cluster>, Response> {
+    let Some(raft) = http.member.get() else {
+        let starting = "the member has not started yet (recovering its data)\n";
+        return Err((StatusCode::SERVICE_UNAVAILABLE, starting).into_response());
+    };
+    Ok(Json(api::Cluster::new(cluster_status(raft))))
 }

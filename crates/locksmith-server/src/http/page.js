@@ -1,5 +1,5 @@
 // The live page of the lock table. It reads the JSON API of the same
-// listener every second (api/locks, api/sessions, api/history), renders with
+// listener every second (api/locks, api/sessions, api/history, api/cluster), renders with
 // DOM calls and textContent only (lock names and labels come from clients),
 // and counts leases down between reads. The prefix filter and the lock whose
 // grants are shown live in the URL (?prefix=...#lock=...), so a view can be
@@ -147,6 +147,23 @@ function renderSessions(data) {
   document.getElementById("session-count").textContent = "(" + data.sessions.length + ")";
 }
 
+// The members of the Raft group as this member sees them; shown even when
+// the lock table is not (a follower sends inspection to the leader).
+function renderCluster(data) {
+  const body = document.querySelector("#cluster tbody");
+  body.replaceChildren(...data.members.map((m) => row([
+    td(m.id === data.node_id ? m.id + " (this page)" : m.id, "num"),
+    td(m.address),
+    td(m.role, m.role === "leader" ? "leader" : ""),
+    td(m.last_log_index, "num"),
+    td(m.applied_index, "num"),
+    td(m.lag, "num"),
+  ])));
+  const leader = data.leader_id === null ? "no leader (an election is under way)" : "leader " + data.leader_id;
+  document.getElementById("cluster-summary").textContent =
+    "(" + data.members.length + " member" + (data.members.length === 1 ? "" : "s") + ", " + leader + ", term " + data.term + ")";
+}
+
 function renderHistory(name, data) {
   const section = document.getElementById("history");
   if (name === null) {
@@ -189,6 +206,9 @@ async function refresh() {
   const prefix = prefixInput.value;
   const name = selectedLock();
   const status = document.getElementById("status");
+  getJson("api/cluster").then(renderCluster, () => {
+    document.getElementById("cluster-summary").textContent = "(not known yet)";
+  });
   try {
     const [locks, sessions, history] = await Promise.all([
       getJson("api/locks?prefix=" + encodeURIComponent(prefix)),

@@ -98,47 +98,7 @@ impl pb::cluster_server::Cluster for ClusterService {
         &self,
         _: Request<pb::StatusRequest>,
     ) -> Result<Response<pb::ClusterStatus>, Status> {
-        let m = self.raft.metrics().borrow_watched().clone();
-        let membership = m.membership_config.membership();
-        let voters: BTreeSet<u64> = membership.voter_ids().collect();
-        let leading = m.state == ServerState::Leader;
-        let last_log = m.last_log_index;
-        let members = membership
-            .nodes()
-            .map(|(&id, node)| {
-                let (matched, lag) = if id == m.id {
-                    (last_log, leading.then_some(0))
-                } else {
-                    let matched = m
-                        .replication
-                        .as_ref()
-                        .and_then(|r| r.get(&id).cloned().flatten())
-                        .map(|log_id| log_id.index);
-                    let lag = m
-                        .replication
-                        .as_ref()
-                        .map(|_| last_log.unwrap_or(0).saturating_sub(matched.unwrap_or(0)));
-                    (matched, lag)
-                };
-                pb::MemberStatus {
-                    id,
-                    address: node.addr.clone(),
-                    voter: voters.contains(&id),
-                    leader: m.current_leader == Some(id),
-                    last_log_index: matched,
-                    applied_index: (id == m.id)
-                        .then(|| m.last_applied.map(|l| l.index))
-                        .flatten(),
-                    lag,
-                }
-            })
-            .collect();
-        Ok(Response::new(pb::ClusterStatus {
-            node_id: m.id,
-            leader_id: m.current_leader.unwrap_or(0),
-            term: m.current_term,
-            members,
-        }))
+        Ok(Response::new(cluster_status(&self.raft)))
     }
 
     async fn add_learner(
@@ -305,4 +265,51 @@ pub(crate) fn spawn_auto_promote(raft: Raft, lag: u64) {
             }
         }
     });
+}
+
+/// What `locksmith cluster status` and the web page show: every member,
+/// its role and how far its log is, as this member's openraft metrics know
+/// them (a leader knows every member's match index; others only their own).
+pub(crate) fn cluster_status(raft: &Raft) -> pb::ClusterStatus {
+    let m = raft.metrics().borrow_watched().clone();
+    let membership = m.membership_config.membership();
+    let voters: BTreeSet<u64> = membership.voter_ids().collect();
+    let leading = m.state == ServerState::Leader;
+    let last_log = m.last_log_index;
+    let members = membership
+        .nodes()
+        .map(|(&id, node)| {
+            let (matched, lag) = if id == m.id {
+                (last_log, leading.then_some(0))
+            } else {
+                let matched = m
+                    .replication
+                    .as_ref()
+                    .and_then(|r| r.get(&id).cloned().flatten())
+                    .map(|log_id| log_id.index);
+                let lag = m
+                    .replication
+                    .as_ref()
+                    .map(|_| last_log.unwrap_or(0).saturating_sub(matched.unwrap_or(0)));
+                (matched, lag)
+            };
+            pb::MemberStatus {
+                id,
+                address: node.addr.clone(),
+                voter: voters.contains(&id),
+                leader: m.current_leader == Some(id),
+                last_log_index: matched,
+                applied_index: (id == m.id)
+                    .then(|| m.last_applied.map(|l| l.index))
+                    .flatten(),
+                lag,
+            }
+        })
+        .collect();
+    pb::ClusterStatus {
+        node_id: m.id,
+        leader_id: m.current_leader.unwrap_or(0),
+        term: m.current_term,
+        members,
+    }
 }
