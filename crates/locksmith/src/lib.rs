@@ -82,3 +82,4 @@ pub use error::{Error, Result};
 pub use guard::Guard;
 pub use lock::{Lock, LockOptions, RwLock};
 pub use locksmith_core::{validate_name, Mode, NameError};
+pub use metrics::LostCause;

@@ -41,9 +41,12 @@ impl Outcome {
     }
 }
 
-/// Why a hold was lost, in a word: the `reason` label of
-/// `locksmith_client_lost_total` (see [`crate::LostSignal::fire_because`]).
+/// Why a hold was lost, in a word, on every backend: what
+/// [`crate::LostSignal::cause`] (and so a guard's lost signal) reports for
+/// callers to match on, and the `reason` label of
+/// `locksmith_client_lost_total`. The signal's text says more, for people.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum LostCause {
     /// The session that kept the hold alive expired.
     SessionExpired,
@@ -55,7 +58,15 @@ pub enum LostCause {
     ForceReleased,
     /// The client was closed.
     ClientClosed,
-    /// The store did not say.
+    /// The client could not reach the store for longer than the hold can
+    /// be trusted (a connection suspended past its grace, renewals that
+    /// failed until the lease ran out).
+    ConnectionLost,
+    /// The store no longer has the hold and cannot say why (its key or node
+    /// is gone: expired, deleted by someone else, or lost with the store's
+    /// data).
+    Gone,
+    /// None of the above.
     #[default]
     Other,
 }
@@ -68,6 +79,8 @@ impl LostCause {
             LostCause::LeaseExpired => "lease_expired",
             LostCause::ForceReleased => "force_released",
             LostCause::ClientClosed => "client_closed",
+            LostCause::ConnectionLost => "connection_lost",
+            LostCause::Gone => "gone",
             LostCause::Other => "other",
         }
     }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use locksmith::etcd::rpc::{self, etcdserverpb::Compare, etcdserverpb::TxnRequest};
 use locksmith::etcd::EtcdBackend;
-use locksmith::{Client, ConnectOptions, Error, Guard, Mode};
+use locksmith::{Client, ConnectOptions, Error, Guard, LostCause, Mode};
 use locksmith_testkit::Etcd;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::task::JoinHandle;
@@ -256,6 +256,15 @@ async fn revoked_lease_fires_lost_and_next_waiter_gets_higher_token() {
         .await
         .expect("lost() fires when the session lease is revoked");
     assert!(!reason.is_empty());
+    // Whichever the client sees first: the lease's end, or its key's
+    // deletion (which the revoke makes).
+    assert!(
+        matches!(
+            held.lost_signal().cause(),
+            Some(LostCause::SessionExpired | LostCause::Gone)
+        ),
+        "{reason}"
+    );
     let next = timeout(Duration::from_secs(10), waiter)
         .await
         .expect("the next waiter gets the lock")
@@ -439,6 +448,7 @@ async fn force_release_and_close_fire_lost() {
     timeout(Duration::from_secs(5), guard.lost())
         .await
         .expect("force release is seen by the holder");
+    assert_eq!(guard.lost_signal().cause(), Some(LostCause::Gone));
     assert!(admin.describe(&name).await.unwrap().is_none());
 
     let other = unique("close");
@@ -451,6 +461,8 @@ async fn force_release_and_close_fire_lost() {
         .unwrap();
     a.close().await.unwrap();
     assert!(guard.is_lost() && leased.is_lost());
+    assert_eq!(guard.lost_signal().cause(), Some(LostCause::ClientClosed));
+    assert_eq!(leased.lost_signal().cause(), Some(LostCause::ClientClosed));
     assert!(admin.describe(&other).await.unwrap().is_none());
     assert!(admin
         .describe(&format!("{other}-leased"))
@@ -543,6 +555,7 @@ async fn unreachable_etcd_fires_lost_before_the_lease_ends() {
     own.resume();
     let reason = reason.expect("lost() fires when etcd cannot be reached for a whole TTL");
     assert!(reason.contains("renew"), "{reason}");
+    assert_eq!(held.lost_signal().cause(), Some(LostCause::ConnectionLost));
     // Not before the lease could have run out, and not much after.
     assert!(
         started.elapsed() <= ttl + Duration::from_secs(1),

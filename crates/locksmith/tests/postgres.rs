@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use locksmith::backend::Wait;
 use locksmith::postgres::{advisory_key, lock_in_transaction, semaphore_slot_key, XactOptions};
-use locksmith::{Client, ConnectOptions, Error, Guard, Mode};
+use locksmith::{Client, ConnectOptions, Error, Guard, LostCause, Mode};
 use locksmith_testkit::Postgres;
 use tokio::time::{sleep, timeout, Instant};
 
@@ -548,6 +548,7 @@ async fn force_release_ends_session_and_lease_holds() {
     timeout(Duration::from_secs(10), guard.lost())
         .await
         .expect("the session holder sees the loss");
+    assert_eq!(guard.lost_signal().cause(), Some(LostCause::ConnectionLost));
     let lease = a.lock(name.as_str()).acquire().await.unwrap();
     drop(guard);
     let ttl = connect(
@@ -561,6 +562,7 @@ async fn force_release_ends_session_and_lease_holds() {
     timeout(Duration::from_secs(10), leased.lost())
         .await
         .expect("the watchdog finds the row gone");
+    assert_eq!(leased.lost_signal().cause(), Some(LostCause::Gone));
     assert!(admin.describe(&name).await.unwrap().is_none());
 }
 

@@ -65,7 +65,7 @@ mod redlock {
 // ---------------------------------------------------------------------------
 
 use futures::StreamExt;
-use locksmith::{Error, Mode};
+use locksmith::{Error, LostCause, Mode};
 use locksmith_testkit::Redis;
 use redis::AsyncCommands;
 use redis_support::redisson::Redisson;
@@ -480,6 +480,7 @@ async fn lost_fires_on_force_release() {
     timeout(ttl * 3, guard.lost())
         .await
         .expect("the watchdog notices");
+    assert_eq!(guard.lost_signal().cause(), Some(LostCause::Gone));
     assert!(admin
         .lock(name.as_str())
         .try_acquire()

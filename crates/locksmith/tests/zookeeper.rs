@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use locksmith::zookeeper::ZooKeeperBackend;
-use locksmith::{Client, ConnectOptions, Error, Mode};
+use locksmith::{Client, ConnectOptions, Error, LostCause, Mode};
 use locksmith_testkit::ZooKeeper;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout};
@@ -251,6 +251,7 @@ async fn force_release_fires_lost() {
         .await
         .expect("lost() fires after a force-release");
     assert!(reason.contains("deleted"), "{reason}");
+    assert_eq!(guard.lost_signal().cause(), Some(LostCause::Gone));
     assert!(matches!(guard.release().await, Err(Error::Lost(_))));
     let next = admin.lock(name.as_str()).try_acquire().await.unwrap();
     assert!(next.is_some());
@@ -434,6 +435,13 @@ async fn expired_session_fires_lost_and_hands_over() {
     }
     let reason = reason.expect("lost() fires when the session ends");
     assert!(reason.contains("session"), "{reason}");
+    assert!(
+        matches!(
+            held.lost_signal().cause(),
+            Some(LostCause::SessionExpired | LostCause::SessionClosed)
+        ),
+        "{reason}"
+    );
     let next = timeout(Duration::from_secs(20), waiter)
         .await
         .expect("the waiter gets the lock")
@@ -476,6 +484,7 @@ async fn suspended_connection_fires_lost_before_the_session_can_expire() {
     server.resume();
     let reason = reason.expect("lost() fires while the connection is suspended");
     assert!(reason.contains("suspended"), "{reason}");
+    assert_eq!(held.lost_signal().cause(), Some(LostCause::ConnectionLost));
     assert!(after < Duration::from_secs(4), "lost after {after:?}");
 
     let next = timeout(Duration::from_secs(30), waiter)

@@ -52,6 +52,7 @@ use super::watch::{Deferrable, Sink, Wake};
 use super::{backend_error, cleanups, Inner, BACKEND};
 use crate::backend::{AcquireRequest, Grant, Mode, Wait};
 use crate::error::{Error, Result};
+use crate::metrics::LostCause;
 
 /// What a queued key is attached to.
 #[derive(Clone)]
@@ -247,7 +248,10 @@ impl Inner {
                 Ok(response) => response,
                 Err(error) => {
                     if let (true, QueueLease::Session(session)) = (lease_not_found(&error), &lease) {
-                        session.end("the session lease expired or was revoked");
+                        session.end(
+                            LostCause::SessionExpired,
+                            "the session lease expired or was revoked",
+                        );
                         Box::pin(pending.remove()).await;
                         return Err(Attempt::StaleSession);
                     }
@@ -669,7 +673,9 @@ impl Inner {
         }
         let count = state.count + 1;
         if !entry.write_count(self, &state, count).await? {
-            entry.lost.fire("the key is no longer ours");
+            entry
+                .lost
+                .fire(LostCause::Gone, "the key is no longer ours");
             return Err(Error::Lost("the key is no longer ours".into()));
         }
         state.count = count;

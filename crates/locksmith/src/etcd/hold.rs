@@ -19,6 +19,7 @@ use super::watch::{Deferrable, Sink, WatchGuard};
 use super::{backend_error, Inner, BACKEND};
 use crate::backend::{Hold, Mode};
 use crate::error::{Error, Result};
+use crate::metrics::LostCause;
 
 /// One hold of one lock by one owner, shared by its re-entries.
 pub(crate) struct Entry {
@@ -125,7 +126,7 @@ impl OwnLease {
                     (state.deadline <= Instant::now(), state.id)
                 };
                 if due {
-                    lost.fire("the hold's lease ran out");
+                    lost.fire(LostCause::LeaseExpired, "the hold's lease ran out");
                     revoke_in_background(client, id);
                     return;
                 }
@@ -195,7 +196,7 @@ impl Entry {
     }
 
     fn lose(&self, why: &str) -> Error {
-        self.lost.fire(why);
+        self.lost.fire(LostCause::Gone, why);
         Error::Lost(self.lost.reason().unwrap_or_else(|| why.to_owned()))
     }
 }

@@ -3,6 +3,7 @@
 use std::sync::Mutex;
 
 use crate::backend::LostSignal;
+use crate::metrics::LostCause;
 
 /// Whether (and why) a hold was lost, and the lost signals of its guards.
 ///
@@ -17,26 +18,30 @@ pub(crate) struct HoldLost {
 
 #[derive(Default)]
 struct State {
-    reason: Option<String>,
+    reason: Option<(LostCause, String)>,
     guards: Vec<LostSignal>,
 }
 
 impl HoldLost {
     /// Marks the hold lost (the first reason wins) and fires every guard's signal.
-    pub fn fire(&self, reason: impl Into<String>) {
-        let (reason, guards) = {
+    pub fn fire(&self, cause: LostCause, reason: impl Into<String>) {
+        let ((cause, reason), guards) = {
             let mut state = self.state.lock().expect("hold lost state");
-            let reason = state.reason.get_or_insert_with(|| reason.into()).clone();
-            (reason, state.guards.clone())
+            let first = state
+                .reason
+                .get_or_insert_with(|| (cause, reason.into()))
+                .clone();
+            (first, state.guards.clone())
         };
         for guard in guards {
-            guard.fire(reason.clone());
+            guard.fire_because(cause, reason.clone());
         }
     }
 
     /// Why it was lost, once it was.
     pub fn reason(&self) -> Option<String> {
-        self.state.lock().expect("hold lost state").reason.clone()
+        let state = self.state.lock().expect("hold lost state");
+        state.reason.as_ref().map(|(_, reason)| reason.clone())
     }
 
     /// Whether it was lost.
@@ -48,8 +53,8 @@ impl HoldLost {
     pub fn subscribe(&self) -> LostSignal {
         let signal = LostSignal::new();
         let mut state = self.state.lock().expect("hold lost state");
-        if let Some(reason) = &state.reason {
-            signal.fire(reason.clone());
+        if let Some((cause, reason)) = &state.reason {
+            signal.fire_because(*cause, reason.clone());
         }
         // Signals of released guards are dropped lazily, when they fired.
         state.guards.retain(|guard| !guard.is_fired());

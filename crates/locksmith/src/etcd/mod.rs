@@ -194,6 +194,7 @@ use crate::backend::{
 use crate::client::{redact, ConnectOptions};
 use crate::error::{Error, Result};
 use crate::guard::Guard;
+use crate::metrics::LostCause;
 
 const BACKEND: &str = "etcd";
 
@@ -741,7 +742,7 @@ impl Backend for EtcdBackend {
             return Ok(());
         }
         let session = self.inner.session.lock().expect("session").clone();
-        session.end("the client was closed");
+        session.end(LostCause::ClientClosed, "the client was closed");
         let owned: Vec<Arc<Entry>> = self
             .inner
             .holds
@@ -756,7 +757,9 @@ impl Backend for EtcdBackend {
             .await
             .map_err(|e| backend_error("revoking the session lease", e));
         for entry in owned {
-            entry.lost.fire("the client was closed");
+            entry
+                .lost
+                .fire(LostCause::ClientClosed, "the client was closed");
             if let hold::HoldLease::Own(own) = &entry.lease {
                 own.stop();
                 if let Err(error) = client.revoke_lease(own.id()).await {
@@ -775,7 +778,7 @@ impl Drop for EtcdBackend {
             return;
         }
         let session = self.inner.session.lock().expect("session").clone();
-        session.end("the client was dropped");
+        session.end(LostCause::ClientClosed, "the client was dropped");
         self.inner.shutdown.cancel();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let client = self.inner.client.clone();

@@ -18,6 +18,7 @@ use super::lost::HoldLost;
 use super::rpc::{EtcdClient, KeepAlive};
 use super::{backend_error, BACKEND};
 use crate::error::Result;
+use crate::metrics::LostCause;
 
 /// Pause between attempts to reopen a broken keep-alive stream.
 const RETRY: Duration = Duration::from_millis(100);
@@ -30,7 +31,8 @@ pub(crate) struct Session {
     pub ttl: Duration,
     /// Fires when the lease is gone or no longer trusted.
     dead: CancellationToken,
-    reason: Mutex<Option<String>>,
+    /// Why it ended (the first reason wins).
+    reason: Mutex<Option<(LostCause, String)>>,
     /// Lost signals of the holds on this lease.
     holds: Mutex<HashMap<u64, Arc<HoldLost>>>,
     next_hold: AtomicU64,
@@ -92,17 +94,24 @@ impl Session {
 
     /// Why it ended, once it has.
     pub fn reason(&self) -> Option<String> {
-        self.reason.lock().expect("session reason").clone()
+        let reason = self.reason.lock().expect("session reason");
+        reason.as_ref().map(|(_, text)| text.clone())
+    }
+
+    /// Why it ended in a word, once it has.
+    fn cause(&self) -> LostCause {
+        let reason = self.reason.lock().expect("session reason");
+        reason
+            .as_ref()
+            .map_or(LostCause::Other, |(cause, _)| *cause)
     }
 
     /// Ends the session: every hold on it is lost.
-    pub fn end(&self, reason: &str) {
-        {
-            let mut slot = self.reason.lock().expect("session reason");
-            if slot.is_none() {
-                *slot = Some(reason.to_owned());
-            }
-        }
+    pub fn end(&self, cause: LostCause, reason: &str) {
+        self.reason
+            .lock()
+            .expect("session reason")
+            .get_or_insert_with(|| (cause, reason.to_owned()));
         self.dead.cancel();
         let holds: Vec<Arc<HoldLost>> = self
             .holds
@@ -112,8 +121,9 @@ impl Session {
             .map(|(_, s)| s)
             .collect();
         let reason = self.reason().unwrap_or_default();
+        let cause = self.cause();
         for signal in holds {
-            signal.fire(reason.clone());
+            signal.fire(cause, reason.clone());
         }
     }
 
@@ -125,7 +135,7 @@ impl Session {
             .expect("session holds")
             .insert(id, signal.clone());
         if let Some(reason) = self.is_dead().then(|| self.reason()).flatten() {
-            signal.fire(reason);
+            signal.fire(self.cause(), reason);
         }
         id
     }
@@ -201,7 +211,10 @@ async fn keep_alive(
                     lease = format_args!("{:x}", session.id),
                     "session lease expired or was revoked"
                 );
-                session.end("the session lease expired or was revoked");
+                session.end(
+                    LostCause::SessionExpired,
+                    "the session lease expired or was revoked",
+                );
                 return;
             }
             Ok(Err(error)) => {
@@ -218,12 +231,18 @@ async fn keep_alive(
                     lease = format_args!("{:x}", session.id),
                     "could not renew the session lease before it ran out"
                 );
-                session.end("could not reach etcd to renew the session lease before it ran out");
+                session.end(
+                    LostCause::ConnectionLost,
+                    "could not reach etcd to renew the session lease before it ran out",
+                );
                 return;
             }
         }
         if Instant::now() >= expires {
-            session.end("could not reach etcd to renew the session lease before it ran out");
+            session.end(
+                LostCause::ConnectionLost,
+                "could not reach etcd to renew the session lease before it ran out",
+            );
             return;
         }
     }

@@ -35,6 +35,7 @@ use super::rpc::etcdserverpb::{WatchCreateRequest, WatchResponse};
 use super::rpc::mvccpb::event::EventType;
 use super::rpc::{self, EtcdClient, WatchStream};
 use super::BACKEND;
+use crate::metrics::LostCause;
 
 /// Pause before reopening a broken watch stream.
 const RETRY: Duration = Duration::from_millis(200);
@@ -422,7 +423,7 @@ fn deliver(sink: &Sink, at: i64, reason: &str) {
         }
         Sink::Lost { signal, armed, .. } => {
             if armed.load(Ordering::SeqCst) {
-                signal.fire(reason);
+                signal.fire(LostCause::Gone, reason);
             }
         }
     }
@@ -463,14 +464,18 @@ async fn recheck(
                 // Same id: the hold's guard cancels it by this id.
                 let _ = loopback.send(Command::Add(id, spec));
             } else if !held && armed.load(Ordering::SeqCst) {
-                signal.fire("its key is gone (found on re-checking after a watch reset)");
+                signal.fire(
+                    LostCause::Gone,
+                    "its key is gone (found on re-checking after a watch reset)",
+                );
             }
         }
         Err(error) => {
             if armed.load(Ordering::SeqCst) {
-                signal.fire(format!(
-                    "cannot re-check the key after a watch reset: {error}"
-                ));
+                signal.fire(
+                    LostCause::ConnectionLost,
+                    format!("cannot re-check the key after a watch reset: {error}"),
+                );
             }
         }
     }

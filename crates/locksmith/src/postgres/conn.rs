@@ -23,6 +23,7 @@ use super::config::Settings;
 use super::tls::Tls;
 use super::{pg_error, run, Fan, Params};
 use crate::error::{Error, Result};
+use crate::metrics::LostCause;
 
 /// One PostgreSQL connection of our own (not deadpool's), see the module docs.
 pub(crate) struct PgConn {
@@ -262,7 +263,7 @@ impl PgConn {
             .expect("holds lock")
             .insert(id, lost.clone());
         if let Some(reason) = self.broken() {
-            lost.fire(reason);
+            lost.fire(LostCause::ConnectionLost, reason);
             return false;
         }
         true
@@ -325,7 +326,7 @@ impl PgConn {
             .map(|(_, lost)| lost)
             .collect();
         for lost in holds {
-            lost.fire(reason.clone());
+            lost.fire(LostCause::ConnectionLost, reason.clone());
         }
     }
 

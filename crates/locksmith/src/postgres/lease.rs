@@ -25,6 +25,7 @@ use super::config::Pooler;
 use super::{detached, one, pg_error, wait, Fan, Shared};
 use crate::backend::Wait;
 use crate::error::{Error, Result};
+use crate::metrics::LostCause;
 
 /// A live lease hold.
 pub(crate) struct LeaseHold {
@@ -228,9 +229,15 @@ async fn keep(keeper: Keeper, mut updates: watch::Receiver<LeaseState>) {
         }
         let now = Instant::now();
         if now >= state.expires {
+            // With a watchdog, the lease ran out because renewals failed.
+            let cause = if keeper.watchdog {
+                LostCause::ConnectionLost
+            } else {
+                LostCause::LeaseExpired
+            };
             keeper
                 .lost
-                .fire(format!("lease of {} expired", keeper.name));
+                .fire(cause, format!("lease of {} expired", keeper.name));
             return;
         }
         if !keeper.watchdog || now < state.renew_at {
@@ -251,10 +258,13 @@ async fn keep(keeper: Keeper, mut updates: watch::Receiver<LeaseState>) {
                 s.renew_at = sent + s.lease / 3;
             }),
             Ok(false) => {
-                keeper.lost.fire(format!(
-                    "lease of {} is no longer held (expired and taken, or force-released)",
-                    keeper.name
-                ));
+                keeper.lost.fire(
+                    LostCause::Gone,
+                    format!(
+                        "lease of {} is no longer held (expired and taken, or force-released)",
+                        keeper.name
+                    ),
+                );
                 return;
             }
             Err(error) => {
@@ -308,7 +318,7 @@ impl LeaseHold {
             Ok(())
         } else {
             let reason = format!("lease of {} is no longer held", self.name);
-            self.lost.fire(reason.clone());
+            self.lost.fire(LostCause::Gone, reason.clone());
             Err(Error::Lost(reason))
         }
     }

@@ -251,6 +251,7 @@ use crate::backend::{
 };
 use crate::client::ConnectOptions;
 use crate::error::{Error, Result};
+use crate::metrics::LostCause;
 
 pub use config::{HoldMode, Pooler};
 pub use key::{advisory_key, semaphore_slot_key};
@@ -973,31 +974,35 @@ pub(crate) struct Fan(Arc<Mutex<FanState>>);
 
 #[derive(Default)]
 struct FanState {
-    reason: Option<String>,
+    reason: Option<(LostCause, String)>,
     signals: Vec<LostSignal>,
 }
 
 impl Fan {
     /// Fires every guard's signal; the first reason wins.
-    pub fn fire(&self, reason: impl Into<String>) {
+    pub fn fire(&self, cause: LostCause, reason: impl Into<String>) {
         let mut state = self.0.lock().expect("fan lock");
-        let reason = state.reason.get_or_insert_with(|| reason.into()).clone();
+        let (cause, reason) = state
+            .reason
+            .get_or_insert_with(|| (cause, reason.into()))
+            .clone();
         for signal in &state.signals {
-            signal.fire(reason.clone());
+            signal.fire_because(cause, reason.clone());
         }
     }
 
     /// Why the hold was lost, once it has been.
     pub fn reason(&self) -> Option<String> {
-        self.0.lock().expect("fan lock").reason.clone()
+        let state = self.0.lock().expect("fan lock");
+        state.reason.as_ref().map(|(_, reason)| reason.clone())
     }
 
     /// A new guard's signal (already fired if the hold is lost).
     pub fn signal(&self) -> LostSignal {
         let signal = LostSignal::new();
         let mut state = self.0.lock().expect("fan lock");
-        if let Some(reason) = &state.reason {
-            signal.fire(reason.clone());
+        if let Some((cause, reason)) = &state.reason {
+            signal.fire_because(*cause, reason.clone());
         }
         state.signals.retain(|s| !s.is_fired());
         state.signals.push(signal.clone());

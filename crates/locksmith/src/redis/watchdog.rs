@@ -43,6 +43,7 @@ use tokio_util::sync::CancellationToken;
 use super::ops::Target;
 use super::Shared;
 use crate::backend::LostSignal;
+use crate::metrics::LostCause;
 
 /// Most holds renewed by one script call (Redisson's batch size).
 pub(crate) const BATCH: usize = 100;
@@ -230,7 +231,7 @@ impl Watchdog {
             .map(|(&id, _)| id)
             .collect();
         for id in ids {
-            lose(&mut state, id, reason.to_owned());
+            lose(&mut state, id, LostCause::ForceReleased, reason.to_owned());
         }
     }
 
@@ -243,7 +244,7 @@ impl Watchdog {
             .entries
             .drain()
             .map(|(_, entry)| {
-                entry.lost.fire(reason);
+                entry.lost.fire_because(LostCause::ClientClosed, reason);
                 entry.target
             })
             .collect()
@@ -276,19 +277,21 @@ impl Watchdog {
             .collect();
         for id in due {
             let entry = &state.entries[&id];
-            let reason = if entry.watched > 0 {
-                format!(
+            let (cause, reason) = if entry.watched > 0 {
+                let reason = format!(
                     "lock {:?}: its lease ended before the watchdog could renew it ({})",
                     entry.target.name,
                     entry
                         .last_error
                         .as_deref()
                         .unwrap_or("Redis did not answer in time")
-                )
+                );
+                (LostCause::ConnectionLost, reason)
             } else {
-                format!("lock {:?}: its lease expired", entry.target.name)
+                let reason = format!("lock {:?}: its lease expired", entry.target.name);
+                (LostCause::LeaseExpired, reason)
             };
-            lose(&mut state, id, reason);
+            lose(&mut state, id, cause, reason);
         }
     }
 
@@ -366,7 +369,7 @@ impl Watchdog {
                     "lock {:?} is no longer held in Redis (expired, force-released or lost with Redis data)",
                     entry.target.name
                 );
-                lose(&mut state, *id, reason);
+                lose(&mut state, *id, LostCause::Gone, reason);
             } else {
                 entry.last_error = first_error.clone();
                 unsettled = true;
@@ -376,10 +379,10 @@ impl Watchdog {
     }
 }
 
-fn lose(state: &mut State, id: u64, reason: String) {
+fn lose(state: &mut State, id: u64, cause: LostCause, reason: String) {
     if let Some(entry) = state.remove(id) {
         tracing::warn!(lock = %entry.target.name, %reason, "redis hold lost");
-        entry.lost.fire(reason);
+        entry.lost.fire_because(cause, reason);
     }
 }
 

@@ -38,6 +38,7 @@ use super::session::Session;
 use super::BACKEND;
 use crate::backend::{Hold, LostSignal};
 use crate::error::{Error, Result};
+use crate::metrics::LostCause;
 
 /// Holds of one client by `(lock name, owner)`, for re-entry and inspection.
 #[derive(Default)]
@@ -183,7 +184,7 @@ impl HoldState {
 
     /// Marks the hold lost (if it was held) and fires its signal. Returns
     /// whether this call did it.
-    pub fn lose(self: &Arc<Self>, table: &HoldTable, reason: &str) -> bool {
+    pub fn lose(self: &Arc<Self>, table: &HoldTable, cause: LostCause, reason: &str) -> bool {
         {
             let mut inner = self.inner();
             if !matches!(inner.status, Status::Held) {
@@ -194,7 +195,8 @@ impl HoldState {
         table.remove(self);
         self.done.cancel();
         tracing::warn!(lock = %self.name, owner = %self.owner, token = self.token, %reason, "hold lost");
-        self.lost.fire(format!("{}: {reason}", self.name));
+        self.lost
+            .fire_because(cause, format!("{}: {reason}", self.name));
         true
     }
 
@@ -219,7 +221,8 @@ async fn watch(hold: Arc<HoldState>, table: Arc<HoldTable>, trust: LostSignal) {
         tokio::select! {
             _ = hold.done.cancelled() => return,
             reason = trust.fired() => {
-                if hold.lose(&table, &reason) {
+                let cause = trust.cause().unwrap_or_default();
+                if hold.lose(&table, cause, &reason) {
                     delete_abandoned(&hold).await;
                 }
                 return;
@@ -227,15 +230,15 @@ async fn watch(hold: Arc<HoldState>, table: Arc<HoldTable>, trust: LostSignal) {
             _ = sleep_until(lease.unwrap_or(far)), if lease.is_some() => {
                 let lease = hold.inner().lease_until.map(|(at, _)| at);
                 if lease.is_some_and(|at| at <= Instant::now()) {
-                    if hold.lose(&table, "lease ended") {
+                    if hold.lose(&table, LostCause::LeaseExpired, "lease ended") {
                         delete_abandoned(&hold).await;
                     }
                     return;
                 }
             }
             _ = hold.lease_moved.notified() => {}
-            (reason, still_there) = &mut node_gone => {
-                if hold.lose(&table, &reason) && still_there {
+            (cause, reason, still_there) = &mut node_gone => {
+                if hold.lose(&table, cause, &reason) && still_there {
                     delete_abandoned(&hold).await;
                 }
                 return;
@@ -244,11 +247,11 @@ async fn watch(hold: Arc<HoldState>, table: Arc<HoldTable>, trust: LostSignal) {
     }
 }
 
-/// Completes when our node stops being ours: the reason, and whether the node
-/// may still exist.
+/// Completes when our node stops being ours: why (in a word and in words),
+/// and whether the node may still exist.
 ///
 /// Cancel safety: safe; dropping it drops the watch.
-async fn node_gone(hold: &HoldState) -> (String, bool) {
+async fn node_gone(hold: &HoldState) -> (LostCause, String, bool) {
     let session = &hold.session;
     loop {
         let watcher = match session
@@ -256,22 +259,31 @@ async fn node_gone(hold: &HoldState) -> (String, bool) {
             .await
         {
             Ok((Some(_), watcher)) => watcher,
-            Ok((None, _)) | Err(zk::Error::NoNode) => return ("its node is gone".into(), false),
-            Err(error) => return (format!("cannot watch its node: {error}"), true),
+            Ok((None, _)) | Err(zk::Error::NoNode) => {
+                return (LostCause::Gone, "its node is gone".into(), false)
+            }
+            Err(error) => {
+                let reason = format!("cannot watch its node: {error}");
+                return (LostCause::ConnectionLost, reason, true);
+            }
         };
         let event = watcher.changed().await;
         match event.event_type {
             zk::EventType::NodeDeleted => {
                 return (
+                    LostCause::Gone,
                     "its node was deleted (a force-release, or its session ended)".into(),
                     false,
                 )
             }
             zk::EventType::Session => {
-                return (
-                    format!("ZooKeeper session ended ({:?})", event.session_state),
-                    false,
-                )
+                let cause = match event.session_state {
+                    zk::SessionState::Expired => LostCause::SessionExpired,
+                    zk::SessionState::Closed => LostCause::SessionClosed,
+                    _ => LostCause::Other,
+                };
+                let reason = format!("ZooKeeper session ended ({:?})", event.session_state);
+                return (cause, reason, false);
             }
             // The data changed: watch again.
             _ => {}
@@ -351,7 +363,7 @@ impl Hold for ZkHold {
             .await
             .map_err(|e| Error::backend(BACKEND, e))?;
         if stat.is_none_or(|s| s.ephemeral_owner != session.id) {
-            hold.lose(&self.table, "its node is gone");
+            hold.lose(&self.table, LostCause::Gone, "its node is gone");
         }
         let mut inner = hold.inner();
         match &inner.status {

@@ -137,6 +137,7 @@ use crate::backend::{
 };
 use crate::client::ConnectOptions;
 use crate::error::{Error, Result};
+use crate::metrics::LostCause;
 
 const BACKEND: &str = "zookeeper";
 
@@ -392,7 +393,7 @@ impl Backend for ZooKeeperBackend {
         let holds = self.holds.drain();
         let mut deletes = Vec::new();
         for hold in &holds {
-            if hold.lose(&self.holds, "client closed") {
+            if hold.lose(&self.holds, LostCause::ClientClosed, "client closed") {
                 deletes.push(hold.session.delete(&hold.path));
             }
         }

@@ -34,6 +34,7 @@ use super::config::Config;
 use super::BACKEND;
 use crate::backend::LostSignal;
 use crate::error::{Error, Result};
+use crate::metrics::LostCause;
 
 /// Longest pause between retries of an operation that met a connection loss.
 const MAX_BACKOFF: Duration = Duration::from_millis(500);
@@ -113,8 +114,11 @@ impl Session {
         self.trust.lock().expect("trust lock").clone()
     }
 
-    fn distrust(&self, reason: String) {
-        self.trust.lock().expect("trust lock").fire(reason);
+    fn distrust(&self, cause: LostCause, reason: String) {
+        self.trust
+            .lock()
+            .expect("trust lock")
+            .fire_because(cause, reason);
     }
 
     /// After a reconnection, new holds get a fresh epoch (unless the session
@@ -191,7 +195,10 @@ async fn watch_state(
                 if let Some(session) = session.upgrade() {
                     let grace = grace.unwrap_or_default();
                     tracing::warn!(session = %format_args!("{:#x}", session.id), ?grace, "connection suspended too long: holds lost");
-                    session.distrust(format!("connection to ZooKeeper suspended for more than {grace:?}"));
+                    session.distrust(
+                        LostCause::ConnectionLost,
+                        format!("connection to ZooKeeper suspended for more than {grace:?}"),
+                    );
                 }
                 continue;
             }
@@ -205,9 +212,10 @@ async fn watch_state(
             zk::SessionState::Disconnected => {
                 tracing::warn!(session = %format_args!("{id:#x}"), "connection to ZooKeeper suspended");
                 match grace {
-                    Some(grace) if grace.is_zero() => {
-                        session.distrust("connection to ZooKeeper suspended".into())
-                    }
+                    Some(grace) if grace.is_zero() => session.distrust(
+                        LostCause::ConnectionLost,
+                        "connection to ZooKeeper suspended".into(),
+                    ),
                     Some(grace) => {
                         deadline.get_or_insert_with(|| Instant::now() + grace);
                     }
@@ -221,7 +229,15 @@ async fn watch_state(
             }
             ended => {
                 tracing::warn!(session = %format_args!("{id:#x}"), state = ?ended, "ZooKeeper session ended");
-                session.distrust(format!("ZooKeeper session {id:#x} ended ({ended:?})"));
+                let cause = match ended {
+                    zk::SessionState::Expired => LostCause::SessionExpired,
+                    zk::SessionState::Closed => LostCause::SessionClosed,
+                    _ => LostCause::Other,
+                };
+                session.distrust(
+                    cause,
+                    format!("ZooKeeper session {id:#x} ended ({ended:?})"),
+                );
                 return;
             }
         }

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use locksmith::{Client, Error, Mode};
+use locksmith::{Client, Error, LostCause, Mode};
 use tokio::time::{sleep, timeout};
 
 /// What a backend's test file provides.
@@ -327,6 +327,11 @@ pub async fn lost_fires_when_hold_expires<H: Harness>(h: &H) {
         .expect("lost() must fire");
     assert!(!reason.is_empty());
     assert!(guard.is_lost());
+    assert_eq!(
+        guard.lost_signal().cause(),
+        Some(LostCause::LeaseExpired),
+        "{reason}"
+    );
     assert!(matches!(guard.release().await, Err(Error::Lost(_))));
 }
 
