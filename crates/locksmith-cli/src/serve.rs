@@ -66,6 +66,10 @@ pub struct ServeArgs {
     /// not read them; past it the stream is closed (the session may resume).
     #[arg(long, default_value_t = 16 << 20)]
     pub max_stream_backlog_bytes: usize,
+    /// Most locks in one page of a listing (`List`); the library and the CLI
+    /// page through longer ones.
+    #[arg(long, default_value_t = 10_000)]
+    pub max_list_page: usize,
     /// Most client connections open at once; more are closed when accepted.
     /// Keep it below the open-file limit (`ulimit -n`).
     #[arg(long, default_value_t = 10_000)]
@@ -195,6 +199,7 @@ impl ServeArgs {
         config.max_streams_per_connection = self.max_streams_per_connection;
         config.max_message_bytes = self.max_message_bytes;
         config.max_stream_backlog_bytes = self.max_stream_backlog_bytes;
+        config.max_list_page = self.max_list_page;
         config.snapshot_every = self.snapshot_every;
         config.max_connections = self.max_connections;
         config.handshake_timeout = self.handshake_timeout;
