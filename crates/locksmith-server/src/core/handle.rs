@@ -23,6 +23,11 @@ use crate::outbox::LeaseWaiter;
 use crate::storage::{LogRecord, Record};
 
 impl Proposal {
+    /// Whether it holds nothing to propose (no record, read or refusal).
+    pub(super) fn is_empty(&self) -> bool {
+        self.records.is_empty() && self.reads.is_empty() && self.refused.is_empty()
+    }
+
     /// Adds an engine command and where its result goes.
     pub(super) fn command(
         &mut self,

@@ -741,6 +741,44 @@ mod tests {
     }
 
     #[test]
+    fn a_heartbeat_that_arrives_while_a_batch_is_in_flight_is_proposed_next() {
+        let mut core = core(4096);
+        let now = core.clock.now();
+        let (session, _) = open(&mut core, 1, now);
+        core.replica.role = replica::Leadership::Leader {
+            stint: 1,
+            ready: true,
+        };
+        // A batch goes out (proposed, not applied yet)...
+        let mut proposal = std::mem::take(&mut core.proposal);
+        let release = client_batch(
+            1,
+            [StreamOp::Release {
+                id: 1,
+                hold: hold_args("in-flight"),
+            }],
+        );
+        core.propose(now, release, &mut proposal);
+        let records = proposal.records.clone();
+        core.propose_batch(proposal);
+        // ...a heartbeat arrives meanwhile...
+        let (ops, arrivals) = std::sync::mpsc::channel();
+        ops.send(client_batch(1, [StreamOp::Heartbeat])).unwrap();
+        assert!(core.take_arrivals(&arrivals, now + 10).is_none());
+        // ...and the batch is applied: the heartbeat waits for the next one.
+        core.apply_batch(crate::raft::Batch {
+            origin: 1,
+            seq: 0,
+            records,
+        });
+        let next = core.proposal.records.first().cloned();
+        assert!(
+            matches!(&next, Some(Record::Command(r)) if r.command == Command::Heartbeat { session }),
+            "the heartbeat was dropped: {next:?}"
+        );
+    }
+
+    #[test]
     fn a_batch_ends_at_max_batch_messages() {
         let mut core = core(10);
         core.replica.role = replica::Leadership::Leader {

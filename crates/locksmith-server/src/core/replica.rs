@@ -158,7 +158,7 @@ impl Replica {
 impl Core {
     /// Proposes the batch being built, if it holds anything.
     pub(super) fn propose_batch(&mut self, proposal: Proposal) {
-        if proposal.records.is_empty() && proposal.reads.is_empty() && proposal.refused.is_empty() {
+        if proposal.is_empty() {
             self.proposal = proposal;
             return;
         }
@@ -312,7 +312,7 @@ impl Core {
         }
     }
 
-    fn apply_batch(&mut self, batch: Batch) {
+    pub(super) fn apply_batch(&mut self, batch: Batch) {
         let Some(mut in_flight) = self.replica.take_own(batch.origin, batch.seq) else {
             for record in batch.records {
                 self.apply(record, Route::Nobody);
@@ -323,7 +323,12 @@ impl Core {
         in_flight.proposal.records = batch.records;
         let now = self.clock.now();
         self.apply_proposal(now, &mut in_flight.proposal);
-        self.proposal = in_flight.proposal;
+        // Reuse the applied proposal's buffers for the next batch only if
+        // nothing was gathered for it meanwhile: heartbeats are proposed as
+        // they arrive, while this batch was in flight.
+        if self.proposal.is_empty() {
+            self.proposal = in_flight.proposal;
+        }
         if in_flight.grace {
             if let Leadership::Leader { ready, .. } = &mut self.replica.role {
                 *ready = true;
