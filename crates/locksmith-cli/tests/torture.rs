@@ -73,10 +73,14 @@ fn torture(backend: &str, faults: &str) {
             round["verdict"]["grants"].as_u64().unwrap_or(0) > 0,
             "a round without grants: {round}"
         );
-        assert!(
-            !round["injected"].as_array().expect("injected").is_empty(),
-            "a round without an injected fault: {round}"
-        );
+        // The baseline round injects nothing; there a lost hold is itself a
+        // finding (a healthy holder must keep its lock).
+        if round["fault"] != "none" {
+            assert!(
+                !round["injected"].as_array().expect("injected").is_empty(),
+                "a round without an injected fault: {round}"
+            );
+        }
     }
 }
 
@@ -84,7 +88,7 @@ fn torture(backend: &str, faults: &str) {
 fn server() {
     torture(
         "server",
-        "kill-client,pause-client,restart-backend,partition",
+        "none,kill-client,pause-client,restart-backend,partition",
     );
 }
 
@@ -137,6 +141,6 @@ fn zookeeper_ensemble() {
 fn server_cluster() {
     torture(
         "server-cluster",
-        "kill-client,kill-primary,pause-primary,restart-follower,expire-session",
+        "none,kill-client,kill-primary,pause-primary,restart-follower,expire-session",
     );
 }

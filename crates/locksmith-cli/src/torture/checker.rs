@@ -141,6 +141,9 @@ pub struct Verdict {
     pub resource_errors: Vec<String>,
     /// Waiters that never got the lock.
     pub stuck: Vec<String>,
+    /// Holds lost in a round without any fault: a healthy holder must keep
+    /// its lock.
+    pub lost_without_fault: Vec<String>,
     /// Nothing was granted after the faults stopped.
     pub no_progress_after: bool,
 }
@@ -157,7 +160,7 @@ impl Verdict {
 
     /// Liveness failures.
     pub fn liveness_failures(&self) -> usize {
-        self.stuck.len() + usize::from(self.no_progress_after)
+        self.stuck.len() + self.lost_without_fault.len() + usize::from(self.no_progress_after)
     }
 }
 
@@ -259,6 +262,12 @@ pub fn check(
             Some(Request::Lost { token, at, .. }) => {
                 verdict.lost += 1;
                 told_lost.entry((who, *token)).or_insert(*at);
+                if faults.is_empty() && verdict.lost_without_fault.len() < EXAMPLES {
+                    verdict.lost_without_fault.push(format!(
+                        "client {who:?} lost its hold (token {token}) at {}ms, with no fault injected",
+                        at.saturating_sub(origin) / 1_000_000
+                    ));
+                }
             }
             Some(Request::Released {
                 token,
@@ -620,5 +629,34 @@ mod tests {
             "{}",
             verdict.max_gap_ms
         );
+    }
+
+    #[test]
+    fn a_hold_lost_in_a_round_without_faults_is_a_liveness_failure() {
+        let mut log = Log(Vec::new());
+        log.section((0, 0), 1, 0, 10, 50);
+        let lost = Request::Lost {
+            lock: "l".into(),
+            token: 1,
+            reason: "no heartbeat answered for a whole session TTL".into(),
+            at: 30 * MS,
+        };
+        log.push(30, (0, 0), Some(lost), true);
+        log.section((1, 0), 2, 40, 60, 70);
+        log.section((1, 0), 3, 200, 210, 250);
+        let healthy = check(&log.0, &[], phases(), Vec::new());
+        assert_eq!(healthy.lost_without_fault.len(), 1, "{healthy:?}");
+        assert_eq!(healthy.liveness_failures(), 1);
+
+        // The same loss in a round with a fault is what the fault did.
+        let pause = FaultRecord {
+            kind: "pause-client".into(),
+            start: 20 * MS,
+            end: 25 * MS,
+            targets: Some(vec![(0, 0)]),
+            note: String::new(),
+        };
+        let faulted = check(&log.0, &[pause], phases(), Vec::new());
+        assert!(faulted.lost_without_fault.is_empty(), "{faulted:?}");
     }
 }

@@ -30,7 +30,8 @@
 //! `--out`). The exit status is 1 on any safety violation (a stale write the
 //! resource could not refuse, a token regression or duplicate, two holders at
 //! once that no fault excuses), any liveness failure (a waiter stuck after the
-//! faults ended, no grant after the faults) or a round that could not run.
+//! faults ended, no grant after the faults, a hold lost in a round without
+//! faults) or a round that could not run.
 //!
 //! Backends are `--backend URL` (repeatable; restart and some session faults
 //! need a server this run started) or `--spawn server,redis,zookeeper,etcd,postgres`
@@ -576,6 +577,7 @@ fn summary(reports: &[RoundReport], args: &TortureArgs) -> String {
             ("accepted stale write", &v.accepted_stale),
             ("resource error", &v.resource_errors),
             ("stuck", &v.stuck),
+            ("lost without a fault", &v.lost_without_fault),
             ("note", &r.notes),
         ];
         let mut lines = Vec::new();
