@@ -196,6 +196,38 @@ async fn a_leader_paused_past_the_election_timeout_steps_down_and_grants_nothing
     waiter.close().await.unwrap();
 }
 
+/// A holder whose session TTL is barely above the failover: its client must
+/// not wait for the frozen leader's connection to die, but resume at the new
+/// leader while the session still lives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_with_a_short_ttl_keeps_its_lock_when_the_leader_freezes() {
+    let cluster = Cluster::start();
+    let name = unique("cluster-freeze-short-ttl");
+    let holder = cluster.client(Duration::from_secs(2)).await;
+    let guard = holder.lock(name.as_str()).acquire().await.expect("acquire");
+    let token = guard.fencing_token();
+    let leader = cluster.leader(&[]).await;
+
+    cluster.members[leader].pause();
+    let new_leader = cluster.leader(&[leader]).await;
+    // Three TTLs with the old leader frozen: long enough for any loss to show.
+    let lost = tokio::time::timeout(Duration::from_secs(6), guard.lost()).await;
+    cluster.members[leader].unpause();
+    assert!(lost.is_err(), "the holder lost its lock: {:?}", lost.ok());
+
+    let other = cluster.client(Duration::from_secs(10)).await;
+    let info = other
+        .describe(&name)
+        .await
+        .expect("describe")
+        .expect("held");
+    assert_eq!(info.holders[0].fencing_token, Some(token));
+    assert!(answers(&cluster, new_leader).await || cluster.leader(&[]).await != leader);
+    guard.release().await.expect("release at the new leader");
+    holder.close().await.unwrap();
+    other.close().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_follower_catches_up_and_carries_the_state_when_the_leader_dies() {
     let cluster = Cluster::start();

@@ -17,6 +17,13 @@
 //! the client *sent and saw answered*, so the client gives up first. Pending
 //! acquires then continue on a fresh session; releases and renews of the lost
 //! holds fail with [`Error::Lost`].
+//!
+//! A member that stops answering heartbeats for half a TTL is **suspect**
+//! when the client knows other members: a frozen leader keeps its TCP
+//! connections open, so waiting for the stream to break would spend the whole
+//! TTL. The client moves to the next member (which names the new leader once
+//! one is elected) and resumes there, while the session still lives; each
+//! reconnect attempt is bounded by a third of the TTL for the same reason.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -537,6 +544,8 @@ struct Link {
     /// When the open/resume message was sent: the session lives at least one
     /// TTL from then.
     sent_at: Instant,
+    /// The member it is connected to, for [`Members::failed`].
+    member: usize,
 }
 
 /// One message for the stream, with the acknowledgements gathered before it.
@@ -668,6 +677,7 @@ async fn establish(
         outbound,
         credentials,
         sent_at,
+        member: at,
     })
 }
 
@@ -740,6 +750,12 @@ fn setup_timeout(ttl: Duration) -> Duration {
     ttl.clamp(Duration::from_secs(1), Duration::from_secs(10))
 }
 
+/// How long one reconnect attempt of a live session may take: short enough
+/// that a member which hangs leaves time to try the others within the TTL.
+fn reconnect_timeout(ttl: Duration) -> Duration {
+    (ttl / 3).clamp(Duration::from_millis(300), Duration::from_secs(10))
+}
+
 /// Keeps the session: runs the stream, and after it breaks, reconnects and
 /// resumes (or opens a new session once the old one is lost).
 ///
@@ -751,7 +767,7 @@ async fn drive(shared: Arc<Shared>, first: Link) {
     let mut confirmed = link.sent_at;
     loop {
         let early = std::mem::take(&mut link.early);
-        let end = run(&shared, &mut link.inbound, early, &mut confirmed).await;
+        let end = run(&shared, &mut link, early, &mut confirmed).await;
         let mut stale = None;
         match end {
             End::Closed => {
@@ -797,7 +813,7 @@ async fn drive(shared: Arc<Shared>, first: Link) {
                 shared.ttl,
                 session.as_ref(),
             );
-            match tokio::time::timeout(setup_timeout(shared.ttl), setup).await {
+            match tokio::time::timeout(reconnect_timeout(shared.ttl), setup).await {
                 Ok(Ok(new)) => {
                     let mut state = shared.state();
                     state.link = Some(new.outbound.clone());
@@ -815,7 +831,14 @@ async fn drive(shared: Arc<Shared>, first: Link) {
                 Ok(Err(SetupError::Failed(error))) => {
                     tracing::debug!(backend = super::BACKEND, %error, "reconnect failed");
                 }
-                Err(_) => tracing::debug!(backend = super::BACKEND, "reconnect timed out"),
+                Err(_) => {
+                    // A member that does not answer in time is passed over,
+                    // as a frozen leader would hold the client until the
+                    // session is lost.
+                    let (at, addr, _) = shared.members.current();
+                    shared.members.failed(at);
+                    tracing::debug!(backend = super::BACKEND, %addr, "reconnect timed out");
+                }
             }
             let mut pause = Instant::now() + backoff;
             if session.is_some() {
@@ -859,17 +882,22 @@ async fn close_remotely(shared: &Shared, credentials: Credentials) {
 }
 
 /// Runs one stream until it ends: routes replies and pushes (`early` first),
-/// heartbeats at a third of the TTL, and watches for a whole TTL without an
+/// heartbeats at a third of the TTL, leaves a member that answered none for
+/// half a TTL (when there are others), and watches for a whole TTL without an
 /// answer.
 ///
 /// Cancel safety: safe between batches; every routing step is synchronous.
 async fn run(
     shared: &Shared,
-    inbound: &mut Streaming<pb::ServerBatch>,
+    link: &mut Link,
     early: Vec<pb::ServerMessage>,
     confirmed: &mut Instant,
 ) -> End {
     let ttl = shared.ttl;
+    let inbound = &mut link.inbound;
+    let others = shared.members.len() > 1;
+    let suspect = sleep_until(*confirmed + ttl / 2);
+    tokio::pin!(suspect);
     let mut heartbeat = tokio::time::interval_at(Instant::now() + ttl / 3, ttl / 3);
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut sent = VecDeque::new();
@@ -885,6 +913,7 @@ async fn run(
             if let Some(at) = heard {
                 *confirmed = at;
                 jeopardy.as_mut().reset(at + ttl);
+                suspect.as_mut().reset(at + ttl / 2);
             }
         }
         tokio::select! {
@@ -903,6 +932,12 @@ async fn run(
             _ = heartbeat.tick() => {
                 shared.state().send(Out::Heartbeat(pb::Heartbeat {}));
                 sent.push_back(Instant::now());
+            }
+            _ = &mut suspect, if others => {
+                shared.members.failed(link.member);
+                return End::Broken(
+                    "no heartbeat answered for half a session TTL; trying another member".into(),
+                );
             }
             _ = &mut jeopardy => {
                 return End::SessionLost(
