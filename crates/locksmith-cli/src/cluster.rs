@@ -28,7 +28,7 @@ pub struct ClusterArgs {
 }
 
 #[derive(Debug, Subcommand)]
-enum ClusterCommand {
+pub(crate) enum ClusterCommand {
     /// Every member: id, address, role, term, last log and applied index, lag.
     Status {
         /// One JSON object: `{"leader_id", "term", "members": [{"id",
@@ -88,7 +88,13 @@ pub async fn cluster(args: ClusterArgs) -> ExitCode {
     let result = match addresses(&args.server) {
         Ok(members) => match args.command {
             ClusterCommand::Status { json } => status(&members, json).await,
-            command => change(&members, command).await,
+            command => change(&members, command).await.map(|index| {
+                if index > 0 {
+                    println!("done (log entry {index})");
+                } else {
+                    println!("done");
+                }
+            }),
         },
         Err(error) => Err(error),
     };
@@ -172,7 +178,10 @@ fn status_json(view: &pb::ClusterStatus) -> serde_json::Value {
 
 /// Sends a change to the leader, following its address from a member that
 /// does not lead.
-async fn change(members: &[String], command: ClusterCommand) -> Result<(), String> {
+/// Sends a membership change to the leader among `members` (following its
+/// address when another member answers); returns the log index it was
+/// committed at (0 when the answer has none).
+pub(crate) async fn change(members: &[String], command: ClusterCommand) -> Result<u64, String> {
     let mut queue: Vec<String> = members.to_vec();
     let mut last = String::from("no member tried");
     let mut tries = 0;
@@ -205,15 +214,7 @@ async fn change(members: &[String], command: ClusterCommand) -> Result<(), Strin
             ClusterCommand::Status { .. } => unreachable!("not a change"),
         };
         match sent {
-            Ok(reply) => {
-                let index = reply.into_inner().log_index;
-                if index > 0 {
-                    println!("done (log entry {index})");
-                } else {
-                    println!("done");
-                }
-                return Ok(());
-            }
+            Ok(reply) => return Ok(reply.into_inner().log_index),
             Err(status) => {
                 let leader = status
                     .metadata()

@@ -118,14 +118,16 @@ pub struct ServeArgs {
     /// new server is a cluster of one at its `--listen` address.
     #[arg(long, env = "LOCKSMITH_CLUSTER", value_name = "ID=HOST:PORT,...", value_parser = parse_members)]
     pub cluster: Option<Members>,
-    /// Join a running cluster through one of its members (HOST:PORT) as a
-    /// learner; promote it with `locksmith cluster promote ID` once it has
-    /// caught up. Needs a new data directory, and a `--listen` address the
-    /// members can reach (they use it for this member).
+    /// Join a running cluster as a learner through its members
+    /// (HOST:PORT[,HOST:PORT...]: the first that answers names the leader;
+    /// list several so that one member down does not stop the join); promote
+    /// it with `locksmith cluster promote ID` once it has caught up. Needs a
+    /// new data directory, and a `--listen` address the members can reach
+    /// (they use it for this member).
     #[arg(
         long,
         env = "LOCKSMITH_JOIN",
-        value_name = "HOST:PORT",
+        value_name = "HOST:PORT[,HOST:PORT...]",
         conflicts_with = "cluster"
     )]
     pub join: Option<String>,

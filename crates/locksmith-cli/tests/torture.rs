@@ -13,7 +13,10 @@
 //!   primary behind Sentinel, the primary of the holder's slot on a Redis
 //!   Cluster, the etcd and ZooKeeper leader) and, on Redlock,
 //!   `restart-empty-late` (a master restarted without its data only after a
-//!   session TTL, the mitigation that keeps Redlock safe).
+//!   session TTL, the mitigation that keeps Redlock safe);
+//! - on the locksmith cluster, also `restart-follower`, `partition-leader`
+//!   (the leader cut off from its peers, members in network namespaces) and
+//!   `membership-change` (a new member promoted, the leader removed).
 //!
 //! Each test runs `locksmith torture --quick …` and fails on a non-zero exit:
 //! any safety violation, any liveness failure, or a round that could not run.
@@ -141,6 +144,7 @@ fn zookeeper_ensemble() {
 fn server_cluster() {
     torture(
         "server-cluster",
-        "none,kill-client,kill-primary,pause-primary,restart-follower,expire-session",
+        "none,kill-client,kill-primary,pause-primary,restart-follower,expire-session,\
+         partition-leader,membership-change",
     );
 }

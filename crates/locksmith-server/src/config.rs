@@ -98,8 +98,8 @@ pub struct ServerConfig {
     /// peers both use. Empty: a one-member cluster, this server at its
     /// listen address. Only read when the data directory is new.
     pub cluster: Vec<(u64, String)>,
-    /// Join the cluster a member of which listens here (`host:port`), as a
-    /// learner, instead of starting a new one. Only read when the data
+    /// Join the cluster whose members listen here (`host:port[,host:port...]`),
+    /// as a learner, instead of starting a new one. Only read when the data
     /// directory is new.
     pub join: Option<String>,
     /// The leader promotes a learner to voter once its log is within this

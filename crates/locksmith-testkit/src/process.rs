@@ -211,13 +211,19 @@ impl Process {
     /// This returns as soon as the process exists; use [`Process::wait_ready`] to
     /// wait until it serves.
     pub fn spawn(spec: ProcessSpec) -> Result<Process> {
-        let process = Process {
+        let process = Process::prepare(spec);
+        process.start()?;
+        Ok(process)
+    }
+
+    /// The process described by `spec`, not started yet: [`Process::start`]
+    /// starts it (a spare member that a test brings in later).
+    pub fn prepare(spec: ProcessSpec) -> Process {
+        Process {
             spec,
             child: Mutex::new(None),
             pid: AtomicI32::new(0),
-        };
-        process.start()?;
-        Ok(process)
+        }
     }
 
     /// Starts the process again with the same command, if it is not running.

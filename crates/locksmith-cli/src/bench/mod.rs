@@ -57,6 +57,7 @@
 mod chart;
 mod report;
 mod scenario;
+mod serve_process;
 mod stats;
 pub(crate) mod target;
 

@@ -9,7 +9,6 @@
 //! locksmith server is this very executable run as `locksmith serve`.
 
 use std::fmt;
-use std::net::TcpStream;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -17,9 +16,11 @@ use std::sync::Arc;
 
 use locksmith::{Client, ConnectOptions};
 use locksmith_testkit::{
-    Etcd, EtcdCluster, Postgres, Process, ProcessSpec, Redis, RedisCluster, RedisSentinel, Server,
-    ZooKeeper, ZooKeeperEnsemble,
+    Etcd, EtcdCluster, Postgres, Process, Redis, RedisCluster, RedisSentinel, Server, ZooKeeper,
+    ZooKeeperEnsemble,
 };
+
+pub use super::serve_process::{Placement, ServeCluster, ServeProcess};
 use serde::Serialize;
 
 /// The kinds of store `--spawn` can start, and the kind of any `--backend` URL.
@@ -226,10 +227,16 @@ impl Target {
     /// Starts a real server of `kind` (blocking: a JVM or `initdb` takes
     /// seconds; call it from a blocking thread). `memory` starts nothing.
     pub fn spawn(kind: Kind) -> Result<Target, String> {
+        Target::spawn_placed(kind, Placement::default())
+    }
+
+    /// As [`Target::spawn`], with a locksmith cluster's members placed as
+    /// `placement` says (other kinds ignore it).
+    pub fn spawn_placed(kind: Kind, placement: Placement) -> Result<Target, String> {
         let spawned = match kind {
             Kind::Memory => None,
             Kind::Server => Some(Spawned::Serve(ServeProcess::start()?)),
-            Kind::ServerCluster => Some(Spawned::ServeCluster(ServeProcess::start_cluster(3)?)),
+            Kind::ServerCluster => Some(Spawned::ServeCluster(ServeCluster::start(3, placement)?)),
             Kind::Redis => Some(Spawned::Redis(
                 Redis::try_start().map_err(|e| e.to_string())?,
             )),
@@ -377,7 +384,7 @@ pub enum Spawned {
     /// `locksmith serve`, a child of this executable.
     Serve(ServeProcess),
     /// `locksmith serve` processes forming one cluster.
-    ServeCluster(Vec<ServeProcess>),
+    ServeCluster(ServeCluster),
     /// `redis-server`.
     Redis(Redis),
     /// A Redis primary with replicas and Sentinels.
@@ -426,7 +433,7 @@ impl Spawned {
             Spawned::Redlock(masters) => all(masters),
             Spawned::ZooKeeperEnsemble(e) => all(e.servers()),
             Spawned::EtcdCluster(c) => all(c.members()),
-            Spawned::ServeCluster(members) => all(members),
+            Spawned::ServeCluster(c) => c.members().into_iter().map(|m| m as &dyn Server).collect(),
             single => single.single().into_iter().collect(),
         }
     }
@@ -441,7 +448,7 @@ impl Spawned {
             Spawned::RedisCluster(c) => c.wait_healthy(),
             Spawned::ZooKeeperEnsemble(e) => e.wait_healthy(),
             Spawned::EtcdCluster(c) => c.wait_healthy(),
-            Spawned::ServeCluster(members) => members.iter().try_for_each(ServeProcess::wait_ready),
+            Spawned::ServeCluster(c) => c.wait_ready(),
             _ => Ok(()),
         }
         .map_err(|e| e.to_string())
@@ -467,14 +474,7 @@ impl Spawned {
             ),
             Spawned::ZooKeeperEnsemble(e) => e.url(),
             Spawned::EtcdCluster(c) => c.url(),
-            Spawned::ServeCluster(members) => format!(
-                "locksmith://{}",
-                members
-                    .iter()
-                    .map(|m| format!("127.0.0.1:{}", m.port))
-                    .collect::<Vec<_>>()
-                    .join(",")
-            ),
+            Spawned::ServeCluster(c) => c.url(),
             single => single.single().expect("a single server").url(),
         }
     }
@@ -518,156 +518,6 @@ impl Spawned {
                 .ok()
                 .map(|v| format!("PostgreSQL {}", v.split_whitespace().next().unwrap_or(&v))),
         }
-    }
-}
-
-/// How `locksmith serve` is told where to listen and where to keep its log.
-/// Kept in one place so that a change of `serve`'s flags is one edit.
-fn serve_args(port: u16, data_dir: &std::path::Path) -> Vec<std::ffi::OsString> {
-    vec![
-        "serve".into(),
-        "--listen".into(),
-        format!("127.0.0.1:{port}").into(),
-        "--data-dir".into(),
-        data_dir.as_os_str().to_owned(),
-    ]
-}
-
-/// The locksmith server, run as `<this executable> serve` on a loopback port
-/// with its data in a temporary directory; killed with this process.
-pub struct ServeProcess {
-    // Declared first: killed before the directory is removed.
-    process: Process,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl ServeProcess {
-    /// Starts `locksmith serve` and waits until it accepts connections.
-    pub fn start() -> Result<ServeProcess, String> {
-        ServeProcess::start_with(locksmith_testkit::free_port(), &[])
-    }
-
-    /// Starts `members` processes of `locksmith serve` forming one new
-    /// cluster (ids 1 to `members`) on loopback.
-    pub fn start_cluster(members: u64) -> Result<Vec<ServeProcess>, String> {
-        let ports: Vec<u16> = (0..members)
-            .map(|_| locksmith_testkit::free_port())
-            .collect();
-        let list = ports
-            .iter()
-            .zip(1..)
-            .map(|(port, id)| format!("{id}=127.0.0.1:{port}"))
-            .collect::<Vec<_>>()
-            .join(",");
-        ports
-            .iter()
-            .zip(1u64..)
-            .map(|(&port, id)| {
-                let id = id.to_string();
-                ServeProcess::start_with(port, &["--node-id", &id, "--cluster", &list])
-            })
-            .collect()
-    }
-
-    fn start_with(port: u16, extra: &[&str]) -> Result<ServeProcess, String> {
-        let exe = std::env::current_exe()
-            .map_err(|e| format!("cannot find this executable to run `locksmith serve`: {e}"))?;
-        let dir = tempfile::Builder::new()
-            .prefix("locksmith-serve-")
-            .tempdir()
-            .map_err(|e| format!("cannot create a directory for the server: {e}"))?;
-        let data = dir.path().join("data");
-        std::fs::create_dir(&data).map_err(|e| format!("cannot create {}: {e}", data.display()))?;
-        let spec = ProcessSpec::new(
-            format!("locksmith serve on port {port}"),
-            exe,
-            dir.path().join("serve.log"),
-        )
-        .args(serve_args(port, &data))
-        .args(extra)
-        .env("RUST_LOG", "warn");
-        let process = Process::spawn(spec).map_err(|e| e.to_string())?;
-        let serve = ServeProcess {
-            process,
-            port,
-            _dir: dir,
-        };
-        serve.wait_ready().map_err(|e| e.to_string())?;
-        Ok(serve)
-    }
-
-    /// Whether this member serves clients, as only a cluster's leader does
-    /// (blocking: asks it, for up to a second).
-    pub fn leads(&self) -> bool {
-        use locksmith_proto::v1::locksmith_client::LocksmithClient;
-        let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-        else {
-            return false;
-        };
-        let address = format!("http://127.0.0.1:{}", self.port);
-        runtime.block_on(async {
-            let ask = async {
-                let mut client = LocksmithClient::connect(address).await.ok()?;
-                let request = locksmith_proto::v1::DescribeRequest {
-                    name: "leader-probe".into(),
-                };
-                client.describe(request).await.ok()
-            };
-            matches!(
-                tokio::time::timeout(Duration::from_secs(1), ask).await,
-                Ok(Some(_))
-            )
-        })
-    }
-
-    /// The leader among `members`, once one serves (blocking: up to 20 s).
-    pub fn leader_of(members: &[ServeProcess]) -> Result<&ServeProcess, String> {
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(leader) = members.iter().find(|m| m.process.is_running() && m.leads()) {
-                return Ok(leader);
-            }
-            if std::time::Instant::now() >= deadline {
-                return Err("no member of the locksmith cluster serves as leader".into());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn wait_ready(&self) -> locksmith_testkit::Result<()> {
-        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], self.port));
-        self.process.wait_ready(Duration::from_secs(30), || {
-            TcpStream::connect_timeout(&addr, Duration::from_millis(300))
-                .map(drop)
-                .map_err(|e| format!("connect failed: {e}"))
-        })
-    }
-}
-
-impl Server for ServeProcess {
-    fn name(&self) -> &'static str {
-        "server"
-    }
-
-    fn port(&self) -> u16 {
-        self.port
-    }
-
-    fn url(&self) -> String {
-        format!("locksmith://127.0.0.1:{}", self.port)
-    }
-
-    fn process(&self) -> &Process {
-        &self.process
-    }
-
-    fn try_restart(&self) -> locksmith_testkit::Result<()> {
-        self.process.stop();
-        self.process.start()?;
-        self.wait_ready()
     }
 }
 

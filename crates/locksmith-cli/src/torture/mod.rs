@@ -20,7 +20,10 @@
 //! `kill-client`, `pause-client`, `restart-backend`, `partition`, `delay`,
 //! `expire-session` (these by default), and for replicated setups
 //! `kill-primary`, `pause-primary` (Sentinel, Cluster, etcd cluster,
-//! ZooKeeper ensemble), `restart-empty` and `restart-empty-late` (Redlock); see
+//! ZooKeeper ensemble, the locksmith cluster), `restart-follower` (the
+//! consensus clusters), `partition-leader` and `membership-change` (the
+//! locksmith cluster; for `partition-leader` its members run on hosts of their
+//! own, network namespaces), `restart-empty` and `restart-empty-late` (Redlock); see
 //! [`nemesis::FaultKind`]. Each backend × fault is one
 //! round with fresh clients and fresh lock names: warm-up, `--before` without
 //! faults, `--during` with the fault injected again and again, `--after`
@@ -58,12 +61,26 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::bench::target::{parse_kinds, BackendSpec, Kind, Target};
+use crate::bench::target::{parse_kinds, BackendSpec, Kind, Placement, Target};
 use crate::common::parse_duration;
 use checker::{FaultRecord, Phases, Verdict};
 use nemesis::{FaultKind, Timing};
 use protocol::now;
 use round::{Round, RoundConfig};
+
+/// How a locksmith cluster is started for `faults`: on hosts of its own for
+/// `partition-leader`, with spare members for `membership-change` (each
+/// change uses one; more than a round injects).
+fn placement(faults: &[FaultKind]) -> Placement {
+    Placement {
+        separate_hosts: faults.contains(&FaultKind::PartitionLeader),
+        spares: if faults.contains(&FaultKind::MembershipChange) {
+            8
+        } else {
+            0
+        },
+    }
+}
 
 /// Longest wait for the first grant after the faults stop.
 const RECOVERY_LIMIT: Duration = Duration::from_secs(30);
@@ -283,8 +300,24 @@ async fn coordinate(args: TortureArgs) -> ExitCode {
             Err(kind) => {
                 eprintln!("locksmith torture: starting {kind}…");
                 let twins = args.nowait_twins;
+                let placement = placement(&args.faults);
                 let start = move || -> Result<Vec<Target>, String> {
-                    let target = Target::spawn(kind)?;
+                    let target = match Target::spawn_placed(kind, placement) {
+                        Err(error) if placement.separate_hosts => {
+                            eprintln!(
+                                "locksmith torture: cannot give each member a host of its own \
+                                 ({error}); starting on loopback"
+                            );
+                            Target::spawn_placed(
+                                kind,
+                                Placement {
+                                    separate_hosts: false,
+                                    ..placement
+                                },
+                            )?
+                        }
+                        target => target?,
+                    };
                     let twin = twins.then(|| target.without_replica_wait()).flatten();
                     Ok(std::iter::once(target).chain(twin).collect())
                 };

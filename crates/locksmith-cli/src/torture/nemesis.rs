@@ -11,7 +11,8 @@ use super::protocol::now;
 use super::proxy::Mode;
 use super::resource::Who;
 use super::round::Round;
-use crate::bench::target::{Kind, ServeProcess, Spawned, Target};
+use crate::bench::target::{Kind, ServeCluster, Spawned, Target};
+use crate::cluster::ClusterCommand;
 use locksmith_testkit::Server;
 
 /// A fault to inject.
@@ -52,6 +53,15 @@ pub enum FaultKind {
     /// cut off from everyone, which wakes up believing it still leads.
     #[value(alias = "pause-leader")]
     PausePrimary,
+    /// The locksmith cluster, its members on hosts of their own: cut the
+    /// leader off from every other member (its clients still reach it) for
+    /// twice the session TTL while a holder stays inside, then heal. The
+    /// majority elects a new leader; the old one must stop granting first.
+    PartitionLeader,
+    /// The locksmith cluster: while a holder stays inside, a new member
+    /// joins as a learner, is promoted to voter, and the leader is removed
+    /// from the cluster and stopped (a machine replaced under load).
+    MembershipChange,
     /// Consensus clusters (etcd, ZooKeeper, the locksmith cluster): `kill -9`
     /// a follower while a holder stays inside, let the others carry on, then
     /// restart it: it must catch up from the leader (log or snapshot).
@@ -81,6 +91,8 @@ impl FaultKind {
             FaultKind::ExpireSession => "expire-session",
             FaultKind::KillPrimary => "kill-primary",
             FaultKind::PausePrimary => "pause-primary",
+            FaultKind::PartitionLeader => "partition-leader",
+            FaultKind::MembershipChange => "membership-change",
             FaultKind::RestartFollower => "restart-follower",
             FaultKind::RestartEmpty => "restart-empty",
             FaultKind::RestartEmptyLate => "restart-empty-late",
@@ -144,6 +156,20 @@ impl FaultKind {
                 Some(
                     "needs a consensus cluster started by this run (--spawn etcd-cluster, \
                      zookeeper-ensemble or server-cluster)"
+                        .into(),
+                )
+            }
+            FaultKind::PartitionLeader if !matches!(spawned, Some(Spawned::ServeCluster(c)) if c.network().is_some()) => {
+                Some(
+                    "needs the locksmith cluster with each member on a host of its own (--spawn \
+                     server-cluster, run as root with iproute2 for network namespaces); etcd and \
+                     ZooKeeper members share loopback here"
+                        .into(),
+                )
+            }
+            FaultKind::MembershipChange if !matches!(spawned, Some(Spawned::ServeCluster(_))) => {
+                Some(
+                    "needs the locksmith cluster started by this run (--spawn server-cluster)"
                         .into(),
                 )
             }
@@ -439,6 +465,30 @@ async fn inject(
                 format!("{note} while {victim} stayed inside"),
             ))
         }
+        FaultKind::PartitionLeader | FaultKind::MembershipChange => {
+            let victim = lingering_holder(round, timing.outage() * 2).await?;
+            let setup = target.clone();
+            let start = now();
+            let outage = timing.outage();
+            let note = tokio::task::spawn_blocking(move || {
+                let Some(Spawned::ServeCluster(cluster)) = setup.spawned.as_deref() else {
+                    return Err("no locksmith cluster started by this run".to_owned());
+                };
+                if kind == FaultKind::PartitionLeader {
+                    partition_leader(cluster, outage)
+                } else {
+                    replace_leader(cluster)
+                }
+            })
+            .await
+            .map_err(|e| e.to_string())??;
+            Ok(record(
+                kind,
+                start,
+                Some(Vec::new()),
+                format!("{note} while {victim} stayed inside"),
+            ))
+        }
         FaultKind::RestartEmpty | FaultKind::RestartEmptyLate => {
             let Some(Spawned::Redlock(masters)) = target.spawned.as_deref() else {
                 return Err("no Redlock masters started by this run".into());
@@ -503,7 +553,7 @@ fn primary_of<'a>(spawned: &'a Spawned, lock: &str) -> Result<&'a dyn Server, St
         Spawned::RedisCluster(cluster) => cluster.primary_of(lock).map_err(|e| e.to_string())?,
         Spawned::EtcdCluster(cluster) => cluster.leader().map_err(|e| e.to_string())?,
         Spawned::ZooKeeperEnsemble(ensemble) => ensemble.leader().map_err(|e| e.to_string())?,
-        Spawned::ServeCluster(members) => ServeProcess::leader_of(members)?,
+        Spawned::ServeCluster(cluster) => cluster.leader(None)?,
         _ => return Err("not a replicated setup".into()),
     })
 }
@@ -560,17 +610,13 @@ fn kill_primary(spawned: &Spawned, lock: &str) -> Result<String, String> {
         }
         Spawned::EtcdCluster(cluster) => cluster.leader().map_err(error)?.port(),
         Spawned::ZooKeeperEnsemble(ensemble) => ensemble.leader().map_err(error)?.port(),
-        Spawned::ServeCluster(members) => {
-            let deadline = std::time::Instant::now() + Duration::from_secs(20);
-            loop {
-                if let Some(leader) = members.iter().find(|m| m.port() != port && m.leads()) {
-                    break leader.port();
-                }
-                if std::time::Instant::now() >= deadline {
-                    return Err("no new leader within 20 s".into());
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
+        Spawned::ServeCluster(cluster) => {
+            let old = cluster
+                .members()
+                .into_iter()
+                .find(|m| m.port() == port)
+                .ok_or("lost the member")?;
+            cluster.leader(Some(old.id()))?.port()
         }
         _ => return Err("not a replicated setup".into()),
     };
@@ -579,6 +625,84 @@ fn kill_primary(spawned: &Spawned, lock: &str) -> Result<String, String> {
         .map_err(|e| format!("restart failed: {e}"))?;
     Ok(format!(
         "killed -9 the primary on port {port}; {successor} took over after {took:.1?}; restarted {port}"
+    ))
+}
+
+/// Cuts the leader off from every other member for `outage`, then heals;
+/// says what happened.
+///
+/// Blocking: it waits for the cluster.
+fn partition_leader(cluster: &ServeCluster, outage: Duration) -> Result<String, String> {
+    let network = cluster
+        .network()
+        .ok_or("the members share one host: nothing to cut")?;
+    let leader = cluster.leader(None)?;
+    let at = cluster.host_of(leader);
+    let peers: Vec<usize> = cluster
+        .members()
+        .into_iter()
+        .filter(|m| m.id() != leader.id())
+        .map(|m| cluster.host_of(m))
+        .collect();
+    let cut = std::time::Instant::now();
+    let successor = peers
+        .iter()
+        .try_for_each(|&peer| network.cut(at, peer))
+        .map_err(|e| format!("cannot cut the network: {e}"))
+        .and_then(|()| cluster.leader(Some(leader.id())))
+        .map(|new| (new.id(), cut.elapsed()));
+    std::thread::sleep(outage.saturating_sub(cut.elapsed()));
+    for &peer in &peers {
+        // Every cut is healed, whatever failed: a route that was never added
+        // fails to go, which is fine.
+        let _ = network.heal(at, peer);
+    }
+    let (successor, took) = successor?;
+    Ok(format!(
+        "cut the leader (member {}) off from its peers for {outage:?}; member {successor} led \
+         after {took:.1?}; healed",
+        leader.id()
+    ))
+}
+
+/// Brings in a spare member (it joins as a learner), promotes it, and removes
+/// the leader from the cluster; says what happened.
+///
+/// Blocking: it waits for the cluster.
+fn replace_leader(cluster: &ServeCluster) -> Result<String, String> {
+    let old = cluster.leader(None)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let change = |command| {
+        let members: Vec<String> = cluster.members().iter().map(|m| m.address()).collect();
+        runtime.block_on(crate::cluster::change(&members, command))
+    };
+    let started = std::time::Instant::now();
+    let new = cluster.start_spare()?;
+    // The new member adds itself as a learner (`--join`); it can be promoted
+    // once the leader has it.
+    loop {
+        match change(ClusterCommand::Promote { id: new.id() }) {
+            Ok(_) => break,
+            Err(_) if started.elapsed() < Duration::from_secs(30) => {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => return Err(format!("could not promote member {}: {e}", new.id())),
+        }
+    }
+    let promoted = started.elapsed();
+    change(ClusterCommand::Remove { id: old.id() })
+        .map_err(|e| format!("could not remove member {}: {e}", old.id()))?;
+    let successor = cluster.leader(Some(old.id()))?.id();
+    let took = started.elapsed();
+    cluster.retire(old);
+    Ok(format!(
+        "member {} joined and was a voter after {promoted:.1?}; the leader (member {}) was \
+         removed and stopped; member {successor} led after {took:.1?}",
+        new.id(),
+        old.id()
     ))
 }
 

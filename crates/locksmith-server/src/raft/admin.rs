@@ -9,7 +9,7 @@
 //! FAILED_PRECONDITION and names the leader in the `locksmith-leader`
 //! metadata, like the lock service does.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, VecDeque};
 
 use locksmith_proto::raft as pb;
 use openraft::async_runtime::WatchReceiver;
@@ -196,14 +196,32 @@ impl pb::cluster_server::Cluster for ClusterService {
 }
 
 /// Joins this member (not initialized: a new data directory) to the cluster
-/// a member of which listens at `through`: asks the leader (following the
-/// `locksmith-leader` hint) to add it as a learner. Returns once it is added.
+/// whose members listen at `through` (`host:port[,host:port...]`): asks the
+/// leader (following the `locksmith-leader` hint) to add it as a learner,
+/// passing over members that cannot be reached, so that a joiner does not
+/// depend on any one member being up. Returns once it is added.
 pub(crate) async fn join(through: &str, id: u64, address: &str) -> Result<(), String> {
-    let mut target = through.to_owned();
-    for _ in 0..10 {
-        let mut client = pb::cluster_client::ClusterClient::connect(format!("http://{target}"))
-            .await
-            .map_err(|e| format!("cannot reach {target}: {e}"))?;
+    let mut queue: VecDeque<String> = through
+        .split(',')
+        .map(str::trim)
+        .filter(|a| !a.is_empty() && *a != address)
+        .map(str::to_owned)
+        .collect();
+    let mut last = format!("no member to join through in {through:?}");
+    for _ in 0..(10 + queue.len()) {
+        let Some(target) = queue.pop_front() else {
+            break;
+        };
+        let mut client =
+            match pb::cluster_client::ClusterClient::connect(format!("http://{target}")).await {
+                Ok(client) => client,
+                Err(e) => {
+                    last = format!("cannot reach {target}: {e}");
+                    queue.push_back(target);
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
         let request = pb::AddLearnerRequest {
             id,
             address: address.to_owned(),
@@ -216,15 +234,21 @@ pub(crate) async fn join(through: &str, id: u64, address: &str) -> Result<(), St
                 .get(locksmith_proto::LEADER_METADATA)
                 .and_then(|v| v.to_str().ok())
             {
-                Some(leader) => target = leader.to_owned(),
-                None if status.code() == tonic::Code::FailedPrecondition => {
+                Some(leader) => queue.push_front(leader.to_owned()),
+                None if status.code() == tonic::Code::FailedPrecondition
+                    || status.code() == tonic::Code::Unavailable =>
+                {
+                    last = format!("{target}: {}", status.message());
+                    queue.push_back(target);
                     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
                 }
                 None => return Err(format!("{target} refused to add this member: {status}")),
             },
         }
     }
-    Err(format!("could not reach the leader through {through}"))
+    Err(format!(
+        "could not reach the leader through {through}: {last}"
+    ))
 }
 
 /// While this member leads, promotes every learner whose log is within `lag`

@@ -1,0 +1,347 @@
+//! `locksmith serve` run by this executable, alone or as a cluster, for the
+//! bench and the torture.
+//!
+//! A cluster's members run on loopback, or each on a host of its own (a
+//! network namespace, [`locksmith_testkit::netns`]) when a fault must cut the
+//! network between members while clients on this machine still reach them
+//! all. A cluster can also hold spare members, prepared but not started, that
+//! a membership change brings in: their addresses are in the clients' URL
+//! from the start, so that clients find the cluster whichever members it has.
+
+use std::net::{Ipv4Addr, TcpStream};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use locksmith_testkit::netns::{Host, Network};
+use locksmith_testkit::{Process, ProcessSpec, Server};
+
+/// The locksmith server, run as `<this executable> serve` with its data in a
+/// temporary directory; killed with this process.
+pub struct ServeProcess {
+    // Declared first: killed before the directory is removed.
+    process: Process,
+    ip: Ipv4Addr,
+    port: u16,
+    /// Its node id in a cluster (1 for a lone server).
+    id: u64,
+    _dir: tempfile::TempDir,
+}
+
+impl ServeProcess {
+    /// Starts `locksmith serve` on loopback and waits until it accepts
+    /// connections.
+    pub fn start() -> Result<ServeProcess, String> {
+        let serve = ServeProcess::prepare(None, locksmith_testkit::free_port(), 1, &[])?;
+        serve.launch()?;
+        Ok(serve)
+    }
+
+    /// A server on `host` (loopback when `None`), not started yet.
+    fn prepare(
+        host: Option<&Host>,
+        port: u16,
+        id: u64,
+        extra: &[&str],
+    ) -> Result<ServeProcess, String> {
+        let exe = std::env::current_exe()
+            .map_err(|e| format!("cannot find this executable to run `locksmith serve`: {e}"))?;
+        let dir = tempfile::Builder::new()
+            .prefix("locksmith-serve-")
+            .tempdir()
+            .map_err(|e| format!("cannot create a directory for the server: {e}"))?;
+        let data = dir.path().join("data");
+        std::fs::create_dir(&data).map_err(|e| format!("cannot create {}: {e}", data.display()))?;
+        let ip = host.map_or(Ipv4Addr::LOCALHOST, |h| h.ip);
+        let name = format!("locksmith serve on {ip}:{port}");
+        let log = dir.path().join("serve.log");
+        let spec = match host {
+            None => ProcessSpec::new(name, exe, log),
+            Some(host) => {
+                let (program, prefix) = host.command();
+                ProcessSpec::new(name, program, log).args(prefix).arg(exe)
+            }
+        }
+        .args(serve_args(ip, port, &data))
+        .args(extra)
+        .env("RUST_LOG", "warn");
+        Ok(ServeProcess {
+            process: Process::prepare(spec),
+            ip,
+            port,
+            id,
+            _dir: dir,
+        })
+    }
+
+    /// Starts the prepared process and waits until it accepts connections.
+    fn launch(&self) -> Result<(), String> {
+        self.process.start().map_err(|e| e.to_string())?;
+        self.wait_ready().map_err(|e| e.to_string())
+    }
+
+    /// `host:port`, where clients and the other members reach it.
+    pub fn address(&self) -> String {
+        format!("{}:{}", self.ip, self.port)
+    }
+
+    /// Its node id.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Whether this member serves clients, as only a cluster's leader does
+    /// (blocking: asks it, for up to a second).
+    pub fn leads(&self) -> bool {
+        use locksmith_proto::v1::locksmith_client::LocksmithClient;
+        let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            return false;
+        };
+        let address = format!("http://{}", self.address());
+        runtime.block_on(async {
+            let ask = async {
+                let mut client = LocksmithClient::connect(address).await.ok()?;
+                let request = locksmith_proto::v1::DescribeRequest {
+                    name: "leader-probe".into(),
+                };
+                client.describe(request).await.ok()
+            };
+            matches!(
+                tokio::time::timeout(Duration::from_secs(1), ask).await,
+                Ok(Some(_))
+            )
+        })
+    }
+
+    fn wait_ready(&self) -> locksmith_testkit::Result<()> {
+        let addr = std::net::SocketAddr::from((self.ip, self.port));
+        self.process.wait_ready(Duration::from_secs(30), || {
+            TcpStream::connect_timeout(&addr, Duration::from_millis(300))
+                .map(drop)
+                .map_err(|e| format!("connect failed: {e}"))
+        })
+    }
+}
+
+impl Server for ServeProcess {
+    fn name(&self) -> &'static str {
+        "server"
+    }
+
+    fn port(&self) -> u16 {
+        self.port
+    }
+
+    fn url(&self) -> String {
+        format!("locksmith://{}", self.address())
+    }
+
+    fn process(&self) -> &Process {
+        &self.process
+    }
+
+    fn try_restart(&self) -> locksmith_testkit::Result<()> {
+        self.process.stop();
+        self.process.start()?;
+        self.wait_ready()
+    }
+}
+
+/// How `locksmith serve` is told where to listen and where to keep its log.
+/// Kept in one place so that a change of `serve`'s flags is one edit.
+fn serve_args(ip: Ipv4Addr, port: u16, data_dir: &std::path::Path) -> Vec<std::ffi::OsString> {
+    vec![
+        "serve".into(),
+        "--listen".into(),
+        format!("{ip}:{port}").into(),
+        "--data-dir".into(),
+        data_dir.as_os_str().to_owned(),
+    ]
+}
+
+/// Where a cluster's members run, and how many spares it keeps.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Placement {
+    /// Each member on a host of its own (network namespaces: root and
+    /// iproute2), instead of all on loopback.
+    pub separate_hosts: bool,
+    /// Members prepared but not started, for membership changes.
+    pub spares: usize,
+}
+
+/// Where a member of a [`ServeCluster`] stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Standing {
+    Member,
+    Spare,
+    /// Removed from the cluster and stopped; its id is never used again.
+    Retired,
+}
+
+/// `locksmith serve` processes forming one cluster.
+pub struct ServeCluster {
+    // Declared first: the processes are killed before the network goes.
+    servers: Vec<ServeProcess>,
+    standing: Mutex<Vec<Standing>>,
+    network: Option<Network>,
+}
+
+impl ServeCluster {
+    /// Starts `voters` members forming one new cluster (ids 1 to `voters`),
+    /// and prepares `placement.spares` more (the next ids) that join through
+    /// every other member when started.
+    pub fn start(voters: usize, placement: Placement) -> Result<ServeCluster, String> {
+        let slots = voters + placement.spares;
+        let network = placement
+            .separate_hosts
+            .then(|| Network::create(slots).map_err(|e| format!("network namespaces: {e}")))
+            .transpose()?;
+        let hosts: Vec<Option<&Host>> = match &network {
+            Some(network) => network.hosts().iter().map(Some).collect(),
+            None => vec![None; slots],
+        };
+        let addresses: Vec<String> = hosts
+            .iter()
+            .map(|host| {
+                let ip = host.map_or(Ipv4Addr::LOCALHOST, |h| h.ip);
+                format!("{ip}:{}", locksmith_testkit::free_port())
+            })
+            .collect();
+        let initial = addresses[..voters]
+            .iter()
+            .zip(1..)
+            .map(|(address, id)| format!("{id}={address}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut servers = Vec::with_capacity(slots);
+        for (slot, (host, address)) in hosts.iter().zip(&addresses).enumerate() {
+            let id = slot as u64 + 1;
+            let port = address
+                .rsplit_once(':')
+                .and_then(|(_, p)| p.parse().ok())
+                .expect("an address this function formatted");
+            let id_arg = id.to_string();
+            let others = addresses
+                .iter()
+                .filter(|a| *a != address)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(",");
+            let extra: [&str; 4] = if slot < voters {
+                ["--node-id", &id_arg, "--cluster", &initial]
+            } else {
+                ["--node-id", &id_arg, "--join", &others]
+            };
+            servers.push(ServeProcess::prepare(*host, port, id, &extra)?);
+        }
+        let cluster = ServeCluster {
+            standing: Mutex::new(
+                (0..slots)
+                    .map(|slot| {
+                        if slot < voters {
+                            Standing::Member
+                        } else {
+                            Standing::Spare
+                        }
+                    })
+                    .collect(),
+            ),
+            servers,
+            network,
+        };
+        for member in cluster.members() {
+            member.launch()?;
+        }
+        Ok(cluster)
+    }
+
+    fn standing(&self) -> MutexGuard<'_, Vec<Standing>> {
+        self.standing.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The members of the cluster now (running or killed by a fault), not
+    /// the spares and not those removed.
+    pub fn members(&self) -> Vec<&ServeProcess> {
+        let standing = self.standing();
+        self.servers
+            .iter()
+            .zip(standing.iter())
+            .filter(|(_, s)| **s == Standing::Member)
+            .map(|(server, _)| server)
+            .collect()
+    }
+
+    /// The URL clients use: every member's and every spare's address.
+    pub fn url(&self) -> String {
+        let addresses: Vec<String> = self.servers.iter().map(ServeProcess::address).collect();
+        format!("locksmith://{}", addresses.join(","))
+    }
+
+    /// The network the members' hosts share, when they run on hosts of their
+    /// own.
+    pub fn network(&self) -> Option<&Network> {
+        self.network.as_ref()
+    }
+
+    /// The position of `member` among the hosts of [`ServeCluster::network`].
+    pub fn host_of(&self, member: &ServeProcess) -> usize {
+        self.servers
+            .iter()
+            .position(|s| s.id == member.id)
+            .expect("a member of this cluster")
+    }
+
+    /// Waits until every member accepts connections.
+    pub fn wait_ready(&self) -> locksmith_testkit::Result<()> {
+        self.members()
+            .into_iter()
+            .try_for_each(ServeProcess::wait_ready)
+    }
+
+    /// The leader among the members other than `except`, once one serves
+    /// (blocking: up to 20 s).
+    pub fn leader(&self, except: Option<u64>) -> Result<&ServeProcess, String> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let found = self
+                .members()
+                .into_iter()
+                .find(|m| Some(m.id) != except && m.process.is_running() && m.leads());
+            if let Some(leader) = found {
+                return Ok(leader);
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err("no member of the locksmith cluster serves as leader".into());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Starts the next spare, which joins the cluster as a learner by itself
+    /// (blocking: until it accepts connections). It counts as a member from
+    /// now on.
+    pub fn start_spare(&self) -> Result<&ServeProcess, String> {
+        let slot = {
+            let mut standing = self.standing();
+            let slot = standing
+                .iter()
+                .position(|s| *s == Standing::Spare)
+                .ok_or("no spare member left")?;
+            standing[slot] = Standing::Member;
+            slot
+        };
+        let spare = &self.servers[slot];
+        spare.launch()?;
+        Ok(spare)
+    }
+
+    /// Stops `member`, which the cluster no longer has; its id is not used
+    /// again.
+    pub fn retire(&self, member: &ServeProcess) {
+        let slot = self.host_of(member);
+        self.standing()[slot] = Standing::Retired;
+        member.process.stop();
+    }
+}
