@@ -35,6 +35,11 @@
 //!   releases in the background.
 //! - [`backend::Backend`]: the trait each store implements; the lock rules
 //!   themselves live in `locksmith-core` and the shared model.
+#![cfg_attr(
+    feature = "blocking",
+    doc = r#"- [`blocking`]: the same API with blocking calls, for programs without an
+  async runtime (cargo feature `blocking`, on by default)."#
+)]
 //!
 //! ## Liveness
 //!
@@ -42,6 +47,36 @@
 //! its session (or renews a watchdog lease at a third of its TTL). A hold with a
 //! [`Lock::lease`] ends when the lease does, unless [`Guard::extend`]ed.
 //! Either way [`Guard::lost`] fires the moment the hold can no longer be trusted.
+//!
+#![cfg_attr(
+    feature = "blocking",
+    doc = r#"## Without async: `locksmith::blocking`
+
+For services that are not async, [`blocking::Client`] offers the same
+locks, options, guards, elections and errors with blocking calls, as
+`reqwest::blocking` does for reqwest: each client runs its own small tokio
+runtime and waits on the async API. Dropping a blocking [`blocking::Guard`]
+releases the hold before `drop` returns.
+
+```
+# fn main() -> locksmith::Result<()> {
+use std::time::Duration;
+
+let client = locksmith::blocking::Client::connect("memory://")?;
+let guard = client
+    .lock("orders/42")
+    .acquire_timeout(Duration::from_secs(5))?; // blocks, at most 5 s
+let token = guard.fencing_token();
+/* work, passing `token` along and checking `guard.is_lost()` */
+guard.release()?;
+# let _ = token;
+# Ok(()) }
+```
+
+Inside an async runtime use the async API: the blocking calls panic there
+with a message saying so (they work in `tokio::task::spawn_blocking`).
+"#
+)]
 //!
 //! ## Backends (cargo features)
 //!
@@ -56,6 +91,8 @@
 #![deny(missing_docs)]
 
 pub mod backend;
+#[cfg(feature = "blocking")]
+pub mod blocking;
 mod client;
 mod election;
 mod error;
