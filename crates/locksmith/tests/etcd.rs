@@ -602,3 +602,41 @@ async fn authenticated_clients_lock_and_hand_over() {
     let refused = anonymous.lock(name.as_str()).try_acquire().await;
     assert!(matches!(refused, Err(Error::Backend { .. })), "{refused:?}");
 }
+
+/// With one member of a 3-member cluster down (killed, not the leader), the
+/// majority serves, and so must the client: no call may fail because the
+/// balanced channel picked the dead member's endpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_down_fails_no_call() {
+    use locksmith_testkit::EtcdCluster;
+    let cluster = tokio::task::spawn_blocking(EtcdCluster::start)
+        .await
+        .unwrap();
+    let client = Client::connect(&cluster.url()).await.expect("connect");
+    let leader = cluster.leader().expect("a leader").port();
+    let down = cluster
+        .members()
+        .iter()
+        .find(|m| m.port() != leader)
+        .expect("a follower");
+    down.kill();
+    let mut failures = Vec::new();
+    for round in 0..30 {
+        let name = unique(&format!("member-down-{round}"));
+        let outcome = async {
+            let guard = client.lock(name.as_str()).acquire().await?;
+            client.describe(&name).await?;
+            guard.release().await
+        }
+        .await;
+        if let Err(error) = outcome {
+            failures.push(format!("round {round}: {error}"));
+        }
+    }
+    client.close().await.unwrap();
+    assert!(
+        failures.is_empty(),
+        "calls failed with one member down:\n{}",
+        failures.join("\n")
+    );
+}

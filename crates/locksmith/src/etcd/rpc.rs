@@ -54,6 +54,83 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// `--keepalive-timeout=6s`), so a dead connection is noticed and replaced.
 const HTTP2_KEEPALIVE: (Duration, Duration) = (Duration::from_secs(2), Duration::from_secs(6));
 
+/// How long one attempt of a unary call may take before it is tried again
+/// (repeatable calls only). etcd answers a proposal that a dead leader
+/// swallowed only after its request timeout (7 s with the default election
+/// timeout), long after a new leader serves; Go's clientv3 retries
+/// repeatable calls in the same way.
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Attempts of one unary call, and the pause between two.
+const ATTEMPTS: u32 = 5;
+const ATTEMPT_PAUSE: Duration = Duration::from_millis(50);
+
+/// Whether a call may be sent again.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Retry {
+    /// Reading, or creating something that is harmless if made twice (a
+    /// second lease expires unused): again after a timeout or an
+    /// unavailable member.
+    Repeatable,
+    /// Writing: again only when the request never left this process (no
+    /// connection to the member could be made).
+    NotSent,
+}
+
+/// Whether `status` says the request never reached a member: the balanced
+/// channel picked an endpoint it could not connect to (a member that is
+/// down), so the call failed before anything was sent.
+fn never_sent(status: &Status) -> bool {
+    status.code() == tonic::Code::Unavailable && {
+        let message = status.message().to_ascii_lowercase();
+        [
+            "connect error",
+            "error trying to connect",
+            "connection refused",
+        ]
+        .iter()
+        .any(|m| message.contains(m))
+    }
+}
+
+/// Runs `call` up to [`ATTEMPTS`] times as `retry` allows, each attempt of a
+/// repeatable call bounded by [`ATTEMPT_TIMEOUT`]; the last error is
+/// returned.
+///
+/// Cancel safety: as the call's own.
+async fn attempts<T, F, Fut>(retry: Retry, mut call: F) -> Result<T, Status>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, Status>>,
+{
+    let mut attempt = 1;
+    loop {
+        let outcome = match retry {
+            Retry::Repeatable => tokio::time::timeout(ATTEMPT_TIMEOUT, call())
+                .await
+                .unwrap_or_else(|_| {
+                    Err(Status::deadline_exceeded(format!(
+                        "etcd did not answer within {ATTEMPT_TIMEOUT:?}"
+                    )))
+                }),
+            Retry::NotSent => call().await,
+        };
+        let again = match (&outcome, retry) {
+            (Ok(_), _) => false,
+            (Err(status), Retry::Repeatable) => matches!(
+                status.code(),
+                tonic::Code::Unavailable | tonic::Code::DeadlineExceeded
+            ),
+            (Err(status), Retry::NotSent) => never_sent(status),
+        };
+        if !again || attempt >= ATTEMPTS {
+            return outcome;
+        }
+        attempt += 1;
+        tokio::time::sleep(ATTEMPT_PAUSE).await;
+    }
+}
+
 /// Requests that may queue in the channel before a connection takes them
 /// (the size `etcd-client` used, with which this backend was measured).
 const CHANNEL_BUFFER: usize = 64;
@@ -166,21 +243,30 @@ impl EtcdClient {
     ///
     /// Cancel safety: safe, read-only.
     pub async fn range(&self, request: RangeRequest) -> Result<RangeResponse, Status> {
-        Ok(self.kv().range(request).await?.into_inner())
+        attempts(Retry::Repeatable, || async {
+            Ok(self.kv().range(request.clone()).await?.into_inner())
+        })
+        .await
     }
 
     /// `KV.Txn`.
     ///
     /// Cancel safety: the transaction may or may not have been applied.
     pub async fn txn(&self, request: TxnRequest) -> Result<TxnResponse, Status> {
-        Ok(self.kv().txn(request).await?.into_inner())
+        attempts(Retry::NotSent, || async {
+            Ok(self.kv().txn(request.clone()).await?.into_inner())
+        })
+        .await
     }
 
     /// `KV.DeleteRange`.
     ///
     /// Cancel safety: the delete may or may not have been applied.
     pub async fn delete(&self, request: DeleteRangeRequest) -> Result<DeleteRangeResponse, Status> {
-        Ok(self.kv().delete_range(request).await?.into_inner())
+        attempts(Retry::NotSent, || async {
+            Ok(self.kv().delete_range(request.clone()).await?.into_inner())
+        })
+        .await
     }
 
     /// `Lease.LeaseGrant` of `ttl` seconds (etcd raises it to its minimum).
@@ -188,17 +274,23 @@ impl EtcdClient {
     /// Cancel safety: a lease may have been granted; it expires unused.
     pub async fn grant_lease(&self, ttl: i64) -> Result<LeaseGrantResponse, Status> {
         let request = LeaseGrantRequest { ttl, id: 0 };
-        Ok(self.lease().lease_grant(request).await?.into_inner())
+        attempts(Retry::Repeatable, || async {
+            Ok(self.lease().lease_grant(request).await?.into_inner())
+        })
+        .await
     }
 
     /// `Lease.LeaseRevoke`: deletes every key attached to the lease.
     ///
     /// Cancel safety: the lease may or may not have been revoked.
     pub async fn revoke_lease(&self, id: i64) -> Result<(), Status> {
-        self.lease()
-            .lease_revoke(LeaseRevokeRequest { id })
-            .await
-            .map(drop)
+        attempts(Retry::NotSent, || async {
+            self.lease()
+                .lease_revoke(LeaseRevokeRequest { id })
+                .await
+                .map(drop)
+        })
+        .await
     }
 
     /// `Lease.LeaseTimeToLive` (without the keys).
@@ -206,7 +298,10 @@ impl EtcdClient {
     /// Cancel safety: safe, read-only.
     pub async fn lease_time_to_live(&self, id: i64) -> Result<LeaseTimeToLiveResponse, Status> {
         let request = LeaseTimeToLiveRequest { id, keys: false };
-        Ok(self.lease().lease_time_to_live(request).await?.into_inner())
+        attempts(Retry::Repeatable, || async {
+            Ok(self.lease().lease_time_to_live(request).await?.into_inner())
+        })
+        .await
     }
 
     /// Opens a keep-alive stream for lease `id` and renews it once; see
