@@ -407,71 +407,36 @@ async fn inject(
         FaultKind::ExpireSession => expire_session(round, target, timing).await,
         FaultKind::KillPrimary => {
             let victim = lingering_holder(round, timing.outage() * 2).await?;
-            let (setup, lock) = (target.clone(), victim.lock.clone());
-            let start = now();
-            let note = tokio::task::spawn_blocking(move || {
-                let spawned = setup.spawned.as_deref().ok_or("nothing started")?;
-                kill_primary(spawned, &lock)
-            })
-            .await
-            .map_err(|e| e.to_string())??;
-            Ok(record(
-                kind,
-                start,
-                Some(Vec::new()),
-                format!("{note} while {victim} stayed inside"),
-            ))
+            on_setup(kind, target, &victim, kill_primary).await
         }
         FaultKind::PausePrimary => {
             let victim = lingering_holder(round, timing.outage()).await?;
-            let (setup, lock) = (target.clone(), victim.lock.clone());
-            let start = now();
             let outage = timing.outage();
-            let note = tokio::task::spawn_blocking(move || {
-                let spawned = setup.spawned.as_deref().ok_or("nothing started")?;
-                let primary = primary_of(spawned, &lock)?;
+            on_setup(kind, target, &victim, move |spawned, lock| {
+                let primary = primary_of(spawned, lock)?;
                 primary.pause();
                 std::thread::sleep(outage);
                 primary.resume();
-                Ok::<_, String>(format!(
+                Ok(format!(
                     "froze the primary on port {} for {outage:?}",
                     primary.port()
                 ))
             })
             .await
-            .map_err(|e| e.to_string())??;
-            Ok(record(
-                kind,
-                start,
-                Some(Vec::new()),
-                format!("{note} while {victim} stayed inside"),
-            ))
         }
         FaultKind::RestartFollower => {
             let victim = lingering_holder(round, timing.outage() * 2).await?;
-            let (setup, lock) = (target.clone(), victim.lock.clone());
-            let start = now();
             let outage = timing.outage();
-            let note = tokio::task::spawn_blocking(move || {
-                let spawned = setup.spawned.as_deref().ok_or("nothing started")?;
-                restart_follower(spawned, &lock, outage)
+            on_setup(kind, target, &victim, move |spawned, lock| {
+                restart_follower(spawned, lock, outage)
             })
             .await
-            .map_err(|e| e.to_string())??;
-            Ok(record(
-                kind,
-                start,
-                Some(Vec::new()),
-                format!("{note} while {victim} stayed inside"),
-            ))
         }
         FaultKind::PartitionLeader | FaultKind::MembershipChange => {
             let victim = lingering_holder(round, timing.outage() * 2).await?;
-            let setup = target.clone();
-            let start = now();
             let outage = timing.outage();
-            let note = tokio::task::spawn_blocking(move || {
-                let Some(Spawned::ServeCluster(cluster)) = setup.spawned.as_deref() else {
+            on_setup(kind, target, &victim, move |spawned, _| {
+                let Spawned::ServeCluster(cluster) = spawned else {
                     return Err("no locksmith cluster started by this run".to_owned());
                 };
                 if kind == FaultKind::PartitionLeader {
@@ -481,13 +446,6 @@ async fn inject(
                 }
             })
             .await
-            .map_err(|e| e.to_string())??;
-            Ok(record(
-                kind,
-                start,
-                Some(Vec::new()),
-                format!("{note} while {victim} stayed inside"),
-            ))
         }
         FaultKind::RestartEmpty | FaultKind::RestartEmptyLate => {
             let Some(Spawned::Redlock(masters)) = target.spawned.as_deref() else {
@@ -541,6 +499,33 @@ async fn inject(
             ))
         }
     }
+}
+
+/// Runs `fault` on a blocking thread against the setup this run started
+/// (given the lingering holder's lock), and records it with its note.
+async fn on_setup<F>(
+    kind: FaultKind,
+    target: &Arc<Target>,
+    victim: &Holder,
+    fault: F,
+) -> Result<FaultRecord, String>
+where
+    F: FnOnce(&Spawned, &str) -> Result<String, String> + Send + 'static,
+{
+    let (setup, lock) = (target.clone(), victim.lock.clone());
+    let start = now();
+    let note = tokio::task::spawn_blocking(move || {
+        let spawned = setup.spawned.as_deref().ok_or("nothing started")?;
+        fault(spawned, &lock)
+    })
+    .await
+    .map_err(|e| e.to_string())??;
+    Ok(record(
+        kind,
+        start,
+        Some(Vec::new()),
+        format!("{note} while {victim} stayed inside"),
+    ))
 }
 
 /// The member a primary fault hits: the Sentinel setup's primary, the primary
