@@ -75,6 +75,40 @@ fn redis_cluster_serves_every_slot_and_fails_over() {
         Some("OK")
     );
     replicate(old, 1);
+    // WAIT counts an acknowledgement, but a replica whose link dropped under
+    // load may be in a full resync (its old data flushed, the new not loaded
+    // yet), and a primary killed then leaves it empty. Kill only once the
+    // replica is in sync and holds the key.
+    let replica = cluster
+        .nodes()
+        .iter()
+        .find(|n| {
+            n.query(&["INFO", "replication"])
+                .ok()
+                .and_then(|i| i.as_str().map(str::to_owned))
+                .is_some_and(|i| {
+                    i.contains("role:slave") && i.contains(&format!("master_port:{}", old.port()))
+                })
+        })
+        .expect("the primary of orders/42 has a replica");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let info = replica.query(&["INFO", "replication"]).unwrap();
+        let info = info.as_str().unwrap_or_default().to_owned();
+        let keys = replica.query(&["DBSIZE"]).unwrap().as_int();
+        if info.contains("master_link_status:up")
+            && info.contains("master_sync_in_progress:0")
+            && keys == Some(1)
+        {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "replica {} not in sync with orders/42 ({keys:?} keys):\n{info}",
+            replica.port()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
     old.kill();
     cluster.wait_for_failover(old).unwrap();
     let new = cluster.primary_of("orders/42").unwrap();
