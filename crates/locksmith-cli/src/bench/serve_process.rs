@@ -202,12 +202,11 @@ impl ServeCluster {
             Some(network) => network.hosts().iter().map(Some).collect(),
             None => vec![None; slots],
         };
+        let ports: Vec<u16> = (0..slots).map(|_| locksmith_testkit::free_port()).collect();
         let addresses: Vec<String> = hosts
             .iter()
-            .map(|host| {
-                let ip = host.map_or(Ipv4Addr::LOCALHOST, |h| h.ip);
-                format!("{ip}:{}", locksmith_testkit::free_port())
-            })
+            .zip(&ports)
+            .map(|(host, port)| format!("{}:{port}", host.map_or(Ipv4Addr::LOCALHOST, |h| h.ip)))
             .collect();
         let initial = addresses[..voters]
             .iter()
@@ -216,17 +215,14 @@ impl ServeCluster {
             .collect::<Vec<_>>()
             .join(",");
         let mut servers = Vec::with_capacity(slots);
-        for (slot, (host, address)) in hosts.iter().zip(&addresses).enumerate() {
+        for slot in 0..slots {
             let id = slot as u64 + 1;
-            let port = address
-                .rsplit_once(':')
-                .and_then(|(_, p)| p.parse().ok())
-                .expect("an address this function formatted");
             let id_arg = id.to_string();
             let others = addresses
                 .iter()
-                .filter(|a| *a != address)
-                .cloned()
+                .enumerate()
+                .filter(|&(other, _)| other != slot)
+                .map(|(_, address)| address.as_str())
                 .collect::<Vec<_>>()
                 .join(",");
             let extra: [&str; 4] = if slot < voters {
@@ -234,18 +230,12 @@ impl ServeCluster {
             } else {
                 ["--node-id", &id_arg, "--join", &others]
             };
-            servers.push(ServeProcess::prepare(*host, port, id, &extra)?);
+            servers.push(ServeProcess::prepare(hosts[slot], ports[slot], id, &extra)?);
         }
         let cluster = ServeCluster {
             standing: Mutex::new(
-                (0..slots)
-                    .map(|slot| {
-                        if slot < voters {
-                            Standing::Member
-                        } else {
-                            Standing::Spare
-                        }
-                    })
+                std::iter::repeat_n(Standing::Member, voters)
+                    .chain(std::iter::repeat_n(Standing::Spare, placement.spares))
                     .collect(),
             ),
             servers,

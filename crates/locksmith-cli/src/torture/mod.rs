@@ -303,7 +303,7 @@ async fn coordinate(args: TortureArgs) -> ExitCode {
                 let placement = placement(&args.faults);
                 let start = move || -> Result<Vec<Target>, String> {
                     let target = match Target::spawn_placed(kind, placement) {
-                        Err(error) if placement.separate_hosts => {
+                        Err(error) if kind == Kind::ServerCluster && placement.separate_hosts => {
                             eprintln!(
                                 "locksmith torture: cannot give each member a host of its own \
                                  ({error}); starting on loopback"
