@@ -181,6 +181,9 @@ fn status_json(view: &pb::ClusterStatus) -> serde_json::Value {
 /// Sends a membership change to the leader among `members` (following its
 /// address when another member answers); returns the log index it was
 /// committed at (0 when the answer has none).
+///
+/// Cancel safety: a dropped change may or may not have been made; `status`
+/// tells.
 pub(crate) async fn change(members: &[String], command: ClusterCommand) -> Result<u64, String> {
     let mut queue: Vec<String> = members.to_vec();
     let mut last = String::from("no member tried");

@@ -503,6 +503,9 @@ async fn inject(
 
 /// Runs `fault` on a blocking thread against the setup this run started
 /// (given the lingering holder's lock), and records it with its note.
+///
+/// Cancel safety: a dropped call leaves the fault running to its end on its
+/// blocking thread, unrecorded.
 async fn on_setup<F>(
     kind: FaultKind,
     target: &Arc<Target>,

@@ -200,6 +200,9 @@ impl pb::cluster_server::Cluster for ClusterService {
 /// leader (following the `locksmith-leader` hint) to add it as a learner,
 /// passing over members that cannot be reached, so that a joiner does not
 /// depend on any one member being up. Returns once it is added.
+///
+/// Cancel safety: safe; a dropped join may have added the member already,
+/// and a second one finds it added.
 pub(crate) async fn join(through: &str, id: u64, address: &str) -> Result<(), String> {
     let mut queue: VecDeque<String> = through
         .split(',')
