@@ -258,12 +258,16 @@ pub(crate) async fn queue(
     wait: Wait,
 ) -> Result<Option<(Node, Pending)>> {
     let mut node_name = layout::node_name_for(mode, &[]);
-    if wait == Wait::No {
+    // A writer must know whether a read-write lock is in use before it
+    // queues: a `lock-` node replaced by a `__WRIT__` one would leave a moment
+    // without a writer in the queue, and a reader arriving then would pass
+    // it (the conformance suite's writer fairness caught it).
+    if wait == Wait::No || mode == Mode::Exclusive {
         let children = session
             .children(dir)
             .await
             .map_err(|e| zk_error("listing contenders", e))?;
-        if !layout::would_hold_now(&layout::contenders(&children), mode) {
+        if wait == Wait::No && !layout::would_hold_now(&layout::contenders(&children), mode) {
             return Ok(None);
         }
         node_name = layout::node_name_for(mode, &children);
