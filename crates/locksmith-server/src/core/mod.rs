@@ -304,7 +304,7 @@ impl Core {
         let mut batch = Vec::with_capacity(self.max_batch);
         loop {
             if self.arrived.is_empty() && !self.has_work() {
-                let deadline = if self.replica.can_propose() {
+                let deadline = if self.replica.can_expire() {
                     self.engine
                         .next_deadline()
                         .and_then(|at| self.clock.instant_of(at))
@@ -354,8 +354,12 @@ impl Core {
                 self.propose(now, op, &mut proposal);
             }
             // After the client ops: a heartbeat or renew in this batch wins.
-            for command in self.engine.due_at_most(now, self.max_batch) {
-                proposal.command(now, command, None, None, Route::Nobody);
+            let mut expiries = false;
+            if self.replica.can_expire() {
+                for command in self.engine.due_at_most(now, self.max_batch) {
+                    proposal.command(now, command, None, None, Route::Nobody);
+                    expiries = true;
+                }
             }
             if !proposal.records.is_empty() {
                 self.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
@@ -367,7 +371,7 @@ impl Core {
             if let (Some(metrics), Some(tally)) = (&self.metrics, tally) {
                 metrics.batch_done(count, &tally, Instant::now() - batch_started);
             }
-            self.propose_batch(proposal);
+            self.propose_batch(proposal, expiries);
             self.send_output();
         }
     }
@@ -760,7 +764,7 @@ mod tests {
         );
         core.propose(now, release, &mut proposal);
         let records = proposal.records.clone();
-        core.propose_batch(proposal);
+        core.propose_batch(proposal, false);
         // ...a heartbeat arrives meanwhile...
         let (ops, arrivals) = std::sync::mpsc::channel();
         ops.send(client_batch(1, [StreamOp::Heartbeat])).unwrap();
@@ -776,6 +780,104 @@ mod tests {
             matches!(&next, Some(Record::Command(r)) if r.command == Command::Heartbeat { session }),
             "the heartbeat was dropped: {next:?}"
         );
+    }
+
+    fn acquire(id: u64, name: &str) -> StreamOp {
+        StreamOp::Acquire {
+            id,
+            args: crate::op::AcquireArgs {
+                names: vec![name.into()],
+                mode: locksmith_core::Mode::Exclusive,
+                owner: format!("owner-{id}"),
+                wait: crate::op::WaitArg::Forever,
+                lease: None,
+                reentrant: false,
+                lock_delay: 0,
+                notify_queued: false,
+            },
+        }
+    }
+
+    /// Proposes `ops` as one batch, as the loop would; returns its records.
+    fn propose_now(core: &mut Core, now: Millis, op: Op) -> Vec<Record> {
+        let mut proposal = std::mem::take(&mut core.proposal);
+        core.propose(now, op, &mut proposal);
+        let records = proposal.records.clone();
+        core.propose_batch(proposal, false);
+        records
+    }
+
+    #[test]
+    fn batches_in_flight_are_applied_in_order_and_bounded() {
+        let mut core = core(4096);
+        let now = core.clock.now();
+        open(&mut core, 1, now);
+        core.replica.role = replica::Leadership::Leader {
+            stint: 1,
+            ready: true,
+        };
+        // The second acquire of "x" is proposed while the first is in flight:
+        // it queues behind it, as if the first had been applied already.
+        let first = propose_now(&mut core, now, client_batch(1, [acquire(1, "x")]));
+        assert!(core.replica.can_propose(), "a second batch may go out");
+        let second = propose_now(&mut core, now, client_batch(1, [acquire(2, "x")]));
+        for seq in 2..replica::MAX_IN_FLIGHT as u64 {
+            propose_now(&mut core, now, client_batch(1, [acquire(seq + 1, "y")]));
+        }
+        assert!(!core.replica.can_propose(), "at most MAX_IN_FLIGHT batches");
+        assert_eq!(
+            holders(&core, "x"),
+            0,
+            "nothing is visible before it is applied"
+        );
+        core.apply_batch(crate::raft::Batch {
+            origin: 1,
+            seq: 0,
+            records: first,
+        });
+        assert!(core.replica.can_propose());
+        core.apply_batch(crate::raft::Batch {
+            origin: 1,
+            seq: 1,
+            records: second,
+        });
+        let x = core.engine.describe("x").expect("x is held");
+        assert_eq!(x.holders.len(), 1);
+        assert_eq!(
+            x.waiters.len(),
+            1,
+            "the second acquire waits behind the first"
+        );
+    }
+
+    #[test]
+    fn expiries_are_not_decided_again_while_a_batch_carrying_them_is_in_flight() {
+        let mut core = core(4096);
+        let now = core.clock.now();
+        let (session, _) = open(&mut core, 1, now);
+        core.replica.role = replica::Leadership::Leader {
+            stint: 1,
+            ready: true,
+        };
+        let late = now + 1_500;
+        assert!(core.replica.can_expire());
+        let mut proposal = std::mem::take(&mut core.proposal);
+        for command in core.engine.due_at_most(late, 4096) {
+            proposal.command(late, command, None, None, Route::Nobody);
+        }
+        let records = proposal.records.clone();
+        assert!(!records.is_empty(), "the session is due");
+        core.propose_batch(proposal, true);
+        assert!(core.replica.can_propose(), "client ops may still go out");
+        assert!(!core.replica.can_expire(), "its expiry is in flight");
+        core.apply_batch(crate::raft::Batch {
+            origin: 1,
+            seq: 0,
+            records,
+        });
+        assert!(!core.engine.has_session(session), "expired");
+        assert!(core.replica.can_expire());
+        assert!(core.engine.due_at_most(late, 4096).is_empty());
     }
 
     #[test]

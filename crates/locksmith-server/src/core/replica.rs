@@ -4,11 +4,17 @@
 //! ([`Batch`]), handed to openraft by the proposer task (module
 //! `raft::propose`), replicated, committed on a quorum, and then applied by
 //! every member, the leader included, when openraft's state machine delivers
-//! it back to the core ([`Op::Apply`]). One batch is in flight at a time: while
-//! it commits, new ops gather in the backlog and form the next one (the group
-//! commit). The leader knows its own entries by their origin (a random number
-//! per leadership stint) and sequence number, and sends their results where
-//! their routes say; other members apply the same records with nobody to tell.
+//! it back to the core ([`Op::Apply`]). Up to [`MAX_IN_FLIGHT`] batches are
+//! in flight at a time, so that the next batch is written and replicated
+//! while the last one commits; past that, new ops gather in the backlog and
+//! form a bigger next batch (the group commit). Nothing of a batch is decided
+//! before it is applied, in log order, so batches in flight never see each
+//! other's effects early. The one exception is time: an expiry is decided
+//! from the applied state, so while a batch carrying expiries is in flight no
+//! other is decided (it would repeat them). The leader knows its own entries
+//! by their origin (a random number per leadership stint) and sequence
+//! number, and sends their results where their routes say; other members
+//! apply the same records with nobody to tell.
 //!
 //! A member that becomes leader first proposes `GrantGrace` (every session,
 //! lease and lock-delay deadline pushed past the failover), and serves
@@ -18,6 +24,7 @@
 //! streams; they resume their sessions there and send again what was not
 //! answered.
 
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
 use locksmith_core::Command;
@@ -30,16 +37,23 @@ use tonic::Status;
 use super::{Core, Proposal, Route};
 use crate::clock::Clock;
 use crate::op::{Op, Role};
-use crate::raft::{Applied, Batch, TypeConfig};
+use crate::raft::{Applied, Batch, Proposed, TypeConfig};
+
+/// Batches a leader has proposed and not applied yet, at most. More lets the
+/// next batch be written and replicated while the last one commits; fewer
+/// makes each batch bigger (one log entry, one `fdatasync` on every member,
+/// many requests). Measured in docs/BENCHMARKS.md ("The replicated server").
+pub(crate) const MAX_IN_FLIGHT: usize = 4;
 
 /// The core's side of replication.
 pub(crate) struct Replica {
     /// Batches for the proposer task, in order.
-    proposals: UnboundedSender<Batch>,
+    proposals: UnboundedSender<Proposed>,
     pub(super) role: Leadership,
     next_seq: u64,
-    /// The batch this leader proposed and has not applied yet.
-    in_flight: Option<InFlight>,
+    /// The batches this leader proposed and has not applied yet, oldest
+    /// first (they are applied in this order).
+    in_flight: VecDeque<InFlight>,
     /// What the state machine reports to openraft.
     applied: Arc<Mutex<Applied>>,
     /// Whether this member serves clients (leads, ready).
@@ -61,11 +75,13 @@ struct InFlight {
     proposal: Proposal,
     /// The first entry of a leadership stint.
     grace: bool,
+    /// It carries expiries decided from the state before it.
+    expiries: bool,
 }
 
 impl Replica {
     pub(crate) fn new(
-        proposals: UnboundedSender<Batch>,
+        proposals: UnboundedSender<Proposed>,
         applied: Arc<Mutex<Applied>>,
         serving: watch::Sender<bool>,
     ) -> Replica {
@@ -73,7 +89,7 @@ impl Replica {
             proposals,
             role: Leadership::Follower { leader: None },
             next_seq: 0,
-            in_flight: None,
+            in_flight: VecDeque::new(),
             applied,
             serving,
         }
@@ -91,7 +107,18 @@ impl Replica {
 
     /// Whether a new batch may be proposed now.
     pub(super) fn can_propose(&self) -> bool {
-        self.serving() && self.in_flight.is_none()
+        self.serving() && self.in_flight.len() < MAX_IN_FLIGHT
+    }
+
+    /// Whether time-driven changes may be decided now: not while expiries
+    /// decided earlier are in flight, which would be decided again.
+    pub(super) fn can_expire(&self) -> bool {
+        self.can_propose() && !self.in_flight.iter().any(|f| f.expiries)
+    }
+
+    /// Sessions opened by batches in flight, not applied yet.
+    pub(super) fn opening(&self) -> usize {
+        self.in_flight.iter().map(|f| f.proposal.opens).sum()
     }
 
     /// The answer of a member that cannot serve a request: where the leader
@@ -121,7 +148,7 @@ impl Replica {
 
     /// Hands `proposal`'s records to openraft as one entry and keeps the rest
     /// until it is applied.
-    fn propose(&mut self, mut proposal: Proposal, grace: bool) {
+    fn propose(&mut self, mut proposal: Proposal, grace: bool, expiries: bool) {
         let Leadership::Leader { stint, .. } = self.role else {
             return;
         };
@@ -133,11 +160,15 @@ impl Replica {
             records: std::mem::take(&mut proposal.records),
         };
         // The proposer task ends only with the server, after the core.
-        let _ = self.proposals.send(batch);
-        self.in_flight = Some(InFlight {
+        let _ = self.proposals.send(Proposed {
+            batch,
+            first: grace,
+        });
+        self.in_flight.push_back(InFlight {
             seq,
             proposal,
             grace,
+            expiries,
         });
     }
 
@@ -148,21 +179,22 @@ impl Replica {
             Leadership::Leader { stint, .. } if stint == origin => {}
             _ => return None,
         }
-        if self.in_flight.as_ref().is_some_and(|f| f.seq == seq) {
-            return self.in_flight.take();
-        }
-        None
+        // Applied in the order proposed: the oldest, unless an older one was
+        // refused and abandoned meanwhile.
+        let at = self.in_flight.iter().position(|f| f.seq == seq)?;
+        self.in_flight.remove(at)
     }
 }
 
 impl Core {
-    /// Proposes the batch being built, if it holds anything.
-    pub(super) fn propose_batch(&mut self, proposal: Proposal) {
+    /// Proposes the batch being built, if it holds anything; `expiries`:
+    /// it carries time-driven changes.
+    pub(super) fn propose_batch(&mut self, proposal: Proposal, expiries: bool) {
         if proposal.is_empty() {
             self.proposal = proposal;
             return;
         }
-        self.replica.propose(proposal, false);
+        self.replica.propose(proposal, false, expiries);
     }
 
     /// The member's role changed (openraft's metrics said so).
@@ -183,7 +215,7 @@ impl Core {
                 let mut proposal = Proposal::default();
                 let grace = Command::GrantGrace { grace: self.grace };
                 proposal.command(now, grace, None, None, Route::Nobody);
-                self.replica.propose(proposal, true);
+                self.replica.propose(proposal, true, false);
                 tracing::info!("elected leader: serving once the grace period is committed");
             }
             Role::Follower { leader } => {
@@ -209,7 +241,7 @@ impl Core {
 
     /// Answers everyone waiting here with `status` and ends every stream.
     pub(super) fn abandon_all(&mut self, status: &Status) {
-        if let Some(in_flight) = self.replica.in_flight.take() {
+        while let Some(in_flight) = self.replica.in_flight.pop_front() {
             self.abandon(in_flight.proposal, status);
         }
         let ops: Vec<Op> = self.backlog.drain(..).collect();
@@ -265,7 +297,7 @@ impl Core {
             let mut proposal = Proposal::default();
             let grace = Command::GrantGrace { grace: self.grace };
             proposal.command(now, grace, None, None, Route::Nobody);
-            self.replica.propose(proposal, true);
+            self.replica.propose(proposal, true, false);
         }
         self.send_output();
     }

@@ -82,7 +82,8 @@ impl Core {
     ) {
         let refusal = if self.shutting_down {
             Some(Status::unavailable("lock server is shutting down"))
-        } else if self.sessions.len() + proposal.opens >= self.max_sessions {
+        } else if self.sessions.len() + self.replica.opening() + proposal.opens >= self.max_sessions
+        {
             Some(Status::resource_exhausted(format!(
                 "limit reached: sessions (at most {})",
                 self.max_sessions

@@ -7,9 +7,10 @@
 //! module wires openraft to it in both directions:
 //!
 //! - **proposals**: the core sends each batch to the proposer task, which
-//!   hands it to openraft and, while this member still leads, retries it
-//!   when the leader lease has not been confirmed yet (right after an
-//!   election);
+//!   hands it to openraft without waiting for it to commit (the core bounds
+//!   how many are in flight) and tells the core of a refused one; a new
+//!   leader's first batch is sent again while its lease is not confirmed
+//!   yet (right after an election);
 //! - **applies**: openraft's state machine ([`CoreMachine`]) passes committed
 //!   entries to the core;
 //! - **role**: a task watches openraft's metrics and tells the core when this
@@ -22,12 +23,13 @@ use std::time::Duration;
 
 use openraft::async_runtime::WatchReceiver;
 use openraft::errors::{ClientWriteError, ForwardReason, RaftError};
+use openraft::impls::ProgressResponder;
 use openraft::{BasicNode, Config, ServerState, SnapshotPolicy};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::network::PeerNetwork;
 use super::state_machine::CoreMachine;
-use super::{Batch, Raft};
+use super::{Batch, Proposed, Raft};
 use crate::config::ServerConfig;
 use crate::error::ServerError;
 use crate::op::{Op, Role};
@@ -128,7 +130,7 @@ pub(crate) async fn start(
     log: RaftLog,
     machine: CoreMachine,
     core: Sender<Op>,
-    proposals: UnboundedReceiver<Batch>,
+    proposals: UnboundedReceiver<Proposed>,
 ) -> Result<Raft, ServerError> {
     let raft_config = Arc::new(raft_config(config)?);
     let network = PeerNetwork {
@@ -167,43 +169,78 @@ pub(crate) async fn start(
     Ok(raft)
 }
 
-/// Hands the core's batches to openraft in order, one at a time. A leader
-/// whose lease is not confirmed retries for up to `patience` (a new leader's
-/// lease is confirmed by its first round of heartbeats); a batch refused in
-/// the end was never appended, and the core is told so ([`Op::Refused`]).
+/// Hands the core's batches to openraft in order, without waiting for them
+/// to commit, so that several are written and replicated at once (the core
+/// bounds how many). The first batch of a leadership stint is sent again for
+/// up to `patience` while the new leader's lease is not confirmed (its first
+/// round of heartbeats confirms it); nothing else is in flight then. Any
+/// other batch refused was never appended, and the core is told so
+/// ([`Op::Refused`]).
 async fn propose(
     raft: Raft,
-    mut proposals: UnboundedReceiver<Batch>,
+    mut proposals: UnboundedReceiver<Proposed>,
     core: Sender<Op>,
     patience: Duration,
 ) {
-    while let Some(batch) = proposals.recv().await {
-        let started = tokio::time::Instant::now();
-        loop {
-            match raft.client_write(batch.clone()).await {
-                Ok(_) => break,
-                Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward)))
-                    if forward.reason == ForwardReason::LeaseExpired
-                        && raft.is_leader()
-                        && started.elapsed() < patience =>
-                {
-                    tokio::time::sleep(Duration::from_millis(5)).await;
+    while let Some(Proposed { batch, first }) = proposals.recv().await {
+        let (origin, seq) = (batch.origin, batch.seq);
+        let refusal = if first {
+            write_first(&raft, batch, patience).await.err()
+        } else {
+            let (responder, outcome) = ProgressResponder::complete_only();
+            match raft.client_write_ff(batch, Some(responder)).await {
+                Ok(()) => {
+                    let core = core.clone();
+                    tokio::spawn(async move {
+                        let refusal = match outcome.await {
+                            Ok(Ok(_)) => return,
+                            Ok(Err(error)) => error.to_string(),
+                            Err(_) => "openraft stopped".to_string(),
+                        };
+                        refuse(&core, origin, seq, refusal);
+                    });
+                    None
                 }
-                Err(error) => {
-                    tracing::warn!(%error, "a batch was refused");
-                    let refused = Op::Refused {
-                        origin: batch.origin,
-                        seq: batch.seq,
-                        reason: error.to_string(),
-                    };
-                    if core.send(refused).is_err() {
-                        return;
-                    }
-                    break;
-                }
+                Err(fatal) => Some(fatal.to_string()),
+            }
+        };
+        if let Some(reason) = refusal {
+            if !refuse(&core, origin, seq, reason) {
+                return;
             }
         }
     }
+}
+
+/// Writes a stint's first batch, waiting for it to commit, and sends it again
+/// while the leader's lease is not confirmed yet.
+async fn write_first(raft: &Raft, batch: Batch, patience: Duration) -> Result<(), String> {
+    let started = tokio::time::Instant::now();
+    loop {
+        match raft.client_write(batch.clone()).await {
+            Ok(_) => return Ok(()),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward)))
+                if forward.reason == ForwardReason::LeaseExpired
+                    && raft.is_leader()
+                    && started.elapsed() < patience =>
+            {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            Err(error) => return Err(error.to_string()),
+        }
+    }
+}
+
+/// Tells the core that its batch `origin`/`seq` was refused; false when the
+/// core is gone.
+fn refuse(core: &Sender<Op>, origin: u64, seq: u64, reason: String) -> bool {
+    tracing::warn!(%reason, "a batch was refused");
+    core.send(Op::Refused {
+        origin,
+        seq,
+        reason,
+    })
+    .is_ok()
 }
 
 /// Tells the core its role whenever openraft's metrics change it.

@@ -32,6 +32,16 @@ pub(crate) struct Batch {
     pub records: Vec<Record>,
 }
 
+/// A batch on its way from the core to the proposer task.
+#[derive(Debug)]
+pub(crate) struct Proposed {
+    pub batch: Batch,
+    /// The first batch of a leadership stint (its grace period): nothing else
+    /// is in flight with it, and it is sent again while the new leader's lease
+    /// is being confirmed.
+    pub first: bool,
+}
+
 impl fmt::Display for Batch {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "batch of {} records", self.records.len())
