@@ -70,6 +70,11 @@ pub struct ServeArgs {
     /// page through longer ones.
     #[arg(long, default_value_t = 10_000)]
     pub max_list_page: usize,
+    /// Most batches the leader has proposed and not applied yet (1–64): more
+    /// overlaps writing and replicating one batch with committing the last,
+    /// fewer makes each batch bigger.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub max_batches_in_flight: u16,
     /// Most client connections open at once; more are closed when accepted.
     /// Keep it below the open-file limit (`ulimit -n`).
     #[arg(long, default_value_t = 10_000)]
@@ -202,6 +207,7 @@ impl ServeArgs {
         config.max_message_bytes = self.max_message_bytes;
         config.max_stream_backlog_bytes = self.max_stream_backlog_bytes;
         config.max_list_page = self.max_list_page;
+        config.max_batches_in_flight = usize::from(self.max_batches_in_flight);
         config.snapshot_every = self.snapshot_every;
         config.max_connections = self.max_connections;
         config.handshake_timeout = self.handshake_timeout;

@@ -73,6 +73,11 @@ pub struct ServerConfig {
     pub recover_damaged_data: bool,
     /// Most requests applied in one batch (one fsync).
     pub max_batch: usize,
+    /// Most batches the leader has proposed and not applied yet. More lets
+    /// the next batch be written and replicated while the last one commits;
+    /// fewer makes each batch bigger (one log entry, one `fdatasync` on every
+    /// member, many requests).
+    pub max_batches_in_flight: usize,
     /// Most client connections open at once (counting those still in their
     /// HTTP/2 handshake); one more is closed as soon as it is accepted, with a
     /// warning in the log. Keep it below the process's open-file limit.
@@ -143,6 +148,7 @@ impl ServerConfig {
             segment_bytes: 64 << 20,
             recover_damaged_data: false,
             max_batch: 4096,
+            max_batches_in_flight: 4,
             max_connections: 10_000,
             handshake_timeout: Duration::from_secs(10),
             metrics_listen: None,

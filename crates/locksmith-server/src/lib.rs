@@ -210,7 +210,12 @@ impl Server {
         let applied = Arc::new(std::sync::Mutex::new(raft::Applied::default()));
         let (proposals, proposed) = tokio::sync::mpsc::unbounded_channel();
         let (serving_tx, mut serving_rx) = tokio::sync::watch::channel(false);
-        let replica = Replica::new(proposals, applied.clone(), serving_tx);
+        let replica = Replica::new(
+            proposals,
+            applied.clone(),
+            serving_tx,
+            config.max_batches_in_flight,
+        );
         let mut core = Core::new(&config, replica, tokens);
         if let Some(snapshot) = &snapshot {
             core.install_snapshot(snapshot.meta.clone(), snapshot.data.clone())

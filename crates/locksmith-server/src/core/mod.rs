@@ -619,7 +619,12 @@ mod tests {
         };
         let (proposals, _) = tokio::sync::mpsc::unbounded_channel();
         let (serving, _) = tokio::sync::watch::channel(false);
-        let replica = Replica::new(proposals, Arc::default(), serving);
+        let replica = Replica::new(
+            proposals,
+            Arc::default(),
+            serving,
+            config.max_batches_in_flight,
+        );
         Core::new(&config, replica, None)
     }
 
@@ -821,10 +826,13 @@ mod tests {
         let first = propose_now(&mut core, now, client_batch(1, [acquire(1, "x")]));
         assert!(core.replica.can_propose(), "a second batch may go out");
         let second = propose_now(&mut core, now, client_batch(1, [acquire(2, "x")]));
-        for seq in 2..replica::MAX_IN_FLIGHT as u64 {
+        for seq in 2..core.replica.max_in_flight() as u64 {
             propose_now(&mut core, now, client_batch(1, [acquire(seq + 1, "y")]));
         }
-        assert!(!core.replica.can_propose(), "at most MAX_IN_FLIGHT batches");
+        assert!(
+            !core.replica.can_propose(),
+            "at most max_batches_in_flight batches"
+        );
         assert_eq!(
             holders(&core, "x"),
             0,

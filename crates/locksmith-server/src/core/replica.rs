@@ -4,8 +4,8 @@
 //! ([`Batch`]), handed to openraft by the proposer task (module
 //! `raft::propose`), replicated, committed on a quorum, and then applied by
 //! every member, the leader included, when openraft's state machine delivers
-//! it back to the core ([`Op::Apply`]). Up to [`MAX_IN_FLIGHT`] batches are
-//! in flight at a time, so that the next batch is written and replicated
+//! it back to the core ([`Op::Apply`]). Several batches may be in flight at
+//! a time (`max_batches_in_flight`), so that the next batch is written and replicated
 //! while the last one commits; past that, new ops gather in the backlog and
 //! form a bigger next batch (the group commit). Nothing of a batch is decided
 //! before it is applied, in log order, so batches in flight never see each
@@ -39,12 +39,6 @@ use crate::clock::Clock;
 use crate::op::{Op, Role};
 use crate::raft::{Applied, Batch, Proposed, TypeConfig};
 
-/// Batches a leader has proposed and not applied yet, at most. More lets the
-/// next batch be written and replicated while the last one commits; fewer
-/// makes each batch bigger (one log entry, one `fdatasync` on every member,
-/// many requests). Measured in docs/BENCHMARKS.md ("The replicated server").
-pub(crate) const MAX_IN_FLIGHT: usize = 4;
-
 /// The core's side of replication.
 pub(crate) struct Replica {
     /// Batches for the proposer task, in order.
@@ -54,6 +48,8 @@ pub(crate) struct Replica {
     /// The batches this leader proposed and has not applied yet, oldest
     /// first (they are applied in this order).
     in_flight: VecDeque<InFlight>,
+    /// How many batches may be in flight at once.
+    max_in_flight: usize,
     /// What the state machine reports to openraft.
     applied: Arc<Mutex<Applied>>,
     /// Whether this member serves clients (leads, ready).
@@ -84,12 +80,14 @@ impl Replica {
         proposals: UnboundedSender<Proposed>,
         applied: Arc<Mutex<Applied>>,
         serving: watch::Sender<bool>,
+        max_in_flight: usize,
     ) -> Replica {
         Replica {
             proposals,
             role: Leadership::Follower { leader: None },
             next_seq: 0,
             in_flight: VecDeque::new(),
+            max_in_flight: max_in_flight.max(1),
             applied,
             serving,
         }
@@ -107,7 +105,13 @@ impl Replica {
 
     /// Whether a new batch may be proposed now.
     pub(super) fn can_propose(&self) -> bool {
-        self.serving() && self.in_flight.len() < MAX_IN_FLIGHT
+        self.serving() && self.in_flight.len() < self.max_in_flight
+    }
+
+    /// How many batches may be in flight at once.
+    #[cfg(test)]
+    pub(super) fn max_in_flight(&self) -> usize {
+        self.max_in_flight
     }
 
     /// Whether time-driven changes may be decided now: not while expiries

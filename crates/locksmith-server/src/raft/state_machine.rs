@@ -208,7 +208,7 @@ impl CoreMachine {
         let applied = Arc::new(Mutex::new(Applied::default()));
         let (proposals, _) = tokio::sync::mpsc::unbounded_channel();
         let (serving, _) = tokio::sync::watch::channel(false);
-        let replica = Replica::new(proposals, applied.clone(), serving);
+        let replica = Replica::new(proposals, applied.clone(), serving, 1);
         let core = Core::new(&crate::ServerConfig::in_memory(), replica, None);
         std::thread::spawn(move || core.run(receiver));
         CoreMachine::new(ops, applied, None, None)
