@@ -143,9 +143,10 @@ pub struct ServeArgs {
     /// How often the leader sends heartbeats to the other members, e.g. `50ms`.
     #[arg(long, value_parser = parse_duration, default_value = "50ms")]
     pub raft_heartbeat: Duration,
-    /// A member that hears no leader for this long (up to twice as long, at
-    /// random) starts an election, e.g. `300ms`.
-    #[arg(long, value_parser = parse_duration, default_value = "300ms")]
+    /// Sets how long a member waits for a silent leader before it starts an
+    /// election: the leader's lease (twice this) plus this to twice this, at
+    /// random; so 600–800 ms with the default. E.g. `500ms`.
+    #[arg(long, value_parser = parse_duration, default_value = "200ms")]
     pub election_timeout: Duration,
     /// Read settings from a TOML file: each key is a long flag of this command
     /// without its dashes (`listen = "0.0.0.0:7420"`, `in-memory = true`,

@@ -112,8 +112,9 @@ pub struct ServerConfig {
     pub auto_promote_lag: Option<u64>,
     /// How often the leader sends heartbeats to the other members.
     pub raft_heartbeat: Duration,
-    /// A member that hears no leader for this long (up to twice as long,
-    /// at random) starts an election.
+    /// Sets how long a member waits for a silent leader before it starts an
+    /// election: openraft's leader lease (twice this, the longest election
+    /// timeout) plus a timeout between this and twice this, at random.
     pub election_timeout: Duration,
 }
 
@@ -160,7 +161,7 @@ impl ServerConfig {
             join: None,
             auto_promote_lag: None,
             raft_heartbeat: Duration::from_millis(50),
-            election_timeout: Duration::from_millis(300),
+            election_timeout: Duration::from_millis(200),
         }
     }
 
