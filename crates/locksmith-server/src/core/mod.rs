@@ -183,8 +183,6 @@ pub(crate) struct Core {
     output: Output,
     /// The records of the batch being built.
     proposal: Proposal,
-    /// When the batch in flight was proposed.
-    proposed_at: Option<Instant>,
     orphans: Vec<Orphan>,
     effects: Vec<Effect>,
     shutting_down: bool,
@@ -233,7 +231,6 @@ impl Core {
             last_now: 0,
             output: Output::default(),
             proposal: Proposal::default(),
-            proposed_at: None,
             orphans: Vec::new(),
             effects: Vec::new(),
             shutting_down: false,
@@ -366,7 +363,6 @@ impl Core {
                 self.stats
                     .records
                     .fetch_add(proposal.records.len() as u64, Ordering::Relaxed);
-                self.proposed_at = Some(Instant::now());
             }
             if let (Some(metrics), Some(tally)) = (&self.metrics, tally) {
                 metrics.batch_done(count, &tally, Instant::now() - batch_started);
@@ -474,20 +470,11 @@ impl Core {
         }
     }
 
-    /// After applying entries: the token ceiling, the batch's latency, the
-    /// gauges, then the replies.
+    /// After applying entries: the token ceiling, the gauges, then the
+    /// replies.
     fn finish_apply(&mut self) -> std::io::Result<()> {
         if let Some(tokens) = &mut self.tokens {
             tokens.cover(self.engine.last_token())?;
-        }
-        if let Some(at) = self.proposed_at.take() {
-            let elapsed = at.elapsed();
-            self.stats
-                .commit_nanos
-                .fetch_add(elapsed.as_nanos() as u64, Ordering::Relaxed);
-            if let Some(metrics) = &self.metrics {
-                metrics.committed(elapsed, 1);
-            }
         }
         if let Some(metrics) = &self.metrics {
             // Before the replies leave: a client that saw one scrapes

@@ -25,7 +25,9 @@
 //! answered.
 
 use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use locksmith_core::Command;
 use openraft::type_config::alias::{EntryOf, LogIdOf, StoredMembershipOf};
@@ -73,6 +75,8 @@ struct InFlight {
     grace: bool,
     /// It carries expiries decided from the state before it.
     expiries: bool,
+    /// When it was proposed, for the commit latency.
+    proposed_at: Instant,
 }
 
 impl Replica {
@@ -173,6 +177,7 @@ impl Replica {
             proposal,
             grace,
             expiries,
+            proposed_at: Instant::now(),
         });
     }
 
@@ -356,6 +361,13 @@ impl Core {
             self.output = Default::default();
             return;
         };
+        let elapsed = in_flight.proposed_at.elapsed();
+        self.stats
+            .commit_nanos
+            .fetch_add(elapsed.as_nanos() as u64, Ordering::Relaxed);
+        if let Some(metrics) = &self.metrics {
+            metrics.committed(elapsed, 1);
+        }
         in_flight.proposal.records = batch.records;
         let now = self.clock.now();
         self.apply_proposal(now, &mut in_flight.proposal);
