@@ -73,7 +73,7 @@ pub struct ServeArgs {
     /// Most batches the leader has proposed and not applied yet (1–64): more
     /// overlaps writing and replicating one batch with committing the last,
     /// fewer makes each batch bigger.
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub max_batches_in_flight: u16,
     /// Most client connections open at once; more are closed when accepted.
     /// Keep it below the open-file limit (`ulimit -n`).

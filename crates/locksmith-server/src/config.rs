@@ -149,7 +149,7 @@ impl ServerConfig {
             segment_bytes: 64 << 20,
             recover_damaged_data: false,
             max_batch: 4096,
-            max_batches_in_flight: 4,
+            max_batches_in_flight: 16,
             max_connections: 10_000,
             handshake_timeout: Duration::from_secs(10),
             metrics_listen: None,
