@@ -114,7 +114,7 @@ pub mod zookeeper;
 
 pub use backend::{Capabilities, GrantRecord, HoldEnd, Holder, LockInfo, LostSignal, Waiter};
 pub use client::{redact, Client, ConnectOptions};
-pub use election::{Election, Leader};
+pub use election::{Election, Leader, Leadership, OBSERVE_POLL};
 pub use error::{Error, Result};
 pub use guard::Guard;
 pub use lock::{Lock, LockOptions, RwLock};

@@ -164,6 +164,7 @@
 
 mod acquire;
 mod cleanups;
+mod election;
 mod hold;
 mod layout;
 mod lost;
@@ -189,7 +190,8 @@ use self::rpc::EtcdClient;
 use self::session::Session;
 use self::watch::WatchHub;
 use crate::backend::{
-    acquire_each_in_order, AcquireRequest, Backend, Capabilities, Grant, Holder, LockInfo, Waiter,
+    acquire_each_in_order, AcquireRequest, Backend, Capabilities, Grant, Holder, HolderChanges,
+    LockInfo, Waiter,
 };
 use crate::client::{redact, ConnectOptions};
 use crate::error::{Error, Result};
@@ -604,6 +606,7 @@ impl Backend for EtcdBackend {
             lists_waiters: true,
             shared: true,
             semaphore: true,
+            proclaim: true,
         }
     }
 
@@ -676,6 +679,11 @@ impl Backend for EtcdBackend {
         }
         .instrument(span)
         .await
+    }
+
+    /// Cancel safety: safe; a dropped call closes its watch stream.
+    async fn watch_holders(&self, name: &str) -> Result<Option<HolderChanges>> {
+        election::watch_holders(&self.inner, name).await.map(Some)
     }
 
     /// Deletes the keys of the current holders, whoever they are (each delete

@@ -116,6 +116,7 @@
 
 mod acquire;
 mod config;
+mod election;
 mod hold;
 mod inspect;
 mod layout;
@@ -128,12 +129,12 @@ use locksmith_core::Mode;
 use tokio_util::sync::CancellationToken;
 
 use self::acquire::Node;
-use self::config::Config;
+use self::config::{Config, Elections};
 use self::hold::{HoldState, HoldTable, NewHold, ZkHold};
 use self::inspect::View;
 use self::session::Session;
 use crate::backend::{
-    acquire_each_in_order, AcquireRequest, Backend, Capabilities, Grant, LockInfo,
+    acquire_each_in_order, AcquireRequest, Backend, Capabilities, Grant, HolderChanges, LockInfo,
 };
 use crate::client::ConnectOptions;
 use crate::error::{Error, Result};
@@ -262,12 +263,18 @@ impl ZooKeeperBackend {
         request: &AcquireRequest,
     ) -> Result<Option<Grant>> {
         let path = layout::lock_path(name);
-        let data = request.owner.as_bytes();
+        // What kazoo's `contenders()` and Curator's `getLeader()` read.
+        let data = request
+            .published
+            .as_ref()
+            .unwrap_or(&request.owner)
+            .as_bytes();
+        let kazoo = request.published.is_some() && self.config.elections == Elections::Kazoo;
         let acquired = match request.mode {
             Mode::Semaphore { permits } => {
                 acquire::semaphore(session, name, &path, permits, data, request.wait).await?
             }
-            mode => acquire::queue(session, &path, mode, data, request.wait).await?,
+            mode => acquire::queue(session, &path, mode, data, request.wait, kazoo).await?,
         };
         let Some((Node { path, czxid }, pending)) = acquired else {
             return Ok(None);
@@ -316,6 +323,7 @@ impl Backend for ZooKeeperBackend {
             lists_waiters: true,
             shared: true,
             semaphore: true,
+            proclaim: true,
         }
     }
 
@@ -371,6 +379,16 @@ impl Backend for ZooKeeperBackend {
     async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>> {
         let session = self.session().await?;
         self.view(&session).list(prefix).await
+    }
+
+    /// Watches the lock path's children and the first contender's data.
+    ///
+    /// Cancel safety: safe; dropped watches are simply never awaited.
+    async fn watch_holders(&self, name: &str) -> Result<Option<HolderChanges>> {
+        let session = self.session().await?;
+        election::watch_holders(session, layout::lock_path(name))
+            .await
+            .map(Some)
     }
 
     /// Deletes every contender (and semaphore lease) of the lock.
