@@ -1,6 +1,7 @@
 //! The conformance suite and ZooKeeper-specific tests against a real ZooKeeper
 //! (one shared server per test binary: the JVM starts slowly), plus
-//! interoperability with kazoo's `Lock` (Python, `pip install kazoo`) and fault
+//! interoperability with kazoo's `Lock` and `Election` (Python, `pip install
+//! kazoo`) and fault
 //! tests (session expiry, suspended connection) on servers of their own.
 
 mod conformance;
@@ -534,6 +535,22 @@ elif mode == "contend":
     sys.stdin.readline()
     lock.release()
     say("RELEASED")
+elif mode == "elect":
+    # kazoo's Election, as it is: it counts only `__lock__` nodes.
+    election = zk.Election(path, ident)
+    say("CONTENDERS", "|".join(election.contenders()))
+    try:
+        election.lock.acquire(timeout=1.0)
+        say("LEADING-WHILE-LED")
+        election.lock.release()
+    except LockTimeout:
+        say("TIMEOUT")
+    say("WAITING")
+    def lead():
+        say("LEADING", "|".join(election.contenders()))
+        sys.stdin.readline()
+    election.run(lead)
+    say("RESIGNED")
 elif mode == "read":
     lock = zk.ReadLock(path, ident)
     lock.acquire()
@@ -716,4 +733,100 @@ async fn kazoo_readers_share_with_locksmith_readers() {
         .acquire_timeout(Duration::from_secs(10))
         .await;
     assert!(write.is_ok());
+}
+
+/// A client whose candidates are named as kazoo's `Election` names them.
+async fn kazoo_elections(server: &ZooKeeper) -> Client {
+    connect(
+        &format!("{}{CHROOT}?elections=kazoo", server.url()),
+        Duration::from_secs(10),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kazoo_election_follows_a_locksmith_leader() {
+    use futures::StreamExt;
+    let server = shared().await;
+    let client = kazoo_elections(server).await;
+    let name = unique("locksmith-leads");
+    let election = client.election(name.as_str());
+    let mut leadership = election.campaign("locksmith-leader").await.unwrap();
+    let children = raw(server)
+        .await
+        .list_children(&format!("{CHROOT}/{name}"))
+        .await
+        .unwrap();
+    assert!(
+        children.len() == 1 && children[0].contains("__lock__"),
+        "a kazoo-named candidate: {children:?}"
+    );
+
+    let mut kazoo = Kazoo::spawn(server, &name, "kazoo-candidate", "elect");
+    let contenders = kazoo.expect("CONTENDERS").await;
+    assert_eq!(contenders, "CONTENDERS locksmith-leader");
+    kazoo.expect("TIMEOUT").await;
+    kazoo.expect("WAITING").await;
+    until(&client, &name, "kazoo waiting", |i| {
+        i.waiters.len() == 1 && i.waiters[0].owner == "kazoo-candidate"
+    })
+    .await;
+    leadership.proclaim("locksmith-moved").await.unwrap();
+    let mut observed = Box::pin(client.election(name.as_str()).observe());
+    let leader = observed.next().await.unwrap().unwrap().unwrap();
+    assert_eq!(leader.value, "locksmith-moved");
+
+    leadership.resign().await.unwrap();
+    let leading = kazoo.expect("LEADING").await;
+    assert_eq!(leading, "LEADING kazoo-candidate");
+    let next = loop {
+        if let Some(next) = observed.next().await.unwrap().unwrap() {
+            break next;
+        }
+    };
+    assert_eq!(next.value, "kazoo-candidate");
+    assert!(next.fencing_token > leader.fencing_token);
+    kazoo.go().await;
+    kazoo.expect("RESIGNED").await;
+    assert_eq!(observed.next().await.unwrap().unwrap(), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn locksmith_follows_a_kazoo_leader() {
+    let server = shared().await;
+    let client = kazoo_elections(server).await;
+    let name = unique("kazoo-leads");
+    let mut kazoo = Kazoo::spawn(server, &name, "kazoo-leader", "elect");
+    kazoo.expect("CONTENDERS").await;
+    // Nobody else leads: its timed try leads (and resigns) at once.
+    kazoo.expect("LEADING-WHILE-LED").await;
+    kazoo.expect("WAITING").await;
+    let leading = kazoo.expect("LEADING").await;
+    assert_eq!(leading, "LEADING kazoo-leader");
+
+    let election = client.election(name.as_str());
+    let leader = election.leader().await.unwrap().expect("kazoo leads");
+    assert_eq!(leader.value, "kazoo-leader");
+    let candidate = tokio::spawn({
+        let election = election.clone();
+        async move { election.campaign("locksmith-candidate").await }
+    });
+    until(&client, &name, "locksmith waiting behind kazoo", |i| {
+        i.waiters.len() == 1
+    })
+    .await;
+    assert!(!candidate.is_finished(), "elected while kazoo leads");
+    kazoo.go().await;
+    kazoo.expect("RESIGNED").await;
+    let leadership = timeout(Duration::from_secs(10), candidate)
+        .await
+        .expect("elected once kazoo resigns")
+        .unwrap()
+        .unwrap();
+    assert!(leadership.fencing_token() > leader.fencing_token.unwrap());
+    assert_eq!(
+        election.leader().await.unwrap().unwrap().value,
+        "locksmith-candidate"
+    );
+    leadership.resign().await.unwrap();
 }
