@@ -42,13 +42,23 @@
 //! * **Re-check (CURATOR-604).** After every wake-up and every reconnection a
 //!   waiter reads the queue again; when its own node is gone (and the session
 //!   lives) it queues again.
-//! * **Node data.** The owner id, as UTF-8 text: what kazoo stores (its lock
-//!   `identifier`, returned by `Lock.contenders()`), so a kazoo election reads a
-//!   locksmith leader's value and the reverse. Curator stores the client's IP
+//! * **Node data.** The owner id (an election candidate's value), as UTF-8
+//!   text: what kazoo stores (its lock `identifier`, returned by
+//!   `Lock.contenders()`). Curator stores the client's IP
 //!   address by default; inspection shows whatever text is there as the owner.
 //!   `lock_by` is the owning session (`session 0x…`; this client's own nodes
 //!   also show its name and host), `lock_time` the node's creation time for
 //!   other clients' nodes.
+//! * **Elections.** A candidate is an exclusive contender whose node data is
+//!   its value, which is where Curator's `LeaderSelector` (`getLeader()`)
+//!   and kazoo's `Election` (`contenders()`) read a participant's id; the
+//!   leader is the first contender. Its node is named as Curator's
+//!   `InterProcessMutex` names it unless the URL says `elections=kazoo`:
+//!   then `<uuid hex>__lock__<seq>`, as kazoo's `Lock` does. One name cannot
+//!   serve both, as kazoo only counts `__lock__<seq>` nodes and Curator sorts
+//!   by what follows the last `lock-`. `proclaim` is a `setData` checked
+//!   against the version this client last wrote; `observe` watches the
+//!   path's children and the first contender's data.
 //! * **Fencing token.** The czxid of our node: the zxid of the transaction that
 //!   created it, globally monotonic across the ensemble, restarts and leader
 //!   changes. Re-entry keeps the node, hence the token.
@@ -70,7 +80,8 @@
 //!   own names, so a kazoo lock must be told about Curator's:
 //!   `zk.Lock(path, identifier, extra_lock_patterns=["-lock-"])` (the option
 //!   kazoo has for exactly this, since 2.7.1). Without it kazoo ignores
-//!   Curator's and locksmith's nodes.
+//!   Curator's and locksmith's nodes. kazoo's `Election` cannot be told:
+//!   share an election with it through `?elections=kazoo`.
 //!
 //! # Sessions, liveness and `lost()`
 //!
@@ -109,6 +120,7 @@
 //! | `session_timeout` | the client's `session_ttl` | requested ZooKeeper session timeout (`500ms`, `10s`, `1m`, or milliseconds) |
 //! | `connection_timeout` | a third of the session timeout | silence after which the connection counts as lost and the client tries the next server |
 //! | `lost_after_suspended` | `0.33` | part of the negotiated session timeout the connection may stay suspended before holds are lost (`0`: at once; `never`: only on session expiry) |
+//! | `elections` | `curator` | whose election node names this client's candidates take: `curator` (`LeaderSelector`) or `kazoo` (`Election`) |
 //!
 //! Example: `zk://zk1:2181,zk2:2181,zk3:2181/apps/locks?session_timeout=10s`.
 //!
