@@ -130,9 +130,18 @@ async fn hand_over(held: Guard, waiter: JoinHandle<locksmith::Result<Guard>>, wi
 }
 
 fn terminate(child: &tokio::process::Child) {
+    signal(child, "-TERM");
+}
+
+/// Sends SIGINT, on which `etcdctl elect` resigns (or stops observing) and exits.
+fn interrupt(child: &tokio::process::Child) {
+    signal(child, "-INT");
+}
+
+fn signal(child: &tokio::process::Child, signal: &str) {
     let pid = child.id().expect("running").to_string();
     let status = std::process::Command::new("kill")
-        .args(["-TERM", &pid])
+        .args([signal, &pid])
         .status()
         .expect("kill");
     assert!(status.success());
@@ -663,16 +672,6 @@ fn etcdctl_elect(args: &[&str]) -> tokio::process::Child {
         .kill_on_drop(true)
         .spawn()
         .expect("etcdctl elect")
-}
-
-/// Sends SIGINT, on which `etcdctl elect` resigns (or stops observing) and exits.
-fn interrupt(child: &tokio::process::Child) {
-    let pid = child.id().expect("running").to_string();
-    let status = std::process::Command::new("kill")
-        .args(["-INT", &pid])
-        .status()
-        .expect("kill");
-    assert!(status.success());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

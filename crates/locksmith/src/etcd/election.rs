@@ -15,7 +15,7 @@ use futures::StreamExt;
 
 use super::hold::Entry;
 use super::layout::lock_prefix;
-use super::rpc::etcdserverpb::{PutRequest, TxnRequest, WatchCreateRequest};
+use super::rpc::etcdserverpb::WatchCreateRequest;
 use super::rpc::{self, WatchStream};
 use super::{backend_error, Inner};
 use crate::backend::HolderChanges;
@@ -29,21 +29,11 @@ use crate::error::{Error, Result};
 pub(crate) async fn proclaim(inner: &Inner, entry: &Entry, value: &str) -> Result<()> {
     // Held across the write: value updates of one hold reach etcd in order.
     let mut state = entry.state.lock().await;
-    let put = PutRequest {
-        ignore_lease: true,
-        ..rpc::put(entry.key.clone(), value, 0)
-    };
-    let txn = TxnRequest {
-        compare: vec![entry.still_ours()],
-        success: vec![put.into()],
-        failure: Vec::new(),
-    };
-    let response = inner
-        .client
-        .txn(txn)
-        .await
-        .map_err(|e| backend_error("proclaiming a new value", e))?;
-    if !response.succeeded {
+    let value_bytes = value.as_bytes().to_vec();
+    let written = entry
+        .write_if_ours(inner, value_bytes, "proclaiming a new value")
+        .await?;
+    if !written {
         return Err(entry.lose("the election key is no longer ours"));
     }
     state.published = Some(value.to_owned());

@@ -175,7 +175,7 @@ pub(crate) struct EtcdHold {
 }
 
 impl Entry {
-    pub(crate) fn still_ours(&self) -> Compare {
+    fn still_ours(&self) -> Compare {
         rpc::create_revision_is(self.key.clone(), self.token)
     }
 
@@ -187,13 +187,24 @@ impl Entry {
     pub async fn write_count(&self, inner: &Inner, state: &EntryState, count: u32) -> Result<bool> {
         let mut meta = state.meta.clone();
         meta.count = count;
+        let value = key_value(&meta, state.published.as_deref());
+        self.write_if_ours(inner, value, "updating the hold count")
+            .await
+    }
+
+    /// Replaces the key's value, keeping its lease: `If(create_revision ==
+    /// token) Then(Put(ignore_lease))`; false when the key is no longer ours.
+    ///
+    /// Cancel safety: the write either happened or did not.
+    pub async fn write_if_ours(
+        &self,
+        inner: &Inner,
+        value: Vec<u8>,
+        doing: &'static str,
+    ) -> Result<bool> {
         let put = PutRequest {
             ignore_lease: true,
-            ..rpc::put(
-                self.key.clone(),
-                key_value(&meta, state.published.as_deref()),
-                0,
-            )
+            ..rpc::put(self.key.clone(), value, 0)
         };
         let txn = TxnRequest {
             compare: vec![self.still_ours()],
@@ -204,7 +215,7 @@ impl Entry {
             .client
             .txn(txn)
             .await
-            .map_err(|e| backend_error("updating the hold count", e))?;
+            .map_err(|e| backend_error(doing, e))?;
         Ok(response.succeeded)
     }
 
