@@ -43,6 +43,9 @@ pub struct ElectArgs {
 /// Campaigns, then leads while the command runs (with `LOCKSMITH_ELECTION`,
 /// `LOCKSMITH_LEADER_VALUE` and `LOCKSMITH_FENCING_TOKEN` set), resigning
 /// when it exits.
+///
+/// Cancel safety: not cancel safe (it runs the whole command); the process
+/// exits when it returns.
 pub async fn elect(args: ElectArgs) -> ExitCode {
     let client = match args.backend.connect("elect").await {
         Ok(client) => client,
@@ -116,6 +119,8 @@ pub struct LeaderArgs {
 
 /// Prints the leader's value (exit 3 when nobody leads), or with `--watch`
 /// the value now and at every change.
+///
+/// Cancel safety: safe; it only reads.
 pub async fn leader(args: LeaderArgs) -> ExitCode {
     let client = match args.backend.connect("leader").await {
         Ok(client) => client,

@@ -78,6 +78,8 @@ pub enum Ended {
 /// Runs `command` with `env` while `guard` holds `name`: SIGINT and SIGTERM
 /// are forwarded to it; when the hold is lost it gets SIGTERM, then SIGKILL
 /// after `kill_grace`. An error says why it could not be run or waited for.
+///
+/// Cancel safety: not cancel safe; a dropped call leaves the command running.
 pub async fn supervise(
     command: &[String],
     env: &[(&str, String)],
@@ -126,6 +128,9 @@ pub async fn supervise(
 /// The exit status after a supervised command: ends the hold with `release`
 /// (unless it was lost), then gives the command's status, [`LOST_EXIT`] when
 /// the hold was lost, or the failure.
+///
+/// Cancel safety: if dropped, the release may not have happened; the hold
+/// then ends with the session.
 pub async fn conclude(
     ended: Result<Ended, String>,
     release: impl std::future::Future<Output = locksmith::Result<()>>,

@@ -1,8 +1,8 @@
 //! The lock API with blocking calls, for programs that do not run an async
-//! runtime: [`Client`], [`Lock`], [`RwLock`], [`Guard`], [`Election`] (with
-//! [`Leadership`] and [`Observe`]), each the counterpart of the async type of
-//! the same name, with the same options,
-//! rules and errors ([`crate::Error`]). Where the async API returns a future,
+//! runtime: [`Client`], [`Lock`], [`RwLock`], [`Guard`], [`Election`],
+//! [`Leadership`], each the counterpart of the async type of the same name
+//! (and [`Observe`], an iterator over [`crate::Election::observe`]), with the
+//! same options, rules and errors ([`crate::Error`]). Where the async API returns a future,
 //! this one blocks the calling thread until the future would have completed.
 //!
 //! ```
