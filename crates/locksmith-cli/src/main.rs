@@ -11,6 +11,7 @@ use clap::{CommandFactory, Parser, Subcommand};
 mod bench;
 mod cluster;
 mod common;
+mod elect;
 mod hold;
 mod run;
 mod serve;
@@ -39,6 +40,10 @@ enum Command {
     Run(run::RunArgs),
     /// Acquire a lock, print its fencing token, hold it until interrupted.
     Hold(hold::HoldArgs),
+    /// Run a command while leading an election (like `etcdctl elect`).
+    Elect(elect::ElectArgs),
+    /// Print an election's leader value, or follow it with --watch.
+    Leader(elect::LeaderArgs),
     /// Show locks, holders and waiters.
     Status(status::StatusArgs),
     /// Free a lock whoever holds it (administrators only).
@@ -127,6 +132,8 @@ fn main() -> ExitCode {
             Command::Serve(args) => serve::serve(args).await,
             Command::Run(args) => run::run(args).await,
             Command::Hold(args) => hold::hold(args).await,
+            Command::Elect(args) => elect::elect(args).await,
+            Command::Leader(args) => elect::leader(args).await,
             Command::Status(args) => status::status(args).await,
             Command::Release(args) => status::release(args).await,
             Command::Session(args) => session::session(args).await,

@@ -52,60 +52,100 @@ pub async fn run(args: RunArgs) -> ExitCode {
         }
         Err(error) => return fail(&error),
     };
-    let mut child = match Command::new(&args.command[0])
-        .args(&args.command[1..])
-        .env("LOCKSMITH_LOCK", &args.lock.name)
-        .env("LOCKSMITH_FENCING_TOKEN", guard.fencing_token().to_string())
+    let env = [
+        ("LOCKSMITH_LOCK", args.lock.name.clone()),
+        ("LOCKSMITH_FENCING_TOKEN", guard.fencing_token().to_string()),
+    ];
+    let ended = supervise(
+        &args.command,
+        &env,
+        &guard,
+        &args.lock.name,
+        args.kill_grace,
+    )
+    .await;
+    conclude(ended, guard.release(), &args.lock.name).await
+}
+
+/// How a command run under a hold ended.
+pub enum Ended {
+    /// It exited with this status (128 + signal if a signal ended it).
+    Exited(u8),
+    /// The hold was lost, and the command was stopped.
+    Lost,
+}
+
+/// Runs `command` with `env` while `guard` holds `name`: SIGINT and SIGTERM
+/// are forwarded to it; when the hold is lost it gets SIGTERM, then SIGKILL
+/// after `kill_grace`. An error says why it could not be run or waited for.
+///
+/// Cancel safety: not cancel safe; a dropped call leaves the command running.
+pub async fn supervise(
+    command: &[String],
+    env: &[(&str, String)],
+    guard: &locksmith::Guard,
+    name: &str,
+    kill_grace: Duration,
+) -> Result<Ended, String> {
+    let mut child = Command::new(&command[0])
+        .args(&command[1..])
+        .envs(env.iter().map(|(key, value)| (key, value)))
         // Its own process group: signals reach it once, through us.
         .process_group(0)
         .spawn()
-    {
-        Ok(child) => child,
-        Err(error) => {
-            let _ = guard.release().await;
-            return fail(&format!("cannot run {:?}: {error}", args.command[0]));
-        }
-    };
+        .map_err(|error| format!("cannot run {:?}: {error}", command[0]))?;
     let pid = child.id().map(|id| Pid::from_raw(id as i32));
     let signal_child = |signal: Signal| {
         if let Some(pid) = pid {
             let _ = kill(pid, signal);
         }
     };
-
-    let mut lost = None;
     let status = loop {
         tokio::select! {
             status = child.wait() => break status,
             signal = termination() => signal_child(signal),
-            reason = guard.lost(), if lost.is_none() => {
-                eprintln!("locksmith: lost {}: {reason}; stopping the command", args.lock.name);
-                lost = Some(reason);
+            reason = guard.lost() => {
+                eprintln!("locksmith: lost {name}: {reason}; stopping the command");
                 signal_child(Signal::SIGTERM);
-                let grace = tokio::time::sleep(args.kill_grace);
+                let grace = tokio::time::sleep(kill_grace);
                 tokio::pin!(grace);
                 tokio::select! {
-                    status = child.wait() => break status,
+                    _ = child.wait() => {}
                     _ = &mut grace => {
                         signal_child(Signal::SIGKILL);
-                        break child.wait().await;
+                        let _ = child.wait().await;
                     }
                 }
+                return Ok(Ended::Lost);
             }
         }
     };
-    if lost.is_some() {
-        return ExitCode::from(LOST_EXIT);
-    }
-    let code = match status {
-        Ok(status) => exit_code(status),
-        Err(error) => {
-            let _ = guard.release().await;
-            return fail(&format!("waiting for the command: {error}"));
+    status
+        .map(|status| Ended::Exited(exit_code(status)))
+        .map_err(|error| format!("waiting for the command: {error}"))
+}
+
+/// The exit status after a supervised command: ends the hold with `release`
+/// (unless it was lost), then gives the command's status, [`LOST_EXIT`] when
+/// the hold was lost, or the failure.
+///
+/// Cancel safety: if dropped, the release may not have happened; the hold
+/// then ends with the session.
+pub async fn conclude(
+    ended: Result<Ended, String>,
+    release: impl std::future::Future<Output = locksmith::Result<()>>,
+    name: &str,
+) -> ExitCode {
+    let code = match ended {
+        Ok(Ended::Lost) => return ExitCode::from(LOST_EXIT),
+        Ok(Ended::Exited(code)) => code,
+        Err(message) => {
+            let _ = release.await;
+            return fail(&message);
         }
     };
-    if let Err(error) = guard.release().await {
-        eprintln!("locksmith: releasing {}: {error}", args.lock.name);
+    if let Err(error) = release.await {
+        eprintln!("locksmith: releasing {name}: {error}");
         if matches!(error, locksmith::Error::Lost(_)) {
             return ExitCode::from(LOST_EXIT);
         }

@@ -47,6 +47,11 @@ pub struct AcquireRequest {
     pub reentrant: bool,
     /// After an abnormal loss, refuse new grants this long (zero: release at once).
     pub lock_delay: Duration,
+    /// An election's value, for stores with election recipes of their own:
+    /// the hold publishes it where those recipes read a candidate's value
+    /// (the etcd key's value, the ZooKeeper node's data) instead of
+    /// locksmith's metadata. `None` for locks.
+    pub published: Option<String>,
 }
 
 /// What a backend can do beyond the common contract, so callers (and the
@@ -63,7 +68,14 @@ pub struct Capabilities {
     pub shared: bool,
     /// Semaphores are supported.
     pub semaphore: bool,
+    /// An election's leader can change its published value while it leads
+    /// ([`Hold::proclaim`]).
+    pub proclaim: bool,
 }
+
+/// Wake-ups from a store that can watch a lock: each item says the holders
+/// of the lock may have changed since the last one.
+pub type HolderChanges = futures::stream::BoxStream<'static, Result<()>>;
 
 /// A successful acquire.
 pub struct Grant {
@@ -89,6 +101,19 @@ pub trait Hold: Send + Sync + 'static {
     ///
     /// Cancel safety: safe; an extension either happened or did not.
     async fn extend(&self, lease: Duration) -> Result<()>;
+
+    /// Replaces the value an election's hold publishes, atomically and only
+    /// while the hold is still this one. Called only on backends whose
+    /// [`Capabilities::proclaim`] is set; the others keep this default.
+    ///
+    /// Cancel safety: safe; the new value either landed or did not.
+    async fn proclaim(&self, value: &str) -> Result<()> {
+        let _ = value;
+        Err(Error::Unsupported {
+            backend: "this",
+            what: "changing an election's value".into(),
+        })
+    }
 }
 
 /// A lock store.
@@ -128,6 +153,17 @@ pub trait Backend: Send + Sync + 'static {
             backend: self.name(),
             what: "a grant history (the locksmith server keeps one)".into(),
         })
+    }
+
+    /// Wake-ups whenever the holders of `name` (or the values they publish)
+    /// may have changed, for [`crate::Election::observe`]. The stream is
+    /// armed when returned, so a read made after this call misses no change.
+    /// `None` (the default): the store cannot watch, and the election polls.
+    ///
+    /// Cancel safety: safe; a dropped call leaves no watch behind.
+    async fn watch_holders(&self, name: &str) -> Result<Option<HolderChanges>> {
+        let _ = name;
+        Ok(None)
     }
 
     /// Administrator: drop every hold of a lock, whoever owns it.

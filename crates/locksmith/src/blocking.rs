@@ -1,7 +1,8 @@
 //! The lock API with blocking calls, for programs that do not run an async
-//! runtime: [`Client`], [`Lock`], [`RwLock`], [`Guard`], [`Election`], each the
-//! counterpart of the async type of the same name, with the same options,
-//! rules and errors ([`crate::Error`]). Where the async API returns a future,
+//! runtime: [`Client`], [`Lock`], [`RwLock`], [`Guard`], [`Election`],
+//! [`Leadership`], each the counterpart of the async type of the same name
+//! (and [`Observe`], an iterator over [`crate::Election::observe`]), with the
+//! same options, rules and errors ([`crate::Error`]). Where the async API returns a future,
 //! this one blocks the calling thread until the future would have completed.
 //!
 //! ```
@@ -575,24 +576,33 @@ impl Guard {
 
 impl Drop for Guard {
     fn drop(&mut self) {
-        let Some(inner) = self.inner.take() else {
-            return;
-        };
-        let shared = self.shared.clone();
-        let release = move || {
-            if let Err(error) = shared.runtime().block_on(inner.release()) {
-                tracing::debug!(%error, "release of a dropped blocking guard failed");
-            }
-        };
-        if driving_async_tasks() {
-            tracing::warn!(
-                "a locksmith::blocking::Guard was dropped on a thread that runs async tasks: \
-                 it is released on a helper thread"
-            );
-            std::thread::spawn(release);
-        } else {
-            release();
+        if let Some(inner) = self.inner.take() {
+            release_on_drop(self.shared.clone(), "Guard", inner.release());
         }
+    }
+}
+
+/// Runs the release of a dropped guard or leadership before `drop` returns;
+/// on a thread that runs async tasks, which must not block, on a helper
+/// thread instead.
+fn release_on_drop(
+    shared: Arc<Shared>,
+    what: &'static str,
+    release: impl Future<Output = Result<()>> + Send + 'static,
+) {
+    let release = move || {
+        if let Err(error) = shared.runtime().block_on(release) {
+            tracing::debug!(%error, "release of a dropped blocking {what} failed");
+        }
+    };
+    if driving_async_tasks() {
+        tracing::warn!(
+            "a locksmith::blocking::{what} was dropped on a thread that runs async tasks: \
+             it is released on a helper thread"
+        );
+        std::thread::spawn(release);
+    } else {
+        release();
     }
 }
 
@@ -623,22 +633,31 @@ impl fmt::Debug for Election {
 
 impl Election {
     /// Blocks until this candidate leads, publishing `value`, as
-    /// [`crate::Election::campaign`]. Leadership lasts until the returned
-    /// guard is released, dropped or lost: check [`Guard::is_lost`] to step
-    /// down in time.
+    /// [`crate::Election::campaign`]. Leadership lasts until it is resigned,
+    /// dropped (which resigns before `drop` returns) or lost: check
+    /// [`Leadership::is_lost`] to step down in time.
     ///
     /// # Panics
     ///
     /// On a thread that runs async tasks (see the [module docs](self#inside-an-async-runtime)).
     #[track_caller]
-    pub fn campaign(&self, value: impl Into<String>) -> Result<Guard> {
+    pub fn campaign(&self, value: impl Into<String>) -> Result<Leadership> {
         let inner = self
             .shared
             .wait("Election::campaign", self.inner.campaign(value))?;
-        Ok(Guard {
+        Ok(Leadership {
             shared: self.shared.clone(),
             inner: Some(inner),
         })
+    }
+
+    /// The leader now, then every change, as [`crate::Election::observe`]:
+    /// each `next()` blocks until there is one.
+    pub fn observe(&self) -> Observe {
+        Observe {
+            shared: self.shared.clone(),
+            inner: Box::pin(self.inner.observe()),
+        }
     }
 
     /// The current leader, if any, as [`crate::Election::leader`].
@@ -649,6 +668,107 @@ impl Election {
     #[track_caller]
     pub fn leader(&self) -> Result<Option<Leader>> {
         self.shared.wait("Election::leader", self.inner.leader())
+    }
+}
+
+/// The leader and its changes, one blocking `next()` at a time: the
+/// counterpart of [`crate::Election::observe`]. It never ends by itself.
+pub struct Observe {
+    shared: Arc<Shared>,
+    inner: futures::stream::BoxStream<'static, Result<Option<Leader>>>,
+}
+
+impl fmt::Debug for Observe {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("blocking::Observe")
+    }
+}
+
+impl Iterator for Observe {
+    type Item = Result<Option<Leader>>;
+
+    /// # Panics
+    ///
+    /// On a thread that runs async tasks (see the [module docs](self#inside-an-async-runtime)).
+    #[track_caller]
+    fn next(&mut self) -> Option<Self::Item> {
+        use futures::StreamExt;
+        self.shared.wait("Observe::next", self.inner.next())
+    }
+}
+
+/// A won election, with blocking calls: the counterpart of
+/// [`crate::Leadership`]. Dropping it resigns before `drop` returns.
+#[must_use = "dropping a leadership resigns it at once"]
+pub struct Leadership {
+    shared: Arc<Shared>,
+    /// `Some` until resigned.
+    inner: Option<crate::Leadership>,
+}
+
+impl Leadership {
+    fn inner(&self) -> &crate::Leadership {
+        self.inner.as_ref().expect("leadership until resigned")
+    }
+
+    /// The value this leader publishes now.
+    pub fn value(&self) -> &str {
+        self.inner().value()
+    }
+
+    /// The fencing token of this term.
+    pub fn fencing_token(&self) -> u64 {
+        self.inner().fencing_token()
+    }
+
+    /// Whether leadership has been lost: check it between steps of the work.
+    pub fn is_lost(&self) -> bool {
+        self.inner().is_lost()
+    }
+
+    /// The lost signal, to hand to other code.
+    pub fn lost_signal(&self) -> LostSignal {
+        self.inner().guard().lost_signal()
+    }
+
+    /// Publishes a new value while leading, as [`crate::Leadership::proclaim`].
+    ///
+    /// # Panics
+    ///
+    /// On a thread that runs async tasks (see the [module docs](self#inside-an-async-runtime)).
+    #[track_caller]
+    pub fn proclaim(&mut self, value: impl Into<String>) -> Result<()> {
+        let inner = self.inner.as_mut().expect("leadership until resigned");
+        self.shared
+            .wait("Leadership::proclaim", inner.proclaim(value))
+    }
+
+    /// Steps down, as [`crate::Leadership::resign`].
+    ///
+    /// # Panics
+    ///
+    /// On a thread that runs async tasks (see the [module docs](self#inside-an-async-runtime)).
+    #[track_caller]
+    pub fn resign(mut self) -> Result<()> {
+        assert_may_block("Leadership::resign");
+        let inner = self.inner.take().expect("leadership until resigned");
+        self.shared.runtime().block_on(inner.resign())
+    }
+}
+
+impl Drop for Leadership {
+    fn drop(&mut self) {
+        if let Some(inner) = self.inner.take() {
+            release_on_drop(self.shared.clone(), "Leadership", inner.resign());
+        }
+    }
+}
+
+impl fmt::Debug for Leadership {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("blocking::Leadership")
+            .field(&self.inner)
+            .finish()
     }
 }
 

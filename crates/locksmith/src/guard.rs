@@ -112,6 +112,18 @@ impl Guard {
         extended
     }
 
+    /// Replaces the value an election's hold publishes (the caller checked
+    /// [`crate::Capabilities::proclaim`]).
+    ///
+    /// Cancel safety: safe; the new value either landed or did not.
+    pub(crate) async fn proclaim(&self, value: &str) -> Result<()> {
+        if let Some(reason) = self.lost.reason() {
+            return Err(Error::Lost(reason));
+        }
+        let hold = self.hold.as_ref().expect("hold until release");
+        hold.proclaim(value).await
+    }
+
     /// Releases the hold and reports whether that worked: an error means the hold
     /// had already been lost or taken away.
     ///

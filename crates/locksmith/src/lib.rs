@@ -33,6 +33,10 @@
 //!   `acquire` / `try_acquire` / `acquire_timeout`.
 //! - [`Guard`]: the hold: `fencing_token()`, `lost()`, `release()`; dropping it
 //!   releases in the background.
+//! - [`Election`]: `campaign` waits to lead and gives a [`Leadership`]
+//!   (`proclaim`, `resign`, `lost()`); `leader` and `observe` follow the
+//!   leader. On etcd and ZooKeeper it shares elections with `etcdctl elect`,
+//!   kazoo and Curator.
 //! - [`backend::Backend`]: the trait each store implements; the lock rules
 //!   themselves live in `locksmith-core` and the shared model.
 #![cfg_attr(
@@ -114,7 +118,7 @@ pub mod zookeeper;
 
 pub use backend::{Capabilities, GrantRecord, HoldEnd, Holder, LockInfo, LostSignal, Waiter};
 pub use client::{redact, Client, ConnectOptions};
-pub use election::{Election, Leader};
+pub use election::{Election, Leader, Leadership, OBSERVE_POLL};
 pub use error::{Error, Result};
 pub use guard::Guard;
 pub use lock::{Lock, LockOptions, RwLock};

@@ -58,6 +58,8 @@ pub struct Lock {
     names: Vec<String>,
     mode: Mode,
     options: LockOptions,
+    /// An election's value (see [`AcquireRequest::published`]).
+    published: Option<String>,
 }
 
 impl Lock {
@@ -67,7 +69,15 @@ impl Lock {
             names,
             mode,
             options: LockOptions::default(),
+            published: None,
         }
+    }
+
+    /// Makes the hold publish an election's `value` in the store's own
+    /// election layout (elections only).
+    pub(crate) fn publish(mut self, value: String) -> Self {
+        self.published = Some(value);
+        self
     }
 
     /// Gives the hold a fixed lease: it ends after `lease` unless extended, even
@@ -218,11 +228,7 @@ impl Lock {
             )));
         }
         if let Some(owner) = &self.options.owner {
-            if owner.is_empty() || owner.len() > 256 || owner.contains('\0') {
-                return Err(Error::InvalidArgument(
-                    "owner must be 1..=256 bytes without NUL".into(),
-                ));
-            }
+            check_owner("owner", owner)?;
         }
         let owner = self
             .options
@@ -237,8 +243,20 @@ impl Lock {
             lease: self.options.lease,
             reentrant: self.options.reentrant,
             lock_delay: self.options.lock_delay,
+            published: self.published.clone(),
         })
     }
+}
+
+/// Checks an owner id (or an election's value, which is its leader's owner
+/// id): 1..=256 bytes without NUL, so every store can keep it as it is.
+pub(crate) fn check_owner(what: &str, owner: &str) -> Result<()> {
+    if owner.is_empty() || owner.len() > 256 || owner.contains('\0') {
+        return Err(Error::InvalidArgument(format!(
+            "{what} must be 1..=256 bytes without NUL"
+        )));
+    }
+    Ok(())
 }
 
 impl IntoFuture for Lock {

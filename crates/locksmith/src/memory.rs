@@ -21,7 +21,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::{
-    AcquireRequest, Backend, Capabilities, Grant, Hold, Holder, LockInfo, LostSignal, Wait, Waiter,
+    AcquireRequest, Backend, Capabilities, Grant, Hold, Holder, HolderChanges, LockInfo,
+    LostSignal, Wait, Waiter,
 };
 use crate::client::ConnectOptions;
 use crate::error::{Error, Result};
@@ -54,6 +55,8 @@ struct Table {
     state: Mutex<State>,
     /// Wakes the timer task when the next deadline may have moved.
     changed: Notify,
+    /// Wakes election observers after every change of the table.
+    observers: tokio::sync::watch::Sender<()>,
     shutdown: CancellationToken,
     origin: Instant,
     system_origin: SystemTime,
@@ -68,6 +71,9 @@ struct State {
     /// Lost signals of live holds by token, with how many guards share each
     /// (re-entries share a token).
     lost: HashMap<u64, (LostSignal, u32)>,
+    /// Values published by election holds, by fencing token: the engine
+    /// keeps the owner id, and a leader's value can change while it leads.
+    published: HashMap<u64, String>,
 }
 
 enum Outcome {
@@ -97,6 +103,7 @@ impl Table {
             state.deliver(effect);
         }
         self.changed.notify_one();
+        self.observers.send_replace(());
         result
     }
 
@@ -157,6 +164,7 @@ impl State {
                 name,
                 ..
             } => {
+                self.published.remove(&token);
                 if let Some((signal, _)) = self.lost.remove(&token) {
                     let cause = match reason {
                         LostReason::SessionExpired => LostCause::SessionExpired,
@@ -212,8 +220,10 @@ impl MemoryBackend {
                             next_request: 1,
                             pending: HashMap::new(),
                             lost: HashMap::new(),
+                            published: HashMap::new(),
                         }),
                         changed: Notify::new(),
+                        observers: tokio::sync::watch::Sender::new(()),
                         shutdown: CancellationToken::new(),
                         origin: Instant::now(),
                         system_origin: SystemTime::now(),
@@ -285,7 +295,11 @@ impl MemoryBackend {
                 .holders
                 .into_iter()
                 .map(|h| Holder {
-                    owner: h.owner,
+                    owner: state
+                        .published
+                        .get(&h.fencing_token)
+                        .cloned()
+                        .unwrap_or(h.owner),
                     lock_by: Some(format!("{}@{}", h.lock_by.name, h.lock_by.host)),
                     lock_time: Some(table.wall_clock(h.lock_time)),
                     fencing_token: Some(h.fencing_token),
@@ -379,6 +393,7 @@ impl Backend for MemoryBackend {
             lists_waiters: true,
             shared: true,
             semaphore: true,
+            proclaim: true,
         }
     }
 
@@ -423,16 +438,24 @@ impl Backend for MemoryBackend {
         let outcome = pending.receiver.as_mut().expect("set above").await;
         pending.receiver = None;
         match outcome.map_err(|_| Error::Closed)? {
-            Outcome::Granted(tokens, lost) => Ok(Some(Grant {
-                hold: Box::new(MemoryHold {
-                    table: table.clone(),
-                    session: self.session,
-                    request: request.clone(),
-                    tokens: tokens.clone(),
-                }),
-                tokens,
-                lost,
-            })),
+            Outcome::Granted(tokens, lost) => {
+                if let Some(value) = &request.published {
+                    let mut state = table.state();
+                    if !lost.is_fired() {
+                        state.published.insert(tokens[0], value.clone());
+                    }
+                }
+                Ok(Some(Grant {
+                    hold: Box::new(MemoryHold {
+                        table: table.clone(),
+                        session: self.session,
+                        request: request.clone(),
+                        tokens: tokens.clone(),
+                    }),
+                    tokens,
+                    lost,
+                }))
+            }
             Outcome::WouldBlock => Ok(None),
             Outcome::TimedOut => Err(Error::Timeout(match request.wait {
                 Wait::For(limit) => limit,
@@ -457,6 +480,19 @@ impl Backend for MemoryBackend {
             .into_iter()
             .map(|info| self.info(info, &state))
             .collect())
+    }
+
+    /// Every change of the table wakes the observers.
+    ///
+    /// Cancel safety: safe; nothing to undo.
+    async fn watch_holders(&self, _name: &str) -> Result<Option<HolderChanges>> {
+        let mut changes = self.table().observers.subscribe();
+        changes.mark_unchanged();
+        let wake_ups = futures::stream::unfold(changes, |mut changes| async move {
+            changes.changed().await.ok()?;
+            Some((Ok(()), changes))
+        });
+        Ok(Some(Box::pin(wake_ups)))
     }
 
     async fn force_release(&self, name: &str) -> Result<()> {
@@ -498,6 +534,7 @@ impl Hold for MemoryHold {
     async fn release(self: Box<Self>) -> Result<()> {
         let mut state = self.table.state();
         state.forget(&self.tokens);
+        state.published.remove(&self.tokens[0]);
         let mut result = Ok(());
         for (name, &token) in self.request.names.iter().zip(&self.tokens) {
             let outcome = self.table.apply(
@@ -523,6 +560,21 @@ impl Hold for MemoryHold {
             };
             self.table.apply(&mut state, renew)?;
         }
+        Ok(())
+    }
+
+    /// Cancel safety: safe; one step under the table lock.
+    async fn proclaim(&self, value: &str) -> Result<()> {
+        let mut state = self.table.state();
+        let published = state
+            .published
+            .get_mut(&self.tokens[0])
+            .ok_or_else(|| Error::NotHeld {
+                name: self.request.names[0].clone(),
+            })?;
+        *published = value.to_owned();
+        drop(state);
+        self.table.observers.send_replace(());
         Ok(())
     }
 }

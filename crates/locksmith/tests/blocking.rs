@@ -270,13 +270,21 @@ fn election_leads_and_steps_down(backend: &impl Backend) {
     let name = unique("election");
     let election = a.election(name.as_str());
     assert_eq!(election.leader().unwrap(), None);
-    let leadership = election.campaign("node-1").unwrap();
+    let mut observed = b.election(name.as_str()).observe();
+    assert_eq!(observed.next().unwrap().unwrap(), None);
+    let mut leadership = election.campaign("node-1").unwrap();
+    assert_eq!(observed.next().unwrap().unwrap().unwrap().value, "node-1");
+    match leadership.proclaim("node-1b") {
+        Ok(()) => assert_eq!(observed.next().unwrap().unwrap().unwrap().value, "node-1b"),
+        Err(Error::Unsupported { .. }) => assert!(!a.backend().capabilities().proclaim),
+        Err(other) => panic!("proclaim failed: {other}"),
+    }
     let leader = b
         .election(name.as_str())
         .leader()
         .unwrap()
         .expect("a leader");
-    assert_eq!(leader.value, "node-1");
+    assert_eq!(leader.value, leadership.value());
     if let Some(token) = leader.fencing_token {
         assert_eq!(token, leadership.fencing_token());
     }
@@ -295,7 +303,7 @@ fn election_leads_and_steps_down(backend: &impl Backend) {
         a.election(name.as_str()).leader().unwrap().unwrap().value,
         "node-2"
     );
-    drop(second);
+    second.resign().unwrap();
     candidate.join().unwrap();
 }
 

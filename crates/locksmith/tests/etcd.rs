@@ -130,9 +130,18 @@ async fn hand_over(held: Guard, waiter: JoinHandle<locksmith::Result<Guard>>, wi
 }
 
 fn terminate(child: &tokio::process::Child) {
+    signal(child, "-TERM");
+}
+
+/// Sends SIGINT, on which `etcdctl elect` resigns (or stops observing) and exits.
+fn interrupt(child: &tokio::process::Child) {
+    signal(child, "-INT");
+}
+
+fn signal(child: &tokio::process::Child, signal: &str) {
     let pid = child.id().expect("running").to_string();
     let status = std::process::Command::new("kill")
-        .args(["-TERM", &pid])
+        .args([signal, &pid])
         .status()
         .expect("kill");
     assert!(status.success());
@@ -639,4 +648,125 @@ async fn a_member_down_fails_no_call() {
         "calls failed with one member down:\n{}",
         failures.join("\n")
     );
+}
+
+/// The next line a child printed, within ten seconds.
+async fn next_line(
+    lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+    what: &str,
+) -> String {
+    timeout(Duration::from_secs(10), lines.next_line())
+        .await
+        .unwrap_or_else(|_| panic!("etcdctl never printed {what}"))
+        .unwrap()
+        .unwrap_or_else(|| panic!("etcdctl ended before printing {what}"))
+}
+
+/// `etcdctl elect <args>` with its output piped.
+fn etcdctl_elect(args: &[&str]) -> tokio::process::Child {
+    tokio::process::Command::from(etcd().etcdctl())
+        .arg("elect")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("etcdctl elect")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcdctl_elect_leads_and_locksmith_follows() {
+    use futures::StreamExt;
+    let name = unique("etcdctl-leads");
+    let client = Client::connect(&etcd().url()).await.unwrap();
+    // `etcdctl elect NAME VALUE` prints its key and value once it leads, then
+    // leads until SIGINT, when it resigns.
+    let mut etcdctl = etcdctl_elect(&[&name, "etcd candidate"]);
+    let mut lines = BufReader::new(etcdctl.stdout.take().unwrap()).lines();
+    let key = next_line(&mut lines, "its key").await;
+    assert!(key.starts_with(&format!("{name}/")), "{key}");
+    assert_eq!(next_line(&mut lines, "its value").await, "etcd candidate");
+
+    let election = client.election(name.as_str());
+    let mut observed = Box::pin(election.observe());
+    let leader = observed.next().await.unwrap().unwrap().expect("a leader");
+    assert_eq!(
+        leader.value, "etcd candidate",
+        "the key's value is the proposal"
+    );
+    let candidate = tokio::spawn({
+        let election = election.clone();
+        async move { election.campaign("rust candidate").await }
+    });
+    until(&client, &name, "us waiting behind etcdctl", |info| {
+        info.waiters.len() == 1
+    })
+    .await;
+    assert!(!candidate.is_finished(), "elected while etcdctl leads");
+
+    interrupt(&etcdctl);
+    let leadership = timeout(Duration::from_secs(10), candidate)
+        .await
+        .expect("elected once etcdctl resigns")
+        .unwrap()
+        .unwrap();
+    assert!(leadership.fencing_token() > leader.fencing_token.unwrap());
+    let next = loop {
+        if let Some(next) = observed.next().await.unwrap().unwrap() {
+            break next;
+        }
+    };
+    assert_eq!(next.value, "rust candidate");
+    assert!(etcdctl.wait().await.unwrap().success());
+    leadership.resign().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locksmith_leads_and_etcdctl_follows() {
+    let name = unique("locksmith-leads");
+    let (backend, client) = etcd_backend(&etcd().url(), Duration::from_secs(10)).await;
+    let mut leadership = client
+        .election(name.as_str())
+        .campaign("first")
+        .await
+        .unwrap();
+    // Go's layout: `<name>/<lease hex>`, holding the value itself.
+    let key = format!("{name}/{:x}", backend.session_lease());
+    assert_eq!(etcdctl_keys(&name), std::slice::from_ref(&key));
+
+    // `etcdctl elect -l NAME` prints the leader's key and value, and again
+    // at every change.
+    let mut observer = etcdctl_elect(&["-l", &name]);
+    let mut observed = BufReader::new(observer.stdout.take().unwrap()).lines();
+    assert_eq!(next_line(&mut observed, "the leader's key").await, key);
+    assert_eq!(
+        next_line(&mut observed, "the leader's value").await,
+        "first"
+    );
+    leadership.proclaim("second").await.unwrap();
+    assert_eq!(next_line(&mut observed, "the key again").await, key);
+    assert_eq!(next_line(&mut observed, "the new value").await, "second");
+
+    let mut candidate = etcdctl_elect(&[&name, "etcd next"]);
+    let mut elected = BufReader::new(candidate.stdout.take().unwrap()).lines();
+    until(&client, &name, "etcdctl waiting behind us", |info| {
+        info.waiters.len() == 1 && info.waiters[0].owner == "etcd next"
+    })
+    .await;
+    leadership.resign().await.unwrap();
+    let etcd_key = next_line(&mut elected, "its key once elected").await;
+    assert_eq!(next_line(&mut elected, "its value").await, "etcd next");
+    assert_eq!(next_line(&mut observed, "the next leader").await, etcd_key);
+    assert_eq!(next_line(&mut observed, "its value").await, "etcd next");
+    let leader = client
+        .election(name.as_str())
+        .leader()
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(leader.value, "etcd next");
+    interrupt(&candidate);
+    interrupt(&observer);
+    assert!(candidate.wait().await.unwrap().success());
+    observer.wait().await.unwrap();
 }

@@ -756,6 +756,7 @@ async fn a_grant_that_races_lock_timeout_is_kept() {
         lease: None,
         reentrant: false,
         lock_delay: Duration::ZERO,
+        published: None,
     };
     let backend = std::sync::Arc::new(backend);
     let waiting = tokio::spawn({

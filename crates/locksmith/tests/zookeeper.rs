@@ -1,6 +1,7 @@
 //! The conformance suite and ZooKeeper-specific tests against a real ZooKeeper
 //! (one shared server per test binary: the JVM starts slowly), plus
-//! interoperability with kazoo's `Lock` (Python, `pip install kazoo`) and fault
+//! interoperability with kazoo's `Lock` and `Election` (Python, `pip install
+//! kazoo`) and fault
 //! tests (session expiry, suspended connection) on servers of their own.
 
 mod conformance;
@@ -534,6 +535,22 @@ elif mode == "contend":
     sys.stdin.readline()
     lock.release()
     say("RELEASED")
+elif mode == "elect":
+    # kazoo's Election, as it is: it counts only `__lock__` nodes.
+    election = zk.Election(path, ident)
+    say("CONTENDERS", "|".join(election.contenders()))
+    try:
+        election.lock.acquire(timeout=1.0)
+        say("LEADING-WHILE-LED")
+        election.lock.release()
+    except LockTimeout:
+        say("TIMEOUT")
+    say("WAITING")
+    def lead():
+        say("LEADING", "|".join(election.contenders()))
+        sys.stdin.readline()
+    election.run(lead)
+    say("RESIGNED")
 elif mode == "read":
     lock = zk.ReadLock(path, ident)
     lock.acquire()
@@ -544,25 +561,125 @@ elif mode == "read":
 zk.stop()
 "#;
 
-struct Kazoo {
+/// A Curator `LeaderSelector` driven line by line (Curator from Debian's
+/// `libcurator-recipes-java`, run as a single-file Java program).
+const CURATOR: &str = r#"
+import java.io.BufferedReader;
+import java.io.InputStreamReader;
+import java.util.concurrent.TimeUnit;
+import org.apache.curator.framework.CuratorFramework;
+import org.apache.curator.framework.CuratorFrameworkFactory;
+import org.apache.curator.framework.recipes.leader.LeaderSelector;
+import org.apache.curator.framework.recipes.leader.LeaderSelectorListenerAdapter;
+import org.apache.curator.framework.recipes.locks.InterProcessMutex;
+import org.apache.curator.retry.RetryOneTime;
+
+public class Curator {
+    static void say(String line) {
+        System.out.println(line);
+        System.out.flush();
+    }
+
+    public static void main(String[] args) throws Exception {
+        String hosts = args[0], path = args[1], ident = args[2];
+        BufferedReader stdin = new BufferedReader(new InputStreamReader(System.in));
+        CuratorFramework client = CuratorFrameworkFactory.newClient(hosts, new RetryOneTime(100));
+        client.start();
+        client.blockUntilConnected();
+        LeaderSelector selector = new LeaderSelector(client, path, new LeaderSelectorListenerAdapter() {
+            public void takeLeadership(CuratorFramework c) throws Exception {
+                say("LEADING " + leaderOf(SELECTOR[0]));
+                stdin.readLine();
+            }
+        });
+        SELECTOR[0] = selector;
+        selector.setId(ident);
+        say("LEADER " + leaderOf(selector));
+        // LeaderSelector's own mutex: the same recipe, with a timeout.
+        InterProcessMutex mutex = new InterProcessMutex(client, path);
+        if (mutex.acquire(1, TimeUnit.SECONDS)) {
+            say("LEADING-WHILE-LED");
+            mutex.release();
+        } else {
+            say("TIMEOUT");
+        }
+        say("WAITING");
+        selector.start();
+        while (!selector.hasLeadership()) Thread.sleep(10);
+        while (selector.hasLeadership()) Thread.sleep(10);
+        say("RESIGNED");
+        selector.close();
+        client.close();
+    }
+
+    static final LeaderSelector[] SELECTOR = new LeaderSelector[1];
+
+    static String leaderOf(LeaderSelector selector) throws Exception {
+        return selector.getLeader().getId();
+    }
+}
+"#;
+
+/// The jars the Curator driver needs, from `/usr/share/java`.
+const CURATOR_JARS: [&str; 7] = [
+    "curator-client",
+    "curator-framework",
+    "curator-recipes",
+    "zookeeper",
+    "zookeeper-jute",
+    "guava",
+    "slf4j-api",
+];
+
+/// A foreign client (kazoo, Curator) driven line by line over stdin/stdout.
+struct Peer {
     child: Child,
     stdin: ChildStdin,
     lines: Lines<BufReader<ChildStdout>>,
 }
 
-impl Kazoo {
-    fn spawn(server: &ZooKeeper, name: &str, ident: &str, mode: &str) -> Kazoo {
+impl Peer {
+    /// The kazoo driver above in `mode`, as `ident` on the lock `name`.
+    fn kazoo(server: &ZooKeeper, name: &str, ident: &str, mode: &str) -> Peer {
         let hosts = format!("{}{CHROOT}", server.connect_string());
-        let mut child = tokio::process::Command::new("python3")
+        let child = tokio::process::Command::new("python3")
             .args(["-c", KAZOO, &hosts, &format!("/{name}"), ident, mode])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
             .expect("python3 is needed for the kazoo interop tests (apt-get install python3)");
+        Peer::driven(child)
+    }
+
+    /// The Curator driver below, as `ident` in the election `name`.
+    fn curator(server: &ZooKeeper, name: &str, ident: &str) -> Peer {
+        let dir = std::env::temp_dir().join(format!("locksmith-curator-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let source = dir.join("Curator.java");
+        std::fs::write(&source, CURATOR).unwrap();
+        let classpath: Vec<String> = CURATOR_JARS
+            .iter()
+            .map(|jar| format!("/usr/share/java/{jar}.jar"))
+            .collect();
+        let hosts = format!("{}{CHROOT}", server.connect_string());
+        let child = tokio::process::Command::new("java")
+            .args(["-cp", &classpath.join(":")])
+            .arg(&source)
+            .args([&hosts, &format!("/{name}"), ident])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("java is needed for the Curator interop tests");
+        Peer::driven(child)
+    }
+
+    fn driven(mut child: Child) -> Peer {
         let stdin = child.stdin.take().unwrap();
         let lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        Kazoo {
+        Peer {
             child,
             stdin,
             lines,
@@ -575,8 +692,8 @@ impl Kazoo {
             other => {
                 let status = self.child.try_wait();
                 panic!(
-                    "kazoo said nothing ({other:?}, exit {status:?}); is kazoo installed? \
-                     pip install kazoo"
+                    "the peer said nothing ({other:?}, exit {status:?}); are kazoo (pip install \
+                     kazoo) and Curator (apt-get install libcurator-recipes-java) installed?"
                 )
             }
         }
@@ -584,10 +701,7 @@ impl Kazoo {
 
     async fn expect(&mut self, word: &str) -> String {
         let line = self.line().await;
-        assert!(
-            line.starts_with(word),
-            "kazoo: expected {word}, got {line:?}"
-        );
+        assert!(line.starts_with(word), "expected {word}, got {line:?}");
         line
     }
 
@@ -606,7 +720,7 @@ async fn kazoo_holds_locksmith_waits() {
     )
     .await;
     let name = unique("kazoo-holds");
-    let mut kazoo = Kazoo::spawn(server, &name, "kazoo-holder", "hold");
+    let mut kazoo = Peer::kazoo(server, &name, "kazoo-holder", "hold");
     kazoo.expect("HELD").await;
 
     assert!(client
@@ -655,7 +769,7 @@ async fn locksmith_holds_kazoo_waits() {
         .acquire()
         .await
         .unwrap();
-    let mut kazoo = Kazoo::spawn(server, &name, "kazoo-waiter", "contend");
+    let mut kazoo = Peer::kazoo(server, &name, "kazoo-waiter", "contend");
     let contenders = kazoo.expect("CONTENDERS").await;
     assert!(contenders.contains("locksmith-holder"), "{contenders}");
     kazoo.expect("TIMEOUT").await;
@@ -688,7 +802,7 @@ async fn kazoo_readers_share_with_locksmith_readers() {
     )
     .await;
     let name = unique("kazoo-read");
-    let mut kazoo = Kazoo::spawn(server, &name, "kazoo-reader", "read");
+    let mut kazoo = Peer::kazoo(server, &name, "kazoo-reader", "read");
     kazoo.expect("HELD").await;
     let read = client
         .rw_lock(name.as_str())
@@ -716,4 +830,179 @@ async fn kazoo_readers_share_with_locksmith_readers() {
         .acquire_timeout(Duration::from_secs(10))
         .await;
     assert!(write.is_ok());
+}
+
+/// A client whose candidates are named as kazoo's `Election` names them.
+async fn kazoo_elections(server: &ZooKeeper) -> Client {
+    connect(
+        &format!("{}{CHROOT}?elections=kazoo", server.url()),
+        Duration::from_secs(10),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kazoo_election_follows_a_locksmith_leader() {
+    use futures::StreamExt;
+    let server = shared().await;
+    let client = kazoo_elections(server).await;
+    let name = unique("locksmith-leads");
+    let election = client.election(name.as_str());
+    let mut leadership = election.campaign("locksmith-leader").await.unwrap();
+    let children = raw(server)
+        .await
+        .list_children(&format!("{CHROOT}/{name}"))
+        .await
+        .unwrap();
+    assert!(
+        children.len() == 1 && children[0].contains("__lock__"),
+        "a kazoo-named candidate: {children:?}"
+    );
+
+    let mut kazoo = Peer::kazoo(server, &name, "kazoo-candidate", "elect");
+    let contenders = kazoo.expect("CONTENDERS").await;
+    assert_eq!(contenders, "CONTENDERS locksmith-leader");
+    kazoo.expect("TIMEOUT").await;
+    kazoo.expect("WAITING").await;
+    until(&client, &name, "kazoo waiting", |i| {
+        i.waiters.len() == 1 && i.waiters[0].owner == "kazoo-candidate"
+    })
+    .await;
+    leadership.proclaim("locksmith-moved").await.unwrap();
+    let mut observed = Box::pin(client.election(name.as_str()).observe());
+    let leader = observed.next().await.unwrap().unwrap().unwrap();
+    assert_eq!(leader.value, "locksmith-moved");
+
+    leadership.resign().await.unwrap();
+    let leading = kazoo.expect("LEADING").await;
+    assert_eq!(leading, "LEADING kazoo-candidate");
+    let next = loop {
+        if let Some(next) = observed.next().await.unwrap().unwrap() {
+            break next;
+        }
+    };
+    assert_eq!(next.value, "kazoo-candidate");
+    assert!(next.fencing_token > leader.fencing_token);
+    kazoo.go().await;
+    kazoo.expect("RESIGNED").await;
+    assert_eq!(observed.next().await.unwrap().unwrap(), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn locksmith_follows_a_kazoo_leader() {
+    let server = shared().await;
+    let client = kazoo_elections(server).await;
+    let name = unique("kazoo-leads");
+    let mut kazoo = Peer::kazoo(server, &name, "kazoo-leader", "elect");
+    kazoo.expect("CONTENDERS").await;
+    // Nobody else leads: its timed try leads (and resigns) at once.
+    kazoo.expect("LEADING-WHILE-LED").await;
+    kazoo.expect("WAITING").await;
+    let leading = kazoo.expect("LEADING").await;
+    assert_eq!(leading, "LEADING kazoo-leader");
+
+    let election = client.election(name.as_str());
+    let leader = election.leader().await.unwrap().expect("kazoo leads");
+    assert_eq!(leader.value, "kazoo-leader");
+    let candidate = tokio::spawn({
+        let election = election.clone();
+        async move { election.campaign("locksmith-candidate").await }
+    });
+    until(&client, &name, "locksmith waiting behind kazoo", |i| {
+        i.waiters.len() == 1
+    })
+    .await;
+    assert!(!candidate.is_finished(), "elected while kazoo leads");
+    kazoo.go().await;
+    kazoo.expect("RESIGNED").await;
+    let leadership = timeout(Duration::from_secs(10), candidate)
+        .await
+        .expect("elected once kazoo resigns")
+        .unwrap()
+        .unwrap();
+    assert!(leadership.fencing_token() > leader.fencing_token.unwrap());
+    assert_eq!(
+        election.leader().await.unwrap().unwrap().value,
+        "locksmith-candidate"
+    );
+    leadership.resign().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn curator_leader_selector_follows_a_locksmith_leader() {
+    let server = shared().await;
+    let client = connect(
+        &format!("{}{CHROOT}", server.url()),
+        Duration::from_secs(10),
+    )
+    .await;
+    let name = unique("locksmith-leads-curator");
+    let mut leadership = client
+        .election(name.as_str())
+        .campaign("locksmith-leader")
+        .await
+        .unwrap();
+    let mut curator = Peer::curator(server, &name, "curator-candidate");
+    assert_eq!(
+        curator.expect("LEADER").await,
+        "LEADER locksmith-leader",
+        "Curator's getLeader() reads a locksmith leader"
+    );
+    curator.expect("TIMEOUT").await;
+    curator.expect("WAITING").await;
+    until(&client, &name, "Curator waiting", |i| {
+        i.waiters.len() == 1 && i.waiters[0].owner == "curator-candidate"
+    })
+    .await;
+    leadership.proclaim("locksmith-moved").await.unwrap();
+    leadership.resign().await.unwrap();
+    assert_eq!(curator.expect("LEADING").await, "LEADING curator-candidate");
+    let leader = client
+        .election(name.as_str())
+        .leader()
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(leader.value, "curator-candidate");
+    curator.go().await;
+    curator.expect("RESIGNED").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn locksmith_follows_a_curator_leader() {
+    let server = shared().await;
+    let client = connect(
+        &format!("{}{CHROOT}", server.url()),
+        Duration::from_secs(10),
+    )
+    .await;
+    let name = unique("curator-leads");
+    let mut curator = Peer::curator(server, &name, "curator-leader");
+    curator.expect("LEADER").await;
+    // Nobody else leads: its timed try leads (and resigns) at once.
+    curator.expect("LEADING-WHILE-LED").await;
+    curator.expect("WAITING").await;
+    assert_eq!(curator.expect("LEADING").await, "LEADING curator-leader");
+
+    let election = client.election(name.as_str());
+    let leader = election.leader().await.unwrap().expect("Curator leads");
+    assert_eq!(leader.value, "curator-leader");
+    let candidate = tokio::spawn({
+        let election = election.clone();
+        async move { election.campaign("locksmith-candidate").await }
+    });
+    until(&client, &name, "locksmith waiting behind Curator", |i| {
+        i.waiters.len() == 1
+    })
+    .await;
+    assert!(!candidate.is_finished(), "elected while Curator leads");
+    curator.go().await;
+    curator.expect("RESIGNED").await;
+    let leadership = timeout(Duration::from_secs(10), candidate)
+        .await
+        .expect("elected once Curator resigns")
+        .unwrap()
+        .unwrap();
+    assert!(leadership.fencing_token() > leader.fencing_token.unwrap());
+    leadership.resign().await.unwrap();
 }

@@ -41,7 +41,8 @@ use tracing::Instrument;
 
 use super::hold::{delete_until_done, refresh, Entry, EntryState, EtcdHold, HoldLease, OwnLease};
 use super::layout::{
-    classify, contenders, hold_key, lock_prefix, now_ms, permit_mismatch, standing, Meta, Standing,
+    classify, contenders, hold_key, key_value, lock_prefix, now_ms, permit_mismatch, standing,
+    Meta, Standing,
 };
 use super::lost::HoldLost;
 use super::rpc::etcdserverpb::range_request::SortOrder;
@@ -239,7 +240,7 @@ impl Inner {
             let txn = TxnRequest {
                 compare: vec![rpc::create_revision_is(key.clone(), 0)],
                 success: vec![
-                    rpc::put(key.clone(), meta.encode(), lease.id()).into(),
+                    rpc::put(key.clone(), key_value(&meta, request.published.as_deref()), lease.id()).into(),
                     first.clone().into(),
                 ],
                 failure: vec![rpc::get(key.clone()).into(), first.into()],
@@ -621,7 +622,11 @@ impl Inner {
             armed,
             watch: Mutex::new(None),
             granted_at,
-            state: tokio::sync::Mutex::new(EntryState { count: 1, meta }),
+            state: tokio::sync::Mutex::new(EntryState {
+                count: 1,
+                meta,
+                published: request.published.clone(),
+            }),
         });
         tracing::debug!(backend = BACKEND, key = %entry.key, token, "granted");
         let weak: std::sync::Weak<dyn Deferrable> = Arc::downgrade(&entry) as _;

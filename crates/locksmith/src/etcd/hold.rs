@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::layout::Meta;
+use super::layout::{key_value, Meta};
 use super::lost::HoldLost;
 use super::rpc::etcdserverpb::{Compare, DeleteRangeRequest, PutRequest, TxnRequest};
 use super::rpc::{self, EtcdClient};
@@ -67,6 +67,15 @@ impl Deferrable for Entry {
 pub(crate) struct EntryState {
     pub count: u32,
     pub meta: Meta,
+    /// An election's value, which the key holds instead of the metadata.
+    pub published: Option<String>,
+}
+
+impl EntryState {
+    /// What the key holds.
+    pub fn value(&self) -> Vec<u8> {
+        key_value(&self.meta, self.published.as_deref())
+    }
 }
 
 /// What keeps the key alive.
@@ -178,9 +187,24 @@ impl Entry {
     pub async fn write_count(&self, inner: &Inner, state: &EntryState, count: u32) -> Result<bool> {
         let mut meta = state.meta.clone();
         meta.count = count;
+        let value = key_value(&meta, state.published.as_deref());
+        self.write_if_ours(inner, value, "updating the hold count")
+            .await
+    }
+
+    /// Replaces the key's value, keeping its lease: `If(create_revision ==
+    /// token) Then(Put(ignore_lease))`; false when the key is no longer ours.
+    ///
+    /// Cancel safety: the write either happened or did not.
+    pub async fn write_if_ours(
+        &self,
+        inner: &Inner,
+        value: Vec<u8>,
+        doing: &'static str,
+    ) -> Result<bool> {
         let put = PutRequest {
             ignore_lease: true,
-            ..rpc::put(self.key.clone(), meta.encode(), 0)
+            ..rpc::put(self.key.clone(), value, 0)
         };
         let txn = TxnRequest {
             compare: vec![self.still_ours()],
@@ -191,11 +215,11 @@ impl Entry {
             .client
             .txn(txn)
             .await
-            .map_err(|e| backend_error("updating the hold count", e))?;
+            .map_err(|e| backend_error(doing, e))?;
         Ok(response.succeeded)
     }
 
-    fn lose(&self, why: &str) -> Error {
+    pub(crate) fn lose(&self, why: &str) -> Error {
         self.lost.fire(LostCause::Gone, why);
         Error::Lost(self.lost.reason().unwrap_or_else(|| why.to_owned()))
     }
@@ -281,7 +305,7 @@ impl Hold for EtcdHold {
                     .await
                     .map_err(|e| backend_error("granting a longer lease", e))?;
                 let state = entry.state.lock().await;
-                let put = rpc::put(entry.key.clone(), state.meta.encode(), granted.id);
+                let put = rpc::put(entry.key.clone(), state.value(), granted.id);
                 drop(state);
                 let txn = TxnRequest {
                     compare: vec![entry.still_ours()],
@@ -322,6 +346,11 @@ impl Hold for EtcdHold {
         }
         .instrument(span)
         .await
+    }
+
+    /// Cancel safety: safe; the new value either landed or did not.
+    async fn proclaim(&self, value: &str) -> Result<()> {
+        super::election::proclaim(&self.inner, &self.entry, value).await
     }
 }
 

@@ -126,6 +126,16 @@ impl Meta {
     }
 }
 
+/// What a key holds: an election's value as it is, where Go's
+/// `concurrency.Election` (and `etcdctl elect`) read a candidate's proposal;
+/// locksmith's metadata for every other hold.
+pub(crate) fn key_value(meta: &Meta, published: Option<&str>) -> Vec<u8> {
+    match published {
+        Some(value) => value.as_bytes().to_vec(),
+        None => meta.encode(),
+    }
+}
+
 /// Milliseconds since the Unix epoch, now.
 pub(crate) fn now_ms() -> u64 {
     SystemTime::now()

@@ -34,7 +34,8 @@
 //!
 //! | mode | key | value |
 //! |---|---|---|
-//! | exclusive (`lock`, `rw_lock().write()`, elections) | `<name>/<lease id in hex>` | metadata |
+//! | exclusive (`lock`, `rw_lock().write()`) | `<name>/<lease id in hex>` | metadata |
+//! | election candidate | `<name>/<lease id in hex>` | the candidate's value |
 //! | shared (`rw_lock().read()`) | `<name>/read/<lease id in hex>` | metadata |
 //! | semaphore of N | `<name>/<lease id in hex>` | metadata, incl. N |
 //!
@@ -80,6 +81,18 @@
 //! since=1718000000000       (ms since the epoch, when it queued)
 //! count=1                   (re-entry depth)
 //! ```
+//!
+//! # Elections
+//!
+//! An [`Election`](crate::Election) is Go's `concurrency.Election`
+//! (`client/v3/concurrency/election.go`, what `etcdctl elect NAME VALUE` and
+//! `etcdctl elect -l NAME` run): its prefix is `<name>/`, a candidate is an
+//! exclusive contender whose key holds its value and nothing else (Go reads
+//! the leader's value raw), and the leader is the contender with the lowest
+//! create revision. `proclaim` is Go's `Proclaim`:
+//! `If(CreateRevision(key) == token).Then(Put(key, value))`, keeping the
+//! lease. `observe` watches the prefix, as Go's `Observe` does. Inspection
+//! shows a candidate's value as its owner, whoever campaigned.
 //!
 //! # Sessions, leases, liveness
 //!
@@ -164,6 +177,7 @@
 
 mod acquire;
 mod cleanups;
+mod election;
 mod hold;
 mod layout;
 mod lost;
@@ -189,7 +203,8 @@ use self::rpc::EtcdClient;
 use self::session::Session;
 use self::watch::WatchHub;
 use crate::backend::{
-    acquire_each_in_order, AcquireRequest, Backend, Capabilities, Grant, Holder, LockInfo, Waiter,
+    acquire_each_in_order, AcquireRequest, Backend, Capabilities, Grant, Holder, HolderChanges,
+    LockInfo, Waiter,
 };
 use crate::client::{redact, ConnectOptions};
 use crate::error::{Error, Result};
@@ -604,6 +619,7 @@ impl Backend for EtcdBackend {
             lists_waiters: true,
             shared: true,
             semaphore: true,
+            proclaim: true,
         }
     }
 
@@ -676,6 +692,11 @@ impl Backend for EtcdBackend {
         }
         .instrument(span)
         .await
+    }
+
+    /// Cancel safety: safe; a dropped call closes its watch stream.
+    async fn watch_holders(&self, name: &str) -> Result<Option<HolderChanges>> {
+        election::watch_holders(&self.inner, name).await.map(Some)
     }
 
     /// Deletes the keys of the current holders, whoever they are (each delete

@@ -865,6 +865,7 @@ impl Backend for PostgresBackend {
             lists_waiters: true,
             shared: true,
             semaphore: true,
+            proclaim: false,
         }
     }
 

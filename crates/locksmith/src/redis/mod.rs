@@ -1051,6 +1051,7 @@ impl Backend for RedisBackend {
             lists_waiters: fair,
             shared: true,
             semaphore: self.shared.nodes.len() == 1,
+            proclaim: false,
         }
     }
 

@@ -212,6 +212,7 @@ impl Backend for ServerBackend {
             lists_waiters: true,
             shared: true,
             semaphore: true,
+            proclaim: false,
         }
     }
 

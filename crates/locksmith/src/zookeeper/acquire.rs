@@ -246,7 +246,8 @@ fn cleanup(work: impl std::future::Future<Output = ()> + Send + 'static) {
 /// Otherwise: create our node, then until it holds, watch the one node whose
 /// deletion can change that (the predecessor, or for a reader the nearest
 /// writer ahead) and look again on every wake-up and every reconnection,
-/// re-creating our node if it vanished (CURATOR-604).
+/// re-creating our node if it vanished (CURATOR-604). With `kazoo` the node
+/// is a kazoo `Lock` contender (an election shared with kazoo's `Election`).
 ///
 /// Cancel safety: safe; a dropped or failed acquire deletes its node.
 #[tracing::instrument(name = "zookeeper.queue", skip_all, fields(%dir, %mode))]
@@ -256,6 +257,7 @@ pub(crate) async fn queue(
     mode: Mode,
     data: &[u8],
     wait: Wait,
+    kazoo: bool,
 ) -> Result<Option<(Node, Pending)>> {
     let mut node_name = layout::node_name_for(mode, &[]);
     // A writer must know whether a read-write lock is in use before it
@@ -271,6 +273,9 @@ pub(crate) async fn queue(
             return Ok(None);
         }
         node_name = layout::node_name_for(mode, &children);
+    }
+    if kazoo {
+        node_name = layout::KAZOO_LOCK_NAME;
     }
     let mut pending = Pending::new(session, dir, node_name);
     let (mut node, mut children) = pending.create(data).await?;
@@ -369,7 +374,7 @@ pub(crate) async fn semaphore(
     if wait == Wait::No && out >= permits as usize {
         return Ok(None);
     }
-    let Some((_, mutex)) = queue(session, &locks, Mode::Exclusive, data, wait).await? else {
+    let Some((_, mutex)) = queue(session, &locks, Mode::Exclusive, data, wait, false).await? else {
         return Ok(None);
     };
     if let Err(error) = check_permits(session, name, base, &leases, permits, true).await {

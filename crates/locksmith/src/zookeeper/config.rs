@@ -27,6 +27,22 @@ pub(crate) struct Config {
     pub lost_after_suspended: Option<f64>,
     /// `lock_by` of this client's own holds.
     pub lock_by: String,
+    /// Whose election nodes this client's candidates create.
+    pub elections: Elections,
+}
+
+/// The election recipe whose node names a candidate uses. Curator's
+/// `LeaderSelector` and kazoo's `Election` each see only nodes named their
+/// way (no name satisfies both: Curator sorts by what follows the last
+/// `lock-`, kazoo only counts `__lock__<seq>`), so a path is shared with one
+/// of them, chosen by the URL option `elections`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Elections {
+    /// `_c_<uuid>-lock-<seq>`, Curator's `LeaderSelector` (its
+    /// `InterProcessMutex`), the layout of every locksmith lock.
+    Curator,
+    /// `<uuid hex>__lock__<seq>`, kazoo's `Election` (its `Lock`).
+    Kazoo,
 }
 
 impl Config {
@@ -69,6 +85,7 @@ pub(crate) fn parse(url: &str, options: &ConnectOptions) -> Result<Config> {
         connection_timeout: None,
         lost_after_suspended: Some(1.0 / 3.0),
         lock_by: format!("{}@{}", options.client_name, options.host),
+        elections: Elections::Curator,
     };
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (key, value) = pair
@@ -84,10 +101,21 @@ pub(crate) fn parse(url: &str, options: &ConnectOptions) -> Result<Config> {
             "lost_after_suspended" => {
                 config.lost_after_suspended = parse_part(value).map_err(invalid)?;
             }
+            "elections" => {
+                config.elections = match value {
+                    "curator" => Elections::Curator,
+                    "kazoo" => Elections::Kazoo,
+                    other => {
+                        return Err(invalid(format!(
+                            "elections={other:?}: expected curator or kazoo"
+                        )))
+                    }
+                };
+            }
             other => {
                 return Err(invalid(format!(
                     "unknown option {other:?} (known: session_timeout, connection_timeout, \
-                     lost_after_suspended)"
+                     lost_after_suspended, elections)"
                 )))
             }
         }
@@ -213,6 +241,9 @@ mod tests {
         assert_eq!(never.suspended_grace_for(Duration::from_secs(6)), None);
         let ms = parse("zk://h:1?connection_timeout=750", &options()).unwrap();
         assert_eq!(ms.connection_timeout, Some(Duration::from_millis(750)));
+        assert_eq!(ms.elections, Elections::Curator);
+        let kazoo = parse("zk://h:1?elections=kazoo", &options()).unwrap();
+        assert_eq!(kazoo.elections, Elections::Kazoo);
     }
 
     #[test]
@@ -226,6 +257,7 @@ mod tests {
             "zk://h:1?session_timeout=soon",
             "zk://h:1?lost_after_suspended=2",
             "zk://h:1?session_timeout=10ms",
+            "zk://h:1?elections=etcd",
             "redis://h:1",
         ] {
             assert!(

@@ -101,6 +101,8 @@ pub(crate) struct HoldState {
     pub granted_at: SystemTime,
     /// The session the node belongs to.
     pub session: Arc<Session>,
+    /// The version of the node's data, for an election's checked `setData`.
+    pub data_version: std::sync::atomic::AtomicI32,
     inner: Mutex<Inner>,
     done: CancellationToken,
     lease_moved: Notify,
@@ -146,6 +148,7 @@ impl HoldState {
             lost: LostSignal::new(),
             granted_at: SystemTime::now(),
             session: new.session,
+            data_version: std::sync::atomic::AtomicI32::new(0),
             inner: Mutex::new(Inner {
                 count: 1,
                 status: Status::Held,
@@ -378,5 +381,10 @@ impl Hold for ZkHold {
                 name: hold.name.clone(),
             }),
         }
+    }
+
+    /// Cancel safety: safe; the new data either landed or did not.
+    async fn proclaim(&self, value: &str) -> Result<()> {
+        super::election::proclaim(&self.hold, &self.table, value).await
     }
 }

@@ -27,6 +27,10 @@ pub(crate) const WRITE_NAME: &str = "__WRIT__";
 /// treats like any other exclusive contender.
 pub(crate) const KAZOO_READ_NAME: &str = "__rlock__";
 
+/// Node name of a kazoo `Lock` contender, which kazoo's `Election` is:
+/// `kazoo.recipe.lock.Lock._NODE_NAME`, after a prefix of `uuid4().hex`.
+pub(crate) const KAZOO_LOCK_NAME: &str = "__lock__";
+
 /// Child of a semaphore path holding the entry mutex:
 /// `InterProcessSemaphoreV2.LOCK_PARENT` (curator-recipes
 /// `locks/InterProcessSemaphoreV2.java`).
@@ -58,9 +62,17 @@ pub(crate) fn child_path(parent: &str, child: &str) -> String {
 }
 
 /// A fresh protected prefix `_c_<uuid>-` followed by the node name (the path
-/// given to the sequential create, which appends the sequence number).
+/// given to the sequential create, which appends the sequence number). A
+/// kazoo contender is `<uuid hex>__lock__` instead, kazoo's own unique
+/// prefix (`uuid.uuid4().hex + _NODE_NAME`), which finds the node after a
+/// connection loss just as well.
 pub(crate) fn protected_name(node_name: &str) -> String {
-    format!("{PROTECTED_PREFIX}{}-{node_name}", uuid::Uuid::new_v4())
+    let uuid = uuid::Uuid::new_v4();
+    if node_name == KAZOO_LOCK_NAME {
+        format!("{}{node_name}", uuid.simple())
+    } else {
+        format!("{PROTECTED_PREFIX}{uuid}-{node_name}")
+    }
 }
 
 /// The sequence number of a contender: its last ten characters when they are
@@ -272,5 +284,8 @@ mod tests {
         let name = protected_name(MUTEX_NAME);
         assert!(name.starts_with("_c_") && name.ends_with("-lock-"));
         assert_eq!(name.len(), 3 + 36 + 1 + MUTEX_NAME.len());
+        let kazoo = protected_name(KAZOO_LOCK_NAME);
+        assert!(kazoo.ends_with("__lock__") && !kazoo.contains('-'));
+        assert_eq!(kazoo.len(), 32 + KAZOO_LOCK_NAME.len());
     }
 }

@@ -42,13 +42,23 @@
 //! * **Re-check (CURATOR-604).** After every wake-up and every reconnection a
 //!   waiter reads the queue again; when its own node is gone (and the session
 //!   lives) it queues again.
-//! * **Node data.** The owner id, as UTF-8 text: what kazoo stores (its lock
-//!   `identifier`, returned by `Lock.contenders()`), so a kazoo election reads a
-//!   locksmith leader's value and the reverse. Curator stores the client's IP
+//! * **Node data.** The owner id (an election candidate's value), as UTF-8
+//!   text: what kazoo stores (its lock `identifier`, returned by
+//!   `Lock.contenders()`). Curator stores the client's IP
 //!   address by default; inspection shows whatever text is there as the owner.
 //!   `lock_by` is the owning session (`session 0x…`; this client's own nodes
 //!   also show its name and host), `lock_time` the node's creation time for
 //!   other clients' nodes.
+//! * **Elections.** A candidate is an exclusive contender whose node data is
+//!   its value, which is where Curator's `LeaderSelector` (`getLeader()`)
+//!   and kazoo's `Election` (`contenders()`) read a participant's id; the
+//!   leader is the first contender. Its node is named as Curator's
+//!   `InterProcessMutex` names it unless the URL says `elections=kazoo`:
+//!   then `<uuid hex>__lock__<seq>`, as kazoo's `Lock` does. One name cannot
+//!   serve both, as kazoo only counts `__lock__<seq>` nodes and Curator sorts
+//!   by what follows the last `lock-`. `proclaim` is a `setData` checked
+//!   against the version this client last wrote; `observe` watches the
+//!   path's children and the first contender's data.
 //! * **Fencing token.** The czxid of our node: the zxid of the transaction that
 //!   created it, globally monotonic across the ensemble, restarts and leader
 //!   changes. Re-entry keeps the node, hence the token.
@@ -70,7 +80,8 @@
 //!   own names, so a kazoo lock must be told about Curator's:
 //!   `zk.Lock(path, identifier, extra_lock_patterns=["-lock-"])` (the option
 //!   kazoo has for exactly this, since 2.7.1). Without it kazoo ignores
-//!   Curator's and locksmith's nodes.
+//!   Curator's and locksmith's nodes. kazoo's `Election` cannot be told:
+//!   share an election with it through `?elections=kazoo`.
 //!
 //! # Sessions, liveness and `lost()`
 //!
@@ -109,6 +120,7 @@
 //! | `session_timeout` | the client's `session_ttl` | requested ZooKeeper session timeout (`500ms`, `10s`, `1m`, or milliseconds) |
 //! | `connection_timeout` | a third of the session timeout | silence after which the connection counts as lost and the client tries the next server |
 //! | `lost_after_suspended` | `0.33` | part of the negotiated session timeout the connection may stay suspended before holds are lost (`0`: at once; `never`: only on session expiry) |
+//! | `elections` | `curator` | whose election node names this client's candidates take: `curator` (`LeaderSelector`) or `kazoo` (`Election`) |
 //!
 //! Example: `zk://zk1:2181,zk2:2181,zk3:2181/apps/locks?session_timeout=10s`.
 //!
@@ -116,6 +128,7 @@
 
 mod acquire;
 mod config;
+mod election;
 mod hold;
 mod inspect;
 mod layout;
@@ -128,12 +141,12 @@ use locksmith_core::Mode;
 use tokio_util::sync::CancellationToken;
 
 use self::acquire::Node;
-use self::config::Config;
+use self::config::{Config, Elections};
 use self::hold::{HoldState, HoldTable, NewHold, ZkHold};
 use self::inspect::View;
 use self::session::Session;
 use crate::backend::{
-    acquire_each_in_order, AcquireRequest, Backend, Capabilities, Grant, LockInfo,
+    acquire_each_in_order, AcquireRequest, Backend, Capabilities, Grant, HolderChanges, LockInfo,
 };
 use crate::client::ConnectOptions;
 use crate::error::{Error, Result};
@@ -262,12 +275,18 @@ impl ZooKeeperBackend {
         request: &AcquireRequest,
     ) -> Result<Option<Grant>> {
         let path = layout::lock_path(name);
-        let data = request.owner.as_bytes();
+        // What kazoo's `contenders()` and Curator's `getLeader()` read.
+        let data = request
+            .published
+            .as_ref()
+            .unwrap_or(&request.owner)
+            .as_bytes();
+        let kazoo = request.published.is_some() && self.config.elections == Elections::Kazoo;
         let acquired = match request.mode {
             Mode::Semaphore { permits } => {
                 acquire::semaphore(session, name, &path, permits, data, request.wait).await?
             }
-            mode => acquire::queue(session, &path, mode, data, request.wait).await?,
+            mode => acquire::queue(session, &path, mode, data, request.wait, kazoo).await?,
         };
         let Some((Node { path, czxid }, pending)) = acquired else {
             return Ok(None);
@@ -316,6 +335,7 @@ impl Backend for ZooKeeperBackend {
             lists_waiters: true,
             shared: true,
             semaphore: true,
+            proclaim: true,
         }
     }
 
@@ -371,6 +391,16 @@ impl Backend for ZooKeeperBackend {
     async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>> {
         let session = self.session().await?;
         self.view(&session).list(prefix).await
+    }
+
+    /// Watches the lock path's children and the first contender's data.
+    ///
+    /// Cancel safety: safe; dropped watches are simply never awaited.
+    async fn watch_holders(&self, name: &str) -> Result<Option<HolderChanges>> {
+        let session = self.session().await?;
+        election::watch_holders(session, layout::lock_path(name))
+            .await
+            .map(Some)
     }
 
     /// Deletes every contender (and semaphore lease) of the lock.
