@@ -88,6 +88,9 @@ mod config;
 mod convert;
 mod core;
 mod error;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod history;
 mod http;
 mod metrics;

@@ -578,3 +578,79 @@ impl Locksmith for Service {
         .await
     }
 }
+
+/// The checks and conversions above, run on decoded messages without a core
+/// (the `fuzzing` feature's entry points).
+#[cfg(feature = "fuzzing")]
+pub(crate) mod fuzzing {
+    use locksmith_core::{Engine, SessionId};
+    use locksmith_proto::prost::Message;
+    use locksmith_proto::v1 as pb;
+
+    use super::{acquire_args, check_label, check_name, hold_args, secret_of, StreamReader};
+    use crate::config::ServerConfig;
+    use crate::op::StreamOp;
+
+    /// What a session stream makes of one message: the opening checks, then
+    /// the conversion; each acquire is applied to `engine` as session 1.
+    pub(crate) fn stream_message(
+        config: &ServerConfig,
+        kind: Option<pb::client_message::Kind>,
+        engine: &mut Engine,
+    ) {
+        let max_label = config.max_label_bytes;
+        match &kind {
+            Some(pb::client_message::Kind::Open(open)) => {
+                let _ = check_label("client_name", &open.client_name, max_label, false);
+                let _ = check_label("host", &open.host, max_label, false);
+            }
+            Some(pb::client_message::Kind::Resume(resume)) => {
+                let _ = secret_of(&resume.secret);
+            }
+            _ => {}
+        }
+        let reader = StreamReader {
+            core: std::sync::mpsc::channel().0,
+            stream: 1,
+            max_label,
+            peer: None,
+            ttl: (config.limits.min_ttl, config.limits.max_ttl),
+        };
+        if let Ok(StreamOp::Acquire { id, args }) = reader.stream_op(kind) {
+            let command = args.into_command(SessionId(1), id, 0);
+            let _ = engine.apply(0, command, &mut Vec::new());
+        }
+    }
+
+    /// What the unary calls check of their requests.
+    pub(crate) fn unary_requests(config: &ServerConfig, bytes: &[u8]) {
+        let max_label = config.max_label_bytes;
+        if let Ok(request) = pb::AcquireLeaseRequest::decode(bytes) {
+            if let Some(acquire) = request.acquire {
+                let _ = acquire_args(acquire, max_label);
+            }
+        }
+        if let Ok(request) = pb::ReleaseRequest::decode(bytes) {
+            if let Some(r) = request.release {
+                let _ = hold_args(r.name, r.owner, r.token, max_label);
+            }
+        }
+        if let Ok(request) = pb::RenewRequest::decode(bytes) {
+            if let Some(r) = request.renew {
+                let _ = hold_args(r.name, r.owner, r.token, max_label);
+            }
+        }
+        if let Ok(request) = pb::DescribeRequest::decode(bytes) {
+            let _ = check_name(&request.name);
+        }
+        if let Ok(request) = pb::ForceReleaseRequest::decode(bytes) {
+            let _ = check_name(&request.name);
+        }
+        if let Ok(request) = pb::CloseSessionRequest::decode(bytes) {
+            let _ = secret_of(&request.secret);
+        }
+        let _ = pb::ListRequest::decode(bytes);
+        let _ = pb::HistoryRequest::decode(bytes);
+        let _ = pb::EndSessionRequest::decode(bytes);
+    }
+}

@@ -102,6 +102,9 @@ mod election;
 mod error;
 #[cfg(feature = "etcd")]
 pub mod etcd;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod guard;
 mod lock;
 #[cfg(feature = "memory")]

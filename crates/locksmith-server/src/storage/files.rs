@@ -147,7 +147,8 @@ pub(super) fn read_checked(path: &Path, magic: &[u8; 4]) -> Result<Option<Vec<u8
     let crc = u32::from_le_bytes(bytes[16..20].try_into().expect("4 bytes"));
     let payload = usize::try_from(len)
         .ok()
-        .and_then(|len| bytes.get(CHECKED_HEADER..CHECKED_HEADER + len))
+        .and_then(|len| CHECKED_HEADER.checked_add(len))
+        .and_then(|end| bytes.get(CHECKED_HEADER..end))
         .ok_or_else(|| {
             corrupt(format!(
                 "{len} bytes announced at byte 8, {} present",

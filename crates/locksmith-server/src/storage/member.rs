@@ -368,6 +368,22 @@ mod tests {
     }
 
     #[test]
+    fn a_checked_file_announcing_more_bytes_than_any_file_holds_is_corrupt() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut bytes = SNAPSHOT_MAGIC.to_vec();
+        bytes.extend_from_slice(&1u32.to_le_bytes());
+        bytes.extend_from_slice(&u64::MAX.to_le_bytes());
+        bytes.extend_from_slice(&0u32.to_le_bytes());
+        fs::write(dir.path().join("snapshot"), &bytes).unwrap();
+        let file = SnapshotFile {
+            dir: dir.path().to_owned(),
+        };
+        let error = file.load().unwrap_err();
+        assert!(matches!(error, ServerError::Corrupt { .. }), "{error}");
+        assert!(error.to_string().contains("announced at byte 8"), "{error}");
+    }
+
+    #[test]
     fn a_purged_log_needs_a_snapshot_that_covers_it() {
         let path = Path::new("snapshot");
         assert!(check_covers(path, None, None).is_ok());

@@ -141,6 +141,15 @@ impl RaftLog {
                 })
             }
         };
+        let newest = manifest
+            .last_segment
+            .max(present.last().copied().unwrap_or(0));
+        if newest == u64::MAX {
+            return Err(ServerError::Corrupt {
+                path: segment_path(dir, newest),
+                detail: "the last possible segment number: no segment can follow it".into(),
+            });
+        }
         let mut state = Replayed::default();
         let named = manifest.first_segment..=manifest.last_segment;
         let mut damaged = false;
@@ -223,6 +232,7 @@ impl ReadLog {
             let path = segment_path(dir, seq);
             fs::remove_file(&path).map_err(|e| io_error("cannot remove", &path, e))?;
         }
+        // Below u64::MAX: `read` refuses a log that leaves no next number.
         let next = manifest
             .last_segment
             .max(present.last().copied().unwrap_or(0))
@@ -283,7 +293,7 @@ impl Replayed {
                 truncate(&mut self.entries, &mut self.segment_last_index, after);
             }
             RaftRecord::Purge(upto) => {
-                self.entries = self.entries.split_off(&(upto.index() + 1));
+                purge(&mut self.entries, upto);
                 self.purged = Some(upto);
             }
             RaftRecord::Vote(vote) => self.vote = Some(vote),
@@ -388,10 +398,21 @@ fn truncate(
         segment_last_index.clear();
         return;
     };
-    entries.split_off(&(after.index() + 1));
+    // No entry can follow the last possible index.
+    if let Some(first_void) = after.index().checked_add(1) {
+        entries.split_off(&first_void);
+    }
     for last in segment_last_index.values_mut() {
         *last = (*last).min(after.index());
     }
+}
+
+/// Drops the entries up to and including `upto`.
+fn purge(entries: &mut BTreeMap<u64, EntryOf<TypeConfig>>, upto: LogIdOf<TypeConfig>) {
+    *entries = match upto.index().checked_add(1) {
+        Some(first_kept) => entries.split_off(&first_kept),
+        None => BTreeMap::new(),
+    };
 }
 
 fn read_manifest(dir: &Path) -> Result<Option<Manifest>, ServerError> {
@@ -493,7 +514,7 @@ impl RaftLogStorage<TypeConfig> for RaftLog {
     async fn purge(&mut self, upto: LogIdOf<TypeConfig>) -> io::Result<()> {
         let mut inner = self.inner.lock().await;
         inner.write([RaftRecord::Purge(upto)])?;
-        inner.entries = inner.entries.split_off(&(upto.index() + 1));
+        purge(&mut inner.entries, upto);
         inner.purged = Some(upto);
         // Older segments whose entries are all purged go, front first.
         let current = inner.manifest.last_segment;
@@ -613,6 +634,46 @@ mod tests {
         assert_eq!(log.read_vote().await.unwrap(), Some(vote));
         let state = log.get_log_state().await.unwrap();
         assert_eq!(state.last_log_id, Some(log_id(2, 9)));
+    }
+
+    #[tokio::test]
+    async fn truncating_or_purging_at_the_last_possible_index_survives_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let mut log = RaftLog::open(dir.path(), 1 << 20).unwrap();
+            append(&mut log, vec![entry(1, 1), entry(1, 2)]).await;
+            // Nothing follows the last index: both entries stay.
+            log.truncate_after(Some(log_id(1, u64::MAX))).await.unwrap();
+            assert_eq!(indexes(&mut log).await, [(1, 1), (1, 2)]);
+        }
+        let mut log = RaftLog::open(dir.path(), 1 << 20).unwrap();
+        assert_eq!(indexes(&mut log).await, [(1, 1), (1, 2)]);
+        // A purge up to it drops everything.
+        log.purge(log_id(1, u64::MAX)).await.unwrap();
+        assert_eq!(indexes(&mut log).await, []);
+        drop(log);
+        let mut log = RaftLog::open(dir.path(), 1 << 20).unwrap();
+        assert_eq!(indexes(&mut log).await, []);
+        let state = log.get_log_state().await.unwrap();
+        assert_eq!(state.last_purged_log_id, Some(log_id(1, u64::MAX)));
+    }
+
+    #[test]
+    fn a_log_that_leaves_no_next_segment_number_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let manifest = Manifest {
+            first_segment: 1,
+            last_segment: u64::MAX,
+        };
+        write_manifest(dir.path(), manifest).unwrap();
+        for recover in [false, true] {
+            let error = RaftLog::read(dir.path(), recover).err().expect("refused");
+            assert!(matches!(error, ServerError::Corrupt { .. }), "{error}");
+            assert!(
+                error.to_string().contains("no segment can follow"),
+                "{error}"
+            );
+        }
     }
 
     #[tokio::test]

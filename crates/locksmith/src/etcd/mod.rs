@@ -810,6 +810,13 @@ impl Drop for EtcdBackend {
     }
 }
 
+/// Parses `url` as `connect` does, contacting nothing (the fuzz targets'
+/// entry, through `crate::fuzzing`).
+#[cfg(feature = "fuzzing")]
+pub(crate) fn parse_url_only(url: &str, _options: &ConnectOptions) -> Result<()> {
+    parse_url(url).map(drop)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

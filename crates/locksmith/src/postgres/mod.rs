@@ -1021,3 +1021,10 @@ pub(crate) async fn detached<T: Send + 'static>(
         .await
         .map_err(|e| Error::backend(BACKEND, format!("postgres task failed: {e}")))
 }
+
+/// Parses `url` as `connect` does, contacting nothing (the fuzz targets'
+/// entry, through `crate::fuzzing`).
+#[cfg(feature = "fuzzing")]
+pub(crate) fn parse_url_only(url: &str, options: &ConnectOptions) -> Result<()> {
+    Settings::parse(url, options).map(drop)
+}

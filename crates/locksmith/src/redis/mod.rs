@@ -1199,3 +1199,10 @@ impl Backend for RedisBackend {
         first_error.map_or(Ok(()), Err)
     }
 }
+
+/// Parses `url` as `connect` does, contacting nothing (the fuzz targets'
+/// entry, through `crate::fuzzing`).
+#[cfg(feature = "fuzzing")]
+pub(crate) fn parse_url_only(url: &str, _options: &ConnectOptions) -> Result<()> {
+    Config::parse(url).map(drop)
+}

@@ -403,3 +403,10 @@ impl Hold for ServerHold {
         tracing::Instrument::instrument(renew, span).await
     }
 }
+
+/// Parses `url` as `connect` does, contacting nothing (the fuzz targets'
+/// entry, through `crate::fuzzing`).
+#[cfg(feature = "fuzzing")]
+pub(crate) fn parse_url_only(url: &str, _options: &ConnectOptions) -> Result<()> {
+    Members::parse(url).map(drop)
+}

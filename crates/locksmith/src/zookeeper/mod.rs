@@ -432,3 +432,10 @@ impl Backend for ZooKeeperBackend {
         Ok(())
     }
 }
+
+/// Parses `url` as `connect` does, contacting nothing (the fuzz targets'
+/// entry, through `crate::fuzzing`).
+#[cfg(feature = "fuzzing")]
+pub(crate) fn parse_url_only(url: &str, options: &ConnectOptions) -> Result<()> {
+    config::parse(url, options).map(drop)
+}

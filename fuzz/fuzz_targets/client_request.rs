@@ -1,0 +1,10 @@
+//! A client's request bytes, as the server decodes and converts them: a
+//! session stream's batch (each message through the stream's checks, each
+//! acquire on to a lock engine) and every unary call's request.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|bytes: &[u8]| {
+    locksmith_server::fuzzing::client_request(bytes);
+});
