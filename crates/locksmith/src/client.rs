@@ -119,7 +119,7 @@ impl Client {
                 #[cfg(not(feature = "memory"))]
                 return Err(not_enabled(scheme, "memory"));
             }
-            "locksmith" => backend!("server", server::ServerBackend),
+            "locksmith" | "locksmith+tls" => backend!("server", server::ServerBackend),
             "redis" | "rediss" | "redis+redlock" | "redis+sentinel" | "rediss+sentinel"
             | "redis+cluster" | "rediss+cluster" => backend!("redis", redis::RedisBackend),
             "zk" | "zookeeper" => backend!("zookeeper", zookeeper::ZooKeeperBackend),
