@@ -438,6 +438,49 @@ async fn permissions_hold(transport: Transport) {
         .expect("lease on jobs/")
         .into_inner();
     assert!(leased.granted);
+    // Releasing or renewing another prefix's hold, with its owner and token.
+    let order_lease = format!("orders/{run}/lease");
+    let held = admin_stub
+        .acquire_lease(lease(&order_lease))
+        .await
+        .expect("admin leases anything")
+        .into_inner();
+    let hold = |lease_ms| {
+        (
+            order_lease.clone(),
+            "cron".to_owned(),
+            held.tokens.first().copied(),
+            lease_ms,
+        )
+    };
+    let (name, owner, token, _) = hold(0);
+    let refused = locker_stub
+        .release(pb::ReleaseRequest {
+            release: Some(pb::Release { name, owner, token }),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied);
+    let (name, owner, token, lease_ms) = hold(60_000);
+    let refused = locker_stub
+        .renew(pb::RenewRequest {
+            renew: Some(pb::Renew {
+                name,
+                owner,
+                token,
+                lease_ms,
+            }),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied);
+    let still = admin
+        .describe(&order_lease)
+        .await
+        .unwrap()
+        .expect("still held");
+    assert_eq!(still.holders[0].fencing_token, held.tokens.first().copied());
+    admin.force_release(&order_lease).await.unwrap();
 
     order_guard.release().await.unwrap();
     for client in [locker, viewer, admin, victim] {
@@ -711,4 +754,109 @@ async fn a_bad_auth_file_stops_the_start_and_says_why() {
     let message = server_support::refused_start(&dir, &["--auth-file", &pki.path_str("auth.toml")]);
     assert!(message.contains("unknown field"), "{message}");
     assert!(!message.contains(&sha256_hex("secret")), "{message}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_cluster_elects_a_leader_serves_holds_and_refuses_strange_members() {
+    use locksmith_proto::raft as raft_pb;
+    use locksmith_testkit::free_port;
+
+    let pki = Pki::new();
+    std::fs::write(pki.path("auth.toml"), auth_file(&ROLES)).unwrap();
+    std::fs::write(pki.path("admin.token"), token("admin")).unwrap();
+    pki.issue("foreign-ca", "foreign-member");
+    let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let list = ports
+        .iter()
+        .enumerate()
+        .map(|(i, port)| format!("{}=127.0.0.1:{port}", i + 1))
+        .collect::<Vec<_>>()
+        .join(",");
+    let members: Vec<ServerProcess> = ports
+        .iter()
+        .enumerate()
+        .map(|(i, &port)| {
+            let name = format!("member-{}", i + 1);
+            pki.issue("ca", &name);
+            let mut args = pki.serve_args(&name);
+            args.extend([
+                "--node-id".into(),
+                (i + 1).to_string(),
+                "--cluster".into(),
+                list.clone(),
+                "--auth-file".into(),
+                pki.path_str("auth.toml"),
+            ]);
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            ServerProcess::start_on(port, &args)
+        })
+        .collect();
+    let addrs: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    let url = format!(
+        "locksmith+tls://{}?ca={}&token_file={}",
+        addrs.join(","),
+        pki.path_str("ca.pem"),
+        pki.path_str("admin.token")
+    );
+    let options = ConnectOptions {
+        session_ttl: Duration::from_secs(10),
+        ..ConnectOptions::default()
+    };
+    let client = Client::connect_with(&url, options)
+        .await
+        .unwrap_or_else(|e| panic!("connect {url}: {e}\n{}", members[0].log_tail(30)));
+    let name = unique("tls-cluster");
+    let guard = client.lock(name.as_str()).acquire().await.expect("a hold");
+    let info = client.describe(&name).await.unwrap().expect("held");
+    assert_eq!(info.holders[0].fencing_token, Some(guard.fencing_token()));
+    guard.release().await.unwrap();
+    client.close().await.unwrap();
+
+    // Raft traffic from a peer without a client certificate: refused.
+    let anonymous = ServerUrl::parse(&format!(
+        "locksmith+tls://{}?ca={}",
+        addrs[0],
+        pki.path_str("ca.pem")
+    ))
+    .unwrap();
+    let channel = anonymous
+        .endpoint(&addrs[0])
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let refused = raft_pb::raft_client::RaftClient::new(channel)
+        .vote(raft_pb::Payload::default())
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused:?}");
+
+    // A member whose certificate another CA signed: no TLS session at all.
+    let foreign = ServerUrl::parse(&format!(
+        "locksmith+tls://{}?ca={}&cert={}&key={}",
+        addrs[0],
+        pki.path_str("ca.pem"),
+        pki.path_str("foreign-member.pem"),
+        pki.path_str("foreign-member.key"),
+    ))
+    .unwrap();
+    let refused = match foreign.endpoint(&addrs[0]).unwrap().connect().await {
+        Err(error) => format!("{error:?}"),
+        Ok(channel) => format!(
+            "{:?}",
+            raft_pb::raft_client::RaftClient::new(channel)
+                .vote(raft_pb::Payload::default())
+                .await
+                .expect_err("a foreign member certificate is refused")
+        ),
+    };
+    // Neither the Raft service's refusal nor its decoding: the connection
+    // never got that far.
+    assert!(
+        !refused.contains("Unauthenticated") && !refused.contains("InvalidArgument"),
+        "{refused}"
+    );
+    for member in &members {
+        member.assert_running();
+    }
 }
