@@ -76,6 +76,8 @@ pub async fn session(args: SessionArgs) -> ExitCode {
 
 /// A client of the first member the URL names, over its transport and with
 /// its credentials.
+///
+/// Cancel safety: safe (a dropped connect leaves nothing behind).
 async fn connect(url: &str) -> Result<Stub, String> {
     let parsed = ServerUrl::parse(url).map_err(|e| e.to_string())?;
     let first = &parsed.addresses()[0];

@@ -60,11 +60,23 @@ impl Interceptor for Credentials {
 }
 
 /// A parsed `locksmith://` or `locksmith+tls://` URL.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct ServerUrl {
     addresses: Vec<String>,
     tls: Option<ClientTlsConfig>,
     credentials: Credentials,
+}
+
+/// Addresses and whether TLS is on: the TLS config holds the client's
+/// private key, which no debug output may show.
+impl std::fmt::Debug for ServerUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerUrl")
+            .field("addresses", &self.addresses)
+            .field("tls", &self.tls.is_some())
+            .field("credentials", &self.credentials)
+            .finish()
+    }
 }
 
 impl ServerUrl {
