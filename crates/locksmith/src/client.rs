@@ -72,7 +72,7 @@ impl std::fmt::Debug for Client {
 
 impl Client {
     /// Connects with default options. The URL scheme picks the backend:
-    /// `memory://[table]`, `locksmith://host:port`, `redis://`, `rediss://`,
+    /// `memory://[table]`, `locksmith://host:port`, `locksmith+tls://…`, `redis://`, `rediss://`,
     /// `redis+redlock://h1,h2,h3`, `redis+sentinel://s1,s2/master`,
     /// `redis+cluster://h1,h2`, `zk://hosts/chroot`, `etcd://hosts`,
     /// `postgres://…`.
