@@ -768,3 +768,22 @@ async fn a_tls_cluster_elects_a_leader_serves_holds_and_refuses_strange_members(
         member.assert_running();
     }
 }
+
+#[test]
+fn a_tls_cluster_member_without_a_client_ca_is_refused_at_start() {
+    let pki = Pki::new();
+    pki.issue("ca", "server");
+    let (cert, key) = (pki.path_str("server.pem"), pki.path_str("server.key"));
+    let message = server_support::refused_start(
+        &pki.path("data"),
+        &[
+            "--tls-cert",
+            &cert,
+            "--tls-key",
+            &key,
+            "--cluster",
+            "1=127.0.0.1:7,2=127.0.0.1:8",
+        ],
+    );
+    assert!(message.contains("--tls-client-ca"), "{message}");
+}
