@@ -787,3 +787,66 @@ fn a_tls_cluster_member_without_a_client_ca_is_refused_at_start() {
     );
     assert!(message.contains("--tls-client-ca"), "{message}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_member_with_a_certificate_of_the_clusters_ca_can_join() {
+    use locksmith_proto::raft as raft_pb;
+    use locksmith_testkit::free_port;
+
+    let pki = Pki::new();
+    pki.issue("ca", "member-1");
+    pki.issue("ca", "member-2");
+    pki.issue("foreign-ca", "member-3");
+    let first_port = free_port();
+    let first = {
+        let args = pki.serve_args("member-1");
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        ServerProcess::start_on(first_port, &args)
+    };
+    let through = format!("127.0.0.1:{first_port}");
+    let joiner = |id: u64, name: &str| {
+        let mut args = pki.serve_args(name);
+        args.extend([
+            "--node-id".into(),
+            id.to_string(),
+            "--join".into(),
+            through.clone(),
+        ]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        ServerProcess::start_on(free_port(), &args)
+    };
+    let url = ServerUrl::parse(&format!(
+        "locksmith+tls://{through}?ca={}",
+        pki.path_str("ca.pem")
+    ))
+    .unwrap();
+    let member_ids = || async {
+        let channel = url.endpoint(&through).unwrap().connect().await.unwrap();
+        let mut ids: Vec<u64> =
+            raft_pb::cluster_client::ClusterClient::with_interceptor(channel, url.credentials())
+                .status(raft_pb::StatusRequest {})
+                .await
+                .expect("cluster status")
+                .into_inner()
+                .members
+                .iter()
+                .map(|m| m.id)
+                .collect();
+        ids.sort();
+        ids
+    };
+
+    let stranger = joiner(3, "member-3");
+    server_support::eventually(Duration::from_secs(30), "the join to give up", || async {
+        stranger.log_tail(20).contains("could not join the cluster")
+    })
+    .await;
+    assert_eq!(member_ids().await, [1], "the foreign member was not added");
+
+    let _member = joiner(2, "member-2");
+    server_support::eventually(Duration::from_secs(20), "member 2 to join", || async {
+        member_ids().await == [1, 2]
+    })
+    .await;
+    first.assert_running();
+}
