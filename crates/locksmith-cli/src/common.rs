@@ -8,7 +8,7 @@ use locksmith::{Client, ConnectOptions, Lock};
 /// Where the locks live.
 #[derive(Debug, Clone, clap::Args)]
 pub struct BackendArgs {
-    /// Lock store URL: locksmith://, redis://, redis+redlock://, zk://, etcd://,
+    /// Lock store URL: locksmith://, locksmith+tls://, redis://, redis+redlock://, zk://, etcd://,
     /// postgres://, memory://
     #[arg(
         long,

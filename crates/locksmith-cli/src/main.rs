@@ -35,7 +35,7 @@ struct Cli {
 enum Command {
     /// Run the locksmith lock server.
     #[command(args_override_self = true)]
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Run a command while holding a lock (like flock(1) or `etcdctl lock`).
     Run(run::RunArgs),
     /// Acquire a lock, print its fencing token, hold it until interrupted.
@@ -129,7 +129,7 @@ fn main() -> ExitCode {
     };
     runtime.block_on(async move {
         match cli.command {
-            Command::Serve(args) => serve::serve(args).await,
+            Command::Serve(args) => serve::serve(*args).await,
             Command::Run(args) => run::run(args).await,
             Command::Hold(args) => hold::hold(args).await,
             Command::Elect(args) => elect::elect(args).await,

@@ -8,6 +8,11 @@
 //! nothing that was acknowledged.
 //! Logs go to stderr; `RUST_LOG` filters them (default `info`).
 //!
+//! `--tls-cert`/`--tls-key` put the port (clients and members) under TLS,
+//! `--tls-client-ca` accepts client certificates and authenticates members;
+//! `--auth-file` turns authentication and per-prefix permissions on (SIGHUP
+//! reloads it). README "Security" shows the auth file.
+//!
 //! `--metrics-listen` serves Prometheus metrics, health, readiness and a live
 //! web page of the lock table over HTTP. `--config FILE` reads the same
 //! settings from a TOML file (see [`expand_config`]).
@@ -18,7 +23,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use locksmith_server::{ServerConfig, DEFAULT_DATA_DIR, DEFAULT_LISTEN};
+use locksmith_server::{Server, ServerConfig, TlsFiles, DEFAULT_DATA_DIR, DEFAULT_LISTEN};
 
 use crate::common::{parse_duration, termination};
 
@@ -148,6 +153,25 @@ pub struct ServeArgs {
     /// random; so 600–800 ms with the default. E.g. `500ms`.
     #[arg(long, value_parser = parse_duration, default_value = "200ms")]
     pub election_timeout: Duration,
+    /// TLS on the port, for clients and members: the server's certificate
+    /// chain (PEM). A plaintext client gets its connection closed.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of `--tls-cert` (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// CA certificates (PEM) whose client certificates are accepted: optional
+    /// for clients (one identifies a client to `--auth-file`), required of
+    /// members, which also check each other's server certificates against
+    /// it. Needed for a cluster with TLS.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
+    /// Authentication and per-prefix permissions: a TOML file of identities
+    /// (a bearer token's SHA-256 or a client certificate's subject) and their
+    /// grants (README "Security"). SIGHUP reloads it; a bad file keeps the
+    /// previous one.
+    #[arg(long, value_name = "FILE")]
+    pub auth_file: Option<PathBuf>,
     /// Read settings from a TOML file: each key is a long flag of this command
     /// without its dashes (`listen = "0.0.0.0:7420"`, `in-memory = true`,
     /// `grace = "30s"`). Flags on the command line win over the file, and
@@ -223,6 +247,15 @@ impl ServeArgs {
         config.auto_promote_lag = self.auto_promote_lag;
         config.raft_heartbeat = self.raft_heartbeat;
         config.election_timeout = self.election_timeout;
+        config.tls = match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Some(TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: self.tls_client_ca.clone(),
+            }),
+            _ => None,
+        };
+        config.auth_file = self.auth_file.clone();
         if let Some(Members(members)) = &self.cluster {
             if !members.iter().any(|(id, _)| *id == self.node_id) {
                 return Err(format!(
@@ -336,16 +369,45 @@ pub async fn serve(args: ServeArgs) -> ExitCode {
         }
         None => tracing::warn!("in-memory mode: locks do not survive a restart"),
     }
-    let shutdown = async {
-        let signal = termination().await;
-        tracing::info!(%signal, "stopping");
+    let outcome = match Server::start(config).await {
+        Ok(server) => run_until_stopped(server).await,
+        Err(error) => Err(error),
     };
-    match locksmith_server::serve(config, shutdown).await {
+    match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             tracing::error!(%error, "lock server failed");
             eprintln!("locksmith serve: {error}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// Serves until SIGINT/SIGTERM (then stops gracefully) or a failure;
+/// SIGHUP reloads the auth file meanwhile.
+///
+/// Cancel safety: dropping it shuts the server down in the background.
+async fn run_until_stopped(mut server: Server) -> Result<(), locksmith_server::ServerError> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hangup = signal(SignalKind::hangup()).ok();
+    let hangups = async |hangup: &mut Option<tokio::signal::unix::Signal>| match hangup {
+        Some(hangup) => hangup.recv().await,
+        None => std::future::pending().await,
+    };
+    let terminated = termination();
+    tokio::pin!(terminated);
+    loop {
+        tokio::select! {
+            signal = &mut terminated => {
+                tracing::info!(%signal, "stopping");
+                return server.shutdown().await;
+            }
+            _ = hangups(&mut hangup) => {
+                tracing::info!("SIGHUP: reloading the auth file");
+                // A bad file is logged and the old one kept.
+                let _ = server.reload_auth();
+            }
+            result = server.stopped() => return result,
         }
     }
 }

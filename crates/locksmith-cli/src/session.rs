@@ -10,9 +10,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use comfy_table::{presets::ASCII_NO_BORDERS, Table};
+use locksmith::server::{ServerUrl, Stub};
 use locksmith_proto::v1 as pb;
 use pb::locksmith_client::LocksmithClient;
-use tonic::transport::Channel;
 
 use crate::common::fail;
 use crate::status::printable;
@@ -22,8 +22,9 @@ use crate::status::printable;
 pub struct SessionArgs {
     #[command(subcommand)]
     command: SessionCommand,
-    /// The server: locksmith://host[:port] (with several members, the first
-    /// is asked).
+    /// The server: locksmith://host[:port] or locksmith+tls://…?ca=FILE (with
+    /// several members, the first is asked); the token comes from
+    /// `LOCKSMITH_TOKEN` or `?token_file=FILE`.
     #[arg(
         long,
         global = true,
@@ -73,36 +74,24 @@ pub async fn session(args: SessionArgs) -> ExitCode {
     }
 }
 
-/// `http://host:port` of the first member of a `locksmith://` URL.
-fn endpoint(url: &str) -> Result<String, String> {
-    let rest = url
-        .strip_prefix("locksmith://")
-        .ok_or_else(|| format!("{url}: expected locksmith://host[:port]"))?;
-    let first = rest
-        .split([',', '/'])
-        .next()
-        .filter(|h| !h.is_empty())
-        .ok_or_else(|| format!("{url}: no host"))?;
-    let has_port = match first.rfind(']') {
-        Some(end) => first[end..].contains(':'),
-        None => first.contains(':'),
-    };
-    Ok(if has_port {
-        format!("http://{first}")
-    } else {
-        format!("http://{first}:{}", locksmith::server::DEFAULT_PORT)
-    })
-}
-
-async fn connect(url: &str) -> Result<LocksmithClient<Channel>, String> {
-    let endpoint = endpoint(url)?;
-    let channel = tonic::transport::Endpoint::from_shared(endpoint.clone())
-        .map_err(|e| format!("{url}: {e}"))?
+/// A client of the first member the URL names, over its transport and with
+/// its credentials.
+///
+/// Cancel safety: safe (a dropped connect leaves nothing behind).
+async fn connect(url: &str) -> Result<Stub, String> {
+    let parsed = ServerUrl::parse(url).map_err(|e| e.to_string())?;
+    let first = &parsed.addresses()[0];
+    let channel = parsed
+        .endpoint(first)
+        .map_err(|e| e.to_string())?
         .connect_timeout(Duration::from_secs(5))
         .connect()
         .await
-        .map_err(|e| format!("cannot connect to {endpoint}: {e}"))?;
-    Ok(LocksmithClient::new(channel).max_decoding_message_size(256 << 20))
+        .map_err(|e| format!("cannot connect to {first}: {e}"))?;
+    Ok(
+        LocksmithClient::with_interceptor(channel, parsed.credentials())
+            .max_decoding_message_size(256 << 20),
+    )
 }
 
 fn parse_session_id(text: &str) -> Result<u64, String> {
@@ -145,17 +134,6 @@ fn render(list: &pb::ListSessionsResponse) -> Table {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn endpoints() {
-        assert_eq!(endpoint("locksmith://h:7").unwrap(), "http://h:7");
-        assert_eq!(endpoint("locksmith://h").unwrap(), "http://h:7420");
-        assert_eq!(endpoint("locksmith://a:1,b:2").unwrap(), "http://a:1");
-        assert_eq!(endpoint("locksmith://[::1]").unwrap(), "http://[::1]:7420");
-        assert_eq!(endpoint("locksmith://[::1]:9/").unwrap(), "http://[::1]:9");
-        assert!(endpoint("redis://h").is_err());
-        assert!(endpoint("locksmith://").is_err());
-    }
 
     #[test]
     fn session_ids_are_hex() {

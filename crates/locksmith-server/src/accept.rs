@@ -20,6 +20,10 @@
 //!   without a word. Here the loop waits (10 ms, doubling to 1 s) and logs
 //!   the condition once per episode, and once more when it recovers.
 //!
+//! - **TLS** (module `tls`): with TLS on, the TLS handshake comes first,
+//!   within the same handshake timeout, and the preface is read inside it. A
+//!   plaintext client fails the TLS handshake and is closed.
+//!
 //! The bytes of the preface read here are handed on to hyper unchanged
 //! ([`Connection`] replays them), so HTTP/2 sees the connection from its
 //! first byte.
@@ -27,6 +31,7 @@
 //! [`ServerConfig::max_connections`]: crate::ServerConfig::max_connections
 //! [`ServerConfig::handshake_timeout`]: crate::ServerConfig::handshake_timeout
 
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -40,7 +45,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
-use tonic::transport::server::{Connected, TcpConnectInfo};
+use tonic::transport::server::Connected;
 
 /// The fixed start of every HTTP/2 connection (RFC 9113, section 3.4).
 const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -66,16 +71,23 @@ pub(crate) struct AcceptLimits {
 }
 
 /// Accepts connections from `listener` until the returned stream is dropped,
-/// yielding each once it has sent its HTTP/2 preface in time.
+/// yielding each once `upgrade` (nothing, or the TLS handshake) is done and
+/// it has sent its HTTP/2 preface, both in time.
 ///
 /// Must be called within a tokio runtime: the loop runs as its own task (and
 /// each handshake as one), so a slow client never holds up the next accept.
-pub(crate) fn incoming(
+pub(crate) fn incoming<S, U, F>(
     listener: TcpListener,
     limits: AcceptLimits,
-) -> impl Stream<Item = Result<Connection, io::Error>> {
+    upgrade: U,
+) -> impl Stream<Item = Result<Connection<S>, io::Error>>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    U: Fn(TcpStream) -> F + Send + 'static,
+    F: Future<Output = io::Result<S>> + Send + 'static,
+{
     let (ready, receiver) = mpsc::channel(64);
-    tokio::spawn(accept_loop(listener, limits, ready));
+    tokio::spawn(accept_loop(listener, limits, upgrade, ready));
     ReceiverStream::new(receiver).map(Ok)
 }
 
@@ -83,7 +95,16 @@ pub(crate) fn incoming(
 /// connections (the receiver is dropped).
 ///
 /// Cancel safety: runs as its own task; dropping it closes the listener.
-async fn accept_loop(listener: TcpListener, limits: AcceptLimits, ready: mpsc::Sender<Connection>) {
+async fn accept_loop<S, U, F>(
+    listener: TcpListener,
+    limits: AcceptLimits,
+    upgrade: U,
+    ready: mpsc::Sender<Connection<S>>,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    U: Fn(TcpStream) -> F,
+    F: Future<Output = io::Result<S>> + Send + 'static,
+{
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let mut backoff: Option<(Duration, u64)> = None;
     let mut refused = Throttled::default();
@@ -110,7 +131,7 @@ async fn accept_loop(listener: TcpListener, limits: AcceptLimits, ready: mpsc::S
                 };
                 let _ = stream.set_nodelay(true);
                 tokio::spawn(handshake(
-                    stream,
+                    upgrade(stream),
                     peer,
                     slot,
                     limits.handshake_timeout,
@@ -152,18 +173,24 @@ fn out_of_resources(error: &io::Error) -> bool {
     )
 }
 
-/// Reads the client preface within `timeout`, then hands the connection on.
+/// Upgrades the connection and reads the client preface within `timeout`,
+/// then hands the connection on.
 ///
 /// Cancel safety: runs as its own task.
-async fn handshake(
-    mut stream: TcpStream,
+async fn handshake<S: AsyncRead + Unpin>(
+    upgraded: impl Future<Output = io::Result<S>>,
     peer: SocketAddr,
     slot: OwnedSemaphorePermit,
     timeout: Duration,
-    ready: mpsc::Sender<Connection>,
+    ready: mpsc::Sender<Connection<S>>,
 ) {
-    match tokio::time::timeout(timeout, read_preface(&mut stream)).await {
-        Ok(Ok(preface)) => {
+    let upgraded_and_preface = async {
+        let mut stream = upgraded.await?;
+        let preface = read_preface(&mut stream).await?;
+        Ok::<_, io::Error>((stream, preface))
+    };
+    match tokio::time::timeout(timeout, upgraded_and_preface).await {
+        Ok(Ok((stream, preface))) => {
             let connection = Connection {
                 stream,
                 preface,
@@ -172,13 +199,15 @@ async fn handshake(
             };
             let _ = ready.send(connection).await;
         }
-        Ok(Err(error)) => tracing::debug!(%peer, %error, "not an HTTP/2 client; closed"),
+        Ok(Err(error)) => {
+            tracing::debug!(%peer, %error, "no TLS or HTTP/2 handshake; closed")
+        }
         Err(_) => tracing::debug!(%peer, ?timeout, "no HTTP/2 handshake in time; closed"),
     }
 }
 
 /// Reads the HTTP/2 client preface: the fixed string and a SETTINGS frame.
-async fn read_preface(stream: &mut TcpStream) -> io::Result<Vec<u8>> {
+async fn read_preface(stream: &mut (impl AsyncRead + Unpin)) -> io::Result<Vec<u8>> {
     let mut bytes = vec![0; PREFACE.len() + FRAME_HEADER];
     stream.read_exact(&mut bytes).await?;
     let header = &bytes[PREFACE.len()..];
@@ -197,22 +226,22 @@ async fn read_preface(stream: &mut TcpStream) -> io::Result<Vec<u8>> {
 
 /// An accepted connection: its preface (already read) comes first, then the
 /// socket. Holds a place under the connection limit until dropped.
-pub(crate) struct Connection {
-    stream: TcpStream,
+pub(crate) struct Connection<S> {
+    stream: S,
     preface: Vec<u8>,
     replayed: usize,
     _slot: OwnedSemaphorePermit,
 }
 
-impl Connected for Connection {
-    type ConnectInfo = TcpConnectInfo;
+impl<S: Connected> Connected for Connection<S> {
+    type ConnectInfo = S::ConnectInfo;
 
-    fn connect_info(&self) -> TcpConnectInfo {
+    fn connect_info(&self) -> S::ConnectInfo {
         self.stream.connect_info()
     }
 }
 
-impl AsyncRead for Connection {
+impl<S: AsyncRead + Unpin> AsyncRead for Connection<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -234,7 +263,7 @@ impl AsyncRead for Connection {
     }
 }
 
-impl AsyncWrite for Connection {
+impl<S: AsyncWrite + Unpin> AsyncWrite for Connection<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,

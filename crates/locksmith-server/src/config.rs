@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use locksmith_core::Limits;
 
+use crate::tls::TlsFiles;
+
 /// The default listen address of `locksmith serve`.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7420";
 /// The default data directory of `locksmith serve`, relative to the working directory.
@@ -112,6 +114,12 @@ pub struct ServerConfig {
     pub auto_promote_lag: Option<u64>,
     /// How often the leader sends heartbeats to the other members.
     pub raft_heartbeat: Duration,
+    /// TLS on the port, for clients and members (module `tls`); `None`
+    /// serves plaintext.
+    pub tls: Option<TlsFiles>,
+    /// The auth file (identities and their grants by name prefix, module
+    /// `auth`); `None` lets every caller do everything.
+    pub auth_file: Option<PathBuf>,
     /// Sets how long a member waits for a silent leader before it starts an
     /// election: openraft's leader lease (twice this, the longest election
     /// timeout) plus a timeout between this and twice this, at random.
@@ -161,6 +169,8 @@ impl ServerConfig {
             join: None,
             auto_promote_lag: None,
             raft_heartbeat: Duration::from_millis(50),
+            tls: None,
+            auth_file: None,
             election_timeout: Duration::from_millis(200),
         }
     }

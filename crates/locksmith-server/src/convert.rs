@@ -183,6 +183,7 @@ pub(crate) fn error_to_status(error: &pb::Error) -> Status {
         C::Conflict => Code::FailedPrecondition,
         C::LimitReached => Code::ResourceExhausted,
         C::Unavailable => Code::Unavailable,
+        C::PermissionDenied => Code::PermissionDenied,
     };
     Status::new(code, error.message.clone())
 }

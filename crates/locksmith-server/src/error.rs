@@ -53,6 +53,16 @@ pub enum ServerError {
         /// The underlying error.
         source: std::io::Error,
     },
+    /// A TLS certificate, key or CA file, or the auth file, cannot be used:
+    /// unreadable, not PEM, or (the auth file) not valid. Says which and why,
+    /// never a secret.
+    #[error("{}: {detail}", path.display())]
+    Security {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        detail: String,
+    },
     /// The gRPC transport failed.
     #[error("gRPC transport: {0}")]
     Transport(#[from] tonic::transport::Error),

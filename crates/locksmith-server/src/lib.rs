@@ -83,6 +83,7 @@
 #![deny(missing_docs)]
 
 mod accept;
+mod auth;
 mod clock;
 mod config;
 mod convert;
@@ -100,9 +101,11 @@ mod raft;
 mod service;
 mod storage;
 mod stream_queue;
+mod tls;
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -113,8 +116,10 @@ use tokio_util::sync::CancellationToken;
 
 pub use crate::config::{ServerConfig, DEFAULT_DATA_DIR, DEFAULT_LISTEN};
 pub use crate::error::ServerError;
+pub use crate::tls::TlsFiles;
 pub use locksmith_core::Limits;
 
+use crate::auth::Auth;
 use crate::core::{Core, Replica, Stats};
 use crate::http::Readiness;
 use crate::metrics::Metrics;
@@ -124,6 +129,7 @@ use crate::raft::member::Storage;
 use crate::raft::network::RaftService;
 use crate::raft::state_machine::CoreMachine;
 use crate::service::Service;
+use crate::tls::Tls;
 use locksmith_proto::raft::cluster_server::ClusterServer;
 use locksmith_proto::raft::raft_server::RaftServer;
 
@@ -155,6 +161,8 @@ pub struct Server {
     task: Option<JoinHandle<Result<(), ServerError>>>,
     stats: Arc<Stats>,
     http_addr: Option<SocketAddr>,
+    auth: Option<Arc<Auth>>,
+    tls: bool,
 }
 
 impl Server {
@@ -166,6 +174,26 @@ impl Server {
     /// started, the engine thread may be left running until the process ends.
     /// Await it to completion.
     pub async fn start(config: ServerConfig) -> Result<Server, ServerError> {
+        let tls = config.tls.as_ref().map(Tls::load).transpose()?;
+        let has_peers = config.cluster.len() > 1 || config.join.is_some();
+        if let (Some(files), Some(Tls { peer: None, .. })) = (&config.tls, &tls) {
+            if has_peers {
+                return Err(ServerError::Security {
+                    path: files.cert.clone(),
+                    detail: "members of a cluster with TLS need --tls-client-ca: they \
+                             authenticate each other with certificates it signed"
+                        .into(),
+                });
+            }
+        }
+        let auth = config.auth_file.as_deref().map(Auth::load).transpose()?;
+        if auth.is_some() && tls.is_none() {
+            tracing::warn!(
+                "authentication without TLS: tokens cross the network in the clear, \
+                 and members' traffic is not authenticated"
+            );
+        }
+        let peer_tls = tls.as_ref().and_then(|tls| tls.peer.clone());
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .map_err(|source| ServerError::Bind {
@@ -192,6 +220,7 @@ impl Server {
                     metrics.clone(),
                     readiness.clone(),
                     member.clone(),
+                    auth.is_some(),
                     stop.clone(),
                 )
                 .await?,
@@ -253,6 +282,7 @@ impl Server {
             machine,
             ops.clone(),
             proposed,
+            peer_tls.clone(),
         )
         .await?;
         metrics.follow_raft(raft.clone());
@@ -265,31 +295,47 @@ impl Server {
             let _ = serving_rx.wait_for(|serving| *serving).await;
         }
 
-        let service = Service::new(ops.clone(), unary_ids, &config);
+        let service = Service::new(ops.clone(), unary_ids, &config, auth.clone());
         let reflection = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(locksmith_proto::FILE_DESCRIPTOR_SET)
             .build_v1()
             .map_err(|e| tracing::warn!(error = %e, "gRPC reflection is off"))
             .ok();
         let stop_accepting = CancellationToken::new();
-        let incoming = accept::incoming(
-            listener,
-            accept::AcceptLimits {
-                max_connections: config.max_connections,
-                handshake_timeout: config.handshake_timeout,
-            },
-        );
-        let serve = tonic::transport::Server::builder()
+        let limits = accept::AcceptLimits {
+            max_connections: config.max_connections,
+            handshake_timeout: config.handshake_timeout,
+        };
+        let router = tonic::transport::Server::builder()
             .max_concurrent_streams(config.max_streams_per_connection)
             .http2_keepalive_interval(Some(Duration::from_secs(10)))
             .http2_keepalive_timeout(Some(Duration::from_secs(20)))
             .add_service(
                 LocksmithServer::new(service).max_decoding_message_size(config.max_message_bytes),
             )
-            .add_service(RaftServer::new(RaftService::new(raft.clone())))
-            .add_service(ClusterServer::new(ClusterService::new(raft.clone())))
-            .add_optional_service(reflection)
-            .serve_with_incoming_shutdown(incoming, stop_accepting.clone().cancelled_owned());
+            .add_service(RaftServer::new(RaftService::new(
+                raft.clone(),
+                tls.is_some(),
+            )))
+            .add_service(ClusterServer::new(ClusterService::new(
+                raft.clone(),
+                auth.clone(),
+            )))
+            .add_optional_service(reflection);
+        let stopped_accepting = stop_accepting.clone().cancelled_owned();
+        let serve: Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>> =
+            match &tls {
+                Some(tls) => {
+                    let acceptor = tls.acceptor.clone();
+                    let incoming =
+                        accept::incoming(listener, limits, move |tcp| acceptor.accept(tcp));
+                    Box::pin(router.serve_with_incoming_shutdown(incoming, stopped_accepting))
+                }
+                None => {
+                    let incoming = accept::incoming(listener, limits, |tcp| async { Ok(tcp) });
+                    Box::pin(router.serve_with_incoming_shutdown(incoming, stopped_accepting))
+                }
+            };
 
         let durable = config.data_dir.is_some();
         let serving_now = readiness.clone();
@@ -342,7 +388,7 @@ impl Server {
             // Once this member's port serves (the leader replicates to it).
             let (id, address) = (config.node_id, addr.to_string());
             tokio::spawn(async move {
-                match raft::admin::join(&through, id, &address).await {
+                match raft::admin::join(&through, id, &address, peer_tls).await {
                     Ok(()) => tracing::info!(%through, "joined the cluster as a learner"),
                     Err(error) => tracing::error!(%error, "could not join the cluster"),
                 }
@@ -350,13 +396,15 @@ impl Server {
         }
         stop_on_error.disarm();
         serving_now.set_serving(true);
-        tracing::info!(%addr, durable, "locksmith server listening");
+        tracing::info!(%addr, durable, tls = tls.is_some(), auth = auth.is_some(), "locksmith server listening");
         Ok(Server {
             addr,
             stop,
             task: Some(task),
             stats,
             http_addr,
+            tls: tls.is_some(),
+            auth,
         })
     }
 
@@ -385,9 +433,25 @@ impl Server {
         }
     }
 
-    /// The client URL of this server: `locksmith://<addr>`.
+    /// The client URL of this server: `locksmith://<addr>`, or
+    /// `locksmith+tls://<addr>` with TLS on (a client adds `?ca=FILE`).
     pub fn url(&self) -> String {
-        format!("locksmith://{}", self.addr)
+        let scheme = if self.tls {
+            "locksmith+tls"
+        } else {
+            "locksmith"
+        };
+        format!("{scheme}://{}", self.addr)
+    }
+
+    /// Reads the auth file again ([`ServerConfig::auth_file`]); if it does not
+    /// load, the previous one stays in force and the error (also logged) says
+    /// why. Does nothing without authentication.
+    pub fn reload_auth(&self) -> Result<(), String> {
+        match &self.auth {
+            Some(auth) => auth.reload(),
+            None => Ok(()),
+        }
     }
 
     /// Completes when the server stops by itself (a storage failure), with the

@@ -9,6 +9,11 @@
 //! the stream protocol ends that stream only (before anything of its batch
 //! runs); a malformed connection (garbage on the port) is closed by the HTTP/2
 //! layer before it reaches this code.
+//!
+//! With authentication on, every call first identifies its caller and every
+//! request is checked against the caller's grants (module `auth`, which
+//! decides): a denied request is answered `PERMISSION_DENIED` before it
+//! reaches the core, and listings leave out what the caller may not inspect.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -24,6 +29,7 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::auth::{Auth, Caller, Permission};
 use crate::config::ServerConfig;
 use crate::convert::{self, check_label};
 use crate::op::{
@@ -48,6 +54,8 @@ pub(crate) struct Service {
     /// Session streams per client connection (by peer address).
     per_connection: Arc<Mutex<HashMap<SocketAddr, usize>>>,
     max_per_connection: usize,
+    /// The auth file in force; `None`: authentication is off.
+    auth: Option<Arc<Auth>>,
 }
 
 /// One session stream's place in the per-connection count, given back on drop.
@@ -73,6 +81,7 @@ impl Service {
         core: Sender<Op>,
         unary_ids: Arc<AtomicU64>,
         config: &ServerConfig,
+        auth: Option<Arc<Auth>>,
     ) -> Service {
         Service {
             core,
@@ -87,7 +96,14 @@ impl Service {
                 .min(config.limits.max_ttl),
             per_connection: Arc::default(),
             max_per_connection: config.max_sessions_per_connection,
+            auth,
         }
+    }
+
+    /// Who is calling: `UNAUTHENTICATED` with authentication on and no valid
+    /// credentials.
+    fn caller<T>(&self, request: &Request<T>) -> Result<Caller, Status> {
+        Caller::of(self.auth.as_ref(), request)
     }
 
     /// Counts a new session stream on the peer's connection, refusing it past
@@ -184,6 +200,8 @@ struct StreamReader {
     peer: Option<SocketAddr>,
     /// Session TTL bounds, inclusive.
     ttl: (Millis, Millis),
+    /// Whose stream it is: each request is checked against its grants.
+    caller: Caller,
 }
 
 impl StreamReader {
@@ -344,6 +362,30 @@ impl StreamReader {
             }
             Some(Kind::Request(request)) => {
                 let id = request.id;
+                let permitted = match &request.op {
+                    Some(pb::request::Op::Acquire(acquire)) => self
+                        .caller
+                        .check(Permission::Lock, acquire.names.iter().map(String::as_str)),
+                    Some(pb::request::Op::Release(r)) => {
+                        self.caller.check(Permission::Lock, [r.name.as_str()])
+                    }
+                    Some(pb::request::Op::Renew(r)) => {
+                        self.caller.check(Permission::Lock, [r.name.as_str()])
+                    }
+                    None => Ok(()),
+                };
+                match permitted {
+                    Ok(()) => {}
+                    // The identity left the auth file: the stream ends.
+                    Err(status) if status.code() == tonic::Code::Unauthenticated => {
+                        return Err(status)
+                    }
+                    Err(status) => {
+                        let error =
+                            convert::error(pb::ErrorCode::PermissionDenied, status.message());
+                        return Ok(StreamOp::Invalid { id, error });
+                    }
+                }
                 let checked = match request.op {
                     None => Err(invalid("request without an operation")),
                     Some(pb::request::Op::Acquire(acquire)) => {
@@ -422,6 +464,7 @@ impl Locksmith for Service {
         &self,
         request: Request<Streaming<pb::ClientBatch>>,
     ) -> Result<Response<Self::SessionStream>, Status> {
+        let caller = self.caller(&request)?;
         let peer = request.remote_addr();
         let slot = self.take_slot(peer)?;
         let (tx, rx) = stream_queue(self.max_stream_backlog);
@@ -431,6 +474,7 @@ impl Locksmith for Service {
             ttl: (self.min_session_ttl, self.max_session_ttl),
             stream: self.next_stream.fetch_add(1, Ordering::Relaxed),
             max_label: self.max_label,
+            caller,
         };
         let open_timeout = self.open_timeout;
         tokio::spawn(async move {
@@ -444,10 +488,12 @@ impl Locksmith for Service {
         &self,
         request: Request<pb::AcquireLeaseRequest>,
     ) -> Result<Response<pb::AcquireLeaseResponse>, Status> {
+        let caller = self.caller(&request)?;
         let acquire = request
             .into_inner()
             .acquire
             .ok_or_else(|| Status::invalid_argument("acquire is required"))?;
+        caller.check(Permission::Lock, acquire.names.iter().map(String::as_str))?;
         if acquire.lease_ms.is_none() {
             return Err(Status::invalid_argument(
                 "lease_ms is required: a hold without a session lives by its lease",
@@ -479,10 +525,12 @@ impl Locksmith for Service {
         &self,
         request: Request<pb::ReleaseRequest>,
     ) -> Result<Response<pb::ReleaseResponse>, Status> {
+        let caller = self.caller(&request)?;
         let release = request
             .into_inner()
             .release
             .ok_or_else(|| Status::invalid_argument("release is required"))?;
+        caller.check(Permission::Lock, [release.name.as_str()])?;
         let hold = hold_args(release.name, release.owner, release.token, self.max_label)
             .map_err(status_of)?;
         self.call(|reply| Op::Release { hold, reply }).await
@@ -492,10 +540,12 @@ impl Locksmith for Service {
         &self,
         request: Request<pb::RenewRequest>,
     ) -> Result<Response<pb::RenewResponse>, Status> {
+        let caller = self.caller(&request)?;
         let renew = request
             .into_inner()
             .renew
             .ok_or_else(|| Status::invalid_argument("renew is required"))?;
+        caller.check(Permission::Lock, [renew.name.as_str()])?;
         let hold =
             hold_args(renew.name, renew.owner, renew.token, self.max_label).map_err(status_of)?;
         let lease: Millis = renew.lease_ms;
@@ -506,8 +556,10 @@ impl Locksmith for Service {
         &self,
         request: Request<pb::DescribeRequest>,
     ) -> Result<Response<pb::DescribeResponse>, Status> {
+        let caller = self.caller(&request)?;
         let name = request.into_inner().name;
         check_name(&name)?;
+        caller.check(Permission::Inspect, [name.as_str()])?;
         self.call(|reply| Op::Describe { name, reply }).await
     }
 
@@ -515,24 +567,32 @@ impl Locksmith for Service {
         &self,
         request: Request<pb::ListRequest>,
     ) -> Result<Response<pb::ListResponse>, Status> {
+        let caller = self.caller(&request)?;
         let request = request.into_inner();
         let limit = match request.limit as usize {
             0 => self.max_list_page,
             limit => limit.min(self.max_list_page),
         };
-        self.call(|reply| Op::List {
-            prefix: request.prefix,
-            after: request.after,
-            limit,
-            reply,
-        })
-        .await
+        let mut page = self
+            .call(|reply| Op::List {
+                prefix: request.prefix,
+                after: request.after,
+                limit,
+                reply,
+            })
+            .await?;
+        // The paging cursor stays: a page may come back thinner, not shorter.
+        let visible = caller.allowed(Permission::Inspect);
+        page.get_mut().locks.retain(|lock| visible(&lock.name));
+        Ok(page)
     }
 
     async fn list_sessions(
         &self,
-        _request: Request<pb::ListSessionsRequest>,
+        request: Request<pb::ListSessionsRequest>,
     ) -> Result<Response<pb::ListSessionsResponse>, Status> {
+        // Sessions span names: inspecting them takes inspect on every name.
+        self.caller(&request)?.check_all(Permission::Inspect)?;
         self.call(|reply| Op::ListSessions { reply }).await
     }
 
@@ -540,16 +600,25 @@ impl Locksmith for Service {
         &self,
         request: Request<pb::HistoryRequest>,
     ) -> Result<Response<pb::HistoryResponse>, Status> {
+        let caller = self.caller(&request)?;
         let prefix = request.into_inner().prefix;
-        self.call(|reply| Op::History { prefix, reply }).await
+        let mut history = self.call(|reply| Op::History { prefix, reply }).await?;
+        let visible = caller.allowed(Permission::Inspect);
+        history
+            .get_mut()
+            .grants
+            .retain(|grant| visible(&grant.name));
+        Ok(history)
     }
 
     async fn force_release(
         &self,
         request: Request<pb::ForceReleaseRequest>,
     ) -> Result<Response<pb::ForceReleaseResponse>, Status> {
+        let caller = self.caller(&request)?;
         let name = request.into_inner().name;
         check_name(&name)?;
+        caller.check(Permission::Admin, [name.as_str()])?;
         tracing::info!(lock = %name, "force release");
         self.call(|reply| Op::ForceRelease { name, reply }).await
     }
@@ -558,6 +627,8 @@ impl Locksmith for Service {
         &self,
         request: Request<pb::EndSessionRequest>,
     ) -> Result<Response<pb::EndSessionResponse>, Status> {
+        // A session spans names: ending it takes admin on every name.
+        self.caller(&request)?.check_all(Permission::Admin)?;
         let session = SessionId(request.into_inner().session_id);
         self.call(|reply| Op::EndSession { session, reply }).await
     }
@@ -566,6 +637,8 @@ impl Locksmith for Service {
         &self,
         request: Request<pb::CloseSessionRequest>,
     ) -> Result<Response<pb::CloseSessionResponse>, Status> {
+        // The session's secret shows it is the caller's own.
+        self.caller(&request)?;
         let request = request.into_inner();
         let secret = secret_of(&request.secret)
             .ok_or_else(|| Status::invalid_argument("a session secret is 16 bytes"))?;

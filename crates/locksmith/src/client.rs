@@ -72,7 +72,7 @@ impl std::fmt::Debug for Client {
 
 impl Client {
     /// Connects with default options. The URL scheme picks the backend:
-    /// `memory://[table]`, `locksmith://host:port`, `redis://`, `rediss://`,
+    /// `memory://[table]`, `locksmith://host:port`, `locksmith+tls://…`, `redis://`, `rediss://`,
     /// `redis+redlock://h1,h2,h3`, `redis+sentinel://s1,s2/master`,
     /// `redis+cluster://h1,h2`, `zk://hosts/chroot`, `etcd://hosts`,
     /// `postgres://…`.
@@ -119,7 +119,7 @@ impl Client {
                 #[cfg(not(feature = "memory"))]
                 return Err(not_enabled(scheme, "memory"));
             }
-            "locksmith" => backend!("server", server::ServerBackend),
+            "locksmith" | "locksmith+tls" => backend!("server", server::ServerBackend),
             "redis" | "rediss" | "redis+redlock" | "redis+sentinel" | "rediss+sentinel"
             | "redis+cluster" | "rediss+cluster" => backend!("redis", redis::RedisBackend),
             "zk" | "zookeeper" => backend!("zookeeper", zookeeper::ZooKeeperBackend),

@@ -76,6 +76,13 @@ pub enum Error {
     /// A limit of the backend was reached.
     #[error("limit reached: {0}")]
     LimitReached(String),
+    /// The store refused the caller's credentials, or got none where it
+    /// requires them (a lock server with authentication on).
+    #[error("unauthenticated: {0}")]
+    Unauthenticated(String),
+    /// The caller's identity may not do this to this lock; nothing changed.
+    #[error("permission denied: {0}")]
+    PermissionDenied(String),
     /// The backend cannot do this (for example lock-delay on a store without it).
     #[error("not supported by the {backend} backend: {what}")]
     Unsupported {

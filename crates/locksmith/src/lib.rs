@@ -87,7 +87,7 @@ with a message saying so (they work in `tokio::task::spawn_blocking`).
 //! | URL | feature |
 //! |---|---|
 //! | `memory://[table]` | `memory` (default) |
-//! | `locksmith://host:port` | `server` |
+//! | `locksmith://host:port[,…]`, `locksmith+tls://host:port[,…]?ca=FILE` | `server` |
 //! | `redis://`, `rediss://`, `redis+redlock://h1,h2,h3` | `redis` |
 //! | `zk://host:port[,…]/chroot` | `zookeeper` |
 //! | `etcd://host:port[,…]` | `etcd` |

@@ -69,7 +69,7 @@ impl Kind {
     pub fn of_url(url: &str) -> Option<Kind> {
         let scheme = url.split_once("://")?.0;
         Some(match scheme {
-            "locksmith" => Kind::Server,
+            "locksmith" | "locksmith+tls" => Kind::Server,
             "memory" => Kind::Memory,
             "redis" | "rediss" => Kind::Redis,
             "redis+sentinel" | "rediss+sentinel" => Kind::RedisSentinel,

@@ -665,7 +665,10 @@ fn replace_leader(cluster: &ServeCluster) -> Result<String, String> {
         .map_err(|e| e.to_string())?;
     let change = |command| {
         let members: Vec<String> = cluster.members().iter().map(|m| m.address()).collect();
-        runtime.block_on(crate::cluster::change(&members, command))
+        let url =
+            locksmith::server::ServerUrl::parse(&format!("locksmith://{}", members.join(",")))
+                .map_err(|e| e.to_string())?;
+        runtime.block_on(crate::cluster::change(&url, command))
     };
     let started = std::time::Instant::now();
     let new = cluster.start_spare()?;

@@ -277,7 +277,7 @@ impl UrlHosts {
             .split_once("://")
             .ok_or_else(|| format!("{url:?} is not a URL"))?;
         let default_port = match scheme {
-            "locksmith" => 7420,
+            "locksmith" | "locksmith+tls" => 7420,
             "redis" | "rediss" | "redis+redlock" | "redis+cluster" | "rediss+cluster" => 6379,
             "redis+sentinel" | "rediss+sentinel" => 26379,
             "zk" | "zookeeper" => 2181,

@@ -5,6 +5,8 @@
 //! and data directory for the fault tests.
 #![allow(dead_code)]
 
+pub mod pki;
+
 use std::net::{Ipv4Addr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::time::Duration;

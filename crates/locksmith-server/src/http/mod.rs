@@ -12,6 +12,11 @@
 //! | `/api/history?prefix=P` | recent grants (module `history`) |
 //! | `/api/cluster` | the Raft group's members as this member sees them (what `locksmith cluster status` shows); 503 before the member has started |
 //!
+//! With authentication on (`--auth-file`), only `/metrics`, `/healthz` and
+//! `/readyz` are served: they name no lock, owner or session. The page and
+//! its API answer 403: the gRPC API, which checks each caller's grants, is
+//! the way to inspect locks then.
+//!
 //! The listener starts before recovery, so health and metrics answer while a
 //! large log replays. The API asks the core with the same ops as the gRPC
 //! inspection calls (`List`, `ListSessions`, `History`), at most
@@ -100,6 +105,7 @@ pub(crate) async fn start(
     metrics: Arc<Metrics>,
     readiness: Arc<Readiness>,
     member: Arc<OnceLock<Raft>>,
+    auth_on: bool,
     stop: CancellationToken,
 ) -> Result<SocketAddr, ServerError> {
     let bind_error = |source| ServerError::Bind { addr, source };
@@ -115,17 +121,27 @@ pub(crate) async fn start(
         member,
     };
     let router = Router::new()
-        .route("/", get(page))
-        .route("/page.js", get(script))
-        .route("/page.css", get(style))
         .route("/metrics", get(prometheus))
         .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(ready))
-        .route("/api/locks", get(locks))
-        .route("/api/sessions", get(sessions))
-        .route("/api/history", get(history))
-        .route("/api/cluster", get(cluster))
-        .with_state(state);
+        .route("/readyz", get(ready));
+    let router = if auth_on {
+        router.fallback(|| async {
+            (
+                StatusCode::FORBIDDEN,
+                "authentication is on: locks and sessions are inspected through the gRPC API\n",
+            )
+        })
+    } else {
+        router
+            .route("/", get(page))
+            .route("/page.js", get(script))
+            .route("/page.css", get(style))
+            .route("/api/locks", get(locks))
+            .route("/api/sessions", get(sessions))
+            .route("/api/history", get(history))
+            .route("/api/cluster", get(cluster))
+    };
+    let router = router.with_state(state);
     tokio::spawn(async move {
         let served = axum::serve(listener, router)
             .with_graceful_shutdown(stop.cancelled_owned())

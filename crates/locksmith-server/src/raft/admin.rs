@@ -20,15 +20,23 @@ use tonic::{Request, Response, Status};
 use openraft::raft::ClientWriteResponse;
 
 use super::{Raft, TypeConfig};
+use crate::auth::{Auth, Caller, Permission};
+use std::sync::Arc;
 
 /// The `Cluster` service of one member.
 pub(crate) struct ClusterService {
     raft: Raft,
+    auth: Option<Arc<Auth>>,
 }
 
 impl ClusterService {
-    pub(crate) fn new(raft: Raft) -> ClusterService {
-        ClusterService { raft }
+    pub(crate) fn new(raft: Raft, auth: Option<Arc<Auth>>) -> ClusterService {
+        ClusterService { raft, auth }
+    }
+
+    /// Membership changes need `admin` on every name (module `auth`).
+    fn admin<T>(&self, request: &Request<T>) -> Result<(), Status> {
+        Caller::of(self.auth.as_ref(), request)?.check_all(Permission::Admin)
     }
 
     /// Refuses a change on a member that does not lead, naming the leader.
@@ -96,8 +104,9 @@ fn changed(
 impl pb::cluster_server::Cluster for ClusterService {
     async fn status(
         &self,
-        _: Request<pb::StatusRequest>,
+        request: Request<pb::StatusRequest>,
     ) -> Result<Response<pb::ClusterStatus>, Status> {
+        Caller::of(self.auth.as_ref(), &request)?;
         Ok(Response::new(cluster_status(&self.raft)))
     }
 
@@ -105,6 +114,7 @@ impl pb::cluster_server::Cluster for ClusterService {
         &self,
         request: Request<pb::AddLearnerRequest>,
     ) -> Result<Response<pb::ChangeResponse>, Status> {
+        self.admin(&request)?;
         let pb::AddLearnerRequest { id, address } = request.into_inner();
         if id == 0 {
             return Err(Status::invalid_argument("a member id is a number above 0"));
@@ -135,6 +145,7 @@ impl pb::cluster_server::Cluster for ClusterService {
         &self,
         request: Request<pb::MemberRequest>,
     ) -> Result<Response<pb::ChangeResponse>, Status> {
+        self.admin(&request)?;
         let id = request.into_inner().id;
         self.leading()?;
         if !self.is_member(id) {
@@ -154,6 +165,7 @@ impl pb::cluster_server::Cluster for ClusterService {
         &self,
         request: Request<pb::MemberRequest>,
     ) -> Result<Response<pb::ChangeResponse>, Status> {
+        self.admin(&request)?;
         let id = request.into_inner().id;
         self.leading()?;
         if !self.is_member(id) {
@@ -180,6 +192,7 @@ impl pb::cluster_server::Cluster for ClusterService {
         &self,
         request: Request<pb::MemberRequest>,
     ) -> Result<Response<pb::ChangeResponse>, Status> {
+        self.admin(&request)?;
         let id = request.into_inner().id;
         self.leading()?;
         if !self.voters().contains(&id) {
@@ -203,7 +216,12 @@ impl pb::cluster_server::Cluster for ClusterService {
 ///
 /// Cancel safety: safe; a dropped join may have added the member already,
 /// and a second one finds it added.
-pub(crate) async fn join(through: &str, id: u64, address: &str) -> Result<(), String> {
+pub(crate) async fn join(
+    through: &str,
+    id: u64,
+    address: &str,
+    tls: Option<tonic::transport::ClientTlsConfig>,
+) -> Result<(), String> {
     let mut queue: VecDeque<String> = through
         .split(',')
         .map(str::trim)
@@ -215,16 +233,17 @@ pub(crate) async fn join(through: &str, id: u64, address: &str) -> Result<(), St
         let Some(target) = queue.pop_front() else {
             break;
         };
-        let mut client =
-            match pb::cluster_client::ClusterClient::connect(format!("http://{target}")).await {
-                Ok(client) => client,
-                Err(e) => {
-                    last = format!("cannot reach {target}: {e}");
-                    queue.push_back(target);
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                    continue;
-                }
-            };
+        let endpoint = super::network::peer_endpoint(&target, tls.clone())
+            .map_err(|e| format!("member address {target:?}: {e}"))?;
+        let mut client = match endpoint.connect().await {
+            Ok(channel) => pb::cluster_client::ClusterClient::new(channel),
+            Err(e) => {
+                last = format!("cannot reach {target}: {e}");
+                queue.push_back(target);
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            }
+        };
         let request = pb::AddLearnerRequest {
             id,
             address: address.to_owned(),

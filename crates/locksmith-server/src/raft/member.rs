@@ -131,10 +131,12 @@ pub(crate) async fn start(
     machine: CoreMachine,
     core: Sender<Op>,
     proposals: UnboundedReceiver<Proposed>,
+    tls: Option<tonic::transport::ClientTlsConfig>,
 ) -> Result<Raft, ServerError> {
     let raft_config = Arc::new(raft_config(config)?);
     let network = PeerNetwork {
         snapshot_rate: SNAPSHOT_RATE,
+        tls,
     };
     let raft = Raft::new(config.node_id, raft_config, network, log, machine)
         .await

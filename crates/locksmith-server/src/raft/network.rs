@@ -33,10 +33,11 @@ use openraft::type_config::alias::{SnapshotMetaOf, SnapshotOf, VoteOf};
 use openraft::BasicNode;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::TypeConfig;
+use crate::auth::check_member;
 
 /// Bytes of snapshot per chunk on the wire.
 pub(crate) const SNAPSHOT_CHUNK: usize = 1 << 20;
@@ -50,6 +51,8 @@ const MAX_SNAPSHOT_BYTES: usize = 16 << 30;
 pub(crate) struct PeerNetwork {
     /// Bytes per second a snapshot is sent at, at most.
     pub snapshot_rate: u64,
+    /// With TLS on: this member's certificate and the CA of its peers'.
+    pub tls: Option<ClientTlsConfig>,
 }
 
 impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
@@ -58,8 +61,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
     /// Does not connect: the channel connects on first use and reconnects by
     /// itself, as openraft expects of a factory.
     async fn new_client(&mut self, _target: u64, node: &BasicNode) -> Peer {
-        let uri = format!("http://{}", node.addr);
-        let channel = match Endpoint::from_shared(uri.clone()) {
+        let channel = match peer_endpoint(&node.addr, self.tls.clone()) {
             Ok(endpoint) => Some(
                 endpoint
                     .connect_timeout(Duration::from_secs(1))
@@ -67,7 +69,8 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
                     .connect_lazy(),
             ),
             Err(error) => {
-                tracing::error!(%uri, %error, "a member's address is not a valid URI");
+                let addr = &node.addr;
+                tracing::error!(%addr, %error, "a member's address is not a valid URI");
                 None
             }
         };
@@ -76,6 +79,18 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
             client: channel.map(RaftClient::new),
             snapshot_rate: self.snapshot_rate,
         }
+    }
+}
+
+/// The endpoint of the member at `addr` (`host:port`): over TLS with
+/// `tls`, presenting this member's certificate.
+pub(crate) fn peer_endpoint(
+    addr: &str,
+    tls: Option<ClientTlsConfig>,
+) -> Result<Endpoint, tonic::transport::Error> {
+    match tls {
+        Some(tls) => Endpoint::from_shared(format!("https://{addr}"))?.tls_config(tls),
+        None => Endpoint::from_shared(format!("http://{addr}")),
     }
 }
 
@@ -227,14 +242,17 @@ where
     SM: RaftStateMachine<TypeConfig, SnapshotData = Cursor<Vec<u8>>>,
 {
     raft: openraft::Raft<TypeConfig, SM>,
+    /// Whether the port speaks TLS: then only members with a verified
+    /// certificate are heard.
+    tls: bool,
 }
 
 impl<SM> RaftService<SM>
 where
     SM: RaftStateMachine<TypeConfig, SnapshotData = Cursor<Vec<u8>>>,
 {
-    pub(crate) fn new(raft: openraft::Raft<TypeConfig, SM>) -> Self {
-        RaftService { raft }
+    pub(crate) fn new(raft: openraft::Raft<TypeConfig, SM>, tls: bool) -> Self {
+        RaftService { raft, tls }
     }
 }
 
@@ -244,11 +262,13 @@ where
     SM: RaftStateMachine<TypeConfig, SnapshotData = Cursor<Vec<u8>>>,
 {
     async fn append(&self, request: Request<pb::Payload>) -> Result<Response<pb::Payload>, Status> {
+        check_member(self.tls, &request)?;
         let request: AppendEntriesRequest<TypeConfig> = decode_request(request)?;
         reply(&self.raft.append_entries(request).await)
     }
 
     async fn vote(&self, request: Request<pb::Payload>) -> Result<Response<pb::Payload>, Status> {
+        check_member(self.tls, &request)?;
         let request: VoteRequest<TypeConfig> = decode_request(request)?;
         reply(&self.raft.vote(request).await)
     }
@@ -257,6 +277,7 @@ where
         &self,
         request: Request<pb::Payload>,
     ) -> Result<Response<pb::Payload>, Status> {
+        check_member(self.tls, &request)?;
         let request: TransferLeaderRequest<TypeConfig> = decode_request(request)?;
         reply(&self.raft.handle_transfer_leader(request).await)
     }
@@ -266,6 +287,7 @@ where
         &self,
         request: Request<Streaming<pb::SnapshotChunk>>,
     ) -> Result<Response<pb::Payload>, Status> {
+        check_member(self.tls, &request)?;
         let mut chunks = request.into_inner();
         let first = chunks
             .message()

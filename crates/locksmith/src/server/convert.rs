@@ -89,6 +89,7 @@ pub(super) fn error(error: pb::Error) -> Error {
         },
         C::LimitReached => Error::LimitReached(error.message),
         C::UnknownSession => Error::Lost(error.message),
+        C::PermissionDenied => Error::PermissionDenied(error.message),
         C::Internal | C::Unavailable => Error::backend(BACKEND, error.message),
     }
 }
@@ -98,6 +99,8 @@ pub(super) fn status(status: Status) -> Error {
     match status.code() {
         Code::InvalidArgument => Error::InvalidArgument(status.message().to_owned()),
         Code::ResourceExhausted => Error::LimitReached(status.message().to_owned()),
+        Code::PermissionDenied => Error::PermissionDenied(status.message().to_owned()),
+        Code::Unauthenticated => Error::Unauthenticated(status.message().to_owned()),
         _ => Error::backend(BACKEND, status),
     }
 }

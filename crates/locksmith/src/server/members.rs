@@ -13,10 +13,10 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use locksmith_proto::v1::locksmith_client::LocksmithClient;
-use tonic::transport::{Channel, Endpoint};
 use tonic::Status;
 
-use super::{invalid_url, DEFAULT_PORT, MAX_RESPONSE_BYTES};
+use super::url::{ServerUrl, Stub};
+use super::MAX_RESPONSE_BYTES;
 use crate::error::Result;
 
 /// One member: its address and a lazily connected channel to it.
@@ -24,26 +24,32 @@ use crate::error::Result;
 struct Member {
     /// `host:port`.
     addr: String,
-    client: LocksmithClient<Channel>,
+    client: Stub,
 }
 
 /// The members and which one is current.
 pub(super) struct Members {
     members: Mutex<Vec<Member>>,
     current: AtomicUsize,
+    /// How to reach a member (TLS, credentials), for those added later.
+    url: ServerUrl,
 }
 
 impl Members {
-    /// Parses `locksmith://host[:port][,host[:port]...]`. Connects to nothing
-    /// yet: each channel connects on first use and reconnects by itself.
+    /// Parses `locksmith[+tls]://host[:port][,host[:port]...][?options]`
+    /// (module `url`). Connects to nothing yet: each channel connects on
+    /// first use and reconnects by itself.
     pub(super) fn parse(url: &str) -> Result<Members> {
-        let members = addresses(url)?
-            .into_iter()
-            .map(|addr| member(url, addr))
+        let url = ServerUrl::parse(url)?;
+        let members = url
+            .addresses()
+            .iter()
+            .map(|addr| member(&url, addr.clone()))
             .collect::<Result<Vec<_>>>()?;
         Ok(Members {
             members: Mutex::new(members),
             current: AtomicUsize::new(0),
+            url,
         })
     }
 
@@ -63,7 +69,7 @@ impl Members {
 
     /// The member to talk to: its position (for [`Members::failed`]), its
     /// address and a client.
-    pub(super) fn current(&self) -> (usize, String, LocksmithClient<Channel>) {
+    pub(super) fn current(&self) -> (usize, String, Stub) {
         let list = self.list();
         let at = self.current.load(Ordering::Acquire) % list.len();
         (at, list[at].addr.clone(), list[at].client.clone())
@@ -87,7 +93,7 @@ impl Members {
         let mut list = self.list();
         let at = match list.iter().position(|m| m.addr == leader) {
             Some(at) => at,
-            None => match member(&leader, leader.clone()) {
+            None => match member(&self.url, leader.clone()) {
                 Ok(new) => {
                     list.push(new);
                     list.len() - 1
@@ -108,9 +114,9 @@ pub(super) fn leader_of(status: &Status) -> Option<String> {
     (!leader.is_empty()).then(|| leader.to_owned())
 }
 
-fn member(url: &str, addr: String) -> Result<Member> {
-    let channel = Endpoint::from_shared(format!("http://{addr}"))
-        .map_err(|e| invalid_url(url, e.to_string()))?
+fn member(url: &ServerUrl, addr: String) -> Result<Member> {
+    let channel = url
+        .endpoint(&addr)?
         .connect_timeout(Duration::from_secs(5))
         .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(10))
@@ -119,46 +125,9 @@ fn member(url: &str, addr: String) -> Result<Member> {
         .connect_lazy();
     Ok(Member {
         addr,
-        client: LocksmithClient::new(channel).max_decoding_message_size(MAX_RESPONSE_BYTES),
+        client: LocksmithClient::with_interceptor(channel, url.credentials())
+            .max_decoding_message_size(MAX_RESPONSE_BYTES),
     })
-}
-
-/// The `host:port` of each member of a `locksmith://` URL, in order.
-fn addresses(url: &str) -> Result<Vec<String>> {
-    let authority = url.strip_prefix("locksmith://").ok_or_else(|| {
-        invalid_url(
-            url,
-            "expected locksmith://host[:port][,host[:port]...]".into(),
-        )
-    })?;
-    let authority = match authority.find(['/', '?', '#']) {
-        Some(at) if !authority[at..].trim_start_matches('/').is_empty() => {
-            return Err(invalid_url(
-                url,
-                "locksmith://host[:port][,...] takes no path or options".into(),
-            ))
-        }
-        Some(at) => &authority[..at],
-        None => authority,
-    };
-    let mut addresses = Vec::new();
-    for part in authority.split(',') {
-        // Each member through the URL parser, which checks hosts and ports.
-        let parsed = url::Url::parse(&format!("locksmith://{part}"))
-            .map_err(|e| invalid_url(url, format!("member {part:?}: {e}")))?;
-        let host = parsed
-            .host_str()
-            .filter(|h| !h.is_empty())
-            .ok_or_else(|| invalid_url(url, format!("member {part:?} has no host")))?;
-        if !parsed.username().is_empty() || parsed.password().is_some() {
-            return Err(invalid_url(url, "members take no user or password".into()));
-        }
-        let addr = format!("{host}:{}", parsed.port().unwrap_or(DEFAULT_PORT));
-        if !addresses.contains(&addr) {
-            addresses.push(addr);
-        }
-    }
-    Ok(addresses)
 }
 
 /// Rounds over the members while none serves: each member once per round,
@@ -214,40 +183,6 @@ pub(super) fn member_down(status: &Status) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::Error;
-
-    #[test]
-    fn one_or_many_members() {
-        assert_eq!(
-            addresses("locksmith://127.0.0.1:7000").unwrap(),
-            ["127.0.0.1:7000"]
-        );
-        assert_eq!(
-            addresses("locksmith://example.org").unwrap(),
-            ["example.org:7420"]
-        );
-        assert_eq!(addresses("locksmith://[::1]:9/").unwrap(), ["[::1]:9"]);
-        assert_eq!(
-            addresses("locksmith://a:1,b,[::1]:3,a:1").unwrap(),
-            ["a:1", "b:7420", "[::1]:3"],
-            "in order, default port, duplicates once"
-        );
-        for bad in [
-            "locksmith://",
-            "locksmith://h:1/path",
-            "locksmith://h?x=1",
-            "locksmith://a:1,",
-            "locksmith://a:1,,b:2",
-            "locksmith://a:99999",
-            "locksmith://u:p@h:1",
-            "http://h",
-        ] {
-            assert!(
-                matches!(addresses(bad), Err(Error::InvalidUrl { .. })),
-                "{bad}"
-            );
-        }
-    }
 
     #[tokio::test]
     async fn a_redirect_makes_the_leader_current_and_adds_a_new_one() {

@@ -1,5 +1,8 @@
 //! `locksmith://host[:port][,host[:port]...]`: the locksmith lock server
-//! (default port 7420), one server or the members of a cluster.
+//! (default port 7420), one server or the members of a cluster;
+//! `locksmith+tls://…?ca=FILE[&cert=FILE&key=FILE]` over TLS. A bearer token
+//! for a server with authentication on comes from `LOCKSMITH_TOKEN` or
+//! `?token_file=FILE` ([`ServerUrl`]).
 //!
 //! The server (crate `locksmith-server`, started with `locksmith serve`) runs
 //! the same lock engine as `memory://`, durably, behind gRPC (package
@@ -58,16 +61,17 @@
 mod convert;
 mod members;
 mod session;
+mod url;
+
+pub use url::{Credentials, ServerUrl, Stub, TOKEN_ENV};
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use locksmith_proto::v1 as pb;
-use locksmith_proto::v1::locksmith_client::LocksmithClient;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
-use tonic::transport::Channel;
 
 use crate::backend::{
     AcquireRequest, Backend, Capabilities, Grant, GrantRecord, Hold, LockInfo, Wait,
@@ -126,7 +130,7 @@ impl ServerBackend {
         call: F,
     ) -> std::result::Result<T, tonic::Status>
     where
-        F: Fn(LocksmithClient<Channel>) -> Fut,
+        F: Fn(Stub) -> Fut,
         Fut: std::future::Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
     {
         let members = &self.shared.members;

@@ -1,0 +1,75 @@
+//! The conformance suite, unchanged, against a `locksmith serve` process with
+//! TLS (and a client CA) and authentication on: the client connects with
+//! `locksmith+tls://` and a token whose identity may do everything, so every
+//! behaviour must come out the same as in plaintext.
+
+#[path = "../../locksmith/tests/conformance/mod.rs"]
+mod conformance;
+mod server_support;
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use locksmith::{Client, ConnectOptions};
+use server_support::pki::{sha256_hex, Pki};
+use server_support::ServerProcess;
+
+const TOKEN: &str = "conformance-token-7f3a9c";
+
+struct Harness {
+    url: String,
+}
+
+impl conformance::Harness for Harness {
+    async fn connect(&self, session_ttl: Duration) -> Client {
+        let options = ConnectOptions {
+            session_ttl,
+            ..ConnectOptions::default()
+        };
+        Client::connect_with(&self.url, options)
+            .await
+            .unwrap_or_else(|e| panic!("connect to {}: {e}", self.url))
+    }
+
+    fn short_ttl(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+}
+
+/// One server process (and its certificates) for the whole test binary.
+async fn server() -> Harness {
+    static SERVER: OnceLock<(Pki, ServerProcess)> = OnceLock::new();
+    let (pki, server) = SERVER.get_or_init(|| {
+        let pki = Pki::new();
+        pki.issue("ca", "server");
+        std::fs::write(pki.path("client.token"), TOKEN).unwrap();
+        std::fs::write(
+            pki.path("auth.toml"),
+            format!(
+                "[[identity]]\nname = \"suite\"\ntoken_sha256 = \"{}\"\n\
+                 grants = [ {{ prefix = \"*\", permissions = [\"lock\", \"inspect\", \"admin\"] }} ]\n",
+                sha256_hex(TOKEN)
+            ),
+        )
+        .unwrap();
+        let mut args = pki.serve_args("server");
+        args.extend(["--auth-file".into(), pki.path_str("auth.toml")]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let server = ServerProcess::start_with(&args);
+        (pki, server)
+    });
+    server.assert_running();
+    Harness {
+        url: format!(
+            "locksmith+tls://127.0.0.1:{}?ca={}&token_file={}",
+            server.port(),
+            pki.path_str("ca.pem"),
+            pki.path_str("client.token")
+        ),
+    }
+}
+
+conformance::suite!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    server()
+);

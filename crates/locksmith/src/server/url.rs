@@ -1,0 +1,287 @@
+//! A lock server's URL: its members, and how to reach them (plaintext or
+//! TLS) with which credentials.
+//!
+//! - `locksmith://host[:port][,host[:port]...][?token_file=FILE]`
+//! - `locksmith+tls://host[:port][,...]?ca=FILE[&cert=FILE&key=FILE][&token_file=FILE]`:
+//!   TLS, checking the server's certificate against the CA in `ca`; with
+//!   `cert` and `key`, a client certificate too (mutual TLS), which a server
+//!   with authentication on takes as the client's identity.
+//!
+//! The bearer token comes from the file `token_file` names, or else from the
+//! environment variable `LOCKSMITH_TOKEN`, never from the URL itself, so it
+//! shows neither in `ps` nor in messages. It goes with every call as
+//! `authorization: Bearer <token>`, marked sensitive.
+
+use std::path::Path;
+
+use locksmith_proto::v1::locksmith_client::LocksmithClient;
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::interceptor::InterceptedService;
+use tonic::service::Interceptor;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+
+use super::{invalid_url, DEFAULT_PORT};
+use crate::error::Result;
+
+/// The environment variable a client takes its bearer token from (unless the
+/// URL names a `token_file`).
+pub const TOKEN_ENV: &str = "LOCKSMITH_TOKEN";
+
+/// The lock service's client stub with the URL's credentials on every call.
+pub type Stub = LocksmithClient<InterceptedService<Channel, Credentials>>;
+
+/// Adds the bearer token, if any, to every call (a tonic [`Interceptor`]).
+#[derive(Clone, Default)]
+pub struct Credentials {
+    authorization: Option<MetadataValue<Ascii>>,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let token = self.authorization.as_ref().map(|_| "***");
+        f.debug_struct("Credentials")
+            .field("token", &token)
+            .finish()
+    }
+}
+
+impl Interceptor for Credentials {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> std::result::Result<tonic::Request<()>, tonic::Status> {
+        if let Some(value) = &self.authorization {
+            request
+                .metadata_mut()
+                .insert("authorization", value.clone());
+        }
+        Ok(request)
+    }
+}
+
+/// A parsed `locksmith://` or `locksmith+tls://` URL.
+#[derive(Clone)]
+pub struct ServerUrl {
+    addresses: Vec<String>,
+    tls: Option<ClientTlsConfig>,
+    credentials: Credentials,
+}
+
+/// Addresses and whether TLS is on: the TLS config holds the client's
+/// private key, which no debug output may show.
+impl std::fmt::Debug for ServerUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerUrl")
+            .field("addresses", &self.addresses)
+            .field("tls", &self.tls.is_some())
+            .field("credentials", &self.credentials)
+            .finish()
+    }
+}
+
+impl ServerUrl {
+    /// Parses the URL and reads the files it names (CA, certificate, key,
+    /// token). Connects to nothing.
+    pub fn parse(url: &str) -> Result<ServerUrl> {
+        let (tls, rest) = if let Some(rest) = url.strip_prefix("locksmith+tls://") {
+            (true, rest)
+        } else if let Some(rest) = url.strip_prefix("locksmith://") {
+            (false, rest)
+        } else {
+            return Err(invalid_url(
+                url,
+                "expected locksmith://host[:port][,host[:port]...] or locksmith+tls://…?ca=FILE"
+                    .into(),
+            ));
+        };
+        let (authority, query) = match rest.split_once('?') {
+            Some((authority, query)) => (authority, query),
+            None => (rest, ""),
+        };
+        let (authority, path) = authority.split_at(authority.find('/').unwrap_or(authority.len()));
+        if authority.contains('#') || !path.trim_start_matches('/').is_empty() {
+            return Err(invalid_url(url, "a lock server URL takes no path".into()));
+        }
+        let addresses = addresses(url, authority)?;
+        let mut options = Options::default();
+        for (key, value) in url::form_urlencoded::parse(query.as_bytes()) {
+            let slot = match (&*key, tls) {
+                ("token_file", _) => &mut options.token_file,
+                ("ca", true) => &mut options.ca,
+                ("cert", true) => &mut options.cert,
+                ("key", true) => &mut options.key,
+                _ => {
+                    let known = if tls {
+                        "ca, cert, key, token_file"
+                    } else {
+                        "token_file (TLS options need locksmith+tls://)"
+                    };
+                    return Err(invalid_url(
+                        url,
+                        format!("unknown option {key:?}: the options are {known}"),
+                    ));
+                }
+            };
+            *slot = Some(value.into_owned());
+        }
+        let tls = if tls { Some(options.tls(url)?) } else { None };
+        let token = match &options.token_file {
+            Some(file) => Some(
+                std::fs::read_to_string(file)
+                    .map_err(|e| invalid_url(url, format!("token_file {file:?}: {e}")))?,
+            ),
+            None => std::env::var(TOKEN_ENV).ok(),
+        };
+        let authorization = match token.as_deref().map(str::trim) {
+            None | Some("") => None,
+            Some(token) => {
+                let mut value =
+                    MetadataValue::try_from(format!("Bearer {token}")).map_err(|_| {
+                        invalid_url(
+                            url,
+                            "the token holds characters a header cannot carry".into(),
+                        )
+                    })?;
+                value.set_sensitive(true);
+                Some(value)
+            }
+        };
+        Ok(ServerUrl {
+            addresses,
+            tls,
+            credentials: Credentials { authorization },
+        })
+    }
+
+    /// The members' `host:port`, in order.
+    pub fn addresses(&self) -> &[String] {
+        &self.addresses
+    }
+
+    /// An endpoint for the member at `addr` (`host:port`), over TLS if the
+    /// URL says so.
+    pub fn endpoint(&self, addr: &str) -> Result<Endpoint> {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))
+            .map_err(|e| invalid_url(addr, e.to_string()))?;
+        match &self.tls {
+            Some(tls) => endpoint
+                .tls_config(tls.clone())
+                .map_err(|e| invalid_url(addr, e.to_string())),
+            None => Ok(endpoint),
+        }
+    }
+
+    /// What to add to every call: the bearer token, if any.
+    pub fn credentials(&self) -> Credentials {
+        self.credentials.clone()
+    }
+}
+
+/// The URL's options as written.
+#[derive(Default)]
+struct Options {
+    ca: Option<String>,
+    cert: Option<String>,
+    key: Option<String>,
+    token_file: Option<String>,
+}
+
+impl Options {
+    fn tls(&self, url: &str) -> Result<ClientTlsConfig> {
+        let read = |what: &str, file: &str| {
+            std::fs::read(Path::new(file))
+                .map_err(|e| invalid_url(url, format!("{what} {file:?}: {e}")))
+        };
+        let ca = self.ca.as_deref().ok_or_else(|| {
+            invalid_url(
+                url,
+                "locksmith+tls:// needs ?ca=FILE: the CA that signed the server's certificate"
+                    .into(),
+            )
+        })?;
+        let mut config =
+            ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read("ca", ca)?));
+        match (&self.cert, &self.key) {
+            (Some(cert), Some(key)) => {
+                config = config.identity(Identity::from_pem(read("cert", cert)?, read("key", key)?))
+            }
+            (None, None) => {}
+            _ => {
+                return Err(invalid_url(
+                    url,
+                    "a client certificate needs both cert=FILE and key=FILE".into(),
+                ))
+            }
+        }
+        Ok(config)
+    }
+}
+
+/// The `host:port` of each member in the URL's authority, in order.
+fn addresses(url: &str, authority: &str) -> Result<Vec<String>> {
+    let mut addresses = Vec::new();
+    for part in authority.split(',') {
+        // Each member through the URL parser, which checks hosts and ports.
+        let parsed = url::Url::parse(&format!("locksmith://{part}"))
+            .map_err(|e| invalid_url(url, format!("member {part:?}: {e}")))?;
+        let host = parsed
+            .host_str()
+            .filter(|h| !h.is_empty())
+            .ok_or_else(|| invalid_url(url, format!("member {part:?} has no host")))?;
+        if !parsed.username().is_empty() || parsed.password().is_some() {
+            return Err(invalid_url(url, "members take no user or password".into()));
+        }
+        let addr = format!("{host}:{}", parsed.port().unwrap_or(DEFAULT_PORT));
+        if !addresses.contains(&addr) {
+            addresses.push(addr);
+        }
+    }
+    Ok(addresses)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Error;
+
+    fn addresses_of(url: &str) -> Result<Vec<String>> {
+        ServerUrl::parse(url).map(|u| u.addresses)
+    }
+
+    #[test]
+    fn one_or_many_members() {
+        assert_eq!(
+            addresses_of("locksmith://127.0.0.1:7000").unwrap(),
+            ["127.0.0.1:7000"]
+        );
+        assert_eq!(
+            addresses_of("locksmith://example.org").unwrap(),
+            ["example.org:7420"]
+        );
+        assert_eq!(addresses_of("locksmith://[::1]:9/").unwrap(), ["[::1]:9"]);
+        assert_eq!(
+            addresses_of("locksmith://a:1,b,[::1]:3,a:1").unwrap(),
+            ["a:1", "b:7420", "[::1]:3"],
+            "in order, default port, duplicates once"
+        );
+        for bad in [
+            "locksmith://",
+            "locksmith://h:1/path",
+            "locksmith://h?x=1",
+            "locksmith://h?ca=x",
+            "locksmith://a:1,",
+            "locksmith://a:1,,b:2",
+            "locksmith://a:99999",
+            "locksmith://u:p@h:1",
+            "locksmith+tls://h:1",
+            "locksmith+tls://h:1?ca=/nonexistent/ca.pem",
+            "http://h",
+        ] {
+            assert!(
+                matches!(addresses_of(bad), Err(Error::InvalidUrl { .. })),
+                "{bad}"
+            );
+        }
+    }
+}
