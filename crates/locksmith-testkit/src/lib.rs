@@ -87,6 +87,7 @@
 
 #![deny(missing_docs)]
 
+mod certs;
 mod error;
 mod etcd;
 mod etcd_cluster;
@@ -108,6 +109,7 @@ use std::collections::HashSet;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::sync::{Mutex, OnceLock};
 
+pub use certs::Certificates;
 pub use error::{Error, Result};
 pub use etcd::Etcd;
 pub use etcd_cluster::EtcdCluster;
