@@ -85,8 +85,8 @@ with a message saying so (they work in `tokio::task::spawn_blocking`).
 //! | `memory://[table]` | `memory` (default) |
 //! | `locksmith://host:port` | `server` |
 //! | `redis://`, `rediss://`, `redis+redlock://h1,h2,h3` | `redis` |
-//! | `zk://host:port[,…]/chroot` | `zookeeper` |
-//! | `etcd://host:port[,…]` | `etcd` |
+//! | `zk://[user:pass@]host:port[,…]/chroot` | `zookeeper` |
+//! | `etcd://[user:pass@]host:port[,…]`, `etcds://…?ca=FILE` | `etcd` |
 //! | `postgres://user:pass@host:port/db` | `postgres` |
 #![deny(missing_docs)]
 
@@ -107,6 +107,8 @@ pub mod metrics;
 pub mod postgres;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(any(feature = "etcd", feature = "zookeeper"))]
+mod secret;
 #[cfg(feature = "server")]
 pub mod server;
 #[cfg(feature = "zookeeper")]

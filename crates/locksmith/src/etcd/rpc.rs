@@ -32,7 +32,7 @@ use futures::channel::mpsc;
 use tonic::metadata::AsciiMetadataValue;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::channel::Change;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tonic::{Request, Status, Streaming};
 
 pub use locksmith_proto::etcd::{etcdserverpb, mvccpb, v3lockpb};
@@ -171,8 +171,9 @@ pub struct EtcdClient {
 }
 
 impl EtcdClient {
-    /// A client balanced over `endpoints` (`http://host:port` each), logged
-    /// in as `user` (name, password) when given. Connections are made when
+    /// A client balanced over `endpoints` (`http://host:port` each, or
+    /// `https://` with `tls`), logged in as `user` (name, password) when
+    /// given. Connections are made when
     /// the first call needs one, so an unreachable cluster shows at the
     /// first call (or here, when logging in).
     ///
@@ -180,11 +181,18 @@ impl EtcdClient {
     pub async fn connect(
         endpoints: &[String],
         user: Option<(String, String)>,
+        tls: Option<ClientTlsConfig>,
     ) -> Result<EtcdClient, Status> {
         let (channel, changes) = Channel::balance_channel(CHANNEL_BUFFER);
         for url in endpoints {
-            let endpoint = Endpoint::from_shared(url.clone())
-                .map_err(|e| Status::invalid_argument(format!("endpoint {url}: {e}")))?
+            let mut endpoint = Endpoint::from_shared(url.clone())
+                .map_err(|e| Status::invalid_argument(format!("endpoint {url}: {e}")))?;
+            if let Some(tls) = &tls {
+                endpoint = endpoint
+                    .tls_config(tls.clone())
+                    .map_err(|e| Status::invalid_argument(format!("TLS for {url}: {e:?}")))?;
+            }
+            let endpoint = endpoint
                 .connect_timeout(CONNECT_TIMEOUT)
                 .http2_keep_alive_interval(HTTP2_KEEPALIVE.0)
                 .keep_alive_timeout(HTTP2_KEEPALIVE.1)
