@@ -503,10 +503,16 @@ async fn suspended_connection_fires_lost_before_the_session_can_expire() {
 const KAZOO: &str = r#"
 import sys
 from kazoo.client import KazooClient
-from kazoo.exceptions import LockTimeout
+from kazoo.exceptions import LockTimeout, NoAuthError
+from kazoo.security import CREATOR_ALL_ACL
 
 hosts, path, ident, mode = sys.argv[1:5]
-zk = KazooClient(hosts=hosts)
+# Optional digest credentials, with Curator's and locksmith's default ACL.
+digest = sys.argv[5] if len(sys.argv) > 5 else None
+if digest:
+    zk = KazooClient(hosts=hosts, auth_data=[("digest", digest)], default_acl=CREATOR_ALL_ACL)
+else:
+    zk = KazooClient(hosts=hosts)
 zk.start(timeout=30)
 
 def say(*words):
@@ -534,6 +540,12 @@ elif mode == "contend":
     sys.stdin.readline()
     lock.release()
     say("RELEASED")
+elif mode == "refused":
+    try:
+        zk.Lock(path, ident).acquire(timeout=5.0)
+        say("ACQUIRED")
+    except NoAuthError:
+        say("NOAUTH")
 elif mode == "read":
     lock = zk.ReadLock(path, ident)
     lock.acquire()
@@ -552,9 +564,23 @@ struct Kazoo {
 
 impl Kazoo {
     fn spawn(server: &ZooKeeper, name: &str, ident: &str, mode: &str) -> Kazoo {
-        let hosts = format!("{}{CHROOT}", server.connect_string());
+        Self::spawn_in(server, CHROOT, name, ident, mode, None)
+    }
+
+    /// A kazoo client under `chroot`, with `digest` credentials
+    /// (`user:password`) and `CREATOR_ALL_ACL` when given.
+    fn spawn_in(
+        server: &ZooKeeper,
+        chroot: &str,
+        name: &str,
+        ident: &str,
+        mode: &str,
+        digest: Option<&str>,
+    ) -> Kazoo {
+        let hosts = format!("{}{chroot}", server.connect_string());
         let mut child = tokio::process::Command::new("python3")
             .args(["-c", KAZOO, &hosts, &format!("/{name}"), ident, mode])
+            .args(digest)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .kill_on_drop(true)
@@ -716,4 +742,92 @@ async fn kazoo_readers_share_with_locksmith_readers() {
         .acquire_timeout(Duration::from_secs(10))
         .await;
     assert!(write.is_ok());
+}
+
+/// Digest credentials in the URL: locksmith's nodes (and the chroot it
+/// makes) carry the creator-only ACL; kazoo with the same credentials and
+/// `CREATOR_ALL_ACL` queues on the same lock; a client with another password
+/// or none is refused with NoAuth, and the password shows in no error;
+/// `acl=read` lets anyone inspect, not queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn digest_credentials_guard_nodes_with_creator_acls() {
+    let server = shared().await;
+    let run = &uuid::Uuid::new_v4().simple().to_string()[..8];
+    let chroot = format!("/locksmith-acl-{run}");
+    let password = "pa:ss@word";
+    let url = |user_info: &str| format!("zk://{user_info}@127.0.0.1:{}{chroot}", server.port());
+    let client = connect(&url("alice:pa%3Ass%40word"), Duration::from_secs(10)).await;
+    let name = "orders/42";
+    let guard = client
+        .lock(name)
+        .owner("locksmith-holder")
+        .acquire()
+        .await
+        .unwrap();
+
+    let alice = zk::Client::connector()
+        .with_auth("digest", format!("alice:{password}").as_bytes())
+        .connect(&server.connect_string())
+        .await
+        .unwrap();
+    for path in [chroot.clone(), format!("{chroot}/{name}")] {
+        let (acl, _) = alice.get_acl(&path).await.unwrap();
+        assert_eq!(acl.len(), 1, "{path}: {acl:?}");
+        assert_eq!(acl[0].scheme(), "digest", "{path}: {acl:?}");
+        assert!(acl[0].id().starts_with("alice:"), "{path}: {acl:?}");
+        assert_eq!(acl[0].permission(), zk::Permission::ALL, "{path}: {acl:?}");
+    }
+
+    // kazoo with the same credentials waits for locksmith, then holds.
+    let digest = format!("alice:{password}");
+    let mut kazoo = Kazoo::spawn_in(
+        server,
+        &chroot,
+        name,
+        "kazoo-waiter",
+        "contend",
+        Some(&digest),
+    );
+    kazoo.expect("CONTENDERS").await;
+    kazoo.expect("TIMEOUT").await;
+    kazoo.expect("WAITING").await;
+    until(&client, name, "kazoo waiting", |i| i.waiters.len() == 1).await;
+    guard.release().await.unwrap();
+    kazoo.expect("ACQUIRED").await;
+    assert!(client.lock(name).try_acquire().await.unwrap().is_none());
+    kazoo.go().await;
+    kazoo.expect("RELEASED").await;
+
+    // Another password is another identity: refused, and no password shows.
+    let mallory = connect(&url("alice:not-the-password"), Duration::from_secs(10)).await;
+    let refused = mallory.lock(name).try_acquire().await.expect_err("refused");
+    let shown = format!("{refused} {refused:?}");
+    assert!(matches!(refused, Error::Backend { .. }), "{shown}");
+    assert!(shown.contains("ACL refuses"), "{shown}");
+    assert!(!shown.contains("not-the-password"), "{shown}");
+    // kazoo without credentials is refused too.
+    let mut anonymous = Kazoo::spawn_in(server, &chroot, name, "kazoo-anon", "refused", None);
+    anonymous.expect("NOAUTH").await;
+
+    // acl=anyone opts out; acl=read lets anyone look but not queue.
+    let read_url = format!(
+        "zk://bob:pw@127.0.0.1:{}{chroot}-read?acl=read",
+        server.port()
+    );
+    let open = connect(&read_url, Duration::from_secs(10)).await;
+    let held = open.lock(name).acquire().await.unwrap();
+    let anyone = connect(
+        &format!("{}{chroot}-read", server.url()),
+        Duration::from_secs(10),
+    )
+    .await;
+    let info = anyone.describe(name).await.unwrap().expect("anyone reads");
+    assert_eq!(info.holders.len(), 1);
+    held.release().await.unwrap();
+    // Free now, but anyone may not create a contender.
+    let refused = anyone.lock(name).try_acquire().await;
+    assert!(
+        matches!(refused, Err(Error::Backend { .. })),
+        "anyone acquired: {refused:?}"
+    );
 }

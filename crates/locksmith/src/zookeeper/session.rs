@@ -47,6 +47,8 @@ pub(crate) struct Session {
     pub id: i64,
     /// The negotiated session timeout.
     pub timeout: Duration,
+    /// The ACL of every node this session creates (the URL's `acl`).
+    pub acls: zk::Acls<'static>,
     trust: Mutex<LostSignal>,
     stop: CancellationToken,
 }
@@ -64,17 +66,30 @@ impl Session {
     /// Cancel safety: safe; a dropped connect closes the half-made session.
     #[tracing::instrument(name = "zookeeper.connect", skip_all, fields(hosts = %config.hosts, chroot = %config.chroot))]
     pub async fn open(config: &Config) -> Result<std::sync::Arc<Session>> {
-        let connector = zk::Client::connector()
+        let mut connector = zk::Client::connector()
             .with_session_timeout(config.session_timeout)
             .with_connection_timeout(config.connection_timeout_for(config.session_timeout))
             .with_fail_eagerly();
+        if let Some((user, password)) = &config.digest {
+            // Sent with the session handshake and again on every reconnect.
+            connector =
+                connector.with_auth("digest", format!("{user}:{}", password.expose()).as_bytes());
+        }
         let root = connector.connect(&config.hosts).await.map_err(|e| {
-            Error::backend(BACKEND, format!("cannot connect to {}: {e}", config.hosts))
+            let hint = match e {
+                zk::Error::AuthFailed => " (the digest credentials were refused)",
+                _ => "",
+            };
+            Error::backend(
+                BACKEND,
+                format!("cannot connect to {}: {e}{hint}", config.hosts),
+            )
         })?;
+        let acls = config.acl.acls();
         let client = if config.chroot == "/" {
             root
         } else {
-            let options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+            let options = zk::CreateMode::Persistent.with_acls(acls);
             root.mkdir(&config.chroot, &options).await.map_err(|e| {
                 Error::backend(
                     BACKEND,
@@ -88,6 +103,7 @@ impl Session {
         let session = std::sync::Arc::new(Session {
             id: client.session_id().0,
             timeout,
+            acls,
             trust: Mutex::new(LostSignal::new()),
             stop: CancellationToken::new(),
             client,
