@@ -53,7 +53,7 @@ impl Etcd {
 
     /// Like [`Etcd::start`], returning the error instead of panicking.
     pub fn try_start() -> Result<Etcd> {
-        retry_on_port_clash(|| Self::launch(false))
+        retry_on_port_clash(|| Self::launch(false, &[]))
     }
 
     /// Like [`Etcd::start`], speaking TLS only: its certificate (for
@@ -67,7 +67,7 @@ impl Etcd {
 
     /// Like [`Etcd::start_tls`], returning the error instead of panicking.
     pub fn try_start_tls() -> Result<Etcd> {
-        retry_on_port_clash(|| Self::launch(true))
+        retry_on_port_clash(|| Self::launch(true, &[]))
     }
 
     /// The password of user `root` on an etcd started with
@@ -75,7 +75,9 @@ impl Etcd {
     pub const ROOT_PASSWORD: &'static str = "s3cret-root";
 
     /// Like [`Etcd::start`], with authentication on: user `root` (role
-    /// `root`), password [`Etcd::ROOT_PASSWORD`]. Needs `etcdctl`.
+    /// `root`), password [`Etcd::ROOT_PASSWORD`]. Tokens expire after one
+    /// second unused (`--auth-token-ttl=1`), so a client that idles longer
+    /// must log in again. Needs `etcdctl`.
     #[track_caller]
     pub fn start_auth() -> Etcd {
         crate::or_panic(Self::try_start_auth())
@@ -83,7 +85,7 @@ impl Etcd {
 
     /// Like [`Etcd::start_auth`], returning the error instead of panicking.
     pub fn try_start_auth() -> Result<Etcd> {
-        let mut etcd = Self::try_start()?;
+        let mut etcd = retry_on_port_clash(|| Self::launch(false, &["--auth-token-ttl=1"]))?;
         let user = format!("root:{}", Self::ROOT_PASSWORD);
         for args in [
             &["user", "add", &user][..],
@@ -96,11 +98,11 @@ impl Etcd {
         Ok(etcd)
     }
 
-    fn launch(tls: bool) -> Result<Etcd> {
+    fn launch(tls: bool, extra_args: &[&str]) -> Result<Etcd> {
         let (port, peer_port) = (free_port(), free_port());
         let peer_url = format!("http://{}:{peer_port}", crate::HOST);
         let initial = format!("default={peer_url}");
-        let etcd = Self::spawn("default", port, peer_port, &initial, tls)?;
+        let etcd = Self::spawn("default", port, peer_port, &initial, tls, extra_args)?;
         etcd.wait_ready()?;
         Ok(etcd)
     }
@@ -114,7 +116,7 @@ impl Etcd {
         peer_port: u16,
         initial_cluster: &str,
     ) -> Result<Etcd> {
-        Self::spawn(name, port, peer_port, initial_cluster, false)
+        Self::spawn(name, port, peer_port, initial_cluster, false, &[])
     }
 
     fn spawn(
@@ -123,6 +125,7 @@ impl Etcd {
         peer_port: u16,
         initial_cluster: &str,
         tls: bool,
+        extra_args: &[&str],
     ) -> Result<Etcd> {
         let program = try_binary("etcd", "etcd-server")?;
         let dir = server_dir("etcd")?;
@@ -147,7 +150,8 @@ impl Etcd {
         .args(["--initial-cluster", initial_cluster])
         .args(["--initial-cluster-state", "new"])
         .args(["--listen-metrics-urls", &metrics_url])
-        .args(["--logger", "zap", "--log-outputs", "stderr"]);
+        .args(["--logger", "zap", "--log-outputs", "stderr"])
+        .args(extra_args);
         let certificates = if tls {
             let certificates = Certificates::make(
                 &dir.path().join("tls"),

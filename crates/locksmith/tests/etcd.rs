@@ -607,6 +607,38 @@ async fn authenticated_clients_lock_and_hand_over() {
     assert!(!shown.contains(password), "the password shows: {shown}");
 }
 
+/// etcd forgets a token left unused for its TTL (1 s on the testkit's
+/// etcd): the client logs in again by itself and carries on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_token_is_renewed_by_logging_in_again() {
+    let own = tokio::task::block_in_place(Etcd::start_auth);
+    let url = format!(
+        "etcd://root:{}@127.0.0.1:{}",
+        Etcd::ROOT_PASSWORD,
+        own.port()
+    );
+    let options = ConnectOptions {
+        // Keep-alives every 10 s: the token idles past its TTL meanwhile.
+        session_ttl: Duration::from_secs(30),
+        ..ConnectOptions::default()
+    };
+    let client = Client::connect_with(&url, options).await.unwrap();
+    let name = unique("relogin");
+    let first = client.lock(name.as_str()).acquire().await.unwrap();
+    first.release().await.unwrap();
+    // etcd's token TTL is a server-side timer: outlast it.
+    sleep(Duration::from_secs(3)).await;
+    let again = timeout(
+        Duration::from_secs(20),
+        client.lock(name.as_str()).acquire(),
+    )
+    .await
+    .expect("an acquire after the token expired ends")
+    .expect("the client logs in again");
+    assert!(client.describe(&name).await.unwrap().is_some());
+    again.release().await.unwrap();
+}
+
 /// A TLS-only etcd that wants client certificates (`--client-cert-auth`):
 /// `etcds://` with the CA and a client certificate locks and hands over;
 /// without the certificate, with a CA that did not sign the server's, or
