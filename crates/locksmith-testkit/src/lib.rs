@@ -52,6 +52,12 @@
 //! are the handles above, so one member can be killed, paused or restarted
 //! for a failover; each setup can also name its current primary or leader.
 //!
+//! Secured as operators run them: [`Postgres::start_tls`] (a user let in
+//! by client certificate only), [`Etcd::start_tls`] (TLS only, client
+//! certificates required), [`Etcd::start_auth`] (authentication on) and
+//! [`ZooKeeper::start_tls`] (a secure client port); the CA, server and
+//! client certificates come from [`Certificates`] (`openssl`).
+//!
 //! [`pgbouncer::PgBouncer`] puts a real PgBouncer (`pgbouncer`) in front of a
 //! [`Postgres`], in session or transaction pooling mode.
 //!

@@ -76,7 +76,7 @@ impl Kind {
             "redis+cluster" | "rediss+cluster" => Kind::RedisCluster,
             "redis+redlock" => Kind::Redlock,
             "zk" | "zookeeper" => Kind::ZooKeeper,
-            "etcd" => Kind::Etcd,
+            "etcd" | "etcds" => Kind::Etcd,
             "postgres" | "postgresql" => Kind::Postgres,
             _ => return None,
         })

@@ -281,7 +281,7 @@ impl UrlHosts {
             "redis" | "rediss" | "redis+redlock" | "redis+cluster" | "rediss+cluster" => 6379,
             "redis+sentinel" | "rediss+sentinel" => 26379,
             "zk" | "zookeeper" => 2181,
-            "etcd" => 2379,
+            "etcd" | "etcds" => 2379,
             "postgres" | "postgresql" => 5432,
             other => {
                 return Err(format!(
