@@ -74,7 +74,7 @@ impl Client {
     /// Connects with default options. The URL scheme picks the backend:
     /// `memory://[table]`, `locksmith://host:port`, `redis://`, `rediss://`,
     /// `redis+redlock://h1,h2,h3`, `redis+sentinel://s1,s2/master`,
-    /// `redis+cluster://h1,h2`, `zk://hosts/chroot`, `etcd://hosts`, `etcds://hosts`,
+    /// `redis+cluster://h1,h2`, `zk://hosts/chroot`, `zks://hosts/chroot`, `etcd://hosts`, `etcds://hosts`,
     /// `postgres://…`.
     ///
     /// Cancel safety: safe; a dropped connect leaves nothing behind.
@@ -122,7 +122,7 @@ impl Client {
             "locksmith" => backend!("server", server::ServerBackend),
             "redis" | "rediss" | "redis+redlock" | "redis+sentinel" | "rediss+sentinel"
             | "redis+cluster" | "rediss+cluster" => backend!("redis", redis::RedisBackend),
-            "zk" | "zookeeper" => backend!("zookeeper", zookeeper::ZooKeeperBackend),
+            "zk" | "zks" | "zookeeper" => backend!("zookeeper", zookeeper::ZooKeeperBackend),
             "etcd" | "etcds" => backend!("etcd", etcd::EtcdBackend),
             "postgres" | "postgresql" => backend!("postgres", postgres::PostgresBackend),
             other => {

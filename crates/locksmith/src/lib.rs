@@ -85,7 +85,7 @@ with a message saying so (they work in `tokio::task::spawn_blocking`).
 //! | `memory://[table]` | `memory` (default) |
 //! | `locksmith://host:port` | `server` |
 //! | `redis://`, `rediss://`, `redis+redlock://h1,h2,h3` | `redis` |
-//! | `zk://[user:pass@]host:port[,…]/chroot` | `zookeeper` |
+//! | `zk://[user:pass@]host:port[,…]/chroot`, `zks://…?ca=FILE` | `zookeeper` |
 //! | `etcd://[user:pass@]host:port[,…]`, `etcds://…?ca=FILE` | `etcd` |
 //! | `postgres://user:pass@host:port/db` | `postgres` |
 #![deny(missing_docs)]
@@ -111,6 +111,8 @@ pub mod redis;
 mod secret;
 #[cfg(feature = "server")]
 pub mod server;
+#[cfg(any(feature = "etcd", feature = "zookeeper", feature = "redis"))]
+mod tls;
 #[cfg(feature = "zookeeper")]
 pub mod zookeeper;
 

@@ -831,3 +831,57 @@ async fn digest_credentials_guard_nodes_with_creator_acls() {
         "anyone acquired: {refused:?}"
     );
 }
+
+/// ZooKeeper's secure client port, which wants client certificates: `zks://`
+/// with the CA and a client certificate locks and hands over; without the
+/// certificate, or with a CA that did not sign the server's, no session
+/// opens; a missing file is named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tls_clients_with_certificates_lock_and_hand_over() {
+    let server = tokio::task::spawn_blocking(ZooKeeper::start_tls)
+        .await
+        .unwrap();
+    let port = server.secure_port().unwrap();
+    let ca = server.ca_cert().unwrap();
+    let (cert, key) = server.client_cert("locksmith").unwrap().unwrap();
+    let url = |ca: &std::path::Path, identity: bool| {
+        let mut url = format!("zks://127.0.0.1:{port}/tls?ca={}", ca.display());
+        if identity {
+            url += &format!("&cert={}&key={}", cert.display(), key.display());
+        }
+        url
+    };
+    let a = connect(&url(&ca, true), Duration::from_secs(10)).await;
+    let b = connect(&url(&ca, true), Duration::from_secs(10)).await;
+    let name = unique("tls");
+    let held = a.lock(name.as_str()).acquire().await.unwrap();
+    let waiter = tokio::spawn({
+        let lock = b.lock(name.as_str());
+        async move { lock.acquire().await }
+    });
+    until(&a, &name, "b waiting", |i| i.waiters.len() == 1).await;
+    held.release().await.unwrap();
+    timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("b gets the lock")
+        .unwrap()
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+
+    for refused in [url(&ca, false), url(&cert, true)] {
+        let connect = timeout(Duration::from_secs(30), Client::connect(&refused));
+        match connect.await.expect("a refused connect ends") {
+            Err(Error::Backend { .. }) => {}
+            other => panic!("{refused} connected: {:?}", other.map(drop)),
+        }
+    }
+    let missing = format!("zks://127.0.0.1:{port}?ca=/nonexistent/ca.pem");
+    match Client::connect(&missing).await {
+        Err(Error::InvalidUrl { reason, .. }) => {
+            assert!(reason.contains("ca=/nonexistent/ca.pem"), "{reason}")
+        }
+        other => panic!("a missing CA file: {:?}", other.map(drop)),
+    }
+}

@@ -75,7 +75,7 @@ impl Kind {
             "redis+sentinel" | "rediss+sentinel" => Kind::RedisSentinel,
             "redis+cluster" | "rediss+cluster" => Kind::RedisCluster,
             "redis+redlock" => Kind::Redlock,
-            "zk" | "zookeeper" => Kind::ZooKeeper,
+            "zk" | "zks" | "zookeeper" => Kind::ZooKeeper,
             "etcd" | "etcds" => Kind::Etcd,
             "postgres" | "postgresql" => Kind::Postgres,
             _ => return None,

@@ -280,7 +280,7 @@ impl UrlHosts {
             "locksmith" => 7420,
             "redis" | "rediss" | "redis+redlock" | "redis+cluster" | "rediss+cluster" => 6379,
             "redis+sentinel" | "rediss+sentinel" => 26379,
-            "zk" | "zookeeper" => 2181,
+            "zk" | "zks" | "zookeeper" => 2181,
             "etcd" | "etcds" => 2379,
             "postgres" | "postgresql" => 5432,
             other => {

@@ -180,7 +180,7 @@ mod session;
 mod watch;
 
 use std::collections::{BTreeSet, HashMap};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -205,6 +205,7 @@ use crate::error::{Error, Result};
 use crate::guard::Guard;
 use crate::metrics::LostCause;
 use crate::secret::Secret;
+use crate::tls::TlsFiles;
 
 const BACKEND: &str = "etcd";
 
@@ -258,43 +259,15 @@ struct Target {
     namespace: String,
 }
 
-/// The PEM files of `etcds://`.
-#[derive(Debug, Default, PartialEq, Eq)]
-struct TlsFiles {
-    ca: PathBuf,
-    /// The client certificate and its key.
-    identity: Option<(PathBuf, PathBuf)>,
-}
-
-impl TlsFiles {
-    /// Reads the files into tonic's TLS settings; a file that cannot be read
-    /// or holds no PEM of the expected kind is named in the error.
-    fn load(&self) -> std::result::Result<tonic::transport::ClientTlsConfig, String> {
-        use tonic::transport::{Certificate, ClientTlsConfig, Identity};
-        let read = |option: &str, path: &Path, kind: &str| {
-            let pem = std::fs::read(path)
-                .map_err(|e| format!("{option}={}: cannot read: {e}", path.display()))?;
-            if !String::from_utf8_lossy(&pem).contains(kind) {
-                return Err(format!(
-                    "{option}={}: no PEM \"{kind}\" in the file",
-                    path.display()
-                ));
-            }
-            Ok(pem)
-        };
-        let mut config = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read(
-            "ca",
-            &self.ca,
-            "CERTIFICATE-----",
-        )?));
-        if let Some((cert, key)) = &self.identity {
-            config = config.identity(Identity::from_pem(
-                read("cert", cert, "CERTIFICATE-----")?,
-                read("key", key, "PRIVATE KEY-----")?,
-            ));
-        }
-        Ok(config)
+/// tonic's TLS settings from the files of `etcds://`.
+fn tls_config(files: &TlsFiles) -> std::result::Result<tonic::transport::ClientTlsConfig, String> {
+    use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+    let pem = files.read()?;
+    let mut config = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem.ca));
+    if let Some((cert, key)) = pem.identity {
+        config = config.identity(Identity::from_pem(cert, key));
     }
+    Ok(config)
 }
 
 fn parse_url(url: &str) -> Result<Target> {
@@ -374,23 +347,9 @@ fn parse_url(url: &str) -> Result<Target> {
             }
         }
     }
-    let tls = match (secure, ca, cert, key) {
-        (false, ..) => None,
-        (true, None, ..) => {
-            return Err(invalid(
-                "etcds:// needs ca=<PEM file>, the CA that signed the members' certificates".into(),
-            ))
-        }
-        (true, Some(ca), Some(cert), Some(key)) => Some(TlsFiles {
-            ca,
-            identity: Some((cert, key)),
-        }),
-        (true, Some(ca), None, None) => Some(TlsFiles { ca, identity: None }),
-        (true, Some(_), ..) => {
-            return Err(invalid(
-                "cert= and key= go together (the client certificate and its key)".into(),
-            ))
-        }
+    let tls = match secure {
+        true => Some(TlsFiles::from_options("etcds://", ca, cert, key).map_err(invalid)?),
+        false => None,
     };
     Ok(Target {
         endpoints,
@@ -449,7 +408,7 @@ impl EtcdBackend {
     pub async fn connect(url: &str, options: &ConnectOptions) -> Result<Self> {
         let target = parse_url(url)?;
         let tls = match &target.tls {
-            Some(files) => Some(files.load().map_err(|reason| Error::InvalidUrl {
+            Some(files) => Some(tls_config(files).map_err(|reason| Error::InvalidUrl {
                 url: redact(url),
                 reason,
             })?),

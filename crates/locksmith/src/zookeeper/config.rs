@@ -5,6 +5,7 @@ use std::time::Duration;
 use crate::client::{percent_decode, redact, ConnectOptions};
 use crate::error::{Error, Result};
 use crate::secret::Secret;
+use crate::tls::TlsFiles;
 use zookeeper_client as zk;
 
 /// Default ZooKeeper client port.
@@ -33,6 +34,8 @@ pub(crate) struct Config {
     pub digest: Option<(String, Secret)>,
     /// Who may do what with the nodes this client creates.
     pub acl: Acl,
+    /// `zks://`: TLS to every server, with these files.
+    pub tls: Option<TlsFiles>,
 }
 
 /// The ACL of the nodes locksmith creates (`?acl=`).
@@ -85,10 +88,15 @@ pub(crate) fn parse(url: &str, options: &ConnectOptions) -> Result<Config> {
         url: redact(url),
         reason,
     };
-    let rest = url
-        .strip_prefix("zk://")
-        .or_else(|| url.strip_prefix("zookeeper://"))
-        .ok_or_else(|| invalid("expected zk://host:port[,host:port…]/chroot".into()))?;
+    let (secure, rest) = match url.split_once("://") {
+        Some(("zk" | "zookeeper", rest)) => (false, rest),
+        Some(("zks", rest)) => (true, rest),
+        _ => {
+            return Err(invalid(
+                "expected zk://host:port[,host:port…]/chroot or zks://…?ca=<PEM file>".into(),
+            ))
+        }
+    };
     let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
     let (authority, chroot) = match rest.find('/') {
         Some(at) => (&rest[..at], &rest[at..]),
@@ -113,7 +121,9 @@ pub(crate) fn parse(url: &str, options: &ConnectOptions) -> Result<Config> {
             Acl::Anyone
         },
         digest,
+        tls: None,
     };
+    let (mut ca, mut cert, mut key_file) = (None, None, None);
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (key, value) = pair
             .split_once('=')
@@ -140,10 +150,25 @@ pub(crate) fn parse(url: &str, options: &ConnectOptions) -> Result<Config> {
                     }
                 };
             }
+            "ca" | "cert" | "key" if !secure => {
+                return Err(invalid(format!(
+                    "{key}= is a TLS option: use zks:// for TLS"
+                )))
+            }
+            "ca" | "cert" | "key" => {
+                let path = percent_decode(value)
+                    .filter(|path| !path.is_empty())
+                    .ok_or_else(|| invalid(format!("{key}= needs a PEM file")))?;
+                *match key {
+                    "ca" => &mut ca,
+                    "cert" => &mut cert,
+                    _ => &mut key_file,
+                } = Some(std::path::PathBuf::from(path));
+            }
             other => {
                 return Err(invalid(format!(
                     "unknown option {other:?} (known: session_timeout, connection_timeout, \
-                     lost_after_suspended, acl)"
+                     lost_after_suspended, acl, and with zks:// ca, cert, key)"
                 )))
             }
         }
@@ -153,6 +178,9 @@ pub(crate) fn parse(url: &str, options: &ConnectOptions) -> Result<Config> {
             "session_timeout of {:?} is below 100ms",
             config.session_timeout
         )));
+    }
+    if secure {
+        config.tls = Some(TlsFiles::from_options("zks://", ca, cert, key_file).map_err(invalid)?);
     }
     if config.acl != Acl::Anyone && config.digest.is_none() {
         return Err(invalid(
@@ -292,6 +320,19 @@ mod tests {
     }
 
     #[test]
+    fn tls_files() {
+        let config = parse("zks://h:1/c?ca=/ca.pem&cert=/c.pem&key=/k.pem", &options()).unwrap();
+        assert_eq!(
+            config.tls,
+            Some(TlsFiles {
+                ca: "/ca.pem".into(),
+                identity: Some(("/c.pem".into(), "/k.pem".into())),
+            })
+        );
+        assert_eq!(parse("zk://h:1", &options()).unwrap().tls, None);
+    }
+
+    #[test]
     fn credentials_and_acls() {
         let config = parse("zk://alice:p%40ss@h:1/c", &options()).unwrap();
         assert_eq!(
@@ -336,6 +377,10 @@ mod tests {
             "zk://alice@h:1",
             "zk://:pw@h:1",
             "zk://a:%zz@h:1",
+            "zk://h:1?ca=/ca.pem",
+            "zks://h:1",
+            "zks://h:1?ca=/ca.pem&cert=/c.pem",
+            "zks://h:1?ca=",
             "redis://h:1",
         ] {
             assert!(

@@ -1,4 +1,4 @@
-//! `zk://[user:password@]host:port[,host:port…][/chroot][?options]`: ZooKeeper, in the layouts
+//! `zk://[user:password@]host:port[,host:port…][/chroot][?options]` (`zks://` over TLS): ZooKeeper, in the layouts
 //! of Apache Curator's lock recipes, so that locksmith, Curator (Java) and
 //! kazoo (Python) clients exclude each other on the same lock.
 //!
@@ -110,6 +110,8 @@
 //! | `connection_timeout` | a third of the session timeout | silence after which the connection counts as lost and the client tries the next server |
 //! | `lost_after_suspended` | `0.33` | part of the negotiated session timeout the connection may stay suspended before holds are lost (`0`: at once; `never`: only on session expiry) |
 //! | `acl` | `creator` with credentials, else `anyone` | ACL of the nodes locksmith creates, the chroot included: `creator` (only the creator's credentials, ZooKeeper's `auth` scheme: Curator's and kazoo's `CREATOR_ALL_ACL`), `read` (that, and read for anyone: listing and inspection), `anyone` (`world:anyone`, everything); `creator` and `read` need credentials |
+//!
+//! | `ca`, `cert`, `key` | | `zks://` only: TLS (rustls) to every server's secure client port (`secureClientPort`). `ca` (required) names the CA file the servers' certificates must chain to (and name the URL's hosts); `cert` and `key` (together) the client certificate, which ZooKeeper asks for by default (`ssl.clientAuth=need`) |
 //!
 //! Example: `zk://zk1:2181,zk2:2181,zk3:2181/apps/locks?session_timeout=10s`.
 //!

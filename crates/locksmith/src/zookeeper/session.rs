@@ -75,7 +75,29 @@ impl Session {
             connector =
                 connector.with_auth("digest", format!("{user}:{}", password.expose()).as_bytes());
         }
-        let root = connector.connect(&config.hosts).await.map_err(|e| {
+        let connected = match &config.tls {
+            None => connector.connect(&config.hosts).await,
+            Some(files) => {
+                let invalid = |reason: String| Error::InvalidUrl {
+                    url: format!("zks://{}{}", config.hosts, config.chroot),
+                    reason,
+                };
+                let pem = files.read().map_err(invalid)?;
+                let mut tls = zk::TlsOptions::new()
+                    .with_pem_ca(&pem.ca)
+                    .map_err(|e| invalid(format!("ca={}: {e}", files.ca.display())))?;
+                if let Some((cert, key)) = &pem.identity {
+                    tls = tls
+                        .with_pem_identity(cert, key)
+                        .map_err(|e| invalid(format!("cert=, key=: {e}")))?;
+                }
+                // The client crate builds its rustls configuration with the
+                // process-wide provider.
+                crate::tls::ensure_crypto_provider();
+                connector.with_tls(tls).secure_connect(&config.hosts).await
+            }
+        };
+        let root = connected.map_err(|e| {
             let hint = match e {
                 zk::Error::AuthFailed => " (the digest credentials were refused)",
                 _ => "",
