@@ -52,6 +52,12 @@
 //! are the handles above, so one member can be killed, paused or restarted
 //! for a failover; each setup can also name its current primary or leader.
 //!
+//! Secured as operators run them: [`Postgres::start_tls`] (a user let in
+//! by client certificate only), [`Etcd::start_tls`] (TLS only, client
+//! certificates required), [`Etcd::start_auth`] (authentication on) and
+//! [`ZooKeeper::start_tls`] (a secure client port); the CA, server and
+//! client certificates come from [`Certificates`] (`openssl`).
+//!
 //! [`pgbouncer::PgBouncer`] puts a real PgBouncer (`pgbouncer`) in front of a
 //! [`Postgres`], in session or transaction pooling mode.
 //!
@@ -87,6 +93,7 @@
 
 #![deny(missing_docs)]
 
+mod certs;
 mod error;
 mod etcd;
 mod etcd_cluster;
@@ -108,6 +115,7 @@ use std::collections::HashSet;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::sync::{Mutex, OnceLock};
 
+pub use certs::Certificates;
 pub use error::{Error, Result};
 pub use etcd::Etcd;
 pub use etcd_cluster::EtcdCluster;

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use tempfile::TempDir;
 
+use crate::certs::Certificates;
 use crate::find::{find_on_path, is_executable, not_installed};
 use crate::process::{self, Process, ProcessSpec};
 use crate::{free_port, impl_server, retry_on_port_clash, server_dir, Error, Result};
@@ -51,7 +52,9 @@ const DATABASE: &str = "postgres";
 /// ```
 ///
 /// [`Postgres::start_tls`] starts one that also speaks TLS, with a certificate
-/// of its own CA ([`Postgres::ca_cert`]).
+/// of its own CA ([`Postgres::ca_cert`]); its user [`Postgres::CERT_USER`]
+/// logs in only over TLS with a client certificate of that CA
+/// ([`Postgres::client_cert`]).
 #[derive(Debug)]
 pub struct Postgres {
     // Declared first so it is dropped (killed) before the directory is removed.
@@ -59,10 +62,15 @@ pub struct Postgres {
     port: u16,
     dir: TempDir,
     bin_dir: PathBuf,
-    ca_cert: Option<PathBuf>,
+    certificates: Option<Certificates>,
 }
 
 impl Postgres {
+    /// The user of a TLS server ([`Postgres::start_tls`]) that is let in
+    /// only with a client certificate naming it (`cert` authentication, over
+    /// TLS only), into database `postgres`.
+    pub const CERT_USER: &'static str = "locksmith_cert";
+
     /// Creates a cluster, starts it on a free port and waits until it accepts a
     /// connection; panics on failure (for example when PostgreSQL is not
     /// installed).
@@ -111,7 +119,23 @@ impl Postgres {
             user,
         )?;
         let tls_files = if tls {
-            Some(make_certificates(&dir.path().join("tls"), user)?)
+            let hba = data.join("pg_hba.conf");
+            let trusted = fs::read_to_string(&hba)
+                .map_err(|e| Error::io(format!("cannot read {}", hba.display()), e))?;
+            let cert_user = Self::CERT_USER;
+            fs::write(
+                &hba,
+                format!(
+                    "hostssl all {cert_user} 127.0.0.1/32 cert\n\
+                     host all {cert_user} 127.0.0.1/32 reject\n{trusted}"
+                ),
+            )
+            .map_err(|e| Error::io(format!("cannot write {}", hba.display()), e))?;
+            Some(Certificates::make(
+                &dir.path().join("tls"),
+                &["DNS:localhost"],
+                user,
+            )?)
         } else {
             None
         };
@@ -137,9 +161,11 @@ impl Postgres {
                 spec = spec
                     .args(["-c", "ssl=on"])
                     .arg("-c")
-                    .arg(format!("ssl_cert_file={}", files.server_cert.display()))
+                    .arg(format!("ssl_cert_file={}", files.server_cert().display()))
                     .arg("-c")
-                    .arg(format!("ssl_key_file={}", files.server_key.display()));
+                    .arg(format!("ssl_key_file={}", files.server_key().display()))
+                    .arg("-c")
+                    .arg(format!("ssl_ca_file={}", files.ca_cert().display()));
             }
             spec = spec
                 // SIGINT is PostgreSQL's "fast" shutdown: roll back, checkpoint, exit.
@@ -151,13 +177,20 @@ impl Postgres {
             process.wait_ready(READY_TIMEOUT, || probe(port))?;
             Ok((process, port))
         })?;
-        Ok(Postgres {
+        let postgres = Postgres {
             process,
             port,
             dir,
             bin_dir,
-            ca_cert: tls_files.map(|files| files.ca_cert),
-        })
+            certificates: tls_files,
+        };
+        if tls {
+            let user = Self::CERT_USER;
+            postgres.query(&format!(
+                "create role {user} login; grant create on database {DATABASE} to {user}"
+            ))?;
+        }
+        Ok(postgres)
     }
 
     fn wait_ready(&self) -> Result<()> {
@@ -201,8 +234,17 @@ impl Postgres {
 
     /// The CA certificate (PEM) that signed the server's certificate, for a
     /// server started with [`Postgres::start_tls`].
-    pub fn ca_cert(&self) -> Option<&Path> {
-        self.ca_cert.as_deref()
+    pub fn ca_cert(&self) -> Option<PathBuf> {
+        self.certificates.as_ref().map(Certificates::ca_cert)
+    }
+
+    /// A client certificate and key (PEM files) for [`Postgres::CERT_USER`],
+    /// made on each call, signed by the CA of a server started with
+    /// [`Postgres::start_tls`]; `None` for a server without TLS.
+    pub fn client_cert(&self) -> Option<Result<(PathBuf, PathBuf)>> {
+        self.certificates
+            .as_ref()
+            .map(|certificates| certificates.client(Self::CERT_USER))
     }
 
     /// The directory holding `postgres`, `initdb` (and usually `psql`) in use.
@@ -266,86 +308,6 @@ fn bin_dir() -> Result<PathBuf> {
             looked_in: format!("on PATH or in {DEBIAN_PG_DIR}/*/bin"),
             package: "postgresql".into(),
         })
-}
-
-/// The certificate files of a TLS server.
-struct TlsFiles {
-    ca_cert: PathBuf,
-    server_cert: PathBuf,
-    server_key: PathBuf,
-}
-
-/// Makes a CA and a certificate for `localhost` signed by it in `dir` (P-256
-/// keys, valid for ten years), with `openssl` run as the server's user, since
-/// PostgreSQL only reads a key that its own user owns with mode 0600.
-fn make_certificates(dir: &Path, user: Option<(u32, u32)>) -> Result<TlsFiles> {
-    let openssl = find_on_path("openssl").ok_or_else(|| not_installed("openssl", "openssl"))?;
-    fs::create_dir(dir).map_err(|e| Error::io(format!("cannot create {}", dir.display()), e))?;
-    give(dir, user)?;
-    let extensions = dir.join("server.ext");
-    fs::write(
-        &extensions,
-        "subjectAltName = DNS:localhost\n\
-         basicConstraints = critical, CA:FALSE\n\
-         keyUsage = critical, digitalSignature\n\
-         extendedKeyUsage = serverAuth\n",
-    )
-    .map_err(|e| Error::io(format!("cannot write {}", extensions.display()), e))?;
-    let key = [
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-    ];
-    let steps: [&[&str]; 3] = [
-        &[
-            &[
-                "req",
-                "-x509",
-                "-days",
-                "3650",
-                "-subj",
-                "/CN=locksmith test CA",
-            ][..],
-            &key,
-            &["-keyout", "ca.key", "-out", "ca.crt"],
-            &["-addext", "basicConstraints = critical, CA:TRUE"],
-            &["-addext", "keyUsage = critical, keyCertSign, cRLSign"],
-        ]
-        .concat(),
-        &[
-            &["req", "-subj", "/CN=localhost"][..],
-            &key,
-            &["-keyout", "server.key", "-out", "server.csr"],
-        ]
-        .concat(),
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-days",
-            "3650",
-            "-extfile",
-            "server.ext",
-            "-out",
-            "server.crt",
-        ],
-    ];
-    for args in steps {
-        process::run(Command::new(&openssl).args(args).current_dir(dir), user)?;
-    }
-    Ok(TlsFiles {
-        ca_cert: dir.join("ca.crt"),
-        server_cert: dir.join("server.crt"),
-        server_key: dir.join("server.key"),
-    })
 }
 
 /// `name` from `bin_dir`, else from `PATH`.

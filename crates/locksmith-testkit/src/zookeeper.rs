@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use tempfile::TempDir;
 
+use crate::certs::Certificates;
 use crate::process::{Process, ProcessSpec};
 use crate::{free_port, impl_server, retry_on_port_clash, server_dir, try_binary, Error, Result};
 
@@ -23,6 +24,8 @@ const DEBIAN_JAR: &str = "/usr/share/java/zookeeper.jar";
 /// slf4j's stderr logger (from `libslf4j-java`, a dependency of the package);
 /// without a binding ZooKeeper logs nothing.
 const SLF4J_SIMPLE: &str = "/usr/share/java/slf4j-simple.jar";
+/// Netty's codecs (`libnetty-java`), for the secure client port.
+const NETTY_CODEC: &str = "/usr/share/java/netty-codec.jar";
 /// The entry point of a standalone server.
 const STANDALONE_MAIN: &str = "org.apache.zookeeper.server.ZooKeeperServerMain";
 /// The entry point of an ensemble member.
@@ -49,11 +52,16 @@ static SHARED: OnceLock<ZooKeeper> = OnceLock::new();
 ///
 /// A JVM takes a second or more to start; tests that need no fresh server should
 /// use [`ZooKeeper::shared`] and namespace their znodes.
+///
+/// [`ZooKeeper::start_tls`] adds a secure client port (Netty, PEM key and
+/// trust stores from a CA of its own) that wants client certificates.
 #[derive(Debug)]
 pub struct ZooKeeper {
     // Declared first so it is dropped (killed) before the directory is removed.
     process: Process,
     port: u16,
+    /// The secure client port and its certificates, for [`ZooKeeper::start_tls`].
+    tls: Option<(u16, Certificates)>,
     dir: TempDir,
 }
 
@@ -95,9 +103,42 @@ impl ZooKeeper {
 
     fn launch() -> Result<ZooKeeper> {
         let port = free_port();
-        let zk = Self::spawn(port, None, STANDALONE_MAIN, |data| zoo_cfg(data, port))?;
+        let zk = Self::spawn(port, None, STANDALONE_MAIN, |data| Ok(zoo_cfg(data, port)))?;
         zk.wait_ready()?;
         Ok(zk)
+    }
+
+    /// Like [`ZooKeeper::start`], with a secure client port as well
+    /// ([`ZooKeeper::secure_port`]): TLS with a certificate for `localhost`
+    /// and `127.0.0.1` signed by a CA made for this server
+    /// ([`ZooKeeper::ca_cert`]), and only clients with a certificate of
+    /// that CA ([`ZooKeeper::client_cert`]) let in. The plain port stays
+    /// open (four-letter words, readiness). Needs `openssl`.
+    #[track_caller]
+    pub fn start_tls() -> ZooKeeper {
+        crate::or_panic(Self::try_start_tls())
+    }
+
+    /// Like [`ZooKeeper::start_tls`], returning the error instead of
+    /// panicking.
+    pub fn try_start_tls() -> Result<ZooKeeper> {
+        retry_on_port_clash(|| {
+            let (port, secure_port) = (free_port(), free_port());
+            let mut tls = None;
+            let mut zk = Self::spawn(port, None, STANDALONE_MAIN, |data| {
+                let certificates = Certificates::make(
+                    &data.with_file_name("tls"),
+                    &["DNS:localhost", "IP:127.0.0.1"],
+                    None,
+                )?;
+                let secure = secure_cfg(&certificates, secure_port)?;
+                tls = Some((secure_port, certificates));
+                Ok(format!("{}{secure}", zoo_cfg(data, port)))
+            })?;
+            zk.tls = tls;
+            zk.wait_ready()?;
+            Ok(zk)
+        })
     }
 
     /// Starts server `id` (1, 2, …) of an ensemble whose `server.N=…` lines
@@ -105,7 +146,7 @@ impl ZooKeeper {
     /// of the ensemble runs.
     pub(crate) fn spawn_member(id: usize, port: u16, servers: &str) -> Result<ZooKeeper> {
         Self::spawn(port, Some(id), QUORUM_MAIN, |data| {
-            format!("{}{servers}", zoo_cfg(data, port))
+            Ok(format!("{}{servers}", zoo_cfg(data, port)))
         })
     }
 
@@ -113,7 +154,7 @@ impl ZooKeeper {
         port: u16,
         id: Option<usize>,
         main: &str,
-        config: impl FnOnce(&Path) -> String,
+        config: impl FnOnce(&Path) -> Result<String>,
     ) -> Result<ZooKeeper> {
         let java = try_binary("java", "default-jre-headless")?;
         let classpath = classpath()?;
@@ -127,7 +168,7 @@ impl ZooKeeper {
                 .map_err(|e| Error::io(format!("cannot write {}", myid.display()), e))?;
         }
         let file = dir.path().join("zoo.cfg");
-        fs::write(&file, config(&data))
+        fs::write(&file, config(&data)?)
             .map_err(|e| Error::io(format!("cannot write {}", file.display()), e))?;
         let name = match id {
             Some(id) => format!("ZooKeeper server {id} on port {port}"),
@@ -156,6 +197,7 @@ impl ZooKeeper {
         Ok(ZooKeeper {
             process: Process::spawn(spec)?,
             port,
+            tls: None,
             dir,
         })
     }
@@ -183,6 +225,28 @@ impl ZooKeeper {
     /// The client port.
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The secure client port of a server started with
+    /// [`ZooKeeper::start_tls`].
+    pub fn secure_port(&self) -> Option<u16> {
+        self.tls.as_ref().map(|(port, _)| *port)
+    }
+
+    /// The CA certificate (PEM) of a server started with
+    /// [`ZooKeeper::start_tls`].
+    pub fn ca_cert(&self) -> Option<PathBuf> {
+        self.tls
+            .as_ref()
+            .map(|(_, certificates)| certificates.ca_cert())
+    }
+
+    /// A client certificate and key (PEM files) for `common_name`, signed by
+    /// the CA of a server started with [`ZooKeeper::start_tls`].
+    pub fn client_cert(&self, common_name: &str) -> Option<Result<(PathBuf, PathBuf)>> {
+        self.tls
+            .as_ref()
+            .map(|(_, certificates)| certificates.client(common_name))
     }
 
     /// `127.0.0.1:<port>`, the connect string ZooKeeper clients take.
@@ -225,6 +289,31 @@ fn zoo_cfg(data: &Path, port: u16) -> String {
 }
 
 /// The JVM classpath of the server.
+/// The secure client port: Netty (the only server connection factory that
+/// speaks TLS), PEM stores (ZooKeeper reads a key and its certificate from
+/// one file), client certificates required (`ssl.clientAuth=need`, the
+/// default).
+fn secure_cfg(certificates: &Certificates, secure_port: u16) -> Result<String> {
+    let keystore = certificates.server_cert().with_file_name("server.pem");
+    let pem = [certificates.server_key(), certificates.server_cert()]
+        .iter()
+        .map(fs::read_to_string)
+        .collect::<io::Result<Vec<_>>>()
+        .and_then(|parts| fs::write(&keystore, parts.concat()))
+        .map_err(|e| Error::io(format!("cannot write {}", keystore.display()), e));
+    pem?;
+    Ok(format!(
+        "secureClientPort={secure_port}\n\
+         serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory\n\
+         ssl.keyStore.location={}\n\
+         ssl.keyStore.type=PEM\n\
+         ssl.trustStore.location={}\n\
+         ssl.trustStore.type=PEM\n",
+        keystore.display(),
+        certificates.ca_cert().display(),
+    ))
+}
+
 fn classpath() -> Result<String> {
     if let Some(cp) = env::var_os(CLASSPATH_VAR).filter(|cp| !cp.is_empty()) {
         return Ok(cp.to_string_lossy().into_owned());
@@ -239,6 +328,12 @@ fn classpath() -> Result<String> {
     let mut cp = vec![PathBuf::from(DEBIAN_JAR)];
     if Path::new(SLF4J_SIMPLE).is_file() {
         cp.push(SLF4J_SIMPLE.into());
+    }
+    // The manifest leaves out netty-codec, which Netty's TLS handler needs
+    // (`NoClassDefFoundError: io/netty/handler/codec/ByteToMessageDecoder`
+    // on the first TLS connection); Debian's libnetty-java has it.
+    if Path::new(NETTY_CODEC).is_file() {
+        cp.push(NETTY_CODEC.into());
     }
     Ok(env::join_paths(cp)
         .expect("constant paths contain no ':'")

@@ -206,6 +206,34 @@ fn shared_zookeeper_answers_four_letter_words() {
     );
 }
 
+/// The secure client port speaks TLS with the server's certificate of its
+/// own CA, to a client presenting a certificate of that CA (`openssl
+/// s_client`, a real TLS client); the plain port keeps answering.
+#[test]
+fn zookeeper_tls_port_handshakes_with_a_client_certificate() {
+    let zk = ZooKeeper::start_tls();
+    let port = zk.secure_port().expect("a secure port");
+    let ca = zk.ca_cert().unwrap();
+    let (cert, key) = zk.client_cert("client").unwrap().unwrap();
+    let openssl = locksmith_testkit::binary("openssl", "openssl");
+    let out = std::process::Command::new(openssl)
+        .args(["s_client", "-connect", &format!("127.0.0.1:{port}")])
+        .args(["-verify_return_error", "-verify_ip", "127.0.0.1"])
+        .arg("-CAfile")
+        .arg(&ca)
+        .arg("-cert")
+        .arg(&cert)
+        .arg("-key")
+        .arg(&key)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("Verify return code: 0 (ok)"), "{out:?}");
+    assert!(!text.contains("Cipher is (NONE)"), "{out:?}");
+    assert_eq!(zk.four_letter("ruok").unwrap(), "imok");
+}
+
 #[test]
 fn zookeeper_restarts_on_the_same_port_with_its_data() {
     let zk = ZooKeeper::start();

@@ -295,7 +295,7 @@ impl Raw {
     async fn connect(endpoint: &str, protocol: Protocol) -> Self {
         let mut clients = Vec::new();
         for _ in 0..*CLIENTS {
-            let client = EtcdClient::connect(&[endpoint.to_owned()], None)
+            let client = EtcdClient::connect(&[endpoint.to_owned()], None, None)
                 .await
                 .expect("connect");
             let lease = client.grant_lease(600).await.expect("lease").id;

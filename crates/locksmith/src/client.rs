@@ -74,7 +74,7 @@ impl Client {
     /// Connects with default options. The URL scheme picks the backend:
     /// `memory://[table]`, `locksmith://host:port`, `locksmith+tls://…`, `redis://`, `rediss://`,
     /// `redis+redlock://h1,h2,h3`, `redis+sentinel://s1,s2/master`,
-    /// `redis+cluster://h1,h2`, `zk://hosts/chroot`, `etcd://hosts`,
+    /// `redis+cluster://h1,h2`, `zk://hosts/chroot`, `zks://hosts/chroot`, `etcd://hosts`, `etcds://hosts`,
     /// `postgres://…`.
     ///
     /// Cancel safety: safe; a dropped connect leaves nothing behind.
@@ -122,8 +122,8 @@ impl Client {
             "locksmith" | "locksmith+tls" => backend!("server", server::ServerBackend),
             "redis" | "rediss" | "redis+redlock" | "redis+sentinel" | "rediss+sentinel"
             | "redis+cluster" | "rediss+cluster" => backend!("redis", redis::RedisBackend),
-            "zk" | "zookeeper" => backend!("zookeeper", zookeeper::ZooKeeperBackend),
-            "etcd" => backend!("etcd", etcd::EtcdBackend),
+            "zk" | "zks" | "zookeeper" => backend!("zookeeper", zookeeper::ZooKeeperBackend),
+            "etcd" | "etcds" => backend!("etcd", etcd::EtcdBackend),
             "postgres" | "postgresql" => backend!("postgres", postgres::PostgresBackend),
             other => {
                 return Err(Error::InvalidUrl {
@@ -262,6 +262,26 @@ pub fn redact(url: &str) -> String {
         })
         .collect();
     format!("{scheme}://{}{tail}", members.join(","))
+}
+
+/// `%XX` escapes of a URL part decoded; `None` for a bad escape or text that
+/// is not UTF-8.
+#[cfg(any(feature = "etcd", feature = "zookeeper"))]
+pub(crate) fn percent_decode(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 #[cfg(test)]

@@ -89,8 +89,8 @@ with a message saying so (they work in `tokio::task::spawn_blocking`).
 //! | `memory://[table]` | `memory` (default) |
 //! | `locksmith://host:port[,…]`, `locksmith+tls://host:port[,…]?ca=FILE` | `server` |
 //! | `redis://`, `rediss://`, `redis+redlock://h1,h2,h3` | `redis` |
-//! | `zk://host:port[,…]/chroot` | `zookeeper` |
-//! | `etcd://host:port[,…]` | `etcd` |
+//! | `zk://[user:pass@]host:port[,…]/chroot`, `zks://…?ca=FILE` | `zookeeper` |
+//! | `etcd://[user:pass@]host:port[,…]`, `etcds://…?ca=FILE` | `etcd` |
 //! | `postgres://user:pass@host:port/db` | `postgres` |
 #![deny(missing_docs)]
 
@@ -114,8 +114,12 @@ pub mod metrics;
 pub mod postgres;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(any(feature = "etcd", feature = "zookeeper"))]
+mod secret;
 #[cfg(feature = "server")]
 pub mod server;
+#[cfg(any(feature = "etcd", feature = "zookeeper", feature = "redis"))]
+mod tls;
 #[cfg(feature = "zookeeper")]
 pub mod zookeeper;
 

@@ -581,19 +581,13 @@ async fn unreachable_etcd_fires_lost_before_the_lease_ends() {
 
 /// etcd with authentication on: the client logs in with the URL's user and
 /// sends the token on every call (keys, leases, watches); a wrong password
-/// fails the connect, and a client without credentials is refused.
+/// fails the connect without showing the password, and a client without
+/// credentials is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn authenticated_clients_lock_and_hand_over() {
-    let own = tokio::task::block_in_place(Etcd::start);
-    for args in [
-        &["user", "add", "root:s3cret"][..],
-        &["user", "grant-role", "root", "root"],
-        &["auth", "enable"],
-    ] {
-        let out = own.etcdctl().args(args).output().unwrap();
-        assert!(out.status.success(), "etcdctl {args:?}: {out:?}");
-    }
-    let url = format!("etcd://root:s3cret@127.0.0.1:{}", own.port());
+    let own = tokio::task::block_in_place(Etcd::start_auth);
+    let password = Etcd::ROOT_PASSWORD;
+    let url = format!("etcd://root:{password}@127.0.0.1:{}", own.port());
     let name = unique("auth");
     let a = Client::connect(&url).await.unwrap();
     let b = Client::connect(&url).await.unwrap();
@@ -601,15 +595,111 @@ async fn authenticated_clients_lock_and_hand_over() {
     // b's watch sees the release.
     hand_over(held, queued(&b, &name).await, Duration::from_secs(10)).await;
 
-    let wrong = format!("etcd://root:wrong@127.0.0.1:{}", own.port());
-    match Client::connect(&wrong).await {
-        Err(Error::Backend { .. }) => {}
-        other => panic!("a wrong password connected: {:?}", other.err()),
-    }
+    let wrong = format!("etcd://root:not-{password}@127.0.0.1:{}", own.port());
+    let error = Client::connect(&wrong)
+        .await
+        .expect_err("a wrong password connected");
+    assert!(matches!(error, Error::Backend { .. }), "{error:?}");
+    let shown = format!("{error} {error:?}");
+    assert!(shown.contains("authentication failed"), "{shown}");
+    assert!(!shown.contains(password), "the password shows: {shown}");
     // Without the token etcd refuses the key (so the clients above sent it).
-    let anonymous = Client::connect(&own.url()).await.unwrap();
+    let anonymous = Client::connect(&format!("etcd://127.0.0.1:{}", own.port()))
+        .await
+        .unwrap();
     let refused = anonymous.lock(name.as_str()).try_acquire().await;
     assert!(matches!(refused, Err(Error::Backend { .. })), "{refused:?}");
+    // Nor does a URL the backend refuses show the password.
+    let bad = format!("etcd://root:{password}@127.0.0.1:{}?nope=1", own.port());
+    let error = Client::connect(&bad).await.expect_err("an unknown option");
+    let shown = format!("{error} {error:?}");
+    assert!(!shown.contains(password), "the password shows: {shown}");
+}
+
+/// etcd forgets a token left unused for its TTL (1 s on the testkit's
+/// etcd): the client logs in again by itself and carries on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_token_is_renewed_by_logging_in_again() {
+    let own = tokio::task::block_in_place(Etcd::start_auth);
+    let url = format!(
+        "etcd://root:{}@127.0.0.1:{}",
+        Etcd::ROOT_PASSWORD,
+        own.port()
+    );
+    let options = ConnectOptions {
+        // Keep-alives every 10 s: the token idles past its TTL meanwhile.
+        session_ttl: Duration::from_secs(30),
+        ..ConnectOptions::default()
+    };
+    let client = Client::connect_with(&url, options).await.unwrap();
+    let name = unique("relogin");
+    let first = client.lock(name.as_str()).acquire().await.unwrap();
+    first.release().await.unwrap();
+    // etcd's token TTL is a server-side timer: outlast it.
+    sleep(Duration::from_secs(3)).await;
+    let again = timeout(
+        Duration::from_secs(20),
+        client.lock(name.as_str()).acquire(),
+    )
+    .await
+    .expect("an acquire after the token expired ends")
+    .expect("the client logs in again");
+    assert!(client.describe(&name).await.unwrap().is_some());
+    again.release().await.unwrap();
+}
+
+/// A TLS-only etcd that wants client certificates (`--client-cert-auth`):
+/// `etcds://` with the CA and a client certificate locks and hands over;
+/// without the certificate, with a CA that did not sign the server's, or
+/// over plain `etcd://`, nothing is let through; a missing file is named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_clients_with_certificates_lock_and_hand_over() {
+    let own = tokio::task::block_in_place(Etcd::start_tls);
+    let (cert, key) = own.client_cert("locksmith").unwrap().unwrap();
+    let url = format!(
+        "{}&cert={}&key={}",
+        own.url(),
+        cert.display(),
+        key.display()
+    );
+    let name = unique("tls");
+    let a = Client::connect(&url).await.unwrap();
+    let b = Client::connect(&url).await.unwrap();
+    let held = a.lock(name.as_str()).acquire().await.unwrap();
+    hand_over(held, queued(&b, &name).await, Duration::from_secs(10)).await;
+    // etcdctl (TLS too) sees locksmith's key layout.
+    let out = own
+        .etcdctl()
+        .args(["get", "--prefix", &name, "--keys-only"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+
+    let refused = |url: String| async move {
+        let connect = timeout(Duration::from_secs(20), Client::connect(&url));
+        match connect.await.expect("a refused connect ends") {
+            Err(Error::Backend { .. }) => {}
+            other => panic!("{url} connected: {:?}", other.map(drop)),
+        }
+    };
+    // The server wants a client certificate.
+    refused(own.url()).await;
+    // A certificate that is no CA of the server's.
+    let port = own.port();
+    let (ca, key) = (cert.display(), key.display());
+    refused(format!(
+        "etcds://127.0.0.1:{port}?ca={ca}&cert={ca}&key={key}"
+    ))
+    .await;
+    // Plain HTTP/2 to a TLS port.
+    refused(format!("etcd://127.0.0.1:{port}")).await;
+
+    match Client::connect(&format!("etcds://127.0.0.1:{port}?ca=/nonexistent/ca.pem")).await {
+        Err(Error::InvalidUrl { reason, .. }) => {
+            assert!(reason.contains("ca=/nonexistent/ca.pem"), "{reason}")
+        }
+        other => panic!("a missing CA file: {:?}", other.map(drop)),
+    }
 }
 
 /// With one member of a 3-member cluster down (killed, not the leader), the

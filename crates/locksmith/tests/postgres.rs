@@ -842,6 +842,50 @@ async fn tls_connections(pg: &'static Postgres, app: &str) -> (u32, u32) {
     (all.parse().unwrap(), tls.parse().unwrap())
 }
 
+/// A user whose `pg_hba.conf` line is `hostssl … cert`: `sslcert` and
+/// `sslkey` log it in (and locks work, the layout made by that user);
+/// without the certificate, or without TLS, PostgreSQL refuses it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_certificates_log_in_with_cert_auth() {
+    let pg = tokio::task::spawn_blocking(Postgres::start_tls)
+        .await
+        .unwrap();
+    let ca = pg.ca_cert().expect("a TLS server has a CA");
+    let (cert, key) = pg.client_cert().unwrap().unwrap();
+    let base = format!(
+        "postgres://{}@localhost:{}/postgres?sslmode=verify-full&sslrootcert={}",
+        Postgres::CERT_USER,
+        pg.port(),
+        ca.display()
+    );
+    let url = format!("{base}&sslcert={}&sslkey={}", cert.display(), key.display());
+    let client = connect(&url, Duration::from_secs(30)).await;
+    let name = unique("client-cert");
+    let held = client.lock(name.as_str()).acquire().await.unwrap();
+    let info = client.describe(&name).await.unwrap().expect("held");
+    assert_eq!(info.holders.len(), 1);
+    held.release().await.unwrap();
+    client.close().await.unwrap();
+
+    for refused in [base.clone(), format!("{base}&sslmode=disable")] {
+        let error = Client::connect(&refused).await.expect_err("let in");
+        assert!(
+            matches!(error, Error::Backend { .. }),
+            "{refused}: {error:?}"
+        );
+    }
+    // A key that is not a key is named before anything is sent.
+    let wrong = format!(
+        "{base}&sslcert={}&sslkey={}",
+        cert.display(),
+        cert.display()
+    );
+    match Client::connect(&wrong).await {
+        Err(Error::InvalidUrl { reason, .. }) => assert!(reason.contains("sslkey"), "{reason}"),
+        other => panic!("a certificate as the key: {:?}", other.map(drop)),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_sslmodes() {
     static SERVER: OnceLock<Postgres> = OnceLock::new();

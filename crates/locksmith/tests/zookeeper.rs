@@ -504,10 +504,16 @@ async fn suspended_connection_fires_lost_before_the_session_can_expire() {
 const KAZOO: &str = r#"
 import sys
 from kazoo.client import KazooClient
-from kazoo.exceptions import LockTimeout
+from kazoo.exceptions import LockTimeout, NoAuthError
+from kazoo.security import CREATOR_ALL_ACL
 
 hosts, path, ident, mode = sys.argv[1:5]
-zk = KazooClient(hosts=hosts)
+# Optional digest credentials, with Curator's and locksmith's default ACL.
+digest = sys.argv[5] if len(sys.argv) > 5 else None
+if digest:
+    zk = KazooClient(hosts=hosts, auth_data=[("digest", digest)], default_acl=CREATOR_ALL_ACL)
+else:
+    zk = KazooClient(hosts=hosts)
 zk.start(timeout=30)
 
 def say(*words):
@@ -551,6 +557,12 @@ elif mode == "elect":
         sys.stdin.readline()
     election.run(lead)
     say("RESIGNED")
+elif mode == "refused":
+    try:
+        zk.Lock(path, ident).acquire(timeout=5.0)
+        say("ACQUIRED")
+    except NoAuthError:
+        say("NOAUTH")
 elif mode == "read":
     lock = zk.ReadLock(path, ident)
     lock.acquire()
@@ -641,9 +653,23 @@ struct Peer {
 impl Peer {
     /// The kazoo driver above in `mode`, as `ident` on the lock `name`.
     fn kazoo(server: &ZooKeeper, name: &str, ident: &str, mode: &str) -> Peer {
-        let hosts = format!("{}{CHROOT}", server.connect_string());
+        Self::kazoo_in(server, CHROOT, name, ident, mode, None)
+    }
+
+    /// The kazoo driver under `chroot`, with `digest` credentials
+    /// (`user:password`) and `CREATOR_ALL_ACL` when given.
+    fn kazoo_in(
+        server: &ZooKeeper,
+        chroot: &str,
+        name: &str,
+        ident: &str,
+        mode: &str,
+        digest: Option<&str>,
+    ) -> Peer {
+        let hosts = format!("{}{chroot}", server.connect_string());
         let child = tokio::process::Command::new("python3")
             .args(["-c", KAZOO, &hosts, &format!("/{name}"), ident, mode])
+            .args(digest)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .kill_on_drop(true)
@@ -1005,4 +1031,146 @@ async fn locksmith_follows_a_curator_leader() {
         .unwrap();
     assert!(leadership.fencing_token() > leader.fencing_token.unwrap());
     leadership.resign().await.unwrap();
+}
+
+/// Digest credentials in the URL: locksmith's nodes (and the chroot it
+/// makes) carry the creator-only ACL; kazoo with the same credentials and
+/// `CREATOR_ALL_ACL` queues on the same lock; a client with another password
+/// or none is refused with NoAuth, and the password shows in no error;
+/// `acl=read` lets anyone inspect, not queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn digest_credentials_guard_nodes_with_creator_acls() {
+    let server = shared().await;
+    let run = &uuid::Uuid::new_v4().simple().to_string()[..8];
+    let chroot = format!("/locksmith-acl-{run}");
+    let password = "pa:ss@word";
+    let url = |user_info: &str| format!("zk://{user_info}@127.0.0.1:{}{chroot}", server.port());
+    let client = connect(&url("alice:pa%3Ass%40word"), Duration::from_secs(10)).await;
+    let name = "orders/42";
+    let guard = client
+        .lock(name)
+        .owner("locksmith-holder")
+        .acquire()
+        .await
+        .unwrap();
+
+    let alice = zk::Client::connector()
+        .with_auth("digest", format!("alice:{password}").as_bytes())
+        .connect(&server.connect_string())
+        .await
+        .unwrap();
+    for path in [chroot.clone(), format!("{chroot}/{name}")] {
+        let (acl, _) = alice.get_acl(&path).await.unwrap();
+        assert_eq!(acl.len(), 1, "{path}: {acl:?}");
+        assert_eq!(acl[0].scheme(), "digest", "{path}: {acl:?}");
+        assert!(acl[0].id().starts_with("alice:"), "{path}: {acl:?}");
+        assert_eq!(acl[0].permission(), zk::Permission::ALL, "{path}: {acl:?}");
+    }
+
+    // kazoo with the same credentials waits for locksmith, then holds.
+    let digest = format!("alice:{password}");
+    let mut kazoo = Peer::kazoo_in(
+        server,
+        &chroot,
+        name,
+        "kazoo-waiter",
+        "contend",
+        Some(&digest),
+    );
+    kazoo.expect("CONTENDERS").await;
+    kazoo.expect("TIMEOUT").await;
+    kazoo.expect("WAITING").await;
+    until(&client, name, "kazoo waiting", |i| i.waiters.len() == 1).await;
+    guard.release().await.unwrap();
+    kazoo.expect("ACQUIRED").await;
+    assert!(client.lock(name).try_acquire().await.unwrap().is_none());
+    kazoo.go().await;
+    kazoo.expect("RELEASED").await;
+
+    // Another password is another identity: refused, and no password shows.
+    let mallory = connect(&url("alice:not-the-password"), Duration::from_secs(10)).await;
+    let refused = mallory.lock(name).try_acquire().await.expect_err("refused");
+    let shown = format!("{refused} {refused:?}");
+    assert!(matches!(refused, Error::Backend { .. }), "{shown}");
+    assert!(shown.contains("ACL refuses"), "{shown}");
+    assert!(!shown.contains("not-the-password"), "{shown}");
+    // kazoo without credentials is refused too.
+    let mut anonymous = Peer::kazoo_in(server, &chroot, name, "kazoo-anon", "refused", None);
+    anonymous.expect("NOAUTH").await;
+
+    // acl=anyone opts out; acl=read lets anyone look but not queue.
+    let read_url = format!(
+        "zk://bob:pw@127.0.0.1:{}{chroot}-read?acl=read",
+        server.port()
+    );
+    let open = connect(&read_url, Duration::from_secs(10)).await;
+    let held = open.lock(name).acquire().await.unwrap();
+    let anyone = connect(
+        &format!("{}{chroot}-read", server.url()),
+        Duration::from_secs(10),
+    )
+    .await;
+    let info = anyone.describe(name).await.unwrap().expect("anyone reads");
+    assert_eq!(info.holders.len(), 1);
+    held.release().await.unwrap();
+    // Free now, but anyone may not create a contender.
+    let refused = anyone.lock(name).try_acquire().await;
+    assert!(
+        matches!(refused, Err(Error::Backend { .. })),
+        "anyone acquired: {refused:?}"
+    );
+}
+
+/// ZooKeeper's secure client port, which wants client certificates: `zks://`
+/// with the CA and a client certificate locks and hands over; without the
+/// certificate, or with a CA that did not sign the server's, no session
+/// opens; a missing file is named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tls_clients_with_certificates_lock_and_hand_over() {
+    let server = tokio::task::spawn_blocking(ZooKeeper::start_tls)
+        .await
+        .unwrap();
+    let port = server.secure_port().unwrap();
+    let ca = server.ca_cert().unwrap();
+    let (cert, key) = server.client_cert("locksmith").unwrap().unwrap();
+    let url = |ca: &std::path::Path, identity: bool| {
+        let mut url = format!("zks://127.0.0.1:{port}/tls?ca={}", ca.display());
+        if identity {
+            url += &format!("&cert={}&key={}", cert.display(), key.display());
+        }
+        url
+    };
+    let a = connect(&url(&ca, true), Duration::from_secs(10)).await;
+    let b = connect(&url(&ca, true), Duration::from_secs(10)).await;
+    let name = unique("tls");
+    let held = a.lock(name.as_str()).acquire().await.unwrap();
+    let waiter = tokio::spawn({
+        let lock = b.lock(name.as_str());
+        async move { lock.acquire().await }
+    });
+    until(&a, &name, "b waiting", |i| i.waiters.len() == 1).await;
+    held.release().await.unwrap();
+    timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("b gets the lock")
+        .unwrap()
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+
+    for refused in [url(&ca, false), url(&cert, true)] {
+        let connect = timeout(Duration::from_secs(30), Client::connect(&refused));
+        match connect.await.expect("a refused connect ends") {
+            Err(Error::Backend { .. }) => {}
+            other => panic!("{refused} connected: {:?}", other.map(drop)),
+        }
+    }
+    let missing = format!("zks://127.0.0.1:{port}?ca=/nonexistent/ca.pem");
+    match Client::connect(&missing).await {
+        Err(Error::InvalidUrl { reason, .. }) => {
+            assert!(reason.contains("ca=/nonexistent/ca.pem"), "{reason}")
+        }
+        other => panic!("a missing CA file: {:?}", other.map(drop)),
+    }
 }

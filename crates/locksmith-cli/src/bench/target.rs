@@ -75,8 +75,8 @@ impl Kind {
             "redis+sentinel" | "rediss+sentinel" => Kind::RedisSentinel,
             "redis+cluster" | "rediss+cluster" => Kind::RedisCluster,
             "redis+redlock" => Kind::Redlock,
-            "zk" | "zookeeper" => Kind::ZooKeeper,
-            "etcd" => Kind::Etcd,
+            "zk" | "zks" | "zookeeper" => Kind::ZooKeeper,
+            "etcd" | "etcds" => Kind::Etcd,
             "postgres" | "postgresql" => Kind::Postgres,
             _ => return None,
         })

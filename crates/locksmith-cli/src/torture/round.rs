@@ -280,8 +280,8 @@ impl UrlHosts {
             "locksmith" | "locksmith+tls" => 7420,
             "redis" | "rediss" | "redis+redlock" | "redis+cluster" | "rediss+cluster" => 6379,
             "redis+sentinel" | "rediss+sentinel" => 26379,
-            "zk" | "zookeeper" => 2181,
-            "etcd" => 2379,
+            "zk" | "zks" | "zookeeper" => 2181,
+            "etcd" | "etcds" => 2379,
             "postgres" | "postgresql" => 5432,
             other => {
                 return Err(format!(

@@ -5,19 +5,27 @@
 //!
 //! ```text
 //! etcd://[user:password@]host[:port][,host[:port]…][/][?prefix=<namespace>]
+//! etcds://[user:password@]host[:port][,…][/]?ca=<PEM file>[&cert=<PEM file>&key=<PEM file>][&prefix=…]
 //! ```
 //!
 //! - Hosts: one or more etcd members, comma-separated; the port defaults to
 //!   2379. Requests are balanced over them.
-//! - `user:password`: etcd authentication (percent-encode special characters).
+//! - `user:password`: etcd authentication (percent-encode special
+//!   characters): the client logs in with `Authenticate` and sends the token
+//!   on every call. The password never appears in errors, logs or `Debug`
+//!   output.
+//! - `etcds://`: TLS (rustls) to every member. `ca` names the CA certificate
+//!   the members' certificates must chain to (and their host names or IP
+//!   addresses must match the URL's hosts); `cert` and `key` (together) are
+//!   the client certificate for members started with `--client-cert-auth`.
 //! - `prefix`: a namespace, **opt-in**. Without it, lock `orders/42` lives at
 //!   `orders/42/…`, exactly where `etcdctl lock orders/42` looks. With
 //!   `?prefix=locks` (or `locks/`) it lives at `locks/orders/42/…`, where
 //!   `etcdctl lock locks/orders/42` and Go's `namespace.NewKV(cli, "locks/")`
 //!   look. Nothing is prefixed unless you ask.
 //!
-//! Any other query parameter is an error. TLS endpoints are not supported
-//! yet. etcd 3.4 or newer is required (client-chosen watch ids).
+//! Any other query parameter is an error. etcd 3.4 or newer is required
+//! (client-chosen watch ids).
 //!
 //! The backend speaks etcd's gRPC API through [`rpc`], a small client over
 //! code generated at build time by the protoc vendored in `locksmith-proto`,
@@ -186,6 +194,7 @@ mod session;
 mod watch;
 
 use std::collections::{BTreeSet, HashMap};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -206,10 +215,12 @@ use crate::backend::{
     acquire_each_in_order, AcquireRequest, Backend, Capabilities, Grant, Holder, HolderChanges,
     LockInfo, Waiter,
 };
-use crate::client::{redact, ConnectOptions};
+use crate::client::{percent_decode, redact, ConnectOptions};
 use crate::error::{Error, Result};
 use crate::guard::Guard;
 use crate::metrics::LostCause;
+use crate::secret::Secret;
+use crate::tls::TlsFiles;
 
 const BACKEND: &str = "etcd";
 
@@ -257,8 +268,21 @@ pub(crate) fn backend_error(context: &'static str, source: tonic::Status) -> Err
 #[derive(Debug, PartialEq, Eq)]
 struct Target {
     endpoints: Vec<String>,
-    user: Option<(String, String)>,
+    user: Option<(String, Secret)>,
+    /// `etcds://`: the TLS files.
+    tls: Option<TlsFiles>,
     namespace: String,
+}
+
+/// tonic's TLS settings from the files of `etcds://`.
+fn tls_config(files: &TlsFiles) -> std::result::Result<tonic::transport::ClientTlsConfig, String> {
+    use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+    let pem = files.read()?;
+    let mut config = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem.ca));
+    if let Some((cert, key)) = pem.identity {
+        config = config.identity(Identity::from_pem(cert, key));
+    }
+    Ok(config)
 }
 
 fn parse_url(url: &str) -> Result<Target> {
@@ -266,9 +290,15 @@ fn parse_url(url: &str) -> Result<Target> {
         url: redact(url),
         reason,
     };
-    let rest = url
-        .strip_prefix("etcd://")
-        .ok_or_else(|| invalid("expected etcd://host:port[,host:port…]".into()))?;
+    let (secure, rest) = match (url.strip_prefix("etcd://"), url.strip_prefix("etcds://")) {
+        (Some(rest), _) => (false, rest),
+        (_, Some(rest)) => (true, rest),
+        _ => {
+            return Err(invalid(
+                "expected etcd://host:port[,host:port…] or etcds://…?ca=<PEM file>".into(),
+            ))
+        }
+    };
     let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
     let (rest, fragment) = rest.split_once('#').unwrap_or((rest, ""));
     if !fragment.is_empty() {
@@ -290,15 +320,16 @@ fn parse_url(url: &str) -> Result<Target> {
             if name.is_empty() {
                 return Err(invalid("empty user name".into()));
             }
-            (Some((name, password)), hosts)
+            (Some((name, Secret::new(password))), hosts)
         }
         None => (None, authority),
     };
     let mut endpoints = Vec::new();
     for host in hosts.split(',') {
-        endpoints.push(endpoint(host).map_err(invalid)?);
+        endpoints.push(endpoint(host, secure).map_err(invalid)?);
     }
     let mut namespace = String::new();
+    let (mut ca, mut cert, mut key) = (None, None, None);
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (field, value) = pair.split_once('=').unwrap_or((pair, ""));
         let value =
@@ -313,22 +344,39 @@ fn parse_url(url: &str) -> Result<Target> {
                 }
                 namespace = format!("{trimmed}/");
             }
+            "ca" | "cert" | "key" if !secure => {
+                return Err(invalid(format!(
+                    "{field}= is a TLS option: use etcds:// for TLS"
+                )))
+            }
+            "ca" | "cert" | "key" if value.is_empty() => {
+                return Err(invalid(format!("{field}= needs a PEM file")))
+            }
+            "ca" => ca = Some(PathBuf::from(value)),
+            "cert" => cert = Some(PathBuf::from(value)),
+            "key" => key = Some(PathBuf::from(value)),
             other => {
                 return Err(invalid(format!(
-                    "unknown option {other:?} (the only option is prefix=<namespace>)"
+                    "unknown option {other:?} (known: prefix, and with etcds:// ca, cert, key)"
                 )))
             }
         }
     }
+    let tls = match secure {
+        true => Some(TlsFiles::from_options("etcds://", ca, cert, key).map_err(invalid)?),
+        false => None,
+    };
     Ok(Target {
         endpoints,
         user,
+        tls,
         namespace,
     })
 }
 
-/// `host[:port]` or `[v6][:port]` as `http://host:port`.
-fn endpoint(host: &str) -> std::result::Result<String, String> {
+/// `host[:port]` or `[v6][:port]` as `http://host:port` (`https://` when
+/// `secure`).
+fn endpoint(host: &str, secure: bool) -> std::result::Result<String, String> {
     if host.is_empty() {
         return Err("empty host (expected host:port[,host:port…])".into());
     }
@@ -362,24 +410,8 @@ fn endpoint(host: &str) -> std::result::Result<String, String> {
             .map_err(|_| format!("bad port in {host:?}"))?,
         None => DEFAULT_PORT,
     };
-    Ok(format!("http://{name}:{port}"))
-}
-
-fn percent_decode(text: &str) -> Option<String> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
+    let scheme = if secure { "https" } else { "http" };
+    Ok(format!("{scheme}://{name}:{port}"))
 }
 
 impl EtcdBackend {
@@ -390,10 +422,21 @@ impl EtcdBackend {
     /// keys, which expires after its TTL.
     pub async fn connect(url: &str, options: &ConnectOptions) -> Result<Self> {
         let target = parse_url(url)?;
+        let tls = match &target.tls {
+            Some(files) => Some(tls_config(files).map_err(|reason| Error::InvalidUrl {
+                url: redact(url),
+                reason,
+            })?),
+            None => None,
+        };
+        let user = target
+            .user
+            .as_ref()
+            .map(|(name, password)| (name.clone(), password.expose().to_owned()));
         let span =
             tracing::debug_span!("connect", backend = BACKEND, endpoints = ?target.endpoints);
         async move {
-            let client = EtcdClient::connect(&target.endpoints, target.user)
+            let client = EtcdClient::connect(&target.endpoints, user, tls)
                 .await
                 .map_err(|e| backend_error("connecting", e))?;
             let shutdown = CancellationToken::new();
@@ -835,7 +878,21 @@ mod tests {
             ["http://a:2379", "http://b:3000", "http://[::1]:4000"]
         );
         assert_eq!(target.namespace, "locks/prod/");
-        assert_eq!(target.user, Some(("u".into(), "p@ss".into())));
+        assert_eq!(target.user, Some(("u".into(), Secret::new("p@ss".into()))));
+        assert!(!format!("{target:?}").contains("p@ss"), "{target:?}");
+        assert_eq!(target.tls, None);
+
+        let target = parse_url("etcds://a,b:3000?ca=/ca.pem&cert=/c.pem&key=/k.pem").unwrap();
+        assert_eq!(target.endpoints, ["https://a:2379", "https://b:3000"]);
+        assert_eq!(
+            target.tls,
+            Some(TlsFiles {
+                ca: "/ca.pem".into(),
+                identity: Some(("/c.pem".into(), "/k.pem".into())),
+            })
+        );
+        let target = parse_url("etcds://a?ca=/ca.pem&prefix=x").unwrap();
+        assert_eq!(target.tls.unwrap().identity, None);
 
         for bad in [
             "redis://x",
@@ -846,6 +903,11 @@ mod tests {
             "etcd://a?prefix=",
             "etcd://a?timeout=3",
             "etcd://[::1",
+            "etcd://a?ca=/ca.pem",
+            "etcds://a",
+            "etcds://a?cert=/c.pem&key=/k.pem",
+            "etcds://a?ca=/ca.pem&cert=/c.pem",
+            "etcds://a?ca=",
         ] {
             assert!(
                 matches!(parse_url(bad), Err(Error::InvalidUrl { .. })),

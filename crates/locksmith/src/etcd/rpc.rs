@@ -26,13 +26,14 @@
 //! # Ok(()) }
 //! ```
 
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use futures::channel::mpsc;
 use tonic::metadata::AsciiMetadataValue;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::channel::Change;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tonic::{Request, Status, Streaming};
 
 pub use locksmith_proto::etcd::{etcdserverpb, mvccpb, v3lockpb};
@@ -46,6 +47,7 @@ use self::etcdserverpb::{
     WatchRequest, WatchResponse,
 };
 use self::mvccpb::KeyValue;
+use crate::secret::Secret;
 
 /// How long connecting to an endpoint may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -75,6 +77,8 @@ enum Retry {
     /// Writing: again only when the request never left this process (no
     /// connection to the member could be made).
     NotSent,
+    /// Opening a stream: once; its owner opens it again.
+    Once,
 }
 
 /// Whether `status` says the request never reached a member: the balanced
@@ -113,7 +117,7 @@ where
                         "etcd did not answer within {ATTEMPT_TIMEOUT:?}"
                     )))
                 }),
-            Retry::NotSent => call().await,
+            Retry::NotSent | Retry::Once => call().await,
         };
         let again = match (&outcome, retry) {
             (Ok(_), _) => false,
@@ -122,6 +126,7 @@ where
                 tonic::Code::Unavailable | tonic::Code::DeadlineExceeded
             ),
             (Err(status), Retry::NotSent) => never_sent(status),
+            (Err(_), Retry::Once) => false,
         };
         if !again || attempt >= ATTEMPTS {
             return outcome;
@@ -148,17 +153,54 @@ pub type WatchClient = etcdserverpb::watch_client::WatchClient<EtcdChannel>;
 pub type LockClient = v3lockpb::lock_client::LockClient<EtcdChannel>;
 
 /// Puts the token from `Authenticate` on every call, as etcd's `token`
-/// metadata (what Go's clientv3 sends).
+/// metadata (what Go's clientv3 sends). Shared by every clone of the client,
+/// so a token renewed by one call serves all.
 #[derive(Clone, Default)]
-pub struct AuthToken(Option<AsciiMetadataValue>);
+pub struct AuthToken(Arc<RwLock<Option<AsciiMetadataValue>>>);
 
 impl tonic::service::Interceptor for AuthToken {
     fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
-        if let Some(token) = &self.0 {
+        if let Some(token) = &*self.0.read().expect("auth token") {
             request.metadata_mut().insert("token", token.clone());
         }
         Ok(request)
     }
+}
+
+/// The user a client logs in as, to log in again when etcd forgets the token
+/// (a restarted member, an expired simple or JWT token), as Go's clientv3
+/// does.
+struct Login {
+    name: String,
+    password: Secret,
+    /// The channel without the token interceptor.
+    channel: Channel,
+    token: AuthToken,
+}
+
+impl Login {
+    /// `Auth.Authenticate`; the token is kept for every later call.
+    ///
+    /// Cancel safety: safe; at worst a token is issued and not used.
+    async fn authenticate(&self) -> Result<(), Status> {
+        let mut auth = etcdserverpb::auth_client::AuthClient::new(self.channel.clone());
+        let request = AuthenticateRequest {
+            name: self.name.clone(),
+            password: self.password.expose().to_owned(),
+        };
+        let token = auth.authenticate(request).await?.into_inner().token;
+        let token = token
+            .parse()
+            .map_err(|_| Status::unauthenticated("etcd answered with a token that is not ASCII"))?;
+        *self.token.0.write().expect("auth token") = Some(token);
+        Ok(())
+    }
+}
+
+/// Whether etcd refused a call's token (not the user's rights): logging in
+/// again fixes it.
+fn token_refused(status: &Status) -> bool {
+    status.code() == tonic::Code::Unauthenticated && status.message().contains("invalid auth token")
 }
 
 /// A connection to an etcd cluster; cheap to clone, and every clone shares
@@ -166,13 +208,15 @@ impl tonic::service::Interceptor for AuthToken {
 #[derive(Clone)]
 pub struct EtcdClient {
     channel: EtcdChannel,
+    login: Option<Arc<Login>>,
     /// Keeps the balancer's set of endpoints open for the channel's lifetime.
     _endpoints: tokio::sync::mpsc::Sender<Change<String, Endpoint>>,
 }
 
 impl EtcdClient {
-    /// A client balanced over `endpoints` (`http://host:port` each), logged
-    /// in as `user` (name, password) when given. Connections are made when
+    /// A client balanced over `endpoints` (`http://host:port` each, or
+    /// `https://` with `tls`), logged in as `user` (name, password) when
+    /// given. Connections are made when
     /// the first call needs one, so an unreachable cluster shows at the
     /// first call (or here, when logging in).
     ///
@@ -180,11 +224,18 @@ impl EtcdClient {
     pub async fn connect(
         endpoints: &[String],
         user: Option<(String, String)>,
+        tls: Option<ClientTlsConfig>,
     ) -> Result<EtcdClient, Status> {
         let (channel, changes) = Channel::balance_channel(CHANNEL_BUFFER);
         for url in endpoints {
-            let endpoint = Endpoint::from_shared(url.clone())
-                .map_err(|e| Status::invalid_argument(format!("endpoint {url}: {e}")))?
+            let mut endpoint = Endpoint::from_shared(url.clone())
+                .map_err(|e| Status::invalid_argument(format!("endpoint {url}: {e}")))?;
+            if let Some(tls) = &tls {
+                endpoint = endpoint
+                    .tls_config(tls.clone())
+                    .map_err(|e| Status::invalid_argument(format!("TLS for {url}: {e:?}")))?;
+            }
+            let endpoint = endpoint
                 .connect_timeout(CONNECT_TIMEOUT)
                 .http2_keep_alive_interval(HTTP2_KEEPALIVE.0)
                 .keep_alive_timeout(HTTP2_KEEPALIVE.1)
@@ -194,24 +245,44 @@ impl EtcdClient {
                 .await
                 .map_err(|_| Status::internal("the channel's balancer stopped"))?;
         }
-        let token = match user {
+        let token = AuthToken::default();
+        let login = match user {
             None => None,
             Some((name, password)) => {
-                let mut auth = etcdserverpb::auth_client::AuthClient::new(channel.clone());
-                let token = auth
-                    .authenticate(AuthenticateRequest { name, password })
-                    .await?
-                    .into_inner()
-                    .token;
-                Some(token.parse().map_err(|_| {
-                    Status::unauthenticated("etcd answered with a token that is not ASCII")
-                })?)
+                let login = Login {
+                    name,
+                    password: Secret::new(password),
+                    channel: channel.clone(),
+                    token: token.clone(),
+                };
+                login.authenticate().await?;
+                Some(Arc::new(login))
             }
         };
         Ok(EtcdClient {
-            channel: InterceptedService::new(channel, AuthToken(token)),
+            channel: InterceptedService::new(channel, token),
+            login,
             _endpoints: changes,
         })
+    }
+
+    /// Runs `call` as [`attempts`] does; when etcd refuses the token, logs
+    /// in again and runs it once more.
+    ///
+    /// Cancel safety: as the call's own.
+    async fn with_login<T, F, Fut>(&self, retry: Retry, mut call: F) -> Result<T, Status>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, Status>>,
+    {
+        match (attempts(retry, &mut call).await, &self.login) {
+            (Err(status), Some(login)) if token_refused(&status) => {
+                tracing::debug!(%status, "etcd refused the token; logging in again");
+                login.authenticate().await?;
+                attempts(retry, call).await
+            }
+            (outcome, _) => outcome,
+        }
     }
 
     /// The channel, for other generated clients.
@@ -243,7 +314,7 @@ impl EtcdClient {
     ///
     /// Cancel safety: safe, read-only.
     pub async fn range(&self, request: RangeRequest) -> Result<RangeResponse, Status> {
-        attempts(Retry::Repeatable, || async {
+        self.with_login(Retry::Repeatable, || async {
             Ok(self.kv().range(request.clone()).await?.into_inner())
         })
         .await
@@ -253,7 +324,7 @@ impl EtcdClient {
     ///
     /// Cancel safety: the transaction may or may not have been applied.
     pub async fn txn(&self, request: TxnRequest) -> Result<TxnResponse, Status> {
-        attempts(Retry::NotSent, || async {
+        self.with_login(Retry::NotSent, || async {
             Ok(self.kv().txn(request.clone()).await?.into_inner())
         })
         .await
@@ -263,7 +334,7 @@ impl EtcdClient {
     ///
     /// Cancel safety: the delete may or may not have been applied.
     pub async fn delete(&self, request: DeleteRangeRequest) -> Result<DeleteRangeResponse, Status> {
-        attempts(Retry::NotSent, || async {
+        self.with_login(Retry::NotSent, || async {
             Ok(self.kv().delete_range(request.clone()).await?.into_inner())
         })
         .await
@@ -274,7 +345,7 @@ impl EtcdClient {
     /// Cancel safety: a lease may have been granted; it expires unused.
     pub async fn grant_lease(&self, ttl: i64) -> Result<LeaseGrantResponse, Status> {
         let request = LeaseGrantRequest { ttl, id: 0 };
-        attempts(Retry::Repeatable, || async {
+        self.with_login(Retry::Repeatable, || async {
             Ok(self.lease().lease_grant(request).await?.into_inner())
         })
         .await
@@ -284,7 +355,7 @@ impl EtcdClient {
     ///
     /// Cancel safety: the lease may or may not have been revoked.
     pub async fn revoke_lease(&self, id: i64) -> Result<(), Status> {
-        attempts(Retry::NotSent, || async {
+        self.with_login(Retry::NotSent, || async {
             self.lease()
                 .lease_revoke(LeaseRevokeRequest { id })
                 .await
@@ -298,7 +369,7 @@ impl EtcdClient {
     /// Cancel safety: safe, read-only.
     pub async fn lease_time_to_live(&self, id: i64) -> Result<LeaseTimeToLiveResponse, Status> {
         let request = LeaseTimeToLiveRequest { id, keys: false };
-        attempts(Retry::Repeatable, || async {
+        self.with_login(Retry::Repeatable, || async {
             Ok(self.lease().lease_time_to_live(request).await?.into_inner())
         })
         .await
@@ -310,6 +381,12 @@ impl EtcdClient {
     /// Cancel safety: safe; a dropped open closes its stream (the lease may
     /// have been renewed).
     pub async fn keep_alive(&self, id: i64) -> Result<(KeepAlive, Option<i64>), Status> {
+        self.with_login(Retry::Once, || self.open_keep_alive(id))
+            .await
+    }
+
+    /// Cancel safety: as for [`EtcdClient::keep_alive`].
+    async fn open_keep_alive(&self, id: i64) -> Result<(KeepAlive, Option<i64>), Status> {
         let (requests, outgoing) = mpsc::unbounded();
         // Queued before the call: etcd answers the call only with the first
         // response, which needs a request.
@@ -337,6 +414,12 @@ impl EtcdClient {
     ///
     /// Cancel safety: safe; a dropped open closes its stream.
     pub async fn watch_stream(&self, first: WatchCreateRequest) -> Result<WatchStream, Status> {
+        self.with_login(Retry::Once, || self.open_watch(first.clone()))
+            .await
+    }
+
+    /// Cancel safety: as for [`EtcdClient::watch_stream`].
+    async fn open_watch(&self, first: WatchCreateRequest) -> Result<WatchStream, Status> {
         let (requests, outgoing) = mpsc::unbounded();
         // Queued before the call, as for `keep_alive`.
         let _ = requests.unbounded_send(create_request(first));

@@ -83,12 +83,13 @@ impl Settings {
             keepalive: (options.session_ttl / 3).min(Duration::from_secs(5)),
             session_ttl: options.session_ttl,
             lock_by: format!("{}@{}", options.client_name, options.host),
-            tls: Tls::new(SslMode::Disable, None).map_err(invalid)?,
+            tls: Tls::new(SslMode::Disable, None, None).map_err(invalid)?,
         };
         let mut passed = Vec::new();
         // libpq's default; tokio-postgres knows neither verify-* nor sslrootcert.
         let mut ssl_mode = SslMode::Prefer;
         let mut ssl_root = None;
+        let (mut ssl_cert, mut ssl_key) = (None, None);
         let mut mode = None;
         for (key, value) in parsed.query_pairs() {
             match &*key {
@@ -110,9 +111,17 @@ impl Settings {
                     ssl_root = Some(std::path::PathBuf::from(&*value));
                     continue;
                 }
-                "sslcert" | "sslkey" | "sslpassword" | "sslcrl" | "sslcrldir" => {
+                "sslcert" => {
+                    ssl_cert = Some(std::path::PathBuf::from(&*value));
+                    continue;
+                }
+                "sslkey" => {
+                    ssl_key = Some(std::path::PathBuf::from(&*value));
+                    continue;
+                }
+                "sslpassword" | "sslcrl" | "sslcrldir" => {
                     return Err(invalid(format!(
-                        "{key}: client certificates and CRLs are not supported"
+                        "{key}: encrypted client keys and CRLs are not supported"
                     )));
                 }
                 _ => {}
@@ -199,7 +208,19 @@ impl Settings {
             .parse()
             .map_err(|e: tokio_postgres::Error| invalid(e.to_string()))?;
         settings.pg.ssl_mode(ssl_mode.negotiation());
-        settings.tls = Tls::new(ssl_mode, ssl_root.as_deref()).map_err(invalid)?;
+        let identity = match (&ssl_cert, &ssl_key) {
+            (Some(cert), Some(key)) => Some((cert.as_path(), key.as_path())),
+            (None, None) => None,
+            _ => {
+                return Err(invalid(
+                    "sslcert and sslkey go together (the client certificate and its key)".into(),
+                ))
+            }
+        };
+        if identity.is_some() && ssl_mode == SslMode::Disable {
+            return Err(invalid("sslcert needs TLS, not sslmode=disable".into()));
+        }
+        settings.tls = Tls::new(ssl_mode, ssl_root.as_deref(), identity).map_err(invalid)?;
         if settings.pg.get_application_name().is_none() {
             settings.pg.application_name("locksmith");
         }
@@ -292,6 +313,9 @@ mod tests {
             "postgres://u@h/db?sslmode=verify-ca&sslrootcert=/nonexistent.pem",
             "postgres://u@h/db?sslrootcert=system&sslmode=verify-full",
             "postgres://u@h/db?sslkey=client.key",
+            "postgres://u@h/db?sslcert=client.crt",
+            "postgres://u@h/db?sslcert=/nonexistent.crt&sslkey=/nonexistent.key",
+            "postgres://u@h/db?sslpassword=x",
         ] {
             assert!(matches!(parse(url), Err(Error::InvalidUrl { .. })), "{url}");
         }

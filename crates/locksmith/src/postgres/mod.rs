@@ -25,9 +25,13 @@
 //! `~/.postgresql/root.crt`). `prefer` and `require` encrypt without checking
 //! the certificate, unless `sslrootcert` is given (then the chain is checked,
 //! as libpq does when the root file exists); `verify-ca` checks the chain,
-//! `verify-full` also that the certificate names the URL's host. Cancel
-//! requests go over TLS too. Not supported: `sslmode=allow`,
-//! `sslrootcert=system`, client certificates (`sslcert`, `sslkey`).
+//! `verify-full` also that the certificate names the URL's host.
+//! `sslcert=<PEM file>&sslkey=<PEM file>` (together) present a client
+//! certificate, for `clientcert=verify-*` or `cert` authentication in
+//! `pg_hba.conf` (no default files: libpq's `~/.postgresql/postgresql.crt`
+//! is not read). Cancel requests go over TLS too. Not supported:
+//! `sslmode=allow`, `sslrootcert=system`, encrypted keys (`sslpassword`),
+//! CRLs.
 //! `application_name` defaults to `locksmith`. PostgreSQL 12 or newer.
 //!
 //! # Keys: how other clients find the same lock

@@ -6,7 +6,9 @@
 //! `prefer` and `require`: encryption only); with one (`sslrootcert=`, or
 //! `verify-ca` / `verify-full`, whose default is libpq's
 //! `~/.postgresql/root.crt`) the server's chain must lead to it, and for
-//! `verify-full` its certificate must name the host of the URL.
+//! `verify-full` its certificate must name the host of the URL. `sslcert`
+//! and `sslkey` (together) are the client certificate, for servers that ask
+//! for one (`clientcert=verify-ca|verify-full`, or `cert` authentication).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -15,7 +17,7 @@ use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, Server
 use rustls::client::WebPkiServerVerifier;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{CertificateError, DigitallySignedStruct, RootCertStore, SignatureScheme};
 use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres_rustls::MakeRustlsConnect;
@@ -65,9 +67,14 @@ impl std::fmt::Debug for Tls {
 impl Tls {
     /// The connector for `mode`, checking certificates against the PEM file
     /// `root` (all of its certificates are trusted), or the default root
-    /// file for `verify-*` when `root` is `None`. Errors are plain messages,
+    /// file for `verify-*` when `root` is `None`; `identity` is the client
+    /// certificate (chain) and key, PEM files. Errors are plain messages,
     /// for an invalid-URL error.
-    pub fn new(mode: SslMode, root: Option<&Path>) -> Result<Tls, String> {
+    pub fn new(
+        mode: SslMode,
+        root: Option<&Path>,
+        identity: Option<(&Path, &Path)>,
+    ) -> Result<Tls, String> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let root = match (mode, root) {
             (_, Some(root)) => Some(root.to_owned()),
@@ -94,8 +101,16 @@ impl Tls {
                         .with_custom_certificate_verifier(Arc::new(AnyName(chain)))
                 }
             }
-        }
-        .with_no_client_auth();
+        };
+        let config = match identity {
+            None => config.with_no_client_auth(),
+            Some((cert, key)) => {
+                let (chain, key) = load_identity(cert, key)?;
+                config
+                    .with_client_auth_cert(chain, key)
+                    .map_err(|e| format!("sslcert {}: {e}", cert.display()))?
+            }
+        };
         Ok(Tls(MakeRustlsConnect::new(config)))
     }
 }
@@ -146,6 +161,30 @@ fn load_roots(path: &Path) -> Result<RootCertStore, String> {
         ));
     }
     Ok(roots)
+}
+
+/// The client certificate chain of `sslcert` and the private key of
+/// `sslkey` (PKCS#8, PKCS#1 or SEC1, unencrypted).
+fn load_identity(
+    cert: &Path,
+    key: &Path,
+) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), String> {
+    let chain = CertificateDer::pem_file_iter(cert)
+        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| format!("sslcert {}: cannot read certificates: {e}", cert.display()))?;
+    if chain.is_empty() {
+        return Err(format!(
+            "sslcert {}: no certificate in the file",
+            cert.display()
+        ));
+    }
+    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| {
+        format!(
+            "sslkey {}: cannot read an unencrypted private key: {e}",
+            key.display()
+        )
+    })?;
+    Ok((chain, key))
 }
 
 /// `prefer` and `require` without a root certificate: any certificate (the

@@ -14,6 +14,7 @@ use super::ops::Call;
 use super::pubsub::{Hub, Source};
 use super::{cluster, sentinel, BACKEND};
 use crate::error::{Error, Result};
+use crate::tls::ensure_crypto_provider;
 
 /// A Redis error with what was being done, as the source of [`Error::Backend`].
 #[derive(Debug)]
@@ -94,14 +95,6 @@ pub(crate) fn is_transient(error: &Error) -> bool {
         }) => is_unreachable(e),
         Some(Failure { source: None, .. }) => true,
         None => false,
-    }
-}
-
-/// rustls needs a process-wide crypto provider; install ring's unless the
-/// application installed one already.
-fn ensure_crypto_provider() {
-    if rustls::crypto::CryptoProvider::get_default().is_none() {
-        let _ = rustls::crypto::ring::default_provider().install_default();
     }
 }
 

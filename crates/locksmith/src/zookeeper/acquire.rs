@@ -29,17 +29,24 @@ pub(crate) struct Node {
 
 /// Converts a ZooKeeper error, naming what was being done.
 pub(crate) fn zk_error(doing: &str, error: zk::Error) -> Error {
-    Error::backend(BACKEND, format!("{doing}: {error}"))
+    let hint = match error {
+        zk::Error::NoAuth => {
+            " (the node's ACL refuses this client: give the URL the credentials \
+             that created it, zk://user:password@…)"
+        }
+        _ => "",
+    };
+    Error::backend(BACKEND, format!("{doing}: {error}{hint}"))
 }
 
-fn node_options() -> zk::CreateOptions<'static> {
-    zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all())
+fn node_options(acls: zk::Acls<'static>) -> zk::CreateOptions<'static> {
+    zk::CreateMode::EphemeralSequential.with_acls(acls)
 }
 
 /// Ancestors are container nodes, as Curator's `creatingParentContainersIfNeeded`
 /// makes them: the server removes them once they are empty again.
-fn dir_options() -> zk::CreateOptions<'static> {
-    zk::CreateMode::Container.with_acls(zk::Acls::anyone_all())
+fn dir_options(acls: zk::Acls<'static>) -> zk::CreateOptions<'static> {
+    zk::CreateMode::Container.with_acls(acls)
 }
 
 /// A node an acquire is creating or has created, deleted if the acquire does
@@ -83,7 +90,7 @@ impl Pending {
         let client = &session.client;
         let base = layout::child_path(&self.dir, &self.prefix);
         loop {
-            let options = node_options();
+            let options = node_options(session.acls);
             let create = client.create(&base, data, &options);
             let list = client.list_children(&self.dir);
             let (created, listed) = tokio::join!(create, list);
@@ -108,7 +115,7 @@ impl Pending {
                     ));
                 }
                 Err(zk::Error::NoNode) => {
-                    let dir_options = dir_options();
+                    let dir_options = dir_options(session.acls);
                     session
                         .retry(|| client.mkdir(&self.dir, &dir_options))
                         .await

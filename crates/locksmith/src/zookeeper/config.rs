@@ -2,8 +2,11 @@
 
 use std::time::Duration;
 
-use crate::client::{redact, ConnectOptions};
+use crate::client::{percent_decode, redact, ConnectOptions};
 use crate::error::{Error, Result};
+use crate::secret::Secret;
+use crate::tls::TlsFiles;
+use zookeeper_client as zk;
 
 /// Default ZooKeeper client port.
 const DEFAULT_PORT: u16 = 2181;
@@ -29,6 +32,12 @@ pub(crate) struct Config {
     pub lock_by: String,
     /// Whose election nodes this client's candidates create.
     pub elections: Elections,
+    /// Digest credentials (user, password), sent when the session opens.
+    pub digest: Option<(String, Secret)>,
+    /// Who may do what with the nodes this client creates.
+    pub acl: Acl,
+    /// `zks://`: TLS to every server, with these files.
+    pub tls: Option<TlsFiles>,
 }
 
 /// The election recipe whose node names a candidate uses. Curator's
@@ -43,6 +52,34 @@ pub(crate) enum Elections {
     Curator,
     /// `<uuid hex>__lock__<seq>`, kazoo's `Election` (its `Lock`).
     Kazoo,
+}
+
+/// The ACL of the nodes locksmith creates (`?acl=`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Acl {
+    /// `world:anyone` may do everything: the default without credentials.
+    Anyone,
+    /// Only clients with the creator's credentials (ZooKeeper's `auth`
+    /// scheme): the default with credentials.
+    Creator,
+    /// The creator's credentials may do everything, anyone may read (list a
+    /// queue, describe a holder).
+    CreatorAnyoneRead,
+}
+
+impl Acl {
+    /// The ZooKeeper ACL list.
+    pub fn acls(self) -> zk::Acls<'static> {
+        static CREATOR_ALL_ANYONE_READ: [zk::Acl; 2] = [
+            zk::Acl::new_const(zk::Permission::ALL, "auth", ""),
+            zk::Acl::new_const(zk::Permission::READ, "world", "anyone"),
+        ];
+        match self {
+            Acl::Anyone => zk::Acls::anyone_all(),
+            Acl::Creator => zk::Acls::creator_all(),
+            Acl::CreatorAnyoneRead => zk::Acls::new(&CREATOR_ALL_ANYONE_READ),
+        }
+    }
 }
 
 impl Config {
@@ -60,21 +97,30 @@ impl Config {
     }
 }
 
-/// Parses `zk://host:port[,host:port…][/chroot][?option=value&…]` (also
-/// `zookeeper://`).
+/// Parses `zk://[user:password@]host:port[,host:port…][/chroot][?option=value&…]`
+/// (also `zookeeper://`).
 pub(crate) fn parse(url: &str, options: &ConnectOptions) -> Result<Config> {
     let invalid = |reason: String| Error::InvalidUrl {
         url: redact(url),
         reason,
     };
-    let rest = url
-        .strip_prefix("zk://")
-        .or_else(|| url.strip_prefix("zookeeper://"))
-        .ok_or_else(|| invalid("expected zk://host:port[,host:port…]/chroot".into()))?;
+    let (secure, rest) = match url.split_once("://") {
+        Some(("zk" | "zookeeper", rest)) => (false, rest),
+        Some(("zks", rest)) => (true, rest),
+        _ => {
+            return Err(invalid(
+                "expected zk://host:port[,host:port…]/chroot or zks://…?ca=<PEM file>".into(),
+            ))
+        }
+    };
     let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
-    let (hosts, chroot) = match rest.find('/') {
+    let (authority, chroot) = match rest.find('/') {
         Some(at) => (&rest[..at], &rest[at..]),
         None => (rest, "/"),
+    };
+    let (digest, hosts) = match authority.rsplit_once('@') {
+        Some((user_info, hosts)) => (Some(parse_digest(user_info).map_err(invalid)?), hosts),
+        None => (None, authority),
     };
     let hosts = parse_hosts(hosts).map_err(invalid)?;
     let chroot = parse_chroot(chroot).map_err(invalid)?;
@@ -86,7 +132,15 @@ pub(crate) fn parse(url: &str, options: &ConnectOptions) -> Result<Config> {
         lost_after_suspended: Some(1.0 / 3.0),
         lock_by: format!("{}@{}", options.client_name, options.host),
         elections: Elections::Curator,
+        acl: if digest.is_some() {
+            Acl::Creator
+        } else {
+            Acl::Anyone
+        },
+        digest,
+        tls: None,
     };
+    let (mut ca, mut cert, mut key_file) = (None, None, None);
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (key, value) = pair
             .split_once('=')
@@ -112,10 +166,37 @@ pub(crate) fn parse(url: &str, options: &ConnectOptions) -> Result<Config> {
                     }
                 };
             }
+            "acl" => {
+                config.acl = match value {
+                    "anyone" => Acl::Anyone,
+                    "creator" => Acl::Creator,
+                    "read" => Acl::CreatorAnyoneRead,
+                    _ => {
+                        return Err(invalid(format!(
+                            "acl={value} (known: creator, read, anyone)"
+                        )))
+                    }
+                };
+            }
+            "ca" | "cert" | "key" if !secure => {
+                return Err(invalid(format!(
+                    "{key}= is a TLS option: use zks:// for TLS"
+                )))
+            }
+            "ca" | "cert" | "key" => {
+                let path = percent_decode(value)
+                    .filter(|path| !path.is_empty())
+                    .ok_or_else(|| invalid(format!("{key}= needs a PEM file")))?;
+                *match key {
+                    "ca" => &mut ca,
+                    "cert" => &mut cert,
+                    _ => &mut key_file,
+                } = Some(std::path::PathBuf::from(path));
+            }
             other => {
                 return Err(invalid(format!(
                     "unknown option {other:?} (known: session_timeout, connection_timeout, \
-                     lost_after_suspended, elections)"
+                     lost_after_suspended, elections, acl, and with zks:// ca, cert, key)"
                 )))
             }
         }
@@ -126,10 +207,33 @@ pub(crate) fn parse(url: &str, options: &ConnectOptions) -> Result<Config> {
             config.session_timeout
         )));
     }
+    if secure {
+        config.tls = Some(TlsFiles::from_options("zks://", ca, cert, key_file).map_err(invalid)?);
+    }
+    if config.acl != Acl::Anyone && config.digest.is_none() {
+        return Err(invalid(
+            "acl=creator and acl=read need credentials: zk://user:password@host/…".into(),
+        ));
+    }
     if config.connection_timeout.is_some_and(|t| t.is_zero()) {
         return Err(invalid("connection_timeout must not be zero".into()));
     }
     Ok(config)
+}
+
+/// `user:password` (percent-encoded) of a `digest` identity.
+fn parse_digest(user_info: &str) -> Result<(String, Secret), String> {
+    let (user, password) = user_info
+        .split_once(':')
+        .ok_or("credentials need a password: zk://user:password@host/…")?;
+    let decode =
+        |text: &str, what: &str| percent_decode(text).ok_or(format!("bad %-escape in the {what}"));
+    let user = decode(user, "user")?;
+    let password = decode(password, "password")?;
+    if user.is_empty() || user.contains(':') {
+        return Err("the user name must be non-empty and without ':'".into());
+    }
+    Ok((user, Secret::new(password)))
 }
 
 fn parse_hosts(hosts: &str) -> Result<String, String> {
@@ -247,6 +351,47 @@ mod tests {
     }
 
     #[test]
+    fn tls_files() {
+        let config = parse("zks://h:1/c?ca=/ca.pem&cert=/c.pem&key=/k.pem", &options()).unwrap();
+        assert_eq!(
+            config.tls,
+            Some(TlsFiles {
+                ca: "/ca.pem".into(),
+                identity: Some(("/c.pem".into(), "/k.pem".into())),
+            })
+        );
+        assert_eq!(parse("zk://h:1", &options()).unwrap().tls, None);
+    }
+
+    #[test]
+    fn credentials_and_acls() {
+        let config = parse("zk://alice:p%40ss@h:1/c", &options()).unwrap();
+        assert_eq!(
+            config.digest,
+            Some(("alice".into(), Secret::new("p@ss".into())))
+        );
+        assert_eq!(config.acl, Acl::Creator, "creator-only with credentials");
+        assert_eq!(config.hosts, "h:1");
+        assert!(!format!("{config:?}").contains("p@ss"), "{config:?}");
+        let anyone = parse("zk://h:1", &options()).unwrap();
+        assert_eq!(
+            (anyone.digest, anyone.acl),
+            (None, Acl::Anyone),
+            "open without credentials"
+        );
+        for (query, acl) in [
+            ("anyone", Acl::Anyone),
+            ("creator", Acl::Creator),
+            ("read", Acl::CreatorAnyoneRead),
+        ] {
+            let url = format!("zk://a:b@h:1?acl={query}");
+            assert_eq!(parse(&url, &options()).unwrap().acl, acl);
+        }
+        let error = parse("zk://alice:hunter2@h:1?acl=nobody", &options()).unwrap_err();
+        assert!(!error.to_string().contains("hunter2"), "{error}");
+    }
+
+    #[test]
     fn rejects_bad_urls() {
         for bad in [
             "zk://",
@@ -258,6 +403,16 @@ mod tests {
             "zk://h:1?lost_after_suspended=2",
             "zk://h:1?session_timeout=10ms",
             "zk://h:1?elections=etcd",
+            "zk://h:1?acl=creator",
+            "zk://h:1?acl=read",
+            "zk://a:b@h:1?acl=all",
+            "zk://alice@h:1",
+            "zk://:pw@h:1",
+            "zk://a:%zz@h:1",
+            "zk://h:1?ca=/ca.pem",
+            "zks://h:1",
+            "zks://h:1?ca=/ca.pem&cert=/c.pem",
+            "zks://h:1?ca=",
             "redis://h:1",
         ] {
             assert!(

@@ -1,4 +1,4 @@
-//! `zk://host:port[,host:port…][/chroot][?options]`: ZooKeeper, in the layouts
+//! `zk://[user:password@]host:port[,host:port…][/chroot][?options]` (`zks://` over TLS): ZooKeeper, in the layouts
 //! of Apache Curator's lock recipes, so that locksmith, Curator (Java) and
 //! kazoo (Python) clients exclude each other on the same lock.
 //!
@@ -121,8 +121,23 @@
 //! | `connection_timeout` | a third of the session timeout | silence after which the connection counts as lost and the client tries the next server |
 //! | `lost_after_suspended` | `0.33` | part of the negotiated session timeout the connection may stay suspended before holds are lost (`0`: at once; `never`: only on session expiry) |
 //! | `elections` | `curator` | whose election node names this client's candidates take: `curator` (`LeaderSelector`) or `kazoo` (`Election`) |
+//! | `acl` | `creator` with credentials, else `anyone` | ACL of the nodes locksmith creates, the chroot included: `creator` (only the creator's credentials, ZooKeeper's `auth` scheme: Curator's and kazoo's `CREATOR_ALL_ACL`), `read` (that, and read for anyone: listing and inspection), `anyone` (`world:anyone`, everything); `creator` and `read` need credentials |
+//! | `ca`, `cert`, `key` | | `zks://` only: TLS (rustls) to every server's secure client port (`secureClientPort`). `ca` (required) names the CA file the servers' certificates must chain to (and name the URL's hosts); `cert` and `key` (together) the client certificate, which ZooKeeper asks for by default (`ssl.clientAuth=need`) |
 //!
 //! Example: `zk://zk1:2181,zk2:2181,zk3:2181/apps/locks?session_timeout=10s`.
+//!
+//! # Credentials
+//!
+//! `user:password@` (percent-encode special characters) authenticates the
+//! session with ZooKeeper's `digest` scheme, again after every reconnect.
+//! Nodes are then creator-only by default, so another client needs the same
+//! credentials (kazoo: `auth_data=[("digest", "user:password")]` with
+//! `default_acl=CREATOR_ALL_ACL`; Curator: `.authorization("digest", …)`
+//! with `ACLProvider` creator-all) to queue on the same lock; one without them
+//! gets an error naming the ACL (ZooKeeper's `NoAuth`). Digest
+//! authentication cannot fail at connect: a wrong password is another
+//! identity, refused by the ACL. The password never appears in errors, logs
+//! or `Debug` output.
 //!
 //! [`ConnectOptions::session_ttl`]: crate::ConnectOptions::session_ttl
 

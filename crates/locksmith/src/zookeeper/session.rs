@@ -47,6 +47,8 @@ pub(crate) struct Session {
     pub id: i64,
     /// The negotiated session timeout.
     pub timeout: Duration,
+    /// The ACL of every node this session creates (the URL's `acl`).
+    pub acls: zk::Acls<'static>,
     trust: Mutex<LostSignal>,
     stop: CancellationToken,
 }
@@ -64,17 +66,52 @@ impl Session {
     /// Cancel safety: safe; a dropped connect closes the half-made session.
     #[tracing::instrument(name = "zookeeper.connect", skip_all, fields(hosts = %config.hosts, chroot = %config.chroot))]
     pub async fn open(config: &Config) -> Result<std::sync::Arc<Session>> {
-        let connector = zk::Client::connector()
+        let mut connector = zk::Client::connector()
             .with_session_timeout(config.session_timeout)
             .with_connection_timeout(config.connection_timeout_for(config.session_timeout))
             .with_fail_eagerly();
-        let root = connector.connect(&config.hosts).await.map_err(|e| {
-            Error::backend(BACKEND, format!("cannot connect to {}: {e}", config.hosts))
+        if let Some((user, password)) = &config.digest {
+            // Sent with the session handshake and again on every reconnect.
+            connector =
+                connector.with_auth("digest", format!("{user}:{}", password.expose()).as_bytes());
+        }
+        let connected = match &config.tls {
+            None => connector.connect(&config.hosts).await,
+            Some(files) => {
+                let invalid = |reason: String| Error::InvalidUrl {
+                    url: format!("zks://{}{}", config.hosts, config.chroot),
+                    reason,
+                };
+                let pem = files.read().map_err(invalid)?;
+                let mut tls = zk::TlsOptions::new()
+                    .with_pem_ca(&pem.ca)
+                    .map_err(|e| invalid(format!("ca={}: {e}", files.ca.display())))?;
+                if let Some((cert, key)) = &pem.identity {
+                    tls = tls
+                        .with_pem_identity(cert, key)
+                        .map_err(|e| invalid(format!("cert=, key=: {e}")))?;
+                }
+                // The client crate builds its rustls configuration with the
+                // process-wide provider.
+                crate::tls::ensure_crypto_provider();
+                connector.with_tls(tls).secure_connect(&config.hosts).await
+            }
+        };
+        let root = connected.map_err(|e| {
+            let hint = match e {
+                zk::Error::AuthFailed => " (the digest credentials were refused)",
+                _ => "",
+            };
+            Error::backend(
+                BACKEND,
+                format!("cannot connect to {}: {e}{hint}", config.hosts),
+            )
         })?;
+        let acls = config.acl.acls();
         let client = if config.chroot == "/" {
             root
         } else {
-            let options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+            let options = zk::CreateMode::Persistent.with_acls(acls);
             root.mkdir(&config.chroot, &options).await.map_err(|e| {
                 Error::backend(
                     BACKEND,
@@ -88,6 +125,7 @@ impl Session {
         let session = std::sync::Arc::new(Session {
             id: client.session_id().0,
             timeout,
+            acls,
             trust: Mutex::new(LostSignal::new()),
             stop: CancellationToken::new(),
             client,

@@ -66,6 +66,8 @@ behaviours!(
     dropping_guard_releases,
     inspection_shows_holder_and_waiters,
     election_fails_over,
+    election_is_observed,
+    proclaim_after_loss_fails,
 );
 
 /// The behaviours the conformance suite's `suite!` expands, read from its
