@@ -600,6 +600,7 @@ public class Curator {
         client.blockUntilConnected();
         LeaderSelector selector = new LeaderSelector(client, path, new LeaderSelectorListenerAdapter() {
             public void takeLeadership(CuratorFramework c) throws Exception {
+                LED.countDown();
                 say("LEADING " + leaderOf(SELECTOR[0]));
                 stdin.readLine();
             }
@@ -617,7 +618,8 @@ public class Curator {
         }
         say("WAITING");
         selector.start();
-        while (!selector.hasLeadership()) Thread.sleep(10);
+        // Led once (however briefly: a poll could miss it), then let go.
+        LED.await();
         while (selector.hasLeadership()) Thread.sleep(10);
         say("RESIGNED");
         selector.close();
@@ -625,6 +627,7 @@ public class Curator {
     }
 
     static final LeaderSelector[] SELECTOR = new LeaderSelector[1];
+    static final java.util.concurrent.CountDownLatch LED = new java.util.concurrent.CountDownLatch(1);
 
     static String leaderOf(LeaderSelector selector) throws Exception {
         return selector.getLeader().getId();
