@@ -644,6 +644,15 @@ mod tests {
         (core.streams[&stream], records)
     }
 
+    /// Makes `core` a leader that serves (stint 1), as if its grace entry
+    /// had been applied.
+    fn lead(core: &mut Core) {
+        core.replica.role = replica::Leadership::Leader {
+            stint: 1,
+            ready: true,
+        };
+    }
+
     fn hold_args(name: &str) -> crate::op::HoldArgs {
         crate::op::HoldArgs {
             name: name.into(),
@@ -714,10 +723,7 @@ mod tests {
         let mut core = core(4096);
         let now = core.clock.now();
         let (session, _) = open(&mut core, 1, now);
-        core.replica.role = replica::Leadership::Leader {
-            stint: 1,
-            ready: true,
-        };
+        lead(&mut core);
         let (ops, arrivals) = std::sync::mpsc::channel();
         ops.send(client_batch(1, [StreamOp::Heartbeat])).unwrap();
         // The engine was busy past the session's deadline meanwhile.
@@ -741,10 +747,7 @@ mod tests {
         let mut core = core(4096);
         let now = core.clock.now();
         let (session, _) = open(&mut core, 1, now);
-        core.replica.role = replica::Leadership::Leader {
-            stint: 1,
-            ready: true,
-        };
+        lead(&mut core);
         // A batch goes out (proposed, not applied yet)...
         let mut proposal = std::mem::take(&mut core.proposal);
         let release = client_batch(
@@ -804,10 +807,7 @@ mod tests {
         let mut core = core(4096);
         let now = core.clock.now();
         open(&mut core, 1, now);
-        core.replica.role = replica::Leadership::Leader {
-            stint: 1,
-            ready: true,
-        };
+        lead(&mut core);
         // The second acquire of "x" is proposed while the first is in flight:
         // it queues behind it, as if the first had been applied already.
         let first = propose_now(&mut core, now, client_batch(1, [acquire(1, "x")]));
@@ -850,10 +850,7 @@ mod tests {
         let mut core = core(4096);
         let now = core.clock.now();
         let (session, _) = open(&mut core, 1, now);
-        core.replica.role = replica::Leadership::Leader {
-            stint: 1,
-            ready: true,
-        };
+        lead(&mut core);
         let late = now + 1_500;
         assert!(core.replica.can_expire());
         let mut proposal = std::mem::take(&mut core.proposal);
@@ -878,10 +875,7 @@ mod tests {
     #[test]
     fn a_batch_ends_at_max_batch_messages() {
         let mut core = core(10);
-        core.replica.role = replica::Leadership::Leader {
-            stint: 1,
-            ready: true,
-        };
+        lead(&mut core);
         let (ops, arrivals) = std::sync::mpsc::channel();
         for _ in 0..3 {
             ops.send(client_batch(1, (0..4).map(|_| StreamOp::AckOnly)))
