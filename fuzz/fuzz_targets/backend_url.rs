@@ -7,8 +7,8 @@ use std::sync::OnceLock;
 use libfuzzer_sys::fuzz_target;
 use tokio::runtime::Runtime;
 
-/// `locksmith://` makes its channels (connected lazily) on the runtime, as
-/// `Client::connect` does; one worker polls their tasks to their end.
+/// Some parsers build store clients (connected lazily), which want a
+/// runtime; one worker polls their tasks to their end.
 fn runtime() -> &'static Runtime {
     static RUNTIME: OnceLock<Runtime> = OnceLock::new();
     RUNTIME.get_or_init(|| {
@@ -20,15 +20,21 @@ fn runtime() -> &'static Runtime {
     })
 }
 
+/// Whether an option may name a file outside the working directory.
+/// Options such as `ca=`, `token_file=` or `sslrootcert=` make the parsers
+/// read the file they name, by design: the fuzzer must not name /dev/zero.
+/// Everything after the first `?` counts, decoded, whatever the scheme.
+fn may_name_a_file_elsewhere(url: &str) -> bool {
+    url.split_once('?').is_some_and(|(_, query)| {
+        url::form_urlencoded::parse(query.as_bytes()).any(|(_, value)| value.contains('/'))
+    })
+}
+
 fuzz_target!(|bytes: &[u8]| {
     let Ok(url) = std::str::from_utf8(bytes) else {
         return;
     };
-    // `sslrootcert=<file>` makes the PostgreSQL parser read that file, by
-    // design: the fuzzer must not name /dev/zero.
-    let names_a_file = url::Url::parse(url)
-        .is_ok_and(|url| url.query_pairs().any(|(key, _)| key == "sslrootcert"));
-    if !names_a_file {
+    if !may_name_a_file_elsewhere(url) {
         let _runtime = runtime().enter();
         let _ = locksmith::fuzzing::parse_url(url);
     }

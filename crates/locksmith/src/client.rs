@@ -70,6 +70,33 @@ impl std::fmt::Debug for Client {
     }
 }
 
+/// The store a URL's scheme names: the one table of schemes, for
+/// [`Client::connect`] and the URL fuzz target alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Store {
+    Memory,
+    Server,
+    Redis,
+    ZooKeeper,
+    Etcd,
+    Postgres,
+}
+
+impl Store {
+    pub(crate) fn of_scheme(scheme: &str) -> Option<Store> {
+        Some(match scheme {
+            "memory" => Store::Memory,
+            "locksmith" | "locksmith+tls" => Store::Server,
+            "redis" | "rediss" | "redis+redlock" | "redis+sentinel" | "rediss+sentinel"
+            | "redis+cluster" | "rediss+cluster" => Store::Redis,
+            "zk" | "zks" | "zookeeper" => Store::ZooKeeper,
+            "etcd" | "etcds" => Store::Etcd,
+            "postgres" | "postgresql" => Store::Postgres,
+            _ => return None,
+        })
+    }
+}
+
 impl Client {
     /// Connects with default options. The URL scheme picks the backend:
     /// `memory://[table]`, `locksmith://host:port`, `locksmith+tls://…`, `redis://`, `rediss://`,
@@ -110,8 +137,14 @@ impl Client {
                 return Err(not_enabled(scheme, $feature));
             }};
         }
-        let backend: Arc<dyn Backend> = match scheme {
-            "memory" => {
+        let Some(store) = Store::of_scheme(scheme) else {
+            return Err(Error::InvalidUrl {
+                url: redact(url),
+                reason: format!("unknown scheme {scheme:?}"),
+            });
+        };
+        let backend: Arc<dyn Backend> = match store {
+            Store::Memory => {
                 #[cfg(feature = "memory")]
                 {
                     Arc::new(crate::memory::MemoryBackend::connect(url, &options)?)
@@ -119,18 +152,11 @@ impl Client {
                 #[cfg(not(feature = "memory"))]
                 return Err(not_enabled(scheme, "memory"));
             }
-            "locksmith" | "locksmith+tls" => backend!("server", server::ServerBackend),
-            "redis" | "rediss" | "redis+redlock" | "redis+sentinel" | "rediss+sentinel"
-            | "redis+cluster" | "rediss+cluster" => backend!("redis", redis::RedisBackend),
-            "zk" | "zks" | "zookeeper" => backend!("zookeeper", zookeeper::ZooKeeperBackend),
-            "etcd" | "etcds" => backend!("etcd", etcd::EtcdBackend),
-            "postgres" | "postgresql" => backend!("postgres", postgres::PostgresBackend),
-            other => {
-                return Err(Error::InvalidUrl {
-                    url: redact(url),
-                    reason: format!("unknown scheme {other:?}"),
-                })
-            }
+            Store::Server => backend!("server", server::ServerBackend),
+            Store::Redis => backend!("redis", redis::RedisBackend),
+            Store::ZooKeeper => backend!("zookeeper", zookeeper::ZooKeeperBackend),
+            Store::Etcd => backend!("etcd", etcd::EtcdBackend),
+            Store::Postgres => backend!("postgres", postgres::PostgresBackend),
         };
         Ok(Client::from_backend(backend))
     }

@@ -12,6 +12,7 @@
 //! shows neither in `ps` nor in messages. It goes with every call as
 //! `authorization: Bearer <token>`, marked sensitive.
 
+use std::collections::HashSet;
 use std::path::Path;
 
 use locksmith_proto::v1::locksmith_client::LocksmithClient;
@@ -221,6 +222,7 @@ impl Options {
 /// The `host:port` of each member in the URL's authority, in order.
 fn addresses(url: &str, authority: &str) -> Result<Vec<String>> {
     let mut addresses = Vec::new();
+    let mut seen = HashSet::new();
     for part in authority.split(',') {
         // Each member through the URL parser, which checks hosts and ports.
         let parsed = url::Url::parse(&format!("locksmith://{part}"))
@@ -233,7 +235,7 @@ fn addresses(url: &str, authority: &str) -> Result<Vec<String>> {
             return Err(invalid_url(url, "members take no user or password".into()));
         }
         let addr = format!("{host}:{}", parsed.port().unwrap_or(DEFAULT_PORT));
-        if !addresses.contains(&addr) {
+        if seen.insert(addr.clone()) {
             addresses.push(addr);
         }
     }
