@@ -685,8 +685,8 @@ async fn a_tls_cluster_elects_a_leader_serves_holds_and_refuses_strange_members(
         .enumerate()
         .map(|(i, &port)| {
             let name = format!("member-{}", i + 1);
-            pki.issue("ca", &name);
-            let mut args = pki.serve_args(&name);
+            pki.issue("members-ca", &name);
+            let mut args = pki.member_serve_args(&name);
             args.extend([
                 "--node-id".into(),
                 (i + 1).to_string(),
@@ -703,7 +703,7 @@ async fn a_tls_cluster_elects_a_leader_serves_holds_and_refuses_strange_members(
     let url = format!(
         "locksmith+tls://{}?ca={}&token_file={}",
         addrs.join(","),
-        pki.path_str("ca.pem"),
+        pki.path_str("members-ca.pem"),
         pki.path_str("admin.token")
     );
     let options = ConnectOptions {
@@ -720,30 +720,33 @@ async fn a_tls_cluster_elects_a_leader_serves_holds_and_refuses_strange_members(
     guard.release().await.unwrap();
     client.close().await.unwrap();
 
-    // Raft traffic from a peer without a client certificate: refused.
-    let anonymous = ServerUrl::parse(&format!(
-        "locksmith+tls://{}?ca={}",
-        addrs[0],
-        pki.path_str("ca.pem")
-    ))
-    .unwrap();
-    let channel = anonymous
-        .endpoint(&addrs[0])
-        .unwrap()
-        .connect()
-        .await
+    // Raft traffic from a peer without a certificate, or with a client's
+    // (which the port accepts, for clients): refused.
+    pki.issue("ca", "a-client");
+    for identity in ["", "&cert=CERT&key=KEY"] {
+        let identity = identity
+            .replace("CERT", &pki.path_str("a-client.pem"))
+            .replace("KEY", &pki.path_str("a-client.key"));
+        let peer = ServerUrl::parse(&format!(
+            "locksmith+tls://{}?ca={}{identity}",
+            addrs[0],
+            pki.path_str("members-ca.pem")
+        ))
         .unwrap();
-    let refused = raft_pb::raft_client::RaftClient::new(channel)
-        .vote(raft_pb::Payload::default())
-        .await
-        .unwrap_err();
-    assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused:?}");
+        let channel = peer.endpoint(&addrs[0]).unwrap().connect().await.unwrap();
+        let refused = raft_pb::raft_client::RaftClient::new(channel)
+            .vote(raft_pb::Payload::default())
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused:?}");
+        assert!(refused.message().contains("peer CA"), "{refused:?}");
+    }
 
     // A member whose certificate another CA signed: no TLS session at all.
     let foreign = ServerUrl::parse(&format!(
         "locksmith+tls://{}?ca={}&cert={}&key={}",
         addrs[0],
-        pki.path_str("ca.pem"),
+        pki.path_str("members-ca.pem"),
         pki.path_str("foreign-member.pem"),
         pki.path_str("foreign-member.key"),
     ))
@@ -770,10 +773,11 @@ async fn a_tls_cluster_elects_a_leader_serves_holds_and_refuses_strange_members(
 }
 
 #[test]
-fn a_tls_cluster_member_without_a_client_ca_is_refused_at_start() {
+fn a_tls_cluster_member_without_a_peer_ca_is_refused_at_start() {
     let pki = Pki::new();
     pki.issue("ca", "server");
     let (cert, key) = (pki.path_str("server.pem"), pki.path_str("server.key"));
+    // A client CA does not certify members.
     let message = server_support::refused_start(
         &pki.path("data"),
         &[
@@ -781,11 +785,13 @@ fn a_tls_cluster_member_without_a_client_ca_is_refused_at_start() {
             &cert,
             "--tls-key",
             &key,
+            "--tls-client-ca",
+            &pki.path_str("ca.pem"),
             "--cluster",
             "1=127.0.0.1:7,2=127.0.0.1:8",
         ],
     );
-    assert!(message.contains("--tls-client-ca"), "{message}");
+    assert!(message.contains("--tls-peer-ca"), "{message}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -794,18 +800,18 @@ async fn only_a_member_with_a_certificate_of_the_clusters_ca_can_join() {
     use locksmith_testkit::free_port;
 
     let pki = Pki::new();
-    pki.issue("ca", "member-1");
-    pki.issue("ca", "member-2");
+    pki.issue("members-ca", "member-1");
+    pki.issue("members-ca", "member-2");
     pki.issue("foreign-ca", "member-3");
     let first_port = free_port();
     let first = {
-        let args = pki.serve_args("member-1");
+        let args = pki.member_serve_args("member-1");
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         ServerProcess::start_on(first_port, &args)
     };
     let through = format!("127.0.0.1:{first_port}");
     let joiner = |id: u64, name: &str| {
-        let mut args = pki.serve_args(name);
+        let mut args = pki.member_serve_args(name);
         args.extend([
             "--node-id".into(),
             id.to_string(),
@@ -817,7 +823,7 @@ async fn only_a_member_with_a_certificate_of_the_clusters_ca_can_join() {
     };
     let url = ServerUrl::parse(&format!(
         "locksmith+tls://{through}?ca={}",
-        pki.path_str("ca.pem")
+        pki.path_str("members-ca.pem")
     ))
     .unwrap();
     let member_ids = || async {

@@ -129,7 +129,7 @@ use crate::raft::member::Storage;
 use crate::raft::network::RaftService;
 use crate::raft::state_machine::CoreMachine;
 use crate::service::Service;
-use crate::tls::Tls;
+use crate::tls::{MemberCheck, Tls};
 use locksmith_proto::raft::cluster_server::ClusterServer;
 use locksmith_proto::raft::raft_server::RaftServer;
 
@@ -180,7 +180,7 @@ impl Server {
             if has_peers {
                 return Err(ServerError::Security {
                     path: files.cert.clone(),
-                    detail: "members of a cluster with TLS need --tls-client-ca: they \
+                    detail: "members of a cluster with TLS need --tls-peer-ca: they \
                              authenticate each other with certificates it signed"
                         .into(),
                 });
@@ -315,7 +315,8 @@ impl Server {
             )
             .add_service(RaftServer::new(RaftService::new(
                 raft.clone(),
-                tls.is_some(),
+                tls.as_ref()
+                    .map_or(MemberCheck::Open, |tls| tls.members.clone()),
             )))
             .add_service(ClusterServer::new(ClusterService::new(
                 raft.clone(),
