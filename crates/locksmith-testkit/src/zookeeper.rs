@@ -103,9 +103,54 @@ impl ZooKeeper {
 
     fn launch() -> Result<ZooKeeper> {
         let port = free_port();
-        let zk = Self::spawn(port, None, STANDALONE_MAIN, |data| Ok(zoo_cfg(data, port)))?;
+        let zk = Self::spawn(port, None, STANDALONE_MAIN, |data| {
+            Ok(zoo_cfg(data, port).into())
+        })?;
         zk.wait_ready()?;
         Ok(zk)
+    }
+
+    /// Like [`ZooKeeper::start`], requiring SASL: every session must
+    /// authenticate with DIGEST-MD5 as one of `users` (name, password), or
+    /// it is closed (`sessionRequireClientSASLAuth`). The users are the JAAS
+    /// `Server` section's (`DigestLoginModule`); a session's identity is
+    /// `sasl:<name>`. Passwords must not contain `"` or `\`.
+    #[track_caller]
+    pub fn start_sasl(users: &[(&str, &str)]) -> ZooKeeper {
+        crate::or_panic(Self::try_start_sasl(users))
+    }
+
+    /// Like [`ZooKeeper::start_sasl`], returning the error instead of
+    /// panicking.
+    pub fn try_start_sasl(users: &[(&str, &str)]) -> Result<ZooKeeper> {
+        retry_on_port_clash(|| {
+            let port = free_port();
+            let zk = Self::spawn(port, None, STANDALONE_MAIN, |data| {
+                let jaas = data.with_file_name("jaas.conf");
+                let users: String = users
+                    .iter()
+                    .map(|(name, password)| format!("\n    user_{name}=\"{password}\""))
+                    .collect();
+                let section = format!(
+                    "Server {{\n    org.apache.zookeeper.server.auth.DigestLoginModule required{users};\n}};\n"
+                );
+                fs::write(&jaas, section)
+                    .map_err(|e| Error::io(format!("cannot write {}", jaas.display()), e))?;
+                Ok(Setup {
+                    zoo_cfg: format!(
+                        "{}authProvider.1=org.apache.zookeeper.server.auth.SASLAuthenticationProvider\n\
+                         sessionRequireClientSASLAuth=true\n",
+                        zoo_cfg(data, port)
+                    ),
+                    jvm_options: vec![format!(
+                        "-Djava.security.auth.login.config={}",
+                        jaas.display()
+                    )],
+                })
+            })?;
+            zk.wait_ready()?;
+            Ok(zk)
+        })
     }
 
     /// Like [`ZooKeeper::start`], with a secure client port as well
@@ -133,7 +178,7 @@ impl ZooKeeper {
                 )?;
                 let secure = secure_cfg(&certificates, secure_port)?;
                 tls = Some((secure_port, certificates));
-                Ok(format!("{}{secure}", zoo_cfg(data, port)))
+                Ok(format!("{}{secure}", zoo_cfg(data, port)).into())
             })?;
             zk.tls = tls;
             zk.wait_ready()?;
@@ -146,7 +191,7 @@ impl ZooKeeper {
     /// of the ensemble runs.
     pub(crate) fn spawn_member(id: usize, port: u16, servers: &str) -> Result<ZooKeeper> {
         Self::spawn(port, Some(id), QUORUM_MAIN, |data| {
-            Ok(format!("{}{servers}", zoo_cfg(data, port)))
+            Ok(format!("{}{servers}", zoo_cfg(data, port)).into())
         })
     }
 
@@ -154,7 +199,7 @@ impl ZooKeeper {
         port: u16,
         id: Option<usize>,
         main: &str,
-        config: impl FnOnce(&Path) -> Result<String>,
+        setup: impl FnOnce(&Path) -> Result<Setup>,
     ) -> Result<ZooKeeper> {
         let java = try_binary("java", "default-jre-headless")?;
         let classpath = classpath()?;
@@ -168,7 +213,8 @@ impl ZooKeeper {
                 .map_err(|e| Error::io(format!("cannot write {}", myid.display()), e))?;
         }
         let file = dir.path().join("zoo.cfg");
-        fs::write(&file, config(&data)?)
+        let setup = setup(&data)?;
+        fs::write(&file, setup.zoo_cfg)
             .map_err(|e| Error::io(format!("cannot write {}", file.display()), e))?;
         let name = match id {
             Some(id) => format!("ZooKeeper server {id} on port {port}"),
@@ -187,6 +233,7 @@ impl ZooKeeper {
                 "-Dorg.slf4j.simpleLogger.showDateTime=true",
                 "-Dorg.slf4j.simpleLogger.defaultLogLevel=info",
             ])
+            .args(setup.jvm_options)
             .arg("-cp")
             .arg(classpath)
             .arg(main)
@@ -267,6 +314,22 @@ impl ZooKeeper {
 }
 
 impl_server!(ZooKeeper, "zookeeper");
+
+/// What a server starts from: its `zoo.cfg`, and JVM options beyond the
+/// common ones.
+struct Setup {
+    zoo_cfg: String,
+    jvm_options: Vec<String>,
+}
+
+impl From<String> for Setup {
+    fn from(zoo_cfg: String) -> Setup {
+        Setup {
+            zoo_cfg,
+            jvm_options: Vec::new(),
+        }
+    }
+}
 
 /// The generated `zoo.cfg`.
 fn zoo_cfg(data: &Path, port: u16) -> String {
