@@ -148,3 +148,10 @@ fn server_cluster() {
          partition-leader,membership-change",
     );
 }
+
+/// The cluster once more with TLS (members certified by a CA of their own)
+/// and authentication on, through a leader's death and a membership change.
+#[test]
+fn server_cluster_tls() {
+    torture("server-cluster-tls", "none,kill-primary,membership-change");
+}

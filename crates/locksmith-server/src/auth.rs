@@ -393,6 +393,14 @@ impl Caller {
     }
 }
 
+/// What an auth file lists for a bearer token: its SHA-256, in hex.
+pub fn token_sha256(token: &str) -> String {
+    Sha256::digest(token.as_bytes())
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect()
+}
+
 /// The credentials of a request: its bearer token if it sent one, else the
 /// subject of its client certificate.
 fn presented(

@@ -114,6 +114,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+pub use crate::auth::token_sha256;
 pub use crate::config::{ServerConfig, DEFAULT_DATA_DIR, DEFAULT_LISTEN};
 pub use crate::error::ServerError;
 pub use crate::tls::TlsFiles;
@@ -306,6 +307,9 @@ impl Server {
             max_connections: config.max_connections,
             handshake_timeout: config.handshake_timeout,
         };
+        let members = tls
+            .as_ref()
+            .map_or(MemberCheck::Open, |tls| tls.members.clone());
         let router = tonic::transport::Server::builder()
             .max_concurrent_streams(config.max_streams_per_connection)
             .http2_keepalive_interval(Some(Duration::from_secs(10)))
@@ -315,12 +319,12 @@ impl Server {
             )
             .add_service(RaftServer::new(RaftService::new(
                 raft.clone(),
-                tls.as_ref()
-                    .map_or(MemberCheck::Open, |tls| tls.members.clone()),
+                members.clone(),
             )))
             .add_service(ClusterServer::new(ClusterService::new(
                 raft.clone(),
                 auth.clone(),
+                members,
             )))
             .add_optional_service(reflection);
         let stopped_accepting = stop_accepting.clone().cancelled_owned();

@@ -71,6 +71,12 @@ impl MemberCheck {
             .map_err(tonic::Status::unauthenticated)
     }
 
+    /// Whether the caller presented a member's certificate (never true
+    /// without TLS, where nobody is certified).
+    pub(crate) fn certifies<T>(&self, request: &tonic::Request<T>) -> bool {
+        matches!(self, MemberCheck::Certified(_)) && self.check(request).is_ok()
+    }
+
     /// Whether the certificate chain a connection presented (its own first)
     /// makes it a member; the reason when it does not.
     pub(crate) fn admits(&self, chain: Option<&[CertificateDer<'static>]>) -> Result<(), String> {

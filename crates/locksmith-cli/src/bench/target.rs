@@ -31,6 +31,9 @@ pub enum Kind {
     Server,
     /// `locksmith://` over a 3-member cluster of the lock server.
     ServerCluster,
+    /// `locksmith+tls://` over a 3-member cluster with TLS, members
+    /// certified by a CA of the run, and authentication on.
+    ServerClusterTls,
     /// In-process engine (`memory://`).
     Memory,
     /// `redis://`.
@@ -87,6 +90,7 @@ impl Kind {
         match self {
             Kind::Server => "server",
             Kind::ServerCluster => "server-cluster",
+            Kind::ServerClusterTls => "server-cluster-tls",
             Kind::Memory => "memory",
             Kind::Redis => "redis",
             Kind::RedisSentinel => "redis-sentinel",
@@ -114,6 +118,7 @@ impl FromStr for Kind {
         match text {
             "server" | "locksmith" => Ok(Kind::Server),
             "server-cluster" => Ok(Kind::ServerCluster),
+            "server-cluster-tls" => Ok(Kind::ServerClusterTls),
             "memory" => Ok(Kind::Memory),
             "redis" => Ok(Kind::Redis),
             "redis-sentinel" => Ok(Kind::RedisSentinel),
@@ -125,7 +130,7 @@ impl FromStr for Kind {
             "etcd-cluster" => Ok(Kind::EtcdCluster),
             "postgres" | "postgresql" | "pg" => Ok(Kind::Postgres),
             other => Err(format!(
-                "unknown backend {other:?}: expected server, server-cluster, memory, redis, redis-sentinel, \
+                "unknown backend {other:?}: expected server, server-cluster, server-cluster-tls, memory, redis, redis-sentinel, \
                  redis-cluster, redlock, zookeeper, zookeeper-ensemble, etcd, etcd-cluster or postgres"
             )),
         }
@@ -237,6 +242,13 @@ impl Target {
             Kind::Memory => None,
             Kind::Server => Some(Spawned::Serve(ServeProcess::start()?)),
             Kind::ServerCluster => Some(Spawned::ServeCluster(ServeCluster::start(3, placement)?)),
+            Kind::ServerClusterTls => Some(Spawned::ServeCluster(ServeCluster::start(
+                3,
+                Placement {
+                    secured: true,
+                    ..placement
+                },
+            )?)),
             Kind::Redis => Some(Spawned::Redis(
                 Redis::try_start().map_err(|e| e.to_string())?,
             )),

@@ -79,6 +79,7 @@ fn placement(faults: &[FaultKind]) -> Placement {
         } else {
             0
         },
+        secured: false,
     }
 }
 
@@ -303,7 +304,10 @@ async fn coordinate(args: TortureArgs) -> ExitCode {
                 let placement = placement(&args.faults);
                 let start = move || -> Result<Vec<Target>, String> {
                     let target = match Target::spawn_placed(kind, placement) {
-                        Err(error) if kind == Kind::ServerCluster && placement.separate_hosts => {
+                        Err(error)
+                            if matches!(kind, Kind::ServerCluster | Kind::ServerClusterTls)
+                                && placement.separate_hosts =>
+                        {
                             eprintln!(
                                 "locksmith torture: cannot give each member a host of its own \
                                  ({error}); starting on loopback"

@@ -139,7 +139,7 @@ impl FaultKind {
             {
                 Some(
                     "needs a replicated setup started by this run (--spawn redis-sentinel, \
-                     redis-cluster, etcd-cluster, zookeeper-ensemble or server-cluster)"
+                     redis-cluster, etcd-cluster, zookeeper-ensemble, server-cluster or server-cluster-tls)"
                         .into(),
                 )
             }
@@ -155,21 +155,21 @@ impl FaultKind {
             {
                 Some(
                     "needs a consensus cluster started by this run (--spawn etcd-cluster, \
-                     zookeeper-ensemble or server-cluster)"
+                     zookeeper-ensemble, server-cluster or server-cluster-tls)"
                         .into(),
                 )
             }
             FaultKind::PartitionLeader if !matches!(spawned, Some(Spawned::ServeCluster(c)) if c.network().is_some()) => {
                 Some(
                     "needs the locksmith cluster with each member on a host of its own (--spawn \
-                     server-cluster, run as root with iproute2 for network namespaces); etcd and \
+                     server-cluster or server-cluster-tls, run as root with iproute2 for network namespaces); etcd and \
                      ZooKeeper members share loopback here"
                         .into(),
                 )
             }
             FaultKind::MembershipChange if !matches!(spawned, Some(Spawned::ServeCluster(_))) => {
                 Some(
-                    "needs the locksmith cluster started by this run (--spawn server-cluster)"
+                    "needs the locksmith cluster started by this run (--spawn server-cluster or server-cluster-tls)"
                         .into(),
                 )
             }
@@ -664,10 +664,8 @@ fn replace_leader(cluster: &ServeCluster) -> Result<String, String> {
         .build()
         .map_err(|e| e.to_string())?;
     let change = |command| {
-        let members: Vec<String> = cluster.members().iter().map(|m| m.address()).collect();
-        let url =
-            locksmith::server::ServerUrl::parse(&format!("locksmith://{}", members.join(",")))
-                .map_err(|e| e.to_string())?;
+        let url = locksmith::server::ServerUrl::parse(&cluster.members_url())
+            .map_err(|e| e.to_string())?;
         runtime.block_on(crate::cluster::change(&url, command))
     };
     let started = std::time::Instant::now();

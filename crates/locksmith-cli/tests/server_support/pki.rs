@@ -8,7 +8,6 @@ use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
     Issuer, KeyPair,
 };
-use sha2::{Digest, Sha256};
 use tempfile::TempDir;
 
 /// Three certificate authorities and what they signed, as PEM files in a
@@ -98,11 +97,4 @@ pub fn common_name(name: &str) -> DistinguishedName {
     let mut dn = DistinguishedName::new();
     dn.push(DnType::CommonName, name);
     dn
-}
-
-pub fn sha256_hex(token: &str) -> String {
-    Sha256::digest(token.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
 }
