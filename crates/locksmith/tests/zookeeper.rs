@@ -1147,20 +1147,7 @@ async fn tls_clients_with_certificates_lock_and_hand_over() {
     let b = connect(&url(&ca, true), Duration::from_secs(10)).await;
     let name = unique("tls");
     let held = a.lock(name.as_str()).acquire().await.unwrap();
-    let waiter = tokio::spawn({
-        let lock = b.lock(name.as_str());
-        async move { lock.acquire().await }
-    });
-    until(&a, &name, "b waiting", |i| i.waiters.len() == 1).await;
-    held.release().await.unwrap();
-    timeout(Duration::from_secs(10), waiter)
-        .await
-        .expect("b gets the lock")
-        .unwrap()
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    hands_over(&a, &b, &name, held).await;
 
     for refused in [url(&ca, false), url(&cert, true)] {
         let connect = timeout(Duration::from_secs(30), Client::connect(&refused));
@@ -1207,20 +1194,7 @@ async fn sasl_credentials_authenticate_and_guard_nodes() {
     }
 
     // Alice's second client queues behind the first and takes over.
-    let waiter = tokio::spawn({
-        let lock = b.lock(name);
-        async move { lock.acquire().await }
-    });
-    until(&a, name, "b waiting", |i| i.waiters.len() == 1).await;
-    held.release().await.unwrap();
-    timeout(Duration::from_secs(10), waiter)
-        .await
-        .expect("b gets the lock")
-        .unwrap()
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    hands_over(&a, &b, name, held).await;
 
     // Bob is authenticated, but the nodes are alice's.
     let bob = connect(&url("bob:bob-secret@"), Duration::from_secs(10)).await;
@@ -1246,4 +1220,23 @@ async fn sasl_credentials_authenticate_and_guard_nodes() {
             other => panic!("{refused} connected: {:?}", other.map(drop)),
         }
     }
+}
+
+/// `b` queues for `name`, which `a` holds as `held`; `a` releases, and `b`
+/// gets the lock (and releases it).
+async fn hands_over(a: &Client, b: &Client, name: &str, held: locksmith::Guard) {
+    let waiter = tokio::spawn({
+        let lock = b.lock(name);
+        async move { lock.acquire().await }
+    });
+    until(a, name, "b waiting", |i| i.waiters.len() == 1).await;
+    held.release().await.unwrap();
+    timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("b gets the lock")
+        .unwrap()
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
 }
