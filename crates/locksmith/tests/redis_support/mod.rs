@@ -118,6 +118,31 @@ pub async fn client(url: &str, session_ttl: Duration) -> Client {
         .unwrap_or_else(|e| panic!("connect {url}: {e}"))
 }
 
+/// `url` (a TLS URL that names the CA) with a client certificate for
+/// `common_name` signed by that CA.
+pub fn with_client_cert(
+    url: &str,
+    ca: &locksmith_testkit::Certificates,
+    common_name: &str,
+) -> String {
+    let (cert, key) = ca.client(common_name).expect("a client certificate");
+    format!(
+        "{url}&tls_cert={}&tls_key={}",
+        cert.display(),
+        key.display()
+    )
+}
+
+/// Connecting to `url` fails with a backend error (the server refused or
+/// could not be reached), not another kind of error; answers its message.
+pub async fn refused(url: &str) -> String {
+    match Client::connect(url).await {
+        Ok(_) => panic!("{url} was let in"),
+        Err(error @ locksmith::Error::Backend { .. }) => error.to_string(),
+        Err(other) => panic!("{url}: expected a backend error, got {other:?}"),
+    }
+}
+
 /// A lock name no other test uses.
 pub fn unique(test: &str) -> String {
     format!(
