@@ -263,3 +263,48 @@ fn an_etcd_leader_cut_off_from_its_peers_commits_nothing() {
         .unwrap();
     assert!(put.status.success(), "{put:?}");
 }
+
+/// On hosts of their own, a ZooKeeper leader cut off from its peers steps
+/// down (it has lost its quorum), the other two elect a leader, and after the
+/// heal the ensemble is whole again.
+#[test]
+fn a_zookeeper_leader_cut_off_from_its_peers_steps_down() {
+    let ensemble = ZooKeeperEnsemble::try_start_on_hosts().expect("as root, with iproute2");
+    let network = ensemble.network().expect("hosts of their own");
+    assert!(ensemble.url().starts_with("zk://10."), "{}", ensemble.url());
+    let leader = ensemble.leader().unwrap();
+    let at = ensemble
+        .servers()
+        .iter()
+        .position(|s| s.port() == leader.port())
+        .unwrap();
+    let peers: Vec<usize> = (0..3).filter(|&i| i != at).collect();
+    for &peer in &peers {
+        network.cut(at, peer).unwrap();
+    }
+    let leads = |i: usize| {
+        ensemble.servers()[i]
+            .four_letter("srvr")
+            .is_ok_and(|srvr| srvr.contains("Mode: leader"))
+    };
+    // The old leader notices after syncLimit × tickTime (2.5 s).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let settled = loop {
+        if !leads(at) && peers.iter().any(|&i| leads(i)) {
+            break true;
+        }
+        if std::time::Instant::now() > deadline {
+            break false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    for &peer in &peers {
+        network.heal(at, peer).unwrap();
+    }
+    assert!(
+        settled,
+        "the old leader went on leading, or no other was elected"
+    );
+    ensemble.wait_healthy().unwrap();
+    assert!(!leads(at), "the old leader came back as a follower");
+}
