@@ -147,8 +147,8 @@ fn etcd_cluster() {
 
 #[test]
 fn zookeeper_ensemble() {
-    // Not partition-leader: every waiter stays stuck after the first
-    // partition (docs/RELIABILITY.md, partitions).
+    // Not partition-leader: its waiters can stay stuck after a partition
+    // (docs/RELIABILITY.md, partitions).
     torture("zookeeper-ensemble", "kill-primary,pause-primary");
 }
 
