@@ -714,7 +714,7 @@ fn partition_primary(spawned: &Spawned, lock: &str, outage: Duration) -> Result<
     }
     result?;
     Ok(format!(
-        "cut the primary on port {port} off from its {} peers for {outage:?}; healed",
+        "cut the leading member (port {port}) off from its {} peers for {outage:?}; healed",
         peers.len()
     ))
 }
