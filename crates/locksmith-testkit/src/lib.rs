@@ -55,7 +55,7 @@
 //! Secured as operators run them: [`Postgres::start_tls`] (a user let in
 //! by client certificate only), [`Etcd::start_tls`] (TLS only, client
 //! certificates required), [`Etcd::start_auth`] (authentication on),
-//! [`ZooKeeper::start_tls`] (a secure client port), and
+//! [`ZooKeeper::start_tls`] (a secure client port), and [`Redis::start_tls`],
 //! [`RedisSentinel::start_tls`] and [`RedisCluster::start_tls`] (every port,
 //! replication and the cluster bus on TLS only, client certificates
 //! required); the CA, server and client certificates come from

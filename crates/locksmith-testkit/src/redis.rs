@@ -3,6 +3,7 @@
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tempfile::TempDir;
@@ -47,8 +48,8 @@ pub struct Redis {
     dir: TempDir,
     primary_port: Option<u16>,
     role: Role,
-    /// Whether its port speaks only TLS.
-    tls: bool,
+    /// The certificates, where its port speaks only TLS.
+    tls: Option<Arc<RedisTls>>,
 }
 
 /// How [`Redis::launch_as`] starts a server.
@@ -60,7 +61,7 @@ pub(crate) struct Launch<'a> {
     /// More configuration lines.
     pub extra: &'a [String],
     /// Put the port on TLS only, with these certificates.
-    pub tls: Option<&'a RedisTls>,
+    pub tls: Option<&'a Arc<RedisTls>>,
     /// Run on this host instead of loopback.
     pub host: Option<&'a Host>,
 }
@@ -93,7 +94,7 @@ pub(crate) struct RedisTls {
 
 impl RedisTls {
     /// Makes the certificates in a directory of their own (needs `openssl`).
-    pub(crate) fn make() -> Result<RedisTls> {
+    pub(crate) fn make() -> Result<Arc<RedisTls>> {
         let dir = server_dir("redis-tls")?;
         let certificates = Certificates::make(
             &dir.path().join("tls"),
@@ -101,11 +102,11 @@ impl RedisTls {
             None,
         )?;
         let node_cert = certificates.client("redis-node")?;
-        Ok(RedisTls {
+        Ok(Arc::new(RedisTls {
             certificates,
             node_cert,
             _dir: dir,
-        })
+        }))
     }
 
     /// The CA, for clients to check the nodes with and make certificates.
@@ -177,6 +178,33 @@ impl Redis {
     /// Like [`Redis::start`], returning the error instead of panicking.
     pub fn try_start() -> Result<Redis> {
         retry_on_port_clash(|| Self::launch(None))
+    }
+
+    /// Like [`Redis::start`], its port speaking only TLS with a certificate
+    /// for `127.0.0.1` signed by a CA made for it ([`Redis::certificates`]),
+    /// and letting in only clients with a certificate of that CA. Needs
+    /// `openssl`.
+    #[track_caller]
+    pub fn start_tls() -> Redis {
+        crate::or_panic(Self::try_start_tls())
+    }
+
+    /// Like [`Redis::start_tls`], returning the error instead of panicking.
+    pub fn try_start_tls() -> Result<Redis> {
+        let tls = RedisTls::make()?;
+        retry_on_port_clash(|| {
+            Self::launch_as(Launch {
+                tls: Some(&tls),
+                ..Launch::new(Role::Standalone)
+            })
+        })
+    }
+
+    /// The CA of a Redis started with [`Redis::start_tls`] (or a member of
+    /// a TLS setup), which makes client certificates
+    /// ([`Certificates::client`]); `None` without TLS.
+    pub fn certificates(&self) -> Option<&Certificates> {
+        self.tls.as_deref().map(RedisTls::certificates)
     }
 
     /// Starts a Redis replicating `primary` (`replicaof 127.0.0.1 <port>`) and
@@ -276,7 +304,7 @@ impl Redis {
             dir,
             primary_port: primary.map(|p| p.port()),
             role,
-            tls: tls.is_some(),
+            tls: tls.cloned(),
         };
         redis.wait_ready()?;
         Ok(redis)
@@ -316,10 +344,14 @@ impl Redis {
         self.port
     }
 
-    /// `redis://127.0.0.1:<port>` (`rediss://` where the port speaks TLS).
+    /// `redis://127.0.0.1:<port>`, or where the port speaks TLS
+    /// `rediss://127.0.0.1:<port>?tls_ca=<CA file>`, without a client
+    /// certificate ([`Redis::certificates`] makes one).
     pub fn url(&self) -> String {
-        let scheme = if self.tls { "rediss" } else { "redis" };
-        format!("{scheme}://{}", self.address())
+        match &self.tls {
+            None => format!("redis://{}", self.address()),
+            Some(tls) => format!("rediss://{}{}", self.address(), tls.url_query()),
+        }
     }
 
     /// Where clients reach it: `127.0.0.1`, or its host's address for a

@@ -1,6 +1,7 @@
 //! [`RedisCluster`]: a Redis Cluster of primaries with replicas.
 
 use std::process::Command;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::netns::{self, Network};
@@ -53,7 +54,7 @@ const SLOTS: u32 = 16_384;
 pub struct RedisCluster {
     nodes: Vec<Redis>,
     primaries: usize,
-    tls: Option<RedisTls>,
+    tls: Option<Arc<RedisTls>>,
     // Declared after the nodes: the hosts go once nothing runs on them.
     network: Option<Network>,
 }
@@ -109,7 +110,7 @@ impl RedisCluster {
     fn launch(
         primaries: usize,
         replicas: usize,
-        tls: Option<RedisTls>,
+        tls: Option<Arc<RedisTls>>,
         network: Option<Network>,
     ) -> Result<RedisCluster> {
         assert!(primaries >= 3, "a Redis Cluster needs at least 3 primaries");
@@ -170,7 +171,7 @@ impl RedisCluster {
     /// makes client certificates ([`Certificates::client`]); `None` without
     /// TLS.
     pub fn certificates(&self) -> Option<&Certificates> {
-        self.tls.as_ref().map(RedisTls::certificates)
+        self.tls.as_deref().map(RedisTls::certificates)
     }
 
     /// Every node, primaries and replicas, in the order they were started.

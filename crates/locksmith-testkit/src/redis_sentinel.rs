@@ -1,6 +1,7 @@
 //! [`RedisSentinel`]: a Redis primary with replicas, watched by Sentinels.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::netns::{self, Network};
@@ -53,7 +54,7 @@ const PROBE: Duration = Duration::from_millis(500);
 pub struct RedisSentinel {
     nodes: Vec<Redis>,
     sentinels: Vec<Redis>,
-    tls: Option<RedisTls>,
+    tls: Option<Arc<RedisTls>>,
     // Declared after the servers: the hosts go once nothing runs on them.
     network: Option<Network>,
 }
@@ -110,7 +111,7 @@ impl RedisSentinel {
     fn launch(
         replicas: usize,
         sentinels: usize,
-        tls: Option<RedisTls>,
+        tls: Option<Arc<RedisTls>>,
         network: Option<Network>,
     ) -> Result<RedisSentinel> {
         let hosts = netns::hosts(network.as_ref(), 1 + replicas + sentinels);
@@ -179,7 +180,7 @@ impl RedisSentinel {
     /// makes client certificates ([`Certificates::client`]); `None` without
     /// TLS.
     pub fn certificates(&self) -> Option<&Certificates> {
-        self.tls.as_ref().map(RedisTls::certificates)
+        self.tls.as_deref().map(RedisTls::certificates)
     }
 
     /// The data nodes; the first one started as the primary.
