@@ -79,11 +79,12 @@ impl Launch<'_> {
     }
 }
 
-/// The certificates of a replicated Redis setup whose ports speak only TLS:
-/// a CA, a server certificate for `127.0.0.1` and `localhost`, and a client
-/// certificate that every node shows where it is a client itself (a replica
-/// to its primary, a Sentinel to the nodes and the other Sentinels, a cluster
-/// node on the cluster bus), because every port requires one.
+/// The certificates of a Redis, or of every server of a setup, whose ports
+/// speak only TLS: a CA, a server certificate for `127.0.0.1` and
+/// `localhost`, and a client certificate that every node shows where it is a
+/// client itself (a replica to its primary, a Sentinel to the nodes and the
+/// other Sentinels, a cluster node on the cluster bus), because every port
+/// requires one.
 #[derive(Debug)]
 pub(crate) struct RedisTls {
     certificates: Certificates,
@@ -117,15 +118,18 @@ impl RedisTls {
     /// The configuration lines that put a node's port on TLS only, with
     /// client certificates required, and make it use TLS as a client too.
     fn config(&self, port: u16) -> Vec<String> {
-        let file = |p: PathBuf| p.display().to_string();
+        let (cert, key) = &self.node_cert;
         vec![
             "port 0".to_owned(),
             format!("tls-port {port}"),
-            format!("tls-cert-file {}", file(self.certificates.server_cert())),
-            format!("tls-key-file {}", file(self.certificates.server_key())),
-            format!("tls-ca-cert-file {}", file(self.certificates.ca_cert())),
-            format!("tls-client-cert-file {}", file(self.node_cert.0.clone())),
-            format!("tls-client-key-file {}", file(self.node_cert.1.clone())),
+            format!(
+                "tls-cert-file {}",
+                self.certificates.server_cert().display()
+            ),
+            format!("tls-key-file {}", self.certificates.server_key().display()),
+            format!("tls-ca-cert-file {}", self.certificates.ca_cert().display()),
+            format!("tls-client-cert-file {}", cert.display()),
+            format!("tls-client-key-file {}", key.display()),
             "tls-auth-clients yes".to_owned(),
             "tls-replication yes".to_owned(),
         ]
