@@ -223,7 +223,13 @@ impl Security {
             .prefix("locksmith-secured-")
             .tempdir()
             .map_err(|e| format!("cannot create a directory for certificates: {e}"))?;
-        let mut names: Vec<String> = ips.iter().map(|ip| format!("IP:{ip}")).collect();
+        // Loopback too: the torture's clients reach members through fault
+        // proxies on 127.0.0.1.
+        let mut names: Vec<String> = ips
+            .iter()
+            .chain([&Ipv4Addr::LOCALHOST])
+            .map(|ip| format!("IP:{ip}"))
+            .collect();
         names.sort();
         names.dedup();
         let names: Vec<&str> = names.iter().map(String::as_str).collect();
