@@ -162,8 +162,13 @@ fn server_cluster() {
 }
 
 /// The cluster once more with TLS (members certified by a CA of their own)
-/// and authentication on, through a leader's death and a membership change.
+/// and authentication on, through a leader's death, its partition (members
+/// on hosts of their own, clients through loopback proxies) and a
+/// membership change.
 #[test]
 fn server_cluster_tls() {
-    torture("server-cluster-tls", "none,kill-primary,membership-change");
+    torture(
+        "server-cluster-tls",
+        "none,kill-primary,partition-leader,membership-change",
+    );
 }
