@@ -110,6 +110,7 @@ mod lock;
 #[cfg(feature = "memory")]
 pub mod memory;
 pub mod metrics;
+mod model;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "redis")]
