@@ -111,7 +111,7 @@ impl Share {
 enum Step {
     /// Re-enter the owner's hold (its count already raised).
     Reenter(Arc<Share>),
-    /// Ask the store; the slot is pending until the guard is disarmed.
+    /// Ask the store; the slot stays pending until it answers.
     Lead(PendingSlot),
     /// Wait for the owner's acquire or hold to change, then look again.
     Wait(tokio::sync::watch::Receiver<()>),

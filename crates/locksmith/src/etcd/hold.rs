@@ -167,7 +167,7 @@ pub(crate) async fn refresh(client: &EtcdClient, id: i64) -> Result<bool> {
     }
 }
 
-/// The [`Hold`] of one acquire (a re-entry shares the [`Entry`]).
+/// The [`Hold`] a grant hands out: its key and what keeps it.
 pub(crate) struct EtcdHold {
     pub inner: Arc<Inner>,
     pub entry: Arc<Entry>,
