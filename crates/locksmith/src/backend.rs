@@ -309,15 +309,9 @@ impl LostSignal {
         Self::default()
     }
 
-    /// Fires the signal; the first reason wins. The client metrics count the
-    /// loss with the reason `other`: use [`LostSignal::fire_because`] when
-    /// the store says why.
-    pub fn fire(&self, reason: impl Into<String>) {
-        self.fire_because(LostCause::Other, reason);
-    }
-
-    /// Fires the signal with the cause the client metrics count it under;
-    /// the first reason wins.
+    /// Fires the signal with why, in a word (what callers match on and the
+    /// client metrics count) and in words; the first reason wins. A store
+    /// that cannot say why fires it with [`LostCause::Other`].
     pub fn fire_because(&self, cause: LostCause, reason: impl Into<String>) {
         let mut state = self.state.lock().expect("lost signal lock");
         if state.reason.is_none() {
