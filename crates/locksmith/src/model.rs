@@ -246,13 +246,28 @@ impl Model {
             return Ok(None);
         };
         let key = pending.key.take().expect("pending until granted");
-        let share = Arc::new(Share::new(
-            key.clone(),
-            request.mode,
-            &grant,
-            lease_end(started, request),
-        ));
-        let own = if capabilities.counts_reentry {
+        let counts_reentry = capabilities.counts_reentry;
+        Ok(Some(self.record_new(
+            key,
+            request,
+            started,
+            grant,
+            counts_reentry,
+        )))
+    }
+
+    /// Records a new hold in the table and hands out its first level.
+    fn record_new(
+        self: &Arc<Self>,
+        key: Key,
+        request: &AcquireRequest,
+        started: Instant,
+        grant: Grant,
+        counts_reentry: bool,
+    ) -> Granted {
+        let lease_until = lease_end(started, request);
+        let share = Arc::new(Share::new(key.clone(), request.mode, &grant, lease_until));
+        let own = if counts_reentry {
             Some(grant.hold)
         } else {
             // No await between here and the guard: the level owns the hold.
@@ -261,7 +276,7 @@ impl Model {
         };
         self.table().insert(key, Slot::Held(share.clone()));
         self.changed.send_replace(());
-        Ok(Some(Granted {
+        Granted {
             tokens: grant.tokens,
             lost: grant.lost,
             hold: Box::new(Level {
@@ -271,7 +286,7 @@ impl Model {
                 tracked: true,
             }),
             share,
-        }))
+        }
     }
 
     /// One more level of a hold: the store counts it, or is told the new
@@ -287,7 +302,15 @@ impl Model {
     ) -> Result<Option<Granted>> {
         let share = level.share().clone();
         if capabilities.counts_reentry {
+            let started = Instant::now();
             match backend.acquire(request).await {
+                // The store no longer had the hold (its loss has not reached
+                // this client yet) and granted a new one.
+                Ok(Some(grant)) if grant.tokens[0] != share.token => {
+                    level.claim().leave();
+                    let key = share.key.clone();
+                    return Ok(Some(self.record_new(key, request, started, grant, true)));
+                }
                 Ok(Some(grant)) => {
                     let mut level = level.claim();
                     level.own = Some(grant.hold);
