@@ -9,7 +9,8 @@
 //! Logs go to stderr; `RUST_LOG` filters them (default `info`).
 //!
 //! `--tls-cert`/`--tls-key` put the port (clients and members) under TLS,
-//! `--tls-client-ca` accepts client certificates and authenticates members;
+//! `--tls-client-ca` accepts client certificates, `--tls-peer-ca` certifies
+//! members;
 //! `--auth-file` turns authentication and per-prefix permissions on (SIGHUP
 //! reloads it). README "Security" shows the auth file.
 //!
@@ -160,12 +161,17 @@ pub struct ServeArgs {
     /// The private key of `--tls-cert` (PEM).
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
-    /// CA certificates (PEM) whose client certificates are accepted: optional
-    /// for clients (one identifies a client to `--auth-file`), required of
-    /// members, which also check each other's server certificates against
-    /// it. Needed for a cluster with TLS.
+    /// CA certificates (PEM) whose client certificates clients may present
+    /// (one identifies a client to `--auth-file`).
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     pub tls_client_ca: Option<PathBuf>,
+    /// CA certificates (PEM) that sign the members' certificates: members
+    /// present their `--tls-cert` to each other and check each other's
+    /// against it, and only their Raft traffic is heard. Needed for a
+    /// cluster with TLS; keep it apart from `--tls-client-ca`, or a client's
+    /// certificate passes as a member's.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_peer_ca: Option<PathBuf>,
     /// Authentication and per-prefix permissions: a TOML file of identities
     /// (a bearer token's SHA-256 or a client certificate's subject) and their
     /// grants (README "Security"). SIGHUP reloads it; a bad file keeps the
@@ -252,6 +258,7 @@ impl ServeArgs {
                 cert: cert.clone(),
                 key: key.clone(),
                 client_ca: self.tls_client_ca.clone(),
+                peer_ca: self.tls_peer_ca.clone(),
             }),
             _ => None,
         };

@@ -11,7 +11,8 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use locksmith::{Client, ConnectOptions};
-use server_support::pki::{sha256_hex, Pki};
+use locksmith_server::token_sha256;
+use server_support::pki::Pki;
 use server_support::ServerProcess;
 
 const TOKEN: &str = "conformance-token-7f3a9c";
@@ -48,7 +49,7 @@ async fn server() -> Harness {
             format!(
                 "[[identity]]\nname = \"suite\"\ntoken_sha256 = \"{}\"\n\
                  grants = [ {{ prefix = \"*\", permissions = [\"lock\", \"inspect\", \"admin\"] }} ]\n",
-                sha256_hex(TOKEN)
+                token_sha256(TOKEN)
             ),
         )
         .unwrap();

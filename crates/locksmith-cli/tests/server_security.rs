@@ -13,7 +13,8 @@ use locksmith::server::ServerUrl;
 use locksmith::{Client, ConnectOptions, Error};
 use locksmith_proto::v1 as pb;
 use locksmith_proto::v1::locksmith_client::LocksmithClient;
-use server_support::pki::{sha256_hex, Pki};
+use locksmith_server::token_sha256;
+use server_support::pki::Pki;
 use server_support::{get, unique, ServerProcess, BINARY};
 
 /// The roles of the tests, each as a token identity and a certificate one.
@@ -42,7 +43,7 @@ fn auth_file(roles: &[(&str, &str)]) -> String {
     for (role, grant) in roles {
         text += &format!(
             "[[identity]]\nname = \"{role}\"\ntoken_sha256 = \"{}\"\ngrants = [ {grant} ]\n\n",
-            sha256_hex(&token(role))
+            token_sha256(&token(role))
         );
         text += &format!(
             "[[identity]]\nname = \"{role}-cert\"\ncert_subject = \"CN={role}-cert\"\ngrants = [ {grant} ]\n\n"
@@ -143,7 +144,7 @@ impl Secured {
                 !text.contains(&token),
                 "{what} shows {role}'s token: {text}"
             );
-            let hash = sha256_hex(&token);
+            let hash = token_sha256(&token);
             assert!(
                 !text.contains(&hash),
                 "{what} shows {role}'s token hash: {text}"
@@ -654,14 +655,14 @@ async fn a_bad_auth_file_stops_the_start_and_says_why() {
         pki.path("auth.toml"),
         format!(
             "[[identity]]\nname = \"a\"\ntoken_sha256 = \"{}\"\nbogus = 1\n",
-            sha256_hex("secret")
+            token_sha256("secret")
         ),
     )
     .unwrap();
     let dir = pki.path("data");
     let message = server_support::refused_start(&dir, &["--auth-file", &pki.path_str("auth.toml")]);
     assert!(message.contains("unknown field"), "{message}");
-    assert!(!message.contains(&sha256_hex("secret")), "{message}");
+    assert!(!message.contains(&token_sha256("secret")), "{message}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -685,8 +686,8 @@ async fn a_tls_cluster_elects_a_leader_serves_holds_and_refuses_strange_members(
         .enumerate()
         .map(|(i, &port)| {
             let name = format!("member-{}", i + 1);
-            pki.issue("ca", &name);
-            let mut args = pki.serve_args(&name);
+            pki.issue("members-ca", &name);
+            let mut args = pki.member_serve_args(&name);
             args.extend([
                 "--node-id".into(),
                 (i + 1).to_string(),
@@ -703,7 +704,7 @@ async fn a_tls_cluster_elects_a_leader_serves_holds_and_refuses_strange_members(
     let url = format!(
         "locksmith+tls://{}?ca={}&token_file={}",
         addrs.join(","),
-        pki.path_str("ca.pem"),
+        pki.path_str("members-ca.pem"),
         pki.path_str("admin.token")
     );
     let options = ConnectOptions {
@@ -720,30 +721,33 @@ async fn a_tls_cluster_elects_a_leader_serves_holds_and_refuses_strange_members(
     guard.release().await.unwrap();
     client.close().await.unwrap();
 
-    // Raft traffic from a peer without a client certificate: refused.
-    let anonymous = ServerUrl::parse(&format!(
-        "locksmith+tls://{}?ca={}",
-        addrs[0],
-        pki.path_str("ca.pem")
-    ))
-    .unwrap();
-    let channel = anonymous
-        .endpoint(&addrs[0])
-        .unwrap()
-        .connect()
-        .await
+    // Raft traffic from a peer without a certificate, or with a client's
+    // (which the port accepts, for clients): refused.
+    pki.issue("ca", "a-client");
+    for identity in ["", "&cert=CERT&key=KEY"] {
+        let identity = identity
+            .replace("CERT", &pki.path_str("a-client.pem"))
+            .replace("KEY", &pki.path_str("a-client.key"));
+        let peer = ServerUrl::parse(&format!(
+            "locksmith+tls://{}?ca={}{identity}",
+            addrs[0],
+            pki.path_str("members-ca.pem")
+        ))
         .unwrap();
-    let refused = raft_pb::raft_client::RaftClient::new(channel)
-        .vote(raft_pb::Payload::default())
-        .await
-        .unwrap_err();
-    assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused:?}");
+        let channel = peer.endpoint(&addrs[0]).unwrap().connect().await.unwrap();
+        let refused = raft_pb::raft_client::RaftClient::new(channel)
+            .vote(raft_pb::Payload::default())
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused:?}");
+        assert!(refused.message().contains("peer CA"), "{refused:?}");
+    }
 
     // A member whose certificate another CA signed: no TLS session at all.
     let foreign = ServerUrl::parse(&format!(
         "locksmith+tls://{}?ca={}&cert={}&key={}",
         addrs[0],
-        pki.path_str("ca.pem"),
+        pki.path_str("members-ca.pem"),
         pki.path_str("foreign-member.pem"),
         pki.path_str("foreign-member.key"),
     ))
@@ -770,10 +774,11 @@ async fn a_tls_cluster_elects_a_leader_serves_holds_and_refuses_strange_members(
 }
 
 #[test]
-fn a_tls_cluster_member_without_a_client_ca_is_refused_at_start() {
+fn a_tls_cluster_member_without_a_peer_ca_is_refused_at_start() {
     let pki = Pki::new();
     pki.issue("ca", "server");
     let (cert, key) = (pki.path_str("server.pem"), pki.path_str("server.key"));
+    // A client CA does not certify members.
     let message = server_support::refused_start(
         &pki.path("data"),
         &[
@@ -781,31 +786,43 @@ fn a_tls_cluster_member_without_a_client_ca_is_refused_at_start() {
             &cert,
             "--tls-key",
             &key,
+            "--tls-client-ca",
+            &pki.path_str("ca.pem"),
             "--cluster",
             "1=127.0.0.1:7,2=127.0.0.1:8",
         ],
     );
-    assert!(message.contains("--tls-client-ca"), "{message}");
+    assert!(message.contains("--tls-peer-ca"), "{message}");
 }
 
+/// With authentication on, a joiner adds itself by its member certificate
+/// (no identity of its own in the auth file); a stranger's certificate gets
+/// no TLS session, and a client may not add a learner without `admin`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_a_member_with_a_certificate_of_the_clusters_ca_can_join() {
     use locksmith_proto::raft as raft_pb;
     use locksmith_testkit::free_port;
 
     let pki = Pki::new();
-    pki.issue("ca", "member-1");
-    pki.issue("ca", "member-2");
+    std::fs::write(pki.path("auth.toml"), auth_file(&ROLES)).unwrap();
+    std::fs::write(pki.path("admin.token"), token("admin")).unwrap();
+    std::fs::write(pki.path("locker.token"), token("locker")).unwrap();
+    pki.issue("members-ca", "member-1");
+    pki.issue("members-ca", "member-2");
     pki.issue("foreign-ca", "member-3");
+    let with_auth = |mut args: Vec<String>| {
+        args.extend(["--auth-file".into(), pki.path_str("auth.toml")]);
+        args
+    };
     let first_port = free_port();
     let first = {
-        let args = pki.serve_args("member-1");
+        let args = with_auth(pki.member_serve_args("member-1"));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         ServerProcess::start_on(first_port, &args)
     };
     let through = format!("127.0.0.1:{first_port}");
     let joiner = |id: u64, name: &str| {
-        let mut args = pki.serve_args(name);
+        let mut args = with_auth(pki.member_serve_args(name));
         args.extend([
             "--node-id".into(),
             id.to_string(),
@@ -816,8 +833,9 @@ async fn only_a_member_with_a_certificate_of_the_clusters_ca_can_join() {
         ServerProcess::start_on(free_port(), &args)
     };
     let url = ServerUrl::parse(&format!(
-        "locksmith+tls://{through}?ca={}",
-        pki.path_str("ca.pem")
+        "locksmith+tls://{through}?ca={}&token_file={}",
+        pki.path_str("members-ca.pem"),
+        pki.path_str("admin.token")
     ))
     .unwrap();
     let member_ids = || async {
@@ -842,6 +860,24 @@ async fn only_a_member_with_a_certificate_of_the_clusters_ca_can_join() {
     })
     .await;
     assert_eq!(member_ids().await, [1], "the foreign member was not added");
+
+    // A client that may lock but not administer cannot add a learner.
+    let locker = ServerUrl::parse(&format!(
+        "locksmith+tls://{through}?ca={}&token_file={}",
+        pki.path_str("members-ca.pem"),
+        pki.path_str("locker.token")
+    ))
+    .unwrap();
+    let channel = locker.endpoint(&through).unwrap().connect().await.unwrap();
+    let refused =
+        raft_pb::cluster_client::ClusterClient::with_interceptor(channel, locker.credentials())
+            .add_learner(raft_pb::AddLearnerRequest {
+                id: 9,
+                address: "127.0.0.1:9".into(),
+            })
+            .await
+            .expect_err("a locker may not add a learner");
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
 
     let _member = joiner(2, "member-2");
     server_support::eventually(Duration::from_secs(20), "member 2 to join", || async {

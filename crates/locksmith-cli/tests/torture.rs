@@ -9,13 +9,14 @@
 //! - `partition`: cut the holder off the backend for twice its session TTL;
 //! - `kill-client` (server only): kill -9 a holder and respawn it;
 //! - `expire-session` (PostgreSQL only): `pg_terminate_backend` on the holder;
-//! - on the replicated setups, `kill-primary` and `pause-primary` (the Redis
-//!   primary behind Sentinel, the primary of the holder's slot on a Redis
-//!   Cluster, the etcd and ZooKeeper leader) and, on Redlock,
-//!   `restart-empty-late` (a master restarted without its data only after a
-//!   session TTL, the mitigation that keeps Redlock safe);
-//! - on the locksmith cluster, also `restart-follower`, `partition-leader`
-//!   (the leader cut off from its peers, members in network namespaces) and
+//! - on the replicated setups, `kill-primary`, `pause-primary` and (but on
+//!   ZooKeeper) `partition-leader` (the Redis primary behind Sentinel, the
+//!   primary of the holder's slot on a Redis Cluster, the etcd, ZooKeeper and
+//!   locksmith leader; for `partition-leader` cut off from its peers, every
+//!   member in a network namespace of its own) and, on Redlock, `restart-empty-late` (a
+//!   master restarted without its data only after a session TTL, the
+//!   mitigation that keeps Redlock safe);
+//! - on the locksmith cluster, also `restart-follower` and
 //!   `membership-change` (a new member promoted, the leader removed).
 //!
 //! Each test runs `locksmith torture --quick …` and fails on a non-zero exit:
@@ -117,12 +118,18 @@ fn postgres() {
 
 #[test]
 fn redis_sentinel() {
-    torture("redis-sentinel", "kill-primary,pause-primary");
+    torture(
+        "redis-sentinel",
+        "kill-primary,pause-primary,partition-leader",
+    );
 }
 
 #[test]
 fn redis_cluster() {
-    torture("redis-cluster", "kill-primary,pause-primary");
+    torture(
+        "redis-cluster",
+        "kill-primary,pause-primary,partition-leader",
+    );
 }
 
 #[test]
@@ -132,11 +139,16 @@ fn redlock() {
 
 #[test]
 fn etcd_cluster() {
-    torture("etcd-cluster", "kill-primary,pause-primary");
+    torture(
+        "etcd-cluster",
+        "kill-primary,pause-primary,partition-leader",
+    );
 }
 
 #[test]
 fn zookeeper_ensemble() {
+    // Not partition-leader: its waiters can stay stuck after a partition
+    // (docs/RELIABILITY.md, partitions).
     torture("zookeeper-ensemble", "kill-primary,pause-primary");
 }
 
@@ -147,4 +159,11 @@ fn server_cluster() {
         "none,kill-client,kill-primary,pause-primary,restart-follower,expire-session,\
          partition-leader,membership-change",
     );
+}
+
+/// The cluster once more with TLS (members certified by a CA of their own)
+/// and authentication on, through a leader's death and a membership change.
+#[test]
+fn server_cluster_tls() {
+    torture("server-cluster-tls", "none,kill-primary,membership-change");
 }

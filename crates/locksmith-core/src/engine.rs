@@ -8,7 +8,7 @@ use std::sync::Arc;
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::command::{Acquire, Command, Effect};
-use crate::error::EngineError;
+use crate::error::{EngineError, SnapshotError};
 use crate::inspect::{HolderInfo, ListPage, LockInfo, SessionInfo, WaiterInfo};
 use crate::name::validate_name;
 use crate::snapshot::{HoldSnapshot, LockSnapshot, SessionSnapshot, Snapshot, WaiterSnapshot};
@@ -1340,8 +1340,10 @@ impl Engine {
         }
     }
 
-    /// Rebuilds an engine from a snapshot taken by [`Engine::snapshot`].
-    pub fn restore(limits: Limits, snapshot: Snapshot) -> Engine {
+    /// Rebuilds an engine from a snapshot taken by [`Engine::snapshot`];
+    /// refuses one whose parts contradict each other ([`Snapshot::check`]).
+    pub fn restore(limits: Limits, snapshot: Snapshot) -> Result<Engine, SnapshotError> {
+        snapshot.check()?;
         let mut engine = Engine::new(limits);
         engine.last_token = snapshot.last_token;
         for s in snapshot.sessions {
@@ -1415,7 +1417,7 @@ impl Engine {
                 },
             );
         }
-        engine
+        Ok(engine)
     }
 }
 

@@ -125,3 +125,11 @@ pub enum EngineError {
     #[error("a hold without a session needs a lease")]
     LeaseRequired,
 }
+
+/// A snapshot whose parts contradict each other (a hold of a session it does
+/// not have, a queue entry no waiter matches, two exclusive holders, ...):
+/// restoring it would leave the engine in a state no sequence of commands
+/// produces, where later commands could fail on what they rely on.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("inconsistent snapshot: {0}")]
+pub struct SnapshotError(pub String);

@@ -46,7 +46,7 @@ mod types;
 
 pub use command::{Acquire, Command, Effect};
 pub use engine::{Engine, FrozenEngine};
-pub use error::{EngineError, NameError};
+pub use error::{EngineError, NameError, SnapshotError};
 pub use inspect::{HolderInfo, ListPage, LockInfo, SessionInfo, WaiterInfo};
 pub use name::{validate_name, MAX_NAME_LEN};
 pub use snapshot::{HoldSnapshot, LockSnapshot, SessionSnapshot, Snapshot, WaiterSnapshot};

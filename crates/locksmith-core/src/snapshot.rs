@@ -5,6 +5,10 @@
 #[cfg(feature = "serde")]
 use serde::{Deserialize, Serialize};
 
+use std::collections::{HashMap, HashSet};
+
+use crate::error::SnapshotError;
+use crate::name::validate_name;
 use crate::types::{ClientInfo, Millis, Mode, RequestId, SessionId};
 
 /// Everything the engine knows, in a deterministic order (sessions by id, locks
@@ -97,4 +101,113 @@ pub struct WaiterSnapshot {
     pub since: Millis,
     /// When it gives up.
     pub deadline: Option<Millis>,
+}
+
+impl Snapshot {
+    /// Checks what the engine relies on and what every sequence of commands
+    /// keeps true: sessions and lock names unique (names valid); each hold
+    /// and waiter of an open session (or of no session, with a lease); each
+    /// hold's token issued (at most `last_token`) and given once, its count
+    /// at least 1; a lock's holders compatible (one exclusive, or shared
+    /// ones, or up to `permits` of one semaphore) and each owner there once;
+    /// each waiter in the queue of every lock it names, once, and every
+    /// queue entry a waiter for that lock.
+    pub fn check(&self) -> Result<(), SnapshotError> {
+        let bad = |detail: String| Err(SnapshotError(detail));
+        let mut sessions = HashSet::new();
+        for s in &self.sessions {
+            if s.session == SessionId::NONE || !sessions.insert(s.session) {
+                return bad(format!("session {} is listed twice or is 0", s.session.0));
+            }
+        }
+        let owned = |session: SessionId, lease: bool, what: &dyn Fn() -> String| {
+            if session == SessionId::NONE && !lease {
+                return bad(format!("{} has neither a session nor a lease", what()));
+            }
+            if session != SessionId::NONE && !sessions.contains(&session) {
+                return bad(format!(
+                    "{} names session {}, which is not open",
+                    what(),
+                    session.0
+                ));
+            }
+            Ok(())
+        };
+        let mut waiters: HashMap<(SessionId, RequestId), &WaiterSnapshot> = HashMap::new();
+        for w in &self.waiters {
+            let what = || format!("waiter {}/{}", w.session.0, w.request.0);
+            owned(w.session, w.lease.is_some(), &what)?;
+            if waiters.insert((w.session, w.request), w).is_some() {
+                return bad(format!("{} is listed twice", what()));
+            }
+            let distinct: HashSet<&String> = w.names.iter().collect();
+            if w.names.is_empty() || distinct.len() != w.names.len() {
+                return bad(format!("{} names no lock or one lock twice", what()));
+            }
+        }
+        let mut names = HashSet::new();
+        let mut tokens = HashSet::new();
+        let mut queued = 0usize;
+        for lock in &self.locks {
+            let name = &lock.name;
+            if let Err(e) = validate_name(name) {
+                return bad(format!("lock {name:?}: {e}"));
+            }
+            if !names.insert(name) {
+                return bad(format!("lock {name:?} is listed twice"));
+            }
+            let mut owners = HashSet::new();
+            for h in &lock.holders {
+                let what = || format!("hold {} of lock {name:?}", h.token);
+                owned(h.session, h.lease_until.is_some(), &what)?;
+                if h.token == 0 || h.token > self.last_token || !tokens.insert(h.token) {
+                    return bad(format!(
+                        "{} has a token that was never issued (last {}) or is given twice",
+                        what(),
+                        self.last_token
+                    ));
+                }
+                if h.count == 0 {
+                    return bad(format!("{} is held 0 times", what()));
+                }
+                if !owners.insert((h.session, &h.owner)) {
+                    return bad(format!("lock {name:?} lists one owner's hold twice"));
+                }
+            }
+            let compatible = match lock.holders.first().map(|h| h.mode) {
+                None => true,
+                Some(Mode::Exclusive) => lock.holders.len() == 1,
+                Some(mode @ Mode::Shared) => lock.holders.iter().all(|h| h.mode == mode),
+                Some(mode @ Mode::Semaphore { permits }) => {
+                    lock.holders.iter().all(|h| h.mode == mode)
+                        && lock.holders.len() <= permits as usize
+                }
+            };
+            if !compatible {
+                return bad(format!("lock {name:?} has holders that exclude each other"));
+            }
+            let mut in_queue = HashSet::new();
+            for key in &lock.queue {
+                let names_it = waiters
+                    .get(key)
+                    .is_some_and(|w| w.names.iter().any(|n| n == name));
+                if !names_it || !in_queue.insert(*key) {
+                    return bad(format!(
+                        "the queue of lock {name:?} holds {}/{}, which waits for it once at most",
+                        key.0 .0, key.1 .0
+                    ));
+                }
+            }
+            queued += lock.queue.len();
+        }
+        // Every queue entry matched a waiter naming that lock, once; so the
+        // waiters' names, counted, must all be queue entries.
+        let named: usize = self.waiters.iter().map(|w| w.names.len()).sum();
+        if named != queued {
+            return bad(format!(
+                "waiters name {named} locks in all, the queues hold {queued}"
+            ));
+        }
+        Ok(())
+    }
 }

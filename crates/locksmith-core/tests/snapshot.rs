@@ -1,7 +1,8 @@
 //! A restored snapshot behaves exactly like the engine it was taken from.
 
 use locksmith_core::{
-    Acquire, ClientInfo, Command, Effect, Engine, Limits, Mode, RequestId, SessionId, Wait,
+    Acquire, ClientInfo, Command, Effect, Engine, Limits, Mode, RequestId, SessionId, Snapshot,
+    Wait,
 };
 
 fn acquire(
@@ -56,7 +57,7 @@ fn restored_engine_continues_identically() {
         original.apply(10, command, &mut effects).unwrap();
     }
     let snapshot = original.snapshot();
-    let mut restored = Engine::restore(Limits::default(), snapshot.clone());
+    let mut restored = Engine::restore(Limits::default(), snapshot.clone()).unwrap();
     assert_eq!(restored.snapshot(), snapshot);
     assert_eq!(restored.list(""), original.list(""));
     assert_eq!(restored.next_deadline(), original.next_deadline());
@@ -108,6 +109,93 @@ fn a_raised_token_floor_survives_a_snapshot_and_only_moves_up() {
     // A floor below the tokens already issued changes nothing.
     engine.raise_token_floor(5);
     assert_eq!(engine.last_token(), 1_001);
-    let restored = Engine::restore(Limits::default(), engine.snapshot());
+    let restored = Engine::restore(Limits::default(), engine.snapshot()).unwrap();
     assert_eq!(restored.last_token(), 1_001);
+}
+
+/// A snapshot with two sessions: one holds `a` (a hold with a lease too)
+/// and the other waits for `a` and `b`, while it holds `b` shared.
+fn busy_snapshot() -> Snapshot {
+    let mut engine = Engine::default();
+    let mut effects = Vec::new();
+    for s in 1..=2 {
+        let open = Command::OpenSession {
+            session: SessionId(s),
+            ttl: 1_000,
+            info: ClientInfo::default(),
+        };
+        engine.apply(0, open, &mut effects).unwrap();
+    }
+    for command in [
+        acquire(1, 1, &["a"], Mode::Exclusive, Wait::No, Some(500)),
+        acquire(2, 1, &["b"], Mode::Shared, Wait::No, None),
+        acquire(2, 2, &["a", "c"], Mode::Exclusive, Wait::Forever, None),
+    ] {
+        engine.apply(1, command, &mut effects).unwrap();
+    }
+    engine.snapshot()
+}
+
+/// A snapshot whose parts contradict each other is refused when restored,
+/// with what is wrong; before the check, such an engine panicked later, on
+/// the command that relied on the missing part (here: expiring the session
+/// whose queue entry had no waiter).
+#[test]
+fn an_inconsistent_snapshot_is_refused() {
+    let good = busy_snapshot();
+    assert!(Engine::restore(Limits::default(), good.clone()).is_ok());
+    let lock = |s: &Snapshot, name: &str| s.locks.iter().position(|l| l.name == name).unwrap();
+    type Spoil = Box<dyn Fn(&mut Snapshot)>;
+    let cases: Vec<(&str, Spoil)> = vec![
+        (
+            "not open",
+            Box::new(|s| s.sessions.retain(|x| x.session != SessionId(1))),
+        ),
+        ("never issued", Box::new(|s| s.last_token = 1)),
+        (
+            "given twice",
+            Box::new(move |s| {
+                let a = lock(s, "a");
+                let b = lock(s, "b");
+                s.locks[b].holders[0].token = s.locks[a].holders[0].token;
+            }),
+        ),
+        (
+            "exclude each other",
+            Box::new(move |s| {
+                let (a, b) = (lock(s, "a"), lock(s, "b"));
+                let hold = s.locks[b].holders[0].clone();
+                s.locks[a].holders.push(hold);
+            }),
+        ),
+        (
+            "held 0 times",
+            Box::new(move |s| {
+                let a = lock(s, "a");
+                s.locks[a].holders[0].count = 0;
+            }),
+        ),
+        ("waits for it once at most", Box::new(|s| s.waiters.clear())),
+        (
+            "the queues hold",
+            Box::new(move |s| {
+                let c = lock(s, "c");
+                s.locks[c].queue.clear();
+            }),
+        ),
+        (
+            "listed twice",
+            Box::new(|s| {
+                let again = s.sessions[0].clone();
+                s.sessions.push(again);
+            }),
+        ),
+        ("empty", Box::new(|s| s.locks[0].name = String::new())),
+    ];
+    for (expected, spoil) in cases {
+        let mut bad = good.clone();
+        spoil(&mut bad);
+        let error = Engine::restore(Limits::default(), bad).expect_err(expected);
+        assert!(error.to_string().contains(expected), "{expected}: {error}");
+    }
 }

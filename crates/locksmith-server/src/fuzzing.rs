@@ -71,8 +71,19 @@ fn install(data: &[u8]) {
         max_age: config.history_max_age.as_millis() as u64,
     });
     history.restore(&state.engine);
-    let engine = Engine::restore(config.limits, state.engine);
+    // An inconsistent snapshot is refused; a consistent one must restore
+    // into an engine that takes commands.
+    let Ok(mut engine) = Engine::restore(config.limits, state.engine) else {
+        return;
+    };
     let _ = engine.snapshot();
+    // Everything comes due: sessions, leases and waits expire, lock-delays
+    // end, and the waiters left are granted, through what the snapshot set up.
+    let now = u64::MAX / 4;
+    let mut effects = Vec::new();
+    for command in engine.due(now) {
+        let _ = engine.apply(now, command, &mut effects);
+    }
 }
 
 /// Opens `data_dir` as a start does (with `recover`, as

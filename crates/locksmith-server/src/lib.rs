@@ -114,6 +114,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+pub use crate::auth::token_sha256;
 pub use crate::config::{ServerConfig, DEFAULT_DATA_DIR, DEFAULT_LISTEN};
 pub use crate::error::ServerError;
 pub use crate::tls::TlsFiles;
@@ -129,7 +130,7 @@ use crate::raft::member::Storage;
 use crate::raft::network::RaftService;
 use crate::raft::state_machine::CoreMachine;
 use crate::service::Service;
-use crate::tls::Tls;
+use crate::tls::{MemberCheck, Tls};
 use locksmith_proto::raft::cluster_server::ClusterServer;
 use locksmith_proto::raft::raft_server::RaftServer;
 
@@ -180,7 +181,7 @@ impl Server {
             if has_peers {
                 return Err(ServerError::Security {
                     path: files.cert.clone(),
-                    detail: "members of a cluster with TLS need --tls-client-ca: they \
+                    detail: "members of a cluster with TLS need --tls-peer-ca: they \
                              authenticate each other with certificates it signed"
                         .into(),
                 });
@@ -306,6 +307,9 @@ impl Server {
             max_connections: config.max_connections,
             handshake_timeout: config.handshake_timeout,
         };
+        let members = tls
+            .as_ref()
+            .map_or(MemberCheck::Open, |tls| tls.members.clone());
         let router = tonic::transport::Server::builder()
             .max_concurrent_streams(config.max_streams_per_connection)
             .http2_keepalive_interval(Some(Duration::from_secs(10)))
@@ -315,11 +319,12 @@ impl Server {
             )
             .add_service(RaftServer::new(RaftService::new(
                 raft.clone(),
-                tls.is_some(),
+                members.clone(),
             )))
             .add_service(ClusterServer::new(ClusterService::new(
                 raft.clone(),
                 auth.clone(),
+                members,
             )))
             .add_optional_service(reflection);
         let stopped_accepting = stop_accepting.clone().cancelled_owned();

@@ -1,22 +1,24 @@
-//! TLS on the server's port (`--tls-cert`, `--tls-key`, `--tls-client-ca`),
-//! for clients and for members alike.
+//! TLS on the server's port (`--tls-cert`, `--tls-key`, `--tls-client-ca`,
+//! `--tls-peer-ca`), for clients and for members alike.
 //!
 //! - The port speaks TLS only: a plaintext client gets its connection closed
 //!   (the handshake fails in the accept loop, module `accept`).
 //! - With a client CA, a client may present a certificate signed by it
 //!   (mutual TLS), which then identifies it to the auth file (module `auth`);
 //!   a client without one still connects and must use a token.
-//! - Members must present one: the Raft service refuses a peer without a
-//!   verified client certificate. A member connects to its peers with its own
-//!   certificate and key and checks theirs against the client CA, so the CA
-//!   that signs the members' certificates is the one given as
-//!   `--tls-client-ca`.
+//! - Members are certified by a CA of their own, the peer CA: each presents
+//!   its `--tls-cert` to the others and checks theirs against the peer CA,
+//!   and the Raft service hears only a peer whose certificate chains to it.
+//!   Kept apart from the client CA, so that no client's certificate passes
+//!   as a member's.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::UnixTime;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::danger::ClientCertVerifier;
 use rustls::server::WebPkiClientVerifier;
 use tokio_rustls::TlsAcceptor;
 use tonic::transport::{Certificate, ClientTlsConfig, Identity};
@@ -31,10 +33,12 @@ pub struct TlsFiles {
     pub cert: PathBuf,
     /// Its private key.
     pub key: PathBuf,
-    /// CA certificates whose client certificates are accepted (mutual TLS,
-    /// optional for clients, required of members); also what members check
-    /// each other's server certificates against. Needed for a cluster.
+    /// CA certificates whose client certificates are accepted from clients
+    /// (mutual TLS, optional for them).
     pub client_ca: Option<PathBuf>,
+    /// CA certificates that sign the members' certificates: what members
+    /// check each other against, in both directions. Needed for a cluster.
+    pub peer_ca: Option<PathBuf>,
 }
 
 /// The loaded TLS setup.
@@ -42,8 +46,58 @@ pub struct TlsFiles {
 pub(crate) struct Tls {
     /// Accepts clients' and members' connections.
     pub acceptor: TlsAcceptor,
-    /// How this member connects to the others, when a client CA is set.
+    /// How this member connects to the others, when a peer CA is set.
     pub peer: Option<ClientTlsConfig>,
+    /// Who may send Raft traffic.
+    pub members: MemberCheck,
+}
+
+/// Who the Raft service hears.
+#[derive(Clone)]
+pub(crate) enum MemberCheck {
+    /// Anyone: the port is plaintext, and members are not authenticated.
+    Open,
+    /// Only a peer whose certificate chains to the peer CA.
+    Certified(Arc<dyn ClientCertVerifier>),
+    /// Nobody: TLS without a peer CA (a server that has no peers).
+    Closed,
+}
+
+impl MemberCheck {
+    /// Whether a Raft message may be heard.
+    pub(crate) fn check<T>(&self, request: &tonic::Request<T>) -> Result<(), tonic::Status> {
+        let chain = request.peer_certs();
+        self.admits(chain.as_deref().map(Vec::as_slice))
+            .map_err(tonic::Status::unauthenticated)
+    }
+
+    /// Whether the caller presented a member's certificate (never true
+    /// without TLS, where nobody is certified).
+    pub(crate) fn certifies<T>(&self, request: &tonic::Request<T>) -> bool {
+        matches!(self, MemberCheck::Certified(_)) && self.check(request).is_ok()
+    }
+
+    /// Whether the certificate chain a connection presented (its own first)
+    /// makes it a member; the reason when it does not.
+    pub(crate) fn admits(&self, chain: Option<&[CertificateDer<'static>]>) -> Result<(), String> {
+        match self {
+            MemberCheck::Open => Ok(()),
+            MemberCheck::Closed => {
+                Err("this server has no peers: it was started with TLS but no --tls-peer-ca".into())
+            }
+            MemberCheck::Certified(verifier) => {
+                let Some((own, intermediates)) = chain.and_then(|chain| chain.split_first()) else {
+                    return Err("members' traffic needs a certificate of the peer CA".into());
+                };
+                verifier
+                    .verify_client_cert(own, intermediates, UnixTime::now())
+                    .map(drop)
+                    .map_err(|e| {
+                        format!("members' traffic needs a certificate of the peer CA: {e}")
+                    })
+            }
+        }
+    }
 }
 
 impl Tls {
@@ -65,34 +119,53 @@ impl Tls {
         let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
             .map_err(|e| bad(&files.cert, e.to_string()))?;
-        let (builder, peer) = match &files.client_ca {
-            Some(ca) => {
-                let mut roots = rustls::RootCertStore::empty();
-                let ca_certs = CertificateDer::pem_file_iter(ca)
-                    .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
-                    .map_err(|e| bad(ca, format!("not PEM CA certificates: {e}")))?;
-                for cert in ca_certs {
+        let authorities = |ca: &Path| {
+            let certs = CertificateDer::pem_file_iter(ca)
+                .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+                .map_err(|e| bad(ca, format!("not PEM CA certificates: {e}")))?;
+            if certs.is_empty() {
+                return Err(bad(ca, "holds no CA certificate".into()));
+            }
+            Ok(certs)
+        };
+        let roots = |cas: &[&PathBuf]| {
+            let mut roots = rustls::RootCertStore::empty();
+            for ca in cas {
+                for cert in authorities(ca)? {
                     roots
                         .add(cert)
                         .map_err(|e| bad(ca, format!("not a usable CA certificate: {e}")))?;
                 }
-                if roots.is_empty() {
-                    return Err(bad(ca, "holds no CA certificate".into()));
-                }
-                let verifier =
-                    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
-                        .allow_unauthenticated()
-                        .build()
-                        .map_err(|e| bad(ca, e.to_string()))?;
+            }
+            Ok::<_, ServerError>(Arc::new(roots))
+        };
+        // One handshake serves clients and members: it accepts a
+        // certificate of either CA, and the Raft service then asks for the
+        // peer CA's alone.
+        let accepted: Vec<&PathBuf> = files.client_ca.iter().chain(&files.peer_ca).collect();
+        let builder = match accepted.first() {
+            Some(first) => builder.with_client_cert_verifier(
+                WebPkiClientVerifier::builder_with_provider(roots(&accepted)?, provider.clone())
+                    .allow_unauthenticated()
+                    .build()
+                    .map_err(|e| bad(first, e.to_string()))?,
+            ),
+            None => builder.with_no_client_auth(),
+        };
+        let (peer, members) = match &files.peer_ca {
+            Some(ca) => {
+                let verifier = WebPkiClientVerifier::builder_with_provider(roots(&[ca])?, provider)
+                    .build()
+                    .map_err(|e| bad(ca, e.to_string()))?;
                 let pem = |path: &Path| {
                     std::fs::read(path).map_err(|e| bad(path, format!("cannot read: {e}")))
                 };
                 let peer = ClientTlsConfig::new()
                     .ca_certificate(Certificate::from_pem(pem(ca)?))
                     .identity(Identity::from_pem(pem(&files.cert)?, pem(&files.key)?));
-                (builder.with_client_cert_verifier(verifier), Some(peer))
+                (Some(peer), MemberCheck::Certified(verifier))
             }
-            None => (builder.with_no_client_auth(), None),
+            None => (None, MemberCheck::Closed),
         };
         let mut config = builder
             .with_single_cert(certs, key)
@@ -101,6 +174,7 @@ impl Tls {
         Ok(Tls {
             acceptor: TlsAcceptor::from(Arc::new(config)),
             peer,
+            members,
         })
     }
 }

@@ -27,8 +27,11 @@ impl conformance::Harness for InProcess {
             .expect("connect to the in-process server")
     }
 
+    /// As the other server harnesses: a session of 500 ms lost its holds
+    /// when the test process (server and client in one) stalled for half a
+    /// second, which a busy 2-core machine does.
     fn short_ttl(&self) -> Duration {
-        Duration::from_millis(500)
+        Duration::from_secs(1)
     }
 }
 

@@ -37,7 +37,7 @@ impl Certificates {
     /// `IP:127.0.0.1`). `openssl` runs as `user` (`None`: this process's),
     /// so the files belong to it: PostgreSQL only reads a key that its own
     /// user owns with mode 0600.
-    pub(crate) fn make(
+    pub fn make(
         dir: &Path,
         server_names: &[&str],
         user: Option<(u32, u32)>,
@@ -144,6 +144,24 @@ impl Certificates {
             self.dir.join(format!("{name}.key")),
         );
         Ok((crt, key))
+    }
+
+    /// Makes a certificate for a member of a cluster, which presents it both
+    /// as a server and as a client (to its peers), naming `server_names`
+    /// like the server's; returns its certificate and key files
+    /// (`peer-<name>.crt`, `.key`).
+    pub fn peer(&self, name: &str, server_names: &[&str]) -> Result<(PathBuf, PathBuf)> {
+        let file = format!("peer-{name}");
+        let names = server_names.join(", ");
+        self.sign(
+            &file,
+            name,
+            &format!("subjectAltName = {names}\nextendedKeyUsage = serverAuth, clientAuth\n"),
+        )?;
+        Ok((
+            self.dir.join(format!("{file}.crt")),
+            self.dir.join(format!("{file}.key")),
+        ))
     }
 
     /// The CA's certificate (PEM), for clients to check the server with.

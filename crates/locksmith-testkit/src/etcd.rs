@@ -1,7 +1,7 @@
 //! [`Etcd`]: a real single-member `etcd`.
 
 use std::io::{self, Read, Write};
-use std::net::TcpStream;
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
@@ -9,7 +9,8 @@ use std::time::Duration;
 use tempfile::TempDir;
 
 use crate::certs::Certificates;
-use crate::process::{self, Process, ProcessSpec};
+use crate::netns::{self, Host};
+use crate::process::{self, Process};
 use crate::{free_port, impl_server, retry_on_port_clash, server_dir, try_binary, Result};
 
 /// How long etcd gets to report itself healthy (it must elect itself leader).
@@ -32,6 +33,8 @@ const READY_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct Etcd {
     // Declared first so it is dropped (killed) before the directory is removed.
     process: Process,
+    /// Where it listens: loopback, or its host's address.
+    ip: Ipv4Addr,
     port: u16,
     peer_port: u16,
     /// Serves `GET /health` over plain HTTP, also when clients need TLS.
@@ -102,25 +105,28 @@ impl Etcd {
         let (port, peer_port) = (free_port(), free_port());
         let peer_url = format!("http://{}:{peer_port}", crate::HOST);
         let initial = format!("default={peer_url}");
-        let etcd = Self::spawn("default", port, peer_port, &initial, tls, extra_args)?;
+        let etcd = Self::spawn("default", None, port, peer_port, &initial, tls, extra_args)?;
         etcd.wait_ready()?;
         Ok(etcd)
     }
 
     /// Starts member `name` of a new cluster whose members and peer URLs are
-    /// `initial_cluster` (`name=http://…,…`), without waiting: a member of a
-    /// new cluster becomes healthy only once a majority of them runs.
+    /// `initial_cluster` (`name=http://…,…`), on `host` (loopback for
+    /// `None`), without waiting: a member of a new cluster becomes healthy
+    /// only once a majority of them runs.
     pub(crate) fn spawn_member(
         name: &str,
+        host: Option<&Host>,
         port: u16,
         peer_port: u16,
         initial_cluster: &str,
     ) -> Result<Etcd> {
-        Self::spawn(name, port, peer_port, initial_cluster, false, &[])
+        Self::spawn(name, host, port, peer_port, initial_cluster, false, &[])
     }
 
     fn spawn(
         name: &str,
+        host: Option<&Host>,
         port: u16,
         peer_port: u16,
         initial_cluster: &str,
@@ -129,13 +135,15 @@ impl Etcd {
     ) -> Result<Etcd> {
         let program = try_binary("etcd", "etcd-server")?;
         let dir = server_dir("etcd")?;
+        let ip = netns::address(host);
         let scheme = if tls { "https" } else { "http" };
-        let client_url = format!("{scheme}://{}:{port}", crate::HOST);
-        let peer_url = format!("http://{}:{peer_port}", crate::HOST);
+        let client_url = format!("{scheme}://{ip}:{port}");
+        let peer_url = format!("http://{ip}:{peer_port}");
         let metrics_port = free_port();
-        let metrics_url = format!("http://{}:{metrics_port}", crate::HOST);
-        let mut spec = ProcessSpec::new(
-            format!("etcd {name} on port {port}"),
+        let metrics_url = format!("http://{ip}:{metrics_port}");
+        let mut spec = netns::spec(
+            host,
+            format!("etcd {name} on {ip}:{port}"),
             program,
             dir.path().join("etcd.log"),
         )
@@ -172,6 +180,7 @@ impl Etcd {
         };
         Ok(Etcd {
             process: Process::spawn(spec)?,
+            ip,
             port,
             peer_port,
             metrics_port,
@@ -183,7 +192,7 @@ impl Etcd {
 
     pub(crate) fn wait_ready(&self) -> Result<()> {
         self.process.wait_ready(READY_TIMEOUT, || {
-            let answer = health(self.metrics_port, Duration::from_millis(500))
+            let answer = health(self.metrics_address(), Duration::from_millis(500))
                 .map_err(|e| format!("GET /health failed: {e}"))?;
             if answer.contains(r#""health":"true""#) {
                 Ok(())
@@ -209,6 +218,21 @@ impl Etcd {
         self.port
     }
 
+    /// The address it listens on: `127.0.0.1`, or its host's for a member of
+    /// a cluster on hosts of their own.
+    pub fn ip(&self) -> Ipv4Addr {
+        self.ip
+    }
+
+    /// The client address, for probes.
+    pub(crate) fn address(&self) -> SocketAddr {
+        SocketAddr::from((self.ip, self.port))
+    }
+
+    fn metrics_address(&self) -> SocketAddr {
+        SocketAddr::from((self.ip, self.metrics_port))
+    }
+
     /// The peer (raft) port.
     pub fn peer_port(&self) -> u16 {
         self.peer_port
@@ -222,7 +246,7 @@ impl Etcd {
         } else {
             "http"
         };
-        format!("{scheme}://{}:{}", crate::HOST, self.port)
+        format!("{scheme}://{}:{}", self.ip, self.port)
     }
 
     /// `etcd://127.0.0.1:<port>`, or for [`Etcd::start_tls`]
@@ -230,10 +254,10 @@ impl Etcd {
     /// certificate, which [`Etcd::client_cert`] makes).
     pub fn url(&self) -> String {
         match &self.certificates {
-            None => format!("etcd://{}:{}", crate::HOST, self.port),
+            None => format!("etcd://{}:{}", self.ip, self.port),
             Some(certificates) => format!(
                 "etcds://{}:{}?ca={}",
-                crate::HOST,
+                self.ip,
                 self.port,
                 certificates.ca_cert().display()
             ),
@@ -289,7 +313,7 @@ impl Etcd {
 
     /// Whether `GET /health` answers healthy right now.
     pub fn is_healthy(&self) -> bool {
-        health(self.metrics_port, Duration::from_secs(2))
+        health(self.metrics_address(), Duration::from_secs(2))
             .map(|answer| answer.contains(r#""health":"true""#))
             .unwrap_or(false)
     }
@@ -298,26 +322,26 @@ impl Etcd {
 impl_server!(Etcd, "etcd");
 
 /// `GET /health` over a raw TCP connection; returns the whole HTTP response.
-fn health(port: u16, timeout: Duration) -> io::Result<String> {
-    http(port, "GET", "/health", "", timeout)
+fn health(address: SocketAddr, timeout: Duration) -> io::Result<String> {
+    http(address, "GET", "/health", "", timeout)
 }
 
 /// One HTTP/1.1 request over a raw TCP connection; returns the whole response.
 pub(crate) fn http(
-    port: u16,
+    address: SocketAddr,
     method: &str,
     path: &str,
     body: &str,
     timeout: Duration,
 ) -> io::Result<String> {
-    let mut stream = TcpStream::connect_timeout(&crate::loopback(port), timeout)?;
+    let mut stream = TcpStream::connect_timeout(&address, timeout)?;
     stream.set_read_timeout(Some(timeout))?;
     stream.set_write_timeout(Some(timeout))?;
     write!(
         stream,
-        "{method} {path} HTTP/1.1\r\nHost: {}:{port}\r\nContent-Type: application/json\r\n\
+        "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
          Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        crate::HOST,
+        address,
         body.len()
     )?;
     let mut answer = String::new();

@@ -3,7 +3,8 @@
 use std::time::Duration;
 
 use crate::etcd::http;
-use crate::settle::{host_list, until};
+use crate::netns::{self, Network};
+use crate::settle::{address_list, until};
 use crate::{free_port, retry_on_port_clash, Etcd, Process, Result};
 
 /// How long a new cluster gets to elect a leader and report every member
@@ -33,9 +34,15 @@ const PROBE: Duration = Duration::from_millis(500);
 /// leader.restart();
 /// cluster.wait_healthy().unwrap();
 /// ```
+///
+/// [`EtcdCluster::try_start_on_hosts`] puts each member on a host of its own
+/// ([`Network`]), so that one can be cut off from the others while clients
+/// still reach every member.
 #[derive(Debug)]
 pub struct EtcdCluster {
     members: Vec<Etcd>,
+    // Declared after the members: the hosts go once nothing runs on them.
+    network: Option<Network>,
 }
 
 impl EtcdCluster {
@@ -54,33 +61,61 @@ impl EtcdCluster {
     /// Starts a cluster of `members` members and waits until every one is
     /// healthy.
     pub fn try_start_with(members: usize) -> Result<EtcdCluster> {
-        retry_on_port_clash(|| {
+        Self::launch(members, None)
+    }
+
+    /// Starts 3 members, each on a host of its own (needs root and
+    /// `iproute2`), and waits until every one is healthy. Member `i` runs on
+    /// host `i` of [`EtcdCluster::network`].
+    pub fn try_start_on_hosts() -> Result<EtcdCluster> {
+        Self::launch(3, Some(Network::create(3)?))
+    }
+
+    fn launch(members: usize, network: Option<Network>) -> Result<EtcdCluster> {
+        let hosts = netns::hosts(network.as_ref(), members);
+        let members = retry_on_port_clash(|| {
             let ports: Vec<(u16, u16)> = (0..members).map(|_| (free_port(), free_port())).collect();
             let initial = ports
                 .iter()
+                .zip(&hosts)
                 .enumerate()
-                .map(|(i, (_, peer))| format!("m{i}=http://{}:{peer}", crate::HOST))
+                .map(|(i, ((_, peer), host))| {
+                    format!("m{i}=http://{}:{peer}", netns::address(*host))
+                })
                 .collect::<Vec<_>>()
                 .join(",");
             let members = ports
                 .iter()
+                .zip(&hosts)
                 .enumerate()
-                .map(|(i, &(port, peer))| {
-                    Etcd::spawn_member(&format!("m{i}"), port, peer, &initial)
+                .map(|(i, (&(port, peer), host))| {
+                    Etcd::spawn_member(&format!("m{i}"), *host, port, peer, &initial)
                 })
                 .collect::<Result<Vec<_>>>()?;
             for member in &members {
                 member.wait_ready()?;
             }
-            let cluster = EtcdCluster { members };
-            cluster.wait_healthy()?;
-            Ok(cluster)
-        })
+            Ok(members)
+        })?;
+        let cluster = EtcdCluster { members, network };
+        cluster.wait_healthy()?;
+        Ok(cluster)
     }
 
-    /// `etcd://127.0.0.1:<p1>,127.0.0.1:<p2>,…`: every member's client port.
+    /// `etcd://127.0.0.1:<p1>,127.0.0.1:<p2>,…`: every member's client
+    /// address.
     pub fn url(&self) -> String {
-        format!("etcd://{}", host_list(self.members.iter().map(Etcd::port)))
+        format!("etcd://{}", self.addresses())
+    }
+
+    fn addresses(&self) -> String {
+        address_list(self.members.iter().map(Etcd::address))
+    }
+
+    /// The hosts the members run on, one each, for a cluster started with
+    /// [`EtcdCluster::try_start_on_hosts`].
+    pub fn network(&self) -> Option<&Network> {
+        self.network.as_ref()
     }
 
     /// `http://127.0.0.1:<port>` of every member, the endpoints etcd clients take.
@@ -137,10 +172,7 @@ impl EtcdCluster {
         check: impl FnMut() -> std::result::Result<T, String>,
     ) -> Result<T> {
         let members: Vec<&Process> = self.members.iter().map(Etcd::process).collect();
-        let name = format!(
-            "etcd cluster on {}",
-            host_list(self.members.iter().map(Etcd::port))
-        );
+        let name = format!("etcd cluster on {}", self.addresses());
         until(&name, state, SETTLE_TIMEOUT, &members, check)
     }
 }
@@ -148,8 +180,14 @@ impl EtcdCluster {
 /// `(member id, leader id)` from the member's `Maintenance.Status`, through
 /// etcd's JSON gateway (64-bit ids are strings there).
 fn status(member: &Etcd) -> std::result::Result<(u64, u64), String> {
-    let answer = http(member.port(), "POST", "/v3/maintenance/status", "{}", PROBE)
-        .map_err(|e| format!("member on {}: status: {e}", member.port()))?;
+    let answer = http(
+        member.address(),
+        "POST",
+        "/v3/maintenance/status",
+        "{}",
+        PROBE,
+    )
+    .map_err(|e| format!("member on {}: status: {e}", member.port()))?;
     let field = |name: &str| {
         let start = answer.find(&format!("\"{name}\":\""))? + name.len() + 4;
         let len = answer[start..].find('"')?;

@@ -54,9 +54,20 @@
 //!
 //! Secured as operators run them: [`Postgres::start_tls`] (a user let in
 //! by client certificate only), [`Etcd::start_tls`] (TLS only, client
-//! certificates required), [`Etcd::start_auth`] (authentication on) and
-//! [`ZooKeeper::start_tls`] (a secure client port); the CA, server and
-//! client certificates come from [`Certificates`] (`openssl`).
+//! certificates required), [`Etcd::start_auth`] (authentication on),
+//! [`ZooKeeper::start_tls`] (a secure client port), and [`Redis::start_tls`],
+//! [`RedisSentinel::start_tls`] and [`RedisCluster::start_tls`] (every port,
+//! replication and the cluster bus on TLS only, client certificates
+//! required); the CA, server and client certificates come from
+//! [`Certificates`] (`openssl`). The testkit's own commands to a Redis go
+//! through a Unix socket beside its port ([`Redis::query`]).
+//!
+//! On hosts of their own: `try_start_on_hosts` puts every member of a
+//! [`RedisSentinel`], [`RedisCluster`], [`EtcdCluster`] or
+//! [`ZooKeeperEnsemble`] on a host of its own ([`netns::Network`], as root),
+//! so that one member can be cut off from the others
+//! ([`netns::Network::cut`]) while clients on this machine still reach
+//! every member.
 //!
 //! [`pgbouncer::PgBouncer`] puts a real PgBouncer (`pgbouncer`) in front of a
 //! [`Postgres`], in session or transaction pooling mode.

@@ -13,12 +13,15 @@
 //! Needs root and iproute2 (`ip`). Everything is removed on drop.
 
 use std::net::Ipv4Addr;
+use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::error::{Error, Result};
+use crate::process::ProcessSpec;
 
 /// A bridge and hosts attached to it.
+#[derive(Debug)]
 pub struct Network {
     bridge: String,
     hosts: Vec<Host>,
@@ -42,6 +45,38 @@ impl Host {
             "ip".into(),
             vec!["netns".into(), "exec".into(), self.namespace.clone()],
         )
+    }
+}
+
+/// Where a member of a replicated setup listens: its host's address, or
+/// loopback ([`crate::HOST`]) when it runs on this machine's own network.
+pub(crate) fn address(host: Option<&Host>) -> Ipv4Addr {
+    host.map_or(Ipv4Addr::LOCALHOST, |h| h.ip)
+}
+
+/// A process that runs `program` in `host` (through `ip netns exec`, which
+/// execs it, so signals reach the program itself), or here for `None`.
+pub(crate) fn spec(
+    host: Option<&Host>,
+    name: String,
+    program: PathBuf,
+    log: PathBuf,
+) -> ProcessSpec {
+    match host {
+        None => ProcessSpec::new(name, program, log),
+        Some(host) => {
+            let (ip, prefix) = host.command();
+            ProcessSpec::new(name, ip, log).args(prefix).arg(program)
+        }
+    }
+}
+
+/// The hosts of a setup whose members each run on a host of their own
+/// (`network` given), or `None` for every member on loopback, `count` long.
+pub(crate) fn hosts(network: Option<&Network>, count: usize) -> Vec<Option<&Host>> {
+    match network {
+        Some(network) => network.hosts().iter().take(count).map(Some).collect(),
+        None => vec![None; count],
     }
 }
 

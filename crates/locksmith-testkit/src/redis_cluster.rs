@@ -1,13 +1,17 @@
 //! [`RedisCluster`]: a Redis Cluster of primaries with replicas.
 
 use std::process::Command;
+use std::sync::Arc;
 use std::time::Duration;
 
+use crate::netns::{self, Network};
 use crate::process::run;
-use crate::redis::Role;
+use crate::redis::{Launch, RedisTls, Role};
 use crate::redis_sentinel::info_replication;
-use crate::settle::{host_list, until};
-use crate::{free_port, retry_on_port_clash, try_binary, Process, Redis, RespValue, Result};
+use crate::settle::{address_list, until};
+use crate::{
+    free_port, retry_on_port_clash, try_binary, Certificates, Process, Redis, RespValue, Result,
+};
 
 /// How long a fresh cluster gets to agree on its configuration.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -40,10 +44,19 @@ const SLOTS: u32 = 16_384;
 /// old.restart();
 /// cluster.wait_healthy().unwrap();
 /// ```
+///
+/// [`RedisCluster::start_tls`] starts one whose ports and cluster bus speak
+/// only TLS, with client certificates required.
+/// [`RedisCluster::try_start_on_hosts`] puts every node on a host of its own
+/// ([`Network`]), so that a primary can be cut off from the other nodes while
+/// clients still reach it.
 #[derive(Debug)]
 pub struct RedisCluster {
     nodes: Vec<Redis>,
     primaries: usize,
+    tls: Option<Arc<RedisTls>>,
+    // Declared after the nodes: the hosts go once nothing runs on them.
+    network: Option<Network>,
 }
 
 impl RedisCluster {
@@ -63,41 +76,102 @@ impl RedisCluster {
     /// one failure) with `replicas` replicas each, and waits until the cluster
     /// is healthy.
     pub fn try_start_with(primaries: usize, replicas: usize) -> Result<RedisCluster> {
+        Self::launch(primaries, replicas, None, None)
+    }
+
+    /// Like [`RedisCluster::start`], every node on a host of its own (needs
+    /// root and `iproute2`): node `i` of [`RedisCluster::nodes`] on host `i`
+    /// of [`RedisCluster::network`].
+    pub fn try_start_on_hosts() -> Result<RedisCluster> {
+        Self::launch(3, 1, None, Some(Network::create(6)?))
+    }
+
+    /// The hosts of a cluster started with
+    /// [`RedisCluster::try_start_on_hosts`].
+    pub fn network(&self) -> Option<&Network> {
+        self.network.as_ref()
+    }
+
+    /// Like [`RedisCluster::start`], the nodes' ports and the cluster bus
+    /// speaking only TLS with a certificate for `127.0.0.1` signed by a CA
+    /// made for the cluster ([`RedisCluster::certificates`]), and letting in
+    /// only clients with a certificate of that CA. Needs `openssl`.
+    #[track_caller]
+    pub fn start_tls() -> RedisCluster {
+        crate::or_panic(Self::try_start_tls())
+    }
+
+    /// Like [`RedisCluster::start_tls`], returning the error instead of
+    /// panicking.
+    pub fn try_start_tls() -> Result<RedisCluster> {
+        Self::launch(3, 1, Some(RedisTls::make()?), None)
+    }
+
+    fn launch(
+        primaries: usize,
+        replicas: usize,
+        tls: Option<Arc<RedisTls>>,
+        network: Option<Network>,
+    ) -> Result<RedisCluster> {
         assert!(primaries >= 3, "a Redis Cluster needs at least 3 primaries");
         let cli = try_binary("redis-cli", "redis-tools")?;
-        let nodes = (0..primaries * (1 + replicas))
-            .map(|_| {
+        let nodes = netns::hosts(network.as_ref(), primaries * (1 + replicas))
+            .into_iter()
+            .map(|host| {
                 retry_on_port_clash(|| {
-                    let config = [
+                    let mut config = vec![
                         "cluster-enabled yes".to_owned(),
                         "cluster-config-file nodes.conf".to_owned(),
                         "cluster-node-timeout 1000".to_owned(),
                         format!("cluster-port {}", free_port()),
                     ];
-                    Redis::launch_as(Role::Member, None, &config)
+                    if tls.is_some() {
+                        config.push("tls-cluster yes".to_owned());
+                    }
+                    Redis::launch_as(Launch {
+                        extra: &config,
+                        tls: tls.as_ref(),
+                        host,
+                        ..Launch::new(Role::Member)
+                    })
                 })
             })
             .collect::<Result<Vec<_>>>()?;
         let mut create = Command::new(cli);
+        if let Some(tls) = &tls {
+            create.args(tls.cli_args());
+        }
         create.args(["--cluster", "create"]);
-        create.args(
-            nodes
-                .iter()
-                .map(|n| format!("{}:{}", crate::HOST, n.port())),
-        );
+        create.args(nodes.iter().map(|n| n.address().to_string()));
         create.args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"]);
         run(&mut create, None)?;
-        let cluster = RedisCluster { nodes, primaries };
+        let cluster = RedisCluster {
+            nodes,
+            primaries,
+            tls,
+            network,
+        };
         cluster.wait_healthy()?;
         Ok(cluster)
     }
 
-    /// `redis+cluster://127.0.0.1:<p1>,127.0.0.1:<p2>,…`: every node.
+    /// `redis+cluster://127.0.0.1:<p1>,127.0.0.1:<p2>,…`: every node. For
+    /// [`RedisCluster::start_tls`] `rediss+cluster://…?tls_ca=<CA file>`,
+    /// without a client certificate ([`RedisCluster::certificates`] makes
+    /// one).
     pub fn url(&self) -> String {
-        format!(
-            "redis+cluster://{}",
-            host_list(self.nodes.iter().map(Redis::port))
-        )
+        let hosts = address_list(self.nodes.iter().map(Redis::address));
+        match &self.tls {
+            None => format!("redis+cluster://{hosts}"),
+            Some(tls) => format!("rediss+cluster://{hosts}{}", tls.url_query()),
+        }
+    }
+
+    /// The CA of a cluster started with [`RedisCluster::start_tls`], which
+    /// makes client certificates ([`Certificates::client`]); `None` without
+    /// TLS.
+    pub fn certificates(&self) -> Option<&Certificates> {
+        self.tls.as_deref().map(RedisTls::certificates)
     }
 
     /// Every node, primaries and replicas, in the order they were started.
@@ -199,14 +273,14 @@ impl RedisCluster {
         let members: Vec<&Process> = self.nodes.iter().map(Redis::process).collect();
         let name = format!(
             "Redis Cluster on {}",
-            host_list(self.nodes.iter().map(Redis::port))
+            address_list(self.nodes.iter().map(Redis::address))
         );
         until(&name, state, timeout, &members, check)
     }
 }
 
 fn query(node: &Redis, args: &[&str]) -> std::result::Result<RespValue, String> {
-    match crate::resp::query(node.port(), args, PROBE) {
+    match node.probe(args, PROBE) {
         Ok(RespValue::Error(e)) => Err(format!("node {}: {args:?}: {e}", node.port())),
         Ok(value) => Ok(value),
         Err(e) => Err(format!("node {}: {args:?}: {e}", node.port())),

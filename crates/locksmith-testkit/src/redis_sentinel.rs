@@ -1,11 +1,13 @@
 //! [`RedisSentinel`]: a Redis primary with replicas, watched by Sentinels.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
-use crate::redis::Role;
-use crate::settle::{host_list, until};
-use crate::{retry_on_port_clash, Process, Redis, RespValue, Result};
+use crate::netns::{self, Network};
+use crate::redis::{Launch, RedisTls, Role};
+use crate::settle::{address_list, until};
+use crate::{retry_on_port_clash, Certificates, Process, Redis, RespValue, Result};
 
 /// The name the Sentinels know the primary by (`sentinel monitor <name> …`).
 pub const MASTER_NAME: &str = "locksmith";
@@ -41,10 +43,20 @@ const PROBE: Duration = Duration::from_millis(500);
 /// old.restart(); // comes back, the Sentinels make it a replica
 /// setup.wait_healthy().unwrap();
 /// ```
+///
+/// [`RedisSentinel::start_tls`] starts one whose every port, the Sentinels'
+/// too, speaks only TLS and requires a client certificate; the nodes and
+/// Sentinels reach each other over TLS as well.
+/// [`RedisSentinel::try_start_on_hosts`] puts every node and every Sentinel
+/// on a host of its own ([`Network`]), so that the primary can be cut off
+/// from the replicas and the Sentinels while clients still reach it.
 #[derive(Debug)]
 pub struct RedisSentinel {
     nodes: Vec<Redis>,
     sentinels: Vec<Redis>,
+    tls: Option<Arc<RedisTls>>,
+    // Declared after the servers: the hosts go once nothing runs on them.
+    network: Option<Network>,
 }
 
 impl RedisSentinel {
@@ -63,29 +75,86 @@ impl RedisSentinel {
     /// Starts a primary with `replicas` replicas and `sentinels` Sentinels
     /// (quorum: a majority of them) and waits until they are healthy.
     pub fn try_start_with(replicas: usize, sentinels: usize) -> Result<RedisSentinel> {
-        let primary = retry_on_port_clash(|| Redis::launch_as(Role::Member, None, &[]))?;
-        let mut nodes = vec![primary];
-        for _ in 0..replicas {
-            let port = nodes[0].port();
-            nodes.push(retry_on_port_clash(|| {
-                Redis::launch_as(Role::Member, Some(port), &[])
-            })?);
+        Self::launch(replicas, sentinels, None, None)
+    }
+
+    /// Like [`RedisSentinel::start`], every node and every Sentinel on a host
+    /// of its own (needs root and `iproute2`): the nodes on hosts 0 to 2 of
+    /// [`RedisSentinel::network`] (the first one the primary), the Sentinels
+    /// on hosts 3 to 5, in the order of [`RedisSentinel::nodes`] and
+    /// [`RedisSentinel::sentinels`].
+    pub fn try_start_on_hosts() -> Result<RedisSentinel> {
+        Self::launch(2, 3, None, Some(Network::create(6)?))
+    }
+
+    /// The hosts of a setup started with
+    /// [`RedisSentinel::try_start_on_hosts`].
+    pub fn network(&self) -> Option<&Network> {
+        self.network.as_ref()
+    }
+
+    /// Like [`RedisSentinel::start`], every port speaking only TLS with a
+    /// certificate for `127.0.0.1` signed by a CA made for the setup
+    /// ([`RedisSentinel::certificates`]), and letting in only clients with a
+    /// certificate of that CA. Needs `openssl`.
+    #[track_caller]
+    pub fn start_tls() -> RedisSentinel {
+        crate::or_panic(Self::try_start_tls())
+    }
+
+    /// Like [`RedisSentinel::start_tls`], returning the error instead of
+    /// panicking.
+    pub fn try_start_tls() -> Result<RedisSentinel> {
+        Self::launch(2, 3, Some(RedisTls::make()?), None)
+    }
+
+    fn launch(
+        replicas: usize,
+        sentinels: usize,
+        tls: Option<Arc<RedisTls>>,
+        network: Option<Network>,
+    ) -> Result<RedisSentinel> {
+        let hosts = netns::hosts(network.as_ref(), 1 + replicas + sentinels);
+        let mut nodes: Vec<Redis> = Vec::with_capacity(1 + replicas);
+        for host in &hosts[..1 + replicas] {
+            let launch = Launch {
+                primary: nodes.first().map(Redis::address),
+                tls: tls.as_ref(),
+                host: *host,
+                ..Launch::new(Role::Member)
+            };
+            nodes.push(retry_on_port_clash(|| Redis::launch_as(launch))?);
         }
+        let primary = nodes[0].address();
         let monitor = [
             format!(
                 "sentinel monitor {MASTER_NAME} {} {} {}",
-                crate::HOST,
-                nodes[0].port(),
+                primary.ip(),
+                primary.port(),
                 sentinels / 2 + 1
             ),
             format!("sentinel down-after-milliseconds {MASTER_NAME} 1000"),
             format!("sentinel failover-timeout {MASTER_NAME} 10000"),
             format!("sentinel parallel-syncs {MASTER_NAME} {}", replicas.max(1)),
         ];
-        let sentinels = (0..sentinels)
-            .map(|_| retry_on_port_clash(|| Redis::launch_as(Role::Sentinel, None, &monitor)))
+        let sentinels = hosts[1 + replicas..]
+            .iter()
+            .map(|host| {
+                let launch = Launch {
+                    extra: &monitor,
+                    tls: tls.as_ref(),
+                    host: *host,
+                    ..Launch::new(Role::Sentinel)
+                };
+                retry_on_port_clash(|| Redis::launch_as(launch))
+            })
             .collect::<Result<Vec<_>>>()?;
-        let setup = RedisSentinel { nodes, sentinels };
+        let setup = RedisSentinel {
+            nodes,
+            sentinels,
+            tls,
+            network,
+        };
         setup.settle("healthy", SETTLE_TIMEOUT, || setup.check_healthy())?;
         Ok(setup)
     }
@@ -96,12 +165,22 @@ impl RedisSentinel {
     }
 
     /// `redis+sentinel://127.0.0.1:<s1>,127.0.0.1:<s2>,…/locksmith`: every
-    /// Sentinel, and the master name.
+    /// Sentinel, and the master name. For [`RedisSentinel::start_tls`]
+    /// `rediss+sentinel://…/locksmith?tls_ca=<CA file>`, without a client
+    /// certificate ([`RedisSentinel::certificates`] makes one).
     pub fn url(&self) -> String {
-        format!(
-            "redis+sentinel://{}/{MASTER_NAME}",
-            host_list(self.sentinels.iter().map(Redis::port))
-        )
+        let hosts = address_list(self.sentinels.iter().map(Redis::address));
+        match &self.tls {
+            None => format!("redis+sentinel://{hosts}/{MASTER_NAME}"),
+            Some(tls) => format!("rediss+sentinel://{hosts}/{MASTER_NAME}{}", tls.url_query()),
+        }
+    }
+
+    /// The CA of a setup started with [`RedisSentinel::start_tls`], which
+    /// makes client certificates ([`Certificates::client`]); `None` without
+    /// TLS.
+    pub fn certificates(&self) -> Option<&Certificates> {
+        self.tls.as_deref().map(RedisTls::certificates)
     }
 
     /// The data nodes; the first one started as the primary.
@@ -249,8 +328,8 @@ impl RedisSentinel {
     fn name(&self) -> String {
         format!(
             "Redis Sentinel setup (nodes on {}, Sentinels on {})",
-            host_list(self.nodes.iter().map(Redis::port)),
-            host_list(self.sentinels.iter().map(Redis::port))
+            address_list(self.nodes.iter().map(Redis::address)),
+            address_list(self.sentinels.iter().map(Redis::address))
         )
     }
 
@@ -268,7 +347,7 @@ impl RedisSentinel {
 fn sentinel_value(sentinel: &Redis, args: &[&str]) -> std::result::Result<RespValue, String> {
     let mut command = vec!["SENTINEL"];
     command.extend_from_slice(args);
-    match crate::resp::query(sentinel.port(), &command, PROBE) {
+    match sentinel.probe(&command, PROBE) {
         Ok(RespValue::Error(e)) => Err(format!("Sentinel {}: {e}", sentinel.port())),
         Ok(value) => Ok(value),
         Err(e) => Err(format!("Sentinel {}: {e}", sentinel.port())),
@@ -307,7 +386,7 @@ fn fields(value: &RespValue) -> HashMap<String, String> {
 
 /// `INFO replication` of a node.
 pub(crate) fn info_replication(node: &Redis) -> std::result::Result<String, String> {
-    match crate::resp::query(node.port(), &["INFO", "replication"], PROBE) {
+    match node.probe(&["INFO", "replication"], PROBE) {
         Ok(info) => info
             .as_str()
             .map(str::to_owned)

@@ -1,7 +1,12 @@
 //! A minimal blocking RESP2 client, enough to ping and poke a Redis in tests.
+//!
+//! It talks over the server's Unix socket, which every testkit Redis opens
+//! beside its port: plain RESP also where clients must speak TLS, and also
+//! when a network fault cuts the server's port off.
 
 use std::io::{self, BufRead, BufReader, Write};
-use std::net::TcpStream;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
 use std::time::Duration;
 
 /// A reply from Redis (RESP2).
@@ -43,10 +48,11 @@ impl RespValue {
     }
 }
 
-/// Sends one command to the Redis at `127.0.0.1:port` on a fresh connection and
-/// reads the reply, giving up after `timeout` per read or write.
-pub(crate) fn query(port: u16, args: &[&str], timeout: Duration) -> io::Result<RespValue> {
-    let stream = TcpStream::connect_timeout(&crate::loopback(port), timeout)?;
+/// Sends one command to the Redis listening on the Unix socket `socket` on a
+/// fresh connection and reads the reply, giving up after `timeout` per read
+/// or write.
+pub(crate) fn query(socket: &Path, args: &[&str], timeout: Duration) -> io::Result<RespValue> {
+    let stream = UnixStream::connect(socket)?;
     stream.set_read_timeout(Some(timeout))?;
     stream.set_write_timeout(Some(timeout))?;
     let mut request = format!("*{}\r\n", args.len()).into_bytes();

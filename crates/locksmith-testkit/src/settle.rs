@@ -1,5 +1,6 @@
 //! Waiting for a replicated setup to reach a state, shared by every setup.
 
+use std::net::SocketAddr;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -58,10 +59,10 @@ pub(crate) fn until<T>(
 }
 
 /// `127.0.0.1:p1,127.0.0.1:p2,…`, the host list of a multi-host URL.
-pub(crate) fn host_list(ports: impl IntoIterator<Item = u16>) -> String {
-    ports
+pub(crate) fn address_list(addresses: impl IntoIterator<Item = SocketAddr>) -> String {
+    addresses
         .into_iter()
-        .map(|p| format!("{}:{p}", crate::HOST))
+        .map(|a| a.to_string())
         .collect::<Vec<_>>()
         .join(",")
 }

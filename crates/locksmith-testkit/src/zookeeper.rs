@@ -3,7 +3,7 @@
 use std::env;
 use std::fs;
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, TcpStream};
+use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -11,7 +11,8 @@ use std::time::Duration;
 use tempfile::TempDir;
 
 use crate::certs::Certificates;
-use crate::process::{Process, ProcessSpec};
+use crate::netns::{self, Host};
+use crate::process::Process;
 use crate::{free_port, impl_server, retry_on_port_clash, server_dir, try_binary, Error, Result};
 
 /// The JVM starts slowly, and much more slowly on a busy CI machine.
@@ -59,6 +60,8 @@ static SHARED: OnceLock<ZooKeeper> = OnceLock::new();
 pub struct ZooKeeper {
     // Declared first so it is dropped (killed) before the directory is removed.
     process: Process,
+    /// Where it listens: loopback, or its host's address.
+    ip: Ipv4Addr,
     port: u16,
     /// The secure client port and its certificates, for [`ZooKeeper::start_tls`].
     tls: Option<(u16, Certificates)>,
@@ -103,9 +106,54 @@ impl ZooKeeper {
 
     fn launch() -> Result<ZooKeeper> {
         let port = free_port();
-        let zk = Self::spawn(port, None, STANDALONE_MAIN, |data| Ok(zoo_cfg(data, port)))?;
+        let zk = Self::spawn(None, port, None, STANDALONE_MAIN, |data| {
+            Ok(zoo_cfg(data, crate::HOST, port).into())
+        })?;
         zk.wait_ready()?;
         Ok(zk)
+    }
+
+    /// Like [`ZooKeeper::start`], requiring SASL: every session must
+    /// authenticate with DIGEST-MD5 as one of `users` (name, password), or
+    /// it is closed (`sessionRequireClientSASLAuth`). The users are the JAAS
+    /// `Server` section's (`DigestLoginModule`); a session's identity is
+    /// `sasl:<name>`. Passwords must not contain `"` or `\`.
+    #[track_caller]
+    pub fn start_sasl(users: &[(&str, &str)]) -> ZooKeeper {
+        crate::or_panic(Self::try_start_sasl(users))
+    }
+
+    /// Like [`ZooKeeper::start_sasl`], returning the error instead of
+    /// panicking.
+    pub fn try_start_sasl(users: &[(&str, &str)]) -> Result<ZooKeeper> {
+        retry_on_port_clash(|| {
+            let port = free_port();
+            let zk = Self::spawn(None, port, None, STANDALONE_MAIN, |data| {
+                let jaas = data.with_file_name("jaas.conf");
+                let users: String = users
+                    .iter()
+                    .map(|(name, password)| format!("\n    user_{name}=\"{password}\""))
+                    .collect();
+                let section = format!(
+                    "Server {{\n    org.apache.zookeeper.server.auth.DigestLoginModule required{users};\n}};\n"
+                );
+                fs::write(&jaas, section)
+                    .map_err(|e| Error::io(format!("cannot write {}", jaas.display()), e))?;
+                Ok(Setup {
+                    zoo_cfg: format!(
+                        "{}authProvider.1=org.apache.zookeeper.server.auth.SASLAuthenticationProvider\n\
+                         sessionRequireClientSASLAuth=true\n",
+                        zoo_cfg(data, crate::HOST, port)
+                    ),
+                    jvm_options: vec![format!(
+                        "-Djava.security.auth.login.config={}",
+                        jaas.display()
+                    )],
+                })
+            })?;
+            zk.wait_ready()?;
+            Ok(zk)
+        })
     }
 
     /// Like [`ZooKeeper::start`], with a secure client port as well
@@ -125,7 +173,7 @@ impl ZooKeeper {
         retry_on_port_clash(|| {
             let (port, secure_port) = (free_port(), free_port());
             let mut tls = None;
-            let mut zk = Self::spawn(port, None, STANDALONE_MAIN, |data| {
+            let mut zk = Self::spawn(None, port, None, STANDALONE_MAIN, |data| {
                 let certificates = Certificates::make(
                     &data.with_file_name("tls"),
                     &["DNS:localhost", "IP:127.0.0.1"],
@@ -133,7 +181,7 @@ impl ZooKeeper {
                 )?;
                 let secure = secure_cfg(&certificates, secure_port)?;
                 tls = Some((secure_port, certificates));
-                Ok(format!("{}{secure}", zoo_cfg(data, port)))
+                Ok(format!("{}{secure}", zoo_cfg(data, crate::HOST, port)).into())
             })?;
             zk.tls = tls;
             zk.wait_ready()?;
@@ -142,19 +190,26 @@ impl ZooKeeper {
     }
 
     /// Starts server `id` (1, 2, …) of an ensemble whose `server.N=…` lines
-    /// are `servers`, without waiting: a member serves only once a majority
-    /// of the ensemble runs.
-    pub(crate) fn spawn_member(id: usize, port: u16, servers: &str) -> Result<ZooKeeper> {
-        Self::spawn(port, Some(id), QUORUM_MAIN, |data| {
-            Ok(format!("{}{servers}", zoo_cfg(data, port)))
+    /// are `servers`, on `host` (loopback for `None`), without waiting: a
+    /// member serves only once a majority of the ensemble runs.
+    pub(crate) fn spawn_member(
+        id: usize,
+        host: Option<&Host>,
+        port: u16,
+        servers: &str,
+    ) -> Result<ZooKeeper> {
+        let ip = netns::address(host).to_string();
+        Self::spawn(host, port, Some(id), QUORUM_MAIN, |data| {
+            Ok(format!("{}{servers}", zoo_cfg(data, &ip, port)).into())
         })
     }
 
     fn spawn(
+        host: Option<&Host>,
         port: u16,
         id: Option<usize>,
         main: &str,
-        config: impl FnOnce(&Path) -> Result<String>,
+        setup: impl FnOnce(&Path) -> Result<Setup>,
     ) -> Result<ZooKeeper> {
         let java = try_binary("java", "default-jre-headless")?;
         let classpath = classpath()?;
@@ -168,13 +223,15 @@ impl ZooKeeper {
                 .map_err(|e| Error::io(format!("cannot write {}", myid.display()), e))?;
         }
         let file = dir.path().join("zoo.cfg");
-        fs::write(&file, config(&data)?)
+        let setup = setup(&data)?;
+        fs::write(&file, setup.zoo_cfg)
             .map_err(|e| Error::io(format!("cannot write {}", file.display()), e))?;
+        let ip = netns::address(host);
         let name = match id {
-            Some(id) => format!("ZooKeeper server {id} on port {port}"),
+            Some(id) => format!("ZooKeeper server {id} on {ip}:{port}"),
             None => format!("ZooKeeper on port {port}"),
         };
-        let spec = ProcessSpec::new(name, java, dir.path().join("zookeeper.log"))
+        let spec = netns::spec(host, name, java, dir.path().join("zookeeper.log"))
             .current_dir(dir.path())
             .args([
                 "-Xmx256m",
@@ -187,6 +244,7 @@ impl ZooKeeper {
                 "-Dorg.slf4j.simpleLogger.showDateTime=true",
                 "-Dorg.slf4j.simpleLogger.defaultLogLevel=info",
             ])
+            .args(setup.jvm_options)
             .arg("-cp")
             .arg(classpath)
             .arg(main)
@@ -196,6 +254,7 @@ impl ZooKeeper {
             .stop_signal(libc::SIGKILL, Duration::from_secs(5));
         Ok(ZooKeeper {
             process: Process::spawn(spec)?,
+            ip,
             port,
             tls: None,
             dir,
@@ -204,7 +263,7 @@ impl ZooKeeper {
 
     pub(crate) fn wait_ready(&self) -> Result<()> {
         self.process.wait_ready(READY_TIMEOUT, || {
-            let answer = four_letter(self.port, "srvr", Duration::from_millis(500))
+            let answer = four_letter(self.address(), "srvr", Duration::from_millis(500))
                 .map_err(|e| format!("srvr failed: {e}"))?;
             if answer.contains("Mode:") {
                 Ok(())
@@ -225,6 +284,12 @@ impl ZooKeeper {
     /// The client port.
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The client address: `127.0.0.1`, or its host's for a server of an
+    /// ensemble on hosts of their own.
+    pub fn address(&self) -> SocketAddr {
+        SocketAddr::from((self.ip, self.port))
     }
 
     /// The secure client port of a server started with
@@ -251,25 +316,41 @@ impl ZooKeeper {
 
     /// `127.0.0.1:<port>`, the connect string ZooKeeper clients take.
     pub fn connect_string(&self) -> String {
-        format!("{}:{}", crate::HOST, self.port)
+        self.address().to_string()
     }
 
     /// `zk://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
-        format!("zk://{}:{}", crate::HOST, self.port)
+        format!("zk://{}", self.address())
     }
 
     /// Sends a four-letter word (`srvr`, `ruok`, `stat`, `mntr`, `cons`, `dump`,
     /// ...) and returns the answer.
     pub fn four_letter(&self, word: &str) -> io::Result<String> {
-        four_letter(self.port, word, COMMAND_TIMEOUT)
+        four_letter(self.address(), word, COMMAND_TIMEOUT)
     }
 }
 
 impl_server!(ZooKeeper, "zookeeper");
 
+/// What a server starts from: its `zoo.cfg`, and JVM options beyond the
+/// common ones.
+struct Setup {
+    zoo_cfg: String,
+    jvm_options: Vec<String>,
+}
+
+impl From<String> for Setup {
+    fn from(zoo_cfg: String) -> Setup {
+        Setup {
+            zoo_cfg,
+            jvm_options: Vec::new(),
+        }
+    }
+}
+
 /// The generated `zoo.cfg`.
-fn zoo_cfg(data: &Path, port: u16) -> String {
+fn zoo_cfg(data: &Path, ip: &str, port: u16) -> String {
     format!(
         "tickTime={TICK_MS}\n\
          minSessionTimeout={MIN_SESSION_TIMEOUT_MS}\n\
@@ -278,13 +359,12 @@ fn zoo_cfg(data: &Path, port: u16) -> String {
          syncLimit=5\n\
          dataDir={}\n\
          clientPort={port}\n\
-         clientPortAddress={}\n\
+         clientPortAddress={ip}\n\
          maxClientCnxns=0\n\
          4lw.commands.whitelist=*\n\
          admin.enableServer=false\n\
          forceSync=yes\n",
         data.display(),
-        crate::HOST,
     )
 }
 
@@ -341,10 +421,14 @@ fn classpath() -> Result<String> {
         .into_owned())
 }
 
-/// Sends the four-letter word `word` to `127.0.0.1:port` and reads the answer
+/// Sends the four-letter word `word` to `address` and reads the answer
 /// until the server closes the connection.
-pub(crate) fn four_letter(port: u16, word: &str, timeout: Duration) -> io::Result<String> {
-    let mut stream = TcpStream::connect_timeout(&crate::loopback(port), timeout)?;
+pub(crate) fn four_letter(
+    address: SocketAddr,
+    word: &str,
+    timeout: Duration,
+) -> io::Result<String> {
+    let mut stream = TcpStream::connect_timeout(&address, timeout)?;
     stream.set_read_timeout(Some(timeout))?;
     stream.set_write_timeout(Some(timeout))?;
     stream.write_all(word.as_bytes())?;

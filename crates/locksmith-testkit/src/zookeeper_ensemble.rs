@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use crate::settle::{host_list, until};
+use crate::netns::{self, Network};
+use crate::settle::{address_list, until};
 use crate::{free_port, retry_on_port_clash, Process, Result, ZooKeeper};
 
 /// How long a new ensemble gets to elect a leader: every JVM must start first.
@@ -34,9 +35,15 @@ const PROBE: Duration = Duration::from_millis(500);
 /// leader.restart();
 /// ensemble.wait_healthy().unwrap();
 /// ```
+///
+/// [`ZooKeeperEnsemble::try_start_on_hosts`] puts each server on a host of
+/// its own ([`Network`]), so that one can be cut off from the others while
+/// clients still reach every server.
 #[derive(Debug)]
 pub struct ZooKeeperEnsemble {
     servers: Vec<ZooKeeper>,
+    // Declared after the servers: the hosts go once nothing runs on them.
+    network: Option<Network>,
 }
 
 impl ZooKeeperEnsemble {
@@ -55,29 +62,51 @@ impl ZooKeeperEnsemble {
 
     /// Starts an ensemble of `servers` servers and waits until it is healthy.
     pub fn try_start_with(servers: usize) -> Result<ZooKeeperEnsemble> {
-        retry_on_port_clash(|| {
+        Self::launch(servers, None)
+    }
+
+    /// Starts 3 servers, each on a host of its own (needs root and
+    /// `iproute2`), and waits until the ensemble is healthy. Server `i` runs
+    /// on host `i` of [`ZooKeeperEnsemble::network`].
+    pub fn try_start_on_hosts() -> Result<ZooKeeperEnsemble> {
+        Self::launch(3, Some(Network::create(3)?))
+    }
+
+    /// The hosts the servers run on, one each, for an ensemble started with
+    /// [`ZooKeeperEnsemble::try_start_on_hosts`].
+    pub fn network(&self) -> Option<&Network> {
+        self.network.as_ref()
+    }
+
+    fn launch(servers: usize, network: Option<Network>) -> Result<ZooKeeperEnsemble> {
+        let hosts = netns::hosts(network.as_ref(), servers);
+        let servers = retry_on_port_clash(|| {
             let ports: Vec<[u16; 3]> = (0..servers)
                 .map(|_| [free_port(), free_port(), free_port()])
                 .collect();
             let lines: String = ports
                 .iter()
+                .zip(&hosts)
                 .enumerate()
-                .map(|(i, [_, quorum, election])| {
-                    format!("server.{}={}:{quorum}:{election}\n", i + 1, crate::HOST)
+                .map(|(i, ([_, quorum, election], host))| {
+                    let ip = netns::address(*host);
+                    format!("server.{}={ip}:{quorum}:{election}\n", i + 1)
                 })
                 .collect();
             let servers = ports
                 .iter()
+                .zip(&hosts)
                 .enumerate()
-                .map(|(i, [port, ..])| ZooKeeper::spawn_member(i + 1, *port, &lines))
+                .map(|(i, ([port, ..], host))| ZooKeeper::spawn_member(i + 1, *host, *port, &lines))
                 .collect::<Result<Vec<_>>>()?;
             for server in &servers {
                 server.wait_ready()?;
             }
-            let ensemble = ZooKeeperEnsemble { servers };
-            ensemble.wait_healthy()?;
-            Ok(ensemble)
-        })
+            Ok(servers)
+        })?;
+        let ensemble = ZooKeeperEnsemble { servers, network };
+        ensemble.wait_healthy()?;
+        Ok(ensemble)
     }
 
     /// `zk://127.0.0.1:<p1>,127.0.0.1:<p2>,…`: every server's client port.
@@ -88,7 +117,7 @@ impl ZooKeeperEnsemble {
     /// `127.0.0.1:<p1>,127.0.0.1:<p2>,…`, the connect string ZooKeeper
     /// clients take.
     pub fn connect_string(&self) -> String {
-        host_list(self.servers.iter().map(ZooKeeper::port))
+        address_list(self.servers.iter().map(ZooKeeper::address))
     }
 
     /// The servers, in the order of their ids (`myid` 1, 2, …).
@@ -131,7 +160,7 @@ impl ZooKeeperEnsemble {
 
 /// The `Mode:` a server reports in `srvr` (`leader`, `follower`, `standalone`).
 fn mode(server: &ZooKeeper) -> std::result::Result<String, String> {
-    let answer = crate::zookeeper::four_letter(server.port(), "srvr", PROBE)
+    let answer = crate::zookeeper::four_letter(server.address(), "srvr", PROBE)
         .map_err(|e| format!("server on {}: srvr: {e}", server.port()))?;
     answer
         .lines()

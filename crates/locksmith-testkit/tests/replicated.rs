@@ -189,3 +189,122 @@ fn zookeeper_ensemble_elects_a_new_leader_and_takes_the_old_one_back() {
         3
     );
 }
+
+/// On hosts of their own, a primary cut off from its replicas and Sentinels
+/// is the classic split brain: the Sentinels promote a replica while the old
+/// primary, still reached by its clients, goes on taking writes; once the
+/// network heals it is made a replica and those writes are gone.
+#[test]
+fn a_sentinel_primary_cut_off_from_its_peers_takes_writes_that_are_lost() {
+    let setup = RedisSentinel::try_start_on_hosts().expect("as root, with iproute2");
+    let network = setup.network().expect("hosts of their own");
+    assert!(
+        setup.url().starts_with("redis+sentinel://10."),
+        "{}",
+        setup.url()
+    );
+    let old = setup.primary();
+    assert_eq!(
+        old.port(),
+        setup.nodes()[0].port(),
+        "node 0 starts as primary"
+    );
+    let peers = 1..setup.nodes().len() + setup.sentinels().len();
+    for peer in peers.clone() {
+        network.cut(0, peer).unwrap();
+    }
+    let new = setup.wait_for_failover(old).unwrap();
+    assert_eq!(
+        old.query(&["SET", "split", "brain"]).unwrap(),
+        RespValue::Simple("OK".into()),
+        "the old primary still takes writes"
+    );
+    for peer in peers {
+        network.heal(0, peer).unwrap();
+    }
+    setup.wait_healthy().unwrap();
+    assert_eq!(setup.primary().port(), new.port());
+    assert!(old.query(&["GET", "split"]).unwrap().is_nil());
+}
+
+/// On hosts of their own, an etcd leader cut off from its peers commits
+/// nothing (no quorum), and the cluster is whole again after the heal.
+#[test]
+fn an_etcd_leader_cut_off_from_its_peers_commits_nothing() {
+    let cluster = EtcdCluster::try_start_on_hosts().expect("as root, with iproute2");
+    let network = cluster.network().expect("hosts of their own");
+    assert!(cluster.url().starts_with("etcd://10."), "{}", cluster.url());
+    let leader = cluster.leader().unwrap();
+    let at = cluster
+        .members()
+        .iter()
+        .position(|m| m.port() == leader.port())
+        .unwrap();
+    let peers: Vec<usize> = (0..3).filter(|&i| i != at).collect();
+    for &peer in &peers {
+        network.cut(at, peer).unwrap();
+    }
+    let put = leader
+        .etcdctl()
+        .args(["--command-timeout=3s", "put", "cut", "off"])
+        .output()
+        .unwrap();
+    assert!(!put.status.success(), "a cut-off leader committed: {put:?}");
+    for &peer in &peers {
+        network.heal(at, peer).unwrap();
+    }
+    cluster.wait_healthy().unwrap();
+    let put = cluster
+        .leader()
+        .unwrap()
+        .etcdctl()
+        .args(["put", "healed", "yes"])
+        .output()
+        .unwrap();
+    assert!(put.status.success(), "{put:?}");
+}
+
+/// On hosts of their own, a ZooKeeper leader cut off from its peers steps
+/// down (it has lost its quorum), the other two elect a leader, and after the
+/// heal the ensemble is whole again.
+#[test]
+fn a_zookeeper_leader_cut_off_from_its_peers_steps_down() {
+    let ensemble = ZooKeeperEnsemble::try_start_on_hosts().expect("as root, with iproute2");
+    let network = ensemble.network().expect("hosts of their own");
+    assert!(ensemble.url().starts_with("zk://10."), "{}", ensemble.url());
+    let leader = ensemble.leader().unwrap();
+    let at = ensemble
+        .servers()
+        .iter()
+        .position(|s| s.port() == leader.port())
+        .unwrap();
+    let peers: Vec<usize> = (0..3).filter(|&i| i != at).collect();
+    for &peer in &peers {
+        network.cut(at, peer).unwrap();
+    }
+    let leads = |i: usize| {
+        ensemble.servers()[i]
+            .four_letter("srvr")
+            .is_ok_and(|srvr| srvr.contains("Mode: leader"))
+    };
+    // The old leader notices after syncLimit × tickTime (2.5 s).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let settled = loop {
+        if !leads(at) && peers.iter().any(|&i| leads(i)) {
+            break true;
+        }
+        if std::time::Instant::now() > deadline {
+            break false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    for &peer in &peers {
+        network.heal(at, peer).unwrap();
+    }
+    assert!(
+        settled,
+        "the old leader went on leading, or no other was elected"
+    );
+    ensemble.wait_healthy().unwrap();
+    assert!(!leads(at), "the old leader came back as a follower");
+}

@@ -48,6 +48,13 @@
   async runtime (cargo feature `blocking`, on by default)."#
 )]
 //!
+//! ## Examples
+//!
+//! The crate's `examples/` folder: `cron_once` (a job that runs on one
+//! machine only), `leader_worker` (work while elected, with
+//! [`Election::observe`]) and `fenced_postgres` (storage that refuses a stale
+//! holder's writes by its fencing token).
+//!
 //! ## Liveness
 //!
 //! A hold without a lease lives as long as its client: the client heartbeats
@@ -96,6 +103,7 @@ with a message saying so (they work in `tokio::task::spawn_blocking`).
 //! | `etcd://[user:pass@]host:port[,…]`, `etcds://…?ca=FILE` | `etcd` |
 //! | `postgres://user:pass@host:port/db` | `postgres` |
 #![deny(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod backend;
 #[cfg(feature = "blocking")]

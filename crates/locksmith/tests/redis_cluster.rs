@@ -1,6 +1,7 @@
 //! The Redis backend on a Redis Cluster (`redis+cluster://`), against a real
 //! cluster of three primaries with a replica each started by
-//! locksmith-testkit: the conformance suite, locks in many slots, multi-locks
+//! locksmith-testkit: the conformance suite (also with the ports and the
+//! cluster bus on TLS only), locks in many slots, multi-locks
 //! across slots, interoperability with redis-py and Redisson, and a primary's
 //! failover.
 #![cfg(feature = "redis")]
@@ -16,7 +17,10 @@ use locksmith::{Error, Mode};
 use locksmith_testkit::{Redis, RedisCluster, RespValue};
 use redis::cluster_routing::Slot;
 use redis_support::redisson::Redisson;
-use redis_support::{backend_and_client, client, eventually, python, unique, whole_suite, Harness};
+use redis_support::{
+    backend_and_client, client, eventually, python, refused, unique, whole_suite, with_client_cert,
+    Harness,
+};
 use tokio::time::{sleep, timeout};
 
 /// Starts the cluster, letting the runtime's other tasks run meanwhile.
@@ -50,6 +54,37 @@ async fn cluster_connection(cluster: &RedisCluster) -> redis::cluster_async::Clu
 async fn conformance_suite_on_a_cluster() {
     let cluster = start().await;
     whole_suite(&Harness { url: cluster.url() }).await;
+}
+
+/// The suite over TLS: the nodes' ports and the cluster bus speak only TLS,
+/// and only clients with a certificate of the cluster's CA are let in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_suite_on_a_cluster_over_tls() {
+    let cluster = tokio::task::block_in_place(RedisCluster::start_tls);
+    let ca = cluster.certificates().expect("a TLS cluster");
+    let url = with_client_cert(&cluster.url(), ca, "suite");
+    assert!(url.starts_with("rediss+cluster://"), "{url}");
+    whole_suite(&Harness { url }).await;
+}
+
+/// A TLS-only cluster refuses a plaintext client and a TLS client without a
+/// client certificate; one with a certificate of its CA gets a lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_cluster_refuses_plaintext_and_certificateless_clients() {
+    let cluster = tokio::task::block_in_place(RedisCluster::start_tls);
+    let ca = cluster.certificates().expect("a TLS cluster");
+    let nodes = cluster
+        .nodes()
+        .iter()
+        .map(|n| format!("127.0.0.1:{}", n.port()))
+        .collect::<Vec<_>>()
+        .join(",");
+    refused(&format!("redis+cluster://{nodes}")).await;
+    refused(&cluster.url()).await;
+    let url = with_client_cert(&cluster.url(), ca, "client");
+    let client = client(&url, Duration::from_secs(10)).await;
+    let guard = client.lock(unique("tls").as_str()).acquire().await.unwrap();
+    guard.release().await.unwrap();
 }
 
 /// Hundreds of locks over hundreds of slots on all three primaries stay held

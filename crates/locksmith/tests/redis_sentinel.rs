@@ -1,7 +1,7 @@
 //! The Redis backend behind Sentinel (`redis+sentinel://`), against a real
 //! primary with two replicas and three Sentinels started by locksmith-testkit:
-//! the conformance suite, what a failover does to holds and waiters, and
-//! replica acknowledgement.
+//! the conformance suite (also with every port on TLS only), what a failover
+//! does to holds and waiters, and replica acknowledgement.
 #![cfg(feature = "redis")]
 
 #[allow(unused)]
@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use locksmith::Error;
 use locksmith_testkit::{Redis, RedisSentinel, RespValue};
-use redis_support::{client, eventually, unique, whole_suite, Harness};
+use redis_support::{client, eventually, refused, unique, whole_suite, with_client_cert, Harness};
 use tokio::time::timeout;
 
 /// Starts the setup, letting the runtime's other tasks run meanwhile.
@@ -44,6 +44,43 @@ fn the_whole_suite_runs_every_behaviour() {
 async fn conformance_suite_behind_sentinel() {
     let setup = start().await;
     whole_suite(&Harness { url: setup.url() }).await;
+}
+
+/// The suite over TLS: every port of the setup, the Sentinels' too, speaks
+/// only TLS and lets in only clients with a certificate of its CA.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_suite_behind_sentinel_over_tls() {
+    let setup = tokio::task::block_in_place(RedisSentinel::start_tls);
+    let ca = setup.certificates().expect("a TLS setup");
+    let url = with_client_cert(&setup.url(), ca, "suite");
+    assert!(url.starts_with("rediss+sentinel://"), "{url}");
+    whole_suite(&Harness { url }).await;
+}
+
+/// Behind a TLS-only Sentinel setup a plaintext client, and a TLS client
+/// without a client certificate, are refused; one with a certificate of the
+/// setup's CA gets a lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_sentinel_setup_refuses_plaintext_and_certificateless_clients() {
+    let setup = tokio::task::block_in_place(RedisSentinel::start_tls);
+    let ca = setup.certificates().expect("a TLS setup");
+    let sentinels = setup
+        .sentinels()
+        .iter()
+        .map(|s| format!("127.0.0.1:{}", s.port()))
+        .collect::<Vec<_>>()
+        .join(",");
+    let plaintext = refused(&format!(
+        "redis+sentinel://{sentinels}/{}",
+        setup.master_name()
+    ))
+    .await;
+    assert!(plaintext.contains("no Sentinel"), "{plaintext}");
+    refused(&setup.url()).await;
+    let url = with_client_cert(&setup.url(), ca, "client");
+    let client = client(&url, Duration::from_secs(10)).await;
+    let guard = client.lock(unique("tls").as_str()).acquire().await.unwrap();
+    guard.release().await.unwrap();
 }
 
 /// After a failover the client talks to the new primary: holds the new

@@ -1147,20 +1147,7 @@ async fn tls_clients_with_certificates_lock_and_hand_over() {
     let b = connect(&url(&ca, true), Duration::from_secs(10)).await;
     let name = unique("tls");
     let held = a.lock(name.as_str()).acquire().await.unwrap();
-    let waiter = tokio::spawn({
-        let lock = b.lock(name.as_str());
-        async move { lock.acquire().await }
-    });
-    until(&a, &name, "b waiting", |i| i.waiters.len() == 1).await;
-    held.release().await.unwrap();
-    timeout(Duration::from_secs(10), waiter)
-        .await
-        .expect("b gets the lock")
-        .unwrap()
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    hands_over(&a, &b, &name, held).await;
 
     for refused in [url(&ca, false), url(&cert, true)] {
         let connect = timeout(Duration::from_secs(30), Client::connect(&refused));
@@ -1176,4 +1163,80 @@ async fn tls_clients_with_certificates_lock_and_hand_over() {
         }
         other => panic!("a missing CA file: {:?}", other.map(drop)),
     }
+}
+
+/// A ZooKeeper that requires SASL: `?auth=sasl` authenticates with
+/// DIGEST-MD5, the nodes are creator-only for `sasl:alice`, another
+/// SASL user is refused by them, and a wrong password or no credentials open
+/// no session at all (without the password in the error).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sasl_credentials_authenticate_and_guard_nodes() {
+    let users = [("alice", "alice-secret"), ("bob", "bob-secret")];
+    let server = tokio::task::spawn_blocking(move || ZooKeeper::start_sasl(&users))
+        .await
+        .unwrap();
+    let url =
+        |user_info: &str| format!("zk://{user_info}127.0.0.1:{}/sasl?auth=sasl", server.port());
+    let a = connect(&url("alice:alice-secret@"), Duration::from_secs(10)).await;
+    let b = connect(&url("alice:alice-secret@"), Duration::from_secs(10)).await;
+    let name = "orders/42";
+    let held = a.lock(name).acquire().await.unwrap();
+
+    let alice = zk::Client::connector()
+        .with_sasl(zk::SaslOptions::digest_md5("alice", "alice-secret"))
+        .connect(&server.connect_string())
+        .await
+        .unwrap();
+    for path in ["/sasl".to_owned(), format!("/sasl/{name}")] {
+        let (acl, _) = alice.get_acl(&path).await.unwrap();
+        assert_eq!(acl.len(), 1, "{path}: {acl:?}");
+        assert_eq!((acl[0].scheme(), acl[0].id()), ("sasl", "alice"), "{path}");
+    }
+
+    // Alice's second client queues behind the first and takes over.
+    hands_over(&a, &b, name, held).await;
+
+    // Bob is authenticated, but the nodes are alice's.
+    let bob = connect(&url("bob:bob-secret@"), Duration::from_secs(10)).await;
+    let refused = bob.lock(name).try_acquire().await.expect_err("bob refused");
+    assert!(refused.to_string().contains("ACL refuses"), "{refused}");
+
+    // A wrong password, or none, opens no session.
+    for (user_info, password) in [("alice:not-the-secret@", "not-the-secret"), ("", "")] {
+        let refused = if user_info.is_empty() {
+            format!("zk://127.0.0.1:{}/sasl", server.port())
+        } else {
+            url(user_info)
+        };
+        let connect = timeout(Duration::from_secs(30), Client::connect(&refused));
+        match connect.await.expect("a refused connect ends") {
+            Err(error @ Error::Backend { .. }) => {
+                let shown = format!("{error} {error:?}");
+                if !password.is_empty() {
+                    assert!(!shown.contains(password), "{shown}");
+                    assert!(shown.contains("SASL credentials were refused"), "{shown}");
+                }
+            }
+            other => panic!("{refused} connected: {:?}", other.map(drop)),
+        }
+    }
+}
+
+/// `b` queues for `name`, which `a` holds as `held`; `a` releases, and `b`
+/// gets the lock (and releases it).
+async fn hands_over(a: &Client, b: &Client, name: &str, held: locksmith::Guard) {
+    let waiter = tokio::spawn({
+        let lock = b.lock(name);
+        async move { lock.acquire().await }
+    });
+    until(a, name, "b waiting", |i| i.waiters.len() == 1).await;
+    held.release().await.unwrap();
+    timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("b gets the lock")
+        .unwrap()
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
 }

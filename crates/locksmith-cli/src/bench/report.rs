@@ -233,6 +233,7 @@ fn setup(kind: Kind) -> &'static str {
         }
         Kind::Etcd => "single-node `etcd` (write-ahead log fsynced), etcd concurrency-package layout",
         Kind::ServerCluster => "a locksmith cluster of 3 members (Raft, each with its own data directory), on loopback",
+        Kind::ServerClusterTls => "the same cluster with TLS on every connection (members certified by a CA of their own) and authentication on (a bearer token)",
         Kind::EtcdCluster => "an etcd cluster of 3 members (each as the single node), etcd concurrency-package layout",
         Kind::Postgres => {
             "PostgreSQL (`max_connections=200`, `shared_buffers=32MB`, fsync on); session advisory locks, tokens from a sequence"

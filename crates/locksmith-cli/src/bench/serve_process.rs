@@ -7,13 +7,20 @@
 //! all. A cluster can also hold spare members, prepared but not started, that
 //! a membership change brings in: their addresses are in the clients' URL
 //! from the start, so that clients find the cluster whichever members it has.
+//!
+//! A cluster can also run secured ([`Placement::secured`]): TLS on every
+//! member, members certified by a CA made for the run (`--tls-peer-ca`), and
+//! authentication on, its clients holding a token with every permission.
 
+use std::ffi::OsString;
 use std::net::{Ipv4Addr, TcpStream};
+use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
+use locksmith::server::ServerUrl;
 use locksmith_testkit::netns::{Host, Network};
-use locksmith_testkit::{Process, ProcessSpec, Server};
+use locksmith_testkit::{Certificates, Process, ProcessSpec, Server};
 
 /// The locksmith server, run as `<this executable> serve` with its data in a
 /// temporary directory; killed with this process.
@@ -24,6 +31,9 @@ pub struct ServeProcess {
     port: u16,
     /// Its node id in a cluster (1 for a lone server).
     id: u64,
+    /// How clients reach it: `""`, or the TLS and token options of a
+    /// secured cluster (`?ca=…&token_file=…`).
+    client_options: String,
     _dir: tempfile::TempDir,
 }
 
@@ -31,7 +41,7 @@ impl ServeProcess {
     /// Starts `locksmith serve` on loopback and waits until it accepts
     /// connections.
     pub fn start() -> Result<ServeProcess, String> {
-        let serve = ServeProcess::prepare(None, locksmith_testkit::free_port(), 1, &[])?;
+        let serve = ServeProcess::prepare(None, locksmith_testkit::free_port(), 1, &[], None)?;
         serve.launch()?;
         Ok(serve)
     }
@@ -42,6 +52,7 @@ impl ServeProcess {
         port: u16,
         id: u64,
         extra: &[&str],
+        security: Option<&Security>,
     ) -> Result<ServeProcess, String> {
         let exe = std::env::current_exe()
             .map_err(|e| format!("cannot find this executable to run `locksmith serve`: {e}"))?;
@@ -63,12 +74,14 @@ impl ServeProcess {
         }
         .args(serve_args(ip, port, &data))
         .args(extra)
+        .args(security.map(Security::serve_args).unwrap_or_default())
         .env("RUST_LOG", "warn");
         Ok(ServeProcess {
             process: Process::prepare(spec),
             ip,
             port,
             id,
+            client_options: security.map(Security::client_options).unwrap_or_default(),
             _dir: dir,
         })
     }
@@ -99,10 +112,13 @@ impl ServeProcess {
         else {
             return false;
         };
-        let address = format!("http://{}", self.address());
+        let Ok(url) = ServerUrl::parse(&self.url()) else {
+            return false;
+        };
         runtime.block_on(async {
             let ask = async {
-                let mut client = LocksmithClient::connect(address).await.ok()?;
+                let channel = url.endpoint(&self.address()).ok()?.connect().await.ok()?;
+                let mut client = LocksmithClient::with_interceptor(channel, url.credentials());
                 let request = locksmith_proto::v1::DescribeRequest {
                     name: "leader-probe".into(),
                 };
@@ -135,7 +151,7 @@ impl Server for ServeProcess {
     }
 
     fn url(&self) -> String {
-        format!("locksmith://{}", self.address())
+        client_url(&[self.address()], &self.client_options)
     }
 
     fn process(&self) -> &Process {
@@ -161,7 +177,19 @@ fn serve_args(ip: Ipv4Addr, port: u16, data_dir: &std::path::Path) -> Vec<std::f
     ]
 }
 
-/// Where a cluster's members run, and how many spares it keeps.
+/// The URL of `addresses` for a client, with `options` (`""`, or a secured
+/// cluster's `?ca=…&token_file=…`).
+fn client_url(addresses: &[String], options: &str) -> String {
+    let scheme = if options.is_empty() {
+        "locksmith"
+    } else {
+        "locksmith+tls"
+    };
+    format!("{scheme}://{}{options}", addresses.join(","))
+}
+
+/// Where a cluster's members run, how many spares it keeps, and whether it
+/// is secured.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Placement {
     /// Each member on a host of its own (network namespaces: root and
@@ -169,6 +197,84 @@ pub struct Placement {
     pub separate_hosts: bool,
     /// Members prepared but not started, for membership changes.
     pub spares: usize,
+    /// TLS between everyone, members certified by a CA of the run, and
+    /// authentication on (module docs).
+    pub secured: bool,
+}
+
+/// The files of a secured cluster: a CA made for the run, which signs one
+/// member certificate naming every member's address (each presents it to
+/// clients and to the other members, and checks theirs against the CA as the
+/// peer CA), and an auth file whose one identity, the run's clients, holds every
+/// permission on every name through a random token.
+struct Security {
+    certificates: Certificates,
+    member_cert: PathBuf,
+    member_key: PathBuf,
+    token_file: PathBuf,
+    auth_file: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Security {
+    /// Makes the files for members at `ips` (needs `openssl`).
+    fn make(ips: &[Ipv4Addr]) -> Result<Security, String> {
+        let dir = tempfile::Builder::new()
+            .prefix("locksmith-secured-")
+            .tempdir()
+            .map_err(|e| format!("cannot create a directory for certificates: {e}"))?;
+        let mut names: Vec<String> = ips.iter().map(|ip| format!("IP:{ip}")).collect();
+        names.sort();
+        names.dedup();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        let certificates = Certificates::make(&dir.path().join("tls"), &names, None)
+            .map_err(|e| format!("certificates for a secured cluster: {e}"))?;
+        let (member_cert, member_key) = certificates
+            .peer("member", &names)
+            .map_err(|e| format!("certificates for a secured cluster: {e}"))?;
+        let token = uuid::Uuid::new_v4().simple().to_string();
+        let token_file = dir.path().join("token");
+        let auth_file = dir.path().join("auth.toml");
+        let auth = format!(
+            "[[identity]]\nname = \"clients\"\ntoken_sha256 = \"{}\"\n\
+             grants = [ {{ prefix = \"\", permissions = [\"lock\", \"inspect\", \"admin\"] }} ]\n",
+            locksmith_server::token_sha256(&token)
+        );
+        std::fs::write(&token_file, token)
+            .and_then(|()| std::fs::write(&auth_file, auth))
+            .map_err(|e| format!("cannot write the auth files: {e}"))?;
+        Ok(Security {
+            certificates,
+            member_cert,
+            member_key,
+            token_file,
+            auth_file,
+            _dir: dir,
+        })
+    }
+
+    /// What `serve` adds: TLS, the peer CA and the auth file.
+    fn serve_args(&self) -> Vec<OsString> {
+        vec![
+            "--tls-cert".into(),
+            self.member_cert.clone().into(),
+            "--tls-key".into(),
+            self.member_key.clone().into(),
+            "--tls-peer-ca".into(),
+            self.certificates.ca_cert().into(),
+            "--auth-file".into(),
+            self.auth_file.clone().into(),
+        ]
+    }
+
+    /// What a client's URL adds.
+    fn client_options(&self) -> String {
+        format!(
+            "?ca={}&token_file={}",
+            self.certificates.ca_cert().display(),
+            self.token_file.display()
+        )
+    }
 }
 
 /// Where a member of a [`ServeCluster`] stands.
@@ -186,6 +292,7 @@ pub struct ServeCluster {
     servers: Vec<ServeProcess>,
     standing: Mutex<Vec<Standing>>,
     network: Option<Network>,
+    security: Option<Security>,
 }
 
 impl ServeCluster {
@@ -208,6 +315,16 @@ impl ServeCluster {
             .zip(&ports)
             .map(|(host, port)| format!("{}:{port}", host.map_or(Ipv4Addr::LOCALHOST, |h| h.ip)))
             .collect();
+        let security = placement
+            .secured
+            .then(|| {
+                let ips: Vec<Ipv4Addr> = hosts
+                    .iter()
+                    .map(|host| host.map_or(Ipv4Addr::LOCALHOST, |h| h.ip))
+                    .collect();
+                Security::make(&ips)
+            })
+            .transpose()?;
         let initial = addresses[..voters]
             .iter()
             .zip(1..)
@@ -230,7 +347,13 @@ impl ServeCluster {
             } else {
                 ["--node-id", &id_arg, "--join", &others]
             };
-            servers.push(ServeProcess::prepare(hosts[slot], ports[slot], id, &extra)?);
+            servers.push(ServeProcess::prepare(
+                hosts[slot],
+                ports[slot],
+                id,
+                &extra,
+                security.as_ref(),
+            )?);
         }
         let cluster = ServeCluster {
             standing: Mutex::new(
@@ -240,6 +363,7 @@ impl ServeCluster {
             ),
             servers,
             network,
+            security,
         };
         for member in cluster.members() {
             member.launch()?;
@@ -265,8 +389,19 @@ impl ServeCluster {
 
     /// The URL clients use: every member's and every spare's address.
     pub fn url(&self) -> String {
-        let addresses: Vec<String> = self.servers.iter().map(ServeProcess::address).collect();
-        format!("locksmith://{}", addresses.join(","))
+        self.url_of(self.servers.iter().collect())
+    }
+
+    /// The URL of the members now (not the spares, not those removed), for
+    /// a change of the membership.
+    pub fn members_url(&self) -> String {
+        self.url_of(self.members())
+    }
+
+    fn url_of(&self, servers: Vec<&ServeProcess>) -> String {
+        let addresses: Vec<String> = servers.into_iter().map(ServeProcess::address).collect();
+        let options = self.security.as_ref().map(Security::client_options);
+        client_url(&addresses, &options.unwrap_or_default())
     }
 
     /// The network the members' hosts share, when they run on hosts of their

@@ -15,6 +15,7 @@ use std::time::Duration;
 use std::sync::Arc;
 
 use locksmith::{Client, ConnectOptions};
+use locksmith_testkit::netns::Network;
 use locksmith_testkit::{
     Etcd, EtcdCluster, Postgres, Process, Redis, RedisCluster, RedisSentinel, Server, ZooKeeper,
     ZooKeeperEnsemble,
@@ -31,6 +32,9 @@ pub enum Kind {
     Server,
     /// `locksmith://` over a 3-member cluster of the lock server.
     ServerCluster,
+    /// `locksmith+tls://` over a 3-member cluster with TLS, members
+    /// certified by a CA of the run, and authentication on.
+    ServerClusterTls,
     /// In-process engine (`memory://`).
     Memory,
     /// `redis://`.
@@ -87,6 +91,7 @@ impl Kind {
         match self {
             Kind::Server => "server",
             Kind::ServerCluster => "server-cluster",
+            Kind::ServerClusterTls => "server-cluster-tls",
             Kind::Memory => "memory",
             Kind::Redis => "redis",
             Kind::RedisSentinel => "redis-sentinel",
@@ -114,6 +119,7 @@ impl FromStr for Kind {
         match text {
             "server" | "locksmith" => Ok(Kind::Server),
             "server-cluster" => Ok(Kind::ServerCluster),
+            "server-cluster-tls" => Ok(Kind::ServerClusterTls),
             "memory" => Ok(Kind::Memory),
             "redis" => Ok(Kind::Redis),
             "redis-sentinel" => Ok(Kind::RedisSentinel),
@@ -125,7 +131,7 @@ impl FromStr for Kind {
             "etcd-cluster" => Ok(Kind::EtcdCluster),
             "postgres" | "postgresql" | "pg" => Ok(Kind::Postgres),
             other => Err(format!(
-                "unknown backend {other:?}: expected server, server-cluster, memory, redis, redis-sentinel, \
+                "unknown backend {other:?}: expected server, server-cluster, server-cluster-tls, memory, redis, redis-sentinel, \
                  redis-cluster, redlock, zookeeper, zookeeper-ensemble, etcd, etcd-cluster or postgres"
             )),
         }
@@ -230,21 +236,39 @@ impl Target {
         Target::spawn_placed(kind, Placement::default())
     }
 
-    /// As [`Target::spawn`], with a locksmith cluster's members placed as
-    /// `placement` says (other kinds ignore it).
+    /// As [`Target::spawn`], with a replicated setup's members placed as
+    /// `placement` says (single servers and Redlock ignore it).
     pub fn spawn_placed(kind: Kind, placement: Placement) -> Result<Target, String> {
+        let on_hosts = placement.separate_hosts;
         let spawned = match kind {
             Kind::Memory => None,
             Kind::Server => Some(Spawned::Serve(ServeProcess::start()?)),
             Kind::ServerCluster => Some(Spawned::ServeCluster(ServeCluster::start(3, placement)?)),
+            Kind::ServerClusterTls => Some(Spawned::ServeCluster(ServeCluster::start(
+                3,
+                Placement {
+                    secured: true,
+                    ..placement
+                },
+            )?)),
             Kind::Redis => Some(Spawned::Redis(
                 Redis::try_start().map_err(|e| e.to_string())?,
             )),
             Kind::RedisSentinel => Some(Spawned::RedisSentinel(
-                RedisSentinel::try_start().map_err(|e| e.to_string())?,
+                if on_hosts {
+                    RedisSentinel::try_start_on_hosts()
+                } else {
+                    RedisSentinel::try_start()
+                }
+                .map_err(|e| e.to_string())?,
             )),
             Kind::RedisCluster => Some(Spawned::RedisCluster(
-                RedisCluster::try_start().map_err(|e| e.to_string())?,
+                if on_hosts {
+                    RedisCluster::try_start_on_hosts()
+                } else {
+                    RedisCluster::try_start()
+                }
+                .map_err(|e| e.to_string())?,
             )),
             Kind::Redlock => Some(Spawned::Redlock(
                 (0..REDLOCK_MASTERS)
@@ -256,11 +280,21 @@ impl Target {
                 ZooKeeper::try_start().map_err(|e| e.to_string())?,
             )),
             Kind::ZooKeeperEnsemble => Some(Spawned::ZooKeeperEnsemble(
-                ZooKeeperEnsemble::try_start().map_err(|e| e.to_string())?,
+                if on_hosts {
+                    ZooKeeperEnsemble::try_start_on_hosts()
+                } else {
+                    ZooKeeperEnsemble::try_start()
+                }
+                .map_err(|e| e.to_string())?,
             )),
             Kind::Etcd => Some(Spawned::Etcd(Etcd::try_start().map_err(|e| e.to_string())?)),
             Kind::EtcdCluster => Some(Spawned::EtcdCluster(
-                EtcdCluster::try_start().map_err(|e| e.to_string())?,
+                if on_hosts {
+                    EtcdCluster::try_start_on_hosts()
+                } else {
+                    EtcdCluster::try_start()
+                }
+                .map_err(|e| e.to_string())?,
             )),
             Kind::Postgres => Some(Spawned::Postgres(
                 Postgres::try_start().map_err(|e| e.to_string())?,
@@ -435,6 +469,20 @@ impl Spawned {
             Spawned::EtcdCluster(c) => all(c.members()),
             Spawned::ServeCluster(c) => c.members().into_iter().map(|m| m as &dyn Server).collect(),
             single => single.single().into_iter().collect(),
+        }
+    }
+
+    /// The hosts of a replicated setup whose members run on hosts of their
+    /// own. Outside the locksmith cluster, member `i` of
+    /// [`Spawned::members`] runs on host `i`.
+    pub fn network(&self) -> Option<&Network> {
+        match self {
+            Spawned::RedisSentinel(s) => s.network(),
+            Spawned::RedisCluster(c) => c.network(),
+            Spawned::ZooKeeperEnsemble(e) => e.network(),
+            Spawned::EtcdCluster(c) => c.network(),
+            Spawned::ServeCluster(c) => c.network(),
+            _ => None,
         }
     }
 

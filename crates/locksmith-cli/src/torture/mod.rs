@@ -19,11 +19,12 @@
 //! Faults (`--fault`, comma-separated): `none` (the baseline),
 //! `kill-client`, `pause-client`, `restart-backend`, `partition`, `delay`,
 //! `expire-session` (these by default), and for replicated setups
-//! `kill-primary`, `pause-primary` (Sentinel, Cluster, etcd cluster,
-//! ZooKeeper ensemble, the locksmith cluster), `restart-follower` (the
-//! consensus clusters), `partition-leader` and `membership-change` (the
-//! locksmith cluster; for `partition-leader` its members run on hosts of their
-//! own, network namespaces), `restart-empty` and `restart-empty-late` (Redlock); see
+//! `kill-primary`, `pause-primary` and `partition-leader` (Sentinel, Cluster,
+//! etcd cluster, ZooKeeper ensemble, the locksmith cluster; for
+//! `partition-leader` every member runs on a host of its own, network
+//! namespaces), `restart-follower` (the consensus clusters),
+//! `membership-change` (the locksmith cluster), `restart-empty` and
+//! `restart-empty-late` (Redlock); see
 //! [`nemesis::FaultKind`]. Each backend × fault is one
 //! round with fresh clients and fresh lock names: warm-up, `--before` without
 //! faults, `--during` with the fault injected again and again, `--after`
@@ -68,9 +69,10 @@ use nemesis::{FaultKind, Timing};
 use protocol::now;
 use round::{Round, RoundConfig};
 
-/// How a locksmith cluster is started for `faults`: on hosts of its own for
-/// `partition-leader`, with spare members for `membership-change` (each
-/// change uses one; more than a round injects).
+/// How a replicated setup is started for `faults`: each member on a host of
+/// its own for `partition-leader`, and a locksmith cluster with spare members
+/// for `membership-change` (each change uses one; more than a round
+/// injects).
 fn placement(faults: &[FaultKind]) -> Placement {
     Placement {
         separate_hosts: faults.contains(&FaultKind::PartitionLeader),
@@ -79,6 +81,7 @@ fn placement(faults: &[FaultKind]) -> Placement {
         } else {
             0
         },
+        secured: false,
     }
 }
 
@@ -303,7 +306,10 @@ async fn coordinate(args: TortureArgs) -> ExitCode {
                 let placement = placement(&args.faults);
                 let start = move || -> Result<Vec<Target>, String> {
                     let target = match Target::spawn_placed(kind, placement) {
-                        Err(error) if kind == Kind::ServerCluster && placement.separate_hosts => {
+                        // Where hosts cannot be made (no root, no iproute2)
+                        // the setup runs on loopback; the faults that need
+                        // hosts then say why they cannot run.
+                        Err(error) if placement.separate_hosts => {
                             eprintln!(
                                 "locksmith torture: cannot give each member a host of its own \
                                  ({error}); starting on loopback"

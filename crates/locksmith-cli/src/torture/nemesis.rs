@@ -53,10 +53,17 @@ pub enum FaultKind {
     /// cut off from everyone, which wakes up believing it still leads.
     #[value(alias = "pause-leader")]
     PausePrimary,
-    /// The locksmith cluster, its members on hosts of their own: cut the
-    /// leader off from every other member (its clients still reach it) for
-    /// twice the session TTL while a holder stays inside, then heal. The
-    /// majority elects a new leader; the old one must stop granting first.
+    /// Replicated setups, their members on hosts of their own: cut the
+    /// leader (etcd, ZooKeeper, the locksmith cluster) or the primary (Redis
+    /// behind Sentinel; on a Redis Cluster the primary of the lock) off from
+    /// every other member, a minority of one that its clients still reach,
+    /// for twice the session TTL, then heal. The majority elects a new leader
+    /// (the Sentinels or the cluster promote a replica); the old one must
+    /// stop granting first, which a Redis primary does not do on its own.
+    /// On the locksmith cluster a holder stays inside meanwhile (does it keep
+    /// its lock?); elsewhere the clients keep taking turns (does the lock go
+    /// to two of them at once?).
+    #[value(alias = "partition-primary")]
     PartitionLeader,
     /// The locksmith cluster: while a holder stays inside, a new member
     /// joins as a learner, is promoted to voter, and the leader is removed
@@ -139,7 +146,7 @@ impl FaultKind {
             {
                 Some(
                     "needs a replicated setup started by this run (--spawn redis-sentinel, \
-                     redis-cluster, etcd-cluster, zookeeper-ensemble or server-cluster)"
+                     redis-cluster, etcd-cluster, zookeeper-ensemble, server-cluster or server-cluster-tls)"
                         .into(),
                 )
             }
@@ -155,21 +162,20 @@ impl FaultKind {
             {
                 Some(
                     "needs a consensus cluster started by this run (--spawn etcd-cluster, \
-                     zookeeper-ensemble or server-cluster)"
+                     zookeeper-ensemble, server-cluster or server-cluster-tls)"
                         .into(),
                 )
             }
-            FaultKind::PartitionLeader if !matches!(spawned, Some(Spawned::ServeCluster(c)) if c.network().is_some()) => {
-                Some(
-                    "needs the locksmith cluster with each member on a host of its own (--spawn \
-                     server-cluster, run as root with iproute2 for network namespaces); etcd and \
-                     ZooKeeper members share loopback here"
-                        .into(),
-                )
-            }
+            FaultKind::PartitionLeader if spawned.and_then(Spawned::network).is_none() => Some(
+                "needs a replicated setup started by this run with each member on a host of its \
+                 own (--spawn redis-sentinel, redis-cluster, etcd-cluster, zookeeper-ensemble, \
+                 server-cluster or server-cluster-tls, run as root with iproute2 for network \
+                 namespaces)"
+                    .into(),
+            ),
             FaultKind::MembershipChange if !matches!(spawned, Some(Spawned::ServeCluster(_))) => {
                 Some(
-                    "needs the locksmith cluster started by this run (--spawn server-cluster)"
+                    "needs the locksmith cluster started by this run (--spawn server-cluster or server-cluster-tls)"
                         .into(),
                 )
             }
@@ -250,6 +256,7 @@ async fn holder(round: &Round) -> Result<Holder, String> {
                     pid,
                     lock: inside.lock,
                     token: inside.token,
+                    lingers: false,
                 });
             }
         }
@@ -274,6 +281,7 @@ async fn lingering_holder(round: &Round, extra: Duration) -> Result<Holder, Stri
                     pid,
                     lock: inside.lock,
                     token: inside.token,
+                    lingers: true,
                 });
             }
         }
@@ -290,6 +298,8 @@ struct Holder {
     pid: u32,
     lock: String,
     token: u64,
+    /// Asked to stay inside through the fault.
+    lingers: bool,
 }
 
 impl std::fmt::Display for Holder {
@@ -432,18 +442,35 @@ async fn inject(
             })
             .await
         }
-        FaultKind::PartitionLeader | FaultKind::MembershipChange => {
-            let victim = lingering_holder(round, timing.outage() * 2).await?;
+        FaultKind::PartitionLeader => {
             let outage = timing.outage();
+            if let Some(Spawned::ServeCluster(_)) = target.spawned.as_deref() {
+                // Does the holder keep its lock across the new election?
+                let victim = lingering_holder(round, outage * 2).await?;
+                on_setup(kind, target, &victim, move |spawned, _| match spawned {
+                    Spawned::ServeCluster(cluster) => partition_leader(cluster, outage),
+                    _ => unreachable!("checked above"),
+                })
+                .await
+            } else {
+                // Nobody lingers: the lock keeps changing hands, so a Redis
+                // primary cut off from its peers but not from its clients
+                // grants it to those still attached to it while the promoted
+                // replica grants it to those that moved (the split brain).
+                let victim = holder(round).await?;
+                on_setup(kind, target, &victim, move |spawned, lock| {
+                    partition_primary(spawned, lock, outage)
+                })
+                .await
+            }
+        }
+        FaultKind::MembershipChange => {
+            let victim = lingering_holder(round, timing.outage() * 2).await?;
             on_setup(kind, target, &victim, move |spawned, _| {
                 let Spawned::ServeCluster(cluster) = spawned else {
                     return Err("no locksmith cluster started by this run".to_owned());
                 };
-                if kind == FaultKind::PartitionLeader {
-                    partition_leader(cluster, outage)
-                } else {
-                    replace_leader(cluster)
-                }
+                replace_leader(cluster)
             })
             .await
         }
@@ -523,11 +550,16 @@ where
     })
     .await
     .map_err(|e| e.to_string())??;
+    let during = if victim.lingers {
+        format!("while {victim} stayed inside")
+    } else {
+        format!("while the clients took turns ({victim} when it began)")
+    };
     Ok(record(
         kind,
         start,
         Some(Vec::new()),
-        format!("{note} while {victim} stayed inside"),
+        format!("{note} {during}"),
     ))
 }
 
@@ -653,6 +685,41 @@ fn partition_leader(cluster: &ServeCluster, outage: Duration) -> Result<String, 
     ))
 }
 
+/// Cuts the primary or leader of a Redis, etcd or ZooKeeper setup off from
+/// every other member for `outage`, then heals; says what happened. Its
+/// clients still reach it all along: the network cuts hosts from hosts only.
+///
+/// Blocking: it asks the setup and waits.
+fn partition_primary(spawned: &Spawned, lock: &str, outage: Duration) -> Result<String, String> {
+    let network = spawned
+        .network()
+        .ok_or("the members share one host: nothing to cut")?;
+    let port = primary_of(spawned, lock)?.port();
+    // Member i runs on host i.
+    let members = spawned.members();
+    let at = members
+        .iter()
+        .position(|m| m.port() == port)
+        .ok_or("the primary is not a member")?;
+    let peers: Vec<usize> = (0..members.len()).filter(|&i| i != at).collect();
+    let cut = std::time::Instant::now();
+    let result = peers
+        .iter()
+        .try_for_each(|&peer| network.cut(at, peer))
+        .map_err(|e| format!("cannot cut the network: {e}"));
+    std::thread::sleep(outage.saturating_sub(cut.elapsed()));
+    for &peer in &peers {
+        // Every cut is healed, whatever failed: a route that was never added
+        // fails to go, which is fine.
+        let _ = network.heal(at, peer);
+    }
+    result?;
+    Ok(format!(
+        "cut the leading member (port {port}) off from its {} peers for {outage:?}; healed",
+        peers.len()
+    ))
+}
+
 /// Brings in a spare member (it joins as a learner), promotes it, and removes
 /// the leader from the cluster; says what happened.
 ///
@@ -664,10 +731,8 @@ fn replace_leader(cluster: &ServeCluster) -> Result<String, String> {
         .build()
         .map_err(|e| e.to_string())?;
     let change = |command| {
-        let members: Vec<String> = cluster.members().iter().map(|m| m.address()).collect();
-        let url =
-            locksmith::server::ServerUrl::parse(&format!("locksmith://{}", members.join(",")))
-                .map_err(|e| e.to_string())?;
+        let url = locksmith::server::ServerUrl::parse(&cluster.members_url())
+            .map_err(|e| e.to_string())?;
         runtime.block_on(crate::cluster::change(&url, command))
     };
     let started = std::time::Instant::now();

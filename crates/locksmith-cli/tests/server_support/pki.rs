@@ -1,5 +1,5 @@
 //! Certificates for the TLS tests, made in each test (no committed keys):
-//! two certificate authorities and what they sign, as PEM files in a
+//! three certificate authorities and what they sign, as PEM files in a
 //! temporary directory.
 
 use std::path::PathBuf;
@@ -8,11 +8,12 @@ use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
     Issuer, KeyPair,
 };
-use sha2::{Digest, Sha256};
 use tempfile::TempDir;
 
-/// Two certificate authorities (`ca`, `foreign-ca`) and what they signed,
-/// as PEM files in a temporary directory.
+/// Three certificate authorities and what they signed, as PEM files in a
+/// temporary directory: `ca` (servers' and clients' certificates),
+/// `members-ca` (cluster members' certificates) and `foreign-ca` (a
+/// stranger's).
 pub struct Pki {
     dir: TempDir,
     authorities: Vec<(String, CertificateParams, KeyPair)>,
@@ -28,7 +29,7 @@ impl Pki {
             dir,
             authorities: Vec::new(),
         };
-        for name in ["ca", "foreign-ca"] {
+        for name in ["ca", "members-ca", "foreign-ca"] {
             let key = KeyPair::generate().unwrap();
             let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
             params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -71,7 +72,7 @@ impl Pki {
         std::fs::write(self.path(&format!("{name}.key")), key.serialize_pem()).unwrap();
     }
 
-    /// `serve` arguments for TLS with this CA for client certificates.
+    /// `serve` arguments for TLS with `ca` for client certificates.
     pub fn serve_args(&self, server: &str) -> Vec<String> {
         vec![
             "--tls-cert".into(),
@@ -82,17 +83,18 @@ impl Pki {
             self.path_str("ca.pem"),
         ]
     }
+
+    /// [`Pki::serve_args`] for a cluster member, whose certificate
+    /// `members-ca` signed: that CA certifies members (`--tls-peer-ca`).
+    pub fn member_serve_args(&self, member: &str) -> Vec<String> {
+        let mut args = self.serve_args(member);
+        args.extend(["--tls-peer-ca".into(), self.path_str("members-ca.pem")]);
+        args
+    }
 }
 
 pub fn common_name(name: &str) -> DistinguishedName {
     let mut dn = DistinguishedName::new();
     dn.push(DnType::CommonName, name);
     dn
-}
-
-pub fn sha256_hex(token: &str) -> String {
-    Sha256::digest(token.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
 }

@@ -275,7 +275,8 @@ impl Core {
         self.next_unary
             .store(snapshot.next_unary, Ordering::Relaxed);
         self.history.restore(&snapshot.engine);
-        self.engine = Engine::restore(self.limits.clone(), snapshot.engine);
+        self.engine = Engine::restore(self.limits.clone(), snapshot.engine)
+            .expect("install_snapshot checked the snapshot");
         self.sessions = snapshot
             .sessions
             .into_iter()
@@ -568,6 +569,8 @@ impl Core {
     ) -> Result<(), String> {
         let state: ServerSnapshot = postcard::from_bytes(&data)
             .map_err(|e| format!("a snapshot from the leader does not decode: {e}"))?;
+        // Refused before anything changes.
+        state.engine.check().map_err(|e| e.to_string())?;
         for entry in self.sessions.values_mut() {
             if let Some(a) = entry.attached.take() {
                 a.ended.cancel();

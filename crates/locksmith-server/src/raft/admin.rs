@@ -8,6 +8,11 @@
 //! up. Changes are made by the leader; another member refuses them with
 //! FAILED_PRECONDITION and names the leader in the `locksmith-leader`
 //! metadata, like the lock service does.
+//!
+//! Changes need `admin` when authentication is on; adding a learner is also
+//! open to a caller with a member's certificate (the peer CA's), which is how
+//! a member started with `--join` adds itself without an identity in the
+//! auth file.
 
 use std::collections::{BTreeSet, VecDeque};
 
@@ -21,22 +26,37 @@ use openraft::raft::ClientWriteResponse;
 
 use super::{Raft, TypeConfig};
 use crate::auth::{Auth, Caller, Permission};
+use crate::tls::MemberCheck;
 use std::sync::Arc;
 
 /// The `Cluster` service of one member.
 pub(crate) struct ClusterService {
     raft: Raft,
     auth: Option<Arc<Auth>>,
+    /// Who counts as a member, for a joiner adding itself.
+    members: MemberCheck,
 }
 
 impl ClusterService {
-    pub(crate) fn new(raft: Raft, auth: Option<Arc<Auth>>) -> ClusterService {
-        ClusterService { raft, auth }
+    pub(crate) fn new(raft: Raft, auth: Option<Arc<Auth>>, members: MemberCheck) -> ClusterService {
+        ClusterService {
+            raft,
+            auth,
+            members,
+        }
     }
 
     /// Membership changes need `admin` on every name (module `auth`).
     fn admin<T>(&self, request: &Request<T>) -> Result<(), Status> {
         Caller::of(self.auth.as_ref(), request)?.check_all(Permission::Admin)
+    }
+
+    /// A new learner: added by an administrator, or by a member itself.
+    fn admin_or_member<T>(&self, request: &Request<T>) -> Result<(), Status> {
+        if self.members.certifies(request) {
+            return Ok(());
+        }
+        self.admin(request)
     }
 
     /// Refuses a change on a member that does not lead, naming the leader.
@@ -114,7 +134,7 @@ impl pb::cluster_server::Cluster for ClusterService {
         &self,
         request: Request<pb::AddLearnerRequest>,
     ) -> Result<Response<pb::ChangeResponse>, Status> {
-        self.admin(&request)?;
+        self.admin_or_member(&request)?;
         let pb::AddLearnerRequest { id, address } = request.into_inner();
         if id == 0 {
             return Err(Status::invalid_argument("a member id is a number above 0"));

@@ -37,7 +37,7 @@ use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::TypeConfig;
-use crate::auth::check_member;
+use crate::tls::MemberCheck;
 
 /// Bytes of snapshot per chunk on the wire.
 pub(crate) const SNAPSHOT_CHUNK: usize = 1 << 20;
@@ -242,17 +242,16 @@ where
     SM: RaftStateMachine<TypeConfig, SnapshotData = Cursor<Vec<u8>>>,
 {
     raft: openraft::Raft<TypeConfig, SM>,
-    /// Whether the port speaks TLS: then only members with a verified
-    /// certificate are heard.
-    tls: bool,
+    /// Who is heard.
+    members: MemberCheck,
 }
 
 impl<SM> RaftService<SM>
 where
     SM: RaftStateMachine<TypeConfig, SnapshotData = Cursor<Vec<u8>>>,
 {
-    pub(crate) fn new(raft: openraft::Raft<TypeConfig, SM>, tls: bool) -> Self {
-        RaftService { raft, tls }
+    pub(crate) fn new(raft: openraft::Raft<TypeConfig, SM>, members: MemberCheck) -> Self {
+        RaftService { raft, members }
     }
 }
 
@@ -262,13 +261,13 @@ where
     SM: RaftStateMachine<TypeConfig, SnapshotData = Cursor<Vec<u8>>>,
 {
     async fn append(&self, request: Request<pb::Payload>) -> Result<Response<pb::Payload>, Status> {
-        check_member(self.tls, &request)?;
+        self.members.check(&request)?;
         let request: AppendEntriesRequest<TypeConfig> = decode_request(request)?;
         reply(&self.raft.append_entries(request).await)
     }
 
     async fn vote(&self, request: Request<pb::Payload>) -> Result<Response<pb::Payload>, Status> {
-        check_member(self.tls, &request)?;
+        self.members.check(&request)?;
         let request: VoteRequest<TypeConfig> = decode_request(request)?;
         reply(&self.raft.vote(request).await)
     }
@@ -277,7 +276,7 @@ where
         &self,
         request: Request<pb::Payload>,
     ) -> Result<Response<pb::Payload>, Status> {
-        check_member(self.tls, &request)?;
+        self.members.check(&request)?;
         let request: TransferLeaderRequest<TypeConfig> = decode_request(request)?;
         reply(&self.raft.handle_transfer_leader(request).await)
     }
@@ -287,7 +286,7 @@ where
         &self,
         request: Request<Streaming<pb::SnapshotChunk>>,
     ) -> Result<Response<pb::Payload>, Status> {
-        check_member(self.tls, &request)?;
+        self.members.check(&request)?;
         let mut chunks = request.into_inner();
         let first = chunks
             .message()

@@ -123,7 +123,11 @@
 //! new primary, waiters re-check, and the watchdog re-checks every hold at
 //! once: a hold the new primary lacks (the old one died before a replica had
 //! it) fires `lost`, instead of lingering until its next renewal. The
-//! credentials of the URL are used for the Sentinels and the primary alike.
+//! credentials of the URL are used for the Sentinels and the primary alike,
+//! and so is TLS: with `rediss+sentinel://` the Sentinels and the data nodes
+//! are all reached over TLS with the same `tls_ca` and client certificate
+//! (Sentinels with `tls-port`, and `tls-replication yes` so that they reach
+//! the nodes over TLS too, announce the TLS ports).
 //!
 //! # Cluster
 //!

@@ -32,8 +32,10 @@ pub(crate) struct Config {
     pub lock_by: String,
     /// Whose election nodes this client's candidates create.
     pub elections: Elections,
-    /// Digest credentials (user, password), sent when the session opens.
-    pub digest: Option<(String, Secret)>,
+    /// Credentials (user, password), sent when the session opens.
+    pub credentials: Option<(String, Secret)>,
+    /// How the credentials authenticate the session (`?auth=`).
+    pub auth: Auth,
     /// Who may do what with the nodes this client creates.
     pub acl: Acl,
     /// `zks://`: TLS to every server, with these files.
@@ -52,6 +54,17 @@ pub(crate) enum Elections {
     Curator,
     /// `<uuid hex>__lock__<seq>`, kazoo's `Election` (its `Lock`).
     Kazoo,
+}
+
+/// How the URL's `user:password` authenticates a session (`?auth=`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Auth {
+    /// ZooKeeper's `digest` scheme (an `addauth`): any password is accepted
+    /// and is an identity of its own; the ACLs decide.
+    Digest,
+    /// SASL DIGEST-MD5 against the server's JAAS users: a wrong password
+    /// fails the session, and the identity is `sasl:user`.
+    Sasl,
 }
 
 /// The ACL of the nodes locksmith creates (`?acl=`).
@@ -118,8 +131,8 @@ pub(crate) fn parse(url: &str, options: &ConnectOptions) -> Result<Config> {
         Some(at) => (&rest[..at], &rest[at..]),
         None => (rest, "/"),
     };
-    let (digest, hosts) = match authority.rsplit_once('@') {
-        Some((user_info, hosts)) => (Some(parse_digest(user_info).map_err(invalid)?), hosts),
+    let (credentials, hosts) = match authority.rsplit_once('@') {
+        Some((user_info, hosts)) => (Some(parse_credentials(user_info).map_err(invalid)?), hosts),
         None => (None, authority),
     };
     let hosts = parse_hosts(hosts).map_err(invalid)?;
@@ -132,12 +145,13 @@ pub(crate) fn parse(url: &str, options: &ConnectOptions) -> Result<Config> {
         lost_after_suspended: Some(1.0 / 3.0),
         lock_by: format!("{}@{}", options.client_name, options.host),
         elections: Elections::Curator,
-        acl: if digest.is_some() {
+        acl: if credentials.is_some() {
             Acl::Creator
         } else {
             Acl::Anyone
         },
-        digest,
+        credentials,
+        auth: Auth::Digest,
         tls: None,
     };
     let (mut ca, mut cert, mut key_file) = (None, None, None);
@@ -163,6 +177,15 @@ pub(crate) fn parse(url: &str, options: &ConnectOptions) -> Result<Config> {
                         return Err(invalid(format!(
                             "elections={other:?}: expected curator or kazoo"
                         )))
+                    }
+                };
+            }
+            "auth" => {
+                config.auth = match value {
+                    "digest" => Auth::Digest,
+                    "sasl" => Auth::Sasl,
+                    other => {
+                        return Err(invalid(format!("auth={other:?}: expected digest or sasl")))
                     }
                 };
             }
@@ -196,7 +219,7 @@ pub(crate) fn parse(url: &str, options: &ConnectOptions) -> Result<Config> {
             other => {
                 return Err(invalid(format!(
                     "unknown option {other:?} (known: session_timeout, connection_timeout, \
-                     lost_after_suspended, elections, acl, and with zks:// ca, cert, key)"
+                     lost_after_suspended, elections, auth, acl, and with zks:// ca, cert, key)"
                 )))
             }
         }
@@ -210,7 +233,12 @@ pub(crate) fn parse(url: &str, options: &ConnectOptions) -> Result<Config> {
     if secure {
         config.tls = Some(TlsFiles::from_options("zks://", ca, cert, key_file).map_err(invalid)?);
     }
-    if config.acl != Acl::Anyone && config.digest.is_none() {
+    if config.auth == Auth::Sasl && config.credentials.is_none() {
+        return Err(invalid(
+            "auth=sasl needs credentials: zk://user:password@host/…?auth=sasl".into(),
+        ));
+    }
+    if config.acl != Acl::Anyone && config.credentials.is_none() {
         return Err(invalid(
             "acl=creator and acl=read need credentials: zk://user:password@host/…".into(),
         ));
@@ -221,8 +249,8 @@ pub(crate) fn parse(url: &str, options: &ConnectOptions) -> Result<Config> {
     Ok(config)
 }
 
-/// `user:password` (percent-encoded) of a `digest` identity.
-fn parse_digest(user_info: &str) -> Result<(String, Secret), String> {
+/// `user:password` (percent-encoded), for `digest` or SASL.
+fn parse_credentials(user_info: &str) -> Result<(String, Secret), String> {
     let (user, password) = user_info
         .split_once(':')
         .ok_or("credentials need a password: zk://user:password@host/…")?;
@@ -367,15 +395,16 @@ mod tests {
     fn credentials_and_acls() {
         let config = parse("zk://alice:p%40ss@h:1/c", &options()).unwrap();
         assert_eq!(
-            config.digest,
+            config.credentials,
             Some(("alice".into(), Secret::new("p@ss".into())))
         );
+        assert_eq!(config.auth, Auth::Digest, "digest by default");
         assert_eq!(config.acl, Acl::Creator, "creator-only with credentials");
         assert_eq!(config.hosts, "h:1");
         assert!(!format!("{config:?}").contains("p@ss"), "{config:?}");
         let anyone = parse("zk://h:1", &options()).unwrap();
         assert_eq!(
-            (anyone.digest, anyone.acl),
+            (anyone.credentials, anyone.acl),
             (None, Acl::Anyone),
             "open without credentials"
         );
@@ -388,6 +417,10 @@ mod tests {
             assert_eq!(parse(&url, &options()).unwrap().acl, acl);
         }
         let error = parse("zk://alice:hunter2@h:1?acl=nobody", &options()).unwrap_err();
+        assert!(!error.to_string().contains("hunter2"), "{error}");
+        let sasl = parse("zk://alice:hunter2@h:1?auth=sasl", &options()).unwrap();
+        assert_eq!((sasl.auth, sasl.acl), (Auth::Sasl, Acl::Creator));
+        let error = parse("zk://alice:hunter2@h:1?auth=kerberos", &options()).unwrap_err();
         assert!(!error.to_string().contains("hunter2"), "{error}");
     }
 
@@ -405,6 +438,7 @@ mod tests {
             "zk://h:1?elections=etcd",
             "zk://h:1?acl=creator",
             "zk://h:1?acl=read",
+            "zk://h:1?auth=sasl",
             "zk://a:b@h:1?acl=all",
             "zk://alice@h:1",
             "zk://:pw@h:1",

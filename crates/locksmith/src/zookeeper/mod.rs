@@ -121,6 +121,7 @@
 //! | `connection_timeout` | a third of the session timeout | silence after which the connection counts as lost and the client tries the next server |
 //! | `lost_after_suspended` | `0.33` | part of the negotiated session timeout the connection may stay suspended before holds are lost (`0`: at once; `never`: only on session expiry) |
 //! | `elections` | `curator` | whose election node names this client's candidates take: `curator` (`LeaderSelector`) or `kazoo` (`Election`) |
+//! | `auth` | `digest` | how `user:password@` authenticates the session: `digest` (ZooKeeper's `digest` scheme) or `sasl` (SASL DIGEST-MD5 against the users of the server's JAAS `Server` section) |
 //! | `acl` | `creator` with credentials, else `anyone` | ACL of the nodes locksmith creates, the chroot included: `creator` (only the creator's credentials, ZooKeeper's `auth` scheme: Curator's and kazoo's `CREATOR_ALL_ACL`), `read` (that, and read for anyone: listing and inspection), `anyone` (`world:anyone`, everything); `creator` and `read` need credentials |
 //! | `ca`, `cert`, `key` | | `zks://` only: TLS (rustls) to every server's secure client port (`secureClientPort`). `ca` (required) names the CA file the servers' certificates must chain to (and name the URL's hosts); `cert` and `key` (together) the client certificate, which ZooKeeper asks for by default (`ssl.clientAuth=need`) |
 //!
@@ -138,6 +139,15 @@
 //! authentication cannot fail at connect: a wrong password is another
 //! identity, refused by the ACL. The password never appears in errors, logs
 //! or `Debug` output.
+//!
+//! With `?auth=sasl` the same credentials authenticate through SASL
+//! DIGEST-MD5 instead, as a ZooKeeper whose `zoo.cfg` names
+//! `authProvider.1=org.apache.zookeeper.server.auth.SASLAuthenticationProvider`
+//! and whose JAAS `Server` section lists its users
+//! (`org.apache.zookeeper.server.auth.DigestLoginModule required
+//! user_alice="…";`) expects. A wrong password then fails the connect, and
+//! the creator ACLs name `sasl:alice`. Kerberos (GSSAPI) is not built in: it
+//! would link the system's Kerberos library into every build.
 //!
 //! [`ConnectOptions::session_ttl`]: crate::ConnectOptions::session_ttl
 

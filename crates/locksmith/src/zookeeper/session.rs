@@ -30,7 +30,7 @@ use tokio::time::{sleep, sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
 use zookeeper_client as zk;
 
-use super::config::Config;
+use super::config::{Auth, Config};
 use super::BACKEND;
 use crate::backend::LostSignal;
 use crate::error::{Error, Result};
@@ -70,11 +70,16 @@ impl Session {
             .with_session_timeout(config.session_timeout)
             .with_connection_timeout(config.connection_timeout_for(config.session_timeout))
             .with_fail_eagerly();
-        if let Some((user, password)) = &config.digest {
-            // Sent with the session handshake and again on every reconnect.
-            connector =
-                connector.with_auth("digest", format!("{user}:{}", password.expose()).as_bytes());
-        }
+        // Sent with the session handshake and again on every reconnect.
+        connector = match (&config.credentials, config.auth) {
+            (None, _) => connector,
+            (Some((user, password)), Auth::Digest) => {
+                connector.with_auth("digest", format!("{user}:{}", password.expose()).as_bytes())
+            }
+            (Some((user, password)), Auth::Sasl) => connector.with_sasl(
+                zk::SaslOptions::digest_md5(user.clone(), password.expose().to_owned()),
+            ),
+        };
         let connected = match &config.tls {
             None => connector.connect(&config.hosts).await,
             Some(files) => {
@@ -99,7 +104,10 @@ impl Session {
         };
         let root = connected.map_err(|e| {
             let hint = match e {
-                zk::Error::AuthFailed => " (the digest credentials were refused)",
+                zk::Error::AuthFailed => match config.auth {
+                    Auth::Digest => " (the digest credentials were refused)",
+                    Auth::Sasl => " (the SASL credentials were refused)",
+                },
                 _ => "",
             };
             Error::backend(

@@ -123,6 +123,31 @@ pub async fn client(url: &str, session_ttl: Duration) -> Client {
         .unwrap_or_else(|e| panic!("connect {url}: {e}"))
 }
 
+/// `url` (a TLS URL that names the CA) with a client certificate for
+/// `common_name` signed by that CA.
+pub fn with_client_cert(
+    url: &str,
+    ca: &locksmith_testkit::Certificates,
+    common_name: &str,
+) -> String {
+    let (cert, key) = ca.client(common_name).expect("a client certificate");
+    format!(
+        "{url}&tls_cert={}&tls_key={}",
+        cert.display(),
+        key.display()
+    )
+}
+
+/// Connecting to `url` fails with a backend error (the server refused or
+/// could not be reached), not another kind of error; answers its message.
+pub async fn refused(url: &str) -> String {
+    match Client::connect(url).await {
+        Ok(_) => panic!("{url} was let in"),
+        Err(error @ locksmith::Error::Backend { .. }) => error.to_string(),
+        Err(other) => panic!("{url}: expected a backend error, got {other:?}"),
+    }
+}
+
 /// A lock name no other test uses.
 pub fn unique(test: &str) -> String {
     format!(
@@ -236,140 +261,4 @@ pub fn python(code: &str) -> ChildLines {
             .spawn()
             .expect("spawn python3"),
     )
-}
-
-/// A `redis-server` that speaks only TLS, with a self-signed certificate made by
-/// `openssl`. The testkit starts plain-text servers only, so this builds on its
-/// [`locksmith_testkit::Process`] (same process-group and parent-death
-/// handling). Returns the process, the port and the CA file.
-pub fn tls_redis() -> (
-    locksmith_testkit::Process,
-    u16,
-    std::path::PathBuf,
-    tempfile_dir::Dir,
-) {
-    let dir = tempfile_dir::Dir::new();
-    let ca = dir.path.join("ca.pem");
-    let cert = dir.path.join("cert.pem");
-    let key = dir.path.join("key.pem");
-    let openssl = locksmith_testkit::binary("openssl", "openssl");
-    let run = |args: &[&str]| {
-        let status = std::process::Command::new(&openssl)
-            .args(args)
-            .current_dir(&dir.path)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .status()
-            .expect("run openssl");
-        assert!(status.success(), "openssl {args:?} failed");
-    };
-    // A CA, and a server certificate for 127.0.0.1 signed by it.
-    run(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-days",
-        "1",
-        "-subj",
-        "/CN=test CA",
-        "-keyout",
-        "ca-key.pem",
-        "-out",
-        "ca.pem",
-    ]);
-    run(&[
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-subj",
-        "/CN=127.0.0.1",
-        "-keyout",
-        "key.pem",
-        "-out",
-        "server.csr",
-    ]);
-    std::fs::write(dir.path.join("san.ext"), "subjectAltName=IP:127.0.0.1\n").unwrap();
-    run(&[
-        "x509",
-        "-req",
-        "-in",
-        "server.csr",
-        "-CA",
-        "ca.pem",
-        "-CAkey",
-        "ca-key.pem",
-        "-CAcreateserial",
-        "-days",
-        "1",
-        "-extfile",
-        "san.ext",
-        "-out",
-        "cert.pem",
-    ]);
-    let port = locksmith_testkit::free_port();
-    let spec = locksmith_testkit::ProcessSpec::new(
-        format!("redis-server (TLS) on port {port}"),
-        locksmith_testkit::binary("redis-server", "redis-server"),
-        dir.path.join("redis.log"),
-    )
-    .current_dir(&dir.path)
-    .args([
-        "--port",
-        "0",
-        "--tls-port",
-        &port.to_string(),
-        "--bind",
-        "127.0.0.1",
-    ])
-    .arg("--tls-cert-file")
-    .arg(&cert)
-    .arg("--tls-key-file")
-    .arg(&key)
-    .arg("--tls-ca-cert-file")
-    .arg(&ca)
-    .args([
-        "--tls-auth-clients",
-        "no",
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-    ]);
-    let process = locksmith_testkit::Process::spawn(spec).expect("start TLS redis-server");
-    process
-        .wait_ready(Duration::from_secs(20), || {
-            std::net::TcpStream::connect(("127.0.0.1", port))
-                .map(|_| ())
-                .map_err(|e| e.to_string())
-        })
-        .expect("TLS redis-server ready");
-    (process, port, ca, dir)
-}
-
-/// A temporary directory without extra dependencies.
-pub mod tempfile_dir {
-    /// Removed on drop.
-    pub struct Dir {
-        pub path: std::path::PathBuf,
-    }
-
-    impl Dir {
-        pub fn new() -> Dir {
-            let path = std::env::temp_dir().join(format!(
-                "locksmith-redis-tls-{}",
-                uuid::Uuid::new_v4().simple()
-            ));
-            std::fs::create_dir_all(&path).expect("temp dir");
-            Dir { path }
-        }
-    }
-
-    impl Drop for Dir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.path);
-        }
-    }
 }
