@@ -1,9 +1,12 @@
 //! The contract between the lock API and a store.
 //!
 //! A backend maps the shared lock model onto one store. It receives requests
-//! that are already validated (names checked, options in range, owner resolved)
-//! and returns grants; everything a user sees (guards, timeouts, elections) is
-//! built once, above this trait, in the rest of the crate.
+//! that are already validated (names checked, options in range, owner
+//! resolved) and that the model layer already decided on: refusals from
+//! [`Capabilities`], multi-locks taken one name at a time where the store has
+//! no atomic ones, and re-entry (see the `model` module). It returns grants;
+//! everything a user sees (guards, timeouts, elections) is built once, above
+//! this trait, in the rest of the crate.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -71,6 +74,15 @@ pub struct Capabilities {
     /// An election's leader can change its published value while it leads
     /// ([`Hold::proclaim`]).
     pub proclaim: bool,
+    /// Several names are taken atomically in one request. Otherwise
+    /// [`Backend::acquire`] only ever gets one name, and multi-locks are
+    /// taken one name at a time in sorted order.
+    pub multi_lock: bool,
+    /// The store's layout counts re-entry itself (the engine, Redisson's
+    /// hash): [`Backend::acquire`] gets every re-entry and each grant is
+    /// released on its own. Otherwise it sees one acquire and one release
+    /// per hold, and the depth through [`Hold::record_count`].
+    pub counts_reentry: bool,
 }
 
 /// Wake-ups from a store that can watch a lock: each item says the holders
@@ -102,6 +114,16 @@ pub trait Hold: Send + Sync + 'static {
     /// Cancel safety: safe; an extension either happened or did not.
     async fn extend(&self, lease: Duration) -> Result<()>;
 
+    /// Records a new re-entry depth where the store's layout keeps one (for
+    /// inspection); the default keeps none. Called only on stores that do
+    /// not count re-entry themselves.
+    ///
+    /// Cancel safety: safe; the depth either landed or did not.
+    async fn record_count(&self, count: u32) -> Result<()> {
+        let _ = count;
+        Ok(())
+    }
+
     /// Replaces the value an election's hold publishes, atomically and only
     /// while the hold is still this one. Called only on backends whose
     /// [`Capabilities::proclaim`] is set; the others keep this default.
@@ -126,6 +148,10 @@ pub trait Backend: Send + Sync + 'static {
     fn capabilities(&self) -> Capabilities;
 
     /// Acquires per `request`; `Ok(None)` only for [`Wait::No`] when busy.
+    /// The request asks only for what [`Backend::capabilities`] offers, and
+    /// for one name unless [`Capabilities::multi_lock`]; without
+    /// [`Capabilities::counts_reentry`] it is never a re-entry of this
+    /// client's live hold.
     ///
     /// Cancel safety: must be cancel safe. Dropping the future leaves no queue
     /// entry and no hold behind (a grant that raced the drop is released).
@@ -283,15 +309,9 @@ impl LostSignal {
         Self::default()
     }
 
-    /// Fires the signal; the first reason wins. The client metrics count the
-    /// loss with the reason `other`: use [`LostSignal::fire_because`] when
-    /// the store says why.
-    pub fn fire(&self, reason: impl Into<String>) {
-        self.fire_because(LostCause::Other, reason);
-    }
-
-    /// Fires the signal with the cause the client metrics count it under;
-    /// the first reason wins.
+    /// Fires the signal with why, in a word (what callers match on and the
+    /// client metrics count) and in words; the first reason wins. A store
+    /// that cannot say why fires it with [`LostCause::Other`].
     pub fn fire_because(&self, cause: LostCause, reason: impl Into<String>) {
         let mut state = self.state.lock().expect("lost signal lock");
         if state.reason.is_none() {
@@ -344,101 +364,5 @@ impl LostSignal {
     /// The underlying cancellation token, to hand to code that stops on it.
     pub fn cancellation_token(&self) -> CancellationToken {
         self.token.clone()
-    }
-}
-
-/// Multi-acquire for stores without an atomic one: takes the names one at a
-/// time in sorted order (a global order, so two callers can never wait on each
-/// other in a cycle) and releases what it took if a later name fails. The
-/// caller sees all or nothing.
-///
-/// Cancel safety: safe; holds already taken are released in the background
-/// when the future is dropped.
-pub async fn acquire_each_in_order<B: Backend + ?Sized>(
-    backend: &B,
-    request: &AcquireRequest,
-) -> Result<Option<Grant>> {
-    let mut order: Vec<usize> = (0..request.names.len()).collect();
-    order.sort_by(|&a, &b| request.names[a].cmp(&request.names[b]));
-    let mut taken = TakenSoFar::default();
-    for index in order {
-        let single = AcquireRequest {
-            names: vec![request.names[index].clone()],
-            ..request.clone()
-        };
-        match backend.acquire(&single).await {
-            Ok(Some(grant)) => taken.0.push((index, grant)),
-            Ok(None) => {
-                taken.release_all().await;
-                return Ok(None);
-            }
-            Err(error) => {
-                taken.release_all().await;
-                return Err(error);
-            }
-        }
-    }
-    let mut parts = std::mem::take(&mut taken.0);
-    parts.sort_by_key(|(index, _)| *index);
-    let lost = LostSignal::new();
-    for (_, grant) in &parts {
-        let (part, all) = (grant.lost.clone(), lost.clone());
-        tokio::spawn(async move {
-            tokio::select! {
-                reason = part.fired() => {
-                    all.fire_because(part.cause().unwrap_or_default(), reason)
-                }
-                _ = all.token.cancelled() => {}
-            }
-        });
-    }
-    let tokens = parts.iter().map(|(_, g)| g.tokens[0]).collect();
-    let holds = parts.into_iter().map(|(_, g)| g.hold).collect();
-    Ok(Some(Grant {
-        tokens,
-        lost,
-        hold: Box::new(HoldAll(holds)),
-    }))
-}
-
-#[derive(Default)]
-struct TakenSoFar(Vec<(usize, Grant)>);
-
-impl TakenSoFar {
-    async fn release_all(&mut self) {
-        for (_, grant) in self.0.drain(..) {
-            let _ = grant.hold.release().await;
-        }
-    }
-}
-
-impl Drop for TakenSoFar {
-    fn drop(&mut self) {
-        for (_, grant) in self.0.drain(..) {
-            crate::guard::release_in_background(grant.hold);
-        }
-    }
-}
-
-/// Several holds that act as one.
-struct HoldAll(Vec<Box<dyn Hold>>);
-
-#[async_trait]
-impl Hold for HoldAll {
-    async fn release(self: Box<Self>) -> Result<()> {
-        let mut first_error = None;
-        for hold in self.0 {
-            if let Err(error) = hold.release().await {
-                first_error.get_or_insert(error);
-            }
-        }
-        first_error.map_or(Ok(()), Err)
-    }
-
-    async fn extend(&self, lease: Duration) -> Result<()> {
-        for hold in &self.0 {
-            hold.extend(lease).await?;
-        }
-        Ok(())
     }
 }

@@ -508,6 +508,23 @@ impl Guard {
         self.inner().names()
     }
 
+    /// Re-entry depth of the (first) lock, as [`crate::Guard::hold_count`].
+    pub fn hold_count(&self) -> u32 {
+        self.inner().hold_count()
+    }
+
+    /// What is left of a leased hold's lease, as
+    /// [`crate::Guard::remaining_lease`] (`None` without a lease).
+    pub fn remaining_lease(&self) -> Option<Duration> {
+        self.inner().remaining_lease()
+    }
+
+    /// Why the hold was lost, in a word, once it was (see
+    /// [`crate::LostCause`]).
+    pub fn lost_cause(&self) -> Option<crate::LostCause> {
+        self.inner().lost_cause()
+    }
+
     /// Whether the hold has been lost (session or lease expired, renewal
     /// failed, force-released, connection lost for too long). Cheap: check it
     /// between steps of the work the lock protects.

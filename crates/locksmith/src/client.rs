@@ -10,6 +10,7 @@ use crate::backend::{Backend, GrantRecord, LockInfo};
 use crate::election::Election;
 use crate::error::{Error, Result};
 use crate::lock::{Lock, RwLock};
+use crate::model::Model;
 
 /// How a client presents itself and keeps its holds alive.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,6 +59,8 @@ pub struct Client {
 
 struct Inner {
     backend: Arc<dyn Backend>,
+    /// The lock model's rules over the backend (re-entry table and all).
+    model: Arc<Model>,
     owners: AtomicU64,
     instance: String,
 }
@@ -166,6 +169,7 @@ impl Client {
         Client {
             inner: Arc::new(Inner {
                 backend,
+                model: Arc::default(),
                 owners: AtomicU64::new(0),
                 instance: uuid::Uuid::new_v4().simple().to_string()[..8].to_owned(),
             }),
@@ -245,6 +249,11 @@ impl Client {
     /// Cancel safety: if dropped midway, remaining holds end with the session.
     pub async fn close(&self) -> Result<()> {
         self.inner.backend.close().await
+    }
+
+    /// The lock model this client's acquires go through.
+    pub(crate) fn model(&self) -> &Arc<Model> {
+        &self.inner.model
     }
 
     /// The backend, for its name and capabilities.

@@ -1,12 +1,14 @@
 //! Guards: proof of a hold, with its fencing token and its lost signal.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use crate::backend::{Hold, LostSignal};
 use crate::error::{Error, Result};
-use crate::metrics;
+use crate::metrics::{self, LostCause};
+use crate::model::{Granted, Share};
 
 /// A held lock (or several, for a multi-lock).
 ///
@@ -23,6 +25,7 @@ pub struct Guard {
     leased: bool,
     lost: LostSignal,
     hold: Option<Box<dyn Hold>>,
+    share: Arc<Share>,
 }
 
 impl Guard {
@@ -31,20 +34,19 @@ impl Guard {
     pub(crate) fn new(
         backend: &'static str,
         names: Vec<String>,
-        tokens: Vec<u64>,
         leased: bool,
-        lost: LostSignal,
-        hold: Box<dyn Hold>,
+        granted: Granted,
     ) -> Self {
-        lost.count_for(backend);
+        granted.lost.count_for(backend);
         Guard {
             backend,
             granted_at: Instant::now(),
             names,
-            tokens,
+            tokens: granted.tokens,
             leased,
-            lost,
-            hold: Some(hold),
+            lost: granted.lost,
+            hold: Some(granted.hold),
+            share: granted.share,
         }
     }
 
@@ -68,6 +70,26 @@ impl Guard {
     /// Every name this guard holds.
     pub fn names(&self) -> &[String] {
         &self.names
+    }
+
+    /// Re-entry depth of the (first) lock: how many acquires of this owner
+    /// on this client share the hold and are not yet released (Redisson's
+    /// `getHoldCount`). A multi-lock taken atomically counts as one.
+    pub fn hold_count(&self) -> u32 {
+        self.share.count()
+    }
+
+    /// What is left of a leased hold's lease (`None` without a lease: the
+    /// session keeps the hold), as this client measures it from before the
+    /// grant or the last extension, so never more than the store allows
+    /// (Redisson's `remainTimeToLive`).
+    pub fn remaining_lease(&self) -> Option<Duration> {
+        self.share.remaining_lease()
+    }
+
+    /// Why the hold was lost, in a word, once it was (see [`LostCause`]).
+    pub fn lost_cause(&self) -> Option<LostCause> {
+        self.lost.cause()
     }
 
     /// Completes, with the reason, once the hold can no longer be trusted

@@ -31,14 +31,17 @@
 //!   sides, semaphores, multi-locks) and [`Election`]s.
 //! - [`Lock`]: options (`lease`, `wait`, `owner`, `reentrant`, `lock_delay`) and
 //!   `acquire` / `try_acquire` / `acquire_timeout`.
-//! - [`Guard`]: the hold: `fencing_token()`, `lost()`, `release()`; dropping it
-//!   releases in the background.
+//! - [`Guard`]: the hold: `fencing_token()`, `lost()` (and `lost_cause()`, a
+//!   [`LostCause`] to match on), `hold_count()`, `remaining_lease()`,
+//!   `release()`; dropping it releases in the background.
 //! - [`Election`]: `campaign` waits to lead and gives a [`Leadership`]
 //!   (`proclaim`, `resign`, `lost()`); `leader` and `observe` follow the
 //!   leader. On etcd and ZooKeeper it shares elections with `etcdctl elect`,
 //!   kazoo and Curator.
-//! - [`backend::Backend`]: the trait each store implements; the lock rules
-//!   themselves live in `locksmith-core` and the shared model.
+//! - [`backend::Backend`]: the trait each store implements. The lock rules
+//!   live in `locksmith-core` and, for what is the same on every store
+//!   (re-entry, refusals from [`Capabilities`], multi-locks taken name by
+//!   name), in this crate's model layer between [`Lock`] and the backend.
 #![cfg_attr(
     feature = "blocking",
     doc = r#"- [`blocking`]: the same API with blocking calls, for programs without an
@@ -118,6 +121,7 @@ mod lock;
 #[cfg(feature = "memory")]
 pub mod memory;
 pub mod metrics;
+mod model;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "redis")]

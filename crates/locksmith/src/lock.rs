@@ -165,7 +165,8 @@ impl Lock {
             "acquire", backend = backend.name(), names = ?request.names, mode = %request.mode
         );
         let started = Instant::now();
-        let acquire = tracing::Instrument::instrument(backend.acquire(&request), span);
+        let acquire = self.client.model().acquire(backend.as_ref(), &request);
+        let acquire = tracing::Instrument::instrument(acquire, span);
         let grant = match wait {
             Wait::For(limit) => tokio::time::timeout(limit, acquire)
                 .await
@@ -185,10 +186,8 @@ impl Lock {
             Guard::new(
                 backend.name(),
                 request.names,
-                grant.tokens,
                 request.lease.is_some(),
-                grant.lost,
-                grant.hold,
+                grant,
             )
         }))
     }

@@ -394,6 +394,8 @@ impl Backend for MemoryBackend {
             shared: true,
             semaphore: true,
             proclaim: true,
+            multi_lock: true,
+            counts_reentry: true,
         }
     }
 

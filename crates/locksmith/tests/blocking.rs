@@ -8,7 +8,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use locksmith::blocking::Client;
-use locksmith::Error;
+use locksmith::{Error, LostCause};
 use locksmith_server::{Server, ServerConfig};
 
 /// Where the clients of one test connect.
@@ -190,6 +190,7 @@ fn force_release_fires_lost(backend: &impl Backend) {
     assert!(!reason.is_empty());
     assert!(guard.is_lost());
     assert!(guard.lost_signal().is_fired());
+    assert_eq!(guard.lost_cause(), Some(LostCause::ForceReleased));
     assert_eq!(guard.lost(), reason);
     assert!(admin.lock(name.as_str()).try_acquire().unwrap().is_some());
     assert!(guard.release().is_err(), "a lost hold's release is refused");
@@ -203,9 +204,17 @@ fn lease_and_extend(backend: &impl Backend) {
         .lease(Duration::from_secs(5))
         .acquire()
         .unwrap();
+    let left = leased.remaining_lease().expect("a leased hold");
+    assert!(left <= Duration::from_secs(5), "{left:?}");
     leased.extend(Duration::from_secs(10)).expect("extend");
+    let left = leased.remaining_lease().unwrap();
+    assert!(
+        left > Duration::from_secs(5) && left <= Duration::from_secs(10),
+        "{left:?}"
+    );
     leased.release().unwrap();
     let session = a.lock(name.as_str()).acquire().unwrap();
+    assert_eq!(session.remaining_lease(), None);
     assert!(matches!(
         session.extend(Duration::from_secs(10)),
         Err(Error::InvalidArgument(_))
@@ -221,7 +230,9 @@ fn options_inspection_and_modes(backend: &impl Backend) {
     let guard = lock.acquire().unwrap();
     let again = lock.acquire().expect("re-entry");
     assert_eq!(again.fencing_token(), guard.fencing_token());
+    assert_eq!((guard.hold_count(), again.hold_count()), (2, 2));
     drop(again);
+    assert_eq!(guard.hold_count(), 1);
     let info = b.describe(&name).unwrap().expect("held lock is described");
     assert_eq!(info.holders.len(), 1);
     assert_eq!(info.holders[0].owner, "inspector");

@@ -44,13 +44,13 @@ use super::layout::{
     classify, contenders, hold_key, key_value, lock_prefix, now_ms, permit_mismatch, standing,
     Meta, Standing,
 };
-use super::lost::HoldLost;
 use super::rpc::etcdserverpb::range_request::SortOrder;
 use super::rpc::etcdserverpb::{RangeRequest, RangeResponse, TxnRequest};
 use super::rpc::{self, by_create, revision};
 use super::session::{ttl_seconds, Session};
 use super::watch::{Deferrable, Sink, Wake};
 use super::{backend_error, cleanups, Inner, BACKEND};
+use crate::backend::LostSignal;
 use crate::backend::{AcquireRequest, Grant, Mode, Wait};
 use crate::error::{Error, Result};
 use crate::metrics::LostCause;
@@ -596,7 +596,7 @@ impl Inner {
         mut pending: Pending,
     ) -> Result<Option<Grant>> {
         pending.armed = false;
-        let lost = Arc::new(HoldLost::default());
+        let lost = LostSignal::new();
         let armed = Arc::new(AtomicBool::new(true));
         let hold_lease = match lease {
             QueueLease::Session(session) => {
@@ -614,7 +614,6 @@ impl Inner {
         let entry = Arc::new(Entry {
             name: name.to_owned(),
             owner: request.owner.clone(),
-            mode: request.mode,
             key,
             token,
             lease: hold_lease,
@@ -623,7 +622,6 @@ impl Inner {
             watch: Mutex::new(None),
             granted_at,
             state: tokio::sync::Mutex::new(EntryState {
-                count: 1,
                 meta,
                 published: request.published.clone(),
             }),
@@ -634,62 +632,7 @@ impl Inner {
         self.remember(entry.clone());
         Ok(Some(Grant {
             tokens: vec![token as u64],
-            lost: lost.subscribe(),
-            hold: Box::new(EtcdHold {
-                inner: self.clone(),
-                entry,
-            }),
-        }))
-    }
-
-    /// A re-entry of a hold this owner has: same key, same token, count + 1.
-    /// `Ok(None)` when the owner holds nothing here (or only a lost hold).
-    ///
-    /// Cancel safety: safe for the hold; if dropped after etcd took the new
-    /// depth, the value shows one level more than the client counts.
-    pub(crate) async fn reenter(
-        self: &Arc<Self>,
-        name: &str,
-        request: &AcquireRequest,
-    ) -> Result<Option<Grant>> {
-        let Some(entry) = self.held_by(name, &request.owner) else {
-            return Ok(None);
-        };
-        if entry.lost.is_fired() {
-            self.forget(&entry);
-            return Ok(None);
-        }
-        if !request.reentrant {
-            return Err(Error::AlreadyHeld {
-                name: name.to_owned(),
-            });
-        }
-        if entry.mode != request.mode {
-            return Err(Error::Conflict {
-                name: name.to_owned(),
-                mode: request.mode,
-                detail: format!("this owner holds it in mode {}", entry.mode),
-            });
-        }
-        let mut state = entry.state.lock().await;
-        if state.count == 0 {
-            // Released meanwhile: acquire afresh.
-            return Ok(None);
-        }
-        let count = state.count + 1;
-        if !entry.write_count(self, &state, count).await? {
-            entry
-                .lost
-                .fire(LostCause::Gone, "the key is no longer ours");
-            return Err(Error::Lost("the key is no longer ours".into()));
-        }
-        state.count = count;
-        state.meta.count = count;
-        drop(state);
-        tracing::debug!(backend = BACKEND, key = %entry.key, count, "re-entered");
-        Ok(Some(Grant {
-            tokens: vec![entry.token as u64],
-            lost: entry.lost.subscribe(),
+            lost: lost.clone(),
             hold: Box::new(EtcdHold {
                 inner: self.clone(),
                 entry,

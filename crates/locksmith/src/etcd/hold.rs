@@ -1,4 +1,4 @@
-//! Live holds: release, re-entry bookkeeping, extension, lease timers.
+//! Live holds: release, the recorded re-entry depth, extension, lease timers.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -11,27 +11,26 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::layout::{key_value, Meta};
-use super::lost::HoldLost;
 use super::rpc::etcdserverpb::{Compare, DeleteRangeRequest, PutRequest, TxnRequest};
 use super::rpc::{self, EtcdClient};
 use super::session::{ttl_seconds, Session};
 use super::watch::{Deferrable, Sink, WatchGuard};
 use super::{backend_error, Inner, BACKEND};
-use crate::backend::{Hold, Mode};
+use crate::backend::Hold;
+use crate::backend::LostSignal;
 use crate::error::{Error, Result};
 use crate::metrics::LostCause;
 
-/// One hold of one lock by one owner, shared by its re-entries.
+/// One hold of one lock by one owner.
 pub(crate) struct Entry {
     pub name: String,
     pub owner: String,
-    pub mode: Mode,
     /// Our key.
     pub key: String,
     /// Its create revision: the fencing token.
     pub token: i64,
     pub lease: HoldLease,
-    pub lost: Arc<HoldLost>,
+    pub lost: LostSignal,
     /// Cleared before our own delete, so the key watch does not call it a loss.
     pub armed: Arc<AtomicBool>,
     /// The watch on our key, once [`super::watch::WatchHub::watch_later`]
@@ -39,8 +38,8 @@ pub(crate) struct Entry {
     pub watch: Mutex<Option<WatchGuard>>,
     /// The revision at which we were found to hold (the watch starts after it).
     pub granted_at: i64,
-    /// Re-entry depth and the value it is written into; async so that value
-    /// updates of one hold reach etcd in order.
+    /// What the key's value holds; async so that value updates of one hold
+    /// reach etcd in order.
     pub state: tokio::sync::Mutex<EntryState>,
 }
 
@@ -65,7 +64,7 @@ impl Deferrable for Entry {
 }
 
 pub(crate) struct EntryState {
-    pub count: u32,
+    /// What the key's value records (the re-entry depth among it).
     pub meta: Meta,
     /// An election's value, which the key holds instead of the metadata.
     pub published: Option<String>,
@@ -120,7 +119,7 @@ impl OwnLease {
     }
 
     /// Ends the hold at its deadline: fires `lost` and revokes the lease.
-    pub fn spawn_timer(self: &Arc<Self>, lost: Arc<HoldLost>, client: EtcdClient) {
+    pub fn spawn_timer(self: &Arc<Self>, lost: LostSignal, client: EtcdClient) {
         let own = self.clone();
         tokio::spawn(async move {
             loop {
@@ -135,7 +134,7 @@ impl OwnLease {
                     (state.deadline <= Instant::now(), state.id)
                 };
                 if due {
-                    lost.fire(LostCause::LeaseExpired, "the hold's lease ran out");
+                    lost.fire_because(LostCause::LeaseExpired, "the hold's lease ran out");
                     revoke_in_background(client, id);
                     return;
                 }
@@ -168,7 +167,7 @@ pub(crate) async fn refresh(client: &EtcdClient, id: i64) -> Result<bool> {
     }
 }
 
-/// The [`Hold`] of one acquire (a re-entry shares the [`Entry`]).
+/// The [`Hold`] a grant hands out: its key and what keeps it.
 pub(crate) struct EtcdHold {
     pub inner: Arc<Inner>,
     pub entry: Arc<Entry>,
@@ -220,7 +219,7 @@ impl Entry {
     }
 
     pub(crate) fn lose(&self, why: &str) -> Error {
-        self.lost.fire(LostCause::Gone, why);
+        self.lost.fire_because(LostCause::Gone, why);
         Error::Lost(self.lost.reason().unwrap_or_else(|| why.to_owned()))
     }
 }
@@ -233,22 +232,6 @@ impl Hold for EtcdHold {
         let entry = self.entry.clone();
         let span = tracing::debug_span!("release", backend = BACKEND, key = %entry.key, token = entry.token);
         async move {
-            let mut state = entry.state.lock().await;
-            if state.count > 1 {
-                let count = state.count - 1;
-                let ours = entry.write_count(&self.inner, &state, count).await?;
-                state.count = count;
-                state.meta.count = count;
-                if !ours {
-                    return Err(entry.lose("the key is no longer ours"));
-                }
-                return match entry.lost.reason() {
-                    Some(reason) => Err(Error::Lost(reason)),
-                    None => Ok(()),
-                };
-            }
-            state.count = 0;
-            drop(state);
             self.inner.forget(&entry);
             entry.armed.store(false, Ordering::SeqCst);
             entry.watch.lock().expect("hold watch").take();
@@ -272,6 +255,21 @@ impl Hold for EtcdHold {
         }
         .instrument(span)
         .await
+    }
+
+    /// Writes the depth into the key's value (`count=`), checked: a key that
+    /// is no longer ours loses the hold.
+    ///
+    /// Cancel safety: the write may or may not have happened (the count is
+    /// for inspection only).
+    async fn record_count(&self, count: u32) -> Result<()> {
+        let entry = &self.entry;
+        let mut state = entry.state.lock().await;
+        if !entry.write_count(&self.inner, &state, count).await? {
+            return Err(entry.lose("the key is no longer ours"));
+        }
+        state.meta.count = count;
+        Ok(())
     }
 
     /// Cancel safety: safe; either the lease was renewed / replaced and the

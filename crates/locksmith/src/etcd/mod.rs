@@ -119,8 +119,8 @@
 //! contender of a client on a lock takes `<name>/<lease hex>`, the exact Go
 //! key; further ones take `<name>/<lease hex>_<n>`. Go orders by create
 //! revision and never parses the key, so interop is unaffected. Re-entry (the
-//! same owner again) is counted in the client and in the value's `count`; it
-//! keeps the key and the token.
+//! same owner again, decided by the model layer) keeps the key and the
+//! token; the value's `count` records its depth.
 //!
 //! **Leased holds** ([`Lock::lease`]) get an etcd lease of their own (TTL
 //! rounded up to whole seconds, at least etcd's minimum), never kept alive
@@ -188,7 +188,6 @@ mod cleanups;
 mod election;
 mod hold;
 mod layout;
-mod lost;
 pub mod rpc;
 mod session;
 mod watch;
@@ -212,8 +211,7 @@ use self::rpc::EtcdClient;
 use self::session::Session;
 use self::watch::WatchHub;
 use crate::backend::{
-    acquire_each_in_order, AcquireRequest, Backend, Capabilities, Grant, Holder, HolderChanges,
-    LockInfo, Waiter,
+    AcquireRequest, Backend, Capabilities, Grant, Holder, HolderChanges, LockInfo, Waiter,
 };
 use crate::client::{percent_decode, redact, ConnectOptions};
 use crate::error::{Error, Result};
@@ -244,8 +242,8 @@ pub(crate) struct Inner {
     /// Serializes granting a replacement session.
     renewing: tokio::sync::Mutex<()>,
     hub: WatchHub,
-    /// Live holds by name, then owner, for re-entry and
-    /// [`EtcdBackend::holder_key`].
+    /// Live holds by name, then owner, for [`EtcdBackend::holder_key`] and
+    /// closing.
     holds: Mutex<HashMap<String, HashMap<String, Arc<Entry>>>>,
     shutdown: CancellationToken,
     closed: AtomicBool,
@@ -576,11 +574,6 @@ impl Inner {
         }
     }
 
-    fn held_by(&self, name: &str, owner: &str) -> Option<Arc<Entry>> {
-        let holds = self.holds.lock().expect("holds");
-        holds.get(name)?.get(owner).cloned()
-    }
-
     /// Every key under `prefix`, oldest first.
     ///
     /// Cancel safety: safe, read-only.
@@ -663,6 +656,8 @@ impl Backend for EtcdBackend {
             shared: true,
             semaphore: true,
             proclaim: true,
+            multi_lock: false,
+            counts_reentry: false,
         }
     }
 
@@ -673,22 +668,7 @@ impl Backend for EtcdBackend {
         if self.inner.closed.load(Ordering::SeqCst) {
             return Err(Error::Closed);
         }
-        if !request.lock_delay.is_zero() {
-            return Err(Error::Unsupported {
-                backend: BACKEND,
-                what:
-                    "lock-delay (etcd has no way to hold a lock back after its holder's lease ends)"
-                        .into(),
-            });
-        }
-        if request.names.len() > 1 {
-            return acquire_each_in_order(self, request).await;
-        }
-        let name = &request.names[0];
-        if let Some(grant) = self.inner.reenter(name, request).await? {
-            return Ok(Some(grant));
-        }
-        self.inner.acquire_one(name, request).await
+        self.inner.acquire_one(&request.names[0], request).await
     }
 
     /// Cancel safety: safe, read-only.
@@ -823,7 +803,7 @@ impl Backend for EtcdBackend {
         for entry in owned {
             entry
                 .lost
-                .fire(LostCause::ClientClosed, "the client was closed");
+                .fire_because(LostCause::ClientClosed, "the client was closed");
             if let hold::HoldLease::Own(own) = &entry.lease {
                 own.stop();
                 if let Err(error) = client.revoke_lease(own.id()).await {

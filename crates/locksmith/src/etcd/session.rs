@@ -14,9 +14,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::lost::HoldLost;
 use super::rpc::{EtcdClient, KeepAlive};
 use super::{backend_error, BACKEND};
+use crate::backend::LostSignal;
 use crate::error::Result;
 use crate::metrics::LostCause;
 
@@ -34,7 +34,7 @@ pub(crate) struct Session {
     /// Why it ended (the first reason wins).
     reason: Mutex<Option<(LostCause, String)>>,
     /// Lost signals of the holds on this lease.
-    holds: Mutex<HashMap<u64, Arc<HoldLost>>>,
+    holds: Mutex<HashMap<u64, LostSignal>>,
     next_hold: AtomicU64,
     /// Keys in use on this lease (held, queued, or still being deleted), so that
     /// two owners of this client never share a key.
@@ -113,7 +113,7 @@ impl Session {
             .expect("session reason")
             .get_or_insert_with(|| (cause, reason.to_owned()));
         self.dead.cancel();
-        let holds: Vec<Arc<HoldLost>> = self
+        let holds: Vec<LostSignal> = self
             .holds
             .lock()
             .expect("session holds")
@@ -123,19 +123,19 @@ impl Session {
         let reason = self.reason().unwrap_or_default();
         let cause = self.cause();
         for signal in holds {
-            signal.fire(cause, reason.clone());
+            signal.fire_because(cause, reason.clone());
         }
     }
 
     /// Ties a hold's lost signal to this lease; fires at once if it already ended.
-    pub fn register(&self, signal: Arc<HoldLost>) -> u64 {
+    pub fn register(&self, signal: LostSignal) -> u64 {
         let id = self.next_hold.fetch_add(1, Ordering::Relaxed);
         self.holds
             .lock()
             .expect("session holds")
             .insert(id, signal.clone());
         if let Some(reason) = self.is_dead().then(|| self.reason()).flatten() {
-            signal.fire(self.cause(), reason);
+            signal.fire_because(self.cause(), reason);
         }
         id
     }

@@ -29,12 +29,12 @@ use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::lost::HoldLost;
 use super::rpc::etcdserverpb::watch_create_request::FilterType;
 use super::rpc::etcdserverpb::{WatchCreateRequest, WatchResponse};
 use super::rpc::mvccpb::event::EventType;
 use super::rpc::{self, EtcdClient, WatchStream};
 use super::BACKEND;
+use crate::backend::LostSignal;
 use crate::metrics::LostCause;
 
 /// Pause before reopening a broken watch stream.
@@ -54,7 +54,7 @@ pub(crate) enum Sink {
     /// revision means still held.
     Lost {
         /// The hold's signal.
-        signal: Arc<HoldLost>,
+        signal: LostSignal,
         /// Cleared by release, so our own delete is not a loss.
         armed: Arc<AtomicBool>,
         /// The fencing token (create revision) of the key.
@@ -423,7 +423,7 @@ fn deliver(sink: &Sink, at: i64, reason: &str) {
         }
         Sink::Lost { signal, armed, .. } => {
             if armed.load(Ordering::SeqCst) {
-                signal.fire(LostCause::Gone, reason);
+                signal.fire_because(LostCause::Gone, reason);
             }
         }
     }
@@ -438,7 +438,7 @@ async fn recheck(
     loopback: mpsc::UnboundedSender<Command>,
     id: i64,
     key: Vec<u8>,
-    signal: Arc<HoldLost>,
+    signal: LostSignal,
     armed: Arc<AtomicBool>,
     token: i64,
 ) {
@@ -464,7 +464,7 @@ async fn recheck(
                 // Same id: the hold's guard cancels it by this id.
                 let _ = loopback.send(Command::Add(id, spec));
             } else if !held && armed.load(Ordering::SeqCst) {
-                signal.fire(
+                signal.fire_because(
                     LostCause::Gone,
                     "its key is gone (found on re-checking after a watch reset)",
                 );
@@ -472,7 +472,7 @@ async fn recheck(
         }
         Err(error) => {
             if armed.load(Ordering::SeqCst) {
-                signal.fire(
+                signal.fire_because(
                     LostCause::ConnectionLost,
                     format!("cannot re-check the key after a watch reset: {error}"),
                 );

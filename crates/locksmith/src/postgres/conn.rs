@@ -21,7 +21,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::config::Settings;
 use super::tls::Tls;
-use super::{pg_error, run, Fan, Params};
+use super::{pg_error, run, Params};
+use crate::backend::LostSignal;
 use crate::error::{Error, Result};
 use crate::metrics::LostCause;
 
@@ -37,7 +38,7 @@ pub(crate) struct PgConn {
     /// (hashing the long texts on every call cost more than comparing them).
     statements: Mutex<Vec<(String, Statement)>>,
     /// Lost signals of the holds pinned to this connection, by hold id.
-    holds: Mutex<HashMap<u64, Fan>>,
+    holds: Mutex<HashMap<u64, LostSignal>>,
     /// Names with a hold on this connection (a connection holds a name at
     /// most once: PostgreSQL would grant the same session the key again).
     names: Mutex<HashMap<String, u32>>,
@@ -257,13 +258,13 @@ impl PgConn {
 
     /// Pins a hold: `lost` fires when the connection dies. Returns false (and
     /// fires `lost`) when it already has.
-    pub fn pin(&self, id: u64, lost: &Fan) -> bool {
+    pub fn pin(&self, id: u64, lost: &LostSignal) -> bool {
         self.holds
             .lock()
             .expect("holds lock")
             .insert(id, lost.clone());
         if let Some(reason) = self.broken() {
-            lost.fire(LostCause::ConnectionLost, reason);
+            lost.fire_because(LostCause::ConnectionLost, reason);
             return false;
         }
         true
@@ -318,7 +319,7 @@ impl PgConn {
         let reason = self
             .broken()
             .unwrap_or_else(|| "connection to PostgreSQL closed".into());
-        let holds: Vec<Fan> = self
+        let holds: Vec<LostSignal> = self
             .holds
             .lock()
             .expect("holds lock")
@@ -326,7 +327,7 @@ impl PgConn {
             .map(|(_, lost)| lost)
             .collect();
         for lost in holds {
-            lost.fire(LostCause::ConnectionLost, reason.clone());
+            lost.fire_because(LostCause::ConnectionLost, reason.clone());
         }
     }
 

@@ -22,8 +22,8 @@ use tokio_postgres::types::{ToSql, Type};
 
 use super::claim::{conflict, Claim, Target};
 use super::config::Pooler;
-use super::{detached, one, pg_error, wait, Fan, Shared};
-use crate::backend::Wait;
+use super::{detached, one, pg_error, wait, Shared};
+use crate::backend::{LostSignal, Wait};
 use crate::error::{Error, Result};
 use crate::metrics::LostCause;
 
@@ -33,7 +33,7 @@ pub(crate) struct LeaseHold {
     name: String,
     owner: String,
     pub token: u64,
-    pub lost: Fan,
+    pub lost: LostSignal,
     state: watch::Sender<LeaseState>,
     stop: CancellationToken,
     released: AtomicBool,
@@ -175,7 +175,7 @@ fn start(
         name: target.name.clone(),
         owner: target.owner.clone(),
         token: granted.token,
-        lost: Fan::default(),
+        lost: LostSignal::new(),
         state,
         stop: CancellationToken::new(),
         released: AtomicBool::new(false),
@@ -202,7 +202,7 @@ struct Keeper {
     name: String,
     owner: String,
     token: u64,
-    lost: Fan,
+    lost: LostSignal,
     state: watch::Sender<LeaseState>,
     stop: CancellationToken,
     watchdog: bool,
@@ -237,7 +237,7 @@ async fn keep(keeper: Keeper, mut updates: watch::Receiver<LeaseState>) {
             };
             keeper
                 .lost
-                .fire(cause, format!("lease of {} expired", keeper.name));
+                .fire_because(cause, format!("lease of {} expired", keeper.name));
             return;
         }
         if !keeper.watchdog || now < state.renew_at {
@@ -258,7 +258,7 @@ async fn keep(keeper: Keeper, mut updates: watch::Receiver<LeaseState>) {
                 s.renew_at = sent + s.lease / 3;
             }),
             Ok(false) => {
-                keeper.lost.fire(
+                keeper.lost.fire_because(
                     LostCause::Gone,
                     format!(
                         "lease of {} is no longer held (expired and taken, or force-released)",
@@ -318,7 +318,7 @@ impl LeaseHold {
             Ok(())
         } else {
             let reason = format!("lease of {} is no longer held", self.name);
-            self.lost.fire(LostCause::Gone, reason.clone());
+            self.lost.fire_because(LostCause::Gone, reason.clone());
             Err(Error::Lost(reason))
         }
     }

@@ -223,7 +223,8 @@
 //! # Not supported
 //!
 //! Lock-delay ([`Capabilities::lock_delay`] is false; a request with one is
-//! [`Error::Unsupported`]). Re-entry is per client (same owner, same client).
+//! [`Error::Unsupported`]). Re-entry is per client (same owner, same client),
+//! decided by the model layer; the rows record its depth.
 
 mod claim;
 mod config;
@@ -250,12 +251,10 @@ use tokio_postgres::Row;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::{
-    acquire_each_in_order, AcquireRequest, Backend, Capabilities, Grant, Hold, LockInfo,
-    LostSignal, Mode, Wait,
+    AcquireRequest, Backend, Capabilities, Grant, Hold, LockInfo, LostSignal, Wait,
 };
 use crate::client::ConnectOptions;
 use crate::error::{Error, Result};
-use crate::metrics::LostCause;
 
 pub use config::{HoldMode, Pooler};
 pub use key::{advisory_key, semaphore_slot_key};
@@ -341,11 +340,8 @@ pub(crate) struct Shared {
     holder: Mutex<Option<Arc<conn::PgConn>>>,
     holder_connect: tokio::sync::Mutex<()>,
     pub listener: Listener,
-    /// Live grants by (name, owner): re-entries share them.
-    entries: Mutex<HashMap<(String, String), Arc<Entry>>>,
-    /// Serializes acquires of one owner on one name, so a second acquire by the
-    /// same owner sees the first one's grant and re-enters.
-    turns: Mutex<HashMap<(String, String), Weak<TurnLock>>>,
+    /// Live holds by (name, token), for closing.
+    live: Mutex<HashMap<(String, u64), Arc<Inner>>>,
     pub closed: CancellationToken,
     /// Stops background work that serves the backend, not its holds (the
     /// cleanup task) once the backend itself is dropped.
@@ -463,8 +459,7 @@ impl PostgresBackend {
             pool,
             holder: Mutex::new(None),
             holder_connect: tokio::sync::Mutex::new(()),
-            entries: Mutex::default(),
-            turns: Mutex::default(),
+            live: Mutex::default(),
             closed: CancellationToken::new(),
             background: CancellationToken::new(),
         });
@@ -677,32 +672,10 @@ impl Shared {
         }
     }
 
-    /// Waits for this owner's turn on this name.
-    async fn turn(&self, name: &str, owner: &str) -> Turn<'_> {
-        let key = (name.to_owned(), owner.to_owned());
-        let mutex = {
-            let mut turns = self.turns.lock().expect("turns lock");
-            match turns.get(&key).and_then(Weak::upgrade) {
-                Some(mutex) => mutex,
-                None => {
-                    let mutex = Arc::new(TurnLock::new(()));
-                    turns.insert(key.clone(), Arc::downgrade(&mutex));
-                    mutex
-                }
-            }
-        };
-        let guard = mutex.clone().lock_owned().await;
-        Turn {
-            shared: self,
-            key,
-            guard: Some(guard),
-        }
-    }
-
     /// Updates the recorded re-entry depth of a grant (best effort: it is for
     /// inspection only).
-    async fn record_count(&self, name: &str, entry: &Entry, count: u32) {
-        let sql = match entry.inner {
+    async fn record_count(&self, name: &str, inner: &Inner, count: u32) {
+        let sql = match inner {
             Inner::Session(_) => &self.sql.session_count,
             Inner::Lease(_) => &self.sql.lease_count,
         };
@@ -711,7 +684,7 @@ impl Shared {
                 sql,
                 &[
                     (&name, Type::TEXT),
-                    (&(entry.token as i64), Type::INT8),
+                    (&(inner.token() as i64), Type::INT8),
                     (&(count as i32), Type::INT4),
                 ],
             )
@@ -720,50 +693,6 @@ impl Shared {
             tracing::debug!(%error, name, "postgres: recording the hold count failed");
         }
     }
-}
-
-/// The lock one owner's acquires of one name take turns on.
-type TurnLock = tokio::sync::Mutex<()>;
-
-impl Shared {
-    /// A guard's share of `entry`: one level of it, with a lost signal of its own.
-    fn grant(self: &Arc<Self>, name: &str, owner: &str, entry: Arc<Entry>) -> Grant {
-        Grant {
-            tokens: vec![entry.token],
-            lost: entry.inner.lost().signal(),
-            hold: Box::new(Handle {
-                shared: self.clone(),
-                name: name.into(),
-                owner: owner.into(),
-                entry,
-            }),
-        }
-    }
-}
-
-/// An owner's turn on a name; dropping it lets the next acquire of the owner in.
-struct Turn<'a> {
-    shared: &'a Shared,
-    key: (String, String),
-    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
-}
-
-impl Drop for Turn<'_> {
-    fn drop(&mut self) {
-        self.guard.take();
-        let mut turns = self.shared.turns.lock().expect("turns lock");
-        if turns.get(&self.key).is_some_and(|w| w.strong_count() == 0) {
-            turns.remove(&self.key);
-        }
-    }
-}
-
-/// A grant as this client tracks it: the real hold and its re-entry depth.
-struct Entry {
-    inner: Inner,
-    mode: Mode,
-    token: u64,
-    count: Mutex<u32>,
 }
 
 /// The real hold behind a grant.
@@ -780,7 +709,7 @@ impl Inner {
         }
     }
 
-    fn lost(&self) -> &Fan {
+    fn lost(&self) -> &LostSignal {
         match self {
             Inner::Session(hold) => &hold.lost,
             Inner::Lease(hold) => &hold.lost,
@@ -796,63 +725,42 @@ impl Inner {
     }
 }
 
-/// The hold a guard owns: one level of a (possibly re-entered) grant.
+/// The hold a guard owns.
 struct Handle {
     shared: Arc<Shared>,
     name: String,
-    owner: String,
-    entry: Arc<Entry>,
+    inner: Arc<Inner>,
 }
 
 #[async_trait]
 impl Hold for Handle {
     async fn release(self: Box<Self>) -> Result<()> {
-        let last = {
-            let mut entries = self.shared.entries.lock().expect("entries lock");
-            let mut count = self.entry.count.lock().expect("count lock");
-            *count -= 1;
-            if *count == 0 {
-                let key = (self.name.clone(), self.owner.clone());
-                if entries
-                    .get(&key)
-                    .is_some_and(|e| Arc::ptr_eq(e, &self.entry))
-                {
-                    entries.remove(&key);
-                }
-                None
-            } else {
-                Some(*count)
-            }
-        };
-        let span =
-            tracing::debug_span!("postgres release", name = %self.name, token = self.entry.token);
-        tracing::Instrument::instrument(
-            async {
-                match last {
-                    Some(count) => {
-                        if let Some(reason) = self.entry.inner.lost().reason() {
-                            return Err(Error::Lost(reason));
-                        }
-                        self.shared
-                            .record_count(&self.name, &self.entry, count)
-                            .await;
-                        Ok(())
-                    }
-                    None => self.entry.inner.release().await,
-                }
-            },
-            span,
-        )
-        .await
+        let token = self.inner.token();
+        self.shared
+            .live
+            .lock()
+            .expect("live holds lock")
+            .remove(&(self.name.clone(), token));
+        let span = tracing::debug_span!("postgres release", name = %self.name, token);
+        tracing::Instrument::instrument(self.inner.release(), span).await
     }
 
     async fn extend(&self, lease: Duration) -> Result<()> {
-        match &self.entry.inner {
+        match self.inner.as_ref() {
             Inner::Lease(hold) => hold.extend(lease).await,
             Inner::Session(_) => Err(Error::InvalidArgument(
                 "a session hold has no lease to extend".into(),
             )),
         }
+    }
+
+    /// Writes the depth into the hold's row (best effort: it is for
+    /// inspection only).
+    async fn record_count(&self, count: u32) -> Result<()> {
+        self.shared
+            .record_count(&self.name, &self.inner, count)
+            .await;
+        Ok(())
     }
 }
 
@@ -870,66 +778,36 @@ impl Backend for PostgresBackend {
             shared: true,
             semaphore: true,
             proclaim: false,
+            multi_lock: false,
+            counts_reentry: false,
         }
     }
 
     async fn acquire(&self, request: &AcquireRequest) -> Result<Option<Grant>> {
-        if request.names.len() > 1 {
-            return acquire_each_in_order(self, request).await;
-        }
-        if !request.lock_delay.is_zero() {
-            return Err(Error::Unsupported {
-                backend: BACKEND,
-                what: "lock-delay".into(),
-            });
-        }
         if self.shared.closed.is_cancelled() {
             return Err(Error::Closed);
         }
         let shared = &self.shared;
         let name = request.names[0].as_str();
-        let _turn = shared.turn(name, &request.owner).await;
-        let key = (name.to_owned(), request.owner.clone());
-        let existing = shared
-            .entries
-            .lock()
-            .expect("entries lock")
-            .get(&key)
-            .cloned();
-        if let Some(entry) = existing.filter(|e| e.inner.lost().reason().is_none()) {
-            if !request.reentrant {
-                return Err(Error::AlreadyHeld { name: name.into() });
-            }
-            if entry.mode != request.mode {
-                return Err(Error::Conflict {
-                    name: name.into(),
-                    mode: request.mode,
-                    detail: format!("held by this owner as {}", entry.mode),
-                });
-            }
-            let count = {
-                let mut count = entry.count.lock().expect("count lock");
-                *count += 1;
-                *count
-            };
-            shared.record_count(name, &entry, count).await;
-            return Ok(Some(shared.grant(name, &request.owner, entry)));
-        }
         let Some(inner) = shared.acquire_new(request, name).await? else {
             return Ok(None);
         };
-        let entry = Arc::new(Entry {
-            token: inner.token(),
-            mode: request.mode,
-            count: Mutex::new(1),
-            inner,
-        });
+        let inner = Arc::new(inner);
+        let token = inner.token();
         shared
-            .entries
+            .live
             .lock()
-            .expect("entries lock")
-            .insert(key, entry.clone());
-        Ok(Some(shared.grant(name, &request.owner, entry)))
+            .expect("live holds lock")
+            .insert((name.to_owned(), token), inner.clone());
+        Ok(Some(Grant {
+            tokens: vec![token],
+            lost: inner.lost().clone(),
+            hold: Box::new(Handle {
+                shared: shared.clone(),
+                name: name.to_owned(),
+                inner,
+            }),
+        }))
     }
 
     async fn describe(&self, name: &str) -> Result<Option<LockInfo>> {
@@ -951,15 +829,15 @@ impl Backend for PostgresBackend {
         let shared = &self.shared;
         shared.closed.cancel();
         shared.background.cancel();
-        let entries: Vec<Arc<Entry>> = shared
-            .entries
+        let live: Vec<Arc<Inner>> = shared
+            .live
             .lock()
-            .expect("entries lock")
+            .expect("live holds lock")
             .drain()
-            .map(|(_, entry)| entry)
+            .map(|(_, hold)| hold)
             .collect();
-        for entry in entries {
-            if let Err(error) = entry.inner.release().await {
+        for hold in live {
+            if let Err(error) = hold.release().await {
                 tracing::debug!(%error, "postgres: release on close failed");
             }
         }
@@ -968,50 +846,6 @@ impl Backend for PostgresBackend {
         shared.listener.close().await;
         shared.pool.close();
         Ok(())
-    }
-}
-
-/// Lost signals of every guard of one grant (re-entries get a signal each,
-/// so releasing one level, which fires that guard's signal, leaves the
-/// others alone). The hold fires the fan when it is really lost.
-#[derive(Clone, Default)]
-pub(crate) struct Fan(Arc<Mutex<FanState>>);
-
-#[derive(Default)]
-struct FanState {
-    reason: Option<(LostCause, String)>,
-    signals: Vec<LostSignal>,
-}
-
-impl Fan {
-    /// Fires every guard's signal; the first reason wins.
-    pub fn fire(&self, cause: LostCause, reason: impl Into<String>) {
-        let mut state = self.0.lock().expect("fan lock");
-        let (cause, reason) = state
-            .reason
-            .get_or_insert_with(|| (cause, reason.into()))
-            .clone();
-        for signal in &state.signals {
-            signal.fire_because(cause, reason.clone());
-        }
-    }
-
-    /// Why the hold was lost, once it has been.
-    pub fn reason(&self) -> Option<String> {
-        let state = self.0.lock().expect("fan lock");
-        state.reason.as_ref().map(|(_, reason)| reason.clone())
-    }
-
-    /// A new guard's signal (already fired if the hold is lost).
-    pub fn signal(&self) -> LostSignal {
-        let signal = LostSignal::new();
-        let mut state = self.0.lock().expect("fan lock");
-        if let Some((cause, reason)) = &state.reason {
-            signal.fire_because(*cause, reason.clone());
-        }
-        state.signals.retain(|s| !s.is_fired());
-        state.signals.push(signal.clone());
-        signal
     }
 }
 

@@ -14,8 +14,8 @@ use super::claim::{conflict, Claim, Granted, Target};
 use super::conn::{hold_id, PgConn};
 use tokio_postgres::types::Type;
 
-use super::{detached, one, pg_error, wait, Fan, Params, Shared};
-use crate::backend::{Mode, Wait};
+use super::{detached, one, pg_error, wait, Params, Shared};
+use crate::backend::{LostSignal, Mode, Wait};
 use crate::error::{Error, Result};
 
 /// A live session hold.
@@ -32,7 +32,7 @@ pub(crate) struct SessionHold {
     slot: bool,
     id: u64,
     pub token: u64,
-    pub lost: Fan,
+    pub lost: LostSignal,
     released: AtomicBool,
 }
 
@@ -239,7 +239,7 @@ impl SessionHold {
             slot: key != target.key,
             id: hold_id(),
             token,
-            lost: Fan::default(),
+            lost: LostSignal::new(),
             released: AtomicBool::new(false),
         }
     }

@@ -228,9 +228,7 @@ use self::ops::{AcquireSpec, Call, Kind, Reply, Target};
 use self::pubsub::Subscription;
 use self::scripts::Scripts;
 use self::watchdog::Watchdog;
-use crate::backend::{
-    acquire_each_in_order, AcquireRequest, Backend, Capabilities, Grant, Hold, LockInfo, Wait,
-};
+use crate::backend::{AcquireRequest, Backend, Capabilities, Grant, Hold, LockInfo, Wait};
 use crate::client::ConnectOptions;
 use crate::error::{Error, Result};
 
@@ -853,18 +851,6 @@ impl Shared {
     async fn acquire_one(self: &Arc<Self>, request: &AcquireRequest) -> Result<Option<Grant>> {
         let name = &request.names[0];
         let kind = Kind::of(request.mode, self.config.layout);
-        if matches!(kind, Kind::Semaphore(_)) && self.nodes.len() > 1 {
-            return Err(Error::Unsupported {
-                backend: BACKEND,
-                what: "semaphores over Redlock (per-node permit counts do not make a safe global count)".into(),
-            });
-        }
-        if !request.lock_delay.is_zero() {
-            return Err(Error::Unsupported {
-                backend: BACKEND,
-                what: "lock-delay".into(),
-            });
-        }
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::Closed);
         }
@@ -1056,13 +1042,12 @@ impl Backend for RedisBackend {
             shared: true,
             semaphore: self.shared.nodes.len() == 1,
             proclaim: false,
+            multi_lock: false,
+            counts_reentry: true,
         }
     }
 
     async fn acquire(&self, request: &AcquireRequest) -> Result<Option<Grant>> {
-        if request.names.len() > 1 {
-            return acquire_each_in_order(self, request).await;
-        }
         self.shared.acquire_one(request).await
     }
 

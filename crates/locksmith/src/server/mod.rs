@@ -217,6 +217,8 @@ impl Backend for ServerBackend {
             shared: true,
             semaphore: true,
             proclaim: false,
+            multi_lock: true,
+            counts_reentry: true,
         }
     }
 

@@ -1,12 +1,9 @@
-//! Live holds: the client-side table (re-entry, leases) and the task that
+//! Live holds: the client-side table (inspection, leases) and the task that
 //! watches each hold's node.
 //!
-//! Re-entry is client-local, as in Curator's `InterProcessMutex` (its
-//! `threadData` map): the same owner acquiring the same lock on the same client
-//! raises a count and gets the same node, hence the same fencing token. Only the
-//! last release deletes the node. (Two acquires of one owner that race while
-//! neither holds yet are two contenders: the second waits for the first's
-//! release, as two threads of one Curator client would.)
+//! Re-entry is the model layer's (client-local, as in Curator's
+//! `InterProcessMutex` and its `threadData` map): one node per hold, whose
+//! depth the table keeps for inspection.
 //!
 //! Each hold has one task that watches its own node (an `exists` watch), so that
 //! [`LostSignal`] fires when the node disappears without our release (an
@@ -28,7 +25,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use locksmith_core::Mode;
 use tokio::sync::Notify;
 use tokio::time::{sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
@@ -40,20 +36,14 @@ use crate::backend::{Hold, LostSignal};
 use crate::error::{Error, Result};
 use crate::metrics::LostCause;
 
-/// Holds of one client by `(lock name, owner)`, for re-entry and inspection.
+/// Holds of one client by `(lock name, owner)`, for inspection, elections
+/// and closing.
 #[derive(Default)]
 pub(crate) struct HoldTable {
     holds: Mutex<HashMap<(String, String), Arc<HoldState>>>,
 }
 
 impl HoldTable {
-    /// The live hold of `owner` on `name`, if any.
-    pub fn get(&self, name: &str, owner: &str) -> Option<Arc<HoldState>> {
-        self.lock()
-            .get(&(name.to_owned(), owner.to_owned()))
-            .cloned()
-    }
-
     /// Our live hold whose node is `path`, if any.
     pub fn by_path(&self, path: &str) -> Option<Arc<HoldState>> {
         self.lock().values().find(|h| h.path == path).cloned()
@@ -83,14 +73,12 @@ impl HoldTable {
     }
 }
 
-/// One hold: one node of ours, shared by the re-entries of its owner.
+/// One hold: one node of ours.
 pub(crate) struct HoldState {
     /// Lock name.
     pub name: String,
     /// Owner id as given by the acquiring client.
     pub owner: String,
-    /// How it is held.
-    pub mode: Mode,
     /// Full path of our node (a lock contender or a semaphore lease).
     pub path: String,
     /// The fencing token: the node's czxid.
@@ -109,6 +97,7 @@ pub(crate) struct HoldState {
 }
 
 struct Inner {
+    /// Re-entry depth, as the model layer records it.
     count: u32,
     status: Status,
     lease_until: Option<(Instant, SystemTime)>,
@@ -124,7 +113,6 @@ enum Status {
 pub(crate) struct NewHold {
     pub name: String,
     pub owner: String,
-    pub mode: Mode,
     pub path: String,
     pub token: u64,
     pub lease: Option<Duration>,
@@ -142,7 +130,6 @@ impl HoldState {
         let hold = Arc::new(HoldState {
             name: new.name,
             owner: new.owner,
-            mode: new.mode,
             path: new.path,
             token: new.token,
             lost: LostSignal::new(),
@@ -160,19 +147,6 @@ impl HoldState {
         table.insert(hold.clone());
         tokio::spawn(watch(hold.clone(), table.clone(), new.trust));
         hold
-    }
-
-    /// Re-enters: one more level of the same hold. `None` if it is no longer
-    /// held.
-    pub fn reenter(&self) -> Option<()> {
-        let mut inner = self.inner();
-        match inner.status {
-            Status::Held => {
-                inner.count += 1;
-                Some(())
-            }
-            _ => None,
-        }
     }
 
     /// Re-entry depth.
@@ -314,7 +288,7 @@ pub(crate) struct ZkHold {
 
 #[async_trait]
 impl Hold for ZkHold {
-    /// Releases one level; the last one deletes the node.
+    /// Deletes the node.
     ///
     /// Cancel safety: if dropped midway, the delete may or may not have
     /// happened; the session ends the node in any case.
@@ -331,10 +305,6 @@ impl Hold for ZkHold {
                     })
                 }
                 Status::Held => {}
-            }
-            inner.count -= 1;
-            if inner.count > 0 {
-                return Ok(());
             }
             inner.status = Status::Released;
         }
@@ -381,6 +351,14 @@ impl Hold for ZkHold {
                 name: hold.name.clone(),
             }),
         }
+    }
+
+    /// Keeps the depth for inspection (the node does not record it).
+    ///
+    /// Cancel safety: safe; nothing to wait for.
+    async fn record_count(&self, count: u32) -> Result<()> {
+        self.hold.inner().count = count;
+        Ok(())
     }
 
     /// Cancel safety: safe; the new data either landed or did not.

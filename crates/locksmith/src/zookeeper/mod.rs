@@ -170,9 +170,7 @@ use self::config::{Config, Elections};
 use self::hold::{HoldState, HoldTable, NewHold, ZkHold};
 use self::inspect::View;
 use self::session::Session;
-use crate::backend::{
-    acquire_each_in_order, AcquireRequest, Backend, Capabilities, Grant, HolderChanges, LockInfo,
-};
+use crate::backend::{AcquireRequest, Backend, Capabilities, Grant, HolderChanges, LockInfo};
 use crate::client::ConnectOptions;
 use crate::error::{Error, Result};
 use crate::metrics::LostCause;
@@ -260,35 +258,6 @@ impl ZooKeeperBackend {
         }
     }
 
-    /// A re-entry of a live hold of the same owner, if there is one.
-    fn reenter(&self, name: &str, request: &AcquireRequest) -> Result<Option<Grant>> {
-        let Some(hold) = self.holds.get(name, &request.owner) else {
-            return Ok(None);
-        };
-        if !request.reentrant {
-            return Err(Error::AlreadyHeld { name: name.into() });
-        }
-        if hold.mode != request.mode {
-            return Err(Error::Conflict {
-                name: name.into(),
-                mode: request.mode,
-                detail: format!("the owner already holds it in mode {}", hold.mode),
-            });
-        }
-        if hold.reenter().is_none() {
-            return Ok(None);
-        }
-        tracing::debug!(lock = %name, owner = %request.owner, count = hold.count(), "re-entered");
-        Ok(Some(Grant {
-            tokens: vec![hold.token],
-            lost: hold.lost.clone(),
-            hold: Box::new(ZkHold {
-                hold,
-                table: self.holds.clone(),
-            }),
-        }))
-    }
-
     /// One attempt on one session.
     ///
     /// Cancel safety: safe; the pending nodes' drop deletes them, and the
@@ -326,7 +295,6 @@ impl ZooKeeperBackend {
             NewHold {
                 name: name.to_owned(),
                 owner: request.owner.clone(),
-                mode: request.mode,
                 path,
                 token: czxid,
                 lease: request.lease,
@@ -361,6 +329,8 @@ impl Backend for ZooKeeperBackend {
             shared: true,
             semaphore: true,
             proclaim: true,
+            multi_lock: false,
+            counts_reentry: false,
         }
     }
 
@@ -371,21 +341,7 @@ impl Backend for ZooKeeperBackend {
     /// last await.
     #[tracing::instrument(name = "zookeeper.acquire", skip_all, fields(names = ?request.names, mode = %request.mode, owner = %request.owner))]
     async fn acquire(&self, request: &AcquireRequest) -> Result<Option<Grant>> {
-        if !request.lock_delay.is_zero() {
-            return Err(Error::Unsupported {
-                backend: BACKEND,
-                what: "lock-delay (nothing on a ZooKeeper server can enforce it after an \
-                       abnormal loss)"
-                    .into(),
-            });
-        }
-        if request.names.len() > 1 {
-            return acquire_each_in_order(self, request).await;
-        }
         let name = &request.names[0];
-        if let Some(grant) = self.reenter(name, request)? {
-            return Ok(Some(grant));
-        }
         let mut attempt = 0;
         loop {
             let session = self.session().await?;

@@ -68,6 +68,11 @@ behaviours!(
     election_fails_over,
     election_is_observed,
     proclaim_after_loss_fails,
+    racing_acquires_of_one_owner_share_the_grant,
+    waiting_owner_is_busy_to_itself,
+    lock_delay_holds_the_lock_back,
+    multi_lock_is_lost_with_any_part,
+    guard_tells_count_and_lease,
 );
 
 /// The behaviours the conformance suite's `suite!` expands, read from its

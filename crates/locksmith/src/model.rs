@@ -1,0 +1,623 @@
+//! The lock model between [`crate::Lock`] and a [`Backend`]: every rule that
+//! is the same on every store is decided here, once, and backends only map
+//! what is left onto their store.
+//!
+//! - **Refusals.** A request for what the store cannot do (lock-delay,
+//!   semaphores, shared mode, per [`Capabilities`]) is
+//!   [`Error::Unsupported`] before any I/O.
+//! - **Multi-locks.** A store without atomic multi-locks gets the names one at
+//!   a time, in sorted order (one global order, so two multi-locks never wait
+//!   on each other in a cycle); a failure releases what was taken.
+//! - **Re-entry.** This client's table of holds by (name, owner). An acquire
+//!   of an owner that holds is a re-entry: same token, same lost signal,
+//!   count + 1; only the last release ends the hold. An acquire of an owner
+//!   whose earlier acquire is still at the store joins it rather than
+//!   queueing behind it (the engine's rule): once that one is granted it
+//!   re-enters, and should that one fail it asks the store itself. A joiner
+//!   that may not re-enter (not reentrant, another mode) waits until the
+//!   owner's hold is over. Stores whose layout counts re-entry
+//!   ([`Capabilities::counts_reentry`]: the engine, Redisson's hash) still get
+//!   every re-entry and count it themselves; the others see one acquire and
+//!   one release per hold, and are told the depth
+//!   ([`Hold::record_count`]) where their layout records it.
+//! - **One lost signal per hold**, shared by its re-entries, with the
+//!   store's typed [`crate::LostCause`].
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::time::Instant;
+
+use crate::backend::{AcquireRequest, Backend, Capabilities, Grant, Hold, LostSignal, Mode, Wait};
+use crate::error::{Error, Result};
+use crate::guard::release_in_background;
+
+/// A grant as the lock API sees it.
+pub(crate) struct Granted {
+    /// Fencing token per requested name, in request order.
+    pub tokens: Vec<u64>,
+    /// The hold's lost signal.
+    pub lost: LostSignal,
+    /// One level of the hold.
+    pub hold: Box<dyn Hold>,
+    /// What the guard reports: the (first) lock's depth and lease.
+    pub share: Arc<Share>,
+}
+
+/// One client's re-entry table.
+#[derive(Default)]
+pub(crate) struct Model {
+    table: Mutex<HashMap<Key, Slot>>,
+    /// Bumped whenever a slot changes, for acquires that wait on their
+    /// owner's acquire or hold.
+    changed: tokio::sync::watch::Sender<()>,
+}
+
+/// (lock name, owner).
+type Key = (String, String);
+
+enum Slot {
+    /// An acquire of the owner is at the store.
+    Pending,
+    /// The owner holds the lock.
+    Held(Arc<Share>),
+}
+
+/// One hold of one owner on one lock, shared by its levels of re-entry.
+pub(crate) struct Share {
+    key: Key,
+    mode: Mode,
+    token: u64,
+    lost: LostSignal,
+    /// Re-entry depth; changed under the table's lock.
+    count: Mutex<u32>,
+    /// When the lease runs out, as measured from before the request that
+    /// granted or extended it (so never later than the store's own end).
+    lease_until: Mutex<Option<Instant>>,
+    /// The store's hold where the store does not count re-entry: every level
+    /// shares it, the last release releases it. Async so that the
+    /// operations on one hold reach the store in order.
+    hold: tokio::sync::Mutex<Option<Box<dyn Hold>>>,
+}
+
+impl Share {
+    fn new(key: Key, mode: Mode, grant: &Grant, lease_until: Option<Instant>) -> Self {
+        Share {
+            key,
+            mode,
+            token: grant.tokens[0],
+            lost: grant.lost.clone(),
+            count: Mutex::new(1),
+            lease_until: Mutex::new(lease_until),
+            hold: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// Re-entry depth.
+    pub fn count(&self) -> u32 {
+        *self.count.lock().expect("count lock")
+    }
+
+    /// What is left of the lease, for a leased hold.
+    pub fn remaining_lease(&self) -> Option<Duration> {
+        let until = *self.lease_until.lock().expect("lease lock");
+        until.map(|at| at.saturating_duration_since(Instant::now()))
+    }
+}
+
+/// What the table says an acquire does next.
+enum Step {
+    /// Re-enter the owner's hold (its count already raised).
+    Reenter(Arc<Share>),
+    /// Ask the store; the slot stays pending until it answers.
+    Lead(PendingSlot),
+    /// Wait for the owner's acquire or hold to change, then look again.
+    Wait(tokio::sync::watch::Receiver<()>),
+    /// Busy, for a no-wait acquire.
+    Busy,
+}
+
+impl Model {
+    /// Acquires per `request` on `backend`, applying the model's rules.
+    ///
+    /// Cancel safety: safe; a dropped acquire leaves no slot, no level and
+    /// (as backends promise) no hold behind.
+    pub async fn acquire(
+        self: &Arc<Self>,
+        backend: &dyn Backend,
+        request: &AcquireRequest,
+    ) -> Result<Option<Granted>> {
+        let capabilities = backend.capabilities();
+        refuse_unsupported(backend.name(), &capabilities, request)?;
+        if request.names.len() == 1 {
+            return self.acquire_one(backend, &capabilities, request).await;
+        }
+        if capabilities.multi_lock {
+            // The store takes them atomically and decides their re-entry.
+            let started = Instant::now();
+            return Ok(backend.acquire(request).await?.map(|grant| {
+                let key = (request.names[0].clone(), request.owner.clone());
+                let share = Share::new(key, request.mode, &grant, lease_end(started, request));
+                let share = Arc::new(share);
+                Granted {
+                    tokens: grant.tokens,
+                    lost: grant.lost,
+                    hold: Box::new(Level {
+                        model: self.clone(),
+                        share: share.clone(),
+                        own: Some(grant.hold),
+                        tracked: false,
+                    }),
+                    share,
+                }
+            }));
+        }
+        self.acquire_each_in_order(backend, &capabilities, request)
+            .await
+    }
+
+    /// One name: the re-entry table's rules.
+    ///
+    /// Cancel safety: as [`Model::acquire`].
+    async fn acquire_one(
+        self: &Arc<Self>,
+        backend: &dyn Backend,
+        capabilities: &Capabilities,
+        request: &AcquireRequest,
+    ) -> Result<Option<Granted>> {
+        let key = (request.names[0].clone(), request.owner.clone());
+        let mut joined = false;
+        loop {
+            match self.step(&key, request, joined)? {
+                Step::Busy => return Ok(None),
+                Step::Wait(mut changed) => {
+                    joined = true;
+                    // The sender lives as long as the model.
+                    let _ = changed.changed().await;
+                }
+                Step::Reenter(share) => {
+                    let level = Unclaimed(Some(Level {
+                        model: self.clone(),
+                        share,
+                        own: None,
+                        tracked: true,
+                    }));
+                    return self.reenter(backend, capabilities, request, level).await;
+                }
+                Step::Lead(pending) => {
+                    return self.lead(backend, capabilities, request, pending).await;
+                }
+            }
+        }
+    }
+
+    /// Decides under the table's lock what an acquire of `key` does next.
+    fn step(self: &Arc<Self>, key: &Key, request: &AcquireRequest, joined: bool) -> Result<Step> {
+        let mut table = self.table();
+        match table.get(key) {
+            Some(Slot::Held(share)) if share.lost.is_fired() => {
+                // A lost hold is not re-entered; its levels still end it.
+                table.remove(key);
+            }
+            Some(Slot::Held(share)) => {
+                if request.reentrant && share.mode == request.mode {
+                    *share.count.lock().expect("count lock") += 1;
+                    return Ok(Step::Reenter(share.clone()));
+                }
+                if joined {
+                    return Ok(Step::Wait(self.changed.subscribe()));
+                }
+                if !request.reentrant {
+                    return Err(Error::AlreadyHeld {
+                        name: key.0.clone(),
+                    });
+                }
+                return Err(Error::Conflict {
+                    name: key.0.clone(),
+                    mode: request.mode,
+                    detail: format!("the owner already holds it in mode {}", share.mode),
+                });
+            }
+            Some(Slot::Pending) if request.wait == Wait::No => return Ok(Step::Busy),
+            Some(Slot::Pending) => return Ok(Step::Wait(self.changed.subscribe())),
+            None => {}
+        }
+        table.insert(key.clone(), Slot::Pending);
+        Ok(Step::Lead(PendingSlot {
+            model: self.clone(),
+            key: Some(key.clone()),
+        }))
+    }
+
+    /// Asks the store for a new hold and records it.
+    ///
+    /// Cancel safety: safe; the pending slot's drop clears it.
+    async fn lead(
+        self: &Arc<Self>,
+        backend: &dyn Backend,
+        capabilities: &Capabilities,
+        request: &AcquireRequest,
+        mut pending: PendingSlot,
+    ) -> Result<Option<Granted>> {
+        let started = Instant::now();
+        let Some(grant) = backend.acquire(request).await? else {
+            return Ok(None);
+        };
+        let key = pending.key.take().expect("pending until granted");
+        let counts_reentry = capabilities.counts_reentry;
+        Ok(Some(self.record_new(
+            key,
+            request,
+            started,
+            grant,
+            counts_reentry,
+        )))
+    }
+
+    /// Records a new hold in the table and hands out its first level.
+    fn record_new(
+        self: &Arc<Self>,
+        key: Key,
+        request: &AcquireRequest,
+        started: Instant,
+        grant: Grant,
+        counts_reentry: bool,
+    ) -> Granted {
+        let lease_until = lease_end(started, request);
+        let share = Arc::new(Share::new(key.clone(), request.mode, &grant, lease_until));
+        let own = if counts_reentry {
+            Some(grant.hold)
+        } else {
+            // No await between here and the guard: the level owns the hold.
+            *share.hold.try_lock().expect("a new share is ours alone") = Some(grant.hold);
+            None
+        };
+        self.table().insert(key, Slot::Held(share.clone()));
+        self.changed.send_replace(());
+        Granted {
+            tokens: grant.tokens,
+            lost: grant.lost,
+            hold: Box::new(Level {
+                model: self.clone(),
+                share: share.clone(),
+                own,
+                tracked: true,
+            }),
+            share,
+        }
+    }
+
+    /// One more level of a hold: the store counts it, or is told the new
+    /// depth where its layout records one.
+    ///
+    /// Cancel safety: safe; a dropped re-entry gives its level back.
+    async fn reenter(
+        self: &Arc<Self>,
+        backend: &dyn Backend,
+        capabilities: &Capabilities,
+        request: &AcquireRequest,
+        mut level: Unclaimed,
+    ) -> Result<Option<Granted>> {
+        let share = level.share().clone();
+        if capabilities.counts_reentry {
+            let started = Instant::now();
+            match backend.acquire(request).await {
+                // The store no longer had the hold (its loss has not reached
+                // this client yet) and granted a new one.
+                Ok(Some(grant)) if grant.tokens[0] != share.token => {
+                    level.claim().leave();
+                    let key = share.key.clone();
+                    return Ok(Some(self.record_new(key, request, started, grant, true)));
+                }
+                Ok(Some(grant)) => {
+                    let mut level = level.claim();
+                    level.own = Some(grant.hold);
+                    tracing::debug!(lock = %share.key.0, owner = %share.key.1, "re-entered");
+                    return Ok(Some(Granted {
+                        tokens: grant.tokens,
+                        lost: grant.lost,
+                        hold: Box::new(level),
+                        share,
+                    }));
+                }
+                // Not a level after all: leave it without a release at the store.
+                other => {
+                    level.claim().leave();
+                    return other.map(|_| None);
+                }
+            }
+        }
+        {
+            let hold = share.hold.lock().await;
+            if let Some(hold) = hold.as_ref() {
+                hold.record_count(share.count()).await?;
+            }
+        }
+        tracing::debug!(lock = %share.key.0, owner = %share.key.1, count = share.count(), "re-entered");
+        Ok(Some(Granted {
+            tokens: vec![share.token],
+            lost: share.lost.clone(),
+            hold: Box::new(level.claim()),
+            share,
+        }))
+    }
+
+    /// Takes the names one at a time in sorted order, each under the
+    /// model's rules; a failure releases what was taken. The caller sees all
+    /// or nothing.
+    ///
+    /// Cancel safety: safe; parts already taken are released in the
+    /// background when the future is dropped.
+    async fn acquire_each_in_order(
+        self: &Arc<Self>,
+        backend: &dyn Backend,
+        capabilities: &Capabilities,
+        request: &AcquireRequest,
+    ) -> Result<Option<Granted>> {
+        let mut order: Vec<usize> = (0..request.names.len()).collect();
+        order.sort_by(|&a, &b| request.names[a].cmp(&request.names[b]));
+        let mut taken = TakenSoFar::default();
+        for index in order {
+            let single = AcquireRequest {
+                names: vec![request.names[index].clone()],
+                ..request.clone()
+            };
+            match self.acquire_one(backend, capabilities, &single).await {
+                Ok(Some(part)) => taken.0.push((index, part)),
+                Ok(None) => {
+                    taken.release_all().await;
+                    return Ok(None);
+                }
+                Err(error) => {
+                    taken.release_all().await;
+                    return Err(error);
+                }
+            }
+        }
+        let mut parts = std::mem::take(&mut taken.0);
+        parts.sort_by_key(|(index, _)| *index);
+        let lost = LostSignal::new();
+        for (_, part) in &parts {
+            let (part, all) = (part.lost.clone(), lost.clone());
+            tokio::spawn(async move {
+                let all_token = all.cancellation_token();
+                tokio::select! {
+                    reason = part.fired() => {
+                        all.fire_because(part.cause().unwrap_or_default(), reason)
+                    }
+                    _ = all_token.cancelled() => {}
+                }
+            });
+        }
+        let tokens = parts.iter().map(|(_, part)| part.tokens[0]).collect();
+        let share = parts[0].1.share.clone();
+        let holds = parts.into_iter().map(|(_, part)| part.hold).collect();
+        Ok(Some(Granted {
+            tokens,
+            lost,
+            hold: Box::new(HoldAll(holds)),
+            share,
+        }))
+    }
+
+    fn table(&self) -> MutexGuard<'_, HashMap<Key, Slot>> {
+        self.table.lock().expect("re-entry table lock")
+    }
+}
+
+/// Refuses, before any I/O, what the store says it cannot do.
+fn refuse_unsupported(
+    backend: &'static str,
+    capabilities: &Capabilities,
+    request: &AcquireRequest,
+) -> Result<()> {
+    let missing = if !request.lock_delay.is_zero() && !capabilities.lock_delay {
+        Some("lock-delay (nothing in this store holds a lock back after an abnormal loss)")
+    } else if matches!(request.mode, Mode::Semaphore { .. }) && !capabilities.semaphore {
+        Some("semaphores")
+    } else if request.mode == Mode::Shared && !capabilities.shared {
+        Some("shared (read-write) locks")
+    } else {
+        None
+    };
+    match missing {
+        Some(what) => Err(Error::Unsupported {
+            backend,
+            what: what.into(),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// The end of the lease a request asks for, measured from `started`.
+fn lease_end(started: Instant, request: &AcquireRequest) -> Option<Instant> {
+    request.lease.map(|lease| started + lease)
+}
+
+/// A pending slot; dropping it (the acquire failed or was dropped) clears
+/// the slot and wakes the owner's joiners, who then ask the store themselves.
+struct PendingSlot {
+    model: Arc<Model>,
+    key: Option<Key>,
+}
+
+impl Drop for PendingSlot {
+    fn drop(&mut self) {
+        if let Some(key) = self.key.take() {
+            let mut table = self.model.table();
+            if matches!(table.get(&key), Some(Slot::Pending)) {
+                table.remove(&key);
+            }
+            drop(table);
+            self.model.changed.send_replace(());
+        }
+    }
+}
+
+/// One level of a hold, as a guard owns it.
+struct Level {
+    model: Arc<Model>,
+    share: Arc<Share>,
+    /// This level's own hold at a store that counts re-entry.
+    own: Option<Box<dyn Hold>>,
+    /// Whether the share is in the re-entry table (multi-locks taken
+    /// atomically are not).
+    tracked: bool,
+}
+
+impl Level {
+    /// Gives up this level in the table; returns the depth left.
+    fn leave(&self) -> u32 {
+        let mut table = self.model.table();
+        let left = {
+            let mut count = self.share.count.lock().expect("count lock");
+            *count = count.saturating_sub(1);
+            *count
+        };
+        if left == 0 && self.tracked {
+            if let Some(Slot::Held(share)) = table.get(&self.share.key) {
+                if Arc::ptr_eq(share, &self.share) {
+                    table.remove(&self.share.key);
+                }
+            }
+        }
+        drop(table);
+        self.model.changed.send_replace(());
+        left
+    }
+
+    fn gone(&self) -> Error {
+        match self.share.lost.reason() {
+            Some(reason) => Error::Lost(reason),
+            None => Error::NotHeld {
+                name: self.share.key.0.clone(),
+            },
+        }
+    }
+}
+
+#[async_trait]
+impl Hold for Level {
+    /// Releases one level; the last one releases the store's hold.
+    ///
+    /// Cancel safety: if dropped midway, the store's release may or may not
+    /// have happened; the lease or session ends the hold in any case.
+    async fn release(mut self: Box<Self>) -> Result<()> {
+        let left = self.leave();
+        if let Some(own) = self.own.take() {
+            return own.release().await;
+        }
+        let mut hold = self.share.hold.lock().await;
+        if left == 0 {
+            return match hold.take() {
+                Some(hold) => hold.release().await,
+                None => Err(self.gone()),
+            };
+        }
+        if let Some(reason) = self.share.lost.reason() {
+            return Err(Error::Lost(reason));
+        }
+        match hold.as_ref() {
+            Some(hold) => hold.record_count(self.share.count()).await,
+            None => Err(self.gone()),
+        }
+    }
+
+    /// Cancel safety: safe; the extension either happened or did not.
+    async fn extend(&self, lease: Duration) -> Result<()> {
+        let sent = Instant::now();
+        match &self.own {
+            Some(own) => own.extend(lease).await?,
+            None => {
+                let hold = self.share.hold.lock().await;
+                hold.as_ref()
+                    .ok_or_else(|| self.gone())?
+                    .extend(lease)
+                    .await?
+            }
+        }
+        *self.share.lease_until.lock().expect("lease lock") = Some(sent + lease);
+        Ok(())
+    }
+
+    /// Cancel safety: safe; the new value either landed or did not.
+    async fn proclaim(&self, value: &str) -> Result<()> {
+        match &self.own {
+            Some(own) => own.proclaim(value).await,
+            None => {
+                let hold = self.share.hold.lock().await;
+                hold.as_ref()
+                    .ok_or_else(|| self.gone())?
+                    .proclaim(value)
+                    .await
+            }
+        }
+    }
+}
+
+/// A level not yet handed to a guard; dropping it releases the level in the
+/// background.
+struct Unclaimed(Option<Level>);
+
+impl Unclaimed {
+    fn share(&self) -> &Arc<Share> {
+        &self.0.as_ref().expect("unclaimed").share
+    }
+
+    fn claim(&mut self) -> Level {
+        self.0.take().expect("claimed once")
+    }
+}
+
+impl Drop for Unclaimed {
+    fn drop(&mut self) {
+        if let Some(level) = self.0.take() {
+            release_in_background(Box::new(level));
+        }
+    }
+}
+
+/// Parts of a multi-lock taken so far.
+#[derive(Default)]
+struct TakenSoFar(Vec<(usize, Granted)>);
+
+impl TakenSoFar {
+    async fn release_all(&mut self) {
+        for (_, part) in self.0.drain(..) {
+            let _ = part.hold.release().await;
+        }
+    }
+}
+
+impl Drop for TakenSoFar {
+    fn drop(&mut self) {
+        for (_, part) in self.0.drain(..) {
+            release_in_background(part.hold);
+        }
+    }
+}
+
+/// Several holds that act as one.
+struct HoldAll(Vec<Box<dyn Hold>>);
+
+#[async_trait]
+impl Hold for HoldAll {
+    async fn release(self: Box<Self>) -> Result<()> {
+        let mut first_error = None;
+        for hold in self.0 {
+            if let Err(error) = hold.release().await {
+                first_error.get_or_insert(error);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    async fn extend(&self, lease: Duration) -> Result<()> {
+        for hold in &self.0 {
+            hold.extend(lease).await?;
+        }
+        Ok(())
+    }
+}
