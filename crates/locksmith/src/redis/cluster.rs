@@ -22,6 +22,7 @@ use super::keys::Keys;
 use super::node::{certificates, failure, scan_page};
 use super::pubsub::Source;
 use crate::error::{Error, Result};
+use crate::tls::ensure_crypto_provider;
 
 /// A builder for a client of the cluster that `config` names.
 fn builder(config: &Config, response_timeout: Duration) -> Result<ClusterClientBuilder> {
@@ -35,6 +36,15 @@ fn builder(config: &Config, response_timeout: Duration) -> Result<ClusterClientB
         .max_retry_wait(500);
     if let Some(certificates) = certificates(config)? {
         builder = builder.certs(certificates);
+    }
+    // `rediss://` nodes build their rustls configuration with the
+    // process-wide provider, which must be chosen when several are linked.
+    if config
+        .nodes
+        .iter()
+        .any(|node| node.starts_with("rediss://"))
+    {
+        ensure_crypto_provider();
     }
     Ok(builder)
 }
