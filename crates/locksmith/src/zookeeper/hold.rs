@@ -316,7 +316,13 @@ impl Hold for ZkHold {
             Err(error) if hold.session.is_over() => {
                 Err(hold.lost_error(&format!("ZooKeeper session ended ({error})")))
             }
-            Err(error) => Err(Error::backend(BACKEND, error)),
+            Err(error) => {
+                // The session lives on, and so would the node, in front of
+                // every waiter: keep trying in the background.
+                let hold = hold.clone();
+                tokio::spawn(async move { delete_abandoned(&hold).await });
+                Err(Error::backend(BACKEND, error))
+            }
         }
     }
 

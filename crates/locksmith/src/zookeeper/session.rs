@@ -176,8 +176,11 @@ impl Session {
         }
     }
 
-    /// Runs `op` again while it fails with a connection loss and the session
-    /// lives (ZooKeeper does not retry across reconnections, ZOOKEEPER-22).
+    /// Runs `op` again while it fails for a passing reason (a connection
+    /// loss, a request that timed out, a server shedding load) and the
+    /// session lives (ZooKeeper does not retry across reconnections,
+    /// ZOOKEEPER-22). A request that timed out may have been sent to a
+    /// server cut off from its quorum, which neither applies nor refuses it.
     ///
     /// Cancel safety: as `op`.
     pub async fn retry<T, F, Fut>(&self, mut op: F) -> Result<T, zk::Error>
@@ -188,7 +191,9 @@ impl Session {
         let mut backoff = Duration::from_millis(5);
         loop {
             match op().await {
-                Err(zk::Error::ConnectionLoss) if !self.is_over() => {
+                Err(zk::Error::ConnectionLoss | zk::Error::Timeout | zk::Error::Throttled)
+                    if !self.is_over() =>
+                {
                     sleep(backoff).await;
                     backoff = (backoff * 2).min(MAX_BACKOFF);
                 }
