@@ -147,9 +147,10 @@ fn etcd_cluster() {
 
 #[test]
 fn zookeeper_ensemble() {
-    // Not partition-leader: its waiters can stay stuck after a partition
-    // (docs/RELIABILITY.md, partitions).
-    torture("zookeeper-ensemble", "kill-primary,pause-primary");
+    torture(
+        "zookeeper-ensemble",
+        "kill-primary,pause-primary,partition-leader",
+    );
 }
 
 #[test]

@@ -176,11 +176,8 @@ impl Session {
         }
     }
 
-    /// Runs `op` again while it fails for a passing reason (a connection
-    /// loss, a request that timed out, a server shedding load) and the
-    /// session lives (ZooKeeper does not retry across reconnections,
-    /// ZOOKEEPER-22). A request that timed out may have been sent to a
-    /// server cut off from its quorum, which neither applies nor refuses it.
+    /// Runs `op` again while it fails for a passing reason and the session
+    /// lives (ZooKeeper does not retry across reconnections, ZOOKEEPER-22).
     ///
     /// Cancel safety: as `op`.
     pub async fn retry<T, F, Fut>(&self, mut op: F) -> Result<T, zk::Error>
@@ -191,9 +188,7 @@ impl Session {
         let mut backoff = Duration::from_millis(5);
         loop {
             match op().await {
-                Err(zk::Error::ConnectionLoss | zk::Error::Timeout | zk::Error::Throttled)
-                    if !self.is_over() =>
-                {
+                Err(error) if passing(&error) && !self.is_over() => {
                     sleep(backoff).await;
                     backoff = (backoff * 2).min(MAX_BACKOFF);
                 }
@@ -223,6 +218,23 @@ impl Session {
             other => other,
         }
     }
+}
+
+/// Whether a request failed for a reason that passes with the connection
+/// (the session may live on): the connection was lost, or the client gave
+/// up on it while the request was out (a server cut off from its quorum
+/// neither applies nor refuses what it is sent; the client then fails the
+/// request with its own message, `Custom`), the request timed out, the
+/// server shed load, or the session had moved to another server.
+fn passing(error: &zk::Error) -> bool {
+    matches!(
+        error,
+        zk::Error::ConnectionLoss
+            | zk::Error::Timeout
+            | zk::Error::Throttled
+            | zk::Error::SessionMoved
+            | zk::Error::Custom(_)
+    )
 }
 
 /// Follows the session's state and fires the trust signal when holds can no
