@@ -159,7 +159,7 @@ impl RedisSentinel {
         Ok(setup)
     }
 
-    /// The name the Sentinels know the primary by ([`MASTER_NAME`]).
+    /// The name the Sentinels know the primary by (`sentinel monitor <name> …`: "locksmith").
     pub fn master_name(&self) -> &str {
         MASTER_NAME
     }
