@@ -87,6 +87,14 @@ impl Table {
         self.origin.elapsed().as_millis() as Millis
     }
 
+    /// The engine time `limit` from now, rounded up: [`Table::now`] drops
+    /// the fraction of a millisecond, and a wait must never end before
+    /// `limit` has passed.
+    fn after(&self, limit: Duration) -> Millis {
+        let at = self.origin.elapsed() + limit;
+        at.as_millis() as Millis + Millis::from(at.subsec_nanos() % 1_000_000 != 0)
+    }
+
     fn wall_clock(&self, at: Millis) -> SystemTime {
         self.system_origin + Duration::from_millis(at)
     }
@@ -406,7 +414,6 @@ impl Backend for MemoryBackend {
             let mut state = table.state();
             let key = (self.session, RequestId(state.next_request));
             state.next_request += 1;
-            let now = table.now();
             let command = Command::Acquire(Acquire {
                 session: self.session,
                 request: key.1,
@@ -415,9 +422,7 @@ impl Backend for MemoryBackend {
                 mode: request.mode,
                 wait: match request.wait {
                     Wait::No => locksmith_core::Wait::No,
-                    Wait::For(limit) => {
-                        locksmith_core::Wait::Until(now + limit.as_millis() as Millis)
-                    }
+                    Wait::For(limit) => locksmith_core::Wait::Until(table.after(limit)),
                     Wait::Forever => locksmith_core::Wait::Forever,
                 },
                 lease: request.lease.map(|lease| lease.as_millis() as Millis),
