@@ -8,34 +8,13 @@ mod conformance;
 mod server_support;
 
 use std::sync::OnceLock;
-use std::time::Duration;
 
-use locksmith::{Client, ConnectOptions};
+use conformance::UrlHarness;
 use locksmith_testkit::free_port;
 use server_support::ServerProcess;
 
-struct Harness {
-    url: String,
-}
-
-impl conformance::Harness for Harness {
-    async fn connect(&self, session_ttl: Duration) -> Client {
-        let options = ConnectOptions {
-            session_ttl,
-            ..ConnectOptions::default()
-        };
-        Client::connect_with(&self.url, options)
-            .await
-            .unwrap_or_else(|e| panic!("connect to {}: {e}", self.url))
-    }
-
-    fn short_ttl(&self) -> Duration {
-        Duration::from_secs(1)
-    }
-}
-
 /// One cluster for the whole test binary.
-async fn cluster() -> Harness {
+async fn cluster() -> UrlHarness {
     static CLUSTER: OnceLock<Vec<ServerProcess>> = OnceLock::new();
     let members = CLUSTER.get_or_init(|| {
         let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
@@ -61,7 +40,7 @@ async fn cluster() -> Harness {
         .iter()
         .map(|m| format!("127.0.0.1:{}", m.port()))
         .collect();
-    Harness {
+    UrlHarness {
         url: format!("locksmith://{}", addresses.join(",")),
     }
 }

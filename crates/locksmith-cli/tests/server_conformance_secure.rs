@@ -8,37 +8,16 @@ mod conformance;
 mod server_support;
 
 use std::sync::OnceLock;
-use std::time::Duration;
 
-use locksmith::{Client, ConnectOptions};
+use conformance::UrlHarness;
 use locksmith_server::token_sha256;
 use server_support::pki::Pki;
 use server_support::ServerProcess;
 
 const TOKEN: &str = "conformance-token-7f3a9c";
 
-struct Harness {
-    url: String,
-}
-
-impl conformance::Harness for Harness {
-    async fn connect(&self, session_ttl: Duration) -> Client {
-        let options = ConnectOptions {
-            session_ttl,
-            ..ConnectOptions::default()
-        };
-        Client::connect_with(&self.url, options)
-            .await
-            .unwrap_or_else(|e| panic!("connect to {}: {e}", self.url))
-    }
-
-    fn short_ttl(&self) -> Duration {
-        Duration::from_secs(1)
-    }
-}
-
 /// One server process (and its certificates) for the whole test binary.
-async fn server() -> Harness {
+async fn server() -> UrlHarness {
     static SERVER: OnceLock<(Pki, ServerProcess)> = OnceLock::new();
     let (pki, server) = SERVER.get_or_init(|| {
         let pki = Pki::new();
@@ -60,7 +39,7 @@ async fn server() -> Harness {
         (pki, server)
     });
     server.assert_running();
-    Harness {
+    UrlHarness {
         url: format!(
             "locksmith+tls://127.0.0.1:{}?ca={}&token_file={}",
             server.port(),
