@@ -13,10 +13,7 @@ struct Memory {
 
 impl conformance::Harness for Memory {
     async fn connect(&self, session_ttl: Duration) -> Client {
-        let options = ConnectOptions {
-            session_ttl,
-            ..ConnectOptions::default()
-        };
+        let options = ConnectOptions::default().session_ttl(session_ttl);
         Client::connect_with(&self.url, options)
             .await
             .expect("connect memory://")
