@@ -796,8 +796,8 @@ mod tests {
 
     use openraft::storage::{IOFlushed, RaftLogStorageExt};
     use openraft::testing::log::{StoreBuilder, Suite};
-    use openraft::type_config::TypeConfigExt;
     use openraft::type_config::alias::LeaderIdOf;
+    use openraft::type_config::TypeConfigExt;
     use openraft::vote::RaftLeaderIdExt;
     use openraft::{EntryPayload, StorageError};
 
