@@ -4,6 +4,12 @@
 //! `LOCKSMITH_BACKEND`), default `locksmith://127.0.0.1:7420`, so the same
 //! commands work against Redis, ZooKeeper, etcd, PostgreSQL or the server.
 
+// The doc comments of the command definitions are `--help` text (clap
+// derives it from them), written for a terminal: `host[:port]` and
+// `locksmith-<subcommand>.1` mean what they say there, not rustdoc links or
+// HTML.
+#![allow(rustdoc::broken_intra_doc_links, rustdoc::invalid_html_tags)]
+
 use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser, Subcommand};
