@@ -3,13 +3,11 @@
 //! every test of this binary: clients list all three members and follow the
 //! leader; each test uses its own lock names.
 
-#[path = "../../locksmith/tests/conformance/mod.rs"]
-mod conformance;
 mod server_support;
 
 use std::sync::OnceLock;
 
-use conformance::UrlHarness;
+use locksmith_testkit::conformance::UrlHarness;
 use locksmith_testkit::free_port;
 use server_support::ServerProcess;
 
@@ -45,7 +43,7 @@ async fn cluster() -> UrlHarness {
     }
 }
 
-conformance::suite!(
+locksmith_testkit::conformance_suite!(
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     cluster()
 );

@@ -2,13 +2,11 @@
 //! (durable, fsync on, in a temporary data directory), shared by every test of
 //! this binary: each test uses its own lock names.
 
-#[path = "../../locksmith/tests/conformance/mod.rs"]
-mod conformance;
 mod server_support;
 
 use std::sync::OnceLock;
 
-use conformance::UrlHarness;
+use locksmith_testkit::conformance::UrlHarness;
 use server_support::ServerProcess;
 
 /// One server process for the whole test binary.
@@ -19,7 +17,7 @@ async fn server() -> UrlHarness {
     UrlHarness { url: server.url() }
 }
 
-conformance::suite!(
+locksmith_testkit::conformance_suite!(
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     server()
 );

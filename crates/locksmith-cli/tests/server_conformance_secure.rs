@@ -3,14 +3,12 @@
 //! `locksmith+tls://` and a token whose identity may do everything, so every
 //! behaviour must come out the same as in plaintext.
 
-#[path = "../../locksmith/tests/conformance/mod.rs"]
-mod conformance;
 mod server_support;
 
 use std::sync::OnceLock;
 
-use conformance::UrlHarness;
 use locksmith_server::token_sha256;
+use locksmith_testkit::conformance::UrlHarness;
 use server_support::pki::Pki;
 use server_support::ServerProcess;
 
@@ -49,7 +47,7 @@ async fn server() -> UrlHarness {
     }
 }
 
-conformance::suite!(
+locksmith_testkit::conformance_suite!(
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     server()
 );

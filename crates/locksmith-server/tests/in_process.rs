@@ -3,9 +3,6 @@
 //! service and the `locksmith://` backend. The real-process tests (durable server, crashes,
 //! restarts) live in `crates/locksmith-cli/tests/server_*.rs`.
 
-#[path = "../../locksmith/tests/conformance/mod.rs"]
-mod conformance;
-
 use std::time::Duration;
 
 use locksmith::{Client, ConnectOptions};
@@ -16,7 +13,7 @@ struct InProcess {
     _dir: tempfile::TempDir,
 }
 
-impl conformance::Harness for InProcess {
+impl locksmith_testkit::conformance::Harness for InProcess {
     async fn connect(&self, session_ttl: Duration) -> Client {
         let options = ConnectOptions {
             session_ttl,
@@ -44,7 +41,7 @@ async fn in_process() -> InProcess {
     }
 }
 
-conformance::suite!(
+locksmith_testkit::conformance_suite!(
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     in_process()
 );

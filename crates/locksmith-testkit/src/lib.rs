@@ -77,6 +77,14 @@
 //! `resume()` and `is_running()`. The [`Server`] trait offers the same operations
 //! for code that handles every backend alike.
 //!
+//! # The conformance suite
+//!
+//! With the cargo feature `conformance`, [`conformance`] ships the suite
+//! every backend of locksmith passes: a backend written outside this
+//! repository implements its `Harness` and expands
+//! [`conformance_suite!`] in an integration test to run the same
+//! behaviours, with the faults its harness can inject.
+//!
 //! # Where the binaries come from
 //!
 //! Nothing is bundled or downloaded: each server is found on the machine when
@@ -105,6 +113,8 @@
 #![deny(missing_docs)]
 
 mod certs;
+#[cfg(feature = "conformance")]
+pub mod conformance;
 mod error;
 mod etcd;
 mod etcd_cluster;

@@ -2,15 +2,14 @@
 //! lease faults, fencing, layout) against a real `etcd`, one server per test
 //! binary.
 
-mod conformance;
-
 use std::process::Stdio;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 use locksmith::etcd::rpc::{self, etcdserverpb::Compare, etcdserverpb::TxnRequest};
 use locksmith::etcd::EtcdBackend;
 use locksmith::{Client, ConnectOptions, Error, Guard, LostCause, Mode};
+use locksmith_testkit::conformance::{self, Clients, Fault};
 use locksmith_testkit::Etcd;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::task::JoinHandle;
@@ -22,19 +21,18 @@ fn etcd() -> &'static Etcd {
     ETCD.get_or_init(Etcd::start)
 }
 
+/// The suite's harness: clients of the shared etcd, each on a backend the
+/// harness keeps, to reach its session lease for faults.
 struct Harness {
     url: String,
+    backends: Clients<Weak<EtcdBackend>>,
 }
 
 impl conformance::Harness for Harness {
     async fn connect(&self, session_ttl: Duration) -> Client {
-        let options = ConnectOptions {
-            session_ttl,
-            ..ConnectOptions::default()
-        };
-        Client::connect_with(&self.url, options)
-            .await
-            .expect("connect etcd://")
+        let (backend, client) = etcd_backend(&self.url, session_ttl).await;
+        self.backends.remember(&client, Arc::downgrade(&backend));
+        client
     }
 
     fn short_ttl(&self) -> Duration {
@@ -42,13 +40,36 @@ impl conformance::Harness for Harness {
         // holds end on a local timer at the requested time.
         Duration::from_secs(1)
     }
+
+    /// The holder sees its key deleted.
+    fn force_release_causes(&self) -> &'static [LostCause] {
+        &[LostCause::Gone]
+    }
+
+    /// Revokes the client's session lease, as its expiry would.
+    async fn expire_session(&self, client: &Client) -> Fault {
+        let backend = self.backends.of(client).upgrade().expect("a live client");
+        let lease = format!("{:x}", backend.session_lease());
+        let out = etcd()
+            .etcdctl()
+            .args(["lease", "revoke", &lease])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        // Whichever the client sees first: the lease's end, or its key's
+        // deletion (which the revoke makes).
+        Fault::Injected(&[LostCause::SessionExpired, LostCause::Gone])
+    }
 }
 
 async fn harness() -> Harness {
-    Harness { url: etcd().url() }
+    Harness {
+        url: etcd().url(),
+        backends: Clients::default(),
+    }
 }
 
-conformance::suite!(
+locksmith_testkit::conformance_suite!(
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     harness()
 );
@@ -246,53 +267,6 @@ async fn locksmith_excludes_etcdctl_lock() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn revoked_lease_fires_lost_and_next_waiter_gets_higher_token() {
-    let name = unique("revoke");
-    let (a_backend, a) = etcd_backend(&etcd().url(), Duration::from_secs(30)).await;
-    let b = Client::connect(&etcd().url()).await.unwrap();
-    let held = a.lock(name.as_str()).acquire().await.unwrap();
-    let waiter = queued(&b, &name).await;
-
-    let lease = format!("{:x}", a_backend.session_lease());
-    let out = etcd()
-        .etcdctl()
-        .args(["lease", "revoke", &lease])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-
-    let reason = timeout(Duration::from_secs(10), held.lost())
-        .await
-        .expect("lost() fires when the session lease is revoked");
-    assert!(!reason.is_empty());
-    // Whichever the client sees first: the lease's end, or its key's
-    // deletion (which the revoke makes).
-    assert!(
-        matches!(
-            held.lost_signal().cause(),
-            Some(LostCause::SessionExpired | LostCause::Gone)
-        ),
-        "{reason}"
-    );
-    let next = timeout(Duration::from_secs(10), waiter)
-        .await
-        .expect("the next waiter gets the lock")
-        .unwrap()
-        .unwrap();
-    assert!(next.fencing_token() > held.fencing_token());
-    assert!(matches!(held.release().await, Err(Error::Lost(_))));
-    next.release().await.unwrap();
-
-    // The client carries on with a new session.
-    let again = timeout(Duration::from_secs(10), a.lock(name.as_str()).acquire())
-        .await
-        .expect("a new session")
-        .unwrap();
-    assert_ne!(format!("{:x}", a_backend.session_lease()), lease);
-    again.release().await.unwrap();
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fenced_transactions_reject_a_former_holder() {
     let name = unique("fence");
     let (backend_a, a) = etcd_backend(&etcd().url(), Duration::from_secs(30)).await;
@@ -417,71 +391,6 @@ async fn nested_names_are_separate_locks() {
     assert_eq!(listed, [outer.as_str(), inner.as_str()]);
     other.unwrap().release().await.unwrap();
     held.release().await.unwrap();
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn extending_a_leased_hold() {
-    let name = unique("extend");
-    let a = Client::connect(&etcd().url()).await.unwrap();
-    let b = Client::connect(&etcd().url()).await.unwrap();
-    let lease = Duration::from_secs(1);
-    let guard = a.lock(name.as_str()).lease(lease).acquire().await.unwrap();
-    // Within etcd's granted TTL (2 s minimum): one keep-alive.
-    guard.extend(Duration::from_secs(2)).await.unwrap();
-    // Longer: the key moves to a new lease, keeping its token.
-    guard.extend(Duration::from_secs(4)).await.unwrap();
-    sleep(Duration::from_secs(3)).await;
-    assert!(!guard.is_lost(), "{:?}", guard.lost_signal().reason());
-    let info = b.describe(&name).await.unwrap().expect("still held");
-    assert_eq!(info.holders[0].fencing_token, Some(guard.fencing_token()));
-    assert!(b.lock(name.as_str()).try_acquire().await.unwrap().is_none());
-    let reason = timeout(Duration::from_secs(5), guard.lost())
-        .await
-        .expect("the extended lease ends too");
-    assert!(!reason.is_empty());
-    let next = timeout(Duration::from_secs(5), b.lock(name.as_str()).acquire())
-        .await
-        .expect("free after the extended lease")
-        .unwrap();
-    assert!(next.fencing_token() > guard.fencing_token());
-    next.release().await.unwrap();
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn force_release_and_close_fire_lost() {
-    let name = unique("force");
-    let a = Client::connect(&etcd().url()).await.unwrap();
-    let admin = Client::connect(&etcd().url()).await.unwrap();
-    let guard = a.lock(name.as_str()).acquire().await.unwrap();
-    admin.force_release(&name).await.unwrap();
-    timeout(Duration::from_secs(5), guard.lost())
-        .await
-        .expect("force release is seen by the holder");
-    assert_eq!(guard.lost_signal().cause(), Some(LostCause::Gone));
-    assert!(admin.describe(&name).await.unwrap().is_none());
-
-    let other = unique("close");
-    let guard = a.lock(other.as_str()).acquire().await.unwrap();
-    let leased = a
-        .lock(format!("{other}-leased"))
-        .lease(Duration::from_secs(30))
-        .acquire()
-        .await
-        .unwrap();
-    a.close().await.unwrap();
-    assert!(guard.is_lost() && leased.is_lost());
-    assert_eq!(guard.lost_signal().cause(), Some(LostCause::ClientClosed));
-    assert_eq!(leased.lost_signal().cause(), Some(LostCause::ClientClosed));
-    assert!(admin.describe(&other).await.unwrap().is_none());
-    assert!(admin
-        .describe(&format!("{other}-leased"))
-        .await
-        .unwrap()
-        .is_none());
-    assert!(matches!(
-        a.lock(other.as_str()).try_acquire().await,
-        Err(Error::Closed)
-    ));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,7 +5,6 @@
 //! (FIFO) layout, on the redis-py compatible simple layout, and on Redlock over
 //! five servers. Fault tests get servers of their own.
 
-mod conformance;
 mod redis_support;
 
 use std::time::Duration;
@@ -27,7 +26,7 @@ async fn redlock_harness() -> Harness {
 /// Default mode: Redisson's RLock layout.
 mod rlock {
     use super::*;
-    crate::conformance::suite!(
+    locksmith_testkit::conformance_suite!(
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         harness("")
     );
@@ -36,7 +35,7 @@ mod rlock {
 /// `mode=fair`: FIFO, so the suite's ordering tests run too.
 mod fair {
     use super::*;
-    crate::conformance::suite!(
+    locksmith_testkit::conformance_suite!(
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         harness("?mode=fair")
     );
@@ -45,7 +44,7 @@ mod fair {
 /// `mode=simple`: redis-py's `SET NX PX` layout for exclusive locks.
 mod simple {
     use super::*;
-    crate::conformance::suite!(
+    locksmith_testkit::conformance_suite!(
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         harness("?mode=simple")
     );
@@ -54,7 +53,7 @@ mod simple {
 /// Redlock over five independent servers.
 mod redlock {
     use super::*;
-    crate::conformance::suite!(
+    locksmith_testkit::conformance_suite!(
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         redlock_harness()
     );
@@ -65,7 +64,7 @@ mod redlock {
 // ---------------------------------------------------------------------------
 
 use futures::StreamExt;
-use locksmith::{Error, LostCause, Mode};
+use locksmith::{Error, Mode};
 use locksmith_testkit::Redis;
 use redis::AsyncCommands;
 use redis_support::redisson::Redisson;
@@ -466,27 +465,6 @@ async fn lost_fires_when_redis_loses_the_holds() {
         .await
         .expect("the check of a leased hold finds it gone");
     assert!(matches!(watched.release().await, Err(Error::Lost(_))));
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lost_fires_on_force_release() {
-    let redis = shared_redis();
-    let ttl = Duration::from_secs(1);
-    let holder = client(&redis.url(), ttl).await;
-    let admin = client(&redis.url(), ttl).await;
-    let name = unique("force");
-    let guard = holder.lock(name.as_str()).acquire().await.unwrap();
-    admin.force_release(&name).await.unwrap();
-    timeout(ttl * 3, guard.lost())
-        .await
-        .expect("the watchdog notices");
-    assert_eq!(guard.lost_signal().cause(), Some(LostCause::Gone));
-    assert!(admin
-        .lock(name.as_str())
-        .try_acquire()
-        .await
-        .unwrap()
-        .is_some());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1071,28 +1049,6 @@ async fn lost_fires_when_redis_is_unreachable_past_the_lease() {
         started.elapsed()
     );
     assert!(reason.contains("lease ended"), "{reason}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn close_releases_everything() {
-    let redis = shared_redis();
-    let a = client(&redis.url(), Duration::from_secs(30)).await;
-    let b = client(&redis.url(), Duration::from_secs(30)).await;
-    let (x, y) = (unique("close-x"), unique("close-y"));
-    let gx = a.lock(x.as_str()).acquire().await.unwrap();
-    let gy = a.lock(y.as_str()).owner("o").acquire().await.unwrap();
-    let _again = a.lock(y.as_str()).owner("o").acquire().await.unwrap();
-    a.close().await.unwrap();
-    assert!(gx.is_lost() && gy.is_lost());
-    assert!(b.lock(x.as_str()).try_acquire().await.unwrap().is_some());
-    assert!(
-        b.lock(y.as_str()).try_acquire().await.unwrap().is_some(),
-        "every re-entry level is released"
-    );
-    assert!(matches!(
-        a.lock(unique("after").as_str()).try_acquire().await,
-        Err(Error::Closed)
-    ));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,20 +6,18 @@
 //! failover.
 #![cfg(feature = "redis")]
 
-#[allow(unused)]
-mod conformance;
 mod redis_support;
 
 use std::collections::HashSet;
 use std::time::Duration;
 
 use locksmith::{Error, Mode};
+use locksmith_testkit::conformance::whole_suite;
 use locksmith_testkit::{Redis, RedisCluster, RespValue};
 use redis::cluster_routing::Slot;
 use redis_support::redisson::Redisson;
 use redis_support::{
-    backend_and_client, client, eventually, python, refused, unique, whole_suite, with_client_cert,
-    Harness,
+    backend_and_client, client, eventually, python, refused, unique, with_client_cert, Harness,
 };
 use tokio::time::{sleep, timeout};
 

@@ -4,15 +4,14 @@
 //! does to holds and waiters, and replica acknowledgement.
 #![cfg(feature = "redis")]
 
-#[allow(unused)]
-mod conformance;
 mod redis_support;
 
 use std::time::Duration;
 
 use locksmith::Error;
+use locksmith_testkit::conformance::whole_suite;
 use locksmith_testkit::{Redis, RedisSentinel, RespValue};
-use redis_support::{client, eventually, refused, unique, whole_suite, with_client_cert, Harness};
+use redis_support::{client, eventually, refused, unique, with_client_cert, Harness};
 use tokio::time::timeout;
 
 /// Starts the setup, letting the runtime's other tasks run meanwhile.
@@ -33,11 +32,6 @@ fn replicas<'a>(setup: &'a RedisSentinel, primary: &Redis) -> Vec<&'a Redis> {
         .iter()
         .filter(|n| n.port() != primary.port())
         .collect()
-}
-
-#[test]
-fn the_whole_suite_runs_every_behaviour() {
-    assert_eq!(redis_support::suite_behaviours(), redis_support::BEHAVIOURS);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,7 +4,7 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use locksmith::{Client, ConnectOptions};
+use locksmith::{Client, ConnectOptions, LostCause};
 use locksmith_testkit::Redis;
 
 /// Connects the conformance suite's clients to one URL.
@@ -12,7 +12,7 @@ pub struct Harness {
     pub url: String,
 }
 
-impl crate::conformance::Harness for Harness {
+impl locksmith_testkit::conformance::Harness for Harness {
     async fn connect(&self, session_ttl: Duration) -> Client {
         client(&self.url, session_ttl).await
     }
@@ -20,75 +20,11 @@ impl crate::conformance::Harness for Harness {
     fn short_ttl(&self) -> Duration {
         Duration::from_secs(1)
     }
-}
 
-/// Declares [`whole_suite`] and [`BEHAVIOURS`] from the list of the
-/// conformance suite's behaviours.
-macro_rules! behaviours {
-    ($($test:ident),* $(,)?) => {
-        /// The behaviours of the conformance suite, in the suite's order.
-        pub const BEHAVIOURS: &[&str] = &[$(stringify!($test)),*];
-
-        /// Runs every behaviour of the conformance suite, one after another,
-        /// against one harness. A replicated setup takes seconds to start and
-        /// every behaviour uses lock names of its own, so the suite shares one
-        /// setup instead of starting one per behaviour (as a test process of
-        /// its own would).
-        pub async fn whole_suite<H: crate::conformance::Harness>(h: &H) {
-            $(
-                eprintln!("conformance: {}", stringify!($test));
-                crate::conformance::$test(h).await;
-            )*
-        }
-    };
-}
-
-behaviours!(
-    mutual_exclusion,
-    try_acquire_on_held_lock,
-    acquire_timeout,
-    cancelled_acquire_leaves_nothing,
-    stale_owner_cannot_release,
-    reentry_keeps_token,
-    tokens_increase_across_holders,
-    lease_expiry_frees_lock,
-    watchdog_keeps_hold_alive,
-    lost_fires_when_hold_expires,
-    fifo_order_of_ten_waiters,
-    read_write_semantics,
-    writer_fairness,
-    semaphore_never_exceeds_permits,
-    semaphore_permit_mismatch,
-    multi_lock_never_deadlocks,
-    multi_lock_is_all_or_nothing,
-    invalid_names_rejected,
-    invalid_options_rejected,
-    dropping_guard_releases,
-    inspection_shows_holder_and_waiters,
-    election_fails_over,
-    election_is_observed,
-    proclaim_after_loss_fails,
-    racing_acquires_of_one_owner_share_the_grant,
-    waiting_owner_is_busy_to_itself,
-    lock_delay_holds_the_lock_back,
-    multi_lock_is_lost_with_any_part,
-    guard_tells_count_and_lease,
-);
-
-/// The behaviours the conformance suite's `suite!` expands, read from its
-/// source, so that [`whole_suite`] cannot fall behind it.
-pub fn suite_behaviours() -> Vec<String> {
-    let source = include_str!("../conformance/mod.rs");
-    let list = source
-        .split_once("@each #[$attr] $harness;")
-        .and_then(|(_, rest)| rest.split_once(");"))
-        .map(|(list, _)| list)
-        .expect("the suite! macro's list of behaviours");
-    list.split(',')
-        .map(str::trim)
-        .filter(|name| !name.is_empty())
-        .map(str::to_owned)
-        .collect()
+    /// The holder's watchdog finds its key gone.
+    fn force_release_causes(&self) -> &'static [LostCause] {
+        &[LostCause::Gone]
+    }
 }
 
 /// One Redis for every test that does not inject faults.
