@@ -24,11 +24,9 @@ pub struct BackendArgs {
 impl BackendArgs {
     /// Connects, naming this client after the subcommand.
     pub async fn connect(&self, what: &str) -> Result<Client, ExitCode> {
-        let options = ConnectOptions {
-            session_ttl: self.session_ttl,
-            client_name: format!("locksmith {what}[{}]", std::process::id()),
-            ..ConnectOptions::default()
-        };
+        let options = ConnectOptions::default()
+            .session_ttl(self.session_ttl)
+            .client_name(format!("locksmith {what}[{}]", std::process::id()));
         Client::connect_with(&self.backend, options)
             .await
             .map_err(|error| fail(&error))

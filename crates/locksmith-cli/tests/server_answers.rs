@@ -255,11 +255,9 @@ async fn status_escapes_what_is_not_printable() {
     let server = server();
     let prefix = server_support::unique("status-escapes");
     let name = format!("{prefix}/a\u{1b}[2J\u{1b}[H\nforged | row\r\u{202e}");
-    let options = locksmith::ConnectOptions {
-        session_ttl: std::time::Duration::from_secs(5),
-        client_name: "client\u{1b}]0;title\u{7}".into(),
-        ..locksmith::ConnectOptions::default()
-    };
+    let options = locksmith::ConnectOptions::default()
+        .session_ttl(std::time::Duration::from_secs(5))
+        .client_name("client\u{1b}]0;title\u{7}");
     let client = locksmith::Client::connect_with(&server.url(), options)
         .await
         .unwrap();

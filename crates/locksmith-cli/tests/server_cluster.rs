@@ -52,10 +52,7 @@ impl Cluster {
     }
 
     async fn client(&self, session_ttl: Duration) -> Client {
-        let options = ConnectOptions {
-            session_ttl,
-            ..ConnectOptions::default()
-        };
+        let options = ConnectOptions::default().session_ttl(session_ttl);
         Client::connect_with(&self.url(), options)
             .await
             .unwrap_or_else(|e| panic!("connect to {}: {e}", self.url()))
@@ -334,10 +331,7 @@ impl SeparateHosts {
                 .collect::<Vec<_>>()
                 .join(",")
         );
-        let options = ConnectOptions {
-            session_ttl: Duration::from_secs(10),
-            ..ConnectOptions::default()
-        };
+        let options = ConnectOptions::default().session_ttl(Duration::from_secs(10));
         Client::connect_with(&url, options)
             .await
             .unwrap_or_else(|e| panic!("connect to {url}: {e}"))

@@ -321,11 +321,9 @@ fn listed_id(list: &str, needle: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_administrator_lists_and_ends_sessions() {
     let server = ServerProcess::start();
-    let options = locksmith::ConnectOptions {
-        session_ttl: Duration::from_secs(5),
-        client_name: "well-behaved".into(),
-        ..locksmith::ConnectOptions::default()
-    };
+    let options = locksmith::ConnectOptions::default()
+        .session_ttl(Duration::from_secs(5))
+        .client_name("well-behaved");
     let client = locksmith::Client::connect_with(&server.url(), options)
         .await
         .unwrap();

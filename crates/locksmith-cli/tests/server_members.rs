@@ -11,10 +11,7 @@ use locksmith_testkit::free_port;
 use server_support::{unique, ServerProcess};
 
 async fn connect(url: &str, session_ttl: Duration) -> Client {
-    let options = ConnectOptions {
-        session_ttl,
-        ..ConnectOptions::default()
-    };
+    let options = ConnectOptions::default().session_ttl(session_ttl);
     Client::connect_with(url, options)
         .await
         .unwrap_or_else(|e| panic!("connect to {url}: {e}"))
@@ -38,10 +35,7 @@ async fn a_member_that_is_down_is_skipped() {
 async fn no_member_serving_is_a_clear_error() {
     let (a, b) = (free_port(), free_port());
     let url = format!("locksmith://127.0.0.1:{a},127.0.0.1:{b}");
-    let options = ConnectOptions {
-        session_ttl: Duration::from_secs(2),
-        ..ConnectOptions::default()
-    };
+    let options = ConnectOptions::default().session_ttl(Duration::from_secs(2));
     let Err(error) = Client::connect_with(&url, options).await else {
         panic!("connected although nobody serves");
     };

@@ -158,10 +158,7 @@ impl Secured {
 }
 
 async fn connect(url: &str) -> locksmith::Result<Client> {
-    let options = ConnectOptions {
-        session_ttl: Duration::from_secs(2),
-        ..ConnectOptions::default()
-    };
+    let options = ConnectOptions::default().session_ttl(Duration::from_secs(2));
     Client::connect_with(url, options).await
 }
 
@@ -707,10 +704,7 @@ async fn a_tls_cluster_elects_a_leader_serves_holds_and_refuses_strange_members(
         pki.path_str("members-ca.pem"),
         pki.path_str("admin.token")
     );
-    let options = ConnectOptions {
-        session_ttl: Duration::from_secs(10),
-        ..ConnectOptions::default()
-    };
+    let options = ConnectOptions::default().session_ttl(Duration::from_secs(10));
     let client = Client::connect_with(&url, options)
         .await
         .unwrap_or_else(|e| panic!("connect {url}: {e}\n{}", members[0].log_tail(30)));

@@ -182,11 +182,9 @@ where
 }
 
 fn options() -> ConnectOptions {
-    ConnectOptions {
-        session_ttl: Duration::from_secs(30),
-        client_name: "bench".into(),
-        ..ConnectOptions::default()
-    }
+    ConnectOptions::default()
+        .session_ttl(Duration::from_secs(30))
+        .client_name("bench")
 }
 
 async fn locksmith_pairs(

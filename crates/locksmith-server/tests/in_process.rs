@@ -15,10 +15,7 @@ struct InProcess {
 
 impl locksmith_testkit::conformance::Harness for InProcess {
     async fn connect(&self, session_ttl: Duration) -> Client {
-        let options = ConnectOptions {
-            session_ttl,
-            ..ConnectOptions::default()
-        };
+        let options = ConnectOptions::default().session_ttl(session_ttl);
         Client::connect_with(&self.server.url(), options)
             .await
             .expect("connect to the in-process server")

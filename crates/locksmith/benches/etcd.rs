@@ -213,10 +213,7 @@ impl Percentiles {
 }
 
 async fn locksmith_client(url: &str) -> Client {
-    let options = ConnectOptions {
-        session_ttl: Duration::from_secs(30),
-        ..ConnectOptions::default()
-    };
+    let options = ConnectOptions::default().session_ttl(Duration::from_secs(30));
     Client::connect_with(url, options).await.expect("connect")
 }
 

@@ -264,10 +264,7 @@ async fn run_locksmith(
 ) -> f64 {
     let mut connected = Vec::new();
     for _ in 0..clients {
-        let options = ConnectOptions {
-            session_ttl: Duration::from_secs(30),
-            ..ConnectOptions::default()
-        };
+        let options = ConnectOptions::default().session_ttl(Duration::from_secs(30));
         connected.push(
             Client::connect_with(url, options)
                 .await

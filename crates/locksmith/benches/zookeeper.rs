@@ -158,10 +158,7 @@ fn main() {
 }
 
 async fn connect(url: &str) -> Client {
-    let options = ConnectOptions {
-        session_ttl: Duration::from_secs(10),
-        ..ConnectOptions::default()
-    };
+    let options = ConnectOptions::default().session_ttl(Duration::from_secs(10));
     Client::connect_with(url, options).await.expect("connect")
 }
 

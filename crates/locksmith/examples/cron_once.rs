@@ -22,10 +22,7 @@ async fn main() -> locksmith::Result<()> {
     let url = std::env::args()
         .nth(1)
         .unwrap_or_else(|| "memory://".into());
-    let options = ConnectOptions {
-        client_name: "nightly-report".into(),
-        ..ConnectOptions::default()
-    };
+    let options = ConnectOptions::default().client_name("nightly-report");
     let client = Client::connect_with(&url, options).await?;
 
     // No waiting: if another machine has the job, this run has nothing to do.

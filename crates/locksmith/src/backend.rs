@@ -31,8 +31,11 @@ pub enum Wait {
     Forever,
 }
 
-/// A validated acquire request.
+/// A validated acquire request. The library builds it from a [`crate::Lock`];
+/// a backend reads it (new fields may be added, so it cannot be built by a
+/// struct literal outside this crate: start from [`AcquireRequest::new`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct AcquireRequest {
     /// One lock, or several to take atomically (all or nothing).
     pub names: Vec<String>,
@@ -57,9 +60,32 @@ pub struct AcquireRequest {
     pub published: Option<String>,
 }
 
+impl AcquireRequest {
+    /// A request by `owner` for `names` in `mode` with the defaults of a
+    /// [`crate::Lock`]: wait until granted, no fixed lease, re-entrant, no
+    /// lock-delay, nothing published.
+    pub fn new(names: Vec<String>, mode: Mode, owner: impl Into<String>) -> Self {
+        AcquireRequest {
+            names,
+            mode,
+            owner: owner.into(),
+            wait: Wait::Forever,
+            lease: None,
+            reentrant: true,
+            lock_delay: Duration::ZERO,
+            published: None,
+        }
+    }
+}
+
 /// What a backend can do beyond the common contract, so callers (and the
 /// conformance suite) know what to expect.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+///
+/// A backend outside this crate starts from the default (nothing beyond the
+/// contract) and turns on what it does; new capabilities can be added without
+/// breaking it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Capabilities {
     /// Waiters are granted strictly in arrival order.
     pub fifo: bool,

@@ -13,7 +13,19 @@ use crate::lock::{Lock, RwLock};
 use crate::model::Model;
 
 /// How a client presents itself and keeps its holds alive.
+///
+/// Start from the defaults and change what you need; new options can be
+/// added without breaking callers:
+///
+/// ```
+/// # use std::time::Duration;
+/// let options = locksmith::ConnectOptions::default()
+///     .session_ttl(Duration::from_secs(10))
+///     .client_name("nightly-report");
+/// assert_eq!(options.session_ttl, Duration::from_secs(10));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ConnectOptions {
     /// Liveness of holds without a fixed lease: the session TTL (or the lease the
     /// watchdog renews at a third of it). Default 30 s, Redisson's watchdog.
@@ -39,6 +51,26 @@ impl Default for ConnectOptions {
             client_name: format!("{program}[{}]", std::process::id()),
             host: hostname(),
         }
+    }
+}
+
+impl ConnectOptions {
+    /// Sets [`ConnectOptions::session_ttl`].
+    pub fn session_ttl(mut self, ttl: Duration) -> Self {
+        self.session_ttl = ttl;
+        self
+    }
+
+    /// Sets [`ConnectOptions::client_name`].
+    pub fn client_name(mut self, name: impl Into<String>) -> Self {
+        self.client_name = name.into();
+        self
+    }
+
+    /// Sets [`ConnectOptions::host`].
+    pub fn host(mut self, host: impl Into<String>) -> Self {
+        self.host = host.into();
+        self
     }
 }
 

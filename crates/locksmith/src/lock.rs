@@ -23,6 +23,7 @@ const MAX_NAMES: usize = 64;
 
 /// Options of an acquire, set through the builder methods of [`Lock`].
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LockOptions {
     /// Fixed lease; `None` keeps the hold alive while the client lives.
     pub lease: Option<Duration>,

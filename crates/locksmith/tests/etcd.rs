@@ -84,10 +84,7 @@ fn unique(test: &str) -> String {
 
 /// A client plus its concrete backend, for the etcd-specific helpers.
 async fn etcd_backend(url: &str, session_ttl: Duration) -> (Arc<EtcdBackend>, Client) {
-    let options = ConnectOptions {
-        session_ttl,
-        ..ConnectOptions::default()
-    };
+    let options = ConnectOptions::default().session_ttl(session_ttl);
     let backend = Arc::new(EtcdBackend::connect(url, &options).await.expect("connect"));
     (backend.clone(), Client::from_backend(backend))
 }
@@ -432,10 +429,7 @@ async fn lock_delay_is_refused() {
 async fn holds_survive_an_etcd_restart() {
     let own = tokio::task::block_in_place(Etcd::start);
     let name = unique("restart");
-    let options = ConnectOptions {
-        session_ttl: Duration::from_secs(10),
-        ..ConnectOptions::default()
-    };
+    let options = ConnectOptions::default().session_ttl(Duration::from_secs(10));
     let a = Client::connect_with(&own.url(), options.clone())
         .await
         .unwrap();
@@ -461,10 +455,7 @@ async fn unreachable_etcd_fires_lost_before_the_lease_ends() {
     let own = tokio::task::block_in_place(Etcd::start);
     let name = unique("paused");
     let ttl = Duration::from_secs(3);
-    let options = ConnectOptions {
-        session_ttl: ttl,
-        ..ConnectOptions::default()
-    };
+    let options = ConnectOptions::default().session_ttl(ttl);
     let a = Client::connect_with(&own.url(), options).await.unwrap();
     let held = a.lock(name.as_str()).acquire().await.unwrap();
     let started = tokio::time::Instant::now();
@@ -535,11 +526,8 @@ async fn an_expired_token_is_renewed_by_logging_in_again() {
         Etcd::ROOT_PASSWORD,
         own.port()
     );
-    let options = ConnectOptions {
-        // Keep-alives every 10 s: the token idles past its TTL meanwhile.
-        session_ttl: Duration::from_secs(30),
-        ..ConnectOptions::default()
-    };
+    // Keep-alives every 10 s: the token idles past its TTL meanwhile.
+    let options = ConnectOptions::default().session_ttl(Duration::from_secs(30));
     let client = Client::connect_with(&url, options).await.unwrap();
     let name = unique("relogin");
     let first = client.lock(name.as_str()).acquire().await.unwrap();

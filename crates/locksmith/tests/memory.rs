@@ -11,10 +11,7 @@ struct Memory {
 
 impl locksmith_testkit::conformance::Harness for Memory {
     async fn connect(&self, session_ttl: Duration) -> Client {
-        let options = ConnectOptions {
-            session_ttl,
-            ..ConnectOptions::default()
-        };
+        let options = ConnectOptions::default().session_ttl(session_ttl);
         Client::connect_with(&self.url, options)
             .await
             .expect("connect memory://")

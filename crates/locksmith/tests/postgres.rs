@@ -155,10 +155,7 @@ impl Harness for Pg {
 }
 
 async fn connect(url: &str, session_ttl: Duration) -> Client {
-    let options = ConnectOptions {
-        session_ttl,
-        ..ConnectOptions::default()
-    };
+    let options = ConnectOptions::default().session_ttl(session_ttl);
     Client::connect_with(url, options)
         .await
         .unwrap_or_else(|e| panic!("connect {url}: {e}"))
@@ -205,18 +202,12 @@ async fn query(pg: &'static Postgres, sql: &str) -> String {
 /// Asserts that `name` is taken for a transaction: a try gets nothing, a
 /// timed wait times out.
 async fn assert_busy_in_transaction(tx: &mut tokio_postgres::Transaction<'_>, name: &str) {
-    let try_options = XactOptions {
-        wait: Wait::No,
-        ..XactOptions::default()
-    };
+    let try_options = XactOptions::default().wait(Wait::No);
     assert_eq!(
         lock_in_transaction(tx, name, &try_options).await.unwrap(),
         None
     );
-    let timed = XactOptions {
-        wait: Wait::For(Duration::from_millis(200)),
-        ..XactOptions::default()
-    };
+    let timed = XactOptions::default().wait(Wait::For(Duration::from_millis(200)));
     assert!(matches!(
         lock_in_transaction(tx, name, &timed).await,
         Err(Error::Timeout(_))
@@ -726,23 +717,13 @@ async fn a_grant_that_races_lock_timeout_is_kept() {
     // the deadline passes, before the stopped server could answer.
     let backend = locksmith::postgres::PostgresBackend::connect(
         &pg.url(),
-        &ConnectOptions {
-            session_ttl: Duration::from_secs(30),
-            ..ConnectOptions::default()
-        },
+        &ConnectOptions::default().session_ttl(Duration::from_secs(30)),
     )
     .await
     .unwrap();
-    let request = AcquireRequest {
-        names: vec![name.clone()],
-        mode: Mode::Exclusive,
-        owner: "racer".into(),
-        wait: Wait::For(Duration::from_millis(500)),
-        lease: None,
-        reentrant: false,
-        lock_delay: Duration::ZERO,
-        published: None,
-    };
+    let mut request = AcquireRequest::new(vec![name.clone()], Mode::Exclusive, "racer");
+    request.wait = Wait::For(Duration::from_millis(500));
+    request.reentrant = false;
     let backend = std::sync::Arc::new(backend);
     let waiting = tokio::spawn({
         let backend = backend.clone();

@@ -88,10 +88,7 @@ impl Harness for Zk {
 }
 
 async fn connect(url: &str, session_ttl: Duration) -> Client {
-    let options = ConnectOptions {
-        session_ttl,
-        ..ConnectOptions::default()
-    };
+    let options = ConnectOptions::default().session_ttl(session_ttl);
     Client::connect_with(url, options)
         .await
         .unwrap_or_else(|e| panic!("connect {url}: {e}"))
@@ -362,10 +359,7 @@ async fn bad_urls_are_rejected_before_connecting() {
 
 /// A backend built by hand, so the test can reach its ZooKeeper session.
 async fn backend(url: &str, session_ttl: Duration) -> (Arc<ZooKeeperBackend>, Client) {
-    let options = ConnectOptions {
-        session_ttl,
-        ..ConnectOptions::default()
-    };
+    let options = ConnectOptions::default().session_ttl(session_ttl);
     let backend = Arc::new(
         ZooKeeperBackend::connect(url, &options)
             .await

@@ -376,11 +376,9 @@ impl Target {
     ///
     /// Cancel safety: safe, as `Client::connect_with`.
     pub async fn connect(&self, session_ttl: Duration, role: &str) -> locksmith::Result<Client> {
-        let options = ConnectOptions {
-            session_ttl,
-            client_name: format!("locksmith {role}[{}]", std::process::id()),
-            ..ConnectOptions::default()
-        };
+        let options = ConnectOptions::default()
+            .session_ttl(session_ttl)
+            .client_name(format!("locksmith {role}[{}]", std::process::id()));
         Client::connect_with(&self.url, options).await
     }
 

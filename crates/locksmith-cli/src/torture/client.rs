@@ -96,11 +96,12 @@ async fn run_loop(config: &ClientConfig) -> std::io::Result<()> {
         },
     )
     .await?;
-    let options = ConnectOptions {
-        session_ttl: config.session_ttl,
-        client_name: format!("torture-client-{}.{}", config.id, config.incarnation),
-        ..ConnectOptions::default()
-    };
+    let options = ConnectOptions::default()
+        .session_ttl(config.session_ttl)
+        .client_name(format!(
+            "torture-client-{}.{}",
+            config.id, config.incarnation
+        ));
     let mut client: Option<Client> = None;
     let mut errors_in_a_row = 0u32;
     for round in 0u64.. {

@@ -198,10 +198,7 @@ impl ServerProcess {
     pub async fn client_of(ports: &[u16]) -> Client {
         let members: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
         let url = format!("locksmith://{}", members.join(","));
-        let options = ConnectOptions {
-            session_ttl: Duration::from_secs(10),
-            ..ConnectOptions::default()
-        };
+        let options = ConnectOptions::default().session_ttl(Duration::from_secs(10));
         Client::connect_with(&url, options)
             .await
             .unwrap_or_else(|e| panic!("connect to {url}: {e}"))
@@ -209,10 +206,7 @@ impl ServerProcess {
 
     /// A client with the given session TTL.
     pub async fn client(&self, session_ttl: Duration) -> Client {
-        let options = ConnectOptions {
-            session_ttl,
-            ..ConnectOptions::default()
-        };
+        let options = ConnectOptions::default().session_ttl(session_ttl);
         Client::connect_with(&self.url(), options)
             .await
             .unwrap_or_else(|e| panic!("connect to {}: {e}\n{}", self.url(), self.log_tail(20)))

@@ -9,6 +9,7 @@ use crate::error::{Error, Result};
 
 /// How holds without an explicit lease are kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum HoldMode {
     /// `locksmith_mode=session` (default): a session-level advisory lock on a
     /// connection that stays open while the hold lasts.
@@ -20,6 +21,7 @@ pub enum HoldMode {
 
 /// What sits between the client and PostgreSQL (`locksmith_pooler`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Pooler {
     /// `none` (default): PostgreSQL, or a pooler that gives each client
     /// connection a server session of its own (PgBouncer's session mode).

@@ -21,8 +21,10 @@ use super::pg_error;
 use crate::backend::{Mode, Wait};
 use crate::error::{Error, Result};
 
-/// How [`lock_in_transaction`] takes the lock.
+/// How [`lock_in_transaction`] takes the lock: the defaults, changed through
+/// the builder methods (new options can be added without breaking callers).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct XactOptions {
     /// [`Mode::Exclusive`] (default) or [`Mode::Shared`]; semaphores need
     /// session or lease holds.
@@ -41,6 +43,26 @@ impl Default for XactOptions {
             wait: Wait::Forever,
             schema: "locksmith".into(),
         }
+    }
+}
+
+impl XactOptions {
+    /// Sets [`XactOptions::mode`].
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Sets [`XactOptions::wait`].
+    pub fn wait(mut self, wait: Wait) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// Sets [`XactOptions::schema`].
+    pub fn schema(mut self, schema: impl Into<String>) -> Self {
+        self.schema = schema.into();
+        self
     }
 }
 

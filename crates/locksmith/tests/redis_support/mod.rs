@@ -50,10 +50,7 @@ pub fn redlock_url(nodes: &[Redis]) -> String {
 
 /// A client with the given session TTL.
 pub async fn client(url: &str, session_ttl: Duration) -> Client {
-    let options = ConnectOptions {
-        session_ttl,
-        ..ConnectOptions::default()
-    };
+    let options = ConnectOptions::default().session_ttl(session_ttl);
     Client::connect_with(url, options)
         .await
         .unwrap_or_else(|e| panic!("connect {url}: {e}"))
@@ -117,10 +114,7 @@ pub async fn backend_and_client(
     url: &str,
     session_ttl: Duration,
 ) -> (std::sync::Arc<locksmith::redis::RedisBackend>, Client) {
-    let options = ConnectOptions {
-        session_ttl,
-        ..ConnectOptions::default()
-    };
+    let options = ConnectOptions::default().session_ttl(session_ttl);
     let backend = std::sync::Arc::new(
         locksmith::redis::RedisBackend::connect(url, &options)
             .await
