@@ -986,7 +986,9 @@ fn lost_push(state: &mut State, lost: pb::Lost) {
     if let Some((signal, _)) = state.holds.remove(&lost.token) {
         let cause = match pb::LostReason::try_from(lost.reason) {
             Ok(pb::LostReason::SessionExpired) => LostCause::SessionExpired,
-            Ok(pb::LostReason::SessionClosed) => LostCause::SessionClosed,
+            // Only the session's own client can close it (the secret
+            // shows it): this is the client's close, answered ahead of it.
+            Ok(pb::LostReason::SessionClosed) => LostCause::ClientClosed,
             Ok(pb::LostReason::LeaseExpired) => LostCause::LeaseExpired,
             Ok(pb::LostReason::ForceReleased) => LostCause::ForceReleased,
             Err(_) => LostCause::Other,
