@@ -7,12 +7,12 @@ mod server_support;
 
 use std::sync::OnceLock;
 
-use locksmith_testkit::conformance::UrlHarness;
+use locksmith_testkit::conformance::ServerHarness;
 use locksmith_testkit::free_port;
 use server_support::ServerProcess;
 
 /// One cluster for the whole test binary.
-async fn cluster() -> UrlHarness {
+async fn cluster() -> ServerHarness {
     static CLUSTER: OnceLock<Vec<ServerProcess>> = OnceLock::new();
     let members = CLUSTER.get_or_init(|| {
         let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
@@ -38,9 +38,7 @@ async fn cluster() -> UrlHarness {
         .iter()
         .map(|m| format!("127.0.0.1:{}", m.port()))
         .collect();
-    UrlHarness {
-        url: format!("locksmith://{}", addresses.join(",")),
-    }
+    ServerHarness::new(format!("locksmith://{}", addresses.join(",")))
 }
 
 locksmith_testkit::conformance_suite!(

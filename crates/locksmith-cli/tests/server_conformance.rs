@@ -6,15 +6,15 @@ mod server_support;
 
 use std::sync::OnceLock;
 
-use locksmith_testkit::conformance::UrlHarness;
+use locksmith_testkit::conformance::ServerHarness;
 use server_support::ServerProcess;
 
 /// One server process for the whole test binary.
-async fn server() -> UrlHarness {
+async fn server() -> ServerHarness {
     static SERVER: OnceLock<ServerProcess> = OnceLock::new();
     let server = SERVER.get_or_init(ServerProcess::start);
     server.assert_running();
-    UrlHarness { url: server.url() }
+    ServerHarness::new(server.url())
 }
 
 locksmith_testkit::conformance_suite!(

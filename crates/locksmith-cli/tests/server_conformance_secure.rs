@@ -8,14 +8,14 @@ mod server_support;
 use std::sync::OnceLock;
 
 use locksmith_server::token_sha256;
-use locksmith_testkit::conformance::UrlHarness;
+use locksmith_testkit::conformance::ServerHarness;
 use server_support::pki::Pki;
 use server_support::ServerProcess;
 
 const TOKEN: &str = "conformance-token-7f3a9c";
 
 /// One server process (and its certificates) for the whole test binary.
-async fn server() -> UrlHarness {
+async fn server() -> ServerHarness {
     static SERVER: OnceLock<(Pki, ServerProcess)> = OnceLock::new();
     let (pki, server) = SERVER.get_or_init(|| {
         let pki = Pki::new();
@@ -37,14 +37,12 @@ async fn server() -> UrlHarness {
         (pki, server)
     });
     server.assert_running();
-    UrlHarness {
-        url: format!(
-            "locksmith+tls://127.0.0.1:{}?ca={}&token_file={}",
-            server.port(),
-            pki.path_str("ca.pem"),
-            pki.path_str("client.token")
-        ),
-    }
+    ServerHarness::new(format!(
+        "locksmith+tls://127.0.0.1:{}?ca={}&token_file={}",
+        server.port(),
+        pki.path_str("ca.pem"),
+        pki.path_str("client.token")
+    ))
 }
 
 locksmith_testkit::conformance_suite!(

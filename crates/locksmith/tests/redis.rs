@@ -12,15 +12,13 @@ use std::time::Duration;
 use redis_support::{shared_redis, shared_redlock, Harness};
 
 async fn harness(query: &str) -> Harness {
-    Harness {
-        url: format!("{}{query}", shared_redis().url()),
-    }
+    let redis = shared_redis();
+    Harness::on(format!("{}{query}", redis.url()), vec![redis])
 }
 
 async fn redlock_harness() -> Harness {
-    Harness {
-        url: shared_redlock(),
-    }
+    let nodes = shared_redlock();
+    Harness::on(redlock_url(nodes), nodes.iter().collect())
 }
 
 /// Default mode: Redisson's RLock layout.
@@ -939,7 +937,7 @@ async fn bad_urls_and_missing_servers_are_clear_errors() {
         "{error}"
     );
     let redlock = client(
-        &format!("{}?mode=simple", shared_redlock()),
+        &format!("{}?mode=simple", redlock_url(shared_redlock())),
         Duration::from_secs(30),
     )
     .await;

@@ -51,7 +51,7 @@ async fn cluster_connection(cluster: &RedisCluster) -> redis::cluster_async::Clu
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conformance_suite_on_a_cluster() {
     let cluster = start().await;
-    whole_suite(&Harness { url: cluster.url() }).await;
+    whole_suite(&Harness::new(cluster.url())).await;
 }
 
 /// The suite over TLS: the nodes' ports and the cluster bus speak only TLS,
@@ -62,7 +62,7 @@ async fn conformance_suite_on_a_cluster_over_tls() {
     let ca = cluster.certificates().expect("a TLS cluster");
     let url = with_client_cert(&cluster.url(), ca, "suite");
     assert!(url.starts_with("rediss+cluster://"), "{url}");
-    whole_suite(&Harness { url }).await;
+    whole_suite(&Harness::new(url)).await;
 }
 
 /// A TLS-only cluster refuses a plaintext client and a TLS client without a

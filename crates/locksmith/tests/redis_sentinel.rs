@@ -37,7 +37,7 @@ fn replicas<'a>(setup: &'a RedisSentinel, primary: &Redis) -> Vec<&'a Redis> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conformance_suite_behind_sentinel() {
     let setup = start().await;
-    whole_suite(&Harness { url: setup.url() }).await;
+    whole_suite(&Harness::new(setup.url())).await;
 }
 
 /// The suite over TLS: every port of the setup, the Sentinels' too, speaks
@@ -48,7 +48,7 @@ async fn conformance_suite_behind_sentinel_over_tls() {
     let ca = setup.certificates().expect("a TLS setup");
     let url = with_client_cert(&setup.url(), ca, "suite");
     assert!(url.starts_with("rediss+sentinel://"), "{url}");
-    whole_suite(&Harness { url }).await;
+    whole_suite(&Harness::new(url)).await;
 }
 
 /// Behind a TLS-only Sentinel setup a plaintext client, and a TLS client

@@ -5,16 +5,68 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use locksmith::{Client, ConnectOptions, LostCause};
+use locksmith_testkit::conformance::{Clients, Fault};
 use locksmith_testkit::Redis;
 
 /// Connects the conformance suite's clients to one URL.
 pub struct Harness {
     pub url: String,
+    /// The servers of `url` whose keys [`Harness::expire_session`] lets
+    /// lapse; none where it cannot reach them all (Sentinel, cluster).
+    nodes: Vec<&'static Redis>,
+    /// Each client's id, the prefix of its holder ids in Redis.
+    ids: Clients<String>,
 }
+
+impl Harness {
+    /// A harness for `url`, without faults.
+    pub fn new(url: impl Into<String>) -> Harness {
+        Harness::on(url, Vec::new())
+    }
+
+    /// A harness for `url`, whose servers are `nodes`.
+    pub fn on(url: impl Into<String>, nodes: Vec<&'static Redis>) -> Harness {
+        Harness {
+            url: url.into(),
+            nodes,
+            ids: Clients::default(),
+        }
+    }
+}
+
+/// Lets every lock key held by the client whose holder ids start with
+/// `ARGV[1]` lapse (`PEXPIRE 1`): a Redisson hash with its field, a
+/// redis-py string with its value. Answers how many.
+const LAPSE: &str = r#"
+local prefix, cursor, lapsed = ARGV[1], "0", 0
+local function ours(s) return string.sub(s, 1, #prefix) == prefix end
+repeat
+  local page = redis.call('SCAN', cursor, 'COUNT', 1000)
+  cursor = page[1]
+  for _, key in ipairs(page[2]) do
+    local kind = redis.call('TYPE', key).ok
+    local held = false
+    if kind == 'hash' then
+      for _, field in ipairs(redis.call('HKEYS', key)) do
+        if ours(field) then held = true end
+      end
+    elseif kind == 'string' then
+      held = ours(redis.call('GET', key))
+    end
+    if held then
+      redis.call('PEXPIRE', key, 1)
+      lapsed = lapsed + 1
+    end
+  end
+until cursor == "0"
+return lapsed
+"#;
 
 impl locksmith_testkit::conformance::Harness for Harness {
     async fn connect(&self, session_ttl: Duration) -> Client {
-        client(&self.url, session_ttl).await
+        let (backend, client) = backend_and_client(&self.url, session_ttl).await;
+        self.ids.remember(&client, backend.client_id().to_owned());
+        client
     }
 
     fn short_ttl(&self) -> Duration {
@@ -25,6 +77,26 @@ impl locksmith_testkit::conformance::Harness for Harness {
     fn force_release_causes(&self) -> &'static [LostCause] {
         &[LostCause::Gone]
     }
+
+    /// Redis has no sessions: a client's holds live as long as its
+    /// watchdog renews their keys. Their lapse is the session's end; the
+    /// watchdog then finds them gone.
+    async fn expire_session(&self, client: &Client) -> Fault {
+        if self.nodes.is_empty() {
+            return Fault::Unsupported;
+        }
+        let prefix = format!("{}:", self.ids.of(client));
+        let lapsed: i64 = self
+            .nodes
+            .iter()
+            .map(|node| {
+                let lapsed = node.query(&["EVAL", LAPSE, "0", &prefix]);
+                lapsed.expect("EVAL").as_int().expect("a count")
+            })
+            .sum();
+        assert!(lapsed > 0, "no key held by the client");
+        Fault::Injected(&[LostCause::Gone])
+    }
 }
 
 /// One Redis for every test that does not inject faults.
@@ -34,9 +106,9 @@ pub fn shared_redis() -> &'static Redis {
 }
 
 /// Five Redis masters for the Redlock suite.
-pub fn shared_redlock() -> String {
+pub fn shared_redlock() -> &'static [Redis] {
     static NODES: OnceLock<Vec<Redis>> = OnceLock::new();
-    redlock_url(NODES.get_or_init(|| (0..5).map(|_| Redis::start()).collect()))
+    NODES.get_or_init(|| (0..5).map(|_| Redis::start()).collect())
 }
 
 /// `redis+redlock://127.0.0.1:p1,…` for these servers.
