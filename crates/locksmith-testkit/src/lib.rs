@@ -69,6 +69,10 @@
 //! ([`netns::Network::cut`]) while clients on this machine still reach
 //! every member.
 //!
+//! With the cargo feature `proxy`, `proxy::Route` puts a fault proxy in
+//! front of each host of a store's URL for one client, so that exactly
+//! that client can be cut off (a blackhole), slowed down or refused.
+//!
 //! [`pgbouncer::PgBouncer`] puts a real PgBouncer (`pgbouncer`) in front of a
 //! [`Postgres`], in session or transaction pooling mode.
 //!
@@ -123,6 +127,8 @@ pub mod netns;
 pub mod pgbouncer;
 mod postgres;
 mod process;
+#[cfg(feature = "proxy")]
+pub mod proxy;
 mod redis;
 mod redis_cluster;
 mod redis_sentinel;

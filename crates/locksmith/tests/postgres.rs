@@ -1,9 +1,10 @@
 //! The conformance suite against a real PostgreSQL, twice (session mode, and
 //! `locksmith_mode=ttl` where every hold is a lease row), plus PostgreSQL
 //! specifics: the documented key formula, interop with plain
-//! `pg_advisory_lock` callers in `psql`, faults (`pg_terminate_backend`, a
-//! server restart under lease holds), transaction-scoped locks and the URL
-//! options.
+//! `pg_advisory_lock` callers in `psql`, server restarts, transaction-scoped
+//! locks and the URL options. The suite's harness terminates (expired
+//! session) or stops (cut connection) a client's server backends, found by
+//! the `application_name` it gives each client.
 //!
 //! One server per test binary (per process: nextest runs each test in its
 //! own), except for the tests that restart theirs.

@@ -1,8 +1,8 @@
 //! The conformance suite and ZooKeeper-specific tests against a real ZooKeeper
 //! (one shared server per test binary: the JVM starts slowly), plus
 //! interoperability with kazoo's `Lock` and `Election` (Python, `pip install
-//! kazoo`) and fault
-//! tests (session expiry, suspended connection) on servers of their own.
+//! kazoo`) and Curator. The suite's harness expires a client's session (closed
+//! from a second connection) and cuts its connection (its own fault proxies).
 
 use std::process::Stdio;
 use std::sync::{Arc, Weak};
@@ -11,6 +11,7 @@ use std::time::Duration;
 use locksmith::zookeeper::ZooKeeperBackend;
 use locksmith::{Client, ConnectOptions, Error, LostCause, Mode};
 use locksmith_testkit::conformance::{Clients, Fault, Harness};
+use locksmith_testkit::proxy::{self, Route};
 use locksmith_testkit::ZooKeeper;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout};
@@ -28,18 +29,21 @@ async fn shared() -> &'static ZooKeeper {
         .expect("start ZooKeeper")
 }
 
-/// The suite's harness: clients of the shared server, each on a backend the
-/// harness keeps, to reach its ZooKeeper session for faults.
+/// The suite's harness: clients of the shared server, each through fault
+/// proxies of its own and on a backend the harness keeps, to reach its
+/// ZooKeeper session for faults.
 struct Zk {
     server: &'static ZooKeeper,
     url: String,
-    backends: Clients<Weak<ZooKeeperBackend>>,
+    clients: Clients<(Weak<ZooKeeperBackend>, Arc<Route>)>,
 }
 
 impl Harness for Zk {
     async fn connect(&self, session_ttl: Duration) -> Client {
-        let (backend, client) = backend(&self.url, session_ttl).await;
-        self.backends.remember(&client, Arc::downgrade(&backend));
+        let route = Route::start(&self.url).await.expect("fault proxies");
+        let (backend, client) = backend(route.url(), session_ttl).await;
+        self.clients
+            .remember(&client, (Arc::downgrade(&backend), Arc::new(route)));
         client
     }
 
@@ -57,7 +61,7 @@ impl Harness for Zk {
     /// Closes the client's session from a second connection with its id and
     /// password: the server ends it as it would on expiry.
     async fn expire_session(&self, client: &Client) -> Fault {
-        let backend = self.backends.of(client).upgrade().expect("a live client");
+        let backend = self.clients.of(client).0.upgrade().expect("a live client");
         let zookeeper = backend.zookeeper().expect("a session");
         let session = zookeeper.session().clone();
         // The client reconnecting in between moves the session back and
@@ -85,6 +89,17 @@ impl Harness for Zk {
         }
         panic!("the session outlived 20 closes");
     }
+
+    /// Blackholes the client's proxies: its connection is suspended, and it
+    /// gives its holds up before the server can expire the session.
+    async fn cut_connection(&self, client: &Client) -> Fault {
+        self.clients.of(client).1.set(proxy::Mode::Blackhole);
+        Fault::Injected(&[LostCause::ConnectionLost])
+    }
+
+    async fn restore_connection(&self, client: &Client) {
+        self.clients.of(client).1.set(proxy::Mode::Pass);
+    }
 }
 
 async fn connect(url: &str, session_ttl: Duration) -> Client {
@@ -99,7 +114,7 @@ async fn zk_harness() -> Zk {
     Zk {
         server,
         url: format!("{}{CHROOT}", server.url()),
-        backends: Clients::default(),
+        clients: Clients::default(),
     }
 }
 
@@ -392,44 +407,6 @@ async fn close_session(server: &ZooKeeper, session: &zk::SessionInfo) {
         }
     }
     panic!("cannot attach to the session");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn suspended_connection_fires_lost_before_the_session_can_expire() {
-    // A server of its own: this test freezes it.
-    let server = tokio::task::spawn_blocking(ZooKeeper::start).await.unwrap();
-    // 4 s sessions: the connection counts as lost after 4/3 s of silence, and
-    // holds are lost 4/3 s later, well before the server could expire them.
-    let url = format!("{}/suspend?session_timeout=4s", server.url());
-    let (a_backend, a) = backend(&url, Duration::from_secs(4)).await;
-    let b = connect(&url, Duration::from_secs(4)).await;
-    assert_eq!(a_backend.session_timeout(), Some(Duration::from_secs(4)));
-    let name = unique("suspend");
-    let held = a.lock(name.as_str()).acquire().await.unwrap();
-    let waiter = tokio::spawn({
-        let lock = b.lock(name.as_str());
-        async move { lock.acquire().await }
-    });
-    until(&b, &name, "one waiter", |i| i.waiters.len() == 1).await;
-
-    server.pause();
-    let frozen = tokio::time::Instant::now();
-    let reason = timeout(Duration::from_secs(4), held.lost()).await;
-    let after = frozen.elapsed();
-    server.resume();
-    let reason = reason.expect("lost() fires while the connection is suspended");
-    assert!(reason.contains("suspended"), "{reason}");
-    assert_eq!(held.lost_signal().cause(), Some(LostCause::ConnectionLost));
-    assert!(after < Duration::from_secs(4), "lost after {after:?}");
-
-    let next = timeout(Duration::from_secs(30), waiter)
-        .await
-        .expect("the waiter gets the lock")
-        .unwrap()
-        .unwrap();
-    assert!(next.fencing_token() > held.fencing_token());
-    assert!(held.release().await.is_err());
-    next.release().await.unwrap();
 }
 
 // --- kazoo interop ----------------------------------------------------------

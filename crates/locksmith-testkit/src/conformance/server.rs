@@ -2,6 +2,7 @@
 //! `conformance-server`): clients of a server (or cluster) URL, whose
 //! sessions it ends through the server's admin API.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use locksmith::server::ServerUrl;
@@ -10,13 +11,16 @@ use locksmith_proto::v1::locksmith_client::LocksmithClient;
 use locksmith_proto::v1::{EndSessionRequest, ListSessionsRequest};
 
 use super::{Clients, Fault, Harness};
+use crate::proxy::{Mode, Route};
 
 /// Clients of a lock server at `url` (one member or a cluster's list), each
 /// with a client name of its own, by which [`Harness::expire_session`] finds
-/// its session to end. The URL's credentials must allow `admin`.
+/// its session to end, and through fault proxies of its own, which
+/// [`Harness::cut_connection`] blackholes. The URL's credentials must allow
+/// `admin`.
 pub struct ServerHarness {
     url: String,
-    names: Clients<String>,
+    clients: Clients<(String, Arc<Route>)>,
 }
 
 impl ServerHarness {
@@ -24,7 +28,7 @@ impl ServerHarness {
     pub fn new(url: impl Into<String>) -> ServerHarness {
         ServerHarness {
             url: url.into(),
-            names: Clients::default(),
+            clients: Clients::default(),
         }
     }
 
@@ -62,10 +66,11 @@ impl Harness for ServerHarness {
         let options = ConnectOptions::default()
             .session_ttl(session_ttl)
             .client_name(name.clone());
-        let client = Client::connect_with(&self.url, options)
+        let route = Route::start(&self.url).await.expect("fault proxies");
+        let client = Client::connect_with(route.url(), options)
             .await
             .unwrap_or_else(|e| panic!("connect to {}: {e}", self.url));
-        self.names.remember(&client, name);
+        self.clients.remember(&client, (name, Arc::new(route)));
         client
     }
 
@@ -79,7 +84,7 @@ impl Harness for ServerHarness {
     /// Ends the client's session through the admin API (`EndSession`, what
     /// `locksmith session end` sends), as its expiry would.
     async fn expire_session(&self, client: &Client) -> Fault {
-        let name = self.names.of(client);
+        let (name, _) = self.clients.of(client);
         // A cluster's members learn of a new session through the log.
         for _ in 0..100 {
             if self.end_session_of(&name).await {
@@ -88,5 +93,23 @@ impl Harness for ServerHarness {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         panic!("no member ended the session of {name}");
+    }
+
+    /// Blackholes the client's proxies: its heartbeats go unanswered, and it
+    /// gives its holds up before the server can expire the session.
+    ///
+    /// Not for a cluster: its client follows the members' leader hints to
+    /// addresses past the proxies.
+    async fn cut_connection(&self, client: &Client) -> Fault {
+        let (_, route) = self.clients.of(client);
+        if route.proxies().len() > 1 {
+            return Fault::Unsupported;
+        }
+        route.set(Mode::Blackhole);
+        Fault::Injected(&[LostCause::ConnectionLost])
+    }
+
+    async fn restore_connection(&self, client: &Client) {
+        self.clients.of(client).1.set(Mode::Pass);
     }
 }

@@ -1,21 +1,25 @@
 //! Servers and helpers shared by the Redis tests.
 #![allow(dead_code)]
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use locksmith::{Client, ConnectOptions, LostCause};
 use locksmith_testkit::conformance::{Clients, Fault};
+use locksmith_testkit::proxy::{self, Route};
 use locksmith_testkit::Redis;
 
 /// Connects the conformance suite's clients to one URL.
 pub struct Harness {
     pub url: String,
-    /// The servers of `url` whose keys [`Harness::expire_session`] lets
-    /// lapse; none where it cannot reach them all (Sentinel, cluster).
+    /// The servers of `url`, whose keys [`Harness::expire_session`] lets
+    /// lapse and in front of which each client gets fault proxies; none
+    /// where the client finds servers the URL does not name (Sentinel,
+    /// cluster).
     nodes: Vec<&'static Redis>,
-    /// Each client's id, the prefix of its holder ids in Redis.
-    ids: Clients<String>,
+    /// Each client's id (the prefix of its holder ids in Redis) and its
+    /// proxies, if any.
+    clients: Clients<(String, Option<Arc<Route>>)>,
 }
 
 impl Harness {
@@ -29,7 +33,7 @@ impl Harness {
         Harness {
             url: url.into(),
             nodes,
-            ids: Clients::default(),
+            clients: Clients::default(),
         }
     }
 }
@@ -64,8 +68,16 @@ return lapsed
 
 impl locksmith_testkit::conformance::Harness for Harness {
     async fn connect(&self, session_ttl: Duration) -> Client {
-        let (backend, client) = backend_and_client(&self.url, session_ttl).await;
-        self.ids.remember(&client, backend.client_id().to_owned());
+        let route = match self.nodes.is_empty() {
+            true => None,
+            false => Some(Arc::new(
+                Route::start(&self.url).await.expect("fault proxies"),
+            )),
+        };
+        let url = route.as_ref().map_or(self.url.as_str(), |r| r.url());
+        let (backend, client) = backend_and_client(url, session_ttl).await;
+        let id = backend.client_id().to_owned();
+        self.clients.remember(&client, (id, route));
         client
     }
 
@@ -85,7 +97,7 @@ impl locksmith_testkit::conformance::Harness for Harness {
         if self.nodes.is_empty() {
             return Fault::Unsupported;
         }
-        let prefix = format!("{}:", self.ids.of(client));
+        let prefix = format!("{}:", self.clients.of(client).0);
         let lapsed: i64 = self
             .nodes
             .iter()
@@ -96,6 +108,23 @@ impl locksmith_testkit::conformance::Harness for Harness {
             .sum();
         assert!(lapsed > 0, "no key held by the client");
         Fault::Injected(&[LostCause::Gone])
+    }
+
+    /// Blackholes the client's proxies: its watchdog's renewals go
+    /// unanswered, and it gives its holds up by the end of their lease,
+    /// before Redis lets their keys expire.
+    async fn cut_connection(&self, client: &Client) -> Fault {
+        let Some(route) = self.clients.of(client).1 else {
+            return Fault::Unsupported;
+        };
+        route.set(proxy::Mode::Blackhole);
+        Fault::Injected(&[LostCause::ConnectionLost])
+    }
+
+    async fn restore_connection(&self, client: &Client) {
+        if let Some(route) = self.clients.of(client).1 {
+            route.set(proxy::Mode::Pass);
+        }
     }
 }
 
