@@ -229,6 +229,13 @@ async fn health_readiness_and_the_page_are_served() {
     assert_eq!(cluster["leader_id"], 1);
     assert_eq!(cluster["members"][0]["role"], "leader", "{cluster}");
     assert_eq!(cluster["members"].as_array().map(Vec::len), Some(1));
+    // Where entries spent their time, by stage (the member's own first
+    // entries, its membership and a new leader's grace, went through each).
+    let (code, stats) = get(http, "/debug/raft").await;
+    assert_eq!(code, 200, "{stats}");
+    for stage in ["submitted", "persisted", "committed", "applied"] {
+        assert!(stats.contains(stage), "{stage}: {stats}");
+    }
     assert_eq!(get(http, "/nowhere").await.0, 404);
 }
 

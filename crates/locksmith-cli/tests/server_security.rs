@@ -605,6 +605,7 @@ async fn with_authentication_the_http_listener_serves_only_what_names_nothing() 
         "/api/sessions",
         "/api/history",
         "/api/cluster",
+        "/debug/raft",
         "/",
     ] {
         let (code, _) = get(port, path).await;

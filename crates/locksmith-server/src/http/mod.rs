@@ -11,6 +11,7 @@
 //! | `/api/sessions` | open sessions |
 //! | `/api/history?prefix=P` | recent grants (module `history`) |
 //! | `/api/cluster` | the Raft group's members as this member sees them (what `locksmith cluster status` shows); 503 before the member has started |
+//! | `/debug/raft` | openraft's runtime statistics (entry stage latencies, batch sizes), text; 503 before the member has started |
 //!
 //! With authentication on (`--auth-file`), only `/metrics`, `/healthz` and
 //! `/readyz` are served: they name no lock, owner or session. The page and
@@ -140,6 +141,7 @@ pub(crate) async fn start(
             .route("/api/sessions", get(sessions))
             .route("/api/history", get(history))
             .route("/api/cluster", get(cluster))
+            .route("/debug/raft", get(raft_stats))
     };
     let router = router.with_state(state);
     tokio::spawn(async move {
@@ -168,6 +170,26 @@ async fn script() -> Response {
 
 async fn style() -> Response {
     with_type("text/css; charset=utf-8", PAGE_CSS)
+}
+
+/// openraft's runtime statistics of this member, as text: how long entries
+/// spend between proposal, the log write, commit and apply (percentiles in
+/// µs), and batch sizes, to tell where a slow commit waits.
+async fn raft_stats(State(http): State<Http>) -> Response {
+    let Some(raft) = http.member.get() else {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the Raft member has not started yet\n",
+        )
+            .into_response();
+    };
+    match raft.runtime_stats().await {
+        Ok(stats) => with_type(
+            "text/plain; charset=utf-8",
+            format!("{}\n", stats.display().human_readable()),
+        ),
+        Err(error) => (StatusCode::SERVICE_UNAVAILABLE, format!("{error}\n")).into_response(),
+    }
 }
 
 async fn prometheus(State(http): State<Http>) -> Response {
