@@ -3,18 +3,16 @@
 //! every test of this binary: clients list all three members and follow the
 //! leader; each test uses its own lock names.
 
-#[path = "../../locksmith/tests/conformance/mod.rs"]
-mod conformance;
 mod server_support;
 
 use std::sync::OnceLock;
 
-use conformance::UrlHarness;
+use locksmith_testkit::conformance::ServerHarness;
 use locksmith_testkit::free_port;
 use server_support::ServerProcess;
 
 /// One cluster for the whole test binary.
-async fn cluster() -> UrlHarness {
+async fn cluster() -> ServerHarness {
     static CLUSTER: OnceLock<Vec<ServerProcess>> = OnceLock::new();
     let members = CLUSTER.get_or_init(|| {
         let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
@@ -40,12 +38,10 @@ async fn cluster() -> UrlHarness {
         .iter()
         .map(|m| format!("127.0.0.1:{}", m.port()))
         .collect();
-    UrlHarness {
-        url: format!("locksmith://{}", addresses.join(",")),
-    }
+    ServerHarness::new(format!("locksmith://{}", addresses.join(",")))
 }
 
-conformance::suite!(
+locksmith_testkit::conformance_suite!(
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     cluster()
 );

@@ -3,21 +3,19 @@
 //! `locksmith+tls://` and a token whose identity may do everything, so every
 //! behaviour must come out the same as in plaintext.
 
-#[path = "../../locksmith/tests/conformance/mod.rs"]
-mod conformance;
 mod server_support;
 
 use std::sync::OnceLock;
 
-use conformance::UrlHarness;
 use locksmith_server::token_sha256;
+use locksmith_testkit::conformance::ServerHarness;
 use server_support::pki::Pki;
 use server_support::ServerProcess;
 
 const TOKEN: &str = "conformance-token-7f3a9c";
 
 /// One server process (and its certificates) for the whole test binary.
-async fn server() -> UrlHarness {
+async fn server() -> ServerHarness {
     static SERVER: OnceLock<(Pki, ServerProcess)> = OnceLock::new();
     let (pki, server) = SERVER.get_or_init(|| {
         let pki = Pki::new();
@@ -39,17 +37,15 @@ async fn server() -> UrlHarness {
         (pki, server)
     });
     server.assert_running();
-    UrlHarness {
-        url: format!(
-            "locksmith+tls://127.0.0.1:{}?ca={}&token_file={}",
-            server.port(),
-            pki.path_str("ca.pem"),
-            pki.path_str("client.token")
-        ),
-    }
+    ServerHarness::new(format!(
+        "locksmith+tls://127.0.0.1:{}?ca={}&token_file={}",
+        server.port(),
+        pki.path_str("ca.pem"),
+        pki.path_str("client.token")
+    ))
 }
 
-conformance::suite!(
+locksmith_testkit::conformance_suite!(
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     server()
 );

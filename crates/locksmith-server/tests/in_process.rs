@@ -3,45 +3,45 @@
 //! service and the `locksmith://` backend. The real-process tests (durable server, crashes,
 //! restarts) live in `crates/locksmith-cli/tests/server_*.rs`.
 
-#[path = "../../locksmith/tests/conformance/mod.rs"]
-mod conformance;
-
 use std::time::Duration;
 
-use locksmith::{Client, ConnectOptions};
+use locksmith::Client;
 use locksmith_server::{Server, ServerConfig};
+use locksmith_testkit::conformance::{Fault, Harness, ServerHarness};
 
+/// The server harness, and the server and directory it lives on.
 struct InProcess {
-    server: Server,
+    clients: ServerHarness,
+    _server: Server,
     _dir: tempfile::TempDir,
 }
 
-impl conformance::Harness for InProcess {
+impl Harness for InProcess {
     async fn connect(&self, session_ttl: Duration) -> Client {
-        let options = ConnectOptions::default().session_ttl(session_ttl);
-        Client::connect_with(&self.server.url(), options)
-            .await
-            .expect("connect to the in-process server")
+        self.clients.connect(session_ttl).await
     }
 
-    /// As the other server harnesses: a session of 500 ms lost its holds
-    /// when the test process (server and client in one) stalled for half a
-    /// second, which a busy 2-core machine does.
     fn short_ttl(&self) -> Duration {
-        Duration::from_secs(1)
+        self.clients.short_ttl()
+    }
+
+    async fn expire_session(&self, client: &Client) -> Fault {
+        self.clients.expire_session(client).await
     }
 }
 
 async fn in_process() -> InProcess {
     let dir = tempfile::tempdir().expect("temporary data directory");
     let config = ServerConfig::durable(dir.path()).listen("127.0.0.1:0".parse().unwrap());
+    let server = Server::start(config).await.expect("start the server");
     InProcess {
-        server: Server::start(config).await.expect("start the server"),
+        clients: ServerHarness::new(server.url()),
+        _server: server,
         _dir: dir,
     }
 }
 
-conformance::suite!(
+locksmith_testkit::conformance_suite!(
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     in_process()
 );

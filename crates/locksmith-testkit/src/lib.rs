@@ -69,6 +69,10 @@
 //! ([`netns::Network::cut`]) while clients on this machine still reach
 //! every member.
 //!
+//! With the cargo feature `proxy`, `proxy::Route` puts a fault proxy in
+//! front of each host of a store's URL for one client, so that exactly
+//! that client can be cut off (a blackhole), slowed down or refused.
+//!
 //! [`pgbouncer::PgBouncer`] puts a real PgBouncer (`pgbouncer`) in front of a
 //! [`Postgres`], in session or transaction pooling mode.
 //!
@@ -76,6 +80,14 @@
 //! (returns [`Error`]), `port()`, `url()`, `kill()`, `restart()`, `pause()`,
 //! `resume()` and `is_running()`. The [`Server`] trait offers the same operations
 //! for code that handles every backend alike.
+//!
+//! # The conformance suite
+//!
+//! With the cargo feature `conformance`, [`conformance`] ships the suite
+//! every backend of locksmith passes: a backend written outside this
+//! repository implements its `Harness` and expands
+//! [`conformance_suite!`] in an integration test to run the same
+//! behaviours, with the faults its harness can inject.
 //!
 //! # Where the binaries come from
 //!
@@ -105,6 +117,8 @@
 #![deny(missing_docs)]
 
 mod certs;
+#[cfg(feature = "conformance")]
+pub mod conformance;
 mod error;
 mod etcd;
 mod etcd_cluster;
@@ -113,6 +127,8 @@ pub mod netns;
 pub mod pgbouncer;
 mod postgres;
 mod process;
+#[cfg(feature = "proxy")]
+pub mod proxy;
 mod redis;
 mod redis_cluster;
 mod redis_sentinel;

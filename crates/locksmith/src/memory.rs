@@ -38,6 +38,8 @@ pub struct MemoryBackend {
     table: Arc<TableHandle>,
     session: SessionId,
     heartbeat: tokio::task::JoinHandle<()>,
+    /// Set by [`Backend::close`]: later acquires are [`Error::Closed`].
+    closed: std::sync::atomic::AtomicBool,
 }
 
 /// Keeps a table alive; the last one dropped stops its timer task.
@@ -176,7 +178,9 @@ impl State {
                 if let Some((signal, _)) = self.lost.remove(&token) {
                     let cause = match reason {
                         LostReason::SessionExpired => LostCause::SessionExpired,
-                        LostReason::SessionClosed => LostCause::SessionClosed,
+                        // Only a client closes its own session here (close or
+                        // drop), so the session's end is the client's.
+                        LostReason::SessionClosed => LostCause::ClientClosed,
                         LostReason::LeaseExpired => LostCause::LeaseExpired,
                         LostReason::ForceReleased => LostCause::ForceReleased,
                     };
@@ -281,6 +285,7 @@ impl MemoryBackend {
             table,
             session,
             heartbeat,
+            closed: Default::default(),
         })
     }
 
@@ -408,6 +413,9 @@ impl Backend for MemoryBackend {
     }
 
     async fn acquire(&self, request: &AcquireRequest) -> Result<Option<Grant>> {
+        if self.closed.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(Error::Closed);
+        }
         let table = self.table();
         let (sender, receiver) = oneshot::channel();
         let key = {
@@ -514,6 +522,8 @@ impl Backend for MemoryBackend {
     }
 
     async fn close(&self) -> Result<()> {
+        self.closed
+            .store(true, std::sync::atomic::Ordering::Release);
         self.heartbeat.abort();
         let table = self.table();
         let mut state = table.state();

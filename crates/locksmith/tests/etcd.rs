@@ -1,16 +1,17 @@
 //! The conformance suite and etcd-specific tests (interop with `etcdctl lock`,
-//! lease faults, fencing, layout) against a real `etcd`, one server per test
-//! binary.
-
-mod conformance;
+//! fencing, layout, restarts) against a real `etcd`, one server per test
+//! binary. The suite's harness revokes a client's lease and cuts its
+//! connection (its own fault proxies).
 
 use std::process::Stdio;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 use locksmith::etcd::rpc::{self, etcdserverpb::Compare, etcdserverpb::TxnRequest};
 use locksmith::etcd::EtcdBackend;
 use locksmith::{Client, ConnectOptions, Error, Guard, LostCause, Mode};
+use locksmith_testkit::conformance::{self, Clients, Fault};
+use locksmith_testkit::proxy::{self, Route};
 use locksmith_testkit::Etcd;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::task::JoinHandle;
@@ -22,16 +23,21 @@ fn etcd() -> &'static Etcd {
     ETCD.get_or_init(Etcd::start)
 }
 
+/// The suite's harness: clients of the shared etcd, each through fault
+/// proxies of its own and on a backend the harness keeps, to reach its
+/// session lease for faults.
 struct Harness {
     url: String,
+    clients: Clients<(Weak<EtcdBackend>, Arc<Route>)>,
 }
 
 impl conformance::Harness for Harness {
     async fn connect(&self, session_ttl: Duration) -> Client {
-        let options = ConnectOptions::default().session_ttl(session_ttl);
-        Client::connect_with(&self.url, options)
-            .await
-            .expect("connect etcd://")
+        let route = Route::start(&self.url).await.expect("fault proxies");
+        let (backend, client) = etcd_backend(route.url(), session_ttl).await;
+        self.clients
+            .remember(&client, (Arc::downgrade(&backend), Arc::new(route)));
+        client
     }
 
     fn short_ttl(&self) -> Duration {
@@ -39,13 +45,47 @@ impl conformance::Harness for Harness {
         // holds end on a local timer at the requested time.
         Duration::from_secs(1)
     }
+
+    /// The holder sees its key deleted.
+    fn force_release_causes(&self) -> &'static [LostCause] {
+        &[LostCause::Gone]
+    }
+
+    /// Revokes the client's session lease, as its expiry would.
+    async fn expire_session(&self, client: &Client) -> Fault {
+        let backend = self.clients.of(client).0.upgrade().expect("a live client");
+        let lease = format!("{:x}", backend.session_lease());
+        let out = etcd()
+            .etcdctl()
+            .args(["lease", "revoke", &lease])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        // Whichever the client sees first: the lease's end, or its key's
+        // deletion (which the revoke makes).
+        Fault::Injected(&[LostCause::SessionExpired, LostCause::Gone])
+    }
+
+    /// Blackholes the client's proxies: its keep-alives go unanswered, and
+    /// it gives its holds up before the lease can end on the server.
+    async fn cut_connection(&self, client: &Client) -> Fault {
+        self.clients.of(client).1.set(proxy::Mode::Blackhole);
+        Fault::Injected(&[LostCause::ConnectionLost])
+    }
+
+    async fn restore_connection(&self, client: &Client) {
+        self.clients.of(client).1.set(proxy::Mode::Pass);
+    }
 }
 
 async fn harness() -> Harness {
-    Harness { url: etcd().url() }
+    Harness {
+        url: etcd().url(),
+        clients: Clients::default(),
+    }
 }
 
-conformance::suite!(
+locksmith_testkit::conformance_suite!(
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     harness()
 );
@@ -240,53 +280,6 @@ async fn locksmith_excludes_etcdctl_lock() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn revoked_lease_fires_lost_and_next_waiter_gets_higher_token() {
-    let name = unique("revoke");
-    let (a_backend, a) = etcd_backend(&etcd().url(), Duration::from_secs(30)).await;
-    let b = Client::connect(&etcd().url()).await.unwrap();
-    let held = a.lock(name.as_str()).acquire().await.unwrap();
-    let waiter = queued(&b, &name).await;
-
-    let lease = format!("{:x}", a_backend.session_lease());
-    let out = etcd()
-        .etcdctl()
-        .args(["lease", "revoke", &lease])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-
-    let reason = timeout(Duration::from_secs(10), held.lost())
-        .await
-        .expect("lost() fires when the session lease is revoked");
-    assert!(!reason.is_empty());
-    // Whichever the client sees first: the lease's end, or its key's
-    // deletion (which the revoke makes).
-    assert!(
-        matches!(
-            held.lost_signal().cause(),
-            Some(LostCause::SessionExpired | LostCause::Gone)
-        ),
-        "{reason}"
-    );
-    let next = timeout(Duration::from_secs(10), waiter)
-        .await
-        .expect("the next waiter gets the lock")
-        .unwrap()
-        .unwrap();
-    assert!(next.fencing_token() > held.fencing_token());
-    assert!(matches!(held.release().await, Err(Error::Lost(_))));
-    next.release().await.unwrap();
-
-    // The client carries on with a new session.
-    let again = timeout(Duration::from_secs(10), a.lock(name.as_str()).acquire())
-        .await
-        .expect("a new session")
-        .unwrap();
-    assert_ne!(format!("{:x}", a_backend.session_lease()), lease);
-    again.release().await.unwrap();
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fenced_transactions_reject_a_former_holder() {
     let name = unique("fence");
     let (backend_a, a) = etcd_backend(&etcd().url(), Duration::from_secs(30)).await;
@@ -414,71 +407,6 @@ async fn nested_names_are_separate_locks() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn extending_a_leased_hold() {
-    let name = unique("extend");
-    let a = Client::connect(&etcd().url()).await.unwrap();
-    let b = Client::connect(&etcd().url()).await.unwrap();
-    let lease = Duration::from_secs(1);
-    let guard = a.lock(name.as_str()).lease(lease).acquire().await.unwrap();
-    // Within etcd's granted TTL (2 s minimum): one keep-alive.
-    guard.extend(Duration::from_secs(2)).await.unwrap();
-    // Longer: the key moves to a new lease, keeping its token.
-    guard.extend(Duration::from_secs(4)).await.unwrap();
-    sleep(Duration::from_secs(3)).await;
-    assert!(!guard.is_lost(), "{:?}", guard.lost_signal().reason());
-    let info = b.describe(&name).await.unwrap().expect("still held");
-    assert_eq!(info.holders[0].fencing_token, Some(guard.fencing_token()));
-    assert!(b.lock(name.as_str()).try_acquire().await.unwrap().is_none());
-    let reason = timeout(Duration::from_secs(5), guard.lost())
-        .await
-        .expect("the extended lease ends too");
-    assert!(!reason.is_empty());
-    let next = timeout(Duration::from_secs(5), b.lock(name.as_str()).acquire())
-        .await
-        .expect("free after the extended lease")
-        .unwrap();
-    assert!(next.fencing_token() > guard.fencing_token());
-    next.release().await.unwrap();
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn force_release_and_close_fire_lost() {
-    let name = unique("force");
-    let a = Client::connect(&etcd().url()).await.unwrap();
-    let admin = Client::connect(&etcd().url()).await.unwrap();
-    let guard = a.lock(name.as_str()).acquire().await.unwrap();
-    admin.force_release(&name).await.unwrap();
-    timeout(Duration::from_secs(5), guard.lost())
-        .await
-        .expect("force release is seen by the holder");
-    assert_eq!(guard.lost_signal().cause(), Some(LostCause::Gone));
-    assert!(admin.describe(&name).await.unwrap().is_none());
-
-    let other = unique("close");
-    let guard = a.lock(other.as_str()).acquire().await.unwrap();
-    let leased = a
-        .lock(format!("{other}-leased"))
-        .lease(Duration::from_secs(30))
-        .acquire()
-        .await
-        .unwrap();
-    a.close().await.unwrap();
-    assert!(guard.is_lost() && leased.is_lost());
-    assert_eq!(guard.lost_signal().cause(), Some(LostCause::ClientClosed));
-    assert_eq!(leased.lost_signal().cause(), Some(LostCause::ClientClosed));
-    assert!(admin.describe(&other).await.unwrap().is_none());
-    assert!(admin
-        .describe(&format!("{other}-leased"))
-        .await
-        .unwrap()
-        .is_none());
-    assert!(matches!(
-        a.lock(other.as_str()).try_acquire().await,
-        Err(Error::Closed)
-    ));
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn semaphore_values_record_permits() {
     let name = unique("sem-meta");
     let client = Client::connect(&etcd().url()).await.unwrap();
@@ -536,35 +464,6 @@ async fn holds_survive_an_etcd_restart() {
     assert!(!held.is_lost(), "{:?}", held.lost_signal().reason());
     // The waiter is woken after the restart.
     hand_over(held, waiter, Duration::from_secs(20)).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unreachable_etcd_fires_lost_before_the_lease_ends() {
-    let own = tokio::task::block_in_place(Etcd::start);
-    let name = unique("paused");
-    let ttl = Duration::from_secs(3);
-    let options = ConnectOptions::default().session_ttl(ttl);
-    let a = Client::connect_with(&own.url(), options).await.unwrap();
-    let held = a.lock(name.as_str()).acquire().await.unwrap();
-    let started = tokio::time::Instant::now();
-    own.pause();
-    let reason = timeout(ttl * 3, held.lost()).await;
-    own.resume();
-    let reason = reason.expect("lost() fires when etcd cannot be reached for a whole TTL");
-    assert!(reason.contains("renew"), "{reason}");
-    assert_eq!(held.lost_signal().cause(), Some(LostCause::ConnectionLost));
-    // Not before the lease could have run out, and not much after.
-    assert!(
-        started.elapsed() <= ttl + Duration::from_secs(1),
-        "{:?}",
-        started.elapsed()
-    );
-    // Once etcd is back, the client grants itself a new session.
-    let again = timeout(Duration::from_secs(20), a.lock(name.as_str()).acquire())
-        .await
-        .expect("a new session after etcd is back")
-        .unwrap();
-    again.release().await.unwrap();
 }
 
 /// etcd with authentication on: the client logs in with the URL's user and

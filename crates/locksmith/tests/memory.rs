@@ -1,7 +1,5 @@
 //! The conformance suite against `memory://`, under tokio's paused clock.
 
-mod conformance;
-
 use std::time::Duration;
 
 use locksmith::{Client, ConnectOptions};
@@ -11,7 +9,7 @@ struct Memory {
     url: String,
 }
 
-impl conformance::Harness for Memory {
+impl locksmith_testkit::conformance::Harness for Memory {
     async fn connect(&self, session_ttl: Duration) -> Client {
         let options = ConnectOptions::default().session_ttl(session_ttl);
         Client::connect_with(&self.url, options)
@@ -30,7 +28,7 @@ async fn memory() -> Memory {
     }
 }
 
-conformance::suite!(
+locksmith_testkit::conformance_suite!(
     #[tokio::test(start_paused = true)]
     memory()
 );

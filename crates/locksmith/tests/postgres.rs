@@ -1,14 +1,13 @@
 //! The conformance suite against a real PostgreSQL, twice (session mode, and
 //! `locksmith_mode=ttl` where every hold is a lease row), plus PostgreSQL
 //! specifics: the documented key formula, interop with plain
-//! `pg_advisory_lock` callers in `psql`, faults (`pg_terminate_backend`, a
-//! server restart under lease holds), transaction-scoped locks and the URL
-//! options.
+//! `pg_advisory_lock` callers in `psql`, server restarts, transaction-scoped
+//! locks and the URL options. The suite's harness terminates (expired
+//! session) or stops (cut connection) a client's server backends, found by
+//! the `application_name` it gives each client.
 //!
 //! One server per test binary (per process: nextest runs each test in its
 //! own), except for the tests that restart theirs.
-
-mod conformance;
 
 use std::process::Stdio;
 use std::sync::OnceLock;
@@ -17,6 +16,7 @@ use std::time::Duration;
 use locksmith::backend::Wait;
 use locksmith::postgres::{advisory_key, lock_in_transaction, semaphore_slot_key, XactOptions};
 use locksmith::{Client, ConnectOptions, Error, Guard, LostCause, Mode};
+use locksmith_testkit::conformance::{Clients, Fault, Harness};
 use locksmith_testkit::Postgres;
 use tokio::time::{sleep, timeout, Instant};
 
@@ -44,19 +44,114 @@ fn roomy(pg: &Postgres) {
     pg.restart();
 }
 
+/// The suite's harness. Each client connects with an `application_name` of
+/// its own, by which the harness finds its server backends for faults.
 struct Pg {
     url: String,
+    mode: PgMode,
+    names: Clients<String>,
 }
 
-impl conformance::Harness for Pg {
+/// How a harness's clients hold their locks.
+#[derive(Clone, Copy, PartialEq)]
+enum PgMode {
+    /// Session-level advisory locks, kept by a connection.
+    Session,
+    /// Lease rows renewed by a watchdog.
+    Ttl,
+    /// Lease rows, through a transaction pooler: the client's connections
+    /// are the pooler's, shared, so no fault is the client's alone.
+    Pooled,
+}
+
+impl Pg {
+    fn new(url: String, mode: PgMode) -> Pg {
+        Pg {
+            url,
+            mode,
+            names: Clients::default(),
+        }
+    }
+
+    /// The pids of the server backends of `client`'s connections.
+    async fn backends(&self, client: &Client) -> Vec<String> {
+        let pids = query(
+            shared().await,
+            &format!(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = {}",
+                literal(&self.names.of(client))
+            ),
+        )
+        .await;
+        let pids: Vec<String> = pids.lines().map(str::to_owned).collect();
+        assert!(!pids.is_empty(), "the client has no connections");
+        pids
+    }
+}
+
+impl Harness for Pg {
     async fn connect(&self, session_ttl: Duration) -> Client {
-        connect(&self.url, session_ttl).await
+        let name = format!("conformance-{}", uuid::Uuid::new_v4().simple());
+        let separator = if self.url.contains('?') { '&' } else { '?' };
+        let client = connect(
+            &format!("{}{separator}application_name={name}", self.url),
+            session_ttl,
+        )
+        .await;
+        self.names.remember(&client, name);
+        client
     }
 
     fn short_ttl(&self) -> Duration {
         // Leases are judged by the database's clock and watched by local
         // timers; a second leaves room for a busy machine.
         Duration::from_secs(1)
+    }
+
+    /// Force-release ends a session hold's connection (the holder sees the
+    /// connection go), and deletes a lease row (the watchdog finds it gone).
+    fn force_release_causes(&self) -> &'static [LostCause] {
+        match self.mode {
+            PgMode::Session => &[LostCause::ConnectionLost],
+            PgMode::Ttl | PgMode::Pooled => &[LostCause::Gone],
+        }
+    }
+
+    /// Terminates the client's server backends: its session (and the
+    /// advisory locks it held) ends. Lease rows outlive connections, so
+    /// there is no session to end in the other modes.
+    async fn expire_session(&self, client: &Client) -> Fault {
+        if self.mode != PgMode::Session {
+            return Fault::Unsupported;
+        }
+        for pid in self.backends(client).await {
+            query(
+                shared().await,
+                &format!("SELECT pg_terminate_backend({pid})"),
+            )
+            .await;
+        }
+        Fault::Injected(&[LostCause::ConnectionLost])
+    }
+
+    /// Stops (SIGSTOP) the client's server backends: its connections stay
+    /// open and nothing answers, as with a hung server or a partition
+    /// without resets. (The testkit's pause() stops the postmaster's process
+    /// group, which backends leave with setsid().)
+    async fn cut_connection(&self, client: &Client) -> Fault {
+        if self.mode == PgMode::Pooled {
+            return Fault::Unsupported;
+        }
+        for pid in self.backends(client).await {
+            signal(&pid, "STOP");
+        }
+        Fault::Injected(&[LostCause::ConnectionLost])
+    }
+
+    async fn restore_connection(&self, client: &Client) {
+        for pid in self.backends(client).await {
+            signal(&pid, "CONT");
+        }
     }
 }
 
@@ -68,12 +163,10 @@ async fn connect(url: &str, session_ttl: Duration) -> Client {
 }
 
 async fn session_harness() -> Pg {
-    Pg {
-        url: shared().await.url(),
-    }
+    Pg::new(shared().await.url(), PgMode::Session)
 }
 
-conformance::suite!(
+locksmith_testkit::conformance_suite!(
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     session_harness()
 );
@@ -83,12 +176,13 @@ mod ttl {
     use super::*;
 
     async fn ttl_harness() -> Pg {
-        Pg {
-            url: format!("{}?locksmith_mode=ttl", shared().await.url()),
-        }
+        Pg::new(
+            format!("{}?locksmith_mode=ttl", shared().await.url()),
+            PgMode::Ttl,
+        )
     }
 
-    conformance::suite!(
+    locksmith_testkit::conformance_suite!(
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         ttl_harness()
     );
@@ -332,43 +426,6 @@ async fn locksmith_hold_blocks_plain_try_lock_in_psql() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn terminated_connection_fires_lost_and_the_next_token_is_higher() {
-    let pg = shared().await;
-    let (a, b) = (
-        connect(&pg.url(), Duration::from_secs(3)).await,
-        connect(&pg.url(), Duration::from_secs(3)).await,
-    );
-    let name = unique("terminate");
-    let guard = a.lock(name.as_str()).acquire().await.unwrap();
-    let pid = query(
-        pg,
-        &format!(
-            "SELECT pid FROM locksmith.holds WHERE name = {} AND live",
-            literal(&name)
-        ),
-    )
-    .await;
-    assert!(!pid.is_empty());
-    let next = tokio::spawn({
-        let lock = b.lock(name.as_str());
-        async move { lock.acquire().await }
-    });
-    query(pg, &format!("SELECT pg_terminate_backend({pid})")).await;
-    let reason = timeout(Duration::from_secs(10), guard.lost())
-        .await
-        .expect("lost() fires when the connection is terminated");
-    assert!(!reason.is_empty());
-    let next = timeout(Duration::from_secs(10), next)
-        .await
-        .expect("the waiter gets the lock")
-        .unwrap()
-        .unwrap();
-    assert!(next.fencing_token() > guard.fencing_token());
-    assert!(matches!(guard.release().await, Err(Error::Lost(_))));
-    next.release().await.unwrap();
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_holds_survive_a_server_restart() {
     let pg = tokio::task::spawn_blocking(Postgres::start).await.unwrap();
     let url = format!("{}?locksmith_mode=ttl", pg.url());
@@ -526,37 +583,6 @@ async fn transaction_scoped_locks_exclude_session_holds() {
     next.release().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn force_release_ends_session_and_lease_holds() {
-    let pg = shared().await;
-    let (a, admin) = (
-        connect(&pg.url(), Duration::from_secs(3)).await,
-        connect(&pg.url(), Duration::from_secs(3)).await,
-    );
-    let name = unique("force");
-    let guard = a.lock(name.as_str()).acquire().await.unwrap();
-    admin.force_release(&name).await.unwrap();
-    timeout(Duration::from_secs(10), guard.lost())
-        .await
-        .expect("the session holder sees the loss");
-    assert_eq!(guard.lost_signal().cause(), Some(LostCause::ConnectionLost));
-    let lease = a.lock(name.as_str()).acquire().await.unwrap();
-    drop(guard);
-    let ttl = connect(
-        &format!("{}?locksmith_mode=ttl", pg.url()),
-        Duration::from_secs(1),
-    )
-    .await;
-    lease.release().await.unwrap();
-    let leased = ttl.lock(name.as_str()).acquire().await.unwrap();
-    admin.force_release(&name).await.unwrap();
-    timeout(Duration::from_secs(10), leased.lost())
-        .await
-        .expect("the watchdog finds the row gone");
-    assert_eq!(leased.lost_signal().cause(), Some(LostCause::Gone));
-    assert!(admin.describe(&name).await.unwrap().is_none());
-}
-
 #[tokio::test]
 async fn url_options() {
     let pg = shared().await;
@@ -649,46 +675,6 @@ async fn semaphore_waiters_are_served_in_order() {
     for (place, waiter) in order.iter().enumerate() {
         assert!(waiter.abs_diff(place) <= 1, "order {order:?}");
     }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn silent_backend_fires_lost_within_the_session_ttl() {
-    let pg = shared().await;
-    let ttl = Duration::from_secs(2);
-    let client = connect(&pg.url(), ttl).await;
-    let name = unique("silent");
-    let guard = client.lock(name.as_str()).acquire().await.unwrap();
-    let pid = query(
-        pg,
-        &format!(
-            "SELECT pid FROM locksmith.holds WHERE name = {} AND live",
-            literal(&name)
-        ),
-    )
-    .await;
-    // SIGSTOP the backend serving the holding connection: the connection
-    // stays open and nothing answers (a hung server, a partition without
-    // resets). (The testkit's pause() stops the postmaster's process group,
-    // which backends leave with setsid().)
-    signal(&pid, "STOP");
-    let started = Instant::now();
-    let reason = timeout(Duration::from_secs(15), guard.lost()).await;
-    let noticed = started.elapsed();
-    signal(&pid, "CONT");
-    let reason = reason.expect("the keepalive notices the silence");
-    assert!(
-        noticed <= ttl + ttl / 3 + Duration::from_secs(1),
-        "lost after {noticed:?}: {reason}"
-    );
-    // Giving up closed the connection, so the server drops the lock.
-    let other = connect(&pg.url(), Duration::from_secs(30)).await;
-    let next = other
-        .lock(name.as_str())
-        .acquire_timeout(Duration::from_secs(10))
-        .await
-        .unwrap();
-    assert!(next.fencing_token() > guard.fencing_token());
-    next.release().await.unwrap();
 }
 
 /// `kill -<signal> <pid>`.
@@ -1230,12 +1216,10 @@ mod pooled {
     use super::*;
 
     async fn pooled_harness() -> Pg {
-        Pg {
-            url: pgbouncer::pooled_url().await,
-        }
+        Pg::new(pgbouncer::pooled_url().await, PgMode::Pooled)
     }
 
-    conformance::suite!(
+    locksmith_testkit::conformance_suite!(
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         pooled_harness()
     );

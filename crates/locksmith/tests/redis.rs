@@ -3,9 +3,10 @@
 //!
 //! The suite runs four times: on the default Redisson RLock layout, on the fair
 //! (FIFO) layout, on the redis-py compatible simple layout, and on Redlock over
-//! five servers. Fault tests get servers of their own.
+//! five servers; its harness lets a client's keys lapse (expired session) and
+//! cuts its connection (its own fault proxies). Fault tests that stop or flush
+//! a server get servers of their own.
 
-mod conformance;
 mod redis_support;
 
 use std::time::Duration;
@@ -13,21 +14,19 @@ use std::time::Duration;
 use redis_support::{shared_redis, shared_redlock, Harness};
 
 async fn harness(query: &str) -> Harness {
-    Harness {
-        url: format!("{}{query}", shared_redis().url()),
-    }
+    let redis = shared_redis();
+    Harness::on(format!("{}{query}", redis.url()), vec![redis])
 }
 
 async fn redlock_harness() -> Harness {
-    Harness {
-        url: shared_redlock(),
-    }
+    let nodes = shared_redlock();
+    Harness::on(redlock_url(nodes), nodes.iter().collect())
 }
 
 /// Default mode: Redisson's RLock layout.
 mod rlock {
     use super::*;
-    crate::conformance::suite!(
+    locksmith_testkit::conformance_suite!(
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         harness("")
     );
@@ -36,7 +35,7 @@ mod rlock {
 /// `mode=fair`: FIFO, so the suite's ordering tests run too.
 mod fair {
     use super::*;
-    crate::conformance::suite!(
+    locksmith_testkit::conformance_suite!(
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         harness("?mode=fair")
     );
@@ -45,7 +44,7 @@ mod fair {
 /// `mode=simple`: redis-py's `SET NX PX` layout for exclusive locks.
 mod simple {
     use super::*;
-    crate::conformance::suite!(
+    locksmith_testkit::conformance_suite!(
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         harness("?mode=simple")
     );
@@ -54,7 +53,7 @@ mod simple {
 /// Redlock over five independent servers.
 mod redlock {
     use super::*;
-    crate::conformance::suite!(
+    locksmith_testkit::conformance_suite!(
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         redlock_harness()
     );
@@ -65,7 +64,7 @@ mod redlock {
 // ---------------------------------------------------------------------------
 
 use futures::StreamExt;
-use locksmith::{Error, LostCause, Mode};
+use locksmith::{Error, Mode};
 use locksmith_testkit::Redis;
 use redis::AsyncCommands;
 use redis_support::redisson::Redisson;
@@ -466,27 +465,6 @@ async fn lost_fires_when_redis_loses_the_holds() {
         .await
         .expect("the check of a leased hold finds it gone");
     assert!(matches!(watched.release().await, Err(Error::Lost(_))));
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lost_fires_on_force_release() {
-    let redis = shared_redis();
-    let ttl = Duration::from_secs(1);
-    let holder = client(&redis.url(), ttl).await;
-    let admin = client(&redis.url(), ttl).await;
-    let name = unique("force");
-    let guard = holder.lock(name.as_str()).acquire().await.unwrap();
-    admin.force_release(&name).await.unwrap();
-    timeout(ttl * 3, guard.lost())
-        .await
-        .expect("the watchdog notices");
-    assert_eq!(guard.lost_signal().cause(), Some(LostCause::Gone));
-    assert!(admin
-        .lock(name.as_str())
-        .try_acquire()
-        .await
-        .unwrap()
-        .is_some());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -961,7 +939,7 @@ async fn bad_urls_and_missing_servers_are_clear_errors() {
         "{error}"
     );
     let redlock = client(
-        &format!("{}?mode=simple", shared_redlock()),
+        &format!("{}?mode=simple", redlock_url(shared_redlock())),
         Duration::from_secs(30),
     )
     .await;
@@ -1051,48 +1029,6 @@ async fn dropped_acquires_leave_nothing_behind() {
         let info = c.describe(&name).await.unwrap();
         assert!(info.is_none(), "{query}: left behind {info:?}");
     }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lost_fires_when_redis_is_unreachable_past_the_lease() {
-    let redis = Redis::start();
-    let ttl = Duration::from_secs(1);
-    let c = client(&redis.url(), ttl).await;
-    let guard = c.lock(unique("frozen").as_str()).acquire().await.unwrap();
-    redis.pause(); // SIGSTOP: connections stay open, nothing answers
-    let started = Instant::now();
-    let reason = timeout(ttl * 3, guard.lost())
-        .await
-        .expect("lost() fires when renewals cannot get through");
-    redis.resume();
-    assert!(
-        started.elapsed() <= ttl + Duration::from_millis(700),
-        "fired by the end of the lease, after {:?}",
-        started.elapsed()
-    );
-    assert!(reason.contains("lease ended"), "{reason}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn close_releases_everything() {
-    let redis = shared_redis();
-    let a = client(&redis.url(), Duration::from_secs(30)).await;
-    let b = client(&redis.url(), Duration::from_secs(30)).await;
-    let (x, y) = (unique("close-x"), unique("close-y"));
-    let gx = a.lock(x.as_str()).acquire().await.unwrap();
-    let gy = a.lock(y.as_str()).owner("o").acquire().await.unwrap();
-    let _again = a.lock(y.as_str()).owner("o").acquire().await.unwrap();
-    a.close().await.unwrap();
-    assert!(gx.is_lost() && gy.is_lost());
-    assert!(b.lock(x.as_str()).try_acquire().await.unwrap().is_some());
-    assert!(
-        b.lock(y.as_str()).try_acquire().await.unwrap().is_some(),
-        "every re-entry level is released"
-    );
-    assert!(matches!(
-        a.lock(unique("after").as_str()).try_acquire().await,
-        Err(Error::Closed)
-    ));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,15 +4,14 @@
 //! does to holds and waiters, and replica acknowledgement.
 #![cfg(feature = "redis")]
 
-#[allow(unused)]
-mod conformance;
 mod redis_support;
 
 use std::time::Duration;
 
 use locksmith::Error;
+use locksmith_testkit::conformance::whole_suite;
 use locksmith_testkit::{Redis, RedisSentinel, RespValue};
-use redis_support::{client, eventually, refused, unique, whole_suite, with_client_cert, Harness};
+use redis_support::{client, eventually, refused, unique, with_client_cert, Harness};
 use tokio::time::timeout;
 
 /// Starts the setup, letting the runtime's other tasks run meanwhile.
@@ -35,15 +34,10 @@ fn replicas<'a>(setup: &'a RedisSentinel, primary: &Redis) -> Vec<&'a Redis> {
         .collect()
 }
 
-#[test]
-fn the_whole_suite_runs_every_behaviour() {
-    assert_eq!(redis_support::suite_behaviours(), redis_support::BEHAVIOURS);
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conformance_suite_behind_sentinel() {
     let setup = start().await;
-    whole_suite(&Harness { url: setup.url() }).await;
+    whole_suite(&Harness::new(setup.url())).await;
 }
 
 /// The suite over TLS: every port of the setup, the Sentinels' too, speaks
@@ -54,7 +48,7 @@ async fn conformance_suite_behind_sentinel_over_tls() {
     let ca = setup.certificates().expect("a TLS setup");
     let url = with_client_cert(&setup.url(), ca, "suite");
     assert!(url.starts_with("rediss+sentinel://"), "{url}");
-    whole_suite(&Harness { url }).await;
+    whole_suite(&Harness::new(url)).await;
 }
 
 /// Behind a TLS-only Sentinel setup a plaintext client, and a TLS client

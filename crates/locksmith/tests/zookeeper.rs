@@ -1,17 +1,17 @@
 //! The conformance suite and ZooKeeper-specific tests against a real ZooKeeper
 //! (one shared server per test binary: the JVM starts slowly), plus
 //! interoperability with kazoo's `Lock` and `Election` (Python, `pip install
-//! kazoo`) and fault
-//! tests (session expiry, suspended connection) on servers of their own.
-
-mod conformance;
+//! kazoo`) and Curator. The suite's harness expires a client's session (closed
+//! from a second connection) and cuts its connection (its own fault proxies).
 
 use std::process::Stdio;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use locksmith::zookeeper::ZooKeeperBackend;
 use locksmith::{Client, ConnectOptions, Error, LostCause, Mode};
+use locksmith_testkit::conformance::{Clients, Fault, Harness};
+use locksmith_testkit::proxy::{self, Route};
 use locksmith_testkit::ZooKeeper;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout};
@@ -29,19 +29,76 @@ async fn shared() -> &'static ZooKeeper {
         .expect("start ZooKeeper")
 }
 
+/// The suite's harness: clients of the shared server, each through fault
+/// proxies of its own and on a backend the harness keeps, to reach its
+/// ZooKeeper session for faults.
 struct Zk {
+    server: &'static ZooKeeper,
     url: String,
+    clients: Clients<(Weak<ZooKeeperBackend>, Arc<Route>)>,
 }
 
-impl conformance::Harness for Zk {
+impl Harness for Zk {
     async fn connect(&self, session_ttl: Duration) -> Client {
-        connect(&self.url, session_ttl).await
+        let route = Route::start(&self.url).await.expect("fault proxies");
+        let (backend, client) = backend(route.url(), session_ttl).await;
+        self.clients
+            .remember(&client, (Arc::downgrade(&backend), Arc::new(route)));
+        client
     }
 
     fn short_ttl(&self) -> Duration {
         // The server's minimum session timeout is 1 s (testkit); leases are
         // client-side timers, equally reliable at this scale.
         Duration::from_secs(1)
+    }
+
+    /// The holder sees its node deleted.
+    fn force_release_causes(&self) -> &'static [LostCause] {
+        &[LostCause::Gone]
+    }
+
+    /// Closes the client's session from a second connection with its id and
+    /// password: the server ends it as it would on expiry.
+    async fn expire_session(&self, client: &Client) -> Fault {
+        let backend = self.clients.of(client).0.upgrade().expect("a live client");
+        let zookeeper = backend.zookeeper().expect("a session");
+        let session = zookeeper.session().clone();
+        // The client reconnecting in between moves the session back and
+        // makes a close miss; then close it again.
+        for _ in 0..20 {
+            close_session(self.server, &session).await;
+            for _ in 0..200 {
+                if matches!(
+                    zookeeper.state(),
+                    zk::SessionState::Expired | zk::SessionState::Closed
+                ) {
+                    // Usually the client learns of the session's end first.
+                    // When its reconnect won the race (and re-armed its
+                    // watch), the server's close deletes the node and says
+                    // so before it closes the connection: then the client
+                    // can say only that the node is gone.
+                    return Fault::Injected(&[
+                        LostCause::SessionExpired,
+                        LostCause::SessionClosed,
+                        LostCause::Gone,
+                    ]);
+                }
+                sleep(Duration::from_millis(10)).await;
+            }
+        }
+        panic!("the session outlived 20 closes");
+    }
+
+    /// Blackholes the client's proxies: its connection is suspended, and it
+    /// gives its holds up before the server can expire the session.
+    async fn cut_connection(&self, client: &Client) -> Fault {
+        self.clients.of(client).1.set(proxy::Mode::Blackhole);
+        Fault::Injected(&[LostCause::ConnectionLost])
+    }
+
+    async fn restore_connection(&self, client: &Client) {
+        self.clients.of(client).1.set(proxy::Mode::Pass);
     }
 }
 
@@ -53,12 +110,15 @@ async fn connect(url: &str, session_ttl: Duration) -> Client {
 }
 
 async fn zk_harness() -> Zk {
+    let server = shared().await;
     Zk {
-        url: format!("{}{CHROOT}", shared().await.url()),
+        server,
+        url: format!("{}{CHROOT}", server.url()),
+        clients: Clients::default(),
     }
 }
 
-conformance::suite!(
+locksmith_testkit::conformance_suite!(
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     zk_harness()
 );
@@ -235,59 +295,6 @@ async fn foreign_contenders_queue_by_sequence() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn force_release_fires_lost() {
-    let server = shared().await;
-    let url = format!("{}{CHROOT}", server.url());
-    let (a, admin) = (
-        connect(&url, Duration::from_secs(10)).await,
-        connect(&url, Duration::from_secs(10)).await,
-    );
-    let name = unique("force");
-    let guard = a.lock(name.as_str()).acquire().await.unwrap();
-    admin.force_release(&name).await.unwrap();
-    let reason = timeout(Duration::from_secs(10), guard.lost())
-        .await
-        .expect("lost() fires after a force-release");
-    assert!(reason.contains("deleted"), "{reason}");
-    assert_eq!(guard.lost_signal().cause(), Some(LostCause::Gone));
-    assert!(matches!(guard.release().await, Err(Error::Lost(_))));
-    let next = admin.lock(name.as_str()).try_acquire().await.unwrap();
-    assert!(next.is_some());
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn extend_moves_a_client_side_lease() {
-    let server = shared().await;
-    let url = format!("{}{CHROOT}", server.url());
-    let (a, b) = (
-        connect(&url, Duration::from_secs(10)).await,
-        connect(&url, Duration::from_secs(10)).await,
-    );
-    let name = unique("extend");
-    let lease = Duration::from_millis(800);
-    let guard = a.lock(name.as_str()).lease(lease).acquire().await.unwrap();
-    let started = tokio::time::Instant::now();
-    while started.elapsed() < lease * 3 {
-        guard.extend(lease).await.expect("extend while held");
-        sleep(lease / 4).await;
-    }
-    assert!(!guard.is_lost(), "{:?}", guard.lost_signal().reason());
-    let info = b.describe(&name).await.unwrap().unwrap();
-    assert_eq!(info.holders.len(), 1);
-    assert!(b.lock(name.as_str()).try_acquire().await.unwrap().is_none());
-    let reason = timeout(lease * 4, guard.lost())
-        .await
-        .expect("the lease ends");
-    assert!(reason.contains("lease"), "{reason}");
-    assert!(matches!(guard.extend(lease).await, Err(Error::Lost(_))));
-    assert!(b
-        .lock(name.as_str())
-        .acquire_timeout(lease * 4)
-        .await
-        .is_ok());
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn list_walks_the_tree() {
     let server = shared().await;
     let client = connect(
@@ -400,101 +407,6 @@ async fn close_session(server: &ZooKeeper, session: &zk::SessionInfo) {
         }
     }
     panic!("cannot attach to the session");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn expired_session_fires_lost_and_hands_over() {
-    let server = shared().await;
-    let url = format!("{}{CHROOT}", server.url());
-    let (a_backend, a) = backend(&url, Duration::from_secs(10)).await;
-    let b = connect(&url, Duration::from_secs(10)).await;
-    let name = unique("expire");
-    let held = a.lock(name.as_str()).acquire().await.unwrap();
-    let waiter = tokio::spawn({
-        let lock = b.lock(name.as_str());
-        async move { lock.acquire().await }
-    });
-    until(&b, &name, "one waiter", |i| i.waiters.len() == 1).await;
-
-    // Close A's session from another connection with the same id and password:
-    // the server ends it, as it would on expiry. (A reconnecting in between
-    // moves the session back and makes the close miss; then close it again.)
-    let session = a_backend.zookeeper().expect("session").session().clone();
-    let mut reason = None;
-    for _ in 0..20 {
-        close_session(server, &session).await;
-        if let Ok(lost) = timeout(Duration::from_secs(2), held.lost()).await {
-            reason = Some(lost);
-            break;
-        }
-    }
-    let reason = reason.expect("lost() fires when the session ends");
-    assert!(reason.contains("session"), "{reason}");
-    // Usually A learns of the session's end first. When A's reconnect won
-    // the race (it moves the session back, and re-arms its watch there),
-    // the server's close deletes the node and tells A so before it closes
-    // A's connection: then the node's deletion comes first, and A can say
-    // only that (`Gone`, "… or its session ended").
-    assert!(
-        matches!(
-            held.lost_signal().cause(),
-            Some(LostCause::SessionExpired | LostCause::SessionClosed | LostCause::Gone)
-        ),
-        "{reason}"
-    );
-    let next = timeout(Duration::from_secs(20), waiter)
-        .await
-        .expect("the waiter gets the lock")
-        .unwrap()
-        .unwrap();
-    assert!(next.fencing_token() > held.fencing_token());
-    assert!(matches!(held.release().await, Err(Error::Lost(_))));
-    next.release().await.unwrap();
-    // The backend opens a new session for what comes next.
-    let again = timeout(Duration::from_secs(20), a.lock(name.as_str()).acquire())
-        .await
-        .expect("A works again")
-        .unwrap();
-    assert_ne!(a_backend.session_id(), None);
-    again.release().await.unwrap();
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn suspended_connection_fires_lost_before_the_session_can_expire() {
-    // A server of its own: this test freezes it.
-    let server = tokio::task::spawn_blocking(ZooKeeper::start).await.unwrap();
-    // 4 s sessions: the connection counts as lost after 4/3 s of silence, and
-    // holds are lost 4/3 s later, well before the server could expire them.
-    let url = format!("{}/suspend?session_timeout=4s", server.url());
-    let (a_backend, a) = backend(&url, Duration::from_secs(4)).await;
-    let b = connect(&url, Duration::from_secs(4)).await;
-    assert_eq!(a_backend.session_timeout(), Some(Duration::from_secs(4)));
-    let name = unique("suspend");
-    let held = a.lock(name.as_str()).acquire().await.unwrap();
-    let waiter = tokio::spawn({
-        let lock = b.lock(name.as_str());
-        async move { lock.acquire().await }
-    });
-    until(&b, &name, "one waiter", |i| i.waiters.len() == 1).await;
-
-    server.pause();
-    let frozen = tokio::time::Instant::now();
-    let reason = timeout(Duration::from_secs(4), held.lost()).await;
-    let after = frozen.elapsed();
-    server.resume();
-    let reason = reason.expect("lost() fires while the connection is suspended");
-    assert!(reason.contains("suspended"), "{reason}");
-    assert_eq!(held.lost_signal().cause(), Some(LostCause::ConnectionLost));
-    assert!(after < Duration::from_secs(4), "lost after {after:?}");
-
-    let next = timeout(Duration::from_secs(30), waiter)
-        .await
-        .expect("the waiter gets the lock")
-        .unwrap()
-        .unwrap();
-    assert!(next.fencing_token() > held.fencing_token());
-    assert!(held.release().await.is_err());
-    next.release().await.unwrap();
 }
 
 // --- kazoo interop ----------------------------------------------------------

@@ -49,7 +49,6 @@ mod checker;
 mod client;
 mod nemesis;
 mod protocol;
-mod proxy;
 mod resource;
 mod round;
 

@@ -8,11 +8,11 @@ use nix::unistd::Pid;
 
 use super::checker::FaultRecord;
 use super::protocol::now;
-use super::proxy::Mode;
 use super::resource::Who;
 use super::round::Round;
 use crate::bench::target::{Kind, ServeCluster, Spawned, Target};
 use crate::cluster::ClusterCommand;
+use locksmith_testkit::proxy::Mode;
 use locksmith_testkit::Server;
 
 /// A fault to inject.

@@ -1,15 +1,14 @@
 //! One round: K client processes, each behind its own fault proxy, reporting
 //! to a fresh fenced resource.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
+use locksmith_testkit::proxy::{Proxy, Route};
 use tokio::process::{Child, Command};
 
 use super::protocol::now;
-use super::proxy::Proxy;
 use super::resource::{Resource, Who};
 
 /// What every client of a round does.
@@ -30,8 +29,8 @@ pub struct RoundConfig {
 struct Slot {
     child: Option<Child>,
     incarnation: u32,
-    url: String,
-    proxies: Vec<Proxy>,
+    /// The client's way to the store, through its fault proxies.
+    route: Route,
 }
 
 /// The running round.
@@ -56,32 +55,12 @@ impl Round {
         let resource = Resource::start()
             .await
             .map_err(|e| format!("cannot start the fenced resource: {e}"))?;
-        let parts = UrlHosts::parse(url)?;
-        let mut upstreams = Vec::new();
-        for host in &parts.hosts {
-            let addr = tokio::net::lookup_host(host.as_str())
-                .await
-                .ok()
-                .and_then(|mut addrs| addrs.next())
-                .ok_or_else(|| format!("cannot resolve {host} of {url}"))?;
-            upstreams.push(addr);
-        }
         let mut slots = Vec::new();
         for _ in 0..config.clients {
-            let mut proxies = Vec::new();
-            for &upstream in &upstreams {
-                proxies.push(
-                    Proxy::start(upstream)
-                        .await
-                        .map_err(|e| format!("cannot start a fault proxy: {e}"))?,
-                );
-            }
-            let addrs: Vec<SocketAddr> = proxies.iter().map(Proxy::addr).collect();
             slots.push(Slot {
                 child: None,
                 incarnation: 0,
-                url: parts.with_hosts(&addrs),
-                proxies,
+                route: Route::start(url).await?,
             });
         }
         let mut round = Round {
@@ -110,7 +89,7 @@ impl Round {
             .args(["torture", "--client-mode"])
             .args(["--client-id", &index.to_string()])
             .args(["--incarnation", &slot.incarnation.to_string()])
-            .args(["--client-url", &slot.url])
+            .args(["--client-url", slot.route.url()])
             .args(["--resource", &self.resource.addr().to_string()])
             .args([
                 "--hold",
@@ -176,17 +155,19 @@ impl Round {
 
     /// The fault proxies of client `slot`.
     pub fn proxies(&self, slot: u32) -> &[Proxy] {
-        &self.slots[slot as usize].proxies
+        self.slots[slot as usize].route.proxies()
     }
 
     /// Every client's fault proxy to the `host`-th server of the URL.
     pub fn proxies_to(&self, host: usize) -> impl Iterator<Item = &Proxy> {
-        self.slots.iter().filter_map(move |s| s.proxies.get(host))
+        self.slots
+            .iter()
+            .filter_map(move |s| s.route.proxies().get(host))
     }
 
     /// Every fault proxy.
     pub fn all_proxies(&self) -> impl Iterator<Item = &Proxy> {
-        self.slots.iter().flat_map(|s| s.proxies.iter())
+        self.slots.iter().flat_map(|s| s.route.proxies())
     }
 
     /// Respawns clients that exited on their own (a crash is noted).
@@ -257,103 +238,5 @@ impl Round {
             }
         }
         stuck
-    }
-}
-
-/// A lock store URL split around its host list, so the hosts can be replaced
-/// by fault proxies: `scheme://[userinfo@]h1:p1,h2:p2[/path][?query]`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UrlHosts {
-    head: String,
-    /// `host:port` of each server, default ports filled in.
-    pub hosts: Vec<String>,
-    tail: String,
-}
-
-impl UrlHosts {
-    /// Splits `url`.
-    pub fn parse(url: &str) -> Result<UrlHosts, String> {
-        let (scheme, rest) = url
-            .split_once("://")
-            .ok_or_else(|| format!("{url:?} is not a URL"))?;
-        let default_port = match scheme {
-            "locksmith" | "locksmith+tls" => 7420,
-            "redis" | "rediss" | "redis+redlock" | "redis+cluster" | "rediss+cluster" => 6379,
-            "redis+sentinel" | "rediss+sentinel" => 26379,
-            "zk" | "zks" | "zookeeper" => 2181,
-            "etcd" | "etcds" => 2379,
-            "postgres" | "postgresql" => 5432,
-            other => {
-                return Err(format!(
-                    "{other}:// has no hosts to put a fault proxy in front of"
-                ))
-            }
-        };
-        let end = rest.find(['/', '?']).unwrap_or(rest.len());
-        let (authority, tail) = rest.split_at(end);
-        let (userinfo, hosts) = match authority.rsplit_once('@') {
-            Some((userinfo, hosts)) => (format!("{userinfo}@"), hosts),
-            None => (String::new(), authority),
-        };
-        let hosts: Vec<String> = hosts
-            .split(',')
-            .filter(|h| !h.is_empty())
-            .map(|h| {
-                let has_port = match h.rfind(']') {
-                    Some(bracket) => h[bracket..].contains(':'),
-                    None => h.contains(':'),
-                };
-                if has_port {
-                    h.to_owned()
-                } else {
-                    format!("{h}:{default_port}")
-                }
-            })
-            .collect();
-        if hosts.is_empty() {
-            return Err(format!("{url:?} names no host"));
-        }
-        Ok(UrlHosts {
-            head: format!("{scheme}://{userinfo}"),
-            hosts,
-            tail: tail.to_owned(),
-        })
-    }
-
-    /// The URL with the hosts replaced by `addrs`, in order.
-    pub fn with_hosts(&self, addrs: &[SocketAddr]) -> String {
-        let hosts: Vec<String> = addrs.iter().map(ToString::to_string).collect();
-        format!("{}{}{}", self.head, hosts.join(","), self.tail)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn urls_get_their_hosts_replaced() {
-        let parts = UrlHosts::parse("postgres://u:p@localhost/db?sslmode=disable").unwrap();
-        assert_eq!(parts.hosts, vec!["localhost:5432"]);
-        let proxy: SocketAddr = "127.0.0.1:9000".parse().unwrap();
-        assert_eq!(
-            parts.with_hosts(&[proxy]),
-            "postgres://u:p@127.0.0.1:9000/db?sslmode=disable"
-        );
-
-        let zk = UrlHosts::parse("zk://127.0.0.1:2181,127.0.0.1:2182/chroot").unwrap();
-        assert_eq!(zk.hosts.len(), 2);
-        assert_eq!(
-            zk.with_hosts(&[proxy, proxy]),
-            "zk://127.0.0.1:9000,127.0.0.1:9000/chroot"
-        );
-
-        assert_eq!(
-            UrlHosts::parse("locksmith://127.0.0.1:7420")
-                .unwrap()
-                .with_hosts(&[proxy]),
-            "locksmith://127.0.0.1:9000"
-        );
-        assert!(UrlHosts::parse("memory://x").is_err());
     }
 }

@@ -244,15 +244,20 @@ async fn keep(keeper: Keeper, mut updates: watch::Receiver<LeaseState>) {
             continue;
         }
         let sent = Instant::now();
-        match renew(
+        // A renewal the server never answers (a stopped backend, a partition
+        // without resets) must not outlast the lease: at its end the loop
+        // reports the hold lost.
+        let renewal = renew(
             &keeper.shared,
             &keeper.name,
             keeper.token,
             &keeper.owner,
             state.lease,
-        )
-        .await
-        {
+        );
+        let Ok(renewed) = tokio::time::timeout_at(state.expires, renewal).await else {
+            continue;
+        };
+        match renewed {
             Ok(true) => keeper.state.send_modify(|s| {
                 s.expires = sent + s.lease;
                 s.renew_at = sent + s.lease / 3;

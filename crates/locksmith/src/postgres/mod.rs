@@ -255,6 +255,7 @@ use crate::backend::{
 };
 use crate::client::ConnectOptions;
 use crate::error::{Error, Result};
+use crate::metrics::LostCause;
 
 pub use config::{HoldMode, Pooler};
 pub use key::{advisory_key, semaphore_slot_key};
@@ -827,8 +828,6 @@ impl Backend for PostgresBackend {
 
     async fn close(&self) -> Result<()> {
         let shared = &self.shared;
-        shared.closed.cancel();
-        shared.background.cancel();
         let live: Vec<Arc<Inner>> = shared
             .live
             .lock()
@@ -836,11 +835,18 @@ impl Backend for PostgresBackend {
             .drain()
             .map(|(_, hold)| hold)
             .collect();
+        for hold in &live {
+            hold.lost()
+                .fire_because(LostCause::ClientClosed, "the client was closed");
+        }
         for hold in live {
             if let Err(error) = hold.release().await {
                 tracing::debug!(%error, "postgres: release on close failed");
             }
         }
+        // Only now: the releases need the pool, which refuses a closed client.
+        shared.closed.cancel();
+        shared.background.cancel();
         shared.holder.lock().expect("holder lock").take();
         shared.conns.clear();
         shared.listener.close().await;

@@ -432,12 +432,13 @@ impl State {
         }
     }
 
-    /// The session is gone: every hold is lost; acquires go on in a new
-    /// session, the rest fails.
-    fn lose_session(&mut self, reason: &str) {
+    /// The session is gone (`cause`: the server said so, or the client lost
+    /// contact for longer than the server keeps it): every hold is lost;
+    /// acquires go on in a new session, the rest fails.
+    fn lose_session(&mut self, cause: LostCause, reason: &str) {
         tracing::warn!(backend = super::BACKEND, %reason, holds = self.holds.len(), "session lost");
         for (_, (signal, _)) in self.holds.drain() {
-            signal.fire_because(LostCause::SessionExpired, reason);
+            signal.fire_because(cause, reason);
         }
         self.outstanding.retain(|_, entry| {
             let keep = match &mut entry.waiter {
@@ -521,7 +522,7 @@ impl Shared {
 /// Why a stream ended.
 enum End {
     Closed,
-    SessionLost(String),
+    SessionLost(LostCause, String),
     Broken(String),
 }
 
@@ -775,8 +776,8 @@ async fn drive(shared: Arc<Shared>, first: Link) {
                 shared.finished.cancel();
                 return;
             }
-            End::SessionLost(reason) => {
-                shared.state().lose_session(&reason);
+            End::SessionLost(cause, reason) => {
+                shared.state().lose_session(cause, &reason);
                 stale = session.take();
             }
             End::Broken(reason) => {
@@ -796,9 +797,10 @@ async fn drive(shared: Arc<Shared>, first: Link) {
                 return;
             }
             if session.is_some() && Instant::now() >= confirmed + shared.ttl {
-                shared
-                    .state()
-                    .lose_session("no contact with the lock server for a whole session TTL");
+                shared.state().lose_session(
+                    LostCause::ConnectionLost,
+                    "no contact with the lock server for a whole session TTL",
+                );
                 stale = session.take();
             }
             if session.is_none() {
@@ -821,9 +823,10 @@ async fn drive(shared: Arc<Shared>, first: Link) {
                     break new;
                 }
                 Ok(Err(SetupError::UnknownSession(message))) => {
-                    shared.state().lose_session(&format!(
-                        "the lock server no longer knows the session: {message}"
-                    ));
+                    shared.state().lose_session(
+                        LostCause::SessionExpired,
+                        &format!("the lock server no longer knows the session: {message}"),
+                    );
                     session = None;
                     continue;
                 }
@@ -924,7 +927,7 @@ async fn run(
                     Ok(Some(batch)) => batch.messages,
                     Ok(None) => return End::Broken("the server ended the stream".into()),
                     Err(status) if status.code() == Code::NotFound => {
-                        return End::SessionLost(status.message().to_owned())
+                        return End::SessionLost(LostCause::SessionExpired, status.message().to_owned())
                     }
                     Err(status) => return End::Broken(status.to_string()),
                 };
@@ -941,6 +944,7 @@ async fn run(
             }
             _ = &mut jeopardy => {
                 return End::SessionLost(
+                    LostCause::ConnectionLost,
                     "no heartbeat answered for a whole session TTL".into(),
                 )
             }
@@ -973,7 +977,10 @@ fn route(
             }
             Some(In::Lost(lost)) => lost_push(&mut state, lost),
             Some(In::Ended(ended)) => {
-                return Some(End::SessionLost(format!("session {}", ended.reason)))
+                return Some(End::SessionLost(
+                    LostCause::SessionExpired,
+                    format!("session {}", ended.reason),
+                ))
             }
             Some(In::Opened(_)) | Some(In::Resumed(_)) | None => {}
         }
@@ -986,7 +993,9 @@ fn lost_push(state: &mut State, lost: pb::Lost) {
     if let Some((signal, _)) = state.holds.remove(&lost.token) {
         let cause = match pb::LostReason::try_from(lost.reason) {
             Ok(pb::LostReason::SessionExpired) => LostCause::SessionExpired,
-            Ok(pb::LostReason::SessionClosed) => LostCause::SessionClosed,
+            // Only the session's own client can close it (the secret
+            // shows it): this is the client's close, answered ahead of it.
+            Ok(pb::LostReason::SessionClosed) => LostCause::ClientClosed,
             Ok(pb::LostReason::LeaseExpired) => LostCause::LeaseExpired,
             Ok(pb::LostReason::ForceReleased) => LostCause::ForceReleased,
             Err(_) => LostCause::Other,

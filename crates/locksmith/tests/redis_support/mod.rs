@@ -1,94 +1,131 @@
 //! Servers and helpers shared by the Redis tests.
 #![allow(dead_code)]
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use locksmith::{Client, ConnectOptions};
+use locksmith::{Client, ConnectOptions, LostCause};
+use locksmith_testkit::conformance::{Clients, Fault};
+use locksmith_testkit::proxy::{self, Route};
 use locksmith_testkit::Redis;
 
 /// Connects the conformance suite's clients to one URL.
 pub struct Harness {
     pub url: String,
+    /// The servers of `url`, whose keys [`Harness::expire_session`] lets
+    /// lapse and in front of which each client gets fault proxies; none
+    /// where the client finds servers the URL does not name (Sentinel,
+    /// cluster).
+    nodes: Vec<&'static Redis>,
+    /// Each client's id (the prefix of its holder ids in Redis) and its
+    /// proxies, if any.
+    clients: Clients<(String, Option<Arc<Route>>)>,
 }
 
-impl crate::conformance::Harness for Harness {
+impl Harness {
+    /// A harness for `url`, without faults.
+    pub fn new(url: impl Into<String>) -> Harness {
+        Harness::on(url, Vec::new())
+    }
+
+    /// A harness for `url`, whose servers are `nodes`.
+    pub fn on(url: impl Into<String>, nodes: Vec<&'static Redis>) -> Harness {
+        Harness {
+            url: url.into(),
+            nodes,
+            clients: Clients::default(),
+        }
+    }
+}
+
+/// Lets every lock key held by the client whose holder ids start with
+/// `ARGV[1]` lapse (`PEXPIRE 1`): a Redisson hash with its field, a
+/// redis-py string with its value. Answers how many.
+const LAPSE: &str = r#"
+local prefix, cursor, lapsed = ARGV[1], "0", 0
+local function ours(s) return string.sub(s, 1, #prefix) == prefix end
+repeat
+  local page = redis.call('SCAN', cursor, 'COUNT', 1000)
+  cursor = page[1]
+  for _, key in ipairs(page[2]) do
+    local kind = redis.call('TYPE', key).ok
+    local held = false
+    if kind == 'hash' then
+      for _, field in ipairs(redis.call('HKEYS', key)) do
+        if ours(field) then held = true end
+      end
+    elseif kind == 'string' then
+      held = ours(redis.call('GET', key))
+    end
+    if held then
+      redis.call('PEXPIRE', key, 1)
+      lapsed = lapsed + 1
+    end
+  end
+until cursor == "0"
+return lapsed
+"#;
+
+impl locksmith_testkit::conformance::Harness for Harness {
     async fn connect(&self, session_ttl: Duration) -> Client {
-        client(&self.url, session_ttl).await
+        let route = match self.nodes.is_empty() {
+            true => None,
+            false => Some(Arc::new(
+                Route::start(&self.url).await.expect("fault proxies"),
+            )),
+        };
+        let url = route.as_ref().map_or(self.url.as_str(), |r| r.url());
+        let (backend, client) = backend_and_client(url, session_ttl).await;
+        let id = backend.client_id().to_owned();
+        self.clients.remember(&client, (id, route));
+        client
     }
 
     fn short_ttl(&self) -> Duration {
         Duration::from_secs(1)
     }
-}
 
-/// Declares [`whole_suite`] and [`BEHAVIOURS`] from the list of the
-/// conformance suite's behaviours.
-macro_rules! behaviours {
-    ($($test:ident),* $(,)?) => {
-        /// The behaviours of the conformance suite, in the suite's order.
-        pub const BEHAVIOURS: &[&str] = &[$(stringify!($test)),*];
+    /// The holder's watchdog finds its key gone.
+    fn force_release_causes(&self) -> &'static [LostCause] {
+        &[LostCause::Gone]
+    }
 
-        /// Runs every behaviour of the conformance suite, one after another,
-        /// against one harness. A replicated setup takes seconds to start and
-        /// every behaviour uses lock names of its own, so the suite shares one
-        /// setup instead of starting one per behaviour (as a test process of
-        /// its own would).
-        pub async fn whole_suite<H: crate::conformance::Harness>(h: &H) {
-            $(
-                eprintln!("conformance: {}", stringify!($test));
-                crate::conformance::$test(h).await;
-            )*
+    /// Redis has no sessions: a client's holds live as long as its
+    /// watchdog renews their keys. Their lapse is the session's end; the
+    /// watchdog then finds them gone.
+    async fn expire_session(&self, client: &Client) -> Fault {
+        if self.nodes.is_empty() {
+            return Fault::Unsupported;
         }
-    };
-}
+        let prefix = format!("{}:", self.clients.of(client).0);
+        let lapsed: i64 = self
+            .nodes
+            .iter()
+            .map(|node| {
+                let lapsed = node.query(&["EVAL", LAPSE, "0", &prefix]);
+                lapsed.expect("EVAL").as_int().expect("a count")
+            })
+            .sum();
+        assert!(lapsed > 0, "no key held by the client");
+        Fault::Injected(&[LostCause::Gone])
+    }
 
-behaviours!(
-    mutual_exclusion,
-    try_acquire_on_held_lock,
-    acquire_timeout,
-    cancelled_acquire_leaves_nothing,
-    stale_owner_cannot_release,
-    reentry_keeps_token,
-    tokens_increase_across_holders,
-    lease_expiry_frees_lock,
-    watchdog_keeps_hold_alive,
-    lost_fires_when_hold_expires,
-    fifo_order_of_ten_waiters,
-    read_write_semantics,
-    writer_fairness,
-    semaphore_never_exceeds_permits,
-    semaphore_permit_mismatch,
-    multi_lock_never_deadlocks,
-    multi_lock_is_all_or_nothing,
-    invalid_names_rejected,
-    invalid_options_rejected,
-    dropping_guard_releases,
-    inspection_shows_holder_and_waiters,
-    election_fails_over,
-    election_is_observed,
-    proclaim_after_loss_fails,
-    racing_acquires_of_one_owner_share_the_grant,
-    waiting_owner_is_busy_to_itself,
-    lock_delay_holds_the_lock_back,
-    multi_lock_is_lost_with_any_part,
-    guard_tells_count_and_lease,
-);
+    /// Blackholes the client's proxies: its watchdog's renewals go
+    /// unanswered, and it gives its holds up by the end of their lease,
+    /// before Redis lets their keys expire.
+    async fn cut_connection(&self, client: &Client) -> Fault {
+        let Some(route) = self.clients.of(client).1 else {
+            return Fault::Unsupported;
+        };
+        route.set(proxy::Mode::Blackhole);
+        Fault::Injected(&[LostCause::ConnectionLost])
+    }
 
-/// The behaviours the conformance suite's `suite!` expands, read from its
-/// source, so that [`whole_suite`] cannot fall behind it.
-pub fn suite_behaviours() -> Vec<String> {
-    let source = include_str!("../conformance/mod.rs");
-    let list = source
-        .split_once("@each #[$attr] $harness;")
-        .and_then(|(_, rest)| rest.split_once(");"))
-        .map(|(list, _)| list)
-        .expect("the suite! macro's list of behaviours");
-    list.split(',')
-        .map(str::trim)
-        .filter(|name| !name.is_empty())
-        .map(str::to_owned)
-        .collect()
+    async fn restore_connection(&self, client: &Client) {
+        if let Some(route) = self.clients.of(client).1 {
+            route.set(proxy::Mode::Pass);
+        }
+    }
 }
 
 /// One Redis for every test that does not inject faults.
@@ -98,9 +135,9 @@ pub fn shared_redis() -> &'static Redis {
 }
 
 /// Five Redis masters for the Redlock suite.
-pub fn shared_redlock() -> String {
+pub fn shared_redlock() -> &'static [Redis] {
     static NODES: OnceLock<Vec<Redis>> = OnceLock::new();
-    redlock_url(NODES.get_or_init(|| (0..5).map(|_| Redis::start()).collect()))
+    NODES.get_or_init(|| (0..5).map(|_| Redis::start()).collect())
 }
 
 /// `redis+redlock://127.0.0.1:p1,…` for these servers.

@@ -1,9 +1,10 @@
-//! The fault proxy: a TCP relay between one client process and the backend
-//! that can blackhole or delay traffic, like a network partition or a slow
-//! link.
+//! The fault proxy (cargo feature `proxy`): a TCP relay between one client
+//! and a server that can blackhole or delay traffic, like a network
+//! partition or a slow link, for `locksmith torture` and the conformance
+//! suite's cut connections.
 //!
-//! Each client slot gets its own proxy (per backend address), so a partition
-//! can cut off exactly the client that holds the lock. A blackhole stops
+//! Each client gets its own proxy per server address ([`Route`]), so a
+//! partition can cut off exactly the client that holds the lock. A blackhole stops
 //! delivering bytes in both directions and holds new connections without
 //! connecting them, but drops nothing: when it heals, what was sent arrives,
 //! as it would after TCP retransmission over a partition that healed in time.
@@ -176,6 +177,123 @@ impl Drop for AbortOnDrop {
     }
 }
 
+/// A lock store URL split around its host list, so the hosts can be replaced
+/// by fault proxies: `scheme://[userinfo@]h1:p1,h2:p2[/path][?query]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UrlHosts {
+    head: String,
+    /// `host:port` of each server, default ports filled in.
+    pub hosts: Vec<String>,
+    tail: String,
+}
+
+impl UrlHosts {
+    /// Splits `url`.
+    pub fn parse(url: &str) -> Result<UrlHosts, String> {
+        let (scheme, rest) = url
+            .split_once("://")
+            .ok_or_else(|| format!("{url:?} is not a URL"))?;
+        let default_port = match scheme {
+            "locksmith" | "locksmith+tls" => 7420,
+            "redis" | "rediss" | "redis+redlock" | "redis+cluster" | "rediss+cluster" => 6379,
+            "redis+sentinel" | "rediss+sentinel" => 26379,
+            "zk" | "zks" | "zookeeper" => 2181,
+            "etcd" | "etcds" => 2379,
+            "postgres" | "postgresql" => 5432,
+            other => {
+                return Err(format!(
+                    "{other}:// has no hosts to put a fault proxy in front of"
+                ))
+            }
+        };
+        let end = rest.find(['/', '?']).unwrap_or(rest.len());
+        let (authority, tail) = rest.split_at(end);
+        let (userinfo, hosts) = match authority.rsplit_once('@') {
+            Some((userinfo, hosts)) => (format!("{userinfo}@"), hosts),
+            None => (String::new(), authority),
+        };
+        let hosts: Vec<String> = hosts
+            .split(',')
+            .filter(|h| !h.is_empty())
+            .map(|h| {
+                let has_port = match h.rfind(']') {
+                    Some(bracket) => h[bracket..].contains(':'),
+                    None => h.contains(':'),
+                };
+                if has_port {
+                    h.to_owned()
+                } else {
+                    format!("{h}:{default_port}")
+                }
+            })
+            .collect();
+        if hosts.is_empty() {
+            return Err(format!("{url:?} names no host"));
+        }
+        Ok(UrlHosts {
+            head: format!("{scheme}://{userinfo}"),
+            hosts,
+            tail: tail.to_owned(),
+        })
+    }
+
+    /// The URL with the hosts replaced by `addrs`, in order.
+    pub fn with_hosts(&self, addrs: &[SocketAddr]) -> String {
+        let hosts: Vec<String> = addrs.iter().map(ToString::to_string).collect();
+        format!("{}{}{}", self.head, hosts.join(","), self.tail)
+    }
+}
+
+/// One client's way to a store: a fault proxy in front of each host of the
+/// store's URL, and the URL that goes through them.
+pub struct Route {
+    url: String,
+    proxies: Vec<Proxy>,
+}
+
+impl Route {
+    /// Starts a proxy in front of each host of `url`.
+    ///
+    /// Cancel safety: safe; the proxies started so far stop when dropped.
+    pub async fn start(url: &str) -> Result<Route, String> {
+        let parts = UrlHosts::parse(url)?;
+        let mut proxies = Vec::new();
+        for host in &parts.hosts {
+            let upstream = tokio::net::lookup_host(host.as_str())
+                .await
+                .ok()
+                .and_then(|mut addrs| addrs.next())
+                .ok_or_else(|| format!("cannot resolve {host} of {url}"))?;
+            let proxy = Proxy::start(upstream)
+                .await
+                .map_err(|e| format!("cannot start a fault proxy: {e}"))?;
+            proxies.push(proxy);
+        }
+        let addrs: Vec<SocketAddr> = proxies.iter().map(Proxy::addr).collect();
+        Ok(Route {
+            url: parts.with_hosts(&addrs),
+            proxies,
+        })
+    }
+
+    /// The store's URL with every host replaced by its proxy.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The proxies, in the order of the URL's hosts.
+    pub fn proxies(&self) -> &[Proxy] {
+        &self.proxies
+    }
+
+    /// Sets every proxy of the route to `mode`.
+    pub fn set(&self, mode: Mode) {
+        for proxy in &self.proxies {
+            proxy.set(mode);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -251,5 +369,31 @@ mod tests {
             3,
             "nothing sent while refused arrives"
         );
+    }
+
+    #[test]
+    fn urls_get_their_hosts_replaced() {
+        let parts = UrlHosts::parse("postgres://u:p@localhost/db?sslmode=disable").unwrap();
+        assert_eq!(parts.hosts, vec!["localhost:5432"]);
+        let proxy: SocketAddr = "127.0.0.1:9000".parse().unwrap();
+        assert_eq!(
+            parts.with_hosts(&[proxy]),
+            "postgres://u:p@127.0.0.1:9000/db?sslmode=disable"
+        );
+
+        let zk = UrlHosts::parse("zk://127.0.0.1:2181,127.0.0.1:2182/chroot").unwrap();
+        assert_eq!(zk.hosts.len(), 2);
+        assert_eq!(
+            zk.with_hosts(&[proxy, proxy]),
+            "zk://127.0.0.1:9000,127.0.0.1:9000/chroot"
+        );
+
+        assert_eq!(
+            UrlHosts::parse("locksmith://127.0.0.1:7420")
+                .unwrap()
+                .with_hosts(&[proxy]),
+            "locksmith://127.0.0.1:9000"
+        );
+        assert!(UrlHosts::parse("memory://x").is_err());
     }
 }
