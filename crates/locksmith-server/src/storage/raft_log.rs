@@ -544,7 +544,6 @@ mod tests {
     use openraft::storage::IOFlushed;
     use openraft::testing::log::{StoreBuilder, Suite};
     use openraft::type_config::alias::LeaderIdOf;
-    use openraft::type_config::TypeConfigExt;
     use openraft::vote::RaftLeaderIdExt;
     use openraft::{EntryPayload, StorageError};
 
