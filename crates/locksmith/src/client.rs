@@ -165,11 +165,11 @@ impl Client {
         macro_rules! backend {
             ($feature:literal, $module:ident :: $ty:ident) => {{
                 #[cfg(feature = $feature)]
-                {
-                    Arc::new(crate::$module::$ty::connect(url, &options).await?)
-                }
+                let backend: Result<Arc<dyn Backend>> =
+                    Ok(Arc::new(crate::$module::$ty::connect(url, &options).await?));
                 #[cfg(not(feature = $feature))]
-                return Err(not_enabled(scheme, $feature));
+                let backend: Result<Arc<dyn Backend>> = Err(not_enabled(scheme, $feature));
+                backend
             }};
         }
         let Some(store) = Store::of_scheme(scheme) else {
@@ -178,14 +178,14 @@ impl Client {
                 reason: format!("unknown scheme {scheme:?}"),
             });
         };
-        let backend: Arc<dyn Backend> = match store {
+        let backend = match store {
             Store::Memory => {
                 #[cfg(feature = "memory")]
-                {
-                    Arc::new(crate::memory::MemoryBackend::connect(url, &options)?)
-                }
+                let backend: Result<Arc<dyn Backend>> =
+                    Ok(Arc::new(crate::memory::MemoryBackend::connect(url, &options)?));
                 #[cfg(not(feature = "memory"))]
-                return Err(not_enabled(scheme, "memory"));
+                let backend: Result<Arc<dyn Backend>> = Err(not_enabled(scheme, "memory"));
+                backend
             }
             Store::Server => backend!("server", server::ServerBackend),
             Store::Redis => backend!("redis", redis::RedisBackend),
@@ -193,7 +193,7 @@ impl Client {
             Store::Etcd => backend!("etcd", etcd::EtcdBackend),
             Store::Postgres => backend!("postgres", postgres::PostgresBackend),
         };
-        Ok(Client::from_backend(backend))
+        Ok(Client::from_backend(backend?))
     }
 
     /// Wraps a backend built by hand.
