@@ -181,8 +181,9 @@ impl Client {
         let backend = match store {
             Store::Memory => {
                 #[cfg(feature = "memory")]
-                let backend: Result<Arc<dyn Backend>> =
-                    Ok(Arc::new(crate::memory::MemoryBackend::connect(url, &options)?));
+                let backend: Result<Arc<dyn Backend>> = Ok(Arc::new(
+                    crate::memory::MemoryBackend::connect(url, &options)?,
+                ));
                 #[cfg(not(feature = "memory"))]
                 let backend: Result<Arc<dyn Backend>> = Err(not_enabled(scheme, "memory"));
                 backend
