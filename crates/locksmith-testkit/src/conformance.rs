@@ -52,6 +52,15 @@
 //! with [`whole_suite`]. [`UrlHarness`] connects to one URL and injects no
 //! faults; `ServerHarness` (feature `conformance-server`) is the lock
 //! server's, which ends sessions through the admin API.
+//!
+//! # Cancel safety
+//!
+//! The suite's functions are tests: a test dropped midway (a failed
+//! assertion elsewhere, a timeout) leaves its holds to end with its clients'
+//! sessions and leases, under its own unique prefix, so other tests are not
+//! disturbed. A cut connection is restored only by
+//! [`Harness::restore_connection`]: a test dropped between the two leaves
+//! that one client cut off, and nothing else.
 
 use std::any::type_name;
 use std::future::Future;
@@ -104,6 +113,10 @@ pub trait Harness: Send + Sync + 'static {
     }
 
     /// Undoes [`cut_connection`](Harness::cut_connection).
+    ///
+    /// Cancel safety of the three hooks: a hook dropped midway may or may
+    /// not have injected its fault; it touches only the client it was given,
+    /// and `restore_connection` undoes a cut either way.
     fn restore_connection(&self, client: &Client) -> impl Future<Output = ()> + Send {
         let _ = client;
         async {}
@@ -567,6 +580,16 @@ pub async fn fifo_order_of_ten_waiters<H: Harness>(h: &H) {
     assert_eq!(*order.lock().unwrap(), (0..10).collect::<Vec<_>>());
 }
 
+/// A read (shared) hold of `name` if one is free now.
+async fn try_read(client: &Client, name: &str) -> Option<Guard> {
+    client.rw_lock(name).read().try_acquire().await.unwrap()
+}
+
+/// A write (exclusive) hold of `name` if one is free now.
+async fn try_write(client: &Client, name: &str) -> Option<Guard> {
+    client.rw_lock(name).write().try_acquire().await.unwrap()
+}
+
 /// Readers share, writers exclude readers and writers.
 pub async fn read_write_semantics<H: Harness>(h: &H) {
     let (a, b, c) = (client(h).await, client(h).await, client(h).await);
@@ -574,58 +597,16 @@ pub async fn read_write_semantics<H: Harness>(h: &H) {
         return;
     }
     let name = unique("rw");
-    let r1 = a
-        .rw_lock(name.as_str())
-        .read()
-        .try_acquire()
-        .await
-        .unwrap()
-        .expect("reader");
-    let r2 = b
-        .rw_lock(name.as_str())
-        .read()
-        .try_acquire()
-        .await
-        .unwrap()
-        .expect("readers share");
-    assert!(c
-        .rw_lock(name.as_str())
-        .write()
-        .try_acquire()
-        .await
-        .unwrap()
-        .is_none());
+    let r1 = try_read(&a, &name).await.expect("reader");
+    let r2 = try_read(&b, &name).await.expect("readers share");
+    assert!(try_write(&c, &name).await.is_none());
     let reader_tokens = r1.fencing_token().max(r2.fencing_token());
     r1.release().await.unwrap();
-    assert!(c
-        .rw_lock(name.as_str())
-        .write()
-        .try_acquire()
-        .await
-        .unwrap()
-        .is_none());
+    assert!(try_write(&c, &name).await.is_none());
     r2.release().await.unwrap();
-    let w = c
-        .rw_lock(name.as_str())
-        .write()
-        .try_acquire()
-        .await
-        .unwrap()
-        .expect("writer");
-    assert!(a
-        .rw_lock(name.as_str())
-        .read()
-        .try_acquire()
-        .await
-        .unwrap()
-        .is_none());
-    assert!(b
-        .rw_lock(name.as_str())
-        .write()
-        .try_acquire()
-        .await
-        .unwrap()
-        .is_none());
+    let w = try_write(&c, &name).await.expect("writer");
+    assert!(try_read(&a, &name).await.is_none());
+    assert!(try_write(&b, &name).await.is_none());
     assert!(w.fencing_token() > reader_tokens);
     w.release().await.unwrap();
 }
@@ -645,13 +626,7 @@ pub async fn writer_fairness<H: Harness>(h: &H) {
     });
     until_waiters(&a, &name, 1).await;
     // A reader arriving after a waiting writer must queue behind it.
-    assert!(c
-        .rw_lock(name.as_str())
-        .read()
-        .try_acquire()
-        .await
-        .unwrap()
-        .is_none());
+    assert!(try_read(&c, &name).await.is_none());
     reader.release().await.unwrap();
     let writer = writer.await.unwrap().expect("writer gets the lock");
     writer.release().await.unwrap();

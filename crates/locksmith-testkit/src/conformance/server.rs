@@ -34,6 +34,9 @@ impl ServerHarness {
 
     /// Ends the session of the client named `name` on whichever member takes
     /// admin calls (a cluster's leader). Answers whether one was found.
+    ///
+    /// Cancel safety: safe; dropped before `EndSession` is sent, it ends
+    /// nothing, and after, the session ends anyway.
     async fn end_session_of(&self, name: &str) -> bool {
         let url = ServerUrl::parse(&self.url).expect("a lock server URL");
         for address in url.addresses() {
