@@ -240,15 +240,9 @@ impl Server {
             token_floor,
             keep,
         } = storage;
-        let applied = Arc::new(std::sync::Mutex::new(raft::Applied::default()));
-        let (proposals, proposed) = tokio::sync::mpsc::unbounded_channel();
+        let (proposer, openers) = raft::propose::Proposer::new();
         let (serving_tx, mut serving_rx) = tokio::sync::watch::channel(false);
-        let replica = Replica::new(
-            proposals,
-            applied.clone(),
-            serving_tx,
-            config.max_batches_in_flight,
-        );
+        let replica = Replica::new(proposer, serving_tx, config.max_batches_in_flight);
         let mut core = Core::new(&config, replica, tokens);
         if let Some(snapshot) = &snapshot {
             core.install_snapshot(snapshot.meta.clone(), snapshot.data.clone())
@@ -263,6 +257,9 @@ impl Server {
         core.count_in(metrics.clone());
         let unary_ids = core.unary_ids();
         let stats = core.stats();
+        let machine = CoreMachine::new(ops.clone(), snapshots, snapshot);
+        let raft = raft::member::open(&config, log, machine, peer_tls.clone()).await?;
+        core.connect_raft(raft.clone(), ops.clone());
         let (exit_tx, exit_rx) = oneshot::channel();
         let serving = readiness.clone();
         std::thread::Builder::new()
@@ -275,17 +272,7 @@ impl Server {
                 context: "cannot start the engine thread".into(),
                 source,
             })?;
-        let machine = CoreMachine::new(ops.clone(), applied, snapshots, snapshot);
-        let raft = raft::member::start(
-            &config,
-            addr.to_string(),
-            log,
-            machine,
-            ops.clone(),
-            proposed,
-            peer_tls.clone(),
-        )
-        .await?;
+        raft::member::start(&config, addr.to_string(), &raft, ops.clone(), openers).await?;
         metrics.follow_raft(raft.clone());
         let _ = member.set(raft.clone());
         if let Some(lag) = config.auto_promote_lag {

@@ -12,6 +12,7 @@ use locksmith_core::{
     Acquire, ClientInfo, Command, FrozenEngine, Millis, Mode, RequestId, SessionId, Wait,
 };
 use locksmith_proto::v1 as pb;
+use openraft::storage::ApplyResponder;
 use openraft::type_config::alias::{EntryOf, SnapshotMetaOf, SnapshotOf};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
@@ -244,10 +245,11 @@ pub(crate) enum Op {
         done: oneshot::Sender<Result<(), String>>,
     },
     /// Committed log entries to apply, in order (from openraft's state
-    /// machine); `done` once they are.
+    /// machine, which does not wait for them); `responders` are told once
+    /// they are applied (openraft's own writes wait on them).
     Apply {
         entries: Vec<EntryOf<TypeConfig>>,
-        done: oneshot::Sender<()>,
+        responders: Vec<ApplyResponder<TypeConfig>>,
     },
     /// Copy the applied state for a snapshot.
     Snapshot { reply: oneshot::Sender<FrozenState> },

@@ -395,7 +395,10 @@ impl Core {
         let mut shutdown = None;
         for op in arrived.drain(..) {
             match op {
-                Op::Apply { entries, done } => {
+                Op::Apply {
+                    entries,
+                    responders,
+                } => {
                     self.apply_entries(entries);
                     if let Err(error) = self.finish_apply() {
                         // Nothing of these entries was told to anyone.
@@ -404,7 +407,9 @@ impl Core {
                         tracing::error!(%message, "stopping");
                         return Some(Stop::Failed(message));
                     }
-                    let _ = done.send(());
+                    for responder in responders {
+                        responder.send(());
+                    }
                 }
                 Op::Snapshot { reply } => {
                     let _ = reply.send(self.freeze());
@@ -607,14 +612,9 @@ mod tests {
             max_batch,
             ..ServerConfig::in_memory()
         };
-        let (proposals, _) = tokio::sync::mpsc::unbounded_channel();
+        let (proposer, _) = crate::raft::propose::Proposer::new();
         let (serving, _) = tokio::sync::watch::channel(false);
-        let replica = Replica::new(
-            proposals,
-            Arc::default(),
-            serving,
-            config.max_batches_in_flight,
-        );
+        let replica = Replica::new(proposer, serving, config.max_batches_in_flight);
         Core::new(&config, replica, None)
     }
 

@@ -1,8 +1,8 @@
 //! The core as a member of a Raft group (openraft).
 //!
 //! Only the leader proposes: each batch of client ops becomes one log entry
-//! ([`Batch`]), handed to openraft by the proposer task (module
-//! `raft::propose`), replicated, committed on a quorum, and then applied by
+//! ([`Batch`]), handed to openraft by this thread (module `raft::propose`),
+//! replicated, committed on a quorum, and then applied by
 //! every member, the leader included, when openraft's state machine delivers
 //! it back to the core ([`Op::Apply`]). Several batches may be in flight at
 //! a time (`max_batches_in_flight`), so that the next batch is written and replicated
@@ -26,25 +26,24 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use locksmith_core::Command;
 use openraft::type_config::alias::{EntryOf, LogIdOf, StoredMembershipOf};
 use openraft::EntryPayload;
-use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::watch;
 use tonic::Status;
 
 use super::{Core, Proposal, Route};
 use crate::clock::Clock;
 use crate::op::{Op, Role};
-use crate::raft::{Applied, Batch, Proposed, TypeConfig};
+use crate::raft::propose::Proposer;
+use crate::raft::{Applied, Batch, Raft, TypeConfig};
 
 /// The core's side of replication.
 pub(crate) struct Replica {
-    /// Batches for the proposer task, in order.
-    proposals: UnboundedSender<Proposed>,
+    /// Hands batches to openraft, in order.
+    proposer: Proposer,
     pub(super) role: Leadership,
     next_seq: u64,
     /// The batches this leader proposed and has not applied yet, oldest
@@ -52,8 +51,8 @@ pub(crate) struct Replica {
     in_flight: VecDeque<InFlight>,
     /// How many batches may be in flight at once.
     max_in_flight: usize,
-    /// What the state machine reports to openraft.
-    applied: Arc<Mutex<Applied>>,
+    /// What this core has applied (its snapshots say so).
+    applied: Applied,
     /// Whether this member serves clients (leads, ready).
     serving: watch::Sender<bool>,
 }
@@ -81,18 +80,17 @@ struct InFlight {
 
 impl Replica {
     pub(crate) fn new(
-        proposals: UnboundedSender<Proposed>,
-        applied: Arc<Mutex<Applied>>,
+        proposer: Proposer,
         serving: watch::Sender<bool>,
         max_in_flight: usize,
     ) -> Replica {
         Replica {
-            proposals,
+            proposer,
             role: Leadership::Follower { leader: None },
             next_seq: 0,
             in_flight: VecDeque::new(),
             max_in_flight: max_in_flight.max(1),
-            applied,
+            applied: Applied::default(),
             serving,
         }
     }
@@ -167,11 +165,7 @@ impl Replica {
             seq,
             records: std::mem::take(&mut proposal.records),
         };
-        // The proposer task ends only with the server, after the core.
-        let _ = self.proposals.send(Proposed {
-            batch,
-            first: grace,
-        });
+        // In flight before openraft may refuse it (and say so).
         self.in_flight.push_back(InFlight {
             seq,
             proposal,
@@ -179,6 +173,7 @@ impl Replica {
             expiries,
             proposed_at: Instant::now(),
         });
+        self.proposer.propose(batch, grace);
     }
 
     /// The routes of the batch `origin`/`seq`, if this member proposed it in
@@ -196,6 +191,12 @@ impl Replica {
 }
 
 impl Core {
+    /// Connects the core to openraft, once started, before its thread runs;
+    /// `ops` is the core's own channel, for batches openraft refuses.
+    pub(crate) fn connect_raft(&mut self, raft: Raft, ops: std::sync::mpsc::Sender<Op>) {
+        self.replica.proposer.attach(raft, ops);
+    }
+
     /// Proposes the batch being built, if it holds anything; `expiries`:
     /// it carries time-driven changes.
     pub(super) fn propose_batch(&mut self, proposal: Proposal, expiries: bool) {
@@ -343,13 +344,13 @@ impl Core {
                 EntryPayload::Membership(membership) => {
                     let stored =
                         StoredMembershipOf::<TypeConfig>::new(Some(entry.log_id), membership);
-                    self.lock_applied().membership = stored;
+                    self.replica.applied.membership = stored;
                 }
             }
             last = Some(entry.log_id);
         }
         if let Some(last) = last {
-            self.lock_applied().last_applied = Some(last);
+            self.replica.applied.last_applied = Some(last);
         }
     }
 
@@ -392,27 +393,21 @@ impl Core {
 
     /// Where the state now is (after a snapshot was installed).
     pub(super) fn set_applied(
-        &self,
+        &mut self,
         last_applied: Option<LogIdOf<TypeConfig>>,
         membership: StoredMembershipOf<TypeConfig>,
     ) {
-        let mut applied = self.lock_applied();
-        applied.last_applied = last_applied;
-        applied.membership = membership;
-    }
-
-    fn lock_applied(&self) -> std::sync::MutexGuard<'_, Applied> {
-        self.replica
-            .applied
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        self.replica.applied = Applied {
+            last_applied,
+            membership,
+        };
     }
 
     /// The last log id applied, for snapshots.
     pub(super) fn applied_state(
         &self,
     ) -> (Option<LogIdOf<TypeConfig>>, StoredMembershipOf<TypeConfig>) {
-        let applied = self.lock_applied();
+        let applied = &self.replica.applied;
         (applied.last_applied, applied.membership.clone())
     }
 

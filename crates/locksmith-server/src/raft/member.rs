@@ -6,11 +6,9 @@
 //! machine) runs on its own thread and is fed through the op channel; this
 //! module wires openraft to it in both directions:
 //!
-//! - **proposals**: the core sends each batch to the proposer task, which
-//!   hands it to openraft without waiting for it to commit (the core bounds
-//!   how many are in flight) and tells the core of a refused one; a new
-//!   leader's first batch is sent again while its lease is not confirmed
-//!   yet (right after an election);
+//! - **proposals**: the core thread hands each batch to openraft itself
+//!   (module `propose`); a task sends a new leader's first batch again
+//!   while its lease is not confirmed yet (right after an election);
 //! - **applies**: openraft's state machine ([`CoreMachine`]) passes committed
 //!   entries to the core;
 //! - **role**: a task watches openraft's metrics and tells the core when this
@@ -22,14 +20,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::async_runtime::WatchReceiver;
-use openraft::errors::{ClientWriteError, ForwardReason, RaftError};
-use openraft::impls::ProgressResponder;
 use openraft::{BasicNode, Config, ServerState, SnapshotPolicy};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::network::PeerNetwork;
+use super::propose::run_openers;
 use super::state_machine::CoreMachine;
-use super::{Batch, Proposed, Raft};
+use super::{Batch, Raft};
 use crate::config::ServerConfig;
 use crate::error::ServerError;
 use crate::op::{Op, Role};
@@ -122,15 +119,12 @@ pub(crate) fn raft_config(config: &ServerConfig) -> Result<Config, ServerError> 
 }
 
 /// Starts openraft for this member over `log`, with the core as state
-/// machine, initializes a new group, and starts the proposer and the role
-/// watch. `address` is where this member's clients and peers reach it.
-pub(crate) async fn start(
+/// machine (entries it applies wait in the core's channel until the core's
+/// thread runs).
+pub(crate) async fn open(
     config: &ServerConfig,
-    address: String,
     log: RaftLog,
     machine: CoreMachine,
-    core: Sender<Op>,
-    proposals: UnboundedReceiver<Proposed>,
     tls: Option<tonic::transport::ClientTlsConfig>,
 ) -> Result<Raft, ServerError> {
     let raft_config = Arc::new(raft_config(config)?);
@@ -138,14 +132,26 @@ pub(crate) async fn start(
         snapshot_rate: SNAPSHOT_RATE,
         tls,
     };
-    let raft = Raft::new(config.node_id, raft_config, network, log, machine)
+    Raft::new(config.node_id, raft_config, network, log, machine)
         .await
-        .map_err(|e| ServerError::Raft(format!("cannot start: {e}")))?;
+        .map_err(|e| ServerError::Raft(format!("cannot start: {e}")))
+}
+
+/// Starts the tasks that write new leaders' first batches and watch the
+/// member's role, then initializes a new group. `address` is where this
+/// member's clients and peers reach it.
+pub(crate) async fn start(
+    config: &ServerConfig,
+    address: String,
+    raft: &Raft,
+    core: Sender<Op>,
+    openers: UnboundedReceiver<Batch>,
+) -> Result<(), ServerError> {
     // A leader whose quorum lease is not confirmed refuses proposals: right
     // after its election for a moment, or for as long as it is cut off from
     // a quorum. The lease is the longest election timeout.
     let patience = config.election_timeout * 2;
-    tokio::spawn(propose(raft.clone(), proposals, core.clone(), patience));
+    tokio::spawn(run_openers(raft.clone(), openers, core.clone(), patience));
     tokio::spawn(watch_role(raft.clone(), config.node_id, core));
     let initialized = raft
         .is_initialized()
@@ -168,81 +174,7 @@ pub(crate) async fn start(
             tracing::info!(%error, "the cluster is initialized already");
         }
     }
-    Ok(raft)
-}
-
-/// Hands the core's batches to openraft in order, without waiting for them
-/// to commit, so that several are written and replicated at once (the core
-/// bounds how many). The first batch of a leadership stint is sent again for
-/// up to `patience` while the new leader's lease is not confirmed (its first
-/// round of heartbeats confirms it); nothing else is in flight then. Any
-/// other batch refused was never appended, and the core is told so
-/// ([`Op::Refused`]).
-async fn propose(
-    raft: Raft,
-    mut proposals: UnboundedReceiver<Proposed>,
-    core: Sender<Op>,
-    patience: Duration,
-) {
-    while let Some(Proposed { batch, first }) = proposals.recv().await {
-        let (origin, seq) = (batch.origin, batch.seq);
-        let refusal = if first {
-            write_first(&raft, batch, patience).await.err()
-        } else {
-            let (responder, outcome) = ProgressResponder::complete_only();
-            match raft.client_write_ff(batch, Some(responder)).await {
-                Ok(()) => {
-                    let core = core.clone();
-                    tokio::spawn(async move {
-                        let refusal = match outcome.await {
-                            Ok(Ok(_)) => return,
-                            Ok(Err(error)) => error.to_string(),
-                            Err(_) => "openraft stopped".to_string(),
-                        };
-                        refuse(&core, origin, seq, refusal);
-                    });
-                    None
-                }
-                Err(fatal) => Some(fatal.to_string()),
-            }
-        };
-        if let Some(reason) = refusal {
-            if !refuse(&core, origin, seq, reason) {
-                return;
-            }
-        }
-    }
-}
-
-/// Writes a stint's first batch, waiting for it to commit, and sends it again
-/// while the leader's lease is not confirmed yet.
-async fn write_first(raft: &Raft, batch: Batch, patience: Duration) -> Result<(), String> {
-    let started = tokio::time::Instant::now();
-    loop {
-        match raft.client_write(batch.clone()).await {
-            Ok(_) => return Ok(()),
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward)))
-                if forward.reason == ForwardReason::LeaseExpired
-                    && raft.is_leader()
-                    && started.elapsed() < patience =>
-            {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            Err(error) => return Err(error.to_string()),
-        }
-    }
-}
-
-/// Tells the core that its batch `origin`/`seq` was refused; false when the
-/// core is gone.
-fn refuse(core: &Sender<Op>, origin: u64, seq: u64, reason: String) -> bool {
-    tracing::warn!(%reason, "a batch was refused");
-    core.send(Op::Refused {
-        origin,
-        seq,
-        reason,
-    })
-    .is_ok()
+    Ok(())
 }
 
 /// Tells the core its role whenever openraft's metrics change it.

@@ -11,6 +11,7 @@
 pub(crate) mod admin;
 pub(crate) mod member;
 pub(crate) mod network;
+pub(crate) mod propose;
 pub(crate) mod state_machine;
 
 use std::fmt;
@@ -32,16 +33,6 @@ pub(crate) struct Batch {
     pub records: Vec<Record>,
 }
 
-/// A batch on its way from the core to the proposer task.
-#[derive(Debug)]
-pub(crate) struct Proposed {
-    pub batch: Batch,
-    /// The first batch of a leadership stint (its grace period): nothing else
-    /// is in flight with it, and it is sent again while the new leader's lease
-    /// is being confirmed.
-    pub first: bool,
-}
-
 impl fmt::Display for Batch {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "batch of {} records", self.records.len())
@@ -55,15 +46,36 @@ pub(crate) struct Applied {
     pub membership: openraft::type_config::alias::StoredMembershipOf<TypeConfig>,
 }
 
-openraft::declare_raft_types!(
-    /// The openraft types of a locksmith cluster: a member is a `u64` id and
-    /// the address its clients and peers both use.
-    pub(crate) TypeConfig:
-        D = Batch,
-        R = (),
-        NodeId = u64,
-        Node = openraft::BasicNode,
-);
+/// The openraft types of a locksmith cluster: a member is a `u64` id and
+/// the address its clients and peers both use. Written out rather than
+/// declared with `declare_raft_types!`, which cannot set the responder: a
+/// batch's is a callback ([`propose::Outcome`]). The rest are openraft's
+/// defaults.
+#[derive(Debug, Clone, Copy, Default, Eq, PartialEq, Ord, PartialOrd)]
+pub(crate) struct TypeConfig {}
+
+impl openraft::RaftTypeConfig for TypeConfig {
+    type D = Batch;
+    type R = ();
+    type NodeId = u64;
+    type Node = openraft::BasicNode;
+    type Term = u64;
+    type LeaderId = openraft::impls::leader_id_adv::LeaderId<u64, u64>;
+    type Vote = openraft::impls::Vote<Self::LeaderId>;
+    type Payload = openraft::EntryPayload<Batch, u64, openraft::BasicNode>;
+    type Entry =
+        openraft::Entry<<Self::LeaderId as openraft::vote::RaftLeaderId>::Committed, Self::Payload>;
+    type Responder<T>
+        = propose::Outcome<T>
+    where
+        T: openraft::OptionalSend + 'static;
+    type Batch<T>
+        = openraft::impls::InlineBatch<T>
+    where
+        T: openraft::OptionalSend + 'static;
+    type AsyncRuntime = openraft::impls::TokioRuntime;
+    type ErrorSource = openraft::impls::BoxedErrorSource;
+}
 
 /// This member's handle on openraft.
 pub(crate) type Raft = openraft::Raft<TypeConfig, state_machine::CoreMachine>;

@@ -1,15 +1,18 @@
 //! The replicated state machine is the core: openraft hands committed
-//! entries to [`CoreMachine`], which passes them to the core thread
-//! ([`Op::Apply`]) and waits until they are applied, so that every member
-//! applies the same entries in the same order to the same engine.
+//! entries to [`CoreMachine`], which passes them on to the core thread
+//! ([`Op::Apply`]) in order, so that every member applies the same entries
+//! in the same order to the same engine. It does not wait for the core to
+//! apply them: the core's channel keeps the order, and anything asked of
+//! the core later (a snapshot, an installed snapshot) queues behind them.
 //!
 //! A snapshot is the core's state (`ServerSnapshot`: the engine, the session
 //! table, the clock), postcard-encoded by the core thread, with openraft's
 //! metadata (last applied log id and membership) beside it.
 //!
 //! Cancel safety of every method: the op is sent to the core before the
-//! first await; a dropped future leaves it to run, and openraft does not
-//! drop these futures before the member shuts down.
+//! first await (`apply` awaits only openraft's stream of entries, then sends
+//! without awaiting); a dropped future leaves a sent op to run, and openraft
+//! does not drop these futures before the member shuts down.
 
 use std::io::{self, Cursor};
 use std::sync::mpsc::Sender;
@@ -18,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use futures::{Stream, TryStreamExt};
 use openraft::storage::{EntryResponder, RaftStateMachine};
 use openraft::type_config::alias::{LogIdOf, SnapshotMetaOf, SnapshotOf, StoredMembershipOf};
-use openraft::RaftSnapshotBuilder;
+use openraft::{EntryPayload, RaftSnapshotBuilder};
 use tokio::sync::oneshot;
 
 use super::{Applied, TypeConfig};
@@ -32,7 +35,9 @@ type Snapshot = SnapshotOf<TypeConfig, Cursor<Vec<u8>>>;
 #[derive(Clone)]
 pub(crate) struct CoreMachine {
     core: Sender<Op>,
-    /// What the core has applied (the core updates it as it applies).
+    /// The last entry (and membership) handed to the core. The core's
+    /// channel is the state machine's queue: whatever reads the state goes
+    /// through it, behind these entries, so for openraft they are applied.
     applied: Arc<Mutex<Applied>>,
     /// The newest snapshot built or installed.
     current: Arc<Mutex<Option<Snapshot>>>,
@@ -46,17 +51,20 @@ impl CoreMachine {
     /// member found on disk at start, which the core has installed.
     pub(crate) fn new(
         core: Sender<Op>,
-        applied: Arc<Mutex<Applied>>,
         file: Option<SnapshotFile>,
         kept: Option<StoredSnapshot>,
     ) -> CoreMachine {
+        let applied = kept.as_ref().map_or_else(Applied::default, |s| Applied {
+            last_applied: s.meta.last_log_id,
+            membership: s.meta.last_membership.clone(),
+        });
         let current = kept.map(|s| SnapshotOf::<TypeConfig, Cursor<Vec<u8>>> {
             meta: s.meta,
             snapshot: Cursor::new(s.data),
         });
         CoreMachine {
             core,
-            applied,
+            applied: Arc::new(Mutex::new(applied)),
             current: Arc::new(Mutex::new(current)),
             file,
         }
@@ -147,22 +155,34 @@ impl RaftStateMachine<TypeConfig> for CoreMachine {
     {
         let mut batch = Vec::new();
         let mut responders = Vec::new();
+        let mut handed = self
+            .applied
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
         while let Some((entry, responder)) = entries.try_next().await? {
+            if let EntryPayload::Membership(membership) = &entry.payload {
+                handed.membership =
+                    StoredMembershipOf::<TypeConfig>::new(Some(entry.log_id), membership.clone());
+            }
+            handed.last_applied = Some(entry.log_id);
             batch.push(entry);
             responders.extend(responder);
         }
         if batch.is_empty() {
             return Ok(());
         }
-        self.ask(|done| Op::Apply {
-            entries: batch,
-            done,
-        })
-        .await?;
-        for responder in responders {
-            responder.send(());
-        }
-        Ok(())
+        *self.applied.lock().unwrap_or_else(|e| e.into_inner()) = handed;
+        // Not waiting for the core: the next entries come through at once,
+        // and whatever asks the core afterwards (a snapshot, a read) queues
+        // behind these in its channel. If the core stops instead, so does
+        // the member.
+        self.core
+            .send(Op::Apply {
+                entries: batch,
+                responders,
+            })
+            .map_err(|_| stopped())
     }
 
     async fn install_snapshot(
@@ -182,6 +202,10 @@ impl RaftStateMachine<TypeConfig> for CoreMachine {
         })
         .await?
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        *self.applied.lock().unwrap_or_else(|e| e.into_inner()) = Applied {
+            last_applied: meta.last_log_id,
+            membership: meta.last_membership.clone(),
+        };
         self.keep_durably(&installed).await?;
         Ok(())
     }
@@ -205,12 +229,11 @@ impl CoreMachine {
     pub(crate) fn for_tests() -> CoreMachine {
         use crate::core::{Core, Replica};
         let (ops, receiver) = std::sync::mpsc::channel();
-        let applied = Arc::new(Mutex::new(Applied::default()));
-        let (proposals, _) = tokio::sync::mpsc::unbounded_channel();
+        let (proposer, _) = crate::raft::propose::Proposer::new();
         let (serving, _) = tokio::sync::watch::channel(false);
-        let replica = Replica::new(proposals, applied.clone(), serving, 1);
+        let replica = Replica::new(proposer, serving, 1);
         let core = Core::new(&crate::ServerConfig::in_memory(), replica, None);
         std::thread::spawn(move || core.run(receiver));
-        CoreMachine::new(ops, applied, None, None)
+        CoreMachine::new(ops, None, None)
     }
 }

@@ -1,0 +1,154 @@
+//! How the core's batches reach openraft.
+//!
+//! The core thread hands each batch straight to openraft's queue
+//! ([`Proposer::propose`]): no task sits between them, so a request pays no
+//! wake-up on its way to the log. It does not wait for the batch to commit
+//! (the core bounds how many are in flight); the batch's [`Outcome`] tells
+//! the core if openraft refused it ([`Op::Refused`]), from wherever openraft
+//! ends it, without a task waiting on a channel for every batch.
+//!
+//! A new leader's first batch is the exception: right after an election the
+//! leader's lease is not confirmed yet and openraft refuses writes, so that
+//! batch goes to a task ([`run_openers`]) that sends it again until the first
+//! round of heartbeats confirms the lease. Nothing else is in flight while it
+//! is, so order holds.
+
+use std::future::Future;
+use std::sync::mpsc::Sender;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use openraft::errors::{ClientWriteError, ForwardReason, RaftError};
+use openraft::raft::responder::Responder;
+use openraft::OptionalSend;
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
+
+use super::{Batch, Raft, TypeConfig};
+use crate::op::Op;
+
+/// The core's handle for proposing batches.
+pub(crate) struct Proposer {
+    /// openraft, and the core's own channel for refusals (none until the
+    /// member starts, and in the core's own tests).
+    raft: Option<(Raft, Sender<Op>)>,
+    /// First batches of leadership stints, for [`run_openers`].
+    openers: UnboundedSender<Batch>,
+}
+
+impl Proposer {
+    /// A proposer that holds its batches until [`Proposer::attach`]; the
+    /// receiver is for [`run_openers`].
+    pub(crate) fn new() -> (Proposer, UnboundedReceiver<Batch>) {
+        let (openers, receiver) = tokio::sync::mpsc::unbounded_channel();
+        (
+            Proposer {
+                raft: None,
+                openers,
+            },
+            receiver,
+        )
+    }
+
+    /// Connects the proposer to openraft and to the core's channel.
+    pub(crate) fn attach(&mut self, raft: Raft, core: Sender<Op>) {
+        self.raft = Some((raft, core));
+    }
+
+    /// Hands `batch` to openraft; `first`: the first batch of a leadership
+    /// stint. Called on the core thread: it blocks only while openraft's
+    /// queue is full (65 536 messages), which holds the core back instead of
+    /// queueing without bound.
+    pub(crate) fn propose(&self, batch: Batch, first: bool) {
+        if first {
+            // The task ends only with the server, after the core.
+            let _ = self.openers.send(batch);
+            return;
+        }
+        let Some((raft, core)) = &self.raft else {
+            return;
+        };
+        let (origin, seq) = (batch.origin, batch.seq);
+        let refusals = core.clone();
+        let outcome = Outcome::new(
+            move |result: openraft::raft::ClientWriteResult<TypeConfig>| {
+                if let Err(error) = result {
+                    refuse(&refusals, origin, seq, error.to_string());
+                }
+            },
+        );
+        let mut write = std::pin::pin!(raft.client_write_ff(batch, Some(outcome)));
+        let written = match write.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(result) => result,
+            Poll::Pending => futures::executor::block_on(write),
+        };
+        if let Err(fatal) = written {
+            refuse(core, origin, seq, fatal.to_string());
+        }
+    }
+}
+
+/// A batch's [`Responder`]: openraft calls it once the batch is applied or
+/// refused, wherever that happens. A callback rather than a channel: nothing
+/// has to wait on one per batch. (openraft's own responders are channels.)
+pub(crate) struct Outcome<T>(Box<dyn FnOnce(T) + Send>);
+
+impl<T> Outcome<T> {
+    fn new(callback: impl FnOnce(T) + Send + 'static) -> Outcome<T> {
+        Outcome(Box::new(callback))
+    }
+}
+
+impl<T: OptionalSend + 'static> Responder<TypeConfig, T> for Outcome<T> {
+    fn on_complete(self, result: T) {
+        (self.0)(result)
+    }
+}
+
+/// Writes each stint's first batch (see the module docs), and tells the core
+/// of one that could not be written.
+pub(crate) async fn run_openers(
+    raft: Raft,
+    mut openers: UnboundedReceiver<Batch>,
+    core: Sender<Op>,
+    patience: Duration,
+) {
+    while let Some(batch) = openers.recv().await {
+        let (origin, seq) = (batch.origin, batch.seq);
+        if let Err(reason) = write_first(&raft, batch, patience).await {
+            if !refuse(&core, origin, seq, reason) {
+                return;
+            }
+        }
+    }
+}
+
+/// Writes a stint's first batch, waiting for it to commit, and sends it again
+/// while the leader's lease is not confirmed yet.
+async fn write_first(raft: &Raft, batch: Batch, patience: Duration) -> Result<(), String> {
+    let started = tokio::time::Instant::now();
+    loop {
+        match raft.client_write(batch.clone()).await {
+            Ok(_) => return Ok(()),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward)))
+                if forward.reason == ForwardReason::LeaseExpired
+                    && raft.is_leader()
+                    && started.elapsed() < patience =>
+            {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            Err(error) => return Err(error.to_string()),
+        }
+    }
+}
+
+/// Tells the core that its batch `origin`/`seq` was refused; false when the
+/// core is gone.
+fn refuse(core: &Sender<Op>, origin: u64, seq: u64, reason: String) -> bool {
+    tracing::warn!(%reason, "a batch was refused");
+    core.send(Op::Refused {
+        origin,
+        seq,
+        reason,
+    })
+    .is_ok()
+}
