@@ -4,30 +4,32 @@
 //! # The loop
 //!
 //! The core thread sleeps until an [`Op`] arrives or the engine's next deadline
-//! ([`Engine::next_deadline`]) passes. Then it takes the ops queued so far, in
-//! order and up to `max_batch` messages, as one **batch**, and for that batch:
+//! ([`Engine::next_deadline`]) passes. Then:
 //!
-//! 1. reads the clock once (`now`, see [`Clock`]); when the last fsync was
-//!    slow and many requests are busy, it first waits a fraction of that fsync
-//!    for more of them (adaptive group commit, see `Core::gather_window`);
-//!    it moves everything waiting in the channel to its backlog and applies
-//!    the heartbeats found there at once, so that no session expires while
-//!    its heartbeat is queued, however long the last batch took;
-//! 2. **proposes** (module `handle`): turns each op into log records (what
-//!    the client asked, stamped with `now`) and a local [`Route`] for each
-//!    (where its result goes), then adds the time-driven commands that are
-//!    due ([`Engine::due`]: session expiries, lease expiries, waiter
-//!    timeouts, ends of lock-delay), after the client ops so that a renew in
-//!    the same batch wins; nothing changes state yet;
-//! 3. **commits**: writes the batch's records and makes them durable with
-//!    **one `fdatasync`** (the group commit: every request that arrived
-//!    meanwhile shares it);
-//! 4. **applies** the records in order (module `apply`): the request-id
-//!    check, the engine command, its effects (grants, queue positions,
-//!    timeouts, lost holds) routed to the batch's output; then answers the
-//!    batch's inspection ops from the state this leaves;
-//! 5. sends the output: one [`locksmith_proto::v1::ServerBatch`] per session
-//!    stream, plus unary replies.
+//! 1. it takes everything waiting in the channel: its own ops at once
+//!    (committed entries to apply, snapshots, role changes), client ops into
+//!    the backlog. The heartbeats among them go into the next batch at once,
+//!    so that no session expires while its heartbeat is queued, however long
+//!    the backlog;
+//! 2. while fewer than `max_batches_in_flight` batches are in flight, it
+//!    reads the clock once (`now`, see [`Clock`]) and **proposes** the next
+//!    batch (module `handle`): the backlog's ops in order, up to `max_batch`
+//!    messages, each turned into log records (what the client asked,
+//!    stamped with `now`) and a local [`Route`] (where its result goes), then
+//!    the time-driven commands that are due ([`Engine::due`]: session
+//!    expiries, lease expiries, waiter timeouts, ends of lock-delay), after
+//!    the client ops so that a renew in the same batch wins. Nothing changes
+//!    state yet. The records go to openraft as **one log entry**, one append
+//!    and one `fdatasync` on a quorum (module `replica`): the group commit,
+//!    since every request that arrived meanwhile shares it;
+//! 3. when openraft has committed an entry, it comes back as
+//!    [`Op::Apply`], and the core **applies** its records in order (module
+//!    `apply`): the request-id check, the engine command, its effects
+//!    (grants, queue positions, timeouts, lost holds) routed to the batch's
+//!    output; then answers the batch's inspection ops from the state this
+//!    leaves;
+//! 4. it sends the output: one [`locksmith_proto::v1::ServerBatch`] per
+//!    session stream, plus unary replies.
 //!
 //! So a client never sees a grant, a release or a fencing token that a crash
 //! could take back: tokens never go backwards, even after kill -9 mid-load.
@@ -35,12 +37,8 @@
 //! (replay after a restart, or another member of a replicated server) decides
 //! everything the same way: whether a lock was free, whether a request id is
 //! a retry, whether an expiry is still due (each one names the deadline it was
-//! decided from and is void if a renew moved it). While the fsync runs, new
-//! requests queue in the channel and form the next batch.
-//!
-//! Heartbeats are the exception: they only move a session's deadline, are
-//! applied when they arrive and are not logged (a restart grants every
-//! session a grace period instead).
+//! decided from and is void if a renew moved it). While a batch commits, new
+//! requests queue in the backlog and form the next one.
 //!
 //! # Sessions and their secrets
 //!

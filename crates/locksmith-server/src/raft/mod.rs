@@ -5,7 +5,12 @@
 //!
 //! - [`TypeConfig`]: what a log entry carries ([`Batch`]: the records of one
 //!   core batch, so group commit stays one entry, one fsync, many requests),
-//!   node ids and addresses;
+//!   node ids and addresses, and the responder of a batch
+//!   ([`propose::Outcome`]);
+//! - `propose`: how the core thread hands its batches to openraft;
+//! - `state_machine`: how openraft hands committed entries back to the core;
+//! - `member`: starting the member (log, openraft, role watch);
+//! - `admin`: membership changes and status (`locksmith cluster`);
 //! - `network`: the members' traffic over gRPC on the clients' port.
 
 pub(crate) mod admin;
