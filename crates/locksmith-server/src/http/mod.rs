@@ -33,7 +33,6 @@ mod api;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::Sender;
 use std::sync::{Arc, OnceLock};
 
 use axum::extract::{Query, State};
@@ -47,7 +46,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::ServerError;
 use crate::metrics::Metrics;
-use crate::op::{Op, UnaryReply};
+use crate::op::{Op, OpSender, UnaryReply};
 use crate::raft::admin::cluster_status;
 use crate::raft::Raft;
 
@@ -87,7 +86,7 @@ impl Readiness {
 /// What the handlers share.
 #[derive(Clone)]
 struct Http {
-    core: Sender<Op>,
+    core: OpSender,
     metrics: Arc<Metrics>,
     readiness: Arc<Readiness>,
     inspections: Arc<Semaphore>,
@@ -102,7 +101,7 @@ struct Http {
 /// listener runs until `stop`.
 pub(crate) async fn start(
     addr: SocketAddr,
-    core: Sender<Op>,
+    core: OpSender,
     metrics: Arc<Metrics>,
     readiness: Arc<Readiness>,
     member: Arc<OnceLock<Raft>>,
