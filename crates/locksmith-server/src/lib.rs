@@ -21,13 +21,11 @@
 //! ## How a request flows
 //!
 //! ```text
-//! client ──ClientBatch──▶ service (a task per stream) ──Op──▶ core ─┐ engine thread:
-//!                                                      │ records  │ the core and openraft,
-//!                                                      ▼          │ tasks of one runtime
-//!                                    openraft: one log entry per batch, append +
-//!                                    fdatasync (group commit), replicate, commit
-//!                                                      │
-//!                                    state machine ──Op::Apply──▶ core: engine.apply
+//! client ──ClientBatch──▶ service (a task per stream) ──Op──▶ core thread
+//!                                                      │ engine.apply(now, command)
+//!                                                      │ log buffer += command
+//!                                                      │ ... every op of the batch ...
+//!                                                      │ write + fdatasync (group commit)
 //! client ◀──ServerBatch── stream / unary reply ◀───────┘ replies and pushes,
 //!                                                        one batch per stream
 //! ```
@@ -41,16 +39,13 @@
 //!   an `fdatasync` flushes data only, not the file's new size (module
 //!   `storage`), and a batch that makes nothing visible waits for the next
 //!   commit instead of paying one of its own.
-//! - **One owner of the engine**: the core (module `core`), a task on the
-//!   engine thread, is the only code that touches the lock table. openraft
-//!   runs on that thread's runtime too, so a batch's way to the log and back
-//!   costs task switches, not wake-ups of other threads; clients and peers
-//!   are served on the main runtime. The server never decides lock semantics:
+//! - **One owner of the engine**: the core thread (module `core`) is the only
+//!   code that touches the lock table. The server never decides lock semantics:
 //!   every decision is an engine command, including time-driven ones (expiry,
 //!   timeouts), which the core asks the engine for ([`locksmith_core::Engine::due`])
 //!   and then applies and logs like any request. Replaying the log therefore
-//!   rebuilds exactly the same state, on every member of a replicated server
-//!   (module `raft`).
+//!   rebuilds exactly the same state, and the same command stream can later go
+//!   through a replicated log (Raft) unchanged.
 //! - **Durable by default**: a reply or push leaves only after the log records
 //!   of its batch (and every earlier one) are fsynced; one fsync covers every
 //!   request that arrived meanwhile (group commit), and a batch that makes

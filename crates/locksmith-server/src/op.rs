@@ -167,7 +167,7 @@ pub(crate) fn channel() -> (OpSender, OpReceiver) {
     tokio::sync::mpsc::unbounded_channel()
 }
 
-/// A message to the core.
+/// A message to the core thread.
 pub(crate) enum Op {
     /// A new stream opens a session.
     Open {

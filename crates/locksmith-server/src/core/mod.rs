@@ -1,9 +1,9 @@
-//! The one owner of the lock engine: a task on the engine thread, fed by a
-//! channel, with group commit.
+//! The one owner of the lock engine: a thread fed by a channel, with group
+//! commit.
 //!
 //! # The loop
 //!
-//! The core (a task on the engine thread) sleeps until an [`Op`] arrives or the engine's next deadline
+//! The core thread sleeps until an [`Op`] arrives or the engine's next deadline
 //! ([`Engine::next_deadline`]) passes. Then:
 //!
 //! 1. it takes everything waiting in the channel: its own ops at once

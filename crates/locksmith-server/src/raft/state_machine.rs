@@ -1,14 +1,13 @@
 //! The replicated state machine is the core: openraft hands committed
-//! entries to [`CoreMachine`], which passes them on to the core
+//! entries to [`CoreMachine`], which passes them on to the core thread
 //! ([`Op::Apply`]) in order, so that every member applies the same entries
 //! in the same order to the same engine. It does not wait for the core to
 //! apply them: the core's channel keeps the order, and anything asked of
 //! the core later (a snapshot, an installed snapshot) queues behind them.
 //!
 //! A snapshot is the core's state (`ServerSnapshot`: the engine, the session
-//! table, the clock), frozen by the core and postcard-encoded on a blocking
-//! thread, with openraft's metadata (last applied log id and membership)
-//! beside it.
+//! table, the clock), postcard-encoded by the core thread, with openraft's
+//! metadata (last applied log id and membership) beside it.
 //!
 //! Cancel safety of every method: the op is sent to the core before the
 //! first await (`apply` awaits only openraft's stream of entries, then sends
