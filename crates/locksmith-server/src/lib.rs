@@ -205,7 +205,7 @@ impl Server {
             addr: config.listen,
             source,
         })?;
-        let (ops, receiver) = op::channel();
+        let (ops, receiver) = std::sync::mpsc::channel();
         let stop = CancellationToken::new();
         // Health and metrics answer while the log replays; the listener
         // stops with the server, or at once if recovery fails.
@@ -257,55 +257,21 @@ impl Server {
         core.count_in(metrics.clone());
         let unary_ids = core.unary_ids();
         let stats = core.stats();
-        let engine_tls = peer_tls.clone();
         let machine = CoreMachine::new(ops.clone(), snapshots, snapshot);
+        let raft = raft::member::open(&config, log, machine, peer_tls.clone()).await?;
+        core.connect_raft(raft.clone(), ops.clone());
         let (exit_tx, exit_rx) = oneshot::channel();
-        let (opened_tx, opened_rx) = oneshot::channel();
         let serving = readiness.clone();
-        let engine_config = config.clone();
-        let core_ops = ops.clone();
-        // The core and openraft share one thread and its runtime: a batch's
-        // way from the core to the log and back is task switches there, not
-        // wake-ups of other threads (docs/BENCHMARKS.md). Clients and peers
-        // are served on the main runtime.
         std::thread::Builder::new()
             .name("locksmith-engine".into())
             .spawn(move || {
-                let runtime = match tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                {
-                    Ok(runtime) => runtime,
-                    Err(source) => {
-                        let _ = opened_tx.send(Err(ServerError::Io {
-                            context: "cannot start the engine's runtime".into(),
-                            source,
-                        }));
-                        return;
-                    }
-                };
-                runtime.block_on(async move {
-                    let opened = raft::member::open(&engine_config, log, machine, engine_tls).await;
-                    let raft = match opened {
-                        Ok(raft) => raft,
-                        Err(error) => {
-                            let _ = opened_tx.send(Err(error));
-                            return;
-                        }
-                    };
-                    core.connect_raft(raft.clone(), core_ops);
-                    let _ = opened_tx.send(Ok(raft));
-                    let _ = exit_tx.send(core.run(receiver).await);
-                    serving.set_serving(false);
-                });
+                let _ = exit_tx.send(core.run(receiver));
+                serving.set_serving(false);
             })
             .map_err(|source| ServerError::Io {
                 context: "cannot start the engine thread".into(),
                 source,
             })?;
-        let raft = opened_rx.await.map_err(|_| {
-            ServerError::EngineStopped("the engine thread stopped while starting".into())
-        })??;
         raft::member::start(&config, addr.to_string(), &raft, ops.clone(), openers).await?;
         metrics.follow_raft(raft.clone());
         let _ = member.set(raft.clone());

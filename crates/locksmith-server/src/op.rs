@@ -155,18 +155,6 @@ impl FrozenState {
     }
 }
 
-/// The sending end of the core's channel: unbounded, so that any thread or
-/// task sends without waiting.
-pub(crate) type OpSender = tokio::sync::mpsc::UnboundedSender<Op>;
-
-/// The core's end of its channel.
-pub(crate) type OpReceiver = tokio::sync::mpsc::UnboundedReceiver<Op>;
-
-/// A new channel to a core.
-pub(crate) fn channel() -> (OpSender, OpReceiver) {
-    tokio::sync::mpsc::unbounded_channel()
-}
-
 /// A message to the core thread.
 pub(crate) enum Op {
     /// A new stream opens a session.

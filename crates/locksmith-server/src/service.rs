@@ -18,6 +18,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -32,13 +33,13 @@ use crate::auth::{Auth, Caller, Permission};
 use crate::config::ServerConfig;
 use crate::convert::{self, check_label};
 use crate::op::{
-    Acks, AcquireArgs, HoldArgs, NewStream, Op, OpSender, StreamId, StreamOp, UnaryReply, WaitArg,
+    Acks, AcquireArgs, HoldArgs, NewStream, Op, StreamId, StreamOp, UnaryReply, WaitArg,
 };
 use crate::stream_queue::{stream_queue, StreamRx, StreamTx};
 
 /// The `locksmith.v1.Locksmith` service.
 pub(crate) struct Service {
-    core: OpSender,
+    core: Sender<Op>,
     next_stream: AtomicU64,
     unary_ids: Arc<AtomicU64>,
     max_label: usize,
@@ -77,7 +78,7 @@ impl Drop for ConnectionSlot {
 
 impl Service {
     pub(crate) fn new(
-        core: OpSender,
+        core: Sender<Op>,
         unary_ids: Arc<AtomicU64>,
         config: &ServerConfig,
         auth: Option<Arc<Auth>>,
@@ -192,7 +193,7 @@ fn secret_of(bytes: &[u8]) -> Option<u128> {
 
 /// Reads one session stream until it ends or the core ends it.
 struct StreamReader {
-    core: OpSender,
+    core: Sender<Op>,
     stream: StreamId,
     max_label: usize,
     /// The client's address, if the transport knows it.
@@ -414,7 +415,7 @@ impl StreamReader {
 /// Cancels a sessionless acquire whose caller went away, or releases the grant
 /// that raced the caller's departure.
 struct LeaseGuard {
-    core: OpSender,
+    core: Sender<Op>,
     request: u64,
     names: Vec<String>,
     owner: String,
@@ -682,7 +683,7 @@ pub(crate) mod fuzzing {
             _ => {}
         }
         let reader = StreamReader {
-            core: crate::op::channel().0,
+            core: std::sync::mpsc::channel().0,
             stream: 1,
             max_label,
             peer: None,

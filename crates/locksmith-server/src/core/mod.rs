@@ -61,6 +61,7 @@ mod session;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -74,7 +75,7 @@ use crate::clock::Clock;
 use crate::config::ServerConfig;
 use crate::history::{History, HistoryLimits};
 use crate::metrics::{Metrics, Tally};
-use crate::op::{FrozenState, NewStream, Op, OpReceiver, StreamId, StreamOp, UnaryReply};
+use crate::op::{FrozenState, NewStream, Op, StreamId, StreamOp, UnaryReply};
 use crate::outbox::{LeaseWaiter, Orphan, Output};
 use crate::raft::TypeConfig;
 use crate::storage::member::TokenCeiling;
@@ -294,16 +295,8 @@ impl Core {
             .collect();
     }
 
-    /// Runs the loop until shutdown or until every sender is gone, on the
-    /// engine thread's own runtime, beside openraft's tasks (see
-    /// `lib.rs`): handing a batch to openraft and getting it back are task
-    /// switches on one thread, not wake-ups of other threads.
-    ///
-    /// The loop awaits only while it has nothing to do, and yields after
-    /// each batch it proposes, so that openraft takes the batch up at once
-    /// (its append and `fdatasync` run then, while new ops gather in the
-    /// channel for the next batch).
-    pub(crate) async fn run(mut self, mut ops: OpReceiver) -> Result<(), String> {
+    /// Runs the loop until shutdown or until every sender is gone.
+    pub(crate) fn run(mut self, ops: Receiver<Op>) -> Result<(), String> {
         let mut batch = Vec::with_capacity(self.max_batch);
         loop {
             if self.arrived.is_empty() && !self.has_work() {
@@ -315,23 +308,23 @@ impl Core {
                     None
                 };
                 let first = match deadline {
-                    Some(deadline) => tokio::select! {
-                        op = ops.recv() => match op {
-                            Some(op) => Some(op),
-                            None => return self.shut_down(),
-                        },
-                        () = tokio::time::sleep_until(deadline.into()) => None,
-                    },
-                    None => match ops.recv().await {
-                        Some(op) => Some(op),
-                        None => return self.shut_down(),
+                    Some(deadline) => {
+                        match ops.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                            Ok(op) => Some(op),
+                            Err(RecvTimeoutError::Timeout) => None,
+                            Err(RecvTimeoutError::Disconnected) => return self.shut_down(),
+                        }
+                    }
+                    None => match ops.recv() {
+                        Ok(op) => Some(op),
+                        Err(_) => return self.shut_down(),
                     },
                 };
                 self.arrived.extend(first);
             }
             let batch_started = Instant::now();
             let now = self.clock.now();
-            match self.take_arrivals(&mut ops, now) {
+            match self.take_arrivals(&ops, now) {
                 None => {}
                 Some(Stop::Shutdown(done)) => {
                     let result = self.shut_down();
@@ -375,7 +368,6 @@ impl Core {
             }
             self.propose_batch(proposal, expiries);
             self.send_output();
-            tokio::task::yield_now().await;
         }
     }
 
@@ -395,10 +387,8 @@ impl Core {
     /// The heartbeats among the client ops are proposed at once, in the next
     /// batch, ahead of any expiry it decides: so one client cannot expire
     /// another by keeping the core busy, however long the backlog.
-    fn take_arrivals(&mut self, ops: &mut OpReceiver, now: Millis) -> Option<Stop> {
-        while let Ok(op) = ops.try_recv() {
-            self.arrived.push(op);
-        }
+    fn take_arrivals(&mut self, ops: &Receiver<Op>, now: Millis) -> Option<Stop> {
+        self.arrived.extend(ops.try_iter());
         let mut arrived = std::mem::take(&mut self.arrived);
         let mut shutdown = None;
         for op in arrived.drain(..) {
@@ -735,11 +725,11 @@ mod tests {
         let now = core.clock.now();
         let (session, _) = open(&mut core, 1, now);
         lead(&mut core);
-        let (ops, mut arrivals) = crate::op::channel();
+        let (ops, arrivals) = std::sync::mpsc::channel();
         ops.send(client_batch(1, [StreamOp::Heartbeat])).unwrap();
         // The engine was busy past the session's deadline meanwhile.
         let late = now + 1_500;
-        assert!(core.take_arrivals(&mut arrivals, late).is_none());
+        assert!(core.take_arrivals(&arrivals, late).is_none());
         let mut proposal = std::mem::take(&mut core.proposal);
         for command in core.engine.due_at_most(late, 4096) {
             proposal.command(late, command, None, None, Route::Nobody);
@@ -772,9 +762,9 @@ mod tests {
         let records = proposal.records.clone();
         core.propose_batch(proposal, false);
         // ...a heartbeat arrives meanwhile...
-        let (ops, mut arrivals) = crate::op::channel();
+        let (ops, arrivals) = std::sync::mpsc::channel();
         ops.send(client_batch(1, [StreamOp::Heartbeat])).unwrap();
-        assert!(core.take_arrivals(&mut arrivals, now + 10).is_none());
+        assert!(core.take_arrivals(&arrivals, now + 10).is_none());
         // ...and the batch is applied: the heartbeat waits for the next one.
         core.apply_batch(crate::raft::Batch {
             origin: 1,
@@ -887,7 +877,7 @@ mod tests {
     fn a_batch_ends_at_max_batch_messages() {
         let mut core = core(10);
         lead(&mut core);
-        let (ops, mut arrivals) = crate::op::channel();
+        let (ops, arrivals) = std::sync::mpsc::channel();
         for _ in 0..3 {
             ops.send(client_batch(1, (0..4).map(|_| StreamOp::AckOnly)))
                 .unwrap();
@@ -895,7 +885,7 @@ mod tests {
         // One client batch larger than the limit is still taken whole.
         ops.send(client_batch(1, (0..25).map(|_| StreamOp::AckOnly)))
             .unwrap();
-        core.take_arrivals(&mut arrivals, 0);
+        core.take_arrivals(&arrivals, 0);
         let mut batch = Vec::new();
         let mut sizes = Vec::new();
         while !core.backlog.is_empty() {

@@ -193,7 +193,7 @@ impl Replica {
 impl Core {
     /// Connects the core to openraft, once started, before its thread runs;
     /// `ops` is the core's own channel, for batches openraft refuses.
-    pub(crate) fn connect_raft(&mut self, raft: Raft, ops: crate::op::OpSender) {
+    pub(crate) fn connect_raft(&mut self, raft: Raft, ops: std::sync::mpsc::Sender<Op>) {
         self.replica.proposer.attach(raft, ops);
     }
 

@@ -33,6 +33,7 @@ mod api;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Sender;
 use std::sync::{Arc, OnceLock};
 
 use axum::extract::{Query, State};
@@ -46,7 +47,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::ServerError;
 use crate::metrics::Metrics;
-use crate::op::{Op, OpSender, UnaryReply};
+use crate::op::{Op, UnaryReply};
 use crate::raft::admin::cluster_status;
 use crate::raft::Raft;
 
@@ -86,7 +87,7 @@ impl Readiness {
 /// What the handlers share.
 #[derive(Clone)]
 struct Http {
-    core: OpSender,
+    core: Sender<Op>,
     metrics: Arc<Metrics>,
     readiness: Arc<Readiness>,
     inspections: Arc<Semaphore>,
@@ -101,7 +102,7 @@ struct Http {
 /// listener runs until `stop`.
 pub(crate) async fn start(
     addr: SocketAddr,
-    core: OpSender,
+    core: Sender<Op>,
     metrics: Arc<Metrics>,
     readiness: Arc<Readiness>,
     member: Arc<OnceLock<Raft>>,

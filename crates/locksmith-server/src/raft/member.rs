@@ -15,6 +15,7 @@
 //!   member becomes or stops being the leader, and where the leader is.
 
 use std::collections::BTreeMap;
+use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,7 +29,7 @@ use super::state_machine::CoreMachine;
 use super::{Batch, Raft};
 use crate::config::ServerConfig;
 use crate::error::ServerError;
-use crate::op::{Op, OpSender, Role};
+use crate::op::{Op, Role};
 use crate::storage::member::{MemberDir, SnapshotFile, StoredSnapshot, TokenCeiling};
 use crate::storage::raft_log::RaftLog;
 
@@ -143,7 +144,7 @@ pub(crate) async fn start(
     config: &ServerConfig,
     address: String,
     raft: &Raft,
-    core: OpSender,
+    core: Sender<Op>,
     openers: UnboundedReceiver<Batch>,
 ) -> Result<(), ServerError> {
     // A leader whose quorum lease is not confirmed refuses proposals: right
@@ -177,7 +178,7 @@ pub(crate) async fn start(
 }
 
 /// Tells the core its role whenever openraft's metrics change it.
-async fn watch_role(raft: Raft, me: u64, core: OpSender) {
+async fn watch_role(raft: Raft, me: u64, core: Sender<Op>) {
     let mut metrics = raft.metrics();
     let mut last = None;
     loop {

@@ -1,9 +1,8 @@
 //! How the core's batches reach openraft.
 //!
-//! The core hands each batch straight to openraft's queue
-//! ([`Proposer::propose`]): no task sits between them, and the two run on
-//! the one engine thread, so a request pays no wake-up on its way to the
-//! log. It does not wait for the batch to commit
+//! The core thread hands each batch straight to openraft's queue
+//! ([`Proposer::propose`]): no task sits between them, so a request pays no
+//! wake-up on its way to the log. It does not wait for the batch to commit
 //! (the core bounds how many are in flight); the batch's [`Outcome`] tells
 //! the core if openraft refused it ([`Op::Refused`]), from wherever openraft
 //! ends it, without a task waiting on a channel for every batch.
@@ -15,6 +14,7 @@
 //! is, so order holds.
 
 use std::future::Future;
+use std::sync::mpsc::Sender;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
@@ -24,13 +24,13 @@ use openraft::OptionalSend;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
 use super::{Batch, Raft, TypeConfig};
-use crate::op::{Op, OpSender};
+use crate::op::Op;
 
 /// The core's handle for proposing batches.
 pub(crate) struct Proposer {
     /// openraft, and the core's own channel for refusals (none until the
     /// member starts, and in the core's own tests).
-    raft: Option<(Raft, OpSender)>,
+    raft: Option<(Raft, Sender<Op>)>,
     /// First batches of leadership stints, for [`run_openers`].
     openers: UnboundedSender<Batch>,
 }
@@ -50,16 +50,14 @@ impl Proposer {
     }
 
     /// Connects the proposer to openraft and to the core's channel.
-    pub(crate) fn attach(&mut self, raft: Raft, core: OpSender) {
+    pub(crate) fn attach(&mut self, raft: Raft, core: Sender<Op>) {
         self.raft = Some((raft, core));
     }
 
     /// Hands `batch` to openraft; `first`: the first batch of a leadership
-    /// stint. Called on the core's task; never waits. openraft's queue holds
-    /// 65 536 messages and the core keeps at most `max_batches_in_flight` of
-    /// them: a queue full nonetheless (a flood of other calls) refuses the
-    /// batch, as openraft refuses one it cannot commit, and its clients send
-    /// again.
+    /// stint. Called on the core thread: it blocks only while openraft's
+    /// queue is full (65 536 messages), which holds the core back instead of
+    /// queueing without bound.
     pub(crate) fn propose(&self, batch: Batch, first: bool) {
         if first {
             // The task ends only with the server, after the core.
@@ -79,12 +77,13 @@ impl Proposer {
             },
         );
         let mut write = std::pin::pin!(raft.client_write_ff(batch, Some(outcome)));
-        let refusal = match write.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-            Poll::Ready(Ok(())) => return,
-            Poll::Ready(Err(fatal)) => fatal.to_string(),
-            Poll::Pending => "openraft's queue is full".to_string(),
+        let written = match write.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(result) => result,
+            Poll::Pending => futures::executor::block_on(write),
         };
-        refuse(core, origin, seq, refusal);
+        if let Err(fatal) = written {
+            refuse(core, origin, seq, fatal.to_string());
+        }
     }
 }
 
@@ -110,7 +109,7 @@ impl<T: OptionalSend + 'static> Responder<TypeConfig, T> for Outcome<T> {
 pub(crate) async fn run_openers(
     raft: Raft,
     mut openers: UnboundedReceiver<Batch>,
-    core: OpSender,
+    core: Sender<Op>,
     patience: Duration,
 ) {
     while let Some(batch) = openers.recv().await {
@@ -144,7 +143,7 @@ async fn write_first(raft: &Raft, batch: Batch, patience: Duration) -> Result<()
 
 /// Tells the core that its batch `origin`/`seq` was refused; false when the
 /// core is gone.
-fn refuse(core: &OpSender, origin: u64, seq: u64, reason: String) -> bool {
+fn refuse(core: &Sender<Op>, origin: u64, seq: u64, reason: String) -> bool {
     tracing::warn!(%reason, "a batch was refused");
     core.send(Op::Refused {
         origin,

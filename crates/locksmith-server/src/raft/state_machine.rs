@@ -15,6 +15,7 @@
 //! does not drop these futures before the member shuts down.
 
 use std::io::{self, Cursor};
+use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 
 use futures::{Stream, TryStreamExt};
@@ -24,7 +25,7 @@ use openraft::{EntryPayload, RaftSnapshotBuilder};
 use tokio::sync::oneshot;
 
 use super::{Applied, TypeConfig};
-use crate::op::{Op, OpSender};
+use crate::op::Op;
 use crate::storage::member::{SnapshotFile, StoredSnapshot};
 
 /// A snapshot as openraft moves it.
@@ -33,7 +34,7 @@ type Snapshot = SnapshotOf<TypeConfig, Cursor<Vec<u8>>>;
 /// openraft's handle on the core.
 #[derive(Clone)]
 pub(crate) struct CoreMachine {
-    core: OpSender,
+    core: Sender<Op>,
     /// The last entry (and membership) handed to the core. The core's
     /// channel is the state machine's queue: whatever reads the state goes
     /// through it, behind these entries, so for openraft they are applied.
@@ -49,7 +50,7 @@ impl CoreMachine {
     /// The machine over the core fed by `core`; `kept` is the snapshot the
     /// member found on disk at start, which the core has installed.
     pub(crate) fn new(
-        core: OpSender,
+        core: Sender<Op>,
         file: Option<SnapshotFile>,
         kept: Option<StoredSnapshot>,
     ) -> CoreMachine {
@@ -227,18 +228,12 @@ impl CoreMachine {
     /// nothing (for tests of the storage and the Raft layer).
     pub(crate) fn for_tests() -> CoreMachine {
         use crate::core::{Core, Replica};
-        let (ops, receiver) = crate::op::channel();
+        let (ops, receiver) = std::sync::mpsc::channel();
         let (proposer, _) = crate::raft::propose::Proposer::new();
         let (serving, _) = tokio::sync::watch::channel(false);
         let replica = Replica::new(proposer, serving, 1);
         let core = Core::new(&crate::ServerConfig::in_memory(), replica, None);
-        std::thread::spawn(move || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a runtime for the core")
-                .block_on(core.run(receiver))
-        });
+        std::thread::spawn(move || core.run(receiver));
         CoreMachine::new(ops, None, None)
     }
 }
