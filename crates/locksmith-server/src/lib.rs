@@ -22,10 +22,12 @@
 //!
 //! ```text
 //! client ──ClientBatch──▶ service (a task per stream) ──Op──▶ core thread
-//!                                                      │ engine.apply(now, command)
-//!                                                      │ log buffer += command
-//!                                                      │ ... every op of the batch ...
-//!                                                      │ write + fdatasync (group commit)
+//!                                                      │ records, one log entry per batch
+//!                                                      ▼
+//!                                    openraft: append + fdatasync (group commit),
+//!                                    replicate, commit on a quorum
+//!                                                      │
+//!                                    state machine ──Op::Apply──▶ core thread: engine.apply
 //! client ◀──ServerBatch── stream / unary reply ◀───────┘ replies and pushes,
 //!                                                        one batch per stream
 //! ```
@@ -44,8 +46,8 @@
 //!   every decision is an engine command, including time-driven ones (expiry,
 //!   timeouts), which the core asks the engine for ([`locksmith_core::Engine::due`])
 //!   and then applies and logs like any request. Replaying the log therefore
-//!   rebuilds exactly the same state, and the same command stream can later go
-//!   through a replicated log (Raft) unchanged.
+//!   rebuilds exactly the same state, on every member of a replicated server
+//!   (module `raft`).
 //! - **Durable by default**: a reply or push leaves only after the log records
 //!   of its batch (and every earlier one) are fsynced; one fsync covers every
 //!   request that arrived meanwhile (group commit), and a batch that makes

@@ -6,8 +6,9 @@
 //! the core later (a snapshot, an installed snapshot) queues behind them.
 //!
 //! A snapshot is the core's state (`ServerSnapshot`: the engine, the session
-//! table, the clock), postcard-encoded by the core thread, with openraft's
-//! metadata (last applied log id and membership) beside it.
+//! table, the clock), frozen by the core thread and postcard-encoded on a
+//! blocking thread, with openraft's metadata (last applied log id and
+//! membership) beside it.
 //!
 //! Cancel safety of every method: the op is sent to the core before the
 //! first await (`apply` awaits only openraft's stream of entries, then sends
