@@ -13,9 +13,7 @@
 //! round of heartbeats confirms the lease. Nothing else is in flight while it
 //! is, so order holds.
 
-use std::future::Future;
 use std::sync::mpsc::Sender;
-use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use openraft::errors::{ClientWriteError, ForwardReason, RaftError};
@@ -76,11 +74,9 @@ impl Proposer {
                 }
             },
         );
-        let mut write = std::pin::pin!(raft.client_write_ff(batch, Some(outcome)));
-        let written = match write.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-            Poll::Ready(result) => result,
-            Poll::Pending => futures::executor::block_on(write),
-        };
+        // Ready at the first poll unless openraft's queue is full; openraft's
+        // core empties it without ever waiting for the core thread.
+        let written = futures::executor::block_on(raft.client_write_ff(batch, Some(outcome)));
         if let Err(fatal) = written {
             refuse(core, origin, seq, fatal.to_string());
         }
