@@ -223,9 +223,14 @@ pub(crate) async fn list(shared: &Shared, prefix: &str) -> Result<Vec<LockInfo>>
     Ok(infos)
 }
 
+/// How long [`force_release`] waits for the connections it terminated to let
+/// go of their locks.
+const TERMINATION_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Ends every hold of `name`: deletes its lease rows and terminates the
 /// connections that hold its key (or its semaphore slots) in session mode,
-/// which ends every other hold of those connections too.
+/// which ends every other hold of those connections too. Returns once those
+/// connections' locks are gone (or after [`TERMINATION_WAIT`]).
 ///
 /// Cancel safety: the release may or may not have happened.
 pub(crate) async fn force_release(shared: &Shared, name: &str) -> Result<()> {
@@ -241,7 +246,7 @@ pub(crate) async fn force_release(shared: &Shared, name: &str) -> Result<()> {
         .await?
         .len();
     let holders = format!(
-        "SELECT pg_terminate_backend(p.pid) FROM ( \
+        "SELECT p.pid, pg_terminate_backend(p.pid) FROM ( \
             SELECT l.pid FROM pg_locks l WHERE {KEY_LOCKS} AND l.granted \
                AND NOT EXISTS (SELECT 1 FROM {schema}.waiters w WHERE w.name = $2 AND w.pid = l.pid) \
                AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = l.pid AND {waits}) \
@@ -252,14 +257,38 @@ pub(crate) async fn force_release(shared: &Shared, name: &str) -> Result<()> {
           WHERE p.pid <> pg_backend_pid()",
         waits = waits(&schema, "'/*locksmith:wait key=' || $1::bigint || ' %'", "$2")
     );
-    let terminated = shared
+    let terminated: Vec<i32> = shared
         .query_on(
             &client,
             &holders,
             &[(&key, Type::INT8), (&name, Type::TEXT)],
         )
         .await?
-        .len();
+        .iter()
+        .filter(|row| row.get::<_, bool>(1))
+        .map(|row| row.get(0))
+        .collect();
+    // A terminated backend tells its client first and drops its locks as
+    // it exits: wait until they are gone, so that the caller (and whoever
+    // it tells) finds every lock of those connections free.
+    // (`pg_terminate_backend`'s own timeout argument needs PostgreSQL 14.)
+    let deadline = tokio::time::Instant::now() + TERMINATION_WAIT;
+    while !terminated.is_empty() && tokio::time::Instant::now() < deadline {
+        let left: i64 = shared
+            .query_on(
+                &client,
+                "SELECT count(*) FROM pg_locks WHERE pid = ANY($1)",
+                &[(&terminated, Type::INT4_ARRAY)],
+            )
+            .await?
+            .first()
+            .map_or(0, |row| row.get(0));
+        if left == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+    let terminated = terminated.len();
     shared
         .query_on(
             &client,
