@@ -81,19 +81,40 @@ enum Retry {
     Once,
 }
 
-/// Whether `status` says the request never reached a member: the balanced
-/// channel picked an endpoint it could not connect to (a member that is
-/// down), so the call failed before anything was sent.
+/// Whether `status` says the request never reached a member:
+///
+/// - the balanced channel picked an endpoint it could not connect to (a
+///   member that is down), so the call failed before anything was sent;
+/// - or the request was still queued for a connection that closed (the
+///   member went down meanwhile): hyper hands such a request back unsent,
+///   as "operation was canceled" caused by "connection closed", and uses
+///   that pair for nothing else.
 fn never_sent(status: &Status) -> bool {
-    status.code() == tonic::Code::Unavailable && {
-        let message = status.message().to_ascii_lowercase();
-        [
-            "connect error",
-            "error trying to connect",
-            "connection refused",
-        ]
-        .iter()
-        .any(|m| message.contains(m))
+    match status.code() {
+        tonic::Code::Unavailable => {
+            let message = status.message().to_ascii_lowercase();
+            [
+                "connect error",
+                "error trying to connect",
+                "connection refused",
+            ]
+            .iter()
+            .any(|m| message.contains(m))
+        }
+        tonic::Code::Cancelled => {
+            let mut error = std::error::Error::source(status);
+            while let Some(e) = error {
+                let cause = e.source();
+                if e.to_string() == "operation was canceled"
+                    && cause.is_some_and(|c| c.to_string() == "connection closed")
+                {
+                    return true;
+                }
+                error = cause;
+            }
+            false
+        }
+        _ => false,
     }
 }
 
@@ -602,6 +623,48 @@ pub fn read_results(response: TxnResponse) -> Vec<Vec<KeyValue>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An error of a given text and cause, as hyper's look from outside.
+    #[derive(Debug)]
+    struct Texted(&'static str, Option<Box<Texted>>);
+
+    impl std::fmt::Display for Texted {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+
+    impl std::error::Error for Texted {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.1.as_deref().map(|e| e as _)
+        }
+    }
+
+    fn cancelled(error: Texted) -> Status {
+        let mut status = Status::cancelled("operation was canceled");
+        status.set_source(std::sync::Arc::new(Texted(
+            "transport error",
+            Some(Box::new(error)),
+        )));
+        status
+    }
+
+    #[test]
+    fn a_request_handed_back_unsent_is_never_sent() {
+        let unsent = Texted(
+            "operation was canceled",
+            Some(Box::new(Texted("connection closed", None))),
+        );
+        assert!(never_sent(&cancelled(unsent)));
+        assert!(never_sent(&Status::unavailable(
+            "tcp connect error: Connection refused (os error 111)"
+        )));
+        // Cancelled for any other reason may have reached etcd.
+        let other = Texted("operation was canceled", None);
+        assert!(!never_sent(&cancelled(other)));
+        assert!(!never_sent(&Status::cancelled("operation was canceled")));
+        assert!(!never_sent(&Status::unavailable("leader changed")));
+    }
 
     #[test]
     fn prefix_range_increments_the_last_byte() {
