@@ -796,7 +796,7 @@ async fn drive(shared: Arc<Shared>, first: Link) {
                 shared.finished.cancel();
                 return;
             }
-            if session.is_some() && Instant::now() >= confirmed + shared.ttl {
+            if session.is_some() && Instant::now() >= confirmed + given_up_after(shared.ttl) {
                 shared.state().lose_session(
                     LostCause::ConnectionLost,
                     "no contact with the lock server for a whole session TTL",
@@ -845,7 +845,7 @@ async fn drive(shared: Arc<Shared>, first: Link) {
             }
             let mut pause = Instant::now() + backoff;
             if session.is_some() {
-                pause = pause.min(confirmed + shared.ttl);
+                pause = pause.min(confirmed + given_up_after(shared.ttl));
             }
             tokio::select! {
                 _ = sleep_until(pause) => {}
@@ -904,7 +904,7 @@ async fn run(
     let mut heartbeat = tokio::time::interval_at(Instant::now() + ttl / 3, ttl / 3);
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut sent = VecDeque::new();
-    let jeopardy = sleep_until(*confirmed + ttl);
+    let jeopardy = sleep_until(*confirmed + given_up_after(ttl));
     tokio::pin!(jeopardy);
     let mut batch = early;
     loop {
@@ -915,7 +915,7 @@ async fn run(
             }
             if let Some(at) = heard {
                 *confirmed = at;
-                jeopardy.as_mut().reset(at + ttl);
+                jeopardy.as_mut().reset(at + given_up_after(ttl));
                 suspect.as_mut().reset(at + ttl / 2);
             }
         }
@@ -1023,4 +1023,13 @@ async fn close(shared: &Shared, inbound: &mut Streaming<pb::ServerBatch>) -> End
     })
     .await;
     End::Closed
+}
+
+/// How long after its last confirmed contact (the sending of a heartbeat
+/// the server answered) the client gives its session up: a twentieth of the
+/// TTL before the server can, so that the holder hears of the loss before
+/// the server's expiry commits and grants its locks elsewhere, even when
+/// this process is slow to run its timers.
+fn given_up_after(ttl: Duration) -> Duration {
+    ttl - ttl / 20
 }
