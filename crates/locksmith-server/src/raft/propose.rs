@@ -102,6 +102,10 @@ impl<T: OptionalSend + 'static> Responder<TypeConfig, T> for Outcome<T> {
 
 /// Writes each stint's first batch (see the module docs), and tells the core
 /// of one that could not be written.
+///
+/// Cancel safety: runs until the server stops; dropped mid-write, a batch
+/// may or may not be in the log, and the core, stopping too, waits for
+/// nothing of it.
 pub(crate) async fn run_openers(
     raft: Raft,
     mut openers: UnboundedReceiver<Batch>,
@@ -120,6 +124,9 @@ pub(crate) async fn run_openers(
 
 /// Writes a stint's first batch, waiting for it to commit, and sends it again
 /// while the leader's lease is not confirmed yet.
+///
+/// Cancel safety: as `Raft::client_write`'s; dropped, the batch may or may
+/// not be appended.
 async fn write_first(raft: &Raft, batch: Batch, patience: Duration) -> Result<(), String> {
     let started = tokio::time::Instant::now();
     loop {
