@@ -12,6 +12,8 @@
 //!   connection must send the whole HTTP/2 client preface (the fixed string
 //!   and its SETTINGS frame) within this time, or it is closed. hyper waits
 //!   for the preface forever, and its keep-alive pings only start after it.
+//!   A connection whose first bytes are not the preface's (an HTTP/1
+//!   request, noise) is closed at once.
 //!   Once a connection is up, HTTP/2 keep-alive closes it if it stops
 //!   answering.
 //! - **Back-off when out of file descriptors**: `accept` failing with
@@ -207,16 +209,35 @@ async fn handshake<S: AsyncRead + Unpin>(
 }
 
 /// Reads the HTTP/2 client preface: the fixed string and a SETTINGS frame.
+///
+/// The fixed string is checked as its bytes arrive, so a client speaking
+/// something else is refused at its first wrong byte. An HTTP/1 request can
+/// be shorter than the preface and then waits for an answer: read whole
+/// first, it would be held until the handshake timeout.
 async fn read_preface(stream: &mut (impl AsyncRead + Unpin)) -> io::Result<Vec<u8>> {
-    let mut bytes = vec![0; PREFACE.len() + FRAME_HEADER];
-    stream.read_exact(&mut bytes).await?;
-    let header = &bytes[PREFACE.len()..];
-    let len = usize::from(header[0]) << 16 | usize::from(header[1]) << 8 | usize::from(header[2]);
-    if bytes[..PREFACE.len()] != PREFACE[..] || header[3] != SETTINGS || len > MAX_SETTINGS_LEN {
-        return Err(io::Error::new(
+    let not_http2 = || {
+        io::Error::new(
             io::ErrorKind::InvalidData,
             "the connection does not start with the HTTP/2 client preface",
-        ));
+        )
+    };
+    let mut bytes = vec![0; PREFACE.len() + FRAME_HEADER];
+    let mut filled = 0;
+    while filled < bytes.len() {
+        let read = stream.read(&mut bytes[filled..]).await?;
+        if read == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        filled += read;
+        let fixed = filled.min(PREFACE.len());
+        if bytes[..fixed] != PREFACE[..fixed] {
+            return Err(not_http2());
+        }
+    }
+    let header = &bytes[PREFACE.len()..];
+    let len = usize::from(header[0]) << 16 | usize::from(header[1]) << 8 | usize::from(header[2]);
+    if header[3] != SETTINGS || len > MAX_SETTINGS_LEN {
+        return Err(not_http2());
     }
     let start = bytes.len();
     bytes.resize(start + len, 0);
@@ -378,6 +399,22 @@ mod tests {
             let error = read_preface(&mut server).await.unwrap_err();
             assert_eq!(error.kind(), io::ErrorKind::InvalidData);
         }
+    }
+
+    #[tokio::test]
+    async fn a_request_shorter_than_the_preface_is_refused_without_waiting() {
+        use futures::FutureExt;
+        // The client keeps its end open, waiting for an answer.
+        let (mut client, mut server) = tokio::io::duplex(1024);
+        client
+            .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let refused = read_preface(&mut server)
+            .now_or_never()
+            .expect("refused on the bytes already sent, without waiting for more");
+        assert_eq!(refused.unwrap_err().kind(), io::ErrorKind::InvalidData);
+        drop(client);
     }
 
     #[test]
