@@ -27,7 +27,10 @@
 //!                                    openraft: append + fdatasync (group commit),
 //!                                    replicate, commit on a quorum
 //!                                                      │
-//!                                    state machine ──Op::Apply──▶ core thread: engine.apply
+//!                          Op::Committed (the leader's own batches)
+//!                          or the state machine's Op::Apply (everything else)
+//!                                                      ▼
+//!                                             core thread: engine.apply
 //! client ◀──ServerBatch── stream / unary reply ◀───────┘ replies and pushes,
 //!                                                        one batch per stream
 //! ```

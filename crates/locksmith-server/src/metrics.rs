@@ -211,6 +211,7 @@ impl RequestKind {
             | Op::Detach { .. }
             | Op::Shutdown { .. }
             | Op::Apply { .. }
+            | Op::Committed { .. }
             | Op::Snapshot { .. }
             | Op::Install { .. }
             | Op::Role(_)

@@ -151,6 +151,7 @@ impl Core {
             | Op::History { .. }) => proposal.reads.push(read),
             Op::Shutdown { .. }
             | Op::Apply { .. }
+            | Op::Committed { .. }
             | Op::Snapshot { .. }
             | Op::Install { .. }
             | Op::Role(_)

@@ -398,20 +398,20 @@ impl Core {
                     responders,
                 } => {
                     self.apply_entries(entries);
-                    if let Err(error) = self.finish_apply() {
-                        // Nothing of these entries was told to anyone.
-                        self.output = Output::default();
-                        let message = format!("cannot write the token ceiling: {error}");
-                        tracing::error!(%message, "stopping");
-                        return Some(Stop::Failed(message));
+                    if let Err(stop) = self.finish_apply() {
+                        return Some(stop);
                     }
                     for responder in responders {
                         responder.send(());
                     }
                 }
-                Op::Snapshot { reply } => {
-                    let _ = reply.send(self.freeze());
+                Op::Committed { origin, seq, index } => {
+                    self.committed(origin, seq, index);
+                    if let Err(stop) = self.finish_apply() {
+                        return Some(stop);
+                    }
                 }
+                Op::Snapshot { reply } => self.snapshot_when_caught_up(reply),
                 Op::Install { meta, data, done } => {
                     let _ = done.send(self.install_snapshot(meta, data));
                 }
@@ -475,10 +475,16 @@ impl Core {
     }
 
     /// After applying entries: the token ceiling, the gauges, then the
-    /// replies.
-    fn finish_apply(&mut self) -> std::io::Result<()> {
+    /// replies. If the ceiling cannot be written, nothing of the entries is
+    /// told to anyone and the core must stop.
+    fn finish_apply(&mut self) -> Result<(), Stop> {
         if let Some(tokens) = &mut self.tokens {
-            tokens.cover(self.engine.last_token())?;
+            if let Err(error) = tokens.cover(self.engine.last_token()) {
+                self.output = Output::default();
+                let message = format!("cannot write the token ceiling: {error}");
+                tracing::error!(%message, "stopping");
+                return Err(Stop::Failed(message));
+            }
         }
         if let Some(metrics) = &self.metrics {
             // Before the replies leave: a client that saw one scrapes
@@ -844,6 +850,79 @@ mod tests {
             1,
             "the second acquire waits behind the first"
         );
+    }
+
+    /// The entry at `index` holding `records` of this leader's batch `seq`
+    /// (stint 1), as openraft's state machine hands it over.
+    fn entry(
+        index: u64,
+        seq: u64,
+        records: Vec<Record>,
+    ) -> openraft::type_config::alias::EntryOf<TypeConfig> {
+        use openraft::type_config::alias::{LeaderIdOf, LogIdOf};
+        use openraft::vote::RaftLeaderIdExt;
+        openraft::type_config::alias::EntryOf::<TypeConfig> {
+            log_id: LogIdOf::<TypeConfig>::new(
+                LeaderIdOf::<TypeConfig>::new_committed(1, 1),
+                index,
+            ),
+            payload: openraft::EntryPayload::Normal(crate::raft::Batch {
+                origin: 1,
+                seq,
+                records,
+            }),
+        }
+    }
+
+    #[test]
+    fn a_batch_applied_at_commit_is_not_applied_again_and_a_snapshot_waits_for_its_handover() {
+        let mut core = core(4096);
+        let now = core.clock.now();
+        open(&mut core, 1, now);
+        lead(&mut core);
+        propose_now(&mut core, now, client_batch(1, [acquire(1, "x")]));
+        let (ops, arrivals) = std::sync::mpsc::channel();
+        ops.send(Op::Committed {
+            origin: 1,
+            seq: 0,
+            index: 7,
+        })
+        .unwrap();
+        let (reply, mut snapshot) = tokio::sync::oneshot::channel();
+        ops.send(Op::Snapshot { reply }).unwrap();
+        assert!(core.take_arrivals(&arrivals, now).is_none());
+        assert_eq!(holders(&core, "x"), 1, "applied at commit");
+        assert!(
+            snapshot.try_recv().is_err(),
+            "no snapshot while the state holds an entry past the applied log id"
+        );
+
+        // The state machine hands the entry back. Its records are replaced
+        // by a marker here (an acquire of "y" by the same session), which
+        // shows whether it is applied again.
+        let mut twin = self::core(4096);
+        open(&mut twin, 1, now);
+        lead(&mut twin);
+        let marker = propose_now(&mut twin, now, client_batch(1, [acquire(2, "y")]));
+        ops.send(Op::Apply {
+            entries: vec![entry(7, 0, marker.clone())],
+            responders: Vec::new(),
+        })
+        .unwrap();
+        assert!(core.take_arrivals(&arrivals, now).is_none());
+        assert_eq!(holders(&core, "y"), 0, "not applied a second time");
+        let frozen = snapshot.try_recv().expect("the snapshot, once handed back");
+        assert_eq!(frozen.meta.last_log_id.map(|id| id.index), Some(7));
+
+        // An entry of this leader that was not applied at commit (its
+        // commit came from elsewhere) is applied when handed over.
+        ops.send(Op::Apply {
+            entries: vec![entry(8, 5, marker)],
+            responders: Vec::new(),
+        })
+        .unwrap();
+        assert!(core.take_arrivals(&arrivals, now).is_none());
+        assert_eq!(holders(&core, "y"), 1);
     }
 
     #[test]

@@ -2,9 +2,11 @@
 //!
 //! Only the leader proposes: each batch of client ops becomes one log entry
 //! ([`Batch`]), handed to openraft by this thread (module `raft::propose`),
-//! replicated, committed on a quorum, and then applied by
-//! every member, the leader included, when openraft's state machine delivers
-//! it back to the core ([`Op::Apply`]). Several batches may be in flight at
+//! replicated, committed on a quorum, and then applied by every member when
+//! openraft's state machine delivers it back to the core ([`Op::Apply`]),
+//! except on the leader that proposed it: that one applies it as soon as
+//! openraft reports it committed ([`Op::Committed`]), which spares a commit
+//! the wake-up of openraft's state-machine task. Several batches may be in flight at
 //! a time (`max_batches_in_flight`), so that the next batch is written and replicated
 //! while the last one commits; past that, new ops gather in the backlog and
 //! form a bigger next batch (the group commit). Nothing of a batch is decided
@@ -19,7 +21,16 @@
 //! A member that becomes leader first proposes `GrantGrace` (every session,
 //! lease and lock-delay deadline pushed past the failover), and serves
 //! nothing before that entry is applied: by then it has applied everything
-//! committed before its term. A member that stops being leader drops what it
+//! committed before its term.
+//!
+//! Applying a batch at commit keeps log order: after `GrantGrace`, the only
+//! entries that can come between a leader's batches are openraft's blank
+//! and membership entries, which do not touch the engine, and openraft
+//! reports a leader's batches committed in log order. When the state
+//! machine hands such a batch back, it is skipped (the core keeps the
+//! indexes of the batches it applied at commit). A snapshot must hold
+//! exactly the entries up to its last log id, so a request for one waits
+//! until the state machine has handed back every batch applied ahead of it. A member that stops being leader drops what it
 //! was doing for clients, tells them where the leader is, and ends their
 //! streams; they resume their sessions there and send again what was not
 //! answered.
@@ -31,14 +42,15 @@ use std::time::Instant;
 use locksmith_core::Command;
 use openraft::type_config::alias::{EntryOf, LogIdOf, StoredMembershipOf};
 use openraft::EntryPayload;
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 use tonic::Status;
 
 use super::{Core, Proposal, Route};
 use crate::clock::Clock;
-use crate::op::{Op, Role};
+use crate::op::{FrozenState, Op, Role};
 use crate::raft::propose::Proposer;
 use crate::raft::{Applied, Batch, Raft, TypeConfig};
+use crate::storage::Record;
 
 /// The core's side of replication.
 pub(crate) struct Replica {
@@ -55,6 +67,11 @@ pub(crate) struct Replica {
     applied: Applied,
     /// Whether this member serves clients (leads, ready).
     serving: watch::Sender<bool>,
+    /// Log indexes of this leader's batches applied at commit that the
+    /// state machine has not handed back yet, oldest first.
+    applied_at_commit: VecDeque<u64>,
+    /// Snapshot requests waiting for `applied_at_commit` to empty.
+    waiting_snapshots: Vec<oneshot::Sender<FrozenState>>,
 }
 
 /// What the core knows of its role.
@@ -70,6 +87,8 @@ pub(super) enum Leadership {
 struct InFlight {
     seq: u64,
     proposal: Proposal,
+    /// The batch's records (openraft has a copy), applied when it commits.
+    records: Vec<Record>,
     /// The first entry of a leadership stint.
     grace: bool,
     /// It carries expiries decided from the state before it.
@@ -92,6 +111,8 @@ impl Replica {
             max_in_flight: max_in_flight.max(1),
             applied: Applied::default(),
             serving,
+            applied_at_commit: VecDeque::new(),
+            waiting_snapshots: Vec::new(),
         }
     }
 
@@ -160,15 +181,17 @@ impl Replica {
         };
         let seq = self.next_seq;
         self.next_seq += 1;
+        let records = std::mem::take(&mut proposal.records);
         let batch = Batch {
             origin: stint,
             seq,
-            records: std::mem::take(&mut proposal.records),
+            records: records.clone(),
         };
         // In flight before openraft may refuse it (and say so).
         self.in_flight.push_back(InFlight {
             seq,
             proposal,
+            records,
             grace,
             expiries,
             proposed_at: Instant::now(),
@@ -334,12 +357,18 @@ impl Core {
         }
     }
 
-    /// Applies committed entries (openraft's state machine hands them over).
+    /// Applies committed entries (openraft's state machine hands them over),
+    /// but for the batches this leader applied at commit.
     pub(super) fn apply_entries(&mut self, entries: Vec<EntryOf<TypeConfig>>) {
         let mut last = None;
         for entry in entries {
             match entry.payload {
                 EntryPayload::Blank => {}
+                EntryPayload::Normal(_)
+                    if self.replica.applied_at_commit.front() == Some(&entry.log_id.index) =>
+                {
+                    self.replica.applied_at_commit.pop_front();
+                }
                 EntryPayload::Normal(batch) => self.apply_batch(batch),
                 EntryPayload::Membership(membership) => {
                     let stored =
@@ -352,16 +381,36 @@ impl Core {
         if let Some(last) = last {
             self.replica.applied.last_applied = Some(last);
         }
+        self.answer_waiting_snapshots();
     }
 
-    pub(super) fn apply_batch(&mut self, batch: Batch) {
-        let Some(mut in_flight) = self.replica.take_own(batch.origin, batch.seq) else {
-            for record in batch.records {
-                self.apply(record, Route::Nobody);
-            }
-            self.output = Default::default();
+    /// This leader's batch `origin`/`seq` is committed at log index `index`
+    /// (openraft said so): it is applied now, ahead of the state machine.
+    pub(super) fn committed(&mut self, origin: u64, seq: u64, index: u64) {
+        let Some(mut in_flight) = self.replica.take_own(origin, seq) else {
+            // No longer this leader's, or refused: the state machine's turn.
             return;
         };
+        self.replica.applied_at_commit.push_back(index);
+        let records = std::mem::take(&mut in_flight.records);
+        self.apply_own(in_flight, records);
+    }
+
+    /// Applies a batch the state machine handed over.
+    pub(super) fn apply_batch(&mut self, batch: Batch) {
+        match self.replica.take_own(batch.origin, batch.seq) {
+            Some(in_flight) => self.apply_own(in_flight, batch.records),
+            None => {
+                for record in batch.records {
+                    self.apply(record, Route::Nobody);
+                }
+                self.output = Default::default();
+            }
+        }
+    }
+
+    /// Applies this leader's batch `records`, answering its routes.
+    fn apply_own(&mut self, mut in_flight: InFlight, records: Vec<Record>) {
         let elapsed = in_flight.proposed_at.elapsed();
         self.stats
             .commit_nanos
@@ -369,7 +418,7 @@ impl Core {
         if let Some(metrics) = &self.metrics {
             metrics.committed(elapsed, 1);
         }
-        in_flight.proposal.records = batch.records;
+        in_flight.proposal.records = records;
         let now = self.clock.now();
         self.apply_proposal(now, &mut in_flight.proposal);
         // Reuse the applied proposal's buffers for the next batch only if
@@ -401,6 +450,27 @@ impl Core {
             last_applied,
             membership,
         };
+        // The state was replaced: whatever was applied at commit is not in
+        // it, and is applied when the state machine hands it over.
+        self.replica.applied_at_commit.clear();
+        self.answer_waiting_snapshots();
+    }
+
+    /// Answers `reply` with a copy of the applied state, once the state
+    /// machine has handed back every batch applied at commit (until then
+    /// the state holds entries past the last log id it would name).
+    pub(super) fn snapshot_when_caught_up(&mut self, reply: oneshot::Sender<FrozenState>) {
+        self.replica.waiting_snapshots.push(reply);
+        self.answer_waiting_snapshots();
+    }
+
+    fn answer_waiting_snapshots(&mut self) {
+        if self.replica.waiting_snapshots.is_empty() || !self.replica.applied_at_commit.is_empty() {
+            return;
+        }
+        for reply in std::mem::take(&mut self.replica.waiting_snapshots) {
+            let _ = reply.send(self.freeze());
+        }
     }
 
     /// The last log id applied, for snapshots.
@@ -438,6 +508,7 @@ impl Core {
             // Nothing waits for these.
             Op::Stream { .. } | Op::Detach { .. } | Op::CancelLease { .. } => {}
             Op::Apply { .. }
+            | Op::Committed { .. }
             | Op::Snapshot { .. }
             | Op::Install { .. }
             | Op::Role(_)

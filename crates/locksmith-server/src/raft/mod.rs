@@ -7,7 +7,8 @@
 //!   core batch, so group commit stays one entry, one fsync, many requests),
 //!   node ids and addresses, and the responder of a batch
 //!   ([`propose::Outcome`]);
-//! - `propose`: how the core thread hands its batches to openraft;
+//! - `propose`: how the core thread hands its batches to openraft, and
+//!   hears when they are committed;
 //! - `state_machine`: how openraft hands committed entries back to the core;
 //! - `member`: starting the member (log, openraft, role watch);
 //! - `admin`: membership changes and status (`locksmith cluster`);

@@ -4,8 +4,10 @@
 //! ([`Proposer::propose`]): no task sits between them, so a request pays no
 //! wake-up on its way to the log. It does not wait for the batch to commit
 //! (the core bounds how many are in flight); the batch's [`Outcome`] tells
-//! the core if openraft refused it ([`Op::Refused`]), from wherever openraft
-//! ends it, without a task waiting on a channel for every batch.
+//! the core once it is committed ([`Op::Committed`]: the core applies it
+//! then, without waiting for openraft's state machine to hand it back) or
+//! if openraft refused it ([`Op::Refused`]), from wherever openraft ends it,
+//! without a task waiting on a channel for every batch.
 //!
 //! A new leader's first batch is the exception: right after an election the
 //! leader's lease is not confirmed yet and openraft refuses writes, so that
@@ -18,6 +20,7 @@ use std::time::Duration;
 
 use openraft::errors::{ClientWriteError, ForwardReason, RaftError};
 use openraft::raft::responder::Responder;
+use openraft::type_config::alias::LogIdOf;
 use openraft::OptionalSend;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
@@ -66,8 +69,15 @@ impl Proposer {
             return;
         };
         let (origin, seq) = (batch.origin, batch.seq);
-        let refusals = core.clone();
+        let (commits, refusals) = (core.clone(), core.clone());
         let outcome = Outcome::new(
+            move |log_id: LogIdOf<TypeConfig>| {
+                let _ = commits.send(Op::Committed {
+                    origin,
+                    seq,
+                    index: log_id.index,
+                });
+            },
             move |result: openraft::raft::ClientWriteResult<TypeConfig>| {
                 if let Err(error) = result {
                     refuse(&refusals, origin, seq, error.to_string());
@@ -83,20 +93,37 @@ impl Proposer {
     }
 }
 
-/// A batch's [`Responder`]: openraft calls it once the batch is applied or
-/// refused, wherever that happens. A callback rather than a channel: nothing
-/// has to wait on one per batch. (openraft's own responders are channels.)
-pub(crate) struct Outcome<T>(Box<dyn FnOnce(T) + Send>);
+/// A batch's [`Responder`]: openraft calls it once the batch is committed
+/// (on the leader that proposed it, in log order, just before it hands the
+/// entry to its state machine), and once it is applied or refused, wherever
+/// that happens. Callbacks rather than a channel: nothing has to wait on one
+/// per batch. (openraft's own responders are channels.)
+pub(crate) struct Outcome<T> {
+    committed: Option<Box<dyn FnOnce(LogIdOf<TypeConfig>) + Send>>,
+    completed: Box<dyn FnOnce(T) + Send>,
+}
 
 impl<T> Outcome<T> {
-    fn new(callback: impl FnOnce(T) + Send + 'static) -> Outcome<T> {
-        Outcome(Box::new(callback))
+    fn new(
+        committed: impl FnOnce(LogIdOf<TypeConfig>) + Send + 'static,
+        completed: impl FnOnce(T) + Send + 'static,
+    ) -> Outcome<T> {
+        Outcome {
+            committed: Some(Box::new(committed)),
+            completed: Box::new(completed),
+        }
     }
 }
 
 impl<T: OptionalSend + 'static> Responder<TypeConfig, T> for Outcome<T> {
+    fn on_commit(&mut self, log_id: LogIdOf<TypeConfig>) {
+        if let Some(committed) = self.committed.take() {
+            committed(log_id);
+        }
+    }
+
     fn on_complete(self, result: T) {
-        (self.0)(result)
+        (self.completed)(result)
     }
 }
 

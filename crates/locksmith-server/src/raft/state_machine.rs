@@ -4,6 +4,8 @@
 //! in the same order to the same engine. It does not wait for the core to
 //! apply them: the core's channel keeps the order, and anything asked of
 //! the core later (a snapshot, an installed snapshot) queues behind them.
+//! (The leader has applied its own batches by then, when openraft reported
+//! them committed, and skips them here: module `core::replica`.)
 //!
 //! A snapshot is the core's state (`ServerSnapshot`: the engine, the session
 //! table, the clock), frozen by the core thread and postcard-encoded on a
