@@ -23,11 +23,12 @@
 //!    and one `fdatasync` on a quorum (module `replica`): the group commit,
 //!    since every request that arrived meanwhile shares it;
 //! 3. when openraft has committed an entry, it comes back as
-//!    [`Op::Apply`], and the core **applies** its records in order (module
-//!    `apply`): the request-id check, the engine command, its effects
-//!    (grants, queue positions, timeouts, lost holds) routed to the batch's
-//!    output; then answers the batch's inspection ops from the state this
-//!    leaves;
+//!    [`Op::Committed`] (on the leader that proposed it) or [`Op::Apply`]
+//!    (from openraft's state machine, everything else; module `replica`),
+//!    and the core **applies** its records in order (module `apply`): the
+//!    request-id check, the engine command, its effects (grants, queue
+//!    positions, timeouts, lost holds) routed to the batch's output; then
+//!    answers the batch's inspection ops from the state this leaves;
 //! 4. it sends the output: one [`locksmith_proto::v1::ServerBatch`] per
 //!    session stream, plus unary replies.
 //!
@@ -660,6 +661,15 @@ mod tests {
         };
     }
 
+    /// A core that leads (stint 1) with a session open on stream 1.
+    fn leading_with_a_session() -> (Core, Millis, SessionId) {
+        let mut core = core(4096);
+        let now = core.clock.now();
+        let (session, _) = open(&mut core, 1, now);
+        lead(&mut core);
+        (core, now, session)
+    }
+
     fn hold_args(name: &str) -> crate::op::HoldArgs {
         crate::op::HoldArgs {
             name: name.into(),
@@ -727,10 +737,7 @@ mod tests {
 
     #[test]
     fn a_heartbeat_waiting_in_the_channel_is_proposed_before_expiries() {
-        let mut core = core(4096);
-        let now = core.clock.now();
-        let (session, _) = open(&mut core, 1, now);
-        lead(&mut core);
+        let (mut core, now, session) = leading_with_a_session();
         let (ops, arrivals) = std::sync::mpsc::channel();
         ops.send(client_batch(1, [StreamOp::Heartbeat])).unwrap();
         // The engine was busy past the session's deadline meanwhile.
@@ -751,10 +758,7 @@ mod tests {
 
     #[test]
     fn a_heartbeat_that_arrives_while_a_batch_is_in_flight_is_proposed_next() {
-        let mut core = core(4096);
-        let now = core.clock.now();
-        let (session, _) = open(&mut core, 1, now);
-        lead(&mut core);
+        let (mut core, now, session) = leading_with_a_session();
         // A batch goes out (proposed, not applied yet)...
         let mut proposal = std::mem::take(&mut core.proposal);
         let release = client_batch(
@@ -811,10 +815,7 @@ mod tests {
 
     #[test]
     fn batches_in_flight_are_applied_in_order_and_bounded() {
-        let mut core = core(4096);
-        let now = core.clock.now();
-        open(&mut core, 1, now);
-        lead(&mut core);
+        let (mut core, now, _) = leading_with_a_session();
         // The second acquire of "x" is proposed while the first is in flight:
         // it queues behind it, as if the first had been applied already.
         let first = propose_now(&mut core, now, client_batch(1, [acquire(1, "x")]));
@@ -876,10 +877,7 @@ mod tests {
 
     #[test]
     fn a_batch_applied_at_commit_is_not_applied_again_and_a_snapshot_waits_for_its_handover() {
-        let mut core = core(4096);
-        let now = core.clock.now();
-        open(&mut core, 1, now);
-        lead(&mut core);
+        let (mut core, now, _) = leading_with_a_session();
         propose_now(&mut core, now, client_batch(1, [acquire(1, "x")]));
         let (ops, arrivals) = std::sync::mpsc::channel();
         ops.send(Op::Committed {
@@ -900,9 +898,7 @@ mod tests {
         // The state machine hands the entry back. Its records are replaced
         // by a marker here (an acquire of "y" by the same session), which
         // shows whether it is applied again.
-        let mut twin = self::core(4096);
-        open(&mut twin, 1, now);
-        lead(&mut twin);
+        let (mut twin, _, _) = leading_with_a_session();
         let marker = propose_now(&mut twin, now, client_batch(1, [acquire(2, "y")]));
         ops.send(Op::Apply {
             entries: vec![entry(7, 0, marker.clone())],
@@ -927,10 +923,7 @@ mod tests {
 
     #[test]
     fn expiries_are_not_decided_again_while_a_batch_carrying_them_is_in_flight() {
-        let mut core = core(4096);
-        let now = core.clock.now();
-        let (session, _) = open(&mut core, 1, now);
-        lead(&mut core);
+        let (mut core, now, session) = leading_with_a_session();
         let late = now + 1_500;
         assert!(core.replica.can_expire());
         let mut proposal = std::mem::take(&mut core.proposal);

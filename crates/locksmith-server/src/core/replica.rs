@@ -6,12 +6,12 @@
 //! openraft's state machine delivers it back to the core ([`Op::Apply`]),
 //! except on the leader that proposed it: that one applies it as soon as
 //! openraft reports it committed ([`Op::Committed`]), which spares a commit
-//! the wake-up of openraft's state-machine task. Several batches may be in flight at
-//! a time (`max_batches_in_flight`), so that the next batch is written and replicated
-//! while the last one commits; past that, new ops gather in the backlog and
-//! form a bigger next batch (the group commit). Nothing of a batch is decided
-//! before it is applied, in log order, so batches in flight never see each
-//! other's effects early. The one exception is time: an expiry is decided
+//! the wake-up of openraft's state-machine task. Several batches may be in
+//! flight at a time (`max_batches_in_flight`), so that the next batch is
+//! written and replicated while the last one commits; past that, new ops
+//! gather in the backlog and form a bigger next batch (the group commit).
+//! Nothing of a batch is decided before it is applied, in log order, so
+//! batches in flight never see each other's effects early. The one exception is time: an expiry is decided
 //! from the applied state, so while a batch carrying expiries is in flight no
 //! other is decided (it would repeat them). The leader knows its own entries
 //! by their origin (a random number per leadership stint) and sequence
@@ -30,10 +30,11 @@
 //! machine hands such a batch back, it is skipped (the core keeps the
 //! indexes of the batches it applied at commit). A snapshot must hold
 //! exactly the entries up to its last log id, so a request for one waits
-//! until the state machine has handed back every batch applied ahead of it. A member that stops being leader drops what it
-//! was doing for clients, tells them where the leader is, and ends their
-//! streams; they resume their sessions there and send again what was not
-//! answered.
+//! until the state machine has handed back every batch applied ahead of it.
+//!
+//! A member that stops being leader drops what it was doing for clients,
+//! tells them where the leader is, and ends their streams; they resume their
+//! sessions there and send again what was not answered.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
