@@ -64,6 +64,16 @@ pub(crate) enum RaftRecord {
     Committed(Option<LogIdOf<TypeConfig>>),
 }
 
+/// [`RaftRecord::Entry`] over a borrowed entry: it encodes to the same
+/// bytes, so an append writes its entries without copying them first.
+struct EntryRecord<'a>(&'a EntryOf<TypeConfig>);
+
+impl Serialize for EntryRecord<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_newtype_variant("RaftRecord", 0, "Entry", self.0)
+    }
+}
+
 impl super::SegmentRecord for RaftRecord {
     fn decode_frame(_format: u32, payload: &[u8]) -> Result<Vec<RaftRecord>, postcard::Error> {
         super::segment::decode_records(payload)
@@ -485,7 +495,10 @@ impl RaftLogStorage<TypeConfig> for RaftLog {
         let mut inner = self.inner.lock().await;
         let entries: Vec<_> = entries.into_iter().collect();
         let seq = inner.manifest.last_segment;
-        let result = inner.write(entries.iter().cloned().map(RaftRecord::Entry));
+        for entry in &entries {
+            inner.buffer.push(&EntryRecord(entry));
+        }
+        let result = inner.flush();
         if result.is_ok() {
             for entry in entries {
                 let index = entry.index();
@@ -579,6 +592,29 @@ mod tests {
         EntryOf::<TypeConfig> {
             log_id: log_id(term, index),
             payload: EntryPayload::Blank,
+        }
+    }
+
+    #[test]
+    fn an_entry_record_borrowed_encodes_as_one_owned() {
+        let batch = crate::raft::Batch {
+            origin: 7,
+            seq: 3,
+            records: vec![crate::storage::Record::Acks {
+                session: locksmith_core::SessionId(9),
+                replies: vec![1, 2],
+                lost: vec![3],
+            }],
+        };
+        for payload in [EntryPayload::Blank, EntryPayload::Normal(batch)] {
+            let entry = EntryOf::<TypeConfig> {
+                log_id: log_id(2, 5),
+                payload,
+            };
+            assert_eq!(
+                postcard::to_allocvec(&EntryRecord(&entry)).unwrap(),
+                postcard::to_allocvec(&RaftRecord::Entry(entry.clone())).unwrap()
+            );
         }
     }
 
