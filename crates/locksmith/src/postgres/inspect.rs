@@ -273,7 +273,16 @@ pub(crate) async fn force_release(shared: &Shared, name: &str) -> Result<()> {
     // it tells) finds every lock of those connections free.
     // (`pg_terminate_backend`'s own timeout argument needs PostgreSQL 14.)
     let deadline = tokio::time::Instant::now() + TERMINATION_WAIT;
-    while !terminated.is_empty() && tokio::time::Instant::now() < deadline {
+    while !terminated.is_empty() {
+        if tokio::time::Instant::now() >= deadline {
+            tracing::warn!(
+                name,
+                ?terminated,
+                wait = ?TERMINATION_WAIT,
+                "postgres: terminated connections still hold locks; force-release returns anyway"
+            );
+            break;
+        }
         let left: i64 = shared
             .query_on(
                 &client,

@@ -799,7 +799,7 @@ async fn drive(shared: Arc<Shared>, first: Link) {
             if session.is_some() && Instant::now() >= confirmed + given_up_after(shared.ttl) {
                 shared.state().lose_session(
                     LostCause::ConnectionLost,
-                    "no contact with the lock server for a whole session TTL",
+                    "no contact with the lock server for nearly a session TTL (the server may expire it now)",
                 );
                 stale = session.take();
             }
@@ -945,7 +945,7 @@ async fn run(
             _ = &mut jeopardy => {
                 return End::SessionLost(
                     LostCause::ConnectionLost,
-                    "no heartbeat answered for a whole session TTL".into(),
+                    "no heartbeat answered for nearly a session TTL (the server may expire it now)".into(),
                 )
             }
         }
