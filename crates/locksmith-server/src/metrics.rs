@@ -13,10 +13,10 @@
 //! Groups register themselves in [`Metrics::new`], one struct per concern.
 //! A replicated server adds its own group there the same way: Raft role and
 //! term, commit and apply index, and replication lag per member (a
-//! `Family` labelled by member id), set by the Raft driver, not by the core.
+//! `Family` labelled by member id), read from openraft's metrics when they are encoded, not set by the core.
 
 use std::sync::atomic::AtomicU64;
-use std::sync::Arc;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use locksmith_core::{Effect, LostReason};
@@ -56,6 +56,8 @@ struct RaftGauges {
     /// `raft_replication_lag{member}` on the leader: entries each member is
     /// behind the leader's log.
     lag: Family<Vec<(String, String)>, Gauge<u64, AtomicU64>>,
+    /// Where the gauges are read from, once the member runs.
+    source: OnceLock<crate::raft::Raft>,
 }
 
 const RAFT_ROLES: [&str; 4] = ["leader", "follower", "candidate", "learner"];
@@ -413,6 +415,7 @@ impl Metrics {
             commit_index: Gauge::default(),
             applied_index: Gauge::default(),
             lag: Family::default(),
+            source: OnceLock::new(),
         };
         registry.register(
             "raft_role",
@@ -450,20 +453,12 @@ impl Metrics {
         }
     }
 
-    /// Keeps the Raft gauges up to date with `raft`'s metrics, in a task that
-    /// ends with the member.
-    pub(crate) fn follow_raft(self: &Arc<Self>, raft: crate::raft::Raft) {
-        use openraft::async_runtime::WatchReceiver;
-        let metrics = self.clone();
-        tokio::spawn(async move {
-            let mut watch = raft.metrics();
-            loop {
-                metrics.raft_now(&watch.borrow_watched());
-                if watch.changed().await.is_err() {
-                    return;
-                }
-            }
-        });
+    /// Reads the Raft gauges from `raft`'s metrics whenever the metrics are
+    /// encoded. They are read on a scrape rather than followed: openraft's
+    /// metrics change with every entry, and a task woken for each would be
+    /// a cost on every commit.
+    pub(crate) fn follow_raft(&self, raft: crate::raft::Raft) {
+        let _ = self.raft.source.set(raft);
     }
 
     fn raft_now(&self, m: &openraft::RaftMetrics<crate::raft::TypeConfig>) {
@@ -504,6 +499,13 @@ impl Metrics {
 
     /// The OpenMetrics text of every metric.
     pub(crate) fn encode(&self) -> String {
+        if let Some(raft) = self.raft.source.get() {
+            use openraft::async_runtime::WatchReceiver;
+            // A copy, so that openraft's metrics are not held while the
+            // gauges are set.
+            let now = raft.metrics().borrow_watched().clone();
+            self.raft_now(&now);
+        }
         let mut text = String::new();
         encode(&mut text, &self.registry).expect("writing to a String cannot fail");
         text

@@ -177,9 +177,12 @@ pub(crate) async fn start(
     Ok(())
 }
 
-/// Tells the core its role whenever openraft's metrics change it.
+/// Tells the core its role whenever openraft's metrics change it. It
+/// watches the server metrics (role, leader, membership), which change only
+/// when those do: the full metrics change with every entry, and a wake-up
+/// per entry is a cost on a commit's path.
 async fn watch_role(raft: Raft, me: u64, core: Sender<Op>) {
-    let mut metrics = raft.metrics();
+    let mut metrics = raft.server_metrics();
     let mut last = None;
     loop {
         let role = {
