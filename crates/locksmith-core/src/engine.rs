@@ -362,6 +362,25 @@ impl Engine {
         }
     }
 
+    /// About how much work applying `command` takes, counted in locks and
+    /// waits touched: a session's end releases all of its holds and cancels
+    /// all of its waits in one step (up to
+    /// [`Limits::max_holds_per_session`](crate::Limits::max_holds_per_session)
+    /// of them); anything else is 1. A caller that bounds its work per step
+    /// (the server, per log entry) counts commands by this, so that several
+    /// big sessions ending at once are spread over several steps.
+    pub fn work_of(&self, command: &Command) -> usize {
+        match command {
+            Command::CloseSession { session } | Command::ExpireSession { session, .. } => {
+                1 + self
+                    .sessions
+                    .get(session)
+                    .map_or(0, |s| s.holds.len() + s.queued_names)
+            }
+            _ => 1,
+        }
+    }
+
     /// When the next time-driven command falls due, if any.
     pub fn next_deadline(&self) -> Option<Millis> {
         self.timers.first().map(|(at, _)| *at)

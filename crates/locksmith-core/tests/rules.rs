@@ -906,6 +906,25 @@ fn session_ids_must_be_new_and_not_none() {
 }
 
 #[test]
+fn the_work_of_a_session_end_counts_its_holds_and_queued_names() {
+    let mut h = Harness::with_sessions(2);
+    h.ok(1, acq(1, 1, "a", &["x", "y", "z"]));
+    h.ok(1, acq(2, 1, "b", &["x"]));
+    // Session 2 holds nothing and queues for one name; session 1 holds three.
+    h.ok(1, acq(2, 2, "b", &["x", "w"]));
+    let work = |h: &Harness, command: Command| h.engine.work_of(&command);
+    assert_eq!(work(&h, Command::CloseSession { session: sid(1) }), 1 + 3);
+    assert_eq!(work(&h, es(1, TTL)), 1 + 3);
+    assert_eq!(
+        work(&h, Command::CloseSession { session: sid(2) }),
+        1 + 1 + 2
+    );
+    assert_eq!(work(&h, Command::CloseSession { session: sid(9) }), 1);
+    assert_eq!(work(&h, release(1, "a", "x")), 1);
+    assert_eq!(work(&h, Command::Heartbeat { session: sid(1) }), 1);
+}
+
+#[test]
 fn grant_grace_moves_session_expiry() {
     let mut h = Harness::new();
     h.open(0, 1, 1_000);

@@ -84,6 +84,11 @@ use crate::storage::{Record, ServerSnapshot, SessionRecord};
 pub(crate) use replica::Replica;
 use session::{PeerCounts, SessionEntry};
 
+/// Due commands with more work than this (`Engine::work_of`: a session of
+/// many holds ending) go in a log entry of their own rather than with client
+/// ops, whose replies would wait for them. About 0.3 ms of engine time here.
+const WORK_THAT_RIDES_ALONG: usize = 256;
+
 /// The records one batch proposes, in order, and where each one's result
 /// goes (`routes[i]` is the route of `records[i]`), plus the inspection ops
 /// answered once they are applied.
@@ -340,35 +345,54 @@ impl Core {
             if !self.replica.can_propose() {
                 continue;
             }
-            self.next_batch(&mut batch);
-            let count: usize = batch.iter().map(Op::count).sum();
-            self.stats.batches.fetch_add(1, Ordering::Relaxed);
-            self.stats.ops.fetch_add(count as u64, Ordering::Relaxed);
-            let tally = self.metrics.as_ref().map(|_| Tally::of(&batch));
-            let mut proposal = std::mem::take(&mut self.proposal);
-            self.propose_orphan_releases(now, &mut proposal);
-            for op in batch.drain(..) {
-                self.propose(now, op, &mut proposal);
-            }
-            // After the client ops: a heartbeat or renew in this batch wins.
-            let mut expiries = false;
-            if self.replica.can_expire() {
-                for command in self.engine.due_at_most(now, self.max_batch) {
-                    proposal.command(now, command, None, None, Route::Nobody);
-                    expiries = true;
-                }
-            }
-            if !proposal.records.is_empty() {
-                self.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
-                self.stats
-                    .records
-                    .fetch_add(proposal.records.len() as u64, Ordering::Relaxed);
-            }
-            if let (Some(metrics), Some(tally)) = (&self.metrics, tally) {
-                metrics.batch_done(count, &tally, Instant::now() - batch_started);
-            }
-            self.propose_batch(proposal, expiries);
+            self.propose_next(now, &mut batch, batch_started);
             self.send_output();
+        }
+    }
+
+    /// Proposes the next batch: the backlog's next ops (`next_batch`), then
+    /// the time-driven commands that are due.
+    fn propose_next(&mut self, now: Millis, batch: &mut Vec<Op>, started: Instant) {
+        self.next_batch(batch);
+        let count: usize = batch.iter().map(Op::count).sum();
+        self.stats.batches.fetch_add(1, Ordering::Relaxed);
+        self.stats.ops.fetch_add(count as u64, Ordering::Relaxed);
+        let tally = self.metrics.as_ref().map(|_| Tally::of(batch));
+        let mut proposal = std::mem::take(&mut self.proposal);
+        self.propose_orphan_releases(now, &mut proposal);
+        for op in batch.drain(..) {
+            self.propose(now, op, &mut proposal);
+        }
+        // After the client ops: a heartbeat or renew in this batch wins.
+        let (due, work) = match self.replica.can_expire() {
+            true => self.due_within_budget(now),
+            false => (Vec::new(), 0),
+        };
+        let expiries = !due.is_empty();
+        if work > WORK_THAT_RIDES_ALONG && !proposal.is_empty() {
+            // A big expiry (a session of many holds) gets an entry of its
+            // own, after the client ops': their replies leave as soon as
+            // their entry is applied instead of waiting for it too.
+            self.count_entry(&proposal);
+            self.propose_batch(std::mem::take(&mut proposal), false);
+        }
+        for command in due {
+            proposal.command(now, command, None, None, Route::Nobody);
+        }
+        self.count_entry(&proposal);
+        if let (Some(metrics), Some(tally)) = (&self.metrics, tally) {
+            metrics.batch_done(count, &tally, Instant::now() - started);
+        }
+        self.propose_batch(proposal, expiries);
+    }
+
+    /// Counts a log entry about to be proposed, for the stats.
+    fn count_entry(&self, proposal: &Proposal) {
+        if !proposal.records.is_empty() {
+            self.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
+            self.stats
+                .records
+                .fetch_add(proposal.records.len() as u64, Ordering::Relaxed);
         }
     }
 
@@ -462,17 +486,50 @@ impl Core {
     }
 
     /// Takes the next batch from the backlog: ops in arrival order, up to
-    /// `max_batch` messages (at least one op), so that no batch holds the
-    /// engine thread for long however much is queued.
+    /// `max_batch` units of work (at least one op), so that no batch holds
+    /// the engine thread for long however much is queued.
     fn next_batch(&mut self, batch: &mut Vec<Op>) {
-        let mut messages = 0;
+        let mut work = 0;
         while let Some(op) = self.backlog.front() {
-            messages += op.count();
-            if messages > self.max_batch && !batch.is_empty() {
+            work += self.work_of(op);
+            if work > self.max_batch && !batch.is_empty() {
                 break;
             }
             batch.extend(self.backlog.pop_front());
         }
+    }
+
+    /// The work `op` brings into a batch: a unit per message, and a
+    /// session's end by the holds and waits it releases
+    /// ([`Engine::work_of`]).
+    fn work_of(&self, op: &Op) -> usize {
+        let end = |session| self.engine.work_of(&Command::CloseSession { session });
+        match op {
+            Op::CloseSession { session, .. } | Op::EndSession { session, .. } => end(*session),
+            Op::Stream { stream, ops, .. } if ops.iter().any(|o| matches!(o, StreamOp::Close)) => {
+                op.count() + self.streams.get(stream).map_or(0, |&session| end(session))
+            }
+            _ => op.count(),
+        }
+    }
+
+    /// The time-driven commands that are due, up to `max_batch` units of
+    /// work as for client ops (at least one), and their work: when many big
+    /// sessions expire at once, their ends go out over several batches, with
+    /// other clients' requests between them. The rest stays due.
+    fn due_within_budget(&self, now: Millis) -> (Vec<Command>, usize) {
+        let mut due = self.engine.due_at_most(now, self.max_batch);
+        let (mut work, mut within) = (0, 0);
+        for command in &due {
+            let more = self.engine.work_of(command);
+            if within > 0 && work + more > self.max_batch {
+                break;
+            }
+            work += more;
+            within += 1;
+        }
+        due.truncate(within);
+        (due, work)
     }
 
     /// After applying entries: the token ceiling, the gauges, then the
@@ -943,6 +1000,93 @@ mod tests {
         assert!(!core.engine.has_session(session), "expired");
         assert!(core.replica.can_expire());
         assert!(core.engine.due_at_most(late, 4096).is_empty());
+    }
+
+    /// Opens a session on `stream` at `now` that holds `holds` locks.
+    fn session_holding(core: &mut Core, stream: StreamId, now: Millis, holds: u64) -> SessionId {
+        let (session, _) = open(core, stream, now);
+        let acquires = (0..holds).map(|i| acquire(i + 1, &format!("s{stream}-{i}")));
+        run(core, now, client_batch(stream, acquires));
+        session
+    }
+
+    #[test]
+    fn sessions_expiring_at_once_end_over_batches_of_bounded_work() {
+        let mut core = core(10);
+        let now = core.clock.now();
+        let sessions: Vec<SessionId> = (1..=3)
+            .map(|stream| session_holding(&mut core, stream, now, 6))
+            .collect();
+        lead(&mut core);
+        let late = now + 1_500;
+        let mut open_after_each = Vec::new();
+        for seq in 0..3 {
+            core.propose_next(late, &mut Vec::new(), Instant::now());
+            let in_flight = core.replica.records_in_flight();
+            assert_eq!(in_flight.len(), 1, "one batch of expiries at a time");
+            assert_eq!(
+                in_flight[0].len(),
+                1,
+                "one session's end (7 units of work) per batch of 10"
+            );
+            core.apply_batch(crate::raft::Batch {
+                origin: 1,
+                seq,
+                records: in_flight[0].clone(),
+            });
+            let open = sessions.iter().filter(|&&s| core.engine.has_session(s));
+            open_after_each.push(open.count());
+        }
+        assert_eq!(open_after_each, [2, 1, 0]);
+    }
+
+    #[test]
+    fn a_big_expiry_goes_in_an_entry_after_the_client_ops_and_a_small_one_rides_along() {
+        for (holds, entries) in [(WORK_THAT_RIDES_ALONG - 1, 1), (WORK_THAT_RIDES_ALONG, 2)] {
+            let mut core = core(4096);
+            let now = core.clock.now();
+            let expiring = session_holding(&mut core, 1, now, holds as u64);
+            let late = now + 1_500;
+            open(&mut core, 2, late);
+            lead(&mut core);
+            core.backlog
+                .push_back(client_batch(2, [acquire(1, "client")]));
+            core.propose_next(late, &mut Vec::new(), Instant::now());
+            let in_flight = core.replica.records_in_flight();
+            assert_eq!(in_flight.len(), entries, "{holds} holds");
+            for (seq, records) in in_flight.into_iter().enumerate() {
+                core.apply_batch(crate::raft::Batch {
+                    origin: 1,
+                    seq: seq as u64,
+                    records,
+                });
+                if seq == 0 {
+                    assert_eq!(holders(&core, "client"), 1, "the client's op first");
+                }
+            }
+            assert!(!core.engine.has_session(expiring));
+        }
+    }
+
+    #[test]
+    fn a_batch_counts_a_session_end_by_its_holds() {
+        let mut core = core(10);
+        let now = core.clock.now();
+        for stream in 1..=2 {
+            session_holding(&mut core, stream, now, 6);
+        }
+        lead(&mut core);
+        core.backlog.push_back(client_batch(1, [StreamOp::Close]));
+        core.backlog.push_back(client_batch(2, [StreamOp::Close]));
+        core.backlog
+            .push_back(client_batch(2, [StreamOp::AckOnly, StreamOp::AckOnly]));
+        let mut batch = Vec::new();
+        let mut sizes = Vec::new();
+        while !core.backlog.is_empty() {
+            core.next_batch(&mut batch);
+            sizes.push(batch.drain(..).count());
+        }
+        assert_eq!(sizes, [1, 2], "7 units, then 7 + 2");
     }
 
     #[test]

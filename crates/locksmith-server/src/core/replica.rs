@@ -38,7 +38,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use locksmith_core::Command;
 use openraft::type_config::alias::{EntryOf, LogIdOf, StoredMembershipOf};
@@ -130,6 +130,12 @@ impl Replica {
     /// Whether a new batch may be proposed now.
     pub(super) fn can_propose(&self) -> bool {
         self.serving() && self.in_flight.len() < self.max_in_flight
+    }
+
+    /// The records of each batch in flight, oldest first.
+    #[cfg(test)]
+    pub(super) fn records_in_flight(&self) -> Vec<Vec<Record>> {
+        self.in_flight.iter().map(|f| f.records.clone()).collect()
     }
 
     /// How many batches may be in flight at once.
@@ -402,10 +408,13 @@ impl Core {
         match self.replica.take_own(batch.origin, batch.seq) {
             Some(in_flight) => self.apply_own(in_flight, batch.records),
             None => {
+                let started = Instant::now();
+                let records = batch.records.len();
                 for record in batch.records {
                     self.apply(record, Route::Nobody);
                 }
                 self.output = Default::default();
+                warn_if_slow(started, records);
             }
         }
     }
@@ -419,9 +428,12 @@ impl Core {
         if let Some(metrics) = &self.metrics {
             metrics.committed(elapsed, 1);
         }
+        let started = Instant::now();
+        let count = records.len();
         in_flight.proposal.records = records;
         let now = self.clock.now();
         self.apply_proposal(now, &mut in_flight.proposal);
+        warn_if_slow(started, count);
         // Reuse the applied proposal's buffers for the next batch only if
         // nothing was gathered for it meanwhile: heartbeats are proposed as
         // they arrive, while this batch was in flight.
@@ -518,5 +530,22 @@ impl Core {
                 unreachable!("the core handles its own ops whatever its role")
             }
         }
+    }
+}
+
+/// How long applying one log entry may take before the log says so.
+const SLOW_APPLY: Duration = Duration::from_millis(100);
+
+/// Applying an entry holds up every request on this member, so one that took
+/// long is worth a warning (as etcd's "apply request took too long"): it
+/// is most often a big session ending (`Engine::work_of`).
+fn warn_if_slow(started: Instant, records: usize) {
+    let took = started.elapsed();
+    if took >= SLOW_APPLY {
+        tracing::warn!(
+            took_ms = took.as_millis() as u64,
+            records,
+            "applying one log entry took long: every request on this member waited for it"
+        );
     }
 }
