@@ -14,6 +14,13 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser, Subcommand};
 
+/// The allocator: a session's end frees a hold's worth of small allocations
+/// for every lock it held, and the server allocates per request;
+/// mimalloc's thread-local free lists do both faster than the system's
+/// (docs/BENCHMARKS.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod bench;
 mod cluster;
 mod common;
