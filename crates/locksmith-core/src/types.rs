@@ -134,7 +134,7 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_waiters_per_lock: 10_000,
-            max_holds_per_session: 1_000_000,
+            max_holds_per_session: 100_000,
             max_names_per_acquire: 64,
             min_ttl: 10,
             max_ttl: 24 * 3600 * 1000,

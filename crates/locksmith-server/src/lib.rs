@@ -268,7 +268,7 @@ impl Server {
         let (exit_tx, exit_rx) = oneshot::channel();
         let serving = readiness.clone();
         // The core has a thread of its own, apart from openraft's tasks: one
-        // long engine step (a session of a million holds ending) must not
+        // long engine step (a session of many holds ending) must not
         // hold up Raft's heartbeats, or the leader loses its leadership
         // (docs/BENCHMARKS.md, "the core and openraft on one thread").
         std::thread::Builder::new()
