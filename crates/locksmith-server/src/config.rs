@@ -73,7 +73,9 @@ pub struct ServerConfig {
     /// comes after the damage is lost. Without it the server refuses to start
     /// and names what is wrong.
     pub recover_damaged_data: bool,
-    /// Most requests applied in one batch (one fsync).
+    /// Most requests applied in one batch (one fsync); a session's end
+    /// counts as many as the holds and waits it releases
+    /// (`Engine::work_of`).
     pub max_batch: usize,
     /// Most batches the leader has proposed and not applied yet. More lets
     /// the next batch be written and replicated while the last one commits;

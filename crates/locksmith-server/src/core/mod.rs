@@ -14,14 +14,18 @@
 //! 2. while fewer than `max_batches_in_flight` batches are in flight, it
 //!    reads the clock once (`now`, see [`Clock`]) and **proposes** the next
 //!    batch (module `handle`): the backlog's ops in order, up to `max_batch`
-//!    messages, each turned into log records (what the client asked,
-//!    stamped with `now`) and a local [`Route`] (where its result goes), then
-//!    the time-driven commands that are due ([`Engine::due`]: session
-//!    expiries, lease expiries, waiter timeouts, ends of lock-delay), after
-//!    the client ops so that a renew in the same batch wins. Nothing changes
+//!    units of work (a message, or a session's end by the holds and waits
+//!    it releases: [`Engine::work_of`]), each turned into log records (what
+//!    the client asked, stamped with `now`) and a local [`Route`] (where its
+//!    result goes), then the time-driven commands that are due
+//!    ([`Engine::due`]: session expiries, lease expiries, waiter timeouts,
+//!    ends of lock-delay), up to `max_batch` units of work too, after the
+//!    client ops so that a renew in the same batch wins. Nothing changes
 //!    state yet. The records go to openraft as **one log entry**, one append
 //!    and one `fdatasync` on a quorum (module `replica`): the group commit,
-//!    since every request that arrived meanwhile shares it;
+//!    since every request that arrived meanwhile shares it. A big expiry
+//!    (a session of many holds) goes in an entry of its own after the
+//!    client ops', so that their replies do not wait for it;
 //! 3. when openraft has committed an entry, it comes back as
 //!    [`Op::Committed`] (on the leader that proposed it) or [`Op::Apply`]
 //!    (from openraft's state machine, everything else; module `replica`),
