@@ -102,7 +102,8 @@ fn acquires(first_id: u64, count: u64, prefix: &str) -> Vec<Out> {
 async fn a_session_never_expires_while_its_heartbeat_is_queued() {
     const HOLDS: u64 = 200_000;
     const PER_BATCH: u64 = 4_000;
-    let server = ServerProcess::start();
+    // Above the default limit, so that closing the session takes long.
+    let server = ServerProcess::start_with(&["--max-holds-per-session", "200000"]);
     let port = server.port();
     // The well-behaved client: a short TTL, a heartbeat every fifth of it.
     let ttl = Duration::from_millis(1_000);
