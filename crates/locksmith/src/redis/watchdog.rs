@@ -345,6 +345,10 @@ impl Watchdog {
             .cloned();
         let mut unsettled = false;
         let now = Instant::now();
+        // What has run out by now is expired first, as the timer would have
+        // done: a lease the batch finds gone because it ended is reported as
+        // expired, not as gone.
+        self.expire(now);
         let mut state = self.state();
         for (index, id) in result.ids.iter().enumerate() {
             let (mut held, mut gone) = (0, 0);
@@ -436,5 +440,40 @@ pub(crate) async fn run(
                 recheck = true;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target(name: &str) -> Target {
+        Target {
+            name: name.to_owned(),
+            keys: Arc::new(super::super::keys::Keys::new(name.to_owned())),
+            field: format!("client:{name}"),
+            kind: super::super::ops::Kind::Simple,
+        }
+    }
+
+    /// A check that finds a leased hold gone: expired if its lease has run
+    /// out here, gone (taken from outside) if it has not.
+    #[test]
+    fn a_lease_found_gone_after_it_ran_out_is_expired_not_gone() {
+        let dog = Watchdog::default();
+        let now = Instant::now();
+        let (ran_out, lost_ran_out) =
+            dog.register(&target("a"), false, now - Duration::from_millis(1));
+        let (running, lost_running) =
+            dog.register(&target("b"), false, now + Duration::from_secs(60));
+        let result = BatchResult {
+            sent: now,
+            ids: vec![ran_out, running],
+            replies: vec![Ok(vec![0, 0])],
+        };
+        dog.apply(result, 1, Duration::from_secs(30), Duration::ZERO);
+        assert_eq!(lost_ran_out.cause(), Some(LostCause::LeaseExpired));
+        assert_eq!(lost_running.cause(), Some(LostCause::Gone));
+        assert_eq!(dog.len(), 0);
     }
 }
