@@ -114,13 +114,29 @@ async fn locks_in_many_slots_and_multi_locks_across_slots() {
     for name in &names {
         guards.push(holder.lock(name.as_str()).acquire().await.unwrap());
     }
-    assert_eq!(backend.watched_holds(), names.len());
+    // On failure, say which holds were lost and why.
+    let lost = || -> Vec<String> {
+        guards
+            .iter()
+            .filter_map(|guard| guard.lost_signal().reason())
+            .collect()
+    };
+    assert_eq!(backend.watched_holds(), names.len(), "lost: {:?}", lost());
     sleep(ttl * 3).await;
-    for guard in &guards {
-        assert!(!guard.is_lost(), "{:?}", guard.lost_signal().reason());
-    }
+    assert_eq!(lost(), Vec::<String>::new());
     let listed = holder.list(&format!("{prefix}/")).await.unwrap();
-    assert_eq!(listed.len(), names.len(), "every primary is scanned");
+    let listed_names: HashSet<&str> = listed.iter().map(|info| info.name.as_str()).collect();
+    let missing: Vec<&String> = names
+        .iter()
+        .filter(|name| !listed_names.contains(name.as_str()))
+        .collect();
+    assert!(
+        listed.len() == names.len() && missing.is_empty(),
+        "every primary is scanned: {} listed, missing {} (the first: {:?})",
+        listed.len(),
+        missing.len(),
+        missing.iter().take(5).collect::<Vec<_>>()
+    );
 
     let other = client(&cluster.url(), ttl).await;
     let spread: Vec<String> = (0..3).map(|i| format!("{prefix}/multi-{i}")).collect();
