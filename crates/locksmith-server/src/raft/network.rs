@@ -3,7 +3,9 @@
 //! the clients' API.
 //!
 //! - [`PeerNetwork`] / [`Peer`]: the sending side openraft drives, one lazily
-//!   connected gRPC channel per peer.
+//!   connected gRPC channel per peer. Replication is a stream per session
+//!   (`StreamAppend`), not a call per AppendEntries: HTTP/2 stream set-up and
+//!   a wait for each answer were most of a leader's extra cost per commit.
 //! - [`RaftService`]: the receiving side, which hands each message to the
 //!   local [`openraft::Raft`].
 //!
@@ -12,25 +14,28 @@
 //! the bandwidth the cluster needs to keep serving (SharkLock's bounded
 //! snapshot sending).
 
-use std::future::Future;
+use std::future::{ready, Future};
 use std::io::Cursor;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use locksmith_proto::raft as pb;
 use locksmith_proto::raft::raft_client::RaftClient;
+use openraft::base::{BoxFuture, BoxStream};
 use openraft::errors::{
     Fatal, NetworkError, RPCError, RaftError, ReplicationClosed, StreamingError, Unreachable,
 };
 use openraft::network::v2::RaftNetworkV2;
 use openraft::network::{RPCOption, RaftNetworkFactory};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest,
-    TransferLeaderResponse, VoteRequest, VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, StreamAppendResult,
+    TransferLeaderRequest, TransferLeaderResponse, VoteRequest, VoteResponse,
 };
 use openraft::storage::RaftStateMachine;
 use openraft::type_config::alias::{SnapshotMetaOf, SnapshotOf, VoteOf};
-use openraft::BasicNode;
+use openraft::{BasicNode, OptionalSend};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
@@ -162,6 +167,73 @@ impl RaftNetworkV2<TypeConfig> for Peer {
         result.map_err(flatten_remote)
     }
 
+    /// One HTTP/2 stream for the whole replication session, instead of a
+    /// call per request: openraft keeps a session open while it replicates
+    /// to this peer, and each request goes out as soon as it is made, without
+    /// waiting for the answer to the one before (docs/BENCHMARKS.md, "Where
+    /// that CPU goes").
+    ///
+    /// The answers come back in order. A session whose peer has requests to
+    /// answer but answers none within the soft TTL ends with an error, so a
+    /// peer cut off is noticed; a session with nothing to answer may stay
+    /// idle.
+    ///
+    /// Cancel safety: dropping either stream ends the session; openraft sends
+    /// what was not answered again in its next one.
+    fn stream_append<'s, S>(
+        &'s mut self,
+        input: S,
+        option: RPCOption,
+    ) -> BoxFuture<
+        's,
+        Result<
+            BoxStream<'s, Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>>,
+            RPCError<TypeConfig>,
+        >,
+    >
+    where
+        S: Stream<Item = AppendEntriesRequest<TypeConfig>> + OptionalSend + Unpin + 'static,
+    {
+        Box::pin(async move {
+            // openraft waits out its backoff when the first request is taken:
+            // take it before connecting, so that an unreachable peer is tried
+            // again at that pace and not in a tight loop.
+            let mut input = input;
+            let Some(first) = input.next().await else {
+                return Ok(futures::stream::empty().boxed());
+            };
+            let input = futures::stream::once(ready(first)).chain(input);
+            let mut client = self.client()?;
+            let sent = Arc::new(AtomicU64::new(0));
+            let counted = sent.clone();
+            let addr = self.addr.clone();
+            // A request that does not encode ends the session: sending the
+            // ones after it would leave a gap.
+            let requests = input.scan((), move |_, request| {
+                let payload = match encode(&request) {
+                    Ok(postcard) => Some(pb::Payload { postcard }),
+                    Err(error) => {
+                        tracing::warn!(%error, "an AppendEntries request does not encode");
+                        None
+                    }
+                };
+                counted.fetch_add(u64::from(payload.is_some()), Ordering::Relaxed);
+                ready(payload)
+            });
+            let ttl = option.soft_ttl();
+            let answers = tokio::time::timeout(ttl, client.stream_append(requests))
+                .await
+                .map_err(|_| {
+                    RPCError::Network(NetworkError::from_string(format!(
+                        "no answer from {addr} within {ttl:?}"
+                    )))
+                })?
+                .map_err(|status| status_to_rpc_error(&addr, status))?
+                .into_inner();
+            Ok(appended(answers, sent, ttl, addr).boxed())
+        })
+    }
+
     async fn vote(
         &mut self,
         request: VoteRequest<TypeConfig>,
@@ -220,6 +292,52 @@ impl RaftNetworkV2<TypeConfig> for Peer {
 
 /// The snapshot as a stream of chunks, the header on the first one, paced to
 /// `rate` bytes per second.
+/// The answers of a replication stream, in order: ends at the first error,
+/// or with an error when `sent` requests wait for an answer and none came
+/// within `ttl`.
+fn appended(
+    answers: Streaming<pb::Payload>,
+    sent: Arc<AtomicU64>,
+    ttl: Duration,
+    addr: String,
+) -> impl Stream<Item = Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>> {
+    futures::stream::unfold(Some((answers, 0u64)), move |state| {
+        let (sent, addr) = (sent.clone(), addr.clone());
+        async move {
+            let (mut answers, mut answered) = state?;
+            let item = loop {
+                // `message` keeps its progress in the stream: cancel safe.
+                match tokio::time::timeout(ttl, answers.message()).await {
+                    Err(_) if sent.load(Ordering::Relaxed) == answered => continue,
+                    Err(_) => {
+                        break Err(RPCError::Network(NetworkError::from_string(format!(
+                            "{addr} answered no AppendEntries within {ttl:?}"
+                        ))))
+                    }
+                    Ok(Err(status)) => break Err(status_to_rpc_error(&addr, status)),
+                    Ok(Ok(None)) => return None,
+                    Ok(Ok(Some(answer))) => {
+                        answered += 1;
+                        break decode::<Result<StreamAppendResult<TypeConfig>, Fatal<TypeConfig>>>(
+                            &answer.postcard,
+                        )
+                        .map_err(|e| RPCError::Network(NetworkError::new(&e)))
+                        .and_then(|result| {
+                            result.map_err(|fatal| {
+                                RPCError::Network(NetworkError::from_string(format!(
+                                    "{addr} stopped: {fatal}"
+                                )))
+                            })
+                        });
+                    }
+                }
+            };
+            let next = item.is_ok().then_some((answers, answered));
+            Some((item, next))
+        }
+    })
+}
+
 fn chunks(header: Vec<u8>, data: Vec<u8>, rate: u64) -> impl Stream<Item = pb::SnapshotChunk> {
     let pause = Duration::from_secs_f64(SNAPSHOT_CHUNK as f64 / rate.max(1) as f64);
     let count = data.len().div_ceil(SNAPSHOT_CHUNK).max(1);
@@ -264,6 +382,38 @@ where
         self.members.check(&request)?;
         let request: AppendEntriesRequest<TypeConfig> = decode_request(request)?;
         reply(&self.raft.append_entries(request).await)
+    }
+
+    type StreamAppendStream = BoxStream<'static, Result<pb::Payload, Status>>;
+
+    /// Feeds the leader's requests to openraft, which works on several at
+    /// once, and sends the answers back in order. A request that does not
+    /// decode ends the stream (the leader starts another).
+    ///
+    /// Cancel safety: a stream that ends early leaves what was appended.
+    async fn stream_append(
+        &self,
+        request: Request<Streaming<pb::Payload>>,
+    ) -> Result<Response<Self::StreamAppendStream>, Status> {
+        self.members.check(&request)?;
+        let requests = request.into_inner().scan((), |_, payload| {
+            let request = payload
+                .map_err(|status| status.to_string())
+                .and_then(|p| decode(&p.postcard).map_err(|e| e.to_string()));
+            ready(match request {
+                Ok(request) => Some(request),
+                Err(error) => {
+                    tracing::warn!(%error, "a replication stream from the leader ended");
+                    None
+                }
+            })
+        });
+        let answers = self
+            .raft
+            .stream_append(requests)
+            .map(|answer| encode(&answer).map(|postcard| pb::Payload { postcard }))
+            .map(|encoded| encoded.map_err(|e| Status::internal(e.to_string())));
+        Ok(Response::new(answers.boxed()))
     }
 
     async fn vote(&self, request: Request<pb::Payload>) -> Result<Response<pb::Payload>, Status> {
