@@ -513,3 +513,90 @@ fn flatten_remote<E: std::error::Error>(error: RPCError<TypeConfig, E>) -> RPCEr
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use openraft::type_config::alias::VoteOf;
+
+    /// A peer that takes replication streams and never answers, as one cut
+    /// off behind a network that drops its packets would.
+    struct Silent;
+
+    #[tonic::async_trait]
+    impl pb::raft_server::Raft for Silent {
+        type StreamAppendStream = BoxStream<'static, Result<pb::Payload, Status>>;
+
+        async fn append(&self, _: Request<pb::Payload>) -> Result<Response<pb::Payload>, Status> {
+            Err(Status::unimplemented("silent"))
+        }
+
+        async fn stream_append(
+            &self,
+            _: Request<Streaming<pb::Payload>>,
+        ) -> Result<Response<Self::StreamAppendStream>, Status> {
+            Ok(Response::new(futures::stream::pending().boxed()))
+        }
+
+        async fn vote(&self, _: Request<pb::Payload>) -> Result<Response<pb::Payload>, Status> {
+            Err(Status::unimplemented("silent"))
+        }
+
+        async fn transfer_leader(
+            &self,
+            _: Request<pb::Payload>,
+        ) -> Result<Response<pb::Payload>, Status> {
+            Err(Status::unimplemented("silent"))
+        }
+
+        async fn install_snapshot(
+            &self,
+            _: Request<Streaming<pb::SnapshotChunk>>,
+        ) -> Result<Response<pb::Payload>, Status> {
+            Err(Status::unimplemented("silent"))
+        }
+    }
+
+    /// A session whose peer leaves a request unanswered past the soft TTL
+    /// ends with an error, so that openraft notices and starts another.
+    #[tokio::test]
+    async fn a_replication_stream_left_unanswered_ends_within_the_soft_ttl() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(pb::raft_server::RaftServer::new(Silent))
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        let mut network = PeerNetwork {
+            snapshot_rate: 1 << 20,
+            tls: None,
+        };
+        let mut peer = network
+            .new_client(2, &BasicNode::new(addr.to_string()))
+            .await;
+        let request = AppendEntriesRequest::<TypeConfig> {
+            vote: VoteOf::<TypeConfig>::new_committed(1, 1),
+            prev_log_id: None,
+            leader_commit: None,
+            entries: Vec::new(),
+        };
+        let ttl = Duration::from_millis(200);
+        let mut answers = peer
+            .stream_append(futures::stream::iter([request]), RPCOption::new(ttl))
+            .await
+            .expect("the stream opens");
+        let answer = tokio::time::timeout(Duration::from_secs(10), answers.next())
+            .await
+            .expect("the session ends on its own, within the soft TTL");
+        match answer {
+            Some(Err(RPCError::Network(error))) => {
+                assert!(
+                    error.to_string().contains("answered no AppendEntries"),
+                    "{error}"
+                )
+            }
+            other => panic!("expected the unanswered request to end the session: {other:?}"),
+        }
+    }
+}
