@@ -166,8 +166,6 @@ fn status_json(view: &pb::ClusterStatus) -> serde_json::Value {
     })
 }
 
-/// Sends a change to the leader, following its address from a member that
-/// does not lead.
 /// Sends a membership change to the leader among `members` (following its
 /// address when another member answers); returns the log index it was
 /// committed at (0 when the answer has none).

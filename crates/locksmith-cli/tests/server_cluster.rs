@@ -419,6 +419,74 @@ async fn a_leader_cut_off_from_its_peers_but_not_its_clients_stops_serving() {
     other.close().await.unwrap();
 }
 
+/// PreVote: a follower that hears no leader asks the others whether they
+/// would vote for it before it raises its term. Cut off, it gets no answer,
+/// so its term stays; back, it follows the leader it had. Without PreVote it
+/// raises its term at every election timeout while it is away, and its first
+/// answer after the cut heals unseats the leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_cut_off_and_back_does_not_unseat_the_leader() {
+    let cluster = SeparateHosts::start();
+    let leader = cluster.leader(None).await;
+    let follower = (0..3).find(|&i| i != leader).unwrap();
+    let view = |i: usize| -> serde_json::Value {
+        let url = format!("locksmith://{}", cluster.address(i));
+        serde_json::from_str(&cluster_cli(&url, &["status", "--json"])).unwrap()
+    };
+    eventually(
+        Duration::from_secs(10),
+        "the follower knows the leader",
+        || async { view(follower)["leader_id"] == leader + 1 },
+    )
+    .await;
+    let before = view(leader);
+    assert_eq!(before["leader_id"], leader + 1, "{before}");
+
+    for peer in (0..3).filter(|&i| i != follower) {
+        cluster.network.cut(follower, peer).unwrap();
+    }
+    // Ten times the longest election timeout (400 ms): the follower tries
+    // to be elected again and again.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let away = view(follower);
+    assert_eq!(
+        away["term"], before["term"],
+        "a member cut off raised its term: {away}"
+    );
+    for peer in (0..3).filter(|&i| i != follower) {
+        cluster.network.heal(follower, peer).unwrap();
+    }
+
+    // Back: the follower takes the leader's entries again, from the same
+    // leader in the same term.
+    let client = cluster.client().await;
+    let name = unique("cluster-prevote");
+    let guard = client.lock(name.as_str()).acquire().await.expect("acquire");
+    let written = view(leader)["members"][leader]["last_log_index"].clone();
+    eventually(
+        Duration::from_secs(10),
+        "the follower catches up",
+        || async {
+            let back = view(follower);
+            back["leader_id"] == leader + 1
+                && back["members"][follower]["last_log_index"].as_u64() >= written.as_u64()
+        },
+    )
+    .await;
+    let after = view(leader);
+    assert_eq!(
+        after["leader_id"],
+        leader + 1,
+        "the leader changed: {after}"
+    );
+    assert_eq!(
+        after["term"], before["term"],
+        "an election was held: {after}"
+    );
+    guard.release().await.expect("release");
+    client.close().await.unwrap();
+}
+
 /// `locksmith cluster --server URL ARGS...`: its stdout, or a panic with its
 /// stderr.
 fn cluster_cli(url: &str, args: &[&str]) -> String {

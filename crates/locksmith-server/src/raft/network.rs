@@ -6,6 +6,10 @@
 //!   connected gRPC channel per peer. Replication is a stream per session
 //!   (`StreamAppend`), not a call per AppendEntries: HTTP/2 stream set-up and
 //!   a wait for each answer were most of a leader's extra cost per commit.
+//! - A peer of an earlier version, met during a rolling upgrade, answers
+//!   `StreamAppend` or `PreVote` with "unimplemented": it is replicated to a
+//!   call at a time, and its PreVote counts as granted, as openraft does for
+//!   a network without PreVote (the election then goes as it would without).
 //! - [`RaftService`]: the receiving side, which hands each message to the
 //!   local [`openraft::Raft`].
 //!
@@ -28,7 +32,7 @@ use openraft::errors::{
     Fatal, NetworkError, RPCError, RaftError, ReplicationClosed, StreamingError, Unreachable,
 };
 use openraft::network::v2::RaftNetworkV2;
-use openraft::network::{RPCOption, RaftNetworkFactory};
+use openraft::network::{stream_append_sequential, RPCOption, RaftNetworkFactory};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, StreamAppendResult,
     TransferLeaderRequest, TransferLeaderResponse, VoteRequest, VoteResponse,
@@ -83,6 +87,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
             addr: node.addr.clone(),
             client: channel.map(RaftClient::new),
             snapshot_rate: self.snapshot_rate,
+            unary_append: false,
         }
     }
 }
@@ -105,6 +110,9 @@ pub(crate) struct Peer {
     /// `None` when the member's address does not parse (every call fails).
     client: Option<RaftClient<Channel>>,
     snapshot_rate: u64,
+    /// The peer answered `StreamAppend` with "unimplemented": it is of an
+    /// earlier version, and is sent a call per AppendEntries from then on.
+    unary_append: bool,
 }
 
 impl Peer {
@@ -176,7 +184,9 @@ impl RaftNetworkV2<TypeConfig> for Peer {
     /// The answers come back in order. A session whose peer has requests to
     /// answer but answers none within the soft TTL ends with an error, so a
     /// peer cut off is noticed; a session with nothing to answer may stay
-    /// idle.
+    /// idle. A peer without `StreamAppend` ends the session it refused with
+    /// an error and gets every later one a call at a time (openraft sends
+    /// the refused requests again).
     ///
     /// Cancel safety: dropping either stream ends the session; openraft sends
     /// what was not answered again in its next one.
@@ -194,6 +204,9 @@ impl RaftNetworkV2<TypeConfig> for Peer {
     where
         S: Stream<Item = AppendEntriesRequest<TypeConfig>> + OptionalSend + Unpin + 'static,
     {
+        if self.unary_append {
+            return stream_append_sequential(self, input, option);
+        }
         Box::pin(async move {
             // openraft waits out its backoff when the first request is taken:
             // take it before connecting, so that an unreachable peer is tried
@@ -228,7 +241,13 @@ impl RaftNetworkV2<TypeConfig> for Peer {
                         "no answer from {addr} within {ttl:?}"
                     )))
                 })?
-                .map_err(|status| status_to_rpc_error(&addr, status))?
+                .map_err(|status| {
+                    if status.code() == tonic::Code::Unimplemented {
+                        tracing::warn!(%addr, "a member without replication streams (an earlier version): replicating to it a call at a time");
+                        self.unary_append = true;
+                    }
+                    status_to_rpc_error(&addr, status)
+                })?
                 .into_inner();
             Ok(appended(answers, sent, ttl, addr).boxed())
         })
@@ -241,6 +260,33 @@ impl RaftNetworkV2<TypeConfig> for Peer {
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
         let result: Result<_, RPCError<TypeConfig, RaftError<TypeConfig>>> = self
             .call(&request, &option, |mut c, p| async move { c.vote(p).await })
+            .await;
+        result.map_err(flatten_remote)
+    }
+
+    /// A peer that answers "unimplemented" (an earlier version, during a
+    /// rolling upgrade) grants: openraft's own answer for a network without
+    /// PreVote, so that the election goes on as it would without PreVote.
+    /// An unreachable peer grants nothing.
+    async fn pre_vote(
+        &mut self,
+        request: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        let granted: Result<_, RaftError<TypeConfig>> =
+            Ok(VoteResponse::<TypeConfig>::new(request.vote, None, true));
+        let granted = pb::Payload {
+            postcard: encode(&granted).map_err(|e| RPCError::Network(NetworkError::new(&e)))?,
+        };
+        let result: Result<_, RPCError<TypeConfig, RaftError<TypeConfig>>> = self
+            .call(&request, &option, |mut c, p| async move {
+                match c.pre_vote(p).await {
+                    Err(status) if status.code() == tonic::Code::Unimplemented => {
+                        Ok(Response::new(granted))
+                    }
+                    answer => answer,
+                }
+            })
             .await;
         result.map_err(flatten_remote)
     }
@@ -422,6 +468,17 @@ where
         reply(&self.raft.vote(request).await)
     }
 
+    /// Changes no term or vote here: it only says whether this member would
+    /// vote for the sender.
+    async fn pre_vote(
+        &self,
+        request: Request<pb::Payload>,
+    ) -> Result<Response<pb::Payload>, Status> {
+        self.members.check(&request)?;
+        let request: VoteRequest<TypeConfig> = decode_request(request)?;
+        reply(&self.raft.pre_vote(request).await)
+    }
+
     async fn transfer_leader(
         &self,
         request: Request<pb::Payload>,
@@ -519,41 +576,94 @@ mod tests {
     use super::*;
     use openraft::type_config::alias::VoteOf;
 
-    /// A peer that takes replication streams and never answers, as one cut
-    /// off behind a network that drops its packets would.
-    struct Silent;
+    /// The far side of the tests' peers.
+    enum Fake {
+        /// Takes replication streams and never answers, as a member cut off
+        /// behind a network that drops its packets would.
+        Silent,
+        /// A member of the version before replication streams and PreVote:
+        /// it answers AppendEntries calls.
+        Earlier,
+    }
+
+    fn unimplemented<T>() -> Result<T, Status> {
+        Err(Status::unimplemented("not here"))
+    }
 
     #[tonic::async_trait]
-    impl pb::raft_server::Raft for Silent {
+    impl pb::raft_server::Raft for Fake {
         type StreamAppendStream = BoxStream<'static, Result<pb::Payload, Status>>;
 
-        async fn append(&self, _: Request<pb::Payload>) -> Result<Response<pb::Payload>, Status> {
-            Err(Status::unimplemented("silent"))
+        async fn append(
+            &self,
+            request: Request<pb::Payload>,
+        ) -> Result<Response<pb::Payload>, Status> {
+            let Fake::Earlier = self else {
+                return unimplemented();
+            };
+            let _: AppendEntriesRequest<TypeConfig> = decode_request(request)?;
+            let answer: Result<_, RaftError<TypeConfig>> =
+                Ok(AppendEntriesResponse::<TypeConfig>::Success);
+            reply(&answer)
         }
 
         async fn stream_append(
             &self,
             _: Request<Streaming<pb::Payload>>,
         ) -> Result<Response<Self::StreamAppendStream>, Status> {
-            Ok(Response::new(futures::stream::pending().boxed()))
+            match self {
+                Fake::Silent => Ok(Response::new(futures::stream::pending().boxed())),
+                Fake::Earlier => unimplemented(),
+            }
         }
 
         async fn vote(&self, _: Request<pb::Payload>) -> Result<Response<pb::Payload>, Status> {
-            Err(Status::unimplemented("silent"))
+            unimplemented()
+        }
+
+        async fn pre_vote(&self, _: Request<pb::Payload>) -> Result<Response<pb::Payload>, Status> {
+            unimplemented()
         }
 
         async fn transfer_leader(
             &self,
             _: Request<pb::Payload>,
         ) -> Result<Response<pb::Payload>, Status> {
-            Err(Status::unimplemented("silent"))
+            unimplemented()
         }
 
         async fn install_snapshot(
             &self,
             _: Request<Streaming<pb::SnapshotChunk>>,
         ) -> Result<Response<pb::Payload>, Status> {
-            Err(Status::unimplemented("silent"))
+            unimplemented()
+        }
+    }
+
+    /// A [`Peer`] towards `service`, served on a port of its own.
+    async fn peer_towards(service: Fake) -> Peer {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(pb::raft_server::RaftServer::new(service))
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        let mut network = PeerNetwork {
+            snapshot_rate: 1 << 20,
+            tls: None,
+        };
+        network
+            .new_client(2, &BasicNode::new(addr.to_string()))
+            .await
+    }
+
+    fn heartbeat() -> AppendEntriesRequest<TypeConfig> {
+        AppendEntriesRequest::<TypeConfig> {
+            vote: VoteOf::<TypeConfig>::new_committed(1, 1),
+            prev_log_id: None,
+            leader_commit: None,
+            entries: Vec::new(),
         }
     }
 
@@ -561,29 +671,10 @@ mod tests {
     /// ends with an error, so that openraft notices and starts another.
     #[tokio::test]
     async fn a_replication_stream_left_unanswered_ends_within_the_soft_ttl() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(
-            tonic::transport::Server::builder()
-                .add_service(pb::raft_server::RaftServer::new(Silent))
-                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
-        );
-        let mut network = PeerNetwork {
-            snapshot_rate: 1 << 20,
-            tls: None,
-        };
-        let mut peer = network
-            .new_client(2, &BasicNode::new(addr.to_string()))
-            .await;
-        let request = AppendEntriesRequest::<TypeConfig> {
-            vote: VoteOf::<TypeConfig>::new_committed(1, 1),
-            prev_log_id: None,
-            leader_commit: None,
-            entries: Vec::new(),
-        };
+        let mut peer = peer_towards(Fake::Silent).await;
         let ttl = Duration::from_millis(200);
         let mut answers = peer
-            .stream_append(futures::stream::iter([request]), RPCOption::new(ttl))
+            .stream_append(futures::stream::iter([heartbeat()]), RPCOption::new(ttl))
             .await
             .expect("the stream opens");
         let answer = tokio::time::timeout(Duration::from_secs(10), answers.next())
@@ -598,5 +689,46 @@ mod tests {
             }
             other => panic!("expected the unanswered request to end the session: {other:?}"),
         }
+    }
+
+    /// During a rolling upgrade the leader may be newer than a follower:
+    /// the session the follower refuses ends, and the next ones go a call
+    /// at a time.
+    #[tokio::test]
+    async fn a_peer_without_replication_streams_is_replicated_to_a_call_at_a_time() {
+        let mut peer = peer_towards(Fake::Earlier).await;
+        let option = RPCOption::new(Duration::from_secs(5));
+        let refused = peer
+            .stream_append(futures::stream::iter([heartbeat()]), option.clone())
+            .await
+            .is_err();
+        assert!(refused, "the refused session ends with an error");
+        let mut answers = peer
+            .stream_append(futures::stream::iter([heartbeat(), heartbeat()]), option)
+            .await
+            .expect("the next session starts");
+        for _ in 0..2 {
+            match answers.next().await {
+                Some(Ok(Ok(_))) => {}
+                other => panic!("expected the peer to take the request: {other:?}"),
+            }
+        }
+        assert!(answers.next().await.is_none(), "two requests, two answers");
+    }
+
+    /// A peer that knows no PreVote grants it, so an election during a
+    /// rolling upgrade goes on as it would without PreVote.
+    #[tokio::test]
+    async fn a_peer_without_pre_vote_grants_it() {
+        let mut peer = peer_towards(Fake::Earlier).await;
+        let request = VoteRequest::<TypeConfig>::new(VoteOf::<TypeConfig>::new(2, 1), None);
+        let answer = peer
+            .pre_vote(request, RPCOption::new(Duration::from_secs(5)))
+            .await
+            .expect("an answer");
+        assert!(
+            answer.is_granted_to(&VoteOf::<TypeConfig>::new(2, 1)),
+            "{answer:?}"
+        );
     }
 }
