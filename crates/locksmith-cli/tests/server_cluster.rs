@@ -485,6 +485,49 @@ async fn a_follower_cut_off_and_back_does_not_unseat_the_leader() {
     client.close().await.unwrap();
 }
 
+/// Many acquires of many long names at once: the core puts them in few,
+/// big log entries, and a follower that catches up gets many entries per
+/// AppendEntries. Whatever their size, they must reach the followers, or
+/// nothing commits and every client of the cluster waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquires_of_many_long_names_at_once_are_replicated() {
+    let cluster = Cluster::start();
+    let leader = cluster.leader(&[]).await;
+    let url = cluster.url();
+    let prefix = unique("cluster-big-entries");
+    let client = cluster.client(Duration::from_secs(30)).await;
+    // 160 acquires of the most names one acquire may take (64), each name
+    // near the longest a name may be: 5 MiB of names, sent together.
+    let pad = "n".repeat(440);
+    let acquires = (0..160).map(|i| {
+        let names: Vec<String> = (0..64).map(|j| format!("{prefix}/{i}/{j}/{pad}")).collect();
+        let lock = client.multi_lock(names);
+        async move { lock.acquire_timeout(Duration::from_secs(60)).await }
+    });
+    let guards = tokio::time::timeout(Duration::from_secs(60), futures::future::join_all(acquires))
+        .await
+        .expect("the acquires are answered: their entries commit");
+    let guards: Vec<_> = guards
+        .into_iter()
+        .collect::<Result<_, _>>()
+        .expect("every acquire is granted");
+    let written = members(&url)[leader]["last_log_index"].as_u64();
+    eventually(
+        Duration::from_secs(30),
+        "both followers have every entry",
+        || async {
+            members(&url)
+                .iter()
+                .all(|m| m["lag"].as_u64() == Some(0) && m["last_log_index"].as_u64() >= written)
+        },
+    )
+    .await;
+    for guard in guards {
+        guard.release().await.expect("release");
+    }
+    client.close().await.unwrap();
+}
+
 /// `locksmith cluster --server URL ARGS...`: its stdout, or a panic with its
 /// stderr.
 fn cluster_cli(url: &str, args: &[&str]) -> String {

@@ -75,7 +75,8 @@ pub struct ServerConfig {
     pub recover_damaged_data: bool,
     /// Most requests applied in one batch (one fsync); a session's end
     /// counts as many as the holds and waits it releases
-    /// (`Engine::work_of`).
+    /// (`Engine::work_of`). A batch also ends at about 1 MiB of names and
+    /// owners, so that its log entry fits in the members' messages.
     pub max_batch: usize,
     /// Most batches the leader has proposed and not applied yet. More lets
     /// the next batch be written and replicated while the last one commits;

@@ -313,10 +313,10 @@ impl Server {
             .add_service(
                 LocksmithServer::new(service).max_decoding_message_size(config.max_message_bytes),
             )
-            .add_service(RaftServer::new(RaftService::new(
-                raft.clone(),
-                members.clone(),
-            )))
+            .add_service(
+                RaftServer::new(RaftService::new(raft.clone(), members.clone()))
+                    .max_decoding_message_size(raft::peer_message_bytes(config.max_message_bytes)),
+            )
             .add_service(ClusterServer::new(ClusterService::new(
                 raft.clone(),
                 auth.clone(),

@@ -291,4 +291,30 @@ impl Op {
             _ => 1,
         }
     }
+
+    /// About how many bytes it adds to a log entry: the names and owners it
+    /// carries (up to 64 names of 512 bytes in one acquire), and a little
+    /// for the rest of each command.
+    pub(crate) fn entry_bytes(&self) -> usize {
+        const COMMAND: usize = 64;
+        let acquire =
+            |a: &AcquireArgs| a.names.iter().map(String::len).sum::<usize>() + a.owner.len();
+        let hold = |h: &HoldArgs| h.name.len() + h.owner.len();
+        let bytes = match self {
+            Op::Stream { ops, .. } => ops
+                .iter()
+                .map(|op| match op {
+                    StreamOp::Acquire { args, .. } => acquire(args),
+                    StreamOp::Release { hold: h, .. } | StreamOp::Renew { hold: h, .. } => hold(h),
+                    _ => 0,
+                })
+                .sum(),
+            Op::Open { info, .. } => info.name.len() + info.host.len(),
+            Op::AcquireLease { args, .. } => acquire(args),
+            Op::Release { hold: h, .. } | Op::Renew { hold: h, .. } => hold(h),
+            Op::ForceRelease { name, .. } => name.len(),
+            _ => 0,
+        };
+        bytes + COMMAND * self.count()
+    }
 }

@@ -82,7 +82,7 @@ use crate::history::{History, HistoryLimits};
 use crate::metrics::{Metrics, Tally};
 use crate::op::{FrozenState, NewStream, Op, StreamId, StreamOp, UnaryReply};
 use crate::outbox::{LeaseWaiter, Orphan, Output};
-use crate::raft::TypeConfig;
+use crate::raft::{self, TypeConfig};
 use crate::storage::member::TokenCeiling;
 use crate::storage::{Record, ServerSnapshot, SessionRecord};
 pub(crate) use replica::Replica;
@@ -490,12 +490,18 @@ impl Core {
     }
 
     /// Takes the next batch from the backlog: ops in arrival order, up to
-    /// `max_batch` units of work (at least one op), so that no batch holds
-    /// the engine thread for long however much is queued.
+    /// `max_batch` units of work, so that no batch holds the engine thread
+    /// for long however much is queued, and up to about
+    /// [`raft::ENTRY_BYTES`], so that its log entry fits in the members'
+    /// messages (at least one op either way).
     fn next_batch(&mut self, batch: &mut Vec<Op>) {
-        let mut work = 0;
+        let (mut work, mut bytes) = (0, 0);
         while let Some(op) = self.backlog.front() {
+            if !batch.is_empty() && bytes >= raft::ENTRY_BYTES {
+                break;
+            }
             work += self.work_of(op);
+            bytes += op.entry_bytes();
             if work > self.max_batch && !batch.is_empty() {
                 break;
             }
@@ -670,7 +676,7 @@ mod tests {
     use tokio_util::sync::CancellationToken;
 
     use super::*;
-    use crate::op::{Acks, NewStream};
+    use crate::op::{Acks, AcquireArgs, NewStream, WaitArg};
 
     /// A core on its own (no openraft): the tests propose and apply by hand.
     fn core(max_batch: usize) -> Core {
@@ -1113,5 +1119,41 @@ mod tests {
             sizes.push(batch.drain(..).map(|op| op.count()).sum::<usize>());
         }
         assert_eq!(sizes, [8, 4, 25]);
+    }
+
+    #[test]
+    fn a_batch_ends_at_about_entry_bytes_of_names() {
+        let mut core = core(4096);
+        lead(&mut core);
+        // Acquires of 64 names of 500 bytes: 32 000 bytes of names each.
+        let acquire = |id| StreamOp::Acquire {
+            id,
+            args: AcquireArgs {
+                names: (0..64).map(|i| format!("{i:0>500}")).collect(),
+                mode: locksmith_core::Mode::Exclusive,
+                owner: String::new(),
+                wait: WaitArg::No,
+                lease: None,
+                reentrant: false,
+                lock_delay: 0,
+                notify_queued: false,
+            },
+        };
+        for id in 0..100 {
+            core.backlog.push_back(client_batch(1, [acquire(id)]));
+        }
+        let mut batch = Vec::new();
+        let mut sizes = Vec::new();
+        while !core.backlog.is_empty() {
+            core.next_batch(&mut batch);
+            let bytes: usize = batch.iter().map(Op::entry_bytes).sum();
+            assert!(
+                bytes < raft::ENTRY_BYTES + 33_000,
+                "{bytes} bytes in one batch"
+            );
+            sizes.push(batch.drain(..).count());
+        }
+        // 1 MiB is reached with the 33rd acquire, which still goes in.
+        assert_eq!(sizes, [33, 33, 33, 1]);
     }
 }

@@ -108,6 +108,7 @@ pub(crate) fn raft_config(config: &ServerConfig) -> Result<Config, ServerError> 
         election_timeout_min: election,
         election_timeout_max: election * 2,
         enable_pre_vote: Some(true),
+        max_payload_entries: super::ENTRIES_PER_APPEND,
         snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_every.max(1)),
         // Entries kept after a snapshot, for a member a little behind (more
         // than that and it gets the snapshot).

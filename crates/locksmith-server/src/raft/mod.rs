@@ -45,6 +45,26 @@ impl fmt::Display for Batch {
     }
 }
 
+/// About the most bytes of client data (names, owners) the core puts in one
+/// entry: a batch stops growing past it. The op that crosses it still goes
+/// in, so an entry holds at most this plus one client message.
+pub(crate) const ENTRY_BYTES: usize = 1 << 20;
+
+/// Most entries openraft puts in one AppendEntries (its default is 300).
+/// With [`ENTRY_BYTES`] it bounds the messages members send each other.
+pub(crate) const ENTRIES_PER_APPEND: u64 = 32;
+
+/// Largest message a member takes from a peer: [`ENTRIES_PER_APPEND`]
+/// entries of [`ENTRY_BYTES`] and a client message of `max_message_bytes`
+/// each, twice over for what the estimate of an entry's bytes leaves out.
+/// Below it, a follower would refuse the leader's big entries, and nothing
+/// would commit.
+pub(crate) fn peer_message_bytes(max_message_bytes: usize) -> usize {
+    (ENTRIES_PER_APPEND as usize)
+        .saturating_mul(ENTRY_BYTES.saturating_add(max_message_bytes))
+        .saturating_mul(2)
+}
+
 /// What a member has applied, as its state machine reports it to openraft.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct Applied {
