@@ -496,10 +496,11 @@ async fn acquires_of_many_long_names_at_once_are_replicated() {
     let url = cluster.url();
     let prefix = unique("cluster-big-entries");
     let client = cluster.client(Duration::from_secs(30)).await;
-    // 160 acquires of the most names one acquire may take (64), each name
-    // near the longest a name may be: 5 MiB of names, sent together.
+    // 480 acquires of the most names one acquire may take (64), each name
+    // near the longest a name may be: 15 MB of names, sent together, so
+    // that a follower gets requests of many big entries to write.
     let pad = "n".repeat(440);
-    let acquires = (0..160).map(|i| {
+    let acquires = (0..480).map(|i| {
         let names: Vec<String> = (0..64).map(|j| format!("{prefix}/{i}/{j}/{pad}")).collect();
         let lock = client.multi_lock(names);
         async move { lock.acquire_timeout(Duration::from_secs(60)).await }
@@ -614,6 +615,53 @@ async fn a_new_member_joins_as_a_learner_is_promoted_and_an_old_voter_leaves() {
     assert!(fresh.fencing_token() > held.iter().map(|h| h.1.fencing_token()).max().unwrap());
     drop(held);
     drop(client);
+}
+
+/// A snapshot of a big table takes seconds to send at the bounded rate and
+/// to install: the new member must still get it, however long that takes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_member_gets_a_snapshot_of_a_big_table() {
+    let cluster = Cluster::start_with(&["--snapshot-every", "5"]);
+    let url = cluster.url();
+    let client = cluster.client(Duration::from_secs(30)).await;
+    // 32 000 holds of long names: a snapshot of about 15 MB, a quarter of a
+    // second of sending at the bounded rate before the peer decodes it.
+    let prefix = unique("cluster-big-snapshot");
+    let pad = "s".repeat(440);
+    let acquires = (0..500).map(|i| {
+        let names: Vec<String> = (0..64).map(|j| format!("{prefix}/{i}/{j}/{pad}")).collect();
+        let lock = client.multi_lock(names);
+        async move { lock.acquire_timeout(Duration::from_secs(60)).await }
+    });
+    let guards: Vec<_> = futures::future::join_all(acquires)
+        .await
+        .into_iter()
+        .collect::<Result<_, _>>()
+        .expect("every acquire is granted");
+
+    let port = free_port();
+    let through = format!("127.0.0.1:{}", cluster.members[0].port());
+    let joiner = ServerProcess::start_on(port, &["--node-id", "4", "--join", &through]);
+    eventually(
+        Duration::from_secs(60),
+        "member 4 caught up from the snapshot",
+        || {
+            let url = url.clone();
+            async move {
+                members(&url)
+                    .iter()
+                    .any(|m| m["id"] == 4 && m["lag"].as_u64() == Some(0))
+            }
+        },
+    )
+    .await;
+    assert!(
+        joiner.log_tail(500).contains("snapshot written"),
+        "the learner got a snapshot:\n{}",
+        joiner.log_tail(50)
+    );
+    drop(guards);
+    client.close().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

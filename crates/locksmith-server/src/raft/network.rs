@@ -51,6 +51,15 @@ use crate::tls::MemberCheck;
 /// Bytes of snapshot per chunk on the wire.
 pub(crate) const SNAPSHOT_CHUNK: usize = 1 << 20;
 
+/// Longest a replication session waits for a follower with requests to
+/// answer to answer one, at the least. openraft's TTL for a session is ¾
+/// of a heartbeat interval (37.5 ms), but a follower may take longer over
+/// a request of big entries (up to `raft::ENTRIES_PER_APPEND` entries of
+/// about a MiB, written and synced on a busy disk): ending the session
+/// each time, the leader would send the same entries again and again, and
+/// the follower would never catch up. Heartbeats have their own timeout.
+const REPLICATION_PROGRESS: Duration = Duration::from_secs(2);
+
 /// Largest snapshot a member accepts from a peer: a bound on what one
 /// (possibly confused) peer can make this member buffer.
 const MAX_SNAPSHOT_BYTES: usize = 16 << 30;
@@ -182,8 +191,8 @@ impl RaftNetworkV2<TypeConfig> for Peer {
     /// that CPU goes").
     ///
     /// The answers come back in order. A session whose peer has requests to
-    /// answer but answers none within the soft TTL ends with an error, so a
-    /// peer cut off is noticed; a session with nothing to answer may stay
+    /// answer but answers none within [`REPLICATION_PROGRESS`] ends with an
+    /// error, so a peer cut off is noticed; a session with nothing to answer may stay
     /// idle. A peer without `StreamAppend` ends the session it refused with
     /// an error and gets every later one a call at a time (openraft sends
     /// the refused requests again).
@@ -249,7 +258,7 @@ impl RaftNetworkV2<TypeConfig> for Peer {
                     status_to_rpc_error(&addr, status)
                 })?
                 .into_inner();
-            Ok(appended(answers, sent, ttl, addr).boxed())
+            Ok(appended(answers, sent, ttl.max(REPLICATION_PROGRESS), addr).boxed())
         })
     }
 
@@ -304,6 +313,11 @@ impl RaftNetworkV2<TypeConfig> for Peer {
         result.map_err(flatten_remote)
     }
 
+    /// The whole transfer may take as long as [`snapshot_time`] allows for
+    /// its size: openraft's TTL here (its `install_snapshot_timeout`, 200 ms)
+    /// is meant for a call, and a snapshot of a big table paced at the
+    /// bounded rate takes seconds, then the peer decodes and writes it.
+    ///
     /// Cancel safety: dropping the future (or `cancel` firing) ends the
     /// stream; the receiver discards an incomplete snapshot.
     async fn full_snapshot(
@@ -315,7 +329,9 @@ impl RaftNetworkV2<TypeConfig> for Peer {
     ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
         let header = encode(&(vote, snapshot.meta))
             .map_err(|e| StreamingError::Network(NetworkError::new(&e)))?;
-        let chunks = chunks(header, snapshot.snapshot.into_inner(), self.snapshot_rate);
+        let data = snapshot.snapshot.into_inner();
+        let limit = option.hard_ttl() + snapshot_time(data.len(), self.snapshot_rate);
+        let chunks = chunks(header, data, self.snapshot_rate);
         let mut client = self.client()?;
         let send = async move {
             client
@@ -325,9 +341,9 @@ impl RaftNetworkV2<TypeConfig> for Peer {
         };
         let reply = tokio::select! {
             closed = cancel => return Err(StreamingError::Closed(closed)),
-            reply = tokio::time::timeout(option.hard_ttl(), send) => reply
+            reply = tokio::time::timeout(limit, send) => reply
                 .map_err(|_| StreamingError::Network(NetworkError::from_string(
-                    "snapshot not installed within the hard TTL")))??,
+                    format!("snapshot not installed within {limit:?}"))))??,
         };
         let result: Result<SnapshotResponse<TypeConfig>, Fatal<TypeConfig>> =
             decode(&reply.into_inner().postcard)
@@ -336,8 +352,16 @@ impl RaftNetworkV2<TypeConfig> for Peer {
     }
 }
 
-/// The snapshot as a stream of chunks, the header on the first one, paced to
-/// `rate` bytes per second.
+/// How long a peer may take over a snapshot of `bytes`: twice its sending
+/// time at `rate`, and for decoding and writing it on the peer 10 s plus a
+/// second per 4 MiB (a slow disk, a debug build). A peer that stops
+/// answering is given up on after that; one that goes away, at once.
+fn snapshot_time(bytes: usize, rate: u64) -> Duration {
+    const INSTALL_RATE: f64 = (4 << 20) as f64;
+    let bytes = bytes as f64;
+    Duration::from_secs_f64(2.0 * bytes / rate.max(1) as f64 + bytes / INSTALL_RATE + 10.0)
+}
+
 /// The answers of a replication stream, in order: ends at the first error,
 /// or with an error when `sent` requests wait for an answer and none came
 /// within `ttl`.
@@ -384,6 +408,8 @@ fn appended(
     })
 }
 
+/// The snapshot as a stream of chunks, the header on the first one, paced to
+/// `rate` bytes per second.
 fn chunks(header: Vec<u8>, data: Vec<u8>, rate: u64) -> impl Stream<Item = pb::SnapshotChunk> {
     let pause = Duration::from_secs_f64(SNAPSHOT_CHUNK as f64 / rate.max(1) as f64);
     let count = data.len().div_ceil(SNAPSHOT_CHUNK).max(1);
@@ -667,10 +693,11 @@ mod tests {
         }
     }
 
-    /// A session whose peer leaves a request unanswered past the soft TTL
-    /// ends with an error, so that openraft notices and starts another.
+    /// A session whose peer leaves a request unanswered past
+    /// [`REPLICATION_PROGRESS`] ends with an error, so that openraft notices
+    /// and starts another.
     #[tokio::test]
-    async fn a_replication_stream_left_unanswered_ends_within_the_soft_ttl() {
+    async fn a_replication_stream_left_unanswered_ends_on_its_own() {
         let mut peer = peer_towards(Fake::Silent).await;
         let ttl = Duration::from_millis(200);
         let mut answers = peer
@@ -679,7 +706,7 @@ mod tests {
             .expect("the stream opens");
         let answer = tokio::time::timeout(Duration::from_secs(10), answers.next())
             .await
-            .expect("the session ends on its own, within the soft TTL");
+            .expect("the session ends on its own");
         match answer {
             Some(Err(RPCError::Network(error))) => {
                 assert!(
