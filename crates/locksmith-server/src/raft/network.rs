@@ -131,12 +131,12 @@ impl Peer {
         })
     }
 
-    /// One unary call: encode, send within the soft TTL, decode the remote
+    /// One unary call: encode, send within `ttl`, decode the remote
     /// `Result`.
     async fn call<Req, Resp, E, F, Fut>(
         &self,
         request: &Req,
-        option: &RPCOption,
+        ttl: Duration,
         send: F,
     ) -> Result<Resp, RPCError<TypeConfig, E>>
     where
@@ -150,13 +150,12 @@ impl Peer {
             postcard: encode(request).map_err(|e| RPCError::Network(NetworkError::new(&e)))?,
         };
         let client = self.client()?;
-        let reply = tokio::time::timeout(option.soft_ttl(), send(client, payload))
+        let reply = tokio::time::timeout(ttl, send(client, payload))
             .await
             .map_err(|_| {
                 RPCError::Network(NetworkError::from_string(format!(
-                    "no answer from {} within {:?}",
-                    self.addr,
-                    option.soft_ttl()
+                    "no answer from {} within {ttl:?}",
+                    self.addr
                 )))
             })?
             .map_err(|status| status_to_rpc_error(&self.addr, status))?;
@@ -169,17 +168,16 @@ impl Peer {
 impl RaftNetworkV2<TypeConfig> for Peer {
     type SnapshotData = Cursor<Vec<u8>>;
 
+    /// Used for a peer without replication streams only; given as long as
+    /// a stream's request ([`REPLICATION_PROGRESS`]), for the same reason.
     async fn append_entries(
         &mut self,
         request: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
+        let ttl = option.soft_ttl().max(REPLICATION_PROGRESS);
         let result: Result<_, RPCError<TypeConfig, RaftError<TypeConfig>>> = self
-            .call(
-                &request,
-                &option,
-                |mut c, p| async move { c.append(p).await },
-            )
+            .call(&request, ttl, |mut c, p| async move { c.append(p).await })
             .await;
         result.map_err(flatten_remote)
     }
@@ -268,7 +266,9 @@ impl RaftNetworkV2<TypeConfig> for Peer {
         option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
         let result: Result<_, RPCError<TypeConfig, RaftError<TypeConfig>>> = self
-            .call(&request, &option, |mut c, p| async move { c.vote(p).await })
+            .call(&request, option.soft_ttl(), |mut c, p| async move {
+                c.vote(p).await
+            })
             .await;
         result.map_err(flatten_remote)
     }
@@ -288,7 +288,7 @@ impl RaftNetworkV2<TypeConfig> for Peer {
             postcard: encode(&granted).map_err(|e| RPCError::Network(NetworkError::new(&e)))?,
         };
         let result: Result<_, RPCError<TypeConfig, RaftError<TypeConfig>>> = self
-            .call(&request, &option, |mut c, p| async move {
+            .call(&request, option.soft_ttl(), |mut c, p| async move {
                 match c.pre_vote(p).await {
                     Err(status) if status.code() == tonic::Code::Unimplemented => {
                         Ok(Response::new(granted))
@@ -306,7 +306,7 @@ impl RaftNetworkV2<TypeConfig> for Peer {
         option: RPCOption,
     ) -> Result<TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
         let result: Result<_, RPCError<TypeConfig, Fatal<TypeConfig>>> = self
-            .call(&request, &option, |mut c, p| async move {
+            .call(&request, option.soft_ttl(), |mut c, p| async move {
                 c.transfer_leader(p).await
             })
             .await;
