@@ -730,12 +730,29 @@ async fn a_tls_cluster_elects_a_leader_serves_holds_and_refuses_strange_members(
         ))
         .unwrap();
         let channel = peer.endpoint(&addrs[0]).unwrap().connect().await.unwrap();
-        let refused = raft_pb::raft_client::RaftClient::new(channel)
+        let refused = raft_pb::raft_client::RaftClient::new(channel.clone())
             .vote(raft_pb::Payload::default())
             .await
             .unwrap_err();
         assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused:?}");
         assert!(refused.message().contains("peer CA"), "{refused:?}");
+
+        // Refused on its headers, before its message is read: a message
+        // that never ends gets the refusal all the same.
+        let mut grpc = tonic::client::Grpc::new(channel);
+        grpc.ready().await.unwrap();
+        let never = tonic::Request::new(futures::stream::pending::<raft_pb::Payload>());
+        let path =
+            tonic::codegen::http::uri::PathAndQuery::from_static("/locksmith.raft.v1.Raft/Append");
+        let codec = tonic_prost::ProstCodec::<raft_pb::Payload, raft_pb::Payload>::default();
+        let refused = tokio::time::timeout(
+            Duration::from_secs(10),
+            grpc.client_streaming(never, path, codec),
+        )
+        .await
+        .expect("refused before the message is read")
+        .unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused:?}");
     }
 
     // A member whose certificate another CA signed: no TLS session at all.

@@ -132,12 +132,10 @@ use crate::metrics::Metrics;
 use crate::op::Op;
 use crate::raft::admin::ClusterService;
 use crate::raft::member::Storage;
-use crate::raft::network::RaftService;
 use crate::raft::state_machine::CoreMachine;
 use crate::service::Service;
 use crate::tls::{MemberCheck, Tls};
 use locksmith_proto::raft::cluster_server::ClusterServer;
-use locksmith_proto::raft::raft_server::RaftServer;
 
 /// How long a graceful shutdown waits for connections to close before it
 /// drops them.
@@ -313,10 +311,11 @@ impl Server {
             .add_service(
                 LocksmithServer::new(service).max_decoding_message_size(config.max_message_bytes),
             )
-            .add_service(
-                RaftServer::new(RaftService::new(raft.clone(), members.clone()))
-                    .max_decoding_message_size(raft::peer_message_bytes(config.max_message_bytes)),
-            )
+            .add_service(raft::network::raft_server(
+                raft.clone(),
+                members.clone(),
+                raft::peer_message_bytes(config.max_message_bytes),
+            ))
             .add_service(ClusterServer::new(ClusterService::new(
                 raft.clone(),
                 auth.clone(),

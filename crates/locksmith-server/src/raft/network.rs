@@ -10,8 +10,9 @@
 //!   `StreamAppend` or `PreVote` with "unimplemented": it is replicated to a
 //!   call at a time, and its PreVote counts as granted, as openraft does for
 //!   a network without PreVote (the election then goes as it would without).
-//! - [`RaftService`]: the receiving side, which hands each message to the
-//!   local [`openraft::Raft`].
+//! - [`raft_server`] / [`RaftService`]: the receiving side, which hears
+//!   members only (judged on a call's headers, before its message is read)
+//!   and hands each message to the local [`openraft::Raft`].
 //!
 //! Snapshots go as a stream of chunks of [`SNAPSHOT_CHUNK`] bytes, at most
 //! `snapshot_rate` bytes per second, so that a member catching up never takes
@@ -42,6 +43,7 @@ use openraft::type_config::alias::{SnapshotMetaOf, SnapshotOf, VoteOf};
 use openraft::{BasicNode, OptionalSend};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use tonic::service::interceptor::{InterceptedService, Interceptor};
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tonic::{Request, Response, Status, Streaming};
 
@@ -432,17 +434,29 @@ where
     SM: RaftStateMachine<TypeConfig, SnapshotData = Cursor<Vec<u8>>>,
 {
     raft: openraft::Raft<TypeConfig, SM>,
-    /// Who is heard.
-    members: MemberCheck,
 }
 
-impl<SM> RaftService<SM>
+/// The Raft service as a member serves it: messages of up to
+/// `max_message_bytes`, from members only. `members` judges a call on its
+/// connection's certificate before any of its message is read, so that a
+/// caller who is not a member cannot make this member read (and buffer) a
+/// message that big.
+pub(crate) fn raft_server<SM>(
+    raft: openraft::Raft<TypeConfig, SM>,
+    members: MemberCheck,
+    max_message_bytes: usize,
+) -> InterceptedService<
+    pb::raft_server::RaftServer<RaftService<SM>>,
+    impl Interceptor + Clone + Send + Sync + 'static,
+>
 where
     SM: RaftStateMachine<TypeConfig, SnapshotData = Cursor<Vec<u8>>>,
 {
-    pub(crate) fn new(raft: openraft::Raft<TypeConfig, SM>, members: MemberCheck) -> Self {
-        RaftService { raft, members }
-    }
+    let service = pb::raft_server::RaftServer::new(RaftService { raft })
+        .max_decoding_message_size(max_message_bytes);
+    InterceptedService::new(service, move |request: Request<()>| {
+        members.check(&request).map(|()| request)
+    })
 }
 
 #[tonic::async_trait]
@@ -451,7 +465,6 @@ where
     SM: RaftStateMachine<TypeConfig, SnapshotData = Cursor<Vec<u8>>>,
 {
     async fn append(&self, request: Request<pb::Payload>) -> Result<Response<pb::Payload>, Status> {
-        self.members.check(&request)?;
         let request: AppendEntriesRequest<TypeConfig> = decode_request(request)?;
         reply(&self.raft.append_entries(request).await)
     }
@@ -467,7 +480,6 @@ where
         &self,
         request: Request<Streaming<pb::Payload>>,
     ) -> Result<Response<Self::StreamAppendStream>, Status> {
-        self.members.check(&request)?;
         let requests = request.into_inner().scan((), |_, payload| {
             let request = payload
                 .map_err(|status| status.to_string())
@@ -489,7 +501,6 @@ where
     }
 
     async fn vote(&self, request: Request<pb::Payload>) -> Result<Response<pb::Payload>, Status> {
-        self.members.check(&request)?;
         let request: VoteRequest<TypeConfig> = decode_request(request)?;
         reply(&self.raft.vote(request).await)
     }
@@ -500,7 +511,6 @@ where
         &self,
         request: Request<pb::Payload>,
     ) -> Result<Response<pb::Payload>, Status> {
-        self.members.check(&request)?;
         let request: VoteRequest<TypeConfig> = decode_request(request)?;
         reply(&self.raft.pre_vote(request).await)
     }
@@ -509,7 +519,6 @@ where
         &self,
         request: Request<pb::Payload>,
     ) -> Result<Response<pb::Payload>, Status> {
-        self.members.check(&request)?;
         let request: TransferLeaderRequest<TypeConfig> = decode_request(request)?;
         reply(&self.raft.handle_transfer_leader(request).await)
     }
@@ -519,7 +528,6 @@ where
         &self,
         request: Request<Streaming<pb::SnapshotChunk>>,
     ) -> Result<Response<pb::Payload>, Status> {
-        self.members.check(&request)?;
         let mut chunks = request.into_inner();
         let first = chunks
             .message()
