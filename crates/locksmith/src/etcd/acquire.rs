@@ -245,7 +245,9 @@ impl Inner {
                 ],
                 failure: vec![rpc::get(key.clone()).into(), first.into()],
             };
-            let response = match self.client.txn(txn).await {
+            // Create-if-absent: sent again if a member goes down under it,
+            // a retry that finds the key reuses it (below).
+            let response = match self.client.txn_repeatable(txn).await {
                 Ok(response) => response,
                 Err(error) => {
                     if let (true, QueueLease::Session(session)) = (lease_not_found(&error), &lease) {

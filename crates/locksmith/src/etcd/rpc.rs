@@ -118,6 +118,22 @@ fn never_sent(status: &Status) -> bool {
     }
 }
 
+/// Whether the connection failed under the call (a member went down while
+/// the request was on its way: tonic's "transport error" over an I/O error
+/// such as a broken pipe). The request may or may not have reached etcd:
+/// only a repeatable call is sent again, as gRPC's own "unavailable" would
+/// be.
+fn connection_failed(status: &Status) -> bool {
+    let mut error = std::error::Error::source(status);
+    while let Some(e) = error {
+        if e.downcast_ref::<std::io::Error>().is_some() {
+            return true;
+        }
+        error = e.source();
+    }
+    false
+}
+
 /// Runs `call` up to [`ATTEMPTS`] times as `retry` allows, each attempt of a
 /// repeatable call bounded by [`ATTEMPT_TIMEOUT`]; the last error is
 /// returned.
@@ -142,10 +158,12 @@ where
         };
         let again = match (&outcome, retry) {
             (Ok(_), _) => false,
-            (Err(status), Retry::Repeatable) => matches!(
-                status.code(),
-                tonic::Code::Unavailable | tonic::Code::DeadlineExceeded
-            ),
+            (Err(status), Retry::Repeatable) => {
+                matches!(
+                    status.code(),
+                    tonic::Code::Unavailable | tonic::Code::DeadlineExceeded
+                ) || connection_failed(status)
+            }
             (Err(status), Retry::NotSent) => never_sent(status),
             (Err(_), Retry::Once) => false,
         };
@@ -346,6 +364,18 @@ impl EtcdClient {
     /// Cancel safety: the transaction may or may not have been applied.
     pub async fn txn(&self, request: TxnRequest) -> Result<TxnResponse, Status> {
         self.with_login(Retry::NotSent, || async {
+            Ok(self.kv().txn(request.clone()).await?.into_inner())
+        })
+        .await
+    }
+
+    /// `KV.Txn` of a transaction that is harmless if applied twice, such as
+    /// mutex.go's "create the key if it is absent, else read it": sent again
+    /// like a read when a member goes down under it.
+    ///
+    /// Cancel safety: the transaction may or may not have been applied.
+    pub async fn txn_repeatable(&self, request: TxnRequest) -> Result<TxnResponse, Status> {
+        self.with_login(Retry::Repeatable, || async {
             Ok(self.kv().txn(request.clone()).await?.into_inner())
         })
         .await
@@ -664,6 +694,39 @@ mod tests {
         assert!(!never_sent(&cancelled(other)));
         assert!(!never_sent(&Status::cancelled("operation was canceled")));
         assert!(!never_sent(&Status::unavailable("leader changed")));
+    }
+
+    /// A member that went down under a repeatable call: the call is sent
+    /// again; a write that may have been applied is not.
+    #[tokio::test(start_paused = true)]
+    async fn a_repeatable_call_is_sent_again_when_its_connection_broke() {
+        let broken = || {
+            let pipe = std::io::Error::new(std::io::ErrorKind::BrokenPipe, "broken pipe");
+            let mut status = Status::unknown("transport error");
+            status.set_source(std::sync::Arc::new(Texted(
+                "transport error",
+                Some(Box::new(Texted("connection error", None))),
+            )));
+            assert!(!connection_failed(&status), "no I/O error in the chain");
+            status.set_source(std::sync::Arc::new(pipe));
+            status
+        };
+        for (retry, answered) in [(Retry::Repeatable, true), (Retry::NotSent, false)] {
+            let mut calls = 0;
+            let outcome = attempts(retry, || {
+                calls += 1;
+                let first = calls == 1;
+                async move {
+                    if first {
+                        Err(broken())
+                    } else {
+                        Ok(())
+                    }
+                }
+            })
+            .await;
+            assert_eq!(outcome.is_ok(), answered);
+        }
     }
 
     #[test]
