@@ -529,6 +529,22 @@ async fn acquires_of_many_long_names_at_once_are_replicated() {
     client.close().await.unwrap();
 }
 
+/// Starts member 4, joining through member 1, and waits (up to `limit`)
+/// until the leader sees its log caught up; returns its port and process.
+async fn join_member_4(cluster: &Cluster, limit: Duration) -> (u16, ServerProcess) {
+    let url = cluster.url();
+    let port = free_port();
+    let through = format!("127.0.0.1:{}", cluster.members[0].port());
+    let joiner = ServerProcess::start_on(port, &["--node-id", "4", "--join", &through]);
+    eventually(limit, "member 4 caught up", || async {
+        members(&url)
+            .iter()
+            .any(|m| m["id"] == 4 && m["lag"].as_u64() == Some(0))
+    })
+    .await;
+    (port, joiner)
+}
+
 /// `locksmith cluster --server URL ARGS...`: its stdout, or a panic with its
 /// stderr.
 fn cluster_cli(url: &str, args: &[&str]) -> String {
@@ -566,22 +582,13 @@ async fn a_new_member_joins_as_a_learner_is_promoted_and_an_old_voter_leaves() {
         held.push((name, guard));
     }
 
-    let port = free_port();
-    let through = format!("127.0.0.1:{}", cluster.members[0].port());
-    let joiner = ServerProcess::start_on(port, &["--node-id", "4", "--join", &through]);
-    eventually(
-        Duration::from_secs(20),
-        "member 4 caught up as a learner",
-        || {
-            let url = url.clone();
-            async move {
-                members(&url)
-                    .iter()
-                    .any(|m| m["id"] == 4 && m["voter"] == false && m["lag"].as_u64() == Some(0))
-            }
-        },
-    )
-    .await;
+    let (port, joiner) = join_member_4(&cluster, Duration::from_secs(20)).await;
+    assert!(
+        members(&url)
+            .iter()
+            .any(|m| m["id"] == 4 && m["voter"] == false),
+        "member 4 is a learner"
+    );
     assert!(
         joiner.log_tail(500).contains("snapshot written"),
         "the learner got a snapshot:\n{}",
@@ -622,7 +629,6 @@ async fn a_new_member_joins_as_a_learner_is_promoted_and_an_old_voter_leaves() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_member_gets_a_snapshot_of_a_big_table() {
     let cluster = Cluster::start_with(&["--snapshot-every", "5"]);
-    let url = cluster.url();
     let client = cluster.client(Duration::from_secs(30)).await;
     // 32 000 holds of long names: a snapshot of about 15 MB, a quarter of a
     // second of sending at the bounded rate before the peer decodes it.
@@ -639,22 +645,7 @@ async fn a_new_member_gets_a_snapshot_of_a_big_table() {
         .collect::<Result<_, _>>()
         .expect("every acquire is granted");
 
-    let port = free_port();
-    let through = format!("127.0.0.1:{}", cluster.members[0].port());
-    let joiner = ServerProcess::start_on(port, &["--node-id", "4", "--join", &through]);
-    eventually(
-        Duration::from_secs(60),
-        "member 4 caught up from the snapshot",
-        || {
-            let url = url.clone();
-            async move {
-                members(&url)
-                    .iter()
-                    .any(|m| m["id"] == 4 && m["lag"].as_u64() == Some(0))
-            }
-        },
-    )
-    .await;
+    let (_, joiner) = join_member_4(&cluster, Duration::from_secs(60)).await;
     assert!(
         joiner.log_tail(500).contains("snapshot written"),
         "the learner got a snapshot:\n{}",
