@@ -279,6 +279,9 @@ impl RaftNetworkV2<TypeConfig> for Peer {
     /// rolling upgrade) grants: openraft's own answer for a network without
     /// PreVote, so that the election goes on as it would without PreVote.
     /// An unreachable peer grants nothing.
+    ///
+    /// Cancel safety: a dropped call changes nothing on either side (a
+    /// PreVote changes no term or vote).
     async fn pre_vote(
         &mut self,
         request: VoteRequest<TypeConfig>,
@@ -507,6 +510,8 @@ where
 
     /// Changes no term or vote here: it only says whether this member would
     /// vote for the sender.
+    ///
+    /// Cancel safety: safe, it changes nothing.
     async fn pre_vote(
         &self,
         request: Request<pb::Payload>,
