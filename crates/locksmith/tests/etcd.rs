@@ -10,7 +10,7 @@ use std::time::Duration;
 use locksmith::etcd::rpc::{self, etcdserverpb::Compare, etcdserverpb::TxnRequest};
 use locksmith::etcd::EtcdBackend;
 use locksmith::{Client, ConnectOptions, Error, Guard, LostCause, Mode};
-use locksmith_testkit::conformance::{self, Clients, Fault};
+use locksmith_testkit::conformance::{self, Clients, Fault, DISK_SHORT_TTL};
 use locksmith_testkit::proxy::{self, Route};
 use locksmith_testkit::Etcd;
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -40,10 +40,10 @@ impl conformance::Harness for Harness {
         client
     }
 
+    /// etcd's leases are whole seconds, 2 s at least by default, and their
+    /// keep-alives are commits.
     fn short_ttl(&self) -> Duration {
-        // Leases are whole seconds in etcd (2 s minimum by default); leased
-        // holds end on a local timer at the requested time.
-        Duration::from_secs(1)
+        DISK_SHORT_TTL
     }
 
     /// The holder sees its key deleted.

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use locksmith::zookeeper::ZooKeeperBackend;
 use locksmith::{Client, ConnectOptions, Error, LostCause, Mode};
-use locksmith_testkit::conformance::{Clients, Fault, Harness};
+use locksmith_testkit::conformance::{Clients, Fault, Harness, DISK_SHORT_TTL};
 use locksmith_testkit::proxy::{self, Route};
 use locksmith_testkit::ZooKeeper;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
@@ -47,10 +47,10 @@ impl Harness for Zk {
         client
     }
 
+    /// Session pings are answered without a sync, but every lease renewal
+    /// and hold is a logged write.
     fn short_ttl(&self) -> Duration {
-        // The server's minimum session timeout is 1 s (testkit); leases are
-        // client-side timers, equally reliable at this scale.
-        Duration::from_secs(1)
+        DISK_SHORT_TTL
     }
 
     /// The holder sees its node deleted.

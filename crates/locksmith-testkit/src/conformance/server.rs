@@ -10,7 +10,7 @@ use locksmith::{Client, ConnectOptions, LostCause};
 use locksmith_proto::v1::locksmith_client::LocksmithClient;
 use locksmith_proto::v1::{EndSessionRequest, ListSessionsRequest};
 
-use super::{Clients, Fault, Harness};
+use super::{Clients, Fault, Harness, DISK_SHORT_TTL};
 use crate::proxy::{Mode, Route};
 
 /// Clients of a lock server at `url` (one member or a cluster's list), each
@@ -77,11 +77,11 @@ impl Harness for ServerHarness {
         client
     }
 
-    /// As the other server harnesses: a session of 500 ms lost its holds
-    /// when the test process stalled for half a second, which a busy 2-core
-    /// machine does.
+    /// The server syncs every batch, and a cluster's every heartbeat is a
+    /// commit on two members sharing one disk: a 1 s session lost its hold
+    /// in a whole run (`watchdog_keeps_hold_alive` on the cluster).
     fn short_ttl(&self) -> Duration {
-        Duration::from_secs(1)
+        DISK_SHORT_TTL
     }
 
     /// Ends the client's session through the admin API (`EndSession`, what

@@ -5,7 +5,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use locksmith::{Client, ConnectOptions, LostCause};
-use locksmith_testkit::conformance::{Clients, Fault};
+use locksmith_testkit::conformance::{Clients, Fault, DISK_SHORT_TTL};
 use locksmith_testkit::proxy::{self, Route};
 use locksmith_testkit::Redis;
 
@@ -81,12 +81,9 @@ impl locksmith_testkit::conformance::Harness for Harness {
         client
     }
 
-    /// 2 s, not 1 s: the test servers sync every write to the disk
-    /// (`appendfsync always`), and in a whole run, with the disk busy, one
-    /// renewal waited past a third of a 1 s lease and the next came too
-    /// late (`watchdog_keeps_hold_alive` lost its hold).
+    /// The test servers sync every write to the disk (`appendfsync always`).
     fn short_ttl(&self) -> Duration {
-        Duration::from_secs(2)
+        DISK_SHORT_TTL
     }
 
     /// The holder's watchdog finds its key gone.
