@@ -107,6 +107,12 @@ fn generate(command: &Command) -> ExitCode {
     }
 }
 
+/// What is logged without `RUST_LOG`: our own lines from info up, openraft's
+/// from warn. openraft logs "election timeout expired" at info on every tick
+/// while a member waits for its peers' votes, about 66 lines a second; the
+/// server logs its own role changes.
+const DEFAULT_LOG_FILTER: &str = "info,openraft=warn";
+
 fn main() -> ExitCode {
     let definitions = Cli::command();
     let serve = definitions
@@ -129,7 +135,7 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER)),
         )
         .with_writer(std::io::stderr)
         .init();

@@ -9,7 +9,7 @@ use locksmith::{Client, ConnectOptions};
 use locksmith_proto::v1 as pb;
 use locksmith_proto::v1::locksmith_client::LocksmithClient;
 use locksmith_testkit::free_port;
-use server_support::{eventually, unique, ServerProcess};
+use server_support::{cluster_flag, eventually, unique, ServerProcess};
 
 /// Three members of a new cluster, ids 1 to 3.
 struct Cluster {
@@ -23,12 +23,7 @@ impl Cluster {
 
     fn start_with(extra: &[&str]) -> Cluster {
         let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
-        let list = ports
-            .iter()
-            .enumerate()
-            .map(|(i, port)| format!("{}=127.0.0.1:{port}", i + 1))
-            .collect::<Vec<_>>()
-            .join(",");
+        let list = cluster_flag(&ports);
         let members = ports
             .iter()
             .enumerate()
@@ -690,12 +685,7 @@ async fn cluster_json(port: u16) -> serde_json::Value {
 async fn every_member_shows_the_cluster_on_its_web_api() {
     let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
     let http: Vec<u16> = (0..3).map(|_| free_port()).collect();
-    let list = ports
-        .iter()
-        .enumerate()
-        .map(|(i, port)| format!("{}=127.0.0.1:{port}", i + 1))
-        .collect::<Vec<_>>()
-        .join(",");
+    let list = cluster_flag(&ports);
     let members: Vec<ServerProcess> = (0..3)
         .map(|i| {
             let id = (i + 1).to_string();

@@ -9,19 +9,14 @@ use std::sync::OnceLock;
 
 use locksmith_testkit::conformance::ServerHarness;
 use locksmith_testkit::free_port;
-use server_support::ServerProcess;
+use server_support::{cluster_flag, ServerProcess};
 
 /// One cluster for the whole test binary.
 async fn cluster() -> ServerHarness {
     static CLUSTER: OnceLock<Vec<ServerProcess>> = OnceLock::new();
     let members = CLUSTER.get_or_init(|| {
         let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
-        let list = ports
-            .iter()
-            .enumerate()
-            .map(|(i, port)| format!("{}=127.0.0.1:{port}", i + 1))
-            .collect::<Vec<_>>()
-            .join(",");
+        let list = cluster_flag(&ports);
         ports
             .iter()
             .enumerate()

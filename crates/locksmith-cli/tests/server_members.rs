@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use locksmith::{Client, ConnectOptions};
 use locksmith_testkit::free_port;
-use server_support::{unique, ServerProcess};
+use server_support::{cluster_flag, eventually, unique, ServerProcess};
 
 async fn connect(url: &str, session_ttl: Duration) -> Client {
     let options = ConnectOptions::default().session_ttl(session_ttl);
@@ -88,4 +88,35 @@ async fn the_client_moves_to_the_next_member_when_its_member_dies() {
     );
     again.release().await.unwrap();
     client.close().await.unwrap();
+}
+
+/// A member whose peers never answer says so once per election round, not
+/// on every tick of openraft's timer: at openraft's info level that is
+/// about 66 lines a second, which the server's default filter leaves out
+/// (set `LOCKSMITH_SERVE_LOG` to something else and this test means nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_waiting_for_its_peers_does_not_flood_its_log() {
+    let ports = [free_port(), free_port(), free_port()];
+    let list = cluster_flag(&ports);
+    let member = ServerProcess::start_on(ports[0], &["--node-id", "1", "--cluster", &list]);
+    // Each round asks both absent peers for a pre-vote, an election timeout
+    // after the round before.
+    eventually(
+        Duration::from_secs(30),
+        "three rounds of pre-votes",
+        || async {
+            member
+                .log_tail(1000)
+                .matches("while requesting pre-vote")
+                .count()
+                >= 6
+        },
+    )
+    .await;
+    let log = member.log_tail(1000);
+    assert!(
+        !log.contains("election timeout expired"),
+        "a line on every tick:\n{log}"
+    );
+    assert!(log.lines().count() < 100, "{log}");
 }

@@ -15,7 +15,7 @@ use locksmith_proto::v1 as pb;
 use locksmith_proto::v1::locksmith_client::LocksmithClient;
 use locksmith_server::token_sha256;
 use server_support::pki::Pki;
-use server_support::{get, unique, ServerProcess, BINARY};
+use server_support::{cluster_flag, get, unique, ServerProcess, BINARY};
 
 /// The roles of the tests, each as a token identity and a certificate one.
 const ROLES: [(&str, &str); 3] = [
@@ -673,12 +673,7 @@ async fn a_tls_cluster_elects_a_leader_serves_holds_and_refuses_strange_members(
     std::fs::write(pki.path("admin.token"), token("admin")).unwrap();
     pki.issue("foreign-ca", "foreign-member");
     let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
-    let list = ports
-        .iter()
-        .enumerate()
-        .map(|(i, port)| format!("{}=127.0.0.1:{port}", i + 1))
-        .collect::<Vec<_>>()
-        .join(",");
+    let list = cluster_flag(&ports);
     let members: Vec<ServerProcess> = ports
         .iter()
         .enumerate()

@@ -148,7 +148,7 @@ pub use etcd::Etcd;
 pub use etcd_cluster::EtcdCluster;
 pub use find::{binary, try_binary};
 pub use postgres::Postgres;
-pub use process::{Process, ProcessSpec};
+pub use process::{Process, ProcessSpec, START_MARKER};
 pub use redis::Redis;
 pub use redis_cluster::RedisCluster;
 pub use redis_sentinel::RedisSentinel;

@@ -16,6 +16,10 @@ use crate::{spawner, Error, Result};
 /// How many log lines startup errors include.
 pub(crate) const ERROR_LOG_LINES: usize = 40;
 
+/// What [`Process::start`] writes to the log before each start, so a reader
+/// can tell this start's lines from an earlier one's.
+pub const START_MARKER: &str = "==== locksmith-testkit: starting ";
+
 /// How to start a server process, kept by [`Process`] so that it can start the
 /// very same command again after a kill.
 #[derive(Clone, Debug)]
@@ -23,7 +27,8 @@ pub struct ProcessSpec {
     name: String,
     program: PathBuf,
     args: Vec<OsString>,
-    env: Vec<(OsString, OsString)>,
+    /// Variables to set (`Some`) or to remove from the inherited environment.
+    env: Vec<(OsString, Option<OsString>)>,
     current_dir: Option<PathBuf>,
     log: PathBuf,
     user: Option<(u32, u32)>,
@@ -73,7 +78,14 @@ impl ProcessSpec {
     /// Sets an environment variable (the rest of the environment is inherited).
     pub fn env(mut self, key: impl AsRef<OsStr>, value: impl AsRef<OsStr>) -> Self {
         self.env
-            .push((key.as_ref().to_owned(), value.as_ref().to_owned()));
+            .push((key.as_ref().to_owned(), Some(value.as_ref().to_owned())));
+        self
+    }
+
+    /// Removes an inherited environment variable, so the program's default
+    /// applies.
+    pub fn env_remove(mut self, key: impl AsRef<OsStr>) -> Self {
+        self.env.push((key.as_ref().to_owned(), None));
         self
     }
 
@@ -113,9 +125,14 @@ impl ProcessSpec {
 
     fn command(&self, log: &File) -> io::Result<Command> {
         let mut command = Command::new(&self.program);
+        command.args(&self.args);
+        for (key, value) in &self.env {
+            match value {
+                Some(value) => command.env(key, value),
+                None => command.env_remove(key),
+            };
+        }
         command
-            .args(&self.args)
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log.try_clone()?)
@@ -237,11 +254,7 @@ impl Process {
             .append(true)
             .open(&self.spec.log)
             .map_err(|e| Error::io(format!("cannot open {}", self.spec.log.display()), e))?;
-        let _ = writeln!(
-            log,
-            "==== locksmith-testkit: starting {} ====",
-            self.spec.command_line()
-        );
+        let _ = writeln!(log, "{START_MARKER}{} ====", self.spec.command_line());
         let command = self
             .spec
             .command(&log)

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use locksmith::{Client, ConnectOptions};
-use locksmith_testkit::{free_port, Process, ProcessSpec};
+use locksmith_testkit::{free_port, Process, ProcessSpec, START_MARKER};
 
 /// The `locksmith` binary built with these tests.
 pub const BINARY: &str = env!("CARGO_BIN_EXE_locksmith");
@@ -78,11 +78,12 @@ impl ServerProcess {
         .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
         .arg("--data-dir")
         .arg(&data)
-        .args(extra)
-        .env(
-            "RUST_LOG",
-            std::env::var("LOCKSMITH_SERVE_LOG").unwrap_or_else(|_| "info".into()),
-        );
+        .args(extra);
+        // The server's own default filter unless the run asks for another.
+        let spec = match std::env::var("LOCKSMITH_SERVE_LOG") {
+            Ok(filter) => spec.env("RUST_LOG", filter),
+            Err(_) => spec.env_remove("RUST_LOG"),
+        };
         let process = Process::spawn(spec).expect("start locksmith serve");
         let server = ServerProcess {
             process,
@@ -99,7 +100,11 @@ impl ServerProcess {
         let ready = self.process.wait_ready(Duration::from_secs(30), || {
             // Another test process may have been given the same free port:
             // only this server's own log line says it is this one listening.
-            if !listening_on(&self.process.log_tail(50), port) {
+            // All of this start's log: a member waiting for its peers' votes
+            // may have logged many lines since.
+            let log = std::fs::read_to_string(self.process.log_path()).unwrap_or_default();
+            let this_start = log.rfind(START_MARKER).map_or(&log[..], |at| &log[at..]);
+            if !listening_on(this_start, port) {
                 return Err(format!(
                     "no \"listening\" line for port {port} in the log yet"
                 ));
@@ -222,6 +227,17 @@ fn listening_on(log: &str, port: u16) -> bool {
                 .match_indices(&addr)
                 .any(|(at, _)| !line[at + addr.len()..].starts_with(|c: char| c.is_ascii_digit()))
     })
+}
+
+/// The `--cluster` value for members 1, 2, … listening on these loopback
+/// ports, in that order.
+pub fn cluster_flag(ports: &[u16]) -> String {
+    ports
+        .iter()
+        .enumerate()
+        .map(|(i, port)| format!("{}=127.0.0.1:{port}", i + 1))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// A lock name unique to this run.
