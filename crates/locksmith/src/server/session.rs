@@ -689,11 +689,15 @@ async fn establish(
 pub(super) async fn connect(members: Arc<Members>, options: ConnectOptions) -> Result<Arc<Shared>> {
     let ttl = options.session_ttl;
     // Members that are down, or in an election, are waited out for as long
-    // as one attempt may take.
+    // as one attempt at a lone member may take.
     let mut rounds = Rounds::new(&members, setup_timeout(ttl));
+    // A member that accepts connections but answers nothing (frozen,
+    // overloaded) gets its share of that, not all of it: the others are
+    // tried in time.
+    let attempt = setup_timeout(ttl) / members.len().max(1) as u32;
     let link = loop {
         let setup = establish(&members, &options, ttl, None);
-        let error = match tokio::time::timeout(setup_timeout(ttl), setup).await {
+        let error = match tokio::time::timeout(attempt, setup).await {
             Ok(Ok(link)) => break link,
             Ok(Err(SetupError::Redirected)) => {
                 Error::backend(super::BACKEND, "redirected without reaching the leader")
