@@ -6,7 +6,7 @@
 //! sessions within the `--grace` period. `--in-memory` keeps nothing.
 //! SIGINT/SIGTERM stop it gracefully (a final snapshot); kill -9 loses
 //! nothing that was acknowledged.
-//! Logs go to stderr; `RUST_LOG` filters them (default `info,openraft=warn`).
+//! Logs go to stderr; `RUST_LOG` filters them (default `info,openraft=error`).
 //!
 //! `--tls-cert`/`--tls-key` put the port (clients and members) under TLS,
 //! `--tls-client-ca` accepts client certificates, `--tls-peer-ca` certifies

@@ -9,7 +9,7 @@ use locksmith::{Client, ConnectOptions};
 use locksmith_proto::v1 as pb;
 use locksmith_proto::v1::locksmith_client::LocksmithClient;
 use locksmith_testkit::free_port;
-use server_support::{cluster_flag, eventually, unique, ServerProcess};
+use server_support::{eventually, unique, ServerProcess};
 
 /// Three members of a new cluster, ids 1 to 3.
 struct Cluster {
@@ -23,16 +23,8 @@ impl Cluster {
 
     fn start_with(extra: &[&str]) -> Cluster {
         let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
-        let list = cluster_flag(&ports);
-        let members = ports
-            .iter()
-            .enumerate()
-            .map(|(i, &port)| {
-                let id = (i + 1).to_string();
-                let mut args = vec!["--node-id", &id, "--cluster", &list];
-                args.extend_from_slice(extra);
-                ServerProcess::start_on(port, &args)
-            })
+        let members = (0..3)
+            .map(|i| ServerProcess::start_member(&ports, i, extra))
             .collect();
         Cluster { members }
     }
@@ -542,6 +534,46 @@ async fn join_member_4(cluster: &Cluster, limit: Duration) -> (u16, ServerProces
 
 /// `locksmith cluster --server URL ARGS...`: its stdout, or a panic with its
 /// stderr.
+/// A member of a new cluster that starts after the others elected a leader
+/// follows that leader. openraft's `initialize` starts an election at once,
+/// in term 1; a member with a higher id than a leader elected in term 1
+/// outranks it with that vote (leaders of one term are ordered by id), and
+/// the leader stepped down for an election as soon as it reached member 3.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_starts_late_does_not_unseat_the_leader() {
+    let ports = [free_port(), free_port(), free_port()];
+    let start = |i: usize| ServerProcess::start_member(&ports, i, &[]);
+    let status = |i: usize| -> serde_json::Value {
+        let url = format!("locksmith://127.0.0.1:{}", ports[i]);
+        serde_json::from_str(&cluster_cli(&url, &["status", "--json"])).unwrap()
+    };
+    let early = [start(0), start(1)];
+    let client = ServerProcess::client_of(&ports[..2]).await;
+    let name = unique("cluster-late-member");
+    let guard = client.lock(name.as_str()).acquire().await.expect("acquire");
+    let leader = (0..2)
+        .find(|&i| status(i)["leader_id"] == i + 1)
+        .expect("a leader among the first two");
+    let before = status(leader);
+
+    let late = start(2);
+    let written = before["members"][leader]["last_log_index"].as_u64();
+    eventually(Duration::from_secs(20), "member 3 catches up", || async {
+        let view = status(2);
+        view["leader_id"] == leader + 1 && view["members"][2]["last_log_index"].as_u64() >= written
+    })
+    .await;
+    let after = status(leader);
+    assert_eq!(after["leader_id"], leader + 1, "{after}");
+    assert_eq!(
+        after["term"], before["term"],
+        "member 3's start caused an election: {after}"
+    );
+    guard.release().await.expect("release");
+    client.close().await.unwrap();
+    drop((early, late));
+}
+
 fn cluster_cli(url: &str, args: &[&str]) -> String {
     let output = std::process::Command::new(server_support::BINARY)
         .args(["cluster", "--server", url])
@@ -685,20 +717,10 @@ async fn cluster_json(port: u16) -> serde_json::Value {
 async fn every_member_shows_the_cluster_on_its_web_api() {
     let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
     let http: Vec<u16> = (0..3).map(|_| free_port()).collect();
-    let list = cluster_flag(&ports);
     let members: Vec<ServerProcess> = (0..3)
         .map(|i| {
-            let id = (i + 1).to_string();
             let listen = format!("127.0.0.1:{}", http[i]);
-            let args = [
-                "--node-id",
-                &id,
-                "--cluster",
-                &list,
-                "--metrics-listen",
-                &listen,
-            ];
-            ServerProcess::start_on(ports[i], &args)
+            ServerProcess::start_member(&ports, i, &["--metrics-listen", &listen])
         })
         .collect();
     let cluster = Cluster { members };

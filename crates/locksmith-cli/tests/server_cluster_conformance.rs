@@ -9,21 +9,15 @@ use std::sync::OnceLock;
 
 use locksmith_testkit::conformance::ServerHarness;
 use locksmith_testkit::free_port;
-use server_support::{cluster_flag, ServerProcess};
+use server_support::ServerProcess;
 
 /// One cluster for the whole test binary.
 async fn cluster() -> ServerHarness {
     static CLUSTER: OnceLock<Vec<ServerProcess>> = OnceLock::new();
     let members = CLUSTER.get_or_init(|| {
         let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
-        let list = cluster_flag(&ports);
-        ports
-            .iter()
-            .enumerate()
-            .map(|(i, &port)| {
-                let id = (i + 1).to_string();
-                ServerProcess::start_on(port, &["--node-id", &id, "--cluster", &list])
-            })
+        (0..3)
+            .map(|i| ServerProcess::start_member(&ports, i, &[]))
             .collect()
     });
     for member in members {

@@ -64,6 +64,16 @@ impl ServerProcess {
         server
     }
 
+    /// Member `index + 1` of a new cluster whose members listen on `ports`
+    /// on loopback, with `extra` arguments.
+    pub fn start_member(ports: &[u16], index: usize, extra: &[&str]) -> ServerProcess {
+        let id = (index + 1).to_string();
+        let list = cluster_flag(ports);
+        let mut args = vec!["--node-id", &id, "--cluster", &list];
+        args.extend_from_slice(extra);
+        ServerProcess::start_on(ports[index], &args)
+    }
+
     fn spawn(dir: &Path, extra: &[&str]) -> ServerProcess {
         Self::spawn_on(dir, free_port(), extra)
     }

@@ -129,10 +129,7 @@ pub(crate) async fn open(
     tls: Option<tonic::transport::ClientTlsConfig>,
 ) -> Result<Raft, ServerError> {
     let raft_config = Arc::new(raft_config(config)?);
-    let network = PeerNetwork {
-        snapshot_rate: SNAPSHOT_RATE,
-        tls,
-    };
+    let network = PeerNetwork::new(SNAPSHOT_RATE, tls);
     Raft::new(config.node_id, raft_config, network, log, machine)
         .await
         .map_err(|e| ServerError::Raft(format!("cannot start: {e}")))
@@ -159,23 +156,55 @@ pub(crate) async fn start(
         .await
         .map_err(|e| ServerError::Raft(e.to_string()))?;
     if !initialized && config.join.is_none() {
-        let members: BTreeMap<u64, BasicNode> = if config.cluster.is_empty() {
-            BTreeMap::from([(config.node_id, BasicNode::new(address))])
+        if config.cluster.len() <= 1 {
+            let members = BTreeMap::from([(config.node_id, BasicNode::new(address))]);
+            initialize(raft, members).await;
         } else {
-            config
+            let members = config
                 .cluster
                 .iter()
                 .map(|(id, addr)| (*id, BasicNode::new(addr)))
-                .collect()
-        };
-        tracing::info!(members = ?members.keys().collect::<Vec<_>>(), "initializing a new cluster");
-        if let Err(error) = raft.initialize(members).await {
-            // Another member initialized the group first: it replicates the
-            // same membership here.
-            tracing::info!(%error, "the cluster is initialized already");
+                .collect();
+            let patience = config.election_timeout * 5;
+            tokio::spawn(initialize_unless_reached(raft.clone(), members, patience));
         }
     }
     Ok(())
+}
+
+/// Initializes a new member of `--cluster` unless a peer reaches it within
+/// `patience`. openraft's `initialize` starts an election at once, in term
+/// 1; our leader ids order leaders of one term by node id, so a member that
+/// starts after the others elected a leader in term 1, and has a higher id,
+/// would outrank that leader with its vote and unseat it. A member that
+/// starts with the others hears no one and initializes, as before; one that
+/// starts late hears the leader's heartbeat first and simply follows.
+///
+/// Cancel safety: dropping it before the wait ends initializes nothing.
+async fn initialize_unless_reached(
+    raft: Raft,
+    members: BTreeMap<u64, BasicNode>,
+    patience: Duration,
+) {
+    let reached = raft
+        .wait(Some(patience))
+        .metrics(
+            |m| m.current_term > 0 || m.last_log_index.is_some(),
+            "a peer reaching this member",
+        )
+        .await;
+    if reached.is_err() {
+        initialize(&raft, members).await;
+    }
+}
+
+async fn initialize(raft: &Raft, members: BTreeMap<u64, BasicNode>) {
+    tracing::info!(members = ?members.keys().collect::<Vec<_>>(), "initializing a new cluster");
+    if let Err(error) = raft.initialize(members).await {
+        // Another member initialized the group first: it replicates the
+        // same membership here.
+        tracing::info!(%error, "the cluster is initialized already");
+    }
 }
 
 /// Tells the core its role whenever openraft's metrics change it. It

@@ -19,10 +19,11 @@
 //! the bandwidth the cluster needs to keep serving (SharkLock's bounded
 //! snapshot sending).
 
+use std::collections::HashMap;
 use std::future::{ready, Future};
 use std::io::Cursor;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
@@ -73,6 +74,76 @@ pub(crate) struct PeerNetwork {
     pub snapshot_rate: u64,
     /// With TLS on: this member's certificate and the CA of its peers'.
     pub tls: Option<ClientTlsConfig>,
+    /// One [`Link`] per member, shared by every [`Peer`] openraft makes
+    /// towards it (a replication session, the heartbeats, an election).
+    links: Arc<Mutex<HashMap<u64, Arc<Link>>>>,
+}
+
+impl PeerNetwork {
+    pub(crate) fn new(snapshot_rate: u64, tls: Option<ClientTlsConfig>) -> PeerNetwork {
+        PeerNetwork {
+            snapshot_rate,
+            tls,
+            links: Arc::default(),
+        }
+    }
+
+    fn link(&self, member: u64, addr: &str) -> Arc<Link> {
+        let mut links = self.links.lock().unwrap_or_else(|e| e.into_inner());
+        let link = links
+            .entry(member)
+            .or_insert_with(|| Link::new(member, addr));
+        if link.addr != addr {
+            *link = Link::new(member, addr);
+        }
+        link.clone()
+    }
+}
+
+/// Whether a member answered this one's last call, so that a member that
+/// stops answering is logged once, and its return once. openraft logs every
+/// failed call at warn, about twenty lines a second for a member that is
+/// down (its heartbeats); the server's default filter keeps only openraft's
+/// errors.
+#[derive(Debug)]
+pub(crate) struct Link {
+    member: u64,
+    addr: String,
+    silent: AtomicBool,
+}
+
+impl Link {
+    fn new(member: u64, addr: &str) -> Arc<Link> {
+        Arc::new(Link {
+            member,
+            addr: addr.to_owned(),
+            silent: AtomicBool::new(false),
+        })
+    }
+
+    /// The member answered, with anything (an error of its own is an answer).
+    fn answered(&self) {
+        if self.silent.swap(false, Ordering::Relaxed) {
+            tracing::info!(member = self.member, addr = %self.addr, "member answers again");
+        }
+    }
+
+    /// The member did not answer: `why`.
+    fn silent(&self, why: &dyn std::fmt::Display) {
+        if !self.silent.swap(true, Ordering::Relaxed) {
+            tracing::warn!(member = self.member, addr = %self.addr, %why, "member does not answer");
+        }
+    }
+
+    /// A call ended in `status`: unavailable is the transport's failure to
+    /// reach the member; any other status came from the member.
+    fn ended(&self, status: &Status) {
+        if status.code() == tonic::Code::Unavailable {
+            self.silent(&status.message());
+        } else {
+            self.answered();
+        }
+    }
 }
 
 impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
@@ -80,7 +151,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
 
     /// Does not connect: the channel connects on first use and reconnects by
     /// itself, as openraft expects of a factory.
-    async fn new_client(&mut self, _target: u64, node: &BasicNode) -> Peer {
+    async fn new_client(&mut self, target: u64, node: &BasicNode) -> Peer {
         let channel = match peer_endpoint(&node.addr, self.tls.clone()) {
             Ok(endpoint) => Some(
                 endpoint
@@ -99,6 +170,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
             client: channel.map(RaftClient::new),
             snapshot_rate: self.snapshot_rate,
             unary_append: false,
+            link: self.link(target, &node.addr),
         }
     }
 }
@@ -124,6 +196,7 @@ pub(crate) struct Peer {
     /// The peer answered `StreamAppend` with "unimplemented": it is of an
     /// earlier version, and is sent a call per AppendEntries from then on.
     unary_append: bool,
+    link: Arc<Link>,
 }
 
 impl Peer {
@@ -155,12 +228,15 @@ impl Peer {
         let reply = tokio::time::timeout(ttl, send(client, payload))
             .await
             .map_err(|_| {
-                RPCError::Network(NetworkError::from_string(format!(
-                    "no answer from {} within {ttl:?}",
-                    self.addr
-                )))
+                let why = format!("no answer from {} within {ttl:?}", self.addr);
+                self.link.silent(&why);
+                RPCError::Network(NetworkError::from_string(why))
             })?
-            .map_err(|status| status_to_rpc_error(&self.addr, status))?;
+            .map_err(|status| {
+                self.link.ended(&status);
+                status_to_rpc_error(&self.addr, status)
+            })?;
+        self.link.answered();
         let result: Result<Resp, E> = decode(&reply.into_inner().postcard)
             .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         result.map_err(|e| RPCError::RemoteError(openraft::errors::RemoteError::new(0, e)))
@@ -243,14 +319,16 @@ impl RaftNetworkV2<TypeConfig> for Peer {
                 ready(payload)
             });
             let ttl = option.soft_ttl();
+            let link = self.link.clone();
             let answers = tokio::time::timeout(ttl, client.stream_append(requests))
                 .await
                 .map_err(|_| {
-                    RPCError::Network(NetworkError::from_string(format!(
-                        "no answer from {addr} within {ttl:?}"
-                    )))
+                    let why = format!("no answer from {addr} within {ttl:?}");
+                    link.silent(&why);
+                    RPCError::Network(NetworkError::from_string(why))
                 })?
                 .map_err(|status| {
+                    link.ended(&status);
                     if status.code() == tonic::Code::Unimplemented {
                         tracing::warn!(%addr, "a member without replication streams (an earlier version): replicating to it a call at a time");
                         self.unary_append = true;
@@ -258,7 +336,7 @@ impl RaftNetworkV2<TypeConfig> for Peer {
                     status_to_rpc_error(&addr, status)
                 })?
                 .into_inner();
-            Ok(appended(answers, sent, ttl.max(REPLICATION_PROGRESS), addr).boxed())
+            Ok(appended(answers, sent, ttl.max(REPLICATION_PROGRESS), link).boxed())
         })
     }
 
@@ -338,11 +416,16 @@ impl RaftNetworkV2<TypeConfig> for Peer {
         let limit = option.hard_ttl() + snapshot_time(data.len(), self.snapshot_rate);
         let chunks = chunks(header, data, self.snapshot_rate);
         let mut client = self.client()?;
+        let link = self.link.clone();
         let send = async move {
             client
                 .install_snapshot(chunks)
                 .await
-                .map_err(|status| status_to_streaming_error(&self.addr, status))
+                .inspect(|_| link.answered())
+                .map_err(|status| {
+                    link.ended(&status);
+                    status_to_streaming_error(&self.addr, status)
+                })
         };
         let reply = tokio::select! {
             closed = cancel => return Err(StreamingError::Closed(closed)),
@@ -374,24 +457,29 @@ fn appended(
     answers: Streaming<pb::Payload>,
     sent: Arc<AtomicU64>,
     ttl: Duration,
-    addr: String,
+    link: Arc<Link>,
 ) -> impl Stream<Item = Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>> {
     futures::stream::unfold(Some((answers, 0u64)), move |state| {
-        let (sent, addr) = (sent.clone(), addr.clone());
+        let (sent, link) = (sent.clone(), link.clone());
         async move {
+            let addr = &link.addr;
             let (mut answers, mut answered) = state?;
             let item = loop {
                 // `message` keeps its progress in the stream: cancel safe.
                 match tokio::time::timeout(ttl, answers.message()).await {
                     Err(_) if sent.load(Ordering::Relaxed) == answered => continue,
                     Err(_) => {
-                        break Err(RPCError::Network(NetworkError::from_string(format!(
-                            "{addr} answered no AppendEntries within {ttl:?}"
-                        ))))
+                        let why = format!("{addr} answered no AppendEntries within {ttl:?}");
+                        link.silent(&why);
+                        break Err(RPCError::Network(NetworkError::from_string(why)));
                     }
-                    Ok(Err(status)) => break Err(status_to_rpc_error(&addr, status)),
+                    Ok(Err(status)) => {
+                        link.ended(&status);
+                        break Err(status_to_rpc_error(addr, status));
+                    }
                     Ok(Ok(None)) => return None,
                     Ok(Ok(Some(answer))) => {
+                        link.answered();
                         answered += 1;
                         break decode::<Result<StreamAppendResult<TypeConfig>, Fatal<TypeConfig>>>(
                             &answer.postcard,
@@ -688,10 +776,7 @@ mod tests {
                 .add_service(pb::raft_server::RaftServer::new(service))
                 .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
         );
-        let mut network = PeerNetwork {
-            snapshot_rate: 1 << 20,
-            tls: None,
-        };
+        let mut network = PeerNetwork::new(1 << 20, None);
         network
             .new_client(2, &BasicNode::new(addr.to_string()))
             .await
