@@ -68,7 +68,7 @@ const ATTEMPTS: u32 = 5;
 const ATTEMPT_PAUSE: Duration = Duration::from_millis(50);
 
 /// Whether a call may be sent again.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Retry {
     /// Reading, or creating something that is harmless if made twice (a
     /// second lease expires unused): again after a timeout or an
@@ -158,11 +158,13 @@ where
         };
         let again = match (&outcome, retry) {
             (Ok(_), _) => false,
+            // What may go again after it was sent may go again when it was not.
             (Err(status), Retry::Repeatable) => {
                 matches!(
                     status.code(),
                     tonic::Code::Unavailable | tonic::Code::DeadlineExceeded
                 ) || connection_failed(status)
+                    || never_sent(status)
             }
             (Err(status), Retry::NotSent) => never_sent(status),
             (Err(_), Retry::Once) => false,
@@ -726,6 +728,32 @@ mod tests {
             })
             .await;
             assert_eq!(outcome.is_ok(), answered);
+        }
+    }
+
+    /// A repeatable call handed back unsent ("operation was canceled" by
+    /// "connection closed", a member going down with the request queued) is
+    /// sent again, as a call that may only go once unsent is.
+    #[tokio::test(start_paused = true)]
+    async fn a_repeatable_call_handed_back_unsent_is_sent_again() {
+        for retry in [Retry::Repeatable, Retry::NotSent] {
+            let mut calls = 0;
+            let outcome = attempts(retry, || {
+                calls += 1;
+                let first = calls == 1;
+                async move {
+                    if first {
+                        Err(cancelled(Texted(
+                            "operation was canceled",
+                            Some(Box::new(Texted("connection closed", None))),
+                        )))
+                    } else {
+                        Ok(())
+                    }
+                }
+            })
+            .await;
+            assert!(outcome.is_ok(), "{retry:?}");
         }
     }
 
