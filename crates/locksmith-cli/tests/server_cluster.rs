@@ -9,7 +9,7 @@ use locksmith::{Client, ConnectOptions};
 use locksmith_proto::v1 as pb;
 use locksmith_proto::v1::locksmith_client::LocksmithClient;
 use locksmith_testkit::free_port;
-use server_support::{eventually, unique, ServerProcess};
+use server_support::{eventually, members_url, unique, ServerProcess};
 
 /// Three members of a new cluster, ids 1 to 3.
 struct Cluster {
@@ -30,12 +30,8 @@ impl Cluster {
     }
 
     fn url(&self) -> String {
-        let addrs: Vec<String> = self
-            .members
-            .iter()
-            .map(|m| format!("127.0.0.1:{}", m.port()))
-            .collect();
-        format!("locksmith://{}", addrs.join(","))
+        let ports: Vec<u16> = self.members.iter().map(ServerProcess::port).collect();
+        members_url(&ports)
     }
 
     async fn client(&self, session_ttl: Duration) -> Client {

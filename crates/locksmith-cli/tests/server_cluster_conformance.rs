@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 
 use locksmith_testkit::conformance::ServerHarness;
 use locksmith_testkit::free_port;
-use server_support::ServerProcess;
+use server_support::{members_url, ServerProcess};
 
 /// One cluster for the whole test binary.
 async fn cluster() -> ServerHarness {
@@ -23,11 +23,8 @@ async fn cluster() -> ServerHarness {
     for member in members {
         member.assert_running();
     }
-    let addresses: Vec<String> = members
-        .iter()
-        .map(|m| format!("127.0.0.1:{}", m.port()))
-        .collect();
-    ServerHarness::new(format!("locksmith://{}", addresses.join(",")))
+    let ports: Vec<u16> = members.iter().map(ServerProcess::port).collect();
+    ServerHarness::new(members_url(&ports))
 }
 
 locksmith_testkit::conformance_suite!(

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use locksmith::{Client, ConnectOptions};
 use locksmith_testkit::free_port;
-use server_support::{eventually, unique, ServerProcess};
+use server_support::{eventually, members_url, unique, ServerProcess};
 
 async fn connect(url: &str, session_ttl: Duration) -> Client {
     let options = ConnectOptions::default().session_ttl(session_ttl);
@@ -38,11 +38,7 @@ async fn a_member_that_is_down_is_skipped() {
 async fn a_frozen_member_is_skipped() {
     let (frozen, serving) = (ServerProcess::start(), ServerProcess::start());
     frozen.pause();
-    let url = format!(
-        "locksmith://127.0.0.1:{},127.0.0.1:{}",
-        frozen.port(),
-        serving.port()
-    );
+    let url = members_url(&[frozen.port(), serving.port()]);
     let client = connect(&url, Duration::from_secs(4)).await;
     let name = unique("skip-a-frozen-member");
     let guard = client.lock(&name).acquire().await.expect("acquire");
@@ -70,11 +66,7 @@ async fn no_member_serving_is_a_clear_error() {
 async fn the_client_moves_to_the_next_member_when_its_member_dies() {
     let first = ServerProcess::start();
     let second = ServerProcess::start();
-    let url = format!(
-        "locksmith://127.0.0.1:{},127.0.0.1:{}",
-        first.port(),
-        second.port()
-    );
+    let url = members_url(&[first.port(), second.port()]);
     let client = connect(&url, Duration::from_secs(2)).await;
     let name = unique("moves-to-the-next-member");
     let guard = client.lock(&name).acquire().await.expect("acquire");
@@ -120,14 +112,8 @@ async fn a_member_that_is_down_is_logged_once_and_its_return_once() {
     let (first, second) = (start(0), start(1));
     let client = ServerProcess::client_of(&ports[..2]).await;
     let name = unique("member-down-logged-once");
-    client
-        .lock(&name)
-        .acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    let guard = client.lock(&name).acquire().await.unwrap();
+    guard.release().await.unwrap();
     let logs = || [first.log_tail(1000), second.log_tail(1000)];
     let missing_3 = "member does not answer member=3";
     eventually(

@@ -211,8 +211,7 @@ impl ServerProcess {
 
     /// A client of the members on `ports` (session TTL 10 s).
     pub async fn client_of(ports: &[u16]) -> Client {
-        let members: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
-        let url = format!("locksmith://{}", members.join(","));
+        let url = members_url(ports);
         let options = ConnectOptions::default().session_ttl(Duration::from_secs(10));
         Client::connect_with(&url, options)
             .await
@@ -237,6 +236,12 @@ fn listening_on(log: &str, port: u16) -> bool {
                 .match_indices(&addr)
                 .any(|(at, _)| !line[at + addr.len()..].starts_with(|c: char| c.is_ascii_digit()))
     })
+}
+
+/// The `locksmith://` URL of the servers on these loopback ports.
+pub fn members_url(ports: &[u16]) -> String {
+    let members: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    format!("locksmith://{}", members.join(","))
 }
 
 /// The `--cluster` value for members 1, 2, … listening on these loopback

@@ -193,7 +193,8 @@ async fn initialize_unless_reached(
             "a peer reaching this member",
         )
         .await;
-    if reached.is_err() {
+    // Reached, or stopping: nothing to initialize.
+    if let Err(openraft::metrics::WaitError::Timeout(..)) = reached {
         initialize(&raft, members).await;
     }
 }

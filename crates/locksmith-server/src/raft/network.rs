@@ -122,8 +122,9 @@ impl Link {
     }
 
     /// The member answered, with anything (an error of its own is an answer).
+    /// Called for every answer: a read only, unless the member was silent.
     fn answered(&self) {
-        if self.silent.swap(false, Ordering::Relaxed) {
+        if self.silent.load(Ordering::Relaxed) && self.silent.swap(false, Ordering::Relaxed) {
             tracing::info!(member = self.member, addr = %self.addr, "member answers again");
         }
     }
@@ -135,10 +136,13 @@ impl Link {
         }
     }
 
-    /// A call ended in `status`: unavailable is the transport's failure to
-    /// reach the member; any other status came from the member.
+    /// A call ended in `status`. tonic gives a status made from a transport
+    /// error (no connection, a connection reset under a stream) that error
+    /// as its source, or says "unavailable"; a status the member sent has
+    /// neither.
     fn ended(&self, status: &Status) {
-        if status.code() == tonic::Code::Unavailable {
+        let transport = std::error::Error::source(status).is_some();
+        if transport || status.code() == tonic::Code::Unavailable {
             self.silent(&status.message());
         } else {
             self.answered();
@@ -780,6 +784,26 @@ mod tests {
         network
             .new_client(2, &BasicNode::new(addr.to_string()))
             .await
+    }
+
+    /// A member is silent after a transport failure and answers again with
+    /// any status it sent itself.
+    #[test]
+    fn a_link_tells_silence_from_an_answer() {
+        let link = Link::new(2, "127.0.0.1:1");
+        let is_silent = || link.silent.load(Ordering::Relaxed);
+        link.ended(&Status::unavailable("tcp connect error"));
+        assert!(is_silent());
+        link.ended(&Status::internal("the member's own error"));
+        assert!(!is_silent());
+        let mut reset = Status::unknown("h2 protocol error");
+        reset.set_source(Arc::new(std::io::Error::from(
+            std::io::ErrorKind::ConnectionReset,
+        )));
+        link.ended(&reset);
+        assert!(is_silent());
+        link.answered();
+        assert!(!is_silent());
     }
 
     fn heartbeat() -> AppendEntriesRequest<TypeConfig> {

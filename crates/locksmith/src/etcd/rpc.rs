@@ -655,6 +655,7 @@ pub fn read_results(response: TxnResponse) -> Vec<Vec<KeyValue>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::future::ready;
 
     /// An error of a given text and cause, as hyper's look from outside.
     #[derive(Debug)]
@@ -714,21 +715,21 @@ mod tests {
             status
         };
         for (retry, answered) in [(Retry::Repeatable, true), (Retry::NotSent, false)] {
-            let mut calls = 0;
-            let outcome = attempts(retry, || {
-                calls += 1;
-                let first = calls == 1;
-                async move {
-                    if first {
-                        Err(broken())
-                    } else {
-                        Ok(())
-                    }
-                }
-            })
-            .await;
-            assert_eq!(outcome.is_ok(), answered);
+            assert_eq!(answered_after_failing_once(retry, broken).await, answered);
         }
+    }
+
+    /// Whether a call that fails once with `error`, then succeeds, is
+    /// answered under `retry`.
+    async fn answered_after_failing_once(retry: Retry, error: impl Fn() -> Status) -> bool {
+        let mut calls = 0;
+        attempts(retry, || {
+            calls += 1;
+            let outcome = if calls == 1 { Err(error()) } else { Ok(()) };
+            ready(outcome)
+        })
+        .await
+        .is_ok()
     }
 
     /// A repeatable call handed back unsent ("operation was canceled" by
@@ -736,24 +737,17 @@ mod tests {
     /// sent again, as a call that may only go once unsent is.
     #[tokio::test(start_paused = true)]
     async fn a_repeatable_call_handed_back_unsent_is_sent_again() {
+        let unsent = || {
+            cancelled(Texted(
+                "operation was canceled",
+                Some(Box::new(Texted("connection closed", None))),
+            ))
+        };
         for retry in [Retry::Repeatable, Retry::NotSent] {
-            let mut calls = 0;
-            let outcome = attempts(retry, || {
-                calls += 1;
-                let first = calls == 1;
-                async move {
-                    if first {
-                        Err(cancelled(Texted(
-                            "operation was canceled",
-                            Some(Box::new(Texted("connection closed", None))),
-                        )))
-                    } else {
-                        Ok(())
-                    }
-                }
-            })
-            .await;
-            assert!(outcome.is_ok(), "{retry:?}");
+            assert!(
+                answered_after_failing_once(retry, unsent).await,
+                "{retry:?}"
+            );
         }
     }
 
