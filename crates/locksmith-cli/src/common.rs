@@ -100,17 +100,70 @@ pub fn fail(error: &dyn std::fmt::Display) -> ExitCode {
     ExitCode::FAILURE
 }
 
-/// Completes on SIGINT or SIGTERM, with the signal.
-pub async fn termination() -> nix::sys::signal::Signal {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut int), Ok(mut term)) = (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-    ) else {
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = int.recv() => nix::sys::signal::Signal::SIGINT,
-        _ = term.recv() => nix::sys::signal::Signal::SIGTERM,
+/// SIGINT and SIGTERM, listened for from the moment it is made.
+///
+/// Make it first thing in a command, before it prints what a signal may
+/// follow (a fencing token, "listening"): tokio tells a signal only to the
+/// listeners that existed when it arrived, and once any listener exists the
+/// signal no longer ends the process by itself. A listener made per wait
+/// would miss a signal that lands between two waits, and the command would
+/// run on as if never told to stop.
+pub struct Termination {
+    /// `None` when the handlers could not be installed: never completes.
+    signals: Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)>,
+}
+
+impl Termination {
+    /// Starts listening. Needs the tokio runtime.
+    pub fn listen() -> Self {
+        use tokio::signal::unix::{signal, SignalKind};
+        let signals = match (
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::terminate()),
+        ) {
+            (Ok(interrupt), Ok(terminate)) => Some((interrupt, terminate)),
+            _ => None,
+        };
+        Self { signals }
+    }
+
+    /// Completes on the next SIGINT or SIGTERM, with the signal; one that
+    /// arrived since the last call completes it at once.
+    ///
+    /// Cancel safety: safe; a signal that arrives while no call waits is kept
+    /// for the next call.
+    pub async fn recv(&mut self) -> nix::sys::signal::Signal {
+        let Some((interrupt, terminate)) = &mut self.signals else {
+            return std::future::pending().await;
+        };
+        tokio::select! {
+            _ = interrupt.recv() => nix::sys::signal::Signal::SIGINT,
+            _ = terminate.recv() => nix::sys::signal::Signal::SIGTERM,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::FutureExt;
+    use nix::sys::signal::{raise, Signal};
+
+    use super::*;
+
+    /// What left `locksmith elect` leading after SIGINT: the signal landed
+    /// after one wait was dropped and before the next one began.
+    #[tokio::test]
+    async fn a_signal_between_two_waits_ends_the_second() {
+        let mut termination = Termination::listen();
+        let mut witness = Termination::listen();
+        // A first wait, dropped unfinished (as a `select!` drops it).
+        assert!(termination.recv().now_or_never().is_none());
+        raise(Signal::SIGTERM).unwrap();
+        // Once another listener has it, tokio has told every listener.
+        assert_eq!(witness.recv().await, Signal::SIGTERM);
+        let signal = tokio::time::timeout(Duration::from_secs(10), termination.recv())
+            .await
+            .expect("the signal was missed");
+        assert_eq!(signal, Signal::SIGTERM);
     }
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 
-use crate::common::{fail, parse_duration, termination, BackendArgs};
+use crate::common::{fail, parse_duration, BackendArgs, Termination};
 use crate::run::{conclude, supervise, CONFLICT_EXIT, LOST_EXIT};
 
 /// Exit status of `locksmith leader` when nobody leads.
@@ -47,6 +47,7 @@ pub struct ElectArgs {
 /// Cancel safety: not cancel safe (it runs the whole command); the process
 /// exits when it returns.
 pub async fn elect(args: ElectArgs) -> ExitCode {
+    let mut termination = Termination::listen();
     let client = match args.backend.connect("elect").await {
         Ok(client) => client,
         Err(code) => return code,
@@ -70,7 +71,7 @@ pub async fn elect(args: ElectArgs) -> ExitCode {
                 return ExitCode::from(CONFLICT_EXIT);
             }
         },
-        signal = termination() => return ExitCode::from(128 + signal as u8),
+        signal = termination.recv() => return ExitCode::from(128 + signal as u8),
     };
     if args.command.is_empty() {
         println!("{}", leadership.fencing_token());
@@ -79,7 +80,7 @@ pub async fn elect(args: ElectArgs) -> ExitCode {
                 eprintln!("locksmith: lost the leadership of {}: {reason}", args.name);
                 ExitCode::from(LOST_EXIT)
             }
-            _ = termination() => match leadership.resign().await {
+            _ = termination.recv() => match leadership.resign().await {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(error) => fail(&error),
             },
@@ -96,6 +97,7 @@ pub async fn elect(args: ElectArgs) -> ExitCode {
     let ended = supervise(
         &args.command,
         &env,
+        &mut termination,
         leadership.guard(),
         &args.name,
         args.kill_grace,
@@ -122,6 +124,7 @@ pub struct LeaderArgs {
 ///
 /// Cancel safety: safe; it only reads.
 pub async fn leader(args: LeaderArgs) -> ExitCode {
+    let mut termination = Termination::listen();
     let client = match args.backend.connect("leader").await {
         Ok(client) => client,
         Err(code) => return code,
@@ -151,7 +154,7 @@ pub async fn leader(args: LeaderArgs) -> ExitCode {
                 Some(Err(error)) => eprintln!("locksmith: watching {}: {error}", args.name),
                 None => return ExitCode::SUCCESS,
             },
-            _ = termination() => return ExitCode::SUCCESS,
+            _ = termination.recv() => return ExitCode::SUCCESS,
         }
     }
 }

@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use crate::common::{fail, termination, BackendArgs, LockArgs};
+use crate::common::{fail, BackendArgs, LockArgs, Termination};
 use crate::run::{CONFLICT_EXIT, LOST_EXIT};
 
 /// Options of `locksmith hold`.
@@ -17,6 +17,7 @@ pub struct HoldArgs {
 /// Acquires, prints the fencing token on stdout, holds until SIGINT/SIGTERM
 /// (then releases, exit 0) or until the hold is lost (exit 75).
 pub async fn hold(args: HoldArgs) -> ExitCode {
+    let mut termination = Termination::listen();
     let client = match args.backend.connect("hold").await {
         Ok(client) => client,
         Err(code) => return code,
@@ -35,7 +36,7 @@ pub async fn hold(args: HoldArgs) -> ExitCode {
             eprintln!("locksmith: lost {}: {reason}", args.lock.name);
             ExitCode::from(LOST_EXIT)
         }
-        _ = termination() => match guard.release().await {
+        _ = termination.recv() => match guard.release().await {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => fail(&error),
         },

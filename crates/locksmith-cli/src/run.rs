@@ -12,7 +12,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tokio::process::Command;
 
-use crate::common::{fail, parse_duration, termination, BackendArgs, LockArgs};
+use crate::common::{fail, parse_duration, BackendArgs, LockArgs, Termination};
 
 /// Exit status when the lock could not be had (flock's default).
 pub const CONFLICT_EXIT: u8 = 1;
@@ -40,6 +40,7 @@ pub struct RunArgs {
 /// Acquires, runs the child with `LOCKSMITH_LOCK` and `LOCKSMITH_FENCING_TOKEN`
 /// set, forwards SIGINT/SIGTERM to it, and releases when it exits.
 pub async fn run(args: RunArgs) -> ExitCode {
+    let mut termination = Termination::listen();
     let client = match args.backend.connect("run").await {
         Ok(client) => client,
         Err(code) => return code,
@@ -59,6 +60,7 @@ pub async fn run(args: RunArgs) -> ExitCode {
     let ended = supervise(
         &args.command,
         &env,
+        &mut termination,
         &guard,
         &args.lock.name,
         args.kill_grace,
@@ -83,6 +85,7 @@ pub enum Ended {
 pub async fn supervise(
     command: &[String],
     env: &[(&str, String)],
+    termination: &mut Termination,
     guard: &locksmith::Guard,
     name: &str,
     kill_grace: Duration,
@@ -103,7 +106,7 @@ pub async fn supervise(
     let status = loop {
         tokio::select! {
             status = child.wait() => break status,
-            signal = termination() => signal_child(signal),
+            signal = termination.recv() => signal_child(signal),
             reason = guard.lost() => {
                 eprintln!("locksmith: lost {name}: {reason}; stopping the command");
                 signal_child(Signal::SIGTERM);

@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use locksmith_server::{Server, ServerConfig, TlsFiles, DEFAULT_DATA_DIR, DEFAULT_LISTEN};
 
-use crate::common::{parse_duration, termination};
+use crate::common::{parse_duration, Termination};
 
 /// Options of `locksmith serve`.
 #[derive(Debug, clap::Args)]
@@ -365,6 +365,10 @@ pub fn expand_config(args: Vec<OsString>, serve: &clap::Command) -> Result<Vec<O
 
 /// Runs the lock server until SIGINT/SIGTERM.
 pub async fn serve(args: ServeArgs) -> ExitCode {
+    // Listening before the server starts: a signal sent as soon as it says
+    // "listening" is then a graceful stop (once the start is complete), and
+    // an early SIGHUP does not end it.
+    let signals = Signals::listen();
     let config = match args.config() {
         Ok(config) => config,
         Err(error) => {
@@ -379,7 +383,7 @@ pub async fn serve(args: ServeArgs) -> ExitCode {
         None => tracing::warn!("in-memory mode: locks do not survive a restart"),
     }
     let outcome = match Server::start(config).await {
-        Ok(server) => run_until_stopped(server).await,
+        Ok(server) => run_until_stopped(server, signals).await,
         Err(error) => Err(error),
     };
     match outcome {
@@ -392,26 +396,42 @@ pub async fn serve(args: ServeArgs) -> ExitCode {
     }
 }
 
+/// The signals `serve` answers.
+struct Signals {
+    termination: Termination,
+    /// Reloads the auth file; `None` if its handler could not be installed.
+    hangup: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    fn listen() -> Self {
+        use tokio::signal::unix::{signal, SignalKind};
+        Self {
+            termination: Termination::listen(),
+            hangup: signal(SignalKind::hangup()).ok(),
+        }
+    }
+}
+
 /// Serves until SIGINT/SIGTERM (then stops gracefully) or a failure;
 /// SIGHUP reloads the auth file meanwhile.
 ///
 /// Cancel safety: dropping it shuts the server down in the background.
-async fn run_until_stopped(mut server: Server) -> Result<(), locksmith_server::ServerError> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut hangup = signal(SignalKind::hangup()).ok();
+async fn run_until_stopped(
+    mut server: Server,
+    mut signals: Signals,
+) -> Result<(), locksmith_server::ServerError> {
     let hangups = async |hangup: &mut Option<tokio::signal::unix::Signal>| match hangup {
         Some(hangup) => hangup.recv().await,
         None => std::future::pending().await,
     };
-    let terminated = termination();
-    tokio::pin!(terminated);
     loop {
         tokio::select! {
-            signal = &mut terminated => {
+            signal = signals.termination.recv() => {
                 tracing::info!(%signal, "stopping");
                 return server.shutdown().await;
             }
-            _ = hangups(&mut hangup) => {
+            _ = hangups(&mut signals.hangup) => {
                 tracing::info!("SIGHUP: reloading the auth file");
                 // A bad file is logged and the old one kept.
                 let _ = server.reload_auth();

@@ -38,7 +38,7 @@ use comfy_table::{presets::ASCII_NO_BORDERS, Table};
 use locksmith::{Client, GrantRecord, HoldEnd, LockInfo};
 use serde::Serialize;
 
-use crate::common::{fail, parse_duration, termination, BackendArgs};
+use crate::common::{fail, parse_duration, BackendArgs, Termination};
 
 /// Options of `locksmith status`.
 #[derive(Debug, clap::Args)]
@@ -82,6 +82,7 @@ pub struct ReleaseArgs {
 
 /// Prints the locks under a prefix, once or every `--watch` interval.
 pub async fn status(args: StatusArgs) -> ExitCode {
+    let mut termination = Termination::listen();
     let client = match args.backend.connect("status").await {
         Ok(client) => client,
         Err(code) => return code,
@@ -92,15 +93,13 @@ pub async fn status(args: StatusArgs) -> ExitCode {
             Err(error) => fail(&error),
         };
     };
-    let stop = termination();
-    tokio::pin!(stop);
     loop {
         if let Err(error) = print_once(&client, &args, true).await {
             eprintln!("locksmith: {error}");
         }
         tokio::select! {
             _ = tokio::time::sleep(interval) => {}
-            _ = &mut stop => return ExitCode::SUCCESS,
+            _ = termination.recv() => return ExitCode::SUCCESS,
         }
     }
 }
