@@ -107,6 +107,14 @@ impl Outbox {
         self.entry(stream, tx).messages.push(message);
     }
 
+    /// The messages queued for `stream`.
+    #[cfg(test)]
+    pub(crate) fn messages(&self, stream: StreamId) -> &[pb::ServerMessage] {
+        self.index
+            .get(&stream)
+            .map_or(&[], |&at| &self.pending[at].messages)
+    }
+
     /// Ends `stream` with `status` once its queued messages are sent.
     pub(crate) fn end(&mut self, stream: StreamId, tx: &StreamTx, status: Status) {
         self.entry(stream, tx).end = Some(status);

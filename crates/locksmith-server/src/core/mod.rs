@@ -469,7 +469,12 @@ impl Core {
         shutdown
     }
 
-    /// Moves the heartbeats of `op` into the batch being built.
+    /// Moves the heartbeats of `op` into the batch being built, one command
+    /// (and so one answer) each: the client pairs every answer with the
+    /// oldest heartbeat it has not seen answered, so two heartbeats read
+    /// together and answered once would leave it a heartbeat behind for the
+    /// rest of the stream, until it gave its session up while the server
+    /// still answered.
     fn propose_heartbeats(&mut self, now: Millis, op: &mut Op) {
         let Op::Stream { stream, ops, .. } = op else {
             return;
@@ -479,13 +484,13 @@ impl Core {
         };
         let before = ops.len();
         ops.retain(|o| !matches!(o, StreamOp::Heartbeat));
-        if ops.len() < before {
+        for _ in ops.len()..before {
             let heartbeat = Command::Heartbeat { session };
             self.proposal
                 .command(now, heartbeat, None, None, Route::Heartbeat);
-            if ops.is_empty() {
-                ops.push(StreamOp::AckOnly);
-            }
+        }
+        if ops.len() < before && ops.is_empty() {
+            ops.push(StreamOp::AckOnly);
         }
     }
 
@@ -853,6 +858,26 @@ mod tests {
             matches!(&next, Some(Record::Command(r)) if r.command == Command::Heartbeat { session }),
             "the heartbeat was dropped: {next:?}"
         );
+    }
+
+    #[test]
+    fn every_heartbeat_read_together_is_answered() {
+        let (mut core, now, _) = leading_with_a_session();
+        let (ops, arrivals) = std::sync::mpsc::channel();
+        // The server read the stream late: two heartbeats in one batch.
+        ops.send(client_batch(1, [StreamOp::Heartbeat, StreamOp::Heartbeat]))
+            .unwrap();
+        assert!(core.take_arrivals(&arrivals, now).is_none());
+        let mut proposal = std::mem::take(&mut core.proposal);
+        core.apply_proposal(now, &mut proposal);
+        let answers = core
+            .output
+            .streams
+            .messages(1)
+            .iter()
+            .filter(|m| matches!(m.kind, Some(pb::server_message::Kind::Heartbeat(_))))
+            .count();
+        assert_eq!(answers, 2, "one answer per heartbeat");
     }
 
     fn acquire(id: u64, name: &str) -> StreamOp {
