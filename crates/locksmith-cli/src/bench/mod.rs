@@ -32,10 +32,11 @@
 //! `locksmith serve`, a child of this executable) and kills them at the end.
 //! Replicated setups are named one by one: `redis-sentinel` (a primary, 2
 //! replicas, 3 Sentinels), `redis-cluster` (3 primaries with a replica each),
-//! `redlock` (5 masters), `zookeeper-ensemble` and `etcd-cluster` (3 members
-//! each). A Sentinel setup and a Cluster are measured twice, as clients connect
-//! by default (each grant waits for a replica) and with `wait_replicas=0`
-//! (`…-nowait`): the difference is the cost of replica acknowledgement.
+//! `redlock` (5 masters), `zookeeper-ensemble` (also `zookeeper-cluster`) and
+//! `etcd-cluster` (3 members each). A Sentinel setup and a Cluster are
+//! measured twice, as clients connect by default (each grant waits for a
+//! replica) and with `wait_replicas=0` (`…-nowait`): the difference is the
+//! cost of replica acknowledgement.
 //!
 //! The timed scenarios (a)–(c) run in rounds (`--repeat N`): each round
 //! measures every backend once, in turn, so that load from elsewhere on the
@@ -103,7 +104,7 @@ pub struct BenchArgs {
     /// Start real servers on loopback ports and measure them: a comma-separated
     /// list of server, memory, redis, zookeeper, etcd, postgres, or `all`, and
     /// the replicated setups redis-sentinel, redis-cluster, redlock,
-    /// zookeeper-ensemble, etcd-cluster.
+    /// zookeeper-ensemble (or zookeeper-cluster), etcd-cluster.
     #[arg(long, value_name = "LIST", value_parser = parse_kind_list)]
     spawn: Option<KindList>,
     /// Which scenarios to run.

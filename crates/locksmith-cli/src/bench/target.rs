@@ -126,7 +126,10 @@ impl FromStr for Kind {
             "redis-cluster" => Ok(Kind::RedisCluster),
             "redlock" => Ok(Kind::Redlock),
             "zookeeper" | "zk" => Ok(Kind::ZooKeeper),
-            "zookeeper-ensemble" | "zk-ensemble" => Ok(Kind::ZooKeeperEnsemble),
+            // A ZooKeeper "cluster" is what its own docs call an ensemble.
+            "zookeeper-ensemble" | "zk-ensemble" | "zookeeper-cluster" | "zk-cluster" => {
+                Ok(Kind::ZooKeeperEnsemble)
+            }
             "etcd" => Ok(Kind::Etcd),
             "etcd-cluster" => Ok(Kind::EtcdCluster),
             "postgres" | "postgresql" | "pg" => Ok(Kind::Postgres),
@@ -663,6 +666,10 @@ mod tests {
         assert_eq!(
             parse_kinds("redis-cluster,redis,redis-sentinel").unwrap(),
             vec![Kind::Redis, Kind::RedisSentinel, Kind::RedisCluster]
+        );
+        assert_eq!(
+            parse_kinds("zookeeper-cluster,zookeeper-ensemble,zk-cluster").unwrap(),
+            vec![Kind::ZooKeeperEnsemble]
         );
         assert!(parse_kinds("mysql").is_err());
         assert_eq!(
