@@ -53,12 +53,15 @@ pub enum Command {
         session: SessionId,
     },
     /// Close a session on purpose: its holds are released (no lock-delay) and its
-    /// waiters dropped.
+    /// waiters dropped. The session is gone at once; a session with more holds
+    /// and waits than [`crate::Limits::session_end_step`] gives up the rest in
+    /// later [`Command::ContinueSessionEnd`] steps.
     CloseSession {
         /// The session.
         session: SessionId,
     },
     /// The session missed its heartbeats: its holds are lost (lock-delay applies).
+    /// Like [`Command::CloseSession`], a big session ends over several steps.
     ExpireSession {
         /// The session.
         session: SessionId,
@@ -144,6 +147,15 @@ pub enum Command {
     ForceRelease {
         /// The lock.
         name: String,
+    },
+    /// The next step of a big session's end: up to
+    /// [`crate::Limits::session_end_step`] more of its waits dropped and holds
+    /// released, as its close or expiry would have. Time-driven: listed by
+    /// [`crate::Engine::due`] while an ended session still holds or waits;
+    /// fails with [`crate::EngineError::NotDue`] once nothing is left.
+    ContinueSessionEnd {
+        /// The ended session.
+        session: SessionId,
     },
 }
 

@@ -1,5 +1,6 @@
 //! The lock table: one deterministic state machine.
 
+use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::ops::Bound;
 use std::ops::{Deref, DerefMut};
@@ -11,7 +12,9 @@ use crate::command::{Acquire, Command, Effect};
 use crate::error::{EngineError, SnapshotError};
 use crate::inspect::{HolderInfo, ListPage, LockInfo, SessionInfo, WaiterInfo};
 use crate::name::validate_name;
-use crate::snapshot::{HoldSnapshot, LockSnapshot, SessionSnapshot, Snapshot, WaiterSnapshot};
+use crate::snapshot::{
+    EndingSnapshot, HoldSnapshot, LockSnapshot, SessionSnapshot, Snapshot, WaiterSnapshot,
+};
 use crate::types::{ClientInfo, Limits, LostReason, Millis, Mode, RequestId, SessionId, Wait};
 
 /// Index of a lock in the slab. Internal only: ids are not stable across
@@ -38,6 +41,10 @@ pub struct Engine {
     locks: Vec<Option<Arc<LockEntry>>>,
     free_ids: Vec<LockId>,
     sessions: FxHashMap<SessionId, Session>,
+    /// Sessions that ended with more holds and waits than one step gives up
+    /// ([`Limits::session_end_step`]): gone for their clients, they give up
+    /// the rest a step at a time ([`Command::ContinueSessionEnd`]).
+    ending: BTreeMap<SessionId, Ending>,
     waiters: FxHashMap<WaiterKey, Waiter>,
     timers: BTreeSet<(Millis, Timer)>,
     /// Reused buffers (always empty between commands), so that the hot path of
@@ -187,6 +194,30 @@ struct Session {
     queued_names: usize,
 }
 
+/// What is left of a session's end ([`Engine::ending`]).
+///
+/// The lists are what the session had when it ended; an entry that is gone
+/// since (a lease expired, a waiter timed out) is skipped and costs nothing
+/// from a step's budget, and a step leaves none on top. So the steps depend
+/// only on what is still there, and an engine restored from a snapshot in
+/// between (which rebuilds the lists from the table) takes the same steps.
+#[derive(Debug)]
+struct Ending {
+    reason: LostReason,
+    /// When the session ended: when its next step falls due.
+    since: Millis,
+    /// Waits still to drop, the first last (taken with `pop`).
+    waits: Vec<RequestId>,
+    /// Holds still to release as `(token, lock)`, the lowest token last.
+    holds: Vec<(u64, LockId)>,
+}
+
+impl Ending {
+    fn is_done(&self) -> bool {
+        self.waits.is_empty() && self.holds.is_empty()
+    }
+}
+
 impl Session {
     fn add_waiter(&mut self, request: RequestId, names: usize) {
         if self.waiting.insert(request) {
@@ -307,19 +338,19 @@ impl Engine {
                 check_deadline(current, deadline, now)?;
                 self.end_session(now, session, LostReason::SessionExpired, effects)
             }
+            Command::ContinueSessionEnd { session } => self.continue_end(now, session, effects),
             Command::Acquire(acquire) => self.acquire(now, acquire, effects),
             Command::Cancel { session, request } => {
+                self.check_not_ending(session)?;
                 self.remove_waiter(now, (session, request), None, effects)
             }
             Command::TimeoutWaiter { session, request } => {
                 let key = (session, request);
                 if self.waiters.contains_key(&key) {
-                    self.remove_waiter(
-                        now,
-                        key,
-                        Some(Effect::TimedOut { session, request }),
-                        effects,
-                    )?;
+                    // An ended session's client is told nothing more.
+                    let told = (!self.ending.contains_key(&session))
+                        .then_some(Effect::TimedOut { session, request });
+                    self.remove_waiter(now, key, told, effects)?;
                 }
                 Ok(())
             }
@@ -328,14 +359,20 @@ impl Engine {
                 owner,
                 name,
                 token,
-            } => self.release(now, session, &owner, &name, token, effects),
+            } => {
+                self.check_not_ending(session)?;
+                self.release(now, session, &owner, &name, token, effects)
+            }
             Command::Renew {
                 session,
                 owner,
                 name,
                 token,
                 lease,
-            } => self.renew(now, session, &owner, &name, token, lease),
+            } => {
+                self.check_not_ending(session)?;
+                self.renew(now, session, &owner, &name, token, lease)
+            }
             Command::ExpireHold {
                 name,
                 token,
@@ -363,32 +400,40 @@ impl Engine {
     }
 
     /// About how much work applying `command` takes, counted in locks and
-    /// waits touched: a session's end releases all of its holds and cancels
-    /// all of its waits in one step (up to
-    /// [`Limits::max_holds_per_session`](crate::Limits::max_holds_per_session)
-    /// of them); anything else is 1. A caller that bounds its work per step
-    /// (the server, per log entry) counts commands by this, so that several
-    /// big sessions ending at once are spread over several steps.
+    /// waits touched: a step of a session's end releases its holds and
+    /// cancels its waits, up to
+    /// [`Limits::session_end_step`](crate::Limits::session_end_step) of them;
+    /// anything else is 1. A caller that bounds its work per step (the
+    /// server, per log entry) counts commands by this, so that several big
+    /// sessions ending at once are spread over several steps.
     pub fn work_of(&self, command: &Command) -> usize {
+        let step = self.limits.session_end_step.max(1);
         match command {
             Command::CloseSession { session } | Command::ExpireSession { session, .. } => {
                 1 + self
                     .sessions
                     .get(session)
-                    .map_or(0, |s| s.holds.len() + s.queued_names)
+                    .map_or(0, |s| (s.holds.len() + s.queued_names).min(step))
             }
+            Command::ContinueSessionEnd { session } => self
+                .ending
+                .get(session)
+                .map_or(1, |e| (e.waits.len() + e.holds.len()).min(step)),
             _ => 1,
         }
     }
 
     /// When the next time-driven command falls due, if any.
     pub fn next_deadline(&self) -> Option<Millis> {
-        self.timers.first().map(|(at, _)| *at)
+        let timer = self.timers.first().map(|(at, _)| *at);
+        let ending = self.ending.values().map(|e| e.since).min();
+        timer.into_iter().chain(ending).min()
     }
 
-    /// The time-driven commands due at `now` (expiries, waiter timeouts, ends of
-    /// lock-delay), in deadline order. The engine does not apply them itself: the
-    /// caller applies (and logs) each, so replay never re-decides time.
+    /// The time-driven commands due at `now`: the next step of every session
+    /// still ending, then expiries, waiter timeouts and ends of lock-delay in
+    /// deadline order. The engine does not apply them itself: the caller
+    /// applies (and logs) each, so replay never re-decides time.
     pub fn due(&self, now: Millis) -> Vec<Command> {
         self.due_at_most(now, usize::MAX)
     }
@@ -397,9 +442,14 @@ impl Engine {
     /// step takes the rest (still due) the next time, and pays for listing
     /// only what it applies.
     pub fn due_at_most(&self, now: Millis, max: usize) -> Vec<Command> {
-        self.timers
+        let steps = self
+            .ending
+            .iter()
+            .filter(|(_, e)| e.since <= now)
+            .map(|(&session, _)| Command::ContinueSessionEnd { session });
+        let timers = self
+            .timers
             .range(..=(now, Timer::LockDelay(LockId::MAX)))
-            .take(max)
             .map(|&(deadline, timer)| match timer {
                 Timer::Session(session) => Command::ExpireSession { session, deadline },
                 Timer::Lease(id, token) => Command::ExpireHold {
@@ -412,8 +462,8 @@ impl Engine {
                     name: self.lock(id).name.to_string(),
                     deadline,
                 },
-            })
-            .collect()
+            });
+        steps.chain(timers).take(max).collect()
     }
 
     /// [`Command::GrantGrace`]: pushes every session, lease and lock-delay
@@ -466,7 +516,8 @@ impl Engine {
         ttl: Millis,
         info: ClientInfo,
     ) -> Result<(), EngineError> {
-        if id == SessionId::NONE || self.sessions.contains_key(&id) {
+        if id == SessionId::NONE || self.sessions.contains_key(&id) || self.ending.contains_key(&id)
+        {
             return Err(EngineError::SessionExists(id.0));
         }
         self.check_range("session TTL", ttl, self.limits.min_ttl, self.limits.max_ttl)?;
@@ -500,6 +551,9 @@ impl Engine {
         Ok(())
     }
 
+    /// Ends a session: it is gone at once (no heartbeat, request or resume
+    /// of it is accepted), and its waits and holds are given up in steps of
+    /// [`Limits::session_end_step`], the first one now.
     fn end_session(
         &mut self,
         now: Millis,
@@ -513,17 +567,8 @@ impl Engine {
             .ok_or(EngineError::UnknownSession(id.0))?;
         self.timers
             .remove(&(session.expires_at, Timer::Session(id)));
-        let mut touched = Vec::new();
-
-        // Sorted so that the outcome never depends on hash order.
-        let mut requests: Vec<RequestId> = session.waiting.into_iter().collect();
-        requests.sort_unstable();
-        for request in requests {
-            let waiter = self.take_waiter((id, request));
-            touched.extend(waiter.locks);
-        }
-
-        let mut holds: Vec<(u64, LockId)> = session
+        let waits = session.waiting.into_iter().collect();
+        let holds = session
             .holds
             .iter()
             .flat_map(|&lock| {
@@ -534,20 +579,103 @@ impl Engine {
                     .map(move |h| (h.token, lock))
             })
             .collect();
-        holds.sort_unstable();
-        let abnormal = reason == LostReason::SessionExpired;
-        for (token, lock) in holds {
-            let index = self
-                .lock(lock)
-                .holders
-                .iter()
-                .position(|h| h.token == token)
-                .expect("hold");
-            self.drop_hold(now, lock, index, Some(reason), abnormal, effects);
-            touched.push(lock);
+        let ending = Ending {
+            reason,
+            since: now,
+            waits,
+            holds,
+        };
+        self.start_ending(id, ending);
+        self.continue_end(now, id, effects)
+    }
+
+    /// Files what a session's end has left to do, in the order its steps
+    /// take it: waits by request id, then holds by token (sorted, so that
+    /// the outcome never depends on hash order).
+    fn start_ending(&mut self, id: SessionId, mut ending: Ending) {
+        ending
+            .waits
+            .sort_unstable_by_key(|&request| Reverse(request));
+        ending
+            .holds
+            .sort_unstable_by_key(|&(token, _)| Reverse(token));
+        self.ending.insert(id, ending);
+    }
+
+    /// One step of a session's end: drops its next waits, then releases its
+    /// next holds (lost, with lock-delay if it expired), up to
+    /// [`Limits::session_end_step`] of them, and grants what that frees.
+    fn continue_end(
+        &mut self,
+        now: Millis,
+        id: SessionId,
+        effects: &mut Vec<Effect>,
+    ) -> Result<(), EngineError> {
+        let mut ending = self.ending.remove(&id).ok_or(EngineError::NotDue)?;
+        let abnormal = ending.reason == LostReason::SessionExpired;
+        let mut budget = self.limits.session_end_step.max(1);
+        let mut touched = Vec::new();
+        loop {
+            self.forget_gone(id, &mut ending);
+            if budget == 0 {
+                break;
+            }
+            if let Some(request) = ending.waits.pop() {
+                touched.extend(self.take_waiter((id, request)).locks);
+            } else if let Some((token, lock)) = ending.holds.pop() {
+                let index = self.ending_hold(id, token, lock).expect("not gone");
+                self.drop_hold(now, lock, index, Some(ending.reason), abnormal, effects);
+                touched.push(lock);
+            } else {
+                break;
+            }
+            budget -= 1;
+        }
+        if !ending.is_done() {
+            self.ending.insert(id, ending);
         }
         self.settle(now, &touched, effects);
         Ok(())
+    }
+
+    /// Takes off the top of an ending's lists what is gone already (a
+    /// waiter timed out, a hold's lease ran out or it was force-released),
+    /// so that its lists are done exactly when nothing real is left: as they
+    /// are in an engine restored from a snapshot, which rebuilds them.
+    fn forget_gone(&self, id: SessionId, ending: &mut Ending) {
+        while let Some(&request) = ending.waits.last() {
+            if self.waiters.contains_key(&(id, request)) {
+                return;
+            }
+            ending.waits.pop();
+        }
+        while let Some(&(token, lock)) = ending.holds.last() {
+            if self.ending_hold(id, token, lock).is_some() {
+                return;
+            }
+            ending.holds.pop();
+        }
+    }
+
+    /// Where an ended session's hold `token` is among `lock`'s holders, if it
+    /// is still there (`lock` may be another lock's id since: ids are reused,
+    /// tokens are not).
+    fn ending_hold(&self, id: SessionId, token: u64, lock: LockId) -> Option<usize> {
+        self.locks
+            .get(lock as usize)?
+            .as_ref()?
+            .holders
+            .iter()
+            .position(|h| h.token == token && h.session == id)
+    }
+
+    /// Refuses a client's request (release, renew, cancel) on behalf of a
+    /// session that has ended but still gives up its holds.
+    fn check_not_ending(&self, session: SessionId) -> Result<(), EngineError> {
+        match self.ending.contains_key(&session) {
+            true => Err(EngineError::UnknownSession(session.0)),
+            false => Ok(()),
+        }
     }
 
     // ----- acquire -----
@@ -616,7 +744,7 @@ impl Engine {
                     .holders
                     .iter()
                     .map(|h| h.mode)
-                    .chain(lock.queue.iter().map(|k| self.waiters[k].mode))
+                    .chain(self.live_queue(lock).map(|k| self.waiters[k].mode))
                     .find_map(|m| match m {
                         Mode::Semaphore { permits: p } if p != permits => Some(p),
                         _ => None,
@@ -629,9 +757,8 @@ impl Engine {
                     });
                 }
             }
-            let queue_clear = lock
-                .queue
-                .iter()
+            let queue_clear = self
+                .live_queue(lock)
                 .all(|k| !self.waiters[k].mode.conflicts_in_queue(a.mode));
             grantable &= queue_clear && !lock.delayed(now) && lock.holders_admit(a.mode);
         }
@@ -717,7 +844,11 @@ impl Engine {
                 _ => None,
             },
         };
-        let position = self.lock(waiter.locks[0]).queue.len() as u32;
+        let first = self.lock(waiter.locks[0]);
+        let position = match self.ending.is_empty() {
+            true => first.queue.len(),
+            false => self.live_queue(first).count(),
+        } as u32;
         for &id in &waiter.locks {
             self.lock_mut(id).queue.push_back(key);
         }
@@ -1075,6 +1206,11 @@ impl Engine {
         loop {
             let lock = self.lock(id);
             let Some(&key) = lock.queue.get(i) else { break };
+            if self.is_ending(key.0) {
+                // Never granted, and in no one's way (see `live_queue`).
+                i += 1;
+                continue;
+            }
             let waiter = &self.waiters[&key];
             if waiter.mode != Mode::Shared && shared_waiting_ahead {
                 break;
@@ -1138,9 +1274,8 @@ impl Engine {
             return false;
         }
         !check_queue
-            || lock
-                .queue
-                .iter()
+            || self
+                .live_queue(lock)
                 .take_while(|k| **k != key)
                 .all(|k| !self.waiters[k].mode.conflicts_in_queue(waiter.mode))
     }
@@ -1164,6 +1299,18 @@ impl Engine {
                 max_ms: max,
             })
         }
+    }
+
+    /// Whether `session` has ended and is giving up its holds and waits.
+    fn is_ending(&self, session: SessionId) -> bool {
+        !self.ending.is_empty() && self.ending.contains_key(&session)
+    }
+
+    /// A lock's queue without the waiters of ended sessions: they are never
+    /// granted, block no one and count for no one's position, since the
+    /// next step of their session's end drops them.
+    fn live_queue<'a>(&'a self, lock: &'a LockEntry) -> impl Iterator<Item = &'a WaiterKey> + 'a {
+        lock.queue.iter().filter(|key| !self.is_ending(key.0))
     }
 
     fn lock(&self, id: LockId) -> &LockEntry {
@@ -1288,9 +1435,8 @@ impl Engine {
                     hold_count: h.count,
                 })
                 .collect(),
-            waiters: lock
-                .queue
-                .iter()
+            waiters: self
+                .live_queue(lock)
                 .map(|key| {
                     let w = &self.waiters[key];
                     WaiterInfo {
@@ -1351,11 +1497,21 @@ impl Engine {
                 deadline: w.deadline,
             })
             .collect();
+        let ending = self
+            .ending
+            .iter()
+            .map(|(&session, e)| EndingSnapshot {
+                session,
+                reason: e.reason,
+                since: e.since,
+            })
+            .collect();
         FrozenEngine {
             last_token: self.last_token,
             sessions,
             locks,
             waiters,
+            ending,
         }
     }
 
@@ -1365,6 +1521,21 @@ impl Engine {
         snapshot.check()?;
         let mut engine = Engine::new(limits);
         engine.last_token = snapshot.last_token;
+        // What each ending session still holds and waits for, rebuilt from
+        // the table below: in the order its steps take them (see `Ending`).
+        let mut ending: BTreeMap<SessionId, Ending> = snapshot
+            .ending
+            .iter()
+            .map(|e| {
+                let ending = Ending {
+                    reason: e.reason,
+                    since: e.since,
+                    waits: Vec::new(),
+                    holds: Vec::new(),
+                };
+                (e.session, ending)
+            })
+            .collect();
         for s in snapshot.sessions {
             engine
                 .timers
@@ -1389,6 +1560,9 @@ impl Engine {
                 }
                 if let Some(session) = engine.sessions.get_mut(&h.session) {
                     session.holds.insert(id);
+                }
+                if let Some(ending) = ending.get_mut(&h.session) {
+                    ending.holds.push((h.token, id));
                 }
                 engine.lock_mut(id).holders.push(Hold {
                     session: h.session,
@@ -1422,6 +1596,9 @@ impl Engine {
             if let Some(session) = engine.sessions.get_mut(&w.session) {
                 session.add_waiter(w.request, locks.len());
             }
+            if let Some(ending) = ending.get_mut(&w.session) {
+                ending.waits.push(w.request);
+            }
             engine.waiters.insert(
                 (w.session, w.request),
                 Waiter {
@@ -1436,6 +1613,9 @@ impl Engine {
                 },
             );
         }
+        for (session, ending) in ending {
+            engine.start_ending(session, ending);
+        }
         Ok(engine)
     }
 }
@@ -1448,6 +1628,7 @@ pub struct FrozenEngine {
     last_token: u64,
     sessions: Vec<SessionSnapshot>,
     locks: Vec<Arc<LockEntry>>,
+    ending: Vec<EndingSnapshot>,
     waiters: Vec<WaiterSnapshot>,
 }
 
@@ -1459,6 +1640,7 @@ impl FrozenEngine {
             mut sessions,
             mut locks,
             mut waiters,
+            ending,
         } = self;
         sessions.sort_unstable_by_key(|s| s.session);
         locks.sort_unstable_by(|a, b| a.name.cmp(&b.name));
@@ -1490,6 +1672,7 @@ impl FrozenEngine {
             sessions,
             locks,
             waiters,
+            ending,
         }
     }
 }

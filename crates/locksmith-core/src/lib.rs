@@ -49,5 +49,7 @@ pub use engine::{Engine, FrozenEngine};
 pub use error::{EngineError, NameError, SnapshotError};
 pub use inspect::{HolderInfo, ListPage, LockInfo, SessionInfo, WaiterInfo};
 pub use name::{validate_name, MAX_NAME_LEN};
-pub use snapshot::{HoldSnapshot, LockSnapshot, SessionSnapshot, Snapshot, WaiterSnapshot};
+pub use snapshot::{
+    EndingSnapshot, HoldSnapshot, LockSnapshot, SessionSnapshot, Snapshot, WaiterSnapshot,
+};
 pub use types::{ClientInfo, Limits, LostReason, Millis, Mode, RequestId, SessionId, Wait};

@@ -9,7 +9,7 @@ use std::collections::{HashMap, HashSet};
 
 use crate::error::SnapshotError;
 use crate::name::validate_name;
-use crate::types::{ClientInfo, Millis, Mode, RequestId, SessionId};
+use crate::types::{ClientInfo, LostReason, Millis, Mode, RequestId, SessionId};
 
 /// Everything the engine knows, in a deterministic order (sessions by id, locks
 /// by name, waiters by session and request).
@@ -24,6 +24,22 @@ pub struct Snapshot {
     pub locks: Vec<LockSnapshot>,
     /// Pending acquires.
     pub waiters: Vec<WaiterSnapshot>,
+    /// Sessions that have ended but still hold or wait (their holds and
+    /// waiters are among the above): the rest of their end is given up by
+    /// [`crate::Command::ContinueSessionEnd`] steps.
+    pub ending: Vec<EndingSnapshot>,
+}
+
+/// A session whose end is still under way.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(Serialize, Deserialize))]
+pub struct EndingSnapshot {
+    /// Its id.
+    pub session: SessionId,
+    /// Why it ended: what its holds are lost for.
+    pub reason: LostReason,
+    /// When it ended.
+    pub since: Millis,
 }
 
 /// One session.
@@ -106,7 +122,8 @@ pub struct WaiterSnapshot {
 impl Snapshot {
     /// Checks what the engine relies on and what every sequence of commands
     /// keeps true: sessions and lock names unique (names valid); each hold
-    /// and waiter of an open session (or of no session, with a lease); each
+    /// and waiter of an open or ending session (or of no session, with a
+    /// lease); each
     /// hold's token issued (at most `last_token`) and given once, its count
     /// at least 1; a lock's holders compatible (one exclusive, or shared
     /// ones, or up to `permits` of one semaphore) and each owner there once;
@@ -115,9 +132,10 @@ impl Snapshot {
     pub fn check(&self) -> Result<(), SnapshotError> {
         let bad = |detail: String| Err(SnapshotError(detail));
         let mut sessions = HashSet::new();
-        for s in &self.sessions {
-            if s.session == SessionId::NONE || !sessions.insert(s.session) {
-                return bad(format!("session {} is listed twice or is 0", s.session.0));
+        let ids = self.sessions.iter().map(|s| s.session);
+        for session in ids.chain(self.ending.iter().map(|e| e.session)) {
+            if session == SessionId::NONE || !sessions.insert(session) {
+                return bad(format!("session {} is listed twice or is 0", session.0));
             }
         }
         let owned = |session: SessionId, lease: bool, what: &dyn Fn() -> String| {
@@ -126,7 +144,7 @@ impl Snapshot {
             }
             if session != SessionId::NONE && !sessions.contains(&session) {
                 return bad(format!(
-                    "{} names session {}, which is not open",
+                    "{} names session {}, which is neither open nor ending",
                     what(),
                     session.0
                 ));

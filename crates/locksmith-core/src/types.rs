@@ -128,6 +128,11 @@ pub struct Limits {
     pub max_ttl: Millis,
     /// Longest lock-delay (Chubby's rule: at most a minute).
     pub max_lock_delay: Millis,
+    /// Most holds and waits one step of a session's end gives up. A session
+    /// with more ends over several steps ([`crate::Command::ContinueSessionEnd`]),
+    /// so that one big session's end never holds up everyone else's requests
+    /// for long, however many locks it held.
+    pub session_end_step: usize,
 }
 
 impl Default for Limits {
@@ -139,6 +144,7 @@ impl Default for Limits {
             min_ttl: 10,
             max_ttl: 24 * 3600 * 1000,
             max_lock_delay: 60_000,
+            session_end_step: 1024,
         }
     }
 }

@@ -925,6 +925,100 @@ fn the_work_of_a_session_end_counts_its_holds_and_queued_names() {
 }
 
 #[test]
+fn a_big_session_ends_in_steps_with_other_requests_between_them() {
+    let mut h = Harness::with_limits(Limits {
+        session_end_step: 2,
+        ..Limits::default()
+    });
+    // Session 1 expires at TTL, the others a little later.
+    h.open(0, 1, TTL);
+    h.open(1, 2, TTL);
+    h.open(1, 3, TTL);
+    // Session 1 holds a, b, c (tokens 1-3) and waits for d behind session 2
+    // (token 4).
+    for (request, name) in [(1, "a"), (2, "b"), (3, "c")] {
+        h.ok(1, acq(1, request, "o", &[name]));
+    }
+    h.ok(1, acq(2, 1, "w", &["d"]));
+    h.ok(1, acq(1, 4, "o", &["d"]));
+    h.ok(1, acq(3, 1, "x", &["d"]));
+    h.ok(1, acq(2, 2, "w", &["c"]));
+    let step = Command::ContinueSessionEnd { session: sid(1) };
+    assert_eq!(h.engine.work_of(&es(1, TTL)), 1 + 2);
+
+    // The first step: the wait on d and the hold of a (lowest token first).
+    assert_eq!(
+        h.ok(TTL, es(1, TTL)),
+        [lost(1, "o", "a", 1, LostReason::SessionExpired)]
+    );
+    assert!(!h.engine.has_session(sid(1)));
+    assert_eq!(h.engine.due(TTL), std::slice::from_ref(&step));
+    assert_eq!(h.engine.next_deadline(), Some(TTL));
+    assert_eq!(h.engine.work_of(&step), 2);
+    // The ended session's requests are refused; its id is not free yet.
+    h.err(TTL, release(1, "o", "b"), EngineError::UnknownSession(1));
+    h.err(
+        TTL,
+        Command::Heartbeat { session: sid(1) },
+        EngineError::UnknownSession(1),
+    );
+    let reopen = Command::OpenSession {
+        session: sid(1),
+        ttl: TTL,
+        info: ClientInfo::default(),
+    };
+    h.err(TTL, reopen, EngineError::SessionExists(1));
+    // Others are served between the steps: a is free.
+    assert_eq!(h.ok(TTL, acq(3, 2, "x", &["a"])), [granted(3, 2, &[5])]);
+
+    // The next step releases b and c; c goes to the waiter behind it.
+    assert_eq!(
+        h.ok(TTL, step.clone()),
+        [
+            lost(1, "o", "b", 2, LostReason::SessionExpired),
+            lost(1, "o", "c", 3, LostReason::SessionExpired),
+            granted(2, 2, &[6]),
+        ]
+    );
+    // Nothing is left: the session's end is over.
+    assert_eq!(h.engine.due(TTL), []);
+    h.err(TTL, step, EngineError::NotDue);
+    // d passes from session 2 to session 3: the dropped waiter of session 1
+    // is not in the way.
+    assert_eq!(h.ok(TTL, release(2, "w", "d")), [granted(3, 1, &[7])]);
+}
+
+#[test]
+fn an_ended_sessions_waiter_is_not_granted_and_not_in_the_way() {
+    let mut h = Harness::with_limits(Limits {
+        session_end_step: 1,
+        ..Limits::default()
+    });
+    for s in 1..=3 {
+        h.open(0, s, TTL);
+    }
+    h.ok(1, acq(2, 1, "w", &["d"]));
+    h.ok(1, acq(1, 1, "o", &["a"]));
+    h.ok(1, acq(2, 2, "w", &["c"]));
+    // Session 1 waits for c and for d, session 3 for d behind it.
+    h.ok(1, acq(1, 3, "o", &["c"]));
+    h.ok(1, acq(1, 4, "o", &["d"]));
+    h.ok(1, acq(3, 1, "x", &["d"]));
+    // The first step drops the wait on c; the one on d is left for later.
+    assert_eq!(h.ok(2, Command::CloseSession { session: sid(1) }), []);
+    assert_eq!(h.describe("c").waiters, []);
+    let waiting: Vec<_> = h.describe("d").waiters.iter().map(|w| w.session).collect();
+    assert_eq!(waiting, [sid(3)]);
+    // It counts for no one's position and is skipped when d is free.
+    assert_eq!(h.ok(2, acq(3, 2, "x2", &["d"])), [queued(3, 2, 1)]);
+    assert_eq!(h.ok(3, release(2, "w", "d")), [granted(3, 1, &[4])]);
+    assert_eq!(
+        h.engine.due(3),
+        [Command::ContinueSessionEnd { session: sid(1) }]
+    );
+}
+
+#[test]
 fn grant_grace_moves_session_expiry() {
     let mut h = Harness::new();
     h.open(0, 1, 1_000);
@@ -1533,6 +1627,7 @@ fn limits_give_limit_reached_and_out_of_range() {
         min_ttl: 100,
         max_ttl: 1_000_000,
         max_lock_delay: 60_000,
+        ..Limits::default()
     };
     let mut h = Harness::with_limits(limits);
     let out_of_range = |what, value_ms| EngineError::OutOfRange {

@@ -1,8 +1,8 @@
 //! A restored snapshot behaves exactly like the engine it was taken from.
 
 use locksmith_core::{
-    Acquire, ClientInfo, Command, Effect, Engine, Limits, Mode, RequestId, SessionId, Snapshot,
-    Wait,
+    Acquire, ClientInfo, Command, Effect, EndingSnapshot, Engine, Limits, LostReason, Mode,
+    RequestId, SessionId, Snapshot, Wait,
 };
 
 fn acquire(
@@ -148,8 +148,18 @@ fn an_inconsistent_snapshot_is_refused() {
     type Spoil = Box<dyn Fn(&mut Snapshot)>;
     let cases: Vec<(&str, Spoil)> = vec![
         (
-            "not open",
+            "neither open nor ending",
             Box::new(|s| s.sessions.retain(|x| x.session != SessionId(1))),
+        ),
+        (
+            "listed twice",
+            Box::new(|s| {
+                s.ending.push(EndingSnapshot {
+                    session: SessionId(1),
+                    reason: LostReason::SessionClosed,
+                    since: 1,
+                })
+            }),
         ),
         ("never issued", Box::new(|s| s.last_token = 1)),
         (

@@ -61,7 +61,7 @@ pub fn snapshot(bytes: &[u8]) {
 }
 
 fn install(data: &[u8]) {
-    let Ok(state) = postcard::from_bytes::<ServerSnapshot>(data) else {
+    let Ok(state) = ServerSnapshot::decode(data) else {
         return;
     };
     let config = ServerConfig::in_memory();

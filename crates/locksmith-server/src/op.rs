@@ -139,15 +139,14 @@ pub(crate) struct FrozenState {
 impl FrozenState {
     /// The snapshot openraft keeps and sends (`ServerSnapshot`, postcard).
     pub(crate) fn encode(self) -> SnapshotOf<TypeConfig, Cursor<Vec<u8>>> {
-        let state = ServerSnapshot {
-            first_segment: 0,
-            last_now: self.last_now,
-            next_session: self.next_session,
-            next_unary: self.next_unary,
-            engine: self.engine.into_snapshot(),
-            sessions: self.sessions,
-        };
-        let data = postcard::to_stdvec(&state).expect("the state always encodes");
+        let state = ServerSnapshot::new(
+            self.last_now,
+            self.next_session,
+            self.next_unary,
+            self.engine.into_snapshot(),
+            self.sessions,
+        );
+        let data = state.encode();
         SnapshotOf::<TypeConfig, Cursor<Vec<u8>>> {
             meta: self.meta,
             snapshot: Cursor::new(data),

@@ -649,8 +649,7 @@ impl Core {
         meta: SnapshotMetaOf<TypeConfig>,
         data: Vec<u8>,
     ) -> Result<(), String> {
-        let state: ServerSnapshot = postcard::from_bytes(&data)
-            .map_err(|e| format!("a snapshot from the leader does not decode: {e}"))?;
+        let state = ServerSnapshot::decode(&data)?;
         // Refused before anything changes.
         state.engine.check().map_err(|e| e.to_string())?;
         for entry in self.sessions.values_mut() {
@@ -685,10 +684,13 @@ mod tests {
 
     /// A core on its own (no openraft): the tests propose and apply by hand.
     fn core(max_batch: usize) -> Core {
-        let config = ServerConfig {
+        core_with(ServerConfig {
             max_batch,
             ..ServerConfig::in_memory()
-        };
+        })
+    }
+
+    fn core_with(config: ServerConfig) -> Core {
         let (proposer, _) = crate::raft::propose::Proposer::new();
         let (serving, _) = tokio::sync::watch::channel(false);
         let replica = Replica::new(proposer, serving, config.max_batches_in_flight);
@@ -1101,6 +1103,42 @@ mod tests {
             }
             assert!(!core.engine.has_session(expiring));
         }
+    }
+
+    #[test]
+    fn a_big_session_ends_over_several_entries_with_client_ops_between_them() {
+        let mut config = ServerConfig::in_memory();
+        config.limits.session_end_step = 4;
+        let mut core = core_with(config);
+        let now = core.clock.now();
+        let expiring = session_holding(&mut core, 1, now, 10);
+        let late = now + 1_500;
+        open(&mut core, 2, late);
+        lead(&mut core);
+        let held = |core: &Core| {
+            (0..10)
+                .filter(|i| holders(core, &format!("s1-{i}")) > 0)
+                .count()
+        };
+        let mut after_each = Vec::new();
+        for seq in 0..4 {
+            let name = format!("client-{seq}");
+            core.backlog
+                .push_back(client_batch(2, [acquire(seq + 1, &name)]));
+            core.propose_next(late, &mut Vec::new(), Instant::now());
+            let in_flight = core.replica.records_in_flight();
+            assert_eq!(in_flight.len(), 1, "a step of 4 rides along");
+            core.apply_batch(crate::raft::Batch {
+                origin: 1,
+                seq,
+                records: in_flight[0].clone(),
+            });
+            assert_eq!(holders(&core, &name), 1, "the client's op, every entry");
+            after_each.push(held(&core));
+        }
+        assert!(!core.engine.has_session(expiring));
+        assert_eq!(after_each, [6, 2, 0, 0], "4 holds an entry");
+        assert!(core.engine.due_at_most(late, 4096).is_empty());
     }
 
     #[test]

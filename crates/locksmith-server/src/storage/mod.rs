@@ -18,6 +18,8 @@
 //!   block) before acknowledged data, refused with the file and the byte
 //!   offset. A valid frame whose records do not decode is damage too.
 //! - `raft_log.rs`: openraft's log storage over segments.
+//! - `snapshot.rs`: the layout of a snapshot's data (the engine and the
+//!   server's session table), and the older layout it still reads.
 //! - `member.rs`: a member's data directory (the Raft log, the snapshot, the
 //!   token ceiling) and what a start checks; docs/RELIABILITY.md says what
 //!   an operator sees.
@@ -39,16 +41,18 @@ mod files;
 pub(crate) mod member;
 pub(crate) mod raft_log;
 mod segment;
+mod snapshot;
 
 use std::fs::{self, OpenOptions};
 use std::path::{Path, PathBuf};
 
-use locksmith_core::{Command, LostReason, Millis, SessionId, Snapshot};
+use locksmith_core::{Command, LostReason, Millis, SessionId};
 use serde::{Deserialize, Serialize};
 
 use self::files::{io_error, segment_path};
 use self::segment::{scan, End, SegmentHeader, SegmentRecord};
 use crate::error::ServerError;
+pub(crate) use snapshot::ServerSnapshot;
 
 /// One logged state change: an engine command and the time it was applied at,
 /// plus what the server needs to rebuild its own session table on replay.
@@ -133,23 +137,6 @@ pub(crate) struct SessionRecord {
     pub replies: Vec<(u64, Outcome)>,
     /// Unacknowledged lost notices.
     pub lost: Vec<LostNotice>,
-}
-
-/// Everything the server needs to start again without the log before it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct ServerSnapshot {
-    /// The first log segment whose records follow this snapshot.
-    pub first_segment: u64,
-    /// The latest engine time applied so far.
-    pub last_now: Millis,
-    /// Next session id to hand out.
-    pub next_session: u64,
-    /// Next request id for sessionless (unary) acquires.
-    pub next_unary: u64,
-    /// The engine.
-    pub engine: Snapshot,
-    /// The server's session table.
-    pub sessions: Vec<SessionRecord>,
 }
 
 /// Reads segment `seq` of `dir` frame by frame (step 5 of the module docs),
