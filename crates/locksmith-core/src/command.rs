@@ -148,14 +148,21 @@ pub enum Command {
         /// The lock.
         name: String,
     },
-    /// The next step of a big session's end: up to
-    /// [`crate::Limits::session_end_step`] more of its waits dropped and holds
-    /// released, as its close or expiry would have. Time-driven: listed by
-    /// [`crate::Engine::due`] while an ended session still holds or waits;
-    /// fails with [`crate::EngineError::NotDue`] once nothing is left.
+    /// The next step of a big session's end: these of its waits dropped and
+    /// holds released, as its close or expiry would have. Time-driven:
+    /// [`crate::Engine::due`] lists one, of up to
+    /// [`crate::Limits::session_end_step`] waits and holds, while an ended
+    /// session still waits or holds; which ones is the decision it logs, so
+    /// that every replica gives up the same ones. A wait or hold that is gone
+    /// meanwhile is skipped; fails with [`crate::EngineError::NotDue`] if the
+    /// session's end is over.
     ContinueSessionEnd {
         /// The ended session.
         session: SessionId,
+        /// Its waits to drop (request ids).
+        waits: Vec<RequestId>,
+        /// Its holds to release: lock name and token.
+        holds: Vec<(String, u64)>,
     },
 }
 

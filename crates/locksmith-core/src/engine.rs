@@ -1,6 +1,5 @@
 //! The lock table: one deterministic state machine.
 
-use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::ops::Bound;
 use std::ops::{Deref, DerefMut};
@@ -194,28 +193,18 @@ struct Session {
     queued_names: usize,
 }
 
-/// What is left of a session's end ([`Engine::ending`]).
-///
-/// The lists are what the session had when it ended; an entry that is gone
-/// since (a lease expired, a waiter timed out) is skipped and costs nothing
-/// from a step's budget, and a step leaves none on top. So the steps depend
-/// only on what is still there, and an engine restored from a snapshot in
-/// between (which rebuilds the lists from the table) takes the same steps.
+/// What is left of a session's end ([`Engine::ending`]): its holds and
+/// waits, kept up to date as a live session's are, until a step of its end
+/// or anything else (a lease, a timeout) has taken the last of them.
 #[derive(Debug)]
 struct Ending {
     reason: LostReason,
     /// When the session ended: when its next step falls due.
     since: Millis,
-    /// Waits still to drop, the first last (taken with `pop`).
-    waits: Vec<RequestId>,
-    /// Holds still to release as `(token, lock)`, the lowest token last.
-    holds: Vec<(u64, LockId)>,
-}
-
-impl Ending {
-    fn is_done(&self) -> bool {
-        self.waits.is_empty() && self.holds.is_empty()
-    }
+    /// Locks where it still has at least one hold.
+    holds: FxHashSet<LockId>,
+    /// Its waits not dropped yet.
+    waiting: FxHashSet<RequestId>,
 }
 
 impl Session {
@@ -338,7 +327,11 @@ impl Engine {
                 check_deadline(current, deadline, now)?;
                 self.end_session(now, session, LostReason::SessionExpired, effects)
             }
-            Command::ContinueSessionEnd { session } => self.continue_end(now, session, effects),
+            Command::ContinueSessionEnd {
+                session,
+                waits,
+                holds,
+            } => self.continue_end(now, session, &waits, &holds, effects),
             Command::Acquire(acquire) => self.acquire(now, acquire, effects),
             Command::Cancel { session, request } => {
                 self.check_not_ending(session)?;
@@ -400,25 +393,26 @@ impl Engine {
     }
 
     /// About how much work applying `command` takes, counted in locks and
-    /// waits touched: a step of a session's end releases its holds and
-    /// cancels its waits, up to
-    /// [`Limits::session_end_step`](crate::Limits::session_end_step) of them;
-    /// anything else is 1. A caller that bounds its work per step (the
-    /// server, per log entry) counts commands by this, so that several big
-    /// sessions ending at once are spread over several steps.
+    /// waits touched: a session's end releases its holds and drops its waits
+    /// at once if they are at most
+    /// [`Limits::session_end_step`](crate::Limits::session_end_step), else in
+    /// later steps of about that many; anything else is 1. A caller that
+    /// bounds its work per step (the server, per log entry) counts commands
+    /// by this, so that several sessions ending at once are spread over
+    /// several steps.
     pub fn work_of(&self, command: &Command) -> usize {
-        let step = self.limits.session_end_step.max(1);
         match command {
             Command::CloseSession { session } | Command::ExpireSession { session, .. } => {
-                1 + self
-                    .sessions
-                    .get(session)
-                    .map_or(0, |s| (s.holds.len() + s.queued_names).min(step))
+                1 + self.sessions.get(session).map_or(0, |s| {
+                    let work = s.holds.len() + s.queued_names;
+                    if self.ends_at_once(s) {
+                        work
+                    } else {
+                        0
+                    }
+                })
             }
-            Command::ContinueSessionEnd { session } => self
-                .ending
-                .get(session)
-                .map_or(1, |e| (e.waits.len() + e.holds.len()).min(step)),
+            Command::ContinueSessionEnd { waits, holds, .. } => (waits.len() + holds.len()).max(1),
             _ => 1,
         }
     }
@@ -446,7 +440,7 @@ impl Engine {
             .ending
             .iter()
             .filter(|(_, e)| e.since <= now)
-            .map(|(&session, _)| Command::ContinueSessionEnd { session });
+            .map(|(&session, ending)| self.next_step(session, ending));
         let timers = self
             .timers
             .range(..=(now, Timer::LockDelay(LockId::MAX)))
@@ -551,9 +545,10 @@ impl Engine {
         Ok(())
     }
 
-    /// Ends a session: it is gone at once (no heartbeat, request or resume
-    /// of it is accepted), and its waits and holds are given up in steps of
-    /// [`Limits::session_end_step`], the first one now.
+    /// Ends a session: it is gone at once (no heartbeat, request, resume or
+    /// reuse of its id is accepted). Its waits and holds go with it if they
+    /// are at most [`Limits::session_end_step`]; more are given up in later
+    /// steps ([`Command::ContinueSessionEnd`]).
     fn end_session(
         &mut self,
         now: Millis,
@@ -567,8 +562,27 @@ impl Engine {
             .ok_or(EngineError::UnknownSession(id.0))?;
         self.timers
             .remove(&(session.expires_at, Timer::Session(id)));
-        let waits = session.waiting.into_iter().collect();
-        let holds = session
+        if !self.ends_at_once(&session) {
+            let ending = Ending {
+                reason,
+                since: now,
+                holds: session.holds,
+                waiting: session.waiting,
+            };
+            self.ending.insert(id, ending);
+            return Ok(());
+        }
+        let mut touched = Vec::new();
+
+        // Sorted so that the outcome never depends on hash order.
+        let mut requests: Vec<RequestId> = session.waiting.into_iter().collect();
+        requests.sort_unstable();
+        for request in requests {
+            let waiter = self.take_waiter((id, request));
+            touched.extend(waiter.locks);
+        }
+
+        let mut holds: Vec<(u64, LockId)> = session
             .holds
             .iter()
             .flat_map(|&lock| {
@@ -579,94 +593,98 @@ impl Engine {
                     .map(move |h| (h.token, lock))
             })
             .collect();
-        let ending = Ending {
-            reason,
-            since: now,
-            waits,
-            holds,
-        };
-        self.start_ending(id, ending);
-        self.continue_end(now, id, effects)
-    }
-
-    /// Files what a session's end has left to do, in the order its steps
-    /// take it: waits by request id, then holds by token (sorted, so that
-    /// the outcome never depends on hash order).
-    fn start_ending(&mut self, id: SessionId, mut ending: Ending) {
-        ending
-            .waits
-            .sort_unstable_by_key(|&request| Reverse(request));
-        ending
-            .holds
-            .sort_unstable_by_key(|&(token, _)| Reverse(token));
-        self.ending.insert(id, ending);
-    }
-
-    /// One step of a session's end: drops its next waits, then releases its
-    /// next holds (lost, with lock-delay if it expired), up to
-    /// [`Limits::session_end_step`] of them, and grants what that frees.
-    fn continue_end(
-        &mut self,
-        now: Millis,
-        id: SessionId,
-        effects: &mut Vec<Effect>,
-    ) -> Result<(), EngineError> {
-        let mut ending = self.ending.remove(&id).ok_or(EngineError::NotDue)?;
-        let abnormal = ending.reason == LostReason::SessionExpired;
-        let mut budget = self.limits.session_end_step.max(1);
-        let mut touched = Vec::new();
-        loop {
-            self.forget_gone(id, &mut ending);
-            if budget == 0 {
-                break;
-            }
-            if let Some(request) = ending.waits.pop() {
-                touched.extend(self.take_waiter((id, request)).locks);
-            } else if let Some((token, lock)) = ending.holds.pop() {
-                let index = self.ending_hold(id, token, lock).expect("not gone");
-                self.drop_hold(now, lock, index, Some(ending.reason), abnormal, effects);
-                touched.push(lock);
-            } else {
-                break;
-            }
-            budget -= 1;
-        }
-        if !ending.is_done() {
-            self.ending.insert(id, ending);
+        holds.sort_unstable();
+        let abnormal = reason == LostReason::SessionExpired;
+        for (token, lock) in holds {
+            let index = self
+                .lock(lock)
+                .holders
+                .iter()
+                .position(|h| h.token == token)
+                .expect("hold");
+            self.drop_hold(now, lock, index, Some(reason), abnormal, effects);
+            touched.push(lock);
         }
         self.settle(now, &touched, effects);
         Ok(())
     }
 
-    /// Takes off the top of an ending's lists what is gone already (a
-    /// waiter timed out, a hold's lease ran out or it was force-released),
-    /// so that its lists are done exactly when nothing real is left: as they
-    /// are in an engine restored from a snapshot, which rebuilds them.
-    fn forget_gone(&self, id: SessionId, ending: &mut Ending) {
-        while let Some(&request) = ending.waits.last() {
-            if self.waiters.contains_key(&(id, request)) {
-                return;
+    /// Whether a session's end takes one step: it holds and waits for at
+    /// most [`Limits::session_end_step`] locks.
+    fn ends_at_once(&self, session: &Session) -> bool {
+        session.holds.len() + session.queued_names <= self.limits.session_end_step
+    }
+
+    /// The next step of an ended session's end: up to
+    /// [`Limits::session_end_step`] of its waits, then of its holds (all of
+    /// its holds of a lock together), in whatever order this engine keeps
+    /// them: the command names them, so replicas need not agree on an order.
+    fn next_step(&self, session: SessionId, ending: &Ending) -> Command {
+        let step = self.limits.session_end_step.max(1);
+        let waits: Vec<RequestId> = ending.waiting.iter().copied().take(step).collect();
+        let mut holds = Vec::new();
+        for &lock in &ending.holds {
+            if waits.len() + holds.len() >= step {
+                break;
             }
-            ending.waits.pop();
+            let entry = self.lock(lock);
+            holds.extend(
+                entry
+                    .holders
+                    .iter()
+                    .filter(|h| h.session == session)
+                    .map(|h| (entry.name.to_string(), h.token)),
+            );
         }
-        while let Some(&(token, lock)) = ending.holds.last() {
-            if self.ending_hold(id, token, lock).is_some() {
-                return;
-            }
-            ending.holds.pop();
+        Command::ContinueSessionEnd {
+            session,
+            waits,
+            holds,
         }
     }
 
-    /// Where an ended session's hold `token` is among `lock`'s holders, if it
-    /// is still there (`lock` may be another lock's id since: ids are reused,
-    /// tokens are not).
-    fn ending_hold(&self, id: SessionId, token: u64, lock: LockId) -> Option<usize> {
-        self.locks
-            .get(lock as usize)?
-            .as_ref()?
-            .holders
-            .iter()
-            .position(|h| h.token == token && h.session == id)
+    /// A step of a session's end: drops the waits and releases the holds it
+    /// names (lost, with lock-delay if the session expired), skipping any
+    /// that are gone, and grants what that frees. The end is over once the
+    /// session neither holds nor waits.
+    fn continue_end(
+        &mut self,
+        now: Millis,
+        id: SessionId,
+        waits: &[RequestId],
+        holds: &[(String, u64)],
+        effects: &mut Vec<Effect>,
+    ) -> Result<(), EngineError> {
+        let reason = self.ending.get(&id).ok_or(EngineError::NotDue)?.reason;
+        let abnormal = reason == LostReason::SessionExpired;
+        let mut touched = Vec::new();
+        for &request in waits {
+            if self.waiters.contains_key(&(id, request)) {
+                touched.extend(self.take_waiter((id, request)).locks);
+                if let Some(ending) = self.ending.get_mut(&id) {
+                    ending.waiting.remove(&request);
+                }
+            }
+        }
+        for (name, token) in holds {
+            let Some(&lock) = self.names.get(name.as_str()) else {
+                continue;
+            };
+            let mut held = self.lock(lock).holders.iter();
+            if let Some(index) = held.position(|h| h.token == *token && h.session == id) {
+                self.drop_hold(now, lock, index, Some(reason), abnormal, effects);
+                touched.push(lock);
+            }
+        }
+        if self
+            .ending
+            .get(&id)
+            .is_some_and(|e| e.holds.is_empty() && e.waiting.is_empty())
+        {
+            self.ending.remove(&id);
+        }
+        self.settle(now, &touched, effects);
+        Ok(())
     }
 
     /// Refuses a client's request (release, renew, cancel) on behalf of a
@@ -1116,6 +1134,8 @@ impl Engine {
         if !session_still_holds {
             if let Some(session) = self.sessions.get_mut(&hold.session) {
                 session.holds.remove(&id);
+            } else if let Some(ending) = self.ending.get_mut(&hold.session) {
+                ending.holds.remove(&id);
             }
         }
         if let Some(reason) = lost {
@@ -1145,6 +1165,8 @@ impl Engine {
         let waiter = self.take_waiter(key);
         if let Some(session) = self.sessions.get_mut(&key.0) {
             session.remove_waiter(key.1, waiter.locks.len());
+        } else if let Some(ending) = self.ending.get_mut(&key.0) {
+            ending.waiting.remove(&key.1);
         }
         effects.extend(effect);
         self.settle(now, &waiter.locks, effects);
@@ -1521,17 +1543,17 @@ impl Engine {
         snapshot.check()?;
         let mut engine = Engine::new(limits);
         engine.last_token = snapshot.last_token;
-        // What each ending session still holds and waits for, rebuilt from
-        // the table below: in the order its steps take them (see `Ending`).
-        let mut ending: BTreeMap<SessionId, Ending> = snapshot
+        // What each ending session still holds and waits for is rebuilt
+        // from the table below, as for open sessions.
+        engine.ending = snapshot
             .ending
             .iter()
             .map(|e| {
                 let ending = Ending {
                     reason: e.reason,
                     since: e.since,
-                    waits: Vec::new(),
-                    holds: Vec::new(),
+                    holds: FxHashSet::default(),
+                    waiting: FxHashSet::default(),
                 };
                 (e.session, ending)
             })
@@ -1561,8 +1583,8 @@ impl Engine {
                 if let Some(session) = engine.sessions.get_mut(&h.session) {
                     session.holds.insert(id);
                 }
-                if let Some(ending) = ending.get_mut(&h.session) {
-                    ending.holds.push((h.token, id));
+                if let Some(ending) = engine.ending.get_mut(&h.session) {
+                    ending.holds.insert(id);
                 }
                 engine.lock_mut(id).holders.push(Hold {
                     session: h.session,
@@ -1596,8 +1618,8 @@ impl Engine {
             if let Some(session) = engine.sessions.get_mut(&w.session) {
                 session.add_waiter(w.request, locks.len());
             }
-            if let Some(ending) = ending.get_mut(&w.session) {
-                ending.waits.push(w.request);
+            if let Some(ending) = engine.ending.get_mut(&w.session) {
+                ending.waiting.insert(w.request);
             }
             engine.waiters.insert(
                 (w.session, w.request),
@@ -1612,9 +1634,6 @@ impl Engine {
                     deadline: w.deadline,
                 },
             );
-        }
-        for (session, ending) in ending {
-            engine.start_ending(session, ending);
         }
         Ok(engine)
     }

@@ -490,7 +490,7 @@ impl Driver {
                 assert!(self.open.insert(*session));
                 self.ended.remove(session);
             }
-            Command::ContinueSessionEnd { session } => {
+            Command::ContinueSessionEnd { session, .. } => {
                 assert!(self.ended.contains_key(session), "{session:?} never ended");
                 ended_session = Some(*session);
             }
@@ -687,7 +687,7 @@ impl Driver {
                         Command::CloseSession { .. } => LostReason::SessionClosed,
                         Command::ExpireHold { .. } => LostReason::LeaseExpired,
                         Command::ForceRelease { .. } => LostReason::ForceReleased,
-                        Command::ContinueSessionEnd { session } => self.ended[session],
+                        Command::ContinueSessionEnd { session, .. } => self.ended[session],
                         _ => panic!("{effect:?} from {command:?}"),
                     };
                     assert_eq!(*reason, expected);
@@ -731,8 +731,9 @@ impl Driver {
         self.check_state(&after_list);
         if let Some(session) = ended_session {
             // What a step of its end leaves, the next step gives up.
-            let next_step = Command::ContinueSessionEnd { session };
-            let continues = self.engine.due(now).contains(&next_step);
+            let continues = self.engine.due(now).iter().any(
+                |c| matches!(c, Command::ContinueSessionEnd { session: s, .. } if *s == session),
+            );
             for lock in &after_list {
                 assert!(
                     continues || lock.holders.iter().all(|h| h.session != session),

@@ -924,18 +924,28 @@ fn the_work_of_a_session_end_counts_its_holds_and_queued_names() {
     assert_eq!(work(&h, Command::Heartbeat { session: sid(1) }), 1);
 }
 
+fn step_limit(session_end_step: usize) -> Limits {
+    Limits {
+        session_end_step,
+        ..Limits::default()
+    }
+}
+
+/// The first command `due(now)` lists, if it is a step of a session's end.
+fn next_step(h: &Harness, now: Millis) -> Option<Command> {
+    let first = h.engine.due(now).into_iter().next();
+    first.filter(|c| matches!(c, Command::ContinueSessionEnd { .. }))
+}
+
 #[test]
 fn a_big_session_ends_in_steps_with_other_requests_between_them() {
-    let mut h = Harness::with_limits(Limits {
-        session_end_step: 2,
-        ..Limits::default()
-    });
+    let mut h = Harness::with_limits(step_limit(2));
     // Session 1 expires at TTL, the others a little later.
     h.open(0, 1, TTL);
     h.open(1, 2, TTL);
     h.open(1, 3, TTL);
-    // Session 1 holds a, b, c (tokens 1-3) and waits for d behind session 2
-    // (token 4).
+    // Session 1 holds a, b and c and waits for d, held by session 2, with
+    // session 3 behind it; session 2 waits for c.
     for (request, name) in [(1, "a"), (2, "b"), (3, "c")] {
         h.ok(1, acq(1, request, "o", &[name]));
     }
@@ -943,18 +953,16 @@ fn a_big_session_ends_in_steps_with_other_requests_between_them() {
     h.ok(1, acq(1, 4, "o", &["d"]));
     h.ok(1, acq(3, 1, "x", &["d"]));
     h.ok(1, acq(2, 2, "w", &["c"]));
-    let step = Command::ContinueSessionEnd { session: sid(1) };
-    assert_eq!(h.engine.work_of(&es(1, TTL)), 1 + 2);
-
-    // The first step: the wait on d and the hold of a (lowest token first).
     assert_eq!(
-        h.ok(TTL, es(1, TTL)),
-        [lost(1, "o", "a", 1, LostReason::SessionExpired)]
+        h.engine.work_of(&es(1, TTL)),
+        1,
+        "4 locks: its end takes steps"
     );
+
+    // The expiry ends the session and gives up nothing yet.
+    assert_eq!(h.ok(TTL, es(1, TTL)), []);
     assert!(!h.engine.has_session(sid(1)));
-    assert_eq!(h.engine.due(TTL), std::slice::from_ref(&step));
     assert_eq!(h.engine.next_deadline(), Some(TTL));
-    assert_eq!(h.engine.work_of(&step), 2);
     // The ended session's requests are refused; its id is not free yet.
     h.err(TTL, release(1, "o", "b"), EngineError::UnknownSession(1));
     h.err(
@@ -968,54 +976,84 @@ fn a_big_session_ends_in_steps_with_other_requests_between_them() {
         info: ClientInfo::default(),
     };
     h.err(TTL, reopen, EngineError::SessionExists(1));
-    // Others are served between the steps: a is free.
-    assert_eq!(h.ok(TTL, acq(3, 2, "x", &["a"])), [granted(3, 2, &[5])]);
 
-    // The next step releases b and c; c goes to the waiter behind it.
-    assert_eq!(
-        h.ok(TTL, step.clone()),
-        [
-            lost(1, "o", "b", 2, LostReason::SessionExpired),
-            lost(1, "o", "c", 3, LostReason::SessionExpired),
-            granted(2, 2, &[6]),
-        ]
+    // Step by step, with another client's request served between steps.
+    let mut lost = Vec::new();
+    let mut steps = 0;
+    while let Some(step) = next_step(&h, TTL) {
+        let Command::ContinueSessionEnd { waits, holds, .. } = &step else {
+            unreachable!()
+        };
+        assert!(waits.len() + holds.len() <= 2, "{step:?}");
+        assert_eq!(h.engine.work_of(&step), waits.len() + holds.len());
+        for effect in h.ok(TTL, step) {
+            if let Effect::Lost { name, reason, .. } = effect {
+                assert_eq!(reason, LostReason::SessionExpired);
+                lost.push(name);
+            }
+        }
+        steps += 1;
+        let free = format!("free-{steps}");
+        let granted = h.ok(TTL, acq(3, 10 + steps, "y", &[free.as_str()]));
+        assert!(
+            matches!(granted[..], [Effect::Granted { .. }]),
+            "{granted:?}"
+        );
+    }
+    lost.sort();
+    assert_eq!(lost, ["a", "b", "c"]);
+    assert_eq!(steps, 2, "the wait and a hold, then two holds");
+    h.err(
+        TTL,
+        Command::ContinueSessionEnd {
+            session: sid(1),
+            waits: Vec::new(),
+            holds: Vec::new(),
+        },
+        EngineError::NotDue,
     );
-    // Nothing is left: the session's end is over.
-    assert_eq!(h.engine.due(TTL), []);
-    h.err(TTL, step, EngineError::NotDue);
-    // d passes from session 2 to session 3: the dropped waiter of session 1
-    // is not in the way.
-    assert_eq!(h.ok(TTL, release(2, "w", "d")), [granted(3, 1, &[7])]);
+    // c went to session 2; d passes from session 2 to session 3, the
+    // dropped waiter of session 1 no longer in the way.
+    assert_eq!(h.describe("c").holders[0].session, sid(2));
+    let effects = h.ok(TTL, release(2, "w", "d"));
+    assert!(
+        matches!(effects[..], [Effect::Granted { session, request, .. }] if (session, request) == (sid(3), RequestId(1))),
+        "{effects:?}"
+    );
 }
 
 #[test]
 fn an_ended_sessions_waiter_is_not_granted_and_not_in_the_way() {
-    let mut h = Harness::with_limits(Limits {
-        session_end_step: 1,
-        ..Limits::default()
-    });
+    let mut h = Harness::with_limits(step_limit(1));
     for s in 1..=3 {
         h.open(0, s, TTL);
     }
     h.ok(1, acq(2, 1, "w", &["d"]));
     h.ok(1, acq(1, 1, "o", &["a"]));
-    h.ok(1, acq(2, 2, "w", &["c"]));
-    // Session 1 waits for c and for d, session 3 for d behind it.
-    h.ok(1, acq(1, 3, "o", &["c"]));
-    h.ok(1, acq(1, 4, "o", &["d"]));
+    // Session 1 waits for d, session 3 behind it.
+    h.ok(1, acq(1, 2, "o", &["d"]));
     h.ok(1, acq(3, 1, "x", &["d"]));
-    // The first step drops the wait on c; the one on d is left for later.
     assert_eq!(h.ok(2, Command::CloseSession { session: sid(1) }), []);
-    assert_eq!(h.describe("c").waiters, []);
     let waiting: Vec<_> = h.describe("d").waiters.iter().map(|w| w.session).collect();
     assert_eq!(waiting, [sid(3)]);
     // It counts for no one's position and is skipped when d is free.
     assert_eq!(h.ok(2, acq(3, 2, "x2", &["d"])), [queued(3, 2, 1)]);
-    assert_eq!(h.ok(3, release(2, "w", "d")), [granted(3, 1, &[4])]);
-    assert_eq!(
-        h.engine.due(3),
-        [Command::ContinueSessionEnd { session: sid(1) }]
-    );
+    assert_eq!(h.ok(3, release(2, "w", "d")), [granted(3, 1, &[3])]);
+
+    // A step that names what is gone (a waiter, a hold of another token)
+    // skips it; the end goes on until nothing is left.
+    let stale = Command::ContinueSessionEnd {
+        session: sid(1),
+        waits: vec![RequestId(9)],
+        holds: vec![("a".into(), 99), ("nowhere".into(), 1)],
+    };
+    assert_eq!(h.ok(3, stale), []);
+    assert_eq!(h.describe("a").holders.len(), 1);
+    while let Some(step) = next_step(&h, 3) {
+        h.ok(3, step);
+    }
+    assert_eq!(h.engine.describe("a"), None);
+    assert_eq!(h.engine.next_deadline(), Some(TTL), "the sessions left");
 }
 
 #[test]
