@@ -107,8 +107,13 @@ fn name(i: usize) -> String {
     n
 }
 
+/// An engine with one open session ([`SESSION`]) that may hold any number
+/// of locks (the scenarios here go past the default limit).
 fn engine_with_session() -> Engine {
-    let mut engine = Engine::default();
+    let mut engine = Engine::new(Limits {
+        max_holds_per_session: usize::MAX,
+        ..Limits::default()
+    });
     engine
         .apply(
             0,
