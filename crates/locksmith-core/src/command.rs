@@ -166,6 +166,28 @@ pub enum Command {
     },
 }
 
+impl Command {
+    /// The command's name, for logs (its fields may be long).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Command::OpenSession { .. } => "OpenSession",
+            Command::Heartbeat { .. } => "Heartbeat",
+            Command::CloseSession { .. } => "CloseSession",
+            Command::ExpireSession { .. } => "ExpireSession",
+            Command::Acquire(_) => "Acquire",
+            Command::Cancel { .. } => "Cancel",
+            Command::TimeoutWaiter { .. } => "TimeoutWaiter",
+            Command::Release { .. } => "Release",
+            Command::Renew { .. } => "Renew",
+            Command::ExpireHold { .. } => "ExpireHold",
+            Command::EndLockDelay { .. } => "EndLockDelay",
+            Command::GrantGrace { .. } => "GrantGrace",
+            Command::ForceRelease { .. } => "ForceRelease",
+            Command::ContinueSessionEnd { .. } => "ContinueSessionEnd",
+        }
+    }
+}
+
 /// Something the caller must act on, produced by [`crate::Engine::apply`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(Serialize, Deserialize))]

@@ -201,6 +201,8 @@ struct Ending {
     reason: LostReason,
     /// When the session ended: when its next step falls due.
     since: Millis,
+    /// Who the client was: its remaining holds still show it.
+    info: ClientInfo,
     /// Locks where it still has at least one hold.
     holds: FxHashSet<LockId>,
     /// Its waits not dropped yet.
@@ -566,6 +568,7 @@ impl Engine {
             let ending = Ending {
                 reason,
                 since: now,
+                info: session.info,
                 holds: session.holds,
                 waiting: session.waiting,
             };
@@ -1445,11 +1448,14 @@ impl Engine {
                 .map(|h| HolderInfo {
                     session: h.session,
                     owner: h.owner.to_string(),
-                    lock_by: self
-                        .sessions
-                        .get(&h.session)
-                        .map(|s| s.info.clone())
-                        .unwrap_or_default(),
+                    lock_by: match self.sessions.get(&h.session) {
+                        Some(session) => session.info.clone(),
+                        None => self
+                            .ending
+                            .get(&h.session)
+                            .map(|e| e.info.clone())
+                            .unwrap_or_default(),
+                    },
                     lock_time: h.lock_time,
                     fencing_token: h.token,
                     lease_until: h.lease_until,
@@ -1526,6 +1532,7 @@ impl Engine {
                 session,
                 reason: e.reason,
                 since: e.since,
+                info: e.info.clone(),
             })
             .collect();
         FrozenEngine {
@@ -1552,6 +1559,7 @@ impl Engine {
                 let ending = Ending {
                     reason: e.reason,
                     since: e.since,
+                    info: e.info.clone(),
                     holds: FxHashSet::default(),
                     waiting: FxHashSet::default(),
                 };

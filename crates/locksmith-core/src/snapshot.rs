@@ -40,6 +40,8 @@ pub struct EndingSnapshot {
     pub reason: LostReason,
     /// When it ended.
     pub since: Millis,
+    /// Who the client was.
+    pub info: ClientInfo,
 }
 
 /// One session.

@@ -1034,6 +1034,8 @@ fn an_ended_sessions_waiter_is_not_granted_and_not_in_the_way() {
     h.ok(1, acq(1, 2, "o", &["d"]));
     h.ok(1, acq(3, 1, "x", &["d"]));
     assert_eq!(h.ok(2, Command::CloseSession { session: sid(1) }), []);
+    // Its hold still shows who held it until a step releases it.
+    assert_eq!(h.describe("a").holders[0].lock_by, client(1));
     let waiting: Vec<_> = h.describe("d").waiters.iter().map(|w| w.session).collect();
     assert_eq!(waiting, [sid(3)]);
     // It counts for no one's position and is skipped when d is free.

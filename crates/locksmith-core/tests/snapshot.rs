@@ -158,6 +158,7 @@ fn an_inconsistent_snapshot_is_refused() {
                     session: SessionId(1),
                     reason: LostReason::SessionClosed,
                     since: 1,
+                    info: ClientInfo::default(),
                 })
             }),
         ),

@@ -410,11 +410,12 @@ impl Core {
             None => {
                 let started = Instant::now();
                 let records = batch.records.len();
+                let first = batch.records.first().map(Record::kind);
                 for record in batch.records {
                     self.apply(record, Route::Nobody);
                 }
                 self.output = Default::default();
-                warn_if_slow(started, records);
+                warn_if_slow(started, records, first);
             }
         }
     }
@@ -430,10 +431,11 @@ impl Core {
         }
         let started = Instant::now();
         let count = records.len();
+        let first = records.first().map(Record::kind);
         in_flight.proposal.records = records;
         let now = self.clock.now();
         self.apply_proposal(now, &mut in_flight.proposal);
-        warn_if_slow(started, count);
+        warn_if_slow(started, count, first);
         // Reuse the applied proposal's buffers for the next batch only if
         // nothing was gathered for it meanwhile: heartbeats are proposed as
         // they arrive, while this batch was in flight.
@@ -539,12 +541,14 @@ const SLOW_APPLY: Duration = Duration::from_millis(100);
 /// Applying an entry holds up every request on this member, so one that took
 /// long is worth a warning (as etcd's "apply request took too long"): it
 /// is most often a big session ending (`Engine::work_of`).
-fn warn_if_slow(started: Instant, records: usize) {
+/// `first` names the entry's first record, which tells what it was.
+fn warn_if_slow(started: Instant, records: usize, first: Option<&'static str>) {
     let took = started.elapsed();
     if took >= SLOW_APPLY {
         tracing::warn!(
             took_ms = took.as_millis() as u64,
             records,
+            first = first.unwrap_or("none"),
             "applying one log entry took long: every request on this member waited for it"
         );
     }

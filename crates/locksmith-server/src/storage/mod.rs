@@ -86,6 +86,16 @@ pub(crate) enum Record {
     },
 }
 
+impl Record {
+    /// What the record is, for logs: its command's name, or `Acks`.
+    pub(crate) fn kind(&self) -> &'static str {
+        match self {
+            Record::Command(record) => record.command.kind(),
+            Record::Acks { .. } => "Acks",
+        }
+    }
+}
+
 impl SegmentRecord for Record {
     fn decode_frame(format: u32, payload: &[u8]) -> Result<Vec<Record>, postcard::Error> {
         if format == 1 {

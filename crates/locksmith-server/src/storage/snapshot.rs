@@ -158,6 +158,7 @@ mod tests {
                 session: SessionId(2),
                 reason: LostReason::SessionExpired,
                 since: 8_000,
+                info: ClientInfo::default(),
             }],
         }
     }
