@@ -57,8 +57,8 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 10_000)]
     pub max_waiters_per_lock: usize,
     /// Most locks one session may hold (and queue for). A session's end
-    /// releases them all in one step that every request on the member waits
-    /// for: about 0.1 s at the default.
+    /// gives them up in steps of 1 024, with other requests served between
+    /// the steps.
     #[arg(long, default_value_t = 100_000)]
     pub max_holds_per_session: usize,
     /// Most session streams on one client connection.
