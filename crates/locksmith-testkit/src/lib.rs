@@ -332,11 +332,12 @@ fn sweep_orphaned_dirs() {
     };
     for entry in entries.flatten() {
         let path = entry.path();
-        let is_ours = entry.file_name().to_str().is_some_and(|n| {
-            ["redis", "zookeeper", "etcd", "postgres"]
-                .iter()
-                .any(|server| n.starts_with(&format!("locksmith-{server}-")))
-        });
+        // Every server's directory, whatever the server: a kind left out of a
+        // list here (PgBouncer was) would pile up a directory per test run.
+        let is_ours = entry
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.starts_with("locksmith-"));
         let owner = std::fs::read_to_string(path.join(OWNER_FILE))
             .ok()
             .and_then(|pid| pid.trim().parse::<i32>().ok());

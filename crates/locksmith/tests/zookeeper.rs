@@ -562,6 +562,8 @@ struct Peer {
     child: Child,
     stdin: ChildStdin,
     lines: Lines<BufReader<ChildStdout>>,
+    /// The directory of a driver's source file, removed with the peer.
+    _source: Option<tempfile::TempDir>,
 }
 
 impl Peer {
@@ -594,9 +596,11 @@ impl Peer {
 
     /// The Curator driver below, as `ident` in the election `name`.
     fn curator(server: &ZooKeeper, name: &str, ident: &str) -> Peer {
-        let dir = std::env::temp_dir().join(format!("locksmith-curator-{}", uuid::Uuid::new_v4()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let source = dir.join("Curator.java");
+        let dir = tempfile::Builder::new()
+            .prefix("locksmith-curator-")
+            .tempdir()
+            .unwrap();
+        let source = dir.path().join("Curator.java");
         std::fs::write(&source, CURATOR).unwrap();
         let classpath: Vec<String> = CURATOR_JARS
             .iter()
@@ -613,7 +617,10 @@ impl Peer {
             .kill_on_drop(true)
             .spawn()
             .expect("java is needed for the Curator interop tests");
-        Peer::driven(child)
+        Peer {
+            _source: Some(dir),
+            ..Peer::driven(child)
+        }
     }
 
     fn driven(mut child: Child) -> Peer {
@@ -623,6 +630,7 @@ impl Peer {
             child,
             stdin,
             lines,
+            _source: None,
         }
     }
 
