@@ -12,8 +12,24 @@ use locksmith_testkit::conformance::{Fault, Harness, ServerHarness};
 /// The server harness, and the server and directory it lives on.
 struct InProcess {
     clients: ServerHarness,
-    _server: Server,
+    server: Option<Server>,
     _dir: tempfile::TempDir,
+}
+
+impl Drop for InProcess {
+    /// Stops the server before its directory goes: a dropped server stops in
+    /// the background and writes a last snapshot, which would keep the
+    /// directory from being removed.
+    fn drop(&mut self) {
+        if let Some(server) = self.server.take() {
+            let stopped = tokio::task::block_in_place(|| {
+                tokio::runtime::Handle::current().block_on(server.shutdown())
+            });
+            if let Err(e) = stopped {
+                eprintln!("the test server stopped with an error: {e}");
+            }
+        }
+    }
 }
 
 impl Harness for InProcess {
@@ -36,7 +52,7 @@ async fn in_process() -> InProcess {
     let server = Server::start(config).await.expect("start the server");
     InProcess {
         clients: ServerHarness::new(server.url()),
-        _server: server,
+        server: Some(server),
         _dir: dir,
     }
 }

@@ -19,11 +19,13 @@ use tonic::Code;
 /// Largest client message the test server accepts.
 const MAX_MESSAGE: usize = 64 << 10;
 
-async fn server() -> (Server, tempfile::TempDir) {
-    let dir = tempfile::tempdir().expect("temporary data directory");
-    let mut config = ServerConfig::durable(dir.path()).listen("127.0.0.1:0".parse().unwrap());
+/// A server whose storage is its own temporary directory, removed when it
+/// has stopped (a directory of the test's own could go while the stopping
+/// server still writes its last snapshot).
+async fn server() -> Server {
+    let mut config = ServerConfig::in_memory().listen("127.0.0.1:0".parse().unwrap());
     config.max_message_bytes = MAX_MESSAGE;
-    (Server::start(config).await.expect("start the server"), dir)
+    Server::start(config).await.expect("start the server")
 }
 
 async fn grpc(server: &Server) -> LocksmithClient<Channel> {
@@ -198,7 +200,7 @@ async fn holders(server: &Server, name: &str) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_message_of_a_batch_gets_its_own_answer() {
-    let (server, _dir) = server().await;
+    let server = server().await;
     let mut raw = Raw::holding(&server, "batch/first", "a").await;
 
     // Valid and invalid requests mixed in one batch.
@@ -241,7 +243,7 @@ async fn each_message_of_a_batch_gets_its_own_answer() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_that_breaks_the_protocol_ends_the_stream_before_it_runs() {
-    let (server, _dir) = server().await;
+    let server = server().await;
     let mut raw = Raw::opened(&server).await;
     raw.send(vec![acquire(1, "broken/a", "a"), open()]);
     let status = raw.ended().await;
@@ -252,7 +254,7 @@ async fn a_batch_that_breaks_the_protocol_ends_the_stream_before_it_runs() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_oversized_batch_gets_the_size_limit_error_and_nothing_runs() {
-    let (server, _dir) = server().await;
+    let server = server().await;
     let mut raw = Raw::opened(&server).await;
     // Each acquire is small; together they pass the limit.
     let name = |i: u64| format!("oversized/{i:0>200}");
@@ -274,7 +276,7 @@ async fn an_oversized_batch_gets_the_size_limit_error_and_nothing_runs() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queued_is_sent_only_when_asked() {
-    let (server, _dir) = server().await;
+    let server = server().await;
     let mut raw = Raw::holding(&server, "queued/a", "holder").await;
     raw.send(vec![
         acquire_waiting(2, "queued/a", "quiet", false),
