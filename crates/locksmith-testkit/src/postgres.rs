@@ -156,7 +156,12 @@ impl Postgres {
             .args(["-c", "listen_addresses=127.0.0.1"])
             .args(["-c", "max_connections=200"])
             .args(["-c", "shared_buffers=32MB"])
-            .args(["-c", "logging_collector=off"]);
+            .args(["-c", "logging_collector=off"])
+            // Dynamic shared memory in files of the data directory, not in
+            // /dev/shm: a server killed with SIGKILL (a crash test, or the
+            // test process's end) leaves its segments behind, about 1 MiB of
+            // memory each time, and only the directory is swept.
+            .args(["-c", "dynamic_shared_memory_type=mmap"]);
             if let Some(files) = &tls_files {
                 spec = spec
                     .args(["-c", "ssl=on"])
