@@ -37,7 +37,9 @@ pub struct ServeArgs {
     /// Directory of the command log and snapshots (created if missing).
     #[arg(long, env = "LOCKSMITH_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
     pub data_dir: PathBuf,
-    /// Keep everything in memory: nothing survives a restart, nothing is fsynced.
+    /// Keep everything in memory: nothing survives a restart. The Raft log
+    /// goes to a directory in /dev/shm (or the temporary directory), removed
+    /// when the server stops, or by the next start after a crash.
     #[arg(long)]
     pub in_memory: bool,
     /// After a restart, how long sessions have to resume before their holds

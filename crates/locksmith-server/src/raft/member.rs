@@ -30,6 +30,7 @@ use super::{Batch, Raft};
 use crate::config::ServerConfig;
 use crate::error::ServerError;
 use crate::op::{Op, Role};
+use crate::storage::files::TemporaryDir;
 use crate::storage::member::{MemberDir, SnapshotFile, StoredSnapshot, TokenCeiling};
 use crate::storage::raft_log::RaftLog;
 
@@ -58,7 +59,7 @@ pub(crate) struct Storage {
 #[allow(dead_code)] // held for its drop
 pub(crate) enum Keep {
     Directory(MemberDir),
-    Temporary(tempfile::TempDir),
+    Temporary(TemporaryDir),
 }
 
 impl Storage {
@@ -81,13 +82,7 @@ impl Storage {
         } else {
             std::env::temp_dir()
         };
-        let temporary = tempfile::Builder::new()
-            .prefix("locksmith-raft-")
-            .tempdir_in(parent)
-            .map_err(|source| ServerError::Io {
-                context: "cannot create a temporary directory for the Raft log".into(),
-                source,
-            })?;
+        let temporary = TemporaryDir::create(&parent, "locksmith-raft-")?;
         Ok(Storage {
             log: RaftLog::open(temporary.path(), config.segment_bytes)?,
             snapshot: None,

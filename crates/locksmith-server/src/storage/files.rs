@@ -7,7 +7,7 @@ use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::error::ServerError;
 
@@ -84,6 +84,63 @@ pub(super) fn lock_dir(dir: &Path) -> Result<File, ServerError> {
         });
     }
     Ok(file)
+}
+
+/// The directory of a server without a data directory (its Raft log), locked
+/// like a data directory while the server runs and removed when it stops.
+pub(crate) struct TemporaryDir {
+    dir: tempfile::TempDir,
+    _lock: File,
+}
+
+/// How old a temporary directory nobody holds must be before a start removes
+/// it: a younger one may belong to a server that has not locked it yet.
+const ORPHAN_AGE: Duration = Duration::from_secs(60);
+
+impl TemporaryDir {
+    /// Creates and locks `parent/<prefix>XXXXXX`. First removes the
+    /// directories with that prefix that no running server holds: a server
+    /// killed before it stopped left its own behind, and on `/dev/shm` each
+    /// one is memory kept until the machine restarts.
+    pub(crate) fn create(parent: &Path, prefix: &str) -> Result<TemporaryDir, ServerError> {
+        remove_orphans(parent, prefix);
+        let dir = tempfile::Builder::new()
+            .prefix(prefix)
+            .tempdir_in(parent)
+            .map_err(|e| io_error("cannot create a temporary directory in", parent, e))?;
+        let lock = lock_dir(dir.path())?;
+        Ok(TemporaryDir { dir, _lock: lock })
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+/// Removes the directories `parent/<prefix>*` older than [`ORPHAN_AGE`] whose
+/// lock nobody holds. Best effort: what cannot be read or removed stays.
+fn remove_orphans(parent: &Path, prefix: &str) {
+    let Ok(entries) = fs::read_dir(parent) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let ours = entry
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.starts_with(prefix));
+        let old = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t.elapsed().is_ok_and(|age| age >= ORPHAN_AGE));
+        if !(ours && old && path.is_dir()) {
+            continue;
+        }
+        if let Ok(_lock) = lock_dir(&path) {
+            tracing::info!(dir = %path.display(), "removing the directory of a server that has ended");
+            let _ = fs::remove_dir_all(&path);
+        }
+    }
 }
 
 pub(super) fn sync_dir(dir: &Path) -> io::Result<()> {
@@ -228,5 +285,52 @@ pub(super) fn io_error(what: &str, path: &Path, source: io::Error) -> ServerErro
     ServerError::Io {
         context: format!("{what} {}", path.display()),
         source,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Makes `dir` look as if it was last changed long ago.
+    fn age(dir: &Path) {
+        let long_ago = SystemTime::now() - 2 * ORPHAN_AGE;
+        File::open(dir).unwrap().set_modified(long_ago).unwrap();
+    }
+
+    #[test]
+    fn a_start_removes_the_temporary_directories_of_servers_that_ended() {
+        let parent = tempfile::tempdir().unwrap();
+        let prefix = "locksmith-raft-";
+        let orphan = parent.path().join(format!("{prefix}killed"));
+        fs::create_dir(&orphan).unwrap();
+        fs::write(orphan.join("log-1"), b"entries").unwrap();
+        age(&orphan);
+        let young = parent.path().join(format!("{prefix}starting"));
+        fs::create_dir(&young).unwrap();
+        let other = parent.path().join("someone-else");
+        fs::create_dir(&other).unwrap();
+        age(&other);
+        let running = TemporaryDir::create(parent.path(), prefix).unwrap();
+        age(running.path());
+        assert!(!orphan.exists(), "a directory nobody holds is removed");
+
+        let second = TemporaryDir::create(parent.path(), prefix).unwrap();
+        assert!(
+            running.path().exists(),
+            "a running server's directory stays"
+        );
+        assert!(
+            young.exists(),
+            "a directory just made may not be locked yet"
+        );
+        assert!(
+            other.exists(),
+            "only directories with the prefix are looked at"
+        );
+
+        let gone = second.path().to_owned();
+        drop(second);
+        assert!(!gone.exists(), "a server that stops removes its own");
     }
 }

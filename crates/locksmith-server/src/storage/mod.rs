@@ -37,7 +37,7 @@
 //! frame over them. A frame's length is never 0, so a zero length field is
 //! where a segment's frames end.
 
-mod files;
+pub(crate) mod files;
 pub(crate) mod member;
 pub(crate) mod raft_log;
 mod segment;
