@@ -118,7 +118,9 @@ impl TemporaryDir {
 }
 
 /// Removes the directories `parent/<prefix>*` older than [`ORPHAN_AGE`] whose
-/// lock nobody holds. Best effort: what cannot be read or removed stays.
+/// lock nobody holds. One without a `LOCK` file stays: an earlier version's
+/// server did not lock its directory, and may still be running. Best effort:
+/// what cannot be read or removed stays.
 fn remove_orphans(parent: &Path, prefix: &str) {
     let Ok(entries) = fs::read_dir(parent) else {
         return;
@@ -133,7 +135,7 @@ fn remove_orphans(parent: &Path, prefix: &str) {
             .metadata()
             .and_then(|m| m.modified())
             .is_ok_and(|t| t.elapsed().is_ok_and(|age| age >= ORPHAN_AGE));
-        if !(ours && old && path.is_dir()) {
+        if !(ours && old && path.join("LOCK").is_file()) {
             continue;
         }
         if let Ok(_lock) = lock_dir(&path) {
@@ -305,7 +307,11 @@ mod tests {
         let orphan = parent.path().join(format!("{prefix}killed"));
         fs::create_dir(&orphan).unwrap();
         fs::write(orphan.join("log-1"), b"entries").unwrap();
+        fs::write(orphan.join("LOCK"), b"").unwrap();
         age(&orphan);
+        let unlocked = parent.path().join(format!("{prefix}earlier-version"));
+        fs::create_dir(&unlocked).unwrap();
+        age(&unlocked);
         let young = parent.path().join(format!("{prefix}starting"));
         fs::create_dir(&young).unwrap();
         let other = parent.path().join("someone-else");
@@ -323,6 +329,10 @@ mod tests {
         assert!(
             young.exists(),
             "a directory just made may not be locked yet"
+        );
+        assert!(
+            unlocked.exists(),
+            "a server that does not lock may still run"
         );
         assert!(
             other.exists(),
