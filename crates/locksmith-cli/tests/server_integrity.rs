@@ -337,6 +337,20 @@ async fn garbage_after_the_last_frame_is_cut_and_acknowledged_grants_survive() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_data_directory_is_made_owner_only_without_a_warning() {
+    let server = ServerProcess::start_prepared(|_| {}, &[]);
+    let client = server.client(Duration::from_secs(5)).await;
+    let guard = client.lock(unique("fresh")).acquire().await.unwrap();
+    for (path, mode) in modes(&server.data_dir()) {
+        let expected = if path.is_dir() { 0o700 } else { 0o600 };
+        assert_eq!(mode, expected, "{} has mode {mode:o}", path.display());
+    }
+    let log = server.log_tail(200);
+    assert!(!log.contains("open to other users"), "{log}");
+    guard.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn data_files_are_owner_only() {
     // An existing directory open to everyone, as an earlier release left it.
     let server = ServerProcess::start_prepared(

@@ -118,7 +118,7 @@ impl MemberDir {
         // ceiling written before it.
         let existing = raft_dir.join("RAFTLOG").exists();
         let ceiling = TokenCeiling::read(data_dir, existing)?;
-        fs::create_dir_all(&raft_dir).map_err(|e| io_error("cannot create", &raft_dir, e))?;
+        // Creates it owner-only, or restricts an existing one.
         files::make_owner_only(&raft_dir)?;
         let mut recovery = Recovery {
             allowed: config.recover_damaged_data,
@@ -153,7 +153,6 @@ impl MemberDir {
                 fs::remove_dir_all(&raft_dir)
                     .map_err(|e| io_error("cannot remove", &raft_dir, e))?;
                 let _ = fs::remove_file(snapshots.path());
-                fs::create_dir(&raft_dir).map_err(|e| io_error("cannot create", &raft_dir, e))?;
                 files::make_owner_only(&raft_dir)?;
                 (RaftLog::open(&raft_dir, config.segment_bytes)?, None)
             }
