@@ -14,6 +14,7 @@
 
 use std::ffi::OsString;
 use std::net::{Ipv4Addr, TcpStream};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
@@ -61,7 +62,11 @@ impl ServeProcess {
             .tempdir()
             .map_err(|e| format!("cannot create a directory for the server: {e}"))?;
         let data = dir.path().join("data");
-        std::fs::create_dir(&data).map_err(|e| format!("cannot create {}: {e}", data.display()))?;
+        // Owner-only, as the server makes it: a wider mode gets a warning.
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&data)
+            .map_err(|e| format!("cannot create {}: {e}", data.display()))?;
         let ip = host.map_or(Ipv4Addr::LOCALHOST, |h| h.ip);
         let name = format!("locksmith serve on {ip}:{port}");
         let log = dir.path().join("serve.log");
