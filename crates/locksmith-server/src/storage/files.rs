@@ -1,6 +1,7 @@
 //! The data directory's files as files: owner-only modes, the `flock`, files
 //! replaced atomically and checked on reading (the manifest and the
-//! snapshot), the list of segments, and the copy a forced recovery keeps.
+//! snapshot), the list of segments, the copy a forced recovery keeps, and
+//! the temporary directory of a server started without a data directory.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};

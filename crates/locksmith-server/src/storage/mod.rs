@@ -24,7 +24,8 @@
 //!   token ceiling) and what a start checks; docs/RELIABILITY.md says what
 //!   an operator sees.
 //! - `files.rs`: checked files replaced atomically, owner-only modes, the
-//!   directory lock, evidence of damage.
+//!   directory lock, evidence of damage, and the locked temporary directory
+//!   of a server without a data directory.
 //!
 //! # Zeros ahead of the end
 //!
