@@ -19,6 +19,10 @@ const SETTLE_TIMEOUT: Duration = Duration::from_secs(60);
 const FAILOVER_TIMEOUT: Duration = Duration::from_secs(60);
 /// The timeout of each probe.
 const PROBE: Duration = Duration::from_millis(500);
+/// How long a node may go unanswered before the others fail it over.
+const NODE_TIMEOUT: Duration = Duration::from_secs(1);
+/// The same for clusters whose tests fail no primary over.
+const STEADY_NODE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Slots of a Redis Cluster.
 const SLOTS: u32 = 16_384;
 
@@ -27,7 +31,11 @@ const SLOTS: u32 = 16_384;
 /// create`; everything is killed on drop.
 ///
 /// Nodes time out after 1 s (`cluster-node-timeout 1000`), so a replica takes
-/// over a killed primary within a few seconds. While a primary is down and not
+/// over a killed primary within a few seconds. [`RedisCluster::start_steady`]
+/// and [`RedisCluster::start_tls`] give them 5 s instead, for tests that never
+/// fail a primary over: on a loaded machine a node whose cluster bus went
+/// unanswered for a second was once failed over in the middle of the
+/// conformance suite. While a primary is down and not
 /// yet replaced, the cluster refuses every command (`cluster-require-full-coverage
 /// yes`, Redis's default). A restarted node rejoins with its `nodes.conf`; a
 /// former primary comes back as a replica of the node that replaced it.
@@ -72,18 +80,26 @@ impl RedisCluster {
         Self::try_start_with(3, 1)
     }
 
+    /// Like [`RedisCluster::start`], with nodes that time out after 5 s: for
+    /// tests that kill no primary, so that a node slowed down by a loaded
+    /// machine is not failed over under them.
+    #[track_caller]
+    pub fn start_steady() -> RedisCluster {
+        crate::or_panic(Self::launch(3, 1, None, None, STEADY_NODE_TIMEOUT))
+    }
+
     /// Starts `primaries` primaries (at least 3, so that a majority survives
     /// one failure) with `replicas` replicas each, and waits until the cluster
     /// is healthy.
     pub fn try_start_with(primaries: usize, replicas: usize) -> Result<RedisCluster> {
-        Self::launch(primaries, replicas, None, None)
+        Self::launch(primaries, replicas, None, None, NODE_TIMEOUT)
     }
 
     /// Like [`RedisCluster::start`], every node on a host of its own (needs
     /// root and `iproute2`): node `i` of [`RedisCluster::nodes`] on host `i`
     /// of [`RedisCluster::network`].
     pub fn try_start_on_hosts() -> Result<RedisCluster> {
-        Self::launch(3, 1, None, Some(Network::create(6)?))
+        Self::launch(3, 1, None, Some(Network::create(6)?), NODE_TIMEOUT)
     }
 
     /// The hosts of a cluster started with
@@ -95,7 +111,8 @@ impl RedisCluster {
     /// Like [`RedisCluster::start`], the nodes' ports and the cluster bus
     /// speaking only TLS with a certificate for `127.0.0.1` signed by a CA
     /// made for the cluster ([`RedisCluster::certificates`]), and letting in
-    /// only clients with a certificate of that CA. Needs `openssl`.
+    /// only clients with a certificate of that CA. Needs `openssl`. Its nodes
+    /// time out after 5 s, as [`RedisCluster::start_steady`]'s do.
     #[track_caller]
     pub fn start_tls() -> RedisCluster {
         crate::or_panic(Self::try_start_tls())
@@ -104,7 +121,7 @@ impl RedisCluster {
     /// Like [`RedisCluster::start_tls`], returning the error instead of
     /// panicking.
     pub fn try_start_tls() -> Result<RedisCluster> {
-        Self::launch(3, 1, Some(RedisTls::make()?), None)
+        Self::launch(3, 1, Some(RedisTls::make()?), None, STEADY_NODE_TIMEOUT)
     }
 
     fn launch(
@@ -112,6 +129,7 @@ impl RedisCluster {
         replicas: usize,
         tls: Option<Arc<RedisTls>>,
         network: Option<Network>,
+        node_timeout: Duration,
     ) -> Result<RedisCluster> {
         assert!(primaries >= 3, "a Redis Cluster needs at least 3 primaries");
         let cli = try_binary("redis-cli", "redis-tools")?;
@@ -122,7 +140,7 @@ impl RedisCluster {
                     let mut config = vec![
                         "cluster-enabled yes".to_owned(),
                         "cluster-config-file nodes.conf".to_owned(),
-                        "cluster-node-timeout 1000".to_owned(),
+                        format!("cluster-node-timeout {}", node_timeout.as_millis()),
                         format!("cluster-port {}", free_port()),
                     ];
                     if tls.is_some() {

@@ -65,7 +65,8 @@ pub(crate) fn problem(context: impl Into<String>) -> Error {
 /// request. On a cluster a redirection that outlived the cluster client's own
 /// retries means the cluster is still settling a failover.
 fn is_unreachable(e: &RedisError) -> bool {
-    e.is_io_error()
+    is_demotion(e)
+        || e.is_io_error()
         || e.is_timeout()
         || e.is_connection_dropped()
         || e.is_connection_refusal()
@@ -81,6 +82,16 @@ fn is_unreachable(e: &RedisError) -> bool {
                     | ServerErrorKind::Ask
             )
         )
+}
+
+/// Whether Redis answered a blocked command (the `WAIT` after a grant) with
+/// `UNBLOCKED`: the node became a replica while the command waited, that is,
+/// a failover. Redis has no error kind for it, and in a pipeline the error is
+/// that of one of its commands.
+fn is_demotion(e: &RedisError) -> bool {
+    e.clone()
+        .into_server_errors()
+        .is_some_and(|errors| errors.iter().any(|(_, e)| e.code() == "UNBLOCKED"))
 }
 
 /// Whether an error is about reaching Redis (worth retrying) rather than about
@@ -459,4 +470,21 @@ async fn load(
     script: &Script,
 ) -> std::result::Result<(), RedisError> {
     script.prepare_invoke().load_async(conn).await.map(drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_demoted_under_a_blocked_wait_is_a_failover_not_a_refusal() {
+        let demoted = ::redis::make_extension_error(
+            "UNBLOCKED".into(),
+            Some("force unblock from blocking operation, instance state changed".into()),
+        );
+        assert!(is_unreachable(&demoted));
+        assert!(is_transient(&failure("acquire", demoted)));
+        let refused = ::redis::make_extension_error("NOPERM".into(), None);
+        assert!(!is_unreachable(&refused));
+    }
 }
