@@ -15,6 +15,10 @@ pub const MASTER_NAME: &str = "locksmith";
 /// How long a fresh setup gets to settle: Sentinels find each other through
 /// hello messages sent every 2 s.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long the Sentinels wait for the primary before they call it down.
+const DOWN_AFTER: Duration = Duration::from_secs(1);
+/// The same for setups whose tests fail no primary over.
+const STEADY_DOWN_AFTER: Duration = Duration::from_secs(5);
 /// How long a failover may take: 1 s to notice, an election, a promotion.
 const FAILOVER_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long [`RedisSentinel::primary`] waits for a Sentinel to answer.
@@ -27,7 +31,10 @@ const PROBE: Duration = Duration::from_millis(500);
 ///
 /// Sentinels declare the primary down after 1 s without an answer
 /// (`down-after-milliseconds 1000`), two of them must agree (quorum 2 of 3),
-/// and a failover that stalls is retried after 10 s. Every data node runs from
+/// and a failover that stalls is retried after 10 s.
+/// [`RedisSentinel::start_steady`] and [`RedisSentinel::start_tls`] wait 5 s
+/// instead, for tests that never fail the primary over, so that a primary
+/// slowed down by a loaded machine is not failed over under them. Every data node runs from
 /// a `redis.conf` that the Sentinels rewrite on a failover, so a restarted
 /// node keeps its new role.
 ///
@@ -72,10 +79,17 @@ impl RedisSentinel {
         Self::try_start_with(2, 3)
     }
 
+    /// Like [`RedisSentinel::start`], with Sentinels that wait 5 s before
+    /// they call the primary down: for tests that kill no primary.
+    #[track_caller]
+    pub fn start_steady() -> RedisSentinel {
+        crate::or_panic(Self::launch(2, 3, None, None, STEADY_DOWN_AFTER))
+    }
+
     /// Starts a primary with `replicas` replicas and `sentinels` Sentinels
     /// (quorum: a majority of them) and waits until they are healthy.
     pub fn try_start_with(replicas: usize, sentinels: usize) -> Result<RedisSentinel> {
-        Self::launch(replicas, sentinels, None, None)
+        Self::launch(replicas, sentinels, None, None, DOWN_AFTER)
     }
 
     /// Like [`RedisSentinel::start`], every node and every Sentinel on a host
@@ -84,7 +98,7 @@ impl RedisSentinel {
     /// on hosts 3 to 5, in the order of [`RedisSentinel::nodes`] and
     /// [`RedisSentinel::sentinels`].
     pub fn try_start_on_hosts() -> Result<RedisSentinel> {
-        Self::launch(2, 3, None, Some(Network::create(6)?))
+        Self::launch(2, 3, None, Some(Network::create(6)?), DOWN_AFTER)
     }
 
     /// The hosts of a setup started with
@@ -105,7 +119,7 @@ impl RedisSentinel {
     /// Like [`RedisSentinel::start_tls`], returning the error instead of
     /// panicking.
     pub fn try_start_tls() -> Result<RedisSentinel> {
-        Self::launch(2, 3, Some(RedisTls::make()?), None)
+        Self::launch(2, 3, Some(RedisTls::make()?), None, STEADY_DOWN_AFTER)
     }
 
     fn launch(
@@ -113,6 +127,7 @@ impl RedisSentinel {
         sentinels: usize,
         tls: Option<Arc<RedisTls>>,
         network: Option<Network>,
+        down_after: Duration,
     ) -> Result<RedisSentinel> {
         let hosts = netns::hosts(network.as_ref(), 1 + replicas + sentinels);
         let mut nodes: Vec<Redis> = Vec::with_capacity(1 + replicas);
@@ -133,7 +148,10 @@ impl RedisSentinel {
                 primary.port(),
                 sentinels / 2 + 1
             ),
-            format!("sentinel down-after-milliseconds {MASTER_NAME} 1000"),
+            format!(
+                "sentinel down-after-milliseconds {MASTER_NAME} {}",
+                down_after.as_millis()
+            ),
             format!("sentinel failover-timeout {MASTER_NAME} 10000"),
             format!("sentinel parallel-syncs {MASTER_NAME} {}", replicas.max(1)),
         ];

@@ -14,9 +14,10 @@ use locksmith_testkit::{Redis, RedisSentinel, RespValue};
 use redis_support::{client, eventually, refused, unique, with_client_cert, Harness};
 use tokio::time::timeout;
 
-/// Starts the setup, letting the runtime's other tasks run meanwhile.
+/// Starts a setup whose Sentinels fail no primary over by themselves (they
+/// wait 5 s), letting the runtime's other tasks run meanwhile.
 async fn start() -> RedisSentinel {
-    tokio::task::block_in_place(RedisSentinel::start)
+    tokio::task::block_in_place(RedisSentinel::start_steady)
 }
 
 fn backend_message(error: &Error) -> String {
@@ -83,7 +84,8 @@ async fn a_tls_sentinel_setup_refuses_plaintext_and_certificateless_clients() {
 /// the new primary.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failover_keeps_the_holds_the_new_primary_has_and_loses_the_rest() {
-    let setup = start().await;
+    // Sentinels that call a primary down after 1 s, for a quick failover.
+    let setup = tokio::task::block_in_place(RedisSentinel::start);
     // No acknowledgement: the test decides what the replicas have.
     let url = format!("{}?wait_replicas=0", setup.url());
     // Renewals come every 40 s: only the re-check after the switch can find
