@@ -336,42 +336,38 @@ async fn garbage_after_the_last_frame_is_cut_and_acknowledged_grants_survive() {
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_new_data_directory_is_made_owner_only_without_a_warning() {
-    let server = ServerProcess::start_prepared(|_| {}, &[]);
+/// Starts a server on a data directory set up by `prepare`, takes a lock
+/// (its session's resume secret goes into the log), checks that every
+/// directory and file of the data directory is owner-only, and returns the
+/// server's log.
+async fn owner_only_after_a_grant(prepare: impl FnOnce(&Path)) -> String {
+    let server = ServerProcess::start_prepared(prepare, &[]);
     let client = server.client(Duration::from_secs(5)).await;
-    let guard = client.lock(unique("fresh")).acquire().await.unwrap();
+    let guard = client.lock(unique("modes")).acquire().await.unwrap();
     for (path, mode) in modes(&server.data_dir()) {
         let expected = if path.is_dir() { 0o700 } else { 0o600 };
         assert_eq!(mode, expected, "{} has mode {mode:o}", path.display());
     }
-    let log = server.log_tail(200);
-    assert!(!log.contains("open to other users"), "{log}");
     guard.release().await.unwrap();
+    server.log_tail(200)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_data_directory_is_made_owner_only_without_a_warning() {
+    let log = owner_only_after_a_grant(|_| {}).await;
+    assert!(!log.contains("open to other users"), "{log}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn data_files_are_owner_only() {
     // An existing directory open to everyone, as an earlier release left it.
-    let server = ServerProcess::start_prepared(
-        |data| {
-            fs::create_dir(data).unwrap();
-            fs::set_permissions(data, fs::Permissions::from_mode(0o755)).unwrap();
-        },
-        &[],
-    );
-    // A session: its resume secret is in the log.
-    let client = server.client(Duration::from_secs(5)).await;
-    let guard = client.lock(unique("modes")).acquire().await.unwrap();
-
-    for (path, mode) in modes(&server.data_dir()) {
-        let expected = if path.is_dir() { 0o700 } else { 0o600 };
-        assert_eq!(mode, expected, "{} has mode {mode:o}", path.display());
-    }
-    let log = server.log_tail(200);
+    let log = owner_only_after_a_grant(|data| {
+        fs::create_dir(data).unwrap();
+        fs::set_permissions(data, fs::Permissions::from_mode(0o755)).unwrap();
+    })
+    .await;
     assert!(
         log.contains("the data directory was open to other users: made owner-only"),
         "{log}"
     );
-    guard.release().await.unwrap();
 }
