@@ -59,6 +59,11 @@ impl Drop for Session {
     }
 }
 
+/// How many times a session's connect tries every host before it fails.
+const CONNECT_ATTEMPTS: u32 = 3;
+/// The pause between two of them.
+const CONNECT_PAUSE: std::time::Duration = std::time::Duration::from_millis(100);
+
 impl Session {
     /// Opens a session on the ensemble of `config`, creating the chroot when it
     /// is missing, and starts watching its state.
@@ -80,26 +85,46 @@ impl Session {
                 zk::SaslOptions::digest_md5(user.clone(), password.expose().to_owned()),
             ),
         };
-        let connected = match &config.tls {
-            None => connector.connect(&config.hosts).await,
-            Some(files) => {
-                let invalid = |reason: String| Error::InvalidUrl {
-                    url: format!("zks://{}{}", config.hosts, config.chroot),
-                    reason,
-                };
-                let pem = files.read().map_err(invalid)?;
-                let mut tls = zk::TlsOptions::new()
-                    .with_pem_ca(&pem.ca)
-                    .map_err(|e| invalid(format!("ca={}: {e}", files.ca.display())))?;
-                if let Some((cert, key)) = &pem.identity {
-                    tls = tls
-                        .with_pem_identity(cert, key)
-                        .map_err(|e| invalid(format!("cert=, key=: {e}")))?;
+        if let Some(files) = &config.tls {
+            let invalid = |reason: String| Error::InvalidUrl {
+                url: format!("zks://{}{}", config.hosts, config.chroot),
+                reason,
+            };
+            let pem = files.read().map_err(invalid)?;
+            let mut tls = zk::TlsOptions::new()
+                .with_pem_ca(&pem.ca)
+                .map_err(|e| invalid(format!("ca={}: {e}", files.ca.display())))?;
+            if let Some((cert, key)) = &pem.identity {
+                tls = tls
+                    .with_pem_identity(cert, key)
+                    .map_err(|e| invalid(format!("cert=, key=: {e}")))?;
+            }
+            // The client crate builds its rustls configuration with the
+            // process-wide provider.
+            crate::tls::ensure_crypto_provider();
+            connector = connector.with_tls(tls);
+        }
+        // Each attempt gives up after the connection timeout (a third of the
+        // session timeout) once every host was tried. A server slow to answer
+        // a handshake (a loaded machine, a long pause of its JVM) gets up to
+        // three attempts, one session timeout in all; a refusal (a TLS
+        // handshake turned down) fails them quickly.
+        let give_up = tokio::time::Instant::now() + config.session_timeout;
+        let mut attempts = 0;
+        let connected = loop {
+            attempts += 1;
+            let attempt = match &config.tls {
+                None => connector.clone().connect(&config.hosts).await,
+                Some(_) => connector.clone().secure_connect(&config.hosts).await,
+            };
+            match attempt {
+                Err(zk::Error::NoHosts)
+                    if attempts < CONNECT_ATTEMPTS && tokio::time::Instant::now() < give_up =>
+                {
+                    tracing::debug!(hosts = %config.hosts, attempts, "no ZooKeeper host answered; trying again");
+                    tokio::time::sleep(CONNECT_PAUSE).await;
                 }
-                // The client crate builds its rustls configuration with the
-                // process-wide provider.
-                crate::tls::ensure_crypto_provider();
-                connector.with_tls(tls).secure_connect(&config.hosts).await
+                other => break other,
             }
         };
         let root = connected.map_err(|e| {
