@@ -118,7 +118,7 @@
 //! | option | default | meaning |
 //! |---|---|---|
 //! | `session_timeout` | the client's `session_ttl` | requested ZooKeeper session timeout (`500ms`, `10s`, `1m`, or milliseconds) |
-//! | `connection_timeout` | a third of the session timeout | silence after which the connection counts as lost and the client tries the next server |
+//! | `connection_timeout` | a third of the session timeout | silence after which the connection counts as lost and the client tries the next server; a connect tries every server up to three times, within one session timeout |
 //! | `lost_after_suspended` | `0.33` | part of the negotiated session timeout the connection may stay suspended before holds are lost (`0`: at once; `never`: only on session expiry) |
 //! | `elections` | `curator` | whose election node names this client's candidates take: `curator` (`LeaderSelector`) or `kazoo` (`Election`) |
 //! | `auth` | `digest` | how `user:password@` authenticates the session: `digest` (ZooKeeper's `digest` scheme) or `sasl` (SASL DIGEST-MD5 against the users of the server's JAAS `Server` section) |
