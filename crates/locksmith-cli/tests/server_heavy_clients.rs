@@ -62,7 +62,13 @@ async fn a_client_that_never_reads_is_disconnected_and_may_resume() {
     const REQUESTS: u64 = 100_000;
     const PER_BATCH: u64 = 5_000;
     let server = ServerProcess::start_with(&["--max-stream-backlog-bytes", "1048576"]);
-    let client = server.client(Duration::from_secs(3)).await;
+    // The bystander's heartbeats wait behind the flood's batches already in
+    // the log (up to `max_batches_in_flight` of them): 0.1–0.3 s with this
+    // debug build on a quiet machine, several times that on a loaded one. A
+    // 3 s TTL, whose client gives up once a heartbeat waits about 1.85 s for
+    // its answer, lost its session in a loaded run; 10 s keeps the check
+    // about the flood's stream, not about the machine's load.
+    let client = server.client(Duration::from_secs(10)).await;
     let name = unique("never-reads");
     let guard = client.lock(name.as_str()).acquire().await.unwrap();
 
