@@ -270,11 +270,19 @@ async fn holder(round: &Round) -> Result<Holder, String> {
 /// Asks the next client entering its critical section to stay inside
 /// `extra` longer, and returns it once it is inside (waits up to 5 s), so that
 /// a slow fault (a process to start, a server to restart) still finds it there.
+/// If none enters in time (the last fault's holder still lingers), the request
+/// is withdrawn: left standing, it would keep a client inside after the
+/// round's faults, its waiters stuck past the round's end.
 async fn lingering_holder(round: &Round, extra: Duration) -> Result<Holder, String> {
     round.resource.request_linger(extra);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     loop {
-        if let Some((who, inside)) = round.resource.lingering() {
+        let timed_out = tokio::time::Instant::now() >= deadline;
+        let lingering = match timed_out {
+            true => round.resource.withdraw_linger(),
+            false => round.resource.lingering(),
+        };
+        if let Some((who, inside)) = lingering {
             if let Some(pid) = round.pid(who) {
                 return Ok(Holder {
                     who,
@@ -285,7 +293,7 @@ async fn lingering_holder(round: &Round, extra: Duration) -> Result<Holder, Stri
                 });
             }
         }
-        if tokio::time::Instant::now() >= deadline {
+        if timed_out {
             return Err("no client entered its critical section for 5 s".into());
         }
         tokio::time::sleep(Duration::from_millis(2)).await;

@@ -105,6 +105,15 @@ impl Resource {
         state.lingering = None;
     }
 
+    /// Takes back a linger nobody has taken yet, so that a fault that gave
+    /// up waiting for a holder does not leave it to whoever enters next
+    /// (after the round's faults, where nothing waits for it to leave).
+    /// Returns the client that took it, if one did meanwhile.
+    pub fn withdraw_linger(&self) -> Option<(Who, Inside)> {
+        self.state().linger = None;
+        self.lingering()
+    }
+
     /// The client told to linger, while it is still inside.
     pub fn lingering(&self) -> Option<(Who, Inside)> {
         let state = self.state();
@@ -268,6 +277,24 @@ mod tests {
         assert_eq!(state.inside.len(), 1, "a rejected begin does not enter");
         assert!(apply(&mut state, (1, 0), write(7, Phase::End)).accepted);
         assert!(state.inside.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_withdrawn_linger_is_given_to_nobody() {
+        let resource = Resource::start().await.unwrap();
+        resource.request_linger(std::time::Duration::from_secs(9));
+        assert!(resource.withdraw_linger().is_none());
+        let reply = apply(&mut resource.state(), (0, 0), write(5, Phase::Begin));
+        assert!(reply.accepted);
+        assert_eq!(reply.linger_ms, 0, "the next holder does not linger");
+        assert!(resource.lingering().is_none());
+
+        // Taken before it was withdrawn: the holder lingers and is named.
+        resource.request_linger(std::time::Duration::from_secs(9));
+        apply(&mut resource.state(), (0, 0), write(5, Phase::End));
+        let reply = apply(&mut resource.state(), (1, 0), write(6, Phase::Begin));
+        assert_eq!(reply.linger_ms, 9_000);
+        assert_eq!(resource.withdraw_linger().map(|(who, _)| who), Some((1, 0)));
     }
 
     #[tokio::test]
