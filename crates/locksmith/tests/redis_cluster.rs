@@ -17,7 +17,8 @@ use locksmith_testkit::{Redis, RedisCluster, RespValue};
 use redis::cluster_routing::Slot;
 use redis_support::redisson::Redisson;
 use redis_support::{
-    backend_and_client, client, eventually, python, refused, unique, with_client_cert, Harness,
+    backend_and_client, client, eventually, python, refused, suite_url, unique, with_client_cert,
+    Harness,
 };
 use tokio::time::{sleep, timeout};
 
@@ -52,7 +53,7 @@ async fn cluster_connection(cluster: &RedisCluster) -> redis::cluster_async::Clu
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conformance_suite_on_a_cluster() {
     let cluster = start().await;
-    whole_suite(&Harness::new(cluster.url())).await;
+    whole_suite(&Harness::new(suite_url(&cluster.url()))).await;
 }
 
 /// The suite over TLS: the nodes' ports and the cluster bus speak only TLS,
@@ -63,7 +64,7 @@ async fn conformance_suite_on_a_cluster_over_tls() {
     let ca = cluster.certificates().expect("a TLS cluster");
     let url = with_client_cert(&cluster.url(), ca, "suite");
     assert!(url.starts_with("rediss+cluster://"), "{url}");
-    whole_suite(&Harness::new(url)).await;
+    whole_suite(&Harness::new(suite_url(&url))).await;
 }
 
 /// A TLS-only cluster refuses a plaintext client and a TLS client without a
