@@ -159,6 +159,14 @@ pub use zookeeper_ensemble::ZooKeeperEnsemble;
 /// The loopback address every server listens on.
 pub const HOST: &str = "127.0.0.1";
 
+/// `url` with one more query parameter (`key=value`), after `?` or `&`
+/// as the URL needs: for the backend options the tests and the bench add to
+/// a setup's URL.
+pub fn with_query(url: &str, parameter: &str) -> String {
+    let separator = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{separator}{parameter}")
+}
+
 /// Returns a TCP port of `127.0.0.1` that is free right now.
 ///
 /// The port comes from binding `127.0.0.1:0` and closing the socket again, so
@@ -382,5 +390,22 @@ pub(crate) fn retry_on_port_clash<T>(mut start: impl FnMut() -> Result<T>) -> Re
             }
             other => return other,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_query;
+
+    #[test]
+    fn a_query_parameter_goes_after_a_question_mark_or_an_ampersand() {
+        assert_eq!(
+            with_query("redis+cluster://a:1,b:2", "wait_timeout=5s"),
+            "redis+cluster://a:1,b:2?wait_timeout=5s"
+        );
+        assert_eq!(
+            with_query("rediss+cluster://a:1?tls_ca=/ca.pem", "wait_replicas=0"),
+            "rediss+cluster://a:1?tls_ca=/ca.pem&wait_replicas=0"
+        );
     }
 }

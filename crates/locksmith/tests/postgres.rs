@@ -17,7 +17,7 @@ use locksmith::backend::Wait;
 use locksmith::postgres::{advisory_key, lock_in_transaction, semaphore_slot_key, XactOptions};
 use locksmith::{Client, ConnectOptions, Error, Guard, LostCause, Mode};
 use locksmith_testkit::conformance::{Clients, Fault, Harness, DISK_SHORT_TTL};
-use locksmith_testkit::Postgres;
+use locksmith_testkit::{with_query, Postgres};
 use tokio::time::{sleep, timeout, Instant};
 
 /// The shared server, started off the async runtime, with room for the
@@ -92,9 +92,8 @@ impl Pg {
 impl Harness for Pg {
     async fn connect(&self, session_ttl: Duration) -> Client {
         let name = format!("conformance-{}", uuid::Uuid::new_v4().simple());
-        let separator = if self.url.contains('?') { '&' } else { '?' };
         let client = connect(
-            &format!("{}{separator}application_name={name}", self.url),
+            &with_query(&self.url, &format!("application_name={name}")),
             session_ttl,
         )
         .await;
@@ -880,10 +879,7 @@ async fn tls_sslmodes() {
         (format!("{by_address}?sslmode=disable"), false),
     ] {
         let app = format!("tls-{}", uuid::Uuid::new_v4().simple());
-        let url = format!(
-            "{url}{}application_name={app}",
-            if url.contains('?') { '&' } else { '?' }
-        );
+        let url = with_query(&url, &format!("application_name={app}"));
         let (a, b) = (
             connect(&url, Duration::from_secs(30)).await,
             connect(&url, Duration::from_secs(30)).await,

@@ -327,7 +327,6 @@ impl Target {
         if !matches!(self.kind, Kind::RedisSentinel | Kind::RedisCluster) {
             return None;
         }
-        let separator = if self.url.contains('?') { '&' } else { '?' };
         let mut tuning = self.tuning.clone();
         tuning.push(
             "clients connect with `wait_replicas=0`: grants do not wait for a replica".into(),
@@ -335,7 +334,7 @@ impl Target {
         Some(Target {
             label: format!("{}-nowait", self.label),
             kind: self.kind,
-            url: format!("{}{separator}wait_replicas=0", self.url),
+            url: locksmith_testkit::with_query(&self.url, "wait_replicas=0"),
             spawned: self.spawned.clone(),
             tuning,
             twin: true,

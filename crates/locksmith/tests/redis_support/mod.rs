@@ -164,8 +164,7 @@ pub async fn client(url: &str, session_ttl: Duration) -> Client {
 /// it, acknowledged too late and the suite's acquire failed. The suites are
 /// about the lock rules; the tests that kill primaries keep the default.
 pub fn suite_url(url: &str) -> String {
-    let separator = if url.contains('?') { '&' } else { '?' };
-    format!("{url}{separator}wait_timeout=5s")
+    locksmith_testkit::with_query(url, "wait_timeout=5s")
 }
 
 /// `url` (a TLS URL that names the CA) with a client certificate for
