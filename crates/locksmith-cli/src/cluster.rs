@@ -74,6 +74,9 @@ async fn connect(url: &ServerUrl, address: &str) -> Result<Admin, String> {
 type Admin = ClusterClient<InterceptedService<Channel, Credentials>>;
 
 /// Runs `locksmith cluster`.
+///
+/// Cancel safety: `status` only reads; a dropped change may or may not have
+/// been made, as for `change`.
 pub async fn cluster(args: ClusterArgs) -> ExitCode {
     let result = match ServerUrl::parse(&args.server) {
         Ok(url) => match args.command {
@@ -98,6 +101,8 @@ pub async fn cluster(args: ClusterArgs) -> ExitCode {
 }
 
 /// The leader's view (or, when no member leads, the first that answers).
+///
+/// Cancel safety: safe, read-only.
 async fn status(url: &ServerUrl, json: bool) -> Result<(), String> {
     let mut views = Vec::new();
     let mut errors = Vec::new();

@@ -23,6 +23,8 @@ pub struct BackendArgs {
 
 impl BackendArgs {
     /// Connects, naming this client after the subcommand.
+    ///
+    /// Cancel safety: safe, as `Client::connect_with`.
     pub async fn connect(&self, what: &str) -> Result<Client, ExitCode> {
         let options = ConnectOptions::default()
             .session_ttl(self.session_ttl)
@@ -76,6 +78,9 @@ impl LockArgs {
     }
 
     /// Acquires as the wait options say: `Ok(None)` when the lock stayed busy.
+    ///
+    /// Cancel safety: safe, as `Lock::acquire`: a dropped call leaves no
+    /// queue entry and no hold behind.
     pub async fn acquire(&self, client: &Client) -> locksmith::Result<Option<locksmith::Guard>> {
         let lock = self.lock(client);
         match (self.no_wait, self.wait) {

@@ -16,6 +16,11 @@ pub struct HoldArgs {
 
 /// Acquires, prints the fencing token on stdout, holds until SIGINT/SIGTERM
 /// (then releases, exit 0) or until the hold is lost (exit 75).
+///
+/// Cancel safety: SIGINT/SIGTERM do not drop it (they are the checked
+/// release). Dropped before the grant, it leaves nothing; after, the guard's
+/// drop releases in the background, and a release cut short ends with the
+/// session.
 pub async fn hold(args: HoldArgs) -> ExitCode {
     let mut termination = Termination::listen();
     let client = match args.backend.connect("hold").await {

@@ -3,6 +3,14 @@
 //! Every subcommand that talks to a lock store takes `--backend URL` (or
 //! `LOCKSMITH_BACKEND`), default `locksmith://127.0.0.1:7420`, so the same
 //! commands work against Redis, ZooKeeper, etcd, PostgreSQL or the server.
+//!
+//! One module per subcommand (`serve`, `run`, `hold`, `elect`, `status`,
+//! `session`, `cluster`), each a thin layer over the `locksmith` client
+//! library or the `locksmith-server` crate; `common` holds the options they
+//! share. `bench` and `torture` are tools of their own: the side-by-side
+//! benchmark of every backend (docs/BENCHMARKS.md) and the fault-injecting
+//! safety check (docs/RELIABILITY.md); their module docs say how each run is
+//! built.
 
 // The doc comments of the command definitions are `--help` text (clap
 // derives it from them), written for a terminal: `host[:port]` and

@@ -39,6 +39,11 @@ pub struct RunArgs {
 
 /// Acquires, runs the child with `LOCKSMITH_LOCK` and `LOCKSMITH_FENCING_TOKEN`
 /// set, forwards SIGINT/SIGTERM to it, and releases when it exits.
+///
+/// Cancel safety: not cancel safe (SIGINT/SIGTERM are forwarded, not a
+/// drop). Dropped while the command runs, it leaves the command running
+/// while the guard's drop releases the lock in the background: the command
+/// goes on unprotected.
 pub async fn run(args: RunArgs) -> ExitCode {
     let mut termination = Termination::listen();
     let client = match args.backend.connect("run").await {

@@ -366,6 +366,10 @@ pub fn expand_config(args: Vec<OsString>, serve: &clap::Command) -> Result<Vec<O
 }
 
 /// Runs the lock server until SIGINT/SIGTERM.
+///
+/// Cancel safety: dropped during `Server::start`, the engine thread may run
+/// on until the process ends; once started, dropping it shuts the server
+/// down in the background (SIGINT/SIGTERM are the graceful stop, not a drop).
 pub async fn serve(args: ServeArgs) -> ExitCode {
     // Listening before the server starts: a signal sent as soon as it says
     // "listening" is then a graceful stop (once the start is complete), and

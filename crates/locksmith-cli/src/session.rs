@@ -47,6 +47,9 @@ enum SessionCommand {
 }
 
 /// Runs `locksmith session`.
+///
+/// Cancel safety: `list` only reads; dropped during `end`, the session being
+/// ended may or may not have been, and the later ids are not tried.
 pub async fn session(args: SessionArgs) -> ExitCode {
     let mut client = match connect(&args.backend).await {
         Ok(client) => client,

@@ -81,6 +81,9 @@ pub struct ReleaseArgs {
 }
 
 /// Prints the locks under a prefix, once or every `--watch` interval.
+///
+/// Cancel safety: safe, read-only (SIGINT/SIGTERM end a `--watch` between
+/// two prints).
 pub async fn status(args: StatusArgs) -> ExitCode {
     let mut termination = Termination::listen();
     let client = match args.backend.connect("status").await {
@@ -105,6 +108,8 @@ pub async fn status(args: StatusArgs) -> ExitCode {
 }
 
 /// One look at the locks (and their history), printed as `args` asks.
+///
+/// Cancel safety: safe, read-only; it prints only after its last await.
 async fn print_once(client: &Client, args: &StatusArgs, watching: bool) -> locksmith::Result<()> {
     let locks = client.list(&args.prefix).await?;
     let history = if args.history {
@@ -150,6 +155,8 @@ async fn print_once(client: &Client, args: &StatusArgs, watching: bool) -> locks
 }
 
 /// Force-releases a lock.
+///
+/// Cancel safety: a dropped call may or may not have released the lock.
 pub async fn release(args: ReleaseArgs) -> ExitCode {
     if !args.force {
         eprintln!(

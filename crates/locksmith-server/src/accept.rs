@@ -214,6 +214,10 @@ async fn handshake<S: AsyncRead + Unpin>(
 /// something else is refused at its first wrong byte. An HTTP/1 request can
 /// be shorter than the preface and then waits for an answer: read whole
 /// first, it would be held until the handshake timeout.
+///
+/// Cancel safety: not safe: bytes already read are lost with the future, so
+/// the stream is no use after; its caller drops the connection with it (on
+/// the handshake timeout).
 async fn read_preface(stream: &mut (impl AsyncRead + Unpin)) -> io::Result<Vec<u8>> {
     let not_http2 = || {
         io::Error::new(

@@ -284,12 +284,17 @@ fn unique(test: &str) -> String {
     format!("conformance/{}/{test}-{n}", &run[..8])
 }
 
+/// A client with a 30 s session TTL.
+///
+/// Cancel safety: as the harness's `connect`.
 async fn client<H: Harness>(h: &H) -> Client {
     h.connect(Duration::from_secs(30)).await
 }
 
 /// Waits until `name` shows `count` waiters where the backend can list them,
 /// otherwise gives the waiters a moment to queue.
+///
+/// Cancel safety: safe, read-only.
 async fn until_waiters(client: &Client, name: &str, count: usize) {
     if !client.backend().capabilities().lists_waiters {
         sleep(Duration::from_millis(300)).await;
@@ -597,11 +602,15 @@ pub async fn fifo_order_of_ten_waiters<H: Harness>(h: &H) {
 }
 
 /// A read (shared) hold of `name` if one is free now.
+///
+/// Cancel safety: safe, as `Lock::try_acquire`.
 async fn try_read(client: &Client, name: &str) -> Option<Guard> {
     client.rw_lock(name).read().try_acquire().await.unwrap()
 }
 
 /// A write (exclusive) hold of `name` if one is free now.
+///
+/// Cancel safety: safe, as `Lock::try_acquire`.
 async fn try_write(client: &Client, name: &str) -> Option<Guard> {
     client.rw_lock(name).write().try_acquire().await.unwrap()
 }
@@ -907,6 +916,9 @@ pub async fn election_fails_over<H: Harness>(h: &H) {
 }
 
 /// The next item of an election's observe stream, within `limit`.
+///
+/// Cancel safety: safe; the observer stays consistent, as for a dropped
+/// `next()` of its stream.
 async fn next<S>(changes: &mut S, limit: Duration) -> Option<locksmith::Leader>
 where
     S: futures::Stream<Item = locksmith::Result<Option<locksmith::Leader>>> + Unpin,
@@ -1347,6 +1359,9 @@ pub struct UrlHarness {
 }
 
 impl Harness for UrlHarness {
+    /// A client of the URL.
+    ///
+    /// Cancel safety: safe, as `Client::connect_with`.
     async fn connect(&self, session_ttl: Duration) -> Client {
         let options = ConnectOptions::default().session_ttl(session_ttl);
         Client::connect_with(&self.url, options)

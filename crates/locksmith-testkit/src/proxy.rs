@@ -75,6 +75,8 @@ impl Drop for Proxy {
 }
 
 /// Waits while the proxy blackholes; fails when it refuses (or is gone).
+///
+/// Cancel safety: safe; it only watches the mode.
 async fn passable(mode: &mut watch::Receiver<Mode>) -> Result<Mode, ()> {
     loop {
         match *mode.borrow_and_update() {
@@ -86,6 +88,11 @@ async fn passable(mode: &mut watch::Receiver<Mode>) -> Result<Mode, ()> {
     }
 }
 
+/// Relays one client connection to `upstream` as the mode says, until either
+/// side closes or the proxy refuses or is dropped.
+///
+/// Cancel safety: safe; dropping it closes both connections and aborts the
+/// pumps' reader tasks, losing what they had queued.
 async fn relay(client: TcpStream, upstream: SocketAddr, mut mode: watch::Receiver<Mode>) {
     // A partitioned client's connection attempt is not answered until it heals.
     if passable(&mut mode).await.is_err() {
@@ -109,6 +116,10 @@ async fn relay(client: TcpStream, upstream: SocketAddr, mut mode: watch::Receive
 
 /// Copies one direction: a reader task timestamps chunks, the writer holds them
 /// as the mode says.
+///
+/// Cancel safety: dropping it aborts its reader task: chunks read but not
+/// yet written are lost, and `to` is dropped without a shutdown (as `relay`
+/// does to the other direction once one ends).
 async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, mut mode: watch::Receiver<Mode>) {
     let (chunks, mut queue) = mpsc::channel::<(Instant, Vec<u8>)>(1024);
     let reader = async move {

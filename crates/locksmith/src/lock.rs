@@ -159,6 +159,12 @@ impl Lock {
             .ok_or_else(|| unreachable_none(&self.names))
     }
 
+    /// Acquires through the model, bounding a timed wait with a timer, and
+    /// counts the outcome in the client metrics.
+    ///
+    /// Cancel safety: safe, as the model's acquire: dropping it leaves no queue
+    /// entry and no hold (and counts nothing); the guard is made after the
+    /// last await.
     async fn acquire_with(&self, wait: Wait) -> Result<Option<Guard>> {
         let request = self.request(wait)?;
         let backend = self.client.backend();

@@ -118,6 +118,9 @@ impl Table {
     }
 
     /// Applies every time-driven command that is due, then sleeps until the next.
+    ///
+    /// Cancel safety: runs as the table's own task until the table's last
+    /// client is gone; aborting it stops expiries and wait timeouts there.
     async fn run_timers(self: Arc<Self>) {
         loop {
             let next = {
@@ -412,6 +415,9 @@ impl Backend for MemoryBackend {
         }
     }
 
+    /// Cancel safety: safe; dropping the future cancels the request in the
+    /// engine, or releases a grant that raced the drop, under the table lock
+    /// (see `PendingAcquire`); the grant is made after the last await.
     async fn acquire(&self, request: &AcquireRequest) -> Result<Option<Grant>> {
         if self.closed.load(std::sync::atomic::Ordering::Acquire) {
             return Err(Error::Closed);
@@ -479,6 +485,7 @@ impl Backend for MemoryBackend {
         }
     }
 
+    /// Cancel safety: safe, read-only (no await point).
     async fn describe(&self, name: &str) -> Result<Option<LockInfo>> {
         let state = self.table().state();
         Ok(state
@@ -487,6 +494,7 @@ impl Backend for MemoryBackend {
             .map(|info| self.info(info, &state)))
     }
 
+    /// Cancel safety: safe, read-only (no await point).
     async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>> {
         let state = self.table().state();
         Ok(state
@@ -510,6 +518,8 @@ impl Backend for MemoryBackend {
         Ok(Some(Box::pin(wake_ups)))
     }
 
+    /// Cancel safety: safe; one step under the table lock, with no await
+    /// point: it happened or it did not.
     async fn force_release(&self, name: &str) -> Result<()> {
         let table = self.table();
         let mut state = table.state();
@@ -521,6 +531,8 @@ impl Backend for MemoryBackend {
         )?)
     }
 
+    /// Cancel safety: safe; one step under the table lock, with no await
+    /// point: the session is closed (its holds released) or it is not.
     async fn close(&self) -> Result<()> {
         self.closed
             .store(true, std::sync::atomic::Ordering::Release);
@@ -548,6 +560,8 @@ struct MemoryHold {
 
 #[async_trait]
 impl Hold for MemoryHold {
+    /// Cancel safety: safe; every name is released in one step under the
+    /// table lock, with no await point.
     async fn release(self: Box<Self>) -> Result<()> {
         let mut state = self.table.state();
         state.forget(&self.tokens);
@@ -565,6 +579,8 @@ impl Hold for MemoryHold {
         result
     }
 
+    /// Cancel safety: safe; one step under the table lock, with no await
+    /// point: the extension happened or it did not.
     async fn extend(&self, lease: Duration) -> Result<()> {
         let mut state = self.table.state();
         for (name, &token) in self.request.names.iter().zip(&self.tokens) {

@@ -584,6 +584,13 @@ impl Drop for Unclaimed {
 struct TakenSoFar(Vec<(usize, Granted)>);
 
 impl TakenSoFar {
+    /// Releases every part taken so far, one after another.
+    ///
+    /// Cancel safety: not cancel safe. If dropped midway, the part being
+    /// released may or may not be, and the parts not yet reached are dropped
+    /// by the drain without a release (the drop of `TakenSoFar` then finds
+    /// none): they stay held, and in the re-entry table, until the lease or
+    /// the client's session ends them.
     async fn release_all(&mut self) {
         for (_, part) in self.0.drain(..) {
             let _ = part.hold.release().await;
@@ -604,6 +611,11 @@ struct HoldAll(Vec<Box<dyn Hold>>);
 
 #[async_trait]
 impl Hold for HoldAll {
+    /// Releases the parts one after another; the first error wins.
+    ///
+    /// Cancel safety: if dropped midway, the part being released may or may
+    /// not be, and the parts not yet reached are dropped without a release;
+    /// their lease or session ends them.
     async fn release(self: Box<Self>) -> Result<()> {
         let mut first_error = None;
         for hold in self.0 {
@@ -614,6 +626,10 @@ impl Hold for HoldAll {
         first_error.map_or(Ok(()), Err)
     }
 
+    /// Extends the parts one after another.
+    ///
+    /// Cancel safety: each part's extension either happened or did not; if
+    /// dropped midway, the earlier parts are extended and the later ones not.
     async fn extend(&self, lease: Duration) -> Result<()> {
         for hold in &self.0 {
             hold.extend(lease).await?;

@@ -205,6 +205,11 @@ struct ChartData {
 }
 
 /// Runs the benchmark scenarios.
+///
+/// Cancel safety: dropped midway, it writes no report; the servers it
+/// started are killed as they drop (one still starting on a blocking thread
+/// when that start returns), and the running scenario's holds end with its
+/// clients.
 pub async fn bench(args: BenchArgs) -> std::process::ExitCode {
     if args.clients.is_empty()
         || args.clients.contains(&0)
@@ -452,6 +457,8 @@ fn failed_report(
 }
 
 /// Connects once and closes again.
+///
+/// Cancel safety: safe; a client dropped before its close ends its session.
 async fn check_connect(target: &Target, settings: &Settings) -> Result<(), String> {
     match tokio::time::timeout(
         Duration::from_secs(30),
@@ -478,6 +485,9 @@ struct Rounds {
 }
 
 /// Runs the timed scenarios once against `target`.
+///
+/// Cancel safety: as the scenarios: dropping it drops the running
+/// scenario's clients, whose sessions end; the results so far stay in `runs`.
 async fn timed_round(
     target: &Target,
     args: &BenchArgs,
@@ -645,6 +655,9 @@ fn summarize(
 }
 
 /// Scenario (d) against one backend.
+///
+/// Cancel safety: as `scenario::scale`: the guards are released in the
+/// background and the clients dropped.
 async fn run_scale(
     target: &Target,
     args: &BenchArgs,
@@ -720,6 +733,9 @@ fn failed_line<T>(
 }
 
 /// Runs a scenario with a time limit.
+///
+/// Cancel safety: as `scenario`'s own, which is dropped with it (as it is
+/// when the limit passes).
 async fn bounded<T>(
     limit: Duration,
     scenario: impl std::future::Future<Output = Result<T, String>>,

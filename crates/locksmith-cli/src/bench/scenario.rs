@@ -100,6 +100,9 @@ pub struct Scale {
 }
 
 /// Connects `n` clients at once.
+///
+/// Cancel safety: safe; the clients connected so far are dropped, ending
+/// their sessions.
 async fn connect_all(
     target: &Target,
     n: usize,
@@ -110,6 +113,10 @@ async fn connect_all(
         .map_err(|e| format!("connect: {e}"))
 }
 
+/// Closes every client, all at once.
+///
+/// Cancel safety: a dropped call cuts the closes short; the holds left end
+/// with the sessions, as for `Client::close`.
 async fn close_all(clients: Vec<Client>) {
     futures::future::join_all(clients.iter().map(Client::close)).await;
 }

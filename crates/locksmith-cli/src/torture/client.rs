@@ -48,6 +48,11 @@ struct Resource {
 }
 
 impl Resource {
+    /// Sends `request` and reads its reply.
+    ///
+    /// Cancel safety: not cancel safe: dropped after (part of) the write, the
+    /// request may have been applied with its reply left unread, which the
+    /// next call would take for its own.
     async fn call(&mut self, request: &Request) -> std::io::Result<Reply> {
         let mut line = serde_json::to_string(request).expect("requests serialize");
         line.push('\n');
@@ -63,12 +68,18 @@ impl Resource {
 
 type Shared = Arc<Mutex<Resource>>;
 
+/// Sends `request` on the shared connection and reads its reply.
+///
+/// Cancel safety: as `Resource::call` once it has the connection; not cancel
+/// safe.
 async fn call(resource: &Shared, request: Request) -> std::io::Result<Reply> {
     resource.lock().await.call(&request).await
 }
 
 /// Runs the client loop until the resource says stop. Exits 0 then; 1 when
 /// the resource (the coordinator) is gone.
+///
+/// Cancel safety: as `run_loop`; the process exits when it returns.
 pub async fn run(config: ClientConfig) -> ExitCode {
     match run_loop(&config).await {
         Ok(()) => ExitCode::SUCCESS,
@@ -79,6 +90,12 @@ pub async fn run(config: ClientConfig) -> ExitCode {
     }
 }
 
+/// Reports `Hello`, then takes turns on the locks until the resource says
+/// stop.
+///
+/// Cancel safety: dropped midway, a held guard's drop releases in the
+/// background and the client's session ends; the resource sees the
+/// connection close (as when the process is killed).
 async fn run_loop(config: &ClientConfig) -> std::io::Result<()> {
     let stream = TcpStream::connect(config.resource).await?;
     stream.set_nodelay(true)?;
@@ -165,6 +182,10 @@ async fn run_loop(config: &ClientConfig) -> std::io::Result<()> {
 }
 
 /// Reports the grant, writes `Begin`, works, writes `End`, releases.
+///
+/// Cancel safety: not cancel safe: dropped midway, the guard's drop releases
+/// in the background without `End` or `Released` being reported, and a call
+/// cut short leaves the resource connection out of step (`Resource::call`).
 async fn critical_section(
     resource: &Shared,
     config: &ClientConfig,
@@ -275,6 +296,9 @@ async fn critical_section(
     Ok(())
 }
 
+/// Reports that the write under `token` is skipped because the hold was lost.
+///
+/// Cancel safety: as `Resource::call`; not cancel safe.
 async fn abort(resource: &Shared, lock: &str, token: u64, reason: String) -> std::io::Result<()> {
     call(
         resource,

@@ -222,6 +222,8 @@ impl RoundReport {
 
 /// Runs the fault-injection checker (or, with the hidden `--client-mode`, one
 /// of its client processes).
+///
+/// Cancel safety: as `coordinate`, or in client mode as `client::run`.
 pub async fn torture(args: TortureArgs) -> std::process::ExitCode {
     if args.client_mode {
         let (Some(url), Some(resource)) = (args.client_url.clone(), args.resource) else {
@@ -246,6 +248,11 @@ pub async fn torture(args: TortureArgs) -> std::process::ExitCode {
     coordinate(args).await
 }
 
+/// Runs every backend × fault round and writes the summary.
+///
+/// Cancel safety: dropped midway, it writes no summary; the current round
+/// goes as for `run_round`, and the servers it started are killed as they
+/// drop (one that a blocking start or fault still holds, once that returns).
 async fn coordinate(args: TortureArgs) -> ExitCode {
     if args.clients < 2 || args.locks == 0 {
         eprintln!("locksmith torture: needs at least 2 clients and 1 lock");
@@ -374,6 +381,9 @@ async fn coordinate(args: TortureArgs) -> ExitCode {
 }
 
 /// Every fault's round against one target.
+///
+/// Cancel safety: as `run_round`; a health wait on a blocking thread runs
+/// to its end.
 async fn torture_target(
     target: &Arc<Target>,
     args: &TortureArgs,
@@ -432,6 +442,12 @@ fn error_report(backend: &str, fault: FaultKind, error: String) -> RoundReport {
 }
 
 /// Runs one backend × fault round.
+///
+/// Cancel safety: dropping it drops the round: its clients are killed
+/// (`kill_on_drop`, stopped ones too) and its proxies and resource stop, so
+/// no fault on a client or a proxy outlives it; but a fault on the setup
+/// (`nemesis::inject` on a blocking thread) runs on to its end, unrecorded,
+/// and may overlap whatever the caller does next with the setup.
 async fn run_round(
     target: &Arc<Target>,
     fault: FaultKind,

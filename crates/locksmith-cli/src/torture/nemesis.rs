@@ -207,6 +207,9 @@ impl Timing {
 
 /// Injects `kind` again and again for `during` (at least once), returning what
 /// was done and what could not be.
+///
+/// Cancel safety: not cancel safe: dropped midway, the fault being injected
+/// is left as `inject` describes, not undone.
 pub async fn run(
     kind: FaultKind,
     round: &mut Round,
@@ -234,6 +237,8 @@ pub async fn run(
 }
 
 /// Sleeps, respawning clients that crashed meanwhile.
+///
+/// Cancel safety: safe; it only sleeps between synchronous reaps.
 pub async fn wait_reaping(round: &mut Round, duration: Duration) {
     let end = tokio::time::Instant::now() + duration;
     while tokio::time::Instant::now() < end {
@@ -246,6 +251,8 @@ pub async fn wait_reaping(round: &mut Round, duration: Duration) {
 }
 
 /// A client inside its critical section right now (waits up to 5 s for one).
+///
+/// Cancel safety: safe, read-only.
 async fn holder(round: &Round) -> Result<Holder, String> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     loop {
@@ -273,6 +280,10 @@ async fn holder(round: &Round) -> Result<Holder, String> {
 /// If none enters in time (the last fault's holder still lingers), the request
 /// is withdrawn: left standing, it would keep a client inside after the
 /// round's faults, its waiters stuck past the round's end.
+///
+/// Cancel safety: not cancel safe: dropped before it returns, it leaves the
+/// linger request standing (the next client to enter lingers with nothing
+/// waiting for it), the case the withdrawal above avoids.
 async fn lingering_holder(round: &Round, extra: Duration) -> Result<Holder, String> {
     round.resource.request_linger(extra);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
@@ -334,6 +345,19 @@ fn record(kind: FaultKind, start: u64, targets: Option<Vec<Who>>, note: String) 
     }
 }
 
+/// Injects `kind` once (and undoes it, where the fault has an end), and
+/// records what was done, or says why it could not be.
+///
+/// Cancel safety: not cancel safe; a dropped call leaves its fault in place:
+/// a `pause-client` victim stays SIGSTOPped, `partition` (and
+/// `expire-session` on ZooKeeper) leaves the victim's proxies blackholed,
+/// `delay` every proxy delaying, `restart-empty(-late)` the cut-off masters'
+/// proxies refusing, each until the round drops; `kill-client` may leave its
+/// slot without a client for the rest of the round (`reap` respawns only a
+/// client that exited); a wait for a lingering holder leaves its linger
+/// request standing; a fault on the setup runs on to its end on its
+/// blocking thread, unrecorded; a force-release may or may not have
+/// happened.
 async fn inject(
     kind: FaultKind,
     round: &mut Round,
@@ -820,6 +844,10 @@ fn restart_empty(
     })
 }
 
+/// Blackholes the proxies of client `who` for the outage, then heals them.
+///
+/// Cancel safety: not cancel safe: dropped during the outage, it leaves the
+/// client cut off (its proxies blackholed) until the round drops.
 async fn partition(round: &Round, who: Who, timing: Timing, whom: String) -> FaultRecord {
     let start = now();
     for proxy in round.proxies(who.0) {
@@ -837,6 +865,14 @@ async fn partition(round: &Round, who: Who, timing: Timing, whom: String) -> Fau
     )
 }
 
+/// Takes a lingering holder's session away, the store's own way (see
+/// `FaultKind::ExpireSession`).
+///
+/// Cancel safety: not cancel safe: on ZooKeeper, as `partition` (the
+/// holder's proxies stay blackholed); etcd's lease revoke and PostgreSQL's
+/// terminate run on to their end on a blocking thread; a force-release may
+/// or may not have happened; a wait for the holder leaves its linger
+/// request standing.
 async fn expire_session(
     round: &Round,
     target: &Arc<Target>,

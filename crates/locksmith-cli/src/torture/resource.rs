@@ -209,6 +209,10 @@ fn apply(state: &mut State, who: Who, request: Request) -> Reply {
 }
 
 /// Serves one client connection: a `Hello`, then requests until it closes.
+///
+/// Cancel safety: dropped midway (it runs as its own task, so only at the
+/// runtime's shutdown), it closes the connection without logging the close
+/// or taking the client out of `inside`; a request applied may go unanswered.
 async fn serve(stream: TcpStream, state: Arc<Mutex<State>>) {
     let (read, mut write) = stream.into_split();
     let mut lines = BufReader::new(read).lines();

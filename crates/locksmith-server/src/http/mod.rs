@@ -160,14 +160,23 @@ fn with_type(content_type: &'static str, body: impl IntoResponse) -> Response {
     ([(header::CONTENT_TYPE, content_type)], body).into_response()
 }
 
+/// The web page, from the binary.
+///
+/// Cancel safety: safe, no await.
 async fn page() -> Response {
     with_type("text/html; charset=utf-8", PAGE_HTML)
 }
 
+/// The page's script, from the binary.
+///
+/// Cancel safety: safe, no await.
 async fn script() -> Response {
     with_type("text/javascript; charset=utf-8", PAGE_JS)
 }
 
+/// The page's style sheet, from the binary.
+///
+/// Cancel safety: safe, no await.
 async fn style() -> Response {
     with_type("text/css; charset=utf-8", PAGE_CSS)
 }
@@ -175,6 +184,9 @@ async fn style() -> Response {
 /// openraft's runtime statistics of this member, as text: how long entries
 /// spend between proposal, the log write, commit and apply (percentiles in
 /// µs), and batch sizes, to tell where a slow commit waits.
+///
+/// Cancel safety: safe, read-only; a dropped request leaves at most a
+/// question to openraft's core whose answer nobody reads.
 async fn raft_stats(State(http): State<Http>) -> Response {
     let Some(raft) = http.member.get() else {
         return (
@@ -192,6 +204,9 @@ async fn raft_stats(State(http): State<Http>) -> Response {
     }
 }
 
+/// Every metric, OpenMetrics text (`/metrics`).
+///
+/// Cancel safety: safe, no await.
 async fn prometheus(State(http): State<Http>) -> Response {
     with_type(
         "application/openmetrics-text; version=1.0.0; charset=utf-8",
@@ -199,6 +214,9 @@ async fn prometheus(State(http): State<Http>) -> Response {
     )
 }
 
+/// `/readyz`: 200 while the core serves, else 503 and why.
+///
+/// Cancel safety: safe, no await.
 async fn ready(State(http): State<Http>) -> Response {
     match http.readiness.check() {
         Ok(()) => "ready\n".into_response(),
@@ -243,6 +261,10 @@ struct LocksQuery {
     limit: Option<usize>,
 }
 
+/// `/api/locks`: the locks under a prefix, with holders and waiters.
+///
+/// Cancel safety: as `Http::ask`'s: safe, read-only; a dropped request
+/// leaves at most a `List` op whose answer nobody reads.
 async fn locks(
     State(http): State<Http>,
     Query(query): Query<LocksQuery>,
@@ -260,6 +282,10 @@ async fn locks(
     Ok(Json(api::Locks::new(list)))
 }
 
+/// `/api/sessions`: the open sessions.
+///
+/// Cancel safety: as `Http::ask`'s: safe, read-only; a dropped request
+/// leaves at most a `ListSessions` op whose answer nobody reads.
 async fn sessions(State(http): State<Http>) -> Result<Json<api::Sessions>, Response> {
     let list = http.ask(|reply| Op::ListSessions { reply }).await?;
     Ok(Json(api::Sessions::new(list)))
@@ -271,6 +297,10 @@ struct HistoryQuery {
     prefix: String,
 }
 
+/// `/api/history`: recent grants under a prefix.
+///
+/// Cancel safety: as `Http::ask`'s: safe, read-only; a dropped request
+/// leaves at most a `History` op whose answer nobody reads.
 async fn history(
     State(http): State<Http>,
     Query(query): Query<HistoryQuery>,
@@ -281,6 +311,8 @@ async fn history(
 }
 
 /// The members as this member's Raft metrics know them; no call to the core.
+///
+/// Cancel safety: safe, no await.
 async fn cluster(State(http): State<Http>) -> Result<Json<api::Cluster>, Response> {
     let Some(raft) = http.member.get() else {
         let starting = "the member has not started yet (recovering its data)\n";

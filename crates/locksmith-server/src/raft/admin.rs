@@ -122,6 +122,9 @@ fn changed(
 
 #[tonic::async_trait]
 impl pb::cluster_server::Cluster for ClusterService {
+    /// The members, their roles and logs, as this member knows them.
+    ///
+    /// Cancel safety: safe, read-only, no await.
     async fn status(
         &self,
         request: Request<pb::StatusRequest>,
@@ -130,6 +133,12 @@ impl pb::cluster_server::Cluster for ClusterService {
         Ok(Response::new(cluster_status(&self.raft)))
     }
 
+    /// Adds a learner, and answers once it has caught up with the log.
+    ///
+    /// Cancel safety (tonic drops this future when the caller goes away):
+    /// once the change is in openraft's queue, the learner is added whether
+    /// or not anyone waits; only the wait for it to catch up is given up. A
+    /// retry then answers ALREADY_EXISTS, which `join` takes as done.
     async fn add_learner(
         &self,
         request: Request<pb::AddLearnerRequest>,
@@ -161,6 +170,14 @@ impl pb::cluster_server::Cluster for ClusterService {
         )
     }
 
+    /// Makes a learner a voter: a joint membership, then the new one.
+    ///
+    /// Cancel safety: not safe. Dropped (the caller gone) after the change
+    /// reached openraft's queue but before the joint membership committed,
+    /// the joint one still commits and nothing proposes the second step: the
+    /// group stays in joint consensus (majorities of both voter sets needed)
+    /// until another change of voters, and a retry answers ALREADY_EXISTS
+    /// (the member counts as a voter already) without finishing it.
     async fn promote(
         &self,
         request: Request<pb::MemberRequest>,
@@ -181,6 +198,13 @@ impl pb::cluster_server::Cluster for ClusterService {
         changed(self.raft.change_membership(change, false).await)
     }
 
+    /// Removes a member: a learner at once, a voter through a joint
+    /// membership.
+    ///
+    /// Cancel safety: a dropped removal may or may not have been made. For a
+    /// voter, dropped before the joint membership committed, the group may
+    /// stay in joint consensus until a change of voters; a retry of the
+    /// removal finishes it.
     async fn remove(
         &self,
         request: Request<pb::MemberRequest>,
@@ -208,6 +232,11 @@ impl pb::cluster_server::Cluster for ClusterService {
         }
     }
 
+    /// Asks openraft to hand leadership to a voter; answers without waiting
+    /// for the handover.
+    ///
+    /// Cancel safety: safe; once the command is in openraft's queue the
+    /// handover goes ahead whether or not the caller is still there.
     async fn transfer_leader(
         &self,
         request: Request<pb::MemberRequest>,

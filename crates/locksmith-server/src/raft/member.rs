@@ -117,6 +117,11 @@ pub(crate) fn raft_config(config: &ServerConfig) -> Result<Config, ServerError> 
 /// Starts openraft for this member over `log`, with the core as state
 /// machine (entries it applies wait in the core's channel until the core's
 /// thread runs).
+///
+/// Cancel safety: nothing keeps running if it is dropped (openraft starts its
+/// tasks only as it returns), and the log and machine go with it; committed
+/// entries it replayed may wait in the core's channel, and a purge of entries
+/// the kept snapshot covers may have been written: harmless to a later start.
 pub(crate) async fn open(
     config: &ServerConfig,
     log: RaftLog,
@@ -133,6 +138,11 @@ pub(crate) async fn open(
 /// Starts the tasks that write new leaders' first batches and watch the
 /// member's role, then initializes a new group. `address` is where this
 /// member's clients and peers reach it.
+///
+/// Cancel safety: the openers' and role tasks are spawned before the first
+/// await and keep running if it is dropped; a dropped initialization may or
+/// may not have been made (once asked, openraft makes it), and a delayed one
+/// (`--cluster`) may not have been started.
 pub(crate) async fn start(
     config: &ServerConfig,
     address: String,
@@ -194,6 +204,11 @@ async fn initialize_unless_reached(
     }
 }
 
+/// Initializes a new group of `members`; a group initialized already (by
+/// another member) is fine.
+///
+/// Cancel safety: once the request is in openraft's queue, the group is
+/// initialized whether or not the answer is awaited; dropped before, nothing.
 async fn initialize(raft: &Raft, members: BTreeMap<u64, BasicNode>) {
     tracing::info!(members = ?members.keys().collect::<Vec<_>>(), "initializing a new cluster");
     if let Err(error) = raft.initialize(members).await {
@@ -207,6 +222,9 @@ async fn initialize(raft: &Raft, members: BTreeMap<u64, BasicNode>) {
 /// watches the server metrics (role, leader, membership), which change only
 /// when those do: the full metrics change with every entry, and a wake-up
 /// per entry is a cost on a commit's path.
+///
+/// Cancel safety: runs as its own task until openraft or the core stops;
+/// aborted, it changes nothing, but the core keeps the last role it was told.
 async fn watch_role(raft: Raft, me: u64, core: Sender<Op>) {
     let mut metrics = raft.server_metrics();
     let mut last = None;
@@ -239,6 +257,9 @@ async fn watch_role(raft: Raft, me: u64, core: Sender<Op>) {
 
 /// A graceful stop leaves a snapshot of everything applied, so that the next
 /// start replays nothing (it waits up to 10 s for it).
+///
+/// Cancel safety: safe; dropped once the snapshot was asked for, openraft
+/// still builds and writes it (in a task of its own), unwaited.
 pub(crate) async fn snapshot_before_stopping(raft: &Raft) {
     let applied = raft.metrics().borrow_watched().last_applied;
     if applied.is_none() || raft.trigger().snapshot().await.is_err() {

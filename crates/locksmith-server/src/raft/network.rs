@@ -155,6 +155,8 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
 
     /// Does not connect: the channel connects on first use and reconnects by
     /// itself, as openraft expects of a factory.
+    ///
+    /// Cancel safety: safe, no await.
     async fn new_client(&mut self, target: u64, node: &BasicNode) -> Peer {
         let channel = match peer_endpoint(&node.addr, self.tls.clone()) {
             Ok(endpoint) => Some(
@@ -212,6 +214,10 @@ impl Peer {
 
     /// One unary call: encode, send within `ttl`, decode the remote
     /// `Result`.
+    ///
+    /// Cancel safety: a dropped call (or one timed out) may or may not have
+    /// reached the peer, which may act on it; its answer is lost. Nothing
+    /// changes here.
     async fn call<Req, Resp, E, F, Fut>(
         &self,
         request: &Req,
@@ -252,6 +258,9 @@ impl RaftNetworkV2<TypeConfig> for Peer {
 
     /// Used for a peer without replication streams only; given as long as
     /// a stream's request ([`REPLICATION_PROGRESS`]), for the same reason.
+    ///
+    /// Cancel safety: as `call`'s: the peer may have appended the entries;
+    /// openraft sends them again, and appending them twice is harmless.
     async fn append_entries(
         &mut self,
         request: AppendEntriesRequest<TypeConfig>,
@@ -344,6 +353,10 @@ impl RaftNetworkV2<TypeConfig> for Peer {
         })
     }
 
+    /// Asks the peer for its vote.
+    ///
+    /// Cancel safety: as `call`'s: the peer may have granted and saved the
+    /// vote, unheard; asked again for the same vote, it grants it again.
     async fn vote(
         &mut self,
         request: VoteRequest<TypeConfig>,
@@ -387,6 +400,10 @@ impl RaftNetworkV2<TypeConfig> for Peer {
         result.map_err(flatten_remote)
     }
 
+    /// Tells the peer that this leader hands leadership over.
+    ///
+    /// Cancel safety: as `call`'s: the peer may have acted on it (given up
+    /// this leader's lease, or, as the one chosen, started an election).
     async fn transfer_leader(
         &mut self,
         request: TransferLeaderRequest<TypeConfig>,
@@ -559,6 +576,11 @@ impl<SM> pb::raft_server::Raft for RaftService<SM>
 where
     SM: RaftStateMachine<TypeConfig, SnapshotData = Cursor<Vec<u8>>>,
 {
+    /// One AppendEntries from a leader of an earlier version (no streams).
+    ///
+    /// Cancel safety (tonic drops it when the leader goes away): once in
+    /// openraft's queue, the entries are appended anyway and the answer is
+    /// dropped; the leader sends again what it heard no answer for.
     async fn append(&self, request: Request<pb::Payload>) -> Result<Response<pb::Payload>, Status> {
         let request: AppendEntriesRequest<TypeConfig> = decode_request(request)?;
         reply(&self.raft.append_entries(request).await)
@@ -595,6 +617,10 @@ where
         Ok(Response::new(answers.boxed()))
     }
 
+    /// A candidate's request for this member's vote.
+    ///
+    /// Cancel safety: once in openraft's queue, the vote is decided (and
+    /// saved if granted) whether or not the candidate hears the answer.
     async fn vote(&self, request: Request<pb::Payload>) -> Result<Response<pb::Payload>, Status> {
         let request: VoteRequest<TypeConfig> = decode_request(request)?;
         reply(&self.raft.vote(request).await)
@@ -612,6 +638,11 @@ where
         reply(&self.raft.pre_vote(request).await)
     }
 
+    /// The leader hands leadership over (to this member, or to another).
+    ///
+    /// Cancel safety: dropped before it reaches openraft's queue (the chosen
+    /// member first waits until its log holds the leader's last entry), it
+    /// does nothing; after, openraft acts on it, answer heard or not.
     async fn transfer_leader(
         &self,
         request: Request<pb::Payload>,

@@ -12,10 +12,10 @@
 //! blocking thread, with openraft's metadata (last applied log id and
 //! membership) beside it.
 //!
-//! Cancel safety of every method: the op is sent to the core before the
-//! first await (`apply` awaits only openraft's stream of entries, then sends
-//! without awaiting); a dropped future leaves a sent op to run, and openraft
-//! does not drop these futures before the member shuts down.
+//! Cancel safety: openraft runs these methods in tasks it never aborts (its
+//! state machine worker, a snapshot build), so none is dropped midway while
+//! the member runs; only a start dropped while openraft replays the log
+//! (`member::open`) could. Each method says what a dropped call leaves.
 
 use std::io::{self, Cursor};
 use std::sync::mpsc::Sender;
@@ -75,6 +75,10 @@ impl CoreMachine {
 
     /// Keeps `snapshot` on disk (before openraft purges the log it covers)
     /// and as the current one.
+    ///
+    /// Cancel safety: dropped while the file is written, the write still
+    /// completes on its blocking thread (the file is replaced atomically),
+    /// but the snapshot is not made the current one.
     async fn keep_durably(
         &self,
         snapshot: &SnapshotOf<TypeConfig, Cursor<Vec<u8>>>,
@@ -96,6 +100,9 @@ impl CoreMachine {
     }
 
     /// Sends `op` to the core and waits for its answer.
+    ///
+    /// Cancel safety: the op is sent before the only await; a dropped call
+    /// leaves it to run, its answer unread.
     async fn ask<T>(&self, op: impl FnOnce(oneshot::Sender<T>) -> Op) -> io::Result<T> {
         let (reply, answer) = oneshot::channel();
         self.core.send(op(reply)).map_err(|_| stopped())?;
@@ -125,6 +132,10 @@ impl RaftSnapshotBuilder<TypeConfig> for CoreMachine {
 
     /// The core copies its state (it goes on at once); the copy is encoded
     /// here, on a blocking thread, then written.
+    ///
+    /// Cancel safety: safe; dropped midway, the core's copy is thrown away
+    /// (an encoding already started finishes on its blocking thread, unused),
+    /// or a write already started completes as in `keep_durably`.
     async fn build_snapshot(&mut self) -> io::Result<SnapshotOf<TypeConfig, Cursor<Vec<u8>>>> {
         let frozen = self.ask(|reply| Op::Snapshot { reply }).await?;
         let started = std::time::Instant::now();
@@ -145,6 +156,9 @@ impl RaftStateMachine<TypeConfig> for CoreMachine {
     type SnapshotData = Cursor<Vec<u8>>;
     type SnapshotBuilder = Self;
 
+    /// The last entry (and membership) handed to the core.
+    ///
+    /// Cancel safety: safe, read-only, no await.
     async fn applied_state(
         &mut self,
     ) -> io::Result<(Option<LogIdOf<TypeConfig>>, StoredMembershipOf<TypeConfig>)> {
@@ -152,6 +166,11 @@ impl RaftStateMachine<TypeConfig> for CoreMachine {
         Ok((applied.last_applied, applied.membership.clone()))
     }
 
+    /// Hands the committed `entries` to the core, in one op.
+    ///
+    /// Cancel safety: dropped while it reads the entries, it hands the core
+    /// nothing and records nothing as applied: the entries it read, and their
+    /// responders, are dropped with it.
     async fn apply<Entries>(&mut self, mut entries: Entries) -> io::Result<()>
     where
         Entries: Stream<Item = io::Result<EntryResponder<TypeConfig>>> + Unpin + Send,
@@ -188,6 +207,13 @@ impl RaftStateMachine<TypeConfig> for CoreMachine {
             .map_err(|_| stopped())
     }
 
+    /// Has the core install a snapshot received from the leader, then keeps
+    /// it.
+    ///
+    /// Cancel safety: not safe midway: dropped after the op is sent, the
+    /// core installs the snapshot, but `applied_state` may still report the
+    /// state before it, and the current snapshot the old one (the file may be
+    /// written or not).
     async fn install_snapshot(
         &mut self,
         meta: &SnapshotMetaOf<TypeConfig>,
@@ -213,6 +239,9 @@ impl RaftStateMachine<TypeConfig> for CoreMachine {
         Ok(())
     }
 
+    /// The newest snapshot built or installed.
+    ///
+    /// Cancel safety: safe, read-only, no await.
     async fn get_current_snapshot(
         &mut self,
     ) -> io::Result<Option<SnapshotOf<TypeConfig, Cursor<Vec<u8>>>>> {
@@ -220,6 +249,9 @@ impl RaftStateMachine<TypeConfig> for CoreMachine {
         Ok(current.as_ref().map(copy))
     }
 
+    /// A builder of snapshots: this machine, shared.
+    ///
+    /// Cancel safety: safe, no await.
     async fn get_snapshot_builder(&mut self) -> Self {
         self.clone()
     }

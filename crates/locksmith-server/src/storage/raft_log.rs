@@ -23,9 +23,13 @@
 //! kept in memory too (openraft reads them to replicate); openraft purges
 //! after each snapshot, which bounds them.
 //!
-//! Cancel safety of every method: the record is durable once the method
-//! returns; a method dropped midway leaves a torn tail at worst, cut on the
-//! next start (never acknowledged to openraft).
+//! Cancel safety of every method: it awaits only the log's lock, before it
+//! reads or writes anything; holding it, it runs to the end without yielding
+//! (the write and its `fdatasync` block the thread). So a dropped call did
+//! nothing. A record is durable once its method returns (but for
+//! `save_committed`'s, which the next write carries); a crash midway leaves a
+//! torn tail at worst, cut on the next start (never acknowledged to
+//! openraft).
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -444,6 +448,9 @@ fn write_manifest(dir: &Path, manifest: Manifest) -> io::Result<()> {
 }
 
 impl RaftLogReader<TypeConfig> for RaftLog {
+    /// The entries in `range` that are kept (not purged).
+    ///
+    /// Cancel safety: safe, read-only (it awaits only the lock).
     async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + Send>(
         &mut self,
         range: RB,
@@ -452,6 +459,9 @@ impl RaftLogReader<TypeConfig> for RaftLog {
         Ok(inner.entries.range(range).map(|(_, e)| e.clone()).collect())
     }
 
+    /// The vote saved last.
+    ///
+    /// Cancel safety: safe, read-only (it awaits only the lock).
     async fn read_vote(&mut self) -> io::Result<Option<VoteOf<TypeConfig>>> {
         Ok(self.inner.lock().await.vote)
     }
@@ -460,14 +470,24 @@ impl RaftLogReader<TypeConfig> for RaftLog {
 impl RaftLogStorage<TypeConfig> for RaftLog {
     type LogReader = Self;
 
+    /// The last purged and last log ids.
+    ///
+    /// Cancel safety: safe, read-only (it awaits only the lock).
     async fn get_log_state(&mut self) -> io::Result<LogState<TypeConfig>> {
         Ok(self.inner.lock().await.log_state())
     }
 
+    /// A reader: this log, shared.
+    ///
+    /// Cancel safety: safe, no await.
     async fn get_log_reader(&mut self) -> Self {
         self.clone()
     }
 
+    /// Saves the vote durably before returning.
+    ///
+    /// Cancel safety: safe: it awaits only the lock, before writing; a
+    /// dropped call wrote nothing. Holding the lock, it runs to the end.
     async fn save_vote(&mut self, vote: &VoteOf<TypeConfig>) -> io::Result<()> {
         let mut inner = self.inner.lock().await;
         inner.write([RaftRecord::Vote(*vote)])?;
@@ -475,6 +495,10 @@ impl RaftLogStorage<TypeConfig> for RaftLog {
         inner.rotate_if_full()
     }
 
+    /// Records the committed id, without a write of its own.
+    ///
+    /// Cancel safety: safe: it awaits only the lock; a dropped call records
+    /// nothing. What it buffers is durable only with the next write.
     async fn save_committed(&mut self, committed: Option<LogIdOf<TypeConfig>>) -> io::Result<()> {
         let mut inner = self.inner.lock().await;
         // Buffered: made durable by the next append or vote. openraft only
@@ -484,10 +508,18 @@ impl RaftLogStorage<TypeConfig> for RaftLog {
         Ok(())
     }
 
+    /// The committed id saved last.
+    ///
+    /// Cancel safety: safe, read-only (it awaits only the lock).
     async fn read_committed(&mut self) -> io::Result<Option<LogIdOf<TypeConfig>>> {
         Ok(self.inner.lock().await.committed)
     }
 
+    /// Appends `entries` in one durable write; tells `callback` how it went.
+    ///
+    /// Cancel safety: safe: it awaits only the lock, before writing; a
+    /// dropped call wrote nothing and never calls `callback`. Holding the
+    /// lock, it runs to the end.
     async fn append<I>(&mut self, entries: I, callback: IOFlushed<TypeConfig>) -> io::Result<()>
     where
         I: IntoIterator<Item = EntryOf<TypeConfig>> + Send,
@@ -516,6 +548,10 @@ impl RaftLogStorage<TypeConfig> for RaftLog {
         result
     }
 
+    /// Voids the entries after `after`, durably.
+    ///
+    /// Cancel safety: safe: it awaits only the lock, before writing; a
+    /// dropped call wrote nothing. Holding the lock, it runs to the end.
     async fn truncate_after(&mut self, after: Option<LogIdOf<TypeConfig>>) -> io::Result<()> {
         let mut inner = self.inner.lock().await;
         inner.write([RaftRecord::TruncateAfter(after)])?;
@@ -524,6 +560,11 @@ impl RaftLogStorage<TypeConfig> for RaftLog {
         inner.rotate_if_full()
     }
 
+    /// Drops the entries up to `upto` (in a snapshot), durably, and the
+    /// segments left with none.
+    ///
+    /// Cancel safety: safe: it awaits only the lock, before writing; a
+    /// dropped call wrote nothing. Holding the lock, it runs to the end.
     async fn purge(&mut self, upto: LogIdOf<TypeConfig>) -> io::Result<()> {
         let mut inner = self.inner.lock().await;
         inner.write([RaftRecord::Purge(upto)])?;

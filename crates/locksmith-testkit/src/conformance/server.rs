@@ -64,6 +64,10 @@ impl ServerHarness {
 }
 
 impl Harness for ServerHarness {
+    /// A client named uniquely, through fault proxies of its own.
+    ///
+    /// Cancel safety: safe; the proxies started so far stop when dropped,
+    /// and a dropped `Client::connect_with` leaves nothing behind.
     async fn connect(&self, session_ttl: Duration) -> Client {
         let name = format!("conformance-{}", uuid::Uuid::new_v4().simple());
         let options = ConnectOptions::default()
@@ -86,6 +90,9 @@ impl Harness for ServerHarness {
 
     /// Ends the client's session through the admin API (`EndSession`, what
     /// `locksmith session end` sends), as its expiry would.
+    ///
+    /// Cancel safety: safe; the session may or may not have been ended, as
+    /// for `end_session_of`.
     async fn expire_session(&self, client: &Client) -> Fault {
         let (name, _) = self.clients.of(client);
         // A cluster's members learn of a new session through the log.
@@ -103,6 +110,9 @@ impl Harness for ServerHarness {
     ///
     /// Not for a cluster: its client follows the members' leader hints to
     /// addresses past the proxies.
+    ///
+    /// Cancel safety: safe; it completes at its first poll, and
+    /// `restore_connection` undoes the cut.
     async fn cut_connection(&self, client: &Client) -> Fault {
         let (_, route) = self.clients.of(client);
         if route.proxies().len() > 1 {
@@ -112,6 +122,9 @@ impl Harness for ServerHarness {
         Fault::Injected(&[LostCause::ConnectionLost])
     }
 
+    /// Lets the client's proxies pass again.
+    ///
+    /// Cancel safety: safe; it completes at its first poll.
     async fn restore_connection(&self, client: &Client) {
         self.clients.of(client).1.set(Mode::Pass);
     }

@@ -222,6 +222,10 @@ impl PgConn {
     }
 
     /// Runs `statement`, keeping `in_flight` (for connections one task uses).
+    ///
+    /// Cancel safety: as the statement's; a dropped call leaves `in_flight`
+    /// set, on purpose: the server still owes that statement's answer (see
+    /// `cancel_blocking`).
     async fn tracked<T>(&self, statement: impl std::future::Future<Output = T>) -> T {
         self.in_flight.store(true, Ordering::Release);
         let answer = statement.await;

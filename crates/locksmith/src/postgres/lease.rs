@@ -209,6 +209,10 @@ struct Keeper {
 }
 
 /// Renews (with the watchdog) and watches the expiry, see the module docs.
+///
+/// Cancel safety: runs as the hold's own task until the hold is released,
+/// dropped or lost; aborting it stops the renewals (the lease then runs out
+/// in the database) and the local expiry check that fires `lost()`.
 async fn keep(keeper: Keeper, mut updates: watch::Receiver<LeaseState>) {
     loop {
         let state = *updates.borrow_and_update();
@@ -284,6 +288,8 @@ async fn keep(keeper: Keeper, mut updates: watch::Receiver<LeaseState>) {
 }
 
 /// `renew_lease`: true when the lease was still ours and runs `lease` from now.
+///
+/// Cancel safety: safe; one statement: the renewal happened or it did not.
 async fn renew(
     shared: &Shared,
     name: &str,
@@ -372,6 +378,9 @@ impl Drop for LeaseHold {
 }
 
 /// `release_lease`.
+///
+/// Cancel safety: the delete may or may not have happened; its callers (the
+/// release, the hold's drop) run it on a task of its own.
 async fn delete(shared: &Shared, name: &str, token: u64, owner: &str) -> Result<()> {
     let outcome: String = one(shared
         .query(

@@ -157,6 +157,9 @@ impl Listener {
     }
 
     /// Closes the `LISTEN` connection.
+    ///
+    /// Cancel safety: safe; dropped before it gets the lock, the connection
+    /// stays open until the next close or the listener's drop.
     pub async fn close(&self) {
         self.client.lock().await.take();
     }

@@ -283,6 +283,9 @@ pub(crate) type Params<'a> = &'a [(&'a (dyn ToSql + Sync), Type)];
 /// per connection), or, when it is `None` (behind a transaction pooler, which
 /// keeps no named statement from one transaction to the next), as an unnamed
 /// statement parsed with the call.
+///
+/// Cancel safety: safe if the statement is (a dropped call may or may not
+/// have run it).
 pub(crate) async fn run(
     client: &tokio_postgres::Client,
     prepared: Option<&tokio_postgres::Statement>,
@@ -432,6 +435,12 @@ impl PostgresBackend {
         tracing::Instrument::instrument(Self::open(settings), span).await
     }
 
+    /// Builds the pool, creates (or checks) the layout and starts the
+    /// clean-up task.
+    ///
+    /// Cancel safety: safe, as [`PostgresBackend::connect`]: the pool and its
+    /// connections go with the dropped future, a migration in flight rolls
+    /// back, and the clean-up task starts only after the last await.
     async fn open(settings: Arc<Settings>) -> Result<Self> {
         let manager = deadpool_postgres::Manager::from_config(
             settings.pg.clone(),
@@ -550,6 +559,10 @@ impl<T> Drop for AbortOnDrop<T> {
 
 /// Runs the layout's `cleanup()` now and then (every 5 minutes), while the
 /// backend lives.
+///
+/// Cancel safety: runs as its own task until the backend is dropped or
+/// closed; aborting it only stops the clean-ups (a `cleanup()` in flight
+/// commits or rolls back as a whole).
 async fn cleanup(shared: Weak<Shared>) {
     loop {
         let Some(shared) = shared.upgrade() else {
@@ -649,6 +662,8 @@ impl Shared {
     }
 
     /// Acquires one name, no re-entry handling.
+    ///
+    /// Cancel safety: safe, as `session::acquire` and `lease::acquire`.
     async fn acquire_new(
         self: &Arc<Self>,
         request: &AcquireRequest,
@@ -675,6 +690,8 @@ impl Shared {
 
     /// Updates the recorded re-entry depth of a grant (best effort: it is for
     /// inspection only).
+    ///
+    /// Cancel safety: safe; one statement: the depth landed or it did not.
     async fn record_count(&self, name: &str, inner: &Inner, count: u32) {
         let sql = match inner {
             Inner::Session(_) => &self.sql.session_count,
@@ -735,6 +752,9 @@ struct Handle {
 
 #[async_trait]
 impl Hold for Handle {
+    /// Cancel safety: safe once polled: the hold leaves the client's live
+    /// holds at the first poll and the release runs to completion on its own
+    /// task, even if this future is dropped.
     async fn release(self: Box<Self>) -> Result<()> {
         let token = self.inner.token();
         self.shared
@@ -746,6 +766,8 @@ impl Hold for Handle {
         tracing::Instrument::instrument(self.inner.release(), span).await
     }
 
+    /// Cancel safety: safe; one renewal statement: the extension either
+    /// happened or did not.
     async fn extend(&self, lease: Duration) -> Result<()> {
         match self.inner.as_ref() {
             Inner::Lease(hold) => hold.extend(lease).await,
@@ -757,6 +779,8 @@ impl Hold for Handle {
 
     /// Writes the depth into the hold's row (best effort: it is for
     /// inspection only).
+    ///
+    /// Cancel safety: safe; the depth either landed or did not.
     async fn record_count(&self, count: u32) -> Result<()> {
         self.shared
             .record_count(&self.name, &self.inner, count)
@@ -784,6 +808,9 @@ impl Backend for PostgresBackend {
         }
     }
 
+    /// Cancel safety: safe (see the module docs): attempts run on their own
+    /// tasks and a grant nobody receives releases itself, a dropped wait
+    /// closes its connection, and the hold is registered after the last await.
     async fn acquire(&self, request: &AcquireRequest) -> Result<Option<Grant>> {
         if self.shared.closed.is_cancelled() {
             return Err(Error::Closed);
@@ -811,21 +838,30 @@ impl Backend for PostgresBackend {
         }))
     }
 
+    /// Cancel safety: safe, read-only.
     async fn describe(&self, name: &str) -> Result<Option<LockInfo>> {
         let span = tracing::debug_span!("postgres describe", name);
         tracing::Instrument::instrument(inspect::describe(&self.shared, name), span).await
     }
 
+    /// Cancel safety: safe, read-only.
     async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>> {
         let span = tracing::debug_span!("postgres list", prefix);
         tracing::Instrument::instrument(inspect::list(&self.shared, prefix), span).await
     }
 
+    /// Cancel safety: the release may or may not have happened (the lease rows
+    /// may be deleted and some holders' connections terminated).
     async fn force_release(&self, name: &str) -> Result<()> {
         let span = tracing::info_span!("postgres force_release", name);
         tracing::Instrument::instrument(inspect::force_release(&self.shared, name), span).await
     }
 
+    /// Cancel safety: every live hold's `lost()` fires at the first poll, and
+    /// each release that started runs to completion on its own task. If
+    /// dropped midway, the holds not yet reached are released when their
+    /// guards go (or end with their connection or lease), and the client is
+    /// not yet closed.
     async fn close(&self) -> Result<()> {
         let shared = &self.shared;
         let live: Vec<Arc<Inner>> = shared
@@ -858,6 +894,9 @@ impl Backend for PostgresBackend {
 /// Runs `work` on its own task, so that it completes even if the caller stops
 /// waiting for it; an output nobody received is dropped there (holds release
 /// themselves when dropped).
+///
+/// Cancel safety: safe once polled: `work` is spawned at the first poll and
+/// runs to completion (its output is dropped there) if this future is dropped.
 pub(crate) async fn detached<T: Send + 'static>(
     work: impl Future<Output = T> + Send + 'static,
 ) -> Result<T> {

@@ -60,6 +60,9 @@ pub(crate) async fn ensure(
 }
 
 /// The migration transaction of [`ensure`].
+///
+/// Cancel safety: safe; a dropped migration rolls back with its transaction
+/// (dropping a tokio-postgres transaction rolls it back).
 async fn run_migration(client: &mut tokio_postgres::Client, schema: &str) -> Result<()> {
     // Unnamed statements only, here and in `version`: they also work behind a
     // transaction pooler.
@@ -90,6 +93,8 @@ async fn run_migration(client: &mut tokio_postgres::Client, schema: &str) -> Res
 }
 
 /// The layout version recorded in `schema`, `None` when there is none.
+///
+/// Cancel safety: safe, read-only.
 async fn version(client: &impl tokio_postgres::GenericClient, schema: &str) -> Result<Option<i32>> {
     let exists: Option<String> = client
         .query_typed_one(

@@ -108,6 +108,10 @@ pub(crate) async fn acquire(
 
 /// One attempt on `conn`, which has `name` claimed; gives the claim back
 /// unless granted.
+///
+/// Cancel safety: not cancel safe: dropped midway, `conn` may hold the key,
+/// and keeps the name claimed, with no hold to release them. It runs only
+/// inside `detached`, which never drops it.
 async fn try_on(
     shared: &Arc<Shared>,
     conn: &Arc<PgConn>,
@@ -154,6 +158,9 @@ async fn try_on(
 /// statement (the try-lock and the takeover of its `quick` row); when that
 /// gets the key but may not take a row, `acquire_session` decides, and the key
 /// goes again unless it grants. Other modes go to `acquire_session` at once.
+///
+/// Cancel safety: not cancel safe: dropped midway, `conn` may hold the key
+/// with no hold to release it. Only `try_on` runs it, inside `detached`.
 async fn attempt(shared: &Shared, conn: &PgConn, target: &Target) -> Result<Claim> {
     if target.mode != Mode::Exclusive {
         return call(shared, conn, target, Key::Try).await;
@@ -200,6 +207,10 @@ enum Key {
 
 /// Runs `acquire_session` on `conn` (on a wait's connection, with the wait's
 /// comment).
+///
+/// Cancel safety: the call may or may not have run; if it granted, `conn`
+/// holds the key (or a slot) with no hold to release it. Callers run it
+/// inside `detached`, or on a wait's connection, which a dropped wait closes.
 async fn call(shared: &Shared, conn: &PgConn, target: &Target, key: Key) -> Result<Claim<Granted>> {
     let held = key != Key::Try;
     let params: Params = &[
@@ -304,6 +315,10 @@ impl SessionHold {
 
 impl UnlockJob {
     /// Drops the advisory lock on the hold's connection, then the bookkeeping.
+    ///
+    /// Cancel safety: runs on a task of its own (the release, the hold's
+    /// drop), which nothing drops. Dropped midway, the unlock may or may not
+    /// have happened, and the connection keeps the name claimed.
     async fn run(self) -> Result<()> {
         let UnlockJob {
             shared,

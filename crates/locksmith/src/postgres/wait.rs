@@ -203,6 +203,10 @@ where
 
 /// Blocks in PostgreSQL's queue for the key; false when the deadline passed
 /// first. Handles the grant that races `lock_timeout`.
+///
+/// Cancel safety: only under the guard of [`wait`]: dropped midway, the
+/// connection may still be queued for the key or hold it (behind a pooler,
+/// in an open transaction); the guard closes the connection, which ends both.
 async fn queue(
     shared: &Shared,
     conn: &PgConn,
@@ -401,6 +405,11 @@ fn is_cancel(error: &Error) -> bool {
 /// Registers a head in `waiters`. Behind a transaction pooler the row goes in
 /// through the pool (a row written in the wait's transaction would show only
 /// once the wait is over), naming the wait's backend.
+///
+/// Cancel safety: only under the guard of [`wait`]: a dropped call may still
+/// add the row, and the guard closes the connection. A row of an ended
+/// connection is ignored by inspection and deleted by `cleanup()`; until
+/// then, releases of the name send a NOTIFY nobody needs.
 async fn add_waiter(shared: &Shared, conn: &PgConn, target: &Target) -> Result<i64> {
     let params: Params = &[
         (&target.name, Type::TEXT),
@@ -412,6 +421,10 @@ async fn add_waiter(shared: &Shared, conn: &PgConn, target: &Target) -> Result<i
     Ok(one(rows)?.get(0))
 }
 
+/// Removes a head's row from `waiters`.
+///
+/// Cancel safety: only under the guard of [`wait`]: a dropped call may leave
+/// the row, as for [`add_waiter`].
 async fn remove_waiter(shared: &Shared, conn: &PgConn, target: &Target, id: i64) -> Result<()> {
     let params: Params = &[(&id, Type::INT8)];
     query_again_if_cancelled(conn, target, &shared.sql.remove_waiter, params).await?;
@@ -419,6 +432,9 @@ async fn remove_waiter(shared: &Shared, conn: &PgConn, target: &Target, id: i64)
 }
 
 /// Drops any semaphore slot lock an interrupted attempt left on `conn`.
+///
+/// Cancel safety: only under the guard of [`wait`]: dropped midway, slot
+/// locks may stay on the connection, which the guard closes.
 async fn release_slots(conn: &PgConn, target: &Target) -> Result<()> {
     query_again_if_cancelled(
         conn,

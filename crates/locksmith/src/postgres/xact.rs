@@ -129,6 +129,10 @@ pub async fn lock_in_transaction(
     tracing::Instrument::instrument(lock(tx, name, options), span).await
 }
 
+/// The body of [`lock_in_transaction`], after the checks.
+///
+/// Cancel safety: as [`lock_in_transaction`]: a dropped call may leave the
+/// key held in `tx`, or its wait still running there; roll `tx` back.
 async fn lock(
     tx: &mut tokio_postgres::Transaction<'_>,
     name: &str,
@@ -238,6 +242,9 @@ struct Claim<'a> {
 
 impl Claim<'_> {
     /// (status, token, retry_ms); `try_lock`: take the key here, without waiting.
+    ///
+    /// Cancel safety: the call may or may not have run (and taken the key) in
+    /// `tx`; rolling `tx` back undoes it.
     async fn run(
         &self,
         tx: &tokio_postgres::Transaction<'_>,

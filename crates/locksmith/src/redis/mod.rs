@@ -1002,6 +1002,10 @@ struct RedisHold {
 
 #[async_trait]
 impl Hold for RedisHold {
+    /// Cancel safety: if dropped midway, the release may or may not have
+    /// happened; this level is off the watchdog from the first poll, so a
+    /// hold left behind is no longer renewed once no other level keeps it,
+    /// and expires with its lease.
     #[tracing::instrument(level = "debug", name = "redis_release", skip_all, fields(lock = %self.target.name))]
     async fn release(self: Box<Self>) -> Result<()> {
         // Stop renewing first, so a release that fails midway leaves a hold that
@@ -1021,6 +1025,8 @@ impl Hold for RedisHold {
         result
     }
 
+    /// Cancel safety: safe; the extension either happened or did not (see
+    /// `Shared::extend`).
     #[tracing::instrument(level = "debug", name = "redis_extend", skip_all, fields(lock = %self.target.name, ?lease))]
     async fn extend(&self, lease: Duration) -> Result<()> {
         self.shared.extend(&self.target, self.id, lease).await
@@ -1047,10 +1053,14 @@ impl Backend for RedisBackend {
         }
     }
 
+    /// Cancel safety: safe, as `Shared::acquire_one`: a dropped acquire gives
+    /// back whatever its attempt took and leaves the fair queue, in tracked
+    /// background tasks; the grant is made after the last await.
     async fn acquire(&self, request: &AcquireRequest) -> Result<Option<Grant>> {
         self.shared.acquire_one(request).await
     }
 
+    /// Cancel safety: safe, read-only.
     #[tracing::instrument(level = "debug", name = "redis_describe", skip(self))]
     async fn describe(&self, name: &str) -> Result<Option<LockInfo>> {
         cleanup::settle(SETTLE).await;
@@ -1090,6 +1100,7 @@ impl Backend for RedisBackend {
         Ok(describe::agreed(name, views, shared.quorum))
     }
 
+    /// Cancel safety: safe, read-only.
     #[tracing::instrument(level = "debug", name = "redis_list", skip(self))]
     async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>> {
         cleanup::settle(SETTLE).await;
@@ -1133,6 +1144,10 @@ impl Backend for RedisBackend {
         Ok(infos)
     }
 
+    /// Cancel safety: the release may or may not have happened (with Redlock,
+    /// on some nodes only); dropped before the answers, this client's own
+    /// holds of the lock are not marked lost yet (the watchdog finds them
+    /// gone at its next check).
     #[tracing::instrument(level = "debug", name = "redis_force_release", skip(self))]
     async fn force_release(&self, name: &str) -> Result<()> {
         let shared = &self.shared;
@@ -1170,6 +1185,10 @@ impl Backend for RedisBackend {
         }
     }
 
+    /// Cancel safety: every hold leaves the watchdog (its `lost()` fires) at
+    /// the first poll. If dropped midway, the holds not yet released are no
+    /// longer renewed and expire with their leases, and the background tasks
+    /// stop only when the backend is dropped.
     #[tracing::instrument(level = "debug", name = "redis_close", skip_all)]
     async fn close(&self) -> Result<()> {
         let shared = &self.shared;

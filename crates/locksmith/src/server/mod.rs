@@ -222,6 +222,10 @@ impl Backend for ServerBackend {
         }
     }
 
+    /// Cancel safety: safe (see the module docs): dropping the future cancels
+    /// the request, or releases a grant that raced the drop, under the
+    /// session lock (see `PendingAcquire`); the grant is made after the last
+    /// await.
     async fn acquire(&self, request: &AcquireRequest) -> Result<Option<Grant>> {
         let deadline = match request.wait {
             Wait::For(limit) => Instant::now().checked_add(limit),
@@ -260,6 +264,7 @@ impl Backend for ServerBackend {
         }
     }
 
+    /// Cancel safety: safe, read-only.
     async fn describe(&self, name: &str) -> Result<Option<LockInfo>> {
         session::settle_earlier().await;
         let request = pb::DescribeRequest { name: name.into() };
@@ -275,6 +280,8 @@ impl Backend for ServerBackend {
 
     /// Pages through the server's listing (each page is consistent on its
     /// own; the server bounds a page so that a huge table never stalls it).
+    ///
+    /// Cancel safety: safe, read-only.
     async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>> {
         session::settle_earlier().await;
         let mut locks = Vec::new();
@@ -298,6 +305,7 @@ impl Backend for ServerBackend {
         }
     }
 
+    /// Cancel safety: safe, read-only.
     async fn history(&self, prefix: &str) -> Result<Vec<GrantRecord>> {
         let request = pb::HistoryRequest {
             prefix: prefix.into(),
@@ -316,6 +324,7 @@ impl Backend for ServerBackend {
             .collect())
     }
 
+    /// Cancel safety: the release may or may not have happened.
     async fn force_release(&self, name: &str) -> Result<()> {
         let request = pb::ForceReleaseRequest { name: name.into() };
         let result = self
@@ -333,6 +342,9 @@ impl Backend for ServerBackend {
         }
     }
 
+    /// Cancel safety: safe; the close is requested at the first poll and the
+    /// session's driver finishes it in the background: dropping only stops
+    /// the wait.
     async fn close(&self) -> Result<()> {
         self.shared.closing.cancel();
         let _ =
@@ -355,6 +367,11 @@ impl ServerHold {
     /// Sends one request per name and waits for all of them; the first error
     /// wins. With `release`, the hold stops listening for lost pushes first
     /// (under the same lock of the session state).
+    ///
+    /// Cancel safety: safe once polled: the requests are registered on the
+    /// session at the first poll and go out (again after a reconnect) whether
+    /// or not anyone waits for their answers; a dropped call only does not
+    /// learn them.
     async fn each(&self, release: bool, op: impl Fn(String, u64) -> pb::request::Op) -> Result<()> {
         let receivers = {
             let mut state = self.shared.state();
@@ -383,6 +400,9 @@ impl ServerHold {
 
 #[async_trait]
 impl Hold for ServerHold {
+    /// Cancel safety: safe once polled: the release requests are registered
+    /// at the first poll and go out (again after a reconnect) even if this
+    /// future is dropped (see `ServerHold::each`).
     async fn release(self: Box<Self>) -> Result<()> {
         let span = tracing::debug_span!("release", backend = BACKEND, names = ?self.names);
         let release = self.each(true, |name, token| {
@@ -395,6 +415,9 @@ impl Hold for ServerHold {
         tracing::Instrument::instrument(release, span).await
     }
 
+    /// Cancel safety: safe; the renewals are registered at the first poll
+    /// and each either takes effect or not; a dropped call does not learn
+    /// which (see `ServerHold::each`).
     async fn extend(&self, lease: Duration) -> Result<()> {
         let lease_ms = convert::ceil_ms(lease);
         let span = tracing::debug_span!("extend", backend = BACKEND, names = ?self.names, ?lease);

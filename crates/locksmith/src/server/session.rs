@@ -138,6 +138,8 @@ impl Settling {
     }
 
     /// Waits until every ticket opened before now is closed, at most `limit`.
+    ///
+    /// Cancel safety: safe; it only waits.
     async fn wait_for_earlier(&self, limit: Duration) {
         let horizon = self.lock().0;
         let deadline = Instant::now() + limit;

@@ -264,6 +264,10 @@ fn passing(error: &zk::Error) -> bool {
 
 /// Follows the session's state and fires the trust signal when holds can no
 /// longer be trusted (see the module docs).
+///
+/// Cancel safety: runs as the session's own task until the session ends or
+/// is dropped; aborting it only stops the watching, so holds are no longer
+/// reported lost when the connection stays suspended or the session ends.
 async fn watch_state(
     session: std::sync::Weak<Session>,
     mut states: zk::StateWatcher,
