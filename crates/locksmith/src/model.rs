@@ -584,16 +584,20 @@ impl Drop for Unclaimed {
 struct TakenSoFar(Vec<(usize, Granted)>);
 
 impl TakenSoFar {
-    /// Releases every part taken so far, one after another.
+    /// Releases every part taken so far, each on a task of its own, and
+    /// waits for them: the caller's next try finds them free.
     ///
-    /// Cancel safety: not cancel safe. If dropped midway, the part being
-    /// released may or may not be, and the parts not yet reached are dropped
-    /// by the drain without a release (the drop of `TakenSoFar` then finds
-    /// none): they stay held, and in the re-entry table, until the lease or
-    /// the client's session ends them.
+    /// Cancel safety: safe; the releases are spawned before the first
+    /// await, so a dropped call leaves them running to the end (the parts
+    /// go back all the same, only nobody waits for them).
     async fn release_all(&mut self) {
-        for (_, part) in self.0.drain(..) {
-            let _ = part.hold.release().await;
+        let releases: Vec<_> = self
+            .0
+            .drain(..)
+            .map(|(_, part)| tokio::spawn(async move { part.hold.release().await }))
+            .collect();
+        for release in releases {
+            let _ = release.await;
         }
     }
 }
@@ -611,15 +615,28 @@ struct HoldAll(Vec<Box<dyn Hold>>);
 
 #[async_trait]
 impl Hold for HoldAll {
-    /// Releases the parts one after another; the first error wins.
+    /// Releases the parts, each on a task of its own; the first error (in
+    /// the order of the names) wins.
     ///
-    /// Cancel safety: if dropped midway, the part being released may or may
-    /// not be, and the parts not yet reached are dropped without a release;
-    /// their lease or session ends them.
+    /// Cancel safety: safe; the releases are spawned at the first poll, so
+    /// a dropped call leaves them running to the end, unwaited: no part is
+    /// left held (a part dropped unreleased could stay held, and renewed,
+    /// as long as the client lives).
     async fn release(self: Box<Self>) -> Result<()> {
+        let releases: Vec<_> = self
+            .0
+            .into_iter()
+            .map(|hold| tokio::spawn(async move { hold.release().await }))
+            .collect();
         let mut first_error = None;
-        for hold in self.0 {
-            if let Err(error) = hold.release().await {
+        for release in releases {
+            let result = match release.await {
+                Ok(result) => result,
+                Err(ended) if ended.is_panic() => std::panic::resume_unwind(ended.into_panic()),
+                // Only a runtime that shuts down cancels the task.
+                Err(_) => Err(Error::Closed),
+            };
+            if let Err(error) = result {
                 first_error.get_or_insert(error);
             }
         }

@@ -65,6 +65,7 @@ mod redlock {
 
 use futures::StreamExt;
 use locksmith::{Error, Mode};
+use locksmith_testkit::proxy::{self, Route};
 use locksmith_testkit::Redis;
 use redis::AsyncCommands;
 use redis_support::redisson::Redisson;
@@ -1028,6 +1029,90 @@ async fn dropped_acquires_leave_nothing_behind() {
         }
         let info = c.describe(&name).await.unwrap();
         assert!(info.is_none(), "{query}: left behind {info:?}");
+    }
+}
+
+/// A multi-lock on a store without atomic multi-locks takes its names one
+/// at a time and gives back what it took when one is busy. Dropped while
+/// it gives them back (here: while the answer to the first release is on
+/// its way, delayed by a slow link), it leaves none of them held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_lock_dropped_while_giving_parts_back_leaves_none_held() {
+    let url = shared_redis().url();
+    let base = unique("multi-give-back");
+    let [first, second, busy] = ["a", "b", "c"].map(|part| format!("{base}/{part}"));
+    let holder = client(&url, Duration::from_secs(30)).await;
+    let _busy = holder.lock(busy.as_str()).acquire().await.unwrap();
+
+    let route = Route::start(&url).await.unwrap();
+    let slow = client(route.url(), Duration::from_secs(30)).await;
+    route.set(proxy::Mode::Delay(Duration::from_millis(500)));
+    let names = [first.clone(), second.clone(), busy.clone()];
+    let task = tokio::spawn(async move { slow.multi_lock(names).try_acquire().await });
+    let mut taken = false;
+    until_given_back(&holder, &first, &mut taken, &task).await;
+    task.abort();
+    assert!(task.await.unwrap_err().is_cancelled());
+
+    given_back(&holder, &first).await;
+    given_back(&holder, &second).await;
+    let info = holder.describe(&busy).await.unwrap().expect("still held");
+    assert_eq!(info.holders.len(), 1);
+}
+
+/// The release of a multi-lock, dropped midway (here: while the answer to
+/// one part's release is on a slow link), leaves no part held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_lock_release_dropped_midway_leaves_no_part_held() {
+    let url = shared_redis().url();
+    let base = unique("multi-release-dropped");
+    let names = ["a", "b", "c"].map(|part| format!("{base}/{part}"));
+    let observer = client(&url, Duration::from_secs(30)).await;
+    let route = Route::start(&url).await.unwrap();
+    let slow = client(route.url(), Duration::from_secs(30)).await;
+    let guard = slow.multi_lock(names.clone()).acquire().await.unwrap();
+    route.set(proxy::Mode::Delay(Duration::from_millis(500)));
+    let task = tokio::spawn(guard.release());
+    let mut taken = true;
+    until_given_back(&observer, &names[0], &mut taken, &task).await;
+    task.abort();
+    assert!(task.await.unwrap_err().is_cancelled());
+    for name in &names {
+        given_back(&observer, name).await;
+    }
+}
+
+/// Waits until `name` is seen held (unless `taken` says it was) and then
+/// free, while `task` runs.
+async fn until_given_back<T: std::fmt::Debug>(
+    observer: &locksmith::Client,
+    name: &str,
+    taken: &mut bool,
+    task: &tokio::task::JoinHandle<T>,
+) {
+    loop {
+        let info = observer.describe(name).await.unwrap();
+        let held = info.is_some_and(|i| !i.holders.is_empty());
+        match (*taken, held) {
+            (false, true) => *taken = true,
+            (true, false) => return,
+            _ => {}
+        }
+        assert!(!task.is_finished(), "{name}: the call ended before");
+        sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// `name` can be taken within 10 s.
+async fn given_back(observer: &locksmith::Client, name: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(guard) = observer.lock(name).try_acquire().await.unwrap() {
+            guard.release().await.unwrap();
+            return;
+        }
+        assert!(Instant::now() < deadline, "{name} is still held");
+        sleep(Duration::from_millis(20)).await;
     }
 }
 
