@@ -34,10 +34,11 @@ pub struct ClusterArgs {
 pub(crate) enum ClusterCommand {
     /// Every member: id, address, role, term, last log and applied index, lag.
     Status {
-        /// One JSON object: `{"leader_id", "term", "members": [{"id",
-        /// "address", "voter", "leader", "last_log_index", "applied_index",
-        /// "lag"}]}` (an index or lag the answering member does not know is
-        /// null).
+        /// One JSON object: `{"leader_id", "term", "changing", "members":
+        /// [{"id", "address", "voter", "leader", "last_log_index",
+        /// "applied_index", "lag"}]}` (an index or lag the answering member
+        /// does not know is null; `changing`: a change of voters is under
+        /// way, and the old and the new voters both vote until it ends).
         #[arg(long)]
         json: bool,
     },
@@ -149,6 +150,11 @@ async fn status(url: &ServerUrl, json: bool) -> Result<(), String> {
             show(member.lag)
         );
     }
+    if view.changing {
+        println!(
+            "a change of voters is under way: the old and the new voters both vote until it ends"
+        );
+    }
     for error in errors {
         eprintln!("unreachable: {error}");
     }
@@ -159,6 +165,7 @@ fn status_json(view: &pb::ClusterStatus) -> serde_json::Value {
     serde_json::json!({
         "leader_id": (view.leader_id != 0).then_some(view.leader_id),
         "term": view.term,
+        "changing": view.changing,
         "members": view.members.iter().map(|m| serde_json::json!({
             "id": m.id,
             "address": m.address,
@@ -242,6 +249,7 @@ mod tests {
             node_id: 1,
             leader_id: 1,
             term: 3,
+            changing: true,
             members: vec![pb::MemberStatus {
                 id: 1,
                 address: "a:1".into(),
@@ -254,6 +262,7 @@ mod tests {
         };
         let json = status_json(&view);
         assert_eq!(json["leader_id"], 1);
+        assert_eq!(json["changing"], true);
         assert_eq!(json["members"][0]["lag"], 0);
         assert_eq!(json["members"][0]["address"], "a:1");
     }

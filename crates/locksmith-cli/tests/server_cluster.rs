@@ -647,6 +647,118 @@ async fn a_new_member_joins_as_a_learner_is_promoted_and_an_old_voter_leaves() {
     drop(client);
 }
 
+/// `locksmith cluster status --json` of `url`.
+fn cluster_view(url: &str) -> serde_json::Value {
+    serde_json::from_str(&cluster_cli(url, &["status", "--json"])).unwrap()
+}
+
+/// Member 4 is a voter and no change of voters is under way.
+fn promoted_and_settled(url: &str) -> bool {
+    let view = cluster_view(url);
+    view["changing"] == false
+        && view["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["id"] == 4 && m["voter"] == true)
+}
+
+/// Starts `locksmith cluster promote 4` against `url`, and waits until the
+/// leader (index `leader`) logs that it is promoting: the change is in
+/// openraft's hands.
+async fn promotion_started(cluster: &Cluster, leader: usize) -> std::process::Child {
+    let promote = std::process::Command::new(server_support::BINARY)
+        .args(["cluster", "--server", &cluster.url(), "promote", "4"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("run locksmith cluster promote");
+    eventually(Duration::from_secs(10), "the leader promotes", || async {
+        cluster.members[leader]
+            .log_tail(50)
+            .contains("promoting a learner to voter")
+    })
+    .await;
+    promote
+}
+
+/// openraft makes a change of voters in two steps (a joint membership, then
+/// the new one), the second driven by the call that asked for the first. A
+/// caller that goes away while the first waits for its quorum must not leave
+/// the cluster halfway: the change ends on its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_promotion_whose_caller_goes_away_midway_still_ends() {
+    let cluster = Cluster::start();
+    let url = cluster.url();
+    let (_, joiner) = join_member_4(&cluster, Duration::from_secs(20)).await;
+    let leader = cluster.leader(&[]).await;
+    let follower = (leader + 1) % 3;
+    // The joint membership needs 3 of members 1-4: with member 4 and a
+    // follower frozen, it waits.
+    joiner.pause();
+    cluster.members[follower].pause();
+    let mut promote = promotion_started(&cluster, leader).await;
+    promote.kill().expect("kill the caller");
+    promote.wait().unwrap();
+    // Time for the leader to see the caller's connection close before the
+    // joint membership can commit (without it this test cannot fail).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    joiner.unpause();
+    cluster.members[follower].unpause();
+
+    eventually(Duration::from_secs(20), "member 4 a voter, settled", || {
+        let url = url.clone();
+        async move { promoted_and_settled(&url) }
+    })
+    .await;
+    assert!(
+        !cluster.members[leader]
+            .log_tail(200)
+            .contains("ending a membership change left halfway"),
+        "the change ended only because the leader found it halfway:\n{}",
+        cluster.members[leader].log_tail(50)
+    );
+}
+
+/// A leader that dies between the two steps of a change of voters leaves
+/// its successor a joint membership that nobody ends; the new leader ends
+/// it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_ends_a_change_of_voters_its_predecessor_left_halfway() {
+    let cluster = Cluster::start();
+    let (port, joiner) = join_member_4(&cluster, Duration::from_secs(20)).await;
+    let leader = cluster.leader(&[]).await;
+    let (frozen, other) = ((leader + 1) % 3, (leader + 2) % 3);
+    joiner.pause();
+    cluster.members[frozen].pause();
+    let mut promote = promotion_started(&cluster, leader).await;
+    // The joint membership is in the leader's log and the other follower's,
+    // not committed. The leader dies; the other follower, whose log is the
+    // longest, leads in the joint membership.
+    let other_url = format!("locksmith://127.0.0.1:{}", cluster.members[other].port());
+    eventually(
+        Duration::from_secs(10),
+        "the joint entry replicated",
+        || async { cluster_view(&other_url)["changing"] == true },
+    )
+    .await;
+    cluster.members[leader].kill();
+    let _ = promote.wait();
+    joiner.unpause();
+    cluster.members[frozen].unpause();
+
+    let survivors = server_support::members_url(&[
+        cluster.members[frozen].port(),
+        cluster.members[other].port(),
+        port,
+    ]);
+    eventually(Duration::from_secs(30), "member 4 a voter, settled", || {
+        let survivors = survivors.clone();
+        async move { promoted_and_settled(&survivors) }
+    })
+    .await;
+}
+
 /// A snapshot of a big table takes seconds to send at the bounded rate and
 /// to install: the new member must still get it, however long that takes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

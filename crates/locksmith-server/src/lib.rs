@@ -282,6 +282,9 @@ impl Server {
         raft::member::start(&config, addr.to_string(), &raft, ops.clone(), openers).await?;
         metrics.follow_raft(raft.clone());
         let _ = member.set(raft.clone());
+        // Five election timeouts: far longer than a change under way takes
+        // between its two steps.
+        raft::admin::spawn_joint_finisher(raft.clone(), config.election_timeout * 5);
         if let Some(lag) = config.auto_promote_lag {
             raft::admin::spawn_auto_promote(raft.clone(), lag);
         }

@@ -217,6 +217,8 @@ pub(super) struct Cluster {
     /// The leader's id, when one is known.
     leader_id: Option<u64>,
     term: u64,
+    /// A change of voters is under way (joint consensus).
+    changing: bool,
     members: Vec<Member>,
 }
 
@@ -256,6 +258,7 @@ impl Cluster {
             node_id: status.node_id,
             leader_id: (status.leader_id != 0).then_some(status.leader_id),
             term: status.term,
+            changing: status.changing,
             members,
         }
     }

@@ -161,7 +161,8 @@ function renderCluster(data) {
   ])));
   const leader = data.leader_id === null ? "no leader (an election is under way)" : "leader " + data.leader_id;
   document.getElementById("cluster-summary").textContent =
-    "(" + data.members.length + " member" + (data.members.length === 1 ? "" : "s") + ", " + leader + ", term " + data.term + ")";
+    "(" + data.members.length + " member" + (data.members.length === 1 ? "" : "s") + ", " + leader + ", term " + data.term +
+    (data.changing ? ", a change of voters under way" : "") + ")";
 }
 
 function renderHistory(name, data) {

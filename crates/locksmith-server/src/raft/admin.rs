@@ -9,17 +9,26 @@
 //! FAILED_PRECONDITION and names the leader in the `locksmith-leader`
 //! metadata, like the lock service does.
 //!
+//! A change of voters goes through **joint consensus**: openraft first
+//! commits a membership in which the old and the new voters both vote, then
+//! the new one alone, and it drives the second step from the future that
+//! asked for the change. So each change runs on a task of its own
+//! ([`change_membership`]), which a caller that goes away does not stop, and
+//! the leader finishes a joint membership that nobody finishes (its leader
+//! died between the two steps) with [`spawn_joint_finisher`].
+//!
 //! Changes need `admin` when authentication is on; adding a learner is also
 //! open to a caller with a member's certificate (the peer CA's), which is how
 //! a member started with `--join` adds itself without an identity in the
 //! auth file.
 
 use std::collections::{BTreeSet, VecDeque};
+use std::time::Duration;
 
 use locksmith_proto::raft as pb;
 use openraft::async_runtime::WatchReceiver;
 use openraft::errors::{ClientWriteError, RaftError};
-use openraft::{BasicNode, ChangeMembers, ServerState};
+use openraft::{BasicNode, ChangeMembers, Precondition, ServerState};
 use tonic::{Request, Response, Status};
 
 use openraft::raft::ClientWriteResponse;
@@ -99,13 +108,29 @@ impl ClusterService {
     }
 }
 
+/// The outcome of a membership change.
+type ChangeResult =
+    Result<ClientWriteResponse<TypeConfig>, RaftError<TypeConfig, ClientWriteError<TypeConfig>>>;
+
+/// Makes a membership change on a task of its own and waits for it.
+/// openraft drives a change of voters in two steps (the joint membership,
+/// then the new one) from the future that asked for it: dropped between the
+/// two, the group would stay in joint consensus. A task runs to the end
+/// whoever waits.
+///
+/// Cancel safety: safe; a dropped call leaves the change running.
+async fn change_membership(raft: &Raft, change: ChangeMembers<u64, BasicNode>) -> ChangeResult {
+    let raft = raft.clone();
+    let task = tokio::spawn(async move { raft.change_membership(change, false).await });
+    match task.await {
+        Ok(result) => result,
+        Err(ended) if ended.is_panic() => std::panic::resume_unwind(ended.into_panic()),
+        Err(_) => Err(RaftError::Fatal(openraft::errors::Fatal::Stopped)),
+    }
+}
+
 /// A change's outcome as the reply says it.
-fn changed(
-    result: Result<
-        ClientWriteResponse<TypeConfig>,
-        RaftError<TypeConfig, ClientWriteError<TypeConfig>>,
-    >,
-) -> Result<Response<pb::ChangeResponse>, Status> {
+fn changed(result: ChangeResult) -> Result<Response<pb::ChangeResponse>, Status> {
     match result {
         Ok(written) => Ok(Response::new(pb::ChangeResponse {
             log_index: written.log_id.index,
@@ -172,12 +197,9 @@ impl pb::cluster_server::Cluster for ClusterService {
 
     /// Makes a learner a voter: a joint membership, then the new one.
     ///
-    /// Cancel safety: not safe. Dropped (the caller gone) after the change
-    /// reached openraft's queue but before the joint membership committed,
-    /// the joint one still commits and nothing proposes the second step: the
-    /// group stays in joint consensus (majorities of both voter sets needed)
-    /// until another change of voters, and a retry answers ALREADY_EXISTS
-    /// (the member counts as a voter already) without finishing it.
+    /// Cancel safety: safe; the change runs on a task of its own
+    /// ([`change_membership`]): a caller that goes away does not learn the
+    /// outcome, and a retry answers ALREADY_EXISTS.
     async fn promote(
         &self,
         request: Request<pb::MemberRequest>,
@@ -195,16 +217,15 @@ impl pb::cluster_server::Cluster for ClusterService {
         }
         tracing::info!(id, "promoting a learner to voter");
         let change = ChangeMembers::AddVoterIds(BTreeSet::from([id]));
-        changed(self.raft.change_membership(change, false).await)
+        changed(change_membership(&self.raft, change).await)
     }
 
     /// Removes a member: a learner at once, a voter through a joint
     /// membership.
     ///
-    /// Cancel safety: a dropped removal may or may not have been made. For a
-    /// voter, dropped before the joint membership committed, the group may
-    /// stay in joint consensus until a change of voters; a retry of the
-    /// removal finishes it.
+    /// Cancel safety: safe; the change runs on a task of its own
+    /// ([`change_membership`]): a caller that goes away does not learn the
+    /// outcome, and a retry answers NOT_FOUND once it is made.
     async fn remove(
         &self,
         request: Request<pb::MemberRequest>,
@@ -224,11 +245,11 @@ impl pb::cluster_server::Cluster for ClusterService {
             }
             tracing::info!(id, "removing a voter");
             let change = ChangeMembers::RemoveVoters(BTreeSet::from([id]));
-            changed(self.raft.change_membership(change, false).await)
+            changed(change_membership(&self.raft, change).await)
         } else {
             tracing::info!(id, "removing a learner");
             let change = ChangeMembers::RemoveNodes(BTreeSet::from([id]));
-            changed(self.raft.change_membership(change, false).await)
+            changed(change_membership(&self.raft, change).await)
         }
     }
 
@@ -362,6 +383,53 @@ pub(crate) fn spawn_auto_promote(raft: Raft, lag: u64) {
     });
 }
 
+/// While this member leads, ends a joint membership that nobody ends: one
+/// whose change was cut short between its two steps, by the death or the
+/// deposition of the leader that made it (the new leader inherits the joint
+/// membership, and openraft does not finish it). Every `patience` it looks;
+/// a joint membership that is still the same one a look later gets its
+/// second step, guarded so that it lands only on that membership. A change
+/// under way takes its second step as soon as the first commits, long
+/// before that.
+pub(crate) fn spawn_joint_finisher(raft: Raft, patience: Duration) {
+    tokio::spawn(async move {
+        let mut seen = None;
+        let mut looks = tokio::time::interval(patience);
+        // Changes with the role or the membership only; ends with openraft.
+        let mut server = raft.server_metrics();
+        loop {
+            tokio::select! {
+                _ = looks.tick() => {}
+                changed = server.changed() => match changed {
+                    Ok(()) => continue,
+                    Err(_) => return,
+                },
+            }
+            let joint = {
+                let m = raft.metrics().borrow_watched().clone();
+                let membership = &m.membership_config;
+                (m.state == ServerState::Leader && membership.get_joint_config().len() > 1)
+                    .then(|| *membership.log_id())
+            };
+            match joint {
+                Some(log_id) if seen.as_ref() == Some(&log_id) => {
+                    tracing::info!(?log_id, "ending a membership change left halfway");
+                    let flatten = ChangeMembers::AddVoterIds(BTreeSet::new());
+                    let only_that = Precondition::LastMembershipLogId {
+                        last_membership_log_id: log_id,
+                    };
+                    if let Err(error) = raft.change_membership_if(flatten, false, [only_that]).await
+                    {
+                        tracing::info!(%error, "the membership change is not ended yet");
+                    }
+                }
+                Some(log_id) => seen = Some(log_id),
+                None => seen = None,
+            }
+        }
+    });
+}
+
 /// What `locksmith cluster status` and the web page show: every member,
 /// its role and how far its log is, as this member's openraft metrics know
 /// them (a leader knows every member's match index; others only their own).
@@ -402,6 +470,7 @@ pub(crate) fn cluster_status(raft: &Raft) -> pb::ClusterStatus {
         })
         .collect();
     pb::ClusterStatus {
+        changing: membership.get_joint_config().len() > 1,
         node_id: m.id,
         leader_id: m.current_leader.unwrap_or(0),
         term: m.current_term,
