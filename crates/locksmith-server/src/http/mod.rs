@@ -229,27 +229,41 @@ async fn ready(State(http): State<Http>) -> Response {
 }
 
 impl Http {
-    /// Sends an inspection op to the core and waits for its answer.
+    /// Sends an inspection op to the core and waits for its answer. The op
+    /// keeps its slot among [`MAX_INSPECTIONS`] until the core has answered
+    /// it, even if the request that asked is gone by then: so a client that
+    /// asks and disconnects, again and again, still has no more than that
+    /// many ops at the core.
     ///
     /// Cancel safety: safe; a dropped call leaves at most an op whose answer
-    /// nobody reads.
-    async fn ask<T>(&self, op: impl FnOnce(UnaryReply<T>) -> Op) -> Result<T, Response> {
+    /// nobody reads, and its slot is given back once the core answers.
+    async fn ask<T: Send + 'static>(
+        &self,
+        op: impl FnOnce(UnaryReply<T>) -> Op,
+    ) -> Result<T, Response> {
         let unavailable =
             |why: &str| (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")).into_response();
         self.readiness.check().map_err(unavailable)?;
-        let _permit = self
+        let slot = self
             .inspections
-            .acquire()
+            .clone()
+            .acquire_owned()
             .await
             .map_err(|_| unavailable("stopping"))?;
         let (reply, answer) = oneshot::channel();
         self.core
             .send(op(reply))
             .map_err(|_| unavailable("the lock engine stopped"))?;
-        match answer.await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(status)) => Err(unavailable(status.message())),
-            Err(_) => Err(unavailable("the lock engine stopped")),
+        // A task of its own holds the slot until the core is done with the op.
+        let answered = tokio::spawn(async move {
+            let answer = answer.await;
+            drop(slot);
+            answer
+        });
+        match answered.await {
+            Ok(Ok(Ok(value))) => Ok(value),
+            Ok(Ok(Err(status))) => Err(unavailable(status.message())),
+            Ok(Err(_)) | Err(_) => Err(unavailable("the lock engine stopped")),
         }
     }
 }
@@ -319,4 +333,70 @@ async fn cluster(State(http): State<Http>) -> Result<Json<api::Cluster>, Respons
         return Err((StatusCode::SERVICE_UNAVAILABLE, starting).into_response());
     };
     Ok(Json(api::Cluster::new(cluster_status(raft))))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use futures::FutureExt;
+
+    use super::*;
+
+    /// An `Http` whose core is `receiver`'s end, serving.
+    fn http() -> (Http, std::sync::mpsc::Receiver<Op>) {
+        let (core, receiver) = std::sync::mpsc::channel();
+        let readiness = Arc::new(Readiness::default());
+        readiness.set_serving(true);
+        let http = Http {
+            core,
+            metrics: Arc::new(Metrics::new()),
+            readiness,
+            inspections: Arc::new(Semaphore::new(MAX_INSPECTIONS)),
+            member: Arc::default(),
+        };
+        (http, receiver)
+    }
+
+    #[tokio::test]
+    async fn a_request_that_goes_away_keeps_its_slot_until_the_core_answers() {
+        let (http, core) = http();
+        // Requests that send their op and go away before the answer.
+        for _ in 0..MAX_INSPECTIONS {
+            // Polled once (the op goes out), then dropped.
+            let asked = http.ask(|reply| Op::ListSessions { reply });
+            assert!(asked.now_or_never().is_none(), "nobody answers yet");
+        }
+        let pending: Vec<Op> = core.try_iter().collect();
+        assert_eq!(pending.len(), MAX_INSPECTIONS);
+
+        // Every slot is still taken: the next request waits, and sends nothing.
+        let next = tokio::spawn({
+            let http = http.clone();
+            async move { http.ask(|reply| Op::ListSessions { reply }).await.is_ok() }
+        });
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert!(core.try_recv().is_err(), "a fifth op reached the core");
+
+        // The core answers one: its slot goes to the waiting request.
+        let mut pending = pending.into_iter();
+        match pending.next() {
+            Some(Op::ListSessions { reply }) => {
+                let _ = reply.send(Ok(Default::default()));
+            }
+            _ => unreachable!("sent above"),
+        }
+        let fifth = tokio::task::spawn_blocking(move || core.recv_timeout(Duration::from_secs(10)))
+            .await
+            .unwrap();
+        match fifth {
+            Ok(Op::ListSessions { reply }) => {
+                let _ = reply.send(Ok(Default::default()));
+            }
+            _ => panic!("the waiting request's op did not arrive"),
+        }
+        assert!(next.await.unwrap(), "answered");
+    }
 }
