@@ -103,31 +103,40 @@ pub(crate) async fn acquire(
     .await?;
     // The wait's connection still holds the key, at session level or (behind
     // a transaction pooler) in the wait's transaction, which also holds the
-    // new row: unlock, or commit. The connection serves later waits.
-    let done = if shared.settings.pooler == Pooler::Transaction {
-        // (No cancel request is ever sent behind a pooler: heads poll.)
-        conn.simple(&format!("{} COMMIT", wait::GRANTED))
-            .await
-            .map(drop)
-            .map_err(pg_error)
-    } else {
-        let unlock = if target.shared_key() {
-            "pg_advisory_unlock_shared"
+    // new row: unlock, or commit. The connection serves later waits. On a
+    // task of its own, with the hold: dropped midway, a caller would drop
+    // the hold before the commit lands, and the hold's release would find
+    // no row to delete and leave the committed one to its lease.
+    let shared = shared.clone();
+    let target = target.clone();
+    let hold = detached(async move {
+        let done = if shared.settings.pooler == Pooler::Transaction {
+            // (No cancel request is ever sent behind a pooler: heads poll.)
+            conn.simple(&format!("{} COMMIT", wait::GRANTED))
+                .await
+                .map(drop)
+                .map_err(pg_error)
         } else {
-            "pg_advisory_unlock"
+            let unlock = if target.shared_key() {
+                "pg_advisory_unlock_shared"
+            } else {
+                "pg_advisory_unlock"
+            };
+            wait::after_grant(&conn, &format!("SELECT {unlock}({})", target.key)).await
         };
-        wait::after_grant(&conn, &format!("SELECT {unlock}({})", target.key)).await
-    };
-    match done {
-        Ok(()) => shared.conns.put(conn),
-        Err(error) => {
-            conn.kill(&format!("ending a lease grant's wait failed: {error}"));
-            if shared.settings.pooler == Pooler::Transaction {
-                // The row was never committed.
-                return Err(error);
+        match done {
+            Ok(()) => shared.conns.put(conn),
+            Err(error) => {
+                conn.kill(&format!("ending a lease grant's wait failed: {error}"));
+                if shared.settings.pooler == Pooler::Transaction {
+                    // The row was never committed.
+                    return Err(error);
+                }
             }
         }
-    }
+        Ok(hold)
+    })
+    .await??;
     Ok(Some(hold))
 }
 
