@@ -40,10 +40,9 @@ pub struct RunArgs {
 /// Acquires, runs the child with `LOCKSMITH_LOCK` and `LOCKSMITH_FENCING_TOKEN`
 /// set, forwards SIGINT/SIGTERM to it, and releases when it exits.
 ///
-/// Cancel safety: not cancel safe (SIGINT/SIGTERM are forwarded, not a
-/// drop). Dropped while the command runs, it leaves the command running
-/// while the guard's drop releases the lock in the background: the command
-/// goes on unprotected.
+/// Cancel safety: SIGINT/SIGTERM are forwarded to the command, not a drop.
+/// Dropped while the command runs, it kills the command (SIGKILL, see
+/// [`supervise`]) and the guard's drop releases the lock in the background.
 pub async fn run(args: RunArgs) -> ExitCode {
     let mut termination = Termination::listen();
     let client = match args.backend.connect("run").await {
@@ -86,7 +85,9 @@ pub enum Ended {
 /// are forwarded to it; when the hold is lost it gets SIGTERM, then SIGKILL
 /// after `kill_grace`. An error says why it could not be run or waited for.
 ///
-/// Cancel safety: not cancel safe; a dropped call leaves the command running.
+/// Cancel safety: a dropped call kills the command (SIGKILL to the command
+/// itself, not to what it started), so that it never runs on once the
+/// caller, which holds the lock for it, has gone.
 pub async fn supervise(
     command: &[String],
     env: &[(&str, String)],
@@ -100,6 +101,7 @@ pub async fn supervise(
         .envs(env.iter().map(|(key, value)| (key, value)))
         // Its own process group: signals reach it once, through us.
         .process_group(0)
+        .kill_on_drop(true)
         .spawn()
         .map_err(|error| format!("cannot run {:?}: {error}", command[0]))?;
     let pid = child.id().map(|id| Pid::from_raw(id as i32));
@@ -168,5 +170,61 @@ fn exit_code(status: std::process::ExitStatus) -> u8 {
         (Some(code), _) => code as u8,
         (None, Some(signal)) => 128u8.saturating_add(signal as u8),
         _ => 1,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whether process `pid` is gone or a zombie (killed, not reaped yet).
+    fn ended(pid: u32) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
+            stat.rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        })
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dropped_supervision_kills_the_command() {
+        let client = locksmith::Client::connect("memory://").await.unwrap();
+        let guard = client.lock("supervised").acquire().await.unwrap();
+        let mut termination = Termination::listen();
+        let dir = tempfile::tempdir().unwrap();
+        let pid_file = dir.path().join("pid");
+        let script = format!("echo $$ > {}; exec sleep 60", pid_file.display());
+        let command = ["sh".to_string(), "-c".to_string(), script];
+        let supervised = supervise(
+            &command,
+            &[],
+            &mut termination,
+            &guard,
+            "supervised",
+            Duration::from_secs(1),
+        );
+        let started = async {
+            loop {
+                if let Ok(pid) = std::fs::read_to_string(&pid_file) {
+                    if let Ok(pid) = pid.trim().parse::<u32>() {
+                        return pid;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        // The command runs; then the supervision is dropped.
+        let pid = tokio::select! {
+            _ = supervised => panic!("the command ended before it was dropped"),
+            pid = started => pid,
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !ended(pid) {
+            assert!(std::time::Instant::now() < deadline, "the command runs on");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        guard.release().await.unwrap();
     }
 }
