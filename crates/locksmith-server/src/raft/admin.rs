@@ -387,10 +387,10 @@ pub(crate) fn spawn_auto_promote(raft: Raft, lag: u64) {
 /// whose change was cut short between its two steps, by the death or the
 /// deposition of the leader that made it (the new leader inherits the joint
 /// membership, and openraft does not finish it). Every `patience` it looks;
-/// a joint membership that is still the same one a look later gets its
-/// second step, guarded so that it lands only on that membership. A change
-/// under way takes its second step as soon as the first commits, long
-/// before that.
+/// a committed joint membership that is still the same one a look later
+/// gets its second step, guarded so that it lands only on that membership.
+/// A change under way takes its second step as soon as the first commits,
+/// long before that.
 pub(crate) fn spawn_joint_finisher(raft: Raft, patience: Duration) {
     tokio::spawn(async move {
         let mut seen = None;
@@ -405,11 +405,17 @@ pub(crate) fn spawn_joint_finisher(raft: Raft, patience: Duration) {
                     Err(_) => return,
                 },
             }
+            // A joint membership already applied here, so committed: a
+            // change under way has taken its second step by the next look.
             let joint = {
                 let m = raft.metrics().borrow_watched().clone();
                 let membership = &m.membership_config;
-                (m.state == ServerState::Leader && membership.get_joint_config().len() > 1)
-                    .then(|| *membership.log_id())
+                let applied = match (membership.log_id(), &m.last_applied) {
+                    (Some(joint), Some(applied)) => applied.index >= joint.index,
+                    _ => false,
+                };
+                let joint = membership.get_joint_config().len() > 1;
+                (m.state == ServerState::Leader && joint && applied).then(|| *membership.log_id())
             };
             match joint {
                 Some(log_id) if seen.as_ref() == Some(&log_id) => {
