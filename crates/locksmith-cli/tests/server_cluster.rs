@@ -647,6 +647,28 @@ async fn a_new_member_joins_as_a_learner_is_promoted_and_an_old_voter_leaves() {
     drop(client);
 }
 
+/// A member started with `--join` before the members it joins through have
+/// elected a leader (members started together, in any order) keeps asking,
+/// and joins once they have.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_asks_to_join_before_the_cluster_is_up_joins_once_it_is() {
+    let ports = [free_port(), free_port(), free_port()];
+    let through = format!("127.0.0.1:{},127.0.0.1:{}", ports[0], ports[1]);
+    let _joiner = ServerProcess::start_on(free_port(), &["--node-id", "4", "--join", &through]);
+    // The others start well after it: nothing answers it meanwhile.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let _members: Vec<ServerProcess> = (0..3)
+        .map(|i| ServerProcess::start_member(&ports, i, &[]))
+        .collect();
+    let url = server_support::members_url(&ports);
+    eventually(Duration::from_secs(30), "member 4 joined", || async {
+        members(&url)
+            .iter()
+            .any(|m| m["id"] == 4 && m["lag"].as_u64() == Some(0))
+    })
+    .await;
+}
+
 /// `locksmith cluster status --json` of `url`.
 fn cluster_view(url: &str) -> serde_json::Value {
     serde_json::from_str(&cluster_cli(url, &["status", "--json"])).unwrap()

@@ -282,7 +282,10 @@ impl pb::cluster_server::Cluster for ClusterService {
 /// whose members listen at `through` (`host:port[,host:port...]`): asks the
 /// leader (following the `locksmith-leader` hint) to add it as a learner,
 /// passing over members that cannot be reached, so that a joiner does not
-/// depend on any one member being up. Returns once it is added.
+/// depend on any one member being up. Returns once it is added, or with the
+/// error of a member that refuses it. Until then it keeps asking, a second
+/// apart at most: members started together (a joiner may come up before
+/// the others have elected a leader) need no order.
 ///
 /// Cancel safety: safe; a dropped join may have added the member already,
 /// and a second one finds it added.
@@ -298,49 +301,61 @@ pub(crate) async fn join(
         .filter(|a| !a.is_empty() && *a != address)
         .map(str::to_owned)
         .collect();
-    let mut last = format!("no member to join through in {through:?}");
-    for _ in 0..(10 + queue.len()) {
+    if queue.is_empty() {
+        return Err(format!("no member to join through in {through:?}"));
+    }
+    let mut pause = Duration::from_millis(100);
+    let mut attempts = 0u64;
+    loop {
+        attempts += 1;
         let Some(target) = queue.pop_front() else {
-            break;
+            return Err(format!("no member to join through in {through:?}"));
         };
         let endpoint = super::network::peer_endpoint(&target, tls.clone())
             .map_err(|e| format!("member address {target:?}: {e}"))?;
-        let mut client = match endpoint.connect().await {
-            Ok(channel) => pb::cluster_client::ClusterClient::new(channel),
-            Err(e) => {
-                last = format!("cannot reach {target}: {e}");
-                queue.push_back(target);
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                continue;
+        let outcome = match endpoint.connect().await {
+            Err(e) => format!("cannot reach {target}: {e}"),
+            Ok(channel) => {
+                let request = pb::AddLearnerRequest {
+                    id,
+                    address: address.to_owned(),
+                };
+                let mut client = pb::cluster_client::ClusterClient::new(channel);
+                match client.add_learner(request).await {
+                    Ok(_) => return Ok(()),
+                    Err(status) if status.code() == tonic::Code::AlreadyExists => return Ok(()),
+                    Err(status) => match status
+                        .metadata()
+                        .get(locksmith_proto::LEADER_METADATA)
+                        .and_then(|v| v.to_str().ok())
+                    {
+                        Some(leader) => {
+                            // Next, the leader it names (each address once).
+                            queue.push_back(target);
+                            queue.retain(|a| a != leader);
+                            queue.push_front(leader.to_owned());
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                            continue;
+                        }
+                        None if status.code() == tonic::Code::FailedPrecondition
+                            || status.code() == tonic::Code::Unavailable =>
+                        {
+                            format!("{target}: {}", status.message())
+                        }
+                        None => {
+                            return Err(format!("{target} refused to add this member: {status}"))
+                        }
+                    },
+                }
             }
         };
-        let request = pb::AddLearnerRequest {
-            id,
-            address: address.to_owned(),
-        };
-        match client.add_learner(request).await {
-            Ok(_) => return Ok(()),
-            Err(status) if status.code() == tonic::Code::AlreadyExists => return Ok(()),
-            Err(status) => match status
-                .metadata()
-                .get(locksmith_proto::LEADER_METADATA)
-                .and_then(|v| v.to_str().ok())
-            {
-                Some(leader) => queue.push_front(leader.to_owned()),
-                None if status.code() == tonic::Code::FailedPrecondition
-                    || status.code() == tonic::Code::Unavailable =>
-                {
-                    last = format!("{target}: {}", status.message());
-                    queue.push_back(target);
-                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-                }
-                None => return Err(format!("{target} refused to add this member: {status}")),
-            },
+        queue.push_back(target);
+        if attempts % 20 == 0 {
+            tracing::warn!(%through, last = %outcome, "still trying to join the cluster");
         }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(1));
     }
-    Err(format!(
-        "could not reach the leader through {through}: {last}"
-    ))
 }
 
 /// While this member leads, promotes every learner whose log is within `lag`
