@@ -125,6 +125,7 @@ mod etcd_cluster;
 mod find;
 pub mod netns;
 pub mod pgbouncer;
+mod ports;
 mod postgres;
 mod process;
 #[cfg(feature = "proxy")]
@@ -138,15 +139,14 @@ mod spawner;
 mod zookeeper;
 mod zookeeper_ensemble;
 
-use std::collections::HashSet;
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
-use std::sync::{Mutex, OnceLock};
+use std::net::{Ipv4Addr, SocketAddr};
 
 pub use certs::Certificates;
 pub use error::{Error, Result};
 pub use etcd::Etcd;
 pub use etcd_cluster::EtcdCluster;
 pub use find::{binary, try_binary};
+pub use ports::free_port;
 pub use postgres::Postgres;
 pub use process::{Process, ProcessSpec, START_MARKER};
 pub use redis::Redis;
@@ -165,32 +165,6 @@ pub const HOST: &str = "127.0.0.1";
 pub fn with_query(url: &str, parameter: &str) -> String {
     let separator = if url.contains('?') { '&' } else { '?' };
     format!("{url}{separator}{parameter}")
-}
-
-/// Returns a TCP port of `127.0.0.1` that is free right now.
-///
-/// The port comes from binding `127.0.0.1:0` and closing the socket again, so
-/// another process may in theory take it before the server does; the `start`
-/// functions retry with a new port when the server reports the address in use.
-/// Within one test process the same port is never handed out twice.
-pub fn free_port() -> u16 {
-    static GIVEN: OnceLock<Mutex<HashSet<u16>>> = OnceLock::new();
-    let given = GIVEN.get_or_init(Default::default);
-    loop {
-        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-            .unwrap_or_else(|e| panic!("cannot bind a socket on 127.0.0.1: {e}"));
-        let port = listener
-            .local_addr()
-            .unwrap_or_else(|e| panic!("cannot read the address of a bound socket: {e}"))
-            .port();
-        if given
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .insert(port)
-        {
-            return port;
-        }
-    }
 }
 
 /// The operations every server handle offers, for code (the conformance suite,
