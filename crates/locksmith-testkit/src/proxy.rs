@@ -88,8 +88,9 @@ async fn passable(mode: &mut watch::Receiver<Mode>) -> Result<Mode, ()> {
     }
 }
 
-/// Relays one client connection to `upstream` as the mode says, until either
-/// side closes or the proxy refuses or is dropped.
+/// Relays one client connection to `upstream` as the mode says, until both
+/// directions have ended (each passes its side's EOF on as a shutdown), or
+/// the proxy refuses or is dropped.
 ///
 /// Cancel safety: safe; dropping it closes both connections and aborts the
 /// pumps' reader tasks, losing what they had queued.
@@ -107,19 +108,16 @@ async fn relay(client: TcpStream, upstream: SocketAddr, mut mode: watch::Receive
     let (server_read, server_write) = server.into_split();
     let up = pump(client_read, server_write, mode.clone());
     let down = pump(server_read, client_write, mode);
-    // When either side closes or fails, the whole relay ends.
-    tokio::select! {
-        _ = up => {}
-        _ = down => {}
-    }
+    // Each direction ends on its own: a side that half-closes still gets
+    // what the other sends after it (a reply to a request followed by EOF).
+    tokio::join!(up, down);
 }
 
 /// Copies one direction: a reader task timestamps chunks, the writer holds them
 /// as the mode says.
 ///
 /// Cancel safety: dropping it aborts its reader task: chunks read but not
-/// yet written are lost, and `to` is dropped without a shutdown (as `relay`
-/// does to the other direction once one ends).
+/// yet written are lost, and `to` is dropped without a shutdown.
 async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, mut mode: watch::Receiver<Mode>) {
     let (chunks, mut queue) = mpsc::channel::<(Instant, Vec<u8>)>(1024);
     let reader = async move {
@@ -380,6 +378,27 @@ mod tests {
             3,
             "nothing sent while refused arrives"
         );
+    }
+
+    #[tokio::test]
+    async fn a_reply_sent_after_the_client_half_closes_arrives() {
+        // A server that answers once the request has ended (its EOF).
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let server = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let mut request = Vec::new();
+            stream.read_to_end(&mut request).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            stream.write_all(&request).await.unwrap();
+        });
+        let proxy = Proxy::start(server).await.unwrap();
+        let mut stream = TcpStream::connect(proxy.addr()).await.unwrap();
+        stream.write_all(b"request").await.unwrap();
+        stream.shutdown().await.unwrap();
+        let mut reply = Vec::new();
+        stream.read_to_end(&mut reply).await.unwrap();
+        assert_eq!(reply, b"request");
     }
 
     #[test]
