@@ -13,7 +13,7 @@
 //! * **By another test process** that chose the same port at the same time
 //!   (nextest runs each test in a process of its own). So a port is handed out
 //!   only with an exclusive `flock` on a file named after it in a directory
-//!   shared by every process of the machine, held until this process exits.
+//!   shared by every process of the user, held until this process exits.
 //!
 //! No crate does this reservation across processes; it is a few lines on
 //! `flock(2)` (`File::try_lock` needs a newer Rust than the project's
@@ -42,7 +42,7 @@ static HELD: Mutex<Vec<File>> = Mutex::new(Vec::new());
 /// functions retry with a new port when the server reports the address in use.
 pub fn free_port() -> u16 {
     let (low, high) = range();
-    let directory = std::env::temp_dir().join("locksmith-test-ports");
+    let directory = reservations();
     std::fs::create_dir_all(&directory)
         .unwrap_or_else(|e| panic!("cannot create {}: {e}", directory.display()));
     let span = u64::from(high - low) + 1;
@@ -79,6 +79,14 @@ fn range() -> (u16, u16) {
              narrow net.ipv4.ip_local_port_range"
         ),
     }
+}
+
+/// The directory of the reservation files: one per user, so that a run as
+/// another user on the same machine finds no files it may not open.
+fn reservations() -> PathBuf {
+    // SAFETY: getuid cannot fail and touches no memory.
+    let user = unsafe { libc::getuid() };
+    std::env::temp_dir().join(format!("locksmith-test-ports-{user}"))
 }
 
 /// The file at `path`, opened and exclusively locked, or `None` when another
@@ -121,7 +129,7 @@ mod tests {
         // A second open file description conflicts with the first exactly as
         // another process's would.
         let port = free_port();
-        let directory = std::env::temp_dir().join("locksmith-test-ports");
+        let directory = reservations();
         assert!(reserve(directory.join(port.to_string())).is_none());
     }
 }
