@@ -2,8 +2,8 @@
 //! start (cluster members list each other's ports on their command lines).
 //!
 //! A port found free by binding and closing a socket can be taken again
-//! before the server binds it, in two ways, and both happened in whole test
-//! runs:
+//! before the server binds it (a cluster member once failed to start on
+//! "address already in use" that way), in two ways:
 //!
 //! * **By an outgoing connection.** The kernel gives `bind(port 0)` and every
 //!   outgoing connection a port from the same ephemeral range, and a test run
