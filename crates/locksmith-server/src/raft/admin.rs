@@ -285,7 +285,10 @@ impl pb::cluster_server::Cluster for ClusterService {
 /// depend on any one member being up. Returns once it is added, or with the
 /// error of a member that refuses it. Until then it keeps asking, a second
 /// apart at most: members started together (a joiner may come up before
-/// the others have elected a leader) need no order.
+/// the others have elected a leader) need no order. A leader hint is
+/// followed after 10 ms, the next one after twice as long and so on: two
+/// members naming each other (an election under way) are not asked in a
+/// tight loop.
 ///
 /// Cancel safety: safe; a dropped join may have added the member already,
 /// and a second one finds it added.
@@ -305,6 +308,7 @@ pub(crate) async fn join(
         return Err(format!("no member to join through in {through:?}"));
     }
     let mut pause = Duration::from_millis(100);
+    let mut hint_pause = Duration::from_millis(10);
     let mut attempts = 0u64;
     loop {
         attempts += 1;
@@ -334,7 +338,8 @@ pub(crate) async fn join(
                             queue.push_back(target);
                             queue.retain(|a| a != leader);
                             queue.push_front(leader.to_owned());
-                            tokio::time::sleep(Duration::from_millis(10)).await;
+                            tokio::time::sleep(hint_pause).await;
+                            hint_pause = (hint_pause * 2).min(Duration::from_secs(1));
                             continue;
                         }
                         None if status.code() == tonic::Code::FailedPrecondition
@@ -496,5 +501,99 @@ pub(crate) fn cluster_status(raft: &Raft) -> pb::ClusterStatus {
         leader_id: m.current_leader.unwrap_or(0),
         term: m.current_term,
         members,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A member that refuses every change and names `leader` as the leader,
+    /// counting the joins it was asked for.
+    struct Redirecting {
+        leader: String,
+        asked: Arc<AtomicUsize>,
+    }
+
+    fn unimplemented<T>() -> Result<Response<T>, Status> {
+        Err(Status::unimplemented("not here"))
+    }
+
+    #[tonic::async_trait]
+    impl pb::cluster_server::Cluster for Redirecting {
+        async fn status(
+            &self,
+            _: Request<pb::StatusRequest>,
+        ) -> Result<Response<pb::ClusterStatus>, Status> {
+            unimplemented()
+        }
+
+        async fn add_learner(
+            &self,
+            _: Request<pb::AddLearnerRequest>,
+        ) -> Result<Response<pb::ChangeResponse>, Status> {
+            self.asked.fetch_add(1, Ordering::Relaxed);
+            let mut status = Status::failed_precondition("not the leader");
+            status.metadata_mut().insert(
+                locksmith_proto::LEADER_METADATA,
+                self.leader.parse().unwrap(),
+            );
+            Err(status)
+        }
+
+        async fn promote(
+            &self,
+            _: Request<pb::MemberRequest>,
+        ) -> Result<Response<pb::ChangeResponse>, Status> {
+            unimplemented()
+        }
+
+        async fn remove(
+            &self,
+            _: Request<pb::MemberRequest>,
+        ) -> Result<Response<pb::ChangeResponse>, Status> {
+            unimplemented()
+        }
+
+        async fn transfer_leader(
+            &self,
+            _: Request<pb::MemberRequest>,
+        ) -> Result<Response<pb::ChangeResponse>, Status> {
+            unimplemented()
+        }
+    }
+
+    /// Two members that name each other as the leader (as during an
+    /// election) are asked a few times in a second, not in a tight loop.
+    #[tokio::test]
+    async fn a_joiner_backs_off_between_members_naming_each_other() {
+        let listeners = [
+            tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+            tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+        ];
+        let addresses: Vec<String> = listeners
+            .iter()
+            .map(|l| l.local_addr().unwrap().to_string())
+            .collect();
+        let asked = Arc::new(AtomicUsize::new(0));
+        for (i, listener) in listeners.into_iter().enumerate() {
+            let member = Redirecting {
+                leader: addresses[1 - i].clone(),
+                asked: asked.clone(),
+            };
+            tokio::spawn(
+                tonic::transport::Server::builder()
+                    .add_service(pb::cluster_server::ClusterServer::new(member))
+                    .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+            );
+        }
+        let joining = join(&addresses[0], 4, "127.0.0.1:1", None);
+        let outcome = tokio::time::timeout(Duration::from_secs(1), joining).await;
+        assert!(outcome.is_err(), "no leader to add it: {outcome:?}");
+        // Hint pauses of 10, 20, 40 ... ms: 7 asks fit in a second, however
+        // fast the machine (the first at once).
+        let asked = asked.load(Ordering::Relaxed);
+        assert!((2..=7).contains(&asked), "asked {asked} times in 1 s");
     }
 }
