@@ -44,7 +44,10 @@ fn torture(backend: &str, faults: &str) {
             .into_iter()
             .flatten()
             .flatten()
-            .filter(|e| e.file_name().to_string_lossy().starts_with("clients-"))
+            .filter(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                name.starts_with("clients-") || name.starts_with("servers-")
+            })
             .map(|e| {
                 let text = std::fs::read_to_string(e.path()).unwrap_or_default();
                 let lines: Vec<&str> = text.lines().collect();
@@ -70,6 +73,15 @@ fn torture(backend: &str, faults: &str) {
             "no passing row for {backend} × {fault}:\n{stdout}"
         );
     }
+    // The logs of the servers it started are kept beside the clients'.
+    let first_server_log = out.path().join(format!("servers-{backend}-1.log"));
+    assert!(
+        first_server_log.exists(),
+        "no {} in {:?}",
+        first_server_log.display(),
+        std::fs::read_dir(out.path())
+            .map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>())
+    );
     let json = std::fs::read_to_string(out.path().join("torture.json")).expect("torture.json");
     let rounds: serde_json::Value = serde_json::from_str(&json).expect("torture.json is JSON");
     for round in rounds.as_array().expect("a list of rounds") {

@@ -80,7 +80,12 @@ impl ServeProcess {
         .args(serve_args(ip, port, &data))
         .args(extra)
         .args(security.map(Security::serve_args).unwrap_or_default())
-        .env("RUST_LOG", "warn");
+        // Warnings only, unless the run asks for more (a torture that
+        // should show how the members elected).
+        .env(
+            "RUST_LOG",
+            std::env::var("LOCKSMITH_SERVE_LOG").unwrap_or_else(|_| "warn".into()),
+        );
         Ok(ServeProcess {
             process: Process::prepare(spec),
             ip,
@@ -396,6 +401,12 @@ impl ServeCluster {
             .filter(|(_, s)| **s == Standing::Member)
             .map(|(server, _)| server)
             .collect()
+    }
+
+    /// Every server of the cluster: members, spares (started or not) and
+    /// those removed.
+    pub fn every_server(&self) -> &[ServeProcess] {
+        &self.servers
     }
 
     /// The URL clients use: every member's and every spare's address.

@@ -9,6 +9,7 @@
 //! locksmith server is this very executable run as `locksmith serve`.
 
 use std::fmt;
+use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -469,6 +470,23 @@ impl Spawned {
             Spawned::EtcdCluster(c) => all(c.members()),
             Spawned::ServeCluster(c) => c.members().into_iter().map(|m| m as &dyn Server).collect(),
             single => single.single().into_iter().collect(),
+        }
+    }
+
+    /// The log of every server process the setup started: each member,
+    /// and on the locksmith cluster also its spares and removed members.
+    pub fn logs(&self) -> Vec<&Path> {
+        match self {
+            Spawned::ServeCluster(c) => c
+                .every_server()
+                .iter()
+                .map(|s| s.process().log_path())
+                .collect(),
+            other => other
+                .members()
+                .into_iter()
+                .map(|m| m.process().log_path())
+                .collect(),
         }
     }
 

@@ -142,8 +142,9 @@ pub struct TortureArgs {
     /// Short rounds, for CI.
     #[arg(long)]
     quick: bool,
-    /// Directory for torture.md, torture.json and the clients' logs (default:
-    /// a temporary directory, kept and named when something fails).
+    /// Directory for torture.md, torture.json and the logs of the clients
+    /// and of the servers the run started (default: a temporary directory,
+    /// kept and named when something fails).
     #[arg(long)]
     out: Option<PathBuf>,
 
@@ -356,6 +357,7 @@ async fn coordinate(args: TortureArgs) -> ExitCode {
         };
         for target in targets {
             torture_target(&target, &args, &dir, &run_id, &mut reports).await;
+            keep_server_logs(&target, &dir);
             // Stop the server (a blocking kill and wait) before the next backend.
             let _ = tokio::task::spawn_blocking(move || drop(target)).await;
         }
@@ -377,6 +379,25 @@ async fn coordinate(args: TortureArgs) -> ExitCode {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
+    }
+}
+
+/// Copies the logs of the servers this run started for `target` into `dir`
+/// (`servers-LABEL-N.log`), beside its clients' logs: they go with the
+/// setup's own directories. `LOCKSMITH_SERVE_LOG` sets what the locksmith
+/// server logs (a `RUST_LOG` filter; warnings by default).
+fn keep_server_logs(target: &Target, dir: &Path) {
+    let Some(spawned) = &target.spawned else {
+        return;
+    };
+    for (i, log) in spawned.logs().into_iter().enumerate() {
+        if !log.exists() {
+            continue; // a spare that was never started
+        }
+        let to = dir.join(format!("servers-{}-{}.log", target.label, i + 1));
+        if let Err(error) = std::fs::copy(log, &to) {
+            eprintln!("locksmith torture: cannot keep {}: {error}", log.display());
+        }
     }
 }
 
