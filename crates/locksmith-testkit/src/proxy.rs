@@ -285,16 +285,6 @@ impl Route {
         })
     }
 
-    /// No proxy: `url` as it is. For a store whose clients go where its
-    /// members send them (a cluster's leader hint), where a proxy in front
-    /// of one address would leave the client knowing a member by two names.
-    pub fn direct(url: &str) -> Route {
-        Route {
-            url: url.to_owned(),
-            proxies: Vec::new(),
-        }
-    }
-
     /// The store's URL with every host replaced by its proxy.
     pub fn url(&self) -> &str {
         &self.url

@@ -61,7 +61,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::bench::target::{parse_kinds, BackendSpec, Kind, Placement, Spawned, Target};
+use crate::bench::target::{parse_kinds, BackendSpec, Kind, Placement, Target};
 use crate::common::parse_duration;
 use checker::{FaultRecord, Phases, Verdict};
 use nemesis::{FaultKind, Timing};
@@ -491,12 +491,6 @@ async fn run_round(
         hold: args.hold,
         session_ttl: args.session_ttl,
         log: log.clone(),
-        // The locksmith cluster's clients follow its leader hints, which
-        // name members by their own addresses: behind proxies, a client
-        // would know each member by two names, and could go back to a
-        // member that just failed under the other. No fault of the cluster
-        // needs the proxies (`partition` and `delay` do not run there).
-        proxied: !matches!(target.spawned.as_deref(), Some(Spawned::ServeCluster(_))),
     };
     let mut round = match Round::start(&target.url, config).await {
         Ok(round) => round,

@@ -24,16 +24,12 @@ pub struct RoundConfig {
     pub session_ttl: Duration,
     /// File collecting the clients' stderr.
     pub log: PathBuf,
-    /// Whether each client reaches the store through fault proxies of its
-    /// own; if not, at the store's URL itself.
-    pub proxied: bool,
 }
 
 struct Slot {
     child: Option<Child>,
     incarnation: u32,
-    /// The client's way to the store, through its fault proxies (if
-    /// proxied).
+    /// The client's way to the store, through its fault proxies.
     route: Route,
 }
 
@@ -64,10 +60,7 @@ impl Round {
             slots.push(Slot {
                 child: None,
                 incarnation: 0,
-                route: match config.proxied {
-                    true => Route::start(url).await?,
-                    false => Route::direct(url),
-                },
+                route: Route::start(url).await?,
             });
         }
         let mut round = Round {

@@ -7,22 +7,12 @@
 //! [`locksmith_proto::LEADER_METADATA`]), the client goes there at once, and
 //! adds the address to its list if it was not on it (a member added to the
 //! cluster after the client started).
-//!
-//! A member that answers nothing in time (frozen, or its machine gone) is
-//! **passed over** for a while: the rotation skips it, and a hint that
-//! names it is not followed. Its followers keep naming a frozen leader
-//! until they elect another, hundreds of milliseconds later; going back to
-//! it would spend a whole reconnect attempt on a member that answers
-//! nothing, while the session's TTL runs. A member that answers, even to
-//! refuse ("no leader yet"), or whose connection is refused at once, is
-//! not passed over: it costs no time, and it may be the next leader.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use locksmith_proto::v1::locksmith_client::LocksmithClient;
-use tokio::time::Instant;
 use tonic::Status;
 
 use super::url::{ServerUrl, Stub};
@@ -35,8 +25,6 @@ struct Member {
     /// `host:port`.
     addr: String,
     client: Stub,
-    /// When it last answered nothing in time.
-    unresponsive_at: Option<Instant>,
 }
 
 /// The members and which one is current.
@@ -45,30 +33,13 @@ pub(super) struct Members {
     current: AtomicUsize,
     /// How to reach a member (TLS, credentials), for those added later.
     url: ServerUrl,
-    /// How long a member that answered nothing is passed over.
-    pass_over: Duration,
-}
-
-/// What a member's refusal says about where to go next.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Redirect {
-    /// It names no leader.
-    None,
-    /// It names the leader, which is current now.
-    Leader,
-    /// It names a leader that answered nothing a moment ago (it has not
-    /// noticed yet): the next member not passed over is current now, worth
-    /// a try after a pause, since an election is probably under way.
-    Stale,
 }
 
 impl Members {
     /// Parses `locksmith[+tls]://host[:port][,host[:port]...][?options]`
-    /// (module `url`); a member that answers nothing in time is passed
-    /// over for `pass_over`.
-    /// Connects to nothing yet: each channel connects on first use and
-    /// reconnects by itself.
-    pub(super) fn parse(url: &str, pass_over: Duration) -> Result<Members> {
+    /// (module `url`). Connects to nothing yet: each channel connects on
+    /// first use and reconnects by itself.
+    pub(super) fn parse(url: &str) -> Result<Members> {
         let url = ServerUrl::parse(url)?;
         let members = url
             .addresses()
@@ -79,7 +50,6 @@ impl Members {
             members: Mutex::new(members),
             current: AtomicUsize::new(0),
             url,
-            pass_over,
         })
     }
 
@@ -105,69 +75,35 @@ impl Members {
         (at, list[at].addr.clone(), list[at].client.clone())
     }
 
-    /// The member at `at` could not serve (down, refusing connections):
-    /// the next member not passed over (or, when all are, the next one)
-    /// becomes current, unless another caller moved on already.
+    /// The member at `at` failed: the next one becomes current, unless
+    /// another caller moved on already.
     pub(super) fn failed(&self, at: usize) {
-        self.move_on(&self.list(), at);
+        let len = self.len();
+        let _ =
+            self.current
+                .compare_exchange(at, (at + 1) % len, Ordering::AcqRel, Ordering::Acquire);
     }
 
-    /// The member at `at` answered nothing in time: as [`Members::failed`],
-    /// and it is passed over for a while.
-    pub(super) fn unresponsive(&self, at: usize) {
-        let mut list = self.list();
-        if let Some(member) = list.get_mut(at) {
-            member.unresponsive_at = Some(Instant::now());
-        }
-        self.move_on(&list, at);
-    }
-
-    /// Makes the member after `at` current (the next one not passed over,
-    /// if any), unless another caller moved on from `at` already.
-    fn move_on(&self, list: &[Member], at: usize) {
-        let len = list.len();
-        let next = (1..=len)
-            .map(|step| (at + step) % len)
-            .find(|&i| !self.passed_over(&list[i]))
-            .unwrap_or((at + 1) % len);
-        let _ = self
-            .current
-            .compare_exchange(at, next, Ordering::AcqRel, Ordering::Acquire);
-    }
-
-    fn passed_over(&self, member: &Member) -> bool {
-        member
-            .unresponsive_at
-            .is_some_and(|at| at.elapsed() < self.pass_over)
-    }
-
-    /// Where `status`, the answer of the member at `at`, sends the client.
-    /// If it is a "not the leader" answer naming the leader, makes the
-    /// leader current (adding it if it is new), unless that member is
-    /// passed over ([`Redirect::Stale`]: then the next member is current).
-    pub(super) fn follow(&self, status: &Status, at: usize) -> Redirect {
+    /// If `status` is a member's "not the leader" answer naming the leader,
+    /// makes the leader current (adding it if it is new) and returns true.
+    pub(super) fn follow(&self, status: &Status) -> bool {
         let Some(leader) = leader_of(status) else {
-            return Redirect::None;
+            return false;
         };
         let mut list = self.list();
-        let to = match list.iter().position(|m| m.addr == leader) {
-            Some(to) if self.passed_over(&list[to]) => {
-                tracing::debug!(backend = super::BACKEND, %leader, "not following the leader named: it answered nothing a moment ago");
-                self.move_on(&list, at);
-                return Redirect::Stale;
-            }
-            Some(to) => to,
+        let at = match list.iter().position(|m| m.addr == leader) {
+            Some(at) => at,
             None => match member(&self.url, leader.clone()) {
                 Ok(new) => {
                     list.push(new);
                     list.len() - 1
                 }
-                Err(_) => return Redirect::None,
+                Err(_) => return false,
             },
         };
-        self.current.store(to, Ordering::Release);
+        self.current.store(at, Ordering::Release);
         tracing::debug!(backend = super::BACKEND, %leader, "following the leader");
-        Redirect::Leader
+        true
     }
 }
 
@@ -191,7 +127,6 @@ fn member(url: &ServerUrl, addr: String) -> Result<Member> {
         addr,
         client: LocksmithClient::with_interceptor(channel, url.credentials())
             .max_decoding_message_size(MAX_RESPONSE_BYTES),
-        unresponsive_at: None,
     })
 }
 
@@ -249,35 +184,29 @@ pub(super) fn member_down(status: &Status) -> bool {
 mod tests {
     use super::*;
 
-    const PASS_OVER: Duration = Duration::from_secs(1);
-
-    fn naming(leader: &str) -> Status {
+    #[tokio::test]
+    async fn a_redirect_makes_the_leader_current_and_adds_a_new_one() {
+        let members = Members::parse("locksmith://a:1,b:2").unwrap();
+        assert_eq!(members.current().1, "a:1");
         let mut status = Status::unavailable("not the leader");
         status
             .metadata_mut()
-            .insert(locksmith_proto::LEADER_METADATA, leader.parse().unwrap());
-        status
-    }
-
-    #[tokio::test]
-    async fn a_redirect_makes_the_leader_current_and_adds_a_new_one() {
-        let members = Members::parse("locksmith://a:1,b:2", PASS_OVER).unwrap();
-        assert_eq!(members.current().1, "a:1");
-        assert_eq!(members.follow(&naming("b:2"), 0), Redirect::Leader);
+            .insert(locksmith_proto::LEADER_METADATA, "b:2".parse().unwrap());
+        assert!(members.follow(&status));
         assert_eq!(members.current().1, "b:2");
-        assert_eq!(members.follow(&naming("c:3"), 1), Redirect::Leader);
+        status
+            .metadata_mut()
+            .insert(locksmith_proto::LEADER_METADATA, "c:3".parse().unwrap());
+        assert!(members.follow(&status));
         assert_eq!(members.current().1, "c:3");
         assert_eq!(members.len(), 3);
-        assert_eq!(
-            members.follow(&Status::unavailable("down"), 2),
-            Redirect::None
-        );
+        assert!(!members.follow(&Status::unavailable("down")));
         assert_eq!(members.current().1, "c:3");
     }
 
     #[tokio::test]
     async fn a_failure_moves_to_the_next_member_once() {
-        let members = Members::parse("locksmith://a:1,b:2,c:3", PASS_OVER).unwrap();
+        let members = Members::parse("locksmith://a:1,b:2,c:3").unwrap();
         let (at, _, _) = members.current();
         members.failed(at);
         members.failed(at);
@@ -290,45 +219,5 @@ mod tests {
         members.failed(at);
         members.failed(2);
         assert_eq!(members.current().1, "a:1", "around the list");
-    }
-
-    /// A leader that stopped answering is not gone back to on the word of
-    /// a follower that has not noticed yet, nor by the rotation, until it
-    /// has been passed over for a while.
-    #[tokio::test(start_paused = true)]
-    async fn a_member_that_answers_nothing_is_passed_over_for_a_while() {
-        let members = Members::parse("locksmith://a:1,b:2,c:3", PASS_OVER).unwrap();
-        members.unresponsive(0);
-        assert_eq!(members.current().1, "b:2");
-        // b has not noticed: it still names a.
-        assert_eq!(members.follow(&naming("a:1"), 1), Redirect::Stale);
-        assert_eq!(members.current().1, "c:3", "on to the next, not to a");
-        assert_eq!(members.follow(&naming("a:1"), 2), Redirect::Stale);
-        assert_eq!(members.current().1, "b:2", "around the list, past a");
-        // b, then c, refuse connections: the rotation still skips a, and
-        // neither is passed over (each answers at once; either may lead
-        // next).
-        members.failed(1);
-        assert_eq!(members.current().1, "c:3");
-        members.failed(2);
-        assert_eq!(members.current().1, "b:2");
-        // The others elected c: its name is followed at once.
-        assert_eq!(members.follow(&naming("c:3"), 2), Redirect::Leader);
-        assert_eq!(members.current().1, "c:3");
-        // A while later, a is followed again (it may lead once more).
-        tokio::time::advance(PASS_OVER).await;
-        assert_eq!(members.follow(&naming("a:1"), 2), Redirect::Leader);
-        assert_eq!(members.current().1, "a:1");
-    }
-
-    /// When every member answered nothing a moment ago, the rotation goes
-    /// on in order.
-    #[tokio::test(start_paused = true)]
-    async fn with_every_member_passed_over_the_rotation_goes_on() {
-        let members = Members::parse("locksmith://a:1,b:2", PASS_OVER).unwrap();
-        members.unresponsive(0);
-        assert_eq!(members.current().1, "b:2");
-        members.unresponsive(1);
-        assert_eq!(members.current().1, "a:1");
     }
 }

@@ -79,7 +79,7 @@ use crate::backend::{
 use crate::client::ConnectOptions;
 use crate::error::{Error, Result};
 
-use members::{member_down, Members, Redirect, Rounds};
+use members::{member_down, Members, Rounds};
 
 /// How long a unary call waits out members that are down or in an election.
 const UNARY_PATIENCE: Duration = Duration::from_secs(5);
@@ -108,10 +108,7 @@ impl ServerBackend {
     /// Cancel safety: safe; a dropped connect leaves at most a session that
     /// expires after its TTL.
     pub async fn connect(url: &str, options: &ConnectOptions) -> Result<Self> {
-        // A member that failed is passed over for as long as one reconnect
-        // attempt may take: long enough for the others to elect a leader.
-        let pass_over = session::reconnect_timeout(options.session_ttl);
-        let members = Arc::new(Members::parse(url, pass_over)?);
+        let members = Arc::new(Members::parse(url)?);
         let shared = session::connect(members, options.clone()).await?;
         Ok(ServerBackend { shared })
     }
@@ -140,26 +137,24 @@ impl ServerBackend {
         let mut rounds = Rounds::new(members, UNARY_PATIENCE);
         loop {
             let (at, addr, client) = members.current();
-            let status = match tokio::time::timeout(ATTEMPT_TIMEOUT, call(client)).await {
-                Ok(Ok(response)) => return Ok(response.into_inner()),
-                Ok(Err(status)) => status,
-                Err(_) => {
-                    members.unresponsive(at);
-                    tonic::Status::deadline_exceeded(format!(
+            let answer = tokio::time::timeout(ATTEMPT_TIMEOUT, call(client))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(tonic::Status::deadline_exceeded(format!(
                         "{addr} gave no answer within {ATTEMPT_TIMEOUT:?}"
-                    ))
-                }
-            };
-            let again = match members.follow(&status, at) {
-                Redirect::Leader | Redirect::Stale => true,
-                Redirect::None if member_down(&status) => {
+                    )))
+                });
+            match answer {
+                Ok(response) => return Ok(response.into_inner()),
+                Err(status) if members.follow(&status) && rounds.again(members).await => {}
+                Err(status) if member_down(&status) => {
                     members.failed(at);
-                    repeatable || refused_whole(&status)
+                    let again = repeatable || refused_whole(&status);
+                    if !(again && rounds.again(members).await) {
+                        return Err(status);
+                    }
                 }
-                Redirect::None => false,
-            };
-            if !(again && rounds.again(members).await) {
-                return Err(status);
+                Err(status) => return Err(status),
             }
         }
     }

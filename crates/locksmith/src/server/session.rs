@@ -44,7 +44,7 @@ use crate::client::ConnectOptions;
 use crate::error::{Error, Result};
 
 use super::convert;
-use super::members::{member_down, Members, Redirect, Rounds};
+use super::members::{member_down, Members, Rounds};
 
 /// Shortest and longest pause between reconnect attempts.
 const MIN_BACKOFF: Duration = Duration::from_millis(20);
@@ -628,20 +628,9 @@ async fn establish(
     let (at, addr, client) = members.current();
     let failed = |status: tonic::Status| {
         if status.code() == Code::NotFound {
-            return SetupError::UnknownSession(status.message().to_owned());
-        }
-        let redirect = members.follow(&status, at);
-        if redirect == Redirect::Leader {
+            SetupError::UnknownSession(status.message().to_owned())
+        } else if members.follow(&status) {
             SetupError::Redirected
-        } else if redirect == Redirect::Stale {
-            // Tried again after the usual pause, at the next member.
-            SetupError::Failed(Error::backend(
-                super::BACKEND,
-                format!(
-                    "{addr} names a leader that failed a moment ago: {}",
-                    status.message()
-                ),
-            ))
         } else {
             if member_down(&status) {
                 members.failed(at);
@@ -726,7 +715,7 @@ pub(super) async fn connect(members: Arc<Members>, options: ConnectOptions) -> R
             }
             Err(_) => {
                 let (at, addr, _) = members.current();
-                members.unresponsive(at);
+                members.failed(at);
                 Error::backend(
                     super::BACKEND,
                     format!("{addr}: the server did not open a session in time"),
@@ -770,7 +759,7 @@ fn setup_timeout(ttl: Duration) -> Duration {
 
 /// How long one reconnect attempt of a live session may take: short enough
 /// that a member which hangs leaves time to try the others within the TTL.
-pub(super) fn reconnect_timeout(ttl: Duration) -> Duration {
+fn reconnect_timeout(ttl: Duration) -> Duration {
     (ttl / 3).clamp(Duration::from_millis(300), Duration::from_secs(10))
 }
 
@@ -856,7 +845,7 @@ async fn drive(shared: Arc<Shared>, first: Link) {
                     // as a frozen leader would hold the client until the
                     // session is lost.
                     let (at, addr, _) = shared.members.current();
-                    shared.members.unresponsive(at);
+                    shared.members.failed(at);
                     tracing::debug!(backend = super::BACKEND, %addr, "reconnect timed out");
                 }
             }
@@ -954,7 +943,7 @@ async fn run(
                 sent.push_back(Instant::now());
             }
             _ = &mut suspect, if others => {
-                shared.members.unresponsive(link.member);
+                shared.members.failed(link.member);
                 return End::Broken(
                     "no heartbeat answered for half a session TTL; trying another member".into(),
                 );
