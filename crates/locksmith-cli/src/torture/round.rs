@@ -1,5 +1,5 @@
-//! One round: K client processes, each behind its own fault proxy (unless
-//! the round says otherwise), reporting to a fresh fenced resource.
+//! One round: K client processes, each behind its own fault proxy, reporting
+//! to a fresh fenced resource.
 
 use std::path::PathBuf;
 use std::process::Stdio;
