@@ -182,11 +182,44 @@ async fn a_leader_paused_past_the_election_timeout_steps_down_and_grants_nothing
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_with_a_short_ttl_keeps_its_lock_when_the_leader_freezes() {
     let cluster = Cluster::start();
+    holder_with_a_short_ttl_through_a_freeze(&cluster, |_| cluster.url()).await;
+}
+
+/// The same, for a client that knows the members by other names than the
+/// cluster does (`localhost`, where the cluster says `127.0.0.1`) and opens
+/// its session on the leader: the followers' hints, naming the frozen leader
+/// by the cluster's name until they elect another, must not send it back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_knowing_the_members_by_other_names_keeps_its_lock_when_the_leader_freezes() {
+    let cluster = Cluster::start();
+    holder_with_a_short_ttl_through_a_freeze(&cluster, |leader| {
+        let mut order: Vec<usize> = (0..cluster.members.len()).collect();
+        order.swap(0, leader);
+        let names: Vec<String> = order
+            .iter()
+            .map(|&i| format!("localhost:{}", cluster.members[i].port()))
+            .collect();
+        format!("locksmith://{}", names.join(","))
+    })
+    .await;
+}
+
+/// Freezes the leader under a holder with a 2 s session TTL whose client
+/// reaches the cluster at `url(leader)`: the holder keeps its lock and
+/// releases it at the new leader.
+async fn holder_with_a_short_ttl_through_a_freeze(
+    cluster: &Cluster,
+    url: impl Fn(usize) -> String,
+) {
     let name = unique("cluster-freeze-short-ttl");
-    let holder = cluster.client(Duration::from_secs(2)).await;
+    let leader = cluster.leader(&[]).await;
+    let url = url(leader);
+    let options = ConnectOptions::default().session_ttl(Duration::from_secs(2));
+    let holder = Client::connect_with(&url, options)
+        .await
+        .unwrap_or_else(|e| panic!("connect to {url}: {e}"));
     let guard = holder.lock(name.as_str()).acquire().await.expect("acquire");
     let token = guard.fencing_token();
-    let leader = cluster.leader(&[]).await;
 
     cluster.members[leader].pause();
     let new_leader = cluster.leader(&[leader]).await;

@@ -275,8 +275,9 @@ pub(crate) enum Op {
 /// A member's role, as openraft reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Role {
-    /// This member leads.
-    Leader,
+    /// This member leads; `address` is its own, as the members know it
+    /// (what their leader hints name), when known.
+    Leader { address: Option<String> },
     /// Another member leads (its client address, when known), or nobody yet.
     Follower { leader: Option<String> },
 }

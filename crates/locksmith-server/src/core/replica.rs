@@ -58,6 +58,11 @@ pub(crate) struct Replica {
     /// Hands batches to openraft, in order.
     proposer: Proposer,
     pub(super) role: Leadership,
+    /// This member's address as the members know it (learnt when it
+    /// leads): sessions opened or resumed here are told it, so that a
+    /// client that reached it under another name knows the leader hints
+    /// that name it.
+    pub(super) address: Option<String>,
     next_seq: u64,
     /// The batches this leader proposed and has not applied yet, oldest
     /// first (they are applied in this order).
@@ -107,6 +112,7 @@ impl Replica {
         Replica {
             proposer,
             role: Leadership::Follower { leader: None },
+            address: None,
             next_seq: 0,
             in_flight: VecDeque::new(),
             max_in_flight: max_in_flight.max(1),
@@ -240,7 +246,10 @@ impl Core {
     /// The member's role changed (openraft's metrics said so).
     pub(super) fn change_role(&mut self, role: Role) {
         match role {
-            Role::Leader => {
+            Role::Leader { address } => {
+                if address.is_some() {
+                    self.replica.address = address;
+                }
                 if self.replica.leading() {
                     return;
                 }

@@ -143,6 +143,7 @@ impl Core {
                 session_id: session.0,
                 secret: entry.secret.to_be_bytes().to_vec(),
                 ttl_ms: entry.ttl,
+                member: self.replica.address.clone().unwrap_or_default(),
             })),
         };
         self.output.streams.push(stream, &tx, opened);
@@ -188,6 +189,7 @@ impl Core {
             kind: Some(pb::server_message::Kind::Resumed(pb::SessionResumed {
                 session_id: session.0,
                 ttl_ms: entry.ttl,
+                member: self.replica.address.clone().unwrap_or_default(),
             })),
         };
         self.output.streams.push(stream, &tx, resumed);

@@ -231,15 +231,18 @@ async fn watch_role(raft: Raft, me: u64, core: Sender<Op>) {
     loop {
         let role = {
             let m = metrics.borrow_and_update();
+            let address_of = |id| {
+                m.membership_config
+                    .membership()
+                    .get_node(&id)
+                    .map(|node| node.addr.clone())
+            };
             if m.state == ServerState::Leader && m.current_leader == Some(me) {
-                Role::Leader
+                Role::Leader {
+                    address: address_of(me),
+                }
             } else {
-                let leader = m.current_leader.filter(|&id| id != me).and_then(|id| {
-                    m.membership_config
-                        .membership()
-                        .get_node(&id)
-                        .map(|node| node.addr.clone())
-                });
+                let leader = m.current_leader.filter(|&id| id != me).and_then(address_of);
                 Role::Follower { leader }
             }
         };

@@ -7,12 +7,24 @@
 //! [`locksmith_proto::LEADER_METADATA`]), the client goes there at once, and
 //! adds the address to its list if it was not on it (a member added to the
 //! cluster after the client started).
+//!
+//! A member that answers nothing in time (frozen, or its machine gone) is
+//! **passed over** for a while: the rotation skips it, and a hint naming it
+//! is not followed. The followers of a frozen leader keep naming it until
+//! they elect another, hundreds of milliseconds later; going back to it
+//! would spend a whole attempt on a member that answers nothing while the
+//! session's TTL runs. The client stays instead with the follower that
+//! answered and asks it again after a pause ([`Redirect::Stale`]): that
+//! follower names the new leader once one is elected. A member that answers,
+//! even to refuse, or whose connection is refused at once, is not passed
+//! over: it costs no time, and it may be the next leader.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use locksmith_proto::v1::locksmith_client::LocksmithClient;
+use tokio::time::Instant;
 use tonic::Status;
 
 use super::url::{ServerUrl, Stub};
@@ -25,6 +37,23 @@ struct Member {
     /// `host:port`.
     addr: String,
     client: Stub,
+    /// The address the cluster knows it by, when the client reached it
+    /// under another name (DNS, a proxy) and the member said so.
+    known_as: Option<String>,
+    /// Until when it is passed over, after it answered nothing in time.
+    passed_over_until: Option<Instant>,
+}
+
+impl Member {
+    /// Whether a leader hint naming `leader` means this member.
+    fn is(&self, leader: &str) -> bool {
+        self.addr == leader || self.known_as.as_deref() == Some(leader)
+    }
+
+    fn passed_over(&self) -> bool {
+        self.passed_over_until
+            .is_some_and(|until| Instant::now() < until)
+    }
 }
 
 /// The members and which one is current.
@@ -33,13 +62,29 @@ pub(super) struct Members {
     current: AtomicUsize,
     /// How to reach a member (TLS, credentials), for those added later.
     url: ServerUrl,
+    /// How long a member that answered nothing is passed over.
+    pass_over: Duration,
+}
+
+/// Where a member's refusal sends the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Redirect {
+    /// It names no leader.
+    None,
+    /// It names the leader, which is current now.
+    Leader,
+    /// It names a leader that is passed over (the member has not noticed
+    /// yet that it stopped answering): the member that answered stays
+    /// current, to be asked again after a pause.
+    Stale,
 }
 
 impl Members {
     /// Parses `locksmith[+tls]://host[:port][,host[:port]...][?options]`
-    /// (module `url`). Connects to nothing yet: each channel connects on
+    /// (module `url`); a member that answers nothing in time is passed over
+    /// for `pass_over`. Connects to nothing yet: each channel connects on
     /// first use and reconnects by itself.
-    pub(super) fn parse(url: &str) -> Result<Members> {
+    pub(super) fn parse(url: &str, pass_over: Duration) -> Result<Members> {
         let url = ServerUrl::parse(url)?;
         let members = url
             .addresses()
@@ -50,6 +95,7 @@ impl Members {
             members: Mutex::new(members),
             current: AtomicUsize::new(0),
             url,
+            pass_over,
         })
     }
 
@@ -75,35 +121,83 @@ impl Members {
         (at, list[at].addr.clone(), list[at].client.clone())
     }
 
-    /// The member at `at` failed: the next one becomes current, unless
-    /// another caller moved on already.
+    /// The member at `at` could not serve (down, refusing connections, no
+    /// leader known): the next member not passed over (the next one, when
+    /// all are) becomes current, unless another caller moved on already.
     pub(super) fn failed(&self, at: usize) {
-        let len = self.len();
-        let _ =
-            self.current
-                .compare_exchange(at, (at + 1) % len, Ordering::AcqRel, Ordering::Acquire);
+        self.move_on(&self.list(), at);
     }
 
-    /// If `status` is a member's "not the leader" answer naming the leader,
-    /// makes the leader current (adding it if it is new) and returns true.
-    pub(super) fn follow(&self, status: &Status) -> bool {
+    /// The member at `at` answered nothing in time: it is passed over for a
+    /// while, and the next member becomes current as with
+    /// [`Members::failed`].
+    /// Every entry of that member is, when the client knows it under two
+    /// names.
+    pub(super) fn unresponsive(&self, at: usize) {
+        let mut list = self.list();
+        if let Some(member) = list.get(at) {
+            let name = member
+                .known_as
+                .clone()
+                .unwrap_or_else(|| member.addr.clone());
+            tracing::debug!(backend = super::BACKEND, addr = %member.addr, "passing over a member that answered nothing");
+            let until = Instant::now() + self.pass_over;
+            for (i, member) in list.iter_mut().enumerate() {
+                if i == at || member.is(&name) {
+                    member.passed_over_until = Some(until);
+                }
+            }
+        }
+        self.move_on(&list, at);
+    }
+
+    /// The member at `at` said the cluster knows it as `address` (empty:
+    /// it did not say), which its followers' leader hints name.
+    pub(super) fn known_as(&self, at: usize, address: &str) {
+        let mut list = self.list();
+        if let Some(member) = list.get_mut(at) {
+            if !address.is_empty() && member.addr != address {
+                member.known_as = Some(address.to_owned());
+            }
+        }
+    }
+
+    fn move_on(&self, list: &[Member], at: usize) {
+        let len = list.len();
+        let next = (1..=len)
+            .map(|step| (at + step) % len)
+            .find(|&i| !list[i].passed_over())
+            .unwrap_or((at + 1) % len);
+        let _ = self
+            .current
+            .compare_exchange(at, next, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    /// Where `status`, a member's refusal, sends the client: to the leader
+    /// it names (made current, and added if it is new), unless that leader
+    /// is passed over.
+    pub(super) fn follow(&self, status: &Status) -> Redirect {
         let Some(leader) = leader_of(status) else {
-            return false;
+            return Redirect::None;
         };
         let mut list = self.list();
-        let at = match list.iter().position(|m| m.addr == leader) {
-            Some(at) => at,
+        let to = match list.iter().position(|m| m.is(&leader)) {
+            Some(to) if list[to].passed_over() => {
+                tracing::debug!(backend = super::BACKEND, %leader, "not following the leader named: it answered nothing a moment ago");
+                return Redirect::Stale;
+            }
+            Some(to) => to,
             None => match member(&self.url, leader.clone()) {
                 Ok(new) => {
                     list.push(new);
                     list.len() - 1
                 }
-                Err(_) => return false,
+                Err(_) => return Redirect::None,
             },
         };
-        self.current.store(at, Ordering::Release);
+        self.current.store(to, Ordering::Release);
         tracing::debug!(backend = super::BACKEND, %leader, "following the leader");
-        true
+        Redirect::Leader
     }
 }
 
@@ -127,44 +221,88 @@ fn member(url: &ServerUrl, addr: String) -> Result<Member> {
         addr,
         client: LocksmithClient::with_interceptor(channel, url.credentials())
             .max_decoding_message_size(MAX_RESPONSE_BYTES),
+        known_as: None,
+        passed_over_until: None,
     })
 }
 
 /// Rounds over the members while none serves: each member once per round,
 /// a pause between rounds, until a deadline. An election (every member
 /// answering "no leader yet") or a leader's restart is waited out this way
-/// rather than failing at once.
+/// rather than failing at once. Members that refuse at once cost a round
+/// nothing: only a whole round of failures pauses, so that going past
+/// members that are not started does not add up pauses.
 pub(super) struct Rounds {
-    deadline: tokio::time::Instant,
+    deadline: Option<Instant>,
     left_in_round: usize,
     pause: Duration,
+    longest_pause: Duration,
 }
 
 impl Rounds {
-    /// Rounds over `members` for at most `patience`.
+    /// Rounds over `members` for at most `patience`, pausing 20 ms, then
+    /// twice as long each time up to 100 ms.
     pub(super) fn new(members: &Members, patience: Duration) -> Rounds {
         Rounds {
-            deadline: tokio::time::Instant::now() + patience,
-            left_in_round: members.len(),
-            pause: Duration::from_millis(20),
+            deadline: Some(Instant::now() + patience),
+            ..Rounds::endless(members, Duration::from_millis(100))
         }
     }
 
-    /// Whether to try again after a member failed; waits first when every
-    /// member failed once since the last pause.
+    /// Rounds without a deadline, pausing up to `longest_pause`.
+    pub(super) fn endless(members: &Members, longest_pause: Duration) -> Rounds {
+        Rounds {
+            deadline: None,
+            left_in_round: members.len(),
+            pause: Duration::from_millis(20),
+            longest_pause,
+        }
+    }
+
+    /// The pause to take after a member failed: none while a member of this
+    /// round is still untried.
+    pub(super) fn after_failure(&mut self, members: &Members) -> Duration {
+        self.left_in_round = self.left_in_round.saturating_sub(1);
+        if self.left_in_round > 0 {
+            return Duration::ZERO;
+        }
+        self.left_in_round = members.len();
+        self.next_pause()
+    }
+
+    /// The pause to take before asking the same member again: it named a
+    /// leader that is passed over, or refused the request itself.
+    pub(super) fn before_asking_again(&mut self) -> Duration {
+        self.next_pause()
+    }
+
+    fn next_pause(&mut self) -> Duration {
+        let pause = self.pause;
+        self.pause = (self.pause * 2).min(self.longest_pause);
+        match self.deadline {
+            Some(deadline) => pause.min(deadline.saturating_duration_since(Instant::now())),
+            None => pause,
+        }
+    }
+
+    /// Whether to try again after a member failed (`stale`: it named a
+    /// leader that is passed over, so it is asked again); pauses first as
+    /// [`Rounds::after_failure`] or [`Rounds::before_asking_again`] say.
     ///
     /// Cancel safety: safe (a sleep).
-    pub(super) async fn again(&mut self, members: &Members) -> bool {
-        if tokio::time::Instant::now() >= self.deadline {
+    pub(super) async fn again(&mut self, members: &Members, stale: bool) -> bool {
+        if self
+            .deadline
+            .is_some_and(|deadline| Instant::now() >= deadline)
+        {
             return false;
         }
-        self.left_in_round = self.left_in_round.saturating_sub(1);
-        if self.left_in_round == 0 {
-            let pause = self.pause.min(self.deadline - tokio::time::Instant::now());
-            tokio::time::sleep(pause).await;
-            self.pause = (self.pause * 2).min(Duration::from_millis(100));
-            self.left_in_round = members.len();
-        }
+        let pause = if stale {
+            self.before_asking_again()
+        } else {
+            self.after_failure(members)
+        };
+        tokio::time::sleep(pause).await;
         true
     }
 }
@@ -184,29 +322,32 @@ pub(super) fn member_down(status: &Status) -> bool {
 mod tests {
     use super::*;
 
-    #[tokio::test]
-    async fn a_redirect_makes_the_leader_current_and_adds_a_new_one() {
-        let members = Members::parse("locksmith://a:1,b:2").unwrap();
-        assert_eq!(members.current().1, "a:1");
+    const PASS_OVER: Duration = Duration::from_secs(1);
+
+    fn naming(leader: &str) -> Status {
         let mut status = Status::unavailable("not the leader");
         status
             .metadata_mut()
-            .insert(locksmith_proto::LEADER_METADATA, "b:2".parse().unwrap());
-        assert!(members.follow(&status));
-        assert_eq!(members.current().1, "b:2");
+            .insert(locksmith_proto::LEADER_METADATA, leader.parse().unwrap());
         status
-            .metadata_mut()
-            .insert(locksmith_proto::LEADER_METADATA, "c:3".parse().unwrap());
-        assert!(members.follow(&status));
+    }
+
+    #[tokio::test]
+    async fn a_redirect_makes_the_leader_current_and_adds_a_new_one() {
+        let members = Members::parse("locksmith://a:1,b:2", PASS_OVER).unwrap();
+        assert_eq!(members.current().1, "a:1");
+        assert_eq!(members.follow(&naming("b:2")), Redirect::Leader);
+        assert_eq!(members.current().1, "b:2");
+        assert_eq!(members.follow(&naming("c:3")), Redirect::Leader);
         assert_eq!(members.current().1, "c:3");
         assert_eq!(members.len(), 3);
-        assert!(!members.follow(&Status::unavailable("down")));
+        assert_eq!(members.follow(&Status::unavailable("down")), Redirect::None);
         assert_eq!(members.current().1, "c:3");
     }
 
     #[tokio::test]
     async fn a_failure_moves_to_the_next_member_once() {
-        let members = Members::parse("locksmith://a:1,b:2,c:3").unwrap();
+        let members = Members::parse("locksmith://a:1,b:2,c:3", PASS_OVER).unwrap();
         let (at, _, _) = members.current();
         members.failed(at);
         members.failed(at);
@@ -219,5 +360,94 @@ mod tests {
         members.failed(at);
         members.failed(2);
         assert_eq!(members.current().1, "a:1", "around the list");
+    }
+
+    /// A leader that stopped answering is not gone back to on the word of
+    /// a follower that has not noticed yet, nor by the rotation, until it
+    /// has been passed over for a while; the follower is asked again.
+    #[tokio::test(start_paused = true)]
+    async fn a_member_that_answers_nothing_is_passed_over_for_a_while() {
+        let members = Members::parse("locksmith://a:1,b:2,c:3", PASS_OVER).unwrap();
+        members.unresponsive(0);
+        assert_eq!(members.current().1, "b:2");
+        // b has not noticed: it still names a. The client stays with b.
+        assert_eq!(members.follow(&naming("a:1")), Redirect::Stale);
+        assert_eq!(members.current().1, "b:2", "b is asked again, not a");
+        // b, then c, refuse connections: the rotation skips a, and neither
+        // is passed over (each answers at once; either may lead next).
+        members.failed(1);
+        assert_eq!(members.current().1, "c:3");
+        members.failed(2);
+        assert_eq!(members.current().1, "b:2", "around the list, past a");
+        // b and c elected c: its name is followed at once.
+        assert_eq!(members.follow(&naming("c:3")), Redirect::Leader);
+        assert_eq!(members.current().1, "c:3");
+        // A while later, a is followed again (it may lead once more).
+        tokio::time::advance(PASS_OVER).await;
+        assert_eq!(members.follow(&naming("a:1")), Redirect::Leader);
+        assert_eq!(members.current().1, "a:1");
+    }
+
+    /// A member reached under another name (a proxy, a DNS name) is known
+    /// under both once it says which: a follower's hint naming a frozen
+    /// leader by the cluster's name does not send the client back to it.
+    #[tokio::test(start_paused = true)]
+    async fn a_member_is_known_by_the_name_it_gives() {
+        let members = Members::parse("locksmith://proxy-a:1,proxy-b:2", PASS_OVER).unwrap();
+        members.known_as(0, "a:1");
+        members.known_as(1, "");
+        members.unresponsive(0);
+        assert_eq!(members.follow(&naming("a:1")), Redirect::Stale);
+        assert_eq!(members.current().1, "proxy-b:2");
+        tokio::time::advance(PASS_OVER).await;
+        assert_eq!(members.follow(&naming("a:1")), Redirect::Leader);
+        assert_eq!(members.current().1, "proxy-a:1", "no third entry");
+        assert_eq!(members.len(), 2);
+    }
+
+    /// A member the client knows under two entries (its URL's name and, from
+    /// an earlier hint, the cluster's) is passed over under both.
+    #[tokio::test(start_paused = true)]
+    async fn a_member_known_twice_is_passed_over_under_both_names() {
+        let members = Members::parse("locksmith://proxy-a:1,proxy-b:2", PASS_OVER).unwrap();
+        members.known_as(0, "a:1");
+        assert_eq!(members.follow(&naming("a:1")), Redirect::Leader);
+        assert_eq!(members.current().1, "proxy-a:1");
+        members.unresponsive(0);
+        assert_eq!(members.current().1, "proxy-b:2");
+        // An earlier hint, from before the client knew the other name.
+        let members = Members::parse("locksmith://proxy-a:1,proxy-b:2", PASS_OVER).unwrap();
+        assert_eq!(members.follow(&naming("a:1")), Redirect::Leader);
+        assert_eq!(members.len(), 3);
+        members.known_as(0, "a:1");
+        members.unresponsive(2);
+        assert_eq!(members.current().1, "proxy-b:2", "past proxy-a:1");
+        members.failed(1);
+        assert_eq!(members.current().1, "proxy-b:2", "a:1 is skipped too");
+    }
+
+    /// When every member answered nothing a moment ago, the rotation goes
+    /// on in order.
+    #[tokio::test(start_paused = true)]
+    async fn with_every_member_passed_over_the_rotation_goes_on() {
+        let members = Members::parse("locksmith://a:1,b:2", PASS_OVER).unwrap();
+        members.unresponsive(0);
+        assert_eq!(members.current().1, "b:2");
+        members.unresponsive(1);
+        assert_eq!(members.current().1, "a:1");
+    }
+
+    /// Members that refuse at once do not add up pauses: only a whole round
+    /// of failures pauses, and each pause is longer than the last, up to
+    /// the longest.
+    #[tokio::test]
+    async fn only_a_whole_round_of_failures_pauses() {
+        let members = Members::parse("locksmith://a:1,b:2,c:3,d:4", PASS_OVER).unwrap();
+        let mut rounds = Rounds::endless(&members, Duration::from_millis(50));
+        let pauses: Vec<u128> = (0..12)
+            .map(|_| rounds.after_failure(&members).as_millis())
+            .collect();
+        assert_eq!(pauses, [0, 0, 0, 20, 0, 0, 0, 40, 0, 0, 0, 50]);
+        assert_eq!(rounds.before_asking_again(), Duration::from_millis(50));
     }
 }

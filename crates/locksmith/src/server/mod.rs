@@ -79,7 +79,7 @@ use crate::backend::{
 use crate::client::ConnectOptions;
 use crate::error::{Error, Result};
 
-use members::{member_down, Members, Rounds};
+use members::{member_down, Members, Redirect, Rounds};
 
 /// How long a unary call waits out members that are down or in an election.
 const UNARY_PATIENCE: Duration = Duration::from_secs(5);
@@ -108,7 +108,10 @@ impl ServerBackend {
     /// Cancel safety: safe; a dropped connect leaves at most a session that
     /// expires after its TTL.
     pub async fn connect(url: &str, options: &ConnectOptions) -> Result<Self> {
-        let members = Arc::new(Members::parse(url)?);
+        let members = Arc::new(Members::parse(
+            url,
+            session::reconnect_timeout(options.session_ttl),
+        )?);
         let shared = session::connect(members, options.clone()).await?;
         Ok(ServerBackend { shared })
     }
@@ -137,24 +140,32 @@ impl ServerBackend {
         let mut rounds = Rounds::new(members, UNARY_PATIENCE);
         loop {
             let (at, addr, client) = members.current();
-            let answer = tokio::time::timeout(ATTEMPT_TIMEOUT, call(client))
-                .await
-                .unwrap_or_else(|_| {
-                    Err(tonic::Status::deadline_exceeded(format!(
+            let status = match tokio::time::timeout(ATTEMPT_TIMEOUT, call(client)).await {
+                Ok(Ok(response)) => return Ok(response.into_inner()),
+                Ok(Err(status)) => status,
+                Err(_) => {
+                    members.unresponsive(at);
+                    let status = tonic::Status::deadline_exceeded(format!(
                         "{addr} gave no answer within {ATTEMPT_TIMEOUT:?}"
-                    )))
-                });
-            match answer {
-                Ok(response) => return Ok(response.into_inner()),
-                Err(status) if members.follow(&status) && rounds.again(members).await => {}
-                Err(status) if member_down(&status) => {
+                    ));
+                    if !(repeatable && rounds.again(members, false).await) {
+                        return Err(status);
+                    }
+                    continue;
+                }
+            };
+            match members.follow(&status) {
+                Redirect::Leader if rounds.again(members, false).await => {}
+                Redirect::Stale if rounds.again(members, true).await => {}
+                Redirect::Leader | Redirect::Stale => return Err(status),
+                Redirect::None if member_down(&status) => {
                     members.failed(at);
                     let again = repeatable || refused_whole(&status);
-                    if !(again && rounds.again(members).await) {
+                    if !(again && rounds.again(members, false).await) {
                         return Err(status);
                     }
                 }
-                Err(status) => return Err(status),
+                Redirect::None => return Err(status),
             }
         }
     }

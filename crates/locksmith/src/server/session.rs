@@ -19,11 +19,13 @@
 //! holds fail with [`Error::Lost`].
 //!
 //! A member that stops answering heartbeats for half a TTL is **suspect**
-//! when the client knows other members: a frozen leader keeps its TCP
-//! connections open, so waiting for the stream to break would spend the whole
-//! TTL. The client moves to the next member (which names the new leader once
-//! one is elected) and resumes there, while the session still lives; each
-//! reconnect attempt is bounded by a third of the TTL for the same reason.
+//! when the client knows other members (and one heartbeat has waited a sixth
+//! of the TTL: after a pause of this process, none was sent): a frozen
+//! leader keeps its TCP connections open, so waiting for the stream to break
+//! would spend the whole TTL. The client passes it over (module `members`),
+//! moves to the next member, which names the new leader once one is elected,
+//! and resumes there while the session still lives; each reconnect attempt
+//! is bounded by a third of the TTL for the same reason.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -44,10 +46,9 @@ use crate::client::ConnectOptions;
 use crate::error::{Error, Result};
 
 use super::convert;
-use super::members::{member_down, Members, Rounds};
+use super::members::{member_down, Members, Redirect, Rounds};
 
-/// Shortest and longest pause between reconnect attempts.
-const MIN_BACKOFF: Duration = Duration::from_millis(20);
+/// The longest pause between rounds of reconnect attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
 /// How long a graceful close waits for the server to confirm.
 const CLOSE_WAIT: Duration = Duration::from_secs(2);
@@ -533,6 +534,9 @@ enum SetupError {
     UnknownSession(String),
     /// The member named the leader, which is now current: try again at once.
     Redirected,
+    /// The member named a leader that is passed over; it stays current, to
+    /// be asked again after a pause.
+    StaleHint,
     Failed(Error),
 }
 
@@ -628,23 +632,24 @@ async fn establish(
     let (at, addr, client) = members.current();
     let failed = |status: tonic::Status| {
         if status.code() == Code::NotFound {
-            SetupError::UnknownSession(status.message().to_owned())
-        } else if members.follow(&status) {
-            SetupError::Redirected
-        } else {
-            if member_down(&status) {
-                members.failed(at);
-            }
-            // Which member failed matters for a connection problem; an
-            // answer about the request (a limit, a bad argument) keeps its
-            // own error.
-            SetupError::Failed(match convert::status(status) {
-                Error::Backend { source, .. } => {
-                    Error::backend(super::BACKEND, format!("{addr}: {source}"))
-                }
-                error => error,
-            })
+            return SetupError::UnknownSession(status.message().to_owned());
         }
+        match members.follow(&status) {
+            Redirect::Leader => return SetupError::Redirected,
+            Redirect::Stale => return SetupError::StaleHint,
+            Redirect::None => {}
+        }
+        if member_down(&status) {
+            members.failed(at);
+        }
+        // Which member failed matters for a connection problem; an answer
+        // about the request (a limit, a bad argument) keeps its own error.
+        SetupError::Failed(match convert::status(status) {
+            Error::Backend { source, .. } => {
+                Error::backend(super::BACKEND, format!("{addr}: {source}"))
+            }
+            error => error,
+        })
     };
     let mut inbound = client
         .clone()
@@ -660,13 +665,19 @@ async fn establish(
         .unwrap_or_default();
     let first = (!early.is_empty()).then(|| early.remove(0).kind);
     let credentials = match first {
-        Some(Some(In::Opened(opened))) => Credentials {
-            id: opened.session_id,
-            secret: opened.secret,
-        },
-        Some(Some(In::Resumed(_))) => resume
-            .cloned()
-            .expect("resumed only what we asked to resume"),
+        Some(Some(In::Opened(opened))) => {
+            members.known_as(at, &opened.member);
+            Credentials {
+                id: opened.session_id,
+                secret: opened.secret,
+            }
+        }
+        Some(Some(In::Resumed(resumed))) => {
+            members.known_as(at, &resumed.member);
+            resume
+                .cloned()
+                .expect("resumed only what we asked to resume")
+        }
         other => {
             return Err(SetupError::Failed(Error::backend(
                 super::BACKEND,
@@ -704,6 +715,16 @@ pub(super) async fn connect(members: Arc<Members>, options: ConnectOptions) -> R
             Ok(Err(SetupError::Redirected)) => {
                 Error::backend(super::BACKEND, "redirected without reaching the leader")
             }
+            Ok(Err(SetupError::StaleHint)) => {
+                let (_, addr, _) = members.current();
+                if rounds.again(&members, true).await {
+                    continue;
+                }
+                Error::backend(
+                    super::BACKEND,
+                    format!("{addr} named a leader that answered nothing"),
+                )
+            }
             // An answer about the request (a limit, a bad argument) is final;
             // only a member that cannot serve is worth another round.
             Ok(Err(SetupError::Failed(error))) if !matches!(error, Error::Backend { .. }) => {
@@ -715,14 +736,14 @@ pub(super) async fn connect(members: Arc<Members>, options: ConnectOptions) -> R
             }
             Err(_) => {
                 let (at, addr, _) = members.current();
-                members.failed(at);
+                members.unresponsive(at);
                 Error::backend(
                     super::BACKEND,
                     format!("{addr}: the server did not open a session in time"),
                 )
             }
         };
-        if !rounds.again(&members).await {
+        if !rounds.again(&members, false).await {
             if members.len() == 1 {
                 return Err(error);
             }
@@ -759,7 +780,7 @@ fn setup_timeout(ttl: Duration) -> Duration {
 
 /// How long one reconnect attempt of a live session may take: short enough
 /// that a member which hangs leaves time to try the others within the TTL.
-fn reconnect_timeout(ttl: Duration) -> Duration {
+pub(super) fn reconnect_timeout(ttl: Duration) -> Duration {
     (ttl / 3).clamp(Duration::from_millis(300), Duration::from_secs(10))
 }
 
@@ -792,7 +813,7 @@ async fn drive(shared: Arc<Shared>, first: Link) {
             }
         }
         drop(link.outbound);
-        let mut backoff = MIN_BACKOFF;
+        let mut rounds = Rounds::endless(&shared.members, MAX_BACKOFF);
         link = loop {
             if shared.closing.is_cancelled() {
                 if let Some(credentials) = session.take().or(stale.take()) {
@@ -821,7 +842,7 @@ async fn drive(shared: Arc<Shared>, first: Link) {
                 shared.ttl,
                 session.as_ref(),
             );
-            match tokio::time::timeout(reconnect_timeout(shared.ttl), setup).await {
+            let pause = match tokio::time::timeout(reconnect_timeout(shared.ttl), setup).await {
                 Ok(Ok(new)) => {
                     let mut state = shared.state();
                     state.link = Some(new.outbound.clone());
@@ -836,20 +857,32 @@ async fn drive(shared: Arc<Shared>, first: Link) {
                     session = None;
                     continue;
                 }
-                Ok(Err(SetupError::Redirected)) => continue,
+                Ok(Err(SetupError::Redirected)) => rounds.after_failure(&shared.members),
+                Ok(Err(SetupError::StaleHint)) => rounds.before_asking_again(),
                 Ok(Err(SetupError::Failed(error))) => {
                     tracing::debug!(backend = super::BACKEND, %error, "reconnect failed");
+                    // A member that could not serve is behind us; one that
+                    // refused the request itself is asked again.
+                    if matches!(error, Error::Backend { .. }) {
+                        rounds.after_failure(&shared.members)
+                    } else {
+                        rounds.before_asking_again()
+                    }
                 }
                 Err(_) => {
                     // A member that does not answer in time is passed over,
                     // as a frozen leader would hold the client until the
                     // session is lost.
                     let (at, addr, _) = shared.members.current();
-                    shared.members.failed(at);
+                    shared.members.unresponsive(at);
                     tracing::debug!(backend = super::BACKEND, %addr, "reconnect timed out");
+                    rounds.after_failure(&shared.members)
                 }
+            };
+            if pause.is_zero() {
+                continue;
             }
-            let mut pause = Instant::now() + backoff;
+            let mut pause = Instant::now() + pause;
             if session.is_some() {
                 pause = pause.min(confirmed + given_up_after(shared.ttl));
             }
@@ -857,7 +890,6 @@ async fn drive(shared: Arc<Shared>, first: Link) {
                 _ = sleep_until(pause) => {}
                 _ = shared.closing.cancelled() => {}
             }
-            backoff = (backoff * 2).min(MAX_BACKOFF);
         };
         if session.is_none() {
             tracing::info!(
@@ -943,7 +975,16 @@ async fn run(
                 sent.push_back(Instant::now());
             }
             _ = &mut suspect, if others => {
-                shared.members.failed(link.member);
+                // A heartbeat must have gone unanswered for a sixth of the
+                // TTL, as it has when the member went silent: after a pause
+                // of this process, none was sent, and the member gets that
+                // long to answer the one sent on waking.
+                let oldest = sent.front().copied().unwrap_or_else(Instant::now);
+                if Instant::now() < oldest + ttl / 6 {
+                    suspect.as_mut().reset(oldest + ttl / 6);
+                    continue;
+                }
+                shared.members.unresponsive(link.member);
                 return End::Broken(
                     "no heartbeat answered for half a session TTL; trying another member".into(),
                 );
