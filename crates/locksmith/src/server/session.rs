@@ -793,9 +793,19 @@ async fn drive(shared: Arc<Shared>, first: Link) {
     let mut link = first;
     let mut session = Some(link.credentials.clone());
     let mut confirmed = link.sent_at;
+    let mut rounds = Rounds::endless(&shared.members, MAX_BACKOFF);
     loop {
         let early = std::mem::take(&mut link.early);
         let end = run(&shared, &mut link, early, &mut confirmed).await;
+        // A link on which no heartbeat was answered (a member that took the
+        // resume, then could not commit it) counts as a failed attempt, so
+        // that such a member is not asked again and again without a pause.
+        let mut pause = Duration::ZERO;
+        if confirmed > link.sent_at {
+            rounds = Rounds::endless(&shared.members, MAX_BACKOFF);
+        } else if matches!(end, End::Broken(_)) {
+            pause = rounds.after_failure(&shared.members);
+        }
         let mut stale = None;
         match end {
             End::Closed => {
@@ -813,8 +823,17 @@ async fn drive(shared: Arc<Shared>, first: Link) {
             }
         }
         drop(link.outbound);
-        let mut rounds = Rounds::endless(&shared.members, MAX_BACKOFF);
         link = loop {
+            if !pause.is_zero() {
+                let mut until = Instant::now() + pause;
+                if session.is_some() {
+                    until = until.min(confirmed + given_up_after(shared.ttl));
+                }
+                tokio::select! {
+                    _ = sleep_until(until) => {}
+                    _ = shared.closing.cancelled() => {}
+                }
+            }
             if shared.closing.is_cancelled() {
                 if let Some(credentials) = session.take().or(stale.take()) {
                     close_remotely(&shared, credentials).await;
@@ -842,7 +861,7 @@ async fn drive(shared: Arc<Shared>, first: Link) {
                 shared.ttl,
                 session.as_ref(),
             );
-            let pause = match tokio::time::timeout(reconnect_timeout(shared.ttl), setup).await {
+            pause = match tokio::time::timeout(reconnect_timeout(shared.ttl), setup).await {
                 Ok(Ok(new)) => {
                     let mut state = shared.state();
                     state.link = Some(new.outbound.clone());
@@ -855,7 +874,7 @@ async fn drive(shared: Arc<Shared>, first: Link) {
                         &format!("the lock server no longer knows the session: {message}"),
                     );
                     session = None;
-                    continue;
+                    Duration::ZERO
                 }
                 Ok(Err(SetupError::Redirected)) => rounds.after_failure(&shared.members),
                 Ok(Err(SetupError::StaleHint)) => rounds.before_asking_again(),
@@ -879,17 +898,6 @@ async fn drive(shared: Arc<Shared>, first: Link) {
                     rounds.after_failure(&shared.members)
                 }
             };
-            if pause.is_zero() {
-                continue;
-            }
-            let mut pause = Instant::now() + pause;
-            if session.is_some() {
-                pause = pause.min(confirmed + given_up_after(shared.ttl));
-            }
-            tokio::select! {
-                _ = sleep_until(pause) => {}
-                _ = shared.closing.cancelled() => {}
-            }
         };
         if session.is_none() {
             tracing::info!(
@@ -967,7 +975,15 @@ async fn run(
                     Err(status) if status.code() == Code::NotFound => {
                         return End::SessionLost(LostCause::SessionExpired, status.message().to_owned())
                     }
-                    Err(status) => return End::Broken(status.to_string()),
+                    Err(status) => {
+                        // A member that ends the stream because it cannot
+                        // serve says where to go: the leader it names, or
+                        // any other member.
+                        if shared.members.follow(&status) == Redirect::None && member_down(&status) {
+                            shared.members.failed(link.member);
+                        }
+                        return End::Broken(status.to_string());
+                    }
                 };
             }
             _ = heartbeat.tick() => {
