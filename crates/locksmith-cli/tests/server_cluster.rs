@@ -214,13 +214,20 @@ async fn holder_with_a_short_ttl_through_a_freeze(
     let name = unique("cluster-freeze-short-ttl");
     let leader = cluster.leader(&[]).await;
     let url = url(leader);
-    let options = ConnectOptions::default().session_ttl(Duration::from_secs(2));
+    let ttl = Duration::from_secs(2);
+    let before_open = tokio::time::Instant::now();
+    let options = ConnectOptions::default().session_ttl(ttl);
     let holder = Client::connect_with(&url, options)
         .await
         .unwrap_or_else(|e| panic!("connect to {url}: {e}"));
     let guard = holder.lock(name.as_str()).acquire().await.expect("acquire");
     let token = guard.fencing_token();
 
+    // Frozen just before the client's first heartbeat (a third of the TTL
+    // after its session opened), the leader is suspected half a TTL after
+    // the open: about 0.45 s after the freeze, before the followers can
+    // elect another (0.6 s at the least), while they still name it.
+    tokio::time::sleep_until(before_open + ttl / 3 - Duration::from_millis(100)).await;
     cluster.members[leader].pause();
     let new_leader = cluster.leader(&[leader]).await;
     assert_ne!(new_leader, leader);
