@@ -331,7 +331,7 @@ impl SeparateHosts {
             .args(["--node-id", &(i + 1).to_string(), "--cluster", &list])
             .arg("--data-dir")
             .arg(dir.path().join("data"))
-            .env("RUST_LOG", "info");
+            .env("RUST_LOG", "info,locksmith_server::core::session=debug");
             members.push(locksmith_testkit::Process::spawn(spec).expect("start a member"));
             dirs.push(dir);
         }
@@ -358,6 +358,14 @@ impl SeparateHosts {
         Client::connect_with(&url, options)
             .await
             .unwrap_or_else(|e| panic!("connect to {url}: {e}"))
+    }
+
+    /// The sessions member `i` has taken a resume of, as its log says.
+    fn resumes(&self, i: usize) -> usize {
+        std::fs::read_to_string(self.members[i].log_path())
+            .unwrap_or_default()
+            .matches("session resumed")
+            .count()
     }
 
     async fn answers(&self, i: usize) -> bool {
@@ -406,6 +414,30 @@ async fn a_leader_cut_off_from_its_peers_but_not_its_clients_stops_serving() {
     let guard = holder.lock(name.as_str()).acquire().await.expect("acquire");
     let token = guard.fencing_token();
     let leader = cluster.leader(None).await;
+    // A client that sends a request every 50 ms, without waiting for the
+    // last: its first request after the cut-off leader's lease runs out is
+    // refused at once (fewer batches than `--max-batches-in-flight` wait by
+    // then), hundreds of milliseconds before the others elect a leader,
+    // while they still name the cut-off one.
+    let busy_client = cluster.client().await;
+    let busy_loop = tokio::spawn({
+        let busy = busy_client.clone();
+        async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(50));
+            let mut requests = tokio::task::JoinSet::new();
+            for i in 0..100 {
+                tick.tick().await;
+                let lock = busy.lock(format!("cluster-partition-busy-{i}"));
+                requests.spawn(async move {
+                    if let Ok(Some(guard)) = lock.try_acquire().await {
+                        let _ = guard.release().await;
+                    }
+                });
+            }
+            requests.join_all().await;
+        }
+    });
+    let resumes_before = cluster.resumes(leader);
     for peer in (0..3).filter(|&i| i != leader) {
         cluster.network.cut(leader, peer).unwrap();
     }
@@ -430,6 +462,14 @@ async fn a_leader_cut_off_from_its_peers_but_not_its_clients_stops_serving() {
         !guard.is_lost(),
         "the holder moved to the new leader in time"
     );
+    busy_loop.await.unwrap();
+    // A client it sent away does not come back while its followers still
+    // name it: it is passed over, not resumed on again and again.
+    assert_eq!(
+        cluster.resumes(leader),
+        resumes_before,
+        "sessions resumed on the cut-off leader"
+    );
 
     for peer in (0..3).filter(|&i| i != leader) {
         cluster.network.heal(leader, peer).unwrap();
@@ -440,6 +480,7 @@ async fn a_leader_cut_off_from_its_peers_but_not_its_clients_stops_serving() {
     next.release().await.unwrap();
     holder.close().await.unwrap();
     other.close().await.unwrap();
+    busy_client.close().await.unwrap();
 }
 
 /// PreVote: a follower that hears no leader asks the others whether they

@@ -34,7 +34,10 @@
 //!
 //! A member that stops being leader drops what it was doing for clients,
 //! tells them where the leader is, and ends their streams; they resume their
-//! sessions there and send again what was not answered.
+//! sessions there and send again what was not answered. A leader whose
+//! batch openraft refuses (cut off from a quorum) ends them too, marked
+//! [`locksmith_proto::CUT_OFF_METADATA`]: its followers may still name it
+//! for a moment, and the mark tells clients not to come straight back.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -322,9 +325,13 @@ impl Core {
             return;
         };
         tracing::warn!(%reason, "cannot commit: no quorum reachable; sending clients elsewhere");
-        let status = Status::unavailable(format!(
+        let mut status = Status::unavailable(format!(
             "this member cannot reach a quorum of the cluster ({reason}): try another member"
         ));
+        status.metadata_mut().insert(
+            locksmith_proto::CUT_OFF_METADATA,
+            tonic::metadata::MetadataValue::from_static("1"),
+        );
         let grace = in_flight.grace;
         self.abandon(in_flight.proposal, &status);
         for (_, waiter) in self.leases.drain() {

@@ -15,7 +15,11 @@
 //! would spend a whole attempt on a member that answers nothing while the
 //! session's TTL runs. The client stays instead with the follower that
 //! answered and asks it again after a pause ([`Redirect::Stale`]): that
-//! follower names the new leader once one is elected. A member that answers,
+//! follower names the new leader once one is elected. A leader cut off from
+//! a quorum of its cluster is passed over in the same way: it takes a
+//! resume, then ends the stream when it cannot commit, and its followers
+//! name it until they elect another (the server marks such refusals with
+//! [`locksmith_proto::CUT_OFF_METADATA`]). Any other member that answers,
 //! even to refuse, or whose connection is refused at once, is not passed
 //! over: it costs no time, and it may be the next leader.
 
@@ -128,8 +132,8 @@ impl Members {
         self.move_on(&self.list(), at);
     }
 
-    /// The member at `at` answered nothing in time: it is passed over for a
-    /// while, under every name the client knows it by (its URL's and the
+    /// The member at `at` answered nothing in time (or leads but cannot
+    /// commit): it is passed over for a while, under every name the client knows it by (its URL's and the
     /// cluster's can be two entries), and the next member becomes current
     /// as with [`Members::failed`].
     pub(super) fn unresponsive(&self, at: usize) {
@@ -139,7 +143,7 @@ impl Members {
                 .known_as
                 .clone()
                 .unwrap_or_else(|| member.addr.clone());
-            tracing::debug!(backend = super::BACKEND, addr = %member.addr, "passing over a member that answered nothing");
+            tracing::debug!(backend = super::BACKEND, addr = %member.addr, "passing over a member that answered nothing or cannot commit");
             let until = Instant::now() + self.pass_over;
             for (i, member) in list.iter_mut().enumerate() {
                 if i == at || member.is(&name) {
@@ -148,6 +152,22 @@ impl Members {
             }
         }
         self.move_on(&list, at);
+    }
+
+    /// The member at `at` could not serve, as `status` (a [`member_down`]
+    /// refusal) says. A leader cut off from a quorum of the cluster is passed
+    /// over as [`Members::unresponsive`] would: its followers name it until
+    /// they elect another, and coming back to it would only be refused again.
+    /// Any other goes to the back as with [`Members::failed`].
+    pub(super) fn could_not_serve(&self, at: usize, status: &Status) {
+        if status
+            .metadata()
+            .contains_key(locksmith_proto::CUT_OFF_METADATA)
+        {
+            self.unresponsive(at);
+        } else {
+            self.failed(at);
+        }
     }
 
     /// The member at `at` said the cluster knows it as `address` (empty:
@@ -423,6 +443,30 @@ mod tests {
         assert_eq!(members.current().1, "proxy-b:2", "past proxy-a:1");
         members.failed(1);
         assert_eq!(members.current().1, "proxy-b:2", "a:1 is skipped too");
+    }
+
+    /// A leader cut off from its peers ends the stream marked so: it is
+    /// passed over, and its followers' hints naming it are not followed,
+    /// until they name the leader they elected. A plain refusal is not.
+    #[tokio::test(start_paused = true)]
+    async fn a_leader_cut_off_from_its_peers_is_passed_over() {
+        let members = Members::parse("locksmith://a:1,b:2,c:3", PASS_OVER).unwrap();
+        members.could_not_serve(0, &Status::unavailable("stopping"));
+        assert_eq!(members.current().1, "b:2");
+        assert_eq!(members.follow(&naming("a:1")), Redirect::Leader);
+
+        let mut cut_off = Status::unavailable("this member cannot reach a quorum");
+        cut_off.metadata_mut().insert(
+            locksmith_proto::CUT_OFF_METADATA,
+            tonic::metadata::MetadataValue::from_static("1"),
+        );
+        members.could_not_serve(0, &cut_off);
+        assert_eq!(members.current().1, "b:2");
+        assert_eq!(members.follow(&naming("a:1")), Redirect::Stale);
+        assert_eq!(members.current().1, "b:2", "b is asked again");
+        assert_eq!(members.follow(&naming("c:3")), Redirect::Leader);
+        tokio::time::advance(PASS_OVER).await;
+        assert_eq!(members.follow(&naming("a:1")), Redirect::Leader);
     }
 
     /// When every member answered nothing a moment ago, the rotation goes

@@ -159,7 +159,7 @@ impl ServerBackend {
                 Redirect::Stale if rounds.again(members, true).await => {}
                 Redirect::Leader | Redirect::Stale => return Err(status),
                 Redirect::None if member_down(&status) => {
-                    members.failed(at);
+                    members.could_not_serve(at, &status);
                     let again = repeatable || refused_whole(&status);
                     if !(again && rounds.again(members, false).await) {
                         return Err(status);

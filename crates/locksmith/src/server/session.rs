@@ -640,7 +640,7 @@ async fn establish(
             Redirect::None => {}
         }
         if member_down(&status) {
-            members.failed(at);
+            members.could_not_serve(at, &status);
         }
         // Which member failed matters for a connection problem; an answer
         // about the request (a limit, a bad argument) keeps its own error.
@@ -980,7 +980,7 @@ async fn run(
                         // serve says where to go: the leader it names, or
                         // any other member.
                         if shared.members.follow(&status) == Redirect::None && member_down(&status) {
-                            shared.members.failed(link.member);
+                            shared.members.could_not_serve(link.member, &status);
                         }
                         return End::Broken(status.to_string());
                     }
