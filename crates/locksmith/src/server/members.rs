@@ -133,9 +133,9 @@ impl Members {
     }
 
     /// The member at `at` answered nothing in time (or leads but cannot
-    /// commit): it is passed over for a while, under every name the client knows it by (its URL's and the
-    /// cluster's can be two entries), and the next member becomes current
-    /// as with [`Members::failed`].
+    /// commit): it is passed over for a while, under every name the client
+    /// knows it by (its URL's and the cluster's can be two entries), and the
+    /// next member becomes current as with [`Members::failed`].
     pub(super) fn unresponsive(&self, at: usize) {
         let mut list = self.list();
         if let Some(member) = list.get(at) {
