@@ -1086,8 +1086,9 @@ pub async fn lock_delay_holds_the_lock_back<H: Harness>(h: &H) {
     let (a, b) = (client(h).await, client(h).await);
     let name = unique("lock-delay");
     let ttl = h.short_ttl();
-    // Long beside the time a loss takes to reach the client.
-    let delay = ttl * 10;
+    // Long beside the time a loss takes to reach the client (well under a
+    // TTL), so that the refused acquire below surely falls within it.
+    let delay = ttl * 4;
     let lock = a.lock(name.as_str()).lease(ttl).lock_delay(delay);
     if !a.backend().capabilities().lock_delay {
         match lock.acquire().await {
@@ -1202,9 +1203,10 @@ pub async fn extend_moves_a_lease<H: Harness>(h: &H) {
         Err(Error::Unsupported { .. }) => return,
         Err(other) => panic!("extend while held: {other:?}"),
     }
-    // Longer than the first lease too (on etcd: a lease of its own).
+    // Longer than the first lease too (on etcd: a lease of its own), and
+    // held for twice that lease.
     let started = Instant::now();
-    while started.elapsed() < lease * 3 {
+    while started.elapsed() < lease * 2 {
         sleep(lease / 4).await;
         guard.extend(lease * 2).await.expect("extend while held");
     }
