@@ -362,8 +362,9 @@ impl SeparateHosts {
 
     /// The sessions member `i` has taken a resume of, as its log says.
     fn resumes(&self, i: usize) -> usize {
-        std::fs::read_to_string(self.members[i].log_path())
-            .unwrap_or_default()
+        let path = self.members[i].log_path();
+        std::fs::read_to_string(path)
+            .unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
             .matches("session resumed")
             .count()
     }
@@ -475,6 +476,13 @@ async fn a_leader_cut_off_from_its_peers_but_not_its_clients_stops_serving() {
         cluster.network.heal(leader, peer).unwrap();
     }
     guard.release().await.expect("release");
+    // The holder's session, opened on the cut-off leader, was resumed on
+    // another member: resumes are logged, so the count above means something.
+    let resumed_elsewhere: usize = (0..3)
+        .filter(|&i| i != leader)
+        .map(|i| cluster.resumes(i))
+        .sum();
+    assert!(resumed_elsewhere > 0, "no member logged a resume");
     let next = other.lock(name.as_str()).acquire().await.expect("acquire");
     assert!(next.fencing_token() > token);
     next.release().await.unwrap();
