@@ -31,7 +31,7 @@ pub struct ClusterArgs {
 }
 
 #[derive(Debug, Subcommand)]
-pub(crate) enum ClusterCommand {
+enum ClusterCommand {
     /// Every member: id, address, role, term, last log and applied index, lag.
     Status {
         /// One JSON object: `{"leader_id", "term", "changing", "members":
@@ -184,7 +184,7 @@ fn status_json(view: &pb::ClusterStatus) -> serde_json::Value {
 ///
 /// Cancel safety: a dropped change may or may not have been made; `status`
 /// tells.
-pub(crate) async fn change(url: &ServerUrl, command: ClusterCommand) -> Result<u64, String> {
+async fn change(url: &ServerUrl, command: ClusterCommand) -> Result<u64, String> {
     let mut queue: Vec<String> = url.addresses().to_vec();
     let mut last = String::from("no member tried");
     let mut tries = 0;

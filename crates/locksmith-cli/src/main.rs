@@ -7,10 +7,8 @@
 //! One module per subcommand (`serve`, `run`, `hold`, `elect`, `status`,
 //! `session`, `cluster`), each a thin layer over the `locksmith` client
 //! library or the `locksmith-server` crate; `common` holds the options they
-//! share. `bench` and `torture` are tools of their own: the side-by-side
-//! benchmark of every backend (docs/BENCHMARKS.md) and the fault-injecting
-//! safety check (docs/RELIABILITY.md); their module docs say how each run is
-//! built.
+//! share. The benchmark and the torture are a binary of their own,
+//! `locksmith-lab` (crates/locksmith-lab), which runs this one as the server.
 
 // The doc comments of the command definitions are `--help` text (clap
 // derives it from them), written for a terminal: `host[:port]` and
@@ -29,7 +27,6 @@ use clap::{CommandFactory, Parser, Subcommand};
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-mod bench;
 mod cluster;
 mod common;
 mod elect;
@@ -38,7 +35,6 @@ mod run;
 mod serve;
 mod session;
 mod status;
-mod torture;
 
 /// Distributed locks with fencing tokens.
 #[derive(Debug, Parser)]
@@ -73,10 +69,6 @@ enum Command {
     Session(session::SessionArgs),
     /// The members of a replicated lock server: status and changes.
     Cluster(cluster::ClusterArgs),
-    /// Measure every backend side by side.
-    Bench(bench::BenchArgs),
-    /// Check safety under injected faults (kill, pause, restart, partition).
-    Torture(torture::TortureArgs),
     /// Print a shell completion script (e.g. `locksmith completions bash >
     /// /etc/bash_completion.d/locksmith`).
     Completions {
@@ -169,8 +161,6 @@ fn main() -> ExitCode {
             Command::Release(args) => status::release(args).await,
             Command::Session(args) => session::session(args).await,
             Command::Cluster(args) => cluster::cluster(args).await,
-            Command::Bench(args) => bench::bench(args).await,
-            Command::Torture(args) => torture::torture(args).await,
             command @ (Command::Completions { .. } | Command::Man { .. }) => generate(&command),
         }
     })

@@ -93,9 +93,8 @@
 //!
 //! Nothing is bundled or downloaded: each server is found on the machine when
 //! it is started, at run time, so a program built with this crate (the
-//! `locksmith` command's `bench --spawn …` and `torture --spawn …`, also
-//! after `cargo install locksmith-cli`) uses whatever the machine it runs on
-//! has installed, the same way the tests do:
+//! `locksmith-lab` command's `bench --spawn …` and `torture --spawn …`) uses
+//! whatever the machine it runs on has installed, the same way the tests do:
 //!
 //! - `redis-server`, `redis-cli`, `etcd`, `etcdctl`, `openssl`, `java`: the first
 //!   executable of that name on `PATH`.
@@ -110,9 +109,9 @@
 //!
 //! On Debian or Ubuntu, `scripts/test --install-only` in the locksmith
 //! repository installs all of them; the packages are those of the table above.
-//! The lock server itself is not found here: `locksmith bench --spawn server`
-//! and `torture --spawn server` start the running `locksmith` executable as
-//! `locksmith serve`.
+//! The lock server itself is not found here: `locksmith-lab bench --spawn
+//! server` and `torture --spawn server` start the `locksmith` executable
+//! (beside `locksmith-lab`, else on `PATH`) as `locksmith serve`.
 
 #![deny(missing_docs)]
 

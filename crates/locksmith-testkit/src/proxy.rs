@@ -1,6 +1,6 @@
 //! The fault proxy (cargo feature `proxy`): a TCP relay between one client
 //! and a server that can blackhole or delay traffic, like a network
-//! partition or a slow link, for `locksmith torture` and the conformance
+//! partition or a slow link, for `locksmith-lab torture` and the conformance
 //! suite's cut connections.
 //!
 //! Each client gets its own proxy per server address ([`Route`]), so a

@@ -1,4 +1,4 @@
-//! `locksmith torture`: a Jepsen-style safety check on one machine.
+//! `locksmith-lab torture`: a Jepsen-style safety check on one machine.
 //!
 //! K client **processes** (this executable again, in a hidden client mode)
 //! loop acquire → write to a **fenced resource** → release on a lock of the
@@ -40,7 +40,7 @@
 //! Backends are `--backend URL` (repeatable; restart and some session faults
 //! need a server this run started) or `--spawn server,redis,zookeeper,etcd,postgres`
 //! and the replicated setups `redis-sentinel`, `redis-cluster`, `redlock`,
-//! `etcd-cluster`, `zookeeper-ensemble` (started as `locksmith bench` starts
+//! `etcd-cluster`, `zookeeper-ensemble` (started as `locksmith-lab bench` starts
 //! them; with `--nowait-twins` a Sentinel setup and a Cluster are tortured
 //! twice, with and without replica acknowledgement, as `…-nowait`). `memory://` lives inside one
 //! process and cannot be shared by client processes, so it is refused.
@@ -61,8 +61,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::bench::target::{parse_kinds, BackendSpec, Kind, Placement, Target};
-use crate::common::parse_duration;
+use crate::bench::target::{check_can_spawn, parse_kinds, BackendSpec, Kind, Placement, Target};
+use crate::parse_duration;
 use checker::{FaultRecord, Phases, Verdict};
 use nemesis::{FaultKind, Timing};
 use protocol::now;
@@ -95,7 +95,7 @@ fn parse_kind_list(text: &str) -> Result<KindList, String> {
     parse_kinds(text).map(KindList)
 }
 
-/// Options of `locksmith torture`.
+/// Options of `locksmith-lab torture`.
 #[derive(Debug, clap::Args)]
 pub struct TortureArgs {
     /// A running lock store to torture, as URL or LABEL=URL (repeatable).
@@ -228,11 +228,11 @@ impl RoundReport {
 pub async fn torture(args: TortureArgs) -> std::process::ExitCode {
     if args.client_mode {
         let (Some(url), Some(resource)) = (args.client_url.clone(), args.resource) else {
-            eprintln!("locksmith torture --client-mode needs --client-url and --resource");
+            eprintln!("locksmith-lab torture --client-mode needs --client-url and --resource");
             return ExitCode::from(2);
         };
         if args.lock_names.is_empty() {
-            eprintln!("locksmith torture --client-mode needs --lock-name");
+            eprintln!("locksmith-lab torture --client-mode needs --lock-name");
             return ExitCode::from(2);
         }
         return client::run(client::ClientConfig {
@@ -256,30 +256,39 @@ pub async fn torture(args: TortureArgs) -> std::process::ExitCode {
 /// drop (one that a blocking start or fault still holds, once that returns).
 async fn coordinate(args: TortureArgs) -> ExitCode {
     if args.clients < 2 || args.locks == 0 {
-        eprintln!("locksmith torture: needs at least 2 clients and 1 lock");
+        eprintln!("locksmith-lab torture: needs at least 2 clients and 1 lock");
         return ExitCode::from(2);
     }
     if args.faults.is_empty() {
-        eprintln!("locksmith torture: name at least one --fault");
+        eprintln!("locksmith-lab torture: name at least one --fault");
         return ExitCode::from(2);
     }
     let spawn = args.spawn.as_ref().map(|k| k.0.clone()).unwrap_or_default();
     if args.backends.is_empty() && spawn.is_empty() {
-        eprintln!("locksmith torture: name a backend with --backend URL or --spawn server,redis,…");
+        eprintln!(
+            "locksmith-lab torture: name a backend with --backend URL or --spawn server,redis,…"
+        );
         return ExitCode::from(2);
     }
     if spawn.contains(&Kind::Memory) || args.backends.iter().any(|b| b.url.starts_with("memory:")) {
         eprintln!(
-            "locksmith torture: memory:// lives inside one process; torture needs a store that \
+            "locksmith-lab torture: memory:// lives inside one process; torture needs a store that \
              separate client processes can share"
         );
+        return ExitCode::from(2);
+    }
+    if let Err(error) = check_can_spawn(&spawn) {
+        eprintln!("locksmith-lab torture: {error}");
         return ExitCode::from(2);
     }
     let (dir, _keep) = match &args.out {
         Some(out) => match std::fs::create_dir_all(out) {
             Ok(()) => (out.clone(), None),
             Err(e) => {
-                eprintln!("locksmith torture: cannot create {}: {e}", out.display());
+                eprintln!(
+                    "locksmith-lab torture: cannot create {}: {e}",
+                    out.display()
+                );
                 return ExitCode::FAILURE;
             }
         },
@@ -289,7 +298,7 @@ async fn coordinate(args: TortureArgs) -> ExitCode {
         {
             Ok(tmp) => (tmp.path().to_owned(), Some(tmp)),
             Err(e) => {
-                eprintln!("locksmith torture: cannot create a temporary directory: {e}");
+                eprintln!("locksmith-lab torture: cannot create a temporary directory: {e}");
                 return ExitCode::FAILURE;
             }
         },
@@ -308,7 +317,7 @@ async fn coordinate(args: TortureArgs) -> ExitCode {
         let targets = match step {
             Ok(spec) => vec![Arc::new(Target::given(spec))],
             Err(kind) => {
-                eprintln!("locksmith torture: starting {kind}…");
+                eprintln!("locksmith-lab torture: starting {kind}…");
                 let twins = args.nowait_twins;
                 let placement = placement(&args.faults);
                 let start = move || -> Result<Vec<Target>, String> {
@@ -318,7 +327,7 @@ async fn coordinate(args: TortureArgs) -> ExitCode {
                         // hosts then say why they cannot run.
                         Err(error) if placement.separate_hosts => {
                             eprintln!(
-                                "locksmith torture: cannot give each member a host of its own \
+                                "locksmith-lab torture: cannot give each member a host of its own \
                                  ({error}); starting on loopback"
                             );
                             Target::spawn_placed(
@@ -372,9 +381,12 @@ async fn coordinate(args: TortureArgs) -> ExitCode {
     if failed {
         if let Some(tmp) = _keep {
             let kept = tmp.keep();
-            eprintln!("locksmith torture: FAILED; logs kept in {}", kept.display());
+            eprintln!(
+                "locksmith-lab torture: FAILED; logs kept in {}",
+                kept.display()
+            );
         } else {
-            eprintln!("locksmith torture: FAILED; logs in {}", dir.display());
+            eprintln!("locksmith-lab torture: FAILED; logs in {}", dir.display());
         }
         ExitCode::FAILURE
     } else {
@@ -396,7 +408,10 @@ fn keep_server_logs(target: &Target, dir: &Path) {
         }
         let to = dir.join(format!("servers-{}-{}.log", target.label, i + 1));
         if let Err(error) = std::fs::copy(log, &to) {
-            eprintln!("locksmith torture: cannot keep {}: {error}", log.display());
+            eprintln!(
+                "locksmith-lab torture: cannot keep {}: {error}",
+                log.display()
+            );
         }
     }
 }
@@ -434,10 +449,14 @@ async fn torture_target(
                 }
             }
         }
-        eprintln!("locksmith torture: {} × {}…", target.label, fault.name());
+        eprintln!(
+            "locksmith-lab torture: {} × {}…",
+            target.label,
+            fault.name()
+        );
         let report = run_round(target, fault, args, dir, run_id).await;
         eprintln!(
-            "locksmith torture: {} × {}: {} ({} grants, {} stale writes rejected, {} overlaps)",
+            "locksmith-lab torture: {} × {}: {} ({} grants, {} stale writes rejected, {} overlaps)",
             target.label,
             fault.name(),
             report.verdict_cell(),

@@ -1,4 +1,4 @@
-//! `locksmith bench`: the same scenarios against every backend in one run.
+//! `locksmith-lab bench`: the same scenarios against every backend in one run.
 //!
 //! Every comparison of Redis, ZooKeeper, etcd and databases for locking ends
 //! with "which one should I choose?"; this command answers with measurements.
@@ -29,7 +29,9 @@
 //! `--backend [LABEL=]URL` (repeatable) measures a running store;
 //! `--spawn server,redis,zookeeper,etcd,postgres,memory` (or `all`) starts real
 //! servers on loopback ports with `locksmith-testkit` (the locksmith server as
-//! `locksmith serve`, a child of this executable) and kills them at the end.
+//! `locksmith serve`, the `locksmith` executable run as a child of this one;
+//! [`crate::server_executable`] says where it is found) and kills them at the
+//! end.
 //! Replicated setups are named one by one: `redis-sentinel` (a primary, 2
 //! replicas, 3 Sentinels), `redis-cluster` (3 primaries with a replica each),
 //! `redlock` (5 masters), `zookeeper-ensemble` (also `zookeeper-cluster`) and
@@ -68,7 +70,7 @@ use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::common::parse_duration;
+use crate::parse_duration;
 use report::{BackendReport, Machine, Outcome, Report, RunSettings};
 use scenario::{Contended, Scale, Settings, Uncontended};
 use stats::Samples;
@@ -95,7 +97,7 @@ fn parse_kind_list(text: &str) -> Result<KindList, String> {
     target::parse_kinds(text).map(KindList)
 }
 
-/// Options of `locksmith bench`.
+/// Options of `locksmith-lab bench`.
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
     /// A lock store to measure, as URL or LABEL=URL (repeatable).
@@ -219,9 +221,14 @@ pub async fn bench(args: BenchArgs) -> std::process::ExitCode {
         || args.scale_concurrency == 0
     {
         eprintln!(
-            "locksmith bench: client, waiter, fair-client, scale-client and scale-concurrency \
+            "locksmith-lab bench: client, waiter, fair-client, scale-client and scale-concurrency \
              counts must be at least 1"
         );
+        return ExitCode::from(2);
+    }
+    let spawn = args.spawn.as_ref().map(|k| k.0.clone()).unwrap_or_default();
+    if let Err(error) = target::check_can_spawn(&spawn) {
+        eprintln!("locksmith-lab bench: {error}");
         return ExitCode::from(2);
     }
     let started = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
@@ -232,7 +239,6 @@ pub async fn bench(args: BenchArgs) -> std::process::ExitCode {
         .flatten();
 
     // What to measure, the reference (the locksmith server) first.
-    let spawn = args.spawn.as_ref().map(|k| k.0.clone()).unwrap_or_default();
     let given = if args.backends.is_empty() && spawn.is_empty() {
         vec![BackendSpec {
             label: "memory".into(),
@@ -275,7 +281,7 @@ pub async fn bench(args: BenchArgs) -> std::process::ExitCode {
         let targets = match step {
             Plan::Given(spec) => Ok(vec![Target::given(spec)]),
             Plan::Spawn(kind) => {
-                eprintln!("locksmith bench: starting {kind}…");
+                eprintln!("locksmith-lab bench: starting {kind}…");
                 let scale_locks = args
                     .runs(ScenarioName::Scale)
                     .then(|| args.scale_count(kind));
@@ -304,7 +310,7 @@ pub async fn bench(args: BenchArgs) -> std::process::ExitCode {
                     match check_connect(&target, &settings).await {
                         Ok(()) => live.push(target),
                         Err(error) => {
-                            eprintln!("locksmith bench: {}: {error}", target.label);
+                            eprintln!("locksmith-lab bench: {}: {error}", target.label);
                             let report = failed_report(
                                 target.label.clone(),
                                 target.kind,
@@ -318,7 +324,7 @@ pub async fn bench(args: BenchArgs) -> std::process::ExitCode {
                 }
             }
             Err((kind, error)) => {
-                eprintln!("locksmith bench: {kind}: {error}");
+                eprintln!("locksmith-lab bench: {kind}: {error}");
                 reports.push(failed_report(
                     unique(kind.name().into()),
                     kind,
@@ -401,13 +407,16 @@ pub async fn bench(args: BenchArgs) -> std::process::ExitCode {
         Ok(markdown) => println!("{markdown}"),
         Err(error) => {
             eprintln!(
-                "locksmith bench: cannot write the report to {}: {error}",
+                "locksmith-lab bench: cannot write the report to {}: {error}",
                 args.out.display()
             );
             return ExitCode::FAILURE;
         }
     }
-    eprintln!("locksmith bench: report written to {}", args.out.display());
+    eprintln!(
+        "locksmith-lab bench: report written to {}",
+        args.out.display()
+    );
     if failed {
         ExitCode::FAILURE
     } else {

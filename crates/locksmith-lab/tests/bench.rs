@@ -1,25 +1,29 @@
-//! `locksmith bench` end to end, small: the locksmith server (started by the
+//! `locksmith-lab bench` end to end, small: the locksmith server (started by the
 //! bench as `locksmith serve`) and `memory://`, every scenario, every output;
 //! and the scale scenario on PostgreSQL past its default lock table.
+//!
+//! The server is the `locksmith` executable beside `locksmith-lab` in the
+//! target directory: cargo builds it when the run includes locksmith-cli
+//! (`cargo nextest run --workspace`, or `-p locksmith-cli -p locksmith-lab`).
 
 use std::path::Path;
 use std::process::Command;
 
-/// Runs `locksmith bench ARGS --out OUT`, expects success and returns its
+/// Runs `locksmith-lab bench ARGS --out OUT`, expects success and returns its
 /// standard output (the Markdown report).
 fn bench(args: &[&str], out: &Path) -> String {
-    let output = Command::new(env!("CARGO_BIN_EXE_locksmith"))
+    let output = Command::new(env!("CARGO_BIN_EXE_locksmith-lab"))
         .arg("bench")
         .args(args)
         .arg("--out")
         .arg(out)
         .env("RUST_LOG", "warn")
         .output()
-        .expect("run locksmith bench");
+        .expect("run locksmith-lab bench");
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     assert!(
         output.status.success(),
-        "locksmith bench failed ({}):\n{stdout}\n{}",
+        "locksmith-lab bench failed ({}):\n{stdout}\n{}",
         output.status,
         String::from_utf8_lossy(&output.stderr)
     );
@@ -127,19 +131,65 @@ fn bench_writes_the_report_json_and_charts() {
 
 #[test]
 fn bench_refuses_nonsense() {
-    let output = Command::new(env!("CARGO_BIN_EXE_locksmith"))
+    let output = Command::new(env!("CARGO_BIN_EXE_locksmith-lab"))
         .args(["bench", "--spawn", "mysql"])
         .output()
-        .expect("run locksmith bench");
+        .expect("run locksmith-lab bench");
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("unknown backend \"mysql\""), "{stderr}");
 
-    let output = Command::new(env!("CARGO_BIN_EXE_locksmith"))
+    let output = Command::new(env!("CARGO_BIN_EXE_locksmith-lab"))
         .args(["bench", "--backend", "ftp://example.com"])
         .output()
-        .expect("run locksmith bench");
+        .expect("run locksmith-lab bench");
     assert!(!output.status.success());
+}
+
+/// `--spawn server` needs the `locksmith` executable: without one beside
+/// `locksmith-lab` or on PATH, the bench stops before starting anything and
+/// says how to build it; one named with `--locksmith` must exist.
+#[test]
+fn bench_without_locksmith_says_how_to_build_it() {
+    let lab = Path::new(env!("CARGO_BIN_EXE_locksmith-lab"));
+    // A copy with no `locksmith` beside it, in the target directory (a hard
+    // link when the file system allows).
+    let alone = tempfile::tempdir_in(lab.parent().unwrap()).expect("temporary directory");
+    let copy = alone.path().join("locksmith-lab");
+    std::fs::hard_link(lab, &copy)
+        .or_else(|_| std::fs::copy(lab, &copy).map(drop))
+        .expect("copy locksmith-lab");
+    let output = Command::new(&copy)
+        .args(["bench", "--spawn", "server,memory"])
+        .env("PATH", alone.path())
+        .env_remove("LOCKSMITH_BIN")
+        .output()
+        .expect("run locksmith-lab bench");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("cannot find the `locksmith` executable")
+            && stderr.contains("cargo build --release -p locksmith-cli"),
+        "{stderr}"
+    );
+    assert!(output.stdout.is_empty(), "it measured something");
+
+    let output = Command::new(lab)
+        .args([
+            "bench",
+            "--spawn",
+            "server",
+            "--locksmith",
+            "/nonexistent/locksmith",
+        ])
+        .output()
+        .expect("run locksmith-lab bench");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--locksmith /nonexistent/locksmith: no such file"),
+        "{stderr}"
+    );
 }
 
 /// PostgreSQL's default lock table (64 × max_connections slots, some 23 000

@@ -11,7 +11,6 @@ use super::protocol::now;
 use super::resource::Who;
 use super::round::Round;
 use crate::bench::target::{Kind, ServeCluster, Spawned, Target};
-use crate::cluster::ClusterCommand;
 use locksmith_testkit::proxy::Mode;
 use locksmith_testkit::Server;
 
@@ -758,22 +757,13 @@ fn partition_primary(spawned: &Spawned, lock: &str, outage: Duration) -> Result<
 /// Blocking: it waits for the cluster.
 fn replace_leader(cluster: &ServeCluster) -> Result<String, String> {
     let old = cluster.leader(None)?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
-    let change = |command| {
-        let url = locksmith::server::ServerUrl::parse(&cluster.members_url())
-            .map_err(|e| e.to_string())?;
-        runtime.block_on(crate::cluster::change(&url, command))
-    };
     let started = std::time::Instant::now();
     let new = cluster.start_spare()?;
     // The new member adds itself as a learner (`--join`); it can be promoted
     // once the leader has it.
     loop {
-        match change(ClusterCommand::Promote { id: new.id() }) {
-            Ok(_) => break,
+        match cluster.change_members(&["promote", &new.id().to_string()]) {
+            Ok(()) => break,
             Err(_) if started.elapsed() < Duration::from_secs(30) => {
                 std::thread::sleep(Duration::from_millis(100));
             }
@@ -781,7 +771,8 @@ fn replace_leader(cluster: &ServeCluster) -> Result<String, String> {
         }
     }
     let promoted = started.elapsed();
-    change(ClusterCommand::Remove { id: old.id() })
+    cluster
+        .change_members(&["remove", &old.id().to_string()])
         .map_err(|e| format!("could not remove member {}: {e}", old.id()))?;
     let successor = cluster.leader(Some(old.id()))?.id();
     let took = started.elapsed();

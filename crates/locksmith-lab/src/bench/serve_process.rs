@@ -1,5 +1,6 @@
-//! `locksmith serve` run by this executable, alone or as a cluster, for the
-//! bench and the torture.
+//! `locksmith serve` (the `locksmith` executable, see
+//! [`crate::server_executable`]), alone or as a cluster, for the bench and
+//! the torture.
 //!
 //! A cluster's members run on loopback, or each on a host of its own (a
 //! network namespace, [`locksmith_testkit::netns`]) when a fault must cut the
@@ -23,7 +24,7 @@ use locksmith::server::ServerUrl;
 use locksmith_testkit::netns::{Host, Network};
 use locksmith_testkit::{Certificates, Process, ProcessSpec, Server};
 
-/// The locksmith server, run as `<this executable> serve` with its data in a
+/// The locksmith server, run as `locksmith serve` with its data in a
 /// temporary directory; killed with this process.
 pub struct ServeProcess {
     // Declared first: killed before the directory is removed.
@@ -55,8 +56,7 @@ impl ServeProcess {
         extra: &[&str],
         security: Option<&Security>,
     ) -> Result<ServeProcess, String> {
-        let exe = std::env::current_exe()
-            .map_err(|e| format!("cannot find this executable to run `locksmith serve`: {e}"))?;
+        let exe = crate::server_executable::path()?;
         let dir = tempfile::Builder::new()
             .prefix("locksmith-serve-")
             .tempdir()
@@ -414,10 +414,26 @@ impl ServeCluster {
         self.url_of(self.servers.iter().collect())
     }
 
-    /// The URL of the members now (not the spares, not those removed), for
-    /// a change of the membership.
-    pub fn members_url(&self) -> String {
-        self.url_of(self.members())
+    /// Changes the membership as an operator does: runs `locksmith cluster
+    /// --server <the members now> CHANGE` (e.g. `["promote", "4"]`), which
+    /// finds the leader; on failure, what the command said.
+    ///
+    /// Blocking: waits for the command.
+    pub fn change_members(&self, change: &[&str]) -> Result<(), String> {
+        let output = std::process::Command::new(crate::server_executable::path()?)
+            .arg("cluster")
+            .arg("--server")
+            .arg(self.url_of(self.members()))
+            .args(change)
+            .env("RUST_LOG", "warn")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .map_err(|e| format!("cannot run `locksmith cluster`: {e}"))?;
+        if output.status.success() {
+            Ok(())
+        } else {
+            Err(String::from_utf8_lossy(&output.stderr).trim().to_owned())
+        }
     }
 
     fn url_of(&self, servers: Vec<&ServeProcess>) -> String {

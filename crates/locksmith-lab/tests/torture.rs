@@ -19,16 +19,21 @@
 //! - on the locksmith cluster, also `restart-follower` and
 //!   `membership-change` (a new member promoted, the leader removed).
 //!
-//! Each test runs `locksmith torture --quick …` and fails on a non-zero exit:
+//! Each test runs `locksmith-lab torture --quick …` and fails on a non-zero exit:
 //! any safety violation, any liveness failure, or a round that could not run.
 //! The output (the summary table and the findings) is in the failure message.
+//!
+//! The locksmith server is the `locksmith` executable beside `locksmith-lab`
+//! in the target directory: cargo builds it when the run includes
+//! locksmith-cli (`cargo nextest run --workspace`, or `-p locksmith-cli -p
+//! locksmith-lab`).
 
 use std::process::Command;
 
 /// Runs a short torture of `backend` with `faults` and fails on any finding.
 fn torture(backend: &str, faults: &str) {
     let out = tempfile::tempdir().expect("temporary directory");
-    let output = Command::new(env!("CARGO_BIN_EXE_locksmith"))
+    let output = Command::new(env!("CARGO_BIN_EXE_locksmith-lab"))
         .args(["torture", "--quick", "--spawn", backend, "--fault", faults])
         .args(["--clients", "4", "--session-ttl", "2s"])
         .args(["--before", "500ms", "--during", "2s", "--after", "1s"])
@@ -36,7 +41,7 @@ fn torture(backend: &str, faults: &str) {
         .arg(out.path())
         .env("RUST_LOG", "warn")
         .output()
-        .expect("run locksmith torture");
+        .expect("run locksmith-lab torture");
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     if !output.status.success() {
@@ -59,7 +64,7 @@ fn torture(backend: &str, faults: &str) {
             })
             .collect();
         panic!(
-            "locksmith torture --spawn {backend} --fault {faults} failed ({}):\n{stdout}\n{stderr}\n{logs}",
+            "locksmith-lab torture --spawn {backend} --fault {faults} failed ({}):\n{stdout}\n{stderr}\n{logs}",
             output.status
         );
     }

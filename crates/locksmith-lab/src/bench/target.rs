@@ -1,12 +1,12 @@
 //! The backends under measurement: given by URL, or started here.
 //!
-//! `locksmith bench` and `locksmith torture` measure every store through the
+//! `locksmith-lab bench` and `locksmith-lab torture` measure every store through the
 //! public client API (`Client::connect_with`), so a backend is nothing but a URL
 //! plus, when this process started the server itself, a handle on that server:
 //! its pid (for memory figures), and kill / restart / pause (for faults).
 //! Stores are started by `locksmith-testkit` exactly as the tests start them
 //! (loopback port, temporary directory, killed with this process); the
-//! locksmith server is this very executable run as `locksmith serve`.
+//! locksmith server is the `locksmith` executable run as `locksmith serve`.
 
 use std::fmt;
 use std::path::Path;
@@ -87,6 +87,14 @@ impl Kind {
         })
     }
 
+    /// Whether starting it runs the `locksmith` executable.
+    pub fn runs_locksmith(self) -> bool {
+        matches!(
+            self,
+            Kind::Server | Kind::ServerCluster | Kind::ServerClusterTls
+        )
+    }
+
     /// The short name used in tables and on the command line.
     pub fn name(self) -> &'static str {
         match self {
@@ -158,6 +166,16 @@ pub fn parse_kinds(text: &str) -> Result<Vec<Kind>, String> {
         return Err("name at least one backend".into());
     }
     Ok(kinds)
+}
+
+/// Checks, before anything starts, that what `kinds` need to start is here:
+/// the `locksmith` executable for the lock server (a store missing from the
+/// machine is told of when it starts, with the package to install).
+pub fn check_can_spawn(kinds: &[Kind]) -> Result<(), String> {
+    if kinds.iter().any(|kind| kind.runs_locksmith()) {
+        crate::server_executable::path()?;
+    }
+    Ok(())
 }
 
 /// A `--backend` argument: `URL` or `label=URL`.
@@ -416,7 +434,7 @@ const REDLOCK_MASTERS: usize = 5;
 
 /// A server started by this run, or a replicated setup of them.
 pub enum Spawned {
-    /// `locksmith serve`, a child of this executable.
+    /// `locksmith serve`, a child of this process.
     Serve(ServeProcess),
     /// `locksmith serve` processes forming one cluster.
     ServeCluster(ServeCluster),

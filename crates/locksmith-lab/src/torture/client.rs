@@ -1,4 +1,4 @@
-//! One torture client process: `locksmith torture --client-mode …`, started
+//! One torture client process: `locksmith-lab torture --client-mode …`, started
 //! (and killed, paused, respawned) by the coordinator.
 //!
 //! It loops: acquire → `Begin` write to the fenced resource → work for the
