@@ -29,11 +29,17 @@ pub async fn hold(args: HoldArgs) -> ExitCode {
     };
     let guard = match args.lock.acquire(&client).await {
         Ok(Some(guard)) => guard,
+        // Closed before exiting, so that what a cut-off attempt took is
+        // given back first (the background undo would die with the process).
         Ok(None) => {
+            let _ = client.close().await;
             eprintln!("locksmith: {} is held by someone else", args.lock.name);
             return ExitCode::from(CONFLICT_EXIT);
         }
-        Err(error) => return fail(&error),
+        Err(error) => {
+            let _ = client.close().await;
+            return fail(&error);
+        }
     };
     println!("{}", guard.fencing_token());
     tokio::select! {

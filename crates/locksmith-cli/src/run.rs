@@ -51,11 +51,17 @@ pub async fn run(args: RunArgs) -> ExitCode {
     };
     let guard = match args.lock.acquire(&client).await {
         Ok(Some(guard)) => guard,
+        // Closed before exiting, so that what a cut-off attempt took is
+        // given back first (the background undo would die with the process).
         Ok(None) => {
+            let _ = client.close().await;
             eprintln!("locksmith: {} is held by someone else", args.lock.name);
             return ExitCode::from(args.conflict_exit_code);
         }
-        Err(error) => return fail(&error),
+        Err(error) => {
+            let _ = client.close().await;
+            return fail(&error);
+        }
     };
     let env = [
         ("LOCKSMITH_LOCK", args.lock.name.clone()),

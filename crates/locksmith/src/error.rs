@@ -91,6 +91,12 @@ pub enum Error {
         /// The missing capability.
         what: String,
     },
+    /// A grant was made, but fewer replicas than asked acknowledged it in
+    /// time (Redis `WAIT`), so a failover could hand the lock out again: it
+    /// was not handed to the caller. Retrying is right once the replicas
+    /// catch up; [`Unreplicated::undo`] says whether the grant is gone.
+    #[error("{0}")]
+    Unreplicated(Box<Unreplicated>),
     /// The client was closed.
     #[error("client is closed")]
     Closed,
@@ -102,6 +108,68 @@ pub enum Error {
         /// The underlying error.
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+}
+
+/// What [`Error::Unreplicated`] reports: how the replicas answered, and
+/// what became of the grant they did not acknowledge.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Unreplicated {
+    /// The lock.
+    pub name: String,
+    /// Where it was granted (the primary, or "the Redis Cluster").
+    pub primary: String,
+    /// How many replicas acknowledged the grant.
+    pub acknowledged: u32,
+    /// How many were asked for (`wait_replicas`).
+    pub asked: u32,
+    /// How long they had (`wait_timeout`).
+    pub within: Duration,
+    /// How many replicas the primary had connected right after, if it
+    /// answered: fewer than `asked` means none can acknowledge until a
+    /// replica (re)connects and catches up.
+    pub connected: Option<u32>,
+    /// What became of the grant.
+    pub undo: Undo,
+}
+
+/// What became of a grant that was not handed to the caller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Undo {
+    /// Given back before the call returned: nothing is held.
+    GivenBack,
+    /// Giving it back was not confirmed (for this reason): it may still hold
+    /// the lock, unrenewed, until its lease (this long from the grant) runs
+    /// out.
+    Unconfirmed {
+        /// The grant's lease.
+        lease: Duration,
+        /// Why the undo was not confirmed.
+        reason: String,
+    },
+}
+
+impl std::fmt::Display for Unreplicated {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "lock {:?} was granted on {} but only {} of {} replicas acknowledged it within {:?}",
+            self.name, self.primary, self.acknowledged, self.asked, self.within
+        )?;
+        match self.connected {
+            Some(connected) => write!(f, " ({connected} connected to the primary)")?,
+            None => f.write_str(" (the primary did not say how many are connected)")?,
+        }
+        match &self.undo {
+            Undo::GivenBack => f.write_str("; the grant was given back"),
+            Undo::Unconfirmed { lease, reason } => write!(
+                f,
+                "; giving the grant back failed ({reason}), so it may hold the lock until its \
+                 {lease:?} lease runs out"
+            ),
+        }
+    }
 }
 
 impl Error {

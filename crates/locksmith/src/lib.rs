@@ -138,7 +138,7 @@ pub mod zookeeper;
 pub use backend::{Capabilities, GrantRecord, HoldEnd, Holder, LockInfo, LostSignal, Waiter};
 pub use client::{redact, Client, ConnectOptions};
 pub use election::{Election, Leader, Leadership, OBSERVE_POLL};
-pub use error::{Error, Result};
+pub use error::{Error, Result, Undo, Unreplicated};
 pub use guard::Guard;
 pub use lock::{Lock, LockOptions, RwLock};
 pub use locksmith_core::{validate_name, Mode, NameError};

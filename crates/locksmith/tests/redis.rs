@@ -64,7 +64,7 @@ mod redlock {
 // ---------------------------------------------------------------------------
 
 use futures::StreamExt;
-use locksmith::{Error, Mode};
+use locksmith::{Error, Mode, Undo};
 use locksmith_testkit::proxy::{self, Route};
 use locksmith_testkit::Redis;
 use redis::AsyncCommands;
@@ -688,9 +688,11 @@ async fn wait_for_replicas_or_fail() {
     let error = c.lock(other.as_str()).try_acquire().await.unwrap_err();
     assert!(started.elapsed() >= Duration::from_millis(300));
     assert!(
-        backend_message(&error).contains("0 of 1 replicas"),
-        "{error}"
+        matches!(&error, Error::Unreplicated(report)
+            if (report.acknowledged, report.asked) == (0, 1) && report.undo == Undo::GivenBack),
+        "{error:?}"
     );
+    assert!(error.to_string().contains("0 of 1 replicas"), "{error}");
     let plain = client(&primary.url(), Duration::from_secs(30)).await;
     assert!(
         plain

@@ -8,7 +8,7 @@ mod redis_support;
 
 use std::time::Duration;
 
-use locksmith::Error;
+use locksmith::{Error, Undo};
 use locksmith_testkit::conformance::whole_suite;
 use locksmith_testkit::{Redis, RedisSentinel, RespValue};
 use redis_support::{client, eventually, refused, suite_url, unique, with_client_cert, Harness};
@@ -165,9 +165,34 @@ async fn a_failover_keeps_the_holds_the_new_primary_has_and_loses_the_rest() {
     assert!(matches!(lost.release().await, Err(Error::Lost(_))));
 }
 
+/// Checks that `error` reports a grant of `name` that none of the replicas
+/// (all `connected`, none acknowledging) acknowledged within the default
+/// 1 s, and that was given back: its kind and its text.
+fn assert_unacknowledged(error: &Error, name: &str, connected: u32) {
+    let Error::Unreplicated(report) = error else {
+        panic!("expected Error::Unreplicated, got {error:?}");
+    };
+    assert_eq!(report.name, name);
+    assert_eq!((report.acknowledged, report.asked), (0, 1), "{error}");
+    assert_eq!(report.within, Duration::from_secs(1), "{error}");
+    assert_eq!(report.connected, Some(connected), "{error}");
+    assert_eq!(report.undo, Undo::GivenBack, "{error}");
+    let text = error.to_string();
+    for part in [
+        "only 0 of 1 replicas acknowledged it within 1s",
+        &format!("({connected} connected to the primary)"),
+        "the grant was given back",
+    ] {
+        assert!(text.contains(part), "{text:?} lacks {part:?}");
+    }
+}
+
 /// By default a grant behind Sentinel waits until a replica has it (`WAIT 1`),
-/// so the replica a failover promotes has it too; when no replica can
-/// acknowledge, the grant is given back and the acquire fails.
+/// so the replica a failover promotes has it too. When no replica
+/// acknowledges, the grant is given back before the acquire returns, the
+/// error says what happened (it is no conflict: nobody else holds the
+/// lock), a waiting acquire says so before its wait runs out, and another
+/// client gets the lock at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grants_wait_for_a_replica_by_default() {
     let setup = start().await;
@@ -182,31 +207,111 @@ async fn grants_wait_for_a_replica_by_default() {
     assert!(on_replicas >= 1, "WAIT 1 returned: a replica has the grant");
     guard.release().await.unwrap();
 
+    // Stopped replicas stay connected to the primary but acknowledge nothing.
     for replica in replicas(&setup, primary) {
         replica.pause();
     }
     let other = unique("unacked");
+    let left_behind = || {
+        let meta = format!("locksmith_meta:{{{other}}}");
+        primary.query(&["EXISTS", &other, &meta]).unwrap()
+    };
     let error = acked.lock(other.as_str()).try_acquire().await.unwrap_err();
-    assert!(
-        backend_message(&error).contains("0 of 1 replicas"),
-        "{error}"
-    );
-    for replica in replicas(&setup, primary) {
-        replica.resume();
-    }
+    assert_unacknowledged(&error, &other, 2);
+    assert_eq!(left_behind(), RespValue::Integer(0), "the grant is gone");
+
+    // A waiting acquire tries again while another attempt fits in its wait,
+    // then gives the reason, not a timeout, and leaves nothing either.
+    let wait = Duration::from_secs(3);
+    let started = std::time::Instant::now();
+    let error = acked
+        .lock(other.as_str())
+        .acquire_timeout(wait)
+        .await
+        .unwrap_err();
+    assert!(started.elapsed() < wait, "answered within its wait");
+    assert_unacknowledged(&error, &other, 2);
+    assert_eq!(left_behind(), RespValue::Integer(0), "the grant is gone");
+
     let unacked = client(
         &format!("{}?wait_replicas=0", setup.url()),
         Duration::from_secs(30),
     )
     .await;
-    assert!(
-        unacked
-            .lock(other.as_str())
-            .try_acquire()
-            .await
-            .unwrap()
-            .is_some(),
-        "the unacknowledged grant was given back"
+    let granted = timeout(
+        Duration::from_secs(1),
+        unacked.lock(other.as_str()).try_acquire(),
+    )
+    .await
+    .expect("answered at once")
+    .unwrap();
+    assert!(granted.is_some(), "the unacknowledged grant was given back");
+    for replica in replicas(&setup, primary) {
+        replica.resume();
+    }
+}
+
+/// The bound on a failover's unavailability for grants, from the moment
+/// the Sentinels name the new primary: they reconfigure the remaining
+/// replica at once (`parallel-syncs`), and it catches up by a partial
+/// resync, or a full one of a small data set, in about a second; the
+/// client finds the new primary within a second.
+const GRANTS_RESUME_WITHIN: Duration = Duration::from_secs(20);
+
+/// A failover that leaves one replica (the old primary stays down): grants,
+/// which wait for one replica's acknowledgement, resume once the remaining
+/// replica follows the new primary; until then each attempt fails with an
+/// error saying why (or that the primary is being replaced), never with a
+/// conflict, and leaves nothing behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_resume_after_a_failover_with_one_replica_left() {
+    // Sentinels that call a primary down after 1 s, for a quick failover.
+    let setup = tokio::task::block_in_place(RedisSentinel::start);
+    let client = client(&setup.url(), Duration::from_secs(15)).await;
+    let before = client
+        .lock(unique("before").as_str())
+        .acquire()
+        .await
+        .unwrap();
+    before.release().await.unwrap();
+    let old = setup.primary();
+    old.kill();
+    let new = tokio::task::block_in_place(|| setup.wait_for_failover(old)).unwrap();
+    let promoted = std::time::Instant::now();
+    let mut failures = Vec::new();
+    loop {
+        let name = unique("after");
+        match client.lock(name.as_str()).try_acquire().await {
+            Ok(Some(guard)) => {
+                guard.release().await.unwrap();
+                break;
+            }
+            Ok(None) => panic!("{name} is busy: nobody else holds it"),
+            Err(error) => {
+                assert!(
+                    matches!(error, Error::Unreplicated(_) | Error::Backend { .. }),
+                    "{error:?}"
+                );
+                let meta = format!("locksmith_meta:{{{name}}}");
+                assert_eq!(
+                    new.query(&["EXISTS", &name, &meta]).unwrap(),
+                    RespValue::Integer(0),
+                    "a failed attempt leaves nothing: {error}"
+                );
+                failures.push(format!("{:?}: {error}", promoted.elapsed()));
+            }
+        }
+        assert!(
+            promoted.elapsed() < GRANTS_RESUME_WITHIN,
+            "no grant within {GRANTS_RESUME_WITHIN:?} of the promotion:\n{}",
+            failures.join("\n")
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!(
+        "granted {:?} after the promotion, after {} failed attempts",
+        promoted.elapsed(),
+        failures.len()
     );
 }
 

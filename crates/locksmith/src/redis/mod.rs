@@ -30,7 +30,7 @@
 //! | `mode=fair` | the RLock hash plus Redisson RFairLock's queue: FIFO for every mode (not with Redlock) |
 //! | `mode=simple` | exclusive locks as `SET name <id> NX PX <ttl>`, the layout of redis-py's `Lock` |
 //! | `prefix=app/` | prepend a namespace to every lock name (off by default: names map verbatim) |
-//! | `wait_replicas=N&wait_timeout=500ms` | after each grant, `WAIT` for N replicas; if fewer acknowledge in time the grant is released and the acquire fails (Redisson's `checkLockSyncedSlaves`). Default 1 behind Sentinel and on a Cluster, off otherwise; `0` turns it off ([replica acknowledgement](#replica-acknowledgement)) |
+//! | `wait_replicas=N&wait_timeout=500ms` | after each grant, `WAIT` for N replicas; if fewer acknowledge in time the grant is given back and the acquire fails with [`Error::Unreplicated`] (Redisson's `checkLockSyncedSlaves`). Default 1 behind Sentinel and on a Cluster, off otherwise; `0` turns it off ([replica acknowledgement](#replica-acknowledgement)) |
 //! | `node_timeout=50ms` | Redlock: how long one node may take per request (default lease/10, 50ms..1s) |
 //! | `retry_delay=100ms` | Redlock: upper bound of the random pause after a split vote |
 //! | `tls=true` | Redlock, Sentinel, Cluster: connect to every node with TLS |
@@ -159,17 +159,52 @@
 //! grants nothing. One replica rather than all of them: one is enough for
 //! that, and a slow replica then costs nothing.
 //!
-//! When no replica acknowledges in time the grant is given back and the
-//! attempt fails (a waiting acquire retries for up to a session TTL). So a
-//! primary without any replica (its only replica was just promoted, or every
-//! replica is down) grants nothing until a replica is back; holds it already
-//! has keep being renewed. That is the price, chosen over Redisson's default,
-//! which waits only for the replicas that are connected and so lets exactly
-//! such a primary grant alone. Renewals and releases do not wait: a renewal
-//! lost in a failover only shortens a hold, which the watchdog's re-check
-//! notices. `wait_replicas=0` turns acknowledgement off, for availability
-//! over safety; docs/BENCHMARKS.md has its cost and docs/RELIABILITY.md what
-//! it prevents.
+//! When fewer replicas than asked acknowledge in time, the grant is given
+//! back before the acquire returns, and the acquire fails with
+//! [`Error::Unreplicated`] (never a conflict or a busy answer: nobody else
+//! holds the lock). Its text says what happened, for example `lock
+//! "jobs/x" was granted on 10.0.0.5:6379 (primary of main) but only 0 of 1
+//! replicas acknowledged it within 1s (0 connected to the primary); the
+//! grant was given back`; its fields say the same for code. Where the undo
+//! itself cannot be confirmed (the primary stopped answering), the error
+//! says so and names the lease for which the grant may still hold the
+//! lock. A waiting acquire tries again, for up to a session TTL, while
+//! another attempt fits in its wait, and then returns that error rather than
+//! a timeout; it retries only after a confirmed undo, so it never waits on a
+//! grant of its own. The rule lives in one place (`acknowledge`), for
+//! Sentinel and Cluster alike.
+//!
+//! So a primary without any replica (its only replica was just promoted, or
+//! every replica is down) grants nothing until a replica is back; holds it
+//! already has keep being renewed. That is the price, chosen over
+//! Redisson's default, which waits only for the replicas that are connected
+//! and so lets exactly such a primary grant alone. Renewals and releases do
+//! not wait: a renewal lost in a failover only shortens a hold, which the
+//! watchdog's re-check notices. `wait_replicas=0` turns acknowledgement off,
+//! for availability over safety; docs/BENCHMARKS.md has its cost and
+//! docs/RELIABILITY.md what it prevents.
+//!
+//! What a user sees while a Sentinel failover re-syncs the replicas, as
+//! measured with the testkit's setups (Sentinels that call a primary down
+//! after 1 s) on loopback:
+//!
+//! * **Two replicas, the primary killed**: the Sentinels promote one and
+//!   point the other at it, which continues by a partial resync. Grants
+//!   resume within about 0.1 s of the promotion; the attempts in between
+//!   fail with a connection error while the client moves to the new primary
+//!   (its Sentinels are asked every 100 ms once a command failed).
+//! * **One replica, the primary killed and restarted**: the promoted
+//!   replica has no replica until the old primary is back *and* the
+//!   Sentinels have made it a replica, which they do only once it has been
+//!   up for 8 s (four of their 2 s announcement periods), followed by a
+//!   full sync. Grants resumed about 11 s after the promotion; until then
+//!   every acquire fails with `0 of 1 replicas acknowledged it … (0
+//!   connected to the primary)`. A primary that stays down leaves such a
+//!   setup without grants until a replica is added.
+//!
+//! A larger data set makes the full sync, and so the wait, longer; a client
+//! that must grant through such a window sets `wait_replicas=0` and relies
+//! on fencing alone.
 //!
 //! # Redlock
 //!
@@ -200,6 +235,7 @@
 //! Semaphores are not offered over Redlock: per-node permit counts do not add up
 //! to a safe global count.
 
+mod acknowledge;
 mod cleanup;
 mod cluster;
 mod config;
@@ -230,12 +266,14 @@ use self::scripts::Scripts;
 use self::watchdog::Watchdog;
 use crate::backend::{AcquireRequest, Backend, Capabilities, Grant, Hold, LockInfo, Wait};
 use crate::client::ConnectOptions;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Undo};
 
 pub(crate) const BACKEND: &str = "redis";
 
 /// How long inspection waits for this process's own background clean-ups.
 const SETTLE: Duration = Duration::from_secs(2);
+/// The pause before a waiting acquire tries again after a failed attempt.
+const RETRY_PAUSE: Duration = Duration::from_millis(100);
 
 /// A lock store on Redis: one server, or Redlock over several.
 ///
@@ -525,12 +563,11 @@ impl Shared {
                     .eval_and_wait(&call, replicas, self.config.wait_timeout)
                     .await
                     .map_err(|e| failure(format!("acquire on {}", node.label()), e))?;
-                if Reply::parse(&reply)?.took() && acked < i64::from(replicas) {
-                    let _ = self.release_on(target, &[0], false).await;
-                    return Err(problem(format!(
-                        "lock {:?} was granted on {} but only {acked} of {replicas} replicas acknowledged within {:?}; released it",
-                        target.name, node.label(), self.config.wait_timeout
-                    )));
+                let parsed = Reply::parse(&reply)?;
+                if parsed.took() && acked < i64::from(replicas) {
+                    return Err(self
+                        .refuse_unacknowledged(target, parsed, spec.lease, acked, replicas)
+                        .await);
                 }
                 reply
             }
@@ -871,16 +908,37 @@ impl Shared {
         };
         let mut listeners: Option<Vec<Subscription>> = None;
         let mut trouble_since: Option<Instant> = None;
+        let deadline = match request.wait {
+            Wait::For(limit) => Some(Instant::now() + limit),
+            Wait::No | Wait::Forever => None,
+        };
         loop {
             for listener in listeners.iter_mut().flatten() {
                 listener.mark();
             }
             // An attempt may queue us: from here on a drop must leave the queue.
             queued.armed = spec.fair && waiting;
+            let began = Instant::now();
             let attempt = match self.attempt(&target, &spec).await {
                 Ok(attempt) => {
                     trouble_since = None;
                     attempt
+                }
+                Err(Error::Unreplicated(error)) if waiting && error.undo == Undo::GivenBack => {
+                    // The replicas are missing or behind (a failover
+                    // re-syncing them): try again, for up to a session TTL,
+                    // while another attempt fits in the caller's wait. Past
+                    // that the caller learns why, not a bare timeout.
+                    let since = *trouble_since.get_or_insert_with(Instant::now);
+                    let next_ends = Instant::now() + began.elapsed() + RETRY_PAUSE;
+                    if since.elapsed() > self.session_ttl
+                        || deadline.is_some_and(|deadline| next_ends >= deadline)
+                    {
+                        return Err(Error::Unreplicated(error));
+                    }
+                    tracing::debug!(lock = %name, %error, "grant not acknowledged; retrying");
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                    continue;
                 }
                 Err(error) if waiting && is_transient(&error) => {
                     // Redis is restarting or unreachable: keep trying for up
@@ -890,7 +948,7 @@ impl Shared {
                         return Err(error);
                     }
                     tracing::debug!(lock = %name, %error, "acquire attempt failed; retrying");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    tokio::time::sleep(RETRY_PAUSE).await;
                     continue;
                 }
                 Err(error) => return Err(error),
@@ -1187,8 +1245,9 @@ impl Backend for RedisBackend {
 
     /// Cancel safety: every hold leaves the watchdog (its `lost()` fires) at
     /// the first poll. If dropped midway, the holds not yet released are no
-    /// longer renewed and expire with their leases, and the background tasks
-    /// stop only when the backend is dropped.
+    /// longer renewed and expire with their leases, the undo work of dropped
+    /// acquires runs on in the background, and the background tasks stop
+    /// only when the backend is dropped.
     #[tracing::instrument(level = "debug", name = "redis_close", skip_all)]
     async fn close(&self) -> Result<()> {
         let shared = &self.shared;
@@ -1203,6 +1262,9 @@ impl Backend for RedisBackend {
                 }
             }
         }
+        // The undo work of dropped acquires goes out before the caller
+        // (often a process about to exit) moves on.
+        cleanup::settle(SETTLE).await;
         shared.shutdown.cancel();
         first_error.map_or(Ok(()), Err)
     }

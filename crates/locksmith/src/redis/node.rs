@@ -6,10 +6,12 @@ use std::time::Duration;
 
 use ::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use ::redis::cluster_async::ClusterConnection;
+use ::redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use ::redis::{ErrorKind, FromRedisValue, RedisError, Script, ServerErrorKind};
 use tokio::sync::{watch, Notify};
 
 use super::config::Config;
+use super::keys::Keys;
 use super::ops::Call;
 use super::pubsub::{Hub, Source};
 use super::{cluster, sentinel, BACKEND};
@@ -358,6 +360,39 @@ impl Node {
             other => other,
         };
         self.notice(result)
+    }
+
+    /// How many replicas the primary of `keys` has connected
+    /// (`connected_slaves` of `INFO replication`; on a cluster, of the
+    /// primary of the lock's slot).
+    ///
+    /// Cancel safety: safe; it only reads.
+    pub async fn replicas_connected(&self, keys: &Keys) -> std::result::Result<u32, RedisError> {
+        let info = ::redis::cmd("INFO").arg("replication").clone();
+        let result = match &self.conn {
+            Conn::Cluster(cluster) => {
+                let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
+                    Route::with_key(&keys.lock, SlotAddr::Master),
+                ));
+                match cluster.clone().route_command(info, route).await {
+                    Ok(value) => {
+                        ::redis::from_redis_value::<String>(value).map_err(RedisError::from)
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            _ => info.query_async::<String>(&mut self.link()).await,
+        };
+        let text = self.notice(result)?;
+        text.lines()
+            .find_map(|line| line.strip_prefix("connected_slaves:"))
+            .and_then(|count| count.trim().parse().ok())
+            .ok_or_else(|| {
+                RedisError::from((
+                    ErrorKind::Parse,
+                    "INFO replication without connected_slaves",
+                ))
+            })
     }
 
     /// Runs a plain command (on a cluster: where its key says).
