@@ -1,0 +1,226 @@
+"""Type stubs of locksmith's blocking API (the native classes are in Rust)."""
+
+from collections.abc import Callable, Iterable, Iterator
+from datetime import timedelta
+from types import TracebackType
+from typing import final
+
+from . import aio as aio
+from ._model import (
+    AlreadyHeld as AlreadyHeld,
+    BackendError as BackendError,
+    BackendNotEnabled as BackendNotEnabled,
+    Closed as Closed,
+    Conflict as Conflict,
+    Error as Error,
+    Grant as Grant,
+    Holder as Holder,
+    InvalidArgument as InvalidArgument,
+    InvalidName as InvalidName,
+    InvalidUrl as InvalidUrl,
+    Leader as Leader,
+    LimitReached as LimitReached,
+    LockInfo as LockInfo,
+    Lost as Lost,
+    LostCause as LostCause,
+    NotHeld as NotHeld,
+    NotOwner as NotOwner,
+    PermissionDenied as PermissionDenied,
+    Timeout as Timeout,
+    Unauthenticated as Unauthenticated,
+    Unsupported as Unsupported,
+    Waiter as Waiter,
+)
+
+__version__: str
+
+Seconds = float | int | timedelta
+"""A duration: seconds as a float or an int, or a `datetime.timedelta`."""
+
+LostCallback = Callable[[LostCause, str], object]
+"""Called with why (in a word and in words) a hold was lost."""
+
+def connect(
+    url: str,
+    *,
+    session_ttl: Seconds | None = None,
+    client_name: str | None = None,
+    host: str | None = None,
+) -> Client:
+    """Connects to the store the URL names (`locksmith://`, `redis://`,
+    `zk://`, `etcd://`, `postgres://`, `memory://`, ...), blocking until
+    connected."""
+
+@final
+class Client:
+    """A connection to one lock store; `with` closes it."""
+
+    @property
+    def backend(self) -> str: ...
+    def lock(
+        self,
+        name: str,
+        *,
+        wait: Seconds | None = None,
+        lease: Seconds | None = None,
+        owner: str | None = None,
+        reentrant: bool = True,
+        lock_delay: Seconds | None = None,
+    ) -> Lock: ...
+    def rw_lock(self, name: str) -> RwLock: ...
+    def semaphore(
+        self,
+        name: str,
+        permits: int,
+        *,
+        wait: Seconds | None = None,
+        lease: Seconds | None = None,
+        owner: str | None = None,
+        reentrant: bool = True,
+        lock_delay: Seconds | None = None,
+    ) -> Lock: ...
+    def multi_lock(
+        self,
+        names: Iterable[str],
+        *,
+        wait: Seconds | None = None,
+        lease: Seconds | None = None,
+        owner: str | None = None,
+        reentrant: bool = True,
+        lock_delay: Seconds | None = None,
+    ) -> Lock: ...
+    def election(self, name: str) -> Election: ...
+    def status(self, name: str) -> LockInfo | None: ...
+    def list(self, prefix: str = "") -> list[LockInfo]: ...
+    def history(self, prefix: str = "") -> list[Grant]: ...
+    def force_release(self, name: str) -> None: ...
+    def close(self) -> None: ...
+    def __enter__(self) -> Client: ...
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> bool: ...
+
+@final
+class Lock:
+    """A lock to acquire; `with lock as guard:` acquires and releases."""
+
+    @property
+    def names(self) -> list[str]: ...
+    @property
+    def mode(self) -> str: ...
+    @property
+    def permits(self) -> int | None: ...
+    def acquire(self, wait: Seconds | None = None) -> Guard: ...
+    def try_acquire(self) -> Guard | None: ...
+    def __enter__(self) -> Guard: ...
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> bool: ...
+
+@final
+class RwLock:
+    """A read-write lock: many readers or one writer, writers not starved."""
+
+    def read(
+        self,
+        *,
+        wait: Seconds | None = None,
+        lease: Seconds | None = None,
+        owner: str | None = None,
+        reentrant: bool = True,
+        lock_delay: Seconds | None = None,
+    ) -> Lock: ...
+    def write(
+        self,
+        *,
+        wait: Seconds | None = None,
+        lease: Seconds | None = None,
+        owner: str | None = None,
+        reentrant: bool = True,
+        lock_delay: Seconds | None = None,
+    ) -> Lock: ...
+
+@final
+class Guard:
+    """A held lock (or several, for a multi-lock)."""
+
+    @property
+    def fencing_token(self) -> int: ...
+    @property
+    def fencing_tokens(self) -> list[int]: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def names(self) -> list[str]: ...
+    @property
+    def hold_count(self) -> int: ...
+    @property
+    def remaining_lease(self) -> float | None: ...
+    @property
+    def is_lost(self) -> bool: ...
+    @property
+    def lost_cause(self) -> LostCause | None: ...
+    @property
+    def lost_reason(self) -> str | None: ...
+    def raise_if_lost(self) -> None: ...
+    def lost(self, timeout: Seconds | None = None) -> str | None: ...
+    def on_lost(self, callback: LostCallback) -> None: ...
+    def extend(self, lease: Seconds) -> None: ...
+    def release(self) -> None: ...
+    def __enter__(self) -> Guard: ...
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> bool: ...
+
+@final
+class Election:
+    """An election on one lock name."""
+
+    @property
+    def name(self) -> str: ...
+    def campaign(self, value: str, *, wait: Seconds | None = None) -> Leadership: ...
+    def leader(self) -> Leader | None: ...
+    def observe(self) -> Observer: ...
+
+@final
+class Leadership:
+    """This candidate's leadership; `with` resigns it."""
+
+    @property
+    def value(self) -> str: ...
+    @property
+    def fencing_token(self) -> int: ...
+    @property
+    def is_lost(self) -> bool: ...
+    @property
+    def lost_cause(self) -> LostCause | None: ...
+    @property
+    def lost_reason(self) -> str | None: ...
+    def raise_if_lost(self) -> None: ...
+    def lost(self, timeout: Seconds | None = None) -> str | None: ...
+    def on_lost(self, callback: LostCallback) -> None: ...
+    def proclaim(self, value: str) -> None: ...
+    def resign(self) -> None: ...
+    def __enter__(self) -> Leadership: ...
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> bool: ...
+
+@final
+class Observer(Iterator[Leader | None]):
+    """The leader now, then at every change (`None`: nobody leads)."""
+
+    def __iter__(self) -> Observer: ...
+    def __next__(self) -> Leader | None: ...

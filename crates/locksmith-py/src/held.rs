@@ -1,0 +1,168 @@
+//! What a Python guard or leadership holds, for both APIs: the Rust hold
+//! until it is released, its lost signal, and the callbacks waiting on it.
+
+use std::sync::{Mutex, MutexGuard};
+
+use pyo3::prelude::*;
+use tokio_util::sync::CancellationToken;
+
+use locksmith::LostSignal;
+
+use crate::errors;
+use crate::runtime;
+
+/// A hold (a [`locksmith::Guard`] or [`locksmith::Leadership`]) shared by
+/// the Python object that owns it and the calls running on it.
+pub struct Held<T: Send> {
+    generation: u64,
+    name: String,
+    hold: Mutex<Option<T>>,
+    lost: LostSignal,
+    /// Cancelled when the hold is released or dropped: `on_lost` callbacks
+    /// are for losses, not for ends the caller chose.
+    ended: CancellationToken,
+}
+
+impl<T: Send> Held<T> {
+    pub fn new(name: String, lost: LostSignal, hold: T) -> Self {
+        Held {
+            generation: runtime::generation(),
+            name,
+            hold: Mutex::new(Some(hold)),
+            lost,
+            ended: CancellationToken::new(),
+        }
+    }
+
+    fn slot(&self) -> MutexGuard<'_, Option<T>> {
+        self.hold
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Fails with `Closed` in a forked child.
+    pub fn check(&self) -> PyResult<()> {
+        runtime::check_generation(self.generation)
+    }
+
+    /// Takes the hold out to end it; `NotHeld` if it was already.
+    pub fn take(&self) -> PyResult<T> {
+        self.check()?;
+        let hold = self.slot().take();
+        self.ended.cancel();
+        hold.ok_or_else(|| {
+            errors::to_py(locksmith::Error::NotHeld {
+                name: self.name.clone(),
+            })
+        })
+    }
+
+    /// Takes the hold out for a call that gives it back ([`Held::put`]).
+    pub fn borrow(&self) -> PyResult<T> {
+        self.check()?;
+        self.slot().take().ok_or_else(|| {
+            errors::to_py(locksmith::Error::NotHeld {
+                name: self.name.clone(),
+            })
+        })
+    }
+
+    /// Gives back what [`Held::borrow`] took.
+    pub fn put(&self, hold: T) {
+        *self.slot() = Some(hold);
+    }
+
+    /// Reads the hold while it is held.
+    pub fn read<R>(&self, f: impl FnOnce(&T) -> R) -> Option<R> {
+        self.slot().as_ref().map(f)
+    }
+
+    /// Whether the hold has been released (or given up).
+    pub fn is_released(&self) -> bool {
+        self.ended.is_cancelled()
+    }
+
+    pub fn lost(&self) -> &LostSignal {
+        &self.lost
+    }
+
+    /// The lost cause as a `locksmith.LostCause`, once lost.
+    pub fn lost_cause<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        self.lost
+            .cause()
+            .map(|cause| errors::lost_cause(py, cause))
+            .transpose()
+    }
+
+    /// Raises `locksmith.Lost` once lost.
+    pub fn raise_if_lost(&self, py: Python<'_>) -> PyResult<()> {
+        match self.lost.reason() {
+            Some(reason) => Err(errors::lost(py, self.lost.cause(), &reason)),
+            None => Ok(()),
+        }
+    }
+
+    /// Calls `deliver(cause, reason)` on a background thread once the hold
+    /// is lost, unless it is released first; `deliver` runs the user's
+    /// callback there or hands it to an event loop.
+    pub fn on_lost(
+        &self,
+        deliver: impl FnOnce(Py<PyAny>, String) + Send + 'static,
+    ) -> PyResult<()> {
+        self.check()?;
+        let lost = self.lost.clone();
+        let ended = self.ended.clone();
+        runtime::spawn(async move {
+            tokio::select! {
+                biased;
+                _ = ended.cancelled() => {}
+                reason = lost.fired() => {
+                    let cause = lost.cause().unwrap_or_default();
+                    runtime::spawn_blocking(move || {
+                        let cause = Python::attach(|py| {
+                            errors::lost_cause(py, cause).map(Bound::unbind)
+                        });
+                        match cause {
+                            Ok(cause) => deliver(cause, reason),
+                            Err(error) => Python::attach(|py| error.write_unraisable(py, None)),
+                        }
+                    });
+                }
+            }
+        });
+        Ok(())
+    }
+}
+
+impl<T: Send> Drop for Held<T> {
+    /// A hold dropped without release is released in the background, as
+    /// the Rust client does; in a forked child it is forgotten (the parent
+    /// still holds it, and the child has no runtime of the parent's).
+    fn drop(&mut self) {
+        self.ended.cancel();
+        let hold = self
+            .hold
+            .get_mut()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take();
+        if let Some(hold) = hold {
+            if self.generation == runtime::generation() {
+                let _entered = runtime::runtime().enter();
+                drop(hold);
+            } else {
+                std::mem::forget(hold);
+            }
+        }
+    }
+}
+
+/// Calls `callback(cause, reason)` on the calling (background) thread,
+/// reporting an exception it raises as unraisable, as Python does for
+/// callbacks nobody awaits.
+pub fn call_here(callback: Py<PyAny>, cause: Py<PyAny>, reason: String) {
+    Python::attach(|py| {
+        if let Err(error) = callback.bind(py).call1((cause, reason)) {
+            error.write_unraisable(py, Some(callback.bind(py)));
+        }
+    });
+}

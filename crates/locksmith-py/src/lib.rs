@@ -1,0 +1,47 @@
+//! The native module of the `locksmith` Python package: locksmith's Rust
+//! client (`crates/locksmith`) for Python, through PyO3.
+//!
+//! Python sees two APIs over the same client, built by maturin from
+//! `pyproject.toml` next to this crate: blocking (`locksmith.connect`, in
+//! `src/blocking.rs`) and asyncio (`locksmith.aio.connect`, in `src/aio.rs`). The
+//! lock rules are all the Rust client's; this crate only converts values
+//! and waits:
+//!
+//! - `runtime`: the process's tokio runtime, a blocking wait that
+//!   releases the GIL and lets Ctrl-C through, awaitables for asyncio, and
+//!   what a fork does.
+//! - `held`: a guard's or leadership's hold, shared by both APIs (lost
+//!   signal, callbacks, release on drop).
+//! - `errors` and `convert`: errors as the exception classes, and
+//!   records as the dataclasses, of `python/locksmith/_model.py`.
+//!
+//! The Python side (`python/locksmith`) re-exports these classes, adds the
+//! exceptions and records, and ships the `.pyi` stubs.
+
+mod aio;
+mod blocking;
+mod convert;
+mod errors;
+mod held;
+mod runtime;
+
+use pyo3::prelude::*;
+use pyo3::types::IntoPyDict;
+
+#[pymodule]
+#[pyo3(name = "_locksmith")]
+fn init(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = module.py();
+    blocking::register(module)?;
+    let aio = PyModule::new(py, "aio")?;
+    aio::register(&aio)?;
+    module.add_submodule(&aio)?;
+    module.add_function(wrap_pyfunction!(runtime::_after_fork_in_child, module)?)?;
+    // A forked child cannot use its parent's runtime or clients.
+    py.import("os")?.call_method(
+        "register_at_fork",
+        (),
+        Some(&[("after_in_child", module.getattr("_after_fork_in_child")?)].into_py_dict(py)?),
+    )?;
+    Ok(())
+}

@@ -1,0 +1,230 @@
+//! The process's tokio runtime, and the two ways Python waits on it.
+//!
+//! One runtime per process runs every client's background work (session
+//! heartbeats, watchdog renewals, lost signals, the asyncio API's futures).
+//! A blocking call runs its future on the calling thread with the GIL
+//! released ([`block`]), waking every [`SIGNAL_CHECK`] to let Python run its
+//! signal handlers, so Ctrl-C interrupts a wait; an asyncio call spawns its
+//! future on the runtime and hands the event loop an awaitable for it
+//! ([`Tokio`], through `pyo3-async-runtimes`).
+//!
+//! # Fork
+//!
+//! A forked child has none of its parent's threads, so neither the runtime
+//! nor any client made before the fork can work there. The child's first use
+//! of locksmith builds a new runtime; every object made before the fork
+//! refuses to work in the child ([`Closed`](crate::errors)), and dropping it
+//! there forgets it without a release: the parent still holds what it held.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use std::time::Duration;
+
+use pyo3::prelude::*;
+use pyo3_async_runtimes::generic::{ContextExt, JoinError, Runtime as AsyncRuntime};
+use pyo3_async_runtimes::TaskLocals;
+use tokio::runtime::Runtime;
+
+use crate::errors;
+
+/// How often a blocked call gives Python a chance to run signal handlers.
+pub const SIGNAL_CHECK: Duration = Duration::from_millis(50);
+
+/// Forks this process has gone through since the module was loaded; an
+/// object made in an earlier generation belongs to an ancestor process.
+static GENERATION: AtomicU64 = AtomicU64::new(0);
+
+/// The runtime of this generation; null until first used (and again in a
+/// forked child). Runtimes are leaked: one lives as long as its process, and
+/// a parent's cannot be shut down in a child, whose threads it lacks.
+static RUNTIME: AtomicPtr<Runtime> = AtomicPtr::new(std::ptr::null_mut());
+
+/// The fork generation of this process, to stamp on what it makes.
+pub fn generation() -> u64 {
+    GENERATION.load(Ordering::Acquire)
+}
+
+/// Called by `os.register_at_fork(after_in_child=...)`: the child starts a
+/// new generation with a runtime of its own.
+#[pyfunction]
+pub fn _after_fork_in_child() {
+    GENERATION.fetch_add(1, Ordering::AcqRel);
+    RUNTIME.store(std::ptr::null_mut(), Ordering::Release);
+}
+
+/// Fails with `Closed` if `made_in` is not this process's generation.
+pub fn check_generation(made_in: u64) -> PyResult<()> {
+    if made_in == generation() {
+        Ok(())
+    } else {
+        Err(errors::closed(
+            "this client was connected before the process forked and cannot be used \
+             in the child: connect again in the child",
+        ))
+    }
+}
+
+/// The runtime of this process, built on first use.
+pub fn runtime() -> &'static Runtime {
+    let current = RUNTIME.load(Ordering::Acquire);
+    if !current.is_null() {
+        // SAFETY: a non-null pointer comes from `Box::leak` below and is
+        // never freed.
+        return unsafe { &*current };
+    }
+    let built = Box::into_raw(Box::new(build()));
+    match RUNTIME.compare_exchange(
+        std::ptr::null_mut(),
+        built,
+        Ordering::AcqRel,
+        Ordering::Acquire,
+    ) {
+        // SAFETY: `built` was just leaked and is never freed.
+        Ok(_) => unsafe { &*built },
+        Err(winner) => {
+            // Another thread built one first: use it, drop ours.
+            // SAFETY: `built` came from `Box::into_raw` and nobody else has it.
+            drop(unsafe { Box::from_raw(built) });
+            // SAFETY: as above, `winner` is leaked and never freed.
+            unsafe { &*winner }
+        }
+    }
+}
+
+fn build() -> Runtime {
+    // Two workers: background work and the asyncio API's futures go on
+    // while blocking calls run their own futures on their callers' threads.
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("locksmith")
+        .enable_all()
+        .build()
+        .expect("cannot start the locksmith runtime")
+}
+
+/// Runs `future` to completion on the calling thread with the GIL released,
+/// as a blocking call of the Python API. Every [`SIGNAL_CHECK`] it takes the
+/// GIL back to run Python's signal handlers: if one raises (Ctrl-C's
+/// `KeyboardInterrupt`), the future is dropped and the exception returned.
+/// Every future given here is cancel-safe (see the client's docs), so an
+/// interrupted acquire leaves nothing behind.
+pub fn block<F>(py: Python<'_>, future: F) -> PyResult<F::Output>
+where
+    F: Future + Send,
+    F::Output: Send,
+{
+    let runtime = runtime();
+    let mut future = std::pin::pin!(future);
+    loop {
+        let step = py.detach(|| {
+            // The timer is made inside the runtime, whose clock it needs.
+            runtime.block_on(async { tokio::time::timeout(SIGNAL_CHECK, future.as_mut()).await })
+        });
+        match step {
+            Ok(output) => return Ok(output),
+            Err(_) => py.check_signals()?,
+        }
+    }
+}
+
+/// `future`'s output, or `None` if `limit` passes first. Its timer is made
+/// when first polled, so inside the runtime that polls it.
+pub async fn within<F: Future>(limit: Duration, future: F) -> Option<F::Output> {
+    tokio::time::timeout(limit, future).await.ok()
+}
+
+/// Spawns `future` on the runtime of this process.
+pub fn spawn<F>(future: F) -> tokio::task::JoinHandle<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    runtime().spawn(future)
+}
+
+/// Runs `f` on the runtime's thread pool for blocking work (calls into
+/// Python from background tasks: they wait for the GIL).
+pub fn spawn_blocking<F>(f: F)
+where
+    F: FnOnce() + Send + 'static,
+{
+    runtime().spawn_blocking(f);
+}
+
+/// The process runtime as `pyo3-async-runtimes` drives it for asyncio.
+pub struct Tokio;
+
+tokio::task_local! {
+    /// The event loop and context of the asyncio task awaiting a future.
+    static TASK_LOCALS: TaskLocals;
+}
+
+/// A spawned task's failure, as `pyo3-async-runtimes` reads it.
+pub struct TaskFailed(tokio::task::JoinError);
+
+impl JoinError for TaskFailed {
+    fn is_panic(&self) -> bool {
+        self.0.is_panic()
+    }
+
+    fn into_panic(self) -> Box<dyn std::any::Any + Send + 'static> {
+        self.0.into_panic()
+    }
+}
+
+/// A spawned task, as `pyo3-async-runtimes` awaits it.
+pub struct Task(tokio::task::JoinHandle<()>);
+
+impl Future for Task {
+    type Output = Result<(), TaskFailed>;
+
+    fn poll(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        Pin::new(&mut self.0).poll(cx).map_err(TaskFailed)
+    }
+}
+
+impl AsyncRuntime for Tokio {
+    type JoinError = TaskFailed;
+    type JoinHandle = Task;
+
+    fn spawn<F>(future: F) -> Task
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        Task(runtime().spawn(future))
+    }
+
+    fn spawn_blocking<F>(f: F) -> Task
+    where
+        F: FnOnce() + Send + 'static,
+    {
+        Task(runtime().spawn_blocking(f))
+    }
+}
+
+impl ContextExt for Tokio {
+    fn scope<F, R>(locals: TaskLocals, future: F) -> Pin<Box<dyn Future<Output = R> + Send>>
+    where
+        F: Future<Output = R> + Send + 'static,
+    {
+        Box::pin(TASK_LOCALS.scope(locals, future))
+    }
+
+    fn get_task_locals() -> Option<TaskLocals> {
+        TASK_LOCALS.try_with(TaskLocals::clone).ok()
+    }
+}
+
+/// An awaitable for `future`, run on the process runtime; cancelling the
+/// awaitable drops the future.
+pub fn awaitable<'py, F, T>(py: Python<'py>, future: F) -> PyResult<Bound<'py, PyAny>>
+where
+    F: Future<Output = PyResult<T>> + Send + 'static,
+    T: for<'a> IntoPyObject<'a> + Send + 'static,
+{
+    pyo3_async_runtimes::generic::future_into_py::<Tokio, F, T>(py, future)
+}

@@ -1,0 +1,147 @@
+"""The asyncio API on every backend (each test runs its own event loop)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+import locksmith
+import locksmith.aio
+
+
+def run(test):
+    """Runs `test(client)` in an event loop with an asyncio client of `url`."""
+
+    def runner(url, name):
+        async def main():
+            async with await locksmith.aio.connect(url, session_ttl=5.0) as client:
+                await test(client, name)
+
+        asyncio.run(main())
+
+    runner.__name__ = test.__name__
+    return runner
+
+
+@run
+async def test_async_with_excludes_and_tokens_increase(client, name):
+    async with client.lock(name, wait=5.0) as guard:
+        first = guard.fencing_token
+        assert await client.lock(name).try_acquire() is None
+        with pytest.raises(locksmith.Timeout):
+            await client.lock(name).acquire(wait=0.2)
+        guard.raise_if_lost()
+    second = await client.lock(name).acquire(wait=5.0)
+    assert second.fencing_token > first
+    await second.release()
+    with pytest.raises(locksmith.NotHeld):
+        await second.release()
+
+
+@run
+async def test_waiters_are_woken_in_turn(client, name):
+    holder = await client.lock(name).acquire()
+    waiters = [asyncio.ensure_future(client.lock(name).acquire(wait=20.0)) for _ in range(3)]
+    await asyncio.sleep(0.3)
+    assert not any(waiter.done() for waiter in waiters)
+    await holder.release()
+    tokens, pending = [], set(waiters)
+    while pending:
+        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            guard = task.result()
+            tokens.append(guard.fencing_token)
+            await guard.release()
+    assert len(set(tokens)) == 3 and min(tokens) > holder.fencing_token
+
+
+@run
+async def test_a_cancelled_acquire_leaves_nothing_behind(client, name):
+    holder = await client.lock(name).acquire()
+    waiter = asyncio.ensure_future(client.lock(name).acquire())
+    await asyncio.sleep(0.3)
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    await holder.release()
+    # The cancelled acquire's queue entry goes in the background, at once.
+    again = await client.lock(name).acquire(wait=5.0)
+    await again.release()
+
+
+@run
+async def test_lost_is_awaitable_and_calls_back_on_the_loop(client, name):
+    guard = await client.lock(name, lease=1.0).acquire()
+    loop = asyncio.get_running_loop()
+    called = loop.create_future()
+    guard.on_lost(lambda cause, reason: called.set_result((cause, reason)))
+    reason = await asyncio.wait_for(guard.lost(), 15)
+    cause, called_reason = await asyncio.wait_for(called, 10)
+    assert called_reason == reason
+    assert isinstance(cause, locksmith.LostCause)
+    assert guard.lost_cause == cause
+    with pytest.raises(locksmith.Lost):
+        guard.raise_if_lost()
+
+
+@run
+async def test_read_write_lock_and_semaphore(client, name):
+    rw = client.rw_lock(name)
+    async with rw.read() as first, rw.read(wait=5.0) as second:
+        assert await rw.write().try_acquire() is None
+        assert first.fencing_token > 0 and second.fencing_token > 0
+    async with rw.write(wait=5.0):
+        assert await rw.read().try_acquire() is None
+    permits = [await client.semaphore(f"{name}/s", 2).acquire(wait=5.0) for _ in range(2)]
+    assert await client.semaphore(f"{name}/s", 2).try_acquire() is None
+    for permit in permits:
+        await permit.release()
+
+
+@run
+async def test_multi_lock_and_status(client, name):
+    async with client.multi_lock([f"{name}/a", f"{name}/b"], owner="both") as both:
+        info = await client.status(f"{name}/a")
+        assert [holder.owner for holder in info.holders] == ["both"]
+        assert len(both.fencing_tokens) == 2
+        assert {lock.name for lock in await client.list(name)} >= {f"{name}/a", f"{name}/b"}
+
+
+@run
+async def test_election(client, name):
+    election = client.election(name)
+    observer = election.observe()
+    assert await observer.__anext__() is None
+    async with await election.campaign("node-1", wait=5.0) as leading:
+        assert (await election.leader()).value == "node-1"
+        assert (await observer.__anext__()).value == "node-1"
+        with pytest.raises(locksmith.Timeout):
+            await client.election(name).campaign("node-2", wait=0.3)
+        assert leading.fencing_token > 0
+    assert await observer.__anext__() is None
+
+
+def test_blocking_and_asyncio_clients_share_a_store(stores, name):
+    from conftest import url_of
+
+    url = url_of(stores, "server")
+    blocking = locksmith.connect(url)
+
+    async def main():
+        client = await locksmith.aio.connect(url)
+        held = blocking.lock(name).acquire()
+        started = time.monotonic()
+        waiting = asyncio.ensure_future(client.lock(name).acquire(wait=10.0))
+        await asyncio.sleep(0.2)
+        assert not waiting.done()
+        held.release()
+        guard = await waiting
+        assert guard.fencing_token > held.fencing_token
+        assert time.monotonic() - started < 10
+        await guard.release()
+        await client.close()
+
+    asyncio.run(main())
+    blocking.close()
