@@ -413,7 +413,7 @@ fn deliver_on_loop(
     event_loop: Py<PyAny>,
 ) -> impl FnOnce(Py<PyAny>, String) + Send + 'static {
     move |cause, reason| {
-        Python::attach(|py| {
+        runtime::with_python(|py| {
             let closed = event_loop
                 .bind(py)
                 .call_method0("is_closed")

@@ -119,12 +119,14 @@ impl<T: Send> Held<T> {
                 reason = lost.fired() => {
                     let cause = lost.cause().unwrap_or_default();
                     runtime::spawn_blocking(move || {
-                        let cause = Python::attach(|py| {
-                            errors::lost_cause(py, cause).map(Bound::unbind)
+                        let cause = runtime::with_python(|py| {
+                            errors::lost_cause(py, cause)
+                                .map(Bound::unbind)
+                                .map_err(|error| error.write_unraisable(py, None))
+                                .ok()
                         });
-                        match cause {
-                            Ok(cause) => deliver(cause, reason),
-                            Err(error) => Python::attach(|py| error.write_unraisable(py, None)),
+                        if let Some(Some(cause)) = cause {
+                            deliver(cause, reason);
                         }
                     });
                 }
@@ -160,7 +162,7 @@ impl<T: Send> Drop for Held<T> {
 /// reporting an exception it raises as unraisable, as Python does for
 /// callbacks nobody awaits.
 pub fn call_here(callback: Py<PyAny>, cause: Py<PyAny>, reason: String) {
-    Python::attach(|py| {
+    runtime::with_python(|py| {
         if let Err(error) = callback.bind(py).call1((cause, reason)) {
             error.write_unraisable(py, Some(callback.bind(py)));
         }

@@ -19,6 +19,7 @@
 //! exceptions and records, and ships the `.pyi` stubs.
 
 mod aio;
+mod bench;
 mod blocking;
 mod convert;
 mod errors;
@@ -37,6 +38,10 @@ fn init(module: &Bound<'_, PyModule>) -> PyResult<()> {
     aio::register(&aio)?;
     module.add_submodule(&aio)?;
     module.add_function(wrap_pyfunction!(runtime::_after_fork_in_child, module)?)?;
+    module.add_function(wrap_pyfunction!(runtime::_at_exit, module)?)?;
+    module.add_function(wrap_pyfunction!(bench::_bench_rust, module)?)?;
+    py.import("atexit")?
+        .call_method1("register", (module.getattr("_at_exit")?,))?;
     // A forked child cannot use its parent's runtime or clients.
     py.import("os")?.call_method(
         "register_at_fork",

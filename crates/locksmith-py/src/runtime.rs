@@ -18,7 +18,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use std::time::Duration;
 
 use pyo3::prelude::*;
@@ -43,6 +43,26 @@ static RUNTIME: AtomicPtr<Runtime> = AtomicPtr::new(std::ptr::null_mut());
 /// The fork generation of this process, to stamp on what it makes.
 pub fn generation() -> u64 {
     GENERATION.load(Ordering::Acquire)
+}
+
+/// Set by `atexit`: the interpreter is shutting down.
+static EXITING: AtomicBool = AtomicBool::new(false);
+
+/// Called by `atexit` (registered when the module loads): from now on
+/// background threads leave Python alone, as attaching a thread to an
+/// interpreter that is finalizing can crash it.
+#[pyfunction]
+pub fn _at_exit() {
+    EXITING.store(true, Ordering::Release);
+}
+
+/// Runs `f` with the GIL on a background thread, unless the interpreter is
+/// exiting (then `None`): callbacks for a program that is ending are dropped.
+pub fn with_python<R>(f: impl for<'py> FnOnce(Python<'py>) -> R) -> Option<R> {
+    if EXITING.load(Ordering::Acquire) {
+        return None;
+    }
+    Python::try_attach(f)
 }
 
 /// Called by `os.register_at_fork(after_in_child=...)`: the child starts a
