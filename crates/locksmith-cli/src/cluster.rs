@@ -19,13 +19,15 @@ use tonic::transport::Channel;
 pub struct ClusterArgs {
     /// The cluster's members: `locksmith://host:port[,host:port...]` (any
     /// one that answers will do), or `locksmith+tls://…?ca=FILE`; the token
-    /// comes from `LOCKSMITH_TOKEN` or `?token_file=FILE`.
+    /// comes from `LOCKSMITH_TOKEN` or `?token_file=FILE`. `--server` is an
+    /// older spelling of it.
     #[arg(
         long,
+        alias = "server",
         env = "LOCKSMITH_BACKEND",
         default_value = "locksmith://127.0.0.1:7420"
     )]
-    server: String,
+    backend: String,
     #[command(subcommand)]
     command: ClusterCommand,
 }
@@ -79,7 +81,7 @@ type Admin = ClusterClient<InterceptedService<Channel, Credentials>>;
 /// Cancel safety: `status` only reads; a dropped change may or may not have
 /// been made, as for `change`.
 pub async fn cluster(args: ClusterArgs) -> ExitCode {
-    let result = match ServerUrl::parse(&args.server) {
+    let result = match ServerUrl::parse(&args.backend) {
         Ok(url) => match args.command {
             ClusterCommand::Status { json } => status(&url, json).await,
             command => change(&url, command).await.map(|index| {

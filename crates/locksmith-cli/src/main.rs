@@ -3,6 +3,8 @@
 //! Every subcommand that talks to a lock store takes `--backend URL` (or
 //! `LOCKSMITH_BACKEND`), default `locksmith://127.0.0.1:7420`, so the same
 //! commands work against Redis, ZooKeeper, etcd, PostgreSQL or the server.
+//! They print their own output only: the libraries' logs appear with `-v`
+//! or `RUST_LOG` (`serve` logs from info up by default).
 //!
 //! One module per subcommand (`serve`, `run`, `hold`, `elect`, `status`,
 //! `session`, `cluster`), each a thin layer over the `locksmith` client
@@ -46,6 +48,12 @@ mod status;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Show the logs of the libraries underneath on stderr: -v warnings,
+    /// -vv what they do, -vvv debugging detail, -vvvv everything
+    /// (`RUST_LOG` overrides it). `serve` logs from info up without it,
+    /// from debug up with -v.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
 }
 
 #[derive(Debug, Subcommand)]
@@ -107,13 +115,41 @@ fn generate(command: &Command) -> ExitCode {
     }
 }
 
-/// What is logged without `RUST_LOG`: our own lines from info up, openraft's
-/// errors only. openraft logs "election timeout expired" at info on every
-/// tick while a member waits for its peers' votes (about 66 lines a second),
-/// and every failed heartbeat to a member that is down at warn (about 20);
-/// the server logs its own role changes, and a member that stops answering
-/// and answers again, once each.
-const DEFAULT_LOG_FILTER: &str = "info,openraft=error";
+/// What a server logs without `RUST_LOG` or `-v`: our own lines from info
+/// up, openraft's errors only. openraft logs "election timeout expired" at
+/// info on every tick while a member waits for its peers' votes (about 66
+/// lines a second), and every failed heartbeat to a member that is down at
+/// warn (about 20); the server logs its own role changes, and a member that
+/// stops answering and answers again, once each.
+const SERVER_LOG_FILTER: &str = "info,openraft=error";
+
+/// What is logged without `RUST_LOG`. A server's log is part of what it
+/// does. The commands that use a lock print only their own output and
+/// their own messages (a lost lock, why an acquire failed, in the
+/// command's words), so the libraries' logs (a ZooKeeper client's session
+/// states, a Redis reconnect as the process exits) are off until asked for
+/// with `-v`.
+fn log_filter(command: &Command, verbose: u8) -> tracing_subscriber::EnvFilter {
+    use tracing_subscriber::EnvFilter;
+    if let Ok(filter) = EnvFilter::try_from_default_env() {
+        return filter;
+    }
+    EnvFilter::new(if matches!(command, Command::Serve(_)) {
+        match verbose {
+            0 => SERVER_LOG_FILTER,
+            1 => "debug,openraft=info",
+            _ => "trace",
+        }
+    } else {
+        match verbose {
+            0 => "off",
+            1 => "warn",
+            2 => "info,openraft=warn",
+            3 => "debug",
+            _ => "trace",
+        }
+    })
+}
 
 fn main() -> ExitCode {
     let definitions = Cli::command();
@@ -135,10 +171,7 @@ fn main() -> ExitCode {
         return generate(&cli.command);
     }
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER)),
-        )
+        .with_env_filter(log_filter(&cli.command, cli.verbose))
         .with_writer(std::io::stderr)
         // Colours for a person at a terminal; plain text for a file or journald.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
@@ -164,4 +197,23 @@ fn main() -> ExitCode {
             command @ (Command::Completions { .. } | Command::Man { .. }) => generate(&command),
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every command names the store `--backend`; `cluster` still takes the
+    /// `--server` it once had.
+    #[test]
+    fn cluster_takes_backend_and_its_old_spelling() {
+        for flag in ["--backend", "--server"] {
+            let cli =
+                Cli::try_parse_from(["locksmith", "cluster", flag, "locksmith://h:1", "status"])
+                    .unwrap_or_else(|e| panic!("{flag}: {e}"));
+            assert!(matches!(cli.command, Command::Cluster(_)), "{flag}");
+        }
+        let cli = Cli::try_parse_from(["locksmith", "run", "x", "-vv", "--", "true"]).unwrap();
+        assert_eq!(cli.verbose, 2, "-v after the subcommand counts too");
+    }
 }

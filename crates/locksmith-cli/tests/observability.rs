@@ -1,7 +1,8 @@
 //! Seeing the locks, against a real `locksmith serve` process: `/metrics`
 //! scraped during a workload (and parsed as Prometheus text), health and
 //! readiness, the grant history, the web page in headless Chromium,
-//! `locksmith status --json`, `serve --config`, completions and the man page.
+//! `locksmith status --json`, `serve --config`, completions and the man page;
+//! and that a command using a lock prints its own output only.
 
 mod server_support;
 
@@ -476,4 +477,49 @@ fn completions_and_man_page_come_from_the_command_definitions() {
     run(&["man", "--dir", dir.path().to_str().expect("UTF-8 path")]);
     let serve = std::fs::read_to_string(dir.path().join("locksmith-serve.1")).expect("serve page");
     assert!(serve.contains("metrics\\-listen"), "{serve}");
+}
+
+/// `locksmith run` prints the command's output and nothing else on every
+/// backend: no log line of the client libraries underneath (ZooKeeper's
+/// session states, a Redis reconnect as the process exits), no warning
+/// after a normal exit. `-vv` shows those logs.
+#[test]
+fn run_prints_only_the_commands_output_on_every_backend() {
+    let server = ServerProcess::start();
+    let redis = locksmith_testkit::Redis::start();
+    let zookeeper = locksmith_testkit::ZooKeeper::start();
+    let etcd = locksmith_testkit::Etcd::start();
+    let postgres = locksmith_testkit::Postgres::start();
+    let backends = [
+        server.url(),
+        redis.url(),
+        zookeeper.url(),
+        etcd.url(),
+        postgres.url(),
+        "memory://".to_owned(),
+    ];
+    let run = |backend: &str, verbose: &[&str]| {
+        let name = unique("quiet");
+        let output = Command::new(BINARY)
+            .args(["run", &name, "--backend", backend])
+            .args(verbose)
+            .args(["--", "echo", "ran"])
+            .env_remove("RUST_LOG")
+            .env_remove("LOCKSMITH_BACKEND")
+            .stdin(Stdio::null())
+            .output()
+            .expect("locksmith run");
+        let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+        (output.status, text(&output.stdout), text(&output.stderr))
+    };
+    for backend in &backends {
+        let (status, stdout, stderr) = run(backend, &[]);
+        assert!(status.success(), "{backend}: {status}: {stderr}");
+        assert_eq!(stdout, "ran\n", "{backend}");
+        assert_eq!(stderr, "", "{backend}: nothing but the command's output");
+    }
+    let (status, stdout, stderr) = run(&zookeeper.url(), &["-vv"]);
+    assert!(status.success(), "{status}: {stderr}");
+    assert_eq!(stdout, "ran\n");
+    assert!(!stderr.is_empty(), "-vv shows the libraries' logs");
 }
