@@ -15,7 +15,8 @@ use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
-use crate::metrics::{self, LostCause};
+use crate::lost::LostCause;
+use crate::metrics;
 pub use locksmith_core::Mode;
 
 /// How long an acquire may wait.

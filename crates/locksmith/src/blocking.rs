@@ -77,10 +77,10 @@ use std::time::Duration;
 use locksmith_core::Mode;
 
 use crate::backend::{Backend, GrantRecord, LockInfo, LostSignal};
-use crate::client::ConnectOptions;
 use crate::election::Leader;
 use crate::error::{Error, Result};
 use crate::lock::LockOptions;
+use crate::options::ConnectOptions;
 
 /// What a client and everything made from it share: the runtime and the
 /// async client on it. Dropped with the last handle, it closes the client.

@@ -1,8 +1,9 @@
 //! Entry point of the fuzz targets in `fuzz/` (feature `fuzzing`; not part
 //! of the API): the parsing of backend URLs, without connecting.
 
-use crate::client::{redact, ConnectOptions, Store};
+use crate::client::Store;
 use crate::error::Result;
+use crate::options::{redact, ConnectOptions};
 
 /// Parses `url` with the parser of its scheme, as [`crate::Client::connect`]
 /// would, contacting nothing; also redacts it, as every error message does.

@@ -7,7 +7,8 @@ use tokio::time::Instant;
 
 use crate::backend::{Hold, LostSignal};
 use crate::error::{Error, Result};
-use crate::metrics::{self, LostCause};
+use crate::lost::LostCause;
+use crate::metrics;
 use crate::model::{Granted, Share};
 
 /// A held lock (or several, for a multi-lock).

@@ -118,10 +118,12 @@ pub mod etcd;
 pub mod fuzzing;
 mod guard;
 mod lock;
+mod lost;
 #[cfg(feature = "memory")]
 pub mod memory;
 pub mod metrics;
 mod model;
+mod options;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "redis")]
@@ -136,10 +138,11 @@ mod tls;
 pub mod zookeeper;
 
 pub use backend::{Capabilities, GrantRecord, HoldEnd, Holder, LockInfo, LostSignal, Waiter};
-pub use client::{redact, Client, ConnectOptions};
+pub use client::Client;
 pub use election::{Election, Leader, Leadership, OBSERVE_POLL};
 pub use error::{Error, Result, Undo, Unreplicated};
 pub use guard::Guard;
 pub use lock::{Lock, LockOptions, RwLock};
 pub use locksmith_core::{validate_name, Mode, NameError};
-pub use metrics::LostCause;
+pub use lost::LostCause;
+pub use options::{redact, ConnectOptions};

@@ -24,9 +24,9 @@ use crate::backend::{
     AcquireRequest, Backend, Capabilities, Grant, Hold, Holder, HolderChanges, LockInfo,
     LostSignal, Wait, Waiter,
 };
-use crate::client::ConnectOptions;
 use crate::error::{Error, Result};
-use crate::metrics::LostCause;
+use crate::lost::LostCause;
+use crate::options::ConnectOptions;
 
 const BACKEND: &str = "memory";
 

@@ -53,7 +53,7 @@ use super::{backend_error, cleanups, Inner, BACKEND};
 use crate::backend::LostSignal;
 use crate::backend::{AcquireRequest, Grant, Mode, Wait};
 use crate::error::{Error, Result};
-use crate::metrics::LostCause;
+use crate::lost::LostCause;
 
 /// What a queued key is attached to.
 #[derive(Clone)]

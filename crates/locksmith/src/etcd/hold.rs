@@ -19,7 +19,7 @@ use super::{backend_error, Inner, BACKEND};
 use crate::backend::Hold;
 use crate::backend::LostSignal;
 use crate::error::{Error, Result};
-use crate::metrics::LostCause;
+use crate::lost::LostCause;
 
 /// One hold of one lock by one owner.
 pub(crate) struct Entry {

@@ -213,10 +213,10 @@ use self::watch::WatchHub;
 use crate::backend::{
     AcquireRequest, Backend, Capabilities, Grant, Holder, HolderChanges, LockInfo, Waiter,
 };
-use crate::client::{percent_decode, redact, ConnectOptions};
 use crate::error::{Error, Result};
 use crate::guard::Guard;
-use crate::metrics::LostCause;
+use crate::lost::LostCause;
+use crate::options::{percent_decode, redact, ConnectOptions};
 use crate::secret::Secret;
 use crate::tls::TlsFiles;
 

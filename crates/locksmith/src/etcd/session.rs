@@ -18,7 +18,7 @@ use super::rpc::{EtcdClient, KeepAlive};
 use super::{backend_error, BACKEND};
 use crate::backend::LostSignal;
 use crate::error::Result;
-use crate::metrics::LostCause;
+use crate::lost::LostCause;
 
 /// Pause between attempts to reopen a broken keep-alive stream.
 const RETRY: Duration = Duration::from_millis(100);

@@ -35,7 +35,7 @@ use super::rpc::mvccpb::event::EventType;
 use super::rpc::{self, EtcdClient, WatchStream};
 use super::BACKEND;
 use crate::backend::LostSignal;
-use crate::metrics::LostCause;
+use crate::lost::LostCause;
 
 /// Pause before reopening a broken watch stream.
 const RETRY: Duration = Duration::from_millis(200);

@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use super::tls::{SslMode, Tls};
-use crate::client::{redact, ConnectOptions};
 use crate::error::{Error, Result};
+use crate::options::{redact, ConnectOptions};
 
 /// How holds without an explicit lease are kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

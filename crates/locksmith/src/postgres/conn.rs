@@ -24,7 +24,7 @@ use super::tls::Tls;
 use super::{pg_error, run, Params};
 use crate::backend::LostSignal;
 use crate::error::{Error, Result};
-use crate::metrics::LostCause;
+use crate::lost::LostCause;
 
 /// One PostgreSQL connection of our own (not deadpool's), see the module docs.
 pub(crate) struct PgConn {

@@ -25,7 +25,7 @@ use super::config::Pooler;
 use super::{detached, one, pg_error, wait, Shared};
 use crate::backend::{LostSignal, Wait};
 use crate::error::{Error, Result};
-use crate::metrics::LostCause;
+use crate::lost::LostCause;
 
 /// A live lease hold.
 pub(crate) struct LeaseHold {

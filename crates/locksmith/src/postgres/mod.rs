@@ -253,9 +253,9 @@ use tokio_util::sync::CancellationToken;
 use crate::backend::{
     AcquireRequest, Backend, Capabilities, Grant, Hold, LockInfo, LostSignal, Wait,
 };
-use crate::client::ConnectOptions;
 use crate::error::{Error, Result};
-use crate::metrics::LostCause;
+use crate::lost::LostCause;
+use crate::options::ConnectOptions;
 
 pub use config::{HoldMode, Pooler};
 pub use key::{advisory_key, semaphore_slot_key};

@@ -265,8 +265,8 @@ use self::pubsub::Subscription;
 use self::scripts::Scripts;
 use self::watchdog::Watchdog;
 use crate::backend::{AcquireRequest, Backend, Capabilities, Grant, Hold, LockInfo, Wait};
-use crate::client::ConnectOptions;
 use crate::error::{Error, Result, Undo};
+use crate::options::ConnectOptions;
 
 pub(crate) const BACKEND: &str = "redis";
 

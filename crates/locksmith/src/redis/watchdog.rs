@@ -43,7 +43,7 @@ use tokio_util::sync::CancellationToken;
 use super::ops::Target;
 use super::Shared;
 use crate::backend::LostSignal;
-use crate::metrics::LostCause;
+use crate::lost::LostCause;
 
 /// Most holds renewed by one script call (Redisson's batch size).
 pub(crate) const BATCH: usize = 100;

@@ -76,8 +76,8 @@ use tokio::time::Instant;
 use crate::backend::{
     AcquireRequest, Backend, Capabilities, Grant, GrantRecord, Hold, LockInfo, Wait,
 };
-use crate::client::ConnectOptions;
 use crate::error::{Error, Result};
+use crate::options::ConnectOptions;
 
 use members::{member_down, Members, Redirect, Rounds};
 
@@ -180,7 +180,7 @@ fn refused_whole(status: &tonic::Status) -> bool {
 
 fn invalid_url(url: &str, reason: String) -> Error {
     Error::InvalidUrl {
-        url: crate::client::redact(url),
+        url: crate::options::redact(url),
         reason,
     }
 }

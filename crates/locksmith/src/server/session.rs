@@ -39,11 +39,11 @@ use tokio::time::{sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, Streaming};
 
-use crate::metrics::LostCause;
+use crate::lost::LostCause;
 
 use crate::backend::LostSignal;
-use crate::client::ConnectOptions;
 use crate::error::{Error, Result};
+use crate::options::ConnectOptions;
 
 use super::convert;
 use super::members::{member_down, Members, Redirect, Rounds};

@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use crate::client::{percent_decode, redact, ConnectOptions};
 use crate::error::{Error, Result};
+use crate::options::{percent_decode, redact, ConnectOptions};
 use crate::secret::Secret;
 use crate::tls::TlsFiles;
 use zookeeper_client as zk;

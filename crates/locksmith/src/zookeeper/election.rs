@@ -19,7 +19,7 @@ use super::layout;
 use super::session::Session;
 use crate::backend::HolderChanges;
 use crate::error::{Error, Result};
-use crate::metrics::LostCause;
+use crate::lost::LostCause;
 
 /// Replaces the leader's value: `setData` on our node with the version we
 /// last wrote, so it lands only on our node as we left it. A node that is

@@ -34,7 +34,7 @@ use super::session::Session;
 use super::BACKEND;
 use crate::backend::{Hold, LostSignal};
 use crate::error::{Error, Result};
-use crate::metrics::LostCause;
+use crate::lost::LostCause;
 
 /// Holds of one client by `(lock name, owner)`, for inspection, elections
 /// and closing.

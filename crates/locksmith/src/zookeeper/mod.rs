@@ -171,9 +171,9 @@ use self::hold::{HoldState, HoldTable, NewHold, ZkHold};
 use self::inspect::View;
 use self::session::Session;
 use crate::backend::{AcquireRequest, Backend, Capabilities, Grant, HolderChanges, LockInfo};
-use crate::client::ConnectOptions;
 use crate::error::{Error, Result};
-use crate::metrics::LostCause;
+use crate::lost::LostCause;
+use crate::options::ConnectOptions;
 
 const BACKEND: &str = "zookeeper";
 

@@ -34,7 +34,7 @@ use super::config::{Auth, Config};
 use super::BACKEND;
 use crate::backend::LostSignal;
 use crate::error::{Error, Result};
-use crate::metrics::LostCause;
+use crate::lost::LostCause;
 
 /// Longest pause between retries of an operation that met a connection loss.
 const MAX_BACKOFF: Duration = Duration::from_millis(500);
