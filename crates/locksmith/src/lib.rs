@@ -117,6 +117,7 @@ pub mod etcd;
 #[doc(hidden)]
 pub mod fuzzing;
 mod guard;
+mod keeper;
 mod lock;
 mod lost;
 #[cfg(feature = "memory")]

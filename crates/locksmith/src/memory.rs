@@ -25,6 +25,7 @@ use crate::backend::{
     LostSignal, Wait, Waiter,
 };
 use crate::error::{Error, Result};
+use crate::keeper::renewal_interval;
 use crate::lost::LostCause;
 use crate::options::ConnectOptions;
 
@@ -270,7 +271,7 @@ impl MemoryBackend {
         let heartbeat = runtime.spawn({
             let table = Arc::downgrade(&table.table);
             async move {
-                let mut every = tokio::time::interval(ttl / 3);
+                let mut every = tokio::time::interval(renewal_interval(ttl));
                 loop {
                     every.tick().await;
                     let Some(table) = table.upgrade() else { return };

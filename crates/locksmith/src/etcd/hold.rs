@@ -19,6 +19,7 @@ use super::{backend_error, Inner, BACKEND};
 use crate::backend::Hold;
 use crate::backend::LostSignal;
 use crate::error::{Error, Result};
+use crate::keeper::trusted_until;
 use crate::lost::LostCause;
 
 /// One hold of one lock by one owner.
@@ -337,7 +338,7 @@ impl Hold for EtcdHold {
                 if let Some(reason) = entry.lost.reason() {
                     return Err(Error::Lost(reason));
                 }
-                state.deadline = sent + lease;
+                state.deadline = trusted_until(sent, lease, Duration::ZERO);
             }
             own.changed.notify_one();
             Ok(())

@@ -18,6 +18,7 @@ use super::rpc::{EtcdClient, KeepAlive};
 use super::{backend_error, BACKEND};
 use crate::backend::LostSignal;
 use crate::error::Result;
+use crate::keeper::{renewal_interval, trusted_until};
 use crate::lost::LostCause;
 
 /// Pause between attempts to reopen a broken keep-alive stream.
@@ -183,10 +184,10 @@ async fn keep_alive(
     granted_at: Instant,
     shutdown: CancellationToken,
 ) {
-    let every = session.ttl / 3;
+    let every = renewal_interval(session.ttl);
     // The lease lives at least until this instant (measured from our send time,
     // so never later than etcd's own clock says).
-    let mut expires = granted_at + session.ttl;
+    let mut expires = trusted_until(granted_at, session.ttl, Duration::ZERO);
     let mut next = granted_at + every;
     let mut stream: Option<KeepAlive> = None;
     loop {
@@ -202,7 +203,7 @@ async fn keep_alive(
         };
         match outcome {
             Ok(Ok(Some(ttl))) => {
-                expires = sent + Duration::from_secs(ttl as u64);
+                expires = trusted_until(sent, Duration::from_secs(ttl as u64), Duration::ZERO);
                 next = sent + every;
             }
             Ok(Ok(None)) => {

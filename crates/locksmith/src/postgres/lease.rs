@@ -25,6 +25,7 @@ use super::config::Pooler;
 use super::{detached, one, pg_error, wait, Shared};
 use crate::backend::{LostSignal, Wait};
 use crate::error::{Error, Result};
+use crate::keeper::{renewal_interval, trusted_until};
 use crate::lost::LostCause;
 
 /// A live lease hold.
@@ -176,8 +177,8 @@ fn start(
     };
     let (state, updates) = watch::channel(LeaseState {
         lease,
-        expires: sent + lease,
-        renew_at: sent + lease / 3,
+        expires: trusted_until(sent, lease, Duration::ZERO),
+        renew_at: sent + renewal_interval(lease),
     });
     let hold = Arc::new(LeaseHold {
         shared: shared.clone(),
@@ -272,8 +273,8 @@ async fn keep(keeper: Keeper, mut updates: watch::Receiver<LeaseState>) {
         };
         match renewed {
             Ok(true) => keeper.state.send_modify(|s| {
-                s.expires = sent + s.lease;
-                s.renew_at = sent + s.lease / 3;
+                s.expires = trusted_until(sent, s.lease, Duration::ZERO);
+                s.renew_at = sent + renewal_interval(s.lease);
             }),
             Ok(false) => {
                 keeper.lost.fire_because(
@@ -332,8 +333,8 @@ impl LeaseHold {
         if renew(&self.shared, &self.name, self.token, &self.owner, lease).await? {
             self.state.send_modify(|s| {
                 s.lease = lease;
-                s.expires = sent + lease;
-                s.renew_at = sent + lease / 3;
+                s.expires = trusted_until(sent, lease, Duration::ZERO);
+                s.renew_at = sent + renewal_interval(lease);
             });
             Ok(())
         } else {

@@ -266,6 +266,7 @@ use self::scripts::Scripts;
 use self::watchdog::Watchdog;
 use crate::backend::{AcquireRequest, Backend, Capabilities, Grant, Hold, LockInfo, Wait};
 use crate::error::{Error, Result, Undo};
+use crate::keeper::trusted_until;
 use crate::options::ConnectOptions;
 
 pub(crate) const BACKEND: &str = "redis";
@@ -581,7 +582,7 @@ impl Shared {
                 Attempt::Granted(Granted {
                     token,
                     reentered: matches!(reply, Reply::Reentered { .. }),
-                    expires: sent + spec.lease,
+                    expires: trusted_until(sent, spec.lease, Duration::ZERO),
                     nodes: vec![0],
                 })
             }
@@ -661,7 +662,7 @@ impl Shared {
                 return Ok(Attempt::Granted(Granted {
                     token,
                     reentered: !tokens.is_empty(),
-                    expires: start + spec.lease - drift,
+                    expires: trusted_until(start, spec.lease, drift),
                     nodes: (0..n).collect(),
                 }));
             }
@@ -838,7 +839,7 @@ impl Shared {
         let in_time = limit.is_none_or(|until| Instant::now() < until);
         if held >= self.quorum && in_time {
             self.watchdog
-                .set_expiry(id, sent + lease - self.drift(lease));
+                .set_expiry(id, trusted_until(sent, lease, self.drift(lease)));
             return Ok(());
         }
         if gone > self.nodes.len() - self.quorum || !in_time {

@@ -43,6 +43,7 @@ use tokio_util::sync::CancellationToken;
 use super::ops::Target;
 use super::Shared;
 use crate::backend::LostSignal;
+use crate::keeper::{renewal_interval, trusted_until};
 use crate::lost::LostCause;
 
 /// Most holds renewed by one script call (Redisson's batch size).
@@ -366,7 +367,7 @@ impl Watchdog {
                 entry.last_error = None;
                 // Only a renewal that came back within the current validity counts.
                 if entry.watched > 0 && now < entry.expires {
-                    state.set_expires(*id, result.sent + renew_lease - drift);
+                    state.set_expires(*id, trusted_until(result.sent, renew_lease, drift));
                 }
             } else if gone > nodes - quorum {
                 let reason = format!(
@@ -404,7 +405,7 @@ pub(crate) async fn run(
     drift: Duration,
     by_slot: bool,
 ) {
-    let interval = renew_lease / 3;
+    let interval = renewal_interval(renew_lease);
     let mut inflight: FuturesUnordered<Pending> = FuturesUnordered::new();
     let mut next_tick = Instant::now() + interval;
     let mut recheck = false;

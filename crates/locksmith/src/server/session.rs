@@ -39,6 +39,7 @@ use tokio::time::{sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, Streaming};
 
+use crate::keeper::renewal_interval;
 use crate::lost::LostCause;
 
 use crate::backend::LostSignal;
@@ -947,7 +948,8 @@ async fn run(
     let others = shared.members.len() > 1;
     let suspect = sleep_until(*confirmed + ttl / 2);
     tokio::pin!(suspect);
-    let mut heartbeat = tokio::time::interval_at(Instant::now() + ttl / 3, ttl / 3);
+    let every = renewal_interval(ttl);
+    let mut heartbeat = tokio::time::interval_at(Instant::now() + every, every);
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut sent = VecDeque::new();
     let jeopardy = sleep_until(*confirmed + given_up_after(ttl));
