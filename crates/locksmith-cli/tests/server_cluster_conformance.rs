@@ -1,7 +1,7 @@
 //! The conformance suite, unchanged, against a cluster of three `locksmith
 //! serve` processes (durable, each with its own data directory), shared by
-//! every test of this binary: clients list all three members and follow the
-//! leader; each test uses its own lock names.
+//! every behaviour: clients list all three members and follow the leader;
+//! each behaviour uses its own lock names.
 
 mod server_support;
 
@@ -11,7 +11,7 @@ use locksmith_testkit::conformance::ServerHarness;
 use locksmith_testkit::free_port;
 use server_support::{members_url, ServerProcess};
 
-/// One cluster for the whole test binary.
+/// One cluster for the whole test process.
 async fn cluster() -> ServerHarness {
     static CLUSTER: OnceLock<Vec<ServerProcess>> = OnceLock::new();
     let members = CLUSTER.get_or_init(|| {

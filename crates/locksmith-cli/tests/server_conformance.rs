@@ -1,6 +1,6 @@
 //! The conformance suite, unchanged, against a real `locksmith serve` process
-//! (durable, fsync on, in a temporary data directory), shared by every test of
-//! this binary: each test uses its own lock names.
+//! (durable, fsync on, in a temporary data directory), shared by every
+//! behaviour: each uses its own lock names.
 
 mod server_support;
 
@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 use locksmith_testkit::conformance::ServerHarness;
 use server_support::ServerProcess;
 
-/// One server process for the whole test binary.
+/// One server process for the whole test process.
 async fn server() -> ServerHarness {
     static SERVER: OnceLock<ServerProcess> = OnceLock::new();
     let server = SERVER.get_or_init(ServerProcess::start);

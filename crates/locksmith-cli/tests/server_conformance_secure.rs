@@ -14,7 +14,7 @@ use server_support::ServerProcess;
 
 const TOKEN: &str = "conformance-token-7f3a9c";
 
-/// One server process (and its certificates) for the whole test binary.
+/// One server process (and its certificates) for the whole test process.
 async fn server() -> ServerHarness {
     static SERVER: OnceLock<(Pki, ServerProcess)> = OnceLock::new();
     let (pki, server) = SERVER.get_or_init(|| {

@@ -1,5 +1,5 @@
 //! The conformance suite against a server started inside the test process
-//! (durable, in a temporary directory, one per test): a fast check of the
+//! (durable, in a temporary directory): a fast check of the
 //! service and the `locksmith://` backend. The real-process tests (durable server, crashes,
 //! restarts) live in `crates/locksmith-cli/tests/server_*.rs`.
 

@@ -4,7 +4,8 @@
 //! A backend, in this repository or outside it, implements [`Harness`] (how
 //! to connect a client; which faults it can inject) and expands
 //! [`conformance_suite!`](crate::conformance_suite) in an integration test,
-//! which writes one test per behaviour:
+//! which writes one test, `conformance`, that runs every behaviour against
+//! the harness ([`run_suite`]):
 //!
 //! ```ignore
 //! // tests/conformance.rs of a crate with a backend `mystore://`, with
@@ -30,17 +31,33 @@
 //! locksmith_testkit::conformance_suite!(#[tokio::test(flavor = "multi_thread")] async { MyStore });
 //! ```
 //!
-//! The harness expression is a future, awaited once per test: it may start a
-//! server of its own or hand out a shared one. Every test uses lock names
-//! under its own unique prefix, so tests can share one server. Time-based
-//! tests use `tokio::time`, so they run instantly under a paused clock and in
-//! real time against real servers.
+//! # One store, every behaviour at once
+//!
+//! The harness expression is a future, awaited once: the store it starts
+//! (or reaches) serves every behaviour. The behaviours run concurrently,
+//! each as a task of its own, on clients of their own and lock names under a
+//! unique prefix of their own, so they do not see each other; a run takes
+//! about as long as its slowest behaviour. Each behaviour is reported by
+//! name on stderr, `ok` with its time or `FAILED` with its panic message,
+//! and the test fails listing the behaviours that failed.
+//!
+//! To run behaviours alone, one after another, name them (comma separated)
+//! in the environment variable `LOCKSMITH_CONFORMANCE`:
+//!
+//! ```sh
+//! LOCKSMITH_CONFORMANCE=watchdog_keeps_hold_alive,extend_moves_a_lease \
+//!     cargo nextest run -p locksmith --all-features -E 'test(/conformance/)'
+//! ```
+//!
+//! Time-based behaviours use `tokio::time`, so they run instantly under a
+//! paused clock and in real time against real servers, scaled from the
+//! harness's [`Harness::short_ttl`].
 //!
 //! # Faults
 //!
 //! Force-release needs nothing of the harness ([`Client::force_release`]).
 //! The other faults are the harness's to inject, into one client's session
-//! or connection only (tests share servers): [`Harness::expire_session`] and
+//! or connection only (behaviours share servers): [`Harness::expire_session`] and
 //! [`Harness::cut_connection`]. Each answers a [`Fault`]: the causes the
 //! holds of that client must be lost with, or [`Fault::Unsupported`] (the
 //! default), in which case the test says on stderr that it was skipped, for
@@ -48,17 +65,16 @@
 //! for a client the suite hands to a hook, what the harness kept about it when
 //! it connected it (the concrete backend, a connection's name).
 //!
-//! Setups too slow to start once per test run every behaviour in one test
-//! with [`whole_suite`]. [`UrlHarness`] connects to one URL and injects no
-//! faults; `ServerHarness` (feature `conformance-server`) is the lock
-//! server's, which ends sessions through the admin API.
+//! [`UrlHarness`] connects to one URL and injects no faults;
+//! `ServerHarness` (feature `conformance-server`) is the lock server's,
+//! which ends sessions through the admin API.
 //!
 //! # Cancel safety
 //!
-//! The suite's functions are tests: a test dropped midway (a failed
+//! The suite's functions are tests: a behaviour dropped midway (a failed
 //! assertion elsewhere, a timeout) leaves its holds to end with its clients'
-//! sessions and leases, under its own unique prefix, so other tests are not
-//! disturbed. A cut connection is restored only by
+//! sessions and leases, under its own unique prefix, so other behaviours are
+//! not disturbed. A cut connection is restored only by
 //! [`Harness::restore_connection`]: a test dropped between the two leaves
 //! that one client cut off, and nothing else.
 
@@ -102,6 +118,14 @@ pub trait Harness: Send + Sync + 'static {
     /// [`LostCause::Gone`], a connection the server ended).
     fn force_release_causes(&self) -> &'static [LostCause] {
         &[LostCause::ForceReleased]
+    }
+
+    /// How many behaviours may run at once against this harness: all of
+    /// them by default. A harness whose clients cost much to connect says
+    /// fewer (a Redis Cluster over TLS, whose every client makes a TLS
+    /// handshake with every node).
+    fn concurrency(&self) -> usize {
+        usize::MAX
     }
 
     /// Ends `client`'s session on the store's side, as its expiry would (a
@@ -182,80 +206,177 @@ impl<T: Clone> Clients<T> {
     }
 }
 
-/// Declares the list of behaviours once, for [`conformance_suite!`] and
-/// [`whole_suite`]: expands `$crate::$then! { $($args)* ; behaviour, … }`.
+/// Declares the list of behaviours once, for [`BEHAVIOURS`] and
+/// [`run_suite`]: expands `$crate::$then! { $($args)* ; behaviour, … }`.
+///
+/// The behaviours that wait longest on real time come first, so that a run
+/// whose concurrency is bounded starts them at once.
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __conformance_behaviours {
     ($then:ident { $($args:tt)* }) => {
         $crate::$then! { $($args)* ;
-            mutual_exclusion, try_acquire_on_held_lock, acquire_timeout,
-            cancelled_acquire_leaves_nothing, stale_owner_cannot_release, reentry_keeps_token,
-            tokens_increase_across_holders, lease_expiry_frees_lock, watchdog_keeps_hold_alive,
-            lost_fires_when_hold_expires, fifo_order_of_ten_waiters, read_write_semantics,
+            extend_moves_a_lease, watchdog_keeps_hold_alive, lock_delay_holds_the_lock_back,
+            force_release_fires_lost, expired_session_fires_lost_and_hands_over,
+            multi_lock_is_lost_with_any_part, cut_connection_fires_lost_before_handover,
+            mutual_exclusion, multi_lock_never_deadlocks, acquire_timeout,
+            lease_expiry_frees_lock, lost_fires_when_hold_expires, stale_owner_cannot_release,
+            try_acquire_on_held_lock, cancelled_acquire_leaves_nothing, reentry_keeps_token,
+            tokens_increase_across_holders, fifo_order_of_ten_waiters, read_write_semantics,
             writer_fairness, semaphore_never_exceeds_permits, semaphore_permit_mismatch,
-            multi_lock_never_deadlocks, multi_lock_is_all_or_nothing, invalid_names_rejected,
-            invalid_options_rejected, dropping_guard_releases, inspection_shows_holder_and_waiters,
-            election_fails_over, election_is_observed, proclaim_after_loss_fails,
+            multi_lock_is_all_or_nothing, invalid_names_rejected, invalid_options_rejected,
+            dropping_guard_releases, inspection_shows_holder_and_waiters, election_fails_over,
+            election_is_observed, proclaim_after_loss_fails,
             racing_acquires_of_one_owner_share_the_grant, waiting_owner_is_busy_to_itself,
-            lock_delay_holds_the_lock_back,
-            multi_lock_is_lost_with_any_part, guard_tells_count_and_lease,
-            force_release_fires_lost, extend_moves_a_lease, close_releases_everything,
-            expired_session_fires_lost_and_hands_over, cut_connection_fires_lost_before_handover
+            guard_tells_count_and_lease, close_releases_everything
         }
     };
 }
 
-/// Expands one test per behaviour of the conformance suite, each with the
-/// given test attribute and harness (an expression evaluating to a future of
-/// a [`Harness`](crate::conformance::Harness)):
+/// Expands one test, `conformance`, that runs every behaviour of the suite
+/// ([`run_suite`](crate::conformance::run_suite)) against one harness, with
+/// the given test attribute; the harness is an expression evaluating to a
+/// future of a [`Harness`](crate::conformance::Harness), awaited once:
 ///
 /// ```ignore
 /// locksmith_testkit::conformance_suite!(#[tokio::test(start_paused = true)] memory_harness());
 /// ```
+///
+/// Expand it in a module of its own to run the suite against several
+/// harnesses in one crate.
 #[macro_export]
 macro_rules! conformance_suite {
     (#[$attr:meta] $harness:expr) => {
-        $crate::__conformance_behaviours!(__conformance_tests {
-            #[$attr]
-            $harness
-        });
-    };
-}
-
-#[doc(hidden)]
-#[macro_export]
-macro_rules! __conformance_tests {
-    (#[$attr:meta] $harness:expr ; $($test:ident),* $(,)?) => {
-        $(
-            #[$attr]
-            async fn $test() {
-                let harness = $harness.await;
-                $crate::conformance::$test(&harness).await;
-            }
-        )*
-    };
-}
-
-#[doc(hidden)]
-#[macro_export]
-macro_rules! __conformance_sequence {
-    (; $($test:ident),* $(,)?) => {
-        /// The behaviours of the suite, in the order [`whole_suite`] runs them.
-        pub const BEHAVIOURS: &[&str] = &[$(stringify!($test)),*];
-
-        /// Runs every behaviour, one after another, against one harness: for
-        /// a replicated setup that takes seconds to start, shared by the
-        /// behaviours instead of started once per test process.
-        pub async fn whole_suite<H: Harness>(h: &H) {
-            $(
-                eprintln!("conformance: {}", stringify!($test));
-                $crate::conformance::$test(h).await;
-            )*
+        #[$attr]
+        async fn conformance() {
+            $crate::conformance::run_suite($harness.await).await;
         }
     };
 }
-crate::__conformance_behaviours!(__conformance_sequence {});
+
+/// One behaviour of the suite, for harness `H`.
+struct Behaviour<H> {
+    name: &'static str,
+    run: fn(Arc<H>) -> futures::future::BoxFuture<'static, ()>,
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance_table {
+    (; $($test:ident),* $(,)?) => {
+        /// The names of the suite's behaviours, in the order
+        /// [`run_suite`] starts them.
+        pub const BEHAVIOURS: &[&str] = &[$(stringify!($test)),*];
+
+        /// Every behaviour, for harness `H`.
+        fn behaviours<H: Harness>() -> Vec<Behaviour<H>> {
+            vec![$(
+                Behaviour {
+                    name: stringify!($test),
+                    run: |h| Box::pin(async move { $test(&*h).await }),
+                }
+            ),*]
+        }
+    };
+}
+crate::__conformance_behaviours!(__conformance_table {});
+
+/// The environment variable that picks behaviours to run alone: names of
+/// [`BEHAVIOURS`], separated by commas.
+pub const ONLY_VAR: &str = "LOCKSMITH_CONFORMANCE";
+
+/// How long one behaviour may take before it counts as failed. The slowest
+/// take about ten short TTLs; a behaviour stuck past this is reported by
+/// name rather than hanging the run.
+const BEHAVIOUR_LIMIT: Duration = Duration::from_secs(300);
+
+/// Runs the suite's behaviours against `harness`: all of them, concurrently
+/// (each on its own lock names and its own clients, so they share the
+/// harness's store), or those named in `LOCKSMITH_CONFORMANCE` (comma
+/// separated), one after another. Prints each behaviour's name with `ok` or
+/// `FAILED` and its panic message on stderr, and panics listing the failed
+/// ones.
+///
+/// ```sh
+/// LOCKSMITH_CONFORMANCE=watchdog_keeps_hold_alive cargo nextest run -p locksmith --all-features -E 'test(/conformance/)'
+/// ```
+///
+/// Cancel safety: a run dropped midway leaves the behaviours it started
+/// running as detached tasks until their runtime stops; each leaves its
+/// holds to end with its clients, as a dropped behaviour does.
+pub async fn run_suite<H: Harness>(harness: H) {
+    let harness = Arc::new(harness);
+    let (selected, concurrency) = match std::env::var(ONLY_VAR) {
+        Ok(only) if !only.trim().is_empty() => (only_these::<H>(&only), 1),
+        _ => (behaviours::<H>(), harness.concurrency()),
+    };
+    let concurrency = concurrency.clamp(1, tokio::sync::Semaphore::MAX_PERMITS);
+    let slots = Arc::new(tokio::sync::Semaphore::new(concurrency));
+    let total = selected.len();
+    let mut running = Vec::with_capacity(total);
+    for behaviour in selected {
+        let (harness, slots) = (harness.clone(), slots.clone());
+        let run = tokio::spawn(async move {
+            let _slot = slots.acquire_owned().await.expect("never closed");
+            let started = Instant::now();
+            let finished = timeout(BEHAVIOUR_LIMIT, (behaviour.run)(harness)).await;
+            (finished.is_ok(), started.elapsed())
+        });
+        running.push((behaviour.name, run));
+    }
+    let harness_name = type_name::<H>();
+    let mut failed = Vec::new();
+    for (name, run) in running {
+        let outcome = match run.await {
+            Ok((true, took)) => Ok(took),
+            Ok((false, _)) => Err(format!("did not finish within {BEHAVIOUR_LIMIT:?}")),
+            Err(error) => Err(match error.try_into_panic() {
+                Ok(payload) => panic_message(payload.as_ref()),
+                Err(error) => error.to_string(),
+            }),
+        };
+        match outcome {
+            Ok(took) => eprintln!("conformance {harness_name}: {name} ok ({took:.1?})"),
+            Err(message) => {
+                eprintln!("conformance {harness_name}: {name} FAILED: {message}");
+                failed.push(name);
+            }
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "{} of {total} behaviours failed on {harness_name}: {}",
+        failed.len(),
+        failed.join(", ")
+    );
+}
+
+/// The behaviours named in `only` (comma separated). Panics naming the
+/// suite's behaviours if one is unknown.
+fn only_these<H: Harness>(only: &str) -> Vec<Behaviour<H>> {
+    let names: Vec<&str> = only.split(',').map(str::trim).collect();
+    if let Some(unknown) = names.iter().find(|n| !BEHAVIOURS.contains(n)) {
+        panic!(
+            "{ONLY_VAR}: no behaviour {unknown:?}; the suite's are: {}",
+            BEHAVIOURS.join(", ")
+        );
+    }
+    behaviours::<H>()
+        .into_iter()
+        .filter(|b| names.contains(&b.name))
+        .collect()
+}
+
+/// The text of a panic's payload.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(text) = payload.downcast_ref::<&str>() {
+        (*text).to_owned()
+    } else if let Some(text) = payload.downcast_ref::<String>() {
+        text.clone()
+    } else {
+        "a panic without a message".to_owned()
+    }
+}
 
 /// Says on stderr that `test` is skipped because harness `H` cannot inject
 /// `fault`.

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use locksmith::{Client, ConnectOptions};
 
-/// Each test gets its own in-process table, bound to its own runtime and clock.
+/// The suite's in-process table, bound to the test's runtime and paused clock.
 struct Memory {
     url: String,
 }

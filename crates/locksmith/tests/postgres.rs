@@ -6,8 +6,8 @@
 //! session) or stops (cut connection) a client's server backends, found by
 //! the `application_name` it gives each client.
 //!
-//! One server per test binary (per process: nextest runs each test in its
-//! own), except for the tests that restart theirs.
+//! One server per test process (nextest runs each test in its own; each
+//! suite's harness is one test), except for the tests that restart theirs.
 
 use std::process::Stdio;
 use std::sync::OnceLock;

@@ -12,7 +12,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use locksmith::{Error, Mode};
-use locksmith_testkit::conformance::whole_suite;
+use locksmith_testkit::conformance::run_suite;
 use locksmith_testkit::{Redis, RedisCluster, RespValue};
 use redis::cluster_routing::Slot;
 use redis_support::redisson::Redisson;
@@ -53,7 +53,7 @@ async fn cluster_connection(cluster: &RedisCluster) -> redis::cluster_async::Clu
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conformance_suite_on_a_cluster() {
     let cluster = start().await;
-    whole_suite(&Harness::new(suite_url(&cluster.url()))).await;
+    run_suite(Harness::new(suite_url(&cluster.url()))).await;
 }
 
 /// The suite over TLS: the nodes' ports and the cluster bus speak only TLS,
@@ -64,7 +64,10 @@ async fn conformance_suite_on_a_cluster_over_tls() {
     let ca = cluster.certificates().expect("a TLS cluster");
     let url = with_client_cert(&cluster.url(), ca, "suite");
     assert!(url.starts_with("rediss+cluster://"), "{url}");
-    whole_suite(&Harness::new(suite_url(&url))).await;
+    // A client makes a TLS handshake with each of the six nodes: with every
+    // behaviour at once, connects on a busy 2-CPU machine passed the
+    // client's 2 s connect timeout.
+    run_suite(Harness::new(suite_url(&url)).at_most(4)).await;
 }
 
 /// A TLS-only cluster refuses a plaintext client and a TLS client without a

@@ -9,7 +9,7 @@ mod redis_support;
 use std::time::Duration;
 
 use locksmith::{Error, Undo};
-use locksmith_testkit::conformance::whole_suite;
+use locksmith_testkit::conformance::run_suite;
 use locksmith_testkit::{Redis, RedisSentinel, RespValue};
 use redis_support::{client, eventually, refused, suite_url, unique, with_client_cert, Harness};
 use tokio::time::timeout;
@@ -38,7 +38,7 @@ fn replicas<'a>(setup: &'a RedisSentinel, primary: &Redis) -> Vec<&'a Redis> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conformance_suite_behind_sentinel() {
     let setup = start().await;
-    whole_suite(&Harness::new(suite_url(&setup.url()))).await;
+    run_suite(Harness::new(suite_url(&setup.url()))).await;
 }
 
 /// The suite over TLS: every port of the setup, the Sentinels' too, speaks
@@ -49,7 +49,7 @@ async fn conformance_suite_behind_sentinel_over_tls() {
     let ca = setup.certificates().expect("a TLS setup");
     let url = with_client_cert(&setup.url(), ca, "suite");
     assert!(url.starts_with("rediss+sentinel://"), "{url}");
-    whole_suite(&Harness::new(suite_url(&url))).await;
+    run_suite(Harness::new(suite_url(&url))).await;
 }
 
 /// Behind a TLS-only Sentinel setup a plaintext client, and a TLS client

@@ -20,6 +20,15 @@ pub struct Harness {
     /// Each client's id (the prefix of its holder ids in Redis) and its
     /// proxies, if any.
     clients: Clients<(String, Option<Arc<Route>>)>,
+    /// Taken while a client connects, so that clients connect one at a
+    /// time. The suite's behaviours run at once, and a client over TLS
+    /// makes a handshake per node (Sentinels, primary, every node of a
+    /// Cluster), which in a test build costs CPU: dozens at once on a
+    /// 2-CPU machine ran past the client's connect timeout (500 ms to a
+    /// Sentinel).
+    connecting: tokio::sync::Mutex<()>,
+    /// How many of the suite's behaviours run at once.
+    concurrency: usize,
 }
 
 impl Harness {
@@ -34,6 +43,17 @@ impl Harness {
             url: url.into(),
             nodes,
             clients: Clients::default(),
+            connecting: tokio::sync::Mutex::new(()),
+            concurrency: usize::MAX,
+        }
+    }
+
+    /// The same harness, running at most `concurrency` of the suite's
+    /// behaviours at once.
+    pub fn at_most(self, concurrency: usize) -> Harness {
+        Harness {
+            concurrency,
+            ..self
         }
     }
 }
@@ -68,6 +88,7 @@ return lapsed
 
 impl locksmith_testkit::conformance::Harness for Harness {
     async fn connect(&self, session_ttl: Duration) -> Client {
+        let _one_at_a_time = self.connecting.lock().await;
         let route = match self.nodes.is_empty() {
             true => None,
             false => Some(Arc::new(
@@ -79,6 +100,10 @@ impl locksmith_testkit::conformance::Harness for Harness {
         let id = backend.client_id().to_owned();
         self.clients.remember(&client, (id, route));
         client
+    }
+
+    fn concurrency(&self) -> usize {
+        self.concurrency
     }
 
     /// The test servers sync every write to the disk (`appendfsync always`).
