@@ -12,9 +12,9 @@ use openraft::raft::{AppendEntriesRequest, TransferLeaderRequest, VoteRequest};
 use openraft::type_config::alias::{SnapshotMetaOf, VoteOf};
 
 use crate::config::ServerConfig;
+use crate::entry::TypeConfig;
 use crate::error::ServerError;
 use crate::history::{History, HistoryLimits};
-use crate::raft::TypeConfig;
 use crate::service::fuzzing::{stream_message, unary_requests};
 use crate::storage::member::{MemberDir, StoredSnapshot};
 use crate::storage::ServerSnapshot;

@@ -93,12 +93,14 @@ mod clock;
 mod config;
 mod convert;
 mod core;
+mod entry;
 mod error;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
 mod history;
 mod http;
+mod inbox;
 mod metrics;
 mod op;
 mod outbox;
@@ -128,8 +130,8 @@ pub use locksmith_core::Limits;
 use crate::auth::Auth;
 use crate::core::{Core, Replica, Stats};
 use crate::http::Readiness;
+use crate::inbox::{CoreSender, Input};
 use crate::metrics::Metrics;
-use crate::op::Op;
 use crate::raft::admin::ClusterService;
 use crate::raft::member::Storage;
 use crate::raft::state_machine::CoreMachine;
@@ -208,7 +210,7 @@ impl Server {
             addr: config.listen,
             source,
         })?;
-        let (ops, receiver) = std::sync::mpsc::channel();
+        let (ops, receiver) = CoreSender::channel();
         let stop = CancellationToken::new();
         // Health and metrics answer while the log replays; the listener
         // stops with the server, or at once if recovery fails.
@@ -353,7 +355,7 @@ impl Server {
                     result = &mut serve => {
                         // The transport failed: stop the engine cleanly too.
                         let (done, _) = oneshot::channel();
-                        let _ = ops.send(Op::Shutdown { done });
+                        let _ = ops.send(Input::Shutdown { done });
                         (exit_rx.await, Some(result))
                     }
                     _ = stop.cancelled() => {
@@ -363,7 +365,7 @@ impl Server {
                         // core ends its streams.
                         let _ = raft.shutdown().await;
                         let (done, _) = oneshot::channel();
-                        let _ = ops.send(Op::Shutdown { done });
+                        let _ = ops.send(Input::Shutdown { done });
                         (exit_rx.await, None)
                     }
                     result = &mut exit_rx => (result, None),

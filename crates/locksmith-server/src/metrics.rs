@@ -209,15 +209,7 @@ impl RequestKind {
             Op::ForceRelease { .. } => RequestKind::ForceRelease,
             Op::CloseSession { .. } => RequestKind::CloseSession,
             Op::EndSession { .. } => RequestKind::EndSession,
-            Op::Stream { .. }
-            | Op::Detach { .. }
-            | Op::Shutdown { .. }
-            | Op::Apply { .. }
-            | Op::Committed { .. }
-            | Op::Snapshot { .. }
-            | Op::Install { .. }
-            | Op::Role(_)
-            | Op::Refused { .. } => return None,
+            Op::Stream { .. } | Op::Detach { .. } => return None,
         })
     }
 }
@@ -461,7 +453,7 @@ impl Metrics {
         let _ = self.raft.source.set(raft);
     }
 
-    fn raft_now(&self, m: &openraft::RaftMetrics<crate::raft::TypeConfig>) {
+    fn raft_now(&self, m: &openraft::RaftMetrics<crate::entry::TypeConfig>) {
         let raft = &self.raft;
         let learner = !m
             .membership_config

@@ -6,20 +6,12 @@
 
 use std::net::SocketAddr;
 
-use std::io::Cursor;
-
-use locksmith_core::{
-    Acquire, ClientInfo, Command, FrozenEngine, Millis, Mode, RequestId, SessionId, Wait,
-};
+use locksmith_core::{Acquire, ClientInfo, Command, Millis, Mode, RequestId, SessionId, Wait};
 use locksmith_proto::v1 as pb;
-use openraft::storage::ApplyResponder;
-use openraft::type_config::alias::{EntryOf, SnapshotMetaOf, SnapshotOf};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
-use crate::raft::TypeConfig;
-use crate::storage::{ServerSnapshot, SessionRecord};
 pub(crate) use crate::stream_queue::StreamTx;
 
 /// Identifies one session stream (one gRPC call) for the life of the process.
@@ -123,38 +115,9 @@ pub(crate) struct NewStream {
     pub peer: Option<SocketAddr>,
 }
 
-/// The applied state as of one log entry, frozen on the core thread (the
-/// engine's locks shared copy-on-write, the server's session table copied) so
-/// that copying, encoding and writing it, the slow part with a big table,
-/// happen elsewhere while the core goes on.
-pub(crate) struct FrozenState {
-    pub meta: SnapshotMetaOf<TypeConfig>,
-    pub last_now: Millis,
-    pub next_session: u64,
-    pub next_unary: u64,
-    pub engine: FrozenEngine,
-    pub sessions: Vec<SessionRecord>,
-}
-
-impl FrozenState {
-    /// The snapshot openraft keeps and sends (`ServerSnapshot`, postcard).
-    pub(crate) fn encode(self) -> SnapshotOf<TypeConfig, Cursor<Vec<u8>>> {
-        let state = ServerSnapshot::new(
-            self.last_now,
-            self.next_session,
-            self.next_unary,
-            self.engine.into_snapshot(),
-            self.sessions,
-        );
-        let data = state.encode();
-        SnapshotOf::<TypeConfig, Cursor<Vec<u8>>> {
-            meta: self.meta,
-            snapshot: Cursor::new(data),
-        }
-    }
-}
-
-/// A message to the core thread.
+/// What a client asks of the core (through the gRPC service or the HTTP
+/// listener): a message to the core thread, beside Raft's events
+/// ([`crate::inbox::RaftEvent`]).
 pub(crate) enum Op {
     /// A new stream opens a session.
     Open {
@@ -239,47 +202,6 @@ pub(crate) enum Op {
         session: SessionId,
         reply: UnaryReply<pb::EndSessionResponse>,
     },
-    /// End every stream and stop.
-    Shutdown {
-        done: oneshot::Sender<Result<(), String>>,
-    },
-    /// Committed log entries to apply, in order (from openraft's state
-    /// machine, which does not wait for them); `responders` are told once
-    /// they are applied (openraft's own writes wait on them).
-    Apply {
-        entries: Vec<EntryOf<TypeConfig>>,
-        responders: Vec<ApplyResponder<TypeConfig>>,
-    },
-    /// The leader's own batch `origin`/`seq` is committed at log index
-    /// `index` (openraft's `on_commit`): the core applies it at once.
-    Committed { origin: u64, seq: u64, index: u64 },
-    /// Copy the applied state for a snapshot.
-    Snapshot { reply: oneshot::Sender<FrozenState> },
-    /// Replace the state with a snapshot the leader sent.
-    Install {
-        meta: SnapshotMetaOf<TypeConfig>,
-        data: Vec<u8>,
-        done: oneshot::Sender<Result<(), String>>,
-    },
-    /// This member's role changed.
-    Role(Role),
-    /// openraft refused the batch `origin`/`seq` (this member cannot reach a
-    /// quorum, or no longer leads): it was never appended.
-    Refused {
-        origin: u64,
-        seq: u64,
-        reason: String,
-    },
-}
-
-/// A member's role, as openraft reports it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Role {
-    /// This member leads; `address` is its own, as the members know it
-    /// (what their leader hints name), when known.
-    Leader { address: Option<String> },
-    /// Another member leads (its client address, when known), or nobody yet.
-    Follower { leader: Option<String> },
 }
 
 impl Op {

@@ -18,7 +18,6 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -32,6 +31,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::auth::{Auth, Caller, Permission};
 use crate::config::ServerConfig;
 use crate::convert::{self, check_label};
+use crate::inbox::CoreSender;
 use crate::op::{
     Acks, AcquireArgs, HoldArgs, NewStream, Op, StreamId, StreamOp, UnaryReply, WaitArg,
 };
@@ -39,7 +39,7 @@ use crate::stream_queue::{stream_queue, StreamRx, StreamTx};
 
 /// The `locksmith.v1.Locksmith` service.
 pub(crate) struct Service {
-    core: Sender<Op>,
+    core: CoreSender,
     next_stream: AtomicU64,
     unary_ids: Arc<AtomicU64>,
     max_label: usize,
@@ -78,7 +78,7 @@ impl Drop for ConnectionSlot {
 
 impl Service {
     pub(crate) fn new(
-        core: Sender<Op>,
+        core: CoreSender,
         unary_ids: Arc<AtomicU64>,
         config: &ServerConfig,
         auth: Option<Arc<Auth>>,
@@ -193,7 +193,7 @@ fn secret_of(bytes: &[u8]) -> Option<u128> {
 
 /// Reads one session stream until it ends or the core ends it.
 struct StreamReader {
-    core: Sender<Op>,
+    core: CoreSender,
     stream: StreamId,
     max_label: usize,
     /// The client's address, if the transport knows it.
@@ -415,7 +415,7 @@ impl StreamReader {
 /// Cancels a sessionless acquire whose caller went away, or releases the grant
 /// that raced the caller's departure.
 struct LeaseGuard {
-    core: Sender<Op>,
+    core: CoreSender,
     request: u64,
     names: Vec<String>,
     owner: String,
@@ -683,7 +683,7 @@ pub(crate) mod fuzzing {
             _ => {}
         }
         let reader = StreamReader {
-            core: std::sync::mpsc::channel().0,
+            core: crate::inbox::CoreSender::channel().0,
             stream: 1,
             max_label,
             peer: None,

@@ -15,9 +15,10 @@ use super::request_ids::Known;
 use super::session::{unknown_session, SessionEntry};
 use super::{Core, Proposal, Route};
 use crate::convert::{self, engine_error_to_status};
+use crate::entry::{LogRecord, Record};
 use crate::metrics::Applied;
 use crate::op::UnaryReply;
-use crate::storage::{LogRecord, LostNotice, Outcome, Record};
+use crate::storage::{LostNotice, Outcome};
 
 /// What the core does after a command succeeded, besides routing its effects.
 enum After {

@@ -18,9 +18,9 @@ use tonic::Status;
 
 use super::{Core, Proposal, Route};
 use crate::convert;
+use crate::entry::{LogRecord, Record};
 use crate::op::{Op, StreamId, StreamOp};
 use crate::outbox::LeaseWaiter;
-use crate::storage::{LogRecord, Record};
 
 impl Proposal {
     /// Whether it holds nothing to propose (no record, read or refusal).
@@ -149,13 +149,6 @@ impl Core {
             | Op::List { .. }
             | Op::ListSessions { .. }
             | Op::History { .. }) => proposal.reads.push(read),
-            Op::Shutdown { .. }
-            | Op::Apply { .. }
-            | Op::Committed { .. }
-            | Op::Snapshot { .. }
-            | Op::Install { .. }
-            | Op::Role(_)
-            | Op::Refused { .. } => unreachable!("the core's own ops are handled as they arrive"),
         }
     }
 

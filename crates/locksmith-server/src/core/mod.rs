@@ -78,13 +78,14 @@ use tonic::Status;
 
 use crate::clock::Clock;
 use crate::config::ServerConfig;
+use crate::entry::{Record, TypeConfig, ENTRY_BYTES};
 use crate::history::{History, HistoryLimits};
+use crate::inbox::{FrozenState, Input, RaftEvent};
 use crate::metrics::{Metrics, Tally};
-use crate::op::{FrozenState, NewStream, Op, StreamId, StreamOp, UnaryReply};
+use crate::op::{NewStream, Op, StreamId, StreamOp, UnaryReply};
 use crate::outbox::{LeaseWaiter, Orphan, Output};
-use crate::raft::{self, TypeConfig};
 use crate::storage::member::TokenCeiling;
-use crate::storage::{Record, ServerSnapshot, SessionRecord};
+use crate::storage::{ServerSnapshot, SessionRecord};
 pub(crate) use replica::Replica;
 use session::{PeerCounts, SessionEntry};
 
@@ -198,7 +199,7 @@ pub(crate) struct Core {
     notify_queued: bool,
     stats: Arc<Stats>,
     /// Ops received and not looked at yet (see `take_arrivals`).
-    arrived: Vec<Op>,
+    arrived: Vec<Input>,
     /// Client ops looked at (their heartbeats proposed), waiting for their
     /// batch.
     backlog: VecDeque<Op>,
@@ -306,7 +307,7 @@ impl Core {
     }
 
     /// Runs the loop until shutdown or until every sender is gone.
-    pub(crate) fn run(mut self, ops: Receiver<Op>) -> Result<(), String> {
+    pub(crate) fn run(mut self, ops: Receiver<Input>) -> Result<(), String> {
         let mut batch = Vec::with_capacity(self.max_batch);
         loop {
             if self.arrived.is_empty() && !self.has_work() {
@@ -408,57 +409,34 @@ impl Core {
                 || !self.orphans.is_empty())
     }
 
-    /// Takes every op waiting in the channel: the core's own ops (entries to
-    /// apply, snapshots, role changes, detaches) are handled at once, client
-    /// ops go to the backlog (the leader's) or are sent to the leader.
+    /// Takes everything waiting in the channel: Raft's events (entries to
+    /// apply, snapshots, role changes) and detaches are handled at once,
+    /// client ops go to the backlog (the leader's) or are sent to the leader.
     /// Returns why the loop must stop, if it must.
     ///
     /// The heartbeats among the client ops are proposed at once, in the next
     /// batch, ahead of any expiry it decides: so one client cannot expire
     /// another by keeping the core busy, however long the backlog.
-    fn take_arrivals(&mut self, ops: &Receiver<Op>, now: Millis) -> Option<Stop> {
+    fn take_arrivals(&mut self, ops: &Receiver<Input>, now: Millis) -> Option<Stop> {
         self.arrived.extend(ops.try_iter());
         let mut arrived = std::mem::take(&mut self.arrived);
         let mut shutdown = None;
-        for op in arrived.drain(..) {
-            match op {
-                Op::Apply {
-                    entries,
-                    responders,
-                } => {
-                    self.apply_entries(entries);
-                    if let Err(stop) = self.finish_apply() {
-                        return Some(stop);
-                    }
-                    for responder in responders {
-                        responder.send(());
-                    }
-                }
-                Op::Committed { origin, seq, index } => {
-                    self.committed(origin, seq, index);
-                    if let Err(stop) = self.finish_apply() {
+        for input in arrived.drain(..) {
+            match input {
+                Input::Raft(event) => {
+                    if let Err(stop) = self.handle_raft_event(event) {
                         return Some(stop);
                     }
                 }
-                Op::Snapshot { reply } => self.snapshot_when_caught_up(reply),
-                Op::Install { meta, data, done } => {
-                    let _ = done.send(self.install_snapshot(meta, data));
-                }
-                Op::Role(role) => self.change_role(role),
-                Op::Refused {
-                    origin,
-                    seq,
-                    reason,
-                } => self.refused(origin, seq, &reason),
-                Op::Shutdown { done } => shutdown = Some(Stop::Shutdown(done)),
-                Op::Detach { stream, error } => self.detach(stream, error),
-                mut op if self.replica.leading() => {
+                Input::Shutdown { done } => shutdown = Some(Stop::Shutdown(done)),
+                Input::Client(Op::Detach { stream, error }) => self.detach(stream, error),
+                Input::Client(mut op) if self.replica.leading() => {
                     if self.replica.serving() {
                         self.propose_heartbeats(now, &mut op);
                     }
                     self.backlog.push_back(op);
                 }
-                op => {
+                Input::Client(op) => {
                     let status = self.replica.redirect();
                     self.refuse(op, status);
                 }
@@ -467,6 +445,37 @@ impl Core {
         self.arrived = arrived;
         self.send_output();
         shutdown
+    }
+
+    /// Handles what Raft tells the core, as it arrives, whatever the role.
+    fn handle_raft_event(&mut self, event: RaftEvent) -> Result<(), Stop> {
+        match event {
+            RaftEvent::Apply {
+                entries,
+                responders,
+            } => {
+                self.apply_entries(entries);
+                self.finish_apply()?;
+                for responder in responders {
+                    responder.send(());
+                }
+            }
+            RaftEvent::Committed { origin, seq, index } => {
+                self.committed(origin, seq, index);
+                self.finish_apply()?;
+            }
+            RaftEvent::Snapshot { reply } => self.snapshot_when_caught_up(reply),
+            RaftEvent::Install { meta, data, done } => {
+                let _ = done.send(self.install_snapshot(meta, data));
+            }
+            RaftEvent::Role(role) => self.change_role(role),
+            RaftEvent::Refused {
+                origin,
+                seq,
+                reason,
+            } => self.refused(origin, seq, &reason),
+        }
+        Ok(())
     }
 
     /// Moves the heartbeats of `op` into the batch being built, one command
@@ -497,12 +506,12 @@ impl Core {
     /// Takes the next batch from the backlog: ops in arrival order, up to
     /// `max_batch` units of work, so that no batch holds the engine thread
     /// for long however much is queued, and up to about
-    /// [`raft::ENTRY_BYTES`], so that its log entry fits in the members'
+    /// [`ENTRY_BYTES`], so that its log entry fits in the members'
     /// messages (at least one op either way).
     fn next_batch(&mut self, batch: &mut Vec<Op>) {
         let (mut work, mut bytes) = (0, 0);
         while let Some(op) = self.backlog.front() {
-            if !batch.is_empty() && bytes >= raft::ENTRY_BYTES {
+            if !batch.is_empty() && bytes >= ENTRY_BYTES {
                 break;
             }
             work += self.work_of(op);
@@ -680,6 +689,7 @@ mod tests {
     use tokio_util::sync::CancellationToken;
 
     use super::*;
+    use crate::inbox::CoreSender;
     use crate::op::{Acks, AcquireArgs, NewStream, WaitArg};
 
     /// A core on its own (no openraft): the tests propose and apply by hand.
@@ -812,7 +822,7 @@ mod tests {
     #[test]
     fn a_heartbeat_waiting_in_the_channel_is_proposed_before_expiries() {
         let (mut core, now, session) = leading_with_a_session();
-        let (ops, arrivals) = std::sync::mpsc::channel();
+        let (ops, arrivals) = CoreSender::channel();
         ops.send(client_batch(1, [StreamOp::Heartbeat])).unwrap();
         // The engine was busy past the session's deadline meanwhile.
         let late = now + 1_500;
@@ -846,11 +856,11 @@ mod tests {
         let records = proposal.records.clone();
         core.propose_batch(proposal, false);
         // ...a heartbeat arrives meanwhile...
-        let (ops, arrivals) = std::sync::mpsc::channel();
+        let (ops, arrivals) = CoreSender::channel();
         ops.send(client_batch(1, [StreamOp::Heartbeat])).unwrap();
         assert!(core.take_arrivals(&arrivals, now + 10).is_none());
         // ...and the batch is applied: the heartbeat waits for the next one.
-        core.apply_batch(crate::raft::Batch {
+        core.apply_batch(crate::entry::Batch {
             origin: 1,
             seq: 0,
             records,
@@ -865,7 +875,7 @@ mod tests {
     #[test]
     fn every_heartbeat_read_together_is_answered() {
         let (mut core, now, _) = leading_with_a_session();
-        let (ops, arrivals) = std::sync::mpsc::channel();
+        let (ops, arrivals) = CoreSender::channel();
         // The server read the stream late: two heartbeats in one batch.
         ops.send(client_batch(1, [StreamOp::Heartbeat, StreamOp::Heartbeat]))
             .unwrap();
@@ -927,13 +937,13 @@ mod tests {
             0,
             "nothing is visible before it is applied"
         );
-        core.apply_batch(crate::raft::Batch {
+        core.apply_batch(crate::entry::Batch {
             origin: 1,
             seq: 0,
             records: first,
         });
         assert!(core.replica.can_propose());
-        core.apply_batch(crate::raft::Batch {
+        core.apply_batch(crate::entry::Batch {
             origin: 1,
             seq: 1,
             records: second,
@@ -961,7 +971,7 @@ mod tests {
                 LeaderIdOf::<TypeConfig>::new_committed(1, 1),
                 index,
             ),
-            payload: openraft::EntryPayload::Normal(crate::raft::Batch {
+            payload: openraft::EntryPayload::Normal(crate::entry::Batch {
                 origin: 1,
                 seq,
                 records,
@@ -973,15 +983,15 @@ mod tests {
     fn a_batch_applied_at_commit_is_not_applied_again_and_a_snapshot_waits_for_its_handover() {
         let (mut core, now, _) = leading_with_a_session();
         propose_now(&mut core, now, client_batch(1, [acquire(1, "x")]));
-        let (ops, arrivals) = std::sync::mpsc::channel();
-        ops.send(Op::Committed {
+        let (ops, arrivals) = CoreSender::channel();
+        ops.send(RaftEvent::Committed {
             origin: 1,
             seq: 0,
             index: 7,
         })
         .unwrap();
         let (reply, mut snapshot) = tokio::sync::oneshot::channel();
-        ops.send(Op::Snapshot { reply }).unwrap();
+        ops.send(RaftEvent::Snapshot { reply }).unwrap();
         assert!(core.take_arrivals(&arrivals, now).is_none());
         assert_eq!(holders(&core, "x"), 1, "applied at commit");
         assert!(
@@ -994,7 +1004,7 @@ mod tests {
         // shows whether it is applied again.
         let (mut twin, _, _) = leading_with_a_session();
         let marker = propose_now(&mut twin, now, client_batch(1, [acquire(2, "y")]));
-        ops.send(Op::Apply {
+        ops.send(RaftEvent::Apply {
             entries: vec![entry(7, 0, marker.clone())],
             responders: Vec::new(),
         })
@@ -1006,7 +1016,7 @@ mod tests {
 
         // An entry of this leader that was not applied at commit (its
         // commit came from elsewhere) is applied when handed over.
-        ops.send(Op::Apply {
+        ops.send(RaftEvent::Apply {
             entries: vec![entry(8, 5, marker)],
             responders: Vec::new(),
         })
@@ -1029,7 +1039,7 @@ mod tests {
         core.propose_batch(proposal, true);
         assert!(core.replica.can_propose(), "client ops may still go out");
         assert!(!core.replica.can_expire(), "its expiry is in flight");
-        core.apply_batch(crate::raft::Batch {
+        core.apply_batch(crate::entry::Batch {
             origin: 1,
             seq: 0,
             records,
@@ -1066,7 +1076,7 @@ mod tests {
                 1,
                 "one session's end (7 units of work) per batch of 10"
             );
-            core.apply_batch(crate::raft::Batch {
+            core.apply_batch(crate::entry::Batch {
                 origin: 1,
                 seq,
                 records: in_flight[0].clone(),
@@ -1092,7 +1102,7 @@ mod tests {
             let in_flight = core.replica.records_in_flight();
             assert_eq!(in_flight.len(), entries, "{holds} holds");
             for (seq, records) in in_flight.into_iter().enumerate() {
-                core.apply_batch(crate::raft::Batch {
+                core.apply_batch(crate::entry::Batch {
                     origin: 1,
                     seq: seq as u64,
                     records,
@@ -1128,7 +1138,7 @@ mod tests {
             core.propose_next(late, &mut Vec::new(), Instant::now());
             let in_flight = core.replica.records_in_flight();
             assert_eq!(in_flight.len(), 1, "a step of 4 rides along");
-            core.apply_batch(crate::raft::Batch {
+            core.apply_batch(crate::entry::Batch {
                 origin: 1,
                 seq,
                 records: in_flight[0].clone(),
@@ -1167,7 +1177,7 @@ mod tests {
     fn a_batch_ends_at_max_batch_messages() {
         let mut core = core(10);
         lead(&mut core);
-        let (ops, arrivals) = std::sync::mpsc::channel();
+        let (ops, arrivals) = CoreSender::channel();
         for _ in 0..3 {
             ops.send(client_batch(1, (0..4).map(|_| StreamOp::AckOnly)))
                 .unwrap();
@@ -1211,10 +1221,7 @@ mod tests {
         while !core.backlog.is_empty() {
             core.next_batch(&mut batch);
             let bytes: usize = batch.iter().map(Op::entry_bytes).sum();
-            assert!(
-                bytes < raft::ENTRY_BYTES + 33_000,
-                "{bytes} bytes in one batch"
-            );
+            assert!(bytes < ENTRY_BYTES + 33_000, "{bytes} bytes in one batch");
             sizes.push(batch.drain(..).count());
         }
         // 1 MiB is reached with the 33rd acquire, which still goes in.

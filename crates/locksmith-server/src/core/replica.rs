@@ -3,9 +3,9 @@
 //! Only the leader proposes: each batch of client ops becomes one log entry
 //! ([`Batch`]), handed to openraft by this thread (module `raft::propose`),
 //! replicated, committed on a quorum, and then applied by every member when
-//! openraft's state machine delivers it back to the core ([`Op::Apply`]),
+//! openraft's state machine delivers it back to the core ([`RaftEvent::Apply`]),
 //! except on the leader that proposed it: that one applies it as soon as
-//! openraft reports it committed ([`Op::Committed`]), which spares a commit
+//! openraft reports it committed ([`RaftEvent::Committed`]), which spares a commit
 //! the wake-up of openraft's state-machine task. Several batches may be in
 //! flight at a time (`max_batches_in_flight`), so that the next batch is
 //! written and replicated while the last one commits; past that, new ops
@@ -51,10 +51,11 @@ use tonic::Status;
 
 use super::{Core, Proposal, Route};
 use crate::clock::Clock;
-use crate::op::{FrozenState, Op, Role};
+use crate::entry::{Applied, Batch, Record, TypeConfig};
+use crate::inbox::{CoreSender, FrozenState, Role};
+use crate::op::Op;
 use crate::raft::propose::Proposer;
-use crate::raft::{Applied, Batch, Raft, TypeConfig};
-use crate::storage::Record;
+use crate::raft::Raft;
 
 /// The core's side of replication.
 pub(crate) struct Replica {
@@ -232,7 +233,7 @@ impl Replica {
 impl Core {
     /// Connects the core to openraft, once started, before its thread runs;
     /// `ops` is the core's own channel, for batches openraft refuses.
-    pub(crate) fn connect_raft(&mut self, raft: Raft, ops: std::sync::mpsc::Sender<Op>) {
+    pub(crate) fn connect_raft(&mut self, raft: Raft, ops: CoreSender) {
         self.replica.proposer.attach(raft, ops);
     }
 
@@ -538,15 +539,6 @@ impl Core {
             Op::EndSession { reply, .. } => answer(self, reply, status),
             // Nothing waits for these.
             Op::Stream { .. } | Op::Detach { .. } | Op::CancelLease { .. } => {}
-            Op::Apply { .. }
-            | Op::Committed { .. }
-            | Op::Snapshot { .. }
-            | Op::Install { .. }
-            | Op::Role(_)
-            | Op::Refused { .. }
-            | Op::Shutdown { .. } => {
-                unreachable!("the core handles its own ops whatever its role")
-            }
         }
     }
 }

@@ -33,7 +33,6 @@ mod api;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::Sender;
 use std::sync::{Arc, OnceLock};
 
 use axum::extract::{Query, State};
@@ -46,6 +45,7 @@ use tokio::sync::{oneshot, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::ServerError;
+use crate::inbox::CoreSender;
 use crate::metrics::Metrics;
 use crate::op::{Op, UnaryReply};
 use crate::raft::admin::cluster_status;
@@ -87,7 +87,7 @@ impl Readiness {
 /// What the handlers share.
 #[derive(Clone)]
 struct Http {
-    core: Sender<Op>,
+    core: CoreSender,
     metrics: Arc<Metrics>,
     readiness: Arc<Readiness>,
     inspections: Arc<Semaphore>,
@@ -102,7 +102,7 @@ struct Http {
 /// listener runs until `stop`.
 pub(crate) async fn start(
     addr: SocketAddr,
-    core: Sender<Op>,
+    core: CoreSender,
     metrics: Arc<Metrics>,
     readiness: Arc<Readiness>,
     member: Arc<OnceLock<Raft>>,
@@ -342,10 +342,11 @@ mod tests {
     use futures::FutureExt;
 
     use super::*;
+    use crate::inbox::Input;
 
     /// An `Http` whose core is `receiver`'s end, serving.
-    fn http() -> (Http, std::sync::mpsc::Receiver<Op>) {
-        let (core, receiver) = std::sync::mpsc::channel();
+    fn http() -> (Http, std::sync::mpsc::Receiver<Input>) {
+        let (core, receiver) = CoreSender::channel();
         let readiness = Arc::new(Readiness::default());
         readiness.set_serving(true);
         let http = Http {
@@ -367,7 +368,7 @@ mod tests {
             let asked = http.ask(|reply| Op::ListSessions { reply });
             assert!(asked.now_or_never().is_none(), "nobody answers yet");
         }
-        let pending: Vec<Op> = core.try_iter().collect();
+        let pending: Vec<Input> = core.try_iter().collect();
         assert_eq!(pending.len(), MAX_INSPECTIONS);
 
         // Every slot is still taken: the next request waits, and sends nothing.
@@ -383,7 +384,7 @@ mod tests {
         // The core answers one: its slot goes to the waiting request.
         let mut pending = pending.into_iter();
         match pending.next() {
-            Some(Op::ListSessions { reply }) => {
+            Some(Input::Client(Op::ListSessions { reply })) => {
                 let _ = reply.send(Ok(Default::default()));
             }
             _ => unreachable!("sent above"),
@@ -392,7 +393,7 @@ mod tests {
             .await
             .unwrap();
         match fifth {
-            Ok(Op::ListSessions { reply }) => {
+            Ok(Input::Client(Op::ListSessions { reply })) => {
                 let _ = reply.send(Ok(Default::default()));
             }
             _ => panic!("the waiting request's op did not arrive"),

@@ -15,7 +15,6 @@
 //!   member becomes or stops being the leader, and where the leader is.
 
 use std::collections::BTreeMap;
-use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,10 +25,11 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use super::network::PeerNetwork;
 use super::propose::run_openers;
 use super::state_machine::CoreMachine;
-use super::{Batch, Raft};
+use super::Raft;
 use crate::config::ServerConfig;
+use crate::entry::Batch;
 use crate::error::ServerError;
-use crate::op::{Op, Role};
+use crate::inbox::{CoreSender, RaftEvent, Role};
 use crate::storage::files::TemporaryDir;
 use crate::storage::member::{MemberDir, SnapshotFile, StoredSnapshot, TokenCeiling};
 use crate::storage::raft_log::RaftLog;
@@ -147,7 +147,7 @@ pub(crate) async fn start(
     config: &ServerConfig,
     address: String,
     raft: &Raft,
-    core: Sender<Op>,
+    core: CoreSender,
     openers: UnboundedReceiver<Batch>,
 ) -> Result<(), ServerError> {
     // A leader whose quorum lease is not confirmed refuses proposals: right
@@ -225,7 +225,7 @@ async fn initialize(raft: &Raft, members: BTreeMap<u64, BasicNode>) {
 ///
 /// Cancel safety: runs as its own task until openraft or the core stops;
 /// aborted, it changes nothing, but the core keeps the last role it was told.
-async fn watch_role(raft: Raft, me: u64, core: Sender<Op>) {
+async fn watch_role(raft: Raft, me: u64, core: CoreSender) {
     let mut metrics = raft.server_metrics();
     let mut last = None;
     loop {
@@ -248,7 +248,7 @@ async fn watch_role(raft: Raft, me: u64, core: Sender<Op>) {
         };
         if last.as_ref() != Some(&role) {
             last = Some(role.clone());
-            if core.send(Op::Role(role)).is_err() {
+            if core.send(RaftEvent::Role(role)).is_err() {
                 return;
             }
         }

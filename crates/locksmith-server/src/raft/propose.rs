@@ -4,9 +4,9 @@
 //! ([`Proposer::propose`]): no task sits between them, so a request pays no
 //! wake-up on its way to the log. It does not wait for the batch to commit
 //! (the core bounds how many are in flight); the batch's [`Outcome`] tells
-//! the core once it is committed ([`Op::Committed`]: the core applies it
+//! the core once it is committed ([`RaftEvent::Committed`]: the core applies it
 //! then, without waiting for openraft's state machine to hand it back) or
-//! if openraft refused it ([`Op::Refused`]), from wherever openraft ends it,
+//! if openraft refused it ([`RaftEvent::Refused`]), from wherever openraft ends it,
 //! without a task waiting on a channel for every batch.
 //!
 //! A new leader's first batch is the exception: right after an election the
@@ -15,23 +15,21 @@
 //! round of heartbeats confirms the lease. Nothing else is in flight while it
 //! is, so order holds.
 
-use std::sync::mpsc::Sender;
 use std::time::Duration;
 
 use openraft::errors::{ClientWriteError, ForwardReason, RaftError};
-use openraft::raft::responder::Responder;
 use openraft::type_config::alias::LogIdOf;
-use openraft::OptionalSend;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
-use super::{Batch, Raft, TypeConfig};
-use crate::op::Op;
+use super::Raft;
+use crate::entry::{Batch, Outcome, TypeConfig};
+use crate::inbox::{CoreSender, RaftEvent};
 
 /// The core's handle for proposing batches.
 pub(crate) struct Proposer {
     /// openraft, and the core's own channel for refusals (none until the
     /// member starts, and in the core's own tests).
-    raft: Option<(Raft, Sender<Op>)>,
+    raft: Option<(Raft, CoreSender)>,
     /// First batches of leadership stints, for [`run_openers`].
     openers: UnboundedSender<Batch>,
 }
@@ -51,7 +49,7 @@ impl Proposer {
     }
 
     /// Connects the proposer to openraft and to the core's channel.
-    pub(crate) fn attach(&mut self, raft: Raft, core: Sender<Op>) {
+    pub(crate) fn attach(&mut self, raft: Raft, core: CoreSender) {
         self.raft = Some((raft, core));
     }
 
@@ -72,7 +70,7 @@ impl Proposer {
         let (commits, refusals) = (core.clone(), core.clone());
         let outcome = Outcome::new(
             move |log_id: LogIdOf<TypeConfig>| {
-                let _ = commits.send(Op::Committed {
+                let _ = commits.send(RaftEvent::Committed {
                     origin,
                     seq,
                     index: log_id.index,
@@ -93,40 +91,6 @@ impl Proposer {
     }
 }
 
-/// A batch's [`Responder`]: openraft calls it once the batch is committed
-/// (on the leader that proposed it, in log order, just before it hands the
-/// entry to its state machine), and once it is applied or refused, wherever
-/// that happens. Callbacks rather than a channel: nothing has to wait on one
-/// per batch. (openraft's own responders are channels.)
-pub(crate) struct Outcome<T> {
-    committed: Option<Box<dyn FnOnce(LogIdOf<TypeConfig>) + Send>>,
-    completed: Box<dyn FnOnce(T) + Send>,
-}
-
-impl<T> Outcome<T> {
-    fn new(
-        committed: impl FnOnce(LogIdOf<TypeConfig>) + Send + 'static,
-        completed: impl FnOnce(T) + Send + 'static,
-    ) -> Outcome<T> {
-        Outcome {
-            committed: Some(Box::new(committed)),
-            completed: Box::new(completed),
-        }
-    }
-}
-
-impl<T: OptionalSend + 'static> Responder<TypeConfig, T> for Outcome<T> {
-    fn on_commit(&mut self, log_id: LogIdOf<TypeConfig>) {
-        if let Some(committed) = self.committed.take() {
-            committed(log_id);
-        }
-    }
-
-    fn on_complete(self, result: T) {
-        (self.completed)(result)
-    }
-}
-
 /// Writes each stint's first batch (see the module docs), and tells the core
 /// of one that could not be written.
 ///
@@ -136,7 +100,7 @@ impl<T: OptionalSend + 'static> Responder<TypeConfig, T> for Outcome<T> {
 pub(crate) async fn run_openers(
     raft: Raft,
     mut openers: UnboundedReceiver<Batch>,
-    core: Sender<Op>,
+    core: CoreSender,
     patience: Duration,
 ) {
     while let Some(batch) = openers.recv().await {
@@ -173,9 +137,9 @@ async fn write_first(raft: &Raft, batch: Batch, patience: Duration) -> Result<()
 
 /// Tells the core that its batch `origin`/`seq` was refused; false when the
 /// core is gone.
-fn refuse(core: &Sender<Op>, origin: u64, seq: u64, reason: String) -> bool {
+fn refuse(core: &CoreSender, origin: u64, seq: u64, reason: String) -> bool {
     tracing::warn!(%reason, "a batch was refused");
-    core.send(Op::Refused {
+    core.send(RaftEvent::Refused {
         origin,
         seq,
         reason,

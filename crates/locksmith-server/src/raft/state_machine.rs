@@ -1,6 +1,6 @@
 //! The replicated state machine is the core: openraft hands committed
 //! entries to [`CoreMachine`], which passes them on to the core thread
-//! ([`Op::Apply`]) in order, so that every member applies the same entries
+//! ([`RaftEvent::Apply`]) in order, so that every member applies the same entries
 //! in the same order to the same engine. It does not wait for the core to
 //! apply them: the core's channel keeps the order, and anything asked of
 //! the core later (a snapshot, an installed snapshot) queues behind them.
@@ -18,7 +18,6 @@
 //! (`member::open`) could. Each method says what a dropped call leaves.
 
 use std::io::{self, Cursor};
-use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 
 use futures::{Stream, TryStreamExt};
@@ -27,8 +26,8 @@ use openraft::type_config::alias::{LogIdOf, SnapshotMetaOf, SnapshotOf, StoredMe
 use openraft::{EntryPayload, RaftSnapshotBuilder};
 use tokio::sync::oneshot;
 
-use super::{Applied, TypeConfig};
-use crate::op::Op;
+use crate::entry::{Applied, TypeConfig};
+use crate::inbox::{CoreSender, RaftEvent};
 use crate::storage::member::{SnapshotFile, StoredSnapshot};
 
 /// A snapshot as openraft moves it.
@@ -37,7 +36,7 @@ type Snapshot = SnapshotOf<TypeConfig, Cursor<Vec<u8>>>;
 /// openraft's handle on the core.
 #[derive(Clone)]
 pub(crate) struct CoreMachine {
-    core: Sender<Op>,
+    core: CoreSender,
     /// The last entry (and membership) handed to the core. The core's
     /// channel is the state machine's queue: whatever reads the state goes
     /// through it, behind these entries, so for openraft they are applied.
@@ -53,7 +52,7 @@ impl CoreMachine {
     /// The machine over the core fed by `core`; `kept` is the snapshot the
     /// member found on disk at start, which the core has installed.
     pub(crate) fn new(
-        core: Sender<Op>,
+        core: CoreSender,
         file: Option<SnapshotFile>,
         kept: Option<StoredSnapshot>,
     ) -> CoreMachine {
@@ -99,13 +98,13 @@ impl CoreMachine {
         Ok(())
     }
 
-    /// Sends `op` to the core and waits for its answer.
+    /// Sends `event` to the core and waits for its answer.
     ///
     /// Cancel safety: the op is sent before the only await; a dropped call
     /// leaves it to run, its answer unread.
-    async fn ask<T>(&self, op: impl FnOnce(oneshot::Sender<T>) -> Op) -> io::Result<T> {
+    async fn ask<T>(&self, event: impl FnOnce(oneshot::Sender<T>) -> RaftEvent) -> io::Result<T> {
         let (reply, answer) = oneshot::channel();
-        self.core.send(op(reply)).map_err(|_| stopped())?;
+        self.core.send(event(reply)).map_err(|_| stopped())?;
         answer.await.map_err(|_| stopped())
     }
 
@@ -137,7 +136,7 @@ impl RaftSnapshotBuilder<TypeConfig> for CoreMachine {
     /// (an encoding already started finishes on its blocking thread, unused),
     /// or a write already started completes as in `keep_durably`.
     async fn build_snapshot(&mut self) -> io::Result<SnapshotOf<TypeConfig, Cursor<Vec<u8>>>> {
-        let frozen = self.ask(|reply| Op::Snapshot { reply }).await?;
+        let frozen = self.ask(|reply| RaftEvent::Snapshot { reply }).await?;
         let started = std::time::Instant::now();
         let snapshot = tokio::task::spawn_blocking(move || frozen.encode())
             .await
@@ -200,7 +199,7 @@ impl RaftStateMachine<TypeConfig> for CoreMachine {
         // behind these in its channel. If the core stops instead, so does
         // the member.
         self.core
-            .send(Op::Apply {
+            .send(RaftEvent::Apply {
                 entries: batch,
                 responders,
             })
@@ -224,7 +223,7 @@ impl RaftStateMachine<TypeConfig> for CoreMachine {
             meta: meta.clone(),
             snapshot: Cursor::new(data.clone()),
         };
-        self.ask(|done| Op::Install {
+        self.ask(|done| RaftEvent::Install {
             meta: meta.clone(),
             data,
             done,
@@ -263,7 +262,7 @@ impl CoreMachine {
     /// nothing (for tests of the storage and the Raft layer).
     pub(crate) fn for_tests() -> CoreMachine {
         use crate::core::{Core, Replica};
-        let (ops, receiver) = std::sync::mpsc::channel();
+        let (ops, receiver) = CoreSender::channel();
         let (proposer, _) = crate::raft::propose::Proposer::new();
         let (serving, _) = tokio::sync::watch::channel(false);
         let replica = Replica::new(proposer, serving, 1);

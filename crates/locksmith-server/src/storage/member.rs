@@ -45,8 +45,8 @@ use serde::{Deserialize, Serialize};
 use super::files::{self, io_error};
 use super::raft_log::RaftLog;
 use crate::config::ServerConfig;
+use crate::entry::TypeConfig;
 use crate::error::ServerError;
-use crate::raft::TypeConfig;
 
 const SNAPSHOT_MAGIC: &[u8; 4] = b"LSSN";
 const TOKENS_MAGIC: &[u8; 4] = b"LSTK";

@@ -47,55 +47,14 @@ mod snapshot;
 use std::fs::{self, OpenOptions};
 use std::path::{Path, PathBuf};
 
-use locksmith_core::{Command, LostReason, Millis, SessionId};
+use locksmith_core::{LostReason, Millis};
 use serde::{Deserialize, Serialize};
 
 use self::files::{io_error, segment_path};
 use self::segment::{scan, End, SegmentHeader, SegmentRecord};
+use crate::entry::{LogRecord, Record};
 use crate::error::ServerError;
 pub(crate) use snapshot::ServerSnapshot;
-
-/// One logged state change: an engine command and the time it was applied at,
-/// plus what the server needs to rebuild its own session table on replay.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct LogRecord {
-    /// The engine time the command was applied at.
-    pub now: Millis,
-    /// The command.
-    pub command: Command,
-    /// For `OpenSession`: the secret a client needs to resume the session.
-    pub secret: Option<u128>,
-    /// For a release, renew or cancel sent on a session stream: the client's
-    /// request id, so that replay rebuilds the reply a retry gets.
-    pub request: Option<u64>,
-}
-
-/// One logged record: what a client (or the clock) asked of the server, in
-/// the order the server decided it. Applying the records in order rebuilds
-/// the engine and the session table exactly, on replay as when they were
-/// first applied.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) enum Record {
-    /// An engine command, with what the server keeps beside it.
-    Command(LogRecord),
-    /// A session's client acknowledged these replies (request ids) and lost
-    /// notices (tokens): they are no longer kept, and the ids are free again.
-    Acks {
-        session: SessionId,
-        replies: Vec<u64>,
-        lost: Vec<u64>,
-    },
-}
-
-impl Record {
-    /// What the record is, for logs: its command's name, or `Acks`.
-    pub(crate) fn kind(&self) -> &'static str {
-        match self {
-            Record::Command(record) => record.command.kind(),
-            Record::Acks { .. } => "Acks",
-        }
-    }
-}
 
 impl SegmentRecord for Record {
     fn decode_frame(format: u32, payload: &[u8]) -> Result<Vec<Record>, postcard::Error> {

@@ -47,8 +47,8 @@ use tokio::sync::Mutex;
 
 use super::files::{self, io_error, list_segments, segment_path};
 use super::segment::{LogBuffer, Segment};
+use crate::entry::TypeConfig;
 use crate::error::ServerError;
-use crate::raft::TypeConfig;
 
 const MANIFEST_MAGIC: &[u8; 4] = b"LSRL";
 const MANIFEST: &str = "RAFTLOG";
@@ -638,10 +638,10 @@ mod tests {
 
     #[test]
     fn an_entry_record_borrowed_encodes_as_one_owned() {
-        let batch = crate::raft::Batch {
+        let batch = crate::entry::Batch {
             origin: 7,
             seq: 3,
-            records: vec![crate::storage::Record::Acks {
+            records: vec![crate::entry::Record::Acks {
                 session: locksmith_core::SessionId(9),
                 replies: vec![1, 2],
                 lost: vec![3],

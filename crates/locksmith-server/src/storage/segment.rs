@@ -388,8 +388,8 @@ impl Segment {
 
 #[cfg(test)]
 mod tests {
-    use super::super::LogRecord;
     use super::*;
+    use crate::entry::LogRecord;
     use locksmith_core::Command;
     use proptest::prelude::*;
 

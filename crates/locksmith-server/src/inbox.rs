@@ -1,0 +1,134 @@
+//! What the core thread receives: client ops ([`Op`], from the gRPC service
+//! and the HTTP listener) and Raft's events ([`RaftEvent`], from openraft's
+//! state machine, the proposer and the role watch), in one channel, so that
+//! the order each sender sends in holds (a snapshot request queues behind the
+//! entries handed over before it; a stream's batches stay in order).
+
+use std::io::Cursor;
+use std::sync::mpsc;
+
+use locksmith_core::{FrozenEngine, Millis};
+use openraft::storage::ApplyResponder;
+use openraft::type_config::alias::{EntryOf, SnapshotMetaOf, SnapshotOf};
+use tokio::sync::oneshot;
+
+use crate::entry::TypeConfig;
+use crate::op::Op;
+use crate::storage::{ServerSnapshot, SessionRecord};
+
+/// A message to the core thread.
+pub(crate) enum Input {
+    /// What a client asks.
+    Client(Op),
+    /// What Raft tells the core.
+    Raft(RaftEvent),
+    /// End every stream and stop.
+    Shutdown {
+        done: oneshot::Sender<Result<(), String>>,
+    },
+}
+
+impl From<Op> for Input {
+    fn from(op: Op) -> Input {
+        Input::Client(op)
+    }
+}
+
+impl From<RaftEvent> for Input {
+    fn from(event: RaftEvent) -> Input {
+        Input::Raft(event)
+    }
+}
+
+/// The core thread stopped: nothing sent to it is handled any more.
+#[derive(Debug)]
+pub(crate) struct Stopped;
+
+/// The sending side of the core's channel.
+#[derive(Clone)]
+pub(crate) struct CoreSender(mpsc::Sender<Input>);
+
+impl CoreSender {
+    /// The core's channel: its sender, and the receiver its loop reads.
+    pub(crate) fn channel() -> (CoreSender, mpsc::Receiver<Input>) {
+        let (sender, receiver) = mpsc::channel();
+        (CoreSender(sender), receiver)
+    }
+
+    /// Queues `input` for the core; never blocks.
+    pub(crate) fn send(&self, input: impl Into<Input>) -> Result<(), Stopped> {
+        self.0.send(input.into()).map_err(|_| Stopped)
+    }
+}
+
+/// What Raft tells the core.
+pub(crate) enum RaftEvent {
+    /// Committed log entries to apply, in order (from openraft's state
+    /// machine, which does not wait for them); `responders` are told once
+    /// they are applied (openraft's own writes wait on them).
+    Apply {
+        entries: Vec<EntryOf<TypeConfig>>,
+        responders: Vec<ApplyResponder<TypeConfig>>,
+    },
+    /// The leader's own batch `origin`/`seq` is committed at log index
+    /// `index` (openraft's `on_commit`): the core applies it at once.
+    Committed { origin: u64, seq: u64, index: u64 },
+    /// Copy the applied state for a snapshot.
+    Snapshot { reply: oneshot::Sender<FrozenState> },
+    /// Replace the state with a snapshot the leader sent.
+    Install {
+        meta: SnapshotMetaOf<TypeConfig>,
+        data: Vec<u8>,
+        done: oneshot::Sender<Result<(), String>>,
+    },
+    /// This member's role changed.
+    Role(Role),
+    /// openraft refused the batch `origin`/`seq` (this member cannot reach a
+    /// quorum, or no longer leads): it was never appended.
+    Refused {
+        origin: u64,
+        seq: u64,
+        reason: String,
+    },
+}
+
+/// A member's role, as openraft reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// This member leads; `address` is its own, as the members know it
+    /// (what their leader hints name), when known.
+    Leader { address: Option<String> },
+    /// Another member leads (its client address, when known), or nobody yet.
+    Follower { leader: Option<String> },
+}
+
+/// The applied state as of one log entry, frozen on the core thread (the
+/// engine's locks shared copy-on-write, the server's session table copied) so
+/// that copying, encoding and writing it, the slow part with a big table,
+/// happen elsewhere while the core goes on.
+pub(crate) struct FrozenState {
+    pub meta: SnapshotMetaOf<TypeConfig>,
+    pub last_now: Millis,
+    pub next_session: u64,
+    pub next_unary: u64,
+    pub engine: FrozenEngine,
+    pub sessions: Vec<SessionRecord>,
+}
+
+impl FrozenState {
+    /// The snapshot openraft keeps and sends (`ServerSnapshot`, postcard).
+    pub(crate) fn encode(self) -> SnapshotOf<TypeConfig, Cursor<Vec<u8>>> {
+        let state = ServerSnapshot::new(
+            self.last_now,
+            self.next_session,
+            self.next_unary,
+            self.engine.into_snapshot(),
+            self.sessions,
+        );
+        let data = state.encode();
+        SnapshotOf::<TypeConfig, Cursor<Vec<u8>>> {
+            meta: self.meta,
+            snapshot: Cursor::new(data),
+        }
+    }
+}
