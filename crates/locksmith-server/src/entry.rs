@@ -127,35 +127,23 @@ impl openraft::RaftTypeConfig for TypeConfig {
     type ErrorSource = openraft::impls::BoxedErrorSource;
 }
 
-/// A batch's [`Responder`]: openraft calls it once the batch is committed
-/// (on the leader that proposed it, in log order, just before it hands the
-/// entry to its state machine), and once it is applied or refused, wherever
-/// that happens. Callbacks rather than a channel: nothing has to wait on one
-/// per batch. (openraft's own responders are channels.)
+/// A batch's [`Responder`]: a callback openraft calls once the batch is
+/// applied (on the core thread, right after it applied it) or refused
+/// (wherever openraft refuses it). A callback rather than a channel: nothing
+/// has to wait on one per batch. (openraft's own responders are channels.)
 pub(crate) struct Outcome<T> {
-    committed: Option<Box<dyn FnOnce(LogIdOf<TypeConfig>) + Send>>,
     completed: Box<dyn FnOnce(T) + Send>,
 }
 
 impl<T> Outcome<T> {
-    pub(crate) fn new(
-        committed: impl FnOnce(LogIdOf<TypeConfig>) + Send + 'static,
-        completed: impl FnOnce(T) + Send + 'static,
-    ) -> Outcome<T> {
+    pub(crate) fn new(completed: impl FnOnce(T) + Send + 'static) -> Outcome<T> {
         Outcome {
-            committed: Some(Box::new(committed)),
             completed: Box::new(completed),
         }
     }
 }
 
 impl<T: OptionalSend + 'static> Responder<TypeConfig, T> for Outcome<T> {
-    fn on_commit(&mut self, log_id: LogIdOf<TypeConfig>) {
-        if let Some(committed) = self.committed.take() {
-            committed(log_id);
-        }
-    }
-
     fn on_complete(self, result: T) {
         (self.completed)(result)
     }

@@ -70,9 +70,6 @@ pub(crate) enum RaftEvent {
         entries: Vec<EntryOf<TypeConfig>>,
         responders: Vec<ApplyResponder<TypeConfig>>,
     },
-    /// The leader's own batch `origin`/`seq` is committed at log index
-    /// `index` (openraft's `on_commit`): the core applies it at once.
-    Committed { origin: u64, seq: u64, index: u64 },
     /// Copy the applied state for a snapshot.
     Snapshot { reply: oneshot::Sender<FrozenState> },
     /// Replace the state with a snapshot the leader sent.

@@ -27,8 +27,8 @@
 //!                                    openraft: append + fdatasync (group commit),
 //!                                    replicate, commit on a quorum
 //!                                                      │
-//!                          Op::Committed (the leader's own batches)
-//!                          or the state machine's Op::Apply (everything else)
+//!                          the state machine hands committed entries over
+//!                          (RaftEvent::Apply, every member alike)
 //!                                                      ▼
 //!                                             core thread: engine.apply
 //! client ◀──ServerBatch── stream / unary reply ◀───────┘ replies and pushes,
@@ -105,6 +105,8 @@ mod metrics;
 mod op;
 mod outbox;
 mod raft;
+#[cfg(test)]
+mod replay_tests;
 mod service;
 mod storage;
 mod stream_queue;

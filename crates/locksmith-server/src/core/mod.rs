@@ -26,10 +26,10 @@
 //!    since every request that arrived meanwhile shares it. A big expiry
 //!    (a session of many holds) goes in an entry of its own after the
 //!    client ops', so that their replies do not wait for it;
-//! 3. when openraft has committed an entry, it comes back as
-//!    [`Op::Committed`] (on the leader that proposed it) or [`Op::Apply`]
-//!    (from openraft's state machine, everything else; module `replica`),
-//!    and the core **applies** its records in order (module `apply`): the
+//! 3. when openraft has committed an entry, its state machine hands it to
+//!    the core ([`RaftEvent::Apply`], on every member alike; the leader
+//!    knows its own batches and their routes, module `replica`), and the
+//!    core **applies** its records in order (module `apply`): the
 //!    request-id check, the engine command, its effects (grants, queue
 //!    positions, timeouts, lost holds) routed to the batch's output; then
 //!    answers the batch's inspection ops from the state this leaves;
@@ -460,11 +460,9 @@ impl Core {
                     responder.send(());
                 }
             }
-            RaftEvent::Committed { origin, seq, index } => {
-                self.committed(origin, seq, index);
-                self.finish_apply()?;
+            RaftEvent::Snapshot { reply } => {
+                let _ = reply.send(self.freeze());
             }
-            RaftEvent::Snapshot { reply } => self.snapshot_when_caught_up(reply),
             RaftEvent::Install { meta, data, done } => {
                 let _ = done.send(self.install_snapshot(meta, data));
             }
@@ -617,7 +615,7 @@ impl Core {
 
     /// The applied state, frozen for a snapshot built off this thread (the
     /// engine's locks are shared copy-on-write; see [`FrozenState`]).
-    fn freeze(&self) -> FrozenState {
+    pub(crate) fn freeze(&self) -> FrozenState {
         let started = Instant::now();
         let mut sessions: Vec<SessionRecord> = self
             .sessions
@@ -980,44 +978,39 @@ mod tests {
     }
 
     #[test]
-    fn a_batch_applied_at_commit_is_not_applied_again_and_a_snapshot_waits_for_its_handover() {
+    fn the_leader_applies_its_batch_when_the_state_machine_hands_it_over_and_answers_its_routes() {
         let (mut core, now, _) = leading_with_a_session();
-        propose_now(&mut core, now, client_batch(1, [acquire(1, "x")]));
+        let records = propose_now(&mut core, now, client_batch(1, [acquire(1, "x")]));
+        assert_eq!(holders(&core, "x"), 0, "nothing before it is committed");
         let (ops, arrivals) = CoreSender::channel();
-        ops.send(RaftEvent::Committed {
-            origin: 1,
-            seq: 0,
-            index: 7,
+        ops.send(RaftEvent::Apply {
+            entries: vec![entry(7, 0, records.clone())],
+            responders: Vec::new(),
         })
         .unwrap();
         let (reply, mut snapshot) = tokio::sync::oneshot::channel();
         ops.send(RaftEvent::Snapshot { reply }).unwrap();
         assert!(core.take_arrivals(&arrivals, now).is_none());
-        assert_eq!(holders(&core, "x"), 1, "applied at commit");
-        assert!(
-            snapshot.try_recv().is_err(),
-            "no snapshot while the state holds an entry past the applied log id"
+        assert_eq!(holders(&core, "x"), 1, "applied once handed over");
+        assert!(core.replica.records_in_flight().is_empty(), "matched");
+        let frozen = snapshot.try_recv().expect("a snapshot right away");
+        assert_eq!(
+            frozen.meta.last_log_id.map(|id| id.index),
+            Some(7),
+            "the snapshot covers the entry it holds"
         );
 
-        // The state machine hands the entry back. Its records are replaced
-        // by a marker here (an acquire of "y" by the same session), which
-        // shows whether it is applied again.
+        // A batch of another stint (proposed by another leader: a twin
+        // here, acquiring "y" for the same session) is applied with nobody
+        // to tell.
         let (mut twin, _, _) = leading_with_a_session();
-        let marker = propose_now(&mut twin, now, client_batch(1, [acquire(2, "y")]));
+        let theirs = propose_now(&mut twin, now, client_batch(1, [acquire(2, "y")]));
+        let mut other = entry(8, 0, theirs);
+        if let openraft::EntryPayload::Normal(batch) = &mut other.payload {
+            batch.origin = 2;
+        }
         ops.send(RaftEvent::Apply {
-            entries: vec![entry(7, 0, marker.clone())],
-            responders: Vec::new(),
-        })
-        .unwrap();
-        assert!(core.take_arrivals(&arrivals, now).is_none());
-        assert_eq!(holders(&core, "y"), 0, "not applied a second time");
-        let frozen = snapshot.try_recv().expect("the snapshot, once handed back");
-        assert_eq!(frozen.meta.last_log_id.map(|id| id.index), Some(7));
-
-        // An entry of this leader that was not applied at commit (its
-        // commit came from elsewhere) is applied when handed over.
-        ops.send(RaftEvent::Apply {
-            entries: vec![entry(8, 5, marker)],
+            entries: vec![other],
             responders: Vec::new(),
         })
         .unwrap();

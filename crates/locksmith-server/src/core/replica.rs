@@ -2,35 +2,26 @@
 //!
 //! Only the leader proposes: each batch of client ops becomes one log entry
 //! ([`Batch`]), handed to openraft by this thread (module `raft::propose`),
-//! replicated, committed on a quorum, and then applied by every member when
-//! openraft's state machine delivers it back to the core ([`RaftEvent::Apply`]),
-//! except on the leader that proposed it: that one applies it as soon as
-//! openraft reports it committed ([`RaftEvent::Committed`]), which spares a commit
-//! the wake-up of openraft's state-machine task. Several batches may be in
-//! flight at a time (`max_batches_in_flight`), so that the next batch is
-//! written and replicated while the last one commits; past that, new ops
+//! replicated and committed on a quorum. Every member, the leader included,
+//! applies committed entries in one place: when openraft's state machine
+//! hands them to the core ([`crate::inbox::RaftEvent::Apply`]), in log
+//! order, the same on replay. The leader knows its own batches among them by
+//! their origin (a random number per leadership stint) and sequence number,
+//! and sends their results where the routes it kept for them say; other
+//! members apply the same records with nobody to tell. Several batches may
+//! be in flight at a time (`max_batches_in_flight`), so that the next batch
+//! is written and replicated while the last one commits; past that, new ops
 //! gather in the backlog and form a bigger next batch (the group commit).
 //! Nothing of a batch is decided before it is applied, in log order, so
-//! batches in flight never see each other's effects early. The one exception is time: an expiry is decided
-//! from the applied state, so while a batch carrying expiries is in flight no
-//! other is decided (it would repeat them). The leader knows its own entries
-//! by their origin (a random number per leadership stint) and sequence
-//! number, and sends their results where their routes say; other members
-//! apply the same records with nobody to tell.
+//! batches in flight never see each other's effects early. The one
+//! exception is time: an expiry is decided from the applied state, so while
+//! a batch carrying expiries is in flight no other is decided (it would
+//! repeat them).
 //!
 //! A member that becomes leader first proposes `GrantGrace` (every session,
 //! lease and lock-delay deadline pushed past the failover), and serves
 //! nothing before that entry is applied: by then it has applied everything
 //! committed before its term.
-//!
-//! Applying a batch at commit keeps log order: after `GrantGrace`, the only
-//! entries that can come between a leader's batches are openraft's blank
-//! and membership entries, which do not touch the engine, and openraft
-//! reports a leader's batches committed in log order. When the state
-//! machine hands such a batch back, it is skipped (the core keeps the
-//! indexes of the batches it applied at commit). A snapshot must hold
-//! exactly the entries up to its last log id, so a request for one waits
-//! until the state machine has handed back every batch applied ahead of it.
 //!
 //! A member that stops being leader drops what it was doing for clients,
 //! tells them where the leader is, and ends their streams; they resume their
@@ -46,13 +37,13 @@ use std::time::{Duration, Instant};
 use locksmith_core::Command;
 use openraft::type_config::alias::{EntryOf, LogIdOf, StoredMembershipOf};
 use openraft::EntryPayload;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::watch;
 use tonic::Status;
 
 use super::{Core, Proposal, Route};
 use crate::clock::Clock;
 use crate::entry::{Applied, Batch, Record, TypeConfig};
-use crate::inbox::{CoreSender, FrozenState, Role};
+use crate::inbox::{CoreSender, Role};
 use crate::op::Op;
 use crate::raft::propose::Proposer;
 use crate::raft::Raft;
@@ -77,11 +68,6 @@ pub(crate) struct Replica {
     applied: Applied,
     /// Whether this member serves clients (leads, ready).
     serving: watch::Sender<bool>,
-    /// Log indexes of this leader's batches applied at commit that the
-    /// state machine has not handed back yet, oldest first.
-    applied_at_commit: VecDeque<u64>,
-    /// Snapshot requests waiting for `applied_at_commit` to empty.
-    waiting_snapshots: Vec<oneshot::Sender<FrozenState>>,
 }
 
 /// What the core knows of its role.
@@ -97,8 +83,6 @@ pub(super) enum Leadership {
 struct InFlight {
     seq: u64,
     proposal: Proposal,
-    /// The batch's records (openraft has a copy), applied when it commits.
-    records: Vec<Record>,
     /// The first entry of a leadership stint.
     grace: bool,
     /// It carries expiries decided from the state before it.
@@ -122,8 +106,6 @@ impl Replica {
             max_in_flight: max_in_flight.max(1),
             applied: Applied::default(),
             serving,
-            applied_at_commit: VecDeque::new(),
-            waiting_snapshots: Vec::new(),
         }
     }
 
@@ -145,7 +127,12 @@ impl Replica {
     /// The records of each batch in flight, oldest first.
     #[cfg(test)]
     pub(super) fn records_in_flight(&self) -> Vec<Vec<Record>> {
-        self.in_flight.iter().map(|f| f.records.clone()).collect()
+        let held = self.proposer.held();
+        self.in_flight
+            .iter()
+            .filter_map(|f| held.iter().find(|b| b.seq == f.seq))
+            .map(|b| b.records.clone())
+            .collect()
     }
 
     /// How many batches may be in flight at once.
@@ -202,13 +189,12 @@ impl Replica {
         let batch = Batch {
             origin: stint,
             seq,
-            records: records.clone(),
+            records,
         };
         // In flight before openraft may refuse it (and say so).
         self.in_flight.push_back(InFlight {
             seq,
             proposal,
-            records,
             grace,
             expiries,
             proposed_at: Instant::now(),
@@ -381,18 +367,13 @@ impl Core {
         }
     }
 
-    /// Applies committed entries (openraft's state machine hands them over),
-    /// but for the batches this leader applied at commit.
-    pub(super) fn apply_entries(&mut self, entries: Vec<EntryOf<TypeConfig>>) {
+    /// Applies committed entries, in log order (openraft's state machine
+    /// hands them over).
+    pub(crate) fn apply_entries(&mut self, entries: Vec<EntryOf<TypeConfig>>) {
         let mut last = None;
         for entry in entries {
             match entry.payload {
                 EntryPayload::Blank => {}
-                EntryPayload::Normal(_)
-                    if self.replica.applied_at_commit.front() == Some(&entry.log_id.index) =>
-                {
-                    self.replica.applied_at_commit.pop_front();
-                }
                 EntryPayload::Normal(batch) => self.apply_batch(batch),
                 EntryPayload::Membership(membership) => {
                     let stored =
@@ -405,22 +386,10 @@ impl Core {
         if let Some(last) = last {
             self.replica.applied.last_applied = Some(last);
         }
-        self.answer_waiting_snapshots();
     }
 
-    /// This leader's batch `origin`/`seq` is committed at log index `index`
-    /// (openraft said so): it is applied now, ahead of the state machine.
-    pub(super) fn committed(&mut self, origin: u64, seq: u64, index: u64) {
-        let Some(mut in_flight) = self.replica.take_own(origin, seq) else {
-            // No longer this leader's, or refused: the state machine's turn.
-            return;
-        };
-        self.replica.applied_at_commit.push_back(index);
-        let records = std::mem::take(&mut in_flight.records);
-        self.apply_own(in_flight, records);
-    }
-
-    /// Applies a batch the state machine handed over.
+    /// Applies a committed batch: this leader's own with the routes it kept
+    /// for it, any other with nobody to tell.
     pub(super) fn apply_batch(&mut self, batch: Batch) {
         match self.replica.take_own(batch.origin, batch.seq) {
             Some(in_flight) => self.apply_own(in_flight, batch.records),
@@ -482,27 +451,6 @@ impl Core {
             last_applied,
             membership,
         };
-        // The state was replaced: whatever was applied at commit is not in
-        // it, and is applied when the state machine hands it over.
-        self.replica.applied_at_commit.clear();
-        self.answer_waiting_snapshots();
-    }
-
-    /// Answers `reply` with a copy of the applied state, once the state
-    /// machine has handed back every batch applied at commit (until then
-    /// the state holds entries past the last log id it would name).
-    pub(super) fn snapshot_when_caught_up(&mut self, reply: oneshot::Sender<FrozenState>) {
-        self.replica.waiting_snapshots.push(reply);
-        self.answer_waiting_snapshots();
-    }
-
-    fn answer_waiting_snapshots(&mut self) {
-        if self.replica.waiting_snapshots.is_empty() || !self.replica.applied_at_commit.is_empty() {
-            return;
-        }
-        for reply in std::mem::take(&mut self.replica.waiting_snapshots) {
-            let _ = reply.send(self.freeze());
-        }
     }
 
     /// The last log id applied, for snapshots.

@@ -3,11 +3,12 @@
 //! The core thread hands each batch straight to openraft's queue
 //! ([`Proposer::propose`]): no task sits between them, so a request pays no
 //! wake-up on its way to the log. It does not wait for the batch to commit
-//! (the core bounds how many are in flight); the batch's [`Outcome`] tells
-//! the core once it is committed ([`RaftEvent::Committed`]: the core applies it
-//! then, without waiting for openraft's state machine to hand it back) or
-//! if openraft refused it ([`RaftEvent::Refused`]), from wherever openraft ends it,
-//! without a task waiting on a channel for every batch.
+//! (the core bounds how many are in flight): the batch comes back through
+//! openraft's state machine once committed, like every entry on every
+//! member, and the core matches it to its waiting routes then. Its
+//! [`Outcome`] only tells the core if openraft refused it
+//! ([`RaftEvent::Refused`]), from wherever openraft ends it, without a task
+//! waiting on a channel for every batch.
 //!
 //! A new leader's first batch is the exception: right after an election the
 //! leader's lease is not confirmed yet and openraft refuses writes, so that
@@ -18,7 +19,6 @@
 use std::time::Duration;
 
 use openraft::errors::{ClientWriteError, ForwardReason, RaftError};
-use openraft::type_config::alias::LogIdOf;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
 use super::Raft;
@@ -32,17 +32,23 @@ pub(crate) struct Proposer {
     raft: Option<(Raft, CoreSender)>,
     /// First batches of leadership stints, for [`run_openers`].
     openers: UnboundedSender<Batch>,
+    /// The batches proposed while unattached, in the core's own tests.
+    #[cfg(test)]
+    held: Vec<Batch>,
 }
 
 impl Proposer {
-    /// A proposer that holds its batches until [`Proposer::attach`]; the
-    /// receiver is for [`run_openers`].
+    /// A proposer that drops its batches until [`Proposer::attach`] (the
+    /// core's own tests keep them: [`Proposer::held`]); the receiver is for
+    /// [`run_openers`].
     pub(crate) fn new() -> (Proposer, UnboundedReceiver<Batch>) {
         let (openers, receiver) = tokio::sync::mpsc::unbounded_channel();
         (
             Proposer {
                 raft: None,
                 openers,
+                #[cfg(test)]
+                held: Vec::new(),
             },
             receiver,
         )
@@ -57,25 +63,20 @@ impl Proposer {
     /// stint. Called on the core thread: it blocks only while openraft's
     /// queue is full (65 536 messages), which holds the core back instead of
     /// queueing without bound.
-    pub(crate) fn propose(&self, batch: Batch, first: bool) {
+    pub(crate) fn propose(&mut self, batch: Batch, first: bool) {
+        let Some((raft, core)) = &self.raft else {
+            #[cfg(test)]
+            self.held.push(batch);
+            return;
+        };
         if first {
             // The task ends only with the server, after the core.
             let _ = self.openers.send(batch);
             return;
         }
-        let Some((raft, core)) = &self.raft else {
-            return;
-        };
         let (origin, seq) = (batch.origin, batch.seq);
-        let (commits, refusals) = (core.clone(), core.clone());
+        let refusals = core.clone();
         let outcome = Outcome::new(
-            move |log_id: LogIdOf<TypeConfig>| {
-                let _ = commits.send(RaftEvent::Committed {
-                    origin,
-                    seq,
-                    index: log_id.index,
-                });
-            },
             move |result: openraft::raft::ClientWriteResult<TypeConfig>| {
                 if let Err(error) = result {
                     refuse(&refusals, origin, seq, error.to_string());
@@ -88,6 +89,14 @@ impl Proposer {
         if let Err(fatal) = written {
             refuse(core, origin, seq, fatal.to_string());
         }
+    }
+}
+
+#[cfg(test)]
+impl Proposer {
+    /// The batches proposed while unattached, oldest first.
+    pub(crate) fn held(&self) -> &[Batch] {
+        &self.held
     }
 }
 

@@ -1,11 +1,11 @@
 //! The replicated state machine is the core: openraft hands committed
 //! entries to [`CoreMachine`], which passes them on to the core thread
-//! ([`RaftEvent::Apply`]) in order, so that every member applies the same entries
-//! in the same order to the same engine. It does not wait for the core to
-//! apply them: the core's channel keeps the order, and anything asked of
-//! the core later (a snapshot, an installed snapshot) queues behind them.
-//! (The leader has applied its own batches by then, when openraft reported
-//! them committed, and skips them here: module `core::replica`.)
+//! ([`RaftEvent::Apply`]) in order, so that every member, the leader
+//! included, applies the same entries in the same order to the same engine,
+//! in one place (the leader also answers its own batches' clients then:
+//! module `core::replica`). It does not wait for the core to apply them: the
+//! core's channel keeps the order, and anything asked of the core later (a
+//! snapshot, an installed snapshot) queues behind them.
 //!
 //! A snapshot is the core's state (`ServerSnapshot`: the engine, the session
 //! table, the clock), frozen by the core thread and postcard-encoded on a
