@@ -431,13 +431,11 @@ fn deliver_on_loop(
     }
 }
 
-/// An awaitable of `lost`'s reason.
-fn lost_awaitable<'py>(
-    py: Python<'py>,
-    held_lost: &locksmith::LostSignal,
-) -> PyResult<Bound<'py, PyAny>> {
-    let lost = held_lost.clone();
-    awaitable(py, async move { Ok(lost.fired().await) })
+/// An awaitable of the hold's loss: its reason, or `None` once released.
+fn lost_awaitable<'py, T: Send>(py: Python<'py>, held: &Held<T>) -> PyResult<Bound<'py, PyAny>> {
+    held.check()?;
+    let lost = held.lost_or_released();
+    awaitable(py, async move { Ok(lost.await) })
 }
 
 fn running_loop(py: Python<'_>) -> PyResult<Py<PyAny>> {
@@ -523,10 +521,10 @@ impl Guard {
         self.held.raise_if_lost(py)
     }
 
-    /// Completes with the reason once the hold is lost.
+    /// Completes with the reason once the hold is lost (`None` once it is
+    /// released first).
     fn lost<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        self.held.check()?;
-        lost_awaitable(py, self.held.lost())
+        lost_awaitable(py, &self.held)
     }
 
     /// Calls `callback(cause, reason)` on the running event loop when the
@@ -725,8 +723,7 @@ impl Leadership {
     }
 
     fn lost<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        self.held.check()?;
-        lost_awaitable(py, self.held.lost())
+        lost_awaitable(py, &self.held)
     }
 
     fn on_lost(&self, py: Python<'_>, callback: Py<PyAny>) -> PyResult<()> {

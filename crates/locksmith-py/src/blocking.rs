@@ -386,15 +386,19 @@ impl RwLock {
     }
 }
 
-/// Waits until `lost` fires or `timeout` passes; the reason, or `None`.
-fn wait_lost(
+/// Waits until the hold is lost (its reason), released (`None`) or
+/// `timeout` passes (`None`).
+fn wait_lost<T: Send>(
     py: Python<'_>,
-    lost: &locksmith::LostSignal,
-    timeout: Option<Duration>,
+    held: &Held<T>,
+    timeout: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Option<String>> {
+    held.check()?;
+    let timeout = convert::optional_duration(timeout, "timeout")?;
+    let lost = held.lost_or_released();
     match timeout {
-        Some(timeout) => Ok(block(py, runtime::within(timeout, lost.fired()))?),
-        None => block(py, lost.fired()).map(Some),
+        Some(timeout) => Ok(block(py, runtime::within(timeout, lost))?.flatten()),
+        None => block(py, lost),
     }
 }
 
@@ -495,12 +499,11 @@ impl Guard {
         self.held.raise_if_lost(py)
     }
 
-    /// Blocks until the hold is lost (its reason) or `timeout` passes (`None`).
+    /// Blocks until the hold is lost (its reason), or is released or
+    /// `timeout` passes (`None`).
     #[pyo3(signature = (timeout=None))]
     fn lost(&self, py: Python<'_>, timeout: Option<&Bound<'_, PyAny>>) -> PyResult<Option<String>> {
-        self.held.check()?;
-        let timeout = convert::optional_duration(timeout, "timeout")?;
-        wait_lost(py, self.held.lost(), timeout)
+        wait_lost(py, &self.held, timeout)
     }
 
     /// Calls `callback(cause, reason)` on a background thread when the hold
@@ -662,9 +665,7 @@ impl Leadership {
 
     #[pyo3(signature = (timeout=None))]
     fn lost(&self, py: Python<'_>, timeout: Option<&Bound<'_, PyAny>>) -> PyResult<Option<String>> {
-        self.held.check()?;
-        let timeout = convert::optional_duration(timeout, "timeout")?;
-        wait_lost(py, self.held.lost(), timeout)
+        wait_lost(py, &self.held, timeout)
     }
 
     fn on_lost(&self, callback: Py<PyAny>) -> PyResult<()> {

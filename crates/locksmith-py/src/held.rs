@@ -86,6 +86,24 @@ impl<T: Send> Held<T> {
         &self.lost
     }
 
+    /// Completes with the reason once the hold is lost, or with `None` once
+    /// it is released first (a released hold can no longer be lost).
+    pub fn lost_or_released(
+        &self,
+    ) -> impl std::future::Future<Output = Option<String>> + Send + 'static {
+        let lost = self.lost.clone();
+        let ended = self.ended.clone();
+        async move {
+            if let Some(reason) = lost.reason() {
+                return Some(reason);
+            }
+            tokio::select! {
+                reason = lost.fired() => Some(reason),
+                _ = ended.cancelled() => None,
+            }
+        }
+    }
+
     /// The lost cause as a `locksmith.LostCause`, once lost.
     pub fn lost_cause<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
         self.lost

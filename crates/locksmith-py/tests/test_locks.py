@@ -180,6 +180,7 @@ def test_release_before_loss_calls_no_callback(client, name):
     calls = []
     guard.on_lost(lambda cause, reason: calls.append(cause))
     guard.release()
+    assert guard.lost() is None, "a released hold is not waited on"
     time.sleep(0.2)
     assert calls == []
 
