@@ -108,7 +108,7 @@ pub fn open_data_dir(data_dir: &Path, recover: bool) -> Result<(), ServerError> 
 /// never panics.
 ///
 /// The files are written in the documented formats (module docs of
-/// [`crate::storage`]; from the documentation, not with the writer's code,
+/// the `storage` module; from the documentation, not with the writer's code,
 /// so that the reader is checked against what is documented), so that the
 /// fuzzer gets past the checksums: a checked
 /// file (`TOKENS`, `snapshot`, `raft/RAFTLOG`) is either raw bytes or a
