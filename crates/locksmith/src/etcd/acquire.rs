@@ -211,7 +211,7 @@ impl Inner {
                     .grant_lease(ttl_seconds(duration))
                     .await
                     .map_err(|e| backend_error("granting the hold's lease", e))?;
-                let own = OwnLease::new(granted.id, granted.ttl, sent + duration);
+                let own = OwnLease::new(granted.id, granted.ttl, sent, duration);
                 let key = hold_key(&prefix, mode, granted.id);
                 (QueueLease::Own(own), key)
             }
@@ -357,7 +357,7 @@ impl Inner {
                 if !Box::pin(refresh(&self.client, own.id())).await? {
                     return Err(Error::Lost("the lease of the waiting acquire is gone".into()).into());
                 }
-                own.state.lock().expect("own lease").deadline = sent + duration;
+                own.term.send_modify(|term| term.extended(sent, duration));
             }
             Ok(self.grant(name, request, key.clone(), mine, granted_at, lease, meta, pending)?)
         }
@@ -609,7 +609,7 @@ impl Inner {
                 }
             }
             QueueLease::Own(own) => {
-                own.spawn_timer(lost.clone(), self.client.clone());
+                own.keep(lost.clone(), self.client.clone());
                 HoldLease::Own(own)
             }
         };

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::sync::Notify;
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -19,7 +19,7 @@ use super::{backend_error, Inner, BACKEND};
 use crate::backend::Hold;
 use crate::backend::LostSignal;
 use crate::error::{Error, Result};
-use crate::keeper::trusted_until;
+use crate::keeper::{self, Kept, Term};
 use crate::lost::LostCause;
 
 /// One hold of one lock by one owner.
@@ -90,11 +90,12 @@ pub(crate) enum HoldLease {
 }
 
 /// A hold's own lease: etcd's TTL (whole seconds, at least etcd's minimum) is
-/// the fallback should this process die; while it lives, a local timer ends
-/// the hold at exactly the requested lease: it fires `lost()` and revokes.
+/// the fallback should this process die; while it lives, the keeper ends the
+/// hold at exactly the requested lease: it fires `lost()` and revokes.
 pub(crate) struct OwnLease {
     pub state: Mutex<OwnState>,
-    changed: Notify,
+    /// The keeper's term of the hold: when it ends unless extended.
+    pub term: watch::Sender<Term>,
     done: CancellationToken,
 }
 
@@ -102,15 +103,15 @@ pub(crate) struct OwnState {
     pub id: i64,
     /// The TTL etcd granted, in seconds.
     pub ttl: i64,
-    /// When the hold ends unless extended.
-    pub deadline: Instant,
 }
 
 impl OwnLease {
-    pub fn new(id: i64, ttl: i64, deadline: Instant) -> Arc<OwnLease> {
+    /// A lease `id` of `ttl` seconds in etcd, granted by a request sent at
+    /// `sent` for the hold's `lease`.
+    pub fn new(id: i64, ttl: i64, sent: Instant, lease: Duration) -> Arc<OwnLease> {
         Arc::new(OwnLease {
-            state: Mutex::new(OwnState { id, ttl, deadline }),
-            changed: Notify::new(),
+            state: Mutex::new(OwnState { id, ttl }),
+            term: watch::Sender::new(Term::fixed("the hold's lease", Kept::Hold, sent, lease)),
             done: CancellationToken::new(),
         })
     }
@@ -119,31 +120,22 @@ impl OwnLease {
         self.state.lock().expect("own lease").id
     }
 
-    /// Ends the hold at its deadline: fires `lost` and revokes the lease.
-    pub fn spawn_timer(self: &Arc<Self>, lost: LostSignal, client: EtcdClient) {
+    /// Has the keeper end the hold when its lease runs out: fires `lost`
+    /// and revokes the lease.
+    pub fn keep(self: &Arc<Self>, lost: LostSignal, client: EtcdClient) {
         let own = self.clone();
         tokio::spawn(async move {
-            loop {
-                let deadline = own.state.lock().expect("own lease").deadline;
-                tokio::select! {
-                    _ = tokio::time::sleep_until(deadline) => {}
-                    _ = own.changed.notified() => continue,
-                    _ = own.done.cancelled() => return,
-                }
-                let (due, id) = {
-                    let state = own.state.lock().expect("own lease");
-                    (state.deadline <= Instant::now(), state.id)
-                };
-                if due {
-                    lost.fire_because(LostCause::LeaseExpired, "the hold's lease ran out");
-                    revoke_in_background(client, id);
-                    return;
+            tokio::select! {
+                _ = own.done.cancelled() => {}
+                loss = keeper::keep_fixed(own.term.clone()) => {
+                    lost.fire_because(loss.cause, loss.reason);
+                    revoke_in_background(client, own.id());
                 }
             }
         });
     }
 
-    /// Stops the timer (released).
+    /// Stops the keeper (released).
     pub fn stop(&self) {
         self.done.cancel();
     }
@@ -333,14 +325,10 @@ impl Hold for EtcdHold {
                 }
                 revoke_in_background(client.clone(), id);
             }
-            {
-                let mut state = own.state.lock().expect("own lease");
-                if let Some(reason) = entry.lost.reason() {
-                    return Err(Error::Lost(reason));
-                }
-                state.deadline = trusted_until(sent, lease, Duration::ZERO);
+            if let Some(reason) = entry.lost.reason() {
+                return Err(Error::Lost(reason));
             }
-            own.changed.notify_one();
+            own.term.send_modify(|term| term.extended(sent, lease));
             Ok(())
         }
         .instrument(span)

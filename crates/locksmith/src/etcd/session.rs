@@ -1,16 +1,19 @@
-//! The session: one etcd lease per client, kept alive at a third of its TTL.
+//! The session: one etcd lease per client, kept alive by the keeper (module
+//! `keeper`) through keep-alives on one stream.
 //!
 //! Go's `concurrency.NewSession` does the same (`client.KeepAlive` on one
-//! lease; every Mutex key of the session is attached to it). When the lease is
-//! gone (a keep-alive answers TTL 0 / "lease not found") or cannot be renewed
-//! before it would run out, every hold attached to it is lost; the next acquire
-//! grants a fresh lease.
+//! lease; every Mutex key of the session is attached to it). When the keeper
+//! ends the lease (a keep-alive answers TTL 0 / "lease not found", or none
+//! got through before it would run out), every hold attached to it is lost;
+//! the next acquire grants a fresh lease.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use async_trait::async_trait;
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -18,11 +21,8 @@ use super::rpc::{EtcdClient, KeepAlive};
 use super::{backend_error, BACKEND};
 use crate::backend::LostSignal;
 use crate::error::Result;
-use crate::keeper::{renewal_interval, trusted_until};
+use crate::keeper::{self, Kept, Renew, Renewed, Term};
 use crate::lost::LostCause;
-
-/// Pause between attempts to reopen a broken keep-alive stream.
-const RETRY: Duration = Duration::from_millis(100);
 
 /// One lease and what hangs on it.
 pub(crate) struct Session {
@@ -76,7 +76,34 @@ impl Session {
             ttl = ?session.ttl,
             "session lease granted"
         );
-        tokio::spawn(keep_alive(session.clone(), client, sent, shutdown));
+        let term = Term::renewed(
+            "the session lease",
+            Kept::Session,
+            sent,
+            session.ttl,
+            Duration::ZERO,
+        );
+        let renewal = KeepAlives {
+            client,
+            stream: None,
+            id: session.id,
+        };
+        let kept = session.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = shutdown.cancelled() => {}
+                _ = kept.dead.cancelled() => {}
+                loss = keeper::keep(watch::Sender::new(term), renewal) => {
+                    tracing::warn!(
+                        backend = BACKEND,
+                        lease = format_args!("{:x}", kept.id),
+                        reason = %loss.reason,
+                        "session lease lost"
+                    );
+                    kept.end(loss.cause, &loss.reason);
+                }
+            }
+        });
         Ok(session)
     }
 
@@ -174,97 +201,36 @@ pub(crate) fn ttl_seconds(ttl: Duration) -> i64 {
     whole.max(1) as i64
 }
 
-/// Renews the lease every TTL/3; ends the session when the lease is gone or
-/// when no renewal got through before it would run out.
-///
-/// Cancel safety: aborting it stops the renewals; the lease then expires.
-async fn keep_alive(
-    session: Arc<Session>,
+/// The session lease's keep-alives, on one stream opened when first needed
+/// and again after it broke.
+struct KeepAlives {
     client: EtcdClient,
-    granted_at: Instant,
-    shutdown: CancellationToken,
-) {
-    let every = renewal_interval(session.ttl);
-    // The lease lives at least until this instant (measured from our send time,
-    // so never later than etcd's own clock says).
-    let mut expires = trusted_until(granted_at, session.ttl, Duration::ZERO);
-    let mut next = granted_at + every;
-    let mut stream: Option<KeepAlive> = None;
-    loop {
-        tokio::select! {
-            _ = tokio::time::sleep_until(next) => {}
-            _ = shutdown.cancelled() => return,
-            _ = session.dead.cancelled() => return,
-        }
-        let sent = Instant::now();
-        let outcome = tokio::select! {
-            outcome = tokio::time::timeout_at(expires, renew(&client, &mut stream, session.id)) => outcome,
-            _ = shutdown.cancelled() => return,
-        };
-        match outcome {
-            Ok(Ok(Some(ttl))) => {
-                expires = trusted_until(sent, Duration::from_secs(ttl as u64), Duration::ZERO);
-                next = sent + every;
-            }
-            Ok(Ok(None)) => {
-                tracing::warn!(
-                    backend = BACKEND,
-                    lease = format_args!("{:x}", session.id),
-                    "session lease expired or was revoked"
-                );
-                session.end(
-                    LostCause::SessionExpired,
-                    "the session lease expired or was revoked",
-                );
-                return;
-            }
-            Ok(Err(error)) => {
-                tracing::debug!(backend = BACKEND, %error, "keep-alive failed, retrying");
-                stream = None;
-                next = Instant::now() + RETRY;
-                if next >= expires {
-                    next = expires;
-                }
-            }
-            Err(_) => {
-                tracing::warn!(
-                    backend = BACKEND,
-                    lease = format_args!("{:x}", session.id),
-                    "could not renew the session lease before it ran out"
-                );
-                session.end(
-                    LostCause::ConnectionLost,
-                    "could not reach etcd to renew the session lease before it ran out",
-                );
-                return;
-            }
-        }
-        if Instant::now() >= expires {
-            session.end(
-                LostCause::ConnectionLost,
-                "could not reach etcd to renew the session lease before it ran out",
-            );
-            return;
-        }
-    }
+    stream: Option<KeepAlive>,
+    id: i64,
 }
 
-/// One keep-alive round trip on the session's stream (opened first if
-/// needed): `Some(ttl)` when renewed, `None` when the lease no longer exists.
-///
-/// Cancel safety: a dropped renewal leaves the stream in an unknown state;
-/// the caller drops the stream on error.
-async fn renew(
-    client: &EtcdClient,
-    stream: &mut Option<KeepAlive>,
-    id: i64,
-) -> std::result::Result<Option<i64>, tonic::Status> {
-    match stream {
-        Some(open) => open.renew().await,
-        None => {
-            let (opened, ttl) = client.keep_alive(id).await?;
-            *stream = Some(opened);
-            Ok(ttl)
+#[async_trait]
+impl Renew for KeepAlives {
+    /// Cancel safety: safe; a dropped round trip leaves the stream in an
+    /// unknown state, so it is dropped with it and opened again next time.
+    async fn renew(&mut self, _: Duration) -> std::result::Result<Renewed, String> {
+        let stream = self.stream.take();
+        let answer = match stream {
+            Some(mut open) => open.renew().await.map(|ttl| (open, ttl)),
+            None => self.client.keep_alive(self.id).await,
+        };
+        match answer {
+            Ok((open, ttl)) => {
+                self.stream = Some(open);
+                Ok(match ttl {
+                    Some(ttl) => Renewed::For(Duration::from_secs(ttl.max(0) as u64)),
+                    None => Renewed::Gone,
+                })
+            }
+            Err(status) => {
+                tracing::debug!(backend = BACKEND, %status, "keep-alive failed, retrying");
+                Err(status.to_string())
+            }
         }
     }
 }

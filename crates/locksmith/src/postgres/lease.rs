@@ -1,19 +1,18 @@
 //! Lease (TTL) holds: a row in `lease_holds`, no connection held.
 //!
 //! Acquired by `acquire_lease` (a transaction-level try-lock on the key, then
-//! the insert-or-take-expired upsert), kept by a task per hold: with the
-//! watchdog (a hold without its own lease: the session TTL, in TTL mode) it
-//! renews at a third of the lease and retries failed renewals until the lease
-//! runs out; without it, it only watches the expiry. Expiry is judged by the
-//! database's clock; locally the hold counts as expired at the time the last
-//! successful renewal (or the acquire) was *sent* plus the lease, which is
-//! never later than the database's expiry. `lost()` fires when that time
-//! passes, or when a renewal finds the row gone.
+//! the insert-or-take-expired upsert), kept by the keeper (module `keeper`)
+//! on a task per hold: with the watchdog (a hold without its own lease: the
+//! session TTL, in TTL mode) it renews through `renew_lease`; without it, it
+//! only watches the expiry. Expiry is judged by the database's clock; the
+//! keeper's deadline is counted from the send, so never later. `lost()`
+//! fires when the keeper ends the hold.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_trait::async_trait;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -25,8 +24,7 @@ use super::config::Pooler;
 use super::{detached, one, pg_error, wait, Shared};
 use crate::backend::{LostSignal, Wait};
 use crate::error::{Error, Result};
-use crate::keeper::{renewal_interval, trusted_until};
-use crate::lost::LostCause;
+use crate::keeper::{self, Kept, Renew, Renewed, Term};
 
 /// A live lease hold.
 pub(crate) struct LeaseHold {
@@ -35,18 +33,10 @@ pub(crate) struct LeaseHold {
     owner: String,
     pub token: u64,
     pub lost: LostSignal,
-    state: watch::Sender<LeaseState>,
+    /// The keeper's term of the hold, shared with its task.
+    term: watch::Sender<Term>,
     stop: CancellationToken,
     released: AtomicBool,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct LeaseState {
-    lease: Duration,
-    /// Local (conservative) expiry.
-    expires: Instant,
-    /// When the watchdog renews next.
-    renew_at: Instant,
 }
 
 /// Acquires a lease hold of `target` (whose lease is set): one
@@ -175,10 +165,11 @@ fn start(
         Claim::Busy(retry) => return Claim::Busy(retry),
         Claim::Conflict(detail) => return Claim::Conflict(detail),
     };
-    let (state, updates) = watch::channel(LeaseState {
-        lease,
-        expires: trusted_until(sent, lease, Duration::ZERO),
-        renew_at: sent + renewal_interval(lease),
+    let what = format!("lease of {}", target.name);
+    let term = watch::Sender::new(if watchdog {
+        Term::renewed(what, Kept::Hold, sent, lease, Duration::ZERO)
+    } else {
+        Term::fixed(what, Kept::Hold, sent, lease)
     });
     let hold = Arc::new(LeaseHold {
         shared: shared.clone(),
@@ -186,112 +177,44 @@ fn start(
         owner: target.owner.clone(),
         token: granted.token,
         lost: LostSignal::new(),
-        state,
+        term,
         stop: CancellationToken::new(),
         released: AtomicBool::new(false),
     });
-    tokio::spawn(keep(
-        Keeper {
-            shared: shared.clone(),
-            name: hold.name.clone(),
-            owner: hold.owner.clone(),
-            token: hold.token,
-            lost: hold.lost.clone(),
-            state: hold.state.clone(),
-            stop: hold.stop.clone(),
-            watchdog,
-        },
-        updates,
-    ));
+    let renewal = Renewal {
+        shared: shared.clone(),
+        name: hold.name.clone(),
+        owner: hold.owner.clone(),
+        token: hold.token,
+    };
+    let (term, lost, stop) = (hold.term.clone(), hold.lost.clone(), hold.stop.clone());
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = stop.cancelled() => {}
+            loss = keeper::keep(term, renewal) => lost.fire_because(loss.cause, loss.reason),
+        }
+    });
     Claim::Granted(hold)
 }
 
-/// What the keeper task of one hold needs.
-struct Keeper {
+/// What the keeper renews a hold through.
+struct Renewal {
     shared: Arc<Shared>,
     name: String,
     owner: String,
     token: u64,
-    lost: LostSignal,
-    state: watch::Sender<LeaseState>,
-    stop: CancellationToken,
-    watchdog: bool,
 }
 
-/// Renews (with the watchdog) and watches the expiry, see the module docs.
-///
-/// Cancel safety: runs as the hold's own task until the hold is released,
-/// dropped or lost; aborting it stops the renewals (the lease then runs out
-/// in the database) and the local expiry check that fires `lost()`.
-async fn keep(keeper: Keeper, mut updates: watch::Receiver<LeaseState>) {
-    loop {
-        let state = *updates.borrow_and_update();
-        let wake = if keeper.watchdog {
-            state.renew_at.min(state.expires)
-        } else {
-            state.expires
-        };
-        tokio::select! {
-            _ = keeper.stop.cancelled() => return,
-            changed = updates.changed() => {
-                if changed.is_err() {
-                    return;
-                }
-                continue;
-            }
-            _ = tokio::time::sleep_until(wake) => {}
-        }
-        let now = Instant::now();
-        if now >= state.expires {
-            // With a watchdog, the lease ran out because renewals failed.
-            let cause = if keeper.watchdog {
-                LostCause::ConnectionLost
-            } else {
-                LostCause::LeaseExpired
-            };
-            keeper
-                .lost
-                .fire_because(cause, format!("lease of {} expired", keeper.name));
-            return;
-        }
-        if !keeper.watchdog || now < state.renew_at {
-            continue;
-        }
-        let sent = Instant::now();
-        // A renewal the server never answers (a stopped backend, a partition
-        // without resets) must not outlast the lease: at its end the loop
-        // reports the hold lost.
-        let renewal = renew(
-            &keeper.shared,
-            &keeper.name,
-            keeper.token,
-            &keeper.owner,
-            state.lease,
-        );
-        let Ok(renewed) = tokio::time::timeout_at(state.expires, renewal).await else {
-            continue;
-        };
-        match renewed {
-            Ok(true) => keeper.state.send_modify(|s| {
-                s.expires = trusted_until(sent, s.lease, Duration::ZERO);
-                s.renew_at = sent + renewal_interval(s.lease);
-            }),
-            Ok(false) => {
-                keeper.lost.fire_because(
-                    LostCause::Gone,
-                    format!(
-                        "lease of {} is no longer held (expired and taken, or force-released)",
-                        keeper.name
-                    ),
-                );
-                return;
-            }
+#[async_trait]
+impl Renew for Renewal {
+    /// Cancel safety: safe; one statement: the renewal happened or it did not.
+    async fn renew(&mut self, lease: Duration) -> std::result::Result<Renewed, String> {
+        match renew(&self.shared, &self.name, self.token, &self.owner, lease).await {
+            Ok(true) => Ok(Renewed::For(lease)),
+            Ok(false) => Ok(Renewed::Gone),
             Err(error) => {
-                tracing::warn!(%error, name = %keeper.name, "postgres: lease renewal failed, retrying");
-                keeper.state.send_modify(|s| {
-                    s.renew_at = now
-                        + (s.lease / 10).clamp(Duration::from_millis(10), Duration::from_secs(1));
-                });
+                tracing::warn!(%error, name = %self.name, "postgres: lease renewal failed, retrying");
+                Err(error.to_string())
             }
         }
     }
@@ -331,16 +254,12 @@ impl LeaseHold {
         }
         let sent = Instant::now();
         if renew(&self.shared, &self.name, self.token, &self.owner, lease).await? {
-            self.state.send_modify(|s| {
-                s.lease = lease;
-                s.expires = trusted_until(sent, lease, Duration::ZERO);
-                s.renew_at = sent + renewal_interval(lease);
-            });
+            self.term.send_modify(|term| term.extended(sent, lease));
             Ok(())
         } else {
-            let reason = format!("lease of {} is no longer held", self.name);
-            self.lost.fire_because(LostCause::Gone, reason.clone());
-            Err(Error::Lost(reason))
+            let loss = self.term.borrow().gone(Instant::now());
+            self.lost.fire_because(loss.cause, loss.reason.clone());
+            Err(Error::Lost(self.lost.reason().unwrap_or(loss.reason)))
         }
     }
 

@@ -25,8 +25,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use tokio::sync::Notify;
-use tokio::time::{sleep_until, Instant};
+use tokio::sync::watch;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use zookeeper_client as zk;
 
@@ -34,6 +34,7 @@ use super::session::Session;
 use super::BACKEND;
 use crate::backend::{Hold, LostSignal};
 use crate::error::{Error, Result};
+use crate::keeper::{self, Kept, Term};
 use crate::lost::LostCause;
 
 /// Holds of one client by `(lock name, owner)`, for inspection, elections
@@ -93,14 +94,16 @@ pub(crate) struct HoldState {
     pub data_version: std::sync::atomic::AtomicI32,
     inner: Mutex<Inner>,
     done: CancellationToken,
-    lease_moved: Notify,
+    /// The keeper's term of a leased hold: when this client ends it.
+    lease: Option<watch::Sender<Term>>,
 }
 
 struct Inner {
     /// Re-entry depth, as the model layer records it.
     count: u32,
     status: Status,
-    lease_until: Option<(Instant, SystemTime)>,
+    /// When a leased hold's lease runs out, for inspection.
+    lease_expires: Option<SystemTime>,
 }
 
 enum Status {
@@ -124,9 +127,6 @@ pub(crate) struct NewHold {
 impl HoldState {
     /// Makes the hold, records it, and starts its watch task.
     pub fn start(new: NewHold, table: &Arc<HoldTable>) -> Arc<HoldState> {
-        let lease_until = new
-            .lease
-            .map(|lease| (Instant::now() + lease, SystemTime::now() + lease));
         let hold = Arc::new(HoldState {
             name: new.name,
             owner: new.owner,
@@ -139,10 +139,12 @@ impl HoldState {
             inner: Mutex::new(Inner {
                 count: 1,
                 status: Status::Held,
-                lease_until,
+                lease_expires: new.lease.map(|lease| SystemTime::now() + lease),
             }),
             done: CancellationToken::new(),
-            lease_moved: Notify::new(),
+            lease: new.lease.map(|lease| {
+                watch::Sender::new(Term::fixed("the hold", Kept::Hold, Instant::now(), lease))
+            }),
         });
         table.insert(hold.clone());
         tokio::spawn(watch(hold.clone(), table.clone(), new.trust));
@@ -156,7 +158,7 @@ impl HoldState {
 
     /// When the lease runs out, for a leased hold.
     pub fn lease_expires(&self) -> Option<SystemTime> {
-        self.inner().lease_until.map(|(_, at)| at)
+        self.inner().lease_expires
     }
 
     /// Marks the hold lost (if it was held) and fires its signal. Returns
@@ -191,34 +193,28 @@ impl HoldState {
 /// Cancel safety: runs as its own task; aborting it only stops the watching.
 async fn watch(hold: Arc<HoldState>, table: Arc<HoldTable>, trust: LostSignal) {
     let node_gone = node_gone(&hold);
-    tokio::pin!(node_gone);
-    loop {
-        let lease = hold.inner().lease_until.map(|(at, _)| at);
-        let far = Instant::now() + Duration::from_secs(86_400 * 365);
-        tokio::select! {
-            _ = hold.done.cancelled() => return,
-            reason = trust.fired() => {
-                let cause = trust.cause().unwrap_or_default();
-                if hold.lose(&table, cause, &reason) {
-                    delete_abandoned(&hold).await;
-                }
-                return;
+    let lease_ran_out = async {
+        match &hold.lease {
+            Some(term) => keeper::keep_fixed(term.clone()).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = hold.done.cancelled() => {}
+        reason = trust.fired() => {
+            let cause = trust.cause().unwrap_or_default();
+            if hold.lose(&table, cause, &reason) {
+                delete_abandoned(&hold).await;
             }
-            _ = sleep_until(lease.unwrap_or(far)), if lease.is_some() => {
-                let lease = hold.inner().lease_until.map(|(at, _)| at);
-                if lease.is_some_and(|at| at <= Instant::now()) {
-                    if hold.lose(&table, LostCause::LeaseExpired, "lease ended") {
-                        delete_abandoned(&hold).await;
-                    }
-                    return;
-                }
+        }
+        loss = lease_ran_out => {
+            if hold.lose(&table, loss.cause, &loss.reason) {
+                delete_abandoned(&hold).await;
             }
-            _ = hold.lease_moved.notified() => {}
-            (cause, reason, still_there) = &mut node_gone => {
-                if hold.lose(&table, cause, &reason) && still_there {
-                    delete_abandoned(&hold).await;
-                }
-                return;
+        }
+        (cause, reason, still_there) = node_gone => {
+            if hold.lose(&table, cause, &reason) && still_there {
+                delete_abandoned(&hold).await;
             }
         }
     }
@@ -347,9 +343,11 @@ impl Hold for ZkHold {
         let mut inner = hold.inner();
         match &inner.status {
             Status::Held => {
-                inner.lease_until = Some((Instant::now() + lease, SystemTime::now() + lease));
+                inner.lease_expires = Some(SystemTime::now() + lease);
                 drop(inner);
-                hold.lease_moved.notify_one();
+                if let Some(term) = &hold.lease {
+                    term.send_modify(|term| term.extended(Instant::now(), lease));
+                }
                 Ok(())
             }
             Status::Lost(reason) => Err(hold.lost_error(reason)),
