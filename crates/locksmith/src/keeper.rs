@@ -46,6 +46,13 @@ pub(crate) fn trusted_until(sent: Instant, lease: Duration, drift: Duration) -> 
     sent + lease.saturating_sub(drift)
 }
 
+/// What may be taken off a lease of `lease` where the store's clocks may
+/// run at other rates than ours, as several independent Redis masters'
+/// may: Redlock's `lease × 1% + 2 ms`.
+pub(crate) fn clock_drift(lease: Duration) -> Duration {
+    lease / 100 + Duration::from_millis(2)
+}
+
 /// What a kept term keeps alive, for the cause it ends with when the store
 /// no longer has it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,9 +83,9 @@ pub(crate) struct Term {
     /// fixed lease that only runs out.
     renewed: bool,
     lease: Duration,
-    /// Taken off every lease where the store's clocks may run at other
-    /// rates than ours.
-    drift: Duration,
+    /// Whether the store's clocks may run at other rates than ours
+    /// ([`clock_drift`] is then taken off every lease).
+    clocks_drift: bool,
     trusted_until: Instant,
     /// When the keeper renews next (when renewed).
     renew_at: Instant,
@@ -89,20 +96,14 @@ pub(crate) struct Term {
 impl Term {
     /// A term the keeper renews, granted for `lease` by a request sent at
     /// `sent`.
-    pub fn renewed(
-        what: impl Into<String>,
-        kept: Kept,
-        sent: Instant,
-        lease: Duration,
-        drift: Duration,
-    ) -> Term {
+    pub fn renewed(what: impl Into<String>, kept: Kept, sent: Instant, lease: Duration) -> Term {
         Term {
             what: what.into(),
             kept,
             renewed: true,
             lease,
-            drift,
-            trusted_until: trusted_until(sent, lease, drift),
+            clocks_drift: false,
+            trusted_until: trusted_until(sent, lease, Duration::ZERO),
             renew_at: sent + renewal_interval(lease),
             last_error: None,
         }
@@ -113,8 +114,47 @@ impl Term {
     pub fn fixed(what: impl Into<String>, kept: Kept, sent: Instant, lease: Duration) -> Term {
         Term {
             renewed: false,
-            ..Term::renewed(what, kept, sent, lease, Duration::ZERO)
+            ..Term::renewed(what, kept, sent, lease)
         }
+    }
+
+    /// The same term on a store whose clocks may run at other rates than
+    /// ours (Redlock's independent masters): trusted for less.
+    pub fn with_clock_drift(mut self) -> Term {
+        self.clocks_drift = true;
+        self.trusted_until -= clock_drift(self.lease).min(self.lease);
+        self
+    }
+
+    /// What is taken off a lease of `lease`.
+    fn drift(&self, lease: Duration) -> Duration {
+        if self.clocks_drift {
+            clock_drift(lease)
+        } else {
+            Duration::ZERO
+        }
+    }
+
+    /// Until when it may be trusted.
+    pub fn trusted_until(&self) -> Instant {
+        self.trusted_until
+    }
+
+    /// Whether the keeper renews it.
+    pub fn is_renewed(&self) -> bool {
+        self.renewed
+    }
+
+    /// Starts or stops renewing it (a Redis hold whose re-entry levels
+    /// without a fixed lease came or went).
+    pub fn set_renewed(&mut self, renewed: bool) {
+        self.renewed = renewed;
+    }
+
+    /// Trusts it at least until `until` (a re-entry granted with a later
+    /// lease).
+    pub fn trust_at_least(&mut self, until: Instant) {
+        self.trusted_until = self.trusted_until.max(until);
     }
 
     /// The next instant the keeper must act: a renewal, or the end of the
@@ -133,15 +173,16 @@ impl Term {
     }
 
     /// The store renewed it for `lease` by a request sent at `sent`,
-    /// answered at `now`. An answer that came after the trust ended counts
-    /// for nothing: the hold may have been granted to someone else
-    /// meanwhile. Answers whether it counted.
+    /// answered at `now` (or, for a fixed lease, found it still there). An
+    /// answer that came after the trust ended counts for nothing: the hold
+    /// may have been granted to someone else meanwhile; a fixed lease is
+    /// not moved by a check. Answers whether it counted.
     pub fn renewed_for(&mut self, sent: Instant, lease: Duration, now: Instant) -> bool {
         self.last_error = None;
-        if now >= self.trusted_until {
+        if !self.renewed || now >= self.trusted_until {
             return false;
         }
-        self.trusted_until = trusted_until(sent, lease, self.drift);
+        self.trusted_until = trusted_until(sent, lease, self.drift(lease));
         self.renew_at = sent + renewal_interval(lease);
         true
     }
@@ -149,7 +190,7 @@ impl Term {
     /// Its owner extended it to `lease` by a request sent at `sent`.
     pub fn extended(&mut self, sent: Instant, lease: Duration) {
         self.lease = lease;
-        self.trusted_until = trusted_until(sent, lease, self.drift);
+        self.trusted_until = trusted_until(sent, lease, self.drift(lease));
         self.renew_at = sent + renewal_interval(lease);
     }
 
@@ -357,13 +398,7 @@ mod tests {
         let start = Instant::now();
         let ok = Ok(Renewed::For(LEASE));
         let (renewer, calls) = scripted(vec![ok.clone(), ok.clone(), ok]);
-        let term = watch::Sender::new(Term::renewed(
-            "lock \"a\"",
-            Kept::Hold,
-            start,
-            LEASE,
-            Duration::ZERO,
-        ));
+        let term = watch::Sender::new(Term::renewed("lock \"a\"", Kept::Hold, start, LEASE));
         let loss = keep(term, renewer).await;
         // Renewed at 10, 20 and 30 s; the fourth renewal, sent at 40 s, is
         // never answered, and the lease from the third runs out at 60 s.
@@ -384,13 +419,7 @@ mod tests {
             .map(|_| Err("connection refused".to_owned()))
             .collect();
         let (renewer, calls) = scripted(failures);
-        let term = watch::Sender::new(Term::renewed(
-            "lock \"a\"",
-            Kept::Hold,
-            start,
-            LEASE,
-            Duration::ZERO,
-        ));
+        let term = watch::Sender::new(Term::renewed("lock \"a\"", Kept::Hold, start, LEASE));
         let loss = keep(term, renewer).await;
         assert_eq!(Instant::now() - start, LEASE);
         // From 10 s to 30 s, every second (a tenth of the lease, at most 1 s).
@@ -411,7 +440,7 @@ mod tests {
         ] {
             let start = Instant::now();
             let (renewer, _) = scripted(vec![Ok(Renewed::Gone)]);
-            let term = watch::Sender::new(Term::renewed("it", kept, start, LEASE, Duration::ZERO));
+            let term = watch::Sender::new(Term::renewed("it", kept, start, LEASE));
             let loss = keep(term, renewer).await;
             assert_eq!(Instant::now() - start, LEASE / 3);
             assert_eq!(loss.cause, cause);
@@ -433,7 +462,7 @@ mod tests {
     #[test]
     fn an_answer_after_the_trust_ended_counts_for_nothing() {
         let start = Instant::now();
-        let mut term = Term::renewed("it", Kept::Hold, start, LEASE, Duration::ZERO);
+        let mut term = Term::renewed("it", Kept::Hold, start, LEASE);
         assert!(!term.renewed_for(start + LEASE - Duration::from_secs(1), LEASE, start + LEASE));
         assert_eq!(term.trusted_until, start + LEASE);
         assert!(term.renewed_for(

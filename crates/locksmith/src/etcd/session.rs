@@ -76,13 +76,7 @@ impl Session {
             ttl = ?session.ttl,
             "session lease granted"
         );
-        let term = Term::renewed(
-            "the session lease",
-            Kept::Session,
-            sent,
-            session.ttl,
-            Duration::ZERO,
-        );
+        let term = Term::renewed("the session lease", Kept::Session, sent, session.ttl);
         let renewal = KeepAlives {
             client,
             stream: None,

@@ -167,7 +167,7 @@ fn start(
     };
     let what = format!("lease of {}", target.name);
     let term = watch::Sender::new(if watchdog {
-        Term::renewed(what, Kept::Hold, sent, lease, Duration::ZERO)
+        Term::renewed(what, Kept::Hold, sent, lease)
     } else {
         Term::fixed(what, Kept::Hold, sent, lease)
     });

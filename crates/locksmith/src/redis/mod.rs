@@ -266,7 +266,7 @@ use self::scripts::Scripts;
 use self::watchdog::Watchdog;
 use crate::backend::{AcquireRequest, Backend, Capabilities, Grant, Hold, LockInfo, Wait};
 use crate::error::{Error, Result, Undo};
-use crate::keeper::trusted_until;
+use crate::keeper::{clock_drift, Kept, Term};
 use crate::options::ConnectOptions;
 
 pub(crate) const BACKEND: &str = "redis";
@@ -320,7 +320,8 @@ enum Attempt {
 struct Granted {
     token: u64,
     reentered: bool,
-    expires: Instant,
+    /// When the granting request was sent: the lease counts from then.
+    sent: Instant,
     /// Nodes that took a level (for undoing it).
     nodes: Vec<usize>,
 }
@@ -397,11 +398,6 @@ impl RedisBackend {
                     .map_err(|e| failure("loading the lock scripts", e))?;
             }
         }
-        let drift = if config.redlock() {
-            options.session_ttl / 100 + Duration::from_millis(2)
-        } else {
-            Duration::ZERO
-        };
         let by_slot = config.topology == Topology::Cluster;
         let shared = Arc::new(Shared {
             quorum,
@@ -421,7 +417,6 @@ impl RedisBackend {
             shared.shutdown.clone(),
             options.session_ttl,
             quorum,
-            drift,
             by_slot,
         ));
         tracing::debug!(url = %shared.config.display, client = %shared.client_id, "redis backend connected");
@@ -475,7 +470,7 @@ impl Shared {
 
     fn drift(&self, lease: Duration) -> Duration {
         if self.nodes.len() > 1 {
-            lease / 100 + Duration::from_millis(2)
+            clock_drift(lease)
         } else {
             Duration::ZERO
         }
@@ -582,7 +577,7 @@ impl Shared {
                 Attempt::Granted(Granted {
                     token,
                     reentered: matches!(reply, Reply::Reentered { .. }),
-                    expires: trusted_until(sent, spec.lease, Duration::ZERO),
+                    sent,
                     nodes: vec![0],
                 })
             }
@@ -662,7 +657,7 @@ impl Shared {
                 return Ok(Attempt::Granted(Granted {
                     token,
                     reentered: !tokens.is_empty(),
-                    expires: trusted_until(start, spec.lease, drift),
+                    sent: start,
                     nodes: (0..n).collect(),
                 }));
             }
@@ -818,7 +813,7 @@ impl Shared {
     ///
     /// Cancel safety: safe; the extension either happened or did not.
     async fn extend(&self, target: &Target, id: u64, lease: Duration) -> Result<()> {
-        let limit = self.watchdog.expiry(id);
+        let limit = self.watchdog.trusted_until(id);
         let targets = [target.clone()];
         let leases = [lease.as_millis() as u64];
         let call = ops::renew(self.scripts, &targets, &leases, true);
@@ -838,8 +833,7 @@ impl Shared {
             .count();
         let in_time = limit.is_none_or(|until| Instant::now() < until);
         if held >= self.quorum && in_time {
-            self.watchdog
-                .set_expiry(id, trusted_until(sent, lease, self.drift(lease)));
+            self.watchdog.extended(id, sent, lease);
             return Ok(());
         }
         if gone > self.nodes.len() - self.quorum || !in_time {
@@ -984,9 +978,16 @@ impl Shared {
     }
 
     fn grant(self: &Arc<Self>, target: Target, spec: &AcquireSpec, granted: Granted) -> Grant {
-        let (id, lost) = self
-            .watchdog
-            .register(&target, spec.watched, granted.expires);
+        let what = format!("lock {:?}", target.name);
+        let mut term = if spec.watched {
+            Term::renewed(what, Kept::Hold, granted.sent, spec.lease)
+        } else {
+            Term::fixed(what, Kept::Hold, granted.sent, spec.lease)
+        };
+        if self.nodes.len() > 1 {
+            term = term.with_clock_drift();
+        }
+        let (id, lost) = self.watchdog.register(&target, term);
         tracing::debug!(
             lock = %target.name,
             token = granted.token,

@@ -13,13 +13,14 @@
 //! Holds with a fixed lease are not renewed, but they are checked in the same
 //! batches, and their guard is marked lost when the lease runs out.
 //!
-//! A hold is lost when
+//! Each hold's [`Term`] decides, as for every backend (module `keeper`),
+//! until when it is trusted and why it was lost:
 //!
 //! * a renewal (or check) finds it gone: expired, force-released, or the data
 //!   was lost in a Redis restart or failover;
-//! * its lease ends before a renewal got through: the local expiry is counted
-//!   from the moment the last successful renewal was *sent*, so it is never
-//!   later than Redis's own;
+//! * its lease ends before a renewal got through: trust is counted from the
+//!   moment the last successful renewal was *sent*, so it never outlasts
+//!   Redis's own;
 //! * for Redlock, a majority of nodes no longer holds it, or no majority renewed
 //!   it within its validity (lease − drift).
 //!
@@ -43,14 +44,11 @@ use tokio_util::sync::CancellationToken;
 use super::ops::Target;
 use super::Shared;
 use crate::backend::LostSignal;
-use crate::keeper::{renewal_interval, trusted_until};
+use crate::keeper::{renewal_interval, retry_after, Term};
 use crate::lost::LostCause;
 
 /// Most holds renewed by one script call (Redisson's batch size).
 pub(crate) const BATCH: usize = 100;
-
-/// How soon renewal is tried again after a node did not answer.
-const RETRY: Duration = Duration::from_millis(250);
 
 /// One hold (all re-entry levels of one owner on one lock) under watch.
 struct Entry {
@@ -59,10 +57,9 @@ struct Entry {
     refs: u32,
     /// Levels acquired without a fixed lease (kept alive by renewal).
     watched: u32,
-    /// Local, conservative estimate of when Redis drops the hold.
-    expires: Instant,
+    /// The keeper's term: renewed while some level is watched.
+    term: Term,
     lost: LostSignal,
-    last_error: Option<String>,
 }
 
 #[derive(Default)]
@@ -94,7 +91,7 @@ impl State {
     /// Takes an entry out of the registry and both indexes.
     fn remove(&mut self, id: u64) -> Option<Entry> {
         let entry = self.entries.remove(&id)?;
-        self.by_expiry.remove(&(entry.expires, id));
+        self.by_expiry.remove(&(entry.term.trusted_until(), id));
         if let Some(ids) = self.index.get_mut(entry.target.field.as_str()) {
             ids.retain(|&i| i != id);
             if ids.is_empty() {
@@ -104,13 +101,13 @@ impl State {
         Some(entry)
     }
 
-    /// Moves an entry's expiry, keeping the expiry index in step.
-    fn set_expires(&mut self, id: u64, expires: Instant) {
-        if let Some(entry) = self.entries.get_mut(&id) {
-            self.by_expiry.remove(&(entry.expires, id));
-            entry.expires = expires;
-            self.by_expiry.insert((expires, id));
-        }
+    /// Changes an entry's term, keeping the expiry index in step.
+    fn update<T>(&mut self, id: u64, change: impl FnOnce(&mut Term) -> T) -> Option<T> {
+        let entry = self.entries.get_mut(&id)?;
+        self.by_expiry.remove(&(entry.term.trusted_until(), id));
+        let answer = change(&mut entry.term);
+        self.by_expiry.insert((entry.term.trusted_until(), id));
+        Some(answer)
     }
 }
 
@@ -149,15 +146,21 @@ impl Watchdog {
         self.state.lock().expect("watchdog state")
     }
 
-    /// Adds one level of a hold; re-entries share the first level's lost signal.
-    pub fn register(&self, target: &Target, watched: bool, expires: Instant) -> (u64, LostSignal) {
+    /// Adds one level of a hold, granted for `term` (renewed when the
+    /// level is watched); re-entries share the first level's lost signal.
+    pub fn register(&self, target: &Target, term: Term) -> (u64, LostSignal) {
+        let watched = term.is_renewed();
+        let expires = term.trusted_until();
         let mut state = self.state();
         if let Some(id) = state.find(target) {
             let entry = state.entries.get_mut(&id).expect("indexed");
             entry.refs += 1;
             entry.watched += u32::from(watched);
-            let (later, lost) = (entry.expires.max(expires), entry.lost.clone());
-            state.set_expires(id, later);
+            let (renewed, lost) = (entry.watched > 0, entry.lost.clone());
+            state.update(id, |t| {
+                t.set_renewed(renewed);
+                t.trust_at_least(expires);
+            });
             return (id, lost);
         }
         state.next_id += 1;
@@ -169,9 +172,8 @@ impl Watchdog {
                 target: target.clone(),
                 refs: 1,
                 watched: u32::from(watched),
-                expires,
+                term,
                 lost: lost.clone(),
-                last_error: None,
             },
         );
         state.by_expiry.insert((expires, id));
@@ -205,21 +207,27 @@ impl Watchdog {
         if watched {
             entry.watched = entry.watched.saturating_sub(1);
         }
-        if entry.refs == 0 {
+        let (refs, renewed) = (entry.refs, entry.watched > 0);
+        if refs == 0 {
             state.remove(id);
+        } else {
+            state.update(id, |t| t.set_renewed(renewed));
         }
         true
     }
 
-    /// Moves a hold's expiry (after an extension).
-    pub fn set_expiry(&self, id: u64, expires: Instant) {
-        self.state().set_expires(id, expires);
+    /// A hold was extended to `lease` by a request sent at `sent`.
+    pub fn extended(&self, id: u64, sent: Instant, lease: Duration) {
+        self.state().update(id, |t| t.extended(sent, lease));
         self.changed.notify_one();
     }
 
-    /// The expiry of a hold, if it is still watched.
-    pub fn expiry(&self, id: u64) -> Option<Instant> {
-        self.state().entries.get(&id).map(|e| e.expires)
+    /// Until when a hold is trusted, if it is still watched.
+    pub fn trusted_until(&self, id: u64) -> Option<Instant> {
+        self.state()
+            .entries
+            .get(&id)
+            .map(|e| e.term.trusted_until())
     }
 
     /// Marks every hold of a lock lost (it was force-released).
@@ -277,22 +285,9 @@ impl Watchdog {
             .map(|&(_, id)| id)
             .collect();
         for id in due {
-            let entry = &state.entries[&id];
-            let (cause, reason) = if entry.watched > 0 {
-                let reason = format!(
-                    "lock {:?}: its lease ended before the watchdog could renew it ({})",
-                    entry.target.name,
-                    entry
-                        .last_error
-                        .as_deref()
-                        .unwrap_or("Redis did not answer in time")
-                );
-                (LostCause::ConnectionLost, reason)
-            } else {
-                let reason = format!("lock {:?}: its lease expired", entry.target.name);
-                (LostCause::LeaseExpired, reason)
-            };
-            lose(&mut state, id, cause, reason);
+            if let Some(loss) = state.entries[&id].term.ran_out(now) {
+                lose(&mut state, id, loss.cause, loss.reason);
+            }
         }
     }
 
@@ -306,7 +301,7 @@ impl Watchdog {
             groups.entry(slot).or_default().push(id);
         }
         let lease = |entry: &Entry| {
-            if entry.watched > 0 {
+            if entry.term.is_renewed() {
                 renew_lease.as_millis() as u64
             } else {
                 0
@@ -331,13 +326,7 @@ impl Watchdog {
 
     /// Applies what a batch found; answers whether some hold was neither
     /// renewed nor found gone (too few nodes answered).
-    fn apply(
-        &self,
-        result: BatchResult,
-        quorum: usize,
-        renew_lease: Duration,
-        drift: Duration,
-    ) -> bool {
+    fn apply(&self, result: BatchResult, quorum: usize, renew_lease: Duration) -> bool {
         let nodes = result.replies.len();
         let first_error = result
             .replies
@@ -360,23 +349,17 @@ impl Watchdog {
                     None => {}
                 }
             }
-            let Some(entry) = state.entries.get_mut(id) else {
+            let Some(entry) = state.entries.get(id) else {
                 continue;
             };
             if held >= quorum {
-                entry.last_error = None;
-                // Only a renewal that came back within the current validity counts.
-                if entry.watched > 0 && now < entry.expires {
-                    state.set_expires(*id, trusted_until(result.sent, renew_lease, drift));
-                }
+                state.update(*id, |t| t.renewed_for(result.sent, renew_lease, now));
             } else if gone > nodes - quorum {
-                let reason = format!(
-                    "lock {:?} is no longer held in Redis (expired, force-released or lost with Redis data)",
-                    entry.target.name
-                );
-                lose(&mut state, *id, LostCause::Gone, reason);
+                let loss = entry.term.gone(now);
+                lose(&mut state, *id, loss.cause, loss.reason);
             } else {
-                entry.last_error = first_error.clone();
+                let error = first_error.clone().unwrap_or_default();
+                state.update(*id, |t| t.unanswered(now, error));
                 unsettled = true;
             }
         }
@@ -402,7 +385,6 @@ pub(crate) async fn run(
     shutdown: CancellationToken,
     renew_lease: Duration,
     quorum: usize,
-    drift: Duration,
     by_slot: bool,
 ) {
     let interval = renewal_interval(renew_lease);
@@ -429,10 +411,10 @@ pub(crate) async fn run(
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep_until(wake_at) => {}
             Some(result) = inflight.next(), if !inflight.is_empty() => {
-                if dog.apply(result, quorum, renew_lease, drift) {
+                if dog.apply(result, quorum, renew_lease) {
                     // Try again soon: a restart or failover may be over before
                     // the leases run out.
-                    next_tick = next_tick.min(Instant::now() + RETRY.min(interval));
+                    next_tick = next_tick.min(Instant::now() + retry_after(renew_lease));
                 }
             }
             _ = dog.changed.notified() => {}
@@ -447,6 +429,7 @@ pub(crate) async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::keeper::Kept;
 
     fn target(name: &str) -> Target {
         Target {
@@ -463,16 +446,19 @@ mod tests {
     fn a_lease_found_gone_after_it_ran_out_is_expired_not_gone() {
         let dog = Watchdog::default();
         let now = Instant::now();
-        let (ran_out, lost_ran_out) =
-            dog.register(&target("a"), false, now - Duration::from_millis(1));
+        let lease = Duration::from_secs(60);
+        let (ran_out, lost_ran_out) = dog.register(
+            &target("a"),
+            Term::fixed("a", Kept::Hold, now - lease, lease),
+        );
         let (running, lost_running) =
-            dog.register(&target("b"), false, now + Duration::from_secs(60));
+            dog.register(&target("b"), Term::fixed("b", Kept::Hold, now, lease));
         let result = BatchResult {
             sent: now,
             ids: vec![ran_out, running],
             replies: vec![Ok(vec![0, 0])],
         };
-        dog.apply(result, 1, Duration::from_secs(30), Duration::ZERO);
+        dog.apply(result, 1, Duration::from_secs(30));
         assert_eq!(lost_ran_out.cause(), Some(LostCause::LeaseExpired));
         assert_eq!(lost_running.cause(), Some(LostCause::Gone));
         assert_eq!(dog.len(), 0);
