@@ -1,7 +1,8 @@
 //! The Raft log of a member: openraft's [`RaftLogStorage`] over the same
 //! segments as the single server's log (module docs of [`super`]): frames
-//! over pre-written zeros, one `fdatasync` per append, a torn tail cut, damage
-//! before valid frames and missing segments refused.
+//! over pre-written zeros, one `fdatasync` per commit, a torn tail cut, damage
+//! before valid frames and missing segments refused. A writer thread of its
+//! own makes appends durable while openraft goes on (see [`RaftLog`]).
 //!
 //! # Files, in `<data dir>/raft/`
 //!
@@ -23,13 +24,11 @@
 //! kept in memory too (openraft reads them to replicate); openraft purges
 //! after each snapshot, which bounds them.
 //!
-//! Cancel safety of every method: it awaits only the log's lock, before it
-//! reads or writes anything; holding it, it runs to the end without yielding
-//! (the write and its `fdatasync` block the thread). So a dropped call did
-//! nothing. A record is durable once its method returns (but for
-//! `save_committed`'s, which the next write carries); a crash midway leaves a
-//! torn tail at worst, cut on the next start (never acknowledged to
-//! openraft).
+//! Cancel safety of every method: the submission is queued before the first
+//! await; a vote, truncation or purge is durable once its method returns, an
+//! append once openraft's callback hears so. A crash in the middle of a
+//! write leaves a torn tail at worst, cut on the next start (never
+//! acknowledged to openraft).
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -37,13 +36,14 @@ use std::fs;
 use std::io;
 use std::ops::RangeBounds;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
 
 use openraft::entry::RaftEntry;
 use openraft::storage::{IOFlushed, LogState, RaftLogReader, RaftLogStorage};
 use openraft::type_config::alias::{EntryOf, LogIdOf, VoteOf};
 use serde::{Deserialize, Serialize};
-use tokio::sync::Mutex;
+use tokio::sync::oneshot;
 
 use super::files::{self, io_error, list_segments, segment_path};
 use super::segment::{LogBuffer, Segment};
@@ -92,23 +92,100 @@ struct Manifest {
     last_segment: u64,
 }
 
-/// The Raft log, shared by the writer and the readers openraft takes.
+/// The Raft log, shared by openraft's writer and the readers it takes.
+///
+/// Appends are visible to readers at once and made durable by the log's own
+/// writer thread, which calls openraft back once they are: openraft's core
+/// does not wait for the disk, so a leader sends entries to its followers
+/// while its own `fdatasync` runs, and appends that arrive during one fsync
+/// share the next (group commit). Votes, truncations and purges wait for the
+/// disk before they return. Everything reaches the disk in the order it was
+/// submitted.
 #[derive(Clone)]
 pub(crate) struct RaftLog {
-    inner: Arc<Mutex<Inner>>,
+    shared: Arc<Shared>,
 }
 
-struct Inner {
-    dir: PathBuf,
-    manifest: Manifest,
-    segment: Segment,
+struct Shared {
+    /// What openraft reads: the log as submitted, durable or not yet.
+    memory: Mutex<Memory>,
+    queue: Arc<Queue>,
+    /// The writer thread, joined when the last handle goes.
+    writer: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// The log as openraft last changed it.
+struct Memory {
     /// Entries not purged, by index.
     entries: BTreeMap<u64, EntryOf<TypeConfig>>,
-    /// The highest index each segment (`first..=last`) holds an entry of.
-    segment_last_index: BTreeMap<u64, u64>,
     purged: Option<LogIdOf<TypeConfig>>,
     vote: Option<VoteOf<TypeConfig>>,
     committed: Option<LogIdOf<TypeConfig>>,
+}
+
+/// What waits for the writer thread.
+struct Queue {
+    state: Mutex<Pending>,
+    wake: Condvar,
+}
+
+#[derive(Default)]
+struct Pending {
+    /// The records, encoded in submission order.
+    buffer: LogBuffer,
+    /// What each submission changes on disk beyond its records, in order.
+    changes: Vec<DiskChange>,
+    /// Who to tell once the records are durable.
+    waiting: Vec<Completion>,
+    /// The first write that failed: nothing is written after it.
+    failed: Option<String>,
+    /// The last handle is gone: write what is pending, then stop.
+    closed: bool,
+}
+
+/// What a submission changes in the writer's view of the files.
+enum DiskChange {
+    /// Entries up to this index went into the current segment.
+    Entries {
+        last: u64,
+    },
+    Truncate(Option<LogIdOf<TypeConfig>>),
+    Purge(LogIdOf<TypeConfig>),
+    Vote(VoteOf<TypeConfig>),
+    Committed(Option<LogIdOf<TypeConfig>>),
+}
+
+enum Completion {
+    /// openraft's callback for an append.
+    Flushed(IOFlushed<TypeConfig>),
+    /// A method that waits for the disk.
+    Done(oneshot::Sender<io::Result<()>>),
+}
+
+impl Completion {
+    fn complete(self, result: &Result<(), String>) {
+        let result = result.clone().map_err(io::Error::other);
+        match self {
+            Completion::Flushed(callback) => callback.io_completed(result),
+            Completion::Done(done) => {
+                let _ = done.send(result);
+            }
+        }
+    }
+}
+
+/// The segment files, owned by the writer thread once the log has started.
+struct Disk {
+    dir: PathBuf,
+    manifest: Manifest,
+    segment: Segment,
+    /// The highest index each segment (`first..=last`) holds an entry of.
+    segment_last_index: BTreeMap<u64, u64>,
+    /// As written last: restated at the start of every segment.
+    purged: Option<LogIdOf<TypeConfig>>,
+    vote: Option<VoteOf<TypeConfig>>,
+    committed: Option<LogIdOf<TypeConfig>>,
+    /// Records of the log's own (restatements, a recovery's entries).
     buffer: LogBuffer,
     segment_bytes: u64,
 }
@@ -227,9 +304,9 @@ impl ReadLog {
         self.state.purged
     }
 
-    /// Starts appending: removes leftovers of interrupted writes and opens a
+    /// Starts appending: removes leftovers of interrupted writes, opens a
     /// new segment (after a forced recovery, one holding every entry kept,
-    /// which alone is named).
+    /// which alone is named) and starts the writer thread.
     pub(crate) fn start(self, segment_bytes: u64) -> Result<RaftLog, ServerError> {
         let ReadLog {
             dir,
@@ -251,11 +328,10 @@ impl ReadLog {
             .last_segment
             .max(present.last().copied().unwrap_or(0))
             + 1;
-        let mut inner = Inner {
+        let mut disk = Disk {
             dir: dir.to_owned(),
             manifest,
             segment: Segment::create(dir, next).map_err(|e| io_error("cannot create", dir, e))?,
-            entries: state.entries,
             segment_last_index: state.segment_last_index,
             purged: state.purged,
             vote: state.vote,
@@ -265,21 +341,39 @@ impl ReadLog {
         };
         if damaged {
             // What is kept goes into the new segment, which alone is named.
-            inner.manifest.first_segment = next;
-            inner.segment_last_index.clear();
-            let kept: Vec<_> = inner.entries.values().cloned().collect();
-            if let Some(last) = kept.last() {
-                inner.segment_last_index.insert(next, last.index());
+            disk.manifest.first_segment = next;
+            disk.segment_last_index.clear();
+            if let Some((&last, _)) = state.entries.last_key_value() {
+                disk.segment_last_index.insert(next, last);
             }
-            for entry in kept {
-                inner.buffer.push(&RaftRecord::Entry(entry));
+            for entry in state.entries.values() {
+                disk.buffer.push(&EntryRecord(entry));
             }
         }
-        inner
-            .enter_segment(next)
+        disk.enter_segment(next)
             .map_err(|e| io_error("cannot write", dir, e))?;
+        let queue = Arc::new(Queue {
+            state: Mutex::new(Pending::default()),
+            wake: Condvar::new(),
+        });
+        let writer = std::thread::Builder::new()
+            .name("raft-log".into())
+            .spawn({
+                let queue = queue.clone();
+                move || queue.write_until_closed(disk)
+            })
+            .map_err(|e| io_error("cannot start the writer of", dir, e))?;
         Ok(RaftLog {
-            inner: Arc::new(Mutex::new(inner)),
+            shared: Arc::new(Shared {
+                memory: Mutex::new(Memory {
+                    entries: state.entries,
+                    purged: state.purged,
+                    vote: state.vote,
+                    committed: state.committed,
+                }),
+                queue,
+                writer: Mutex::new(Some(writer)),
+            }),
         })
     }
 }
@@ -304,7 +398,8 @@ impl Replayed {
                 self.entries.insert(index, entry);
             }
             RaftRecord::TruncateAfter(after) => {
-                truncate(&mut self.entries, &mut self.segment_last_index, after);
+                truncate(&mut self.entries, after);
+                truncate_segments(&mut self.segment_last_index, after);
             }
             RaftRecord::Purge(upto) => {
                 purge(&mut self.entries, upto);
@@ -320,7 +415,104 @@ impl Replayed {
     }
 }
 
-impl Inner {
+impl Queue {
+    /// Adds a submission: `push` encodes its records into the buffer. Fails,
+    /// adding nothing, once a write failed.
+    fn submit(
+        &self,
+        push: impl FnOnce(&mut LogBuffer),
+        change: DiskChange,
+        completion: Option<Completion>,
+    ) -> io::Result<()> {
+        let mut pending = lock(&self.state);
+        if let Some(failed) = &pending.failed {
+            return Err(io::Error::other(failed.clone()));
+        }
+        push(&mut pending.buffer);
+        pending.changes.push(change);
+        if let Some(completion) = completion {
+            pending.waiting.push(completion);
+            // Woken after the lock is let go, so that it need not wait for it.
+            drop(pending);
+            self.wake.notify_one();
+        }
+        Ok(())
+    }
+
+    /// Submits and waits until the submission is durable.
+    ///
+    /// Cancel safety: a dropped future leaves the submission to be written.
+    async fn submit_durably(
+        &self,
+        push: impl FnOnce(&mut LogBuffer),
+        change: DiskChange,
+    ) -> io::Result<()> {
+        let (done, written) = oneshot::channel();
+        self.submit(push, change, Some(Completion::Done(done)))?;
+        written
+            .await
+            .map_err(|_| io::Error::other("the Raft log's writer stopped"))?
+    }
+
+    /// The writer thread: writes what is submitted, every submission that
+    /// gathered meanwhile with one `fdatasync`, and tells who waits; stops
+    /// once closed and everything is written.
+    fn write_until_closed(&self, mut disk: Disk) {
+        loop {
+            let (mut frames, changes, waiting, closed) = {
+                let mut pending = lock(&self.state);
+                while pending.waiting.is_empty() && !pending.closed {
+                    pending = self.wake.wait(pending).unwrap_or_else(|e| e.into_inner());
+                }
+                let (frames, _) = pending.buffer.take();
+                (
+                    frames,
+                    std::mem::take(&mut pending.changes),
+                    std::mem::take(&mut pending.waiting),
+                    pending.closed,
+                )
+            };
+            let failed = lock(&self.state).failed.clone();
+            let result = match failed {
+                Some(failed) => Err(failed),
+                None => disk.write(&mut frames, changes).map_err(|e| {
+                    let failed = format!(
+                        "the Raft log in {} could not be written: {e}; nothing after it is \
+                         acknowledged",
+                        disk.dir.display()
+                    );
+                    tracing::error!("{failed}");
+                    lock(&self.state).failed = Some(failed.clone());
+                    failed
+                }),
+            };
+            for completion in waiting {
+                completion.complete(&result);
+            }
+            lock(&self.state).buffer.give_back(frames);
+            if closed {
+                return;
+            }
+        }
+    }
+}
+
+impl Drop for Shared {
+    /// The last handle: the writer writes what is pending, then stops.
+    fn drop(&mut self) {
+        lock(&self.queue.state).closed = true;
+        self.queue.wake.notify_one();
+        if let Some(writer) = lock(&self.writer).take() {
+            let _ = writer.join();
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Disk {
     /// Makes `seq` (created already) the segment appended to: restates the
     /// vote, purge point and committed id in it, then names it in the
     /// manifest.
@@ -332,7 +524,9 @@ impl Inner {
             self.buffer.push(&RaftRecord::Purge(purged));
         }
         self.buffer.push(&RaftRecord::Committed(self.committed));
-        self.flush()?;
+        let (mut frames, _) = self.buffer.take();
+        self.segment.commit(&mut frames)?;
+        self.segment.keep_zeros_ahead()?;
         self.manifest = Manifest {
             first_segment: self.manifest.first_segment.min(seq),
             last_segment: seq,
@@ -345,32 +539,63 @@ impl Inner {
         self.delete_before(self.manifest.first_segment)
     }
 
-    /// Writes what is buffered as one durable commit.
-    fn flush(&mut self) -> io::Result<()> {
-        let (mut frames, _) = self.buffer.take();
+    /// Writes `frames` (submissions whose `changes` are given, in order) as
+    /// one durable commit, then drops the segments a purge emptied and
+    /// starts the next segment once the current one is full.
+    fn write(&mut self, frames: &mut [u8], changes: Vec<DiskChange>) -> io::Result<()> {
         if !frames.is_empty() {
-            self.segment.commit(&mut frames)?;
+            self.segment.commit(frames)?;
         }
-        self.buffer.give_back(frames);
-        self.segment.keep_zeros_ahead()
-    }
-
-    /// Writes `records` as one durable commit.
-    fn write(&mut self, records: impl IntoIterator<Item = RaftRecord>) -> io::Result<()> {
-        for record in records {
-            self.buffer.push(&record);
+        self.segment.keep_zeros_ahead()?;
+        let seq = self.manifest.last_segment;
+        let mut purged_now = false;
+        for change in changes {
+            match change {
+                DiskChange::Entries { last } => {
+                    let known = self.segment_last_index.entry(seq).or_insert(last);
+                    *known = (*known).max(last);
+                }
+                DiskChange::Truncate(after) => {
+                    truncate_segments(&mut self.segment_last_index, after)
+                }
+                DiskChange::Purge(upto) => {
+                    self.purged = Some(upto);
+                    purged_now = true;
+                }
+                DiskChange::Vote(vote) => self.vote = Some(vote),
+                DiskChange::Committed(committed) => self.committed = committed,
+            }
         }
-        self.flush()
-    }
-
-    /// Starts the next segment once the current one is full. Called after
-    /// the in-memory state took in what was written, so that the new segment
-    /// knows which older segments still hold entries.
-    fn rotate_if_full(&mut self) -> io::Result<()> {
+        if purged_now {
+            self.drop_purged_segments()?;
+        }
         if self.segment.len() >= self.segment_bytes {
             let next = self.manifest.last_segment + 1;
             self.segment = Segment::create(&self.dir, next)?;
             self.enter_segment(next)?;
+        }
+        Ok(())
+    }
+
+    /// Older segments whose entries are all purged go, front first.
+    fn drop_purged_segments(&mut self) -> io::Result<()> {
+        let Some(upto) = self.purged else {
+            return Ok(());
+        };
+        let current = self.manifest.last_segment;
+        let mut first = self.manifest.first_segment;
+        while first < current
+            && self
+                .segment_last_index
+                .get(&first)
+                .is_none_or(|&last| last <= upto.index())
+        {
+            first += 1;
+        }
+        if first != self.manifest.first_segment {
+            self.manifest.first_segment = first;
+            write_manifest(&self.dir, self.manifest)?;
+            self.delete_before(first)?;
         }
         Ok(())
     }
@@ -385,7 +610,9 @@ impl Inner {
         self.segment_last_index.retain(|&seq, _| seq >= first);
         Ok(())
     }
+}
 
+impl Memory {
     fn log_state(&self) -> LogState<TypeConfig> {
         let last = self
             .entries
@@ -400,22 +627,28 @@ impl Inner {
     }
 }
 
-/// Drops the entries after `after` (all for `None`), and lowers what each
-/// segment is known to hold to match: void entries keep no segment alive.
-fn truncate(
-    entries: &mut BTreeMap<u64, EntryOf<TypeConfig>>,
-    segment_last_index: &mut BTreeMap<u64, u64>,
-    after: Option<LogIdOf<TypeConfig>>,
-) {
+/// Drops the entries after `after` (all for `None`).
+fn truncate(entries: &mut BTreeMap<u64, EntryOf<TypeConfig>>, after: Option<LogIdOf<TypeConfig>>) {
     let Some(after) = after else {
         entries.clear();
-        segment_last_index.clear();
         return;
     };
     // No entry can follow the last possible index.
     if let Some(first_void) = after.index().checked_add(1) {
         entries.split_off(&first_void);
     }
+}
+
+/// Lowers what each segment is known to hold to match a truncation after
+/// `after`: void entries keep no segment alive.
+fn truncate_segments(
+    segment_last_index: &mut BTreeMap<u64, u64>,
+    after: Option<LogIdOf<TypeConfig>>,
+) {
+    let Some(after) = after else {
+        segment_last_index.clear();
+        return;
+    };
     for last in segment_last_index.values_mut() {
         *last = (*last).min(after.index());
     }
@@ -447,23 +680,37 @@ fn write_manifest(dir: &Path, manifest: Manifest) -> io::Result<()> {
     files::replace_durably(dir, MANIFEST, &files::checked(MANIFEST_MAGIC, &payload))
 }
 
+impl RaftLog {
+    fn memory(&self) -> MutexGuard<'_, Memory> {
+        lock(&self.shared.memory)
+    }
+
+    fn queue(&self) -> &Queue {
+        &self.shared.queue
+    }
+}
+
 impl RaftLogReader<TypeConfig> for RaftLog {
     /// The entries in `range` that are kept (not purged).
     ///
-    /// Cancel safety: safe, read-only (it awaits only the lock).
+    /// Cancel safety: safe, read-only, no await.
     async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + Send>(
         &mut self,
         range: RB,
     ) -> io::Result<Vec<EntryOf<TypeConfig>>> {
-        let inner = self.inner.lock().await;
-        Ok(inner.entries.range(range).map(|(_, e)| e.clone()).collect())
+        Ok(self
+            .memory()
+            .entries
+            .range(range)
+            .map(|(_, e)| e.clone())
+            .collect())
     }
 
     /// The vote saved last.
     ///
-    /// Cancel safety: safe, read-only (it awaits only the lock).
+    /// Cancel safety: safe, read-only, no await.
     async fn read_vote(&mut self) -> io::Result<Option<VoteOf<TypeConfig>>> {
-        Ok(self.inner.lock().await.vote)
+        Ok(self.memory().vote)
     }
 }
 
@@ -472,9 +719,9 @@ impl RaftLogStorage<TypeConfig> for RaftLog {
 
     /// The last purged and last log ids.
     ///
-    /// Cancel safety: safe, read-only (it awaits only the lock).
+    /// Cancel safety: safe, read-only, no await.
     async fn get_log_state(&mut self) -> io::Result<LogState<TypeConfig>> {
-        Ok(self.inner.lock().await.log_state())
+        Ok(self.memory().log_state())
     }
 
     /// A reader: this log, shared.
@@ -486,108 +733,101 @@ impl RaftLogStorage<TypeConfig> for RaftLog {
 
     /// Saves the vote durably before returning.
     ///
-    /// Cancel safety: safe: it awaits only the lock, before writing; a
-    /// dropped call wrote nothing. Holding the lock, it runs to the end.
+    /// Cancel safety: the vote is queued before the only await; dropped,
+    /// the call still has it written, unwaited.
     async fn save_vote(&mut self, vote: &VoteOf<TypeConfig>) -> io::Result<()> {
-        let mut inner = self.inner.lock().await;
-        inner.write([RaftRecord::Vote(*vote)])?;
-        inner.vote = Some(*vote);
-        inner.rotate_if_full()
+        self.memory().vote = Some(*vote);
+        self.queue()
+            .submit_durably(
+                |buffer| buffer.push(&RaftRecord::Vote(*vote)),
+                DiskChange::Vote(*vote),
+            )
+            .await
     }
 
     /// Records the committed id, without a write of its own.
     ///
-    /// Cancel safety: safe: it awaits only the lock; a dropped call records
-    /// nothing. What it buffers is durable only with the next write.
+    /// Cancel safety: safe, no await. What it queues is durable only with
+    /// the next write that waits.
     async fn save_committed(&mut self, committed: Option<LogIdOf<TypeConfig>>) -> io::Result<()> {
-        let mut inner = self.inner.lock().await;
-        // Buffered: made durable by the next append or vote. openraft only
-        // uses it to apply sooner after a restart.
-        inner.buffer.push(&RaftRecord::Committed(committed));
-        inner.committed = committed;
-        Ok(())
+        self.memory().committed = committed;
+        // Written with the next submission that waits: openraft only uses it
+        // to apply sooner after a restart.
+        self.queue().submit(
+            |buffer| buffer.push(&RaftRecord::Committed(committed)),
+            DiskChange::Committed(committed),
+            None,
+        )
     }
 
     /// The committed id saved last.
     ///
-    /// Cancel safety: safe, read-only (it awaits only the lock).
+    /// Cancel safety: safe, read-only, no await.
     async fn read_committed(&mut self) -> io::Result<Option<LogIdOf<TypeConfig>>> {
-        Ok(self.inner.lock().await.committed)
+        Ok(self.memory().committed)
     }
 
-    /// Appends `entries` in one durable write; tells `callback` how it went.
+    /// Returns once the entries are readable; `callback` hears when they are
+    /// durable (or that they could not be written).
     ///
-    /// Cancel safety: safe: it awaits only the lock, before writing; a
-    /// dropped call wrote nothing and never calls `callback`. Holding the
-    /// lock, it runs to the end.
+    /// Cancel safety: safe, no await: the entries are queued and readable
+    /// when it returns; `callback` is told once the writer thread wrote them.
     async fn append<I>(&mut self, entries: I, callback: IOFlushed<TypeConfig>) -> io::Result<()>
     where
         I: IntoIterator<Item = EntryOf<TypeConfig>> + Send,
     {
-        let mut inner = self.inner.lock().await;
         let entries: Vec<_> = entries.into_iter().collect();
-        let seq = inner.manifest.last_segment;
-        for entry in &entries {
-            inner.buffer.push(&EntryRecord(entry));
+        let Some(last) = entries.iter().map(|entry| entry.index()).max() else {
+            callback.io_completed(Ok(()));
+            return Ok(());
+        };
+        self.queue().submit(
+            |buffer| {
+                for entry in &entries {
+                    buffer.push(&EntryRecord(entry));
+                }
+            },
+            DiskChange::Entries { last },
+            Some(Completion::Flushed(callback)),
+        )?;
+        let mut memory = self.memory();
+        for entry in entries {
+            memory.entries.insert(entry.index(), entry);
         }
-        let result = inner.flush();
-        if result.is_ok() {
-            for entry in entries {
-                let index = entry.index();
-                let last = inner.segment_last_index.entry(seq).or_insert(index);
-                *last = (*last).max(index);
-                inner.entries.insert(index, entry);
-            }
-        }
-        let result = result.and_then(|()| inner.rotate_if_full());
-        let report = result
-            .as_ref()
-            .map(|_| ())
-            .map_err(|e| io::Error::new(e.kind(), e.to_string()));
-        callback.io_completed(report);
-        result
+        Ok(())
     }
 
     /// Voids the entries after `after`, durably.
     ///
-    /// Cancel safety: safe: it awaits only the lock, before writing; a
-    /// dropped call wrote nothing. Holding the lock, it runs to the end.
+    /// Cancel safety: the truncation is queued before the only await;
+    /// dropped, the call still has it written, unwaited.
     async fn truncate_after(&mut self, after: Option<LogIdOf<TypeConfig>>) -> io::Result<()> {
-        let mut inner = self.inner.lock().await;
-        inner.write([RaftRecord::TruncateAfter(after)])?;
-        let inner = &mut *inner;
-        truncate(&mut inner.entries, &mut inner.segment_last_index, after);
-        inner.rotate_if_full()
+        truncate(&mut self.memory().entries, after);
+        self.queue()
+            .submit_durably(
+                |buffer| buffer.push(&RaftRecord::TruncateAfter(after)),
+                DiskChange::Truncate(after),
+            )
+            .await
     }
 
     /// Drops the entries up to `upto` (in a snapshot), durably, and the
     /// segments left with none.
     ///
-    /// Cancel safety: safe: it awaits only the lock, before writing; a
-    /// dropped call wrote nothing. Holding the lock, it runs to the end.
+    /// Cancel safety: the purge is queued before the only await; dropped,
+    /// the call still has it written, unwaited.
     async fn purge(&mut self, upto: LogIdOf<TypeConfig>) -> io::Result<()> {
-        let mut inner = self.inner.lock().await;
-        inner.write([RaftRecord::Purge(upto)])?;
-        purge(&mut inner.entries, upto);
-        inner.purged = Some(upto);
-        // Older segments whose entries are all purged go, front first.
-        let current = inner.manifest.last_segment;
-        let mut first = inner.manifest.first_segment;
-        while first < current
-            && inner
-                .segment_last_index
-                .get(&first)
-                .is_none_or(|&last| last <= upto.index())
         {
-            first += 1;
+            let mut memory = self.memory();
+            purge(&mut memory.entries, upto);
+            memory.purged = Some(upto);
         }
-        if first != inner.manifest.first_segment {
-            inner.manifest.first_segment = first;
-            let manifest = inner.manifest;
-            write_manifest(&inner.dir, manifest)?;
-            inner.delete_before(first)?;
-        }
-        inner.rotate_if_full()
+        self.queue()
+            .submit_durably(
+                |buffer| buffer.push(&RaftRecord::Purge(upto)),
+                DiskChange::Purge(upto),
+            )
+            .await
     }
 }
 
@@ -595,9 +835,10 @@ impl RaftLogStorage<TypeConfig> for RaftLog {
 mod tests {
     use std::io::Write;
 
-    use openraft::storage::IOFlushed;
+    use openraft::storage::{IOFlushed, RaftLogStorageExt};
     use openraft::testing::log::{StoreBuilder, Suite};
     use openraft::type_config::alias::LeaderIdOf;
+    use openraft::type_config::TypeConfigExt;
     use openraft::vote::RaftLeaderIdExt;
     use openraft::{EntryPayload, StorageError};
 
@@ -659,10 +900,9 @@ mod tests {
         }
     }
 
+    /// Appends and waits until the entries are durable.
     async fn append(log: &mut RaftLog, entries: Vec<EntryOf<TypeConfig>>) {
-        log.append(entries, IOFlushed::noop())
-            .await
-            .expect("append");
+        log.blocking_append(entries).await.expect("append");
     }
 
     async fn indexes(log: &mut RaftLog) -> Vec<(u64, u64)> {
@@ -711,6 +951,28 @@ mod tests {
         assert_eq!(log.read_vote().await.unwrap(), Some(vote));
         let state = log.get_log_state().await.unwrap();
         assert_eq!(state.last_log_id, Some(log_id(2, 9)));
+    }
+
+    #[tokio::test]
+    async fn appends_are_readable_at_once_and_acknowledged_once_durable() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = RaftLog::open(dir.path(), 1 << 20).unwrap();
+        let mut acknowledged = Vec::new();
+        for i in 1..=20 {
+            let (flushed, durable) = TypeConfig::oneshot();
+            log.append(vec![entry(1, i)], IOFlushed::signal(flushed))
+                .await
+                .unwrap();
+            // openraft replicates what it appended before it is durable.
+            assert_eq!(indexes(&mut log).await.last(), Some(&(1, i)));
+            acknowledged.push(durable);
+        }
+        for (i, durable) in (1..).zip(acknowledged) {
+            durable.await.unwrap().expect("written");
+            // Acknowledged: on disk, as a restart would read it.
+            let on_disk = RaftLog::read(dir.path(), false).unwrap();
+            assert!(on_disk.state.entries.contains_key(&i), "entry {i}");
+        }
     }
 
     #[tokio::test]
