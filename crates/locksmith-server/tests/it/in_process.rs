@@ -1,7 +1,7 @@
 //! The conformance suite against a server started inside the test process
 //! (durable, in a temporary directory): a fast check of the
 //! service and the `locksmith://` backend. The real-process tests (durable server, crashes,
-//! restarts) live in `crates/locksmith-cli/tests/server_*.rs`.
+//! restarts) live in `crates/locksmith-cli/tests/it/server_*.rs`.
 
 use std::time::Duration;
 

@@ -4,9 +4,8 @@
 //! cluster bus on TLS only), locks in many slots, multi-locks
 //! across slots, interoperability with redis-py and Redisson, and a primary's
 //! failover.
-#![cfg(feature = "redis")]
 
-mod redis_support;
+use crate::redis_support;
 
 use std::collections::HashSet;
 use std::time::Duration;

@@ -10,7 +10,7 @@
 //! header, then frames `[len: u32 LE][crc: u32][header crc: u32][payload]`,
 //! one per append, then zeros; `snapshot` and `TOKENS` are beside `raft/`.
 
-mod server_support;
+use crate::server_support;
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;

@@ -3,7 +3,7 @@
 //! once its backlog passes the limit; nobody else notices; its session
 //! resumes), and a table big enough that listings come in pages.
 
-mod server_support;
+use crate::server_support;
 
 use std::time::Duration;
 

@@ -7,7 +7,7 @@
 //! cuts its connection (its own fault proxies). Fault tests that stop or flush
 //! a server get servers of their own.
 
-mod redis_support;
+use crate::redis_support;
 
 use std::time::Duration;
 
@@ -613,10 +613,14 @@ async fn sigstop_holder_past_lease() {
     let redis = shared_redis();
     let url = redis.url();
     let name = unique("sigstop");
+    // The child's name as libtest knows it: its module path without the
+    // binary's crate name.
+    let child_test = concat!(module_path!(), "::sigstop_child");
+    let child_test = child_test.split_once("::").unwrap().1;
     let child = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "sigstop_child",
+            child_test,
             "--ignored",
             "--nocapture",
             "--test-threads=1",
@@ -630,7 +634,7 @@ async fn sigstop_holder_past_lease() {
     let mut child = ChildLines::new(child);
     let wait = Duration::from_secs(30);
     let token = loop {
-        // libtest prints "test sigstop_child ... " before the child's first line.
+        // libtest prints "test redis::sigstop_child ... " before the child's first line.
         let line = child.next(wait).await;
         if let Some((_, token)) = line.split_once("TOKEN ") {
             break token.trim().parse::<u64>().unwrap();

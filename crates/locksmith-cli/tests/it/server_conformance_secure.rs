@@ -3,7 +3,7 @@
 //! `locksmith+tls://` and a token whose identity may do everything, so every
 //! behaviour must come out the same as in plaintext.
 
-mod server_support;
+use crate::server_support;
 
 use std::sync::OnceLock;
 

@@ -5,7 +5,7 @@
 //! certificates and tokens are refused, and no secret shows in logs, errors
 //! or listings. Certificates are made here, in a temporary directory.
 
-mod server_support;
+use crate::server_support;
 
 use std::time::Duration;
 

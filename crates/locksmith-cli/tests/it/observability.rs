@@ -4,7 +4,7 @@
 //! `locksmith status --json`, `serve --config`, completions and the man page;
 //! and that a command using a lock prints its own output only.
 
-mod server_support;
+use crate::server_support;
 
 use std::path::Path;
 use std::process::{Command, Stdio};

@@ -3,7 +3,7 @@
 //! every behaviour: clients list all three members and follow the leader;
 //! each behaviour uses its own lock names.
 
-mod server_support;
+use crate::server_support;
 
 use std::sync::OnceLock;
 

@@ -2,9 +2,8 @@
 //! primary with two replicas and three Sentinels started by locksmith-testkit:
 //! the conformance suite (also with every port on TLS only), what a failover
 //! does to holds and waiters, and replica acknowledgement.
-#![cfg(feature = "redis")]
 
-mod redis_support;
+use crate::redis_support;
 
 use std::time::Duration;
 

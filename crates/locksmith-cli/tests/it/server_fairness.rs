@@ -5,7 +5,7 @@
 //! `cargo test` does not run them beside these). The assertions are about behaviour (the well-behaved client keeps
 //! its session and its lock), never about durations.
 
-mod server_support;
+use crate::server_support;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! (durable, fsync on, in a temporary data directory), shared by every
 //! behaviour: each uses its own lock names.
 
-mod server_support;
+use crate::server_support;
 
 use std::sync::OnceLock;
 

@@ -2,7 +2,7 @@
 //! first one that serves and moves on when its member goes away, against
 //! real `locksmith serve` processes.
 
-mod server_support;
+use crate::server_support;
 
 use std::time::Duration;
 

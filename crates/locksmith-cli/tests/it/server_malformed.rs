@@ -3,7 +3,7 @@
 //! owners, oversized messages. Each gets a clear error, changes nothing, and
 //! the server keeps serving everyone else.
 
-mod server_support;
+use crate::server_support;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

@@ -4,7 +4,7 @@
 //! caller gives up, and `locksmith status` output that a lock name cannot
 //! forge.
 
-mod server_support;
+use crate::server_support;
 
 use std::sync::OnceLock;
 

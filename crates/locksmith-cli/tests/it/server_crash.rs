@@ -2,7 +2,7 @@
 //! the server under load, restarts with held locks and queued waiters, clients
 //! that die or fall silent.
 
-mod server_support;
+use crate::server_support;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};

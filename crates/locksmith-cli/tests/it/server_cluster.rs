@@ -1,7 +1,7 @@
 //! A replicated lock server: three `locksmith serve` processes forming one
 //! Raft group on loopback, and clients that list all three.
 
-mod server_support;
+use crate::server_support;
 
 use std::time::Duration;
 

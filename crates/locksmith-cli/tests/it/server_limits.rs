@@ -4,7 +4,7 @@
 //! descriptors. Each gets a clear refusal and a log line, and the
 //! well-behaved client keeps being served.
 
-mod server_support;
+use crate::server_support;
 
 use std::io::Read;
 use std::net::TcpStream;

@@ -1,1 +1,0 @@
-//! The conformance suite and backend-specific tests against `server` (being written).
