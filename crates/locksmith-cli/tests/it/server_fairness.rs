@@ -1,9 +1,10 @@
 //! One client must not stall or expire the others, against a real `locksmith
 //! serve` process: a session with a long queue, a batch that keeps the engine
 //! busy past another session's TTL (the heavy clients, one that never reads
-//! and a big table listed in pages, are in `server_heavy_clients.rs`, so that
-//! `cargo test` does not run them beside these). The assertions are about behaviour (the well-behaved client keeps
-//! its session and its lock), never about durations.
+//! and a big table listed in pages, are in `server_heavy_clients`; both
+//! modules run alone, see `.config/nextest.toml`). The assertions are about
+//! behaviour (the well-behaved client keeps its session and its lock), never
+//! about durations.
 
 use crate::server_support;
 
