@@ -3,6 +3,11 @@
 //! strings that are not UTF-8, reused request ids, unary acquires whose
 //! caller gives up, and `locksmith status` output that a lock name cannot
 //! forge.
+//!
+//! Needs the CLI binary, so it lives in locksmith-cli and not with the
+//! server's own tests in locksmith-server: it starts `locksmith serve` as a
+//! process, to test the server as an operator runs it (flags, data
+//! directory, signals, restarts).
 
 use crate::server_support;
 

@@ -1,5 +1,10 @@
 //! A replicated lock server: three `locksmith serve` processes forming one
 //! Raft group on loopback, and clients that list all three.
+//!
+//! Needs the CLI binary, so it lives in locksmith-cli and not with the
+//! server's own tests in locksmith-server: it starts `locksmith serve` as a
+//! process, to test the server as an operator runs it (flags, data
+//! directory, signals, restarts).
 
 use crate::server_support;
 

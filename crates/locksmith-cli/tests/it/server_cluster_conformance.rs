@@ -2,6 +2,11 @@
 //! serve` processes (durable, each with its own data directory), shared by
 //! every behaviour: clients list all three members and follow the leader;
 //! each behaviour uses its own lock names.
+//!
+//! Needs the CLI binary, so it lives in locksmith-cli and not with the
+//! server's own tests in locksmith-server: it starts `locksmith serve` as a
+//! process, to test the server as an operator runs it (flags, data
+//! directory, signals, restarts).
 
 use crate::server_support;
 

@@ -1,6 +1,11 @@
 //! The conformance suite, unchanged, against a real `locksmith serve` process
 //! (durable, fsync on, in a temporary data directory), shared by every
 //! behaviour: each uses its own lock names.
+//!
+//! Needs the CLI binary, so it lives in locksmith-cli and not with the
+//! server's own tests in locksmith-server: it starts `locksmith serve` as a
+//! process, to test the server as an operator runs it (flags, data
+//! directory, signals, restarts).
 
 use crate::server_support;
 

@@ -2,6 +2,11 @@
 //! TLS (and a client CA) and authentication on: the client connects with
 //! `locksmith+tls://` and a token whose identity may do everything, so every
 //! behaviour must come out the same as in plaintext.
+//!
+//! Needs the CLI binary, so it lives in locksmith-cli and not with the
+//! server's own tests in locksmith-server: it starts `locksmith serve` as a
+//! process, to test the server as an operator runs it (flags, data
+//! directory, signals, restarts).
 
 use crate::server_support;
 

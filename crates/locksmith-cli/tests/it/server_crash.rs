@@ -1,6 +1,11 @@
 //! Crash and restart tests against real `locksmith serve` processes: kill -9 of
 //! the server under load, restarts with held locks and queued waiters, clients
 //! that die or fall silent.
+//!
+//! Needs the CLI binary, so it lives in locksmith-cli and not with the
+//! server's own tests in locksmith-server: it starts `locksmith serve` as a
+//! process, to test the server as an operator runs it (flags, data
+//! directory, signals, restarts).
 
 use crate::server_support;
 

@@ -5,6 +5,11 @@
 //! modules run alone, see `.config/nextest.toml`). The assertions are about
 //! behaviour (the well-behaved client keeps its session and its lock), never
 //! about durations.
+//!
+//! Needs the CLI binary, so it lives in locksmith-cli and not with the
+//! server's own tests in locksmith-server: it starts `locksmith serve` as a
+//! process, to test the server as an operator runs it (flags, data
+//! directory, signals, restarts).
 
 use crate::server_support;
 

@@ -2,6 +2,11 @@
 //! process: one that sends and never reads its replies (its stream is closed
 //! once its backlog passes the limit; nobody else notices; its session
 //! resumes), and a table big enough that listings come in pages.
+//!
+//! Needs the CLI binary, so it lives in locksmith-cli and not with the
+//! server's own tests in locksmith-server: it starts `locksmith serve` as a
+//! process, to test the server as an operator runs it (flags, data
+//! directory, signals, restarts).
 
 use crate::server_support;
 

@@ -9,6 +9,11 @@
 //! documents them: the Raft log's segments are in `raft/`, each a 24-byte
 //! header, then frames `[len: u32 LE][crc: u32][header crc: u32][payload]`,
 //! one per append, then zeros; `snapshot` and `TOKENS` are beside `raft/`.
+//!
+//! Needs the CLI binary, so it lives in locksmith-cli and not with the
+//! server's own tests in locksmith-server: it starts `locksmith serve` as a
+//! process, to test the server as an operator runs it (flags, data
+//! directory, signals, restarts).
 
 use crate::server_support;
 

@@ -3,6 +3,11 @@
 //! HTTP/2 handshake, more connections than allowed, running out of file
 //! descriptors. Each gets a clear refusal and a log line, and the
 //! well-behaved client keeps being served.
+//!
+//! Needs the CLI binary, so it lives in locksmith-cli and not with the
+//! server's own tests in locksmith-server: it starts `locksmith serve` as a
+//! process, to test the server as an operator runs it (flags, data
+//! directory, signals, restarts).
 
 use crate::server_support;
 

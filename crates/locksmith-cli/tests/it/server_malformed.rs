@@ -2,6 +2,11 @@
 //! on the port, protocol misuse, invalid names, out-of-range TTLs, wrong
 //! owners, oversized messages. Each gets a clear error, changes nothing, and
 //! the server keeps serving everyone else.
+//!
+//! Needs the CLI binary, so it lives in locksmith-cli and not with the
+//! server's own tests in locksmith-server: it starts `locksmith serve` as a
+//! process, to test the server as an operator runs it (flags, data
+//! directory, signals, restarts).
 
 use crate::server_support;
 

@@ -1,6 +1,11 @@
 //! A `locksmith://` URL that lists several members: the client talks to the
 //! first one that serves and moves on when its member goes away, against
 //! real `locksmith serve` processes.
+//!
+//! Needs the CLI binary, so it lives in locksmith-cli and not with the
+//! server's own tests in locksmith-server: it starts `locksmith serve` as a
+//! process, to test the server as an operator runs it (flags, data
+//! directory, signals, restarts).
 
 use crate::server_support;
 

@@ -4,6 +4,11 @@
 //! what is allowed works, what is denied is denied and changes nothing, wrong
 //! certificates and tokens are refused, and no secret shows in logs, errors
 //! or listings. Certificates are made here, in a temporary directory.
+//!
+//! Needs the CLI binary, so it lives in locksmith-cli and not with the
+//! server's own tests in locksmith-server: it starts `locksmith serve` as a
+//! process, to test the server as an operator runs it (flags, data
+//! directory, signals, restarts).
 
 use crate::server_support;
 
