@@ -277,7 +277,7 @@ impl Backend for ServerBackend {
 
     /// Cancel safety: safe, read-only.
     async fn describe(&self, name: &str) -> Result<Option<LockInfo>> {
-        session::settle_earlier().await;
+        self.shared.settle_earlier().await;
         let request = pb::DescribeRequest { name: name.into() };
         let response = self
             .unary(true, |mut client| {
@@ -294,7 +294,7 @@ impl Backend for ServerBackend {
     ///
     /// Cancel safety: safe, read-only.
     async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>> {
-        session::settle_earlier().await;
+        self.shared.settle_earlier().await;
         let mut locks = Vec::new();
         let mut request = pb::ListRequest {
             prefix: prefix.into(),

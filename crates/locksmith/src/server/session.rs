@@ -28,7 +28,7 @@
 //! is bounded by a third of the TTL for the same reason.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use locksmith_proto::v1 as pb;
@@ -87,25 +87,18 @@ struct Outstanding {
     ticket: Option<u64>,
 }
 
-/// Requests that no caller waits for (the cancel of a dropped acquire, the
-/// release of a grant that raced the drop), across every client of this
-/// process, until the server has answered them.
+/// Requests of one client that no caller waits for (the cancel of a dropped
+/// acquire, the release of a grant that raced the drop), until the server
+/// has answered them.
 ///
-/// `describe` and `list` first wait (briefly) for those sent before them, so
-/// that inspection reflects what this process already gave up: after an
-/// acquire future is dropped, a `describe` from any client of the same process
-/// no longer shows it queued.
+/// The client's `describe` and `list` first wait (briefly) for those sent
+/// before them, so that its inspection reflects what it already gave up:
+/// after an acquire future is dropped, the same client's `describe` no
+/// longer shows it queued.
+#[derive(Default)]
 struct Settling {
     state: Mutex<(u64, BTreeMap<u64, usize>)>,
     settled: Notify,
-}
-
-fn settling() -> &'static Settling {
-    static SETTLING: OnceLock<Settling> = OnceLock::new();
-    SETTLING.get_or_init(|| Settling {
-        state: Mutex::new((0, BTreeMap::new())),
-        settled: Notify::new(),
-    })
 }
 
 impl Settling {
@@ -159,14 +152,6 @@ impl Settling {
     }
 }
 
-/// Waits (at most a second) until the cancels and releases this process sent
-/// on nobody's behalf before now are answered.
-///
-/// Cancel safety: safe; it only waits.
-pub(super) async fn settle_earlier() {
-    settling().wait_for_earlier(Duration::from_secs(1)).await;
-}
-
 /// The resume credentials of a session.
 #[derive(Clone)]
 pub(super) struct Credentials {
@@ -188,6 +173,8 @@ pub(super) struct State {
     /// Bumped whenever the session is lost: holds of an older generation are gone.
     pub generation: u64,
     pub closed: bool,
+    /// Requests sent on nobody's behalf, until answered.
+    settling: Arc<Settling>,
 }
 
 impl State {
@@ -201,6 +188,7 @@ impl State {
             link: None,
             generation: 0,
             closed: false,
+            settling: Arc::default(),
         }
     }
 
@@ -280,13 +268,13 @@ impl State {
                 *reply = None;
             }
             entry.cancelled = true;
-            entry.ticket = Some(settling().open());
+            entry.ticket = Some(self.settling.open());
             self.send(Out::Cancel(pb::Cancel { id }));
         } else if let Ok(AcquireOutcome::Granted(tokens, ..)) = receiver.try_recv() {
             // The grant was delivered (under this lock) just before the drop.
-            let ticket = settling().open();
+            let ticket = self.settling.open();
             self.release_unused(names, owner, &tokens, ticket);
-            settling().close(ticket);
+            self.settling.close(ticket);
         }
     }
 
@@ -312,7 +300,7 @@ impl State {
                 owner: owner.to_owned(),
                 token: Some(token),
             });
-            settling().join(ticket);
+            self.settling.join(ticket);
             self.request(release, Waiter::Done(None), Some(ticket));
         }
     }
@@ -342,7 +330,7 @@ impl State {
         let ticket = entry.ticket;
         self.deliver(entry, result);
         if let Some(ticket) = ticket {
-            settling().close(ticket);
+            self.settling.close(ticket);
         }
     }
 
@@ -371,10 +359,10 @@ impl State {
                             return; // a grant answers an acquire only
                         };
                         let own = ticket.is_none();
-                        let ticket = ticket.unwrap_or_else(|| settling().open());
+                        let ticket = ticket.unwrap_or_else(|| self.settling.open());
                         self.release_unused(&acquire.names, &acquire.owner, &unused, ticket);
                         if own {
-                            settling().close(ticket);
+                            self.settling.close(ticket);
                         }
                         return;
                     }
@@ -456,7 +444,7 @@ impl State {
             };
             if !keep {
                 if let Some(ticket) = entry.ticket {
-                    settling().close(ticket);
+                    self.settling.close(ticket);
                 }
             }
             keep
@@ -476,7 +464,7 @@ impl State {
         }
         for (_, entry) in std::mem::take(&mut self.outstanding) {
             if let Some(ticket) = entry.ticket {
-                settling().close(ticket);
+                self.settling.close(ticket);
             }
             match entry.waiter {
                 Waiter::Acquire {
@@ -499,7 +487,7 @@ impl Drop for State {
         // nobody will answer its requests any more.
         for entry in self.outstanding.values() {
             if let Some(ticket) = entry.ticket {
-                settling().close(ticket);
+                self.settling.close(ticket);
             }
         }
     }
@@ -520,6 +508,15 @@ pub(super) struct Shared {
 impl Shared {
     pub(super) fn state(&self) -> MutexGuard<'_, State> {
         self.state.lock().expect("server session state poisoned")
+    }
+
+    /// Waits (at most a second) until the cancels and releases this client
+    /// sent on nobody's behalf before now are answered.
+    ///
+    /// Cancel safety: safe; it only waits.
+    pub(super) async fn settle_earlier(&self) {
+        let settling = self.state().settling.clone();
+        settling.wait_for_earlier(Duration::from_secs(1)).await;
     }
 }
 
