@@ -1268,6 +1268,9 @@ impl Backend for RedisBackend {
         // (often a process about to exit) moves on.
         cleanup::settle(SETTLE).await;
         shared.shutdown.cancel();
+        for node in &shared.nodes {
+            node.hub.close();
+        }
         first_error.map_or(Ok(()), Err)
     }
 }

@@ -31,6 +31,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use tokio::sync::{mpsc, oneshot, watch, Notify};
+use tokio_util::sync::CancellationToken;
 
 use super::config::Config;
 use super::node::Server;
@@ -96,6 +97,11 @@ pub(crate) struct Hub {
     commands: OnceLock<mpsc::UnboundedSender<Command>>,
     /// Notified after every reconnect, so held locks get re-checked.
     reconnected: Arc<Notify>,
+    /// Cancelled when the client closes: the hub task ends at once, so that
+    /// no (un)subscription is still in flight when a process exits after
+    /// `close` and its runtime drops the connection under it (which the
+    /// task would report as a lost connection).
+    closing: CancellationToken,
 }
 
 impl Hub {
@@ -106,27 +112,38 @@ impl Hub {
             channels: Arc::default(),
             commands: OnceLock::new(),
             reconnected,
+            closing: CancellationToken::new(),
         })
+    }
+
+    /// Ends the subscription connection for good (the client is closing).
+    pub fn close(&self) {
+        self.closing.cancel();
     }
 
     fn commands(&self) -> &mpsc::UnboundedSender<Command> {
         self.commands.get_or_init(|| {
             let (sender, receiver) = mpsc::unbounded_channel();
             let (channels, reconnected) = (self.channels.clone(), self.reconnected.clone());
-            match self.source.clone() {
+            let run: futures::future::BoxFuture<'static, ()> = match self.source.clone() {
                 Source::Server(server) => {
-                    tokio::spawn(run_server(server, channels, receiver, reconnected));
+                    Box::pin(run_server(server, channels, receiver, reconnected))
                 }
-                Source::Cluster { config, sharded } => {
-                    tokio::spawn(run_cluster(
-                        config,
-                        sharded,
-                        channels,
-                        receiver,
-                        reconnected,
-                    ));
+                Source::Cluster { config, sharded } => Box::pin(run_cluster(
+                    config,
+                    sharded,
+                    channels,
+                    receiver,
+                    reconnected,
+                )),
+            };
+            let closing = self.closing.clone();
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = closing.cancelled() => {}
+                    _ = run => {}
                 }
-            }
+            });
             sender
         })
     }
