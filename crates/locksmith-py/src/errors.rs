@@ -3,10 +3,11 @@
 //! attributes.
 
 use pyo3::prelude::*;
+use pyo3::IntoPyObjectExt;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyString, PyType};
 
-use locksmith::{Error, LostCause};
+use locksmith::{Error, LostCause, Undo, Unreplicated};
 
 const MODEL: &str = "locksmith._model";
 
@@ -49,6 +50,7 @@ classes! {
     unauthenticated_class => "Unauthenticated",
     permission_denied_class => "PermissionDenied",
     unsupported_class => "Unsupported",
+    unreplicated_class => "Unreplicated",
     closed_class => "Closed",
     backend_error_class => "BackendError",
     lost_cause_class => "LostCause",
@@ -111,6 +113,10 @@ fn to_py_with(py: Python<'_>, error: Error) -> PyErr {
             let attributes: Vec<_> = text(backend).map(|b| ("backend", b)).into_iter().collect();
             exception(py, unsupported_class, message, &attributes)
         }
+        Error::Unreplicated(unreplicated) => {
+            let attributes = unreplicated_attributes(py, unreplicated);
+            exception(py, unreplicated_class, message, &attributes)
+        }
         Error::Closed => exception(py, closed_class, message, &[]),
         Error::Backend { backend, .. } => {
             let attributes: Vec<_> = text(backend).map(|b| ("backend", b)).into_iter().collect();
@@ -118,6 +124,36 @@ fn to_py_with(py: Python<'_>, error: Error) -> PyErr {
         }
         _ => exception(py, base_class, message, &[]),
     }
+}
+
+/// The attributes of `locksmith.Unreplicated`: the Rust error's fields,
+/// its `undo` as `given_back` (and `lease`, `undo_failure` when not).
+fn unreplicated_attributes<'py>(
+    py: Python<'py>,
+    unreplicated: &Unreplicated,
+) -> Vec<(&'static str, Bound<'py, PyAny>)> {
+    let (given_back, lease, undo_failure) = match &unreplicated.undo {
+        Undo::Unconfirmed { lease, reason } => {
+            (false, Some(lease.as_secs_f64()), Some(reason.as_str()))
+        }
+        // `GivenBack`, and whatever a later client adds.
+        _ => (true, None, None),
+    };
+    let values = [
+        ("name", unreplicated.name.as_str().into_bound_py_any(py)),
+        ("primary", unreplicated.primary.as_str().into_bound_py_any(py)),
+        ("acknowledged", unreplicated.acknowledged.into_bound_py_any(py)),
+        ("asked", unreplicated.asked.into_bound_py_any(py)),
+        ("within", unreplicated.within.as_secs_f64().into_bound_py_any(py)),
+        ("connected", unreplicated.connected.into_bound_py_any(py)),
+        ("given_back", given_back.into_bound_py_any(py)),
+        ("lease", lease.into_bound_py_any(py)),
+        ("undo_failure", undo_failure.into_bound_py_any(py)),
+    ];
+    values
+        .into_iter()
+        .filter_map(|(key, value)| value.ok().map(|value| (key, value)))
+        .collect()
 }
 
 /// `locksmith.Lost` with its cause (where known) and reason.

@@ -9,6 +9,8 @@ import pytest
 
 import locksmith
 
+from conftest import url_of
+
 
 def test_exclusive_lock_excludes_and_tokens_increase(client, name):
     with client.lock(name, wait=5.0) as guard:
@@ -203,3 +205,19 @@ def test_election(client, name):
     second = client.election(name).campaign("node-2", wait=5.0)
     assert second.fencing_token > leading.fencing_token
     second.resign()
+
+
+def test_a_grant_no_replica_acknowledged_raises_unreplicated(stores, name):
+    # A Redis without replicas, asked to wait for one: every grant goes
+    # unacknowledged, is given back, and the acquire says so.
+    url = f"{url_of(stores, 'redis')}?wait_replicas=1&wait_timeout=100ms"
+    with locksmith.connect(url) as client:
+        with pytest.raises(locksmith.Unreplicated) as refused:
+            client.lock(name).acquire(wait=0)
+    error = refused.value
+    assert (error.name, error.acknowledged, error.asked) == (name, 0, 1)
+    assert error.within == pytest.approx(0.1)
+    assert error.given_back is True
+    assert (error.lease, error.undo_failure) == (None, None)
+    with locksmith.connect(url_of(stores, "redis")) as plain:
+        assert plain.status(name) is None, "the grant was given back"

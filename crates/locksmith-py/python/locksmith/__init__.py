@@ -46,6 +46,7 @@ from ._model import (
     PermissionDenied,
     Timeout,
     Unauthenticated,
+    Unreplicated,
     Unsupported,
     Waiter,
 )
@@ -85,6 +86,7 @@ __all__ = [
     "RwLock",
     "Timeout",
     "Unauthenticated",
+    "Unreplicated",
     "Unsupported",
     "Waiter",
     "aio",

@@ -115,6 +115,32 @@ class Unsupported(Error):
     backend: str | None = None
 
 
+class Unreplicated(Error):
+    """A Redis grant that fewer replicas than asked acknowledged in time
+    (``wait_replicas``), so a failover could hand the lock out again: it was
+    not handed to the caller. Retrying is right once the replicas catch up;
+    ``given_back`` says whether the grant is gone."""
+
+    name: str | None = None
+    primary: str | None = None
+    """Where it was granted (the primary, or "the Redis Cluster")."""
+    acknowledged: int | None = None
+    """How many replicas acknowledged the grant."""
+    asked: int | None = None
+    """How many were asked for (``wait_replicas``)."""
+    within: float | None = None
+    """How long they had, in seconds (``wait_timeout``)."""
+    connected: int | None = None
+    """How many replicas the primary had connected right after, if it said."""
+    given_back: bool | None = None
+    """Whether the grant was given back before the call returned (nothing is
+    held); if not, it may hold the lock, unrenewed, for ``lease``."""
+    lease: float | None = None
+    """The grant's lease in seconds, when giving it back was not confirmed."""
+    undo_failure: str | None = None
+    """Why giving the grant back was not confirmed."""
+
+
 class Closed(Error):
     """The client was closed, or connected in a process that has since forked."""
 
