@@ -1,43 +1,62 @@
-//! The asyncio API (`locksmith.aio`): the classes of [`crate::blocking`]
-//! with awaitables where those block. Each awaitable runs its future on the
-//! process runtime; cancelling the awaiting task drops the future, which
-//! leaves nothing behind (every call of the client is cancel-safe).
+//! The asyncio API (`locksmith.aio`): the classes of [`crate::shared`] with
+//! the calls that wait returned as awaitables ([`crate::awaitable`]), which
+//! the awaiting task drives. Each method's docs say what cancelling it
+//! leaves (the awaitable drops the future when its task is cancelled).
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use futures::stream::StreamExt;
 use pyo3::prelude::*;
+use pyo3::PyClass;
 
 use locksmith::backend::{GrantRecord, LockInfo};
 
-use crate::blocking::{connect_options, Connection, LeaderStream};
-use crate::convert::{self, configure};
-use crate::errors::{self, IntoPyResult};
+use crate::awaitable::{awaitable, Awaitable};
+use crate::blocking::LeaderStream;
+use crate::convert;
+use crate::errors::IntoPyResult;
 use crate::held::Held;
-use crate::runtime::{self, awaitable};
+use crate::shared::{
+    connect_options, ClientBase, Connection, ElectionBase, Flavor, GuardBase, LeadershipBase,
+    LockBase, RwLockBase,
+};
 
-/// Connects to the store the URL names; awaits the connection.
+/// Connects to the store the URL names.
+///
+/// Cancel safety: safe; a cancelled connect leaves at most a session that
+/// expires on its own.
 #[pyfunction]
 #[pyo3(signature = (url, *, session_ttl=None, client_name=None, host=None))]
-fn connect<'py>(
-    py: Python<'py>,
+fn connect(
     url: String,
     session_ttl: Option<&Bound<'_, PyAny>>,
     client_name: Option<String>,
     host: Option<String>,
-) -> PyResult<Bound<'py, PyAny>> {
+) -> PyResult<Awaitable> {
     let options = connect_options(session_ttl, client_name, host)?;
-    awaitable(py, async move {
+    Ok(awaitable(async move {
         let client = locksmith::Client::connect_with(&url, options).await.py()?;
-        Ok(Client {
-            connection: Connection::new(client),
-        })
-    })
+        let base = ClientBase::new(Flavor::Asyncio, client);
+        Ok(Made(PyClassInitializer::from(base).add_subclass(Client)))
+    }))
+}
+
+/// An object of class `T`, made when the future that returns it completes
+/// (with the GIL, in the awaiting task).
+struct Made<T: PyClass>(PyClassInitializer<T>);
+
+impl<'py, T: PyClass> IntoPyObject<'py> for Made<T> {
+    type Target = T;
+    type Output = Bound<'py, T>;
+    type Error = PyErr;
+
+    fn into_pyobject(self, py: Python<'py>) -> PyResult<Bound<'py, T>> {
+        Bound::new(py, self.0)
+    }
 }
 
 /// Inspection results, made into Python objects when the awaitable
-/// completes (with the GIL, off the runtime's workers).
+/// completes.
 enum Inspected {
     One(Option<LockInfo>),
     Many(Vec<LockInfo>),
@@ -63,153 +82,81 @@ impl<'py> IntoPyObject<'py> for Inspected {
     }
 }
 
-#[pyclass(module = "locksmith.aio", frozen)]
-pub struct Client {
-    connection: Arc<Connection>,
-}
+/// A connection to one lock store; `async with` closes it.
+#[pyclass(module = "locksmith.aio", extends = ClientBase, frozen)]
+pub struct Client;
 
-impl Client {
-    fn lock_of(&self, lock: locksmith::Lock) -> Lock {
-        Lock::new(self.connection.clone(), lock)
-    }
-
-    fn client(&self) -> PyResult<locksmith::Client> {
-        self.connection.client().cloned()
-    }
+fn client_of(slf: &Bound<'_, Client>) -> PyResult<locksmith::Client> {
+    slf.as_super().get().connection.client().cloned()
 }
 
 #[pymethods]
 impl Client {
-    /// An exclusive lock.
-    #[pyo3(signature = (name, *, wait=None, lease=None, owner=None, reentrant=true, lock_delay=None))]
-    fn lock(
-        &self,
-        name: String,
-        wait: Option<&Bound<'_, PyAny>>,
-        lease: Option<&Bound<'_, PyAny>>,
-        owner: Option<String>,
-        reentrant: bool,
-        lock_delay: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<Lock> {
-        let lock = self.connection.client()?.lock(name);
-        let lock = configure(lock, wait, lease, owner, reentrant, lock_delay)?;
-        Ok(self.lock_of(lock))
-    }
-
-    /// A read-write lock: take its `read()` or `write()` side.
-    fn rw_lock(&self, name: String) -> PyResult<RwLock> {
-        Ok(RwLock {
-            connection: self.connection.clone(),
-            inner: self.connection.client()?.rw_lock(name),
-        })
-    }
-
-    /// A semaphore: up to `permits` holders at once.
-    #[pyo3(signature = (name, permits, *, wait=None, lease=None, owner=None, reentrant=true, lock_delay=None))]
-    #[allow(clippy::too_many_arguments)]
-    fn semaphore(
-        &self,
-        name: String,
-        permits: u32,
-        wait: Option<&Bound<'_, PyAny>>,
-        lease: Option<&Bound<'_, PyAny>>,
-        owner: Option<String>,
-        reentrant: bool,
-        lock_delay: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<Lock> {
-        let lock = self.connection.client()?.semaphore(name, permits);
-        let lock = configure(lock, wait, lease, owner, reentrant, lock_delay)?;
-        Ok(self.lock_of(lock))
-    }
-
-    /// Several exclusive locks taken all or nothing.
-    #[pyo3(signature = (names, *, wait=None, lease=None, owner=None, reentrant=true, lock_delay=None))]
-    fn multi_lock(
-        &self,
-        names: Vec<String>,
-        wait: Option<&Bound<'_, PyAny>>,
-        lease: Option<&Bound<'_, PyAny>>,
-        owner: Option<String>,
-        reentrant: bool,
-        lock_delay: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<Lock> {
-        let lock = self.connection.client()?.multi_lock(names);
-        let lock = configure(lock, wait, lease, owner, reentrant, lock_delay)?;
-        Ok(self.lock_of(lock))
-    }
-
-    /// Leader election on a lock name.
-    fn election(&self, name: String) -> PyResult<Election> {
-        Ok(Election {
-            connection: self.connection.clone(),
-            inner: self.connection.client()?.election(name),
-        })
-    }
-
     /// Holders and waiters of one lock; `None` if nobody holds or waits.
-    fn status<'py>(&self, py: Python<'py>, name: String) -> PyResult<Bound<'py, PyAny>> {
-        let client = self.client()?;
-        awaitable(py, async move {
+    ///
+    /// Cancel safety: safe, read-only.
+    fn status(slf: &Bound<'_, Self>, name: String) -> PyResult<Awaitable> {
+        let client = client_of(slf)?;
+        Ok(awaitable(async move {
             Ok(Inspected::One(client.describe(&name).await.py()?))
-        })
+        }))
     }
 
     /// Every lock whose name starts with `prefix`, sorted by name.
+    ///
+    /// Cancel safety: safe, read-only.
     #[pyo3(signature = (prefix=String::new()))]
-    fn list<'py>(&self, py: Python<'py>, prefix: String) -> PyResult<Bound<'py, PyAny>> {
-        let client = self.client()?;
-        awaitable(py, async move {
+    fn list(slf: &Bound<'_, Self>, prefix: String) -> PyResult<Awaitable> {
+        let client = client_of(slf)?;
+        Ok(awaitable(async move {
             Ok(Inspected::Many(client.list(&prefix).await.py()?))
-        })
+        }))
     }
 
     /// Recent grants of the locks under `prefix` (the locksmith server only).
+    ///
+    /// Cancel safety: safe, read-only.
     #[pyo3(signature = (prefix=String::new()))]
-    fn history<'py>(&self, py: Python<'py>, prefix: String) -> PyResult<Bound<'py, PyAny>> {
-        let client = self.client()?;
-        awaitable(py, async move {
+    fn history(slf: &Bound<'_, Self>, prefix: String) -> PyResult<Awaitable> {
+        let client = client_of(slf)?;
+        Ok(awaitable(async move {
             Ok(Inspected::Grants(client.history(&prefix).await.py()?))
-        })
+        }))
     }
 
     /// Frees a lock whoever holds it; its holders see their guards lost.
-    fn force_release<'py>(&self, py: Python<'py>, name: String) -> PyResult<Bound<'py, PyAny>> {
-        let client = self.client()?;
-        awaitable(py, async move { client.force_release(&name).await.py() })
+    ///
+    /// Cancel safety: the release may or may not have happened.
+    fn force_release(slf: &Bound<'_, Self>, name: String) -> PyResult<Awaitable> {
+        let client = client_of(slf)?;
+        Ok(awaitable(async move { client.force_release(&name).await.py() }))
     }
 
     /// Releases everything this client holds and closes it.
-    fn close<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let client = self.client()?;
-        awaitable(py, async move { client.close().await.py() })
+    ///
+    /// Cancel safety: if cancelled midway, the holds not yet released end
+    /// with the session.
+    fn close(slf: &Bound<'_, Self>) -> PyResult<Awaitable> {
+        let client = client_of(slf)?;
+        Ok(awaitable(async move { client.close().await.py() }))
     }
 
-    #[getter]
-    fn backend(&self) -> PyResult<&'static str> {
-        Ok(self.connection.client()?.backend().name())
+    fn __aenter__(slf: Py<Self>) -> Awaitable {
+        awaitable(async move { Ok(slf) })
     }
 
-    fn __aenter__<'py>(slf: Py<Self>, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        awaitable(py, async move { Ok(slf) })
-    }
-
-    fn __aexit__<'py>(
-        &self,
-        py: Python<'py>,
+    /// Closes the client (as `close`).
+    fn __aexit__(
+        slf: &Bound<'_, Self>,
         _exc_type: Option<&Bound<'_, PyAny>>,
         _exc: Option<&Bound<'_, PyAny>>,
         _traceback: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        let client = self.client()?;
-        awaitable(py, async move {
+    ) -> PyResult<Awaitable> {
+        let client = client_of(slf)?;
+        Ok(awaitable(async move {
             client.close().await.py()?;
             Ok(false)
-        })
-    }
-
-    fn __repr__(&self) -> String {
-        let backend = self.backend().unwrap_or("forked");
-        format!("<locksmith.aio.Client backend={backend:?}>")
+        }))
     }
 }
 
@@ -224,41 +171,15 @@ fn current_task(py: Python<'_>) -> PyResult<usize> {
 type Entered = Arc<Mutex<Vec<(usize, Arc<Held<locksmith::Guard>>)>>>;
 
 /// A lock to acquire; `async with lock as guard:` acquires and releases.
-#[pyclass(module = "locksmith.aio", frozen)]
+#[pyclass(module = "locksmith.aio", extends = LockBase, frozen)]
 pub struct Lock {
-    connection: Arc<Connection>,
-    inner: locksmith::Lock,
     entered: Entered,
 }
 
 impl Lock {
-    fn new(connection: Arc<Connection>, inner: locksmith::Lock) -> Self {
-        Lock {
-            connection,
-            inner,
+    pub fn new(base: LockBase) -> PyClassInitializer<Self> {
+        PyClassInitializer::from(base).add_subclass(Lock {
             entered: Arc::new(Mutex::new(Vec::new())),
-        }
-    }
-
-    /// Acquires as the lock's options and `wait` say (see the blocking
-    /// `Lock.acquire`).
-    fn acquiring(
-        &self,
-        wait: Option<Duration>,
-    ) -> PyResult<impl std::future::Future<Output = PyResult<Guard>> + Send + 'static> {
-        self.connection.client()?;
-        let lock = self.inner.clone();
-        Ok(async move {
-            let guard = match wait.or(lock.options().wait) {
-                Some(wait) if wait.is_zero() => lock
-                    .try_acquire()
-                    .await
-                    .py()?
-                    .ok_or_else(|| errors::to_py(locksmith::Error::Timeout(Duration::ZERO)))?,
-                Some(wait) => lock.acquire_timeout(wait).await.py()?,
-                None => lock.acquire().await.py()?,
-            };
-            Ok(Guard::new(guard))
         })
     }
 }
@@ -267,144 +188,89 @@ impl Lock {
 impl Lock {
     /// Acquires, waiting at most `wait` seconds (default: the lock's `wait`,
     /// else until granted); raises `Timeout` when the wait runs out.
+    ///
+    /// Cancel safety: safe; a cancelled acquire leaves no queue entry and no
+    /// hold behind (one granted in that moment is given back).
     #[pyo3(signature = (wait=None))]
-    fn acquire<'py>(
-        &self,
-        py: Python<'py>,
-        wait: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<Bound<'py, PyAny>> {
+    fn acquire(slf: &Bound<'_, Self>, wait: Option<&Bound<'_, PyAny>>) -> PyResult<Awaitable> {
         let wait = convert::optional_duration(wait, "wait")?;
-        awaitable(py, self.acquiring(wait)?)
+        let acquiring = slf.as_super().get().acquiring(wait)?;
+        Ok(awaitable(async move { Ok(Guard::made(acquiring.await?)) }))
     }
 
     /// Acquires only if that is possible right now; `None` when busy.
-    fn try_acquire<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        self.connection.client()?;
-        let lock = self.inner.clone();
-        awaitable(py, async move {
-            Ok(lock.try_acquire().await.py()?.map(Guard::new))
-        })
+    ///
+    /// Cancel safety: as `acquire`.
+    fn try_acquire(slf: &Bound<'_, Self>) -> PyResult<Awaitable> {
+        let trying = slf.as_super().get().trying()?;
+        Ok(awaitable(async move { Ok(trying.await?.map(Guard::made)) }))
     }
 
-    #[getter]
-    fn names(&self) -> Vec<String> {
-        self.inner.names().to_vec()
-    }
-
-    #[getter]
-    fn mode(&self) -> &'static str {
-        convert::mode_parts(self.inner.mode()).0
-    }
-
-    #[getter]
-    fn permits(&self) -> Option<u32> {
-        convert::mode_parts(self.inner.mode()).1
-    }
-
-    fn __aenter__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let task = current_task(py)?;
-        let acquiring = self.acquiring(None)?;
-        let entered = self.entered.clone();
-        awaitable(py, async move {
+    /// Acquires with the lock's own `wait`.
+    ///
+    /// Cancel safety: as `acquire`.
+    fn __aenter__(slf: &Bound<'_, Self>) -> PyResult<Awaitable> {
+        let task = current_task(slf.py())?;
+        let acquiring = slf.as_super().get().acquiring(None)?;
+        let entered = slf.get().entered.clone();
+        Ok(awaitable(async move {
             let guard = acquiring.await?;
+            let base = GuardBase::new(guard);
             let mut entered = entered.lock().unwrap_or_else(|e| e.into_inner());
-            entered.push((task, guard.held.clone()));
-            Ok(guard)
-        })
+            entered.push((task, base.held.clone()));
+            Ok(Made(PyClassInitializer::from(base).add_subclass(Guard)))
+        }))
     }
 
-    fn __aexit__<'py>(
-        &self,
-        py: Python<'py>,
+    /// Releases what the matching `__aenter__` acquired.
+    ///
+    /// Cancel safety: as `Guard.release`.
+    fn __aexit__(
+        slf: &Bound<'_, Self>,
         exc_type: Option<&Bound<'_, PyAny>>,
         _exc: Option<&Bound<'_, PyAny>>,
         _traceback: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        let task = current_task(py)?;
+    ) -> PyResult<Awaitable> {
+        let task = current_task(slf.py())?;
         let held = {
-            let mut entered = self.entered.lock().unwrap_or_else(|e| e.into_inner());
+            let mut entered = slf.get().entered.lock().unwrap_or_else(|e| e.into_inner());
             let last = entered.iter().rposition(|(owner, _)| *owner == task);
             last.map(|index| entered.remove(index).1)
         };
-        let raising = exc_type.is_some_and(|exc_type| !exc_type.is_none());
-        exit(py, held, raising)
-    }
-
-    fn __repr__(&self) -> String {
-        format!(
-            "<locksmith.aio.Lock {:?} {}>",
-            self.inner.names(),
-            convert::mode_text(self.inner.mode())
-        )
+        exit(held, exc_type, |guard| guard.release())
     }
 }
 
-/// Releases at the end of an `async with` block: errors surface unless the
-/// block is already raising.
-fn exit<'py>(
-    py: Python<'py>,
-    held: Option<Arc<Held<locksmith::Guard>>>,
-    raising: bool,
-) -> PyResult<Bound<'py, PyAny>> {
-    let guard = match held {
-        Some(held) if !held.is_released() => Some(held.take()?),
+/// Ends a hold at the end of an `async with` block (`end` releases or
+/// resigns): errors surface unless the block is already raising.
+fn exit<T, F>(
+    held: Option<Arc<Held<T>>>,
+    exc_type: Option<&Bound<'_, PyAny>>,
+    end: impl FnOnce(T) -> F,
+) -> PyResult<Awaitable>
+where
+    T: Send + 'static,
+    F: std::future::Future<Output = locksmith::Result<()>> + Send + 'static,
+{
+    let raising = exc_type.is_some_and(|exc_type| !exc_type.is_none());
+    let ending = match held {
+        Some(held) if !held.is_released() => Some(end(held.take()?)),
         _ => None,
     };
-    awaitable(py, async move {
-        if let Some(guard) = guard {
-            let released = guard.release().await.py();
+    Ok(awaitable(async move {
+        if let Some(ending) = ending {
+            let ended = ending.await.py();
             if !raising {
-                released?;
+                ended?;
             }
         }
         Ok(false)
-    })
+    }))
 }
 
 /// A read-write lock: many readers or one writer, writers not starved.
-#[pyclass(module = "locksmith.aio", frozen)]
-pub struct RwLock {
-    connection: Arc<Connection>,
-    inner: locksmith::RwLock,
-}
-
-#[pymethods]
-impl RwLock {
-    /// The reader side (shared).
-    #[pyo3(signature = (*, wait=None, lease=None, owner=None, reentrant=true, lock_delay=None))]
-    fn read(
-        &self,
-        wait: Option<&Bound<'_, PyAny>>,
-        lease: Option<&Bound<'_, PyAny>>,
-        owner: Option<String>,
-        reentrant: bool,
-        lock_delay: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<Lock> {
-        let lock = configure(self.inner.read(), wait, lease, owner, reentrant, lock_delay)?;
-        Ok(Lock::new(self.connection.clone(), lock))
-    }
-
-    /// The writer side (exclusive).
-    #[pyo3(signature = (*, wait=None, lease=None, owner=None, reentrant=true, lock_delay=None))]
-    fn write(
-        &self,
-        wait: Option<&Bound<'_, PyAny>>,
-        lease: Option<&Bound<'_, PyAny>>,
-        owner: Option<String>,
-        reentrant: bool,
-        lock_delay: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<Lock> {
-        let lock = configure(
-            self.inner.write(),
-            wait,
-            lease,
-            owner,
-            reentrant,
-            lock_delay,
-        )?;
-        Ok(Lock::new(self.connection.clone(), lock))
-    }
-}
+#[pyclass(module = "locksmith.aio", extends = RwLockBase, frozen)]
+pub struct RwLock;
 
 /// Hands `callback(cause, reason)` to `event_loop`, thread-safely. A loop
 /// that has closed since is left alone: nobody is there to call.
@@ -413,7 +279,7 @@ fn deliver_on_loop(
     event_loop: Py<PyAny>,
 ) -> impl FnOnce(Py<PyAny>, String) + Send + 'static {
     move |cause, reason| {
-        runtime::with_python(|py| {
+        crate::runtime::with_python(|py| {
             let closed = event_loop
                 .bind(py)
                 .call_method0("is_closed")
@@ -432,346 +298,194 @@ fn deliver_on_loop(
 }
 
 /// An awaitable of the hold's loss: its reason, or `None` once released.
-fn lost_awaitable<'py, T: Send>(py: Python<'py>, held: &Held<T>) -> PyResult<Bound<'py, PyAny>> {
+fn lost_awaitable<T: Send>(held: &Held<T>) -> PyResult<Awaitable> {
     held.check()?;
     let lost = held.lost_or_released();
-    awaitable(py, async move { Ok(lost.await) })
+    Ok(awaitable(async move { Ok(lost.await) }))
 }
 
-fn running_loop(py: Python<'_>) -> PyResult<Py<PyAny>> {
-    Ok(py
+/// `on_lost` for the running event loop.
+fn on_lost_on_loop<T: Send>(py: Python<'_>, held: &Held<T>, callback: Py<PyAny>) -> PyResult<()> {
+    let event_loop = py
         .import("asyncio")?
         .call_method0("get_running_loop")?
-        .unbind())
+        .unbind();
+    held.on_lost(deliver_on_loop(callback, event_loop))
 }
 
 /// A held lock (or several, for a multi-lock).
-#[pyclass(module = "locksmith.aio", frozen)]
-pub struct Guard {
-    held: Arc<Held<locksmith::Guard>>,
-    names: Vec<String>,
-    tokens: Vec<u64>,
-}
+#[pyclass(module = "locksmith.aio", extends = GuardBase, frozen)]
+pub struct Guard;
 
 impl Guard {
-    fn new(guard: locksmith::Guard) -> Self {
-        Guard {
-            names: guard.names().to_vec(),
-            tokens: guard.fencing_tokens().to_vec(),
-            held: Arc::new(Held::new(
-                guard.name().to_owned(),
-                guard.lost_signal(),
-                guard,
-            )),
-        }
+    fn made(guard: locksmith::Guard) -> Made<Self> {
+        Made(PyClassInitializer::from(GuardBase::new(guard)).add_subclass(Guard))
     }
+}
+
+fn guard_held(slf: &Bound<'_, Guard>) -> Arc<Held<locksmith::Guard>> {
+    slf.as_super().get().held.clone()
 }
 
 #[pymethods]
 impl Guard {
-    #[getter]
-    fn fencing_token(&self) -> u64 {
-        self.tokens[0]
-    }
-
-    #[getter]
-    fn fencing_tokens(&self) -> Vec<u64> {
-        self.tokens.clone()
-    }
-
-    #[getter]
-    fn name(&self) -> &str {
-        &self.names[0]
-    }
-
-    #[getter]
-    fn names(&self) -> Vec<String> {
-        self.names.clone()
-    }
-
-    #[getter]
-    fn hold_count(&self) -> u32 {
-        self.held.read(|guard| guard.hold_count()).unwrap_or(0)
-    }
-
-    #[getter]
-    fn remaining_lease(&self) -> Option<f64> {
-        self.held
-            .read(|guard| guard.remaining_lease())
-            .flatten()
-            .map(|left| left.as_secs_f64())
-    }
-
-    #[getter]
-    fn is_lost(&self) -> bool {
-        self.held.lost().is_fired()
-    }
-
-    #[getter]
-    fn lost_cause<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
-        self.held.lost_cause(py)
-    }
-
-    #[getter]
-    fn lost_reason(&self) -> Option<String> {
-        self.held.lost().reason()
-    }
-
-    fn raise_if_lost(&self, py: Python<'_>) -> PyResult<()> {
-        self.held.raise_if_lost(py)
-    }
-
     /// Completes with the reason once the hold is lost (`None` once it is
     /// released first).
-    fn lost<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        lost_awaitable(py, &self.held)
+    ///
+    /// Cancel safety: safe; it only waits.
+    fn lost(slf: &Bound<'_, Self>) -> PyResult<Awaitable> {
+        lost_awaitable(&guard_held(slf))
     }
 
     /// Calls `callback(cause, reason)` on the running event loop when the
     /// hold is lost (at once if it was); not after a release.
-    fn on_lost(&self, py: Python<'_>, callback: Py<PyAny>) -> PyResult<()> {
-        let event_loop = running_loop(py)?;
-        self.held.on_lost(deliver_on_loop(callback, event_loop))
+    fn on_lost(slf: &Bound<'_, Self>, callback: Py<PyAny>) -> PyResult<()> {
+        on_lost_on_loop(slf.py(), &guard_held(slf), callback)
     }
 
     /// Extends a leased hold to `lease` seconds from now.
-    fn extend<'py>(
-        &self,
-        py: Python<'py>,
-        lease: &Bound<'_, PyAny>,
-    ) -> PyResult<Bound<'py, PyAny>> {
+    ///
+    /// Cancel safety: safe; the hold stays, extended or not.
+    fn extend(slf: &Bound<'_, Self>, lease: &Bound<'_, PyAny>) -> PyResult<Awaitable> {
         let lease = convert::duration(lease, "lease")?;
-        let held = self.held.clone();
-        let guard = held.borrow()?;
-        awaitable(py, async move {
-            let extended = guard.extend(lease).await;
-            held.put(guard);
-            extended.py()
-        })
+        let held = guard_held(slf);
+        Ok(awaitable(async move { held.lend()?.extend(lease).await.py() }))
     }
 
     /// Releases the hold; raises if it was lost or already released.
-    fn release<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let guard = self.held.take()?;
-        awaitable(py, async move { guard.release().await.py() })
+    ///
+    /// Cancel safety: the hold ends either way; a cancelled release goes on
+    /// in the background, unchecked.
+    fn release(slf: &Bound<'_, Self>) -> Awaitable {
+        let held = guard_held(slf);
+        awaitable(async move { held.take()?.release().await.py() })
     }
 
-    fn __aenter__<'py>(slf: Py<Self>, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        awaitable(py, async move { Ok(slf) })
+    fn __aenter__(slf: Py<Self>) -> Awaitable {
+        awaitable(async move { Ok(slf) })
     }
 
-    fn __aexit__<'py>(
-        &self,
-        py: Python<'py>,
+    /// Releases the hold unless it was already (as `release`).
+    fn __aexit__(
+        slf: &Bound<'_, Self>,
         exc_type: Option<&Bound<'_, PyAny>>,
         _exc: Option<&Bound<'_, PyAny>>,
         _traceback: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        let raising = exc_type.is_some_and(|exc_type| !exc_type.is_none());
-        exit(py, Some(self.held.clone()), raising)
-    }
-
-    fn __repr__(&self) -> String {
-        format!(
-            "<locksmith.aio.Guard {:?} fencing_tokens={:?}{}>",
-            self.names,
-            self.tokens,
-            if self.held.is_released() {
-                " released"
-            } else {
-                ""
-            }
-        )
+    ) -> PyResult<Awaitable> {
+        exit(Some(guard_held(slf)), exc_type, |guard| guard.release())
     }
 }
 
 /// An election on one lock name.
-#[pyclass(module = "locksmith.aio", frozen)]
-pub struct Election {
-    connection: Arc<Connection>,
-    inner: locksmith::Election,
-}
+#[pyclass(module = "locksmith.aio", extends = ElectionBase, frozen)]
+pub struct Election;
 
 #[pymethods]
 impl Election {
-    #[getter]
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
     /// Waits until this candidate leads, publishing `value`; raises
     /// `Timeout` after `wait` seconds if given.
+    ///
+    /// Cancel safety: safe, as `Lock.acquire`: a cancelled campaign leaves no
+    /// candidacy behind.
     #[pyo3(signature = (value, *, wait=None))]
-    fn campaign<'py>(
-        &self,
-        py: Python<'py>,
+    fn campaign(
+        slf: &Bound<'_, Self>,
         value: String,
         wait: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        self.connection.client()?;
+    ) -> PyResult<Awaitable> {
         let wait = convert::optional_duration(wait, "wait")?;
-        let election = self.inner.clone();
-        awaitable(py, async move {
-            let campaign = election.campaign(value);
-            let leadership = match wait {
-                Some(wait) => runtime::within(wait, campaign)
-                    .await
-                    .ok_or_else(|| errors::to_py(locksmith::Error::Timeout(wait)))?,
-                None => campaign.await,
-            }
-            .py()?;
-            Ok(Leadership::new(leadership))
-        })
+        let campaigning = slf.as_super().get().campaigning(value, wait)?;
+        Ok(awaitable(async move {
+            let leadership = LeadershipBase::new(campaigning.await?);
+            Ok(Made(PyClassInitializer::from(leadership).add_subclass(Leadership)))
+        }))
     }
 
     /// The current leader, or `None`.
-    fn leader<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        self.connection.client()?;
-        let election = self.inner.clone();
-        awaitable(py, async move {
+    ///
+    /// Cancel safety: safe, read-only.
+    fn leader(slf: &Bound<'_, Self>) -> PyResult<Awaitable> {
+        let base = slf.as_super().get();
+        base.connection.client()?;
+        let election = base.inner.clone();
+        Ok(awaitable(async move {
             Ok(Inspected::Leader(election.leader().await.py()?))
-        })
+        }))
     }
 
     /// An async iterator over the leader now and every change (`None`:
     /// nobody leads).
-    fn observe(&self) -> PyResult<Observer> {
-        self.connection.client()?;
+    fn observe(slf: &Bound<'_, Self>) -> PyResult<Observer> {
+        let base = slf.as_super().get();
+        base.connection.client()?;
         Ok(Observer {
-            connection: self.connection.clone(),
-            stream: Arc::new(tokio::sync::Mutex::new(self.inner.observe().boxed())),
+            connection: base.connection.clone(),
+            stream: Arc::new(tokio::sync::Mutex::new(base.inner.observe().boxed())),
         })
-    }
-
-    fn __repr__(&self) -> String {
-        format!("<locksmith.aio.Election {:?}>", self.inner.name())
     }
 }
 
 /// This candidate's leadership until resigned, dropped or lost.
-#[pyclass(module = "locksmith.aio", frozen)]
-pub struct Leadership {
-    held: Arc<Held<locksmith::Leadership>>,
-    value: Arc<Mutex<String>>,
-    token: u64,
-}
+#[pyclass(module = "locksmith.aio", extends = LeadershipBase, frozen)]
+pub struct Leadership;
 
-impl Leadership {
-    fn new(leadership: locksmith::Leadership) -> Self {
-        let guard = leadership.guard();
-        Leadership {
-            value: Arc::new(Mutex::new(leadership.value().to_owned())),
-            token: leadership.fencing_token(),
-            held: Arc::new(Held::new(
-                guard.name().to_owned(),
-                guard.lost_signal(),
-                leadership,
-            )),
-        }
-    }
-
-    fn resigning(
-        &self,
-        raising: bool,
-    ) -> PyResult<impl std::future::Future<Output = PyResult<bool>> + Send + 'static> {
-        let leadership = if self.held.is_released() {
-            None
-        } else {
-            Some(self.held.take()?)
-        };
-        Ok(async move {
-            if let Some(leadership) = leadership {
-                let resigned = leadership.resign().await.py();
-                if !raising {
-                    resigned?;
-                }
-            }
-            Ok(false)
-        })
-    }
+fn leadership_held(slf: &Bound<'_, Leadership>) -> Arc<Held<locksmith::Leadership>> {
+    slf.as_super().get().held.clone()
 }
 
 #[pymethods]
 impl Leadership {
-    #[getter]
-    fn value(&self) -> String {
-        self.value.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    /// Completes with the reason once leadership is lost (`None` once it
+    /// is resigned first).
+    ///
+    /// Cancel safety: safe; it only waits.
+    fn lost(slf: &Bound<'_, Self>) -> PyResult<Awaitable> {
+        lost_awaitable(&leadership_held(slf))
     }
 
-    #[getter]
-    fn fencing_token(&self) -> u64 {
-        self.token
-    }
-
-    #[getter]
-    fn is_lost(&self) -> bool {
-        self.held.lost().is_fired()
-    }
-
-    #[getter]
-    fn lost_cause<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
-        self.held.lost_cause(py)
-    }
-
-    #[getter]
-    fn lost_reason(&self) -> Option<String> {
-        self.held.lost().reason()
-    }
-
-    fn raise_if_lost(&self, py: Python<'_>) -> PyResult<()> {
-        self.held.raise_if_lost(py)
-    }
-
-    fn lost<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        lost_awaitable(py, &self.held)
-    }
-
-    fn on_lost(&self, py: Python<'_>, callback: Py<PyAny>) -> PyResult<()> {
-        let event_loop = running_loop(py)?;
-        self.held.on_lost(deliver_on_loop(callback, event_loop))
+    /// Calls `callback(cause, reason)` on the running event loop when
+    /// leadership is lost (at once if it was); not after a resign.
+    fn on_lost(slf: &Bound<'_, Self>, callback: Py<PyAny>) -> PyResult<()> {
+        on_lost_on_loop(slf.py(), &leadership_held(slf), callback)
     }
 
     /// Publishes a new value while leading (memory, etcd and ZooKeeper).
-    fn proclaim<'py>(&self, py: Python<'py>, value: String) -> PyResult<Bound<'py, PyAny>> {
-        let held = self.held.clone();
-        let published = self.value.clone();
-        let mut leadership = held.borrow()?;
-        awaitable(py, async move {
-            let proclaimed = leadership.proclaim(value.clone()).await;
-            held.put(leadership);
-            proclaimed.py()?;
+    ///
+    /// Cancel safety: safe; the leadership stays, and the new value may or
+    /// may not be published (`value` still says the old one).
+    fn proclaim(slf: &Bound<'_, Self>, value: String) -> Awaitable {
+        let held = leadership_held(slf);
+        let published = slf.as_super().get().value.clone();
+        awaitable(async move {
+            held.lend()?.proclaim(value.clone()).await.py()?;
             *published.lock().unwrap_or_else(|e| e.into_inner()) = value;
             Ok(())
         })
     }
 
     /// Steps down: the next candidate leads.
-    fn resign<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let leadership = self.held.take()?;
-        awaitable(py, async move { leadership.resign().await.py() })
+    ///
+    /// Cancel safety: the leadership ends either way; a cancelled resign
+    /// goes on in the background, unchecked.
+    fn resign(slf: &Bound<'_, Self>) -> Awaitable {
+        let held = leadership_held(slf);
+        awaitable(async move { held.take()?.resign().await.py() })
     }
 
-    fn __aenter__<'py>(slf: Py<Self>, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        awaitable(py, async move { Ok(slf) })
+    fn __aenter__(slf: Py<Self>) -> Awaitable {
+        awaitable(async move { Ok(slf) })
     }
 
-    fn __aexit__<'py>(
-        &self,
-        py: Python<'py>,
+    /// Resigns unless it was already (as `resign`).
+    fn __aexit__(
+        slf: &Bound<'_, Self>,
         exc_type: Option<&Bound<'_, PyAny>>,
         _exc: Option<&Bound<'_, PyAny>>,
         _traceback: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        let raising = exc_type.is_some_and(|exc_type| !exc_type.is_none());
-        awaitable(py, self.resigning(raising)?)
-    }
-
-    fn __repr__(&self) -> String {
-        format!(
-            "<locksmith.aio.Leadership value={:?} fencing_token={}>",
-            self.value(),
-            self.token
-        )
+    ) -> PyResult<Awaitable> {
+        exit(Some(leadership_held(slf)), exc_type, |leadership| {
+            leadership.resign()
+        })
     }
 }
 
@@ -789,16 +503,19 @@ impl Observer {
         slf
     }
 
-    fn __anext__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+    /// The next leader.
+    ///
+    /// Cancel safety: safe; a cancelled wait loses no change.
+    fn __anext__(&self) -> PyResult<Awaitable> {
         self.connection.client()?;
         let stream = self.stream.clone();
-        awaitable(py, async move {
+        Ok(awaitable(async move {
             let next = stream.lock().await.next().await;
             match next {
                 Some(leader) => Ok(Inspected::Leader(leader.py()?)),
                 None => Err(pyo3::exceptions::PyStopAsyncIteration::new_err(())),
             }
-        })
+        }))
     }
 }
 
@@ -812,5 +529,6 @@ pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<Election>()?;
     module.add_class::<Leadership>()?;
     module.add_class::<Observer>()?;
+    module.add_class::<Awaitable>()?;
     Ok(())
 }

@@ -1,7 +1,8 @@
 //! What a Python guard or leadership holds, for both APIs: the Rust hold
 //! until it is released, its lost signal, and the callbacks waiting on it.
 
-use std::sync::{Mutex, MutexGuard};
+use std::ops::{Deref, DerefMut};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use pyo3::prelude::*;
 use tokio_util::sync::CancellationToken;
@@ -57,19 +58,19 @@ impl<T: Send> Held<T> {
         })
     }
 
-    /// Takes the hold out for a call that gives it back ([`Held::put`]).
-    pub fn borrow(&self) -> PyResult<T> {
+    /// Takes the hold out for a call on it; it goes back when the [`Lent`]
+    /// is dropped, so a call cancelled midway leaves the hold in place.
+    pub fn lend(self: &Arc<Self>) -> PyResult<Lent<T>> {
         self.check()?;
-        self.slot().take().ok_or_else(|| {
+        let hold = self.slot().take().ok_or_else(|| {
             errors::to_py(locksmith::Error::NotHeld {
                 name: self.name.clone(),
             })
+        })?;
+        Ok(Lent {
+            held: self.clone(),
+            hold: Some(hold),
         })
-    }
-
-    /// Gives back what [`Held::borrow`] took.
-    pub fn put(&self, hold: T) {
-        *self.slot() = Some(hold);
     }
 
     /// Reads the hold while it is held.
@@ -151,6 +152,33 @@ impl<T: Send> Held<T> {
             }
         });
         Ok(())
+    }
+}
+
+/// A hold taken out of its [`Held`] for one call; back in when dropped.
+pub struct Lent<T: Send> {
+    held: Arc<Held<T>>,
+    /// `Some` until dropped.
+    hold: Option<T>,
+}
+
+impl<T: Send> Deref for Lent<T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        self.hold.as_ref().expect("lent until dropped")
+    }
+}
+
+impl<T: Send> DerefMut for Lent<T> {
+    fn deref_mut(&mut self) -> &mut T {
+        self.hold.as_mut().expect("lent until dropped")
+    }
+}
+
+impl<T: Send> Drop for Lent<T> {
+    fn drop(&mut self) {
+        *self.held.slot() = self.hold.take();
     }
 }
 

@@ -3,13 +3,17 @@
 //!
 //! Python sees two APIs over the same client, built by maturin from
 //! `pyproject.toml` next to this crate: blocking (`locksmith.connect`, in
-//! `src/blocking.rs`) and asyncio (`locksmith.aio.connect`, in `src/aio.rs`). The
+//! `src/blocking.rs`) and asyncio (`locksmith.aio.connect`, in `src/aio.rs`),
+//! thin front ends over the same base classes (`src/shared.rs`). The
 //! lock rules are all the Rust client's; this crate only converts values
 //! and waits:
 //!
 //! - `runtime`: the process's tokio runtime, a blocking wait that
-//!   releases the GIL and lets Ctrl-C through, awaitables for asyncio, and
-//!   what a fork does.
+//!   releases the GIL and lets Ctrl-C through, and what a fork does.
+//! - `awaitable`: the asyncio API's awaitable, a Rust future polled by the
+//!   task that awaits it.
+//! - `shared`: the base classes both APIs extend (`locksmith._base`):
+//!   making locks, and everything that neither blocks nor awaits.
 //! - `held`: a guard's or leadership's hold, shared by both APIs (lost
 //!   signal, callbacks, release on drop).
 //! - `errors` and `convert`: errors as the exception classes, and
@@ -19,12 +23,14 @@
 //! exceptions and records, and ships the `.pyi` stubs.
 
 mod aio;
+mod awaitable;
 mod bench;
 mod blocking;
 mod convert;
 mod errors;
 mod held;
 mod runtime;
+mod shared;
 
 use pyo3::prelude::*;
 use pyo3::types::IntoPyDict;
@@ -33,6 +39,7 @@ use pyo3::types::IntoPyDict;
 #[pyo3(name = "_locksmith")]
 fn init(module: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = module.py();
+    shared::register(module)?;
     blocking::register(module)?;
     let aio = PyModule::new(py, "aio")?;
     aio::register(&aio)?;

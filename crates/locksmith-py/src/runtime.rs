@@ -1,12 +1,13 @@
 //! The process's tokio runtime, and the two ways Python waits on it.
 //!
 //! One runtime per process runs every client's background work (session
-//! heartbeats, watchdog renewals, lost signals, the asyncio API's futures).
+//! heartbeats, watchdog renewals, lost signals, the I/O and timers the
+//! asyncio API's futures wait on).
 //! A blocking call runs its future on the calling thread with the GIL
 //! released ([`block`]), waking every [`SIGNAL_CHECK`] to let Python run its
-//! signal handlers, so Ctrl-C interrupts a wait; an asyncio call spawns its
-//! future on the runtime and hands the event loop an awaitable for it
-//! ([`Tokio`], through `pyo3-async-runtimes`).
+//! signal handlers, so Ctrl-C interrupts a wait; an asyncio call returns an
+//! awaitable whose task polls the future on the loop's thread
+//! ([`crate::awaitable`]).
 //!
 //! # Fork
 //!
@@ -17,13 +18,10 @@
 //! there forgets it without a release: the parent still holds what it held.
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use std::time::Duration;
 
 use pyo3::prelude::*;
-use pyo3_async_runtimes::generic::{ContextExt, JoinError, Runtime as AsyncRuntime};
-use pyo3_async_runtimes::TaskLocals;
 use tokio::runtime::Runtime;
 
 use crate::errors;
@@ -170,81 +168,4 @@ where
     F: FnOnce() + Send + 'static,
 {
     runtime().spawn_blocking(f);
-}
-
-/// The process runtime as `pyo3-async-runtimes` drives it for asyncio.
-pub struct Tokio;
-
-tokio::task_local! {
-    /// The event loop and context of the asyncio task awaiting a future.
-    static TASK_LOCALS: TaskLocals;
-}
-
-/// A spawned task's failure, as `pyo3-async-runtimes` reads it.
-pub struct TaskFailed(tokio::task::JoinError);
-
-impl JoinError for TaskFailed {
-    fn is_panic(&self) -> bool {
-        self.0.is_panic()
-    }
-
-    fn into_panic(self) -> Box<dyn std::any::Any + Send + 'static> {
-        self.0.into_panic()
-    }
-}
-
-/// A spawned task, as `pyo3-async-runtimes` awaits it.
-pub struct Task(tokio::task::JoinHandle<()>);
-
-impl Future for Task {
-    type Output = Result<(), TaskFailed>;
-
-    fn poll(
-        mut self: Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Self::Output> {
-        Pin::new(&mut self.0).poll(cx).map_err(TaskFailed)
-    }
-}
-
-impl AsyncRuntime for Tokio {
-    type JoinError = TaskFailed;
-    type JoinHandle = Task;
-
-    fn spawn<F>(future: F) -> Task
-    where
-        F: Future<Output = ()> + Send + 'static,
-    {
-        Task(runtime().spawn(future))
-    }
-
-    fn spawn_blocking<F>(f: F) -> Task
-    where
-        F: FnOnce() + Send + 'static,
-    {
-        Task(runtime().spawn_blocking(f))
-    }
-}
-
-impl ContextExt for Tokio {
-    fn scope<F, R>(locals: TaskLocals, future: F) -> Pin<Box<dyn Future<Output = R> + Send>>
-    where
-        F: Future<Output = R> + Send + 'static,
-    {
-        Box::pin(TASK_LOCALS.scope(locals, future))
-    }
-
-    fn get_task_locals() -> Option<TaskLocals> {
-        TASK_LOCALS.try_with(TaskLocals::clone).ok()
-    }
-}
-
-/// An awaitable for `future`, run on the process runtime; cancelling the
-/// awaitable drops the future.
-pub fn awaitable<'py, F, T>(py: Python<'py>, future: F) -> PyResult<Bound<'py, PyAny>>
-where
-    F: Future<Output = PyResult<T>> + Send + 'static,
-    T: for<'a> IntoPyObject<'a> + Send + 'static,
-{
-    pyo3_async_runtimes::generic::future_into_py::<Tokio, F, T>(py, future)
 }

@@ -72,6 +72,35 @@ async def test_a_cancelled_acquire_leaves_nothing_behind(client, name):
 
 
 @run
+async def test_calls_are_coroutines_that_run_when_awaited(client, name):
+    lock = client.lock(name)
+    unawaited = lock.acquire()
+    assert asyncio.iscoroutine(unawaited)
+    unawaited.close()  # never awaited: nothing was asked of the store
+    assert await client.status(name) is None
+    guard = await asyncio.create_task(lock.acquire())
+    with pytest.raises(RuntimeError):
+        await asyncio.gather(unawaited)
+    assert (await client.status(name)).holders[0].fencing_token == guard.fencing_token
+    await guard.release()
+
+
+@run
+async def test_a_cancelled_extend_keeps_the_hold(client, name):
+    guard = await client.lock(name, lease=30.0).acquire()
+    extending = asyncio.ensure_future(guard.extend(60.0))
+    await asyncio.sleep(0)  # the extend starts (on memory:// it ends too)
+    extending.cancel()
+    try:
+        await extending
+    except asyncio.CancelledError:
+        pass
+    assert guard.hold_count == 1
+    assert (await client.status(name)) is not None
+    await guard.release()
+
+
+@run
 async def test_lost_is_awaitable_and_calls_back_on_the_loop(client, name):
     guard = await client.lock(name, lease=1.0).acquire()
     loop = asyncio.get_running_loop()

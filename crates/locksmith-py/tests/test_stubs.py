@@ -9,23 +9,42 @@ from pathlib import Path
 import pytest
 
 import locksmith
+import locksmith._base
 import locksmith.aio
 
 PACKAGE = Path(locksmith.__file__).parent
 
 
 def stubbed(module_file: str) -> dict[str, set[str]]:
-    """Classes of a stub file, each with the members it declares."""
+    """Classes of a stub file, each with the members it declares, and those
+    its base classes in `_base.pyi` declare."""
+    bases = declared("_base.pyi")
+    classes = {}
+    for node in ast.parse((PACKAGE / module_file).read_text()).body:
+        if isinstance(node, ast.ClassDef):
+            members = set(members_of(node))
+            for base in node.bases:
+                if isinstance(base, ast.Subscript):  # ClientBase[Lock, ...]
+                    base = base.value
+                if isinstance(base, ast.Name) and base.id in bases:
+                    members |= bases[base.id]
+            classes[node.name] = members
+    return classes
+
+
+def declared(module_file: str) -> dict[str, set[str]]:
     tree = ast.parse((PACKAGE / module_file).read_text())
     return {
-        node.name: {
-            member.name
-            for member in node.body
-            if isinstance(member, (ast.FunctionDef, ast.AsyncFunctionDef))
-        }
+        node.name: set(members_of(node))
         for node in tree.body
         if isinstance(node, ast.ClassDef)
     }
+
+
+def members_of(node: ast.ClassDef):
+    for member in node.body:
+        if isinstance(member, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield member.name
 
 
 def public(cls: type) -> set[str]:
@@ -39,7 +58,8 @@ def public(cls: type) -> set[str]:
 
 
 @pytest.mark.parametrize(
-    "module, stub", [(locksmith, "__init__.pyi"), (locksmith.aio, "aio.pyi")]
+    "module, stub",
+    [(locksmith, "__init__.pyi"), (locksmith.aio, "aio.pyi"), (locksmith._base, "_base.pyi")],
 )
 def test_stubs_match_the_native_classes(module, stub):
     classes = stubbed(stub)

@@ -1,11 +1,12 @@
 """Type stubs of locksmith's blocking API (the native classes are in Rust)."""
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from types import TracebackType
 from typing import final
 
 from . import aio as aio
+from ._base import ClientBase, ElectionBase, GuardBase, LeadershipBase, LockBase, RwLockBase
 from ._model import (
     AlreadyHeld as AlreadyHeld,
     BackendError as BackendError,
@@ -28,6 +29,7 @@ from ._model import (
     PermissionDenied as PermissionDenied,
     Timeout as Timeout,
     Unauthenticated as Unauthenticated,
+    Unreplicated as Unreplicated,
     Unsupported as Unsupported,
     Waiter as Waiter,
 )
@@ -52,44 +54,9 @@ def connect(
     connected."""
 
 @final
-class Client:
+class Client(ClientBase[Lock, RwLock, Election]):
     """A connection to one lock store; `with` closes it."""
 
-    @property
-    def backend(self) -> str: ...
-    def lock(
-        self,
-        name: str,
-        *,
-        wait: Seconds | None = None,
-        lease: Seconds | None = None,
-        owner: str | None = None,
-        reentrant: bool = True,
-        lock_delay: Seconds | None = None,
-    ) -> Lock: ...
-    def rw_lock(self, name: str) -> RwLock: ...
-    def semaphore(
-        self,
-        name: str,
-        permits: int,
-        *,
-        wait: Seconds | None = None,
-        lease: Seconds | None = None,
-        owner: str | None = None,
-        reentrant: bool = True,
-        lock_delay: Seconds | None = None,
-    ) -> Lock: ...
-    def multi_lock(
-        self,
-        names: Iterable[str],
-        *,
-        wait: Seconds | None = None,
-        lease: Seconds | None = None,
-        owner: str | None = None,
-        reentrant: bool = True,
-        lock_delay: Seconds | None = None,
-    ) -> Lock: ...
-    def election(self, name: str) -> Election: ...
     def status(self, name: str) -> LockInfo | None: ...
     def list(self, prefix: str = "") -> list[LockInfo]: ...
     def history(self, prefix: str = "") -> list[Grant]: ...
@@ -104,15 +71,9 @@ class Client:
     ) -> bool: ...
 
 @final
-class Lock:
+class Lock(LockBase):
     """A lock to acquire; `with lock as guard:` acquires and releases."""
 
-    @property
-    def names(self) -> list[str]: ...
-    @property
-    def mode(self) -> str: ...
-    @property
-    def permits(self) -> int | None: ...
     def acquire(self, wait: Seconds | None = None) -> Guard: ...
     def try_acquire(self) -> Guard | None: ...
     def __enter__(self) -> Guard: ...
@@ -124,51 +85,13 @@ class Lock:
     ) -> bool: ...
 
 @final
-class RwLock:
+class RwLock(RwLockBase[Lock]):
     """A read-write lock: many readers or one writer, writers not starved."""
 
-    def read(
-        self,
-        *,
-        wait: Seconds | None = None,
-        lease: Seconds | None = None,
-        owner: str | None = None,
-        reentrant: bool = True,
-        lock_delay: Seconds | None = None,
-    ) -> Lock: ...
-    def write(
-        self,
-        *,
-        wait: Seconds | None = None,
-        lease: Seconds | None = None,
-        owner: str | None = None,
-        reentrant: bool = True,
-        lock_delay: Seconds | None = None,
-    ) -> Lock: ...
-
 @final
-class Guard:
+class Guard(GuardBase):
     """A held lock (or several, for a multi-lock)."""
 
-    @property
-    def fencing_token(self) -> int: ...
-    @property
-    def fencing_tokens(self) -> list[int]: ...
-    @property
-    def name(self) -> str: ...
-    @property
-    def names(self) -> list[str]: ...
-    @property
-    def hold_count(self) -> int: ...
-    @property
-    def remaining_lease(self) -> float | None: ...
-    @property
-    def is_lost(self) -> bool: ...
-    @property
-    def lost_cause(self) -> LostCause | None: ...
-    @property
-    def lost_reason(self) -> str | None: ...
-    def raise_if_lost(self) -> None: ...
     def lost(self, timeout: Seconds | None = None) -> str | None: ...
     def on_lost(self, callback: LostCallback) -> None: ...
     def extend(self, lease: Seconds) -> None: ...
@@ -182,30 +105,17 @@ class Guard:
     ) -> bool: ...
 
 @final
-class Election:
+class Election(ElectionBase):
     """An election on one lock name."""
 
-    @property
-    def name(self) -> str: ...
     def campaign(self, value: str, *, wait: Seconds | None = None) -> Leadership: ...
     def leader(self) -> Leader | None: ...
     def observe(self) -> Observer: ...
 
 @final
-class Leadership:
+class Leadership(LeadershipBase):
     """This candidate's leadership; `with` resigns it."""
 
-    @property
-    def value(self) -> str: ...
-    @property
-    def fencing_token(self) -> int: ...
-    @property
-    def is_lost(self) -> bool: ...
-    @property
-    def lost_cause(self) -> LostCause | None: ...
-    @property
-    def lost_reason(self) -> str | None: ...
-    def raise_if_lost(self) -> None: ...
     def lost(self, timeout: Seconds | None = None) -> str | None: ...
     def on_lost(self, callback: LostCallback) -> None: ...
     def proclaim(self, value: str) -> None: ...

@@ -1,10 +1,11 @@
 """Type stubs of locksmith's asyncio API (the native classes are in Rust)."""
 
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator
 from types import TracebackType
 from typing import final
 
-from . import Grant, Leader, LockInfo, LostCallback, LostCause, Seconds
+from . import Grant, Leader, LockInfo, LostCallback, Seconds
+from ._base import ClientBase, ElectionBase, GuardBase, LeadershipBase, LockBase, RwLockBase
 
 async def connect(
     url: str,
@@ -16,44 +17,9 @@ async def connect(
     """Connects to the store the URL names."""
 
 @final
-class Client:
+class Client(ClientBase[Lock, RwLock, Election]):
     """A connection to one lock store; `async with` closes it."""
 
-    @property
-    def backend(self) -> str: ...
-    def lock(
-        self,
-        name: str,
-        *,
-        wait: Seconds | None = None,
-        lease: Seconds | None = None,
-        owner: str | None = None,
-        reentrant: bool = True,
-        lock_delay: Seconds | None = None,
-    ) -> Lock: ...
-    def rw_lock(self, name: str) -> RwLock: ...
-    def semaphore(
-        self,
-        name: str,
-        permits: int,
-        *,
-        wait: Seconds | None = None,
-        lease: Seconds | None = None,
-        owner: str | None = None,
-        reentrant: bool = True,
-        lock_delay: Seconds | None = None,
-    ) -> Lock: ...
-    def multi_lock(
-        self,
-        names: Iterable[str],
-        *,
-        wait: Seconds | None = None,
-        lease: Seconds | None = None,
-        owner: str | None = None,
-        reentrant: bool = True,
-        lock_delay: Seconds | None = None,
-    ) -> Lock: ...
-    def election(self, name: str) -> Election: ...
     async def status(self, name: str) -> LockInfo | None: ...
     async def list(self, prefix: str = "") -> list[LockInfo]: ...
     async def history(self, prefix: str = "") -> list[Grant]: ...
@@ -68,15 +34,9 @@ class Client:
     ) -> bool: ...
 
 @final
-class Lock:
+class Lock(LockBase):
     """A lock to acquire; `async with lock as guard:` acquires and releases."""
 
-    @property
-    def names(self) -> list[str]: ...
-    @property
-    def mode(self) -> str: ...
-    @property
-    def permits(self) -> int | None: ...
     async def acquire(self, wait: Seconds | None = None) -> Guard: ...
     async def try_acquire(self) -> Guard | None: ...
     async def __aenter__(self) -> Guard: ...
@@ -88,51 +48,13 @@ class Lock:
     ) -> bool: ...
 
 @final
-class RwLock:
+class RwLock(RwLockBase[Lock]):
     """A read-write lock: many readers or one writer, writers not starved."""
 
-    def read(
-        self,
-        *,
-        wait: Seconds | None = None,
-        lease: Seconds | None = None,
-        owner: str | None = None,
-        reentrant: bool = True,
-        lock_delay: Seconds | None = None,
-    ) -> Lock: ...
-    def write(
-        self,
-        *,
-        wait: Seconds | None = None,
-        lease: Seconds | None = None,
-        owner: str | None = None,
-        reentrant: bool = True,
-        lock_delay: Seconds | None = None,
-    ) -> Lock: ...
-
 @final
-class Guard:
+class Guard(GuardBase):
     """A held lock (or several, for a multi-lock)."""
 
-    @property
-    def fencing_token(self) -> int: ...
-    @property
-    def fencing_tokens(self) -> list[int]: ...
-    @property
-    def name(self) -> str: ...
-    @property
-    def names(self) -> list[str]: ...
-    @property
-    def hold_count(self) -> int: ...
-    @property
-    def remaining_lease(self) -> float | None: ...
-    @property
-    def is_lost(self) -> bool: ...
-    @property
-    def lost_cause(self) -> LostCause | None: ...
-    @property
-    def lost_reason(self) -> str | None: ...
-    def raise_if_lost(self) -> None: ...
     async def lost(self) -> str | None: ...
     def on_lost(self, callback: LostCallback) -> None: ...
     async def extend(self, lease: Seconds) -> None: ...
@@ -146,30 +68,17 @@ class Guard:
     ) -> bool: ...
 
 @final
-class Election:
+class Election(ElectionBase):
     """An election on one lock name."""
 
-    @property
-    def name(self) -> str: ...
     async def campaign(self, value: str, *, wait: Seconds | None = None) -> Leadership: ...
     async def leader(self) -> Leader | None: ...
     def observe(self) -> Observer: ...
 
 @final
-class Leadership:
+class Leadership(LeadershipBase):
     """This candidate's leadership; `async with` resigns it."""
 
-    @property
-    def value(self) -> str: ...
-    @property
-    def fencing_token(self) -> int: ...
-    @property
-    def is_lost(self) -> bool: ...
-    @property
-    def lost_cause(self) -> LostCause | None: ...
-    @property
-    def lost_reason(self) -> str | None: ...
-    def raise_if_lost(self) -> None: ...
     async def lost(self) -> str | None: ...
     def on_lost(self, callback: LostCallback) -> None: ...
     async def proclaim(self, value: str) -> None: ...

@@ -1,0 +1,20 @@
+"""The base classes the blocking and the asyncio API share: everything that
+neither blocks nor awaits (names, tokens, lost state, making locks)."""
+
+from ._locksmith import (
+    ClientBase,
+    ElectionBase,
+    GuardBase,
+    LeadershipBase,
+    LockBase,
+    RwLockBase,
+)
+
+__all__ = [
+    "ClientBase",
+    "ElectionBase",
+    "GuardBase",
+    "LeadershipBase",
+    "LockBase",
+    "RwLockBase",
+]

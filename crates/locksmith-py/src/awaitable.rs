@@ -1,0 +1,280 @@
+//! The awaitable every method of the asyncio API returns: a Rust future
+//! driven by the asyncio task that awaits it.
+//!
+//! The task polls the future itself, on the event loop's thread and inside
+//! the runtime's context, each time it steps. A future that is ready at once
+//! (every call on `memory://`, a release, a cached answer) completes in that
+//! first step: no task spawned, no thread crossed, no asyncio future made.
+//! A future that is pending gets an asyncio future of the running loop to
+//! wait on; the Rust waker resolves it, once, and the task steps again and
+//! polls again. All Python code (converting the result, raising its
+//! exception) runs in the awaiting task, with its loop and context.
+//!
+//! Waking never waits for the GIL where it is called, as the thread that
+//! wakes may hold a lock of the client that the GIL's holder is about to
+//! take: it hands the `call_soon_threadsafe` to the runtime's blocking pool.
+//!
+//! Cancelling the awaiting task throws `CancelledError` into the awaitable,
+//! which drops the Rust future there and then; so do closing it and
+//! dropping it unawaited. Every future handed here is cancel-safe (each
+//! method documents what a cancel leaves), so a cancelled acquire leaves
+//! nothing behind. Like a coroutine, an awaitable does nothing until
+//! awaited, and can be awaited once.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Wake, Waker};
+
+use pyo3::exceptions::{PyRuntimeError, PyStopIteration};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::PyType;
+use pyo3::{intern, IntoPyObjectExt};
+
+use crate::runtime;
+
+/// A future whose output becomes a Python object when it is ready.
+trait Step: Send {
+    fn step(self: Pin<&mut Self>, py: Python<'_>, cx: &mut Context<'_>) -> Poll<PyResult<Py<PyAny>>>;
+}
+
+impl<F, T> Step for F
+where
+    F: Future<Output = PyResult<T>> + Send,
+    T: for<'py> IntoPyObject<'py>,
+{
+    fn step(self: Pin<&mut Self>, py: Python<'_>, cx: &mut Context<'_>) -> Poll<PyResult<Py<PyAny>>> {
+        self.poll(cx)
+            .map(|output| output.and_then(|value| value.into_py_any(py)))
+    }
+}
+
+/// An awaitable for `future`; see the module's docs.
+pub fn awaitable<F, T>(future: F) -> Awaitable
+where
+    F: Future<Output = PyResult<T>> + Send + 'static,
+    T: for<'py> IntoPyObject<'py> + 'static,
+{
+    Awaitable {
+        generation: runtime::generation(),
+        future: Mutex::new(Some(Box::pin(future))),
+    }
+}
+
+/// An awaitable over a Rust future (`locksmith.aio` methods return it).
+#[pyclass(module = "locksmith.aio", frozen)]
+pub struct Awaitable {
+    /// The fork generation the future belongs to.
+    generation: u64,
+    /// `None` once completed, failed, cancelled or closed.
+    future: Mutex<Option<Pin<Box<dyn Step>>>>,
+}
+
+impl Awaitable {
+    fn slot(&self) -> MutexGuard<'_, Option<Pin<Box<dyn Step>>>> {
+        self.future.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Drops the future in the runtime's context (its drop may hand a
+    /// cleanup to the runtime); a forked child forgets it instead.
+    fn finish(&self) {
+        let future = self.slot().take();
+        drop_in_runtime(self.generation, future);
+    }
+}
+
+fn drop_in_runtime<T>(generation: u64, value: T) {
+    if generation == runtime::generation() {
+        let _entered = runtime::runtime().enter();
+        drop(value);
+    } else {
+        std::mem::forget(value);
+    }
+}
+
+#[pymethods]
+impl Awaitable {
+    fn __await__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    /// One step of the awaiting task: the result (as `StopIteration`), an
+    /// asyncio future to wait on, or `None` to be stepped again at once.
+    fn __next__(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        runtime::check_generation(self.generation)?;
+        // Out of its slot while polled: converting the output may run
+        // Python code, and nothing is held across that.
+        let Some(mut future) = self.slot().take() else {
+            return Err(PyRuntimeError::new_err(
+                "cannot reuse an awaitable that was already awaited",
+            ));
+        };
+        let wake = Arc::new(LoopWake::default());
+        let waker = Waker::from(wake.clone());
+        let polled = {
+            let _entered = runtime::runtime().enter();
+            future.as_mut().step(py, &mut Context::from_waker(&waker))
+        };
+        match polled {
+            Poll::Ready(output) => {
+                drop_in_runtime(self.generation, future);
+                Err(PyStopIteration::new_err((output?,)))
+            }
+            Poll::Pending => {
+                *self.slot() = Some(future);
+                wake.wait_on(py)
+            }
+        }
+    }
+
+    /// Steps on; a value sent in is ignored (asyncio sends none).
+    fn send(&self, py: Python<'_>, _value: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        self.__next__(py)
+    }
+
+    /// Drops the future and raises `error` (asyncio throws `CancelledError`
+    /// in when the awaiting task is cancelled).
+    #[pyo3(signature = (error, value=None, _traceback=None))]
+    fn throw(
+        &self,
+        error: &Bound<'_, PyAny>,
+        value: Option<&Bound<'_, PyAny>>,
+        _traceback: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        self.finish();
+        let error = match value {
+            Some(value) if !value.is_none() => PyErr::from_value(value.clone()),
+            _ => match error.cast::<PyType>() {
+                Ok(class) => PyErr::from_type(class.clone(), ()),
+                Err(_) => PyErr::from_value(error.clone()),
+            },
+        };
+        Err(error)
+    }
+
+    /// Drops the future without awaiting it.
+    fn close(&self) {
+        self.finish();
+    }
+}
+
+impl Drop for Awaitable {
+    fn drop(&mut self) {
+        let future = self
+            .future
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        drop_in_runtime(self.generation, future);
+    }
+}
+
+/// What one poll's waker has to wake.
+#[derive(Default)]
+enum Target {
+    /// The poll has not returned yet.
+    #[default]
+    Polling,
+    /// Woken before the poll returned: step again at once.
+    Woken,
+    /// The asyncio future the task waits on, and its loop.
+    Waiting { event_loop: Py<PyAny>, future: Py<PyAny> },
+    /// Woken: nothing more to do.
+    Done,
+}
+
+/// The waker of one poll.
+#[derive(Default)]
+struct LoopWake {
+    target: Mutex<Target>,
+}
+
+impl LoopWake {
+    fn target(&self) -> MutexGuard<'_, Target> {
+        self.target.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// After a pending poll: the asyncio future for the task to wait on
+    /// (as `await` yields it), or `None` if already woken (a bare yield: the
+    /// task steps again at once).
+    fn wait_on(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        static GET_RUNNING_LOOP: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+        let get_running_loop = GET_RUNNING_LOOP.import(py, "asyncio", "get_running_loop")?;
+        let event_loop = get_running_loop.call0()?;
+        let future = event_loop.call_method0(intern!(py, "create_future"))?;
+        // What `asyncio.Future.__await__` sets before yielding itself: the
+        // task then waits for it.
+        future.setattr(intern!(py, "_asyncio_future_blocking"), true)?;
+        let mut target = self.target();
+        if matches!(*target, Target::Woken) {
+            *target = Target::Done;
+            return Ok(py.None());
+        }
+        *target = Target::Waiting {
+            event_loop: event_loop.unbind(),
+            future: future.clone().unbind(),
+        };
+        Ok(future.unbind())
+    }
+}
+
+impl Wake for LoopWake {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        let waiting = {
+            let mut target = self.target();
+            match std::mem::replace(&mut *target, Target::Done) {
+                Target::Polling | Target::Woken => {
+                    *target = Target::Woken;
+                    None
+                }
+                Target::Waiting { event_loop, future } => Some((event_loop, future)),
+                Target::Done => None,
+            }
+        };
+        if let Some((event_loop, future)) = waiting {
+            runtime::spawn_blocking(move || {
+                runtime::with_python(|py| resolve_on_loop(py, event_loop, future));
+            });
+        }
+    }
+}
+
+/// Has `event_loop` resolve `future` (unless it is done, as a cancelled
+/// one is); a closed loop is left alone.
+fn resolve_on_loop(py: Python<'_>, event_loop: Py<PyAny>, future: Py<PyAny>) {
+    static RESOLVE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    let scheduled = RESOLVE
+        .get_or_try_init(py, || {
+            wrap_pyfunction!(resolve, py).map(|function| function.into_any().unbind())
+        })
+        .and_then(|resolve| {
+            event_loop
+                .bind(py)
+                .call_method1(intern!(py, "call_soon_threadsafe"), (resolve, future))
+        });
+    if let Err(error) = scheduled {
+        let closed = event_loop
+            .bind(py)
+            .call_method0(intern!(py, "is_closed"))
+            .and_then(|closed| closed.extract::<bool>())
+            .unwrap_or(true);
+        if !closed {
+            error.write_unraisable(py, None);
+        }
+    }
+}
+
+/// Resolves an asyncio future with `None` unless it is done already.
+#[pyfunction]
+fn resolve(future: &Bound<'_, PyAny>) -> PyResult<()> {
+    let py = future.py();
+    if !future.call_method0(intern!(py, "done"))?.is_truthy()? {
+        future.call_method1(intern!(py, "set_result"), (py.None(),))?;
+    }
+    Ok(())
+}
