@@ -801,13 +801,18 @@ impl Backend for EtcdBackend {
             .await
             .map_err(|e| backend_error("revoking the session lease", e));
         for entry in owned {
+            // A hold lost before the close (its lease ran out) may have no
+            // lease left to revoke: that failure is no news.
+            let lost_before = entry.lost.is_fired();
             entry
                 .lost
                 .fire_because(LostCause::ClientClosed, "the client was closed");
             if let hold::HoldLease::Own(own) = &entry.lease {
                 own.stop();
                 if let Err(error) = client.revoke_lease(own.id()).await {
-                    result = result.and(Err(backend_error("revoking a hold's lease", error)));
+                    if !lost_before {
+                        result = result.and(Err(backend_error("revoking a hold's lease", error)));
+                    }
                 }
             }
         }
