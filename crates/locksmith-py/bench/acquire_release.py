@@ -11,7 +11,8 @@ default 2000) with:
 - Rust, blocking: `locksmith::blocking::Client`, `lock.acquire()?.release()?`
 - Python, blocking: `lock.acquire().release()` and `with lock: pass`
 - Rust, async: `lock.acquire().await?.release().await?` on a tokio runtime
-- Python, asyncio: `await (await lock.acquire()).release()`
+- Python, asyncio: `await (await lock.acquire()).release()`, and
+  `async with lock: pass`
 
 and prints the median time per pair of each, and Python's over Rust's.
 """
@@ -66,6 +67,19 @@ def python_asyncio(url: str, name: str) -> float:
     return asyncio.run(main())
 
 
+def python_async_with(url: str, name: str) -> float:
+    async def main() -> float:
+        async with await locksmith.aio.connect(url) as client:
+            lock = client.lock(name)
+            started = time.perf_counter()
+            for _ in range(PAIRS):
+                async with lock:
+                    pass
+            return time.perf_counter() - started
+
+    return asyncio.run(main())
+
+
 def rust(api: str):
     return lambda url, name: _locksmith._bench_rust(url, name, PAIRS, api)
 
@@ -76,17 +90,22 @@ CASES = [
     ("Python, with", python_with),
     ("Rust, async", rust("async")),
     ("Python, asyncio", python_asyncio),
+    ("Python, async with", python_async_with),
 ]
 BASELINE = {
     "Python, blocking": "Rust, blocking",
     "Python, with": "Rust, blocking",
     "Python, asyncio": "Rust, async",
+    "Python, async with": "Rust, async",
 }
 
 
 def main() -> None:
     urls = sys.argv[1:] or ["memory://"]
-    print(f"{PAIRS} pairs x {ROUNDS} rounds, median per pair; Python {sys.version.split()[0]}")
+    print(
+        f"{PAIRS} pairs x {ROUNDS} rounds, median per pair; Python {sys.version.split()[0]}; "
+        f"{os.cpu_count()} CPUs, load average {' '.join(f'{load:.1f}' for load in os.getloadavg())}"
+    )
     for url in urls:
         runs: dict[str, list[float]] = {label: [] for label, _ in CASES}
         for _ in range(ROUNDS):

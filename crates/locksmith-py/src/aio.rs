@@ -129,7 +129,9 @@ impl Client {
     /// Cancel safety: the release may or may not have happened.
     fn force_release(slf: &Bound<'_, Self>, name: String) -> PyResult<Awaitable> {
         let client = client_of(slf)?;
-        Ok(awaitable(async move { client.force_release(&name).await.py() }))
+        Ok(awaitable(
+            async move { client.force_release(&name).await.py() },
+        ))
     }
 
     /// Releases everything this client holds and closes it.
@@ -349,7 +351,9 @@ impl Guard {
     fn extend(slf: &Bound<'_, Self>, lease: &Bound<'_, PyAny>) -> PyResult<Awaitable> {
         let lease = convert::duration(lease, "lease")?;
         let held = guard_held(slf);
-        Ok(awaitable(async move { held.lend()?.extend(lease).await.py() }))
+        Ok(awaitable(
+            async move { held.lend()?.extend(lease).await.py() },
+        ))
     }
 
     /// Releases the hold; raises if it was lost or already released.
@@ -397,7 +401,9 @@ impl Election {
         let campaigning = slf.as_super().get().campaigning(value, wait)?;
         Ok(awaitable(async move {
             let leadership = LeadershipBase::new(campaigning.await?);
-            Ok(Made(PyClassInitializer::from(leadership).add_subclass(Leadership)))
+            Ok(Made(
+                PyClassInitializer::from(leadership).add_subclass(Leadership),
+            ))
         }))
     }
 

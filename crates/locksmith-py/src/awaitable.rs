@@ -36,7 +36,11 @@ use crate::runtime;
 
 /// A future whose output becomes a Python object when it is ready.
 trait Step: Send {
-    fn step(self: Pin<&mut Self>, py: Python<'_>, cx: &mut Context<'_>) -> Poll<PyResult<Py<PyAny>>>;
+    fn step(
+        self: Pin<&mut Self>,
+        py: Python<'_>,
+        cx: &mut Context<'_>,
+    ) -> Poll<PyResult<Py<PyAny>>>;
 }
 
 impl<F, T> Step for F
@@ -44,7 +48,11 @@ where
     F: Future<Output = PyResult<T>> + Send,
     T: for<'py> IntoPyObject<'py>,
 {
-    fn step(self: Pin<&mut Self>, py: Python<'_>, cx: &mut Context<'_>) -> Poll<PyResult<Py<PyAny>>> {
+    fn step(
+        self: Pin<&mut Self>,
+        py: Python<'_>,
+        cx: &mut Context<'_>,
+    ) -> Poll<PyResult<Py<PyAny>>> {
         self.poll(cx)
             .map(|output| output.and_then(|value| value.into_py_any(py)))
     }
@@ -179,7 +187,10 @@ enum Target {
     /// Woken before the poll returned: step again at once.
     Woken,
     /// The asyncio future the task waits on, and its loop.
-    Waiting { event_loop: Py<PyAny>, future: Py<PyAny> },
+    Waiting {
+        event_loop: Py<PyAny>,
+        future: Py<PyAny>,
+    },
     /// Woken: nothing more to do.
     Done,
 }

@@ -135,7 +135,9 @@ impl Lock {
     fn try_acquire<'py>(slf: &Bound<'py, Self>) -> PyResult<Option<Bound<'py, Guard>>> {
         let py = slf.py();
         let guard = block(py, slf.as_super().get().trying()?)??;
-        guard.map(|guard| Bound::new(py, Guard::new(guard))).transpose()
+        guard
+            .map(|guard| Bound::new(py, Guard::new(guard)))
+            .transpose()
     }
 
     fn __enter__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, Guard>> {
@@ -331,7 +333,10 @@ impl Leadership {
     /// Calls `callback(cause, reason)` on a background thread when
     /// leadership is lost (at once if it was); not after a resign.
     fn on_lost(slf: &Bound<'_, Self>, callback: Py<PyAny>) -> PyResult<()> {
-        slf.as_super().get().held.on_lost(deliver_on_thread(callback))
+        slf.as_super()
+            .get()
+            .held
+            .on_lost(deliver_on_thread(callback))
     }
 
     /// Publishes a new value while leading (memory, etcd and ZooKeeper).

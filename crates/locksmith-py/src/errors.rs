@@ -3,9 +3,9 @@
 //! attributes.
 
 use pyo3::prelude::*;
-use pyo3::IntoPyObjectExt;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyString, PyType};
+use pyo3::IntoPyObjectExt;
 
 use locksmith::{Error, LostCause, Undo, Unreplicated};
 
@@ -141,10 +141,19 @@ fn unreplicated_attributes<'py>(
     };
     let values = [
         ("name", unreplicated.name.as_str().into_bound_py_any(py)),
-        ("primary", unreplicated.primary.as_str().into_bound_py_any(py)),
-        ("acknowledged", unreplicated.acknowledged.into_bound_py_any(py)),
+        (
+            "primary",
+            unreplicated.primary.as_str().into_bound_py_any(py),
+        ),
+        (
+            "acknowledged",
+            unreplicated.acknowledged.into_bound_py_any(py),
+        ),
         ("asked", unreplicated.asked.into_bound_py_any(py)),
-        ("within", unreplicated.within.as_secs_f64().into_bound_py_any(py)),
+        (
+            "within",
+            unreplicated.within.as_secs_f64().into_bound_py_any(py),
+        ),
         ("connected", unreplicated.connected.into_bound_py_any(py)),
         ("given_back", given_back.into_bound_py_any(py)),
         ("lease", lease.into_bound_py_any(py)),

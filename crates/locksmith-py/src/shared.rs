@@ -88,7 +88,12 @@ pub enum Flavor {
 
 impl Flavor {
     /// The API's `Lock` for `inner`.
-    fn lock(self, py: Python<'_>, connection: &Arc<Connection>, inner: locksmith::Lock) -> PyResult<Py<PyAny>> {
+    fn lock(
+        self,
+        py: Python<'_>,
+        connection: &Arc<Connection>,
+        inner: locksmith::Lock,
+    ) -> PyResult<Py<PyAny>> {
         let base = LockBase {
             connection: connection.clone(),
             inner,
@@ -99,26 +104,52 @@ impl Flavor {
         })
     }
 
-    fn rw_lock(self, py: Python<'_>, connection: &Arc<Connection>, inner: locksmith::RwLock) -> PyResult<Py<PyAny>> {
+    fn rw_lock(
+        self,
+        py: Python<'_>,
+        connection: &Arc<Connection>,
+        inner: locksmith::RwLock,
+    ) -> PyResult<Py<PyAny>> {
         let base = RwLockBase {
             flavor: self,
             connection: connection.clone(),
             inner,
         };
         Ok(match self {
-            Flavor::Blocking => Py::new(py, PyClassInitializer::from(base).add_subclass(crate::blocking::RwLock))?.into_any(),
-            Flavor::Asyncio => Py::new(py, PyClassInitializer::from(base).add_subclass(crate::aio::RwLock))?.into_any(),
+            Flavor::Blocking => Py::new(
+                py,
+                PyClassInitializer::from(base).add_subclass(crate::blocking::RwLock),
+            )?
+            .into_any(),
+            Flavor::Asyncio => Py::new(
+                py,
+                PyClassInitializer::from(base).add_subclass(crate::aio::RwLock),
+            )?
+            .into_any(),
         })
     }
 
-    fn election(self, py: Python<'_>, connection: &Arc<Connection>, inner: locksmith::Election) -> PyResult<Py<PyAny>> {
+    fn election(
+        self,
+        py: Python<'_>,
+        connection: &Arc<Connection>,
+        inner: locksmith::Election,
+    ) -> PyResult<Py<PyAny>> {
         let base = ElectionBase {
             connection: connection.clone(),
             inner,
         };
         Ok(match self {
-            Flavor::Blocking => Py::new(py, PyClassInitializer::from(base).add_subclass(crate::blocking::Election))?.into_any(),
-            Flavor::Asyncio => Py::new(py, PyClassInitializer::from(base).add_subclass(crate::aio::Election))?.into_any(),
+            Flavor::Blocking => Py::new(
+                py,
+                PyClassInitializer::from(base).add_subclass(crate::blocking::Election),
+            )?
+            .into_any(),
+            Flavor::Asyncio => Py::new(
+                py,
+                PyClassInitializer::from(base).add_subclass(crate::aio::Election),
+            )?
+            .into_any(),
         })
     }
 }
@@ -126,7 +157,11 @@ impl Flavor {
 /// `repr` of `slf` as its class names itself: `<locksmith.aio.Lock ...>`.
 fn repr_of(slf: &Bound<'_, PyAny>, details: std::fmt::Arguments<'_>) -> PyResult<String> {
     let class = slf.get_type();
-    Ok(format!("<{}.{} {details}>", class.module()?, class.qualname()?))
+    Ok(format!(
+        "<{}.{} {details}>",
+        class.module()?,
+        class.qualname()?
+    ))
 }
 
 /// A connection to one lock store.
@@ -181,6 +216,7 @@ impl LockOptions<'_, '_> {
 impl ClientBase {
     /// An exclusive lock.
     #[pyo3(signature = (name, *, wait=None, lease=None, owner=None, reentrant=true, lock_delay=None))]
+    #[allow(clippy::too_many_arguments)]
     fn lock(
         &self,
         py: Python<'_>,
@@ -192,7 +228,13 @@ impl ClientBase {
         lock_delay: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyAny>> {
         let lock = self.connection.client()?.lock(name);
-        let options = LockOptions { wait, lease, owner, reentrant, lock_delay };
+        let options = LockOptions {
+            wait,
+            lease,
+            owner,
+            reentrant,
+            lock_delay,
+        };
         self.configured(py, lock, options)
     }
 
@@ -217,7 +259,13 @@ impl ClientBase {
         lock_delay: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyAny>> {
         let lock = self.connection.client()?.semaphore(name, permits);
-        let options = LockOptions { wait, lease, owner, reentrant, lock_delay };
+        let options = LockOptions {
+            wait,
+            lease,
+            owner,
+            reentrant,
+            lock_delay,
+        };
         self.configured(py, lock, options)
     }
 
@@ -235,7 +283,13 @@ impl ClientBase {
         lock_delay: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyAny>> {
         let lock = self.connection.client()?.multi_lock(names);
-        let options = LockOptions { wait, lease, owner, reentrant, lock_delay };
+        let options = LockOptions {
+            wait,
+            lease,
+            owner,
+            reentrant,
+            lock_delay,
+        };
         self.configured(py, lock, options)
     }
 
@@ -342,7 +396,13 @@ impl RwLockBase {
         reentrant: bool,
         lock_delay: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyAny>> {
-        let options = LockOptions { wait, lease, owner, reentrant, lock_delay };
+        let options = LockOptions {
+            wait,
+            lease,
+            owner,
+            reentrant,
+            lock_delay,
+        };
         let lock = options.apply(self.inner.read())?;
         self.flavor.lock(py, &self.connection, lock)
     }
@@ -358,7 +418,13 @@ impl RwLockBase {
         reentrant: bool,
         lock_delay: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyAny>> {
-        let options = LockOptions { wait, lease, owner, reentrant, lock_delay };
+        let options = LockOptions {
+            wait,
+            lease,
+            owner,
+            reentrant,
+            lock_delay,
+        };
         let lock = options.apply(self.inner.write())?;
         self.flavor.lock(py, &self.connection, lock)
     }
