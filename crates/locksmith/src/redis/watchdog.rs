@@ -13,7 +13,7 @@
 //! Holds with a fixed lease are not renewed, but they are checked in the same
 //! batches, and their guard is marked lost when the lease runs out.
 //!
-//! Each hold's [`Term`] decides, as for every backend (module `keeper`),
+//! Each hold's `Term` decides, as for every backend (module `keeper`),
 //! until when it is trusted and why it was lost:
 //!
 //! * a renewal (or check) finds it gone: expired, force-released, or the data
