@@ -6,14 +6,16 @@
 //! still mine" ([`Renew`]), and its own loss events (a watch that fires, a
 //! push from a server), which it reports on the hold's lost signal itself.
 //! The rules are in [`Term`], one per session or hold, without I/O; [`keep`]
-//! drives one term against its store until it ends. The etcd session lease
-//! and the holds' own leases on etcd, PostgreSQL and ZooKeeper run [`keep`].
-//! The Redis watchdog renews at [`renewal_interval`] and trusts until
-//! [`trusted_until`]. The locksmith server's
-//! sessions are kept by heartbeats on their stream, which also carries the
-//! answers, and the memory store's sessions by its engine; both renew at
-//! [`renewal_interval`]. ZooKeeper's session is kept alive by its client
-//! library, which pings at a third of the session timeout itself.
+//! drives one term against its store until it ends. The etcd session lease,
+//! the memory store's sessions (renewed by the engine's heartbeat) and the
+//! holds' own leases on etcd, PostgreSQL and ZooKeeper run [`keep`].
+//! Two keep their terms in loops of their own, by the same rules: the Redis
+//! watchdog, which renews many holds in one script call, and the locksmith
+//! server's session, whose heartbeats travel on the stream that carries the
+//! answers to its requests, in order with them (module `server::heartbeats`:
+//! the stream's driver sends a renewal when the term says, and hands it the
+//! answers). ZooKeeper's session is kept alive by its client library, which
+//! pings at a third of the session timeout itself.
 
 // Built without some of the backends that hold leases (`--features redis`
 // alone, or only `memory` and `server`), parts of the keeper go unused; a
@@ -67,6 +69,32 @@ pub(crate) fn clock_drift(lease: Duration) -> Duration {
     lease / 100 + Duration::from_millis(2)
 }
 
+/// What the keeper takes off a lease before it stops trusting it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Margin {
+    /// Nothing: the lease counted from the send already ends no later than
+    /// the store's own count, which starts when the request arrived.
+    None,
+    /// Redlock's [`clock_drift`], where the store's clocks may run at other
+    /// rates than ours.
+    ClockDrift,
+    /// A twentieth of the lease, where the store hands a lost hold to its
+    /// next waiter the moment it expires the session (the lock server): the
+    /// holder hears of the loss first, even when this process is slow to
+    /// run its timers.
+    HeardFirst,
+}
+
+impl Margin {
+    fn of(self, lease: Duration) -> Duration {
+        match self {
+            Margin::None => Duration::ZERO,
+            Margin::ClockDrift => clock_drift(lease),
+            Margin::HeardFirst => lease / 20,
+        }
+    }
+}
+
 /// What a kept term keeps alive, for the cause it ends with when the store
 /// no longer has it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,9 +125,10 @@ pub(crate) struct Term {
     /// fixed lease that only runs out.
     renewed: bool,
     lease: Duration,
-    /// Whether the store's clocks may run at other rates than ours
-    /// ([`clock_drift`] is then taken off every lease).
-    clocks_drift: bool,
+    /// What is taken off every lease.
+    margin: Margin,
+    /// When the request behind the current trust was sent.
+    renewed_at: Instant,
     trusted_until: Instant,
     /// When the keeper renews next (when renewed).
     renew_at: Instant,
@@ -116,7 +145,8 @@ impl Term {
             kept,
             renewed: true,
             lease,
-            clocks_drift: false,
+            margin: Margin::None,
+            renewed_at: sent,
             trusted_until: trusted_until(sent, lease, Duration::ZERO),
             renew_at: sent + renewal_interval(lease),
             last_error: None,
@@ -134,24 +164,33 @@ impl Term {
 
     /// The same term on a store whose clocks may run at other rates than
     /// ours (Redlock's independent masters): trusted for less.
-    pub fn with_clock_drift(mut self) -> Term {
-        self.clocks_drift = true;
-        self.trusted_until -= clock_drift(self.lease).min(self.lease);
-        self
+    pub fn with_clock_drift(self) -> Term {
+        self.with_margin(Margin::ClockDrift)
     }
 
-    /// What is taken off a lease of `lease`.
-    fn drift(&self, lease: Duration) -> Duration {
-        if self.clocks_drift {
-            clock_drift(lease)
-        } else {
-            Duration::ZERO
-        }
+    /// The same term on a store that hands a lost hold to its next waiter
+    /// the moment it expires the session (the lock server): trusted a
+    /// twentieth of the lease less, so that the holder hears of the loss
+    /// before anyone else is granted its locks.
+    pub fn heard_before_expiry(self) -> Term {
+        self.with_margin(Margin::HeardFirst)
+    }
+
+    fn with_margin(mut self, margin: Margin) -> Term {
+        self.margin = margin;
+        self.trusted_until = trusted_until(self.renewed_at, self.lease, margin.of(self.lease));
+        self
     }
 
     /// Until when it may be trusted.
     pub fn trusted_until(&self) -> Instant {
         self.trusted_until
+    }
+
+    /// When the request behind its current trust (the grant, or the last
+    /// renewal that counted) was sent.
+    pub fn renewed_at(&self) -> Instant {
+        self.renewed_at
     }
 
     /// Whether the keeper renews it.
@@ -186,17 +225,26 @@ impl Term {
         self.renewed && now >= self.renew_at && now < self.trusted_until
     }
 
+    /// A renewal was sent at `now` on a stream that carries renewals and
+    /// their answers in order (the lock server's heartbeats): the next is
+    /// due an interval later, answered or not, as the answer to this one
+    /// is still on its way.
+    pub fn renewal_sent(&mut self, now: Instant) {
+        self.renew_at = now + renewal_interval(self.lease);
+    }
+
     /// The store renewed it for `lease` by a request sent at `sent`,
     /// answered at `now` (or, for a fixed lease, found it still there). An
     /// answer that came after the trust ended counts for nothing: the hold
     /// may have been granted to someone else meanwhile; a fixed lease is
     /// not moved by a check. Answers whether it counted.
     pub fn renewed_for(&mut self, sent: Instant, lease: Duration, now: Instant) -> bool {
-        self.last_error = None;
         if !self.renewed || now >= self.trusted_until {
             return false;
         }
-        self.trusted_until = trusted_until(sent, lease, self.drift(lease));
+        self.last_error = None;
+        self.renewed_at = sent;
+        self.trusted_until = trusted_until(sent, lease, self.margin.of(lease));
         self.renew_at = sent + renewal_interval(lease);
         true
     }
@@ -204,7 +252,8 @@ impl Term {
     /// Its owner extended it to `lease` by a request sent at `sent`.
     pub fn extended(&mut self, sent: Instant, lease: Duration) {
         self.lease = lease;
-        self.trusted_until = trusted_until(sent, lease, self.drift(lease));
+        self.renewed_at = sent;
+        self.trusted_until = trusted_until(sent, lease, self.margin.of(lease));
         self.renew_at = sent + renewal_interval(lease);
     }
 

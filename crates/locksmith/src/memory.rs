@@ -4,8 +4,8 @@
 //! alone is the process-wide default table. A tokio task per table applies the
 //! engine's time-driven commands (expiries, timeouts) when they fall due, on the
 //! runtime that created the table, so tests under tokio's paused clock run
-//! without real waiting. Each client is one engine session, kept alive by a
-//! heartbeat every third of the session TTL.
+//! without real waiting. Each client is one engine session, kept alive by the
+//! keeper (module `keeper`), whose renewal is the engine's heartbeat.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -25,7 +25,7 @@ use crate::backend::{
     LostSignal, Wait, Waiter,
 };
 use crate::error::{Error, Result};
-use crate::keeper::renewal_interval;
+use crate::keeper::{self, Kept, Loss, Renew, Renewed, Term};
 use crate::lost::LostCause;
 use crate::options::ConnectOptions;
 
@@ -38,6 +38,7 @@ static TABLES: Mutex<Option<HashMap<String, Weak<TableHandle>>>> = Mutex::new(No
 pub struct MemoryBackend {
     table: Arc<TableHandle>,
     session: SessionId,
+    /// The keeper of the session.
     heartbeat: tokio::task::JoinHandle<()>,
     /// Set by [`Backend::close`]: later acquires are [`Error::Closed`].
     closed: std::sync::atomic::AtomicBool,
@@ -73,10 +74,18 @@ struct State {
     pending: HashMap<(SessionId, RequestId), oneshot::Sender<Outcome>>,
     /// Lost signals of live holds by token, with how many guards share each
     /// (re-entries share a token).
-    lost: HashMap<u64, (LostSignal, u32)>,
+    lost: HashMap<u64, Tracked>,
     /// Values published by election holds, by fencing token: the engine
     /// keeps the owner id, and a leader's value can change while it leads.
     published: HashMap<u64, String>,
+}
+
+/// A live hold's lost signal.
+struct Tracked {
+    signal: LostSignal,
+    /// The guards that share it.
+    guards: u32,
+    session: SessionId,
 }
 
 enum Outcome {
@@ -159,13 +168,17 @@ impl State {
                 let signal = tokens
                     .first()
                     .and_then(|t| self.lost.get(t))
-                    .map(|(s, _)| s.clone())
+                    .map(|tracked| tracked.signal.clone())
                     .unwrap_or_default();
                 for &token in &tokens {
                     self.lost
                         .entry(token)
-                        .or_insert_with(|| (signal.clone(), 0))
-                        .1 += 1;
+                        .or_insert_with(|| Tracked {
+                            signal: signal.clone(),
+                            guards: 0,
+                            session,
+                        })
+                        .guards += 1;
                 }
                 ((session, request), Outcome::Granted(tokens, signal))
             }
@@ -179,7 +192,7 @@ impl State {
                 ..
             } => {
                 self.published.remove(&token);
-                if let Some((signal, _)) = self.lost.remove(&token) {
+                if let Some(Tracked { signal, .. }) = self.lost.remove(&token) {
                     let cause = match reason {
                         LostReason::SessionExpired => LostCause::SessionExpired,
                         // Only a client closes its own session here (close or
@@ -202,11 +215,53 @@ impl State {
     fn forget(&mut self, tokens: &[u64]) {
         for token in tokens {
             if let Some(entry) = self.lost.get_mut(token) {
-                entry.1 -= 1;
-                if entry.1 == 0 {
+                entry.guards -= 1;
+                if entry.guards == 0 {
                     self.lost.remove(token);
                 }
             }
+        }
+    }
+
+    /// The keeper gave `session` up: the holds it still has are lost, for
+    /// the keeper's reason. (A session the engine ended has none left: the
+    /// engine's own loss effects fired them.) The engine expires it in turn,
+    /// as no heartbeat comes any more.
+    fn session_given_up(&mut self, session: SessionId, loss: &Loss) {
+        self.lost.retain(|_, tracked| {
+            if tracked.session != session {
+                return true;
+            }
+            tracked.signal.fire_because(loss.cause, loss.reason.clone());
+            false
+        });
+    }
+}
+
+/// The session's renewal, for the keeper: the engine's heartbeat.
+struct Heartbeat {
+    table: Weak<Table>,
+    session: SessionId,
+}
+
+#[async_trait]
+impl Renew for Heartbeat {
+    /// Cancel safety: safe; one step under the table lock, with no await
+    /// point.
+    async fn renew(&mut self, ttl: Duration) -> std::result::Result<Renewed, String> {
+        let Some(table) = self.table.upgrade() else {
+            return Ok(Renewed::Gone);
+        };
+        let mut state = table.state();
+        match table.apply(
+            &mut state,
+            Command::Heartbeat {
+                session: self.session,
+            },
+        ) {
+            Ok(()) => Ok(Renewed::For(ttl)),
+            // The engine no longer has the session (expired or closed).
+            Err(_) => Ok(Renewed::Gone),
         }
     }
 }
@@ -252,6 +307,7 @@ impl MemoryBackend {
             }
         };
         let ttl = options.session_ttl;
+        let opened = Instant::now();
         let session = {
             let mut state = table.table.state();
             let session = SessionId(state.next_session);
@@ -268,20 +324,17 @@ impl MemoryBackend {
             table.table.apply(&mut state, open)?;
             session
         };
+        let term = Term::renewed("the memory session", Kept::Session, opened, ttl);
         let heartbeat = runtime.spawn({
             let table = Arc::downgrade(&table.table);
             async move {
-                let mut every = tokio::time::interval(renewal_interval(ttl));
-                loop {
-                    every.tick().await;
-                    let Some(table) = table.upgrade() else { return };
-                    let mut state = table.state();
-                    if table
-                        .apply(&mut state, Command::Heartbeat { session })
-                        .is_err()
-                    {
-                        return;
-                    }
+                let renewal = Heartbeat {
+                    table: table.clone(),
+                    session,
+                };
+                let loss = keeper::keep(tokio::sync::watch::Sender::new(term), renewal).await;
+                if let Some(table) = table.upgrade() {
+                    table.state().session_given_up(session, &loss);
                 }
             }
         });
@@ -610,5 +663,85 @@ impl Hold for MemoryHold {
         drop(state);
         self.table.observers.send_replace(());
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TTL: Duration = Duration::from_secs(3);
+
+    fn connect() -> MemoryBackend {
+        let url = format!("memory://{}", uuid::Uuid::new_v4().simple());
+        let options = ConnectOptions::default().session_ttl(TTL);
+        MemoryBackend::connect(&url, &options).expect("memory backend")
+    }
+
+    fn request(name: &str) -> AcquireRequest {
+        AcquireRequest {
+            wait: Wait::No,
+            ..AcquireRequest::new(vec![name.to_owned()], crate::Mode::Exclusive, "owner")
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_keeper_keeps_an_idle_session_and_its_holds() {
+        let backend = connect();
+        let grant = backend.acquire(&request("a")).await.unwrap().expect("free");
+        tokio::time::sleep(TTL * 20).await;
+        assert!(!grant.lost.is_fired(), "{:?}", grant.lost.reason());
+        let info = backend.describe("a").await.unwrap().expect("held");
+        assert_eq!(info.holders.len(), 1);
+        assert!(!backend.heartbeat.is_finished());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_session_the_engine_ended_ends_its_keeper() {
+        let backend = connect();
+        let grant = backend.acquire(&request("a")).await.unwrap().expect("free");
+        {
+            let table = backend.table();
+            let mut state = table.state();
+            let session = backend.session;
+            table
+                .apply(&mut state, Command::CloseSession { session })
+                .unwrap();
+        }
+        // The engine said so itself; the keeper finds it gone at its next
+        // renewal, a third of the TTL on.
+        assert_eq!(grant.lost.cause(), Some(LostCause::ClientClosed));
+        tokio::time::sleep(TTL / 3).await;
+        tokio::task::yield_now().await;
+        assert!(backend.heartbeat.is_finished());
+    }
+
+    #[test]
+    fn the_keepers_loss_fires_the_holds_the_session_still_has() {
+        let mut state = State {
+            engine: Engine::default(),
+            next_session: 1,
+            next_request: 1,
+            pending: HashMap::new(),
+            lost: HashMap::new(),
+            published: HashMap::new(),
+        };
+        let (mine, theirs) = (LostSignal::new(), LostSignal::new());
+        for (token, signal, session) in [(1, &mine, 1), (2, &theirs, 2)] {
+            let tracked = Tracked {
+                signal: signal.clone(),
+                guards: 1,
+                session: SessionId(session),
+            };
+            state.lost.insert(token, tracked);
+        }
+        let loss = Loss {
+            cause: LostCause::ConnectionLost,
+            reason: "the memory session: could not be renewed".into(),
+        };
+        state.session_given_up(SessionId(1), &loss);
+        assert_eq!(mine.cause(), Some(LostCause::ConnectionLost));
+        assert!(!theirs.is_fired());
+        assert_eq!(state.lost.len(), 1);
     }
 }

@@ -59,6 +59,7 @@
 //! [`ConnectOptions::session_ttl`]: crate::ConnectOptions::session_ttl
 
 mod convert;
+mod heartbeats;
 mod members;
 mod session;
 mod url;

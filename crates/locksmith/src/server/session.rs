@@ -11,10 +11,12 @@
 //! the time it takes.
 //!
 //! The session is **lost** (every hold's [`LostSignal`] fires) when the server
-//! says it no longer exists, or when no heartbeat was answered for a whole
-//! session TTL: the server expires a session one TTL after the last heartbeat
-//! it *received*, which is never earlier than one TTL after the last heartbeat
-//! the client *sent and saw answered*, so the client gives up first. Pending
+//! says it no longer exists, or when no heartbeat (or resume) was answered
+//! for nearly a session TTL: the server expires a session one TTL after the
+//! last heartbeat it *received*, which is never earlier than one TTL after
+//! the last heartbeat the client *sent and saw answered*, so the client gives
+//! up first. When to send a heartbeat, until when the session is trusted and
+//! why it was lost are the keeper's rules (module `heartbeats`). Pending
 //! acquires then continue on a fresh session; releases and renews of the lost
 //! holds fail with [`Error::Lost`].
 //!
@@ -27,7 +29,7 @@
 //! and resumes there while the session still lives; each reconnect attempt
 //! is bounded by a third of the TTL for the same reason.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -39,7 +41,7 @@ use tokio::time::{sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, Streaming};
 
-use crate::keeper::renewal_interval;
+use crate::keeper::Loss;
 use crate::lost::LostCause;
 
 use crate::backend::LostSignal;
@@ -47,6 +49,7 @@ use crate::error::{Error, Result};
 use crate::options::ConnectOptions;
 
 use super::convert;
+use super::heartbeats::{Due, Heartbeats};
 use super::members::{member_down, Members, Redirect, Rounds};
 
 /// The longest pause between rounds of reconnect attempts.
@@ -427,17 +430,18 @@ impl State {
     /// The session is gone (`cause`: the server said so, or the client lost
     /// contact for longer than the server keeps it): every hold is lost;
     /// acquires go on in a new session, the rest fails.
-    fn lose_session(&mut self, cause: LostCause, reason: &str) {
+    fn lose_session(&mut self, loss: Loss) {
+        let Loss { cause, reason } = loss;
         tracing::warn!(backend = super::BACKEND, %reason, holds = self.holds.len(), "session lost");
         for (_, (signal, _)) in self.holds.drain() {
-            signal.fire_because(cause, reason);
+            signal.fire_because(cause, &reason);
         }
         self.outstanding.retain(|_, entry| {
             let keep = match &mut entry.waiter {
                 Waiter::Acquire { reply, .. } => reply.is_some(),
                 Waiter::Done(reply) => {
                     if let Some(reply) = reply.take() {
-                        let _ = reply.send(Err(Error::Lost(reason.to_owned())));
+                        let _ = reply.send(Err(Error::Lost(reason.clone())));
                     }
                     false
                 }
@@ -523,7 +527,7 @@ impl Shared {
 /// Why a stream ended.
 enum End {
     Closed,
-    SessionLost(LostCause, String),
+    SessionLost(Loss),
     Broken(String),
 }
 
@@ -790,16 +794,16 @@ pub(super) fn reconnect_timeout(ttl: Duration) -> Duration {
 async fn drive(shared: Arc<Shared>, first: Link) {
     let mut link = first;
     let mut session = Some(link.credentials.clone());
-    let mut confirmed = link.sent_at;
+    let mut heartbeats = Heartbeats::opened(link.sent_at, shared.ttl);
     let mut rounds = Rounds::endless(&shared.members, MAX_BACKOFF);
     loop {
         let early = std::mem::take(&mut link.early);
-        let end = run(&shared, &mut link, early, &mut confirmed).await;
+        let end = run(&shared, &mut link, early, &mut heartbeats).await;
         // A link on which no heartbeat was answered (a member that took the
         // resume, then could not commit it) counts as a failed attempt, so
         // that such a member is not asked again and again without a pause.
         let mut pause = Duration::ZERO;
-        if confirmed > link.sent_at {
+        if heartbeats.answered_since(link.sent_at) {
             rounds = Rounds::endless(&shared.members, MAX_BACKOFF);
         } else if matches!(end, End::Broken(_)) {
             pause = rounds.after_failure(&shared.members);
@@ -811,13 +815,14 @@ async fn drive(shared: Arc<Shared>, first: Link) {
                 shared.finished.cancel();
                 return;
             }
-            End::SessionLost(cause, reason) => {
-                shared.state().lose_session(cause, &reason);
+            End::SessionLost(loss) => {
+                shared.state().lose_session(loss);
                 stale = session.take();
             }
             End::Broken(reason) => {
                 tracing::info!(backend = super::BACKEND, %reason, "connection to the lock server lost; resuming");
                 shared.state().link = None;
+                heartbeats.broken(Instant::now(), reason);
             }
         }
         drop(link.outbound);
@@ -825,7 +830,7 @@ async fn drive(shared: Arc<Shared>, first: Link) {
             if !pause.is_zero() {
                 let mut until = Instant::now() + pause;
                 if session.is_some() {
-                    until = until.min(confirmed + given_up_after(shared.ttl));
+                    until = until.min(heartbeats.trusted_until());
                 }
                 tokio::select! {
                     _ = sleep_until(until) => {}
@@ -840,11 +845,11 @@ async fn drive(shared: Arc<Shared>, first: Link) {
                 shared.finished.cancel();
                 return;
             }
-            if session.is_some() && Instant::now() >= confirmed + given_up_after(shared.ttl) {
-                shared.state().lose_session(
-                    LostCause::ConnectionLost,
-                    "no contact with the lock server for nearly a session TTL (the server may expire it now)",
-                );
+            if let Some(loss) = session
+                .as_ref()
+                .and_then(|_| heartbeats.ran_out(Instant::now()))
+            {
+                shared.state().lose_session(loss);
                 stale = session.take();
             }
             if session.is_none() {
@@ -859,18 +864,31 @@ async fn drive(shared: Arc<Shared>, first: Link) {
                 shared.ttl,
                 session.as_ref(),
             );
-            pause = match tokio::time::timeout(reconnect_timeout(shared.ttl), setup).await {
+            // A resume is a renewal: given up, as the keeper gives up every
+            // renewal, when the session's trust runs out.
+            let mut attempt_until = Instant::now() + reconnect_timeout(shared.ttl);
+            if session.is_some() {
+                attempt_until = attempt_until.min(heartbeats.trusted_until());
+            }
+            pause = match tokio::time::timeout_at(attempt_until, setup).await {
                 Ok(Ok(new)) => {
-                    let mut state = shared.state();
-                    state.link = Some(new.outbound.clone());
-                    state.resend_all();
-                    break new;
+                    let trusted =
+                        session.is_none() || heartbeats.resumed(new.sent_at, Instant::now());
+                    if trusted {
+                        let mut state = shared.state();
+                        state.link = Some(new.outbound.clone());
+                        state.resend_all();
+                        break new;
+                    }
+                    // Resumed too late to count: the session is lost (above,
+                    // next round), and closed, and a new one opened.
+                    Duration::ZERO
                 }
                 Ok(Err(SetupError::UnknownSession(message))) => {
-                    shared.state().lose_session(
-                        LostCause::SessionExpired,
-                        &format!("the lock server no longer knows the session: {message}"),
-                    );
+                    let said = format!("the lock server no longer knows it: {message}");
+                    shared
+                        .state()
+                        .lose_session(heartbeats.gone(Instant::now(), &said));
                     session = None;
                     Duration::ZERO
                 }
@@ -886,6 +904,10 @@ async fn drive(shared: Arc<Shared>, first: Link) {
                         rounds.before_asking_again()
                     }
                 }
+                // The session's trust ran out: lost above, next round.
+                Err(_) if session.is_some() && Instant::now() >= heartbeats.trusted_until() => {
+                    Duration::ZERO
+                }
                 Err(_) => {
                     // A member that does not answer in time is passed over,
                     // as a frozen leader would hold the client until the
@@ -898,6 +920,7 @@ async fn drive(shared: Arc<Shared>, first: Link) {
             };
         };
         if session.is_none() {
+            heartbeats = Heartbeats::opened(link.sent_at, shared.ttl);
             tracing::info!(
                 backend = super::BACKEND,
                 session = link.credentials.id,
@@ -912,7 +935,6 @@ async fn drive(shared: Arc<Shared>, first: Link) {
         }
         crate::metrics::reconnected(super::BACKEND);
         session = Some(link.credentials.clone());
-        confirmed = link.sent_at;
     }
 }
 
@@ -929,40 +951,31 @@ async fn close_remotely(shared: &Shared, credentials: Credentials) {
 }
 
 /// Runs one stream until it ends: routes replies and pushes (`early` first),
-/// heartbeats at a third of the TTL, leaves a member that answered none for
-/// half a TTL (when there are others), and watches for a whole TTL without an
-/// answer.
+/// and sends heartbeats, leaves a member that answered none for half a TTL
+/// (when there are others) and gives the session up, as `heartbeats` says.
 ///
 /// Cancel safety: safe between batches; every routing step is synchronous.
 async fn run(
     shared: &Shared,
     link: &mut Link,
     early: Vec<pb::ServerMessage>,
-    confirmed: &mut Instant,
+    heartbeats: &mut Heartbeats,
 ) -> End {
-    let ttl = shared.ttl;
     let inbound = &mut link.inbound;
     let others = shared.members.len() > 1;
-    let suspect = sleep_until(*confirmed + ttl / 2);
-    tokio::pin!(suspect);
-    let every = renewal_interval(ttl);
-    let mut heartbeat = tokio::time::interval_at(Instant::now() + every, every);
-    heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut sent = VecDeque::new();
-    let jeopardy = sleep_until(*confirmed + given_up_after(ttl));
-    tokio::pin!(jeopardy);
+    let wake = sleep_until(heartbeats.wake_at(others));
+    tokio::pin!(wake);
     let mut batch = early;
     loop {
         if !batch.is_empty() {
-            let mut heard = None;
-            if let Some(end) = route(shared, std::mem::take(&mut batch), &mut sent, &mut heard) {
+            let batch = std::mem::take(&mut batch);
+            if let Some(end) = route(shared, batch, heartbeats) {
                 return end;
             }
-            if let Some(at) = heard {
-                *confirmed = at;
-                jeopardy.as_mut().reset(at + given_up_after(ttl));
-                suspect.as_mut().reset(at + ttl / 2);
-            }
+        }
+        let wake_at = heartbeats.wake_at(others);
+        if wake.deadline() != wake_at {
+            wake.as_mut().reset(wake_at);
         }
         tokio::select! {
             biased;
@@ -972,7 +985,7 @@ async fn run(
                     Ok(Some(batch)) => batch.messages,
                     Ok(None) => return End::Broken("the server ended the stream".into()),
                     Err(status) if status.code() == Code::NotFound => {
-                        return End::SessionLost(LostCause::SessionExpired, status.message().to_owned())
+                        return End::SessionLost(heartbeats.gone(Instant::now(), status.message()))
                     }
                     Err(status) => {
                         // A member that ends the stream because it cannot
@@ -985,51 +998,33 @@ async fn run(
                     }
                 };
             }
-            _ = heartbeat.tick() => {
-                shared.state().send(Out::Heartbeat(pb::Heartbeat {}));
-                sent.push_back(Instant::now());
-            }
-            _ = &mut suspect, if others => {
-                // A heartbeat must have gone unanswered for a sixth of the
-                // TTL, as it has when the member went silent: after a pause
-                // of this process, none was sent, and the member gets that
-                // long to answer the one sent on waking.
-                let oldest = sent.front().copied().unwrap_or_else(Instant::now);
-                if Instant::now() < oldest + ttl / 6 {
-                    suspect.as_mut().reset(oldest + ttl / 6);
-                    continue;
+            _ = &mut wake => match heartbeats.poll(Instant::now(), others) {
+                Due::Lost(loss) => return End::SessionLost(loss),
+                Due::Suspect => {
+                    shared.members.unresponsive(link.member);
+                    return End::Broken(
+                        "no heartbeat answered for half a session TTL; trying another member".into(),
+                    );
                 }
-                shared.members.unresponsive(link.member);
-                return End::Broken(
-                    "no heartbeat answered for half a session TTL; trying another member".into(),
-                );
-            }
-            _ = &mut jeopardy => {
-                return End::SessionLost(
-                    LostCause::ConnectionLost,
-                    "no heartbeat answered for nearly a session TTL (the server may expire it now)".into(),
-                )
-            }
+                Due::Send => shared.state().send(Out::Heartbeat(pb::Heartbeat {})),
+                Due::Nothing => {}
+            },
         }
     }
 }
 
-/// Routes one batch of server messages under one lock of the state. `heard`
-/// becomes the send time of the latest heartbeat answered.
+/// Routes one batch of server messages under one lock of the state; the
+/// heartbeats' answers go to `heartbeats`.
 fn route(
     shared: &Shared,
     messages: Vec<pb::ServerMessage>,
-    sent: &mut VecDeque<Instant>,
-    heard: &mut Option<Instant>,
+    heartbeats: &mut Heartbeats,
 ) -> Option<End> {
+    let now = Instant::now();
     let mut state = shared.state();
     for message in messages {
         match message.kind {
-            Some(In::Heartbeat(_)) => {
-                if let Some(at) = sent.pop_front() {
-                    *heard = Some(at);
-                }
-            }
+            Some(In::Heartbeat(_)) => heartbeats.answered(now),
             Some(In::Reply(reply)) => {
                 if let Some(result) = reply.result {
                     if !matches!(result, pb::reply::Result::Queued(_)) {
@@ -1039,10 +1034,8 @@ fn route(
             }
             Some(In::Lost(lost)) => lost_push(&mut state, lost),
             Some(In::Ended(ended)) => {
-                return Some(End::SessionLost(
-                    LostCause::SessionExpired,
-                    format!("session {}", ended.reason),
-                ))
+                let said = format!("session {}", ended.reason);
+                return Some(End::SessionLost(heartbeats.gone(now, &said)));
             }
             Some(In::Opened(_)) | Some(In::Resumed(_)) | None => {}
         }
@@ -1085,13 +1078,4 @@ async fn close(shared: &Shared, inbound: &mut Streaming<pb::ServerBatch>) -> End
     })
     .await;
     End::Closed
-}
-
-/// How long after its last confirmed contact (the sending of a heartbeat
-/// the server answered) the client gives its session up: a twentieth of the
-/// TTL before the server can, so that the holder hears of the loss before
-/// the server's expiry commits and grants its locks elsewhere, even when
-/// this process is slow to run its timers.
-fn given_up_after(ttl: Duration) -> Duration {
-    ttl - ttl / 20
 }
