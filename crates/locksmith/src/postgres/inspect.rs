@@ -3,7 +3,11 @@
 //! Holders: live rows of `session_holds` (their connection holds the key, per
 //! `pg_locks`) and unexpired rows of `lease_holds`, plus connections that hold
 //! the lock's key without being a locksmith hold (a plain
-//! `pg_advisory_lock(key)` caller), shown with owner `pid:<pid>`. Waiters:
+//! `pg_advisory_lock(key)` caller), shown with owner `pid:<pid>`. Every
+//! statement locksmith runs on a connection that may hold a key carries a
+//! `/*locksmith:…*/` comment, so a connection whose statement (running, or
+//! its last) has one is never such a holder, nor is one that took up new
+//! work while the inspection read `pg_locks`. Waiters:
 //! connections whose statement carries a `/*locksmith:wait …*/` comment for
 //! the key (in PostgreSQL's queue, a head's sleep, a waiter's claim; running,
 //! or the last one of a connection that got no grant from it and whose
@@ -60,15 +64,30 @@ pub(crate) async fn describe(shared: &Shared, name: &str) -> Result<Option<LockI
            FROM {schema}.lease_holds WHERE name = $1 AND lease_expires > clock_timestamp() \
           ORDER BY token"
     );
+    // `pg_locks` and `pg_stat_activity` are two reads at two moments, in this
+    // order (the lateral subquery runs per lock row, and OFFSET 0 keeps the
+    // planner from turning it into a join it could read first). A backend's
+    // activity tells what it held its locks for only if it has not moved on
+    // since the locks were read: behind a transaction pooler, a server
+    // connection that held the key in a waiter's transaction serves anyone's
+    // statement a moment later. A backend whose transaction (or idle spell)
+    // began after this statement did is left out: it is no holder as of this
+    // statement. (Other roles' backends show no times; they are judged by
+    // their hidden query, as before.) A backend gone by then held nothing.
     let others = format!(
         "SELECT l.pid, l.mode, a.application_name, host(a.client_addr), a.backend_start \
-           FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
+           FROM pg_locks l \
+           CROSS JOIN LATERAL ( \
+                SELECT a.query, a.application_name, a.client_addr, a.backend_start, \
+                       a.xact_start, a.state_change \
+                  FROM pg_stat_activity a WHERE a.pid = l.pid OFFSET 0) a \
           WHERE {KEY_LOCKS} AND l.granted AND l.pid <> pg_backend_pid() \
             AND NOT EXISTS (SELECT 1 FROM {schema}.session_holds s \
                              WHERE s.name = $2 AND s.key = $1 AND s.pid = l.pid \
                                AND s.server_start = pg_postmaster_start_time()) \
             AND NOT EXISTS (SELECT 1 FROM {schema}.waiters w WHERE w.name = $2 AND w.pid = l.pid) \
-            AND coalesce(a.query, '') NOT LIKE '/*locksmith:%'"
+            AND coalesce(a.query, '') NOT LIKE '/*locksmith:%' \
+            AND (coalesce(a.xact_start, a.state_change) >= statement_timestamp()) IS NOT TRUE"
     );
     let waiting = format!(
         "SELECT a.pid, a.query, a.query_start, coalesce(l.granted, false) \

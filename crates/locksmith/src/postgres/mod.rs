@@ -163,7 +163,12 @@
 //! (holders of the key that are not locksmith holds, as owner `pid:<pid>`)
 //! and `pg_stat_activity`: every waiting statement carries a comment
 //! `/*locksmith:wait key=… mode=… owner=… name=…*/`, which is how waiters are
-//! listed, in queue order. Seeing other roles' waiting statements needs
+//! listed, in queue order. Every other statement locksmith runs on a
+//! connection that may hold a key starts with a `/*locksmith:…*/` comment
+//! too, so a connection that holds the key for a moment (an attempt's
+//! try-lock) is no `pid:` holder; nor is one that moved on to new work while
+//! the inspection read (behind a pooler, a server connection serves anyone a
+//! moment after a waiter's transaction). Seeing other roles' waiting statements needs
 //! `pg_read_all_stats` (or the same role); long names may be cut by
 //! `track_activity_query_size`.
 //!
@@ -352,7 +357,13 @@ pub(crate) struct Shared {
     background: CancellationToken,
 }
 
-/// SQL text of the statements, with the schema filled in.
+/// The comment that starts every statement of [`Sql`]: a connection of
+/// locksmith's may hold a lock's key while it runs one (an attempt's try-lock,
+/// an unlock), and inspection, which sees the key held in `pg_locks`, knows
+/// by it that the connection is no holder of the lock.
+pub(crate) const OWN: &str = "/*locksmith:own*/";
+
+/// SQL text of the statements, with the schema filled in, each behind [`OWN`].
 pub(crate) struct Sql {
     pub acquire_quick: String,
     pub acquire_session: String,
@@ -371,12 +382,13 @@ pub(crate) struct Sql {
 
 impl Sql {
     fn new(schema: &str) -> Sql {
+        let own = |sql: String| format!("{OWN} {sql}");
         Sql {
             // An exclusive session acquire in one plain statement: the
             // try-lock, then the takeover of a `quick` row of the key (see
             // schema.sql). `got` without a token: the key is held, but the
             // slow path (acquire_session) must decide.
-            acquire_quick: format!(
+            acquire_quick: own(format!(
                 "WITH l AS MATERIALIZED (SELECT pg_try_advisory_lock($2) AS got), \
                  h AS (UPDATE {schema}.session_holds s \
                           SET token = nextval('{schema}.fencing_token'), owner = $3, \
@@ -388,36 +400,40 @@ impl Sql {
                                WHERE o.name = $1 AND o.key = $2 AND o.quick LIMIT 1) \
                        RETURNING s.token) \
                  SELECT l.got, h.token FROM l LEFT JOIN h ON true"
-            ),
-            acquire_session: format!(
+            )),
+            acquire_session: own(format!(
                 "SELECT status, token, lock_time, slot, retry_ms, detail \
                  FROM {schema}.acquire_session($1, $2, $3, $4, $5, $6, $7, $8)"
-            ),
-            release_session: format!("SELECT {schema}.release_session($1, $2, $3)"),
-            unlock: "SELECT pg_advisory_unlock($1)".to_owned(),
-            unlock_shared: "SELECT pg_advisory_unlock_shared($1)".to_owned(),
-            acquire_lease: format!(
+            )),
+            release_session: own(format!("SELECT {schema}.release_session($1, $2, $3)")),
+            unlock: own("SELECT pg_advisory_unlock($1)".to_owned()),
+            unlock_shared: own("SELECT pg_advisory_unlock_shared($1)".to_owned()),
+            acquire_lease: own(format!(
                 "SELECT status, token, lock_time, lease_expires, slot, retry_ms, detail \
                  FROM {schema}.acquire_lease($1, $2, $3, $4, $5, $6, $7, $8, $9)"
-            ),
-            renew_lease: format!("SELECT lease_expires FROM {schema}.renew_lease($1, $2, $3, $4)"),
-            release_lease: format!("SELECT {schema}.release_lease($1, $2, $3)"),
-            session_count: format!(
+            )),
+            renew_lease: own(format!(
+                "SELECT lease_expires FROM {schema}.renew_lease($1, $2, $3, $4)"
+            )),
+            release_lease: own(format!("SELECT {schema}.release_lease($1, $2, $3)")),
+            session_count: own(format!(
                 "UPDATE {schema}.session_holds SET hold_count = $3 WHERE name = $1 AND token = $2"
-            ),
-            lease_count: format!(
+            )),
+            lease_count: own(format!(
                 "UPDATE {schema}.lease_holds SET hold_count = $3 WHERE name = $1 AND token = $2"
-            ),
-            add_waiter: format!(
+            )),
+            add_waiter: own(format!(
                 "INSERT INTO {schema}.waiters (name, owner, mode, permits, pid) \
                  VALUES ($1, $2, $3, $4, pg_backend_pid()) RETURNING id"
-            ),
-            remove_waiter: format!("DELETE FROM {schema}.waiters WHERE id = $1"),
-            holds_key: "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' \
+            )),
+            remove_waiter: own(format!("DELETE FROM {schema}.waiters WHERE id = $1")),
+            holds_key: own(
+                "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' \
                         AND pid = pg_backend_pid() AND granted \
                         AND classid = (($1::bigint >> 32) & 4294967295)::oid \
                         AND objid = ($1::bigint & 4294967295)::oid AND objsubid = 1)"
-                .to_owned(),
+                    .to_owned(),
+            ),
         }
     }
 }

@@ -241,8 +241,11 @@ async fn queue(
         return match conn.simple(&sql).await {
             Ok(_) => Ok(true),
             Err(error) if error.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
-                // A grant that raced the timeout goes with the transaction.
-                conn.simple("ROLLBACK").await.map_err(pg_error)?;
+                // A grant that raced the timeout goes with the transaction
+                // (the comment: the key is held until the rollback ends).
+                conn.simple(&format!("{comment} ROLLBACK"))
+                    .await
+                    .map_err(pg_error)?;
                 Ok(false)
             }
             Err(error) => Err(pg_error(error)),

@@ -1099,6 +1099,57 @@ mod pgbouncer {
         permits.1.release().await.unwrap();
     }
 
+    /// A lease attempt holds the lock's key for its statement (the
+    /// try-lock in `acquire_lease`), here while it waits for the holder's
+    /// row, which an open transaction has locked as a renewal does: the
+    /// attempt's server connection is no holder, and inspection shows the
+    /// lease alone.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_attempt_holding_the_key_is_not_shown_as_a_holder() {
+        let pg = shared().await;
+        let url = pooled_url().await;
+        let ttl = Duration::from_secs(30);
+        let (a, b) = (connect(&url, ttl).await, connect(&url, ttl).await);
+        let name = unique("attempt-holds-key");
+        let held = a.lock(name.as_str()).acquire().await.unwrap();
+        let (mut raw, connection) = tokio_postgres::connect(&pg.url(), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        let row_lock = raw.transaction().await.unwrap();
+        row_lock
+            .execute(
+                "SELECT 1 FROM locksmith.lease_holds WHERE name = $1 FOR UPDATE",
+                &[&name],
+            )
+            .await
+            .unwrap();
+        let attempt = tokio::spawn({
+            let lock = b.lock(name.as_str());
+            async move { lock.try_acquire().await }
+        });
+        let key = advisory_key(&name);
+        until("the attempt holds the key", || async {
+            query(
+                pg,
+                &format!(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
+                     AND classid = (({key}::bigint >> 32) & 4294967295)::oid \
+                     AND objid = ({key}::bigint & 4294967295)::oid AND objsubid = 1"
+                ),
+            )
+            .await
+                == "1"
+        })
+        .await;
+        let info = a.describe(&name).await.unwrap().expect("held");
+        assert_eq!(info.holders.len(), 1, "{info:?}");
+        assert_eq!(info.holders[0].fencing_token, Some(held.fencing_token()));
+        row_lock.rollback().await.unwrap();
+        assert!(attempt.await.unwrap().unwrap().is_none(), "the lease holds");
+        held.release().await.unwrap();
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn transaction_scoped_locks_through_a_transaction_pooler() {
         let bouncer = transaction_pooler().await;
