@@ -15,14 +15,28 @@ default 2000) with:
   `async with lock: pass`
 
 and prints the median time per pair of each, and Python's over Rust's.
+
+Then the floors under the asyncio figures, also per pair (two awaits):
+
+- Rust, 2 woken waits: two awaits of a no-op task spawned on a tokio
+  runtime, from a thread outside it (as the Rust pairs run)
+- asyncio, 2 woken waits: the same from an asyncio task, through the
+  awaitable every `locksmith.aio` call returns (one wake-up of the loop)
+- asyncio, 2 ready awaits: two of those awaitables that are ready at once
+- asyncio, 2 coroutines: two awaits of `async def` functions that return
+  at once (Python's own cost of an await)
+- asyncio, 2 thread wakes: two asyncio futures each resolved by another
+  Python thread through `call_soon_threadsafe`
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import queue
 import statistics
 import sys
+import threading
 import time
 import uuid
 
@@ -100,6 +114,67 @@ BASELINE = {
 }
 
 
+def awaiting(make) -> float:
+    """Seconds for PAIRS pairs of two awaits of `make()` in a task."""
+
+    async def main() -> float:
+        await make()  # warm
+        started = time.perf_counter()
+        for _ in range(PAIRS):
+            await make()
+            await make()
+        return time.perf_counter() - started
+
+    return asyncio.run(main())
+
+
+async def ready_coroutine() -> None:
+    pass
+
+
+def thread_wakes() -> float:
+    """Seconds for PAIRS pairs of two asyncio futures, each resolved by
+    another Python thread with `call_soon_threadsafe`."""
+    asked: queue.SimpleQueue = queue.SimpleQueue()
+
+    def resolver() -> None:
+        while (future := asked.get()) is not None:
+            future.get_loop().call_soon_threadsafe(future.set_result, None)
+
+    def woken():
+        future = asyncio.get_running_loop().create_future()
+        asked.put(future)
+        return future
+
+    thread = threading.Thread(target=resolver)
+    thread.start()
+    try:
+        return awaiting(woken)
+    finally:
+        asked.put(None)
+        thread.join()
+
+
+FLOORS = [
+    ("Rust, 2 woken waits", "_bench_rust_woken", lambda: _locksmith._bench_rust_woken(2 * PAIRS)),
+    ("asyncio, 2 woken waits", "_bench_woken", lambda: awaiting(_locksmith._bench_woken)),
+    ("asyncio, 2 ready awaits", "_bench_ready", lambda: awaiting(_locksmith._bench_ready)),
+    ("asyncio, 2 coroutines", None, lambda: awaiting(ready_coroutine)),
+    ("asyncio, 2 thread wakes", None, thread_wakes),
+]
+
+
+def report(title: str, runs: dict[str, list[float]], baseline: dict[str, str]) -> None:
+    print(f"\n{title}")
+    print(f"  {'':24} {'us/pair':>9} {'vs Rust':>8}")
+    for label, times in runs.items():
+        median = statistics.median(times)
+        ratio = ""
+        if label in baseline:
+            ratio = f"{median / statistics.median(runs[baseline[label]]):.2f}x"
+        print(f"  {label:24} {median * 1e6:9.1f} {ratio:>8}")
+
+
 def main() -> None:
     urls = sys.argv[1:] or ["memory://"]
     print(
@@ -112,14 +187,14 @@ def main() -> None:
             for label, case in CASES:
                 name = f"bench/py/{uuid.uuid4().hex[:8]}"
                 runs[label].append(case(url, name) / PAIRS)
-        print(f"\n{url}")
-        print(f"  {'':18} {'us/pair':>9} {'vs Rust':>8}")
-        for label, _ in CASES:
-            median = statistics.median(runs[label])
-            ratio = ""
-            if label in BASELINE:
-                ratio = f"{median / statistics.median(runs[BASELINE[label]]):.2f}x"
-            print(f"  {label:18} {median * 1e6:9.1f} {ratio:>8}")
+        report(url, runs, BASELINE)
+    # A module built before the floors' helpers existed runs only Python's.
+    floors = [(label, run) for label, helper, run in FLOORS if helper is None or hasattr(_locksmith, helper)]
+    runs = {label: [] for label, _ in floors}
+    for _ in range(ROUNDS):
+        for label, run in floors:
+            runs[label].append(run() / PAIRS)
+    report("floors (two awaits per pair)", runs, {"asyncio, 2 woken waits": "Rust, 2 woken waits"})
 
 
 if __name__ == "__main__":

@@ -6,13 +6,11 @@
 //! (every call on `memory://`, a release, a cached answer) completes in that
 //! first step: no task spawned, no thread crossed, no asyncio future made.
 //! A future that is pending gets an asyncio future of the running loop to
-//! wait on; the Rust waker resolves it, once, and the task steps again and
-//! polls again. All Python code (converting the result, raising its
-//! exception) runs in the awaiting task, with its loop and context.
-//!
-//! Waking never waits for the GIL where it is called, as the thread that
-//! wakes may hold a lock of the client that the GIL's holder is about to
-//! take: it hands the `call_soon_threadsafe` to the runtime's blocking pool.
+//! wait on; the Rust waker has the loop resolve it, once, through the
+//! loop's [`LoopWaker`] (without the GIL, from whatever thread it fires on),
+//! and the task steps again and polls again. All Python code (converting
+//! the result, raising its exception) runs in the awaiting task, with its
+//! loop and context.
 //!
 //! Cancelling the awaiting task throws `CancelledError` into the awaitable,
 //! which drops the Rust future there and then; so do closing it and
@@ -32,6 +30,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
 use pyo3::{intern, IntoPyObjectExt};
 
+use crate::loop_waker::LoopWaker;
 use crate::runtime;
 
 /// A future whose output becomes a Python object when it is ready.
@@ -66,7 +65,10 @@ where
 {
     Awaitable {
         generation: runtime::generation(),
-        future: Mutex::new(Some(Box::pin(future))),
+        state: Mutex::new(State {
+            future: Some(Box::pin(future)),
+            waiting: None,
+        }),
     }
 }
 
@@ -75,20 +77,33 @@ where
 pub struct Awaitable {
     /// The fork generation the future belongs to.
     generation: u64,
+    state: Mutex<State>,
+}
+
+struct State {
     /// `None` once completed, failed, cancelled or closed.
-    future: Mutex<Option<Pin<Box<dyn Step>>>>,
+    future: Option<Pin<Box<dyn Step>>>,
+    /// The waker of the last poll that was pending.
+    waiting: Option<Arc<PollWake>>,
 }
 
 impl Awaitable {
-    fn slot(&self) -> MutexGuard<'_, Option<Pin<Box<dyn Step>>>> {
-        self.future.lock().unwrap_or_else(|e| e.into_inner())
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Drops the future in the runtime's context (its drop may hand a
-    /// cleanup to the runtime); a forked child forgets it instead.
+    /// cleanup to the runtime; a forked child forgets it instead), and the
+    /// asyncio future it had the task wait on.
     fn finish(&self) {
-        let future = self.slot().take();
+        let (future, waiting) = {
+            let mut state = self.state();
+            (state.future.take(), state.waiting.take())
+        };
         drop_in_runtime(self.generation, future);
+        if let Some(waiting) = waiting {
+            waiting.forget();
+        }
     }
 }
 
@@ -113,24 +128,32 @@ impl Awaitable {
         runtime::check_generation(self.generation)?;
         // Out of its slot while polled: converting the output may run
         // Python code, and nothing is held across that.
-        let Some(mut future) = self.slot().take() else {
+        let Some(mut future) = self.state().future.take() else {
             return Err(PyRuntimeError::new_err(
                 "cannot reuse an awaitable that was already awaited",
             ));
         };
-        let wake = Arc::new(LoopWake::default());
+        let wake = Arc::new(PollWake::default());
         let waker = Waker::from(wake.clone());
-        let polled = {
-            let _entered = runtime::runtime().enter();
-            future.as_mut().step(py, &mut Context::from_waker(&waker))
-        };
-        match polled {
+        let entered = runtime::runtime().enter();
+        match future.as_mut().step(py, &mut Context::from_waker(&waker)) {
             Poll::Ready(output) => {
-                drop_in_runtime(self.generation, future);
+                drop(future);
+                drop(entered);
+                if let Some(waited) = self.state().waiting.take() {
+                    waited.forget();
+                }
                 Err(PyStopIteration::new_err((output?,)))
             }
             Poll::Pending => {
-                *self.slot() = Some(future);
+                drop(entered);
+                let mut state = self.state();
+                state.future = Some(future);
+                let earlier = state.waiting.replace(wake.clone());
+                drop(state);
+                if let Some(earlier) = earlier {
+                    earlier.forget();
+                }
                 wake.wait_on(py)
             }
         }
@@ -169,12 +192,7 @@ impl Awaitable {
 
 impl Drop for Awaitable {
     fn drop(&mut self) {
-        let future = self
-            .future
-            .get_mut()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        drop_in_runtime(self.generation, future);
+        self.finish();
     }
 }
 
@@ -186,22 +204,22 @@ enum Target {
     Polling,
     /// Woken before the poll returned: step again at once.
     Woken,
-    /// The asyncio future the task waits on, and its loop.
+    /// The asyncio future the task waits on, and its loop's waker.
     Waiting {
-        event_loop: Py<PyAny>,
+        waker: Arc<LoopWaker>,
         future: Py<PyAny>,
     },
-    /// Woken: nothing more to do.
+    /// Woken, or the awaitable finished: nothing more to do.
     Done,
 }
 
 /// The waker of one poll.
 #[derive(Default)]
-struct LoopWake {
+struct PollWake {
     target: Mutex<Target>,
 }
 
-impl LoopWake {
+impl PollWake {
     fn target(&self) -> MutexGuard<'_, Target> {
         self.target.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -213,6 +231,7 @@ impl LoopWake {
         static GET_RUNNING_LOOP: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
         let get_running_loop = GET_RUNNING_LOOP.import(py, "asyncio", "get_running_loop")?;
         let event_loop = get_running_loop.call0()?;
+        let waker = LoopWaker::of(&event_loop)?;
         let future = event_loop.call_method0(intern!(py, "create_future"))?;
         // What `asyncio.Future.__await__` sets before yielding itself: the
         // task then waits for it.
@@ -223,69 +242,33 @@ impl LoopWake {
             return Ok(py.None());
         }
         *target = Target::Waiting {
-            event_loop: event_loop.unbind(),
+            waker,
             future: future.clone().unbind(),
         };
         Ok(future.unbind())
     }
+
+    /// Forgets the asyncio future: the awaitable has finished.
+    fn forget(&self) {
+        let finished = std::mem::replace(&mut *self.target(), Target::Done);
+        drop(finished);
+    }
 }
 
-impl Wake for LoopWake {
+impl Wake for PollWake {
     fn wake(self: Arc<Self>) {
         self.wake_by_ref();
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
-        let waiting = {
-            let mut target = self.target();
-            match std::mem::replace(&mut *target, Target::Done) {
-                Target::Polling | Target::Woken => {
-                    *target = Target::Woken;
-                    None
-                }
-                Target::Waiting { event_loop, future } => Some((event_loop, future)),
-                Target::Done => None,
+        let mut target = self.target();
+        match std::mem::replace(&mut *target, Target::Done) {
+            Target::Polling | Target::Woken => *target = Target::Woken,
+            Target::Waiting { waker, future } => {
+                drop(target);
+                waker.resolve_soon(future);
             }
-        };
-        if let Some((event_loop, future)) = waiting {
-            runtime::spawn_blocking(move || {
-                runtime::with_python(|py| resolve_on_loop(py, event_loop, future));
-            });
+            Target::Done => {}
         }
     }
-}
-
-/// Has `event_loop` resolve `future` (unless it is done, as a cancelled
-/// one is); a closed loop is left alone.
-fn resolve_on_loop(py: Python<'_>, event_loop: Py<PyAny>, future: Py<PyAny>) {
-    static RESOLVE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-    let scheduled = RESOLVE
-        .get_or_try_init(py, || {
-            wrap_pyfunction!(resolve, py).map(|function| function.into_any().unbind())
-        })
-        .and_then(|resolve| {
-            event_loop
-                .bind(py)
-                .call_method1(intern!(py, "call_soon_threadsafe"), (resolve, future))
-        });
-    if let Err(error) = scheduled {
-        let closed = event_loop
-            .bind(py)
-            .call_method0(intern!(py, "is_closed"))
-            .and_then(|closed| closed.extract::<bool>())
-            .unwrap_or(true);
-        if !closed {
-            error.write_unraisable(py, None);
-        }
-    }
-}
-
-/// Resolves an asyncio future with `None` unless it is done already.
-#[pyfunction]
-fn resolve(future: &Bound<'_, PyAny>) -> PyResult<()> {
-    let py = future.py();
-    if !future.call_method0(intern!(py, "done"))?.is_truthy()? {
-        future.call_method1(intern!(py, "set_result"), (py.None(),))?;
-    }
-    Ok(())
 }

@@ -1,13 +1,18 @@
 //! The Rust side of the Python client's benchmark
 //! (`crates/locksmith-py/bench/acquire_release.py`): the same acquire +
 //! release pairs with the Rust client alone, in the same process, for the
-//! side-by-side figures of docs/BENCHMARKS.md. Not part of the API.
+//! side-by-side figures of docs/BENCHMARKS.md; and the floors under the
+//! asyncio API's cost (an awaitable that is ready at once, one woken from a
+//! runtime thread). Not part of the API.
 
 use std::time::Instant;
 
+use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 
+use crate::awaitable::{awaitable, Awaitable};
 use crate::errors::IntoPyResult;
+use crate::runtime;
 
 /// Seconds taken by `pairs` acquire + release pairs of the lock `name` on
 /// `url`, from Rust: with the blocking client (`api="blocking"`, as
@@ -35,12 +40,7 @@ pub fn _bench_rust(
             Ok(elapsed)
         }),
         "async" => py.detach(|| {
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .expect("a runtime for the benchmark");
-            runtime.block_on(async {
+            benchmark_runtime().block_on(async {
                 let client = locksmith::Client::connect(&url).await?;
                 let lock = client.lock(name);
                 let started = Instant::now();
@@ -57,4 +57,50 @@ pub fn _bench_rust(
         ))),
     }
     .py()
+}
+
+/// An awaitable of the asyncio API's kind that is ready at once: what every
+/// call costs beyond the client's own work.
+#[pyfunction]
+pub fn _bench_ready() -> Awaitable {
+    awaitable(async { Ok(()) })
+}
+
+/// An awaitable that waits once, for a no-op task on the runtime: its
+/// waker fires on a runtime thread, as when a store answers.
+#[pyfunction]
+pub fn _bench_woken() -> Awaitable {
+    awaitable(async {
+        runtime::spawn(async {})
+            .await
+            .map_err(|error| PyRuntimeError::new_err(error.to_string()))
+    })
+}
+
+/// Seconds taken by `waits` awaits of a no-op task spawned on a runtime, from
+/// Rust on a thread outside it (as the async pairs of [`_bench_rust`] run):
+/// `_bench_woken`'s wait without Python.
+#[pyfunction]
+pub fn _bench_rust_woken(py: Python<'_>, waits: u32) -> PyResult<f64> {
+    py.detach(|| {
+        benchmark_runtime().block_on(async {
+            let started = Instant::now();
+            for _ in 0..waits {
+                tokio::spawn(async {})
+                    .await
+                    .map_err(|error| PyRuntimeError::new_err(error.to_string()))?;
+            }
+            Ok(started.elapsed().as_secs_f64())
+        })
+    })
+}
+
+/// A runtime of the benchmark's own, shaped as the module's (two workers),
+/// for Rust's side of a comparison.
+fn benchmark_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime for the benchmark")
 }

@@ -12,6 +12,8 @@
 //!   releases the GIL and lets Ctrl-C through, and what a fork does.
 //! - `awaitable`: the asyncio API's awaitable, a Rust future polled by the
 //!   task that awaits it.
+//! - `loop_waker`: how a Rust waker wakes an asyncio event loop from any
+//!   thread without the GIL.
 //! - `shared`: the base classes both APIs extend (`locksmith._base`):
 //!   making locks, and everything that neither blocks nor awaits.
 //! - `held`: a guard's or leadership's hold, shared by both APIs (lost
@@ -29,6 +31,7 @@ mod blocking;
 mod convert;
 mod errors;
 mod held;
+mod loop_waker;
 mod runtime;
 mod shared;
 
@@ -47,6 +50,9 @@ fn init(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(runtime::_after_fork_in_child, module)?)?;
     module.add_function(wrap_pyfunction!(runtime::_at_exit, module)?)?;
     module.add_function(wrap_pyfunction!(bench::_bench_rust, module)?)?;
+    module.add_function(wrap_pyfunction!(bench::_bench_rust_woken, module)?)?;
+    module.add_function(wrap_pyfunction!(bench::_bench_ready, module)?)?;
+    module.add_function(wrap_pyfunction!(bench::_bench_woken, module)?)?;
     py.import("atexit")?
         .call_method1("register", (module.getattr("_at_exit")?,))?;
     // A forked child cannot use its parent's runtime or clients.
