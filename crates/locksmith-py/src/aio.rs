@@ -7,6 +7,8 @@ use std::sync::{Arc, Mutex};
 
 use futures::stream::StreamExt;
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::PyWeakrefReference;
 use pyo3::PyClass;
 
 use locksmith::backend::{GrantRecord, LockInfo};
@@ -15,7 +17,7 @@ use crate::awaitable::{awaitable, Awaitable};
 use crate::blocking::LeaderStream;
 use crate::convert;
 use crate::errors::IntoPyResult;
-use crate::held::Held;
+use crate::held::{Held, Hold};
 use crate::shared::{
     connect_options, ClientBase, Connection, ElectionBase, Flavor, GuardBase, LeadershipBase,
     LockBase, RwLockBase,
@@ -162,15 +164,61 @@ impl Client {
     }
 }
 
-/// The asyncio task running now, to pair `__aenter__` with `__aexit__`.
-fn current_task(py: Python<'_>) -> PyResult<usize> {
-    let task = py.import("asyncio")?.call_method0("current_task")?;
-    Ok(task.as_ptr() as usize)
+/// Holds of `async with` blocks not yet exited, innermost last.
+type Entered = Arc<Mutex<Vec<Entry>>>;
+
+/// The hold of one `async with` block and the task that entered it.
+struct Entry {
+    /// A weak reference to the task (`None` outside any task): a task that
+    /// has ended is nobody's, however its address is reused.
+    task: Option<Py<PyWeakrefReference>>,
+    held: Arc<Held<locksmith::Guard>>,
 }
 
-/// Holds of `async with` blocks not yet exited, per asyncio task,
-/// innermost last.
-type Entered = Arc<Mutex<Vec<(usize, Arc<Held<locksmith::Guard>>)>>>;
+/// The asyncio task running now, if any.
+fn current_task(py: Python<'_>) -> PyResult<Option<Bound<'_, PyAny>>> {
+    static CURRENT_TASK: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    let task = CURRENT_TASK
+        .import(py, "asyncio", "current_task")?
+        .call0()?;
+    Ok(Some(task).filter(|task| !task.is_none()))
+}
+
+impl Entry {
+    fn entered_by(&self, py: Python<'_>, task: Option<&Bound<'_, PyAny>>) -> bool {
+        match (&self.task, task) {
+            (None, None) => true,
+            (Some(entered), Some(task)) => entered
+                .bind(py)
+                .upgrade()
+                .is_some_and(|entered| entered.is(task)),
+            _ => false,
+        }
+    }
+
+    /// Whether the task that entered has been collected: its block will
+    /// never exit.
+    fn abandoned(&self, py: Python<'_>) -> bool {
+        self.task
+            .as_ref()
+            .is_some_and(|task| task.bind(py).upgrade().is_none())
+    }
+}
+
+/// Takes out the entries of tasks that were collected inside their block:
+/// their holds are released in the background once their guards are gone
+/// too, as dropped guards are.
+fn forget_abandoned(py: Python<'_>, entered: &Entered) {
+    let abandoned: Vec<Entry> = {
+        let mut entered = entered.lock().unwrap_or_else(|e| e.into_inner());
+        let (abandoned, kept) = std::mem::take(&mut *entered)
+            .into_iter()
+            .partition(|entry| entry.abandoned(py));
+        *entered = kept;
+        abandoned
+    };
+    drop(abandoned);
+}
 
 /// A lock to acquire; `async with lock as guard:` acquires and releases.
 #[pyclass(module = "locksmith.aio", extends = LockBase, frozen)]
@@ -212,19 +260,25 @@ impl Lock {
     ///
     /// Cancel safety: as `acquire`.
     fn __aenter__(slf: &Bound<'_, Self>) -> PyResult<Awaitable> {
-        let task = current_task(slf.py())?;
-        let acquiring = slf.as_super().get().acquiring(None)?;
+        let py = slf.py();
         let entered = slf.get().entered.clone();
+        forget_abandoned(py, &entered);
+        let task = current_task(py)?
+            .map(|task| PyWeakrefReference::new(&task).map(Bound::unbind))
+            .transpose()?;
+        let acquiring = slf.as_super().get().acquiring(None)?;
         Ok(awaitable(async move {
-            let guard = acquiring.await?;
-            let base = GuardBase::new(guard);
+            let held = Held::new(acquiring.await?);
             let mut entered = entered.lock().unwrap_or_else(|e| e.into_inner());
-            entered.push((task, base.held.clone()));
-            Ok(Made(PyClassInitializer::from(base).add_subclass(Guard)))
+            entered.push(Entry {
+                task,
+                held: held.clone(),
+            });
+            Ok(Made(GuardBase::new(held).add_subclass(Guard)))
         }))
     }
 
-    /// Releases what the matching `__aenter__` acquired.
+    /// Releases what the matching `__aenter__` (of the same task) acquired.
     ///
     /// Cancel safety: as `Guard.release`.
     fn __aexit__(
@@ -233,11 +287,16 @@ impl Lock {
         _exc: Option<&Bound<'_, PyAny>>,
         _traceback: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Awaitable> {
-        let task = current_task(slf.py())?;
+        let py = slf.py();
+        let entered = &slf.get().entered;
+        forget_abandoned(py, entered);
+        let task = current_task(py)?;
         let held = {
-            let mut entered = slf.get().entered.lock().unwrap_or_else(|e| e.into_inner());
-            let last = entered.iter().rposition(|(owner, _)| *owner == task);
-            last.map(|index| entered.remove(index).1)
+            let mut entered = entered.lock().unwrap_or_else(|e| e.into_inner());
+            let last = entered
+                .iter()
+                .rposition(|entry| entry.entered_by(py, task.as_ref()));
+            last.map(|index| entered.remove(index).held)
         };
         exit(held, exc_type, |guard| guard.release())
     }
@@ -321,7 +380,7 @@ pub struct Guard;
 
 impl Guard {
     fn made(guard: locksmith::Guard) -> Made<Self> {
-        Made(PyClassInitializer::from(GuardBase::new(guard)).add_subclass(Guard))
+        Made(GuardBase::new(Held::new(guard)).add_subclass(Guard))
     }
 }
 
@@ -401,9 +460,7 @@ impl Election {
         let campaigning = slf.as_super().get().campaigning(value, wait)?;
         Ok(awaitable(async move {
             let leadership = LeadershipBase::new(campaigning.await?);
-            Ok(Made(
-                PyClassInitializer::from(leadership).add_subclass(Leadership),
-            ))
+            Ok(Made(leadership.add_subclass(Leadership)))
         }))
     }
 

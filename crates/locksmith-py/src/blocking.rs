@@ -11,7 +11,7 @@ use pyo3::prelude::*;
 
 use crate::convert;
 use crate::errors::IntoPyResult;
-use crate::held::{self, Held};
+use crate::held::{self, Held, Hold};
 use crate::runtime::{self, block};
 use crate::shared::{
     connect_options, ClientBase, Connection, ElectionBase, Flavor, GuardBase, LeadershipBase,
@@ -221,7 +221,7 @@ pub struct Guard;
 
 impl Guard {
     fn new(guard: locksmith::Guard) -> PyClassInitializer<Self> {
-        PyClassInitializer::from(GuardBase::new(guard)).add_subclass(Guard)
+        GuardBase::new(Held::new(guard)).add_subclass(Guard)
     }
 }
 
@@ -317,7 +317,7 @@ pub struct Leadership;
 
 impl Leadership {
     fn new(leadership: locksmith::Leadership) -> PyClassInitializer<Self> {
-        PyClassInitializer::from(LeadershipBase::new(leadership)).add_subclass(Leadership)
+        LeadershipBase::new(leadership).add_subclass(Leadership)
     }
 }
 

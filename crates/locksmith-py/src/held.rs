@@ -12,6 +12,43 @@ use locksmith::LostSignal;
 use crate::errors;
 use crate::runtime;
 
+/// A hold of the Rust client: a guard, or a leadership (which holds one).
+pub trait Holding: Send + 'static {
+    /// The guard: names, fencing tokens, lost signal.
+    fn guard(&self) -> &locksmith::Guard;
+}
+
+impl Holding for locksmith::Guard {
+    fn guard(&self) -> &locksmith::Guard {
+        self
+    }
+}
+
+impl Holding for locksmith::Leadership {
+    fn guard(&self) -> &locksmith::Guard {
+        locksmith::Leadership::guard(self)
+    }
+}
+
+/// What a hold answers whatever it holds (for the base class of guards
+/// and leaderships, `locksmith._base.HoldBase`).
+pub trait Hold: Send + Sync {
+    fn lost(&self) -> &LostSignal;
+
+    /// Whether the hold has been released (or given up).
+    fn is_released(&self) -> bool;
+}
+
+impl<T: Send> Hold for Held<T> {
+    fn lost(&self) -> &LostSignal {
+        &self.lost
+    }
+
+    fn is_released(&self) -> bool {
+        self.ended.is_cancelled()
+    }
+}
+
 /// A hold (a [`locksmith::Guard`] or [`locksmith::Leadership`]) shared by
 /// the Python object that owns it and the calls running on it.
 pub struct Held<T: Send> {
@@ -24,17 +61,20 @@ pub struct Held<T: Send> {
     ended: CancellationToken,
 }
 
-impl<T: Send> Held<T> {
-    pub fn new(name: String, lost: LostSignal, hold: T) -> Self {
-        Held {
+impl<T: Holding> Held<T> {
+    pub fn new(hold: T) -> Arc<Self> {
+        let guard = hold.guard();
+        Arc::new(Held {
             generation: runtime::generation(),
-            name,
+            name: guard.name().to_owned(),
+            lost: guard.lost_signal(),
             hold: Mutex::new(Some(hold)),
-            lost,
             ended: CancellationToken::new(),
-        }
+        })
     }
+}
 
+impl<T: Send> Held<T> {
     fn slot(&self) -> MutexGuard<'_, Option<T>> {
         self.hold
             .lock()
@@ -78,15 +118,6 @@ impl<T: Send> Held<T> {
         self.slot().as_ref().map(f)
     }
 
-    /// Whether the hold has been released (or given up).
-    pub fn is_released(&self) -> bool {
-        self.ended.is_cancelled()
-    }
-
-    pub fn lost(&self) -> &LostSignal {
-        &self.lost
-    }
-
     /// Completes with the reason once the hold is lost, or with `None` once
     /// it is released first (a released hold can no longer be lost).
     pub fn lost_or_released(
@@ -102,22 +133,6 @@ impl<T: Send> Held<T> {
                 reason = lost.fired() => Some(reason),
                 _ = ended.cancelled() => None,
             }
-        }
-    }
-
-    /// The lost cause as a `locksmith.LostCause`, once lost.
-    pub fn lost_cause<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
-        self.lost
-            .cause()
-            .map(|cause| errors::lost_cause(py, cause))
-            .transpose()
-    }
-
-    /// Raises `locksmith.Lost` once lost.
-    pub fn raise_if_lost(&self, py: Python<'_>) -> PyResult<()> {
-        match self.lost.reason() {
-            Some(reason) => Err(errors::lost(py, self.lost.cause(), &reason)),
-            None => Ok(()),
         }
     }
 

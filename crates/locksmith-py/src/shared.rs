@@ -12,7 +12,7 @@ use pyo3::prelude::*;
 
 use crate::convert::{self, configure};
 use crate::errors::{self, IntoPyResult};
-use crate::held::Held;
+use crate::held::{Held, Hold, Holding};
 use crate::runtime;
 
 /// The options of a connection, from `connect`'s keyword arguments.
@@ -430,50 +430,126 @@ impl RwLockBase {
     }
 }
 
-/// A held lock (or several, for a multi-lock).
+/// What guards and leaderships have alike: names, fencing tokens and
+/// whether the hold was lost.
 #[pyclass(module = "locksmith._base", subclass, frozen)]
-pub struct GuardBase {
-    pub held: Arc<Held<locksmith::Guard>>,
+pub struct HoldBase {
+    hold: Arc<dyn Hold>,
     names: Vec<String>,
     tokens: Vec<u64>,
 }
 
-impl GuardBase {
-    pub fn new(guard: locksmith::Guard) -> Self {
-        GuardBase {
-            names: guard.names().to_vec(),
-            tokens: guard.fencing_tokens().to_vec(),
-            held: Arc::new(Held::new(
-                guard.name().to_owned(),
-                guard.lost_signal(),
-                guard,
-            )),
+impl HoldBase {
+    fn new<T: Holding>(held: &Arc<Held<T>>) -> Self {
+        let (names, tokens) = held
+            .read(|hold| {
+                let guard = hold.guard();
+                (guard.names().to_vec(), guard.fencing_tokens().to_vec())
+            })
+            .unwrap_or_default();
+        HoldBase {
+            hold: held.clone(),
+            names,
+            tokens,
+        }
+    }
+
+    /// `repr` of a guard or a leadership, as its class names itself, with
+    /// `details` after its names and tokens.
+    fn repr(slf: &Bound<'_, Self>, details: std::fmt::Arguments<'_>) -> PyResult<String> {
+        let base = slf.get();
+        let state = if base.hold.is_released() {
+            " released"
+        } else if base.hold.lost().is_fired() {
+            " lost"
+        } else {
+            ""
+        };
+        match (base.names.as_slice(), base.tokens.as_slice()) {
+            ([name], [token]) => repr_of(
+                slf.as_any(),
+                format_args!("{name:?} fencing_token={token}{details}{state}"),
+            ),
+            (names, tokens) => repr_of(
+                slf.as_any(),
+                format_args!("{names:?} fencing_tokens={tokens:?}{details}{state}"),
+            ),
         }
     }
 }
 
 #[pymethods]
-impl GuardBase {
+impl HoldBase {
     /// The fencing token of the (first) lock.
     #[getter]
     fn fencing_token(&self) -> u64 {
         self.tokens[0]
     }
 
-    /// Fencing tokens of every lock of a multi-lock, in order.
-    #[getter]
-    fn fencing_tokens(&self) -> Vec<u64> {
-        self.tokens.clone()
-    }
-
+    /// The name of the (first) lock.
     #[getter]
     fn name(&self) -> &str {
         &self.names[0]
     }
 
     #[getter]
-    fn names(&self) -> Vec<String> {
-        self.names.clone()
+    fn is_lost(&self) -> bool {
+        self.hold.lost().is_fired()
+    }
+
+    /// Why the hold was lost (a `LostCause`), once it was.
+    #[getter]
+    fn lost_cause<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        self.hold
+            .lost()
+            .cause()
+            .map(|cause| errors::lost_cause(py, cause))
+            .transpose()
+    }
+
+    /// Why the hold was lost, in words, once it was.
+    #[getter]
+    fn lost_reason(&self) -> Option<String> {
+        self.hold.lost().reason()
+    }
+
+    /// Raises `Lost` if the hold was lost.
+    fn raise_if_lost(&self, py: Python<'_>) -> PyResult<()> {
+        let lost = self.hold.lost();
+        match lost.reason() {
+            Some(reason) => Err(errors::lost(py, lost.cause(), &reason)),
+            None => Ok(()),
+        }
+    }
+
+    fn __repr__(slf: &Bound<'_, Self>) -> PyResult<String> {
+        Self::repr(slf, format_args!(""))
+    }
+}
+
+/// A held lock (or several, for a multi-lock).
+#[pyclass(module = "locksmith._base", extends = HoldBase, subclass, frozen)]
+pub struct GuardBase {
+    pub held: Arc<Held<locksmith::Guard>>,
+}
+
+impl GuardBase {
+    pub fn new(held: Arc<Held<locksmith::Guard>>) -> PyClassInitializer<Self> {
+        PyClassInitializer::from(HoldBase::new(&held)).add_subclass(GuardBase { held })
+    }
+}
+
+#[pymethods]
+impl GuardBase {
+    /// Fencing tokens of every lock of a multi-lock, in order.
+    #[getter]
+    fn fencing_tokens(slf: &Bound<'_, Self>) -> Vec<u64> {
+        slf.as_super().get().tokens.clone()
+    }
+
+    #[getter]
+    fn names(slf: &Bound<'_, Self>) -> Vec<String> {
+        slf.as_super().get().names.clone()
     }
 
     /// Re-entry depth (0 once released).
@@ -489,44 +565,6 @@ impl GuardBase {
             .read(|guard| guard.remaining_lease())
             .flatten()
             .map(|left| left.as_secs_f64())
-    }
-
-    #[getter]
-    fn is_lost(&self) -> bool {
-        self.held.lost().is_fired()
-    }
-
-    /// Why the hold was lost (a `LostCause`), once it was.
-    #[getter]
-    fn lost_cause<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
-        self.held.lost_cause(py)
-    }
-
-    /// Why the hold was lost, in words, once it was.
-    #[getter]
-    fn lost_reason(&self) -> Option<String> {
-        self.held.lost().reason()
-    }
-
-    /// Raises `Lost` if the hold was lost.
-    fn raise_if_lost(&self, py: Python<'_>) -> PyResult<()> {
-        self.held.raise_if_lost(py)
-    }
-
-    fn __repr__(slf: &Bound<'_, Self>) -> PyResult<String> {
-        let guard = slf.get();
-        let released = if guard.held.is_released() {
-            " released"
-        } else {
-            ""
-        };
-        repr_of(
-            slf.as_any(),
-            format_args!(
-                "{:?} fencing_tokens={:?}{released}",
-                guard.names, guard.tokens
-            ),
-        )
     }
 }
 
@@ -573,25 +611,17 @@ impl ElectionBase {
 }
 
 /// This candidate's leadership until resigned, dropped or lost.
-#[pyclass(module = "locksmith._base", subclass, frozen)]
+#[pyclass(module = "locksmith._base", extends = HoldBase, subclass, frozen)]
 pub struct LeadershipBase {
     pub held: Arc<Held<locksmith::Leadership>>,
     pub value: Arc<Mutex<String>>,
-    token: u64,
 }
 
 impl LeadershipBase {
-    pub fn new(leadership: locksmith::Leadership) -> Self {
-        let guard = leadership.guard();
-        LeadershipBase {
-            value: Arc::new(Mutex::new(leadership.value().to_owned())),
-            token: leadership.fencing_token(),
-            held: Arc::new(Held::new(
-                guard.name().to_owned(),
-                guard.lost_signal(),
-                leadership,
-            )),
-        }
+    pub fn new(leadership: locksmith::Leadership) -> PyClassInitializer<Self> {
+        let value = Arc::new(Mutex::new(leadership.value().to_owned()));
+        let held = Held::new(leadership);
+        PyClassInitializer::from(HoldBase::new(&held)).add_subclass(LeadershipBase { held, value })
     }
 }
 
@@ -603,41 +633,9 @@ impl LeadershipBase {
         self.value.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// The fencing token of this term.
-    #[getter]
-    fn fencing_token(&self) -> u64 {
-        self.token
-    }
-
-    #[getter]
-    fn is_lost(&self) -> bool {
-        self.held.lost().is_fired()
-    }
-
-    #[getter]
-    fn lost_cause<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
-        self.held.lost_cause(py)
-    }
-
-    #[getter]
-    fn lost_reason(&self) -> Option<String> {
-        self.held.lost().reason()
-    }
-
-    fn raise_if_lost(&self, py: Python<'_>) -> PyResult<()> {
-        self.held.raise_if_lost(py)
-    }
-
     fn __repr__(slf: &Bound<'_, Self>) -> PyResult<String> {
-        let leadership = slf.get();
-        repr_of(
-            slf.as_any(),
-            format_args!(
-                "value={:?} fencing_token={}",
-                leadership.value(),
-                leadership.token
-            ),
-        )
+        let value = slf.get().value();
+        HoldBase::repr(slf.as_super(), format_args!(" value={value:?}"))
     }
 }
 
@@ -646,6 +644,7 @@ pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<ClientBase>()?;
     module.add_class::<LockBase>()?;
     module.add_class::<RwLockBase>()?;
+    module.add_class::<HoldBase>()?;
     module.add_class::<GuardBase>()?;
     module.add_class::<ElectionBase>()?;
     module.add_class::<LeadershipBase>()?;

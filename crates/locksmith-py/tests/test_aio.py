@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
@@ -174,3 +175,66 @@ def test_blocking_and_asyncio_clients_share_a_store(stores, name):
 
     asyncio.run(main())
     blocking.close()
+
+
+def test_async_with_exits_only_what_its_own_task_entered(name):
+    """A task that ends inside `async with` (its exit never runs) leaves
+    its hold to its guard; a later task at the same address (CPython reuses
+    a freed task's memory for the next one) exits nothing of it."""
+
+    async def main():
+        client = await locksmith.aio.connect("memory://")
+        lock = client.lock(name)
+        event_loop = asyncio.get_running_loop()
+
+        async def enter_only():
+            return await lock.__aenter__()
+
+        async def exit_only():
+            return await lock.__aexit__(None, None, None)
+
+        for _ in range(20):
+            entering = event_loop.create_task(enter_only())
+            guard = await entering
+            await asyncio.sleep(0)  # the loop lets go of the task
+            address = id(entering)
+            exiting = exit_only()
+            del entering  # freed: the next task may take its address
+            exiting = event_loop.create_task(exiting)
+            assert await exiting is False
+            if id(exiting) == address:
+                assert guard.hold_count == 1
+                info = await client.status(name)
+                assert info.holders[0].fencing_token == guard.fencing_token
+                await guard.release()
+                await client.close()
+                return
+            await guard.release()
+        pytest.fail("no new task took the address of the one that ended")
+
+    asyncio.run(main())
+
+
+def test_loops_in_two_threads_are_each_woken(stores, name):
+    """Waits that end on a runtime thread wake the event loop that awaits
+    them, each loop in its own thread, at the same time."""
+    from conftest import url_of
+
+    url = url_of(stores, "server")
+    tokens = []
+
+    def waiter(lock_name):
+        async def main():
+            async with await locksmith.aio.connect(url) as client:
+                for _ in range(20):
+                    async with client.lock(lock_name, wait=10.0) as guard:
+                        tokens.append(guard.fencing_token)
+
+        asyncio.run(main())
+
+    threads = [threading.Thread(target=waiter, args=(f"{name}/{n}",)) for n in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert len(tokens) == 40

@@ -16,29 +16,27 @@ PACKAGE = Path(locksmith.__file__).parent
 
 
 def stubbed(module_file: str) -> dict[str, set[str]]:
-    """Classes of a stub file, each with the members it declares, and those
-    its base classes in `_base.pyi` declare."""
-    bases = declared("_base.pyi")
-    classes = {}
-    for node in ast.parse((PACKAGE / module_file).read_text()).body:
-        if isinstance(node, ast.ClassDef):
-            members = set(members_of(node))
-            for base in node.bases:
-                if isinstance(base, ast.Subscript):  # ClientBase[Lock, ...]
-                    base = base.value
-                if isinstance(base, ast.Name) and base.id in bases:
-                    members |= bases[base.id]
-            classes[node.name] = members
-    return classes
+    """Classes of a stub file, each with the members it declares and those
+    its base classes (in it or in `_base.pyi`) declare, all the way up."""
+    classes = classes_of("_base.pyi")
+    classes.update(classes_of(module_file))
+
+    def members(name: str) -> set[str]:
+        node = classes[name]
+        found = set(members_of(node))
+        for base in node.bases:
+            if isinstance(base, ast.Subscript):  # ClientBase[Lock, ...]
+                base = base.value
+            if isinstance(base, ast.Name) and base.id in classes:
+                found |= members(base.id)
+        return found
+
+    return {name: members(name) for name in classes_of(module_file)}
 
 
-def declared(module_file: str) -> dict[str, set[str]]:
+def classes_of(module_file: str) -> dict[str, ast.ClassDef]:
     tree = ast.parse((PACKAGE / module_file).read_text())
-    return {
-        node.name: set(members_of(node))
-        for node in tree.body
-        if isinstance(node, ast.ClassDef)
-    }
+    return {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
 
 
 def members_of(node: ast.ClassDef):
