@@ -300,9 +300,12 @@ impl History {
     }
 
     /// The kept grants of every lock under `prefix`, by name, oldest first
-    /// within a lock.
-    pub(crate) fn query(&mut self, now: Millis, prefix: &str) -> Vec<pb::GrantRecord> {
-        self.expire(now);
+    /// within a lock, leaving out those older than the age bound at `now`.
+    /// Read-only: only applying commands changes the history (grants past
+    /// the age bound are forgotten as later ones are granted), so that it is
+    /// the same on every member that applied the same log.
+    pub(crate) fn query(&self, now: Millis, prefix: &str) -> Vec<pb::GrantRecord> {
+        let max_age = self.limits.max_age;
         let mut names: Vec<&Arc<str>> = self
             .locks
             .keys()
@@ -314,6 +317,7 @@ impl History {
             .flat_map(|name| {
                 self.locks[name]
                     .iter()
+                    .filter(move |r| now.saturating_sub(r.granted_at) <= max_age)
                     .map(move |r| record_to_proto(name, r))
             })
             .collect()
@@ -635,8 +639,12 @@ mod tests {
             [3, 4, 5]
         );
         t.now += 60_001;
-        assert!(t.grants("").is_empty());
-        assert!(t.history.locks.is_empty() && t.history.order.is_empty());
+        assert!(t.grants("").is_empty(), "too old to be shown");
+        // Forgotten when the next grant is applied: a query changes nothing,
+        // so the history is the same on every member.
+        t.acquire(1, 3, &["d"], false);
+        assert_eq!(t.grants("").iter().map(|g| g.1).collect::<Vec<_>>(), [6]);
+        assert_eq!((t.history.locks.len(), t.history.order.len()), (1, 1));
     }
 
     #[test]

@@ -3,11 +3,11 @@
 //!
 //! A real server (a group of one, durable) serves a workload through the
 //! client library, with contention, a lease and a waiter that run out, and
-//! stops gracefully, which leaves a snapshot of everything it applied. A
-//! fresh core then applies the entries of the server's own log, up to the
-//! snapshot's last log id, through the one apply path every member uses; its
-//! state, frozen and encoded as a snapshot, must be the server's, byte for
-//! byte.
+//! sessionless acquires over the raw gRPC API, and stops gracefully, which
+//! leaves a snapshot of everything it applied. A fresh core then applies the
+//! entries of the server's own log, up to the snapshot's last log id,
+//! through the one apply path every member uses; its state, frozen and
+//! encoded as a snapshot, must be the server's, byte for byte.
 
 use std::time::Duration;
 
@@ -18,6 +18,38 @@ use crate::core::{Core, Replica};
 use crate::storage::member::MemberDir;
 use crate::storage::ServerSnapshot;
 use crate::{Server, ServerConfig};
+
+/// Sessionless acquires and releases over the raw gRPC API (their request
+/// ids are the service's, not a session's).
+async fn sessionless(addr: std::net::SocketAddr) {
+    use locksmith_proto::v1 as pb;
+    let mut client = pb::locksmith_client::LocksmithClient::connect(format!("http://{addr}"))
+        .await
+        .expect("connect");
+    for i in 0..3 {
+        let name = format!("unary-{i}");
+        let acquire = pb::AcquireLeaseRequest {
+            acquire: Some(pb::Acquire {
+                names: vec![name.clone()],
+                owner: "unary".into(),
+                lease_ms: Some(60_000),
+                ..pb::Acquire::default()
+            }),
+        };
+        let granted = client.acquire_lease(acquire).await.expect("acquire");
+        assert!(granted.into_inner().granted, "{name} is free");
+        if i > 0 {
+            let release = pb::ReleaseRequest {
+                release: Some(pb::Release {
+                    name,
+                    owner: "unary".into(),
+                    token: None,
+                }),
+            };
+            client.release(release).await.expect("release");
+        }
+    }
+}
 
 /// The workload: holds kept and released, a waiter granted on a release, a
 /// waiter that times out, a lease that runs out, and enough pairs for many
@@ -71,6 +103,7 @@ async fn a_member_replaying_the_log_from_scratch_reaches_the_leaders_state() {
     config.snapshot_every = 1_000_000;
     let server = Server::start(config.clone()).await.expect("start");
     let (clients, holds) = workload(&server.url()).await;
+    sessionless(server.local_addr()).await;
     // A graceful stop leaves a snapshot of everything applied.
     server.shutdown().await.expect("stop");
     drop((holds, clients));
@@ -102,6 +135,11 @@ async fn a_member_replaying_the_log_from_scratch_reaches_the_leaders_state() {
     assert!(
         theirs.engine.locks.iter().any(|l| l.name == "kept"),
         "the workload left holds"
+    );
+    assert!(
+        theirs.next_unary > 1,
+        "sessionless request ids were used: {}",
+        theirs.next_unary
     );
     assert_eq!(ours, theirs, "the replayed state is the leader's");
     assert_eq!(

@@ -1,14 +1,15 @@
-//! The replicated state machine is the core: openraft hands committed
+//! openraft's handle on the replicated state machine, which lives on the
+//! core thread (module `core::replicated`): openraft hands committed
 //! entries to [`CoreMachine`], which passes them on to the core thread
 //! ([`RaftEvent::Apply`]) in order, so that every member, the leader
-//! included, applies the same entries in the same order to the same engine,
-//! in one place (the leader also answers its own batches' clients then:
-//! module `core::replica`). It does not wait for the core to apply them: the
-//! core's channel keeps the order, and anything asked of the core later (a
-//! snapshot, an installed snapshot) queues behind them.
+//! included, applies the same entries in the same order to the same state,
+//! in one place (the leader's front end also answers its own batches'
+//! clients then: module `core::front`). It does not wait for the core to
+//! apply them: the core's channel keeps the order, and anything asked of
+//! the core later (a snapshot, an installed snapshot) queues behind them.
 //!
-//! A snapshot is the core's state (`ServerSnapshot`: the engine, the session
-//! table, the clock), frozen by the core thread and postcard-encoded on a
+//! A snapshot is the replicated state (`ServerSnapshot`: the engine, the
+//! session table, the counters), frozen by the core thread and postcard-encoded on a
 //! blocking thread, with openraft's metadata (last applied log id and
 //! membership) beside it.
 //!

@@ -1,14 +1,18 @@
-//! The core as a member of a Raft group (openraft).
+//! The front end's side of Raft (openraft): the role, and the batches in
+//! flight.
 //!
 //! Only the leader proposes: each batch of client ops becomes one log entry
 //! ([`Batch`]), handed to openraft by this thread (module `raft::propose`),
 //! replicated and committed on a quorum. Every member, the leader included,
 //! applies committed entries in one place: when openraft's state machine
 //! hands them to the core ([`crate::inbox::RaftEvent::Apply`]), in log
-//! order, the same on replay. The leader knows its own batches among them by
-//! their origin (a random number per leadership stint) and sequence number,
-//! and sends their results where the routes it kept for them say; other
-//! members apply the same records with nobody to tell. Several batches may
+//! order, the same on replay (module `replicated`). The leader knows its own
+//! batches among them by what each entry carries: its origin (a random
+//! number per leadership stint) and sequence number, the same on every
+//! member, known before openraft gives the entry its log id (learning that
+//! would cost a message back per batch). It sends their results where the
+//! routes it kept for them say; other members apply the same records with
+//! nobody to tell. Several batches may
 //! be in flight at a time (`max_batches_in_flight`), so that the next batch
 //! is written and replicated while the last one commits; past that, new ops
 //! gather in the backlog and form a bigger next batch (the group commit).
@@ -31,47 +35,46 @@
 //! for a moment, and the mark tells clients not to come straight back.
 
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use locksmith_core::Command;
-use openraft::type_config::alias::{EntryOf, LogIdOf, StoredMembershipOf};
-use openraft::EntryPayload;
 use tokio::sync::watch;
 use tonic::Status;
 
-use super::{Core, Proposal, Route};
+use super::{FrontEnd, Proposal, Route};
 use crate::clock::Clock;
-use crate::entry::{Applied, Batch, Record, TypeConfig};
+use crate::core::replicated::Replicated;
+use crate::entry::Batch;
+#[cfg(test)]
+use crate::entry::Record;
 use crate::inbox::{CoreSender, Role};
 use crate::op::Op;
 use crate::raft::propose::Proposer;
 use crate::raft::Raft;
 
-/// The core's side of replication.
+/// The front end's side of replication: the role, and the batches in
+/// flight.
 pub(crate) struct Replica {
     /// Hands batches to openraft, in order.
     proposer: Proposer,
-    pub(super) role: Leadership,
+    pub(in crate::core) role: Leadership,
     /// This member's address as the members know it (learnt when it
     /// leads): sessions opened or resumed here are told it, so that a
     /// client that reached it under another name knows the leader hints
     /// that name it.
-    pub(super) address: Option<String>,
+    pub(in crate::core) address: Option<String>,
     next_seq: u64,
     /// The batches this leader proposed and has not applied yet, oldest
     /// first (they are applied in this order).
     in_flight: VecDeque<InFlight>,
     /// How many batches may be in flight at once.
     max_in_flight: usize,
-    /// What this core has applied (its snapshots say so).
-    applied: Applied,
     /// Whether this member serves clients (leads, ready).
-    serving: watch::Sender<bool>,
+    pub(in crate::core) serving: watch::Sender<bool>,
 }
 
-/// What the core knows of its role.
-pub(super) enum Leadership {
+/// What the front end knows of its role.
+pub(in crate::core) enum Leadership {
     /// Another member leads (its address when known), or nobody yet.
     Follower { leader: Option<String> },
     /// This member leads; `stint` marks the batches it proposes, and it
@@ -80,15 +83,16 @@ pub(super) enum Leadership {
 }
 
 /// A proposed batch: where its results go once it is applied.
-struct InFlight {
+pub(in crate::core) struct InFlight {
     seq: u64,
-    proposal: Proposal,
+    /// Its routes, reads and refusals (its records went to openraft).
+    pub(in crate::core) proposal: Proposal,
     /// The first entry of a leadership stint.
-    grace: bool,
+    pub(in crate::core) grace: bool,
     /// It carries expiries decided from the state before it.
     expiries: bool,
     /// When it was proposed, for the commit latency.
-    proposed_at: Instant,
+    pub(in crate::core) proposed_at: Instant,
 }
 
 impl Replica {
@@ -104,29 +108,28 @@ impl Replica {
             next_seq: 0,
             in_flight: VecDeque::new(),
             max_in_flight: max_in_flight.max(1),
-            applied: Applied::default(),
             serving,
         }
     }
 
     /// Whether this member leads and has applied its first entry.
-    pub(super) fn serving(&self) -> bool {
+    pub(in crate::core) fn serving(&self) -> bool {
         matches!(self.role, Leadership::Leader { ready: true, .. })
     }
 
     /// Whether this member leads (ready or not).
-    pub(super) fn leading(&self) -> bool {
+    pub(in crate::core) fn leading(&self) -> bool {
         matches!(self.role, Leadership::Leader { .. })
     }
 
     /// Whether a new batch may be proposed now.
-    pub(super) fn can_propose(&self) -> bool {
+    pub(in crate::core) fn can_propose(&self) -> bool {
         self.serving() && self.in_flight.len() < self.max_in_flight
     }
 
     /// The records of each batch in flight, oldest first.
     #[cfg(test)]
-    pub(super) fn records_in_flight(&self) -> Vec<Vec<Record>> {
+    pub(in crate::core) fn records_in_flight(&self) -> Vec<Vec<Record>> {
         let held = self.proposer.held();
         self.in_flight
             .iter()
@@ -137,24 +140,24 @@ impl Replica {
 
     /// How many batches may be in flight at once.
     #[cfg(test)]
-    pub(super) fn max_in_flight(&self) -> usize {
+    pub(in crate::core) fn max_in_flight(&self) -> usize {
         self.max_in_flight
     }
 
     /// Whether time-driven changes may be decided now: not while expiries
     /// decided earlier are in flight, which would be decided again.
-    pub(super) fn can_expire(&self) -> bool {
+    pub(in crate::core) fn can_expire(&self) -> bool {
         self.can_propose() && !self.in_flight.iter().any(|f| f.expiries)
     }
 
     /// Sessions opened by batches in flight, not applied yet.
-    pub(super) fn opening(&self) -> usize {
+    pub(in crate::core) fn opening(&self) -> usize {
         self.in_flight.iter().map(|f| f.proposal.opens).sum()
     }
 
     /// The answer of a member that cannot serve a request: where the leader
     /// is, if it knows.
-    pub(super) fn redirect(&self) -> Status {
+    pub(in crate::core) fn redirect(&self) -> Status {
         match &self.role {
             Leadership::Follower {
                 leader: Some(leader),
@@ -204,7 +207,7 @@ impl Replica {
 
     /// The routes of the batch `origin`/`seq`, if this member proposed it in
     /// its current stint.
-    fn take_own(&mut self, origin: u64, seq: u64) -> Option<InFlight> {
+    pub(in crate::core) fn take_own(&mut self, origin: u64, seq: u64) -> Option<InFlight> {
         match self.role {
             Leadership::Leader { stint, .. } if stint == origin => {}
             _ => return None,
@@ -216,16 +219,17 @@ impl Replica {
     }
 }
 
-impl Core {
-    /// Connects the core to openraft, once started, before its thread runs;
-    /// `ops` is the core's own channel, for batches openraft refuses.
-    pub(crate) fn connect_raft(&mut self, raft: Raft, ops: CoreSender) {
+impl FrontEnd {
+    /// Connects the front end to openraft, once started, before the core's
+    /// thread runs; `ops` is the core's own channel, for batches openraft
+    /// refuses.
+    pub(in crate::core) fn connect_raft(&mut self, raft: Raft, ops: CoreSender) {
         self.replica.proposer.attach(raft, ops);
     }
 
     /// Proposes the batch being built, if it holds anything; `expiries`:
     /// it carries time-driven changes.
-    pub(super) fn propose_batch(&mut self, proposal: Proposal, expiries: bool) {
+    pub(in crate::core) fn propose_batch(&mut self, proposal: Proposal, expiries: bool) {
         if proposal.is_empty() {
             self.proposal = proposal;
             return;
@@ -233,8 +237,14 @@ impl Core {
         self.replica.propose(proposal, false, expiries);
     }
 
+    /// The routes of this member's batch `origin`/`seq`, once it is
+    /// committed; none for a batch of another stint or member.
+    pub(in crate::core) fn take_own(&mut self, origin: u64, seq: u64) -> Option<InFlight> {
+        self.replica.take_own(origin, seq)
+    }
+
     /// The member's role changed (openraft's metrics said so).
-    pub(super) fn change_role(&mut self, role: Role) {
+    pub(in crate::core) fn change_role(&mut self, state: &Replicated, role: Role) {
         match role {
             Role::Leader { address } => {
                 if address.is_some() {
@@ -249,12 +259,8 @@ impl Core {
                     ready: false,
                 };
                 // Time never goes backwards from what the last leader stamped.
-                self.clock = Clock::starting_after(self.last_now + 1);
-                let now = self.clock.now();
-                let mut proposal = Proposal::default();
-                let grace = Command::GrantGrace { grace: self.grace };
-                proposal.command(now, grace, None, None, Route::Nobody);
-                self.replica.propose(proposal, true, false);
+                self.clock = Clock::starting_after(state.last_now() + 1);
+                self.propose_grace();
                 tracing::info!("elected leader: serving once the grace period is committed");
             }
             Role::Follower { leader } => {
@@ -268,6 +274,16 @@ impl Core {
         }
     }
 
+    /// Proposes a stint's first entry: every deadline pushed past the
+    /// failover; the leader serves once it is applied.
+    fn propose_grace(&mut self) {
+        let now = self.clock.now();
+        let mut proposal = Proposal::default();
+        let grace = Command::GrantGrace { grace: self.grace };
+        proposal.command(now, grace, None, None, Route::Nobody);
+        self.replica.propose(proposal, true, false);
+    }
+
     /// No longer the leader: everyone waiting here is told where the leader
     /// is; what this member proposed may still commit (the new leader then
     /// applies it), but nobody here will hear of it.
@@ -279,7 +295,7 @@ impl Core {
     }
 
     /// Answers everyone waiting here with `status` and ends every stream.
-    pub(super) fn abandon_all(&mut self, status: &Status) {
+    pub(in crate::core) fn abandon_all(&mut self, status: &Status) {
         while let Some(in_flight) = self.replica.in_flight.pop_front() {
             self.abandon(in_flight.proposal, status);
         }
@@ -290,16 +306,7 @@ impl Core {
         for (_, waiter) in self.leases.drain() {
             let _ = waiter.reply.send(Err(status.clone()));
         }
-        let streams: Vec<_> = self
-            .sessions
-            .values_mut()
-            .filter_map(|e| e.attached.take())
-            .collect();
-        for a in streams {
-            self.output.streams.end(a.stream, &a.tx, status.clone());
-            a.ended.cancel();
-        }
-        self.streams.clear();
+        self.end_streams(status);
         self.proposal = Proposal::default();
     }
 
@@ -307,7 +314,7 @@ impl Core {
     /// this member cannot reach a quorum. Everyone waiting here is told to
     /// try another member, and the streams end so that their clients do;
     /// the member keeps proposing what comes, in case the quorum returns.
-    pub(super) fn refused(&mut self, origin: u64, seq: u64, reason: &str) {
+    pub(in crate::core) fn refused(&mut self, origin: u64, seq: u64, reason: &str) {
         let Some(in_flight) = self.replica.take_own(origin, seq) else {
             return;
         };
@@ -324,23 +331,10 @@ impl Core {
         for (_, waiter) in self.leases.drain() {
             let _ = waiter.reply.send(Err(status.clone()));
         }
-        let streams: Vec<_> = self
-            .sessions
-            .values_mut()
-            .filter_map(|e| e.attached.take())
-            .collect();
-        for a in streams {
-            self.output.streams.end(a.stream, &a.tx, status.clone());
-            a.ended.cancel();
-        }
-        self.streams.clear();
+        self.end_streams(&status);
         if grace {
             // Not serving before the grace is committed: propose it again.
-            let now = self.clock.now();
-            let mut proposal = Proposal::default();
-            let grace = Command::GrantGrace { grace: self.grace };
-            proposal.command(now, grace, None, None, Route::Nobody);
-            self.replica.propose(proposal, true, false);
+            self.propose_grace();
         }
         self.send_output();
     }
@@ -349,17 +343,22 @@ impl Core {
     fn abandon(&mut self, proposal: Proposal, status: &Status) {
         for route in proposal.routes {
             match route {
-                Route::Unary(answer) | Route::EndSession(answer) => {
+                Route::Unary(answer) | Route::EndSession { answer, .. } => {
                     let status = status.clone();
                     self.output
                         .unary
                         .push(Box::new(move || answer(Err(status))));
                 }
-                Route::Open(new) => {
-                    self.output.streams.end(new.id, &new.tx, status.clone());
-                    new.ended.cancel();
+                Route::Open { stream, .. } => {
+                    self.output
+                        .streams
+                        .end(stream.id, &stream.tx, status.clone());
+                    stream.ended.cancel();
                 }
-                Route::Nobody | Route::Stream { .. } | Route::Heartbeat | Route::Lease => {}
+                Route::Nobody
+                | Route::Stream { .. }
+                | Route::Heartbeat { .. }
+                | Route::Lease { .. } => {}
             }
         }
         for read in proposal.reads {
@@ -367,108 +366,14 @@ impl Core {
         }
     }
 
-    /// Applies committed entries, in log order (openraft's state machine
-    /// hands them over).
-    pub(crate) fn apply_entries(&mut self, entries: Vec<EntryOf<TypeConfig>>) {
-        let mut last = None;
-        for entry in entries {
-            match entry.payload {
-                EntryPayload::Blank => {}
-                EntryPayload::Normal(batch) => self.apply_batch(batch),
-                EntryPayload::Membership(membership) => {
-                    let stored =
-                        StoredMembershipOf::<TypeConfig>::new(Some(entry.log_id), membership);
-                    self.replica.applied.membership = stored;
-                }
-            }
-            last = Some(entry.log_id);
-        }
-        if let Some(last) = last {
-            self.replica.applied.last_applied = Some(last);
-        }
-    }
-
-    /// Applies a committed batch: this leader's own with the routes it kept
-    /// for it, any other with nobody to tell.
-    pub(super) fn apply_batch(&mut self, batch: Batch) {
-        match self.replica.take_own(batch.origin, batch.seq) {
-            Some(in_flight) => self.apply_own(in_flight, batch.records),
-            None => {
-                let started = Instant::now();
-                let records = batch.records.len();
-                let first = batch.records.first().map(Record::kind);
-                for record in batch.records {
-                    self.apply(record, Route::Nobody);
-                }
-                self.output = Default::default();
-                warn_if_slow(started, records, first);
-            }
-        }
-    }
-
-    /// Applies this leader's batch `records`, answering its routes.
-    fn apply_own(&mut self, mut in_flight: InFlight, records: Vec<Record>) {
-        let elapsed = in_flight.proposed_at.elapsed();
-        self.stats
-            .commit_nanos
-            .fetch_add(elapsed.as_nanos() as u64, Ordering::Relaxed);
-        if let Some(metrics) = &self.metrics {
-            metrics.committed(elapsed, 1);
-        }
-        let started = Instant::now();
-        let count = records.len();
-        let first = records.first().map(Record::kind);
-        in_flight.proposal.records = records;
-        let now = self.clock.now();
-        self.apply_proposal(now, &mut in_flight.proposal);
-        warn_if_slow(started, count, first);
-        // Reuse the applied proposal's buffers for the next batch only if
-        // nothing was gathered for it meanwhile: heartbeats are proposed as
-        // they arrive, while this batch was in flight.
-        if self.proposal.is_empty() {
-            self.proposal = in_flight.proposal;
-        }
-        if in_flight.grace {
-            if let Leadership::Leader { ready, .. } = &mut self.replica.role {
-                *ready = true;
-            }
-            self.replica.serving.send_replace(true);
-            tracing::info!(
-                last_token = self.engine.last_token(),
-                sessions = self.sessions.len(),
-                "leading: serving"
-            );
-        }
-    }
-
-    /// Where the state now is (after a snapshot was installed).
-    pub(super) fn set_applied(
-        &mut self,
-        last_applied: Option<LogIdOf<TypeConfig>>,
-        membership: StoredMembershipOf<TypeConfig>,
-    ) {
-        self.replica.applied = Applied {
-            last_applied,
-            membership,
-        };
-    }
-
-    /// The last log id applied, for snapshots.
-    pub(super) fn applied_state(
-        &self,
-    ) -> (Option<LogIdOf<TypeConfig>>, StoredMembershipOf<TypeConfig>) {
-        let applied = &self.replica.applied;
-        (applied.last_applied, applied.membership.clone())
-    }
-
     /// Answers `op` with `status` and runs nothing.
-    pub(super) fn refuse(&mut self, op: Op, status: Status) {
+    pub(in crate::core) fn refuse(&mut self, op: Op, status: Status) {
         fn answer<T: Send + 'static>(
-            core: &mut Core,
+            front: &mut FrontEnd,
             reply: crate::op::UnaryReply<T>,
             status: Status,
         ) {
-            core.defer(reply, Err(status));
+            front.defer(reply, Err(status));
         }
         match op {
             Op::Open { stream, .. } | Op::Resume { stream, .. } => {
@@ -488,24 +393,5 @@ impl Core {
             // Nothing waits for these.
             Op::Stream { .. } | Op::Detach { .. } | Op::CancelLease { .. } => {}
         }
-    }
-}
-
-/// How long applying one log entry may take before the log says so.
-const SLOW_APPLY: Duration = Duration::from_millis(100);
-
-/// Applying an entry holds up every request on this member, so one that took
-/// long is worth a warning (as etcd's "apply request took too long"): it
-/// is most often a big session ending (`Engine::work_of`).
-/// `first` names the entry's first record, which tells what it was.
-fn warn_if_slow(started: Instant, records: usize, first: Option<&'static str>) {
-    let took = started.elapsed();
-    if took >= SLOW_APPLY {
-        tracing::warn!(
-            took_ms = took.as_millis() as u64,
-            records,
-            first = first.unwrap_or("none"),
-            "applying one log entry took long: every request on this member waited for it"
-        );
     }
 }

@@ -1,5 +1,5 @@
 //! What each op of a batch asks for: the records to log, and where their
-//! results go once applied (module `apply`).
+//! results go once applied (module `deliver`).
 //!
 //! Nothing here changes the lock state. An op becomes records (what the
 //! client asked, with the time it was decided at) and a [`Route`] for each,
@@ -16,48 +16,32 @@ use locksmith_core::{Command, Millis, RequestId, SessionId};
 use locksmith_proto::v1 as pb;
 use tonic::Status;
 
-use super::{Core, Proposal, Route};
+use super::{FrontEnd, Proposal, Route};
 use crate::convert;
-use crate::entry::{LogRecord, Record};
-use crate::op::{Op, StreamId, StreamOp};
+use crate::core::replicated::Replicated;
+use crate::entry::Record;
+use crate::op::{Op, StreamOp};
 use crate::outbox::LeaseWaiter;
 
-impl Proposal {
-    /// Whether it holds nothing to propose (no record, read or refusal).
-    pub(super) fn is_empty(&self) -> bool {
-        self.records.is_empty() && self.reads.is_empty() && self.refused.is_empty()
-    }
-
-    /// Adds an engine command and where its result goes.
-    pub(super) fn command(
-        &mut self,
-        now: Millis,
-        command: Command,
-        secret: Option<u128>,
-        request: Option<u64>,
-        route: Route,
-    ) {
-        self.records.push(Record::Command(LogRecord {
-            now,
-            command,
-            secret,
-            request,
-        }));
-        self.routes.push(route);
-    }
-}
-
-impl Core {
+impl FrontEnd {
     /// Turns `op` into records of `proposal`, or handles it at once when it
     /// changes nothing replicated.
-    pub(super) fn propose(&mut self, now: Millis, op: Op, proposal: &mut Proposal) {
+    pub(in crate::core) fn propose(
+        &mut self,
+        state: &Replicated,
+        now: Millis,
+        op: Op,
+        proposal: &mut Proposal,
+    ) {
         match op {
-            Op::Open { stream, info, ttl } => self.propose_open(now, stream, info, ttl, proposal),
+            Op::Open { stream, info, ttl } => {
+                self.propose_open(state, now, stream, info, ttl, proposal)
+            }
             Op::Resume {
                 stream,
                 session,
                 secret,
-            } => self.resume(now, stream, session, secret, proposal),
+            } => self.resume(state, now, stream, session, secret, proposal),
             Op::Stream { stream, acks, ops } => {
                 let Some(&session) = self.streams.get(&stream) else {
                     return; // a stream that was detached or resumed elsewhere
@@ -92,7 +76,7 @@ impl Core {
                     },
                 );
                 let command = args.into_command(SessionId::NONE, request, now);
-                proposal.command(now, command, None, None, Route::Lease);
+                proposal.command(now, command, None, None, Route::Lease { request });
             }
             Op::CancelLease { request } => {
                 if self.leases.remove(&request).is_some() {
@@ -137,37 +121,19 @@ impl Core {
             }
             Op::EndSession { session, reply } => {
                 let command = Command::CloseSession { session };
+                let answer = super::answer(reply);
                 proposal.command(
                     now,
                     command,
                     None,
                     None,
-                    Route::EndSession(super::answer(reply)),
+                    Route::EndSession { session, answer },
                 );
             }
             read @ (Op::Describe { .. }
             | Op::List { .. }
             | Op::ListSessions { .. }
             | Op::History { .. }) => proposal.reads.push(read),
-        }
-    }
-
-    /// A stream ended (its session lives on until its TTL); `error` is sent
-    /// to it first if it is still attached.
-    pub(super) fn detach(&mut self, stream: StreamId, error: Option<Status>) {
-        let Some(session) = self.streams.remove(&stream) else {
-            return;
-        };
-        let Some(entry) = self.sessions.get_mut(&session) else {
-            return;
-        };
-        if entry.attached.as_ref().is_some_and(|a| a.stream == stream) {
-            let a = entry.attached.take().expect("checked");
-            if let Some(status) = error {
-                self.output.streams.end(a.stream, &a.tx, status);
-            }
-            a.ended.cancel();
-            tracing::debug!(%session, "session detached; it lives until its TTL");
         }
     }
 
@@ -182,7 +148,7 @@ impl Core {
             StreamOp::AckOnly => {}
             StreamOp::Heartbeat => {
                 let heartbeat = Command::Heartbeat { session };
-                proposal.command(now, heartbeat, None, None, Route::Heartbeat);
+                proposal.command(now, heartbeat, None, None, Route::Heartbeat { session });
             }
             StreamOp::Acquire { id, args } => {
                 let notify_queued = args.notify_queued;
@@ -252,11 +218,12 @@ impl Core {
     }
 
     /// Answers an inspection op from the state as applied so far.
-    pub(super) fn read(&mut self, now: Millis, op: Op) {
+    pub(in crate::core) fn read(&mut self, state: &Replicated, now: Millis, op: Op) {
+        let engine = state.engine();
         match op {
             Op::Describe { name, reply } => {
-                let lock = self.engine.describe(&name).map(|info| {
-                    let expiry = self.session_expiry(&[&info]);
+                let lock = engine.describe(&name).map(|info| {
+                    let expiry = session_expiry(state, &[&info]);
                     convert::lock_info_to_proto(info, &expiry)
                 });
                 self.defer(reply, Ok(pb::DescribeResponse { lock, now_ms: now }));
@@ -267,12 +234,12 @@ impl Core {
                 limit,
                 reply,
             } => {
-                let page = self.engine.list_page(&prefix, &after, limit);
+                let page = engine.list_page(&prefix, &after, limit);
                 let next_after = match (page.more, page.locks.last()) {
                     (true, Some(last)) => last.name.clone(),
                     _ => String::new(),
                 };
-                let expiry = self.session_expiry(&page.locks.iter().collect::<Vec<_>>());
+                let expiry = session_expiry(state, &page.locks.iter().collect::<Vec<_>>());
                 let locks = page
                     .locks
                     .into_iter()
@@ -286,27 +253,21 @@ impl Core {
                 self.defer(reply, Ok(response));
             }
             Op::ListSessions { reply } => {
-                let sessions = self
-                    .engine
+                let sessions = engine
                     .sessions()
                     .into_iter()
-                    .map(|s| pb::SessionInfo {
-                        session_id: s.session.0,
-                        client_name: s.info.name,
-                        host: s.info.host,
-                        ttl_ms: s.ttl,
-                        expires_at_ms: s.expires_at,
-                        holds: s.holds as u64,
-                        connected: self
-                            .sessions
-                            .get(&s.session)
-                            .is_some_and(|e| e.attached.is_some()),
-                        peer: self
-                            .sessions
-                            .get(&s.session)
-                            .and_then(|e| e.peer)
-                            .map(|p| p.to_string())
-                            .unwrap_or_default(),
+                    .map(|s| {
+                        let (connected, peer) = self.link_of(s.session);
+                        pb::SessionInfo {
+                            session_id: s.session.0,
+                            client_name: s.info.name,
+                            host: s.info.host,
+                            ttl_ms: s.ttl,
+                            expires_at_ms: s.expires_at,
+                            holds: s.holds as u64,
+                            connected,
+                            peer: peer.map(|p| p.to_string()).unwrap_or_default(),
+                        }
                     })
                     .collect();
                 self.defer(
@@ -318,7 +279,7 @@ impl Core {
                 );
             }
             Op::History { prefix, reply } => {
-                let grants = self.history.query(now, &prefix);
+                let grants = state.history().query(now, &prefix);
                 self.defer(
                     reply,
                     Ok(pb::HistoryResponse {
@@ -330,22 +291,22 @@ impl Core {
             other => unreachable!("not an inspection op: {:?}", std::mem::discriminant(&other)),
         }
     }
+}
 
-    /// Expiry of every session holding one of `locks` without a lease.
-    pub(super) fn session_expiry(
-        &self,
-        locks: &[&locksmith_core::LockInfo],
-    ) -> HashMap<SessionId, Millis> {
-        // Only the sessions these locks name: a look-up each, never a walk
-        // of every session.
-        locks
-            .iter()
-            .flat_map(|l| &l.holders)
-            .filter(|h| h.session != SessionId::NONE)
-            .filter_map(|h| {
-                let expires_at = self.engine.session_expires_at(h.session)?;
-                Some((h.session, expires_at))
-            })
-            .collect()
-    }
+/// Expiry of every session holding one of `locks` without a lease.
+fn session_expiry(
+    state: &Replicated,
+    locks: &[&locksmith_core::LockInfo],
+) -> HashMap<SessionId, Millis> {
+    // Only the sessions these locks name: a look-up each, never a walk of
+    // every session.
+    locks
+        .iter()
+        .flat_map(|l| &l.holders)
+        .filter(|h| h.session != SessionId::NONE)
+        .filter_map(|h| {
+            let expires_at = state.engine().session_expires_at(h.session)?;
+            Some((h.session, expires_at))
+        })
+        .collect()
 }

@@ -20,7 +20,7 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use locksmith_core::{Command, SessionId};
 use locksmith_proto::v1 as pb;
 
-use super::Core;
+use super::Replicated;
 use crate::convert;
 use crate::storage::Outcome;
 
@@ -36,7 +36,7 @@ pub(super) enum Known {
     Conflict(pb::Error),
 }
 
-impl Core {
+impl Replicated {
     /// Checks request `id` of `session`, about to run as `command`, against
     /// what the session remembers; remembers it when it is new.
     pub(super) fn check_request_id(
