@@ -336,7 +336,10 @@ impl SeparateHosts {
             .args(["--node-id", &(i + 1).to_string(), "--cluster", &list])
             .arg("--data-dir")
             .arg(dir.path().join("data"))
-            .env("RUST_LOG", "info,locksmith_server::core::session=debug");
+            .env(
+                "RUST_LOG",
+                "info,locksmith_server::core::front::sessions=debug",
+            );
             members.push(locksmith_testkit::Process::spawn(spec).expect("start a member"));
             dirs.push(dir);
         }
