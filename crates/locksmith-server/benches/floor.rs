@@ -1,0 +1,578 @@
+//! The floor under the lock server's latency on this machine: what one round
+//! trip costs at one client over loopback before any lock work, side by side
+//! in one run with the server's own acquire.
+//!
+//! Each measurement is a loop of round trips at one client, one after the
+//! other, on loopback (p50 and p99 of each, and the rate):
+//!
+//! - `grpc unary echo`: a tonic server that answers `AcquireLease` at once
+//!   (the locksmith API's own messages and codec, nothing behind them);
+//! - `grpc stream echo`: the same server's `Session`, answering each
+//!   `ClientBatch` (one heartbeat) with a `ServerBatch` (its ack), as a
+//!   session stream carries a request and its reply;
+//! - `redis PING`: through the `redis` crate (the client the Redis lock
+//!   backend uses), and `redis-benchmark -t ping -c 1` (Redis's own C
+//!   client, its p50 as it reports it);
+//! - the lock server (a group of one without a data directory: its Raft
+//!   log on `/dev/shm`, so the disk is left out and only software is
+//!   measured): a session acquire and its release over the raw gRPC stream,
+//!   the same through the client library (`Lock::acquire`,
+//!   `Guard::release`), and a sessionless `AcquireLease` + `Release` pair.
+//!
+//! `cargo bench -p locksmith-server --bench floor`. `LOCKSMITH_FLOOR_SECS`
+//! (default 2) is the length of each measurement; `LOCKSMITH_FLOOR_ROUNDS`
+//! (default 3) runs them all that many times in turn, so that a noisy
+//! moment on the machine hits every side alike, and reports the round with
+//! the median p50 of each. The run prints the load average at its start and
+//! end.
+
+use std::pin::Pin;
+use std::time::{Duration, Instant};
+
+use futures::{Stream, StreamExt};
+use locksmith::{Client, ConnectOptions};
+use locksmith_proto::v1 as pb;
+use locksmith_proto::v1::locksmith_client::LocksmithClient;
+use locksmith_proto::v1::locksmith_server::{Locksmith, LocksmithServer};
+use locksmith_server::{Server, ServerConfig};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Channel;
+use tonic::{Request, Response, Status, Streaming};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Round trips of one measurement, in microseconds.
+struct Trips {
+    micros: Vec<f64>,
+    seconds: f64,
+}
+
+impl Trips {
+    fn percentile(&self, p: f64) -> f64 {
+        let mut sorted = self.micros.clone();
+        sorted.sort_by(f64::total_cmp);
+        match sorted.len() {
+            0 => f64::NAN,
+            n => sorted[((n - 1) as f64 * p).round() as usize],
+        }
+    }
+
+    fn per_second(&self) -> f64 {
+        self.micros.len() as f64 / self.seconds
+    }
+}
+
+/// Times `trip` over and over for `duration` (after a short warm-up).
+async fn measure(
+    duration: Duration,
+    mut trip: impl AsyncFnMut() -> Result<(), BoxError>,
+) -> Result<Trips, BoxError> {
+    let warm_up = Instant::now();
+    while warm_up.elapsed() < Duration::from_millis(200) {
+        trip().await?;
+    }
+    let mut micros = Vec::new();
+    let started = Instant::now();
+    while started.elapsed() < duration {
+        let t = Instant::now();
+        trip().await?;
+        micros.push(t.elapsed().as_nanos() as f64 / 1_000.0);
+    }
+    Ok(Trips {
+        micros,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// The echo server: the locksmith API answered at once, with nothing behind
+/// it. Only the two calls measured answer; the rest are not implemented.
+struct Echo;
+
+type BatchStream = Pin<Box<dyn Stream<Item = Result<pb::ServerBatch, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Locksmith for Echo {
+    type SessionStream = BatchStream;
+
+    async fn session(
+        &self,
+        request: Request<Streaming<pb::ClientBatch>>,
+    ) -> Result<Response<BatchStream>, Status> {
+        let mut incoming = request.into_inner();
+        let (tx, rx) = mpsc::channel(16);
+        tokio::spawn(async move {
+            while let Some(Ok(batch)) = incoming.next().await {
+                let messages = batch
+                    .messages
+                    .iter()
+                    .map(|_| pb::ServerMessage {
+                        kind: Some(pb::server_message::Kind::Heartbeat(pb::HeartbeatAck {
+                            now_ms: 1,
+                        })),
+                    })
+                    .collect();
+                if tx.send(Ok(pb::ServerBatch { messages })).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn acquire_lease(
+        &self,
+        _: Request<pb::AcquireLeaseRequest>,
+    ) -> Result<Response<pb::AcquireLeaseResponse>, Status> {
+        Ok(Response::new(pb::AcquireLeaseResponse {
+            granted: true,
+            tokens: vec![1],
+            timed_out: false,
+        }))
+    }
+
+    async fn release(
+        &self,
+        _: Request<pb::ReleaseRequest>,
+    ) -> Result<Response<pb::ReleaseResponse>, Status> {
+        Err(Status::unimplemented("echo"))
+    }
+
+    async fn renew(
+        &self,
+        _: Request<pb::RenewRequest>,
+    ) -> Result<Response<pb::RenewResponse>, Status> {
+        Err(Status::unimplemented("echo"))
+    }
+
+    async fn describe(
+        &self,
+        _: Request<pb::DescribeRequest>,
+    ) -> Result<Response<pb::DescribeResponse>, Status> {
+        Err(Status::unimplemented("echo"))
+    }
+
+    async fn list(
+        &self,
+        _: Request<pb::ListRequest>,
+    ) -> Result<Response<pb::ListResponse>, Status> {
+        Err(Status::unimplemented("echo"))
+    }
+
+    async fn list_sessions(
+        &self,
+        _: Request<pb::ListSessionsRequest>,
+    ) -> Result<Response<pb::ListSessionsResponse>, Status> {
+        Err(Status::unimplemented("echo"))
+    }
+
+    async fn end_session(
+        &self,
+        _: Request<pb::EndSessionRequest>,
+    ) -> Result<Response<pb::EndSessionResponse>, Status> {
+        Err(Status::unimplemented("echo"))
+    }
+
+    async fn force_release(
+        &self,
+        _: Request<pb::ForceReleaseRequest>,
+    ) -> Result<Response<pb::ForceReleaseResponse>, Status> {
+        Err(Status::unimplemented("echo"))
+    }
+
+    async fn close_session(
+        &self,
+        _: Request<pb::CloseSessionRequest>,
+    ) -> Result<Response<pb::CloseSessionResponse>, Status> {
+        Err(Status::unimplemented("echo"))
+    }
+
+    async fn history(
+        &self,
+        _: Request<pb::HistoryRequest>,
+    ) -> Result<Response<pb::HistoryResponse>, Status> {
+        Err(Status::unimplemented("echo"))
+    }
+}
+
+/// Starts the echo server on a loopback port; returns its address.
+async fn start_echo() -> Result<String, BoxError> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let incoming = futures::stream::unfold(listener, |listener| async {
+        let accepted = listener.accept().await.map(|(tcp, _)| {
+            let _ = tcp.set_nodelay(true);
+            tcp
+        });
+        Some((accepted, listener))
+    });
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(LocksmithServer::new(Echo))
+            .serve_with_incoming(incoming),
+    );
+    Ok(format!("http://{addr}"))
+}
+
+async fn channel(addr: &str) -> Result<LocksmithClient<Channel>, BoxError> {
+    let channel = Channel::from_shared(addr.to_owned())?
+        .tcp_nodelay(true)
+        .connect()
+        .await?;
+    Ok(LocksmithClient::new(channel))
+}
+
+/// A session stream over the raw API: batches go out on `tx`, come back on
+/// `rx`.
+struct RawStream {
+    tx: mpsc::Sender<pb::ClientBatch>,
+    rx: Streaming<pb::ServerBatch>,
+}
+
+impl RawStream {
+    async fn open(client: &mut LocksmithClient<Channel>) -> Result<RawStream, BoxError> {
+        let (tx, outgoing) = mpsc::channel(16);
+        let rx = client
+            .session(ReceiverStream::new(outgoing))
+            .await?
+            .into_inner();
+        Ok(RawStream { tx, rx })
+    }
+
+    /// Sends `messages` (acknowledging `ack`) as one batch; returns the next
+    /// batch that comes back.
+    async fn trip(
+        &mut self,
+        messages: Vec<pb::ClientMessage>,
+        ack: Option<u64>,
+    ) -> Result<pb::ServerBatch, BoxError> {
+        let batch = pb::ClientBatch {
+            messages,
+            ack_replies: ack.into_iter().collect(),
+            ack_lost: Vec::new(),
+        };
+        self.tx.send(batch).await?;
+        Ok(self.rx.message().await?.ok_or("the stream ended")?)
+    }
+}
+
+fn message(kind: pb::client_message::Kind) -> pb::ClientMessage {
+    pb::ClientMessage { kind: Some(kind) }
+}
+
+fn heartbeat() -> pb::ClientMessage {
+    message(pb::client_message::Kind::Heartbeat(pb::Heartbeat {}))
+}
+
+fn request(id: u64, op: pb::request::Op) -> pb::ClientMessage {
+    message(pb::client_message::Kind::Request(pb::Request {
+        id,
+        op: Some(op),
+    }))
+}
+
+fn acquire(name: &str, lease_ms: Option<u64>) -> pb::Acquire {
+    pb::Acquire {
+        names: vec![name.to_owned()],
+        owner: "floor".into(),
+        lease_ms,
+        ..pb::Acquire::default()
+    }
+}
+
+/// Whether `batch` carries the final reply of request `id`.
+fn answers(batch: &pb::ServerBatch, id: u64) -> bool {
+    batch.messages.iter().any(|m| match &m.kind {
+        Some(pb::server_message::Kind::Reply(reply)) => {
+            reply.id == id && !matches!(reply.result, Some(pb::reply::Result::Queued(_)))
+        }
+        _ => false,
+    })
+}
+
+/// The p50 and p99 of the session acquires and of the releases, over the
+/// raw stream.
+async fn raw_session_pairs(addr: &str, duration: Duration) -> Result<(Trips, Trips), BoxError> {
+    let mut client = channel(addr).await?;
+    let mut stream = RawStream::open(&mut client).await?;
+    let open = pb::OpenSession {
+        client_name: "floor".into(),
+        host: String::new(),
+        ttl_ms: 30_000,
+    };
+    stream
+        .trip(vec![message(pb::client_message::Kind::Open(open))], None)
+        .await?;
+    let name = format!("floor/raw/{}", uuid::Uuid::new_v4().simple());
+    let (mut acquires, mut id, mut ack) = (Vec::new(), 0, None);
+    let releases = measure(duration, async || {
+        id += 2;
+        let (acquire_id, release_id) = (id, id + 1);
+        let acked = ack.replace(release_id);
+        let t = Instant::now();
+        let op = pb::request::Op::Acquire(acquire(&name, None));
+        let mut reply = stream.trip(vec![request(acquire_id, op)], acked).await?;
+        while !answers(&reply, acquire_id) {
+            reply = stream.rx.message().await?.ok_or("the stream ended")?;
+        }
+        acquires.push(t.elapsed().as_nanos() as f64 / 1_000.0);
+        let release = pb::Release {
+            name: name.clone(),
+            owner: "floor".into(),
+            token: None,
+        };
+        let op = pb::request::Op::Release(release);
+        let mut reply = stream
+            .trip(vec![request(release_id, op)], Some(acquire_id))
+            .await?;
+        while !answers(&reply, release_id) {
+            reply = stream.rx.message().await?.ok_or("the stream ended")?;
+        }
+        Ok(())
+    })
+    .await?;
+    // `releases` timed whole pairs: a release is the pair less its acquire.
+    let pairs = releases.micros.len();
+    let acquired = acquires.split_off(acquires.len() - pairs);
+    let release_micros = releases
+        .micros
+        .iter()
+        .zip(&acquired)
+        .map(|(pair, acquire)| pair - acquire)
+        .collect();
+    Ok((
+        Trips {
+            micros: acquired,
+            seconds: releases.seconds,
+        },
+        Trips {
+            micros: release_micros,
+            seconds: releases.seconds,
+        },
+    ))
+}
+
+/// Session acquires and releases through the client library.
+async fn library_pairs(url: &str, duration: Duration) -> Result<(Trips, Trips), BoxError> {
+    let options = ConnectOptions::default()
+        .session_ttl(Duration::from_secs(30))
+        .client_name("floor");
+    let client = Client::connect_with(url, options).await?;
+    let lock = client.lock(format!("floor/lib/{}", uuid::Uuid::new_v4().simple()));
+    let mut acquires = Vec::new();
+    let pairs = measure(duration, async || {
+        let t = Instant::now();
+        let guard = lock.acquire().await?;
+        acquires.push(t.elapsed().as_nanos() as f64 / 1_000.0);
+        guard.release().await?;
+        Ok(())
+    })
+    .await?;
+    let acquired = acquires.split_off(acquires.len() - pairs.micros.len());
+    let releases = pairs
+        .micros
+        .iter()
+        .zip(&acquired)
+        .map(|(pair, acquire)| pair - acquire)
+        .collect();
+    let seconds = pairs.seconds;
+    client.close().await?;
+    Ok((
+        Trips {
+            micros: acquired,
+            seconds,
+        },
+        Trips {
+            micros: releases,
+            seconds,
+        },
+    ))
+}
+
+/// `redis-benchmark -t ping -c 1`: its p50 of `PING_MBULK`, in microseconds.
+fn redis_benchmark(port: u16) -> Result<(f64, f64), BoxError> {
+    let out = std::process::Command::new("redis-benchmark")
+        .args([
+            "-p",
+            &port.to_string(),
+            "-t",
+            "ping",
+            "-c",
+            "1",
+            "-n",
+            "20000",
+            "--csv",
+        ])
+        .output()?;
+    let text = String::from_utf8(out.stdout)?;
+    // "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms",...
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("\"PING_MBULK\""))
+        .ok_or_else(|| format!("no PING_MBULK line in redis-benchmark's output: {text}"))?;
+    let fields: Vec<f64> = line
+        .split(',')
+        .skip(1)
+        .map(|f| f.trim_matches('"').parse().unwrap_or(f64::NAN))
+        .collect();
+    Ok((fields[0], fields[3] * 1_000.0))
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+/// One line of the report: the round whose p50 is the median of the rounds.
+fn report(label: &str, mut rounds: Vec<Trips>) {
+    rounds.sort_by(|a, b| a.percentile(0.5).total_cmp(&b.percentile(0.5)));
+    let p50s: Vec<String> = rounds
+        .iter()
+        .map(|t| format!("{:.0}", t.percentile(0.5)))
+        .collect();
+    let median = &rounds[rounds.len() / 2];
+    println!(
+        "{label:<44} p50 {:>7.1} µs  p99 {:>7.1} µs  {:>8.0}/s  (p50 of each round: {})",
+        median.percentile(0.5),
+        median.percentile(0.99),
+        median.per_second(),
+        p50s.join(", ")
+    );
+}
+
+fn main() -> Result<(), BoxError> {
+    let env = |name: &str, default: u64| {
+        std::env::var(name)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(default)
+    };
+    let duration = Duration::from_secs(env("LOCKSMITH_FLOOR_SECS", 2));
+    let rounds = env("LOCKSMITH_FLOOR_ROUNDS", 3).max(1) as usize;
+
+    let server_runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("server")
+        .enable_all()
+        .build()?;
+    let echo = server_runtime.block_on(start_echo())?;
+    let config = ServerConfig::in_memory().listen("127.0.0.1:0".parse()?);
+    let server = server_runtime.block_on(Server::start(config))?;
+    let url = server.url();
+    let server_addr = format!("http://{}", server.local_addr());
+    let redis = locksmith_testkit::Redis::start();
+    let clients = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("clients")
+        .enable_all()
+        .build()?;
+    eprintln!(
+        "one client, loopback; {} s per measurement, {rounds} rounds; load average {}",
+        duration.as_secs(),
+        load_average()
+    );
+
+    #[derive(Default)]
+    struct All {
+        unary_echo: Vec<Trips>,
+        stream_echo: Vec<Trips>,
+        redis_ping: Vec<Trips>,
+        redis_benchmark: Vec<(f64, f64)>,
+        raw_acquire: Vec<Trips>,
+        raw_release: Vec<Trips>,
+        library_acquire: Vec<Trips>,
+        library_release: Vec<Trips>,
+        lease_acquire: Vec<Trips>,
+    }
+    let mut all = All::default();
+    clients.block_on(async {
+        for round in 1..=rounds {
+            eprintln!("round {round} of {rounds}; load average {}", load_average());
+            let mut echo_client = channel(&echo).await?;
+            all.unary_echo.push(
+                measure(duration, async || {
+                    let request = pb::AcquireLeaseRequest {
+                        acquire: Some(acquire("floor/echo", Some(1_000))),
+                    };
+                    echo_client.acquire_lease(request).await?;
+                    Ok(())
+                })
+                .await?,
+            );
+            let mut stream = RawStream::open(&mut echo_client).await?;
+            all.stream_echo.push(
+                measure(duration, async || {
+                    stream.trip(vec![heartbeat()], None).await?;
+                    Ok(())
+                })
+                .await?,
+            );
+            drop(stream);
+            let redis_client = redis::Client::open(redis.url())?;
+            let mut connection = redis_client.get_multiplexed_async_connection().await?;
+            all.redis_ping.push(
+                measure(duration, async || {
+                    let _: String = redis::cmd("PING").query_async(&mut connection).await?;
+                    Ok(())
+                })
+                .await?,
+            );
+            all.redis_benchmark.push(redis_benchmark(redis.port())?);
+            let (acquires, releases) = raw_session_pairs(&server_addr, duration).await?;
+            all.raw_acquire.push(acquires);
+            all.raw_release.push(releases);
+            let (acquires, releases) = library_pairs(&url, duration).await?;
+            all.library_acquire.push(acquires);
+            all.library_release.push(releases);
+            let mut lease_client = channel(&server_addr).await?;
+            let name = format!("floor/lease/{}", uuid::Uuid::new_v4().simple());
+            all.lease_acquire.push(
+                measure(duration, async || {
+                    let request = pb::AcquireLeaseRequest {
+                        acquire: Some(acquire(&name, Some(10_000))),
+                    };
+                    let granted = lease_client.acquire_lease(request).await?.into_inner();
+                    if !granted.granted {
+                        return Err("the lease was not granted".into());
+                    }
+                    let release = pb::ReleaseRequest {
+                        release: Some(pb::Release {
+                            name: name.clone(),
+                            owner: "floor".into(),
+                            token: None,
+                        }),
+                    };
+                    // Not timed apart: a sessionless pair.
+                    lease_client.release(release).await?;
+                    Ok(())
+                })
+                .await?,
+            );
+        }
+        Ok::<(), BoxError>(())
+    })?;
+    eprintln!("load average at the end {}", load_average());
+
+    println!("one client, loopback, round trips:");
+    report("gRPC unary echo (tonic)", all.unary_echo);
+    report(
+        "gRPC stream echo (tonic, one batch each way)",
+        all.stream_echo,
+    );
+    report("Redis PING (redis crate)", all.redis_ping);
+    let mut bench = all.redis_benchmark;
+    bench.sort_by(|a, b| a.1.total_cmp(&b.1));
+    let (rps, p50) = bench[bench.len() / 2];
+    println!(
+        "{:<44} p50 {p50:>7.1} µs  {rps:>20.0}/s  (redis-benchmark's own figures)",
+        "Redis PING (redis-benchmark -t ping -c 1)"
+    );
+    report("server: session acquire, raw stream", all.raw_acquire);
+    report("server: session release, raw stream", all.raw_release);
+    report("server: acquire, client library", all.library_acquire);
+    report("server: release, client library", all.library_release);
+    report("server: AcquireLease + Release (unary)", all.lease_acquire);
+    clients.block_on(async move { drop(server) });
+    Ok(())
+}
