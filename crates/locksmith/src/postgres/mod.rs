@@ -278,7 +278,32 @@ const BACKEND: &str = "postgres";
 
 /// Wraps a tokio-postgres error.
 pub(crate) fn pg_error(error: tokio_postgres::Error) -> Error {
-    Error::backend(BACKEND, error)
+    Error::backend(BACKEND, PgError(error))
+}
+
+/// A tokio-postgres error whose message carries its causes. tokio-postgres
+/// says only "db error" or "error connecting to server" and keeps the
+/// server's own words (or the I/O error) in `source()`, which most reports,
+/// the CLI's and the tests', never print.
+#[derive(Debug)]
+pub(crate) struct PgError(pub(crate) tokio_postgres::Error);
+
+impl std::fmt::Display for PgError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut cause = std::error::Error::source(&self.0);
+        while let Some(error) = cause {
+            write!(f, ": {error}")?;
+            cause = error.source();
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for PgError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.0)
+    }
 }
 
 /// A statement's parameters with their types (unnamed statements need them).

@@ -399,8 +399,8 @@ pub(crate) fn parse_comment(query: &str) -> Option<(i64, Mode, String, String)> 
 fn is_cancel(error: &Error) -> bool {
     match error {
         Error::Backend { source, .. } => source
-            .downcast_ref::<tokio_postgres::Error>()
-            .is_some_and(|e| e.code() == Some(&SqlState::QUERY_CANCELED)),
+            .downcast_ref::<super::PgError>()
+            .is_some_and(|e| e.0.code() == Some(&SqlState::QUERY_CANCELED)),
         _ => false,
     }
 }

@@ -667,6 +667,22 @@ async fn url_options() {
     guard.release().await.unwrap();
 }
 
+/// An error from the server says what the server said: tokio-postgres's own
+/// message is only "db error", with the server's words in its source.
+#[tokio::test]
+async fn a_server_error_says_what_the_server_said() {
+    let url = shared().await.url();
+    let (server, _database) = url.rsplit_once('/').expect("a database in the URL");
+    let missing = format!("{server}/no_such_database");
+    let error = Client::connect(&missing).await.unwrap_err();
+    let text = error.to_string();
+    assert!(matches!(error, Error::Backend { .. }), "{error:?}");
+    assert!(
+        text.contains("database \"no_such_database\" does not exist"),
+        "{text}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_first_use_migrates_once() {
     let pg = tokio::task::spawn_blocking(Postgres::start).await.unwrap();
