@@ -158,6 +158,18 @@ impl Table {
 }
 
 impl State {
+    /// A table nobody has used yet.
+    fn empty() -> State {
+        State {
+            engine: Engine::default(),
+            next_session: 1,
+            next_request: 1,
+            pending: HashMap::new(),
+            lost: HashMap::new(),
+            published: HashMap::new(),
+        }
+    }
+
     fn deliver(&mut self, effect: Effect) {
         let (key, outcome) = match effect {
             Effect::Granted {
@@ -285,14 +297,7 @@ impl MemoryBackend {
                 Some(table) => table,
                 None => {
                     let table = Arc::new(Table {
-                        state: Mutex::new(State {
-                            engine: Engine::default(),
-                            next_session: 1,
-                            next_request: 1,
-                            pending: HashMap::new(),
-                            lost: HashMap::new(),
-                            published: HashMap::new(),
-                        }),
+                        state: Mutex::new(State::empty()),
                         changed: Notify::new(),
                         observers: tokio::sync::watch::Sender::new(()),
                         shutdown: CancellationToken::new(),
@@ -718,14 +723,7 @@ mod tests {
 
     #[test]
     fn the_keepers_loss_fires_the_holds_the_session_still_has() {
-        let mut state = State {
-            engine: Engine::default(),
-            next_session: 1,
-            next_request: 1,
-            pending: HashMap::new(),
-            lost: HashMap::new(),
-            published: HashMap::new(),
-        };
+        let mut state = State::empty();
         let (mine, theirs) = (LostSignal::new(), LostSignal::new());
         for (token, signal, session) in [(1, &mine, 1), (2, &theirs, 2)] {
             let tracked = Tracked {

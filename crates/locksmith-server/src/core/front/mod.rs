@@ -111,6 +111,13 @@ pub(crate) enum Route {
     EndSession { session: SessionId, answer: Answer },
 }
 
+impl Route {
+    /// A session's request answered on its stream, with no `queued` notice.
+    pub(crate) const ON_STREAM: Route = Route::Stream {
+        notify_queued: false,
+    };
+}
+
 /// Sends a unary call's answer (its response has no fields).
 pub(crate) type Answer = Box<dyn FnOnce(Result<(), Status>) + Send>;
 

@@ -163,15 +163,7 @@ impl FrontEnd {
                     name: hold.name,
                     token: hold.token,
                 };
-                proposal.command(
-                    now,
-                    command,
-                    None,
-                    Some(id),
-                    Route::Stream {
-                        notify_queued: false,
-                    },
-                );
+                proposal.command(now, command, None, Some(id), Route::ON_STREAM);
             }
             StreamOp::Renew { id, hold, lease } => {
                 let command = Command::Renew {
@@ -181,30 +173,14 @@ impl FrontEnd {
                     token: hold.token,
                     lease,
                 };
-                proposal.command(
-                    now,
-                    command,
-                    None,
-                    Some(id),
-                    Route::Stream {
-                        notify_queued: false,
-                    },
-                );
+                proposal.command(now, command, None, Some(id), Route::ON_STREAM);
             }
             StreamOp::Cancel { id } => {
                 let cancel = Command::Cancel {
                     session,
                     request: RequestId(id),
                 };
-                proposal.command(
-                    now,
-                    cancel,
-                    None,
-                    Some(id),
-                    Route::Stream {
-                        notify_queued: false,
-                    },
-                );
+                proposal.command(now, cancel, None, Some(id), Route::ON_STREAM);
             }
             StreamOp::Close => {
                 let close = Command::CloseSession { session };
