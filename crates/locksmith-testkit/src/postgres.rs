@@ -118,6 +118,17 @@ impl Postgres {
                 .env("LC_ALL", "C"),
             user,
         )?;
+        // Sizes in postgresql.conf rather than on the command line, where
+        // they would win over `ALTER SYSTEM`: a test that needs more room
+        // raises them with `ALTER SYSTEM` and a restart.
+        let conf = data.join("postgresql.conf");
+        let mut settings = fs::OpenOptions::new()
+            .append(true)
+            .open(&conf)
+            .map_err(|e| Error::io(format!("cannot open {}", conf.display()), e))?;
+        settings
+            .write_all(b"\nmax_connections = 200\nshared_buffers = 32MB\n")
+            .map_err(|e| Error::io(format!("cannot write {}", conf.display()), e))?;
         let tls_files = if tls {
             let hba = data.join("pg_hba.conf");
             let trusted = fs::read_to_string(&hba)
@@ -154,8 +165,6 @@ impl Postgres {
             .arg("-k")
             .arg(dir.path())
             .args(["-c", "listen_addresses=127.0.0.1"])
-            .args(["-c", "max_connections=200"])
-            .args(["-c", "shared_buffers=32MB"])
             .args(["-c", "logging_collector=off"])
             // Dynamic shared memory in files of the data directory, not in
             // /dev/shm: a server killed with SIGKILL (a crash test, or the

@@ -37,11 +37,17 @@ async fn shared() -> &'static Postgres {
 }
 
 /// Raises max_connections (the testkit's 200 is tight for the suite's many
-/// clients when tests share the server) and restarts.
+/// clients: its behaviours run at once against one server) and restarts,
+/// then checks the server took it.
 fn roomy(pg: &Postgres) {
     pg.query("ALTER SYSTEM SET max_connections = 600")
         .expect("alter system");
     pg.restart();
+    assert_eq!(
+        pg.query("SHOW max_connections").expect("show"),
+        "600",
+        "the restarted server did not take the raised max_connections"
+    );
 }
 
 /// The suite's harness. Each client connects with an `application_name` of
