@@ -9,6 +9,7 @@
 //! One server per test process (nextest runs each test in its own; each
 //! suite's harness is one test), except for the tests that restart theirs.
 
+use std::io::Write;
 use std::process::Stdio;
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -309,13 +310,56 @@ fn literal(s: &str) -> String {
 }
 
 /// A `psql` session running `sql` in the background.
-fn psql_background(pg: &Postgres, sql: &str) -> std::process::Child {
-    pg.psql()
-        .args(["-c", sql])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("psql")
+/// A `psql` session holding `key` with a plain `pg_advisory_lock`, for as
+/// long as the test says: it reads its statements from standard input, so
+/// it holds the key until [`PsqlHold::end`] (or drop) closes that input and
+/// psql exits, ending its session. (A `pg_sleep` of fixed length would let go
+/// on its own under load, before the test looked.)
+struct PsqlHold(std::process::Child);
+
+impl PsqlHold {
+    fn take(pg: &Postgres, key: i64) -> PsqlHold {
+        let mut psql = pg
+            .psql()
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("psql");
+        let input = psql.stdin.as_mut().expect("piped");
+        writeln!(input, "SELECT pg_advisory_lock({key});").expect("write to psql");
+        input.flush().expect("flush psql's input");
+        PsqlHold(psql)
+    }
+
+    /// Closes psql's input and waits for it to exit: its session, and the
+    /// key it held, are gone.
+    fn end(mut self) {
+        self.close();
+    }
+
+    fn close(&mut self) {
+        drop(self.0.stdin.take());
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for PsqlHold {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// Whether a session holds `key` (granted) or waits for it.
+async fn key_rows(pg: &'static Postgres, key: i64, granted: bool) -> String {
+    query(
+        pg,
+        &format!(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted = {granted} \
+             AND objid = ({key}::bigint & 4294967295)::oid AND classid = (({key}::bigint >> 32) & 4294967295)::oid"
+        ),
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -324,20 +368,9 @@ async fn plain_advisory_lock_in_psql_blocks_locksmith() {
     let client = connect(&pg.url(), Duration::from_secs(30)).await;
     let name = unique("psql-holds");
     let key = advisory_key(&name);
-    let mut psql = psql_background(
-        pg,
-        &format!("SELECT pg_advisory_lock({key}); SELECT pg_sleep(3)"),
-    );
+    let psql = PsqlHold::take(pg, key);
     until("psql holds the key", || async {
-        query(
-            pg,
-            &format!(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
-                 AND objid = ({key}::bigint & 4294967295)::oid AND classid = (({key}::bigint >> 32) & 4294967295)::oid"
-            ),
-        )
-        .await
-            == "1"
+        key_rows(pg, key, true).await == "1"
     })
     .await;
     assert!(client
@@ -360,16 +393,22 @@ async fn plain_advisory_lock_in_psql_blocks_locksmith() {
         Err(Error::Timeout(_))
     ));
     // A waiting acquire gets the lock when psql's session ends.
-    let guard = timeout(
-        Duration::from_secs(20),
-        client.lock(name.as_str()).acquire(),
-    )
-    .await
-    .expect("granted after psql exits")
-    .unwrap();
+    let waiting = tokio::spawn({
+        let (client, name) = (client.clone(), name.clone());
+        async move { client.lock(name.as_str()).acquire().await }
+    });
+    until("locksmith waits in PostgreSQL's queue", || async {
+        key_rows(pg, key, false).await == "1"
+    })
+    .await;
+    psql.end();
+    let guard = timeout(Duration::from_secs(20), waiting)
+        .await
+        .expect("granted after psql exits")
+        .unwrap()
+        .unwrap();
     assert!(guard.fencing_token() > 0);
     guard.release().await.unwrap();
-    let _ = psql.wait();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -411,12 +450,9 @@ async fn locksmith_hold_blocks_plain_try_lock_in_psql() {
     // holds the key keeps new leases out.
     let name = unique("lease-vs-psql");
     let key = advisory_key(&name);
-    let mut psql = psql_background(
-        pg,
-        &format!("SELECT pg_advisory_lock({key}); SELECT pg_sleep(2)"),
-    );
+    let psql = PsqlHold::take(pg, key);
     until("psql holds the key", || async {
-        query(pg, &format!("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND objid = ({key}::bigint & 4294967295)::oid")).await == "1"
+        key_rows(pg, key, true).await == "1"
     })
     .await;
     assert!(client
@@ -426,7 +462,7 @@ async fn locksmith_hold_blocks_plain_try_lock_in_psql() {
         .await
         .unwrap()
         .is_none());
-    let _ = psql.wait();
+    psql.end();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
