@@ -110,9 +110,6 @@ impl MemberDir {
                     .into(),
             });
         }
-        for tmp in ["snapshot.tmp", "TOKENS.tmp"] {
-            let _ = fs::remove_file(data_dir.join(tmp));
-        }
         let raft_dir = data_dir.join("raft");
         // A member that ever started has a Raft log manifest, and a token
         // ceiling written before it.
@@ -157,6 +154,12 @@ impl MemberDir {
                 (RaftLog::open(&raft_dir, config.segment_bytes)?, None)
             }
         };
+        // Half-written files of a start that was cut short go only once the
+        // start is sure to go on: a refused start leaves every file as found,
+        // and a forced recovery has kept them in its evidence already.
+        for tmp in ["snapshot.tmp", "TOKENS.tmp"] {
+            let _ = fs::remove_file(data_dir.join(tmp));
+        }
         let mut tokens = TokenCeiling {
             dir: data_dir.to_owned(),
             ceiling,
