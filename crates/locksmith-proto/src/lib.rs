@@ -12,6 +12,8 @@
 //!   wrapper (implemented by `locksmith-server`).
 //! - [`FILE_DESCRIPTOR_SET`]: the encoded descriptors, for gRPC server
 //!   reflection (so `grpcurl` works without the `.proto` file).
+//! - [`transport::Connector`]: how a channel reaches a member when not over
+//!   the machine's TCP (a simulated network's).
 //! - `etcd` (feature `etcd`): clients of the etcd v3 API calls the
 //!   `locksmith` crate's etcd backend makes, from trimmed copies of etcd's
 //!   messages in `proto/etcd/` (etcd's package, message and service names and
@@ -56,6 +58,8 @@
 mod codec;
 
 pub use codec::{ProtoCodec, ProtoDecoder};
+
+pub mod transport;
 
 /// The `locksmith.v1` package.
 #[allow(missing_docs, clippy::all, clippy::pedantic)]

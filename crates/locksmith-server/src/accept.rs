@@ -72,20 +72,50 @@ pub(crate) struct AcceptLimits {
     pub handshake_timeout: Duration,
 }
 
+/// Where connections come from: the machine's TCP listener, or a listener
+/// the server was given ([`crate::Listener`], a simulated network's).
+pub(crate) trait Accept: Send + 'static {
+    /// The connection accepted.
+    type Stream: Send + 'static;
+
+    /// The next connection and its peer's address.
+    fn accept(&mut self) -> impl Future<Output = io::Result<(Self::Stream, SocketAddr)>> + Send;
+}
+
+impl Accept for TcpListener {
+    type Stream = TcpStream;
+
+    async fn accept(&mut self) -> io::Result<(TcpStream, SocketAddr)> {
+        let (stream, peer) = TcpListener::accept(self).await?;
+        let _ = stream.set_nodelay(true);
+        Ok((stream, peer))
+    }
+}
+
+impl Accept for Box<dyn crate::Listener> {
+    type Stream = crate::environment::Accepted;
+
+    async fn accept(&mut self) -> io::Result<(Self::Stream, SocketAddr)> {
+        let (io, peer) = crate::Listener::accept(self.as_mut()).await?;
+        Ok((crate::environment::Accepted::new(io, peer), peer))
+    }
+}
+
 /// Accepts connections from `listener` until the returned stream is dropped,
 /// yielding each once `upgrade` (nothing, or the TLS handshake) is done and
 /// it has sent its HTTP/2 preface, both in time.
 ///
 /// Must be called within a tokio runtime: the loop runs as its own task (and
 /// each handshake as one), so a slow client never holds up the next accept.
-pub(crate) fn incoming<S, U, F>(
-    listener: TcpListener,
+pub(crate) fn incoming<L, S, U, F>(
+    listener: L,
     limits: AcceptLimits,
     upgrade: U,
 ) -> impl Stream<Item = Result<Connection<S>, io::Error>>
 where
+    L: Accept,
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    U: Fn(TcpStream) -> F + Send + 'static,
+    U: Fn(L::Stream) -> F + Send + 'static,
     F: Future<Output = io::Result<S>> + Send + 'static,
 {
     let (ready, receiver) = mpsc::channel(64);
@@ -97,14 +127,15 @@ where
 /// connections (the receiver is dropped).
 ///
 /// Cancel safety: runs as its own task; dropping it closes the listener.
-async fn accept_loop<S, U, F>(
-    listener: TcpListener,
+async fn accept_loop<L, S, U, F>(
+    mut listener: L,
     limits: AcceptLimits,
     upgrade: U,
     ready: mpsc::Sender<Connection<S>>,
 ) where
+    L: Accept,
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    U: Fn(TcpStream) -> F,
+    U: Fn(L::Stream) -> F,
     F: Future<Output = io::Result<S>> + Send + 'static,
 {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
@@ -131,7 +162,6 @@ async fn accept_loop<S, U, F>(
                     });
                     continue; // dropping the stream closes it
                 };
-                let _ = stream.set_nodelay(true);
                 tokio::spawn(handshake(
                     upgrade(stream),
                     peer,

@@ -127,6 +127,26 @@ pub struct ServerConfig {
     /// election: openraft's leader lease (twice this, the longest election
     /// timeout) plus a timeout between this and twice this, at random.
     pub election_timeout: Duration,
+    /// Where the core and the Raft log's writer run: on threads of their
+    /// own (the default), or as tasks of the runtime the server starts on.
+    pub execution: Execution,
+}
+
+/// Where the server's two loops that never wait on the network run: the
+/// core (the one owner of the lock state) and the Raft log's writer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Execution {
+    /// Each on an OS thread of its own: a long engine step or an
+    /// `fdatasync` never holds up openraft's tasks or the gRPC service
+    /// (docs/BENCHMARKS.md, "the core and openraft on one thread").
+    #[default]
+    Threads,
+    /// Each as a task of the tokio runtime the server starts on, and the
+    /// storage opened on that task too: everything the server does then
+    /// runs where that runtime runs it. A deterministic simulation needs
+    /// this (crate `locksmith-sim`: a whole cluster on one thread, in
+    /// simulated time); a server serving clients wants [`Execution::Threads`].
+    Tasks,
 }
 
 impl ServerConfig {
@@ -175,6 +195,7 @@ impl ServerConfig {
             tls: None,
             auth_file: None,
             election_timeout: Duration::from_millis(200),
+            execution: Execution::Threads,
         }
     }
 

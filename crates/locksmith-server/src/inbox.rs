@@ -46,18 +46,60 @@ pub(crate) struct Stopped;
 
 /// The sending side of the core's channel.
 #[derive(Clone)]
-pub(crate) struct CoreSender(mpsc::Sender<Input>);
+pub(crate) struct CoreSender(Sender);
+
+/// A core on its own thread blocks on a std channel; a core run as a task
+/// ([`crate::Execution::Tasks`]) awaits a tokio one.
+#[derive(Clone)]
+enum Sender {
+    Thread(mpsc::Sender<Input>),
+    Task(tokio::sync::mpsc::UnboundedSender<Input>),
+}
 
 impl CoreSender {
-    /// The core's channel: its sender, and the receiver its loop reads.
+    /// The channel of a core on its own thread: its sender, and the
+    /// receiver its loop reads.
     pub(crate) fn channel() -> (CoreSender, mpsc::Receiver<Input>) {
         let (sender, receiver) = mpsc::channel();
-        (CoreSender(sender), receiver)
+        (CoreSender(Sender::Thread(sender)), receiver)
+    }
+
+    /// The channel of a core run as a task.
+    pub(crate) fn task_channel() -> (CoreSender, TaskInbox) {
+        let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
+        (CoreSender(Sender::Task(sender)), receiver)
     }
 
     /// Queues `input` for the core; never blocks.
     pub(crate) fn send(&self, input: impl Into<Input>) -> Result<(), Stopped> {
-        self.0.send(input.into()).map_err(|_| Stopped)
+        match &self.0 {
+            Sender::Thread(sender) => sender.send(input.into()).map_err(|_| Stopped),
+            Sender::Task(sender) => sender.send(input.into()).map_err(|_| Stopped),
+        }
+    }
+}
+
+/// The receiver of a core run as a task.
+pub(crate) type TaskInbox = tokio::sync::mpsc::UnboundedReceiver<Input>;
+
+/// What the core's loop takes from its channel without waiting, whichever
+/// kind it is.
+pub(crate) trait Inbox {
+    /// Moves every input waiting now into `into`.
+    fn take_waiting(&mut self, into: &mut Vec<Input>);
+}
+
+impl Inbox for &mpsc::Receiver<Input> {
+    fn take_waiting(&mut self, into: &mut Vec<Input>) {
+        into.extend(self.try_iter());
+    }
+}
+
+impl Inbox for &mut TaskInbox {
+    fn take_waiting(&mut self, into: &mut Vec<Input>) {
+        while let Ok(input) = self.try_recv() {
+            into.push(input);
+        }
     }
 }
 

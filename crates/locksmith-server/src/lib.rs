@@ -94,6 +94,7 @@ mod config;
 mod convert;
 mod core;
 mod entry;
+mod environment;
 mod error;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
@@ -124,7 +125,9 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 pub use crate::auth::token_sha256;
-pub use crate::config::{ServerConfig, DEFAULT_DATA_DIR, DEFAULT_LISTEN};
+pub use crate::clock::WallClock;
+pub use crate::config::{Execution, ServerConfig, DEFAULT_DATA_DIR, DEFAULT_LISTEN};
+pub use crate::environment::{Accepting, Environment, Listener};
 pub use crate::error::ServerError;
 pub use crate::tls::TlsFiles;
 pub use locksmith_core::Limits;
@@ -182,6 +185,22 @@ impl Server {
     /// started, the engine thread may be left running until the process ends.
     /// Await it to completion.
     pub async fn start(config: ServerConfig) -> Result<Server, ServerError> {
+        Server::start_in(config, Environment::machine()).await
+    }
+
+    /// [`Server::start`] in `environment`: with a wall clock, a listener
+    /// and a way to reach the other members of its own (a simulation's).
+    ///
+    /// Cancel safety: as [`Server::start`].
+    pub async fn start_in(
+        config: ServerConfig,
+        environment: Environment,
+    ) -> Result<Server, ServerError> {
+        let Environment {
+            wall_clock,
+            listener: given_listener,
+            connector,
+        } = environment;
         let tls = config.tls.as_ref().map(Tls::load).transpose()?;
         let has_peers = config.cluster.len() > 1 || config.join.is_some();
         if let (Some(files), Some(Tls { peer: None, .. })) = (&config.tls, &tls) {
@@ -202,17 +221,35 @@ impl Server {
             );
         }
         let peer_tls = tls.as_ref().and_then(|tls| tls.peer.clone());
-        let listener = tokio::net::TcpListener::bind(config.listen)
-            .await
-            .map_err(|source| ServerError::Bind {
-                addr: config.listen,
-                source,
-            })?;
-        let addr = listener.local_addr().map_err(|source| ServerError::Bind {
-            addr: config.listen,
-            source,
-        })?;
-        let (ops, receiver) = CoreSender::channel();
+        let (listener, addr) = match given_listener {
+            Some(_) if tls.is_some() => {
+                return Err(ServerError::Config(
+                    "TLS needs the server's own TCP listener, not a given one".into(),
+                ))
+            }
+            Some(given) => (Listening::Given(given), config.listen),
+            None => {
+                let bind_error = |source| ServerError::Bind {
+                    addr: config.listen,
+                    source,
+                };
+                let listener = tokio::net::TcpListener::bind(config.listen)
+                    .await
+                    .map_err(bind_error)?;
+                let addr = listener.local_addr().map_err(bind_error)?;
+                (Listening::Tcp(listener), addr)
+            }
+        };
+        let (ops, receiver) = match config.execution {
+            Execution::Threads => {
+                let (ops, receiver) = CoreSender::channel();
+                (ops, CoreInbox::Thread(receiver))
+            }
+            Execution::Tasks => {
+                let (ops, receiver) = CoreSender::task_channel();
+                (ops, CoreInbox::Task(receiver))
+            }
+        };
         let stop = CancellationToken::new();
         // Health and metrics answer while the log replays; the listener
         // stops with the server, or at once if recovery fails.
@@ -235,10 +272,17 @@ impl Server {
             ),
             None => None,
         };
-        let storage_config = config.clone();
-        let storage = tokio::task::spawn_blocking(move || Storage::open(&storage_config))
-            .await
-            .map_err(|e| ServerError::EngineStopped(format!("opening the log panicked: {e}")))??;
+        let storage = match config.execution {
+            Execution::Threads => {
+                let storage_config = config.clone();
+                tokio::task::spawn_blocking(move || Storage::open(&storage_config))
+                    .await
+                    .map_err(|e| {
+                        ServerError::EngineStopped(format!("opening the log panicked: {e}"))
+                    })??
+            }
+            Execution::Tasks => Storage::open(&config)?,
+        };
         let Storage {
             log,
             snapshot,
@@ -251,6 +295,7 @@ impl Server {
         let (serving_tx, mut serving_rx) = tokio::sync::watch::channel(false);
         let replica = Replica::new(proposer, serving_tx, config.max_batches_in_flight);
         let mut core = Core::new(&config, replica, tokens);
+        core.use_wall_clock(wall_clock);
         if let Some(snapshot) = &snapshot {
             core.install_snapshot(snapshot.meta.clone(), snapshot.data.clone())
                 .map_err(|detail| ServerError::Corrupt {
@@ -265,7 +310,7 @@ impl Server {
         let unary_ids = core.unary_ids();
         let stats = core.stats();
         let machine = CoreMachine::new(ops.clone(), snapshots, snapshot);
-        let raft = raft::member::open(&config, log, machine, peer_tls.clone()).await?;
+        let raft = raft::member::open(&config, log, machine, peer_tls.clone(), connector).await?;
         core.connect_raft(raft.clone(), ops.clone());
         let (exit_tx, exit_rx) = oneshot::channel();
         let serving = readiness.clone();
@@ -273,16 +318,26 @@ impl Server {
         // long engine step (a session of many holds ending) must not
         // hold up Raft's heartbeats, or the leader loses its leadership
         // (docs/BENCHMARKS.md, "the core and openraft on one thread").
-        std::thread::Builder::new()
-            .name("locksmith-engine".into())
-            .spawn(move || {
-                let _ = exit_tx.send(core.run(receiver));
-                serving.set_serving(false);
-            })
-            .map_err(|source| ServerError::Io {
-                context: "cannot start the engine thread".into(),
-                source,
-            })?;
+        match receiver {
+            CoreInbox::Thread(receiver) => {
+                std::thread::Builder::new()
+                    .name("locksmith-engine".into())
+                    .spawn(move || {
+                        let _ = exit_tx.send(core.run(receiver));
+                        serving.set_serving(false);
+                    })
+                    .map_err(|source| ServerError::Io {
+                        context: "cannot start the engine thread".into(),
+                        source,
+                    })?;
+            }
+            CoreInbox::Task(receiver) => {
+                tokio::spawn(async move {
+                    let _ = exit_tx.send(core.run_as_task(receiver).await);
+                    serving.set_serving(false);
+                });
+            }
+        }
         raft::member::start(&config, addr.to_string(), &raft, ops.clone(), openers).await?;
         metrics.follow_raft(raft.clone());
         let _ = member.set(raft.clone());
@@ -331,15 +386,19 @@ impl Server {
             .add_optional_service(reflection);
         let stopped_accepting = stop_accepting.clone().cancelled_owned();
         let serve: Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>> =
-            match &tls {
-                Some(tls) => {
+            match (listener, &tls) {
+                (Listening::Tcp(listener), Some(tls)) => {
                     let acceptor = tls.acceptor.clone();
                     let incoming =
                         accept::incoming(listener, limits, move |tcp| acceptor.accept(tcp));
                     Box::pin(router.serve_with_incoming_shutdown(incoming, stopped_accepting))
                 }
-                None => {
+                (Listening::Tcp(listener), None) => {
                     let incoming = accept::incoming(listener, limits, |tcp| async { Ok(tcp) });
+                    Box::pin(router.serve_with_incoming_shutdown(incoming, stopped_accepting))
+                }
+                (Listening::Given(listener), _) => {
+                    let incoming = accept::incoming(listener, limits, |io| async { Ok(io) });
                     Box::pin(router.serve_with_incoming_shutdown(incoming, stopped_accepting))
                 }
             };
@@ -486,6 +545,18 @@ impl Server {
         self.stop.cancel();
         self.stopped().await
     }
+}
+
+/// Where the server takes connections from.
+enum Listening {
+    Tcp(tokio::net::TcpListener),
+    Given(Box<dyn Listener>),
+}
+
+/// The receiving end of the core's channel, for its thread or its task.
+enum CoreInbox {
+    Thread(std::sync::mpsc::Receiver<crate::inbox::Input>),
+    Task(crate::inbox::TaskInbox),
 }
 
 impl Drop for Server {

@@ -27,6 +27,10 @@ pub struct ConnectOptions {
     pub client_name: String,
     /// Host shown in inspection. Default: this machine's hostname.
     pub host: String,
+    /// How the `locksmith://` backend reaches the server's members: `None`
+    /// (the default) over TCP, or through this (a simulated network's).
+    #[cfg(feature = "server")]
+    pub connector: Option<locksmith_proto::transport::Connector>,
 }
 
 impl Default for ConnectOptions {
@@ -43,6 +47,8 @@ impl Default for ConnectOptions {
             session_ttl: Duration::from_secs(30),
             client_name: format!("{program}[{}]", std::process::id()),
             host: hostname(),
+            #[cfg(feature = "server")]
+            connector: None,
         }
     }
 }
@@ -63,6 +69,13 @@ impl ConnectOptions {
     /// Sets [`ConnectOptions::host`].
     pub fn host(mut self, host: impl Into<String>) -> Self {
         self.host = host.into();
+        self
+    }
+
+    /// Sets [`ConnectOptions::connector`].
+    #[cfg(feature = "server")]
+    pub fn connector(mut self, connector: locksmith_proto::transport::Connector) -> Self {
+        self.connector = Some(connector);
         self
     }
 }

@@ -92,17 +92,27 @@ use openraft::EntryPayload;
 use tokio::sync::oneshot;
 use tonic::Status;
 
+use crate::clock::WallClock;
 use crate::config::ServerConfig;
 use crate::entry::{Applied, Batch, Record, TypeConfig};
 use crate::history::{History, HistoryLimits};
-use crate::inbox::{CoreSender, FrozenState, Input, RaftEvent};
+use crate::inbox::{CoreSender, FrozenState, Inbox, Input, RaftEvent, TaskInbox};
 use crate::metrics::Metrics;
+use crate::op::Op;
 use crate::raft::Raft;
 use crate::storage::member::TokenCeiling;
 use crate::storage::ServerSnapshot;
 use front::{FrontEnd, Proposal, Route};
 pub(crate) use front::{Replica, Stats};
 use replicated::{Notice, Replicated};
+
+/// Sleeps until `deadline`, or forever without one.
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
 
 /// Why the loop stops.
 enum Stop {
@@ -156,6 +166,11 @@ impl Core {
         self.stats.clone()
     }
 
+    /// Reads the wall clock from `wall` from now on (a simulation's).
+    pub(crate) fn use_wall_clock(&mut self, wall: WallClock) {
+        self.front.use_wall_clock(wall);
+    }
+
     /// Counts what the core does from now on in `metrics`.
     pub(crate) fn count_in(&mut self, metrics: Arc<Metrics>) {
         self.state.count_in(metrics.clone());
@@ -180,14 +195,18 @@ impl Core {
         self.front.connect_raft(raft, ops);
     }
 
-    /// Runs the loop until shutdown or until every sender is gone.
+    /// Runs the loop until shutdown or until every sender is gone, on the
+    /// calling thread (the core's own).
     pub(crate) fn run(mut self, ops: Receiver<Input>) -> Result<(), String> {
         let mut batch = Vec::new();
         loop {
-            if self.arrived.is_empty() && !self.front.has_work() {
+            if self.is_idle() {
                 let first = match self.front.next_deadline(&self.state) {
                     Some(deadline) => {
-                        match ops.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                        let wait = deadline
+                            .into_std()
+                            .saturating_duration_since(std::time::Instant::now());
+                        match ops.recv_timeout(wait) {
                             Ok(op) => Some(op),
                             Err(RecvTimeoutError::Timeout) => None,
                             Err(RecvTimeoutError::Disconnected) => return self.shut_down(),
@@ -200,35 +219,78 @@ impl Core {
                 };
                 self.arrived.extend(first);
             }
-            let batch_started = Instant::now();
-            let now = self.front.now();
-            match self.take_arrivals(&ops, now) {
-                None => {}
-                Some(Stop::Shutdown(done)) => {
-                    let result = self.shut_down();
-                    let _ = done.send(result.clone());
-                    return result;
-                }
-                Some(Stop::Failed(message)) => {
-                    let _ = self.shut_down();
-                    return Err(message);
-                }
+            if let Some(stopped) = self.step(&ops, &mut batch) {
+                return stopped;
             }
-            if !self.front.replica.can_propose() {
-                continue;
+        }
+    }
+
+    /// The same loop as [`Core::run`], as a task of the runtime it is
+    /// spawned on ([`crate::Execution::Tasks`]): it waits on the runtime's
+    /// clock and yields after every step.
+    ///
+    /// Cancel safety: dropped, the core stops where it is, as if its
+    /// process died: its streams and waiting callers see their channels
+    /// close, nothing is half-applied (each step runs without an await).
+    pub(crate) async fn run_as_task(mut self, mut ops: TaskInbox) -> Result<(), String> {
+        let mut batch = Vec::new();
+        loop {
+            if self.is_idle() {
+                let deadline = self.front.next_deadline(&self.state);
+                let first = tokio::select! {
+                    biased;
+                    input = ops.recv() => match input {
+                        Some(input) => Some(input),
+                        None => return self.shut_down(),
+                    },
+                    () = sleep_until(deadline) => None,
+                };
+                self.arrived.extend(first);
             }
+            if let Some(stopped) = self.step(&mut ops, &mut batch) {
+                return stopped;
+            }
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// Nothing arrived and nothing to propose: the loop may wait.
+    fn is_idle(&self) -> bool {
+        self.arrived.is_empty() && !self.front.has_work()
+    }
+
+    /// One turn of the loop, once something arrived or a deadline passed:
+    /// takes what waits, proposes the next batch if it may, sends the
+    /// output. Returns the loop's result once it must stop.
+    fn step(&mut self, ops: impl Inbox, batch: &mut Vec<Op>) -> Option<Result<(), String>> {
+        let batch_started = Instant::now();
+        let now = self.front.now();
+        match self.take_arrivals(ops, now) {
+            None => {}
+            Some(Stop::Shutdown(done)) => {
+                let result = self.shut_down();
+                let _ = done.send(result.clone());
+                return Some(result);
+            }
+            Some(Stop::Failed(message)) => {
+                let _ = self.shut_down();
+                return Some(Err(message));
+            }
+        }
+        if self.front.replica.can_propose() {
             self.front
-                .propose_next(&self.state, now, &mut batch, batch_started);
+                .propose_next(&self.state, now, batch, batch_started);
             self.front.send_output();
         }
+        None
     }
 
     /// Takes everything waiting in the channel: Raft's events (entries to
     /// apply, snapshots, role changes) are handled at once, client ops go to
     /// the front end ([`FrontEnd::arrive`]). Returns why the loop must stop,
     /// if it must.
-    fn take_arrivals(&mut self, ops: &Receiver<Input>, now: Millis) -> Option<Stop> {
-        self.arrived.extend(ops.try_iter());
+    fn take_arrivals(&mut self, mut ops: impl Inbox, now: Millis) -> Option<Stop> {
+        ops.take_waiting(&mut self.arrived);
         let mut arrived = std::mem::take(&mut self.arrived);
         let mut shutdown = None;
         for input in arrived.drain(..) {

@@ -84,7 +84,7 @@ impl Storage {
         };
         let temporary = TemporaryDir::create(&parent, "locksmith-raft-")?;
         Ok(Storage {
-            log: RaftLog::open(temporary.path(), config.segment_bytes)?,
+            log: RaftLog::open_on(temporary.path(), config.segment_bytes, config.execution)?,
             snapshot: None,
             snapshots: None,
             tokens: None,
@@ -127,9 +127,10 @@ pub(crate) async fn open(
     log: RaftLog,
     machine: CoreMachine,
     tls: Option<tonic::transport::ClientTlsConfig>,
+    connector: Option<locksmith_proto::transport::Connector>,
 ) -> Result<Raft, ServerError> {
     let raft_config = Arc::new(raft_config(config)?);
-    let network = PeerNetwork::new(SNAPSHOT_RATE, tls);
+    let network = PeerNetwork::new(SNAPSHOT_RATE, tls).connecting_with(connector);
     Raft::new(config.node_id, raft_config, network, log, machine)
         .await
         .map_err(|e| ServerError::Raft(format!("cannot start: {e}")))

@@ -29,6 +29,7 @@ use std::time::Duration;
 use futures::{Stream, StreamExt};
 use locksmith_proto::raft as pb;
 use locksmith_proto::raft::raft_client::RaftClient;
+use locksmith_proto::transport::Connector;
 use openraft::base::{BoxFuture, BoxStream};
 use openraft::errors::{
     Fatal, NetworkError, RPCError, RaftError, ReplicationClosed, StreamingError, Unreachable,
@@ -74,6 +75,9 @@ pub(crate) struct PeerNetwork {
     pub snapshot_rate: u64,
     /// With TLS on: this member's certificate and the CA of its peers'.
     pub tls: Option<ClientTlsConfig>,
+    /// Reaches the members through this instead of TCP (a simulated
+    /// network's, see `Environment::connector`).
+    pub connector: Option<Connector>,
     /// One [`Link`] per member, shared by every [`Peer`] openraft makes
     /// towards it (a replication session, the heartbeats, an election).
     links: Arc<Mutex<HashMap<u64, Arc<Link>>>>,
@@ -84,8 +88,15 @@ impl PeerNetwork {
         PeerNetwork {
             snapshot_rate,
             tls,
+            connector: None,
             links: Arc::default(),
         }
+    }
+
+    /// The same network, reaching the members through `connector` if given.
+    pub(crate) fn connecting_with(mut self, connector: Option<Connector>) -> PeerNetwork {
+        self.connector = connector;
+        self
     }
 
     fn link(&self, member: u64, addr: &str) -> Arc<Link> {
@@ -159,12 +170,15 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
     /// Cancel safety: safe, no await.
     async fn new_client(&mut self, target: u64, node: &BasicNode) -> Peer {
         let channel = match peer_endpoint(&node.addr, self.tls.clone()) {
-            Ok(endpoint) => Some(
-                endpoint
+            Ok(endpoint) => {
+                let endpoint = endpoint
                     .connect_timeout(Duration::from_secs(1))
-                    .tcp_nodelay(true)
-                    .connect_lazy(),
-            ),
+                    .tcp_nodelay(true);
+                Some(match &self.connector {
+                    Some(connector) => endpoint.connect_with_connector_lazy(connector.clone()),
+                    None => endpoint.connect_lazy(),
+                })
+            }
             Err(error) => {
                 let addr = &node.addr;
                 tracing::error!(%addr, %error, "a member's address is not a valid URI");

@@ -141,7 +141,7 @@ impl MemberDir {
         };
         let covered = check_covers(&snapshots.path(), snapshot.as_ref(), log.purged().as_ref());
         let (log, snapshot) = match covered {
-            Ok(()) => (log.start(config.segment_bytes)?, snapshot),
+            Ok(()) => (log.start(config.segment_bytes, config.execution)?, snapshot),
             Err(error) => {
                 // The log after a purge means nothing without the state
                 // before it: nothing is kept.
@@ -151,7 +151,10 @@ impl MemberDir {
                     .map_err(|e| io_error("cannot remove", &raft_dir, e))?;
                 let _ = fs::remove_file(snapshots.path());
                 files::make_owner_only(&raft_dir)?;
-                (RaftLog::open(&raft_dir, config.segment_bytes)?, None)
+                (
+                    RaftLog::open_on(&raft_dir, config.segment_bytes, config.execution)?,
+                    None,
+                )
             }
         };
         // Half-written files of a start that was cut short go only once the

@@ -47,6 +47,7 @@ use tokio::sync::oneshot;
 
 use super::files::{self, io_error, list_segments, segment_path};
 use super::segment::{LogBuffer, Segment};
+use crate::config::Execution;
 use crate::entry::TypeConfig;
 use crate::error::ServerError;
 
@@ -123,10 +124,34 @@ struct Memory {
     committed: Option<LogIdOf<TypeConfig>>,
 }
 
-/// What waits for the writer thread.
+/// What waits for the writer.
 struct Queue {
     state: Mutex<Pending>,
-    wake: Condvar,
+    wake: Wake,
+}
+
+/// How a submission wakes the writer: a thread waits on a condition
+/// variable, a task ([`Execution::Tasks`]) on a notification.
+enum Wake {
+    Thread(Condvar),
+    Task(tokio::sync::Notify),
+}
+
+impl Wake {
+    fn wake(&self) {
+        match self {
+            Wake::Thread(condvar) => condvar.notify_one(),
+            Wake::Task(notify) => notify.notify_one(),
+        }
+    }
+}
+
+/// What the writer takes from the queue to write at once.
+struct Taken {
+    frames: Vec<u8>,
+    changes: Vec<DiskChange>,
+    waiting: Vec<Completion>,
+    closed: bool,
 }
 
 #[derive(Default)]
@@ -191,12 +216,24 @@ struct Disk {
 }
 
 impl RaftLog {
-    /// Opens (creating if needed) the Raft log in `dir`: checks it against
+    /// Opens (creating if needed) the Raft log in `dir`, its writer on a
+    /// thread of its own: checks it against
     /// its manifest, replays it, cuts a torn tail, and starts a new segment.
     /// Anything that does not check out is an error naming the file and
     /// offset, and the files stay as they are.
+    #[cfg(test)]
     pub(crate) fn open(dir: &Path, segment_bytes: u64) -> Result<RaftLog, ServerError> {
-        RaftLog::read(dir, false)?.start(segment_bytes)
+        RaftLog::open_on(dir, segment_bytes, Execution::Threads)
+    }
+
+    /// Opens the log in `dir` as `open` does, with its writer run as
+    /// `execution` says.
+    pub(crate) fn open_on(
+        dir: &Path,
+        segment_bytes: u64,
+        execution: Execution,
+    ) -> Result<RaftLog, ServerError> {
+        RaftLog::read(dir, false)?.start(segment_bytes, execution)
     }
 
     /// Reads the log in `dir` without writing to it (but for a new log's
@@ -306,8 +343,14 @@ impl ReadLog {
 
     /// Starts appending: removes leftovers of interrupted writes, opens a
     /// new segment (after a forced recovery, one holding every entry kept,
-    /// which alone is named) and starts the writer thread.
-    pub(crate) fn start(self, segment_bytes: u64) -> Result<RaftLog, ServerError> {
+    /// which alone is named) and starts the writer: a thread of its own, or
+    /// a task of the current runtime ([`Execution::Tasks`], which must then
+    /// be called within one).
+    pub(crate) fn start(
+        self,
+        segment_bytes: u64,
+        execution: Execution,
+    ) -> Result<RaftLog, ServerError> {
         let ReadLog {
             dir,
             manifest,
@@ -352,17 +395,30 @@ impl ReadLog {
         }
         disk.enter_segment(next)
             .map_err(|e| io_error("cannot write", dir, e))?;
+        let wake = match execution {
+            Execution::Threads => Wake::Thread(Condvar::new()),
+            Execution::Tasks => Wake::Task(tokio::sync::Notify::new()),
+        };
         let queue = Arc::new(Queue {
             state: Mutex::new(Pending::default()),
-            wake: Condvar::new(),
+            wake,
         });
-        let writer = std::thread::Builder::new()
-            .name("raft-log".into())
-            .spawn({
-                let queue = queue.clone();
-                move || queue.write_until_closed(disk)
-            })
-            .map_err(|e| io_error("cannot start the writer of", dir, e))?;
+        let writer = match execution {
+            Execution::Threads => Some(
+                std::thread::Builder::new()
+                    .name("raft-log".into())
+                    .spawn({
+                        let queue = queue.clone();
+                        move || queue.write_until_closed(disk)
+                    })
+                    .map_err(|e| io_error("cannot start the writer of", dir, e))?,
+            ),
+            Execution::Tasks => {
+                // Ends by itself once the last handle closes the queue.
+                tokio::spawn(queue.clone().write_until_closed_as_task(disk));
+                None
+            }
+        };
         Ok(RaftLog {
             shared: Arc::new(Shared {
                 memory: Mutex::new(Memory {
@@ -372,7 +428,7 @@ impl ReadLog {
                     committed: state.committed,
                 }),
                 queue,
-                writer: Mutex::new(Some(writer)),
+                writer: Mutex::new(writer),
             }),
         })
     }
@@ -434,7 +490,7 @@ impl Queue {
             pending.waiting.push(completion);
             // Woken after the lock is let go, so that it need not wait for it.
             drop(pending);
-            self.wake.notify_one();
+            self.wake.wake();
         }
         Ok(())
     }
@@ -458,42 +514,89 @@ impl Queue {
     /// gathered meanwhile with one `fdatasync`, and tells who waits; stops
     /// once closed and everything is written.
     fn write_until_closed(&self, mut disk: Disk) {
+        let Wake::Thread(condvar) = &self.wake else {
+            unreachable!("a writer thread waits on a condition variable")
+        };
         loop {
-            let (mut frames, changes, waiting, closed) = {
+            let taken = {
                 let mut pending = lock(&self.state);
                 while pending.waiting.is_empty() && !pending.closed {
-                    pending = self.wake.wait(pending).unwrap_or_else(|e| e.into_inner());
+                    pending = condvar.wait(pending).unwrap_or_else(|e| e.into_inner());
                 }
-                let (frames, _) = pending.buffer.take();
-                (
-                    frames,
-                    std::mem::take(&mut pending.changes),
-                    std::mem::take(&mut pending.waiting),
-                    pending.closed,
-                )
+                take(&mut pending)
             };
-            let failed = lock(&self.state).failed.clone();
-            let result = match failed {
-                Some(failed) => Err(failed),
-                None => disk.write(&mut frames, changes).map_err(|e| {
-                    let failed = format!(
-                        "the Raft log in {} could not be written: {e}; nothing after it is \
-                         acknowledged",
-                        disk.dir.display()
-                    );
-                    tracing::error!("{failed}");
-                    lock(&self.state).failed = Some(failed.clone());
-                    failed
-                }),
-            };
-            for completion in waiting {
-                completion.complete(&result);
-            }
-            lock(&self.state).buffer.give_back(frames);
-            if closed {
+            if self.write(&mut disk, taken) {
                 return;
             }
         }
+    }
+
+    /// The writer as a task ([`Execution::Tasks`]): the same loop, awaiting
+    /// the next submission instead of blocking; its writes block the
+    /// runtime's thread while they run.
+    ///
+    /// Cancel safety: dropped (its runtime gone), what was submitted and not
+    /// written is lost, as in a crash; nothing is told it is durable.
+    async fn write_until_closed_as_task(self: Arc<Self>, mut disk: Disk) {
+        let Wake::Task(notify) = &self.wake else {
+            unreachable!("a writer task waits on a notification")
+        };
+        loop {
+            let taken = loop {
+                {
+                    let mut pending = lock(&self.state);
+                    if !pending.waiting.is_empty() || pending.closed {
+                        break take(&mut pending);
+                    }
+                }
+                // A wake-up sent since the check above is kept for this.
+                notify.notified().await;
+            };
+            if self.write(&mut disk, taken) {
+                return;
+            }
+        }
+    }
+
+    /// Writes what was taken as one commit and tells who waits; returns
+    /// whether the queue was closed (the writer stops).
+    fn write(&self, disk: &mut Disk, taken: Taken) -> bool {
+        let Taken {
+            mut frames,
+            changes,
+            waiting,
+            closed,
+        } = taken;
+        let failed = lock(&self.state).failed.clone();
+        let result = match failed {
+            Some(failed) => Err(failed),
+            None => disk.write(&mut frames, changes).map_err(|e| {
+                let failed = format!(
+                    "the Raft log in {} could not be written: {e}; nothing after it is \
+                     acknowledged",
+                    disk.dir.display()
+                );
+                tracing::error!("{failed}");
+                lock(&self.state).failed = Some(failed.clone());
+                failed
+            }),
+        };
+        for completion in waiting {
+            completion.complete(&result);
+        }
+        lock(&self.state).buffer.give_back(frames);
+        closed
+    }
+}
+
+/// Takes everything pending, to be written as one commit.
+fn take(pending: &mut Pending) -> Taken {
+    let (frames, _) = pending.buffer.take();
+    Taken {
+        frames,
+        changes: std::mem::take(&mut pending.changes),
+        waiting: std::mem::take(&mut pending.waiting),
+        closed: pending.closed,
     }
 }
 
@@ -501,7 +604,7 @@ impl Drop for Shared {
     /// The last handle: the writer writes what is pending, then stops.
     fn drop(&mut self) {
         lock(&self.queue.state).closed = true;
-        self.queue.wake.notify_one();
+        self.queue.wake.wake();
         if let Some(writer) = lock(&self.writer).take() {
             let _ = writer.join();
         }

@@ -4,5 +4,6 @@
 //! binary, in locksmith-cli. One module alone:
 //! `cargo nextest run -p locksmith-server -E 'test(/^session_stream::/)'`.
 
+mod environment;
 mod in_process;
 mod session_stream;

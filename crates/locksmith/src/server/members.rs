@@ -27,6 +27,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
+use locksmith_proto::transport::Connector;
 use locksmith_proto::v1::locksmith_client::LocksmithClient;
 use tokio::time::Instant;
 use tonic::Status;
@@ -66,6 +67,8 @@ pub(super) struct Members {
     current: AtomicUsize,
     /// How to reach a member (TLS, credentials), for those added later.
     url: ServerUrl,
+    /// What opens the connections, when not TCP (a simulated network's).
+    connector: Option<Connector>,
     /// How long a member that answered nothing is passed over.
     pass_over: Duration,
 }
@@ -88,14 +91,26 @@ impl Members {
     /// (module `url`); a member that answers nothing in time is passed over
     /// for `pass_over`. Connects to nothing yet: each channel connects on
     /// first use and reconnects by itself.
+    #[cfg(test)]
     pub(super) fn parse(url: &str, pass_over: Duration) -> Result<Members> {
+        Members::parse_with(url, pass_over, None)
+    }
+
+    /// Parses as `parse` does; the channels connect through `connector`
+    /// when given, else over TCP.
+    pub(super) fn parse_with(
+        url: &str,
+        pass_over: Duration,
+        connector: Option<Connector>,
+    ) -> Result<Members> {
         let url = ServerUrl::parse(url)?;
         let members = url
             .addresses()
             .iter()
-            .map(|addr| member(&url, addr.clone()))
+            .map(|addr| member(&url, connector.as_ref(), addr.clone()))
             .collect::<Result<Vec<_>>>()?;
         Ok(Members {
+            connector,
             members: Mutex::new(members),
             current: AtomicUsize::new(0),
             url,
@@ -206,7 +221,7 @@ impl Members {
                 return Redirect::Stale;
             }
             Some(to) => to,
-            None => match member(&self.url, leader.clone()) {
+            None => match member(&self.url, self.connector.as_ref(), leader.clone()) {
                 Ok(new) => {
                     list.push(new);
                     list.len() - 1
@@ -227,15 +242,18 @@ pub(super) fn leader_of(status: &Status) -> Option<String> {
     (!leader.is_empty()).then(|| leader.to_owned())
 }
 
-fn member(url: &ServerUrl, addr: String) -> Result<Member> {
-    let channel = url
+fn member(url: &ServerUrl, connector: Option<&Connector>, addr: String) -> Result<Member> {
+    let endpoint = url
         .endpoint(&addr)?
         .connect_timeout(Duration::from_secs(5))
         .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(10))
         .keep_alive_timeout(Duration::from_secs(20))
-        .keep_alive_while_idle(true)
-        .connect_lazy();
+        .keep_alive_while_idle(true);
+    let channel = match connector {
+        Some(connector) => endpoint.connect_with_connector_lazy(connector.clone()),
+        None => endpoint.connect_lazy(),
+    };
     Ok(Member {
         addr,
         client: LocksmithClient::with_interceptor(channel, url.credentials())

@@ -109,9 +109,10 @@ impl ServerBackend {
     /// Cancel safety: safe; a dropped connect leaves at most a session that
     /// expires after its TTL.
     pub async fn connect(url: &str, options: &ConnectOptions) -> Result<Self> {
-        let members = Arc::new(Members::parse(
+        let members = Arc::new(Members::parse_with(
             url,
             session::reconnect_timeout(options.session_ttl),
+            options.connector.clone(),
         )?);
         let shared = session::connect(members, options.clone()).await?;
         Ok(ServerBackend { shared })

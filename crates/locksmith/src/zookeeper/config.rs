@@ -334,11 +334,10 @@ mod tests {
     use super::*;
 
     fn options() -> ConnectOptions {
-        ConnectOptions {
-            session_ttl: Duration::from_secs(6),
-            client_name: "app".into(),
-            host: "box".into(),
-        }
+        ConnectOptions::default()
+            .session_ttl(Duration::from_secs(6))
+            .client_name("app")
+            .host("box")
     }
 
     #[test]

@@ -32,7 +32,7 @@ use locksmith_proto::v1 as pb;
 use tonic::Status;
 
 use super::replicated::Replicated;
-use crate::clock::Clock;
+use crate::clock::{Clock, WallClock};
 use crate::config::ServerConfig;
 use crate::entry::{LogRecord, Record, ENTRY_BYTES};
 use crate::metrics::{Metrics, Tally};
@@ -184,7 +184,7 @@ pub(crate) struct FrontEnd {
 impl FrontEnd {
     pub(crate) fn new(config: &ServerConfig, replica: Replica, stats: Arc<Stats>) -> FrontEnd {
         FrontEnd {
-            clock: Clock::starting_after(0),
+            clock: Clock::new(std::time::SystemTime::now),
             replica,
             grace: config.grace.as_millis() as Millis,
             max_sessions: config.max_sessions,
@@ -216,6 +216,11 @@ impl FrontEnd {
         self.next_unary.clone()
     }
 
+    /// Reads the wall clock from `wall` from now on (a simulation's).
+    pub(super) fn use_wall_clock(&mut self, wall: WallClock) {
+        self.clock = Clock::new(wall);
+    }
+
     /// The time on this member's clock.
     pub(super) fn now(&self) -> Millis {
         self.clock.now()
@@ -223,7 +228,7 @@ impl FrontEnd {
 
     /// When the engine's next deadline is due, on this member's clock, if
     /// this member decides deadlines now.
-    pub(super) fn next_deadline(&self, state: &Replicated) -> Option<Instant> {
+    pub(super) fn next_deadline(&self, state: &Replicated) -> Option<tokio::time::Instant> {
         if !self.replica.can_expire() {
             return None;
         }

@@ -42,7 +42,6 @@ use tokio::sync::watch;
 use tonic::Status;
 
 use super::{FrontEnd, Proposal, Route};
-use crate::clock::Clock;
 use crate::core::replicated::Replicated;
 use crate::entry::Batch;
 #[cfg(test)]
@@ -259,7 +258,7 @@ impl FrontEnd {
                     ready: false,
                 };
                 // Time never goes backwards from what the last leader stamped.
-                self.clock = Clock::starting_after(state.last_now() + 1);
+                self.clock.restart_after(state.last_now() + 1);
                 self.propose_grace();
                 tracing::info!("elected leader: serving once the grace period is committed");
             }

@@ -1,0 +1,84 @@
+//! [`Connector`]: how a gRPC channel to a member reaches its address, when
+//! not over the machine's TCP: a deterministic simulation hands the client
+//! library and the server's members one that dials its simulated network.
+
+use std::fmt;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tonic::transport::Uri;
+
+/// A byte stream a [`Connector`] opens (or a listener accepts).
+pub trait Io: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
+
+impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> Io for T {}
+
+/// A stream being opened.
+type Dialing = Pin<Box<dyn Future<Output = io::Result<Box<dyn Io>>> + Send>>;
+
+/// Opens the byte stream under a gRPC channel to `host:port`, in place of a
+/// TCP connection (tonic's `Endpoint::connect_with_connector`). Cloning is
+/// cheap: every clone dials the same way.
+#[derive(Clone)]
+pub struct Connector {
+    dial: Arc<dyn Fn(String) -> Dialing + Send + Sync>,
+}
+
+impl Connector {
+    /// A connector that opens a stream to `host:port` with `dial`.
+    pub fn new<F, Fut, S>(dial: F) -> Connector
+    where
+        F: Fn(String) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = io::Result<S>> + Send + 'static,
+        S: Io,
+    {
+        Connector {
+            dial: Arc::new(move |addr| {
+                let dialing = dial(addr);
+                Box::pin(async move { Ok(Box::new(dialing.await?) as Box<dyn Io>) })
+            }),
+        }
+    }
+}
+
+/// Two connectors are equal when they are clones of one.
+impl PartialEq for Connector {
+    fn eq(&self, other: &Connector) -> bool {
+        Arc::ptr_eq(&self.dial, &other.dial)
+    }
+}
+
+impl Eq for Connector {}
+
+impl fmt::Debug for Connector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Connector")
+    }
+}
+
+impl tower_service::Service<Uri> for Connector {
+    type Response = TokioIo<Box<dyn Io>>;
+    type Error = io::Error;
+    type Future = Pin<Box<dyn Future<Output = io::Result<Self::Response>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let Some(authority) = uri.authority() else {
+            let error = io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("no host:port in {uri}"),
+            );
+            return Box::pin(std::future::ready(Err(error)));
+        };
+        let dialing = (self.dial)(authority.to_string());
+        Box::pin(async move { Ok(TokioIo::new(dialing.await?)) })
+    }
+}
