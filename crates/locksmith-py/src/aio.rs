@@ -9,13 +9,15 @@ use futures::stream::StreamExt;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyWeakrefReference;
-use pyo3::PyClass;
+use pyo3::{intern, IntoPyObjectExt, PyClass};
 
 use locksmith::backend::{GrantRecord, LockInfo};
+use locksmith::LostCause;
 
 use crate::awaitable::{awaitable, Awaitable};
 use crate::blocking::LeaderStream;
 use crate::convert;
+use crate::errors;
 use crate::errors::IntoPyResult;
 use crate::held::{Held, Hold};
 use crate::shared::{
@@ -333,31 +335,6 @@ where
 #[pyclass(module = "locksmith.aio", extends = RwLockBase, frozen)]
 pub struct RwLock;
 
-/// Hands `callback(cause, reason)` to `event_loop`, thread-safely. A loop
-/// that has closed since is left alone: nobody is there to call.
-fn deliver_on_loop(
-    callback: Py<PyAny>,
-    event_loop: Py<PyAny>,
-) -> impl FnOnce(Py<PyAny>, String) + Send + 'static {
-    move |cause, reason| {
-        crate::runtime::with_python(|py| {
-            let closed = event_loop
-                .bind(py)
-                .call_method0("is_closed")
-                .and_then(|closed| closed.extract::<bool>())
-                .unwrap_or(true);
-            if !closed {
-                let scheduled = event_loop
-                    .bind(py)
-                    .call_method1("call_soon_threadsafe", (callback, cause, reason));
-                if let Err(error) = scheduled {
-                    error.write_unraisable(py, None);
-                }
-            }
-        });
-    }
-}
-
 /// An awaitable of the hold's loss: its reason, or `None` once released.
 fn lost_awaitable<T: Send>(held: &Held<T>) -> PyResult<Awaitable> {
     held.check()?;
@@ -365,13 +342,35 @@ fn lost_awaitable<T: Send>(held: &Held<T>) -> PyResult<Awaitable> {
     Ok(awaitable(async move { Ok(lost.await) }))
 }
 
-/// `on_lost` for the running event loop.
+/// A loss as an asyncio callback takes it: `(cause, reason)`.
+struct Loss(LostCause, String);
+
+impl<'py> IntoPyObject<'py> for Loss {
+    type Target = PyAny;
+    type Output = Bound<'py, PyAny>;
+    type Error = PyErr;
+
+    fn into_pyobject(self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        (errors::lost_cause(py, self.0)?, self.1).into_bound_py_any(py)
+    }
+}
+
+/// `on_lost` for the running event loop: a task of that loop awaits the
+/// loss (woken like any awaitable, through the loop's waker, with no thread
+/// taking the GIL for it) and calls `callback` in its done callback; a
+/// release ends it without a call.
 fn on_lost_on_loop<T: Send>(py: Python<'_>, held: &Held<T>, callback: Py<PyAny>) -> PyResult<()> {
-    let event_loop = py
-        .import("asyncio")?
-        .call_method0("get_running_loop")?
-        .unbind();
-    held.on_lost(deliver_on_loop(callback, event_loop))
+    held.check()?;
+    let lost = held.lost().clone();
+    let ended = held.lost_or_released();
+    let loss = awaitable(async move {
+        Ok(ended
+            .await
+            .map(|reason| Loss(lost.cause().unwrap_or_default(), reason)))
+    });
+    py.import(intern!(py, "locksmith.aio"))?
+        .call_method1(intern!(py, "_call_on_loss"), (loss, callback))?;
+    Ok(())
 }
 
 /// A held lock (or several, for a multi-lock).

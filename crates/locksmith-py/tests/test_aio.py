@@ -106,14 +106,35 @@ async def test_lost_is_awaitable_and_calls_back_on_the_loop(client, name):
     guard = await client.lock(name, lease=1.0).acquire()
     loop = asyncio.get_running_loop()
     called = loop.create_future()
-    guard.on_lost(lambda cause, reason: called.set_result((cause, reason)))
+    guard.on_lost(
+        lambda cause, reason: called.set_result((cause, reason, threading.get_ident()))
+    )
     reason = await asyncio.wait_for(guard.lost(), 15)
-    cause, called_reason = await asyncio.wait_for(called, 10)
+    cause, called_reason, thread = await asyncio.wait_for(called, 10)
     assert called_reason == reason
+    assert thread == threading.get_ident(), "the callback ran off the loop's thread"
     assert isinstance(cause, locksmith.LostCause)
     assert guard.lost_cause == cause
     with pytest.raises(locksmith.Lost):
         guard.raise_if_lost()
+
+
+@run
+async def test_on_lost_is_not_called_after_a_release(client, name):
+    guard = await client.lock(name).acquire()
+    calls = []
+    watches = set(locksmith.aio._loss_watches)
+    guard.on_lost(lambda cause, reason: calls.append(cause))
+    guard.on_lost(lambda cause, reason: calls.append(cause))
+    assert len(locksmith.aio._loss_watches - watches) == 2
+    await guard.release()
+
+    async def watches_end():
+        while locksmith.aio._loss_watches - watches:
+            await asyncio.sleep(0.01)
+
+    await asyncio.wait_for(watches_end(), 10)
+    assert calls == []
 
 
 @run

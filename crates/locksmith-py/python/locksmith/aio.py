@@ -11,6 +11,8 @@ Cancelling an awaiting task cancels the call: a cancelled acquire leaves
 no queue entry and no hold behind.
 """
 
+import asyncio
+
 from ._locksmith import aio as _native
 
 connect = _native.connect
@@ -21,6 +23,32 @@ Guard = _native.Guard
 Election = _native.Election
 Leadership = _native.Leadership
 Observer = _native.Observer
+
+# The tasks that wait for a loss to call an `on_lost` callback: a loop
+# keeps only weak references to its tasks.
+_loss_watches: set[asyncio.Task[object]] = set()
+
+
+async def _await(awaitable):
+    return await awaitable
+
+
+def _call_on_loss(loss, callback):
+    """Calls ``callback(cause, reason)`` on the running loop once ``loss``
+    (an awaitable of the hold's ``(cause, reason)``, ``None`` once it is
+    released) completes with a loss. Used by ``on_lost``."""
+    task = asyncio.get_running_loop().create_task(_await(loss))
+    _loss_watches.add(task)
+
+    def done(task):
+        _loss_watches.discard(task)
+        if not task.cancelled():
+            lost = task.result()
+            if lost is not None:
+                callback(*lost)
+
+    task.add_done_callback(done)
+
 
 __all__ = [
     "Client",
