@@ -64,7 +64,7 @@ enum ClusterCommand {
 /// its credentials.
 ///
 /// Cancel safety: safe (a dropped connect leaves nothing behind).
-async fn connect(url: &ServerUrl, address: &str) -> Result<Admin, String> {
+pub(crate) async fn connect(url: &ServerUrl, address: &str) -> Result<Admin, String> {
     let channel = url
         .endpoint(address)
         .map_err(|e| e.to_string())?
@@ -74,7 +74,7 @@ async fn connect(url: &ServerUrl, address: &str) -> Result<Admin, String> {
     Ok(ClusterClient::with_interceptor(channel, url.credentials()))
 }
 
-type Admin = ClusterClient<InterceptedService<Channel, Credentials>>;
+pub(crate) type Admin = ClusterClient<InterceptedService<Channel, Credentials>>;
 
 /// Runs `locksmith cluster`.
 ///

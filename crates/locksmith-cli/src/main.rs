@@ -36,6 +36,7 @@ mod hold;
 mod run;
 mod serve;
 mod session;
+mod snapshot;
 mod status;
 
 /// Distributed locks with fencing tokens.
@@ -77,6 +78,9 @@ enum Command {
     Session(session::SessionArgs),
     /// The members of a replicated lock server: status and changes.
     Cluster(cluster::ClusterArgs),
+    /// Backups of a replicated lock server: save, status, restore (also a
+    /// new cluster from one surviving member's data).
+    Snapshot(snapshot::SnapshotArgs),
     /// Print a shell completion script (e.g. `locksmith completions bash >
     /// /etc/bash_completion.d/locksmith`).
     Completions {
@@ -194,6 +198,7 @@ fn main() -> ExitCode {
             Command::Release(args) => status::release(args).await,
             Command::Session(args) => session::session(args).await,
             Command::Cluster(args) => cluster::cluster(args).await,
+            Command::Snapshot(args) => snapshot::snapshot(args).await,
             command @ (Command::Completions { .. } | Command::Man { .. }) => generate(&command),
         }
     })

@@ -195,7 +195,7 @@ pub struct ServeArgs {
 pub struct Members(pub Vec<(u64, String)>);
 
 /// Parses `1=host:port,2=host:port,...`: ids unique, addresses `host:port`.
-fn parse_members(text: &str) -> Result<Members, String> {
+pub(crate) fn parse_members(text: &str) -> Result<Members, String> {
     let mut members: Vec<(u64, String)> = Vec::new();
     for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let (id, addr) = part

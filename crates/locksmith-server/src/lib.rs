@@ -129,6 +129,7 @@ pub use crate::clock::WallClock;
 pub use crate::config::{Execution, ServerConfig, DEFAULT_DATA_DIR, DEFAULT_LISTEN};
 pub use crate::environment::{Accepting, Environment, Listener};
 pub use crate::error::ServerError;
+pub use crate::storage::backup;
 pub use crate::tls::TlsFiles;
 pub use locksmith_core::Limits;
 
@@ -380,6 +381,7 @@ impl Server {
             ))
             .add_service(ClusterServer::new(ClusterService::new(
                 raft.clone(),
+                ops.clone(),
                 auth.clone(),
                 members,
             )))

@@ -9,6 +9,7 @@
 mod elect;
 mod observability;
 mod server_answers;
+mod server_backup;
 mod server_cluster;
 mod server_cluster_conformance;
 mod server_conformance;

@@ -476,7 +476,7 @@ impl Core {
 }
 
 /// An empty replicated state as `config` bounds it.
-fn replicated_state(config: &ServerConfig) -> Replicated {
+pub(crate) fn replicated_state(config: &ServerConfig) -> Replicated {
     let history = History::new(HistoryLimits {
         per_lock: config.history_per_lock,
         total: config.history_total,

@@ -187,6 +187,17 @@ pub(super) fn read_checked(path: &Path, magic: &[u8; 4]) -> Result<Option<Vec<u8
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(io_error("cannot read", path, e)),
     };
+    unframe(path, &bytes, magic).map(|payload| Some(payload.to_vec()))
+}
+
+/// The payload of `bytes`, a checked file (named `path` in errors), or why
+/// it cannot be trusted. A framing format newer than this server's is
+/// refused as written by a newer version.
+pub(super) fn unframe<'a>(
+    path: &Path,
+    bytes: &'a [u8],
+    magic: &[u8; 4],
+) -> Result<&'a [u8], ServerError> {
     let corrupt = |detail: String| ServerError::Corrupt {
         path: path.to_owned(),
         detail,
@@ -198,6 +209,15 @@ pub(super) fn read_checked(path: &Path, magic: &[u8; 4]) -> Result<Option<Vec<u8
         )));
     }
     let format = u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes"));
+    if format > CHECKED_FORMAT {
+        return Err(ServerError::Incompatible {
+            path: path.to_owned(),
+            detail: format!(
+                "framing format {format} (byte 4), written by a newer version: this one reads \
+                 format {CHECKED_FORMAT}; run the newer version, or restore from a backup it can read"
+            ),
+        });
+    }
     if format != CHECKED_FORMAT {
         return Err(corrupt(format!(
             "format {format} (byte 4), this server reads {CHECKED_FORMAT}"
@@ -221,7 +241,7 @@ pub(super) fn read_checked(path: &Path, magic: &[u8; 4]) -> Result<Option<Vec<u8
             CHECKED_HEADER + payload.len()
         )));
     }
-    Ok(Some(payload.to_vec()))
+    Ok(payload)
 }
 
 pub(super) fn segment_path(dir: &Path, seq: u64) -> PathBuf {

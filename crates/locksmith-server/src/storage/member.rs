@@ -264,6 +264,13 @@ fn check_covers(
 }
 
 impl SnapshotFile {
+    /// The snapshot of the data directory `dir`.
+    pub(crate) fn in_dir(dir: &Path) -> SnapshotFile {
+        SnapshotFile {
+            dir: dir.to_owned(),
+        }
+    }
+
     fn path(&self) -> PathBuf {
         self.dir.join("snapshot")
     }
@@ -313,6 +320,21 @@ impl TokenCeiling {
             }),
             None => Ok(0),
         }
+    }
+
+    /// Writes `ceiling` as the ceiling of the new data directory `dir`.
+    pub(crate) fn create(dir: &Path, ceiling: u64) -> io::Result<TokenCeiling> {
+        let mut tokens = TokenCeiling {
+            dir: dir.to_owned(),
+            ceiling,
+        };
+        tokens.write()?;
+        Ok(tokens)
+    }
+
+    /// No token above it was ever made visible by this member.
+    pub(crate) fn ceiling(&self) -> u64 {
+        self.ceiling
     }
 
     /// Makes the ceiling cover `last_token` before any reply carries it: a

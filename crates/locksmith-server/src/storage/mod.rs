@@ -23,6 +23,8 @@
 //! - `member.rs`: a member's data directory (the Raft log, the snapshot, the
 //!   token ceiling) and what a start checks; docs/RELIABILITY.md says what
 //!   an operator sees.
+//! - `backup.rs`: backups of the replicated state (`locksmith snapshot`),
+//!   and the data directories of a new cluster restored from one.
 //! - `files.rs`: checked files replaced atomically, owner-only modes, the
 //!   directory lock, evidence of damage, and the locked temporary directory
 //!   of a server without a data directory.
@@ -38,6 +40,7 @@
 //! frame over them. A frame's length is never 0, so a zero length field is
 //! where a segment's frames end.
 
+pub mod backup;
 pub(crate) mod files;
 pub(crate) mod member;
 pub(crate) mod raft_log;

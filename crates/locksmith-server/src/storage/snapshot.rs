@@ -52,6 +52,12 @@ impl ServerSnapshot {
         }
     }
 
+    /// The format it was written in (a snapshot read from an older one is
+    /// upgraded, so this is the current one).
+    pub(crate) fn format(&self) -> u64 {
+        self.format
+    }
+
     /// The bytes openraft keeps and sends.
     pub(crate) fn encode(&self) -> Vec<u8> {
         postcard::to_stdvec(self).expect("the state always encodes")

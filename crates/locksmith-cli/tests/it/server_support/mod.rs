@@ -64,6 +64,23 @@ impl ServerProcess {
         server
     }
 
+    /// A durable server on `port` whose data directory `prepare` sets up
+    /// first (it gets the path, which does not exist yet).
+    pub fn start_prepared_on(
+        port: u16,
+        prepare: impl FnOnce(&Path),
+        extra: &[&str],
+    ) -> ServerProcess {
+        let temp = tempfile::Builder::new()
+            .prefix("locksmith-serve-")
+            .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+            .expect("temporary data directory");
+        prepare(&temp.path().join("data"));
+        let mut server = Self::spawn_on(temp.path(), port, extra);
+        server._temp = Some(temp);
+        server
+    }
+
     /// Member `index + 1` of a new cluster whose members listen on `ports`
     /// on loopback, with `extra` arguments.
     pub fn start_member(ports: &[u16], index: usize, extra: &[&str]) -> ServerProcess {

@@ -21,7 +21,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use locksmith_core::{Effect, Engine, Limits, Millis, SessionId};
-use openraft::type_config::alias::{LogIdOf, StoredMembershipOf};
+use openraft::type_config::alias::{EntryOf, LogIdOf, StoredMembershipOf};
+use openraft::EntryPayload;
 
 use crate::entry::{Applied, TypeConfig};
 use crate::history::History;
@@ -136,6 +137,28 @@ impl Replicated {
     /// The membership changed with entry `membership`'s log id.
     pub(crate) fn set_membership(&mut self, membership: StoredMembershipOf<TypeConfig>) {
         self.applied.membership = membership;
+    }
+
+    /// Applies a committed entry with nobody to tell (a member's log read
+    /// offline: module `storage::backup`); the core applies its own with
+    /// their routes.
+    pub(crate) fn apply_unrouted(&mut self, entry: EntryOf<TypeConfig>) {
+        let mut notices = Vec::new();
+        match entry.payload {
+            EntryPayload::Blank => {}
+            EntryPayload::Normal(batch) => {
+                for record in batch.records {
+                    // A refusal changes nothing, as on every member.
+                    let _ = self.apply(record, &mut notices);
+                    notices.clear();
+                }
+            }
+            EntryPayload::Membership(membership) => {
+                let stored = StoredMembershipOf::<TypeConfig>::new(Some(entry.log_id), membership);
+                self.set_membership(stored);
+            }
+        }
+        self.applied_through(entry.log_id);
     }
 
     /// After a forced recovery: every fencing token from now on is above

@@ -1,0 +1,293 @@
+//! `locksmith snapshot`: backups of a replicated lock server, and new
+//! clusters made from them.
+//!
+//! - `save FILE` takes a backup from the leader (the newest applied state;
+//!   `--member` names another member), consistent at one log index, while
+//!   the cluster serves; the file is checked before it replaces `FILE`.
+//! - `status FILE` prints what a backup holds.
+//! - `restore FILE --data-dir DIR --node-id ID --cluster ...` makes one new
+//!   member's data directory (run it once per member, with the same
+//!   `--cluster`), then start each with `locksmith serve --data-dir DIR
+//!   --node-id ID --cluster ...` (the line it prints).
+//! - `restore --from-member-data OLD --force-new-cluster ...` does the same
+//!   from a stopped member's data directory, after a cluster lost its quorum
+//!   for good.
+//!
+//! Tokens and sessions after a restore: `locksmith_server::backup`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Subcommand};
+use locksmith::server::ServerUrl;
+use locksmith_proto::raft as pb;
+use locksmith_server::backup::{self, Backup, RestoreOptions};
+
+use crate::cluster::connect;
+use crate::serve::{parse_members, Members};
+
+/// Options of `locksmith snapshot`.
+#[derive(Debug, Args)]
+pub struct SnapshotArgs {
+    #[command(subcommand)]
+    command: SnapshotCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum SnapshotCommand {
+    /// Save a backup of a running cluster's state into FILE (needs `admin`).
+    Save {
+        /// Where the backup goes (replaced atomically; owner-only: it holds
+        /// the secrets that resume sessions).
+        file: PathBuf,
+        /// The cluster's members, as for `locksmith cluster`.
+        #[arg(
+            long,
+            alias = "server",
+            env = "LOCKSMITH_BACKEND",
+            default_value = "locksmith://127.0.0.1:7420"
+        )]
+        backend: String,
+        /// Take it from this member (HOST:PORT) rather than the leader.
+        #[arg(long, value_name = "HOST:PORT")]
+        member: Option<String>,
+    },
+    /// Print what a backup holds: log index, locks, sessions, tokens, format.
+    Status {
+        file: PathBuf,
+        /// One JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Make the data directory of one member of a new cluster from a backup
+    /// (or, with --force-new-cluster, from a stopped member's data).
+    Restore {
+        /// The backup (not with --from-member-data).
+        #[arg(required_unless_present = "from_member_data")]
+        file: Option<PathBuf>,
+        /// Take the state from this stopped member's data directory instead:
+        /// its snapshot and every entry of its log. Needs
+        /// --force-new-cluster.
+        #[arg(long, value_name = "DIR", conflicts_with = "file")]
+        from_member_data: Option<PathBuf>,
+        /// Say that the old cluster's quorum is lost for good: entries its
+        /// other members committed without this one are lost.
+        #[arg(long)]
+        force_new_cluster: bool,
+        /// The new member's data directory (absent or empty).
+        #[arg(long, value_name = "DIR")]
+        data_dir: PathBuf,
+        /// The new member's id.
+        #[arg(long, default_value_t = 1)]
+        node_id: u64,
+        /// The new cluster's members, ID=HOST:PORT,... (the same for every
+        /// member restored); without it, a cluster of this one member at
+        /// --listen.
+        #[arg(long, value_name = "ID=HOST:PORT,...", value_parser = parse_members)]
+        cluster: Option<Members>,
+        /// With no --cluster: where the one member serves.
+        #[arg(long, default_value = locksmith_server::DEFAULT_LISTEN)]
+        listen: String,
+        /// Start tokens above this, if it is higher than the backup's own
+        /// floor (its last token plus 2^44).
+        #[arg(long, value_name = "TOKEN")]
+        token_floor: Option<u64>,
+    },
+}
+
+/// Runs `locksmith snapshot`.
+///
+/// Cancel safety: `save` writes FILE only once the whole backup is in and
+/// checks out; `restore` dropped midway may leave a half-made directory,
+/// which a second restore and a start both refuse.
+pub async fn snapshot(args: SnapshotArgs) -> ExitCode {
+    let result = match args.command {
+        SnapshotCommand::Save {
+            file,
+            backend,
+            member,
+        } => save(&file, &backend, member).await,
+        SnapshotCommand::Status { file, json } => status(&file, json),
+        SnapshotCommand::Restore {
+            file,
+            from_member_data,
+            force_new_cluster,
+            data_dir,
+            node_id,
+            cluster,
+            listen,
+            token_floor,
+        } => {
+            let members = match cluster {
+                Some(Members(members)) => members,
+                None => vec![(node_id, listen)],
+            };
+            let options = RestoreOptions {
+                data_dir,
+                node_id,
+                members,
+                token_floor,
+            };
+            restore(file, from_member_data, force_new_cluster, &options).await
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("locksmith snapshot: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Takes the backup from the leader (or `member`), checks it and writes it.
+///
+/// Cancel safety: safe; FILE is replaced only at the end, atomically.
+async fn save(file: &std::path::Path, backend: &str, member: Option<String>) -> Result<(), String> {
+    let url = ServerUrl::parse(backend).map_err(|e| e.to_string())?;
+    let address = match member {
+        Some(member) => member,
+        None => leader_address(&url).await?,
+    };
+    let mut client = connect(&url, &address).await?;
+    let started = std::time::Instant::now();
+    let mut stream = client
+        .save_snapshot(pb::SaveSnapshotRequest {})
+        .await
+        .map_err(|s| format!("{address}: {}", s.message()))?
+        .into_inner();
+    let mut bytes = Vec::new();
+    while let Some(part) = stream
+        .message()
+        .await
+        .map_err(|s| format!("{address}: {}", s.message()))?
+    {
+        bytes.extend_from_slice(&part.data);
+    }
+    let backup = Backup::from_bytes(file, &bytes).map_err(|e| e.to_string())?;
+    backup::write_file(file, &bytes).map_err(|e| e.to_string())?;
+    let summary = backup.summary();
+    println!(
+        "saved {} ({} bytes) from {address} in {:.2?}: log index {}, {} locks held, {} sessions",
+        file.display(),
+        bytes.len(),
+        started.elapsed(),
+        show(summary.index),
+        summary.locks,
+        summary.sessions
+    );
+    Ok(())
+}
+
+/// The leader's address, as the first member that answers knows it (that
+/// member's own when no leader is known).
+///
+/// Cancel safety: safe, read-only.
+async fn leader_address(url: &ServerUrl) -> Result<String, String> {
+    let mut errors = Vec::new();
+    for address in url.addresses() {
+        let view = match connect(url, address).await {
+            Ok(mut client) => client.status(pb::StatusRequest {}).await,
+            Err(error) => {
+                errors.push(error);
+                continue;
+            }
+        };
+        match view {
+            Ok(view) => {
+                let view = view.into_inner();
+                let leader = view.members.iter().find(|m| m.id == view.leader_id);
+                return Ok(leader.map_or_else(|| address.clone(), |m| m.address.clone()));
+            }
+            Err(status) => errors.push(format!("{address}: {}", status.message())),
+        }
+    }
+    Err(format!("no member answered: {}", errors.join("; ")))
+}
+
+fn show(n: Option<u64>) -> String {
+    n.map_or("-".to_string(), |n| n.to_string())
+}
+
+/// Prints what the backup at `file` holds.
+fn status(file: &std::path::Path, json: bool) -> Result<(), String> {
+    let backup = Backup::read(file).map_err(|e| e.to_string())?;
+    let s = backup.summary();
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string(&s).expect("a summary always encodes")
+        );
+        return Ok(());
+    }
+    let members: Vec<String> = s
+        .members
+        .iter()
+        .map(|(id, addr, voter)| {
+            let role = if *voter { "" } else { " (learner)" };
+            format!("{id}={addr}{role}")
+        })
+        .collect();
+    println!(
+        "format:        {} (state format {})",
+        s.format, s.state_format
+    );
+    println!("origin:        {} (member {})", s.origin, s.node_id);
+    let saved_at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(s.saved_at_ms);
+    println!(
+        "saved at:      {}",
+        humantime::format_rfc3339_millis(saved_at)
+    );
+    println!("log index:     {} (term {})", show(s.index), show(s.term));
+    println!("members:       {}", members.join(","));
+    println!("locks held:    {} ({} holds)", s.locks, s.holds);
+    println!("waiters:       {}", s.waiters);
+    println!("sessions:      {}", s.sessions);
+    println!("last token:    {}", s.last_token);
+    println!("token ceiling: {}", s.token_ceiling.max(s.last_token));
+    println!(
+        "restore floor: {} (tokens after a restore start above it)",
+        s.restore_floor
+    );
+    Ok(())
+}
+
+/// Makes one new member's data directory from a backup or a member's data.
+///
+/// Cancel safety: see [`snapshot`].
+async fn restore(
+    file: Option<PathBuf>,
+    from_member_data: Option<PathBuf>,
+    force_new_cluster: bool,
+    options: &RestoreOptions,
+) -> Result<(), String> {
+    let backup = match (&file, &from_member_data) {
+        (Some(file), None) => Backup::read(file),
+        (None, Some(dir)) => Backup::from_member_data(dir, force_new_cluster).await,
+        _ => return Err("give a backup FILE or --from-member-data DIR".into()),
+    }
+    .map_err(|e| e.to_string())?;
+    let restored = backup.restore(options).await.map_err(|e| e.to_string())?;
+    let cluster: Vec<String> = options
+        .members
+        .iter()
+        .map(|(id, addr)| format!("{id}={addr}"))
+        .collect();
+    let listen = options
+        .members
+        .iter()
+        .find(|(id, _)| *id == options.node_id)
+        .map_or("", |(_, addr)| addr.as_str());
+    println!(
+        "restored member {} into {} at log index {}; every token from now on is above {}; \
+         start it with: locksmith serve --data-dir {} --node-id {} --listen {listen} --cluster {}",
+        options.node_id,
+        options.data_dir.display(),
+        show(restored.index),
+        restored.token_floor,
+        options.data_dir.display(),
+        options.node_id,
+        cluster.join(",")
+    );
+    Ok(())
+}

@@ -1,0 +1,328 @@
+//! Backups and new clusters made from them, as an operator runs them:
+//! `locksmith snapshot save` from a cluster under load, `snapshot restore`
+//! into the data directories of a new cluster, and a new cluster from one
+//! surviving member's data after the quorum is lost.
+
+use crate::server_support;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use locksmith::{Client, ConnectOptions};
+use locksmith_core::Snapshot;
+use locksmith_proto::v1 as pb;
+use locksmith_proto::v1::locksmith_client::LocksmithClient;
+use locksmith_server::backup::Backup;
+use locksmith_testkit::free_port;
+use server_support::{cluster_flag, members_url, unique, ServerProcess, BINARY};
+
+/// Runs `locksmith ARGS`, returning (success, stdout + stderr).
+async fn locksmith(args: Vec<String>) -> (bool, String) {
+    tokio::task::spawn_blocking(move || {
+        let output = std::process::Command::new(BINARY)
+            .args(&args)
+            .output()
+            .expect("run locksmith");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        (output.status.success(), text)
+    })
+    .await
+    .unwrap()
+}
+
+/// `locksmith snapshot save FILE` from the cluster at `url`.
+async fn save(url: &str, file: &Path) -> Backup {
+    let args = vec![
+        "snapshot".into(),
+        "save".into(),
+        file.display().to_string(),
+        "--backend".into(),
+        url.into(),
+    ];
+    let (ok, text) = locksmith(args).await;
+    assert!(ok, "snapshot save failed: {text}");
+    Backup::read(file).unwrap_or_else(|e| panic!("the saved backup does not read: {e}"))
+}
+
+/// Starts the members of a new cluster on `ports`, each data directory made
+/// by `locksmith snapshot restore` with `source` (a backup file, or
+/// `--from-member-data DIR --force-new-cluster`).
+async fn restored_cluster(source: &[String], ports: &[u16]) -> Vec<ServerProcess> {
+    let mut members = Vec::new();
+    for (i, &port) in ports.iter().enumerate() {
+        let mut args: Vec<String> = vec!["snapshot".into(), "restore".into()];
+        args.extend_from_slice(source);
+        args.extend([
+            "--node-id".into(),
+            (i + 1).to_string(),
+            "--cluster".into(),
+            cluster_flag(ports),
+        ]);
+        let restore = |dir: &Path| {
+            let mut args = args.clone();
+            args.extend(["--data-dir".into(), dir.display().to_string()]);
+            let output = std::process::Command::new(BINARY)
+                .args(&args)
+                .output()
+                .expect("run locksmith snapshot restore");
+            assert!(
+                output.status.success(),
+                "restore failed: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        };
+        let id = (i + 1).to_string();
+        let list = cluster_flag(ports);
+        members.push(ServerProcess::start_prepared_on(
+            port,
+            restore,
+            &["--node-id", &id, "--cluster", &list],
+        ));
+    }
+    members
+}
+
+/// The index of the member that leads (answers inspection), once one does.
+async fn leader(members: &[ServerProcess]) -> usize {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        for (i, member) in members.iter().enumerate() {
+            let address = format!("http://127.0.0.1:{}", member.port());
+            let Ok(mut client) = LocksmithClient::connect(address).await else {
+                continue;
+            };
+            let request = pb::DescribeRequest {
+                name: "probe".into(),
+            };
+            if client.describe(request).await.is_ok() {
+                return i;
+            }
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no leader");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// What of the engine's state a restore keeps as it was: every lock's
+/// holders (session, owner, mode, token, count) and queue, the waiters and
+/// the sessions. Times are left out: a new leader extends every deadline
+/// first, as after any election.
+fn kept(engine: &Snapshot) -> impl PartialEq + std::fmt::Debug {
+    let locks: Vec<_> = engine
+        .locks
+        .iter()
+        .map(|lock| {
+            let holders: Vec<_> = lock
+                .holders
+                .iter()
+                .map(|h| (h.session, h.owner.clone(), h.mode, h.token, h.count))
+                .collect();
+            (lock.name.clone(), holders, lock.queue.clone())
+        })
+        .collect();
+    let waiters: Vec<_> = engine
+        .waiters
+        .iter()
+        .map(|w| (w.session, w.request, w.names.clone(), w.owner.clone()))
+        .collect();
+    let sessions: Vec<_> = engine.sessions.iter().map(|s| s.session).collect();
+    (locks, waiters, sessions)
+}
+
+/// Clients that acquire and release locks of `prefix` until `stop`, each
+/// also holding a few for good; the highest token any was granted goes into
+/// `highest`.
+fn start_load(
+    url: &str,
+    prefix: &str,
+    stop: Arc<AtomicBool>,
+    highest: Arc<AtomicU64>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    (0..3)
+        .map(|worker| {
+            let (url, prefix) = (url.to_owned(), prefix.to_owned());
+            let (stop, highest) = (stop.clone(), highest.clone());
+            tokio::spawn(async move {
+                let options = ConnectOptions::default().session_ttl(Duration::from_secs(30));
+                let client = Client::connect_with(&url, options).await.expect("connect");
+                let mut kept = Vec::new();
+                for n in 0..5 {
+                    let guard = client
+                        .lock(format!("{prefix}/held/{worker}/{n}"))
+                        .acquire()
+                        .await
+                        .expect("acquire");
+                    highest.fetch_max(guard.fencing_token(), Ordering::SeqCst);
+                    kept.push(guard);
+                }
+                let mut n = 0u64;
+                while !stop.load(Ordering::SeqCst) {
+                    n += 1;
+                    let lock = client.lock(format!("{prefix}/busy/{}", n % 8));
+                    let guard = lock.acquire().await.expect("acquire");
+                    highest.fetch_max(guard.fencing_token(), Ordering::SeqCst);
+                    guard.release().await.expect("release");
+                }
+                // The held locks stay held: the test ends with the client.
+                std::mem::forget(kept);
+                std::mem::forget(client);
+            })
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_saved_under_load_restores_the_state_and_tokens_start_above_every_one_granted() {
+    let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let source: Vec<ServerProcess> = (0..3)
+        .map(|i| ServerProcess::start_member(&ports, i, &[]))
+        .collect();
+    let url = members_url(&ports);
+    leader(&source).await;
+    let prefix = unique("backup-under-load");
+    let stop = Arc::new(AtomicBool::new(false));
+    let highest = Arc::new(AtomicU64::new(0));
+    let load = start_load(&url, &prefix, stop.clone(), highest.clone());
+    // The load has started granting before the backup is taken.
+    server_support::eventually(Duration::from_secs(20), "grants under load", || {
+        let highest = highest.clone();
+        async move { highest.load(Ordering::SeqCst) > 30 }
+    })
+    .await;
+
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let file: PathBuf = dir.path().join("cluster.backup");
+    let backup = save(&url, &file).await;
+    let granted_before = highest.load(Ordering::SeqCst);
+    // Tokens go on being granted after the backup, which it cannot know.
+    server_support::eventually(Duration::from_secs(20), "grants after the backup", || {
+        let highest = highest.clone();
+        async move { highest.load(Ordering::SeqCst) > granted_before + 20 }
+    })
+    .await;
+    stop.store(true, Ordering::SeqCst);
+    for task in load {
+        task.await.unwrap();
+    }
+    let granted = highest.load(Ordering::SeqCst);
+    let summary = backup.summary();
+    assert_eq!(
+        summary.locks,
+        backup
+            .engine()
+            .locks
+            .iter()
+            .filter(|l| !l.holders.is_empty())
+            .count()
+    );
+    assert!(summary.locks >= 15, "the held locks are in it: {summary:?}");
+    assert!(summary.last_token < granted, "tokens were granted after it");
+
+    let (ok, text) = locksmith(vec![
+        "snapshot".into(),
+        "status".into(),
+        file.display().to_string(),
+    ])
+    .await;
+    assert!(ok, "{text}");
+    let index = summary.index.unwrap().to_string();
+    assert!(text.contains(&format!("log index:     {index}")), "{text}");
+    assert!(
+        text.contains(&format!("sessions:      {}", summary.sessions)),
+        "{text}"
+    );
+
+    let new_ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let restored = restored_cluster(&[file.display().to_string()], &new_ports).await;
+    leader(&restored).await;
+    let new_url = members_url(&new_ports);
+    let again = save(&new_url, &dir.path().join("restored.backup")).await;
+    assert_eq!(
+        kept(again.engine()),
+        kept(backup.engine()),
+        "the restored cluster holds the state the backup was taken at"
+    );
+
+    let client = Client::connect(&new_url).await.unwrap();
+    let guard = client
+        .lock(format!("{prefix}/after-restore"))
+        .acquire()
+        .await
+        .unwrap();
+    assert!(
+        guard.fencing_token() > granted,
+        "a token after the restore ({}) is above every token granted before it ({granted}), \
+         including after the backup",
+        guard.fencing_token()
+    );
+    assert!(guard.fencing_token() > summary.restore_floor);
+    drop(source);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_cluster_from_one_surviving_member_keeps_its_locks_and_never_reuses_a_token() {
+    let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let members: Vec<ServerProcess> = (0..3)
+        .map(|i| ServerProcess::start_member(&ports, i, &[]))
+        .collect();
+    let url = members_url(&ports);
+    let survivor = leader(&members).await;
+    let name = unique("force-new-cluster");
+    let options = ConnectOptions::default().session_ttl(Duration::from_secs(30));
+    let client = Client::connect_with(&url, options).await.unwrap();
+    let held = client.lock(&name).acquire().await.unwrap();
+    let token = held.fencing_token();
+    // The quorum is lost for good: every member dies; one's disk survives.
+    for member in &members {
+        member.kill();
+    }
+    std::mem::forget(held);
+    let data = members[survivor].data_dir();
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let new_data = dir.path().join("refused");
+    let (ok, text) = locksmith(vec![
+        "snapshot".into(),
+        "restore".into(),
+        "--from-member-data".into(),
+        data.display().to_string(),
+        "--data-dir".into(),
+        new_data.display().to_string(),
+    ])
+    .await;
+    assert!(!ok, "refused without --force-new-cluster: {text}");
+    assert!(text.contains("--force-new-cluster"), "{text}");
+    assert!(!new_data.exists(), "a refusal makes nothing");
+
+    let port = free_port();
+    let source = [
+        "--from-member-data".to_string(),
+        data.display().to_string(),
+        "--force-new-cluster".into(),
+    ];
+    let restored = restored_cluster(&source, &[port]).await;
+    leader(&restored).await;
+    let mut inspect = LocksmithClient::connect(format!("http://127.0.0.1:{port}"))
+        .await
+        .unwrap();
+    let lock = inspect
+        .describe(pb::DescribeRequest { name: name.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    let holders: Vec<u64> = lock
+        .lock
+        .iter()
+        .flat_map(|l| l.holders.iter().map(|h| h.fencing_token))
+        .collect();
+    assert_eq!(holders, [token], "the hold survives: {lock:?}");
+
+    let client = Client::connect(&members_url(&[port])).await.unwrap();
+    let next = client.lock(format!("{name}/next")).acquire().await.unwrap();
+    assert!(next.fencing_token() > token, "tokens never go back");
+}

@@ -1,0 +1,543 @@
+//! Backups of the replicated state, and the data directories of a new
+//! cluster made from one (`locksmith snapshot save / status / restore`).
+//!
+//! # The file
+//!
+//! A backup is a checked file (`files.rs`: magic `LSBK`, framing format,
+//! length, CRC-32 of the rest) whose payload is `postcard`, its own format
+//! number first ([`BACKUP_FORMAT`]; a newer one is refused, never guessed):
+//! where it came from, openraft's metadata (the one log id it is consistent
+//! at, and the membership then), the highest token ceiling its source knew,
+//! and the replicated state exactly as a member's snapshot holds it
+//! (`ServerSnapshot`, with its own format number).
+//!
+//! It is taken two ways:
+//!
+//! - **from a live member** (`live`): the core freezes its applied state
+//!   between two entries (the engine's locks shared copy-on-write, as for
+//!   Raft's own snapshots) and goes on serving; encoding, checksumming and
+//!   sending happen off its thread. Any member answers with its own applied
+//!   state; the leader's is the newest.
+//! - **from a stopped member's data directory** ([`Backup::from_member_data`]),
+//!   after a cluster lost its quorum for good: its snapshot plus every entry
+//!   in its log, committed or not as far as it knows (an entry it holds may
+//!   have been committed by the majority that is gone). Entries the lost
+//!   majority committed without this member are lost. Refused unless the
+//!   caller says `force_new_cluster`.
+//!
+//! # Tokens after a restore
+//!
+//! A cluster restored from a backup must never hand out a token that the
+//! cluster it came from handed out, including tokens granted after the
+//! backup was taken, which no backup can know. The restore therefore starts
+//! tokens at the highest token the backup knows (its engine's last token,
+//! or the source member's durable ceiling, whichever is higher) plus
+//! [`TOKEN_JUMP`] (2^44, about 1.8e13), or at `--token-floor` if an
+//! operator who knows more gives a higher one. At 100 000 grants a second,
+//! 2^44 tokens last more than five years after the backup; u64 leaves room
+//! for half a million restores.
+//!
+//! # Sessions after a restore
+//!
+//! Sessions are kept with their secrets, holds and waiters: a client that
+//! reaches the new cluster resumes its session (the new leader gives every
+//! session a full TTL first, as after any election) and keeps its holds;
+//! one that does not, expires after that TTL and its holds are released.
+//! Their tokens are the old ones, below the floor; every new grant is above
+//! it.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use openraft::storage::{RaftLogReader, RaftLogStorage};
+use openraft::type_config::alias::{SnapshotMetaOf, StoredMembershipOf, VoteOf};
+use openraft::{BasicNode, Membership};
+use serde::{Deserialize, Serialize};
+
+use super::files::{self, io_error};
+use super::member::{MemberDir, SnapshotFile, StoredSnapshot, TokenCeiling};
+use super::raft_log::RaftLog;
+use super::ServerSnapshot;
+use crate::config::ServerConfig;
+use crate::entry::{Applied, TypeConfig};
+use crate::error::ServerError;
+use crate::inbox::FrozenState;
+
+const BACKUP_MAGIC: &[u8; 4] = b"LSBK";
+/// The payload format this server writes and the newest it reads.
+pub const BACKUP_FORMAT: u32 = 1;
+/// How far above every token a backup knows a restored cluster starts (see
+/// the module docs).
+pub const TOKEN_JUMP: u64 = 1 << 44;
+
+/// Where a backup came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Origin {
+    /// A running member's applied state.
+    Live,
+    /// A stopped member's data directory, with every entry it held
+    /// (`committed`: the last one it knew committed).
+    MemberData {
+        /// The last entry the member knew committed.
+        committed: Option<u64>,
+    },
+}
+
+/// The payload of a backup file.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Payload {
+    /// [`BACKUP_FORMAT`], first, so that a newer one is told before the
+    /// rest is read.
+    format: u32,
+    origin: Origin,
+    /// The member it was taken from.
+    node_id: u64,
+    /// Unix time in milliseconds.
+    saved_at_ms: u64,
+    /// The log id it is consistent at, and the membership then.
+    meta: SnapshotMetaOf<TypeConfig>,
+    /// The source member's durable token ceiling, if known (0 if not).
+    token_ceiling: u64,
+    /// `ServerSnapshot`, encoded.
+    state: Vec<u8>,
+}
+
+/// A backup, read and checked.
+#[derive(Debug)]
+pub struct Backup {
+    payload: Payload,
+    state: ServerSnapshot,
+}
+
+/// What a backup holds, for `locksmith snapshot status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Summary {
+    /// The backup file's format.
+    pub format: u32,
+    /// The replicated state's format inside it.
+    pub state_format: u64,
+    /// `live` or `member-data`.
+    pub origin: &'static str,
+    /// The member it was taken from.
+    pub node_id: u64,
+    /// When, in Unix milliseconds.
+    pub saved_at_ms: u64,
+    /// The log index it is consistent at (none for an empty cluster).
+    pub index: Option<u64>,
+    /// The term of that entry.
+    pub term: Option<u64>,
+    /// The source cluster's voters and learners then: `(id, address, voter)`.
+    pub members: Vec<(u64, String, bool)>,
+    /// Locks held.
+    pub locks: usize,
+    /// Holds (a shared lock or semaphore has several).
+    pub holds: usize,
+    /// Acquires waiting.
+    pub waiters: usize,
+    /// Open sessions.
+    pub sessions: usize,
+    /// The highest token the state had handed out.
+    pub last_token: u64,
+    /// The highest token ceiling the source knew (its durable reservation).
+    pub token_ceiling: u64,
+    /// Where a restore starts tokens without `--token-floor`.
+    pub restore_floor: u64,
+}
+
+/// Where and as what a restore makes a member's data directory.
+#[derive(Debug, Clone)]
+pub struct RestoreOptions {
+    /// The new member's data directory: absent or empty.
+    pub data_dir: PathBuf,
+    /// The new member's id.
+    pub node_id: u64,
+    /// The new cluster's members, `(id, HOST:PORT)`, this one among them:
+    /// every member is restored from the same backup with the same list.
+    pub members: Vec<(u64, String)>,
+    /// Start tokens above this, if higher than the backup's own floor.
+    pub token_floor: Option<u64>,
+}
+
+/// What a restore made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Restored {
+    /// Every token the new cluster hands out is above this.
+    pub token_floor: u64,
+    /// The log index the new cluster's log starts after.
+    pub index: Option<u64>,
+}
+
+/// A backup of `frozen`, the applied state of member `node_id` whose
+/// durable token ceiling is `token_ceiling`: the bytes of the file.
+pub(crate) fn live(frozen: FrozenState, node_id: u64, token_ceiling: u64) -> Vec<u8> {
+    let snapshot = frozen.encode();
+    encode(Payload {
+        format: BACKUP_FORMAT,
+        origin: Origin::Live,
+        node_id,
+        saved_at_ms: unix_ms(),
+        meta: snapshot.meta,
+        token_ceiling,
+        state: snapshot.snapshot.into_inner(),
+    })
+}
+
+fn encode(payload: Payload) -> Vec<u8> {
+    let bytes = postcard::to_stdvec(&payload).expect("a backup always encodes");
+    files::checked(BACKUP_MAGIC, &bytes)
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl Backup {
+    /// Reads and checks the backup at `path`: its checksum, its formats, and
+    /// that its engine state holds together.
+    pub fn read(path: &Path) -> Result<Backup, ServerError> {
+        let Some(bytes) = files::read_checked(path, BACKUP_MAGIC)? else {
+            return Err(ServerError::Missing {
+                path: path.to_owned(),
+                detail: "no such backup file".into(),
+            });
+        };
+        Backup::decode(path, &bytes)
+    }
+
+    /// Checks `bytes`, a whole backup file received from a member, as
+    /// [`Backup::read`] checks a file (`path` names it in errors).
+    pub fn from_bytes(path: &Path, bytes: &[u8]) -> Result<Backup, ServerError> {
+        Backup::decode(path, files::unframe(path, bytes, BACKUP_MAGIC)?)
+    }
+
+    fn decode(path: &Path, bytes: &[u8]) -> Result<Backup, ServerError> {
+        let corrupt = |detail: String| ServerError::Corrupt {
+            path: path.to_owned(),
+            detail,
+        };
+        let (format, _) = postcard::take_from_bytes::<u32>(bytes)
+            .map_err(|e| corrupt(format!("no backup format number: {e}")))?;
+        if format > BACKUP_FORMAT {
+            return Err(ServerError::Incompatible {
+                path: path.to_owned(),
+                detail: format!(
+                    "a backup of format {format}, written by a newer version: this one reads \
+                     formats up to {BACKUP_FORMAT}; restore it with the version that saved it"
+                ),
+            });
+        }
+        let payload: Payload = postcard::from_bytes(bytes)
+            .map_err(|e| corrupt(format!("the backup does not decode: {e}")))?;
+        let state = ServerSnapshot::decode(&payload.state).map_err(|detail| {
+            if detail.contains("newer version") {
+                ServerError::Incompatible {
+                    path: path.to_owned(),
+                    detail,
+                }
+            } else {
+                corrupt(detail)
+            }
+        })?;
+        state
+            .engine
+            .check()
+            .map_err(|e| corrupt(format!("the lock table does not hold together: {e}")))?;
+        Ok(Backup { payload, state })
+    }
+
+    /// The state of a stopped member's data directory: its snapshot and
+    /// every entry of its log (module docs). Refused unless
+    /// `force_new_cluster`, since what the lost members alone held is lost.
+    ///
+    /// Cancel safety: safe; the directory is read (a torn last frame cut, as
+    /// a start would) and its lock released when it ends or is dropped.
+    pub async fn from_member_data(
+        data_dir: &Path,
+        force_new_cluster: bool,
+    ) -> Result<Backup, ServerError> {
+        if !force_new_cluster {
+            return Err(ServerError::Config(format!(
+                "making a new cluster from the data of {} needs --force-new-cluster: entries \
+                 the lost members committed without it are lost, and its sessions and holds \
+                 are taken as they stand in its log; only do this when a quorum of the old \
+                 cluster cannot come back",
+                data_dir.display()
+            )));
+        }
+        if !data_dir.join("raft").join("RAFTLOG").is_file() {
+            return Err(ServerError::Missing {
+                path: data_dir.to_owned(),
+                detail: "not the data directory of a member that ever started (no raft/RAFTLOG)"
+                    .into(),
+            });
+        }
+        let config = ServerConfig::durable(data_dir);
+        let opened = MemberDir::open(data_dir, &config)?;
+        let mut state = crate::core::replicated_state(&config);
+        if let Some(snapshot) = &opened.snapshot {
+            let decoded =
+                ServerSnapshot::decode(&snapshot.data).map_err(|detail| ServerError::Corrupt {
+                    path: data_dir.join("snapshot"),
+                    detail,
+                })?;
+            let applied = Applied {
+                last_applied: snapshot.meta.last_log_id,
+                membership: snapshot.meta.last_membership.clone(),
+            };
+            state
+                .install(decoded, applied)
+                .map_err(|detail| ServerError::Corrupt {
+                    path: data_dir.join("snapshot"),
+                    detail,
+                })?;
+        }
+        let mut log = opened.log;
+        let raft_error = |e: io::Error| io_error("cannot read the Raft log in", data_dir, e);
+        let committed = log.read_committed().await.map_err(raft_error)?;
+        let entries = log.try_get_log_entries(..).await.map_err(raft_error)?;
+        let covered = opened
+            .snapshot
+            .as_ref()
+            .and_then(|s| s.meta.last_log_id)
+            .map(|id| id.index);
+        for entry in entries {
+            if Some(entry.log_id.index) <= covered {
+                continue;
+            }
+            state.apply_unrouted(entry);
+        }
+        let frozen = state.freeze();
+        let token_ceiling = opened.tokens.ceiling();
+        drop(log);
+        let snapshot = frozen.encode();
+        let payload = Payload {
+            format: BACKUP_FORMAT,
+            origin: Origin::MemberData {
+                committed: committed.map(|id| id.index),
+            },
+            node_id: 0,
+            saved_at_ms: unix_ms(),
+            meta: snapshot.meta,
+            token_ceiling,
+            state: snapshot.snapshot.into_inner(),
+        };
+        let bytes = postcard::to_stdvec(&payload).expect("a backup always encodes");
+        Backup::decode(data_dir, &bytes)
+    }
+
+    /// Writes the backup to `path` durably (a temporary file renamed over
+    /// it), owner-only: it holds the secrets that resume sessions.
+    pub fn write(&self, path: &Path) -> Result<(), ServerError> {
+        write_file(path, &encode(self.payload.clone()))
+    }
+
+    /// The engine's state in the backup.
+    pub fn engine(&self) -> &locksmith_core::Snapshot {
+        &self.state.engine
+    }
+
+    /// What the backup holds.
+    pub fn summary(&self) -> Summary {
+        let engine = &self.state.engine;
+        let last_log_id = self.payload.meta.last_log_id;
+        let membership = self.payload.meta.last_membership.membership();
+        let voters: Vec<u64> = membership.voter_ids().collect();
+        Summary {
+            format: self.payload.format,
+            state_format: self.state.format(),
+            origin: match self.payload.origin {
+                Origin::Live => "live",
+                Origin::MemberData { .. } => "member-data",
+            },
+            node_id: self.payload.node_id,
+            saved_at_ms: self.payload.saved_at_ms,
+            index: last_log_id.map(|id| id.index),
+            term: last_log_id.map(|id| id.leader_id.term),
+            members: membership
+                .nodes()
+                .map(|(id, node)| (*id, node.addr.clone(), voters.contains(id)))
+                .collect(),
+            locks: engine
+                .locks
+                .iter()
+                .filter(|l| !l.holders.is_empty())
+                .count(),
+            holds: engine.locks.iter().map(|l| l.holders.len()).sum(),
+            waiters: engine.waiters.len(),
+            sessions: self.state.sessions.len(),
+            last_token: engine.last_token,
+            token_ceiling: self.payload.token_ceiling,
+            restore_floor: self.restore_floor(),
+        }
+    }
+
+    /// Above every token the backup knows, by [`TOKEN_JUMP`].
+    fn restore_floor(&self) -> u64 {
+        self.state
+            .engine
+            .last_token
+            .max(self.payload.token_ceiling)
+            .saturating_add(TOKEN_JUMP)
+    }
+
+    /// Makes the data directory of one member of a new cluster from the
+    /// backup (module docs: tokens, sessions). Refused, changing nothing,
+    /// when the directory holds anything or the members do not name this
+    /// one.
+    ///
+    /// Cancel safety: dropped midway, the directory may be half made: it is
+    /// refused as not empty by a second restore and by a start that finds
+    /// no token ceiling; remove it and restore again.
+    pub async fn restore(&self, options: &RestoreOptions) -> Result<Restored, ServerError> {
+        let dir = options.data_dir.as_path();
+        check_members(options)?;
+        let occupied = match fs::read_dir(dir) {
+            Ok(mut entries) => entries.next().is_some(),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => false,
+            Err(e) => return Err(io_error("cannot list", dir, e)),
+        };
+        if occupied {
+            return Err(ServerError::Incompatible {
+                path: dir.to_owned(),
+                detail: "a restore makes a new data directory: this one is not empty".into(),
+            });
+        }
+        let token_floor = self.restore_floor().max(options.token_floor.unwrap_or(0));
+        let mut state = self.state.clone();
+        state.engine.last_token = token_floor;
+        let last_log_id = self.payload.meta.last_log_id;
+        let voters = options.members.iter().map(|(id, _)| *id).collect();
+        let nodes: std::collections::BTreeMap<u64, BasicNode> = options
+            .members
+            .iter()
+            .map(|(id, addr)| (*id, BasicNode::new(addr)))
+            .collect();
+        let membership = Membership::<u64, BasicNode>::new(vec![voters], nodes)
+            .map_err(|e| ServerError::Config(format!("invalid members: {e}")))?;
+        let meta = SnapshotMetaOf::<TypeConfig> {
+            last_log_id,
+            last_membership: StoredMembershipOf::<TypeConfig>::new(last_log_id, membership),
+        };
+
+        files::make_owner_only(dir)?;
+        let _lock = files::lock_dir(dir)?;
+        // The ceiling first: a directory with a Raft log and none is refused.
+        TokenCeiling::create(dir, token_floor)
+            .map_err(|e| io_error("cannot write", &dir.join("TOKENS"), e))?;
+        SnapshotFile::in_dir(dir)
+            .save(&StoredSnapshot {
+                meta,
+                data: state.encode(),
+            })
+            .map_err(|e| io_error("cannot write", &dir.join("snapshot"), e))?;
+        let raft_dir = dir.join("raft");
+        let mut log = RaftLog::open(&raft_dir, ServerConfig::durable(dir).segment_bytes)?;
+        if let Some(last) = last_log_id {
+            let raft_error = |e: io::Error| io_error("cannot write the Raft log in", &raft_dir, e);
+            // A vote in the snapshot's term: the new cluster's first
+            // election is in a later one, so its entries follow the
+            // snapshot's in log order.
+            let vote = VoteOf::<TypeConfig>::new(last.leader_id.term, options.node_id);
+            log.save_vote(&vote).await.map_err(raft_error)?;
+            log.save_committed(Some(last)).await.map_err(raft_error)?;
+            log.purge(last).await.map_err(raft_error)?;
+        }
+        drop(log);
+        Ok(Restored {
+            token_floor,
+            index: last_log_id.map(|id| id.index),
+        })
+    }
+}
+
+/// The members name this one, by positive ids, once each.
+fn check_members(options: &RestoreOptions) -> Result<(), ServerError> {
+    let ids: Vec<u64> = options.members.iter().map(|(id, _)| *id).collect();
+    if ids.contains(&0) {
+        return Err(ServerError::Config(
+            "a member id is a number above 0".into(),
+        ));
+    }
+    if !ids.contains(&options.node_id) {
+        return Err(ServerError::Config(format!(
+            "the members do not list this one (node id {})",
+            options.node_id
+        )));
+    }
+    let mut unique = ids.clone();
+    unique.sort_unstable();
+    unique.dedup();
+    if unique.len() != ids.len() {
+        return Err(ServerError::Config("a member id appears twice".into()));
+    }
+    Ok(())
+}
+
+/// Writes `bytes` to `path` atomically and durably, owner-only.
+pub fn write_file(path: &Path, bytes: &[u8]) -> Result<(), ServerError> {
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| ServerError::Config(format!("{} names no file", path.display())))?;
+    files::replace_durably(dir, name, bytes).map_err(|e| io_error("cannot write", path, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_backup_of_a_newer_format_is_refused_with_what_to_do() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("backup");
+        let mut bytes = postcard::to_stdvec(&(BACKUP_FORMAT + 1)).unwrap();
+        bytes.extend_from_slice(b"whatever a newer version writes");
+        fs::write(&path, files::checked(BACKUP_MAGIC, &bytes)).unwrap();
+        let error = Backup::read(&path).unwrap_err();
+        assert!(matches!(error, ServerError::Incompatible { .. }), "{error}");
+        assert!(error.to_string().contains("newer version"), "{error}");
+    }
+
+    #[test]
+    fn a_checked_file_framed_by_a_newer_version_is_refused_as_such() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("backup");
+        let mut bytes = files::checked(BACKUP_MAGIC, b"\x01abc");
+        bytes[4] += 1;
+        fs::write(&path, bytes).unwrap();
+        let error = Backup::read(&path).unwrap_err();
+        assert!(matches!(error, ServerError::Incompatible { .. }), "{error}");
+        assert!(error.to_string().contains("newer version"), "{error}");
+    }
+
+    #[test]
+    fn a_damaged_backup_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("backup");
+        fs::write(&path, files::checked(BACKUP_MAGIC, b"\x01abc")).unwrap();
+        let mut bytes = fs::read(&path).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 1;
+        fs::write(&path, bytes).unwrap();
+        let error = Backup::read(&path).unwrap_err();
+        assert!(error.to_string().contains("checksum"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn member_data_needs_force_new_cluster_and_touches_nothing_without() {
+        let dir = tempfile::tempdir().unwrap();
+        let error = Backup::from_member_data(dir.path(), false)
+            .await
+            .unwrap_err();
+        assert!(error.to_string().contains("--force-new-cluster"), "{error}");
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+}
