@@ -16,7 +16,7 @@ use locksmith_proto::v1 as pb;
 use locksmith_proto::v1::locksmith_client::LocksmithClient;
 use locksmith_server::backup::Backup;
 use locksmith_testkit::free_port;
-use server_support::{cluster_flag, members_url, unique, ServerProcess, BINARY};
+use server_support::{cluster_flag, leader, members_url, unique, ServerProcess, BINARY};
 
 /// Runs `locksmith ARGS`, returning (success, stdout + stderr).
 async fn locksmith(args: Vec<String>) -> (bool, String) {
@@ -86,27 +86,6 @@ async fn restored_cluster(source: &[String], ports: &[u16]) -> Vec<ServerProcess
         ));
     }
     members
-}
-
-/// The index of the member that leads (answers inspection), once one does.
-async fn leader(members: &[ServerProcess]) -> usize {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        for (i, member) in members.iter().enumerate() {
-            let address = format!("http://127.0.0.1:{}", member.port());
-            let Ok(mut client) = LocksmithClient::connect(address).await else {
-                continue;
-            };
-            let request = pb::DescribeRequest {
-                name: "probe".into(),
-            };
-            if client.describe(request).await.is_ok() {
-                return i;
-            }
-        }
-        assert!(tokio::time::Instant::now() < deadline, "no leader");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// What of the engine's state a restore keeps as it was: every lock's
@@ -184,7 +163,7 @@ async fn a_backup_saved_under_load_restores_the_state_and_tokens_start_above_eve
         .map(|i| ServerProcess::start_member(&ports, i, &[]))
         .collect();
     let url = members_url(&ports);
-    leader(&source).await;
+    leader(&source, &[]).await;
     let prefix = unique("backup-under-load");
     let stop = Arc::new(AtomicBool::new(false));
     let highest = Arc::new(AtomicU64::new(0));
@@ -240,7 +219,7 @@ async fn a_backup_saved_under_load_restores_the_state_and_tokens_start_above_eve
 
     let new_ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
     let restored = restored_cluster(&[file.display().to_string()], &new_ports).await;
-    leader(&restored).await;
+    leader(&restored, &[]).await;
     let new_url = members_url(&new_ports);
     let again = save(&new_url, &dir.path().join("restored.backup")).await;
     assert_eq!(
@@ -272,7 +251,7 @@ async fn a_new_cluster_from_one_surviving_member_keeps_its_locks_and_never_reuse
         .map(|i| ServerProcess::start_member(&ports, i, &[]))
         .collect();
     let url = members_url(&ports);
-    let survivor = leader(&members).await;
+    let survivor = leader(&members, &[]).await;
     let name = unique("force-new-cluster");
     let options = ConnectOptions::default().session_ttl(Duration::from_secs(30));
     let client = Client::connect_with(&url, options).await.unwrap();
@@ -306,7 +285,7 @@ async fn a_new_cluster_from_one_surviving_member_keeps_its_locks_and_never_reuse
         "--force-new-cluster".into(),
     ];
     let restored = restored_cluster(&source, &[port]).await;
-    leader(&restored).await;
+    leader(&restored, &[]).await;
     let mut inspect = LocksmithClient::connect(format!("http://127.0.0.1:{port}"))
         .await
         .unwrap();

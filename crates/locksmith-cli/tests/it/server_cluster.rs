@@ -49,29 +49,7 @@ impl Cluster {
     /// The index of the member that answers inspection (the leader), once
     /// one does, among those not in `except`.
     async fn leader(&self, except: &[usize]) -> usize {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-        loop {
-            for (i, member) in self.members.iter().enumerate() {
-                if except.contains(&i) {
-                    continue;
-                }
-                let address = format!("http://127.0.0.1:{}", member.port());
-                let Ok(mut client) = LocksmithClient::connect(address).await else {
-                    continue;
-                };
-                let request = pb::DescribeRequest {
-                    name: "probe".into(),
-                };
-                if client.describe(request).await.is_ok() {
-                    return i;
-                }
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "no leader among the members"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        server_support::leader(&self.members, except).await
     }
 }
 

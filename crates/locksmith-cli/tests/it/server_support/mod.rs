@@ -255,6 +255,36 @@ fn listening_on(log: &str, port: u16) -> bool {
     })
 }
 
+/// The index of the member that answers inspection (the leader), once one
+/// does, among those not in `except`.
+pub async fn leader(members: &[ServerProcess], except: &[usize]) -> usize {
+    use locksmith_proto::v1 as pb;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        for (i, member) in members.iter().enumerate() {
+            if except.contains(&i) {
+                continue;
+            }
+            let address = format!("http://127.0.0.1:{}", member.port());
+            let Ok(mut client) = pb::locksmith_client::LocksmithClient::connect(address).await
+            else {
+                continue;
+            };
+            let request = pb::DescribeRequest {
+                name: "probe".into(),
+            };
+            if client.describe(request).await.is_ok() {
+                return i;
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no leader among the members"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// The `locksmith://` URL of the servers on these loopback ports.
 pub fn members_url(ports: &[u16]) -> String {
     let members: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
