@@ -435,7 +435,8 @@ impl Backup {
             })
             .map_err(|e| io_error("cannot write", &dir.join("snapshot"), e))?;
         let raft_dir = dir.join("raft");
-        let mut log = RaftLog::open(&raft_dir, ServerConfig::durable(dir).segment_bytes)?;
+        let config = ServerConfig::durable(dir);
+        let mut log = RaftLog::open_on(&raft_dir, config.segment_bytes, config.execution)?;
         if let Some(last) = last_log_id {
             let raft_error = |e: io::Error| io_error("cannot write the Raft log in", &raft_dir, e);
             // A vote in the snapshot's term: the new cluster's first
