@@ -46,6 +46,9 @@ pub struct Engine {
     ending: BTreeMap<SessionId, Ending>,
     waiters: FxHashMap<WaiterKey, Waiter>,
     timers: BTreeSet<(Millis, Timer)>,
+    /// Sessions are timed by the caller ([`Engine::time_sessions_by_caller`]):
+    /// `timers` holds none of theirs.
+    sessions_timed_by_caller: bool,
     /// Reused buffers (always empty between commands), so that the hot path of
     /// an uncontended acquire / release allocates nothing but what it returns.
     scratch: Scratch,
@@ -529,7 +532,9 @@ impl Engine {
                 queued_names: 0,
             },
         );
-        self.timers.insert((expires_at, Timer::Session(id)));
+        if !self.sessions_timed_by_caller {
+            self.timers.insert((expires_at, Timer::Session(id)));
+        }
         Ok(())
     }
 
@@ -542,8 +547,10 @@ impl Engine {
         // Never earlier: a grace may have given the session more than a TTL.
         session.expires_at = old.max(now + session.ttl);
         let new = session.expires_at;
-        self.timers.remove(&(old, Timer::Session(id)));
-        self.timers.insert((new, Timer::Session(id)));
+        if !self.sessions_timed_by_caller {
+            self.timers.remove(&(old, Timer::Session(id)));
+            self.timers.insert((new, Timer::Session(id)));
+        }
         Ok(())
     }
 
@@ -1436,6 +1443,27 @@ impl Engine {
     /// When the session expires unless heartbeated, if it is open.
     pub fn session_expires_at(&self, session: SessionId) -> Option<Millis> {
         self.sessions.get(&session).map(|s| s.expires_at)
+    }
+
+    /// The session's time-to-live, if it is open.
+    pub fn session_ttl(&self, session: SessionId) -> Option<Millis> {
+        self.sessions.get(&session).map(|s| s.ttl)
+    }
+
+    /// From now on the caller decides when sessions expire:
+    /// [`Engine::due`] and [`Engine::next_deadline`] leave sessions out, and
+    /// the engine keeps no timer per session. For a caller that keeps
+    /// sessions alive by heartbeats it does not apply here: a replicated
+    /// server's leader answers them under its lease and logs none, so only
+    /// it knows when each session was last heard. Each session's
+    /// [`Engine::session_expires_at`] is still kept (moved by
+    /// [`Command::Heartbeat`] and [`Command::GrantGrace`]) as the earliest
+    /// it may expire, and a [`Command::ExpireSession`] still applies only if
+    /// the deadline it names has passed and is not earlier than that.
+    pub fn time_sessions_by_caller(&mut self) {
+        self.sessions_timed_by_caller = true;
+        self.timers
+            .retain(|(_, timer)| !matches!(timer, Timer::Session(_)));
     }
 
     fn lock_info(&self, id: LockId) -> LockInfo {

@@ -231,6 +231,173 @@ async fn holder_with_a_short_ttl_through_a_freeze(
     other.close().await.unwrap();
 }
 
+/// A session stream to one member, driven by hand: heartbeats and their
+/// answers, with the time each heartbeat was sent.
+struct RawSession {
+    tx: tokio::sync::mpsc::UnboundedSender<pb::ClientBatch>,
+    inbound: tonic::Streaming<pb::ServerBatch>,
+}
+
+impl RawSession {
+    /// Opens a session of `ttl_ms` on the member listening on `port`.
+    async fn open(port: u16, ttl_ms: u64) -> RawSession {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let outbound = futures::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|batch| (batch, rx))
+        });
+        let mut client = LocksmithClient::connect(format!("http://127.0.0.1:{port}"))
+            .await
+            .expect("gRPC connect");
+        let mut raw = RawSession {
+            inbound: client
+                .session(outbound)
+                .await
+                .expect("session call")
+                .into_inner(),
+            tx,
+        };
+        raw.send(pb::client_message::Kind::Open(pb::OpenSession {
+            client_name: "raw".into(),
+            host: "test".into(),
+            ttl_ms,
+        }));
+        let batch = raw.inbound.message().await.expect("stream").expect("open");
+        assert!(
+            matches!(
+                batch.messages[0].kind,
+                Some(pb::server_message::Kind::Opened(_))
+            ),
+            "{batch:?}"
+        );
+        raw
+    }
+
+    fn send(&self, kind: pb::client_message::Kind) {
+        let batch = pb::ClientBatch {
+            messages: vec![pb::ClientMessage { kind: Some(kind) }],
+            ..Default::default()
+        };
+        let _ = self.tx.send(batch);
+    }
+}
+
+/// Heartbeats are answered by the leader without a log entry; a leader cut
+/// off from its quorum (both followers frozen) answers no heartbeat sent
+/// after its lease could have run out on the followers' side: the earliest
+/// another member could be elected. Its answers are not logged, so nothing
+/// but the lease holds it back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeats_are_not_logged_and_a_leader_cut_off_stops_answering_them_before_another_can_lead(
+) {
+    let cluster = Cluster::start();
+    let leader = cluster.leader(&[]).await;
+    let mut raw = RawSession::open(cluster.members[leader].port(), 10_000).await;
+    // Heartbeats every 10 ms, each one's send time kept; answers come in
+    // the order the heartbeats went.
+    let sent = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sender = tokio::spawn({
+        let sent = sent.clone();
+        let tx = raw.tx.clone();
+        async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(10));
+            loop {
+                tick.tick().await;
+                sent.lock().unwrap().push(tokio::time::Instant::now());
+                let heartbeat = pb::client_message::Kind::Heartbeat(pb::Heartbeat {});
+                let batch = pb::ClientBatch {
+                    messages: vec![pb::ClientMessage {
+                        kind: Some(heartbeat),
+                    }],
+                    ..Default::default()
+                };
+                if tx.send(batch).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    let answered = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let reader = tokio::spawn({
+        let answered = answered.clone();
+        async move {
+            while let Ok(Some(batch)) = raw.inbound.message().await {
+                let heartbeats = batch
+                    .messages
+                    .iter()
+                    .filter(|m| matches!(m.kind, Some(pb::server_message::Kind::Heartbeat(_))))
+                    .count();
+                answered.fetch_add(heartbeats, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+    });
+    let leader_log = || {
+        let members = members(&cluster.url());
+        let leader = members.iter().find(|m| m["leader"] == true).cloned();
+        leader.expect("a leader")["last_log_index"].clone()
+    };
+    let log_before = leader_log();
+    let answered_before = answered.load(std::sync::atomic::Ordering::SeqCst);
+    eventually(Duration::from_secs(5), "heartbeats answered", || async {
+        answered.load(std::sync::atomic::Ordering::SeqCst) >= answered_before + 30
+    })
+    .await;
+    assert_eq!(leader_log(), log_before, "heartbeats were logged");
+    for follower in (0..3).filter(|&i| i != leader) {
+        cluster.members[follower].pause();
+    }
+    let cut_off = tokio::time::Instant::now();
+    // The followers' side of the lease: the longest election timeout, twice
+    // `--election-timeout` (200 ms by default). Wait well past it.
+    let lease = Duration::from_millis(400);
+    tokio::time::sleep(lease * 3).await;
+    let answers = answered.load(std::sync::atomic::Ordering::SeqCst);
+    let last_answered = sent.lock().unwrap()[answers - 1];
+    for follower in (0..3).filter(|&i| i != leader) {
+        cluster.members[follower].unpause();
+    }
+    sender.abort();
+    reader.abort();
+    assert!(
+        last_answered < cut_off + lease,
+        "a heartbeat sent {:?} after the cut-off was answered (the lease is {lease:?})",
+        last_answered - cut_off
+    );
+}
+
+/// A client whose heartbeats only the leader heard (they are not logged)
+/// keeps its session and its lock when that leader dies long after the
+/// session opened: the new leader gives every session a full TTL before it
+/// expires any, and the client resumes there in time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_kept_alive_by_heartbeats_the_old_leader_answered_lives_on_at_the_new_one() {
+    let cluster = Cluster::start();
+    let name = unique("cluster-unlogged-heartbeats");
+    let ttl = Duration::from_secs(3);
+    let holder = cluster.client(ttl).await;
+    let guard = holder.lock(name.as_str()).acquire().await.expect("acquire");
+    let token = guard.fencing_token();
+    let leader = cluster.leader(&[]).await;
+    // Two TTLs of heartbeats answered by the leader alone: what the log
+    // knows of the session's deadline is long past.
+    tokio::time::sleep(ttl * 2).await;
+    assert!(!guard.is_lost());
+    cluster.members[leader].kill();
+    cluster.leader(&[leader]).await;
+    // Two TTLs more at the new leader.
+    let lost = tokio::time::timeout(ttl * 2, guard.lost()).await;
+    assert!(lost.is_err(), "the holder lost its lock: {:?}", lost.ok());
+    let other = cluster.client(Duration::from_secs(10)).await;
+    let info = other
+        .describe(&name)
+        .await
+        .expect("describe")
+        .expect("held");
+    assert_eq!(info.holders[0].fencing_token, Some(token));
+    guard.release().await.expect("release at the new leader");
+    holder.close().await.unwrap();
+    other.close().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_follower_catches_up_and_carries_the_state_when_the_leader_dies() {
     let cluster = Cluster::start();

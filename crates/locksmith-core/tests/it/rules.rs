@@ -1165,6 +1165,27 @@ fn a_heartbeat_never_shortens_a_grace() {
     assert_eq!(h.session(1).expires_at, 10_500);
 }
 
+/// A caller that times sessions itself (a leader answering heartbeats under
+/// its lease) gets no session expiry from `due`, and its own expiry applies
+/// at a deadline past the engine's floor, never before the floor.
+#[test]
+fn sessions_timed_by_the_caller_expire_only_when_the_caller_says() {
+    let mut h = Harness::new();
+    h.open(0, 1, 1_000);
+    h.engine.time_sessions_by_caller();
+    h.open(0, 2, 1_000);
+    assert_eq!(h.engine.next_deadline(), None, "no session timer");
+    assert_eq!(h.engine.due(5_000), []);
+    h.ok(100, Command::GrantGrace { grace: 2_000 });
+    assert_eq!(h.session(1).expires_at, 2_100, "the floor still moves");
+    assert_eq!(h.engine.next_deadline(), None);
+    h.err(2_000, es(1, 2_000), EngineError::NotDue);
+    // Heard by the caller until 3 000: it expires the session at 4 000.
+    h.ok(4_000, es(1, 4_000));
+    assert!(!h.engine.has_session(sid(1)));
+    assert!(h.engine.has_session(sid(2)));
+}
+
 #[test]
 fn an_expiry_applied_before_its_deadline_is_refused() {
     let mut h = Harness::new();

@@ -14,14 +14,17 @@
 //!
 //! # The loop
 //!
-//! The core thread sleeps until an [`Input`] arrives or the engine's next
-//! deadline ([`locksmith_core::Engine::next_deadline`]) passes. Then:
+//! The core thread sleeps until an [`Input`] arrives or the next deadline
+//! passes (the engine's, [`locksmith_core::Engine::next_deadline`], or a
+//! session's check on the leader). Then:
 //!
 //! 1. it takes everything waiting in the channel: Raft's events at once
 //!    (committed entries to apply, snapshots, role changes), client ops
-//!    into the front end's backlog. The heartbeats among them go into the
-//!    next batch at once, so that no session expires while its heartbeat is
-//!    queued, however long the backlog;
+//!    into the front end's backlog. The heartbeats among them are answered
+//!    at once under the leader's lease, without a log write (module
+//!    `front::liveness`), or else go into the next batch at once, so that
+//!    no session expires while its heartbeat is queued, however long the
+//!    backlog;
 //! 2. while fewer than `max_batches_in_flight` batches are in flight, the
 //!    front end reads the clock once (`now`, see [`Clock`]) and
 //!    **proposes** the next batch (module `front::propose`): the backlog's
@@ -30,8 +33,9 @@
 //!    [`locksmith_core::Engine::work_of`]), each turned into log records
 //!    (what the client asked, stamped with `now`) and a local [`Route`]
 //!    (where its result goes), then the time-driven commands that are due
-//!    ([`locksmith_core::Engine::due`]: session expiries, lease expiries,
-//!    waiter timeouts, ends of lock-delay), up to `max_batch` units of work
+//!    (session expiries the front end decides, and
+//!    [`locksmith_core::Engine::due`]: lease expiries, waiter timeouts,
+//!    ends of lock-delay), up to `max_batch` units of work
 //!    too, after the client ops so that a renew in the same batch wins.
 //!    Nothing changes state yet. The records go to openraft as **one log
 //!    entry**, one append and one `fdatasync` on a quorum (module
@@ -301,7 +305,7 @@ impl Core {
                     }
                 }
                 Input::Shutdown { done } => shutdown = Some(Stop::Shutdown(done)),
-                Input::Client(op) => self.front.arrive(now, op),
+                Input::Client(op) => self.front.arrive(&self.state, now, op),
             }
         }
         self.arrived = arrived;
@@ -568,6 +572,7 @@ mod tests {
             stint: 1,
             ready: true,
         };
+        core.front.time_sessions(&core.state);
     }
 
     /// A core that leads (stint 1) with a session open on stream 1.
@@ -656,7 +661,7 @@ mod tests {
         let late = now + 1_500;
         assert!(core.take_arrivals(&arrivals, late).is_none());
         let mut proposal = std::mem::take(&mut core.front.proposal);
-        for command in core.state.engine().due_at_most(late, 4096) {
+        for command in core.front.due(&core.state, late) {
             proposal.command(late, command, None, None, Route::Nobody);
         }
         let first = proposal.records.first().cloned();
@@ -701,6 +706,62 @@ mod tests {
             matches!(&next, Some(Record::Command(r)) if r.command == Command::Heartbeat { session }),
             "the heartbeat was dropped: {next:?}"
         );
+    }
+
+    /// Heartbeats answered on stream 1 so far.
+    fn heartbeat_answers(core: &Core) -> usize {
+        core.front
+            .output
+            .streams
+            .messages(1)
+            .iter()
+            .filter(|m| matches!(m.kind, Some(pb::server_message::Kind::Heartbeat(_))))
+            .count()
+    }
+
+    #[test]
+    fn under_the_lease_a_live_session_is_answered_at_once_without_a_record() {
+        let (mut core, now, session) = leading_with_a_session();
+        core.front.replica.lease_in_tests(true);
+        let heartbeats = client_batch(1, [StreamOp::Heartbeat, StreamOp::Heartbeat]);
+        core.front.arrive(&core.state, now + 900, heartbeats);
+        assert!(core.front.proposal.records.is_empty(), "nothing to log");
+        assert_eq!(heartbeat_answers(&core), 2, "answered at once, each");
+        // Heard at 900 with a TTL of 1 s: not due at 1 500, due at 1 900.
+        let late = now + 1_500;
+        assert!(core.front.due(&core.state, late).is_empty());
+        assert_eq!(
+            core.front.due(&core.state, now + 1_900),
+            [Command::ExpireSession {
+                session,
+                deadline: now + 1_900
+            }]
+        );
+    }
+
+    #[test]
+    fn without_the_lease_or_past_its_deadline_a_heartbeat_goes_through_the_log() {
+        let (mut core, now, session) = leading_with_a_session();
+        let logged = |core: &Core| {
+            core.front
+                .proposal
+                .records
+                .iter()
+                .filter(|r| matches!(r, Record::Command(r) if r.command == Command::Heartbeat { session }))
+                .count()
+        };
+        // No lease (cut off from the quorum, say): logged, so that only a
+        // quorum can answer it.
+        let heartbeat = || client_batch(1, [StreamOp::Heartbeat]);
+        core.front.arrive(&core.state, now + 100, heartbeat());
+        assert_eq!(logged(&core), 1);
+        assert_eq!(heartbeat_answers(&core), 0, "not answered before applied");
+        // Under the lease, past the session's deadline (its expiry may be
+        // on its way): logged too, ordered against the expiry by the log.
+        core.front.replica.lease_in_tests(true);
+        core.front.arrive(&core.state, now + 1_000, heartbeat());
+        assert_eq!(logged(&core), 2);
+        assert_eq!(heartbeat_answers(&core), 0);
     }
 
     #[test]
@@ -861,7 +922,7 @@ mod tests {
         let late = now + 1_500;
         assert!(core.front.replica.can_expire());
         let mut proposal = std::mem::take(&mut core.front.proposal);
-        for command in core.state.engine().due_at_most(late, 4096) {
+        for command in core.front.due(&core.state, late) {
             proposal.command(late, command, None, None, Route::Nobody);
         }
         let records = proposal.records.clone();
@@ -879,7 +940,7 @@ mod tests {
         });
         assert!(!core.state.engine().has_session(session), "expired");
         assert!(core.front.replica.can_expire());
-        assert!(core.state.engine().due_at_most(late, 4096).is_empty());
+        assert!(core.front.due(&core.state, late).is_empty());
     }
 
     /// Opens a session on `stream` at `now` that holds `holds` locks.
@@ -989,7 +1050,7 @@ mod tests {
         assert!(!core.state.engine().has_session(expiring));
         // The expiry gives up nothing itself (10 holds > 4); then 4 an entry.
         assert_eq!(after_each, [10, 6, 2, 0]);
-        assert!(core.state.engine().due_at_most(late, 4096).is_empty());
+        assert!(core.front.due(&core.state, late).is_empty());
     }
 
     #[test]

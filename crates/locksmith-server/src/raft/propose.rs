@@ -35,6 +35,10 @@ pub(crate) struct Proposer {
     /// The batches proposed while unattached, in the core's own tests.
     #[cfg(test)]
     held: Vec<Batch>,
+    /// Whether [`Proposer::lease_holds`] says so while unattached, in the
+    /// core's own tests.
+    #[cfg(test)]
+    pub(crate) lease_in_tests: bool,
 }
 
 impl Proposer {
@@ -49,6 +53,8 @@ impl Proposer {
                 openers,
                 #[cfg(test)]
                 held: Vec::new(),
+                #[cfg(test)]
+                lease_in_tests: false,
             },
             receiver,
         )
@@ -57,6 +63,34 @@ impl Proposer {
     /// Connects the proposer to openraft and to the core's channel.
     pub(crate) fn attach(&mut self, raft: Raft, core: CoreSender) {
         self.raft = Some((raft, core));
+    }
+
+    /// Whether this member leads under a lease: a quorum of its voters
+    /// acknowledged it less than `lease` ago, so no other member can be
+    /// elected yet (a member alone in its group always can be sure). Read
+    /// from openraft's metrics, which follow its state a little late: the
+    /// acknowledgement seen here is never newer than openraft's own.
+    pub(crate) fn lease_holds(&self, lease: Duration) -> bool {
+        use openraft::async_runtime::WatchReceiver;
+        use openraft::Instant as _;
+        let Some((raft, _)) = &self.raft else {
+            #[cfg(test)]
+            return self.lease_in_tests;
+            #[cfg(not(test))]
+            return false;
+        };
+        let metrics = raft.metrics();
+        let m = metrics.borrow_watched();
+        if m.state != openraft::ServerState::Leader {
+            return false;
+        }
+        let mut voters = m.membership_config.membership().voter_ids();
+        if voters.next() == Some(m.id) && voters.next().is_none() {
+            return true;
+        }
+        m.last_quorum_acked
+            .as_ref()
+            .is_some_and(|acked| acked.elapsed() < lease)
     }
 
     /// Hands `batch` to openraft; `first`: the first batch of a leadership

@@ -198,6 +198,37 @@ async fn holders(server: &Server, name: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// An idle session's heartbeats are answered by the leader under its lease
+/// (a member alone in its group always has it) and write nothing to the
+/// log, however many: one answer each, in the order they came.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeats_of_an_idle_session_write_nothing_to_the_log() {
+    let server = server().await;
+    let mut raw = Raw::holding(&server, "idle/held", "a").await;
+    let before = server.stats();
+    for _ in 0..20 {
+        raw.send(vec![Out::Heartbeat(pb::Heartbeat {})]);
+    }
+    raw.send(vec![
+        Out::Heartbeat(pb::Heartbeat {}),
+        Out::Heartbeat(pb::Heartbeat {}),
+    ]);
+    for answered in 0..22 {
+        match raw.next().await {
+            Ok(In::Heartbeat(_)) => {}
+            other => panic!("heartbeat {answered}: expected its answer, got {other:?}"),
+        }
+    }
+    let after = server.stats();
+    assert_eq!(
+        (after.fsyncs, after.records),
+        (before.fsyncs, before.records),
+        "no log entry and no record for 22 heartbeats"
+    );
+    // The session lives on, and its hold with it.
+    assert_eq!(holders(&server, "idle/held").await, ["a"]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_message_of_a_batch_gets_its_own_answer() {
     let server = server().await;

@@ -57,12 +57,7 @@ impl FrontEnd {
             }
             Route::Heartbeat { session } => {
                 if result.is_ok() {
-                    let ack = pb::ServerMessage {
-                        kind: Some(pb::server_message::Kind::Heartbeat(pb::HeartbeatAck {
-                            now_ms: state.last_now(),
-                        })),
-                    };
-                    self.send_to(session, ack);
+                    self.send_to(session, super::heartbeat_ack(state.last_now()));
                 }
             }
             Route::Open { stream, session } => {

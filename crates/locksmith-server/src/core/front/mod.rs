@@ -14,10 +14,13 @@
 //!
 //! - `propose`: what each op becomes (records and routes), and the reads;
 //! - `sessions`: streams opening, resuming, attaching and detaching;
+//! - `liveness`: heartbeats answered under the leader's lease, and the
+//!   session expiries decided from them;
 //! - `replica`: the role, and the batches in flight until they are applied;
 //! - `deliver`: notices and results to streams and unary calls.
 
 mod deliver;
+mod liveness;
 mod propose;
 mod replica;
 mod sessions;
@@ -25,7 +28,7 @@ mod sessions;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use locksmith_core::{Command, Millis, SessionId};
 use locksmith_proto::v1 as pb;
@@ -38,6 +41,7 @@ use crate::entry::{LogRecord, Record, ENTRY_BYTES};
 use crate::metrics::{Metrics, Tally};
 use crate::op::{NewStream, Op, StreamId, StreamOp, UnaryReply};
 use crate::outbox::{LeaseWaiter, Orphan, Output};
+use liveness::Liveness;
 pub(crate) use replica::Replica;
 pub(super) use replica::{InFlight, Leadership};
 use sessions::{Link, PeerCounts};
@@ -175,10 +179,15 @@ pub(crate) struct FrontEnd {
     orphans: Vec<Orphan>,
     pub(super) shutting_down: bool,
     stats: Arc<Stats>,
-    /// Client ops looked at (their heartbeats proposed), waiting for their
+    /// Client ops looked at (their heartbeats taken out), waiting for their
     /// batch.
     pub(super) backlog: VecDeque<Op>,
     metrics: Option<Arc<Metrics>>,
+    /// When each session was heard here, and its expiry checks.
+    liveness: Liveness,
+    /// How long a quorum's acknowledgement keeps this member sure that it
+    /// leads (see [`liveness::usable_lease`]).
+    lease: Duration,
 }
 
 impl FrontEnd {
@@ -203,6 +212,9 @@ impl FrontEnd {
             stats,
             backlog: VecDeque::new(),
             metrics: None,
+            liveness: Liveness::default(),
+            // openraft's leader lease is its longest election timeout.
+            lease: liveness::usable_lease(config.election_timeout * 2),
         }
     }
 
@@ -232,14 +244,16 @@ impl FrontEnd {
         if !self.replica.can_expire() {
             return None;
         }
-        let at = state.engine().next_deadline()?;
+        let engine = state.engine().next_deadline();
+        let at = engine.into_iter().chain(self.liveness.next_check()).min()?;
         self.clock.instant_of(at)
     }
 
     /// Takes a client op that arrived: the leader's backlog takes it (its
-    /// heartbeats are proposed at once, see [`FrontEnd::propose_heartbeats`]);
+    /// heartbeats are answered or proposed at once, see
+    /// [`FrontEnd::take_heartbeats`]);
     /// any other member tells its client where the leader is.
-    pub(super) fn arrive(&mut self, now: Millis, mut op: Op) {
+    pub(super) fn arrive(&mut self, state: &Replicated, now: Millis, mut op: Op) {
         if let Op::Detach { stream, error } = op {
             return self.detach(stream, error);
         }
@@ -248,7 +262,7 @@ impl FrontEnd {
             return self.refuse(op, status);
         }
         if self.replica.serving() {
-            self.propose_heartbeats(now, &mut op);
+            self.take_heartbeats(state, now, &mut op);
         }
         self.backlog.push_back(op);
     }
@@ -313,15 +327,17 @@ impl FrontEnd {
                 || !self.orphans.is_empty())
     }
 
-    /// Moves the heartbeats of `op` into the batch being built, one command
-    /// (and so one answer) each, ahead of any expiry the batch decides: so
-    /// one client cannot expire another by keeping the core busy, however
-    /// long the backlog. One answer each: the client pairs every answer with
-    /// the oldest heartbeat it has not seen answered, so two heartbeats read
-    /// together and answered once would leave it a heartbeat behind for the
-    /// rest of the stream, until it gave its session up while the server
-    /// still answered.
-    fn propose_heartbeats(&mut self, now: Millis, op: &mut Op) {
+    /// Takes the heartbeats out of `op`, as they arrive, ahead of its other
+    /// ops and of any expiry, so that one client cannot expire another by
+    /// keeping the core busy, however long the backlog. Each is answered at
+    /// once under the leader's lease, without a log write, if the session
+    /// is alive here (module `liveness`); else it goes into the batch being
+    /// built as a record, answered once applied. One answer each: the
+    /// client pairs every answer with the oldest heartbeat it has not seen
+    /// answered, so two heartbeats read together and answered once would
+    /// leave it a heartbeat behind for the rest of the stream, until it gave
+    /// its session up while the server still answered.
+    fn take_heartbeats(&mut self, state: &Replicated, now: Millis, op: &mut Op) {
         let Op::Stream { stream, ops, .. } = op else {
             return;
         };
@@ -330,10 +346,22 @@ impl FrontEnd {
         };
         let before = ops.len();
         ops.retain(|o| !matches!(o, StreamOp::Heartbeat));
-        for _ in ops.len()..before {
-            let heartbeat = Command::Heartbeat { session };
-            self.proposal
-                .command(now, heartbeat, None, None, Route::Heartbeat { session });
+        let heartbeats = before - ops.len();
+        let alive = heartbeats > 0
+            && self
+                .liveness
+                .deadline(state, session)
+                .is_some_and(|deadline| deadline > now)
+            && self.replica.lease_holds(self.lease);
+        for _ in 0..heartbeats {
+            if alive {
+                self.liveness.heard(session, now);
+                self.send_to(session, heartbeat_ack(now));
+            } else {
+                let heartbeat = Command::Heartbeat { session };
+                self.proposal
+                    .command(now, heartbeat, None, None, Route::Heartbeat { session });
+            }
         }
         if ops.len() < before && ops.is_empty() {
             ops.push(StreamOp::AckOnly);
@@ -378,9 +406,9 @@ impl FrontEnd {
     /// work as for client ops (at least one), and their work: when many big
     /// sessions expire at once, their ends go out over several batches, with
     /// other clients' requests between them. The rest stays due.
-    fn due_within_budget(&self, state: &Replicated, now: Millis) -> (Vec<Command>, usize) {
+    fn due_within_budget(&mut self, state: &Replicated, now: Millis) -> (Vec<Command>, usize) {
+        let mut due = self.due(state, now);
         let engine = state.engine();
-        let mut due = engine.due_at_most(now, self.max_batch);
         let (mut work, mut within) = (0, 0);
         for command in &due {
             let more = engine.work_of(command);
@@ -392,6 +420,22 @@ impl FrontEnd {
         }
         due.truncate(within);
         (due, work)
+    }
+
+    /// The time-driven commands due at `now`, at most `max_batch` of each
+    /// source: the session expiries decided here (module `liveness`), then
+    /// the engine's (steps of sessions ending, leases, waits, lock-delays).
+    pub(super) fn due(&mut self, state: &Replicated, now: Millis) -> Vec<Command> {
+        let mut due = self.liveness.due(state, now, self.max_batch);
+        due.extend(state.engine().due_at_most(now, self.max_batch));
+        due
+    }
+
+    /// Times every open session from its replicated floor, as a leader
+    /// does once its grace is applied.
+    #[cfg(test)]
+    pub(in crate::core) fn time_sessions(&mut self, state: &Replicated) {
+        self.liveness.time_all(state);
     }
 
     /// Forgets what was waiting to be sent (the step failed: nobody may
@@ -447,6 +491,9 @@ impl FrontEnd {
             // proposed it.
             self.next_unary
                 .fetch_max(state.next_unary(), Ordering::Relaxed);
+            // Every session gets its full TTL from the grace before any
+            // expiry: nobody was heard here yet.
+            self.liveness.time_all(state);
             self.replica.serving.send_replace(true);
             tracing::info!(
                 last_token = state.engine().last_token(),
@@ -466,5 +513,16 @@ impl FrontEnd {
         }
         self.streams.clear();
         self.peers = PeerCounts::default();
+        self.liveness.forget_all();
+    }
+}
+
+/// The answer to a heartbeat, with the time on the clock of the member
+/// that answered.
+fn heartbeat_ack(now: Millis) -> pb::ServerMessage {
+    pb::ServerMessage {
+        kind: Some(pb::server_message::Kind::Heartbeat(pb::HeartbeatAck {
+            now_ms: now,
+        })),
     }
 }

@@ -199,7 +199,7 @@ impl FrontEnd {
         match op {
             Op::Describe { name, reply } => {
                 let lock = engine.describe(&name).map(|info| {
-                    let expiry = session_expiry(state, &[&info]);
+                    let expiry = self.session_expiry(state, &[&info]);
                     convert::lock_info_to_proto(info, &expiry)
                 });
                 self.defer(reply, Ok(pb::DescribeResponse { lock, now_ms: now }));
@@ -215,7 +215,7 @@ impl FrontEnd {
                     (true, Some(last)) => last.name.clone(),
                     _ => String::new(),
                 };
-                let expiry = session_expiry(state, &page.locks.iter().collect::<Vec<_>>());
+                let expiry = self.session_expiry(state, &page.locks.iter().collect::<Vec<_>>());
                 let locks = page
                     .locks
                     .into_iter()
@@ -239,7 +239,10 @@ impl FrontEnd {
                             client_name: s.info.name,
                             host: s.info.host,
                             ttl_ms: s.ttl,
-                            expires_at_ms: s.expires_at,
+                            expires_at_ms: self
+                                .liveness
+                                .deadline(state, s.session)
+                                .unwrap_or(s.expires_at),
                             holds: s.holds as u64,
                             connected,
                             peer: peer.map(|p| p.to_string()).unwrap_or_default(),
@@ -269,20 +272,21 @@ impl FrontEnd {
     }
 }
 
-/// Expiry of every session holding one of `locks` without a lease.
-fn session_expiry(
-    state: &Replicated,
-    locks: &[&locksmith_core::LockInfo],
-) -> HashMap<SessionId, Millis> {
-    // Only the sessions these locks name: a look-up each, never a walk of
-    // every session.
-    locks
-        .iter()
-        .flat_map(|l| &l.holders)
-        .filter(|h| h.session != SessionId::NONE)
-        .filter_map(|h| {
-            let expires_at = state.engine().session_expires_at(h.session)?;
-            Some((h.session, expires_at))
-        })
-        .collect()
+impl FrontEnd {
+    /// When each session holding one of `locks` expires unless heard from,
+    /// as this member decides it (module `liveness`).
+    fn session_expiry(
+        &self,
+        state: &Replicated,
+        locks: &[&locksmith_core::LockInfo],
+    ) -> HashMap<SessionId, Millis> {
+        // Only the sessions these locks name: a look-up each, never a walk
+        // of every session.
+        locks
+            .iter()
+            .flat_map(|l| &l.holders)
+            .filter(|h| h.session != SessionId::NONE)
+            .filter_map(|h| Some((h.session, self.liveness.deadline(state, h.session)?)))
+            .collect()
+    }
 }

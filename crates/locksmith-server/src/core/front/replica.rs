@@ -121,6 +121,18 @@ impl Replica {
         matches!(self.role, Leadership::Leader { .. })
     }
 
+    /// Whether this member leads under a lease that `lease` of a quorum's
+    /// acknowledgement gives it (see [`Proposer::lease_holds`]).
+    pub(in crate::core) fn lease_holds(&self, lease: std::time::Duration) -> bool {
+        self.leading() && self.proposer.lease_holds(lease)
+    }
+
+    /// Makes [`Replica::lease_holds`] say `holds` (no openraft here).
+    #[cfg(test)]
+    pub(in crate::core) fn lease_in_tests(&mut self, holds: bool) {
+        self.proposer.lease_in_tests = holds;
+    }
+
     /// Whether a new batch may be proposed now.
     pub(in crate::core) fn can_propose(&self) -> bool {
         self.serving() && self.in_flight.len() < self.max_in_flight
@@ -268,6 +280,7 @@ impl FrontEnd {
                 self.replica.serving.send_replace(false);
                 if was_leading {
                     self.stop_leading();
+                    self.liveness.forget_all();
                 }
             }
         }

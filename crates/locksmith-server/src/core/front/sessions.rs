@@ -151,6 +151,7 @@ impl FrontEnd {
         };
         self.output.streams.push(stream, &tx, message);
         self.attach(session, stream, tx, ended, peer);
+        self.liveness.time(state, session);
         tracing::debug!(%session, ?peer, "session opened");
     }
 
@@ -247,6 +248,7 @@ impl FrontEnd {
     /// `session` ended (applied): its stream is told why and ends, and it no
     /// longer counts against its client's address.
     pub(super) fn end_link(&mut self, session: SessionId, reason: &'static str) {
+        self.liveness.forget(session);
         let Some(link) = self.links.remove(&session) else {
             return;
         };

@@ -73,7 +73,7 @@ impl Replicated {
     /// An empty state (a member's snapshot, if it has one, is installed next).
     pub(crate) fn new(limits: Limits, max_unacked: usize, history: History) -> Replicated {
         Replicated {
-            engine: Engine::new(limits.clone()),
+            engine: engine(limits.clone()),
             limits,
             sessions: HashMap::new(),
             next_session: 1,
@@ -105,6 +105,11 @@ impl Replicated {
     /// The server's part of `session`, if it is open.
     pub(crate) fn session(&self, session: SessionId) -> Option<&SessionState> {
         self.sessions.get(&session)
+    }
+
+    /// The ids of the open sessions, in no order.
+    pub(crate) fn sessions(&self) -> impl Iterator<Item = SessionId> + '_ {
+        self.sessions.keys().copied()
     }
 
     /// Open sessions.
@@ -182,6 +187,7 @@ impl Replicated {
         self.history.restore(&snapshot.engine);
         self.engine = Engine::restore(self.limits.clone(), snapshot.engine)
             .expect("checked before anything changed");
+        self.engine.time_sessions_by_caller();
         self.sessions = snapshot
             .sessions
             .into_iter()
@@ -227,6 +233,15 @@ impl Replicated {
             sessions,
         }
     }
+}
+
+/// An empty engine whose sessions the leader times: heartbeats answered
+/// under its lease are not logged, so only the leader knows when each
+/// session was last heard, and it logs the expiries it decides.
+fn engine(limits: Limits) -> Engine {
+    let mut engine = Engine::new(limits);
+    engine.time_sessions_by_caller();
+    engine
 }
 
 #[cfg(test)]
