@@ -1,0 +1,160 @@
+//! The faults that strike while the clients work, drawn from the seed: a
+//! fault every 0.5–3 simulated seconds, each healed after a while, all
+//! healed (and every member up) a few seconds before the clients stop.
+
+use std::time::Duration;
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use crate::cluster::member_host;
+use crate::Settings;
+
+/// How long before the clients stop every fault is healed.
+const QUIET_BEFORE_END: Duration = Duration::from_secs(4);
+
+/// A fault's undoing, due at a time.
+enum Heal {
+    Repair(String, String),
+    RepairOneway(String, String),
+    Release(String, String),
+    Restore(String, String),
+    Restart(String),
+}
+
+/// The faults of one run.
+pub(crate) struct Faults {
+    rng: SmallRng,
+    enabled: bool,
+    members: u64,
+    clients: u32,
+    quiet_from: Duration,
+    next: Duration,
+    heals: Vec<(Duration, Heal)>,
+    struck: Vec<String>,
+    crashed: Option<String>,
+}
+
+impl Faults {
+    pub(crate) fn new(seed: u64, settings: &Settings) -> Faults {
+        Faults {
+            rng: SmallRng::seed_from_u64(seed ^ 0x0066_6175_6c74),
+            enabled: settings.faults,
+            members: settings.members,
+            clients: settings.clients,
+            quiet_from: settings.duration.saturating_sub(QUIET_BEFORE_END),
+            next: Duration::from_secs(2),
+            heals: Vec::new(),
+            struck: Vec::new(),
+            crashed: None,
+        }
+    }
+
+    /// What struck, in order, with the time.
+    pub(crate) fn struck(self) -> Vec<String> {
+        self.struck
+    }
+
+    /// Strikes and heals what is due at `now`.
+    pub(crate) fn at(&mut self, now: Duration, sim: &mut turmoil::Sim<'_>) {
+        let quiet = now >= self.quiet_from;
+        let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.heals)
+            .into_iter()
+            .partition(|(at, _)| *at <= now || quiet);
+        self.heals = later;
+        for (_, heal) in due {
+            self.heal(heal, sim);
+        }
+        if !self.enabled || quiet || now < self.next {
+            return;
+        }
+        self.next = now + Duration::from_millis(self.rng.gen_range(500..3000));
+        self.strike(now, sim);
+    }
+
+    fn member(&mut self) -> String {
+        member_host(self.rng.gen_range(1..=self.members))
+    }
+
+    fn other_member(&mut self, than: &str) -> String {
+        loop {
+            let other = self.member();
+            if other != than {
+                return other;
+            }
+        }
+    }
+
+    fn strike(&mut self, now: Duration, sim: &mut turmoil::Sim<'_>) {
+        let lasting = Duration::from_millis(self.rng.gen_range(200..4000));
+        let until = now + lasting;
+        let member = self.member();
+        let what = match self.rng.gen_range(0..6) {
+            0 => {
+                let others: Vec<String> = (1..=self.members)
+                    .map(member_host)
+                    .filter(|m| *m != member)
+                    .collect();
+                for other in others {
+                    sim.partition(member.as_str(), other.as_str());
+                    self.heals
+                        .push((until, Heal::Repair(member.clone(), other)));
+                }
+                format!("{member} cut off from the other members")
+            }
+            1 => {
+                let other = self.other_member(&member);
+                sim.partition_oneway(member.as_str(), other.as_str());
+                self.heals
+                    .push((until, Heal::RepairOneway(member.clone(), other.clone())));
+                format!("{member} → {other} cut (one way)")
+            }
+            2 if self.crashed.is_none() => {
+                sim.crash(member.as_str());
+                self.crashed = Some(member.clone());
+                self.heals.push((until, Heal::Restart(member.clone())));
+                format!("{member} crashed")
+            }
+            3 => {
+                let other = self.other_member(&member);
+                sim.hold(member.as_str(), other.as_str());
+                let until = now + lasting / 4;
+                self.heals
+                    .push((until, Heal::Release(member.clone(), other.clone())));
+                format!("{member} ↔ {other} held back (delay)")
+            }
+            4 => {
+                let client = format!("client{}", self.rng.gen_range(1..=self.clients));
+                for id in 1..=self.members {
+                    let m = member_host(id);
+                    sim.partition(client.as_str(), m.as_str());
+                    self.heals.push((until, Heal::Repair(client.clone(), m)));
+                }
+                format!("{client} cut off from the cluster")
+            }
+            _ => {
+                let other = self.other_member(&member);
+                sim.set_link_fail_rate(member.as_str(), other.as_str(), 0.05);
+                self.heals
+                    .push((until, Heal::Restore(member.clone(), other.clone())));
+                format!("{member} ↔ {other} losing messages")
+            }
+        };
+        tracing::info!(target: "locksmith_sim::faults", at = ?now, for_ = ?lasting, "{what}");
+        self.struck
+            .push(format!("{:.3}s {what} for {lasting:?}", now.as_secs_f64()));
+    }
+
+    fn heal(&mut self, heal: Heal, sim: &mut turmoil::Sim<'_>) {
+        match heal {
+            Heal::Repair(a, b) => sim.repair(a.as_str(), b.as_str()),
+            Heal::RepairOneway(a, b) => sim.repair_oneway(a.as_str(), b.as_str()),
+            Heal::Release(a, b) => sim.release(a.as_str(), b.as_str()),
+            Heal::Restore(a, b) => sim.set_link_fail_rate(a.as_str(), b.as_str(), 0.0),
+            Heal::Restart(member) => {
+                sim.bounce(member.as_str());
+                self.crashed = None;
+            }
+        }
+    }
+}

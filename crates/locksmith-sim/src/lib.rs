@@ -1,0 +1,275 @@
+//! # locksmith-sim: the cluster under a deterministic simulator
+//!
+//! The real lock server (`locksmith-server`: its gRPC service, openraft,
+//! the core, the Raft log on disk) and the real client library
+//! (`locksmith`'s `locksmith://` backend) run on simulated hosts: three
+//! members and a few clients, over a simulated TCP network, in simulated
+//! time, all on one thread. One seed decides everything (latencies, which
+//! faults strike when, the clients' choices, every random number the code
+//! draws), so one seed replays a run exactly, and a failing seed is a bug
+//! report that reproduces.
+//!
+//! ```text
+//! cargo run --release -p locksmith-sim -- --seed 7              # one run, its figures
+//! cargo run --release -p locksmith-sim -- --seeds 1..1000       # a campaign
+//! RUST_LOG=locksmith_sim=debug cargo run --release -p locksmith-sim -- --seed 7   # with its trace
+//! ```
+//!
+//! ## The simulator: turmoil
+//!
+//! [turmoil](https://docs.rs/turmoil) (tokio-rs) runs each host on a tokio
+//! runtime of its own with a paused clock, steps them in turn on one
+//! thread, and carries their TCP over a simulated network it can
+//! partition (either way, or one way), hold (delay), break and heal; a
+//! host can be crashed and restarted. The code under test stays the code
+//! that ships: the same tokio, tonic and hyper, with a listener and a
+//! connector (`locksmith_server::Environment`,
+//! `locksmith::ConnectOptions::connector`) on turmoil's sockets. madsim,
+//! the other candidate, swaps tokio and tonic for simulated look-alikes
+//! under a `--cfg madsim` build of the whole dependency tree: its tonic is
+//! not the HTTP/2 stack the server runs (nor is its server builder the
+//! one with our accept loop), and every crate would be built twice. openraft
+//! itself chose turmoil for its own fuzzer.
+//!
+//! What the server needs to run there is part of its design, not a fork:
+//! `ServerConfig::execution` = `Execution::Tasks` runs its core and its
+//! Raft log's writer as tasks (in production they have threads of their
+//! own), and its clock follows the wall clock and tokio's clock it is
+//! given. The randomness the code draws comes from the seed too (module
+//! `entropy`).
+//!
+//! ## Faults
+//!
+//! While the clients work, a fault strikes every few simulated seconds
+//! (module `faults`): a member cut off from the others (both ways, or one
+//! way only), a client cut off from the cluster, messages between two
+//! members held back (delay) or their connections broken (loss), a member
+//! crashed and restarted from its data directory. Links are slow and
+//! uneven all along (1–20 ms). What is written to disk survives a crash
+//! whole: losing writes that were not synced needs a simulated disk under
+//! the Raft log, not here yet.
+//!
+//! ## Checks
+//!
+//! Every run's history (module `history`) is checked per lock (module
+//! `check`): linearizable against a sequential lock (stateright's
+//! `LinearizabilityTester`), tokens strictly rising, never two holders at
+//! once, so never a hold taken away without its holder told. The clients
+//! must also finish: a cluster that stops granting for good fails the run.
+#![deny(missing_docs)]
+
+pub mod check;
+pub mod cluster;
+mod entropy;
+pub mod faults;
+pub mod history;
+pub mod workload;
+
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::time::{Duration, Instant, UNIX_EPOCH};
+
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
+
+use crate::check::Violation;
+use crate::cluster::{member_host, MemberSetup, PORT};
+use crate::faults::Faults;
+use crate::history::{Event, History};
+use crate::workload::ClientSetup;
+
+/// What a run simulates.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Members of the cluster.
+    pub members: u64,
+    /// Clients.
+    pub clients: u32,
+    /// Hot locks the clients share.
+    pub locks: usize,
+    /// How long the clients work, in simulated time.
+    pub duration: Duration,
+    /// Whether faults strike.
+    pub faults: bool,
+    /// The clients' session TTL.
+    pub session_ttl: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Settings {
+        Settings {
+            members: 3,
+            clients: 6,
+            locks: 3,
+            duration: Duration::from_secs(20),
+            faults: true,
+            session_ttl: Duration::from_secs(2),
+        }
+    }
+}
+
+impl Settings {
+    /// The command that runs `seed` with these settings again.
+    pub fn replay_command(&self, seed: u64) -> String {
+        format!(
+            "RUST_LOG=locksmith_sim=debug cargo run --release -p locksmith-sim -- --seed {seed} \
+             --members {} --clients {} --locks {} --duration {}{}",
+            self.members,
+            self.clients,
+            self.locks,
+            self.duration.as_secs(),
+            if self.faults { "" } else { " --no-faults" }
+        )
+    }
+}
+
+/// What a run did and found.
+#[derive(Debug)]
+pub struct Report {
+    /// Its seed.
+    pub seed: u64,
+    /// Simulated time from start to the last client's end.
+    pub simulated: Duration,
+    /// Real time it took.
+    pub real: Duration,
+    /// Every invocation and return the clients saw.
+    pub history: Vec<Event>,
+    /// The faults, as they struck.
+    pub faults: Vec<String>,
+    /// What the checks found (none is a pass).
+    pub violations: Vec<Violation>,
+}
+
+impl Report {
+    /// Grants the clients saw.
+    pub fn grants(&self) -> usize {
+        self.history
+            .iter()
+            .filter(|e| matches!(e.kind, history::Kind::Return(history::Ret::Granted { .. })))
+            .count()
+    }
+
+    /// A digest of the history (times, clients, outcomes, tokens): equal
+    /// for two runs of a seed that replayed exactly.
+    pub fn digest(&self) -> u64 {
+        let mut hasher = DefaultHasher::new();
+        self.history.hash(&mut hasher);
+        self.faults.hash(&mut hasher);
+        hasher.finish()
+    }
+}
+
+/// Runs `seed` on a thread of its own (its randomness comes from the seed
+/// from its first draw: module `entropy`) and checks its history.
+pub fn run(seed: u64, settings: &Settings) -> Report {
+    let settings = settings.clone();
+    std::thread::Builder::new()
+        .name(format!("sim-{seed}"))
+        .stack_size(64 << 20)
+        .spawn(move || {
+            entropy::seed_this_thread(seed);
+            simulate(seed, &settings)
+        })
+        .expect("a thread for the simulation")
+        .join()
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+}
+
+/// Simulated time the clients get past `duration` to finish (a member may
+/// be restarting, a session resuming) before the run counts as stuck.
+const FINISH_WITHIN: Duration = Duration::from_secs(60);
+
+fn simulate(seed: u64, settings: &Settings) -> Report {
+    let started = Instant::now();
+    let shm = std::path::Path::new("/dev/shm");
+    let data = if shm.is_dir() {
+        tempfile::tempdir_in(shm)
+    } else {
+        tempfile::tempdir()
+    }
+    .expect("a directory for the members' data");
+    let mut sim = turmoil::Builder::new()
+        .rng_seed(seed)
+        .epoch(UNIX_EPOCH + Duration::from_secs(1_900_000_000))
+        .simulation_duration(settings.duration + FINISH_WITHIN * 2)
+        .tick_duration(Duration::from_millis(1))
+        .min_message_latency(Duration::from_millis(1))
+        .max_message_latency(Duration::from_millis(if settings.faults { 20 } else { 5 }))
+        .build();
+    let cluster: Vec<(u64, String)> = (1..=settings.members)
+        .map(|id| (id, format!("{}:{PORT}", member_host(id))))
+        .collect();
+    for id in 1..=settings.members {
+        let setup = MemberSetup {
+            id,
+            cluster: cluster.clone(),
+            data_dir: data.path().join(member_host(id)),
+        };
+        sim.host(member_host(id), move || cluster::run_member(setup.clone()));
+    }
+    let url = format!(
+        "locksmith://{}",
+        cluster
+            .iter()
+            .map(|(_, addr)| addr.as_str())
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let history = History::default();
+    let locks: Vec<String> = (0..settings.locks).map(|i| format!("hot/{i}")).collect();
+    for id in 1..=settings.clients {
+        let setup = ClientSetup {
+            id,
+            url: url.clone(),
+            locks: locks.clone(),
+            session_ttl: settings.session_ttl,
+            until: settings.duration,
+        };
+        let rng = SmallRng::seed_from_u64(seed.wrapping_mul(1_000_003).wrapping_add(u64::from(id)));
+        sim.client(
+            format!("client{id}"),
+            workload::run_client(setup, rng, history.clone()),
+        );
+    }
+    let mut faults = Faults::new(seed, settings);
+    let mut violations = Vec::new();
+    loop {
+        match sim.step() {
+            Ok(true) => break,
+            Ok(false) => {}
+            Err(error) => {
+                violations.push(Violation {
+                    rule: "the simulation runs",
+                    lock: 0,
+                    detail: format!("a host stopped with an error: {error}"),
+                });
+                break;
+            }
+        }
+        let now = sim.elapsed();
+        faults.at(now, &mut sim);
+        if now > settings.duration + FINISH_WITHIN {
+            violations.push(Violation {
+                rule: "clients finish",
+                lock: 0,
+                detail: format!(
+                    "clients still working {:?} after they stopped starting operations",
+                    FINISH_WITHIN
+                ),
+            });
+            break;
+        }
+    }
+    let simulated = sim.elapsed();
+    drop(sim);
+    let history = history.events();
+    violations.extend(check::check(&history));
+    Report {
+        seed,
+        simulated,
+        real: started.elapsed(),
+        history,
+        faults: faults.struck(),
+        violations,
+    }
+}

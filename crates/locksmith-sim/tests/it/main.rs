@@ -1,0 +1,64 @@
+//! The simulation's fixed seeds, as CI runs them, through the
+//! `locksmith-sim` program (a process per seed, as a replay runs it):
+//! each run checked (crate docs), and one seed run twice to show it replays
+//! exactly. Short runs, so that the binary stays within a minute or so of
+//! a debug build; campaigns of many long seeds are `scripts/simulate`'s.
+
+use std::process::Command;
+
+/// Runs `locksmith-sim` with `args`; its output, and whether it passed.
+fn simulate(args: &[&str]) -> (String, bool) {
+    let output = Command::new(env!("CARGO_BIN_EXE_locksmith-sim"))
+        .args(args)
+        .output()
+        .expect("run locksmith-sim");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    (format!("{stdout}{stderr}"), output.status.success())
+}
+
+/// The digest a run printed.
+fn digest(output: &str) -> &str {
+    output
+        .split("digest ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no digest in:\n{output}"))
+}
+
+#[test]
+fn a_seed_replays_exactly() {
+    let args = ["--seed", "11", "--duration", "5"];
+    let (first, passed) = simulate(&args);
+    assert!(passed, "{first}");
+    let (second, passed) = simulate(&args);
+    assert!(passed, "{second}");
+    assert_eq!(
+        digest(&first),
+        digest(&second),
+        "the same seed, another history:\n{first}\n{second}"
+    );
+}
+
+#[test]
+fn fixed_seeds_with_faults_pass_every_check() {
+    let (output, passed) = simulate(&["--seeds", "1..3", "--duration", "10"]);
+    assert!(passed, "{output}");
+    assert!(output.contains("2 seeds, 0 failed"), "{output}");
+}
+
+#[test]
+fn a_run_without_faults_passes_and_grants_plenty() {
+    let (output, passed) = simulate(&["--seed", "5", "--duration", "5", "--no-faults"]);
+    assert!(passed, "{output}");
+    let grants: u64 = output
+        .split(": ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no grant count in:\n{output}"));
+    assert!(
+        grants >= 20,
+        "{grants} grants in 5 simulated seconds:\n{output}"
+    );
+}
