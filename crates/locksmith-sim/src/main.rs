@@ -41,6 +41,11 @@ struct Args {
     /// Print the run's history.
     #[arg(long)]
     history: bool,
+    /// Seconds of real time one seed may take before it counts as failed:
+    /// simulated time only moves when every host waits, so code that never
+    /// waits (a busy loop) stops it, and the run would never end.
+    #[arg(long, default_value_t = 120)]
+    real_limit: u64,
 }
 
 fn main() -> ExitCode {
@@ -61,12 +66,15 @@ fn main() -> ExitCode {
         ..Settings::default()
     };
     match (args.seed, &args.seeds) {
-        (Some(seed), _) => run_one(seed, &settings, args.history),
+        (Some(seed), _) => {
+            watch_real_time(seed, &settings, Duration::from_secs(args.real_limit));
+            run_one(seed, &settings, args.history)
+        }
         (None, Some(range)) => match range
             .split_once("..")
             .and_then(|(a, b)| Some(a.parse::<u64>().ok()?..b.parse::<u64>().ok()?))
         {
-            Some(seeds) => campaign(seeds, &settings),
+            Some(seeds) => campaign(seeds, &settings, args.real_limit),
             None => {
                 eprintln!("--seeds takes FIRST..END, e.g. 1..1000");
                 ExitCode::FAILURE
@@ -74,6 +82,25 @@ fn main() -> ExitCode {
         },
         (None, None) => run_one(0, &settings, args.history),
     }
+}
+
+/// Ends this process as a failed run if `seed` is still running after
+/// `limit` of real time.
+fn watch_real_time(seed: u64, settings: &Settings, limit: Duration) {
+    let replay = settings.replay_command(seed);
+    std::thread::spawn(move || {
+        std::thread::sleep(limit);
+        println!(
+            "seed {seed}: VIOLATION simulated time stopped: the run did not end within {limit:?} \
+             of real time (some task of the cluster never waits, so the clock never moves)"
+        );
+        println!("  replay: {replay}");
+        println!(
+            "result simulated_ms=0 real_ms={} ok=false",
+            limit.as_millis()
+        );
+        std::process::exit(1);
+    });
 }
 
 /// Runs `seed` here and prints how it went; the last line is the result
@@ -125,7 +152,7 @@ fn run_one(seed: u64, settings: &Settings, history: bool) -> ExitCode {
 }
 
 /// Runs every seed of `seeds` in a process of its own, then sums up.
-fn campaign(seeds: std::ops::Range<u64>, settings: &Settings) -> ExitCode {
+fn campaign(seeds: std::ops::Range<u64>, settings: &Settings, real_limit: u64) -> ExitCode {
     let program = std::env::current_exe().expect("the path of this program");
     let (mut runs, mut failed) = (0u64, Vec::new());
     let (mut simulated, mut real) = (Duration::ZERO, Duration::ZERO);
@@ -137,7 +164,8 @@ fn campaign(seeds: std::ops::Range<u64>, settings: &Settings) -> ExitCode {
             .args(["--members", &settings.members.to_string()])
             .args(["--clients", &settings.clients.to_string()])
             .args(["--locks", &settings.locks.to_string()])
-            .args(["--duration", &settings.duration.as_secs().to_string()]);
+            .args(["--duration", &settings.duration.as_secs().to_string()])
+            .args(["--real-limit", &real_limit.to_string()]);
         if !settings.faults {
             command.arg("--no-faults");
         }
