@@ -34,13 +34,18 @@ pub struct ClusterArgs {
 
 #[derive(Debug, Subcommand)]
 enum ClusterCommand {
-    /// Every member: id, address, role, term, last log and applied index, lag.
+    /// Every member: id, address, role, term, last log and applied index,
+    /// lag, version.
     Status {
-        /// One JSON object: `{"leader_id", "term", "changing", "members":
-        /// [{"id", "address", "voter", "leader", "last_log_index",
-        /// "applied_index", "lag"}]}` (an index or lag the answering member
-        /// does not know is null; `changing`: a change of voters is under
-        /// way, and the old and the new voters both vote until it ends).
+        /// One JSON object: `{"leader_id", "term", "changing",
+        /// "cluster_version", "members": [{"id", "address", "voter",
+        /// "leader", "last_log_index", "applied_index", "lag", "version",
+        /// "record_version"}]}` (what the answering member does not know is
+        /// null; `changing`: a change of voters is under way, and the old
+        /// and the new voters both vote until it ends; `version` and
+        /// `record_version`: a member's build and the newest log record
+        /// version it reads, as it told the leader; `cluster_version`: the
+        /// newest every member reads, agreed in the log).
         #[arg(long)]
         json: bool,
     },
@@ -131,8 +136,8 @@ async fn status(url: &ServerUrl, json: bool) -> Result<(), String> {
         return Ok(());
     }
     println!(
-        "{:>4}  {:<22}  {:<9}  {:>6}  {:>9}  {:>9}  {:>6}",
-        "ID", "ADDRESS", "ROLE", "TERM", "LAST LOG", "APPLIED", "LAG"
+        "{:>4}  {:<22}  {:<9}  {:>6}  {:>9}  {:>9}  {:>6}  {:<16}",
+        "ID", "ADDRESS", "ROLE", "TERM", "LAST LOG", "APPLIED", "LAG", "VERSION (RECORDS)"
     );
     let show = |n: Option<u64>| n.map_or("-".to_string(), |n| n.to_string());
     for member in &view.members {
@@ -141,15 +146,26 @@ async fn status(url: &ServerUrl, json: bool) -> Result<(), String> {
             (false, true) => "follower",
             (false, false) => "learner",
         };
+        let version = match (&member.version, member.record_version) {
+            (Some(build), Some(records)) => format!("{build} ({records})"),
+            _ => "-".into(),
+        };
         println!(
-            "{:>4}  {:<22}  {:<9}  {:>6}  {:>9}  {:>9}  {:>6}",
+            "{:>4}  {:<22}  {:<9}  {:>6}  {:>9}  {:>9}  {:>6}  {:<16}",
             member.id,
             member.address,
             role,
             view.term,
             show(member.last_log_index),
             show(member.applied_index),
-            show(member.lag)
+            show(member.lag),
+            version
+        );
+    }
+    if view.cluster_version > 0 {
+        println!(
+            "log record version in use: {} (the newest every member reads)",
+            view.cluster_version
         );
     }
     if view.changing {
@@ -168,6 +184,7 @@ fn status_json(view: &pb::ClusterStatus) -> serde_json::Value {
         "leader_id": (view.leader_id != 0).then_some(view.leader_id),
         "term": view.term,
         "changing": view.changing,
+        "cluster_version": (view.cluster_version > 0).then_some(view.cluster_version),
         "members": view.members.iter().map(|m| serde_json::json!({
             "id": m.id,
             "address": m.address,
@@ -176,6 +193,8 @@ fn status_json(view: &pb::ClusterStatus) -> serde_json::Value {
             "last_log_index": m.last_log_index,
             "applied_index": m.applied_index,
             "lag": m.lag,
+            "version": m.version,
+            "record_version": m.record_version,
         })).collect::<Vec<_>>(),
     })
 }
@@ -252,6 +271,7 @@ mod tests {
             leader_id: 1,
             term: 3,
             changing: true,
+            cluster_version: 2,
             members: vec![pb::MemberStatus {
                 id: 1,
                 address: "a:1".into(),
@@ -260,6 +280,8 @@ mod tests {
                 last_log_index: Some(9),
                 applied_index: Some(9),
                 lag: Some(0),
+                version: Some("0.1.0".into()),
+                record_version: Some(2),
             }],
         };
         let json = status_json(&view);
@@ -267,5 +289,7 @@ mod tests {
         assert_eq!(json["changing"], true);
         assert_eq!(json["members"][0]["lag"], 0);
         assert_eq!(json["members"][0]["address"], "a:1");
+        assert_eq!(json["members"][0]["record_version"], 2);
+        assert_eq!(json["cluster_version"], 2);
     }
 }

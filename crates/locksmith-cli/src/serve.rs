@@ -150,6 +150,11 @@ pub struct ServeArgs {
     /// the leader's (set it on every member: whichever leads does it).
     #[arg(long, value_name = "N")]
     pub auto_promote_lag: Option<u64>,
+    /// Act as a build that reads log records up to version N only (it
+    /// announces N, and stops if the cluster agrees on a newer one): for
+    /// tests of a rolling upgrade.
+    #[arg(long, value_name = "N", hide = true)]
+    pub record_version: Option<u32>,
     /// How often the leader sends heartbeats to the other members, e.g. `50ms`.
     #[arg(long, value_parser = parse_duration, default_value = "50ms")]
     pub raft_heartbeat: Duration,
@@ -255,6 +260,15 @@ impl ServeArgs {
         config.node_id = self.node_id;
         config.join = self.join.clone();
         config.auto_promote_lag = self.auto_promote_lag;
+        if let Some(version) = self.record_version {
+            if version == 0 || version > config.record_version {
+                return Err(format!(
+                    "--record-version must be between 1 and {} (this build's)",
+                    config.record_version
+                ));
+            }
+            config.record_version = version;
+        }
         config.raft_heartbeat = self.raft_heartbeat;
         config.election_timeout = self.election_timeout;
         config.tls = match (&self.tls_cert, &self.tls_key) {

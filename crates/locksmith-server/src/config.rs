@@ -130,6 +130,12 @@ pub struct ServerConfig {
     /// Where the core and the Raft log's writer run: on threads of their
     /// own (the default), or as tasks of the runtime the server starts on.
     pub execution: Execution,
+    /// The newest log record version this member reads and announces
+    /// (module `core::replicated::versions`): this build's by default. A
+    /// lower one makes the member act as an older build in a rolling
+    /// upgrade (for tests of the gate); it must be between 1 and this
+    /// build's.
+    pub record_version: u32,
 }
 
 /// Where the server's two loops that never wait on the network run: the
@@ -196,6 +202,7 @@ impl ServerConfig {
             auth_file: None,
             election_timeout: Duration::from_millis(200),
             execution: Execution::Threads,
+            record_version: crate::core::RECORD_VERSION,
         }
     }
 

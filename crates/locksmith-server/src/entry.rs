@@ -50,6 +50,10 @@ pub(crate) enum Record {
         replies: Vec<u64>,
         lost: Vec<u64>,
     },
+    /// Every member said it reads the records of this version: from here
+    /// on the cluster may write them (module `core::replicated::versions`).
+    /// Added in record version 2; new kinds go after it, never between.
+    ClusterVersion(u32),
 }
 
 impl Record {
@@ -58,6 +62,7 @@ impl Record {
         match self {
             Record::Command(record) => record.command.kind(),
             Record::Acks { .. } => "Acks",
+            Record::ClusterVersion(_) => "ClusterVersion",
         }
     }
 }

@@ -148,6 +148,7 @@ pub(crate) enum Role {
 pub(crate) struct FrozenState {
     pub meta: SnapshotMetaOf<TypeConfig>,
     pub last_now: Millis,
+    pub cluster_version: u32,
     pub next_session: u64,
     pub next_unary: u64,
     pub engine: FrozenEngine,
@@ -159,6 +160,7 @@ impl FrozenState {
     pub(crate) fn encode(self) -> SnapshotOf<TypeConfig, Cursor<Vec<u8>>> {
         let state = ServerSnapshot::new(
             self.last_now,
+            self.cluster_version,
             self.next_session,
             self.next_unary,
             self.engine.into_snapshot(),

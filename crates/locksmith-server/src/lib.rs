@@ -304,10 +304,18 @@ impl Server {
                     detail,
                 })?;
         }
+        if let Some(detail) = core.needs_upgrade() {
+            return Err(ServerError::Incompatible {
+                path: config.data_dir.clone().unwrap_or_default().join("snapshot"),
+                detail,
+            });
+        }
         if let Some(floor) = token_floor {
             core.raise_token_floor(floor);
         }
         core.count_in(metrics.clone());
+        let versions = raft::versions::Versions::new(config.record_version);
+        core.publish_versions(versions.clone());
         let unary_ids = core.unary_ids();
         let stats = core.stats();
         let machine = CoreMachine::new(ops.clone(), snapshots, snapshot);
@@ -348,6 +356,12 @@ impl Server {
         if let Some(lag) = config.auto_promote_lag {
             raft::admin::spawn_auto_promote(raft.clone(), lag);
         }
+        tokio::spawn(raft::versions::run(
+            raft.clone(),
+            versions.clone(),
+            ops.clone(),
+            peer_tls.clone(),
+        ));
         if config.cluster.len() <= 1 && config.join.is_none() {
             // A group of one elects itself at once: serve when it has.
             let _ = serving_rx.wait_for(|serving| *serving).await;
@@ -382,6 +396,7 @@ impl Server {
             .add_service(ClusterServer::new(ClusterService::new(
                 raft.clone(),
                 ops.clone(),
+                versions.clone(),
                 auth.clone(),
                 members,
             )))

@@ -209,7 +209,7 @@ impl RequestKind {
             Op::ForceRelease { .. } => RequestKind::ForceRelease,
             Op::CloseSession { .. } => RequestKind::CloseSession,
             Op::EndSession { .. } => RequestKind::EndSession,
-            Op::Stream { .. } | Op::Detach { .. } => return None,
+            Op::Stream { .. } | Op::Detach { .. } | Op::RaiseClusterVersion { .. } => return None,
         })
     }
 }

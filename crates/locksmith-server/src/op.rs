@@ -197,6 +197,9 @@ pub(crate) enum Op {
         secret: u128,
         reply: UnaryReply<pb::CloseSessionResponse>,
     },
+    /// The leader: every member reads records of `version`; log it as the
+    /// cluster's (module `core::replicated::versions`).
+    RaiseClusterVersion { version: u32 },
     /// Administrator: end a session, no secret needed.
     EndSession {
         session: SessionId,

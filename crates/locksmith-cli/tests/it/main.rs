@@ -9,7 +9,6 @@
 mod elect;
 mod observability;
 mod server_answers;
-mod server_backup;
 mod server_cluster;
 mod server_cluster_conformance;
 mod server_conformance;
@@ -21,5 +20,6 @@ mod server_integrity;
 mod server_limits;
 mod server_malformed;
 mod server_members;
+mod server_operations;
 mod server_security;
 mod server_support;

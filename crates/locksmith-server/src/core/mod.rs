@@ -103,11 +103,13 @@ use crate::history::{History, HistoryLimits};
 use crate::inbox::{CoreSender, FrozenState, Inbox, Input, RaftEvent, TaskInbox};
 use crate::metrics::Metrics;
 use crate::op::Op;
+use crate::raft::versions::Versions;
 use crate::raft::Raft;
 use crate::storage::member::TokenCeiling;
 use crate::storage::ServerSnapshot;
 use front::{FrontEnd, Proposal, Route};
 pub(crate) use front::{Replica, Stats};
+pub(crate) use replicated::versions::RECORD_VERSION;
 use replicated::{Notice, Replicated};
 
 /// Sleeps until `deadline`, or forever without one.
@@ -141,6 +143,9 @@ pub(crate) struct Core {
     /// The durable token ceiling, raised before a reply carries a token
     /// above it.
     tokens: Option<TokenCeiling>,
+    /// Where the cluster's record version is published for the leader's
+    /// gate and `cluster status`.
+    versions: Option<Arc<Versions>>,
 }
 
 impl Core {
@@ -162,6 +167,7 @@ impl Core {
             stats,
             metrics: None,
             tokens,
+            versions: None,
         }
     }
 
@@ -180,6 +186,23 @@ impl Core {
         self.state.count_in(metrics.clone());
         self.front.count_in(metrics.clone());
         self.metrics = Some(metrics);
+    }
+
+    /// Why this member cannot follow its cluster: the cluster agreed on log
+    /// records newer than it reads (module `replicated::versions`).
+    pub(crate) fn needs_upgrade(&self) -> Option<String> {
+        let version = self.state.needs_upgrade()?;
+        Some(format!(
+            "every member of the cluster read log records of version {version}, and they may \
+             be written now, but this member reads versions up to {}: upgrade this member",
+            self.state.reads_up_to()
+        ))
+    }
+
+    /// Publishes the cluster's record version in `versions` from now on.
+    pub(crate) fn publish_versions(&mut self, versions: Arc<Versions>) {
+        versions.set_cluster(self.state.cluster_version());
+        self.versions = Some(versions);
     }
 
     /// After a forced recovery: every fencing token from now on is above
@@ -416,6 +439,14 @@ impl Core {
     /// replies. If the ceiling cannot be written, nothing of the entries is
     /// told to anyone and the core must stop.
     fn finish_apply(&mut self) -> Result<(), Stop> {
+        if let Some(message) = self.needs_upgrade() {
+            self.front.drop_output();
+            tracing::error!(%message, "stopping");
+            return Err(Stop::Failed(message));
+        }
+        if let Some(versions) = &self.versions {
+            versions.set_cluster(self.state.cluster_version());
+        }
         let last_token = self.state.engine().last_token();
         if let Some(tokens) = &mut self.tokens {
             if let Err(error) = tokens.cover(last_token) {
@@ -486,7 +517,12 @@ pub(crate) fn replicated_state(config: &ServerConfig) -> Replicated {
         total: config.history_total,
         max_age: config.history_max_age.as_millis() as Millis,
     });
-    Replicated::new(config.limits.clone(), config.max_unacked_replies, history)
+    Replicated::new(
+        config.limits.clone(),
+        config.max_unacked_replies,
+        history,
+        config.record_version,
+    )
 }
 
 /// How long applying one log entry may take before the log says so.

@@ -33,6 +33,7 @@ use tonic::{Request, Response, Status};
 
 use openraft::raft::ClientWriteResponse;
 
+use super::versions::{MemberVersion, Versions};
 use super::{Raft, TypeConfig};
 use crate::auth::{Auth, Caller, Permission};
 use crate::inbox::{CoreSender, RaftEvent};
@@ -45,6 +46,8 @@ pub(crate) struct ClusterService {
     raft: Raft,
     /// The core, which freezes its state for a backup.
     core: CoreSender,
+    /// The members' versions (module `versions`).
+    versions: Arc<Versions>,
     auth: Option<Arc<Auth>>,
     /// Who counts as a member, for a joiner adding itself.
     members: MemberCheck,
@@ -57,12 +60,14 @@ impl ClusterService {
     pub(crate) fn new(
         raft: Raft,
         core: CoreSender,
+        versions: Arc<Versions>,
         auth: Option<Arc<Auth>>,
         members: MemberCheck,
     ) -> ClusterService {
         ClusterService {
             raft,
             core,
+            versions,
             auth,
             members,
         }
@@ -168,7 +173,49 @@ impl pb::cluster_server::Cluster for ClusterService {
         request: Request<pb::StatusRequest>,
     ) -> Result<Response<pb::ClusterStatus>, Status> {
         Caller::of(self.auth.as_ref(), &request)?;
-        Ok(Response::new(cluster_status(&self.raft)))
+        let mut status = cluster_status(&self.raft);
+        status.cluster_version = self.versions.cluster();
+        for member in &mut status.members {
+            if let Some(version) = self.versions.of(member.id) {
+                member.version = Some(version.build);
+                member.record_version = Some(version.records);
+            }
+        }
+        Ok(Response::new(status))
+    }
+
+    /// A member's versions, kept by the leader for its gate (module
+    /// `versions`) and `status`.
+    ///
+    /// Cancel safety: safe, no await.
+    async fn announce(
+        &self,
+        request: Request<pb::AnnounceRequest>,
+    ) -> Result<Response<pb::AnnounceResponse>, Status> {
+        self.admin_or_member(&request)?;
+        let pb::AnnounceRequest {
+            node_id,
+            version,
+            record_version,
+        } = request.into_inner();
+        self.leading()?;
+        if !self.is_member(node_id) {
+            return Err(Status::not_found(format!("no member {node_id}")));
+        }
+        let version = MemberVersion {
+            build: version,
+            records: record_version,
+        };
+        if self.versions.of(node_id).as_ref() != Some(&version) {
+            tracing::info!(
+                member = node_id,
+                build = %version.build,
+                record_version,
+                "a member's versions"
+            );
+        }
+        self.versions.announced(node_id, version);
+        Ok(Response::new(pb::AnnounceResponse {}))
     }
 
     /// Adds a learner, and answers once it has caught up with the log.
@@ -548,6 +595,9 @@ pub(crate) fn cluster_status(raft: &Raft) -> pb::ClusterStatus {
                     .then(|| m.last_applied.map(|l| l.index))
                     .flatten(),
                 lag,
+                // Known from announcements: `ClusterService::status`.
+                version: None,
+                record_version: None,
             }
         })
         .collect();
@@ -557,6 +607,7 @@ pub(crate) fn cluster_status(raft: &Raft) -> pb::ClusterStatus {
         leader_id: m.current_leader.unwrap_or(0),
         term: m.current_term,
         members,
+        cluster_version: 0,
     }
 }
 
@@ -616,6 +667,13 @@ mod tests {
             &self,
             _: Request<pb::MemberRequest>,
         ) -> Result<Response<pb::ChangeResponse>, Status> {
+            unimplemented()
+        }
+
+        async fn announce(
+            &self,
+            _: Request<pb::AnnounceRequest>,
+        ) -> Result<Response<pb::AnnounceResponse>, Status> {
             unimplemented()
         }
 

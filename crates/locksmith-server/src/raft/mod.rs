@@ -17,6 +17,7 @@ pub(crate) mod member;
 pub(crate) mod network;
 pub(crate) mod propose;
 pub(crate) mod state_machine;
+pub(crate) mod versions;
 
 use crate::entry::{TypeConfig, ENTRIES_PER_APPEND, ENTRY_BYTES};
 

@@ -5,15 +5,21 @@
 //! before a session's end could span several log entries: its engine has no
 //! ending sessions. A snapshot of format 0 is still read (as an engine with
 //! none); anything newer than this server knows is refused, never guessed.
+//! Format 2 adds the cluster's record version at the end; it is written only
+//! once the cluster agreed on record version 2 (module
+//! `core::replicated::versions`), since a leader sends its snapshots to
+//! members of the older build during a rolling upgrade: until then the
+//! snapshot is written in format 1, which reads as record version 1.
 
 use locksmith_core::{LockSnapshot, Millis, SessionSnapshot, Snapshot, WaiterSnapshot};
 use serde::{Deserialize, Serialize};
 
 use super::SessionRecord;
 
-/// The format this server writes: 1 since sessions can be ending
-/// ([`locksmith_core::Snapshot::ending`]).
-const SNAPSHOT_FORMAT: u64 = 1;
+/// The newest format this server writes: 1 since sessions can be ending
+/// ([`locksmith_core::Snapshot::ending`]), 2 with the cluster's record
+/// version.
+const SNAPSHOT_FORMAT: u64 = 2;
 
 /// Everything the server needs to start again without the log before it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -31,24 +37,51 @@ pub(crate) struct ServerSnapshot {
     pub engine: Snapshot,
     /// The server's session table.
     pub sessions: Vec<SessionRecord>,
+    /// The newest record version every member reads (format 2; 1 before).
+    pub cluster_version: u32,
+}
+
+/// [`ServerSnapshot`] as format 1 lays it out (no record version), borrowed
+/// to write it.
+#[derive(Serialize)]
+struct FormatOneRef<'a> {
+    format: u64,
+    last_now: Millis,
+    next_session: u64,
+    next_unary: u64,
+    engine: &'a Snapshot,
+    sessions: &'a [SessionRecord],
+}
+
+/// [`ServerSnapshot`] as format 1 lays it out, to read it.
+#[derive(Deserialize)]
+struct FormatOne {
+    _format: u64,
+    last_now: Millis,
+    next_session: u64,
+    next_unary: u64,
+    engine: Snapshot,
+    sessions: Vec<SessionRecord>,
 }
 
 impl ServerSnapshot {
-    /// A snapshot of the current format.
+    /// A snapshot in the newest format the cluster's record version allows.
     pub(crate) fn new(
         last_now: Millis,
+        cluster_version: u32,
         next_session: u64,
         next_unary: u64,
         engine: Snapshot,
         sessions: Vec<SessionRecord>,
     ) -> Self {
         ServerSnapshot {
-            format: SNAPSHOT_FORMAT,
+            format: if cluster_version >= 2 { 2 } else { 1 },
             last_now,
             next_session,
             next_unary,
             engine,
             sessions,
+            cluster_version,
         }
     }
 
@@ -58,9 +91,23 @@ impl ServerSnapshot {
         self.format
     }
 
-    /// The bytes openraft keeps and sends.
+    /// The bytes openraft keeps and sends, in the format the cluster's
+    /// record version allows.
     pub(crate) fn encode(&self) -> Vec<u8> {
-        postcard::to_stdvec(self).expect("the state always encodes")
+        let encoded = if self.cluster_version >= 2 {
+            // `new` set the format from the record version.
+            postcard::to_stdvec(self)
+        } else {
+            postcard::to_stdvec(&FormatOneRef {
+                format: 1,
+                last_now: self.last_now,
+                next_session: self.next_session,
+                next_unary: self.next_unary,
+                engine: &self.engine,
+                sessions: &self.sessions,
+            })
+        };
+        encoded.expect("the state always encodes")
     }
 
     /// Reads a snapshot of any format this server knows.
@@ -69,6 +116,16 @@ impl ServerSnapshot {
             .map_err(|e| format!("the snapshot has no format number: {e}"))?;
         let decoded = match format {
             SNAPSHOT_FORMAT => postcard::from_bytes(data),
+            1 => postcard::from_bytes::<FormatOne>(data).map(|one| {
+                ServerSnapshot::new(
+                    one.last_now,
+                    1,
+                    one.next_session,
+                    one.next_unary,
+                    one.engine,
+                    one.sessions,
+                )
+            }),
             0 => postcard::from_bytes::<FormatZero>(data).map(FormatZero::upgrade),
             other => {
                 return Err(format!(
@@ -121,6 +178,7 @@ impl FormatZero {
         };
         ServerSnapshot::new(
             self.last_now,
+            1,
             self.next_session,
             self.next_unary,
             engine,
@@ -171,8 +229,18 @@ mod tests {
 
     #[test]
     fn a_snapshot_decodes_as_it_was_encoded() {
-        let snapshot = ServerSnapshot::new(8_000, 3, 4, engine(), Vec::new());
+        let snapshot = ServerSnapshot::new(8_000, 2, 3, 4, engine(), Vec::new());
         assert_eq!(ServerSnapshot::decode(&snapshot.encode()), Ok(snapshot));
+    }
+
+    #[test]
+    fn until_the_cluster_agrees_on_record_version_2_a_snapshot_is_written_in_format_1() {
+        let snapshot = ServerSnapshot::new(8_000, 1, 3, 4, engine(), Vec::new());
+        let bytes = snapshot.encode();
+        assert_eq!(postcard::take_from_bytes::<u64>(&bytes).unwrap().0, 1);
+        let read = ServerSnapshot::decode(&bytes).unwrap();
+        assert_eq!(read, snapshot);
+        assert_eq!(read.cluster_version, 1);
     }
 
     #[test]
@@ -193,7 +261,7 @@ mod tests {
         };
         let bytes = postcard::to_stdvec(&old).unwrap();
         let read = ServerSnapshot::decode(&bytes).unwrap();
-        assert_eq!(read.format, SNAPSHOT_FORMAT);
+        assert_eq!(read.format, 1);
         assert_eq!(read.engine.sessions, engine.sessions);
         assert_eq!(read.engine.ending, []);
         assert_eq!(
@@ -204,7 +272,7 @@ mod tests {
 
     #[test]
     fn a_snapshot_of_a_newer_format_is_refused() {
-        let mut snapshot = ServerSnapshot::new(8_000, 3, 4, engine(), Vec::new());
+        let mut snapshot = ServerSnapshot::new(8_000, 2, 3, 4, engine(), Vec::new());
         snapshot.format = SNAPSHOT_FORMAT + 1;
         let error = ServerSnapshot::decode(&snapshot.encode()).unwrap_err();
         assert!(error.contains("written by a newer version"), "{error}");

@@ -200,6 +200,12 @@ impl ServerProcess {
         Self::spawn(&self.dir, extra)
     }
 
+    /// Starts another server on this one's data directory and port (stop
+    /// this one first), with extra `serve` arguments.
+    pub fn start_again_on_port_with(&self, extra: &[&str]) -> ServerProcess {
+        Self::spawn_on(&self.dir, self.port, extra)
+    }
+
     /// Starts `locksmith serve` on this server's data directory (stop this
     /// one first), expecting it to refuse; returns what it printed.
     pub fn refused(&self, extra: &[&str]) -> String {

@@ -48,6 +48,9 @@ impl FrontEnd {
         let status = |refusal: Refusal| match refusal {
             Refusal::Engine(error) => engine_error_to_status(&error),
             Refusal::UnknownSession(session) => unknown_session(session),
+            Refusal::NotAgreed(version) => Status::failed_precondition(format!(
+                "records of version {version} are not agreed by every member yet"
+            )),
         };
         match route {
             Route::Nobody | Route::Stream { .. } => {

@@ -110,6 +110,10 @@ impl FrontEnd {
                 let command = Command::ForceRelease { name };
                 proposal.command(now, command, None, None, Route::unary(reply));
             }
+            Op::RaiseClusterVersion { version } => {
+                proposal.records.push(Record::ClusterVersion(version));
+                proposal.routes.push(Route::Nobody);
+            }
             Op::CloseSession {
                 session,
                 secret,

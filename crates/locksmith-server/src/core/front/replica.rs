@@ -403,7 +403,10 @@ impl FrontEnd {
             Op::CloseSession { reply, .. } => answer(self, reply, status),
             Op::EndSession { reply, .. } => answer(self, reply, status),
             // Nothing waits for these.
-            Op::Stream { .. } | Op::Detach { .. } | Op::CancelLease { .. } => {}
+            Op::Stream { .. }
+            | Op::Detach { .. }
+            | Op::CancelLease { .. }
+            | Op::RaiseClusterVersion { .. } => {}
         }
     }
 }

@@ -62,6 +62,8 @@ pub(crate) enum Refusal {
     Engine(EngineError),
     /// A close named a session that is not open, or not with that secret.
     UnknownSession(SessionId),
+    /// A record of this version, which the cluster has not agreed on.
+    NotAgreed(u32),
 }
 
 /// What the state does after a command succeeded, besides its effects.
@@ -129,7 +131,16 @@ impl Replicated {
         record: Record,
         notices: &mut Vec<Notice>,
     ) -> Result<(), Refusal> {
+        if !self.allows(record.version()) && !matches!(record, Record::ClusterVersion(_)) {
+            // A kind not every member reads (a leader that ignored the
+            // gate): refused alike on every member that reads it.
+            return Err(Refusal::NotAgreed(record.version()));
+        }
         let record = match record {
+            Record::ClusterVersion(version) => {
+                self.raise_cluster_version(version);
+                return Ok(());
+            }
             Record::Acks {
                 session,
                 replies,

@@ -16,6 +16,7 @@
 
 mod apply;
 mod request_ids;
+pub(crate) mod versions;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -49,6 +50,11 @@ pub(crate) struct Replicated {
     history: History,
     /// The last entry applied, and the membership as of it.
     applied: Applied,
+    /// The newest record version every member reads, agreed in the log
+    /// (module `versions`).
+    cluster_version: u32,
+    /// The newest record version this member reads.
+    reads_up_to: u32,
     /// The engine's effects of the command being applied (a buffer reused).
     effects: Vec<Effect>,
     metrics: Option<Arc<Metrics>>,
@@ -71,7 +77,12 @@ pub(crate) struct SessionState {
 
 impl Replicated {
     /// An empty state (a member's snapshot, if it has one, is installed next).
-    pub(crate) fn new(limits: Limits, max_unacked: usize, history: History) -> Replicated {
+    pub(crate) fn new(
+        limits: Limits,
+        max_unacked: usize,
+        history: History,
+        reads_up_to: u32,
+    ) -> Replicated {
         Replicated {
             engine: engine(limits.clone()),
             limits,
@@ -82,6 +93,8 @@ impl Replicated {
             max_unacked: max_unacked.max(1),
             history,
             applied: Applied::default(),
+            cluster_version: versions::FIRST_RECORD_VERSION,
+            reads_up_to,
             effects: Vec::new(),
             metrics: None,
         }
@@ -182,6 +195,7 @@ impl Replicated {
     ) -> Result<(), String> {
         snapshot.engine.check().map_err(|e| e.to_string())?;
         self.last_now = snapshot.last_now;
+        self.cluster_version = snapshot.cluster_version;
         self.next_session = snapshot.next_session;
         self.next_unary = snapshot.next_unary;
         self.history.restore(&snapshot.engine);
@@ -227,6 +241,7 @@ impl Replicated {
                 last_membership: self.applied.membership.clone(),
             },
             last_now: self.last_now,
+            cluster_version: self.cluster_version,
             next_session: self.next_session,
             next_unary: self.next_unary,
             engine: self.engine.freeze(),

@@ -1,7 +1,8 @@
-//! Backups and new clusters made from them, as an operator runs them:
-//! `locksmith snapshot save` from a cluster under load, `snapshot restore`
-//! into the data directories of a new cluster, and a new cluster from one
-//! surviving member's data after the quorum is lost.
+//! Operating a cluster as an operator does: `locksmith snapshot save` from a
+//! cluster under load, `snapshot restore` into the data directories of a new
+//! cluster, a new cluster from one surviving member's data after the quorum
+//! is lost, and a rolling upgrade, where a newer log record kind stays
+//! unused until every member reads it.
 
 use crate::server_support;
 
@@ -304,4 +305,87 @@ async fn a_new_cluster_from_one_surviving_member_keeps_its_locks_and_never_reuse
     let client = Client::connect(&members_url(&[port])).await.unwrap();
     let next = client.lock(format!("{name}/next")).acquire().await.unwrap();
     assert!(next.fencing_token() > token, "tokens never go back");
+}
+
+/// `locksmith cluster status --json` of the cluster at `url`.
+async fn cluster_status(url: &str) -> serde_json::Value {
+    let (ok, text) = locksmith(vec![
+        "cluster".into(),
+        "--backend".into(),
+        url.into(),
+        "status".into(),
+        "--json".into(),
+    ])
+    .await;
+    assert!(ok, "cluster status: {text}");
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+/// The record version each member announced, by id, as the leader knows it.
+fn record_versions(status: &serde_json::Value) -> Vec<Option<u64>> {
+    status["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["record_version"].as_u64())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_record_kind_stays_unused_until_every_member_reads_it_then_turns_on() {
+    let ports: Vec<u16> = (0..2).map(|_| free_port()).collect();
+    let newer = ServerProcess::start_member(&ports, 0, &[]);
+    // A member of the build before: it reads record version 1 only.
+    let older = ServerProcess::start_member(&ports, 1, &["--record-version", "1"]);
+    let members = [newer, older];
+    leader(&members, &[]).await;
+    let url = members_url(&ports);
+    let mut status = cluster_status(&url).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while record_versions(&status) != [Some(2), Some(1)] {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "announced: {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        status = cluster_status(&url).await;
+    }
+    // The leader compares once a second: two of its rounds, and the gate
+    // stays shut while a member reads version 1 only.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let status = cluster_status(&url).await;
+    assert_eq!(status["cluster_version"], 1, "{status}");
+    members[1].assert_running();
+
+    // The older member is upgraded: the newer kind turns on.
+    members[1].stop();
+    let id = "2".to_string();
+    let list = cluster_flag(&ports);
+    let upgraded = members[1].start_again_on_port_with(&["--node-id", &id, "--cluster", &list]);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let status = cluster_status(&url).await;
+        if status["cluster_version"] == 2 {
+            assert_eq!(record_versions(&status), [Some(2), Some(2)], "{status}");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not raised: {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Once it is on, a member of the older build cannot follow: it stops
+    // and says why, rather than meet records it cannot read.
+    upgraded.stop();
+    let refused = members[1].refused(&[
+        "--node-id",
+        &id,
+        "--cluster",
+        &list,
+        "--record-version",
+        "1",
+    ]);
+    assert!(refused.contains("upgrade this member"), "{refused}");
 }

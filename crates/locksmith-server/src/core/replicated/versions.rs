@@ -1,0 +1,114 @@
+//! Versions of the log's records, and the gate that keeps a new kind out of
+//! the log until every member reads it.
+//!
+//! Every record kind has the record version that introduced it
+//! ([`Record::version`]); a build reads every kind up to its own
+//! [`RECORD_VERSION`]. Members of two consecutive builds run side by side
+//! during a rolling upgrade, so a build may only *write* a kind once every
+//! member of the cluster reads it: the **cluster version**, part of the
+//! replicated state, is the newest record version the cluster agreed on,
+//! and a feature that writes a newer kind asks [`Replicated::allows`] first
+//! and does without it until then.
+//!
+//! The cluster version rises only through the log, by a
+//! [`Record::ClusterVersion`] the leader proposes once every member (voters
+//! and learners) has told it the record version it reads (module
+//! `raft::versions`: each member announces itself to every new leader);
+//! it never goes down. A member applying a cluster version above what it
+//! reads stops with a message saying to upgrade it, rather than meet
+//! records it cannot decode. The snapshot's own format follows the cluster
+//! version too (`storage::snapshot`), since a leader sends snapshots to
+//! members of the older build.
+//!
+//! Version 1 is every kind from before versions were kept (engine commands
+//! and acknowledgements); 2 adds `ClusterVersion` itself, which the gate
+//! also guards: an older build never sees one.
+
+use crate::entry::Record;
+
+use super::Replicated;
+
+/// The newest record version this build reads and may write.
+pub(crate) const RECORD_VERSION: u32 = 2;
+
+/// The record version of a cluster that never agreed on one: what every
+/// build reads.
+pub(crate) const FIRST_RECORD_VERSION: u32 = 1;
+
+impl Record {
+    /// The record version that introduced this kind.
+    pub(crate) fn version(&self) -> u32 {
+        match self {
+            Record::Command(_) | Record::Acks { .. } => 1,
+            Record::ClusterVersion(_) => 2,
+        }
+    }
+}
+
+impl Replicated {
+    /// Whether the cluster may write records of `version` (every member
+    /// reads them). The one gate of every feature that writes a new kind.
+    pub(crate) fn allows(&self, version: u32) -> bool {
+        version <= self.cluster_version
+    }
+
+    /// The newest record version every member reads, as agreed in the log.
+    pub(crate) fn cluster_version(&self) -> u32 {
+        self.cluster_version
+    }
+
+    /// The newest record version this member reads.
+    pub(crate) fn reads_up_to(&self) -> u32 {
+        self.reads_up_to
+    }
+
+    /// Set when the cluster agreed on a record version this member does not
+    /// read: it must stop (and be upgraded).
+    pub(crate) fn needs_upgrade(&self) -> Option<u32> {
+        (self.cluster_version > self.reads_up_to).then_some(self.cluster_version)
+    }
+
+    /// Applies an agreed cluster version; it never goes down.
+    pub(super) fn raise_cluster_version(&mut self, version: u32) {
+        self.cluster_version = self.cluster_version.max(version);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ServerConfig;
+
+    #[test]
+    fn the_cluster_version_rises_through_the_log_only_and_never_goes_down() {
+        let mut state = crate::core::replicated_state(&ServerConfig::in_memory());
+        let mut notices = Vec::new();
+        assert_eq!(state.cluster_version(), FIRST_RECORD_VERSION);
+        assert!(!state.allows(2), "off until the cluster agrees");
+        state
+            .apply(Record::ClusterVersion(2), &mut notices)
+            .unwrap();
+        assert!(state.allows(2));
+        state
+            .apply(Record::ClusterVersion(1), &mut notices)
+            .unwrap();
+        assert_eq!(state.cluster_version(), 2, "never down");
+        assert_eq!(state.needs_upgrade(), None);
+        state
+            .apply(Record::ClusterVersion(RECORD_VERSION + 1), &mut notices)
+            .unwrap();
+        assert_eq!(state.needs_upgrade(), Some(RECORD_VERSION + 1));
+    }
+
+    #[test]
+    fn a_member_that_reads_only_older_records_is_told_to_upgrade() {
+        let mut config = ServerConfig::in_memory();
+        config.record_version = 1;
+        let mut state = crate::core::replicated_state(&config);
+        let mut notices = Vec::new();
+        state
+            .apply(Record::ClusterVersion(2), &mut notices)
+            .unwrap();
+        assert_eq!(state.needs_upgrade(), Some(2));
+    }
+}
