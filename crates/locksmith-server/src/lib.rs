@@ -319,7 +319,8 @@ impl Server {
         let unary_ids = core.unary_ids();
         let stats = core.stats();
         let machine = CoreMachine::new(ops.clone(), snapshots, snapshot);
-        let raft = raft::member::open(&config, log, machine, peer_tls.clone(), connector).await?;
+        let raft =
+            raft::member::open(&config, log, machine, peer_tls.clone(), connector.clone()).await?;
         core.connect_raft(raft.clone(), ops.clone());
         let (exit_tx, exit_rx) = oneshot::channel();
         let serving = readiness.clone();
@@ -361,6 +362,7 @@ impl Server {
             versions.clone(),
             ops.clone(),
             peer_tls.clone(),
+            connector,
         ));
         if config.cluster.len() <= 1 && config.join.is_none() {
             // A group of one elects itself at once: serve when it has.

@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use locksmith_proto::raft as pb;
+use locksmith_proto::transport::Connector;
 use openraft::async_runtime::WatchReceiver;
 
 use super::Raft;
@@ -85,6 +86,7 @@ pub(crate) async fn run(
     versions: Arc<Versions>,
     core: CoreSender,
     tls: Option<tonic::transport::ClientTlsConfig>,
+    connector: Option<Connector>,
 ) {
     let me = raft.metrics().borrow_watched().id;
     versions.announced(me, versions.own.clone());
@@ -114,7 +116,9 @@ pub(crate) async fn run(
             // Each leadership stint is told once (a leader re-elected after
             // a restart has forgotten).
             let stint = (leader, term);
-            if told != Some(stint) && announce(&address, me, &versions.own, tls.clone()).await {
+            if told != Some(stint)
+                && announce(&address, me, &versions.own, tls.clone(), connector.clone()).await
+            {
                 told = Some(stint);
             }
         }
@@ -138,7 +142,8 @@ fn raise_if_all_read(versions: &Versions, members: &[u64], core: &CoreSender) {
     }
 }
 
-/// Tells the leader at `address` this member's versions; whether it heard.
+/// Tells the leader at `address` this member's versions, over the peers'
+/// transport (`connector`, as Raft's own messages); whether it heard.
 ///
 /// Cancel safety: safe; a dropped announcement is made again.
 async fn announce(
@@ -146,12 +151,15 @@ async fn announce(
     me: u64,
     own: &MemberVersion,
     tls: Option<tonic::transport::ClientTlsConfig>,
+    connector: Option<Connector>,
 ) -> bool {
     let Ok(endpoint) = super::network::peer_endpoint(address, tls) else {
         return false;
     };
-    let Ok(channel) = endpoint.connect().await else {
-        return false;
+    let endpoint = endpoint.connect_timeout(Duration::from_secs(1));
+    let channel = match connector {
+        Some(connector) => endpoint.connect_with_connector_lazy(connector),
+        None => endpoint.connect_lazy(),
     };
     let request = pb::AnnounceRequest {
         node_id: me,
