@@ -4,10 +4,14 @@
 //! alone is the process-wide default table. A tokio task per table applies the
 //! engine's time-driven commands (expiries, timeouts) when they fall due, on the
 //! runtime that created the table, so tests under tokio's paused clock run
-//! without real waiting. Each client is one engine session, kept alive by the
-//! keeper (module `keeper`), whose renewal is the engine's heartbeat.
+//! without real waiting. Each client has one engine session at a time, kept
+//! alive by the keeper (module `keeper`), whose renewal is the engine's
+//! heartbeat. When the engine ends a session the client did not close (it
+//! expired while the process stalled), its holds are lost and the client
+//! opens a new session for what it does next, as a client of any store does.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, SystemTime};
 
@@ -37,11 +41,13 @@ static TABLES: Mutex<Option<HashMap<String, Weak<TableHandle>>>> = Mutex::new(No
 /// A backend on an in-process lock table.
 pub struct MemoryBackend {
     table: Arc<TableHandle>,
-    session: SessionId,
-    /// The keeper of the session.
+    /// The client's session now (a [`SessionId`]); the keeper moves it on
+    /// when the engine ends one the client did not close.
+    session: Arc<AtomicU64>,
+    /// The keeper of the sessions, one after another.
     heartbeat: tokio::task::JoinHandle<()>,
     /// Set by [`Backend::close`]: later acquires are [`Error::Closed`].
-    closed: std::sync::atomic::AtomicBool,
+    closed: AtomicBool,
 }
 
 /// Keeps a table alive; the last one dropped stops its timer task.
@@ -125,6 +131,59 @@ impl Table {
         self.changed.notify_one();
         self.observers.send_replace(());
         result
+    }
+
+    /// Opens a new session for a client.
+    fn open_session(&self, ttl: Duration, info: ClientInfo) -> Result<SessionId, EngineError> {
+        let mut state = self.state();
+        let session = SessionId(state.next_session);
+        state.next_session += 1;
+        let open = Command::OpenSession {
+            session,
+            ttl: ttl.as_millis() as Millis,
+            info,
+        };
+        self.apply(&mut state, open)?;
+        Ok(session)
+    }
+
+    /// Keeps the client's sessions, one after another, until aborted (the
+    /// client closed or dropped) or the table is gone: when the keeper gives
+    /// a session up, the holds it still has are lost with the keeper's
+    /// reason, and a new session is opened for the client's next calls.
+    ///
+    /// Cancel safety: runs as the client's own task; aborting it leaves the
+    /// current session to the caller, which closes it.
+    async fn keep_sessions(
+        table: Weak<Table>,
+        current: Arc<AtomicU64>,
+        ttl: Duration,
+        info: ClientInfo,
+    ) {
+        let mut opened = Instant::now();
+        loop {
+            let session = SessionId(current.load(Ordering::Acquire));
+            let term = Term::renewed("the memory session", Kept::Session, opened, ttl);
+            let renewal = Heartbeat {
+                table: table.clone(),
+                session,
+            };
+            let loss = keeper::keep(tokio::sync::watch::Sender::new(term), renewal).await;
+            let Some(table) = table.upgrade() else {
+                return;
+            };
+            table.state().session_given_up(session, &loss);
+            opened = Instant::now();
+            match table.open_session(ttl, info.clone()) {
+                Ok(next) => current.store(next.0, Ordering::Release),
+                // Session ids are never reused, so this cannot fail; were it
+                // to, the client's calls would fail on the ended session.
+                Err(error) => {
+                    tracing::warn!("memory://: cannot open a new session: {error}");
+                    return;
+                }
+            }
+        }
     }
 
     /// Applies every time-driven command that is due, then sleeps until the next.
@@ -311,44 +370,31 @@ impl MemoryBackend {
                 }
             }
         };
-        let ttl = options.session_ttl;
-        let opened = Instant::now();
-        let session = {
-            let mut state = table.table.state();
-            let session = SessionId(state.next_session);
-            state.next_session += 1;
-            let info = ClientInfo {
-                name: options.client_name.clone(),
-                host: options.host.clone(),
-            };
-            let open = Command::OpenSession {
-                session,
-                ttl: ttl.as_millis() as Millis,
-                info,
-            };
-            table.table.apply(&mut state, open)?;
-            session
+        let info = ClientInfo {
+            name: options.client_name.clone(),
+            host: options.host.clone(),
         };
-        let term = Term::renewed("the memory session", Kept::Session, opened, ttl);
-        let heartbeat = runtime.spawn({
-            let table = Arc::downgrade(&table.table);
-            async move {
-                let renewal = Heartbeat {
-                    table: table.clone(),
-                    session,
-                };
-                let loss = keeper::keep(tokio::sync::watch::Sender::new(term), renewal).await;
-                if let Some(table) = table.upgrade() {
-                    table.state().session_given_up(session, &loss);
-                }
-            }
-        });
+        let session = table
+            .table
+            .open_session(options.session_ttl, info.clone())?;
+        let current = Arc::new(AtomicU64::new(session.0));
+        let heartbeat = runtime.spawn(Table::keep_sessions(
+            Arc::downgrade(&table.table),
+            current.clone(),
+            options.session_ttl,
+            info,
+        ));
         Ok(MemoryBackend {
             table,
-            session,
+            session: current,
             heartbeat,
-            closed: Default::default(),
+            closed: AtomicBool::new(false),
         })
+    }
+
+    /// The client's session now.
+    fn session(&self) -> SessionId {
+        SessionId(self.session.load(Ordering::Acquire))
     }
 
     fn table(&self) -> &Arc<Table> {
@@ -404,13 +450,9 @@ impl Drop for MemoryBackend {
         self.heartbeat.abort();
         let table = self.table();
         let mut state = table.state();
-        if state.engine.has_session(self.session) {
-            let _ = table.apply(
-                &mut state,
-                Command::CloseSession {
-                    session: self.session,
-                },
-            );
+        let session = self.session();
+        if state.engine.has_session(session) {
+            let _ = table.apply(&mut state, Command::CloseSession { session });
         }
     }
 }
@@ -478,17 +520,17 @@ impl Backend for MemoryBackend {
     /// engine, or releases a grant that raced the drop, under the table lock
     /// (see `PendingAcquire`); the grant is made after the last await.
     async fn acquire(&self, request: &AcquireRequest) -> Result<Option<Grant>> {
-        if self.closed.load(std::sync::atomic::Ordering::Acquire) {
+        if self.closed.load(Ordering::Acquire) {
             return Err(Error::Closed);
         }
         let table = self.table();
         let (sender, receiver) = oneshot::channel();
         let key = {
             let mut state = table.state();
-            let key = (self.session, RequestId(state.next_request));
+            let key = (self.session(), RequestId(state.next_request));
             state.next_request += 1;
             let command = Command::Acquire(Acquire {
-                session: self.session,
+                session: key.0,
                 request: key.1,
                 owner: request.owner.clone(),
                 names: request.names.clone(),
@@ -528,7 +570,7 @@ impl Backend for MemoryBackend {
                 Ok(Some(Grant {
                     hold: Box::new(MemoryHold {
                         table: table.clone(),
-                        session: self.session,
+                        session: key.0,
                         request: request.clone(),
                         tokens: tokens.clone(),
                     }),
@@ -593,18 +635,13 @@ impl Backend for MemoryBackend {
     /// Cancel safety: safe; one step under the table lock, with no await
     /// point: the session is closed (its holds released) or it is not.
     async fn close(&self) -> Result<()> {
-        self.closed
-            .store(true, std::sync::atomic::Ordering::Release);
+        self.closed.store(true, Ordering::Release);
         self.heartbeat.abort();
         let table = self.table();
         let mut state = table.state();
-        if state.engine.has_session(self.session) {
-            table.apply(
-                &mut state,
-                Command::CloseSession {
-                    session: self.session,
-                },
-            )?;
+        let session = self.session();
+        if state.engine.has_session(session) {
+            table.apply(&mut state, Command::CloseSession { session })?;
         }
         Ok(())
     }
@@ -702,23 +739,45 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_session_the_engine_ended_ends_its_keeper() {
+    async fn a_session_the_engine_ended_is_followed_by_a_new_one() {
         let backend = connect();
         let grant = backend.acquire(&request("a")).await.unwrap().expect("free");
+        let first = backend.session();
         {
             let table = backend.table();
             let mut state = table.state();
-            let session = backend.session;
             table
-                .apply(&mut state, Command::CloseSession { session })
+                .apply(&mut state, Command::CloseSession { session: first })
                 .unwrap();
         }
         // The engine said so itself; the keeper finds it gone at its next
-        // renewal, a third of the TTL on.
+        // renewal, a third of the TTL on, and opens the next session.
         assert_eq!(grant.lost.cause(), Some(LostCause::ClientClosed));
         tokio::time::sleep(TTL / 3).await;
         tokio::task::yield_now().await;
-        assert!(backend.heartbeat.is_finished());
+        let second = backend.session();
+        assert_ne!(second, first);
+        assert!(backend.table().state().engine.has_session(second));
+        let again = backend.acquire(&request("a")).await.unwrap().expect("free");
+        assert!(again.tokens[0] > grant.tokens[0]);
+        // And the new session is kept like the first.
+        tokio::time::sleep(TTL * 5).await;
+        assert!(!again.lost.is_fired(), "{:?}", again.lost.reason());
+        assert!(!backend.heartbeat.is_finished());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_closed_client_opens_no_new_session() {
+        let backend = connect();
+        let session = backend.session();
+        backend.close().await.unwrap();
+        tokio::time::sleep(TTL).await;
+        assert_eq!(backend.session(), session);
+        assert_eq!(backend.table().state().engine.sessions().len(), 0);
+        assert!(matches!(
+            backend.acquire(&request("a")).await,
+            Err(Error::Closed)
+        ));
     }
 
     #[test]
