@@ -1,0 +1,261 @@
+//! Where the server's core runs, side by side in one run: on threads of its
+//! own (`Execution::Threads`, the default: the core and the Raft log's
+//! writer each on an OS thread) against tasks of the server's runtime
+//! (`Execution::Tasks`, which the simulator needs).
+//!
+//! Two groups of one in this process, each on a tokio runtime of its own
+//! (2 workers, named `srv-threads` and `srv-tasks`), with their Raft logs on
+//! `/dev/shm` (no disk: only software is measured); clients on a third
+//! runtime take and release locks of their own through the client library.
+//! For each side and each client count it reports pairs per second, the
+//! pair's p50, and what the **server's** threads spent per pair: CPU time
+//! (`/proc/self/task/*/schedstat`) and context switches (voluntary and not,
+//! `/proc/self/task/*/status`), counted per thread by its name, so the
+//! clients' own work is left out. Context switches count the wake-ups the
+//! issue of a request costs, and depend little on the machine's load.
+//!
+//! `cargo bench -p locksmith-server --bench execution`;
+//! `LOCKSMITH_EXECUTION_DISK=1` puts the logs on the project's disk instead
+//! (under `CARGO_TARGET_TMPDIR`), where the writer's `fdatasync` counts.
+//! `LOCKSMITH_EXECUTION_SECS` (default 3) is the length of each measurement,
+//! `LOCKSMITH_EXECUTION_ROUNDS` (default 3) how many times each runs, in
+//! turn, A B A B; the round with the median rate of each is reported.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use locksmith::{Client, ConnectOptions};
+use locksmith_server::{Execution, Server, ServerConfig};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The client counts measured.
+const CLIENTS: [usize; 2] = [1, 16];
+
+/// What one side's server threads did, summed over its threads.
+#[derive(Clone, Copy, Default)]
+struct Spent {
+    cpu: Duration,
+    switches: u64,
+}
+
+/// Sums CPU time and context switches over the threads of this process
+/// whose name `side` claims.
+fn spent(side: &Side) -> Spent {
+    let mut total = Spent::default();
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return total;
+    };
+    for task in tasks.flatten() {
+        let path = task.path();
+        let read = |file: &str| std::fs::read_to_string(path.join(file)).unwrap_or_default();
+        if !side.owns(read("comm").trim()) {
+            continue;
+        }
+        let nanos = read("schedstat")
+            .split_whitespace()
+            .next()
+            .and_then(|ns| ns.parse().ok())
+            .unwrap_or(0);
+        total.cpu += Duration::from_nanos(nanos);
+        total.switches += read("status")
+            .lines()
+            .filter(|line| line.contains("ctxt_switches"))
+            .filter_map(|line| line.split_whitespace().nth(1)?.parse::<u64>().ok())
+            .sum::<u64>();
+    }
+    total
+}
+
+/// One way of running the core, and the server started that way.
+struct Side {
+    label: &'static str,
+    /// The names (as `comm` shows them, at most 15 bytes) of its threads.
+    threads: &'static [&'static str],
+    url: String,
+    _runtime: tokio::runtime::Runtime,
+    _server: Server,
+}
+
+impl Side {
+    fn start(
+        label: &'static str,
+        execution: Execution,
+        runtime_name: &'static str,
+        threads: &'static [&'static str],
+        disk: Option<&std::path::Path>,
+    ) -> Result<Side, BoxError> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name(runtime_name)
+            .enable_all()
+            .build()?;
+        let mut config = match disk {
+            Some(dir) => ServerConfig::durable(dir.join(runtime_name)),
+            None => ServerConfig::in_memory(),
+        }
+        .listen("127.0.0.1:0".parse()?);
+        config.execution = execution;
+        let server = runtime.block_on(Server::start(config))?;
+        Ok(Side {
+            label,
+            threads,
+            url: server.url(),
+            _runtime: runtime,
+            _server: server,
+        })
+    }
+
+    fn owns(&self, thread: &str) -> bool {
+        self.threads.contains(&thread)
+    }
+}
+
+/// One measurement: the rate, the pairs' p50 in microseconds, and the
+/// server's CPU microseconds and context switches per pair.
+struct Measured {
+    per_second: f64,
+    p50_us: f64,
+    cpu_us: f64,
+    switches: f64,
+}
+
+/// `clients` clients, each with a connection and a lock of its own, acquire
+/// and release for `duration` after a warm-up.
+async fn pairs(side: &Side, clients: usize, duration: Duration) -> Result<Measured, BoxError> {
+    let run = uuid::Uuid::new_v4().simple().to_string();
+    let stop = Arc::new(AtomicBool::new(false));
+    let recording = Arc::new(AtomicBool::new(false));
+    let count = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for i in 0..clients {
+        let options = ConnectOptions::default()
+            .session_ttl(Duration::from_secs(30))
+            .client_name("execution-bench");
+        let client = Client::connect_with(&side.url, options).await?;
+        let lock = client.lock(format!("bench/execution/{run}/{i}"));
+        let (stop, recording, count) = (stop.clone(), recording.clone(), count.clone());
+        tasks.push(tokio::spawn(async move {
+            let _client = client;
+            let mut micros = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                lock.acquire().await?.release().await?;
+                count.fetch_add(1, Ordering::Relaxed);
+                if recording.load(Ordering::Relaxed) {
+                    micros.push(t.elapsed().as_nanos() as f64 / 1_000.0);
+                }
+            }
+            Ok::<_, BoxError>(micros)
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    recording.store(true, Ordering::SeqCst);
+    let (counted, before, started) = (count.load(Ordering::SeqCst), spent(side), Instant::now());
+    tokio::time::sleep(duration).await;
+    let (done, after, elapsed) = (
+        count.load(Ordering::SeqCst) - counted,
+        spent(side),
+        started.elapsed(),
+    );
+    recording.store(false, Ordering::SeqCst);
+    stop.store(true, Ordering::SeqCst);
+    let mut micros = Vec::new();
+    for task in tasks {
+        micros.extend(task.await??);
+    }
+    micros.sort_by(f64::total_cmp);
+    let per_pair = done.max(1) as f64;
+    Ok(Measured {
+        per_second: done as f64 / elapsed.as_secs_f64(),
+        p50_us: micros.get(micros.len() / 2).copied().unwrap_or(f64::NAN),
+        cpu_us: after.cpu.saturating_sub(before.cpu).as_nanos() as f64 / 1_000.0 / per_pair,
+        switches: after.switches.saturating_sub(before.switches) as f64 / per_pair,
+    })
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+fn main() -> Result<(), BoxError> {
+    let env = |name: &str, default: u64| {
+        std::env::var(name)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(default)
+    };
+    let duration = Duration::from_secs(env("LOCKSMITH_EXECUTION_SECS", 3));
+    let rounds = env("LOCKSMITH_EXECUTION_ROUNDS", 3).max(1) as usize;
+    // LOCKSMITH_EXECUTION_DISK=1: the logs on the project's disk instead.
+    let disk = match std::env::var_os("LOCKSMITH_EXECUTION_DISK") {
+        Some(_) => Some(
+            tempfile::Builder::new()
+                .prefix("locksmith-execution-")
+                .tempdir_in(env!("CARGO_TARGET_TMPDIR"))?,
+        ),
+        None => None,
+    };
+    let disk_path = disk.as_ref().map(|dir| dir.path());
+    let sides = [
+        Side::start(
+            "threads (default)",
+            Execution::Threads,
+            "srv-threads",
+            &["srv-threads", "locksmith-engin", "raft-log"],
+            disk_path,
+        )?,
+        Side::start(
+            "tasks",
+            Execution::Tasks,
+            "srv-tasks",
+            &["srv-tasks"],
+            disk_path,
+        )?,
+    ];
+    let clients = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("clients")
+        .enable_all()
+        .build()?;
+    eprintln!(
+        "logs {}; {} s per measurement, {rounds} rounds; load average {}",
+        disk_path.map_or("on /dev/shm".into(), |d| format!("under {}", d.display())),
+        duration.as_secs(),
+        load_average()
+    );
+    // runs[side][clients]: every round's measurement.
+    let mut runs: Vec<Vec<Vec<Measured>>> = sides
+        .iter()
+        .map(|_| CLIENTS.iter().map(|_| Vec::new()).collect())
+        .collect();
+    clients.block_on(async {
+        for round in 1..=rounds {
+            eprintln!("round {round} of {rounds}; load average {}", load_average());
+            for (c, &count) in CLIENTS.iter().enumerate() {
+                for (s, side) in sides.iter().enumerate() {
+                    runs[s][c].push(pairs(side, count, duration).await?);
+                }
+            }
+        }
+        Ok::<(), BoxError>(())
+    })?;
+    eprintln!("load average at the end {}", load_average());
+    println!("| clients | core on | pairs/s | pair p50 | server CPU per pair | server context switches per pair |");
+    println!("|---:|---|---:|---:|---:|---:|");
+    for (c, &count) in CLIENTS.iter().enumerate() {
+        for (s, side) in sides.iter().enumerate() {
+            let mut measured = std::mem::take(&mut runs[s][c]);
+            measured.sort_by(|a, b| a.per_second.total_cmp(&b.per_second));
+            let m = &measured[(measured.len() - 1) / 2];
+            println!(
+                "| {count} | {} | {:.0} | {:.0} µs | {:.1} µs | {:.1} |",
+                side.label, m.per_second, m.p50_us, m.cpu_us, m.switches
+            );
+        }
+    }
+    Ok(())
+}
