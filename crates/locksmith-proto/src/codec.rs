@@ -5,12 +5,25 @@
 //! truncated field) with `INTERNAL`, which clients treat as a server failure
 //! worth retrying. The same bytes fail the same way every time, so the
 //! server says `INVALID_ARGUMENT` instead; encoding is unchanged.
+//!
+//! Its buffers start at [`BUFFER_BYTES`] rather than tonic's 8 KiB: every
+//! session stream keeps one buffer each way for as long as it lives, and
+//! most streams are idle sessions exchanging heartbeats of a few bytes; a
+//! stream that sends more grows its buffers as it needs.
 
 use std::marker::PhantomData;
 
-use tonic::codec::{Codec, DecodeBuf, Decoder};
+use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::{Code, Status};
 use tonic_prost::{ProstCodec, ProstDecoder, ProstEncoder};
+
+/// The bytes each way a stream's buffers start at (see the module docs).
+pub const BUFFER_BYTES: usize = 1024;
+
+/// Buffers of [`BUFFER_BYTES`], yielding at tonic's threshold (32 KiB).
+fn buffer_settings() -> BufferSettings {
+    BufferSettings::new(BUFFER_BYTES, 32 * 1024)
+}
 
 /// prost encoding, with decode errors answered as `INVALID_ARGUMENT`.
 #[derive(Debug, Clone)]
@@ -33,11 +46,11 @@ where
 {
     type Encode = T;
     type Decode = U;
-    type Encoder = ProstEncoder<T>;
+    type Encoder = ProtoEncoder<T>;
     type Decoder = ProtoDecoder<U>;
 
     fn encoder(&mut self) -> Self::Encoder {
-        ProstCodec::<T, U>::default().encoder()
+        ProtoEncoder(ProstCodec::<T, U>::default().encoder())
     }
 
     fn decoder(&mut self) -> Self::Decoder {
@@ -45,7 +58,25 @@ where
     }
 }
 
-/// prost's decoder with the status code of its errors changed.
+/// prost's encoder, with small buffers to start.
+#[derive(Debug, Clone)]
+pub struct ProtoEncoder<T>(ProstEncoder<T>);
+
+impl<T: prost::Message> Encoder for ProtoEncoder<T> {
+    type Item = T;
+    type Error = Status;
+
+    fn encode(&mut self, item: T, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        self.0.encode(item, dst)
+    }
+
+    fn buffer_settings(&self) -> BufferSettings {
+        buffer_settings()
+    }
+}
+
+/// prost's decoder with the status code of its errors changed, and small
+/// buffers to start.
 #[derive(Debug, Clone)]
 pub struct ProtoDecoder<U>(ProstDecoder<U>);
 
@@ -62,7 +93,7 @@ impl<U: prost::Message + Default> Decoder for ProtoDecoder<U> {
         })
     }
 
-    fn buffer_settings(&self) -> tonic::codec::BufferSettings {
-        self.0.buffer_settings()
+    fn buffer_settings(&self) -> BufferSettings {
+        buffer_settings()
     }
 }

@@ -57,7 +57,7 @@
 
 mod codec;
 
-pub use codec::{ProtoCodec, ProtoDecoder};
+pub use codec::{ProtoCodec, ProtoDecoder, ProtoEncoder, BUFFER_BYTES};
 
 pub mod transport;
 
