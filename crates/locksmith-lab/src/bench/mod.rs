@@ -23,6 +23,11 @@
 //!   between them (`--scale`, and `--scale-server` for the locksmith server):
 //!   time to hold them all, and the server's memory (PSS of its process tree,
 //!   from /proc) when this run started the server.
+//! - **(e) sessions** (locksmith server and cluster only, not by default):
+//!   `--idle-sessions` sessions that only heartbeat, beside the handoff
+//!   loop of (b): each member's CPU and memory, the heartbeat answer
+//!   p50 / p99, and the handoff p50 with and without them (module
+//!   `sessions`).
 //!
 //! # Backends
 //!
@@ -61,6 +66,7 @@ mod chart;
 mod report;
 mod scenario;
 mod serve_process;
+mod sessions;
 mod stats;
 pub(crate) mod target;
 
@@ -87,6 +93,8 @@ pub enum ScenarioName {
     Fairness,
     /// (d) time and memory to hold many locks.
     Scale,
+    /// (e) idle sessions beside a handoff loop (locksmith server only).
+    Sessions,
 }
 
 /// A comma-separated list of backend kinds, for `--spawn`.
@@ -156,6 +164,13 @@ pub struct BenchArgs {
     /// Session TTL of every client.
     #[arg(long, value_parser = parse_duration, default_value = "10s")]
     session_ttl: Duration,
+    /// Idle sessions in the sessions scenario [default: 10000, quick: 1000].
+    #[arg(long)]
+    idle_sessions: Option<usize>,
+    /// Sessions to an HTTP/2 connection in the sessions scenario (the
+    /// server allows 256 by default).
+    #[arg(long, default_value_t = 200)]
+    sessions_per_connection: usize,
     /// Directory for report.md, report.json and the SVG charts.
     #[arg(long, default_value = "locksmith-bench")]
     out: PathBuf,
@@ -364,6 +379,9 @@ pub async fn bench(args: BenchArgs) -> std::process::ExitCode {
             report.scale = Some(run_scale(target, &args, &settings, &progress).await);
             progress.inc(1);
         }
+        if args.runs(ScenarioName::Sessions) && target.kind.runs_locksmith() {
+            report.sessions = Some(run_sessions(target, &args, &settings, &progress).await);
+        }
         failed |= report_failed(&report);
         reports.push(report);
     }
@@ -462,6 +480,7 @@ fn failed_report(
         handoff: args.runs(ScenarioName::Handoff).then(|| failed(error)),
         fairness: args.runs(ScenarioName::Fairness).then(|| failed(error)),
         scale: args.runs(ScenarioName::Scale).then(|| failed(error)),
+        sessions: None,
     }
 }
 
@@ -628,6 +647,7 @@ fn summarize(
         handoff: None,
         fairness: None,
         scale: None,
+        sessions: None,
     };
     for per_count in runs.uncontended {
         report
@@ -706,6 +726,50 @@ async fn run_scale(
             Outcome::Ok(d)
         }
         Err(error) => failed_line(progress, label, "scale", error),
+    }
+}
+
+/// Scenario (e) against one backend.
+///
+/// Cancel safety: as `sessions::idle_sessions`: the streams are dropped.
+async fn run_sessions(
+    target: &Target,
+    args: &BenchArgs,
+    settings: &Settings,
+    progress: &ProgressBar,
+) -> Outcome<sessions::IdleSessions> {
+    let label = &target.label;
+    let count = args
+        .idle_sessions
+        .unwrap_or(if args.quick { 1_000 } else { 10_000 });
+    progress.set_message(format!("{label}: sessions, {count} idle"));
+    let limit = Duration::from_secs(120) + Duration::from_millis(count as u64 * 2);
+    let measured = sessions::idle_sessions(
+        target,
+        count,
+        args.sessions_per_connection,
+        settings.session_ttl,
+        args.waiters,
+        settings,
+    );
+    match bounded(limit, measured).await {
+        Ok(e) => {
+            say(
+                progress,
+                format!(
+                    "{label}: sessions: {} idle, heartbeat p50 {} p99 {}, {:.0} B each, \
+                     handoff p50 {} alone, {} beside",
+                    e.sessions,
+                    stats::fmt_us(e.heartbeat.p50_us),
+                    stats::fmt_us(e.heartbeat.p99_us),
+                    e.bytes_per_session,
+                    stats::fmt_us(e.handoff_p50_alone_us),
+                    stats::fmt_us(e.handoff_p50_beside_us),
+                ),
+            );
+            Outcome::Ok(e)
+        }
+        Err(error) => failed_line(progress, label, "sessions", error),
     }
 }
 

@@ -189,6 +189,8 @@ pub struct BackendReport {
     pub fairness: Option<Outcome<Contended>>,
     /// (d).
     pub scale: Option<Outcome<Scale>>,
+    /// (e).
+    pub sessions: Option<Outcome<super::sessions::IdleSessions>>,
 }
 
 /// A whole run.
@@ -543,6 +545,53 @@ impl Report {
                     ),
                     Outcome::Failed { error } => {
                         format!("| {} | failed: {} | | | | | |", b.label, short(error))
+                    }
+                };
+                let _ = writeln!(md, "{row}");
+            }
+        }
+        // (e)
+        if self.backends.iter().any(|b| b.sessions.is_some()) {
+            let _ = writeln!(
+                md,
+                "\n### (e) Idle sessions beside a handoff loop\n\n\
+                 Sessions that only heartbeat (every third of their TTL), on raw session streams \
+                 to the leader; CPU is each member's over the window beside them (% of one \
+                 core), memory each member's PSS before / with them, and the growth of the most \
+                 grown member per session.\n\n\
+                 | backend | sessions | heartbeats/s | heartbeat p50 / p99 | members' CPU | \
+                 members' memory before → with | per session | handoff p50 alone / beside |\n\
+                 |---|---:|---:|---|---|---|---:|---|"
+            );
+            for b in &self.backends {
+                let Some(outcome) = &b.sessions else { continue };
+                let row = match outcome {
+                    Outcome::Ok(e) => format!(
+                        "| {} | {} ({} a connection, TTL {} ms) | {:.0} | {} / {} | {} | {} | {:.0} B | {} / {} |",
+                        b.label,
+                        e.sessions,
+                        e.per_connection,
+                        e.ttl_ms,
+                        e.heartbeats_per_sec,
+                        fmt_us(e.heartbeat.p50_us),
+                        fmt_us(e.heartbeat.p99_us),
+                        e.member_cpu_percent
+                            .iter()
+                            .map(|c| format!("{c:.1} %"))
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                        e.member_memory_before
+                            .iter()
+                            .zip(&e.member_memory_with)
+                            .map(|(b, w)| format!("{} → {}", fmt_bytes(*b as f64), fmt_bytes(*w as f64)))
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                        e.bytes_per_session,
+                        fmt_us(e.handoff_p50_alone_us),
+                        fmt_us(e.handoff_p50_beside_us),
+                    ),
+                    Outcome::Failed { error } => {
+                        format!("| {} | failed: {} | | | | | | |", b.label, short(error))
                     }
                 };
                 let _ = writeln!(md, "{row}");
