@@ -292,6 +292,7 @@ impl Core {
     fn step(&mut self, ops: impl Inbox, batch: &mut Vec<Op>) -> Option<Result<(), String>> {
         let batch_started = Instant::now();
         let now = self.front.now();
+        self.front.resume_after_refusal(now);
         match self.take_arrivals(ops, now) {
             None => {}
             Some(Stop::Shutdown(done)) => {
@@ -844,6 +845,62 @@ mod tests {
         let records = proposal.records.clone();
         core.front.propose_batch(proposal, false);
         records
+    }
+
+    #[test]
+    fn a_refused_grace_is_proposed_again_after_the_pause_and_not_after_stepping_down() {
+        let mut core = core(4096);
+        let leader = crate::inbox::Role::Leader { address: None };
+        core.front.change_role(&core.state, leader);
+        let front::Leadership::Leader { stint, .. } = core.front.replica.role else {
+            panic!("leads");
+        };
+        assert_eq!(core.front.replica.records_in_flight().len(), 1, "the grace");
+        // openraft refuses while its role changes: proposing again at once
+        // would be refused at once, over and over.
+        core.front
+            .refused(stint, 0, "has to forward request to: None");
+        assert!(core.front.replica.records_in_flight().is_empty());
+        assert!(
+            core.front.next_deadline(&core.state).is_some(),
+            "the loop wakes for the retry"
+        );
+        core.front
+            .resume_after_refusal(core.front.now() + front::REFUSAL_PAUSE);
+        let again = core.front.replica.records_in_flight();
+        assert_eq!(again.len(), 1);
+        assert!(matches!(
+            &again[0][..],
+            [Record::Command(record)] if matches!(record.command, Command::GrantGrace { .. })
+        ));
+        // Refused again, and meanwhile another member won: no retry.
+        core.front
+            .refused(stint, 1, "has to forward request to: None");
+        let follower = crate::inbox::Role::Follower { leader: None };
+        core.front.change_role(&core.state, follower);
+        assert!(core.front.next_deadline(&core.state).is_none());
+        core.front
+            .resume_after_refusal(core.front.now() + front::REFUSAL_PAUSE);
+        assert!(core.front.replica.records_in_flight().is_empty());
+    }
+
+    #[test]
+    fn after_a_refused_batch_a_serving_leader_proposes_nothing_until_the_pause_ends() {
+        let (mut core, now, _) = leading_with_a_session();
+        propose_now(&mut core, now, client_batch(1, [acquire(1, "x")]));
+        // Refused while the election that openraft has started goes on:
+        // the expiries and ops that come next would be refused at once too.
+        core.front.refused(1, 0, "has to forward request to: None");
+        assert!(!core.front.replica.can_propose());
+        assert!(!core.front.has_work());
+        assert!(core.front.next_deadline(&core.state).is_some());
+        core.front
+            .resume_after_refusal(core.front.now() + front::REFUSAL_PAUSE);
+        assert!(core.front.replica.can_propose());
+        assert!(
+            core.front.replica.records_in_flight().is_empty(),
+            "a serving leader proposes no grace again"
+        );
     }
 
     #[test]

@@ -62,3 +62,13 @@ fn a_run_without_faults_passes_and_grants_plenty() {
         "{grants} grants in 5 simulated seconds:\n{output}"
     );
 }
+
+/// Seed 7 (20 s) leads a member into an election while it has batches to propose:
+/// openraft refuses them, and before the pause after a refusal the member
+/// proposed again at once, refused at once, and simulated time stood still
+/// (the run hit its real-time limit).
+#[test]
+fn a_leader_refused_during_an_election_does_not_spin() {
+    let (output, passed) = simulate(&["--seed", "7", "--duration", "20", "--real-limit", "60"]);
+    assert!(passed, "{output}");
+}

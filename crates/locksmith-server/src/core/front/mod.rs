@@ -43,6 +43,8 @@ use crate::op::{NewStream, Op, StreamId, StreamOp, UnaryReply};
 use crate::outbox::{LeaseWaiter, Orphan, Output};
 use liveness::Liveness;
 pub(crate) use replica::Replica;
+#[cfg(test)]
+pub(super) use replica::REFUSAL_PAUSE;
 pub(super) use replica::{InFlight, Leadership};
 use sessions::{Link, PeerCounts};
 
@@ -188,6 +190,9 @@ pub(crate) struct FrontEnd {
     /// How long a quorum's acknowledgement keeps this member sure that it
     /// leads (see [`liveness::usable_lease`]).
     lease: Duration,
+    /// When proposing resumes after openraft refused a batch (see
+    /// [`FrontEnd::refused`]).
+    resume_at: Option<Millis>,
 }
 
 impl FrontEnd {
@@ -213,6 +218,7 @@ impl FrontEnd {
             backlog: VecDeque::new(),
             metrics: None,
             liveness: Liveness::default(),
+            resume_at: None,
             // openraft's leader lease is its longest election timeout.
             lease: liveness::usable_lease(config.election_timeout * 2),
         }
@@ -240,13 +246,19 @@ impl FrontEnd {
 
     /// When the engine's next deadline is due, on this member's clock, if
     /// this member decides deadlines now.
+    /// And when proposing resumes after a refusal.
     pub(super) fn next_deadline(&self, state: &Replicated) -> Option<tokio::time::Instant> {
-        if !self.replica.can_expire() {
-            return None;
-        }
-        let engine = state.engine().next_deadline();
-        let at = engine.into_iter().chain(self.liveness.next_check()).min()?;
-        self.clock.instant_of(at)
+        let at = if self.replica.can_expire() {
+            let engine = state.engine().next_deadline();
+            engine
+                .into_iter()
+                .chain(self.liveness.next_check())
+                .chain(self.resume_at)
+                .min()
+        } else {
+            self.resume_at
+        };
+        self.clock.instant_of(at?)
     }
 
     /// Takes a client op that arrived: the leader's backlog takes it (its

@@ -37,7 +37,7 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use locksmith_core::Command;
+use locksmith_core::{Command, Millis};
 use tokio::sync::watch;
 use tonic::Status;
 
@@ -50,6 +50,11 @@ use crate::inbox::{CoreSender, Role};
 use crate::op::Op;
 use crate::raft::propose::Proposer;
 use crate::raft::Raft;
+
+/// How long a leader proposes nothing after openraft refused one of its
+/// batches: long enough not to spin while an election settles, short beside
+/// the election timeout, so a leader that keeps its role carries on soon.
+pub(in crate::core) const REFUSAL_PAUSE: Millis = 20;
 
 /// The front end's side of replication: the role, and the batches in
 /// flight.
@@ -70,6 +75,9 @@ pub(crate) struct Replica {
     max_in_flight: usize,
     /// Whether this member serves clients (leads, ready).
     pub(in crate::core) serving: watch::Sender<bool>,
+    /// openraft refused a batch: nothing is proposed until the front end
+    /// resumes (see `FrontEnd::refused`).
+    paused: bool,
 }
 
 /// What the front end knows of its role.
@@ -108,6 +116,7 @@ impl Replica {
             in_flight: VecDeque::new(),
             max_in_flight: max_in_flight.max(1),
             serving,
+            paused: false,
         }
     }
 
@@ -135,7 +144,7 @@ impl Replica {
 
     /// Whether a new batch may be proposed now.
     pub(in crate::core) fn can_propose(&self) -> bool {
-        self.serving() && self.in_flight.len() < self.max_in_flight
+        self.serving() && !self.paused && self.in_flight.len() < self.max_in_flight
     }
 
     /// The records of each batch in flight, oldest first.
@@ -271,18 +280,39 @@ impl FrontEnd {
                 };
                 // Time never goes backwards from what the last leader stamped.
                 self.clock.restart_after(state.last_now() + 1);
+                self.end_pause(false);
                 self.propose_grace();
                 tracing::info!("elected leader: serving once the grace period is committed");
             }
             Role::Follower { leader } => {
                 let was_leading = self.replica.leading();
                 self.replica.role = Leadership::Follower { leader };
+                self.end_pause(false);
                 self.replica.serving.send_replace(false);
                 if was_leading {
                     self.stop_leading();
                     self.liveness.forget_all();
                 }
             }
+        }
+    }
+
+    /// Ends the pause after a refusal once it is due (see
+    /// [`FrontEnd::refused`]): a leader that has not served yet proposes
+    /// its grace entry again.
+    pub(in crate::core) fn resume_after_refusal(&mut self, now: Millis) {
+        if self.resume_at.is_some_and(|at| at <= now) {
+            self.end_pause(true);
+        }
+    }
+
+    /// Proposing may go on (again), and a leader that has not served yet
+    /// proposes its grace entry again if `grace_again`.
+    fn end_pause(&mut self, grace_again: bool) {
+        let paused = std::mem::replace(&mut self.replica.paused, false);
+        self.resume_at = None;
+        if paused && grace_again && self.replica.leading() && !self.replica.serving() {
+            self.propose_grace();
         }
     }
 
@@ -324,8 +354,13 @@ impl FrontEnd {
 
     /// openraft refused this leader's batch `origin`/`seq` (never appended):
     /// this member cannot reach a quorum. Everyone waiting here is told to
-    /// try another member, and the streams end so that their clients do;
-    /// the member keeps proposing what comes, in case the quorum returns.
+    /// try another member, and the streams end so that their clients do.
+    /// The member proposes nothing for [`REFUSAL_PAUSE`], then goes on
+    /// proposing what comes, in case the quorum returns: openraft refuses
+    /// while its role changes (an election under way, which the core hears
+    /// of after openraft), and what was refused would be proposed again at
+    /// once (the expiries it carried are due still, a grace entry is needed
+    /// still) and refused at once, over and over, until the election ends.
     pub(in crate::core) fn refused(&mut self, origin: u64, seq: u64, reason: &str) {
         let Some(in_flight) = self.replica.take_own(origin, seq) else {
             return;
@@ -338,16 +373,15 @@ impl FrontEnd {
             locksmith_proto::CUT_OFF_METADATA,
             tonic::metadata::MetadataValue::from_static("1"),
         );
-        let grace = in_flight.grace;
         self.abandon(in_flight.proposal, &status);
         for (_, waiter) in self.leases.drain() {
             let _ = waiter.reply.send(Err(status.clone()));
         }
         self.end_streams(&status);
-        if grace {
-            // Not serving before the grace is committed: propose it again.
-            self.propose_grace();
-        }
+        // A refused grace entry is proposed again when the pause ends (the
+        // member does not serve before it is committed).
+        self.replica.paused = true;
+        self.resume_at = Some(self.clock.now() + REFUSAL_PAUSE);
         self.send_output();
     }
 
