@@ -28,7 +28,8 @@ use std::time::{Duration, Instant};
 use locksmith::{Client, ConnectOptions};
 use locksmith_server::{Execution, Server, ServerConfig};
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+mod common;
+use common::{load_average, BoxError};
 
 /// The client counts measured.
 const CLIENTS: [usize; 2] = [1, 16];
@@ -86,11 +87,7 @@ impl Side {
         threads: &'static [&'static str],
         disk: Option<&std::path::Path>,
     ) -> Result<Side, BoxError> {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name(runtime_name)
-            .enable_all()
-            .build()?;
+        let runtime = common::runtime(runtime_name)?;
         let mut config = match disk {
             Some(dir) => ServerConfig::durable(dir.join(runtime_name)),
             None => ServerConfig::in_memory(),
@@ -175,21 +172,13 @@ async fn pairs(side: &Side, clients: usize, duration: Duration) -> Result<Measur
     })
 }
 
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_default()
-}
-
 fn main() -> Result<(), BoxError> {
-    let env = |name: &str, default: u64| {
-        std::env::var(name)
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(default)
-    };
-    let duration = Duration::from_secs(env("LOCKSMITH_EXECUTION_SECS", 3));
-    let rounds = env("LOCKSMITH_EXECUTION_ROUNDS", 3).max(1) as usize;
+    let (duration, rounds) = common::duration_and_rounds(
+        "LOCKSMITH_EXECUTION_SECS",
+        3,
+        "LOCKSMITH_EXECUTION_ROUNDS",
+        3,
+    );
     // LOCKSMITH_EXECUTION_DISK=1: the logs on the project's disk instead.
     let disk = match std::env::var_os("LOCKSMITH_EXECUTION_DISK") {
         Some(_) => Some(
@@ -216,11 +205,7 @@ fn main() -> Result<(), BoxError> {
             disk_path,
         )?,
     ];
-    let clients = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("clients")
-        .enable_all()
-        .build()?;
+    let clients = common::runtime("clients")?;
     eprintln!(
         "logs {}; {} s per measurement, {rounds} rounds; load average {}",
         disk_path.map_or("on /dev/shm".into(), |d| format!("under {}", d.display())),

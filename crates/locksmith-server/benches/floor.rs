@@ -40,7 +40,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status, Streaming};
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+mod common;
+use common::{load_average, BoxError};
 
 /// Round trips of one measurement, in microseconds.
 struct Trips {
@@ -418,12 +419,6 @@ fn redis_benchmark(port: u16) -> Result<(f64, f64), BoxError> {
     Ok((fields[0], fields[3] * 1_000.0))
 }
 
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "unknown".into())
-}
-
 /// One line of the report: the round whose p50 is the median of the rounds.
 fn report(label: &str, mut rounds: Vec<Trips>) {
     rounds.sort_by(|a, b| a.percentile(0.5).total_cmp(&b.percentile(0.5)));
@@ -442,31 +437,17 @@ fn report(label: &str, mut rounds: Vec<Trips>) {
 }
 
 fn main() -> Result<(), BoxError> {
-    let env = |name: &str, default: u64| {
-        std::env::var(name)
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(default)
-    };
-    let duration = Duration::from_secs(env("LOCKSMITH_FLOOR_SECS", 2));
-    let rounds = env("LOCKSMITH_FLOOR_ROUNDS", 3).max(1) as usize;
+    let (duration, rounds) =
+        common::duration_and_rounds("LOCKSMITH_FLOOR_SECS", 2, "LOCKSMITH_FLOOR_ROUNDS", 3);
 
-    let server_runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("server")
-        .enable_all()
-        .build()?;
+    let server_runtime = common::runtime("server")?;
     let echo = server_runtime.block_on(start_echo())?;
     let config = ServerConfig::in_memory().listen("127.0.0.1:0".parse()?);
     let server = server_runtime.block_on(Server::start(config))?;
     let url = server.url();
     let server_addr = format!("http://{}", server.local_addr());
     let redis = locksmith_testkit::Redis::start();
-    let clients = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("clients")
-        .enable_all()
-        .build()?;
+    let clients = common::runtime("clients")?;
     eprintln!(
         "one client, loopback; {} s per measurement, {rounds} rounds; load average {}",
         duration.as_secs(),

@@ -48,7 +48,8 @@ if redis.call('get', KEYS[1]) == ARGV[1] then
 end
 return 0";
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+mod common;
+use common::{load_average, BoxError};
 
 /// Latencies in microseconds.
 #[derive(Default)]
@@ -437,13 +438,6 @@ fn fdatasync_probe(dir: &std::path::Path) -> String {
     probe().unwrap_or_else(|e| format!("probe failed: {e}"))
 }
 
-/// The 1, 5 and 15 minute load averages (from /proc/loadavg).
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "unknown".into())
-}
-
 /// The filesystem type of the mount holding `path` (from /proc/mounts).
 fn filesystem_of(path: &std::path::Path) -> String {
     let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
@@ -461,26 +455,15 @@ fn filesystem_of(path: &std::path::Path) -> String {
 }
 
 fn main() -> Result<(), BoxError> {
-    let seconds: u64 = std::env::var("LOCKSMITH_BENCH_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(5);
-    let duration = Duration::from_secs(seconds);
-    let rounds: usize = std::env::var("LOCKSMITH_BENCH_ROUNDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1)
-        .max(1);
+    let (duration, rounds) =
+        common::duration_and_rounds("LOCKSMITH_BENCH_SECS", 5, "LOCKSMITH_BENCH_ROUNDS", 1);
+    let seconds = duration.as_secs();
 
     let dir = tempfile::Builder::new()
         .prefix("locksmith-bench-")
         .tempdir_in(env!("CARGO_TARGET_TMPDIR"))?;
     let filesystem = filesystem_of(dir.path());
-    let server_runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("server")
-        .enable_all()
-        .build()?;
+    let server_runtime = common::runtime("server")?;
     // For profiling: the same server without the log.
     let in_memory = std::env::var_os("LOCKSMITH_BENCH_IN_MEMORY").is_some();
     let config = if in_memory {
@@ -495,11 +478,7 @@ fn main() -> Result<(), BoxError> {
     let redis_url = redis.url();
     REDIS_PID.store(redis.pid().unwrap_or(0), Ordering::Relaxed);
 
-    let clients = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("clients")
-        .enable_all()
-        .build()?;
+    let clients = common::runtime("clients")?;
     eprintln!(
         "data dir {} ({filesystem}), {seconds} s per measurement; fdatasync {}; load average {}",
         dir.path().display(),

@@ -219,12 +219,21 @@ async fn holder_with_a_short_ttl_through_a_freeze(
     cluster.members[leader].unpause();
     assert!(lost.is_err(), "the holder lost its lock: {:?}", lost.ok());
 
+    the_hold_outlived_its_leader(cluster, &name, guard, token, holder).await;
+}
+
+/// After a leader change, `holder`'s hold on `name` is still its own: a
+/// new client sees it with the same token, and the new leader accepts its
+/// release.
+async fn the_hold_outlived_its_leader(
+    cluster: &Cluster,
+    name: &str,
+    guard: locksmith::Guard,
+    token: u64,
+    holder: Client,
+) {
     let other = cluster.client(Duration::from_secs(10)).await;
-    let info = other
-        .describe(&name)
-        .await
-        .expect("describe")
-        .expect("held");
+    let info = other.describe(name).await.expect("describe").expect("held");
     assert_eq!(info.holders[0].fencing_token, Some(token));
     guard.release().await.expect("release at the new leader");
     holder.close().await.unwrap();
@@ -386,16 +395,7 @@ async fn a_session_kept_alive_by_heartbeats_the_old_leader_answered_lives_on_at_
     // Two TTLs more at the new leader.
     let lost = tokio::time::timeout(ttl * 2, guard.lost()).await;
     assert!(lost.is_err(), "the holder lost its lock: {:?}", lost.ok());
-    let other = cluster.client(Duration::from_secs(10)).await;
-    let info = other
-        .describe(&name)
-        .await
-        .expect("describe")
-        .expect("held");
-    assert_eq!(info.holders[0].fencing_token, Some(token));
-    guard.release().await.expect("release at the new leader");
-    holder.close().await.unwrap();
-    other.close().await.unwrap();
+    the_hold_outlived_its_leader(&cluster, &name, guard, token, holder).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
