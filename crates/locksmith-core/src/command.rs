@@ -31,10 +31,12 @@ pub struct Acquire {
 
 /// A state change, applied with [`crate::Engine::apply`] at a given time.
 ///
-/// A durable store logs every command except [`Command::Heartbeat`]: replaying the
-/// log with the same times rebuilds the same state. Time-driven changes (expiry,
+/// A durable store logs the commands that change state: replaying the log
+/// with the same times rebuilds the same state. Time-driven changes (expiry,
 /// timeouts, end of lock-delay) are commands too, produced by
 /// [`crate::Engine::due`], so a replica never decides them on its own.
+/// [`Command::Heartbeat`] is the one a store may leave out of its log: see
+/// its own docs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(Serialize, Deserialize))]
 pub enum Command {
@@ -47,7 +49,12 @@ pub enum Command {
         /// Who the client is.
         info: ClientInfo,
     },
-    /// Keep a session alive. Volatile: not logged, not replicated.
+    /// Keep a session alive. A store may answer it without logging it as
+    /// long as it alone decides expiries and times sessions itself
+    /// ([`crate::Engine::time_sessions_by_caller`]): the replicated server's
+    /// leader does so under its lease. Logged, it moves the session's
+    /// replicated floor ([`crate::Engine::session_expires_at`]) and so wins
+    /// over an [`Command::ExpireSession`] decided before it.
     Heartbeat {
         /// The session.
         session: SessionId,
