@@ -107,6 +107,27 @@ pub enum Command {
         /// releasing a newer hold of the same owner).
         token: Option<u64>,
     },
+    /// Set a hold's re-entry depth to what its client counts.
+    ///
+    /// A client that decides re-entry itself (the locksmith library does,
+    /// for every store) sends one acquire per hold and records the depth
+    /// here, so that inspection shows it; the engine only stores it.
+    /// [`Command::Release`] still takes off one level, so such a client
+    /// sets the count back to 1 before its last release. Re-entry by a
+    /// second [`Command::Acquire`] of the same owner remains the wire
+    /// protocol's own feature, for callers that count nothing.
+    SetHoldCount {
+        /// The owning session.
+        session: SessionId,
+        /// The owner.
+        owner: String,
+        /// The lock.
+        name: String,
+        /// The hold must carry this token (a stale handle sets nothing).
+        token: u64,
+        /// The depth, at least 1.
+        count: u32,
+    },
     /// Extend a hold's lease to `now + lease`.
     Renew {
         /// The owning session.
@@ -185,6 +206,7 @@ impl Command {
             Command::Cancel { .. } => "Cancel",
             Command::TimeoutWaiter { .. } => "TimeoutWaiter",
             Command::Release { .. } => "Release",
+            Command::SetHoldCount { .. } => "SetHoldCount",
             Command::Renew { .. } => "Renew",
             Command::ExpireHold { .. } => "ExpireHold",
             Command::EndLockDelay { .. } => "EndLockDelay",

@@ -371,6 +371,16 @@ impl Engine {
                 self.check_not_ending(session)?;
                 self.renew(now, session, &owner, &name, token, lease)
             }
+            Command::SetHoldCount {
+                session,
+                owner,
+                name,
+                token,
+                count,
+            } => {
+                self.check_not_ending(session)?;
+                self.set_hold_count(session, &owner, &name, token, count)
+            }
             Command::ExpireHold {
                 name,
                 token,
@@ -1059,6 +1069,22 @@ impl Engine {
             self.timers.remove(&(old, Timer::Lease(id, token)));
         }
         self.timers.insert((now + lease, Timer::Lease(id, token)));
+        Ok(())
+    }
+
+    fn set_hold_count(
+        &mut self,
+        session: SessionId,
+        owner: &str,
+        name: &str,
+        token: u64,
+        count: u32,
+    ) -> Result<(), EngineError> {
+        if count == 0 {
+            return Err(EngineError::ZeroHoldCount);
+        }
+        let (id, index) = self.find_hold(session, owner, name, Some(token))?;
+        self.lock_mut(id).holders[index].count = count;
         Ok(())
     }
 

@@ -88,6 +88,9 @@ pub enum EngineError {
         /// Mode requested now.
         requested: Mode,
     },
+    /// A hold's count set to 0: a hold ends by its release, not by its count.
+    #[error("a hold count is at least 1 (a release ends the hold)")]
+    ZeroHoldCount,
     /// Semaphore holders must all name the same number of permits.
     #[error("semaphore {name:?} has {existing} permits, request says {requested}")]
     PermitMismatch {

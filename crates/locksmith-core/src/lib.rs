@@ -1,9 +1,17 @@
 //! # locksmith-core: the lock engine
 //!
 //! The lock table of locksmith as a deterministic state machine. It knows every
-//! rule of the shared lock model (modes, re-entry, FIFO queues with writer
-//! fairness, sessions and leases, fencing tokens, lock-delay, atomic
-//! multi-acquire) and nothing about sockets, clocks or threads.
+//! rule of the shared lock model (modes, FIFO queues with writer fairness,
+//! sessions and leases, fencing tokens, lock-delay, atomic multi-acquire) and
+//! nothing about sockets, clocks or threads.
+//!
+//! Re-entry, for users of the client library, is decided by the library's
+//! model layer: it sends one acquire per hold and records the depth it
+//! counts with [`Command::SetHoldCount`], for inspection. The engine's own
+//! re-entry (a second [`Command::Acquire`] of the same owner raises the hold
+//! count and keeps the token) is the server protocol's, for callers that
+//! count nothing themselves; it is unchanged, so a log written before
+//! `SetHoldCount` existed replays exactly as it did.
 //!
 //! The caller feeds [`Command`]s, each with the time it happens at, into
 //! [`Engine::apply`], and acts on the [`Effect`]s that come out (deliver a grant,

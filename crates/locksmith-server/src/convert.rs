@@ -134,6 +134,7 @@ pub(crate) fn engine_error_to_proto(error: &EngineError) -> pb::Error {
         EngineError::NoNames
         | EngineError::DuplicateName { .. }
         | EngineError::ZeroPermits
+        | EngineError::ZeroHoldCount
         | EngineError::OutOfRange { .. }
         | EngineError::LeaseRequired
         | EngineError::SessionExists(_)
@@ -180,7 +181,7 @@ pub(crate) fn error_to_status(error: &pb::Error) -> Status {
         C::NotOwner => Code::PermissionDenied,
         C::NotHeld | C::UnknownSession => Code::NotFound,
         C::AlreadyHeld => Code::AlreadyExists,
-        C::Conflict => Code::FailedPrecondition,
+        C::Conflict | C::Unsupported => Code::FailedPrecondition,
         C::LimitReached => Code::ResourceExhausted,
         C::Unavailable => Code::Unavailable,
         C::PermissionDenied => Code::PermissionDenied,

@@ -10,8 +10,9 @@
 //! - the **pending acquires**: names, owner and mode of each queued request,
 //!   until it is granted, times out, is cancelled or its session ends;
 //! - the **client label** of each open session;
-//! - the **extra levels of re-entered holds**, so that a release which only
-//!   undoes a re-entry does not count as the end of the hold.
+//! - the **extra levels of re-entered holds** (re-entered by a second
+//!   acquire, or counted by the client: `SetHoldCount`), so that a release
+//!   which only takes off a level does not count as the end of the hold.
 //!
 //! Each follows a part of the engine's state (its waiters, its sessions, its
 //! re-entered holds), so each is bounded by the engine's own limits. They are
@@ -70,6 +71,11 @@ pub(crate) enum Seen {
         session: SessionId,
         name: String,
         owner: String,
+    },
+    /// A hold's count set by its client.
+    Count {
+        key: (SessionId, String, String),
+        count: u32,
     },
     Other,
 }
@@ -194,6 +200,16 @@ impl History {
                 name: name.clone(),
                 owner: owner.clone(),
             },
+            Command::SetHoldCount {
+                session,
+                owner,
+                name,
+                count,
+                ..
+            } => Seen::Count {
+                key: (*session, name.clone(), owner.clone()),
+                count: *count,
+            },
             _ => Seen::Other,
         }
     }
@@ -226,6 +242,13 @@ impl History {
                 name,
                 owner,
             } => self.released(now, (session, name, owner)),
+            Seen::Count { key, count } => {
+                if count > 1 {
+                    self.reentered.insert(key, count - 1);
+                } else {
+                    self.reentered.remove(&key);
+                }
+            }
             Seen::Other => {}
         }
         for effect in effects {
@@ -600,6 +623,27 @@ mod tests {
         t.release(1, "a");
         assert_eq!(t.grants("")[0].3, HELD);
         assert_eq!(t.history.census().holds, 1);
+        t.release(1, "a");
+        assert_eq!(t.grants("")[0].3, RELEASED);
+        assert_eq!(t.history.census().holds, 0);
+    }
+
+    #[test]
+    fn a_count_set_by_the_client_is_levels_that_a_release_takes_off() {
+        let mut t = Table::new(8, 100);
+        t.open(1, "alpha");
+        t.acquire(1, 1, &["a"], true);
+        let count = |count| Command::SetHoldCount {
+            session: SessionId(1),
+            owner: "o1".into(),
+            name: "a".into(),
+            token: 1,
+            count,
+        };
+        t.apply(count(3));
+        t.release(1, "a");
+        assert_eq!(t.grants("")[0].3, HELD, "one level of three taken off");
+        t.apply(count(1));
         t.release(1, "a");
         assert_eq!(t.grants("")[0].3, RELEASED);
         assert_eq!(t.history.census().holds, 0);

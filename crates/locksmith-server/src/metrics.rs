@@ -120,6 +120,7 @@ pub(crate) enum RequestKind {
     Acquire,
     Release,
     Renew,
+    SetHoldCount,
     Cancel,
     Close,
     LeaseAcquire,
@@ -136,13 +137,14 @@ pub(crate) enum RequestKind {
 }
 
 impl RequestKind {
-    const ALL: [RequestKind; 19] = [
+    const ALL: [RequestKind; 20] = [
         RequestKind::Open,
         RequestKind::Resume,
         RequestKind::Heartbeat,
         RequestKind::Acquire,
         RequestKind::Release,
         RequestKind::Renew,
+        RequestKind::SetHoldCount,
         RequestKind::Cancel,
         RequestKind::Close,
         RequestKind::LeaseAcquire,
@@ -166,6 +168,7 @@ impl RequestKind {
             RequestKind::Acquire => "acquire",
             RequestKind::Release => "release",
             RequestKind::Renew => "renew",
+            RequestKind::SetHoldCount => "set_hold_count",
             RequestKind::Cancel => "cancel",
             RequestKind::Close => "close",
             RequestKind::LeaseAcquire => "lease_acquire",
@@ -188,6 +191,7 @@ impl RequestKind {
             StreamOp::Acquire { .. } => RequestKind::Acquire,
             StreamOp::Release { .. } => RequestKind::Release,
             StreamOp::Renew { .. } => RequestKind::Renew,
+            StreamOp::SetHoldCount { .. } => RequestKind::SetHoldCount,
             StreamOp::Cancel { .. } => RequestKind::Cancel,
             StreamOp::Close => RequestKind::Close,
             StreamOp::Invalid { .. } | StreamOp::AckOnly => return None,

@@ -87,6 +87,9 @@ pub(crate) enum StreamOp {
         hold: HoldArgs,
         lease: Millis,
     },
+    /// Record a hold's re-entry depth, as its client counts it (`hold`
+    /// names its token).
+    SetHoldCount { id: u64, hold: HoldArgs, count: u32 },
     /// Stop waiting for request `id`.
     Cancel { id: u64 },
     /// Close the session.
@@ -230,7 +233,9 @@ impl Op {
                 .iter()
                 .map(|op| match op {
                     StreamOp::Acquire { args, .. } => acquire(args),
-                    StreamOp::Release { hold: h, .. } | StreamOp::Renew { hold: h, .. } => hold(h),
+                    StreamOp::Release { hold: h, .. }
+                    | StreamOp::Renew { hold: h, .. }
+                    | StreamOp::SetHoldCount { hold: h, .. } => hold(h),
                     _ => 0,
                 })
                 .sum(),

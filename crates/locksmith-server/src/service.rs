@@ -372,6 +372,9 @@ impl StreamReader {
                     Some(pb::request::Op::Renew(r)) => {
                         self.caller.check(Permission::Lock, [r.name.as_str()])
                     }
+                    Some(pb::request::Op::SetHoldCount(r)) => {
+                        self.caller.check(Permission::Lock, [r.name.as_str()])
+                    }
                     None => Ok(()),
                 };
                 match permitted {
@@ -402,6 +405,15 @@ impl StreamReader {
                                 id,
                                 hold,
                                 lease: r.lease_ms,
+                            }
+                        })
+                    }
+                    Some(pb::request::Op::SetHoldCount(r)) => {
+                        hold_args(r.name, r.owner, Some(r.token), self.max_label).map(|hold| {
+                            StreamOp::SetHoldCount {
+                                id,
+                                hold,
+                                count: r.count,
                             }
                         })
                     }

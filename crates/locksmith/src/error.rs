@@ -226,6 +226,7 @@ impl From<EngineError> for Error {
             EngineError::NoNames
             | EngineError::DuplicateName { .. }
             | EngineError::ZeroPermits
+            | EngineError::ZeroHoldCount
             | EngineError::OutOfRange { .. }
             | EngineError::LeaseRequired
             | EngineError::SessionExists(_)

@@ -397,6 +397,87 @@ async fn a_reused_request_id_is_a_protocol_error_and_a_retry_is_not() {
     ));
 }
 
+fn set_count(name: &str, token: u64, count: u32) -> pb::request::Op {
+    pb::request::Op::SetHoldCount(pb::SetHoldCount {
+        name: name.into(),
+        owner: "raw".into(),
+        token,
+        count,
+    })
+}
+
+async fn hold_count(port: u16, name: &str) -> u32 {
+    let described = grpc(port)
+        .await
+        .describe(pb::DescribeRequest { name: name.into() })
+        .await
+        .unwrap()
+        .into_inner();
+    described.lock.expect("held").holders[0].hold_count
+}
+
+/// The protocol's re-entry stays for callers that count nothing (a second
+/// acquire of the same owner: same token, count + 1), and a caller that
+/// counts itself, as the client library does, records its depth with
+/// `SetHoldCount`: shown by inspection, checked like a release, never 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_count_is_the_protocols_re_entry_or_what_its_client_records() {
+    let port = server().port();
+    let mut session = RawSession::open(port, 10_000).await;
+    let name = server_support::unique("hold-count");
+    session.request(1, acquire_op(&name));
+    let token = match session.reply(1).await {
+        pb::reply::Result::Granted(g) => g.tokens[0],
+        other => panic!("{other:?}"),
+    };
+    session.request(2, acquire_op(&name));
+    match session.reply(2).await {
+        pb::reply::Result::Granted(g) => assert_eq!(g.tokens, [token], "a re-entry"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(hold_count(port, &name).await, 2);
+
+    // A server just started may still be agreeing on its record version.
+    let mut id = 10;
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        id += 1;
+        session.request(id, set_count(&name, token, 5));
+        match session.reply(id).await {
+            pb::reply::Result::Done(_) => break,
+            pb::reply::Result::Error(e) if e.code == pb::ErrorCode::Unsupported as i32 => {
+                assert!(tokio::time::Instant::now() < deadline, "{e:?}");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(hold_count(port, &name).await, 5);
+    for (op, code) in [
+        (set_count(&name, token, 0), pb::ErrorCode::InvalidArgument),
+        (set_count(&name, token + 1, 2), pb::ErrorCode::NotOwner),
+    ] {
+        id += 1;
+        session.request(id, op);
+        match session.reply(id).await {
+            pb::reply::Result::Error(e) => assert_eq!(e.code, code as i32, "{e:?}"),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(hold_count(port, &name).await, 5, "refusals changed nothing");
+
+    // Back to one level: the next release ends the hold.
+    for op in [set_count(&name, token, 1), release(&name)] {
+        id += 1;
+        session.request(id, op);
+        assert!(matches!(
+            session.reply(id).await,
+            pb::reply::Result::Done(_)
+        ));
+    }
+    assert!(holders(port, &name).await.is_empty());
+}
+
 /// A sessionless acquire of `name` for `owner` that waits up to a minute and
 /// holds for a minute.
 fn lease_request(name: &str, owner: &str) -> pb::AcquireLeaseRequest {

@@ -342,7 +342,7 @@ async fn a_newer_record_kind_stays_unused_until_every_member_reads_it_then_turns
     let url = members_url(&ports);
     let mut status = cluster_status(&url).await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while record_versions(&status) != [Some(2), Some(1)] {
+    while record_versions(&status) != [Some(3), Some(1)] {
         assert!(
             tokio::time::Instant::now() < deadline,
             "announced: {status}"
@@ -365,8 +365,8 @@ async fn a_newer_record_kind_stays_unused_until_every_member_reads_it_then_turns
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {
         let status = cluster_status(&url).await;
-        if status["cluster_version"] == 2 {
-            assert_eq!(record_versions(&status), [Some(2), Some(2)], "{status}");
+        if status["cluster_version"] == 3 {
+            assert_eq!(record_versions(&status), [Some(3), Some(3)], "{status}");
             break;
         }
         assert!(

@@ -67,6 +67,16 @@ enum Op {
         name: usize,
         lease: Millis,
     },
+    /// A client that counts re-entry itself records its depth.
+    SetCount {
+        s: u64,
+        owner: u8,
+        name: usize,
+        /// 0 is refused.
+        count: u32,
+        /// Its hold's token, or a wrong one.
+        right_token: bool,
+    },
     Cancel {
         s: u64,
         pick: usize,
@@ -154,6 +164,10 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(s, owner, name, token)| Op::Release { s, owner, name, token }),
         5 => (session.clone(), 0..2u8, name_index(), prop::sample::select(vec![5, 100, 1_000]))
             .prop_map(|(s, owner, name, lease)| Op::Renew { s, owner, name, lease }),
+        4 => (session.clone(), 0..2u8, name_index(), 0..4u32, prop::bool::weighted(0.9))
+            .prop_map(|(s, owner, name, count, right_token)| {
+                Op::SetCount { s, owner, name, count, right_token }
+            }),
         7 => (session, any::<usize>()).prop_map(|(s, pick)| Op::Cancel { s, pick }),
         3 => name_index().prop_map(|name| Op::Force { name }),
         15 => (prop::sample::select(vec![1, 50, 150, 400, 1_200, 2_500]), any::<bool>())
@@ -380,6 +394,28 @@ impl Driver {
                 token: None,
                 lease,
             },
+            Op::SetCount {
+                s,
+                owner,
+                name,
+                count,
+                right_token,
+            } => {
+                let owner = Self::owner(s, owner);
+                let name = NAMES[name].to_owned();
+                let right = self.hold_of(&name, SessionId(s), &owner).map(|h| h.token);
+                let token = match right {
+                    Some(token) if right_token => token,
+                    _ => right.unwrap_or(0) + 1_000_000,
+                };
+                Command::SetHoldCount {
+                    session: SessionId(s),
+                    owner,
+                    name,
+                    token,
+                    count,
+                }
+            }
             Op::Cancel { s, pick } => {
                 let pending = self.pending_of(SessionId(s));
                 let request = if pending.is_empty() || pick % 5 == 0 {
@@ -543,6 +579,26 @@ impl Driver {
                     self.hold_of(name, *session, owner).is_some(),
                     "renewed a non-hold"
                 );
+            }
+            Command::SetHoldCount {
+                session,
+                owner,
+                name,
+                token,
+                count,
+            } => {
+                let hold = self
+                    .holds
+                    .get_mut(name)
+                    .and_then(|holds| {
+                        holds
+                            .iter_mut()
+                            .find(|h| h.session == *session && h.owner == *owner)
+                    })
+                    .expect("counted a non-hold");
+                assert_eq!(hold.token, *token, "counted another hold");
+                assert!(*count > 0, "counted to zero");
+                hold.count = *count;
             }
             _ => {}
         }

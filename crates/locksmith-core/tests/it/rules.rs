@@ -499,6 +499,55 @@ fn reentry_raises_the_hold_count_keeps_the_token_and_needs_as_many_releases() {
     assert_eq!(h.ok(7, release(1, "a", "x")), [granted(2, 1, &[2])]);
 }
 
+fn set_count(session: u64, owner: &str, name: &str, token: u64, count: u32) -> Command {
+    Command::SetHoldCount {
+        session: SessionId(session),
+        owner: owner.to_owned(),
+        name: name.to_owned(),
+        token,
+        count,
+    }
+}
+
+/// A client that counts re-entry itself holds with one acquire and records
+/// its depth: inspection shows it, nothing else changes (token, lease,
+/// queue), and a release still takes off one level.
+#[test]
+fn a_hold_count_set_by_its_client_shows_in_inspection_and_changes_nothing_else() {
+    let mut h = Harness::with_sessions(2);
+    let mut leased = acq(1, 1, "a", &["x"]);
+    leased.lease = Some(5_000);
+    assert_eq!(h.ok(1, leased), [granted(1, 1, &[1])]);
+    assert_eq!(h.ok(2, acq(2, 1, "b", &["x"])), [queued(2, 1, 0)]);
+    assert_eq!(h.ok(3, set_count(1, "a", "x", 1, 3)), []);
+    assert_eq!(h.holders("x"), [(sid(1), "a".into(), 1, 3)]);
+    let info = h.describe("x");
+    assert_eq!(info.holders[0].lease_until, Some(5_001), "lease unchanged");
+    assert_eq!(h.waiters("x"), [(sid(2), RequestId(1))]);
+    assert_eq!(h.engine.last_token(), 1);
+    // Back to one level, then the release ends the hold.
+    assert_eq!(h.ok(4, set_count(1, "a", "x", 1, 1)), []);
+    assert_eq!(h.ok(5, release(1, "a", "x")), [granted(2, 1, &[2])]);
+}
+
+#[test]
+fn a_hold_count_is_set_only_by_the_owner_of_that_hold_and_never_to_zero() {
+    let mut h = Harness::with_sessions(2);
+    h.ok(1, acq(1, 1, "a", &["x"]));
+    h.err(2, set_count(1, "a", "x", 1, 0), EngineError::ZeroHoldCount);
+    let not_owner = EngineError::NotOwner { name: "x".into() };
+    h.err(2, set_count(1, "a", "x", 7, 2), not_owner.clone()); // stale token
+    h.err(2, set_count(1, "b", "x", 1, 2), not_owner.clone());
+    h.err(2, set_count(2, "a", "x", 1, 2), not_owner);
+    let not_held = EngineError::NotHeld { name: "y".into() };
+    h.err(2, set_count(1, "a", "y", 1, 2), not_held);
+    h.err(
+        2,
+        set_count(9, "a", "x", 1, 2),
+        EngineError::NotOwner { name: "x".into() },
+    );
+}
+
 #[test]
 fn shared_reentry_is_granted_even_with_a_writer_waiting() {
     let mut h = Harness::with_sessions(2);

@@ -5,8 +5,8 @@
 //! Every member tells each new leader its build and the record version it
 //! reads (`Cluster.Announce`, as a joiner adds itself: with a member's
 //! certificate, or open without authentication); the leader keeps what it
-//! heard in [`Versions`], which `cluster status` also shows. Once a second
-//! the leader compares: if every member of the membership, voters and
+//! heard in [`Versions`], which `cluster status` also shows. On every
+//! announcement, and once a second, the leader compares: if every member of the membership, voters and
 //! learners, announced a record version above the cluster's, it asks the
 //! core to log the lowest of them (`Op::RaiseClusterVersion`). A member of a
 //! build from before record versions never announces, so the cluster
@@ -38,6 +38,9 @@ pub(crate) struct Versions {
     pub own: MemberVersion,
     cluster: AtomicU32,
     announced: Mutex<BTreeMap<u64, MemberVersion>>,
+    /// A member announced itself: the leader compares at once, so that a
+    /// cluster just formed agrees on its version within a round trip.
+    heard: tokio::sync::Notify,
 }
 
 impl Versions {
@@ -49,6 +52,7 @@ impl Versions {
             },
             cluster: AtomicU32::new(1),
             announced: Mutex::new(BTreeMap::new()),
+            heard: tokio::sync::Notify::new(),
         })
     }
 
@@ -63,7 +67,10 @@ impl Versions {
 
     /// Member `id` announced `version`.
     pub(crate) fn announced(&self, id: u64, version: MemberVersion) {
-        self.lock().insert(id, version);
+        let before = self.lock().insert(id, version.clone());
+        if before != Some(version) {
+            self.heard.notify_one();
+        }
     }
 
     /// What member `id` announced, if it did.
@@ -97,6 +104,7 @@ pub(crate) async fn run(
     loop {
         tokio::select! {
             _ = tick.tick() => {}
+            _ = versions.heard.notified() => {}
             changed = metrics.changed() => if changed.is_err() { return },
         }
         let (leader, address, members, term) = {

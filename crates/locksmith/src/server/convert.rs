@@ -90,6 +90,10 @@ pub(super) fn error(error: pb::Error) -> Error {
         C::LimitReached => Error::LimitReached(error.message),
         C::UnknownSession => Error::Lost(error.message),
         C::PermissionDenied => Error::PermissionDenied(error.message),
+        C::Unsupported => Error::Unsupported {
+            backend: BACKEND,
+            what: error.message,
+        },
         C::Internal | C::Unavailable => Error::backend(BACKEND, error.message),
     }
 }

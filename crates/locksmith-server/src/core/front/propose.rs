@@ -55,7 +55,7 @@ impl FrontEnd {
                     proposal.routes.push(Route::Nobody);
                 }
                 for op in ops {
-                    self.propose_stream_op(now, session, op, proposal);
+                    self.propose_stream_op(state, now, session, op, proposal);
                 }
             }
             Op::Detach { stream, error } => self.detach(stream, error),
@@ -143,6 +143,7 @@ impl FrontEnd {
 
     fn propose_stream_op(
         &mut self,
+        state: &Replicated,
         now: Millis,
         session: SessionId,
         op: StreamOp,
@@ -177,6 +178,28 @@ impl FrontEnd {
                     token: hold.token,
                     lease,
                 };
+                proposal.command(now, command, None, Some(id), Route::ON_STREAM);
+            }
+            StreamOp::SetHoldCount { id, hold, count } => {
+                let command = Command::SetHoldCount {
+                    session,
+                    owner: hold.owner,
+                    name: hold.name,
+                    token: hold.token.unwrap_or_default(),
+                    count,
+                };
+                if !state.allows(Record::version_of(&command)) {
+                    // A member could not decode it: answered at once, in
+                    // its place among the batch's answers.
+                    let error = convert::error(
+                        pb::ErrorCode::Unsupported,
+                        "a member of this cluster runs a version that cannot record hold \
+                         counts yet (finish the rolling upgrade); nothing changed",
+                    );
+                    let at = proposal.records.len();
+                    proposal.refused.push((at, session, id, error));
+                    return;
+                }
                 proposal.command(now, command, None, Some(id), Route::ON_STREAM);
             }
             StreamOp::Cancel { id } => {

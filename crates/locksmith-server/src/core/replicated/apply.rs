@@ -107,7 +107,9 @@ impl After {
                 request: request.0,
                 outcome: Outcome::Cancelled,
             },
-            Command::Release { session, .. } | Command::Renew { session, .. } => match request {
+            Command::Release { session, .. }
+            | Command::Renew { session, .. }
+            | Command::SetHoldCount { session, .. } => match request {
                 Some(request) => After::Reply {
                     session: *session,
                     request,
@@ -166,9 +168,12 @@ impl Replicated {
                 self.apply_request(now, session, id, command, None, notices);
                 Ok(())
             }
-            (Command::Release { session, .. } | Command::Renew { session, .. }, Some(id))
-                if *session != SessionId::NONE =>
-            {
+            (
+                Command::Release { session, .. }
+                | Command::Renew { session, .. }
+                | Command::SetHoldCount { session, .. },
+                Some(id),
+            ) if *session != SessionId::NONE => {
                 let session = *session;
                 self.apply_request(now, session, id, command, Some(id), notices);
                 Ok(())

@@ -110,6 +110,13 @@ fn fingerprint(command: &Command) -> u64 {
             lease,
             ..
         } => ("renew", owner, name, token, lease).hash(&mut hasher),
+        Command::SetHoldCount {
+            owner,
+            name,
+            token,
+            count,
+            ..
+        } => ("set_hold_count", owner, name, token, count).hash(&mut hasher),
         other => format!("{other:?}").hash(&mut hasher),
     }
     hasher.finish()
@@ -121,7 +128,10 @@ fn same_kind(command: &Command, outcome: &Outcome) -> bool {
     match (command, outcome) {
         (Command::Acquire(a), Outcome::Granted(tokens)) => tokens.len() == a.names.len(),
         (Command::Acquire(_), Outcome::WouldBlock | Outcome::TimedOut | Outcome::Cancelled) => true,
-        (Command::Release { .. } | Command::Renew { .. }, Outcome::Done) => true,
+        (
+            Command::Release { .. } | Command::Renew { .. } | Command::SetHoldCount { .. },
+            Outcome::Done,
+        ) => true,
         _ => false,
     }
 }

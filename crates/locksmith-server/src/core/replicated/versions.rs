@@ -22,14 +22,18 @@
 //!
 //! Version 1 is every kind from before versions were kept (engine commands
 //! and acknowledgements); 2 adds `ClusterVersion` itself, which the gate
-//! also guards: an older build never sees one.
+//! also guards: an older build never sees one; 3 is the engine's
+//! `SetHoldCount`, a hold's re-entry depth as its client counts it (a build
+//! that reads up to 2 could not decode it).
+
+use locksmith_core::Command;
 
 use crate::entry::Record;
 
 use super::Replicated;
 
 /// The newest record version this build reads and may write.
-pub(crate) const RECORD_VERSION: u32 = 2;
+pub(crate) const RECORD_VERSION: u32 = 3;
 
 /// The record version of a cluster that never agreed on one: what every
 /// build reads.
@@ -39,8 +43,17 @@ impl Record {
     /// The record version that introduced this kind.
     pub(crate) fn version(&self) -> u32 {
         match self {
-            Record::Command(_) | Record::Acks { .. } => 1,
+            Record::Command(record) => Record::version_of(&record.command),
+            Record::Acks { .. } => 1,
             Record::ClusterVersion(_) => 2,
+        }
+    }
+
+    /// The record version that introduced the engine command `command`.
+    pub(crate) fn version_of(command: &Command) -> u32 {
+        match command {
+            Command::SetHoldCount { .. } => 3,
+            _ => 1,
         }
     }
 }
@@ -98,6 +111,99 @@ mod tests {
             .apply(Record::ClusterVersion(RECORD_VERSION + 1), &mut notices)
             .unwrap();
         assert_eq!(state.needs_upgrade(), Some(RECORD_VERSION + 1));
+    }
+
+    /// Members of the older build (reading up to 2) and of this one apply the
+    /// same log alike: a client-counted depth (`SetHoldCount`, version 3)
+    /// that a leader logged without the gate is refused on both, and applies
+    /// only once the cluster agreed on 3, which the older member cannot join.
+    #[test]
+    fn a_hold_count_is_refused_alike_until_the_cluster_reads_it() {
+        use locksmith_core::{Acquire, ClientInfo, Mode, RequestId, SessionId, Wait};
+
+        use crate::core::replicated::Refusal;
+        use crate::entry::LogRecord;
+
+        let record = |now, command, secret, request| {
+            Record::Command(LogRecord {
+                now,
+                command,
+                secret,
+                request,
+            })
+        };
+        let session = SessionId(1);
+        let count = |count| Command::SetHoldCount {
+            session,
+            owner: "o".into(),
+            name: "x".into(),
+            token: 1,
+            count,
+        };
+        let log = [
+            record(
+                1,
+                Command::OpenSession {
+                    session,
+                    ttl: 10_000,
+                    info: ClientInfo::default(),
+                },
+                Some(7),
+                None,
+            ),
+            record(
+                2,
+                Command::Acquire(Acquire {
+                    session,
+                    request: RequestId(1),
+                    owner: "o".into(),
+                    names: vec!["x".into()],
+                    mode: Mode::Exclusive,
+                    wait: Wait::No,
+                    lease: None,
+                    reentrant: true,
+                    lock_delay: 0,
+                }),
+                None,
+                None,
+            ),
+            record(3, count(3), None, Some(2)),
+        ];
+        let mut older = ServerConfig::in_memory();
+        older.record_version = 2;
+        let mut members = [
+            crate::core::replicated_state(&older),
+            crate::core::replicated_state(&ServerConfig::in_memory()),
+        ];
+        let counts = |state: &Replicated| {
+            let info = state.engine().describe("x").expect("held");
+            info.holders[0].hold_count
+        };
+        for state in &mut members {
+            let mut notices = Vec::new();
+            let mut results = Vec::new();
+            for record in log.clone() {
+                results.push(state.apply(record, &mut notices));
+            }
+            assert!(
+                matches!(results[2], Err(Refusal::NotAgreed(3))),
+                "{results:?}"
+            );
+            assert_eq!(counts(state), 1, "the refused count changed nothing");
+        }
+        let [older, newer] = &mut members;
+        let mut notices = Vec::new();
+        older
+            .apply(Record::ClusterVersion(3), &mut notices)
+            .unwrap();
+        assert_eq!(older.needs_upgrade(), Some(3), "the older build stops");
+        newer
+            .apply(Record::ClusterVersion(3), &mut notices)
+            .unwrap();
+        newer
+            .apply(record(4, count(3), None, Some(3)), &mut notices)
+            .unwrap();
+        assert_eq!(counts(newer), 3);
     }
 
     #[test]
