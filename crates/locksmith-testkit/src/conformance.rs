@@ -84,6 +84,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+mod counting;
 #[cfg(feature = "conformance-server")]
 mod server;
 #[cfg(feature = "conformance-server")]
@@ -228,7 +229,8 @@ macro_rules! __conformance_behaviours {
             dropping_guard_releases, inspection_shows_holder_and_waiters, election_fails_over,
             election_is_observed, proclaim_after_loss_fails,
             racing_acquires_of_one_owner_share_the_grant, waiting_owner_is_busy_to_itself,
-            guard_tells_count_and_lease, close_releases_everything
+            guard_tells_count_and_lease, reentry_reaches_the_store_once,
+            close_releases_everything
         }
     };
 }
@@ -1158,6 +1160,44 @@ pub async fn proclaim_after_loss_fails<H: Harness>(h: &H) {
     ));
     assert_eq!(leadership.value(), "v1");
     assert_eq!(admin.election(name.as_str()).leader().await.unwrap(), None);
+}
+
+/// Re-entry is the client's to decide, on every store: however deep an
+/// owner re-enters, the store sees one acquire and one release per hold,
+/// and inspection shows the depth the client counts.
+pub async fn reentry_reaches_the_store_once<H: Harness>(h: &H) {
+    let connected = client(h).await;
+    let store = Arc::new(counting::CountingBackend::new(connected.backend().clone()));
+    let a = Client::from_backend(store.clone());
+    let name = unique("reentry-once");
+    let lock = a.lock(name.as_str()).owner("worker");
+    let mut levels: Vec<Guard> = Vec::new();
+    for depth in 1..=3 {
+        levels.push(lock.acquire().await.unwrap());
+        let info = a.describe(&name).await.unwrap().unwrap();
+        assert_eq!(info.holders.len(), 1, "{info:?}");
+        assert_eq!(info.holders[0].hold_count, depth, "{info:?}");
+    }
+    assert_eq!(store.acquires(), 1, "the store saw every re-entry");
+    let token = levels[0].fencing_token();
+    assert!(levels.iter().all(|l| l.fencing_token() == token));
+    for depth in (1..=2).rev() {
+        levels.pop().unwrap().release().await.unwrap();
+        let info = a.describe(&name).await.unwrap().unwrap();
+        assert_eq!(info.holders[0].hold_count, depth, "{info:?}");
+        assert_eq!(store.releases(), 0, "a level's release reached the store");
+    }
+    levels.pop().unwrap().release().await.unwrap();
+    assert_eq!(store.releases(), 1);
+    let info = a.describe(&name).await.unwrap();
+    assert!(
+        info.as_ref().is_none_or(|i| i.holders.is_empty()),
+        "{info:?}"
+    );
+    let again = lock.acquire().await.unwrap();
+    assert_eq!(store.acquires(), 2);
+    assert!(again.fencing_token() > token, "a new hold, a new token");
+    again.release().await.unwrap();
 }
 
 /// Two acquires of one owner that wait at the same time: once the first is

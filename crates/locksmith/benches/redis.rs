@@ -254,7 +254,6 @@ fn main() {
         "redisson_lock__channel:{rb:__rand_int__}",
         "00000000-0000-0000-0000-000000000000:bench",
         "1",
-        "1",
         "bench@host",
         "0",
         "0",
@@ -278,7 +277,7 @@ fn main() {
         "x",
         "{rb}:rwlock_timeout",
         "{rb}",
-        "0",
+        "",
     ];
     // The machine may be shared: alternate the contenders round by round and
     // compare within each round.

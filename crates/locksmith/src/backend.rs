@@ -59,6 +59,10 @@ pub struct AcquireRequest {
     /// (the etcd key's value, the ZooKeeper node's data) instead of
     /// locksmith's metadata. `None` for locks.
     pub published: Option<String>,
+    /// The owner was made for this acquire alone (the caller named none), so
+    /// no other acquire can re-enter its hold: the model layer lets a store
+    /// take such a multi-lock atomically.
+    pub(crate) fresh_owner: bool,
 }
 
 impl AcquireRequest {
@@ -75,6 +79,7 @@ impl AcquireRequest {
             reentrant: true,
             lock_delay: Duration::ZERO,
             published: None,
+            fresh_owner: false,
         }
     }
 }
@@ -101,15 +106,11 @@ pub struct Capabilities {
     /// An election's leader can change its published value while it leads
     /// ([`Hold::proclaim`]).
     pub proclaim: bool,
-    /// Several names are taken atomically in one request. Otherwise
+    /// Several names are taken atomically in one request (only for an
+    /// owner made for that acquire, which nothing re-enters). Otherwise
     /// [`Backend::acquire`] only ever gets one name, and multi-locks are
     /// taken one name at a time in sorted order.
     pub multi_lock: bool,
-    /// The store's layout counts re-entry itself (the engine, Redisson's
-    /// hash): [`Backend::acquire`] gets every re-entry and each grant is
-    /// released on its own. Otherwise it sees one acquire and one release
-    /// per hold, and the depth through [`Hold::record_count`].
-    pub counts_reentry: bool,
 }
 
 /// Wake-ups from a store that can watch a lock: each item says the holders
@@ -141,9 +142,9 @@ pub trait Hold: Send + Sync + 'static {
     /// Cancel safety: safe; an extension either happened or did not.
     async fn extend(&self, lease: Duration) -> Result<()>;
 
-    /// Records a new re-entry depth where the store's layout keeps one (for
-    /// inspection); the default keeps none. Called only on stores that do
-    /// not count re-entry themselves.
+    /// Records a new re-entry depth, as the model layer counts it, where the
+    /// store's layout keeps one (for inspection); the default keeps none.
+    /// The hold's release ends it whatever depth was recorded last.
     ///
     /// Cancel safety: safe; the depth either landed or did not.
     async fn record_count(&self, count: u32) -> Result<()> {
@@ -176,9 +177,11 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Acquires per `request`; `Ok(None)` only for [`Wait::No`] when busy.
     /// The request asks only for what [`Backend::capabilities`] offers, and
-    /// for one name unless [`Capabilities::multi_lock`]; without
-    /// [`Capabilities::counts_reentry`] it is never a re-entry of this
-    /// client's live hold.
+    /// for one name unless [`Capabilities::multi_lock`]; it is never a
+    /// re-entry of this client's live hold (the model layer decides
+    /// re-entry), so a hold of its owner that the store still has is a
+    /// leftover of one this client gave up (lost, or released where the
+    /// release never arrived).
     ///
     /// Cancel safety: must be cancel safe. Dropping the future leaves no queue
     /// entry and no hold behind (a grant that raced the drop is released).

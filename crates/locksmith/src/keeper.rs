@@ -198,18 +198,6 @@ impl Term {
         self.renewed
     }
 
-    /// Starts or stops renewing it (a Redis hold whose re-entry levels
-    /// without a fixed lease came or went).
-    pub fn set_renewed(&mut self, renewed: bool) {
-        self.renewed = renewed;
-    }
-
-    /// Trusts it at least until `until` (a re-entry granted with a later
-    /// lease).
-    pub fn trust_at_least(&mut self, until: Instant) {
-        self.trusted_until = self.trusted_until.max(until);
-    }
-
     /// The next instant the keeper must act: a renewal, or the end of the
     /// trust.
     pub fn wake_at(&self) -> Instant {

@@ -250,6 +250,7 @@ impl Lock {
             reentrant: self.options.reentrant,
             lock_delay: self.options.lock_delay,
             published: self.published.clone(),
+            fresh_owner: self.options.owner.is_none(),
         })
     }
 }

@@ -11,7 +11,7 @@
 //! opens a new session for what it does next, as a client of any store does.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, SystemTime};
 
@@ -78,8 +78,8 @@ struct State {
     next_request: u64,
     /// Acquires waiting for their outcome.
     pending: HashMap<(SessionId, RequestId), oneshot::Sender<Outcome>>,
-    /// Lost signals of live holds by token, with how many guards share each
-    /// (re-entries share a token).
+    /// Lost signals of live holds by token (the model layer decides
+    /// re-entry: the engine sees one acquire per hold).
     lost: HashMap<u64, Tracked>,
     /// Values published by election holds, by fencing token: the engine
     /// keeps the owner id, and a leader's value can change while it leads.
@@ -89,8 +89,6 @@ struct State {
 /// A live hold's lost signal.
 struct Tracked {
     signal: LostSignal,
-    /// The guards that share it.
-    guards: u32,
     session: SessionId,
 }
 
@@ -236,20 +234,13 @@ impl State {
                 request,
                 tokens,
             } => {
-                let signal = tokens
-                    .first()
-                    .and_then(|t| self.lost.get(t))
-                    .map(|tracked| tracked.signal.clone())
-                    .unwrap_or_default();
+                let signal = LostSignal::new();
                 for &token in &tokens {
-                    self.lost
-                        .entry(token)
-                        .or_insert_with(|| Tracked {
-                            signal: signal.clone(),
-                            guards: 0,
-                            session,
-                        })
-                        .guards += 1;
+                    let tracked = Tracked {
+                        signal: signal.clone(),
+                        session,
+                    };
+                    self.lost.insert(token, tracked);
                 }
                 ((session, request), Outcome::Granted(tokens, signal))
             }
@@ -282,15 +273,10 @@ impl State {
         }
     }
 
-    /// Forgets one guard's claim on the lost signals of `tokens`.
+    /// Forgets the lost signals of a released hold's `tokens`.
     fn forget(&mut self, tokens: &[u64]) {
         for token in tokens {
-            if let Some(entry) = self.lost.get_mut(token) {
-                entry.guards -= 1;
-                if entry.guards == 0 {
-                    self.lost.remove(token);
-                }
-            }
+            self.lost.remove(token);
         }
     }
 
@@ -512,7 +498,6 @@ impl Backend for MemoryBackend {
             semaphore: true,
             proclaim: true,
             multi_lock: true,
-            counts_reentry: true,
         }
     }
 
@@ -573,6 +558,7 @@ impl Backend for MemoryBackend {
                         session: key.0,
                         request: request.clone(),
                         tokens: tokens.clone(),
+                        recorded: AtomicU32::new(1),
                     }),
                     tokens,
                     lost,
@@ -652,16 +638,42 @@ struct MemoryHold {
     session: SessionId,
     request: AcquireRequest,
     tokens: Vec<u64>,
+    /// The re-entry depth last recorded in the engine.
+    recorded: AtomicU32,
+}
+
+impl MemoryHold {
+    /// Records `count` as the depth of every name of the hold.
+    fn set_count(&self, state: &mut State, count: u32) -> Result<()> {
+        for (name, &token) in self.request.names.iter().zip(&self.tokens) {
+            let set = Command::SetHoldCount {
+                session: self.session,
+                owner: self.request.owner.clone(),
+                name: name.clone(),
+                token,
+                count,
+            };
+            self.table.apply(state, set)?;
+        }
+        self.recorded.store(count, Ordering::Release);
+        Ok(())
+    }
 }
 
 #[async_trait]
 impl Hold for MemoryHold {
+    /// Ends the hold whatever depth was recorded last: the count goes back
+    /// to 1 first, since the engine's release takes off one level.
+    ///
     /// Cancel safety: safe; every name is released in one step under the
     /// table lock, with no await point.
     async fn release(self: Box<Self>) -> Result<()> {
         let mut state = self.table.state();
         state.forget(&self.tokens);
         state.published.remove(&self.tokens[0]);
+        if self.recorded.load(Ordering::Acquire) != 1 {
+            self.set_count(&mut state, 1)?;
+        }
         let mut result = Ok(());
         for (name, &token) in self.request.names.iter().zip(&self.tokens) {
             let outcome = self.table.apply(
@@ -673,6 +685,13 @@ impl Hold for MemoryHold {
             }
         }
         result
+    }
+
+    /// Cancel safety: safe; one step under the table lock, with no await
+    /// point: the depth was recorded or it was not.
+    async fn record_count(&self, count: u32) -> Result<()> {
+        let mut state = self.table.state();
+        self.set_count(&mut state, count)
     }
 
     /// Cancel safety: safe; one step under the table lock, with no await
@@ -787,7 +806,6 @@ mod tests {
         for (token, signal, session) in [(1, &mine, 1), (2, &theirs, 2)] {
             let tracked = Tracked {
                 signal: signal.clone(),
-                guards: 1,
                 session: SessionId(session),
             };
             state.lost.insert(token, tracked);

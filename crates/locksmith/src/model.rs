@@ -7,19 +7,26 @@
 //!   [`Error::Unsupported`] before any I/O.
 //! - **Multi-locks.** A store without atomic multi-locks gets the names one at
 //!   a time, in sorted order (one global order, so two multi-locks never wait
-//!   on each other in a cycle); a failure releases what was taken.
-//! - **Re-entry.** This client's table of holds by (name, owner). An acquire
-//!   of an owner that holds is a re-entry: same token, same lost signal,
-//!   count + 1; only the last release ends the hold. An acquire of an owner
-//!   whose earlier acquire is still at the store joins it rather than
-//!   queueing behind it (the engine's rule): once that one is granted it
-//!   re-enters, and should that one fail it asks the store itself. A joiner
-//!   that may not re-enter (not reentrant, another mode) waits until the
-//!   owner's hold is over. Stores whose layout counts re-entry
-//!   ([`Capabilities::counts_reentry`]: the engine, Redisson's hash) still get
-//!   every re-entry and count it themselves; the others see one acquire and
-//!   one release per hold, and are told the depth
-//!   ([`Hold::record_count`]) where their layout records it.
+//!   on each other in a cycle); a failure releases what was taken. So does a
+//!   multi-lock of a named owner, whose names may be re-entries (each name
+//!   is then decided by the re-entry table, as on every store); only an
+//!   owner made for the acquire alone goes to the store atomically.
+//! - **Re-entry**, decided here and nowhere else. This client's table of
+//!   holds by (name, owner). An acquire of an owner that holds is a
+//!   re-entry: same token, same lost signal, count + 1; only the last
+//!   release ends the hold. A re-entry that is off is [`Error::AlreadyHeld`],
+//!   one in another mode [`Error::Conflict`]. An acquire of an owner whose
+//!   earlier acquire is still at the store joins it rather than queueing
+//!   behind it: once that one is granted it re-enters, and should that one
+//!   fail it asks the store itself. A joiner that may not re-enter (not
+//!   reentrant, another mode) waits until the owner's hold is over. Every
+//!   store sees one acquire and one release per hold, however deep the
+//!   re-entry, and is told the depth ([`Hold::record_count`]) where its
+//!   layout records one (the lock server's hold count, Redisson's hash
+//!   field, etcd's value, the PostgreSQL rows), so that inspection shows
+//!   what this table counts. The lock server's protocol keeps a re-entry of
+//!   its own (a second acquire of the same owner) for callers that count
+//!   nothing themselves; this library never relies on it.
 //! - **One lost signal per hold**, shared by its re-entries, with the
 //!   store's typed [`crate::LostCause`].
 
@@ -76,9 +83,9 @@ pub(crate) struct Share {
     /// When the lease runs out, as measured from before the request that
     /// granted or extended it (so never later than the store's own end).
     lease_until: Mutex<Option<Instant>>,
-    /// The store's hold where the store does not count re-entry: every level
-    /// shares it, the last release releases it. Async so that the
-    /// operations on one hold reach the store in order.
+    /// The store's hold: every level shares it, the last release releases
+    /// it. Async so that the operations on one hold reach the store in
+    /// order.
     hold: tokio::sync::Mutex<Option<Box<dyn Hold>>>,
 }
 
@@ -132,10 +139,11 @@ impl Model {
         let capabilities = backend.capabilities();
         refuse_unsupported(backend.name(), &capabilities, request)?;
         if request.names.len() == 1 {
-            return self.acquire_one(backend, &capabilities, request).await;
+            return self.acquire_one(backend, request).await;
         }
-        if capabilities.multi_lock {
-            // The store takes them atomically and decides their re-entry.
+        if capabilities.multi_lock && request.fresh_owner {
+            // The store takes them atomically: the owner is this acquire's
+            // own, so it holds none of them and nothing re-enters its hold.
             let started = Instant::now();
             return Ok(backend.acquire(request).await?.map(|grant| {
                 let key = (request.names[0].clone(), request.owner.clone());
@@ -154,8 +162,7 @@ impl Model {
                 }
             }));
         }
-        self.acquire_each_in_order(backend, &capabilities, request)
-            .await
+        self.acquire_each_in_order(backend, request).await
     }
 
     /// One name: the re-entry table's rules.
@@ -164,7 +171,6 @@ impl Model {
     async fn acquire_one(
         self: &Arc<Self>,
         backend: &dyn Backend,
-        capabilities: &Capabilities,
         request: &AcquireRequest,
     ) -> Result<Option<Granted>> {
         let key = (request.names[0].clone(), request.owner.clone());
@@ -184,10 +190,10 @@ impl Model {
                         own: None,
                         tracked: true,
                     }));
-                    return self.reenter(backend, capabilities, request, level).await;
+                    return self.reenter(level).await;
                 }
                 Step::Lead(pending) => {
-                    return self.lead(backend, capabilities, request, pending).await;
+                    return self.lead(backend, request, pending).await;
                 }
             }
         }
@@ -237,7 +243,6 @@ impl Model {
     async fn lead(
         self: &Arc<Self>,
         backend: &dyn Backend,
-        capabilities: &Capabilities,
         request: &AcquireRequest,
         mut pending: PendingSlot,
     ) -> Result<Option<Granted>> {
@@ -246,14 +251,7 @@ impl Model {
             return Ok(None);
         };
         let key = pending.key.take().expect("pending until granted");
-        let counts_reentry = capabilities.counts_reentry;
-        Ok(Some(self.record_new(
-            key,
-            request,
-            started,
-            grant,
-            counts_reentry,
-        )))
+        Ok(Some(self.record_new(key, request, started, grant)))
     }
 
     /// Records a new hold in the table and hands out its first level.
@@ -263,17 +261,11 @@ impl Model {
         request: &AcquireRequest,
         started: Instant,
         grant: Grant,
-        counts_reentry: bool,
     ) -> Granted {
         let lease_until = lease_end(started, request);
         let share = Arc::new(Share::new(key.clone(), request.mode, &grant, lease_until));
-        let own = if counts_reentry {
-            Some(grant.hold)
-        } else {
-            // No await between here and the guard: the level owns the hold.
-            *share.hold.try_lock().expect("a new share is ours alone") = Some(grant.hold);
-            None
-        };
+        // No await between here and the guard: the level owns the hold.
+        *share.hold.try_lock().expect("a new share is ours alone") = Some(grant.hold);
         self.table().insert(key, Slot::Held(share.clone()));
         self.changed.send_replace(());
         Granted {
@@ -282,53 +274,19 @@ impl Model {
             hold: Box::new(Level {
                 model: self.clone(),
                 share: share.clone(),
-                own,
+                own: None,
                 tracked: true,
             }),
             share,
         }
     }
 
-    /// One more level of a hold: the store counts it, or is told the new
+    /// One more level of a hold: the store sees no acquire, only the new
     /// depth where its layout records one.
     ///
     /// Cancel safety: safe; a dropped re-entry gives its level back.
-    async fn reenter(
-        self: &Arc<Self>,
-        backend: &dyn Backend,
-        capabilities: &Capabilities,
-        request: &AcquireRequest,
-        mut level: Unclaimed,
-    ) -> Result<Option<Granted>> {
+    async fn reenter(self: &Arc<Self>, mut level: Unclaimed) -> Result<Option<Granted>> {
         let share = level.share().clone();
-        if capabilities.counts_reentry {
-            let started = Instant::now();
-            match backend.acquire(request).await {
-                // The store no longer had the hold (its loss has not reached
-                // this client yet) and granted a new one.
-                Ok(Some(grant)) if grant.tokens[0] != share.token => {
-                    level.claim().leave();
-                    let key = share.key.clone();
-                    return Ok(Some(self.record_new(key, request, started, grant, true)));
-                }
-                Ok(Some(grant)) => {
-                    let mut level = level.claim();
-                    level.own = Some(grant.hold);
-                    tracing::debug!(lock = %share.key.0, owner = %share.key.1, "re-entered");
-                    return Ok(Some(Granted {
-                        tokens: grant.tokens,
-                        lost: grant.lost,
-                        hold: Box::new(level),
-                        share,
-                    }));
-                }
-                // Not a level after all: leave it without a release at the store.
-                other => {
-                    level.claim().leave();
-                    return other.map(|_| None);
-                }
-            }
-        }
         {
             let hold = share.hold.lock().await;
             if let Some(hold) = hold.as_ref() {
@@ -353,7 +311,6 @@ impl Model {
     async fn acquire_each_in_order(
         self: &Arc<Self>,
         backend: &dyn Backend,
-        capabilities: &Capabilities,
         request: &AcquireRequest,
     ) -> Result<Option<Granted>> {
         let mut order: Vec<usize> = (0..request.names.len()).collect();
@@ -364,7 +321,7 @@ impl Model {
                 names: vec![request.names[index].clone()],
                 ..request.clone()
             };
-            match self.acquire_one(backend, capabilities, &single).await {
+            match self.acquire_one(backend, &single).await {
                 Ok(Some(part)) => taken.0.push((index, part)),
                 Ok(None) => {
                     taken.release_all().await;
@@ -460,7 +417,8 @@ impl Drop for PendingSlot {
 struct Level {
     model: Arc<Model>,
     share: Arc<Share>,
-    /// This level's own hold at a store that counts re-entry.
+    /// The hold of an atomic multi-lock, which has no share in the table
+    /// (its owner is its acquire's own, so nothing re-enters it).
     own: Option<Box<dyn Hold>>,
     /// Whether the share is in the re-entry table (multi-locks taken
     /// atomically are not).

@@ -1130,3 +1130,41 @@ async fn every_member_shows_the_cluster_on_its_web_api() {
     )
     .await;
 }
+
+/// During a rolling upgrade, with a member of the build before (it reads
+/// record version 2, which has no hold counts), the client counts re-entry
+/// alone: the server sees one acquire, inspection shows 1, and the last
+/// release still ends the hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn during_an_upgrade_the_client_counts_re_entry_alone() {
+    let ports: Vec<u16> = (0..2).map(|_| free_port()).collect();
+    let members = [
+        ServerProcess::start_member(&ports, 0, &[]),
+        ServerProcess::start_member(&ports, 1, &["--record-version", "2"]),
+    ];
+    server_support::leader(&members, &[]).await;
+    let client = Client::connect(&members_url(&ports)).await.unwrap();
+    let name = unique("upgrade-reentry");
+    let lock = client.lock(name.as_str()).owner("worker");
+    let first = lock.acquire().await.unwrap();
+    let second = lock.acquire().await.unwrap();
+    assert_eq!(first.fencing_token(), second.fencing_token());
+    assert_eq!(second.hold_count(), 2);
+    let info = client.describe(&name).await.unwrap().expect("held");
+    assert_eq!(info.holders.len(), 1, "{info:?}");
+    assert_eq!(
+        info.holders[0].hold_count, 1,
+        "the older member reads no count"
+    );
+    second.release().await.unwrap();
+    assert!(!first.is_lost());
+    first.release().await.unwrap();
+    let info = client.describe(&name).await.unwrap();
+    assert!(
+        info.as_ref().is_none_or(|i| i.holders.is_empty()),
+        "{info:?}"
+    );
+    for member in &members {
+        member.assert_running();
+    }
+}

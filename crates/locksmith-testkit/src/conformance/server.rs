@@ -7,8 +7,11 @@ use std::time::Duration;
 
 use locksmith::server::ServerUrl;
 use locksmith::{Client, ConnectOptions, LostCause};
+use locksmith_proto::raft::cluster_client::ClusterClient;
+use locksmith_proto::raft::StatusRequest;
 use locksmith_proto::v1::locksmith_client::LocksmithClient;
 use locksmith_proto::v1::{EndSessionRequest, ListSessionsRequest};
+use tokio::sync::OnceCell;
 
 use super::{Clients, Fault, Harness, DISK_SHORT_TTL};
 use crate::proxy::{Mode, Route};
@@ -21,6 +24,8 @@ use crate::proxy::{Mode, Route};
 pub struct ServerHarness {
     url: String,
     clients: Clients<(String, Arc<Route>)>,
+    /// Set once the cluster agreed on the record version its members read.
+    settled: OnceCell<()>,
 }
 
 impl ServerHarness {
@@ -29,6 +34,46 @@ impl ServerHarness {
         ServerHarness {
             url: url.into(),
             clients: Clients::default(),
+            settled: OnceCell::new(),
+        }
+    }
+
+    /// Waits until the leader logged the record version every member reads:
+    /// a cluster just formed learns its members' versions first, and what
+    /// the newest version brings (hold counts that inspection shows) is off
+    /// until then.
+    ///
+    /// Cancel safety: safe, read-only.
+    async fn until_versions_settle(&self) {
+        let url = ServerUrl::parse(&self.url).expect("a lock server URL");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        let mut last = None;
+        loop {
+            for address in url.addresses() {
+                let endpoint = url.endpoint(address).expect("an endpoint");
+                let Ok(channel) = endpoint.connect().await else {
+                    continue;
+                };
+                let mut cluster = ClusterClient::with_interceptor(channel, url.credentials());
+                let Ok(status) = cluster.status(StatusRequest {}).await else {
+                    continue;
+                };
+                let status = status.into_inner();
+                // Only the leader heard every member's versions.
+                if status.leader_id == status.node_id {
+                    let reads: Option<Vec<u32>> =
+                        status.members.iter().map(|m| m.record_version).collect();
+                    if reads.and_then(|r| r.into_iter().min()) == Some(status.cluster_version) {
+                        return;
+                    }
+                    last = Some(status);
+                }
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the cluster's record version did not settle: {last:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 
@@ -69,6 +114,9 @@ impl Harness for ServerHarness {
     /// Cancel safety: safe; the proxies started so far stop when dropped,
     /// and a dropped `Client::connect_with` leaves nothing behind.
     async fn connect(&self, session_ttl: Duration) -> Client {
+        self.settled
+            .get_or_init(|| self.until_versions_settle())
+            .await;
         let name = format!("conformance-{}", uuid::Uuid::new_v4().simple());
         let options = ConnectOptions::default()
             .session_ttl(session_ttl)

@@ -657,7 +657,6 @@ impl Backend for EtcdBackend {
             semaphore: true,
             proclaim: true,
             multi_lock: false,
-            counts_reentry: false,
         }
     }
 

@@ -845,7 +845,6 @@ impl Backend for PostgresBackend {
             semaphore: true,
             proclaim: false,
             multi_lock: false,
-            counts_reentry: false,
         }
     }
 

@@ -35,10 +35,14 @@ impl Shared {
         asked: u32,
     ) -> Error {
         let node = &self.nodes[0];
-        // A new hold is given back whole; a re-entry only its new level.
-        let fresh = matches!(reply, Reply::Granted { .. });
+        // The model layer never asks for a hold the owner has: the owner's
+        // hold is this grant, given back whole.
+        let token = match reply {
+            Reply::Granted { token, .. } => Some(token),
+            _ => None,
+        };
         let (undone, connected) = tokio::join!(
-            self.release_on(target, &[0], fresh),
+            self.release_on(target, &[0], token),
             node.replicas_connected(&target.keys)
         );
         let undo = match undone {

@@ -59,8 +59,18 @@
 //! | fair queue | `redisson_lock_queue:{name}` + `redisson_lock_timeout:{name}` | list + zset | waiter ids in arrival order + their deadlines (Redisson RFairLock) |
 //! | metadata | `locksmith_meta:{name}` | hash | holder id → `"<token> <lock time ms> <count> <lock_by>"`; expires with the holds |
 //!
-//! Re-entry keeps the token: the first grant stores it in the metadata hash and
-//! a re-entry reads it back (Redisson's RFencedLock would issue a new one).
+//! Re-entry is decided by the client's model layer (module `model`), as on
+//! every store: Redis sees one acquire and one release per hold, however deep
+//! the owner re-enters, and the client writes the depth it counts into the
+//! layout ([`scripts::SET_COUNT`]): the hash field is the hold count, as
+//! Redisson's own `getHoldCount` reads it, with one read-hold timeout key per
+//! level for a read lock, as Redisson keeps them. Re-entry keeps the token
+//! (Redisson's RFencedLock would issue a new one). A holder id found at an
+//! acquire is a leftover of a hold the client no longer has (a Redlock
+//! release that missed a node, a hold given up as lost); the acquire clears
+//! it and grants anew, with a fresh token, and every release names its
+//! hold's token, so the release of a hold given up as lost never ends its
+//! owner's next one.
 //!
 //! Releases publish on Redisson's channels with Redisson's message values
 //! (`LockPubSub.UNLOCK_MESSAGE = 0`, `READ_UNLOCK_MESSAGE = 1`):
@@ -319,11 +329,8 @@ enum Attempt {
 
 struct Granted {
     token: u64,
-    reentered: bool,
     /// When the granting request was sent: the lease counts from then.
     sent: Instant,
-    /// Nodes that took a level (for undoing it).
-    nodes: Vec<usize>,
 }
 
 fn random_below(limit: Duration) -> Duration {
@@ -502,35 +509,18 @@ impl Shared {
     /// Cancel safety: safe; if the acquire is dropped while the attempt is in
     /// flight, whatever it took is given back.
     async fn attempt(self: &Arc<Self>, target: &Target, spec: &AcquireSpec) -> Result<Attempt> {
-        if !self.watchdog.holds(target) {
-            // This owner holds nothing here, so any hold it has on this lock can
-            // only come from this attempt: a dropped attempt releases all of it.
-            // (The release goes out on the same connection after the acquire,
-            // so it cannot overtake it.)
-            let mut undo = UndoOnDrop {
-                shared: self,
-                target,
-                armed: true,
-            };
-            let result = self.attempt_inner(target, spec).await;
-            undo.armed = false;
-            return result;
-        }
-        // Possibly a re-entry: only the attempt knows whether it took a level,
-        // so it runs as its own task and undoes exactly that if nobody waits
-        // for its answer any more.
-        let (sender, receiver) = tokio::sync::oneshot::channel();
-        let (shared, target, spec) = (self.clone(), target.clone(), *spec);
-        cleanup::spawn(async move {
-            let result = shared.attempt_inner(&target, &spec).await;
-            if let Err(Ok(Attempt::Granted(granted))) = sender.send(result) {
-                tracing::debug!(lock = %target.name, "acquire dropped while granted; releasing");
-                let _ = shared.release_on(&target, &granted.nodes, false).await;
-            }
-        });
-        receiver
-            .await
-            .map_err(|_| problem("the acquire task ended unexpectedly"))?
+        // The model layer never asks for a hold this owner has, so whatever
+        // the owner holds on this lock can only come from this attempt: a
+        // dropped attempt releases all of it. (The release goes out on the
+        // same connection after the acquire, so it cannot overtake it.)
+        let mut undo = UndoOnDrop {
+            shared: self,
+            target,
+            armed: true,
+        };
+        let result = self.attempt_inner(target, spec).await;
+        undo.armed = false;
+        result
     }
 
     /// One attempt, on one node or by quorum.
@@ -573,14 +563,7 @@ impl Shared {
             return Err(error);
         }
         Ok(match reply {
-            Reply::Granted { token, .. } | Reply::Reentered { token } => {
-                Attempt::Granted(Granted {
-                    token,
-                    reentered: matches!(reply, Reply::Reentered { .. }),
-                    sent,
-                    nodes: vec![0],
-                })
-            }
+            Reply::Granted { token, .. } => Attempt::Granted(Granted { token, sent }),
             Reply::Busy { hint_ms } => Attempt::Busy {
                 hint: (hint_ms >= 0).then(|| Duration::from_millis(hint_ms as u64)),
                 split: false,
@@ -597,7 +580,6 @@ impl Shared {
         let quorum = self.quorum;
         let per_node = self.node_timeout(spec.lease);
         let drift = self.drift(spec.lease);
-        let maybe_reentry = self.watchdog.holds(target);
         let call = target.acquire(self.scripts, spec, &self.lock_by, true);
         let start = Instant::now();
         let replies = join_all((0..n).map(|i| {
@@ -617,7 +599,6 @@ impl Shared {
         .await;
         let mut took = Vec::new();
         let mut counters = Vec::new();
-        let mut tokens = Vec::new();
         let mut hints = Vec::new();
         let mut errors = Vec::new();
         let mut refusals = Vec::new();
@@ -627,57 +608,29 @@ impl Shared {
                     took.push(i);
                     counters.push(counter);
                 }
-                Ok(Reply::Reentered { token }) => {
-                    took.push(i);
-                    tokens.push(token);
-                }
                 Ok(Reply::Busy { hint_ms }) => hints.push(hint_ms),
                 Ok(refusal) => refusals.push(refusal),
                 Err(e) => errors.push(e),
             }
         }
         let within = |at: Instant| spec.lease > at.duration_since(start) + drift;
-        // This owner holds nothing here, so a "re-entry" is a level that an
-        // earlier release never reached (its node was cut off then), with
-        // whatever token that node kept: nothing to build a grant on.
-        let leftovers = !maybe_reentry && !tokens.is_empty();
-        if !leftovers && took.len() >= quorum && within(Instant::now()) {
-            let token = if !tokens.is_empty() {
-                tokens.iter().copied().max()
-            } else {
-                let next = counters.iter().copied().max().unwrap_or(0) + 1;
-                // Fenced on every node, not only the granting ones: a node
-                // that did not grant (a leftover level, a split vote) may be
-                // the one that kept the highest counter, when a granting node
-                // lost its data.
-                let every: Vec<usize> = (0..n).collect();
-                self.fence(target, &every, next, spec.lease, per_node).await
-            };
+        // A node that kept a leftover of this owner (a release it never got)
+        // cleared it and granted anew, with a fresh token.
+        if took.len() >= quorum && within(Instant::now()) {
+            let next = counters.iter().copied().max().unwrap_or(0) + 1;
+            // Fenced on every node, not only the granting ones: a node that
+            // did not grant (a split vote) may be the one that kept the
+            // highest counter, when a granting node lost its data.
+            let every: Vec<usize> = (0..n).collect();
+            let token = self.fence(target, &every, next, spec.lease, per_node).await;
             if let Some(token) = token.filter(|_| within(Instant::now())) {
-                return Ok(Attempt::Granted(Granted {
-                    token,
-                    reentered: !tokens.is_empty(),
-                    sent: start,
-                    nodes: (0..n).collect(),
-                }));
+                return Ok(Attempt::Granted(Granted { token, sent: start }));
             }
         }
-        // No majority in time: release wherever this attempt may have taken a
-        // level (everywhere, unless an existing hold could be re-entered; then
-        // every level, leftovers included).
-        let undo: Vec<usize> = if maybe_reentry {
-            took.clone()
-        } else {
-            (0..n).collect()
-        };
-        let _ = self.release_on(target, &undo, !maybe_reentry).await;
-        if leftovers {
-            // Cleared: try again at once.
-            return Ok(Attempt::Busy {
-                hint: None,
-                split: true,
-            });
-        }
+        // No majority in time: release everywhere this attempt may have
+        // taken the hold.
+        let every: Vec<usize> = (0..n).collect();
+        let _ = self.release_on(target, &every, None).await;
         if refusals.len() >= quorum {
             return Err(refusals[0].refusal(target).expect("a refusal"));
         }
@@ -735,15 +688,16 @@ impl Shared {
         None
     }
 
-    /// Releases one level (or all) on the given nodes; a majority decides.
+    /// Releases the hold on the given nodes (only the hold with `token`,
+    /// when given); a majority decides.
     ///
     /// Cancel safety: the release may or may not have happened.
-    async fn release_on(&self, target: &Target, nodes: &[usize], all: bool) -> Result<()> {
-        let call = target.release(self.scripts, self.fair(), all);
+    async fn release_on(&self, target: &Target, nodes: &[usize], token: Option<u64>) -> Result<()> {
+        let call = target.release(self.scripts, self.fair(), token);
         if let [node] = nodes {
             let name = || target.name.clone();
             return match self.run::<i64>(*node, &call, "release").await? {
-                0 | 1 => Ok(()),
+                1 => Ok(()),
                 -1 => Err(Error::NotHeld { name: name() }),
                 _ => Err(Error::NotOwner { name: name() }),
             };
@@ -758,7 +712,7 @@ impl Shared {
         } else {
             self.quorum.min(nodes.len())
         };
-        let released = answers.iter().filter(|a| matches!(a, Ok(0 | 1))).count();
+        let released = answers.iter().filter(|a| matches!(a, Ok(1))).count();
         if released >= needed {
             return Ok(());
         }
@@ -775,6 +729,38 @@ impl Shared {
                 .find_map(|a| a.err())
                 .unwrap_or_else(|| problem(format!("releasing {name:?}: no majority answered"))))
         }
+    }
+
+    /// Records a hold's re-entry depth on every node; a majority decides.
+    ///
+    /// Cancel safety: the depth may or may not have been recorded.
+    async fn set_count(&self, target: &Target, count: u32, token: u64) -> Result<()> {
+        let call = target.set_count(self.scripts, count, token);
+        let answers = join_all((0..self.nodes.len()).map(|i| {
+            let call = &call;
+            async move { self.run::<i64>(i, call, "record the hold count").await }
+        }))
+        .await;
+        let recorded = answers.iter().filter(|a| matches!(a, Ok(1))).count();
+        if recorded >= self.quorum {
+            return Ok(());
+        }
+        let gone = answers.iter().filter(|a| matches!(a, Ok(0 | -2))).count();
+        if gone > self.nodes.len() - self.quorum {
+            return Err(Error::Lost(format!(
+                "lock {:?} is no longer held",
+                target.name
+            )));
+        }
+        Err(answers
+            .into_iter()
+            .find_map(|a| a.err())
+            .unwrap_or_else(|| {
+                problem(format!(
+                    "recording the hold count of {:?}: no majority answered",
+                    target.name
+                ))
+            }))
     }
 
     /// The watchdog's batch: renew (or check) up to 100 holds on every node.
@@ -891,7 +877,6 @@ impl Shared {
         let spec = AcquireSpec {
             lease: request.lease.unwrap_or(self.session_ttl),
             watched: request.lease.is_none(),
-            reentrant: request.reentrant,
             wait: waiting,
             fair: self.fair(),
             waiter_ttl: self.session_ttl,
@@ -988,12 +973,7 @@ impl Shared {
             term = term.with_clock_drift();
         }
         let (id, lost) = self.watchdog.register(&target, term);
-        tracing::debug!(
-            lock = %target.name,
-            token = granted.token,
-            reentered = granted.reentered,
-            "redis lock granted"
-        );
+        tracing::debug!(lock = %target.name, token = granted.token, "redis lock granted");
         Grant {
             tokens: vec![granted.token],
             lost,
@@ -1001,7 +981,7 @@ impl Shared {
                 shared: self.clone(),
                 target,
                 id,
-                watched: spec.watched,
+                token: granted.token,
             }),
         }
     }
@@ -1023,7 +1003,7 @@ impl Drop for UndoOnDrop<'_> {
         let (shared, target) = (self.shared.clone(), self.target.clone());
         cleanup::spawn(async move {
             let nodes: Vec<usize> = (0..shared.nodes.len()).collect();
-            let _ = shared.release_on(&target, &nodes, true).await;
+            let _ = shared.release_on(&target, &nodes, None).await;
         });
     }
 }
@@ -1057,22 +1037,22 @@ struct RedisHold {
     shared: Arc<Shared>,
     target: Target,
     id: u64,
-    watched: bool,
+    token: u64,
 }
 
 #[async_trait]
 impl Hold for RedisHold {
     /// Cancel safety: if dropped midway, the release may or may not have
-    /// happened; this level is off the watchdog from the first poll, so a
-    /// hold left behind is no longer renewed once no other level keeps it,
-    /// and expires with its lease.
+    /// happened; the hold is off the watchdog from the first poll, so one
+    /// left behind is no longer renewed and expires with its lease.
     #[tracing::instrument(level = "debug", name = "redis_release", skip_all, fields(lock = %self.target.name))]
     async fn release(self: Box<Self>) -> Result<()> {
         // Stop renewing first, so a release that fails midway leaves a hold that
         // simply expires.
-        let trusted = self.shared.watchdog.release(self.id, self.watched);
+        let trusted = self.shared.watchdog.release(self.id);
         let nodes: Vec<usize> = (0..self.shared.nodes.len()).collect();
-        let result = self.shared.release_on(&self.target, &nodes, false).await;
+        let token = Some(self.token);
+        let result = self.shared.release_on(&self.target, &nodes, token).await;
         tracing::debug!(lock = %self.target.name, ok = result.is_ok(), "redis lock released");
         if !trusted {
             // Lost already (its lease ran out by the local, conservative clock):
@@ -1090,6 +1070,16 @@ impl Hold for RedisHold {
     #[tracing::instrument(level = "debug", name = "redis_extend", skip_all, fields(lock = %self.target.name, ?lease))]
     async fn extend(&self, lease: Duration) -> Result<()> {
         self.shared.extend(&self.target, self.id, lease).await
+    }
+
+    /// Writes the depth where the layout keeps one: the hash field of
+    /// Redisson's RLock and read lock (which Redisson's own `getHoldCount`
+    /// reads) and locksmith's metadata.
+    ///
+    /// Cancel safety: safe; the depth was recorded or it was not.
+    #[tracing::instrument(level = "debug", name = "redis_record_count", skip_all, fields(lock = %self.target.name, count))]
+    async fn record_count(&self, count: u32) -> Result<()> {
+        self.shared.set_count(&self.target, count, self.token).await
     }
 }
 
@@ -1109,7 +1099,6 @@ impl Backend for RedisBackend {
             semaphore: self.shared.nodes.len() == 1,
             proclaim: false,
             multi_lock: false,
-            counts_reentry: true,
         }
     }
 
@@ -1258,7 +1247,7 @@ impl Backend for RedisBackend {
         let nodes: Vec<usize> = (0..shared.nodes.len()).collect();
         let mut first_error = None;
         for target in held {
-            if let Err(error) = shared.release_on(&target, &nodes, true).await {
+            if let Err(error) = shared.release_on(&target, &nodes, None).await {
                 if !matches!(error, Error::NotHeld { .. } | Error::NotOwner { .. }) {
                     first_error.get_or_insert(error);
                 }

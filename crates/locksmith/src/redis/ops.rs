@@ -80,8 +80,6 @@ pub(crate) struct AcquireSpec {
     pub lease: Duration,
     /// Whether the hold is kept alive by the watchdog (no fixed lease).
     pub watched: bool,
-    /// Whether the same owner may acquire again.
-    pub reentrant: bool,
     /// Whether the caller will wait (so a fair lock queues it).
     pub wait: bool,
     /// Whether the FIFO queue is used.
@@ -95,14 +93,8 @@ pub(crate) struct AcquireSpec {
 pub(crate) enum Reply {
     /// A new hold; `counter` is the token counter when fencing is deferred.
     Granted { token: u64, counter: u64 },
-    /// One more level of a hold the owner had.
-    Reentered { token: u64 },
     /// Held by others; the current hold lasts about this many ms (< 0: unknown).
     Busy { hint_ms: i64 },
-    /// The owner holds it and re-entry is off.
-    AlreadyHeld,
-    /// The owner holds it in another mode.
-    OtherMode,
     /// The holders agreed on this many permits.
     PermitMismatch(i64),
 }
@@ -116,12 +108,7 @@ impl Reply {
                 token: value(1).max(0) as u64,
                 counter: value(2).max(0) as u64,
             },
-            2 => Reply::Reentered {
-                token: value(1).max(0) as u64,
-            },
             0 => Reply::Busy { hint_ms: value(1) },
-            -1 => Reply::AlreadyHeld,
-            -2 => Reply::OtherMode,
             -3 => Reply::PermitMismatch(value(1)),
             other => {
                 return Err(super::node::problem(format!(
@@ -131,21 +118,15 @@ impl Reply {
         })
     }
 
-    /// Whether the reply took a hold level.
+    /// Whether the reply took a hold.
     pub fn took(&self) -> bool {
-        matches!(self, Reply::Granted { .. } | Reply::Reentered { .. })
+        matches!(self, Reply::Granted { .. })
     }
 
     /// The error of a refusal.
     pub fn refusal(&self, target: &Target) -> Option<Error> {
         let name = target.name.clone();
         match *self {
-            Reply::AlreadyHeld => Some(Error::AlreadyHeld { name }),
-            Reply::OtherMode => Some(Error::Conflict {
-                name,
-                mode: target.kind.mode(),
-                detail: "this owner already holds the lock in another mode".into(),
-            }),
             Reply::PermitMismatch(existing) => Some(Error::Conflict {
                 name,
                 mode: target.kind.mode(),
@@ -223,7 +204,6 @@ impl Target {
             )
             .arg(&self.field)
             .arg(ms(spec.lease))
-            .arg(flag(spec.reentrant))
             .arg(lock_by)
             .arg(flag(spec.fair))
             .arg(flag(spec.wait))
@@ -234,7 +214,6 @@ impl Target {
             Kind::Simple => Call::new(&scripts.acquire_simple, &[&k.lock, &k.token, &k.meta])
                 .arg(&self.field)
                 .arg(ms(spec.lease))
-                .arg(flag(spec.reentrant))
                 .arg(lock_by)
                 .arg(flag(defer)),
             Kind::Semaphore(permits) => Call::new(
@@ -252,7 +231,6 @@ impl Target {
             )
             .arg(&self.field)
             .arg(ms(spec.lease))
-            .arg(flag(spec.reentrant))
             .arg(lock_by)
             .arg(flag(spec.fair))
             .arg(flag(spec.wait))
@@ -262,9 +240,11 @@ impl Target {
         }
     }
 
-    /// The release call: one level, or `all` levels.
-    pub fn release(&self, scripts: &'static Scripts, fair: bool, all: bool) -> Call {
+    /// The release call of the whole hold; with `token`, only if the holder
+    /// id's hold is still the one with that token.
+    pub fn release(&self, scripts: &'static Scripts, fair: bool, token: Option<u64>) -> Call {
         let k = &*self.keys;
+        let token = token.map_or_else(String::new, |t| t.to_string());
         match self.kind {
             Kind::Hash => Call::new(
                 &scripts.release_hash,
@@ -282,7 +262,7 @@ impl Target {
             .arg("x")
             .arg("")
             .arg("")
-            .arg(flag(all)),
+            .arg(&token),
             Kind::Shared => Call::new(
                 &scripts.release_hash,
                 &[
@@ -299,10 +279,10 @@ impl Target {
             .arg("s")
             .arg(k.rw_timeout_prefix(&self.field))
             .arg(k.rw_key_prefix())
-            .arg(flag(all)),
+            .arg(&token),
             Kind::Simple => Call::new(&scripts.release_simple, &[&k.lock, &k.meta, &k.channel])
                 .arg(&self.field)
-                .arg(flag(all)),
+                .arg(&token),
             Kind::Semaphore(permits) => Call::new(
                 &scripts.release_semaphore,
                 &[
@@ -318,8 +298,24 @@ impl Target {
             .arg(&self.field)
             .arg(flag(fair))
             .arg(permits)
-            .arg(flag(all)),
+            .arg(&token),
         }
+    }
+
+    /// The call that records the hold's re-entry depth (the hold with
+    /// `token`).
+    pub fn set_count(&self, scripts: &'static Scripts, count: u32, token: u64) -> Call {
+        let k = &*self.keys;
+        Call::new(&scripts.set_count, &[&k.lock, &k.meta, &k.permits])
+            .arg(self.kind.letter())
+            .arg(&self.field)
+            .arg(count)
+            .arg(token)
+            .arg(if self.kind == Kind::Shared {
+                k.rw_timeout_prefix(&self.field)
+            } else {
+                String::new()
+            })
     }
 
     /// Leaving the fair queue.

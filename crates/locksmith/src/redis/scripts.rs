@@ -11,15 +11,21 @@
 //!
 //! * Time is Redis's own (`TIME`), never the client's, so clock skew between
 //!   clients cannot expire or reorder anything.
+//! * Re-entry is decided by the client's model layer, never here: an acquire
+//!   always asks for a new hold, and a holder's entry found under the
+//!   acquiring holder id is a leftover of a hold this client no longer has
+//!   (a release that never reached this node, a hold it gave up as lost),
+//!   which the acquire clears first, as a release would. The re-entry depth
+//!   is written by the client ([`SET_COUNT`]) where the layouts keep one, so
+//!   inspection, and Redisson, read what the client counts.
 //! * Acquire scripts answer `{status, value, extra}`:
 //!   `1` granted (value = fencing token, or with deferred fencing extra = the
-//!   current token counter), `2` re-entered (value = the hold's token), `0` busy
-//!   (value = how long the current hold still lasts in ms, negative if unknown),
-//!   `-1` the owner holds it already and re-entry is off, `-2` the owner holds it
-//!   in another mode, `-3` semaphore permit mismatch (value = the permits the
-//!   holders agreed on).
-//! * Release scripts answer `1` released, `0` one re-entry level released (still
-//!   held), `-1` not held by anyone, `-2` held by someone else.
+//!   current token counter), `0` busy (value = how long the current hold
+//!   still lasts in ms, negative if unknown), `-3` semaphore permit mismatch
+//!   (value = the permits the holders agreed on).
+//! * Release scripts release the whole hold and answer `1` released, `-1` not
+//!   held by anyone, `-2` held by someone else (or by a newer hold of the
+//!   same holder id: a release names its hold's token, when it knows it).
 //! * Holder metadata lives in the side hash `locksmith_meta:{name}`, field = the
 //!   holder id, value = `"<token> <lock time ms> <count> <lock_by>"` (the count is
 //!   authoritative only where the lock key itself cannot carry one: semaphores
@@ -76,6 +82,13 @@ local function meta_drop(meta, field)
     redis.call('DEL', meta)
   end
 end
+-- Whether the holder's entry is the hold with `token` ('': not checked; a
+-- token of '0' is a Redlock grant this node never saw fenced).
+local function meta_owns(meta, field, token)
+  if token == '' then return true end
+  local m = meta_get(meta, field)
+  return (not m) or m[1] == '0' or m[1] == token
+end
 -- A free->held transition: the next fencing token (Redisson RFencedLock: INCR of
 -- redisson_lock_token:{name}) and the holder's metadata. With `defer` (Redlock),
 -- the token is decided by a quorum afterwards; the current counter is returned.
@@ -88,12 +101,6 @@ local function grant_new(token_key, meta, field, now, lock_by, lease, defer, sol
   local tok = redis.call('INCR', token_key)
   meta_put(meta, field, {fmt(tok), fmt(now), 1, lock_by}, lease, sole)
   return {1, tok, 0}
-end
--- The token of a hold being re-entered (re-entry keeps the token).
-local function held_token(token_key, meta, field)
-  local m = meta_get(meta, field)
-  if m then return tonumber(m[1]) end
-  return tonumber(redis.call('GET', token_key) or '0') or 0
 end
 -- Fair queue (Redisson RFairLock layout): list redisson_lock_queue:{name} in
 -- arrival order and zset redisson_lock_timeout:{name} of deadlines. Deadlines
@@ -154,33 +161,33 @@ end
 /// (Redisson RReadWriteLock read side) acquire, plain or fair.
 ///
 /// KEYS: lock, token, meta, queue, queue deadlines, lock channel.
-/// ARGV: field, lease ms, reentrant, lock_by, fair, wait, waiter ttl ms,
-/// defer token, mode (`x` | `s`), read-hold timeout prefix.
+/// ARGV: field, lease ms, lock_by, fair, wait, waiter ttl ms, defer token,
+/// mode (`x` | `s`), read-hold timeout prefix.
 pub const ACQUIRE_HASH: &str = concat!(
     prelude!(),
     r#"
 local lock, token_key, meta, q, qt, chan = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local field, lease, reentrant, lock_by = ARGV[1], tonumber(ARGV[2]), ARGV[3] == '1', ARGV[4]
-local fair, wait, waiter_ttl, defer = ARGV[5] == '1', ARGV[6] == '1', tonumber(ARGV[7]), ARGV[8] == '1'
-local shared, rw_prefix = ARGV[9] == 's', ARGV[10]
+local field, lease, lock_by = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local fair, wait, waiter_ttl, defer = ARGV[4] == '1', ARGV[5] == '1', tonumber(ARGV[6]), ARGV[7] == '1'
+local shared, rw_prefix = ARGV[8] == 's', ARGV[9]
 local now = now_ms()
 local kind = key_type(lock)
 local admit = false
 if kind == 'hash' then
-  local mode = redis.call('HGET', lock, 'mode')
-  if redis.call('HEXISTS', lock, field) == 1 then
-    if (mode == 'read') ~= shared then return {-2, 0, 0} end
-    if not reentrant then return {-1, 0, 0} end
-    local n = redis.call('HINCRBY', lock, field, 1)
-    if shared then
-      -- Redisson read lock: one timeout key per hold level.
-      redis.call('SET', rw_prefix .. ':' .. n, 1, 'PX', lease)
+  local levels = tonumber(redis.call('HGET', lock, field))
+  if levels then
+    -- A leftover of this holder id (see the module docs): cleared first.
+    for i = 1, levels do redis.call('DEL', rw_prefix .. ':' .. i) end
+    redis.call('HDEL', lock, field)
+    meta_drop(meta, field)
+    if redis.call('HLEN', lock) <= 1 then
+      redis.call('DEL', lock)
+      kind = 'none'
     end
-    extend_to(lock, lease)
-    extend_to(meta, lease)
-    return {2, held_token(token_key, meta, field), 0}
   end
-  admit = shared and mode == 'read'
+end
+if kind == 'hash' then
+  admit = shared and redis.call('HGET', lock, 'mode') == 'read'
 elseif kind == 'none' then
   admit = true
 end
@@ -219,29 +226,25 @@ return {0, hint, 0}
 ///
 /// KEYS: lock, meta, queue, queue deadlines, lock channel, rw channel.
 /// ARGV: field, fair, mode (`x` | `s`), read-hold timeout prefix, read-hold key
-/// prefix, all levels.
+/// prefix, the hold's token (`''`: not checked).
 pub const RELEASE_HASH: &str = concat!(
     prelude!(),
     r#"
 local lock, meta, q, qt, chan, rw_chan = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local field, fair, shared = ARGV[1], ARGV[2] == '1', ARGV[3] == 's'
-local rw_prefix, key_prefix, all = ARGV[4], ARGV[5], ARGV[6] == '1'
+local rw_prefix, key_prefix, token = ARGV[4], ARGV[5], ARGV[6]
 local kind = key_type(lock)
 if kind == 'none' then return -1 end
 if kind ~= 'hash' then return -2 end
 local count = tonumber(redis.call('HGET', lock, field))
 if not count then return -2 end
+if not meta_owns(meta, field, token) then return -2 end
 local mode = false
 if shared then
   mode = redis.call('HGET', lock, 'mode')
   if mode ~= 'read' then return -2 end
+  for i = 1, count do redis.call('DEL', rw_prefix .. ':' .. i) end
 end
-local left = 0
-if not all then left = redis.call('HINCRBY', lock, field, -1) end
-if shared then
-  for i = left + 1, count do redis.call('DEL', rw_prefix .. ':' .. i) end
-end
-if left > 0 then return 0 end
 if shared then
   redis.call('HDEL', lock, field)
   meta_drop(meta, field)
@@ -290,22 +293,18 @@ return 1
 /// Simple mode acquire: `SET name <holder id> NX PX <lease>`, the key layout of
 /// redis-py's `Lock` and the textbook recipe, plus the fencing token.
 ///
-/// KEYS: lock, token, meta. ARGV: field, lease ms, reentrant, lock_by, defer.
+/// KEYS: lock, token, meta. ARGV: field, lease ms, lock_by, defer.
 pub const ACQUIRE_SIMPLE: &str = concat!(
     prelude!(),
     r#"
 local lock, token_key, meta = KEYS[1], KEYS[2], KEYS[3]
-local field, lease, reentrant, lock_by, defer = ARGV[1], tonumber(ARGV[2]), ARGV[3] == '1', ARGV[4], ARGV[5] == '1'
+local field, lease, lock_by, defer = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4] == '1'
 local kind = key_type(lock)
 if kind == 'string' and redis.call('GET', lock) == field then
-  if not reentrant then return {-1, 0, 0} end
-  local m = meta_get(meta, field)
-  if m then
-    m[3] = m[3] + 1
-    meta_put(meta, field, m, lease)
-  end
-  extend_to(lock, lease)
-  return {2, held_token(token_key, meta, field), 0}
+  -- A leftover of this holder id (see the module docs): cleared first.
+  redis.call('DEL', lock)
+  meta_drop(meta, field)
+  kind = 'none'
 end
 if kind ~= 'none' then
   return {0, redis.call('PTTL', lock), 0}
@@ -317,21 +316,17 @@ return grant_new(token_key, meta, field, now_ms(), lock_by, lease, defer, true)
 
 /// Simple mode release: compare-and-delete (redis-py's `LUA_RELEASE_SCRIPT`).
 ///
-/// KEYS: lock, meta, lock channel. ARGV: field, all levels.
+/// KEYS: lock, meta, lock channel. ARGV: field, the hold's token (`''`: not
+/// checked).
 pub const RELEASE_SIMPLE: &str = concat!(
     prelude!(),
     r#"
 local lock, meta, chan = KEYS[1], KEYS[2], KEYS[3]
-local field, all = ARGV[1], ARGV[2] == '1'
+local field, token = ARGV[1], ARGV[2]
 local kind = key_type(lock)
 if kind == 'none' then return -1 end
 if kind ~= 'string' or redis.call('GET', lock) ~= field then return -2 end
-local m = meta_get(meta, field)
-if m and m[3] > 1 and not all then
-  m[3] = m[3] - 1
-  redis.call('HSET', meta, field, m[1] .. ' ' .. m[2] .. ' ' .. fmt(m[3]) .. ' ' .. m[4])
-  return 0
-end
+if not meta_owns(meta, field, token) then return -2 end
 redis.call('DEL', lock)
 meta_drop(meta, field)
 publish(chan, '0')
@@ -346,16 +341,16 @@ return 1
 ///
 /// KEYS: available, permits zset, token, meta, queue, queue deadlines, lock
 /// channel, semaphore channel.
-/// ARGV: field, lease ms, reentrant, lock_by, fair, wait, waiter ttl ms, defer
-/// token, permits.
+/// ARGV: field, lease ms, lock_by, fair, wait, waiter ttl ms, defer token,
+/// permits.
 pub const ACQUIRE_SEMAPHORE: &str = concat!(
     prelude!(),
     r#"
 local avail_key, zs, token_key, meta = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local q, qt, chan, sem_chan = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-local field, lease, reentrant, lock_by = ARGV[1], tonumber(ARGV[2]), ARGV[3] == '1', ARGV[4]
-local fair, wait, waiter_ttl, defer = ARGV[5] == '1', ARGV[6] == '1', tonumber(ARGV[7]), ARGV[8] == '1'
-local permits = tonumber(ARGV[9])
+local field, lease, lock_by = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local fair, wait, waiter_ttl, defer = ARGV[4] == '1', ARGV[5] == '1', tonumber(ARGV[6]), ARGV[7] == '1'
+local permits = tonumber(ARGV[8])
 local now = now_ms()
 local kind = key_type(avail_key)
 local zkind = key_type(zs)
@@ -365,8 +360,11 @@ if (kind ~= 'none' and avail == nil) or (zkind ~= 'none' and zkind ~= 'zset') th
   -- Another kind of lock lives under this name.
   return {0, redis.call('PTTL', avail_key), 0}
 end
--- Expired permits come back (Redisson: zrangebyscore 0 now, zrem, incrby).
+-- Expired permits come back (Redisson: zrangebyscore 0 now, zrem, incrby),
+-- and so does a leftover of this holder id (see the module docs).
 local expired = redis.call('ZRANGEBYSCORE', zs, '-inf', now)
+local mine = redis.call('ZSCORE', zs, field)
+if mine and tonumber(mine) > now then table.insert(expired, field) end
 if #expired > 0 then
   for _, id in ipairs(expired) do
     redis.call('ZREM', zs, id)
@@ -378,19 +376,6 @@ if #expired > 0 then
   end
 end
 local held = redis.call('ZCARD', zs)
-if redis.call('ZSCORE', zs, field) then
-  if not reentrant then return {-1, 0, 0} end
-  local m = meta_get(meta, field)
-  if m then
-    m[3] = m[3] + 1
-    meta_put(meta, field, m, lease)
-  end
-  local until_ms = now + lease
-  if tonumber(redis.call('ZSCORE', zs, field)) < until_ms then
-    redis.call('ZADD', zs, until_ms, field)
-  end
-  return {2, held_token(token_key, meta, field), 0}
-end
 if avail == nil or held == 0 then
   -- First use, or nobody holds: the permits named now define the semaphore.
   avail = math.max(permits - held, 0)
@@ -430,12 +415,13 @@ return {0, hint, 0}
 /// Semaphore release (Redisson's tryRelease: zrem, incrby, publish the count).
 ///
 /// KEYS: available, permits zset, meta, queue, queue deadlines, lock channel,
-/// semaphore channel. ARGV: field, fair, permits, all levels.
+/// semaphore channel. ARGV: field, fair, permits, the hold's token (`''`: not
+/// checked).
 pub const RELEASE_SEMAPHORE: &str = concat!(
     prelude!(),
     r#"
 local avail_key, zs, meta, q, qt, chan, sem_chan = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
-local field, fair, permits, all = ARGV[1], ARGV[2] == '1', tonumber(ARGV[3]), ARGV[4] == '1'
+local field, fair, permits, token = ARGV[1], ARGV[2] == '1', tonumber(ARGV[3]), ARGV[4]
 local now = now_ms()
 local score = redis.call('ZSCORE', zs, field)
 if (not score) or tonumber(score) <= now then
@@ -447,12 +433,7 @@ if (not score) or tonumber(score) <= now then
   if redis.call('ZCARD', zs) > 0 then return -2 end
   return -1
 end
-local m = meta_get(meta, field)
-if m and m[3] > 1 and not all then
-  m[3] = m[3] - 1
-  redis.call('HSET', meta, field, m[1] .. ' ' .. m[2] .. ' ' .. fmt(m[3]) .. ' ' .. m[4])
-  return 0
-end
+if not meta_owns(meta, field, token) then return -2 end
 redis.call('ZREM', zs, field)
 meta_drop(meta, field)
 local avail
@@ -525,6 +506,54 @@ for i = 1, tonumber(ARGV[1]) do
   out[i] = held
 end
 return out
+"#
+);
+
+/// Records a hold's re-entry depth, as the client's model layer counts it,
+/// where the layouts keep one: the hash field of Redisson's RLock and read
+/// lock (for a read lock also one timeout key per level, as Redisson keeps
+/// them, with the first level's TTL) and the metadata's count. Answers 1
+/// when recorded, 0 when the hold is gone, -2 when the holder id has a newer
+/// hold.
+///
+/// KEYS: lock, meta, permits zset.
+/// ARGV: kind (`x`, `s`, `p`, `m`), field, count, the hold's token (`''`:
+/// not checked), read-hold timeout prefix.
+pub const SET_COUNT: &str = concat!(
+    prelude!(),
+    r#"
+local lock, meta, zs = KEYS[1], KEYS[2], KEYS[3]
+local kind, field, count, token, rw_prefix = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
+local held = false
+if kind == 'x' or kind == 's' then
+  held = key_type(lock) == 'hash' and tonumber(redis.call('HGET', lock, field))
+elseif kind == 'p' then
+  held = key_type(lock) == 'string' and redis.call('GET', lock) == field
+elseif kind == 'm' then
+  held = redis.call('ZSCORE', zs, field)
+end
+if not held then return 0 end
+if not meta_owns(meta, field, token) then return -2 end
+if kind == 'x' or kind == 's' then
+  redis.call('HSET', lock, field, count)
+  if kind == 's' then
+    local ttl = redis.call('PTTL', rw_prefix .. ':1')
+    if ttl <= 0 then ttl = redis.call('PTTL', lock) end
+    for i = held + 1, count do
+      if ttl > 0 then
+        redis.call('SET', rw_prefix .. ':' .. i, 1, 'PX', ttl)
+      else
+        redis.call('SET', rw_prefix .. ':' .. i, 1)
+      end
+    end
+    for i = count + 1, held do redis.call('DEL', rw_prefix .. ':' .. i) end
+  end
+end
+local m = meta_get(meta, field)
+if m then
+  redis.call('HSET', meta, field, m[1] .. ' ' .. m[2] .. ' ' .. fmt(count) .. ' ' .. m[4])
+end
+return 1
 "#
 );
 
@@ -618,6 +647,7 @@ pub(crate) struct Scripts {
     pub acquire_semaphore: Script,
     pub release_semaphore: Script,
     pub renew: Script,
+    pub set_count: Script,
     pub leave_queue: Script,
     pub fence: Script,
     pub describe: Script,
@@ -659,6 +689,7 @@ impl Scripts {
             acquire_semaphore: script(ACQUIRE_SEMAPHORE),
             release_semaphore: script(RELEASE_SEMAPHORE),
             renew: script(RENEW),
+            set_count: script(SET_COUNT),
             leave_queue: script(LEAVE_QUEUE),
             fence: script(FENCE),
             describe: script(DESCRIBE),
@@ -667,7 +698,7 @@ impl Scripts {
     }
 
     /// Every script, for loading them up front.
-    pub fn all(&self) -> [&Script; 11] {
+    pub fn all(&self) -> [&Script; 12] {
         [
             &self.acquire_hash,
             &self.release_hash,
@@ -676,6 +707,7 @@ impl Scripts {
             &self.acquire_semaphore,
             &self.release_semaphore,
             &self.renew,
+            &self.set_count,
             &self.leave_queue,
             &self.fence,
             &self.describe,

@@ -50,14 +50,11 @@ use crate::lost::LostCause;
 /// Most holds renewed by one script call (Redisson's batch size).
 pub(crate) const BATCH: usize = 100;
 
-/// One hold (all re-entry levels of one owner on one lock) under watch.
+/// One hold (of one owner on one lock: re-entry is the model layer's, so
+/// the store sees one hold however deep) under watch.
 struct Entry {
     target: Target,
-    /// Re-entry levels held.
-    refs: u32,
-    /// Levels acquired without a fixed lease (kept alive by renewal).
-    watched: u32,
-    /// The keeper's term: renewed while some level is watched.
+    /// The keeper's term: renewed unless the hold has a fixed lease.
     term: Term,
     lost: LostSignal,
 }
@@ -66,8 +63,6 @@ struct Entry {
 struct State {
     next_id: u64,
     entries: HashMap<u64, Entry>,
-    /// Entry ids by holder id (looked up without allocating).
-    index: HashMap<String, Vec<u64>>,
     /// Every entry by expiry, so that finding the due ones and the next one
     /// costs a lookup, not a walk over every hold (a client may hold 100 k).
     by_expiry: BTreeSet<(Instant, u64)>,
@@ -76,28 +71,10 @@ struct State {
 }
 
 impl State {
-    fn find(&self, target: &Target) -> Option<u64> {
-        self.index
-            .get(target.field.as_str())?
-            .iter()
-            .copied()
-            .find(|id| {
-                self.entries.get(id).is_some_and(|e| {
-                    e.target.kind == target.kind && e.target.keys.lock == target.keys.lock
-                })
-            })
-    }
-
-    /// Takes an entry out of the registry and both indexes.
+    /// Takes an entry out of the registry and the expiry index.
     fn remove(&mut self, id: u64) -> Option<Entry> {
         let entry = self.entries.remove(&id)?;
         self.by_expiry.remove(&(entry.term.trusted_until(), id));
-        if let Some(ids) = self.index.get_mut(entry.target.field.as_str()) {
-            ids.retain(|&i| i != id);
-            if ids.is_empty() {
-                self.index.remove(entry.target.field.as_str());
-            }
-        }
         Some(entry)
     }
 
@@ -146,23 +123,10 @@ impl Watchdog {
         self.state.lock().expect("watchdog state")
     }
 
-    /// Adds one level of a hold, granted for `term` (renewed when the
-    /// level is watched); re-entries share the first level's lost signal.
+    /// Adds a hold, granted for `term`.
     pub fn register(&self, target: &Target, term: Term) -> (u64, LostSignal) {
-        let watched = term.is_renewed();
         let expires = term.trusted_until();
         let mut state = self.state();
-        if let Some(id) = state.find(target) {
-            let entry = state.entries.get_mut(&id).expect("indexed");
-            entry.refs += 1;
-            entry.watched += u32::from(watched);
-            let (renewed, lost) = (entry.watched > 0, entry.lost.clone());
-            state.update(id, |t| {
-                t.set_renewed(renewed);
-                t.trust_at_least(expires);
-            });
-            return (id, lost);
-        }
         state.next_id += 1;
         let id = state.next_id;
         let lost = LostSignal::new();
@@ -170,18 +134,11 @@ impl Watchdog {
             id,
             Entry {
                 target: target.clone(),
-                refs: 1,
-                watched: u32::from(watched),
                 term,
                 lost: lost.clone(),
             },
         );
         state.by_expiry.insert((expires, id));
-        state
-            .index
-            .entry(target.field.clone())
-            .or_default()
-            .push(id);
         let wake = state.wake_at.is_none_or(|at| expires < at);
         drop(state);
         if wake {
@@ -190,30 +147,10 @@ impl Watchdog {
         (id, lost)
     }
 
-    /// Whether this client holds `target` already (so an acquire may be a
-    /// re-entry).
-    pub fn holds(&self, target: &Target) -> bool {
-        self.state().find(target).is_some()
-    }
-
-    /// Drops one level; the hold leaves the watchdog with its last level.
-    /// Answers false if the hold was not watched any more (it was lost).
-    pub fn release(&self, id: u64, watched: bool) -> bool {
-        let mut state = self.state();
-        let Some(entry) = state.entries.get_mut(&id) else {
-            return false;
-        };
-        entry.refs = entry.refs.saturating_sub(1);
-        if watched {
-            entry.watched = entry.watched.saturating_sub(1);
-        }
-        let (refs, renewed) = (entry.refs, entry.watched > 0);
-        if refs == 0 {
-            state.remove(id);
-        } else {
-            state.update(id, |t| t.set_renewed(renewed));
-        }
-        true
+    /// Takes a hold off the watchdog (it is being released). Answers false
+    /// if it was not watched any more (it was lost).
+    pub fn release(&self, id: u64) -> bool {
+        self.state().remove(id).is_some()
     }
 
     /// A hold was extended to `lease` by a request sent at `sent`.
@@ -247,7 +184,6 @@ impl Watchdog {
     /// Takes every hold out (client closing), marking them lost.
     pub fn drain(&self, reason: &str) -> Vec<Target> {
         let mut state = self.state();
-        state.index.clear();
         state.by_expiry.clear();
         state
             .entries

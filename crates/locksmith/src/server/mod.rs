@@ -8,8 +8,12 @@
 //! the same lock engine as `memory://`, durably, behind gRPC (package
 //! `locksmith.v1` of `locksmith-proto`). Every model feature maps one to one:
 //! exclusive, shared and semaphore modes, atomic multi-locks, FIFO queues with
-//! a push on every grant (no polling, no herd), re-entry, lock-delay, fencing
-//! tokens from the server's durable counter, and inspection with waiters.
+//! a push on every grant (no polling, no herd), lock-delay, fencing tokens
+//! from the server's durable counter, and inspection with waiters. Re-entry
+//! is the model layer's (module `model`), as on every store: the server gets
+//! one acquire per hold, and the depth the client counts through the
+//! protocol's `SetHoldCount` (ignored, with inspection showing 1, by a
+//! cluster that is still being upgraded to a version that records it).
 //!
 //! # Several members
 //!
@@ -66,6 +70,7 @@ mod url;
 
 pub use url::{Credentials, ServerUrl, Stub, TOKEN_ENV};
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -231,7 +236,6 @@ impl Backend for ServerBackend {
             semaphore: true,
             proclaim: false,
             multi_lock: true,
-            counts_reentry: true,
         }
     }
 
@@ -264,6 +268,7 @@ impl Backend for ServerBackend {
                     owner: request.owner.clone(),
                     tokens: tokens.clone(),
                     generation,
+                    recorded: AtomicU32::new(1),
                 }),
                 tokens,
                 lost,
@@ -374,18 +379,33 @@ struct ServerHold {
     tokens: Vec<u64>,
     /// The session generation it was granted in.
     generation: u64,
+    /// The re-entry depth the server last recorded (1 at the grant).
+    recorded: AtomicU32,
 }
 
 impl ServerHold {
+    /// The request that records `count` as the depth of the hold of `name`.
+    fn set_count(&self, name: String, token: u64, count: u32) -> pb::request::Op {
+        pb::request::Op::SetHoldCount(pb::SetHoldCount {
+            name,
+            owner: self.owner.clone(),
+            token,
+            count,
+        })
+    }
+
     /// Sends one request per name and waits for all of them; the first error
     /// wins. With `release`, the hold stops listening for lost pushes first
-    /// (under the same lock of the session state).
+    /// (under the same lock of the session state), and if a depth other than
+    /// 1 may be recorded, each release is preceded by setting it back to 1
+    /// (unwaited: the release's answer says what became of the hold).
     ///
     /// Cancel safety: safe once polled: the requests are registered on the
     /// session at the first poll and go out (again after a reconnect) whether
     /// or not anyone waits for their answers; a dropped call only does not
     /// learn them.
     async fn each(&self, release: bool, op: impl Fn(String, u64) -> pb::request::Op) -> Result<()> {
+        let count_first = release && self.recorded.load(Ordering::Acquire) != 1;
         let receivers = {
             let mut state = self.shared.state();
             if release {
@@ -394,11 +414,14 @@ impl ServerHold {
             if state.generation != self.generation {
                 return Err(Error::Lost("the session that held it was lost".into()));
             }
-            self.names
-                .iter()
-                .zip(&self.tokens)
-                .map(|(name, &token)| state.simple(op(name.clone(), token)))
-                .collect::<Result<Vec<_>>>()?
+            let mut receivers = Vec::with_capacity(self.names.len());
+            for (name, &token) in self.names.iter().zip(&self.tokens) {
+                if count_first {
+                    state.simple(self.set_count(name.clone(), token, 1))?;
+                }
+                receivers.push(state.simple(op(name.clone(), token))?);
+            }
+            receivers
         };
         let mut result = Ok(());
         for receiver in receivers {
@@ -418,6 +441,9 @@ impl Hold for ServerHold {
     /// future is dropped (see `ServerHold::each`).
     async fn release(self: Box<Self>) -> Result<()> {
         let span = tracing::debug_span!("release", backend = BACKEND, names = ?self.names);
+        // The server's release takes off one level: whatever depth was
+        // recorded last goes back to 1 first (see `ServerHold::each`), so
+        // that this ends the hold.
         let release = self.each(true, |name, token| {
             pb::request::Op::Release(pb::Release {
                 name,
@@ -426,6 +452,32 @@ impl Hold for ServerHold {
             })
         });
         tracing::Instrument::instrument(release, span).await
+    }
+
+    /// Cancel safety: safe once polled (see `ServerHold::each`); a dropped
+    /// call does not learn whether the depth was recorded, and the next
+    /// release sets it back to 1 in any case.
+    async fn record_count(&self, count: u32) -> Result<()> {
+        // Unknown until answered: a release in between sets it back first.
+        self.recorded.store(0, Ordering::Release);
+        let recorded = self
+            .each(false, |name, token| self.set_count(name, token, count))
+            .await;
+        match recorded {
+            Ok(()) => {
+                self.recorded.store(count, Ordering::Release);
+                Ok(())
+            }
+            // A server (or a member of its cluster) of an earlier version:
+            // it keeps no depth, and inspection shows 1 until it is
+            // upgraded. Its count is still 1, so a release ends the hold.
+            Err(Error::Unsupported { .. } | Error::InvalidArgument(_)) => {
+                tracing::debug!(names = ?self.names, count, "this server does not record hold counts yet");
+                self.recorded.store(1, Ordering::Release);
+                Ok(())
+            }
+            Err(error) => Err(error),
+        }
     }
 
     /// Cancel safety: safe; the renewals are registered at the first poll

@@ -168,9 +168,9 @@ pub(super) struct State {
     outstanding: BTreeMap<u64, Outstanding>,
     ack_replies: Vec<u64>,
     ack_lost: Vec<u64>,
-    /// Lost signals of live holds by token, with how many grants share each
-    /// (re-entries share a token).
-    holds: HashMap<u64, (LostSignal, u32)>,
+    /// Lost signals of live holds by token (one grant per hold: the model
+    /// layer decides re-entry).
+    holds: HashMap<u64, LostSignal>,
     /// The current stream, while connected.
     link: Option<mpsc::UnboundedSender<Outgoing>>,
     /// Bumped whenever the session is lost: holds of an older generation are gone.
@@ -281,15 +281,10 @@ impl State {
         }
     }
 
-    /// Forgets one grant's claim on the lost signals of `tokens`.
+    /// Forgets the lost signals of a released grant's `tokens`.
     pub(super) fn forget(&mut self, tokens: &[u64]) {
         for token in tokens {
-            if let Some(entry) = self.holds.get_mut(token) {
-                entry.1 -= 1;
-                if entry.1 == 0 {
-                    self.holds.remove(token);
-                }
-            }
+            self.holds.remove(token);
         }
     }
 
@@ -308,18 +303,11 @@ impl State {
         }
     }
 
-    /// A grant: one more claim on the lost signal shared by its tokens.
+    /// A grant: one lost signal shared by its tokens.
     fn register(&mut self, tokens: &[u64]) -> LostSignal {
-        let signal = tokens
-            .first()
-            .and_then(|t| self.holds.get(t))
-            .map(|(s, _)| s.clone())
-            .unwrap_or_default();
+        let signal = LostSignal::new();
         for &token in tokens {
-            self.holds
-                .entry(token)
-                .or_insert_with(|| (signal.clone(), 0))
-                .1 += 1;
+            self.holds.insert(token, signal.clone());
         }
         signal
     }
@@ -433,7 +421,7 @@ impl State {
     fn lose_session(&mut self, loss: Loss) {
         let Loss { cause, reason } = loss;
         tracing::warn!(backend = super::BACKEND, %reason, holds = self.holds.len(), "session lost");
-        for (_, (signal, _)) in self.holds.drain() {
+        for (_, signal) in self.holds.drain() {
             signal.fire_because(cause, &reason);
         }
         self.outstanding.retain(|_, entry| {
@@ -463,7 +451,7 @@ impl State {
     fn shut(&mut self, reason: &str) {
         self.closed = true;
         self.link = None;
-        for (_, (signal, _)) in self.holds.drain() {
+        for (_, signal) in self.holds.drain() {
             signal.fire_because(LostCause::ClientClosed, reason);
         }
         for (_, entry) in std::mem::take(&mut self.outstanding) {
@@ -1045,7 +1033,7 @@ fn route(
 
 fn lost_push(state: &mut State, lost: pb::Lost) {
     state.ack_lost.push(lost.token);
-    if let Some((signal, _)) = state.holds.remove(&lost.token) {
+    if let Some(signal) = state.holds.remove(&lost.token) {
         let cause = match pb::LostReason::try_from(lost.reason) {
             Ok(pb::LostReason::SessionExpired) => LostCause::SessionExpired,
             // Only the session's own client can close it (the secret

@@ -330,7 +330,6 @@ impl Backend for ZooKeeperBackend {
             semaphore: true,
             proclaim: true,
             multi_lock: false,
-            counts_reentry: false,
         }
     }
 

@@ -245,6 +245,38 @@ async fn redisson_rlock_and_locksmith_exclude_each_other() {
     assert_eq!(java.unlock(&name).await, Some(1));
 }
 
+/// Re-entry is counted by the client and written where Redisson keeps it:
+/// a read hold re-entered once has the hash field 2 and the timeout keys of
+/// levels 1 and 2 (Redisson's read unlock and renewal walk them), and each
+/// release takes one level off the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reentered_read_hold_keeps_redissons_levels() {
+    let redis = shared_redis();
+    let (backend, client) = backend_and_client(&redis.url(), Duration::from_secs(30)).await;
+    let mut conn = raw(redis).await;
+    let name = unique("read-levels");
+    let lock = client.rw_lock(name.as_str()).read().owner("reader");
+    let first = lock.acquire().await.unwrap();
+    let second = lock.acquire().await.unwrap();
+    assert_eq!(first.fencing_token(), second.fencing_token());
+    let field = format!("{}:reader", backend.client_id());
+    let level = |n: u32| format!("{{{name}}}:{field}:rwlock_timeout:{n}");
+    let count: String = conn.hget(&name, &field).await.unwrap();
+    assert_eq!(count, "2", "the hash field is the depth");
+    for n in 1..=2 {
+        let pttl: i64 = conn.pttl(level(n)).await.unwrap();
+        assert!(pttl > 0, "level {n}'s timeout key: {pttl}");
+    }
+    second.release().await.unwrap();
+    let count: String = conn.hget(&name, &field).await.unwrap();
+    assert_eq!(count, "1");
+    let levels: i64 = conn.exists(&[level(1), level(2)]).await.unwrap();
+    assert_eq!(levels, 1, "level 2's key went with its level");
+    first.release().await.unwrap();
+    let left: i64 = conn.exists(&[name.clone(), level(1)]).await.unwrap();
+    assert_eq!(left, 0, "the last release ends the hold");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redisson_read_write_lock_interop() {
     let redis = shared_redis();
