@@ -742,10 +742,30 @@ impl Shared {
         }))
         .await;
         let recorded = answers.iter().filter(|a| matches!(a, Ok(1))).count();
-        if recorded >= self.quorum {
+        let gone = answers.iter().filter(|a| matches!(a, Ok(0 | -2))).count();
+        self.by_majority(
+            target,
+            recorded,
+            gone,
+            answers,
+            "recording the hold count of",
+        )
+    }
+
+    /// The outcome of a call on every node about a hold of `target`: done
+    /// when a majority did it, lost when more nodes than a minority found
+    /// the hold gone, else the first node's error.
+    fn by_majority<T>(
+        &self,
+        target: &Target,
+        done: usize,
+        gone: usize,
+        answers: Vec<Result<T>>,
+        what: &str,
+    ) -> Result<()> {
+        if done >= self.quorum {
             return Ok(());
         }
-        let gone = answers.iter().filter(|a| matches!(a, Ok(0 | -2))).count();
         if gone > self.nodes.len() - self.quorum {
             return Err(Error::Lost(format!(
                 "lock {:?} is no longer held",
@@ -755,12 +775,7 @@ impl Shared {
         Err(answers
             .into_iter()
             .find_map(|a| a.err())
-            .unwrap_or_else(|| {
-                problem(format!(
-                    "recording the hold count of {:?}: no majority answered",
-                    target.name
-                ))
-            }))
+            .unwrap_or_else(|| problem(format!("{what} {:?}: no majority answered", target.name))))
     }
 
     /// The watchdog's batch: renew (or check) up to 100 holds on every node.
@@ -817,23 +832,14 @@ impl Shared {
             .iter()
             .filter(|a| matches!(a, Ok(v) if v.first() == Some(&0)))
             .count();
-        let in_time = limit.is_none_or(|until| Instant::now() < until);
-        if held >= self.quorum && in_time {
-            self.watchdog.extended(id, sent, lease);
-            return Ok(());
-        }
-        if gone > self.nodes.len() - self.quorum || !in_time {
-            return Err(Error::Lost(format!(
-                "lock {:?} is no longer held",
-                target.name
-            )));
-        }
-        Err(answers
-            .into_iter()
-            .find_map(|a| a.err())
-            .unwrap_or_else(|| {
-                problem(format!("extending {:?}: no majority answered", target.name))
-            }))
+        // An answer past the hold's trust counts as finding it gone.
+        let (held, gone) = match limit.is_none_or(|until| Instant::now() < until) {
+            true => (held, gone),
+            false => (0, self.nodes.len()),
+        };
+        self.by_majority(target, held, gone, answers, "extending")?;
+        self.watchdog.extended(id, sent, lease);
+        Ok(())
     }
 
     /// Subscribes to where releases of `target` are announced, on every node.
