@@ -17,6 +17,16 @@ use tonic::transport::Channel;
 /// Options of `locksmith cluster`.
 #[derive(Debug, Args)]
 pub struct ClusterArgs {
+    #[command(flatten)]
+    members: MembersArgs,
+    #[command(subcommand)]
+    command: ClusterCommand,
+}
+
+/// How to reach a cluster's members: the option `locksmith cluster` and
+/// `locksmith snapshot save` share.
+#[derive(Debug, Args)]
+pub(crate) struct MembersArgs {
     /// The cluster's members: `locksmith://host:port[,host:port...]` (any
     /// one that answers will do), or `locksmith+tls://…?ca=FILE`; the token
     /// comes from `LOCKSMITH_TOKEN` or `?token_file=FILE`. `--server` is an
@@ -28,8 +38,13 @@ pub struct ClusterArgs {
         default_value = "locksmith://127.0.0.1:7420"
     )]
     backend: String,
-    #[command(subcommand)]
-    command: ClusterCommand,
+}
+
+impl MembersArgs {
+    /// The members' URL, with the files it names read (CA, token).
+    pub(crate) fn url(&self) -> Result<ServerUrl, String> {
+        ServerUrl::parse(&self.backend).map_err(|e| e.to_string())
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -86,7 +101,7 @@ pub(crate) type Admin = ClusterClient<InterceptedService<Channel, Credentials>>;
 /// Cancel safety: `status` only reads; a dropped change may or may not have
 /// been made, as for `change`.
 pub async fn cluster(args: ClusterArgs) -> ExitCode {
-    let result = match ServerUrl::parse(&args.backend) {
+    let result = match args.members.url() {
         Ok(url) => match args.command {
             ClusterCommand::Status { json } => status(&url, json).await,
             command => change(&url, command).await.map(|index| {
@@ -97,7 +112,7 @@ pub async fn cluster(args: ClusterArgs) -> ExitCode {
                 }
             }),
         },
-        Err(error) => Err(error.to_string()),
+        Err(error) => Err(error),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -23,7 +23,7 @@ use locksmith::server::ServerUrl;
 use locksmith_proto::raft as pb;
 use locksmith_server::backup::{self, Backup, RestoreOptions};
 
-use crate::cluster::connect;
+use crate::cluster::{connect, MembersArgs};
 use crate::serve::{parse_members, Members};
 
 /// Options of `locksmith snapshot`.
@@ -40,14 +40,8 @@ enum SnapshotCommand {
         /// Where the backup goes (replaced atomically; owner-only: it holds
         /// the secrets that resume sessions).
         file: PathBuf,
-        /// The cluster's members, as for `locksmith cluster`.
-        #[arg(
-            long,
-            alias = "server",
-            env = "LOCKSMITH_BACKEND",
-            default_value = "locksmith://127.0.0.1:7420"
-        )]
-        backend: String,
+        #[command(flatten)]
+        members: MembersArgs,
         /// Take it from this member (HOST:PORT) rather than the leader.
         #[arg(long, value_name = "HOST:PORT")]
         member: Option<String>,
@@ -104,9 +98,9 @@ pub async fn snapshot(args: SnapshotArgs) -> ExitCode {
     let result = match args.command {
         SnapshotCommand::Save {
             file,
-            backend,
+            members,
             member,
-        } => save(&file, &backend, member).await,
+        } => save(&file, &members, member).await,
         SnapshotCommand::Status { file, json } => status(&file, json),
         SnapshotCommand::Restore {
             file,
@@ -143,8 +137,12 @@ pub async fn snapshot(args: SnapshotArgs) -> ExitCode {
 /// Takes the backup from the leader (or `member`), checks it and writes it.
 ///
 /// Cancel safety: safe; FILE is replaced only at the end, atomically.
-async fn save(file: &std::path::Path, backend: &str, member: Option<String>) -> Result<(), String> {
-    let url = ServerUrl::parse(backend).map_err(|e| e.to_string())?;
+async fn save(
+    file: &std::path::Path,
+    members: &MembersArgs,
+    member: Option<String>,
+) -> Result<(), String> {
+    let url = members.url()?;
     let address = match member {
         Some(member) => member,
         None => leader_address(&url).await?,

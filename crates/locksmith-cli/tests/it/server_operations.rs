@@ -37,13 +37,14 @@ async fn locksmith(args: Vec<String>) -> (bool, String) {
     .unwrap()
 }
 
-/// `locksmith snapshot save FILE` from the cluster at `url`.
-async fn save(url: &str, file: &Path) -> Backup {
+/// `locksmith snapshot save FILE FLAG URL` (`FLAG`: `--backend`, or its
+/// older spelling `--server`) from the cluster at `url`.
+async fn save(flag: &str, url: &str, file: &Path) -> Backup {
     let args = vec![
         "snapshot".into(),
         "save".into(),
         file.display().to_string(),
-        "--backend".into(),
+        flag.into(),
         url.into(),
     ];
     let (ok, text) = locksmith(args).await;
@@ -178,7 +179,7 @@ async fn a_backup_saved_under_load_restores_the_state_and_tokens_start_above_eve
 
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let file: PathBuf = dir.path().join("cluster.backup");
-    let backup = save(&url, &file).await;
+    let backup = save("--backend", &url, &file).await;
     let granted_before = highest.load(Ordering::SeqCst);
     // Tokens go on being granted after the backup, which it cannot know.
     server_support::eventually(Duration::from_secs(20), "grants after the backup", || {
@@ -222,7 +223,7 @@ async fn a_backup_saved_under_load_restores_the_state_and_tokens_start_above_eve
     let restored = restored_cluster(&[file.display().to_string()], &new_ports).await;
     leader(&restored, &[]).await;
     let new_url = members_url(&new_ports);
-    let again = save(&new_url, &dir.path().join("restored.backup")).await;
+    let again = save("--server", &new_url, &dir.path().join("restored.backup")).await;
     assert_eq!(
         kept(again.engine()),
         kept(backup.engine()),

@@ -28,6 +28,12 @@
 //!   loop of (b): each member's CPU and memory, the heartbeat answer
 //!   p50 / p99, and the handoff p50 with and without them (module
 //!   `sessions`).
+//! - **(f) backup** (locksmith server and cluster only, not by default):
+//!   `--scale-server` held locks, then `--saves` runs of `locksmith
+//!   snapshot save` beside the handoff loop of (b): each save's wall time,
+//!   the file's size, and the handoff p99 during the saves and without;
+//!   then `snapshot restore` into a new cluster and the time until it
+//!   grants (module `backup`).
 //!
 //! # Backends
 //!
@@ -62,6 +68,7 @@
 //! The exit status is 1 when any scenario failed (the report still lists the
 //! others).
 
+mod backup;
 mod chart;
 mod report;
 mod scenario;
@@ -95,6 +102,9 @@ pub enum ScenarioName {
     Scale,
     /// (e) idle sessions beside a handoff loop (locksmith server only).
     Sessions,
+    /// (f) backups of many held locks beside a handoff loop, and a restore
+    /// (locksmith server only).
+    Backup,
 }
 
 /// A comma-separated list of backend kinds, for `--spawn`.
@@ -171,6 +181,10 @@ pub struct BenchArgs {
     /// server allows 256 by default).
     #[arg(long, default_value_t = 200)]
     sessions_per_connection: usize,
+    /// Backups taken in the backup scenario, each after `--duration` of the
+    /// handoff loop alone.
+    #[arg(long, default_value_t = 3)]
+    saves: usize,
     /// Directory for report.md, report.json and the SVG charts.
     #[arg(long, default_value = "locksmith-bench")]
     out: PathBuf,
@@ -192,6 +206,11 @@ impl BenchArgs {
             (_, false) => self.scale.unwrap_or(100_000),
             (_, true) => self.scale.unwrap_or(2_000),
         }
+    }
+
+    /// Locks held in the backup scenario (the server's scale count).
+    fn backup_locks(&self) -> u64 {
+        self.scale_count(Kind::Server)
     }
 
     fn runs(&self, scenario: ScenarioName) -> bool {
@@ -382,6 +401,9 @@ pub async fn bench(args: BenchArgs) -> std::process::ExitCode {
         if args.runs(ScenarioName::Sessions) && target.kind.runs_locksmith() {
             report.sessions = Some(run_sessions(target, &args, &settings, &progress).await);
         }
+        if args.runs(ScenarioName::Backup) && target.kind.runs_locksmith() {
+            report.backup = Some(run_backup(target, &args, &settings, &progress).await);
+        }
         failed |= report_failed(&report);
         reports.push(report);
     }
@@ -448,6 +470,7 @@ fn report_failed(report: &BackendReport) -> bool {
             .into_iter()
             .chain([report.fairness.as_ref().map(|o| o.ok().is_none())])
             .chain([report.scale.as_ref().map(|o| o.ok().is_none())])
+            .chain([report.backup.as_ref().map(|o| o.ok().is_none())])
             .flatten()
             .any(|f| f)
 }
@@ -481,6 +504,7 @@ fn failed_report(
         fairness: args.runs(ScenarioName::Fairness).then(|| failed(error)),
         scale: args.runs(ScenarioName::Scale).then(|| failed(error)),
         sessions: None,
+        backup: None,
     }
 }
 
@@ -648,6 +672,7 @@ fn summarize(
         fairness: None,
         scale: None,
         sessions: None,
+        backup: None,
     };
     for per_count in runs.uncontended {
         report
@@ -770,6 +795,60 @@ async fn run_sessions(
             Outcome::Ok(e)
         }
         Err(error) => failed_line(progress, label, "sessions", error),
+    }
+}
+
+/// Scenario (f) against one backend.
+///
+/// Cancel safety: as `backup::backup_restore`.
+async fn run_backup(
+    target: &Target,
+    args: &BenchArgs,
+    settings: &Settings,
+    progress: &ProgressBar,
+) -> Outcome<backup::BackupRestore> {
+    let label = &target.label;
+    let sizes = backup::Sizes {
+        locks: args.backup_locks(),
+        clients: args.scale_clients,
+        concurrency: args.scale_concurrency,
+        saves: args.saves.max(1),
+        waiters: args.waiters,
+    };
+    progress.set_message(format!("{label}: backup, {} locks", sizes.locks));
+    // Filling as scale does, then each save beside its window alone, then
+    // the restore.
+    let limit = Duration::from_secs(180)
+        + Duration::from_millis(sizes.locks / 4)
+        + (settings.duration + Duration::from_secs(30)) * sizes.saves as u32;
+    match bounded(
+        limit,
+        backup::backup_restore(target, sizes, settings, progress),
+    )
+    .await
+    {
+        Ok(f) => {
+            say(
+                progress,
+                format!(
+                    "{label}: backup: {} locks, saves {} s, {}, handoff p99 {} alone, {} during; \
+                     restore {:.2} s + {:.2} s to the first grant",
+                    f.locks,
+                    f.saves_secs
+                        .iter()
+                        .map(|s| format!("{s:.2}"))
+                        .collect::<Vec<_>>()
+                        .join(" / "),
+                    stats::fmt_bytes(f.file_bytes as f64),
+                    stats::fmt_us(f.handoff_alone.p99_us),
+                    stats::fmt_us(f.handoff_during.p99_us),
+                    f.restore_secs,
+                    f.serve_secs,
+                ),
+            );
+            Outcome::Ok(f)
+        }
+        Err(error) => failed_line(progress, label, "backup", error),
     }
 }
 

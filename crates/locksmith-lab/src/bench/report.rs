@@ -191,6 +191,8 @@ pub struct BackendReport {
     pub scale: Option<Outcome<Scale>>,
     /// (e).
     pub sessions: Option<Outcome<super::sessions::IdleSessions>>,
+    /// (f).
+    pub backup: Option<Outcome<super::backup::BackupRestore>>,
 }
 
 /// A whole run.
@@ -592,6 +594,49 @@ impl Report {
                     ),
                     Outcome::Failed { error } => {
                         format!("| {} | failed: {} | | | | | | |", b.label, short(error))
+                    }
+                };
+                let _ = writeln!(md, "{row}");
+            }
+        }
+        // (f)
+        if self.backends.iter().any(|b| b.backup.is_some()) {
+            let _ = writeln!(
+                md,
+                "\n### (f) Backup and restore of many held locks\n\n\
+                 `locksmith snapshot save` from the leader while the handoff loop of (b) runs \
+                 (each save's wall time, process start to exit), the handoff latency of the \
+                 grants during the saves and in the windows without; then `locksmith snapshot \
+                 restore` into a new cluster of as many members (the slowest member's) and the \
+                 time from starting it to its first grant.\n\n\
+                 | backend | locks held (sessions) | save | file | handoff p50 / p99 alone | \
+                 handoff p50 / p99 during a save | restore | start → first grant | data on |\n\
+                 |---|---:|---|---:|---|---|---:|---:|---|"
+            );
+            for b in &self.backends {
+                let Some(outcome) = &b.backup else { continue };
+                let row = match outcome {
+                    Outcome::Ok(f) => format!(
+                        "| {} | {} ({}) | {} s | {} | {} / {} | {} / {} | {:.2} s | {:.2} s | {} |",
+                        b.label,
+                        f.backup_locks,
+                        f.backup_sessions,
+                        f.saves_secs
+                            .iter()
+                            .map(|s| format!("{s:.2}"))
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                        fmt_bytes(f.file_bytes as f64),
+                        fmt_us(f.handoff_alone.p50_us),
+                        fmt_us(f.handoff_alone.p99_us),
+                        fmt_us(f.handoff_during.p50_us),
+                        fmt_us(f.handoff_during.p99_us),
+                        f.restore_secs,
+                        f.serve_secs,
+                        f.data_on,
+                    ),
+                    Outcome::Failed { error } => {
+                        format!("| {} | failed: {} | | | | | | | |", b.label, short(error))
                     }
                 };
                 let _ = writeln!(md, "{row}");

@@ -103,7 +103,7 @@ pub struct Scale {
 ///
 /// Cancel safety: safe; the clients connected so far are dropped, ending
 /// their sessions.
-async fn connect_all(
+pub(super) async fn connect_all(
     target: &Target,
     n: usize,
     settings: &Settings,
@@ -117,7 +117,7 @@ async fn connect_all(
 ///
 /// Cancel safety: a dropped call cuts the closes short; the holds left end
 /// with the sessions, as for `Client::close`.
-async fn close_all(clients: Vec<Client>) {
+pub(super) async fn close_all(clients: Vec<Client>) {
     futures::future::join_all(clients.iter().map(Client::close)).await;
 }
 

@@ -36,7 +36,8 @@ pub struct ServeProcess {
     /// How clients reach it: `""`, or the TLS and token options of a
     /// secured cluster (`?ca=…&token_file=…`).
     client_options: String,
-    _dir: tempfile::TempDir,
+    /// Its data directory (`data`) and log, removed when it drops.
+    dir: tempfile::TempDir,
 }
 
 impl ServeProcess {
@@ -92,7 +93,7 @@ impl ServeProcess {
             port,
             id,
             client_options: security.map(Security::client_options).unwrap_or_default(),
-            _dir: dir,
+            dir,
         })
     }
 
@@ -100,6 +101,11 @@ impl ServeProcess {
     fn launch(&self) -> Result<(), String> {
         self.process.start().map_err(|e| e.to_string())?;
         self.wait_ready().map_err(|e| e.to_string())
+    }
+
+    /// Its data directory.
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
     }
 
     /// `host:port`, where clients and the other members reach it.
@@ -316,6 +322,63 @@ impl ServeCluster {
     /// and prepares `placement.spares` more (the next ids) that join through
     /// every other member when started.
     pub fn start(voters: usize, placement: Placement) -> Result<ServeCluster, String> {
+        let cluster = ServeCluster::prepare(voters, placement)?;
+        cluster.launch()?;
+        Ok(cluster)
+    }
+
+    /// A new cluster of `voters` members on loopback made from the backup
+    /// at `backup` as an operator makes one: `locksmith snapshot restore`
+    /// into each member's empty data directory, one after the other.
+    /// Returns it, not started ([`ServeCluster::launch`]), with the time
+    /// the slowest restore took (blocking).
+    pub fn restore(
+        backup: &std::path::Path,
+        voters: usize,
+    ) -> Result<(ServeCluster, Duration), String> {
+        let cluster = ServeCluster::prepare(voters, Placement::default())?;
+        let members = cluster
+            .servers
+            .iter()
+            .map(|s| format!("{}={}", s.id, s.address()))
+            .collect::<Vec<_>>()
+            .join(",");
+        let exe = crate::server_executable::path()?;
+        let mut slowest = Duration::ZERO;
+        for server in &cluster.servers {
+            let started = std::time::Instant::now();
+            let output = std::process::Command::new(&exe)
+                .arg("snapshot")
+                .arg("restore")
+                .arg(backup)
+                .arg("--data-dir")
+                .arg(server.data_dir())
+                .args(["--node-id", &server.id.to_string(), "--cluster", &members])
+                .env("RUST_LOG", "warn")
+                .stdin(std::process::Stdio::null())
+                .output()
+                .map_err(|e| format!("cannot run `locksmith snapshot restore`: {e}"))?;
+            if !output.status.success() {
+                return Err(format!(
+                    "locksmith snapshot restore: {}",
+                    String::from_utf8_lossy(&output.stderr).trim()
+                ));
+            }
+            slowest = slowest.max(started.elapsed());
+        }
+        Ok((cluster, slowest))
+    }
+
+    /// Starts the members (not the spares) and waits until each accepts
+    /// connections (blocking).
+    pub fn launch(&self) -> Result<(), String> {
+        self.members()
+            .into_iter()
+            .try_for_each(ServeProcess::launch)
+    }
+
+    /// The servers of a new cluster, prepared but not started.
+    fn prepare(voters: usize, placement: Placement) -> Result<ServeCluster, String> {
         let slots = voters + placement.spares;
         let network = placement
             .separate_hosts
@@ -381,9 +444,6 @@ impl ServeCluster {
             network,
             security,
         };
-        for member in cluster.members() {
-            member.launch()?;
-        }
         Ok(cluster)
     }
 

@@ -129,6 +129,58 @@ fn bench_writes_the_report_json_and_charts() {
     }
 }
 
+/// The backup scenario, small: the server holds the locks, `locksmith
+/// snapshot save` backs them up beside the handoff loop, and a server
+/// restored from the backup grants.
+#[test]
+fn bench_backup_saves_the_held_locks_and_a_restored_server_grants() {
+    let out = tempfile::tempdir().expect("temporary directory");
+    let stdout = bench(
+        &[
+            "--spawn",
+            "server",
+            "--scenarios",
+            "backup",
+            "--scale-server",
+            "3000",
+            "--saves",
+            "2",
+            "--duration",
+            "200ms",
+            "--waiters",
+            "3",
+        ],
+        out.path(),
+    );
+    assert!(stdout.contains("(f) Backup and restore"), "{stdout}");
+    assert!(
+        !stdout.contains("failed:"),
+        "the scenario failed:\n{stdout}"
+    );
+    let json = std::fs::read_to_string(out.path().join("report.json")).expect("report.json");
+    let report: serde_json::Value = serde_json::from_str(&json).expect("report.json is JSON");
+    let backup = &report["backends"][0]["backup"];
+    assert_eq!(backup["locks"], 3000, "{backup}");
+    // The held locks, and the handoff loop's lock if it was held then.
+    let saved = backup["backup_locks"].as_u64().unwrap();
+    assert!((3000..=3001).contains(&saved), "{backup}");
+    assert_eq!(
+        backup["saves_secs"].as_array().unwrap().len(),
+        2,
+        "{backup}"
+    );
+    assert!(
+        backup["file_bytes"].as_u64().unwrap() > 3000 * 16,
+        "{backup}"
+    );
+    assert!(
+        backup["handoff_alone"]["count"].as_u64().unwrap() > 0,
+        "{backup}"
+    );
+    assert_eq!(backup["members"], 1, "{backup}");
+    assert!(backup["serve_secs"].as_f64().unwrap() > 0.0, "{backup}");
+}
+
 #[test]
 fn bench_refuses_nonsense() {
     let output = Command::new(env!("CARGO_BIN_EXE_locksmith-lab"))
