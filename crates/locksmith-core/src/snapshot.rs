@@ -5,7 +5,7 @@
 #[cfg(feature = "serde")]
 use serde::{Deserialize, Serialize};
 
-use std::collections::{HashMap, HashSet};
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::error::SnapshotError;
 use crate::name::validate_name;
@@ -133,7 +133,13 @@ impl Snapshot {
     /// queue entry a waiter for that lock.
     pub fn check(&self) -> Result<(), SnapshotError> {
         let bad = |detail: String| Err(SnapshotError(detail));
-        let mut sessions = HashSet::new();
+        // Fx hashing, sized up front: a backup or a start checks a table of
+        // a million locks, and SipHash with rehashing as the sets grew was
+        // most of `locksmith snapshot save`'s time (docs/BENCHMARKS.md,
+        // "Backup and restore"). A snapshot comes from a member or an
+        // operator, not from a client.
+        let mut sessions =
+            FxHashSet::with_capacity_and_hasher(self.sessions.len(), Default::default());
         let ids = self.sessions.iter().map(|s| s.session);
         for session in ids.chain(self.ending.iter().map(|e| e.session)) {
             if session == SessionId::NONE || !sessions.insert(session) {
@@ -153,30 +159,34 @@ impl Snapshot {
             }
             Ok(())
         };
-        let mut waiters: HashMap<(SessionId, RequestId), &WaiterSnapshot> = HashMap::new();
+        let mut waiters: FxHashMap<(SessionId, RequestId), &WaiterSnapshot> =
+            FxHashMap::with_capacity_and_hasher(self.waiters.len(), Default::default());
         for w in &self.waiters {
             let what = || format!("waiter {}/{}", w.session.0, w.request.0);
             owned(w.session, w.lease.is_some(), &what)?;
             if waiters.insert((w.session, w.request), w).is_some() {
                 return bad(format!("{} is listed twice", what()));
             }
-            let distinct: HashSet<&String> = w.names.iter().collect();
+            let distinct: FxHashSet<&String> = w.names.iter().collect();
             if w.names.is_empty() || distinct.len() != w.names.len() {
                 return bad(format!("{} names no lock or one lock twice", what()));
             }
         }
-        let mut names = HashSet::new();
-        let mut tokens = HashSet::new();
+        let mut names: FxHashSet<&str> =
+            FxHashSet::with_capacity_and_hasher(self.locks.len(), Default::default());
+        let mut tokens = FxHashSet::with_capacity_and_hasher(self.locks.len(), Default::default());
         let mut queued = 0usize;
         for lock in &self.locks {
             let name = &lock.name;
             if let Err(e) = validate_name(name) {
                 return bad(format!("lock {name:?}: {e}"));
             }
-            if !names.insert(name) {
+            if !names.insert(name.as_str()) {
                 return bad(format!("lock {name:?} is listed twice"));
             }
-            let mut owners = HashSet::new();
+            // Most locks have one holder: no set to allocate for them.
+            let mut owners = FxHashSet::default();
+            let several = lock.holders.len() > 1;
             for h in &lock.holders {
                 let what = || format!("hold {} of lock {name:?}", h.token);
                 owned(h.session, h.lease_until.is_some(), &what)?;
@@ -190,7 +200,7 @@ impl Snapshot {
                 if h.count == 0 {
                     return bad(format!("{} is held 0 times", what()));
                 }
-                if !owners.insert((h.session, &h.owner)) {
+                if several && !owners.insert((h.session, &h.owner)) {
                     return bad(format!("lock {name:?} lists one owner's hold twice"));
                 }
             }
@@ -206,7 +216,7 @@ impl Snapshot {
             if !compatible {
                 return bad(format!("lock {name:?} has holders that exclude each other"));
             }
-            let mut in_queue = HashSet::new();
+            let mut in_queue = FxHashSet::default();
             for key in &lock.queue {
                 let names_it = waiters
                     .get(key)

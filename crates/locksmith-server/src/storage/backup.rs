@@ -387,12 +387,13 @@ impl Backup {
     /// Makes the data directory of one member of a new cluster from the
     /// backup (module docs: tokens, sessions). Refused, changing nothing,
     /// when the directory holds anything or the members do not name this
-    /// one.
+    /// one. It takes the backup: the state it writes is the backup's own,
+    /// not a copy of a table that may hold a million locks.
     ///
     /// Cancel safety: dropped midway, the directory may be half made: it is
     /// refused as not empty by a second restore and by a start that finds
     /// no token ceiling; remove it and restore again.
-    pub async fn restore(&self, options: &RestoreOptions) -> Result<Restored, ServerError> {
+    pub async fn restore(self, options: &RestoreOptions) -> Result<Restored, ServerError> {
         let dir = options.data_dir.as_path();
         check_members(options)?;
         let occupied = match fs::read_dir(dir) {
@@ -407,9 +408,9 @@ impl Backup {
             });
         }
         let token_floor = self.restore_floor().max(options.token_floor.unwrap_or(0));
-        let mut state = self.state.clone();
+        let Backup { payload, mut state } = self;
         state.engine.last_token = token_floor;
-        let last_log_id = self.payload.meta.last_log_id;
+        let last_log_id = payload.meta.last_log_id;
         let voters = options.members.iter().map(|(id, _)| *id).collect();
         let nodes: std::collections::BTreeMap<u64, BasicNode> = options
             .members
