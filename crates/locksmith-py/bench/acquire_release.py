@@ -14,7 +14,9 @@ default 2000) with:
 - Python, asyncio: `await (await lock.acquire()).release()`, and
   `async with lock: pass`
 
-and prints the median time per pair of each, and Python's over Rust's.
+and prints the median time per pair of each, and Python's over Rust's;
+also the CPU time the process spent per pair (every thread, connecting and
+closing included), which a loaded machine disturbs less than wall time.
 
 Then the floors under the asyncio figures, also per pair (two awaits):
 
@@ -164,15 +166,22 @@ FLOORS = [
 ]
 
 
-def report(title: str, runs: dict[str, list[float]], baseline: dict[str, str]) -> None:
+def report(title: str, runs: dict[str, list[float]], baseline: dict[str, str],
+           cpu: dict[str, list[float]] | None = None) -> None:
+    """Medians per pair of the wall-clock times (and of the process's CPU
+    times, all threads, if given), each with its ratio to its baseline's."""
     print(f"\n{title}")
-    print(f"  {'':24} {'us/pair':>9} {'vs Rust':>8}")
-    for label, times in runs.items():
-        median = statistics.median(times)
+    print(f"  {'':24} {'us/pair':>9} {'vs Rust':>8}" + (f" {'CPU us':>9} {'vs Rust':>8}" if cpu else ""))
+
+    def columns(times: dict[str, list[float]], label: str) -> str:
+        median = statistics.median(times[label])
         ratio = ""
         if label in baseline:
-            ratio = f"{median / statistics.median(runs[baseline[label]]):.2f}x"
-        print(f"  {label:24} {median * 1e6:9.1f} {ratio:>8}")
+            ratio = f"{median / statistics.median(times[baseline[label]]):.2f}x"
+        return f" {median * 1e6:9.1f} {ratio:>8}"
+
+    for label in runs:
+        print(f"  {label:24}" + columns(runs, label) + (columns(cpu, label) if cpu else ""))
 
 
 def main() -> None:
@@ -183,11 +192,15 @@ def main() -> None:
     )
     for url in urls:
         runs: dict[str, list[float]] = {label: [] for label, _ in CASES}
+        cpu: dict[str, list[float]] = {label: [] for label, _ in CASES}
         for _ in range(ROUNDS):
             for label, case in CASES:
                 name = f"bench/py/{uuid.uuid4().hex[:8]}"
+                # CPU time of the whole case, connecting and closing too.
+                cpu_started = time.process_time()
                 runs[label].append(case(url, name) / PAIRS)
-        report(url, runs, BASELINE)
+                cpu[label].append((time.process_time() - cpu_started) / PAIRS)
+        report(url, runs, BASELINE, cpu)
     # A module built before the floors' helpers existed runs only Python's.
     floors = [(label, run) for label, helper, run in FLOORS if helper is None or hasattr(_locksmith, helper)]
     runs = {label: [] for label, _ in floors}

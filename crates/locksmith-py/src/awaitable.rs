@@ -24,10 +24,10 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Wake, Waker};
 
-use pyo3::exceptions::{PyRuntimeError, PyStopIteration};
+use pyo3::exceptions::{PyBaseException, PyRuntimeError, PyStopIteration};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::PyType;
+use pyo3::types::{PyTuple, PyType};
 use pyo3::{intern, IntoPyObjectExt};
 
 use crate::loop_waker::LoopWaker;
@@ -107,7 +107,10 @@ impl Awaitable {
     }
 }
 
-fn drop_in_runtime<T>(generation: u64, value: T) {
+fn drop_in_runtime<T>(generation: u64, value: Option<T>) {
+    if value.is_none() {
+        return;
+    }
     if generation == runtime::generation() {
         let _entered = runtime::runtime().enter();
         drop(value);
@@ -122,9 +125,10 @@ impl Awaitable {
         slf
     }
 
-    /// One step of the awaiting task: the result (as `StopIteration`), an
-    /// asyncio future to wait on, or `None` to be stepped again at once.
-    fn __next__(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+    /// One step of the awaiting task: an asyncio future to wait on, `None`
+    /// to be stepped again at once, or the end with the result (see
+    /// [`returned`]).
+    fn __next__(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
         runtime::check_generation(self.generation)?;
         // Out of its slot while polled: converting the output may run
         // Python code, and nothing is held across that.
@@ -143,7 +147,7 @@ impl Awaitable {
                 if let Some(waited) = self.state().waiting.take() {
                     waited.forget();
                 }
-                Err(PyStopIteration::new_err((output?,)))
+                returned(output?.into_bound(py))
             }
             Poll::Pending => {
                 drop(entered);
@@ -154,14 +158,16 @@ impl Awaitable {
                 if let Some(earlier) = earlier {
                     earlier.forget();
                 }
-                wake.wait_on(py)
+                wake.wait_on(py).map(Some)
             }
         }
     }
 
-    /// Steps on; a value sent in is ignored (asyncio sends none).
+    /// Steps on; a value sent in is ignored (asyncio sends none). Unlike
+    /// `__next__`, a method must raise `StopIteration` to return `None`.
     fn send(&self, py: Python<'_>, _value: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
-        self.__next__(py)
+        self.__next__(py)?
+            .ok_or_else(|| PyStopIteration::new_err(()))
     }
 
     /// Drops the future and raises `error` (asyncio throws `CancelledError`
@@ -188,6 +194,26 @@ impl Awaitable {
     fn close(&self) {
         self.finish();
     }
+}
+
+/// How `__next__` returns `value` to the awaiting coroutine, as cheaply as
+/// Python allows: `None` by ending the iteration with no exception set, any
+/// other value in a `StopIteration` whose instance Python makes only if it
+/// must (a tuple or an exception is wrapped, as Python's own generators do,
+/// lest it be taken for the exception's arguments).
+fn returned(value: Bound<'_, PyAny>) -> PyResult<Option<Py<PyAny>>> {
+    let py = value.py();
+    if value.is_none() {
+        return Ok(None);
+    }
+    let stop = py.get_type::<PyStopIteration>();
+    Err(
+        if value.is_instance_of::<PyTuple>() || value.is_instance_of::<PyBaseException>() {
+            PyErr::from_type(stop, (value.unbind(),))
+        } else {
+            PyErr::from_type(stop, value.unbind())
+        },
+    )
 }
 
 impl Drop for Awaitable {

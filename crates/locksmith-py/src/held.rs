@@ -2,7 +2,8 @@
 //! until it is released, its lost signal, and the callbacks waiting on it.
 
 use std::ops::{Deref, DerefMut};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use pyo3::prelude::*;
 use tokio_util::sync::CancellationToken;
@@ -45,7 +46,7 @@ impl<T: Send> Hold for Held<T> {
     }
 
     fn is_released(&self) -> bool {
-        self.ended.is_cancelled()
+        self.released.load(Ordering::SeqCst)
     }
 }
 
@@ -56,9 +57,13 @@ pub struct Held<T: Send> {
     name: String,
     hold: Mutex<Option<T>>,
     lost: LostSignal,
-    /// Cancelled when the hold is released or dropped: `on_lost` callbacks
-    /// are for losses, not for ends the caller chose.
-    ended: CancellationToken,
+    /// Set when the hold is released or dropped: `on_lost` callbacks are
+    /// for losses, not for ends the caller chose.
+    released: AtomicBool,
+    /// Cancelled once `released` is set, for the calls that wait on it;
+    /// made by the first of them (most holds have none, and a token costs
+    /// an allocation and locks).
+    ended: OnceLock<CancellationToken>,
 }
 
 impl<T: Holding> Held<T> {
@@ -69,7 +74,8 @@ impl<T: Holding> Held<T> {
             name: guard.name().to_owned(),
             lost: guard.lost_signal(),
             hold: Mutex::new(Some(hold)),
-            ended: CancellationToken::new(),
+            released: AtomicBool::new(false),
+            ended: OnceLock::new(),
         })
     }
 }
@@ -81,6 +87,24 @@ impl<T: Send> Held<T> {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// Marks the hold released, for whoever waits on [`Held::ended`].
+    fn end(&self) {
+        self.released.store(true, Ordering::SeqCst);
+        if let Some(ended) = self.ended.get() {
+            ended.cancel();
+        }
+    }
+
+    /// A token cancelled once the hold is released (at once if it was).
+    fn ended(&self) -> CancellationToken {
+        let ended = self.ended.get_or_init(CancellationToken::new).clone();
+        // Either `end` saw the token, or this sees `released`.
+        if self.released.load(Ordering::SeqCst) {
+            ended.cancel();
+        }
+        ended
+    }
+
     /// Fails with `Closed` in a forked child.
     pub fn check(&self) -> PyResult<()> {
         runtime::check_generation(self.generation)
@@ -90,7 +114,7 @@ impl<T: Send> Held<T> {
     pub fn take(&self) -> PyResult<T> {
         self.check()?;
         let hold = self.slot().take();
-        self.ended.cancel();
+        self.end();
         hold.ok_or_else(|| {
             errors::to_py(locksmith::Error::NotHeld {
                 name: self.name.clone(),
@@ -124,7 +148,7 @@ impl<T: Send> Held<T> {
         &self,
     ) -> impl std::future::Future<Output = Option<String>> + Send + 'static {
         let lost = self.lost.clone();
-        let ended = self.ended.clone();
+        let ended = self.ended();
         async move {
             if let Some(reason) = lost.reason() {
                 return Some(reason);
@@ -145,7 +169,7 @@ impl<T: Send> Held<T> {
     ) -> PyResult<()> {
         self.check()?;
         let lost = self.lost.clone();
-        let ended = self.ended.clone();
+        let ended = self.ended();
         runtime::spawn(async move {
             tokio::select! {
                 biased;
@@ -202,7 +226,7 @@ impl<T: Send> Drop for Held<T> {
     /// the Rust client does; in a forked child it is forgotten (the parent
     /// still holds it, and the child has no runtime of the parent's).
     fn drop(&mut self) {
-        self.ended.cancel();
+        self.end();
         let hold = self
             .hold
             .get_mut()

@@ -96,7 +96,7 @@ impl Flavor {
     ) -> PyResult<Py<PyAny>> {
         let base = LockBase {
             connection: connection.clone(),
-            inner,
+            inner: Arc::new(inner),
         };
         Ok(match self {
             Flavor::Blocking => Py::new(py, crate::blocking::Lock::new(base))?.into_any(),
@@ -315,7 +315,9 @@ impl ClientBase {
 #[pyclass(module = "locksmith._base", subclass, frozen)]
 pub struct LockBase {
     pub connection: Arc<Connection>,
-    pub inner: locksmith::Lock,
+    /// Shared with the calls running on it: an acquire takes a reference,
+    /// not a copy of the names and options.
+    pub inner: Arc<locksmith::Lock>,
 }
 
 impl LockBase {
