@@ -6,11 +6,46 @@ use std::fmt;
 use std::rc::Rc;
 use std::time::Duration;
 
+/// What an acquire asks for, which decides whom it may hold beside.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Want {
+    /// The lock alone: a plain lock, or a read-write lock's write side.
+    Exclusive,
+    /// A read-write lock's read side: beside other readers only.
+    Shared,
+    /// One permit of a semaphore of `of` permits.
+    Permit {
+        /// The semaphore's permits.
+        of: u32,
+    },
+}
+
+impl Want {
+    /// Whether a grant of `self` may stand beside holds of `held`.
+    pub fn fits_beside(self, held: &[Want]) -> bool {
+        match self {
+            Want::Exclusive => held.is_empty(),
+            Want::Shared => held.iter().all(|h| *h == Want::Shared),
+            Want::Permit { of } => {
+                held.iter().all(|h| matches!(h, Want::Permit { .. })) && (held.len() as u32) < of
+            }
+        }
+    }
+}
+
 /// An operation on one lock, as a client invoked it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Op {
     /// `acquire_timeout` (a wait of zero: `try_acquire`).
-    Acquire,
+    Acquire {
+        /// What it asks for.
+        want: Want,
+    },
+    /// `extend` of the leased hold with this token.
+    Extend {
+        /// The hold's fencing token.
+        token: u64,
+    },
     /// `release` of the hold with this token.
     Release {
         /// The hold's fencing token.
@@ -36,7 +71,9 @@ pub enum Ret {
     TimedOut,
     /// The release worked.
     Released,
-    /// The release was refused: the hold was gone already.
+    /// The extension worked: the lease runs from now.
+    Extended,
+    /// The release or extension was refused: the hold was gone already.
     NotHeld,
     /// The client took note of its lost hold.
     Noted,

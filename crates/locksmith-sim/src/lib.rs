@@ -93,6 +93,9 @@ pub struct Settings {
     pub faults: bool,
     /// The clients' session TTL.
     pub session_ttl: Duration,
+    /// The mixed workload: read-write locks, semaphores and leases beside
+    /// plain locks (module `workload`).
+    pub mixed: bool,
 }
 
 impl Default for Settings {
@@ -104,6 +107,7 @@ impl Default for Settings {
             duration: Duration::from_secs(20),
             faults: true,
             session_ttl: Duration::from_secs(2),
+            mixed: false,
         }
     }
 }
@@ -113,12 +117,13 @@ impl Settings {
     pub fn replay_command(&self, seed: u64) -> String {
         format!(
             "RUST_LOG=locksmith_sim=debug cargo run --release -p locksmith-sim -- --seed {seed} \
-             --members {} --clients {} --locks {} --duration {}{}",
+             --members {} --clients {} --locks {} --duration {}{}{}",
             self.members,
             self.clients,
             self.locks,
             self.duration.as_secs(),
-            if self.faults { "" } else { " --no-faults" }
+            if self.faults { "" } else { " --no-faults" },
+            if self.mixed { " --mixed" } else { "" }
         )
     }
 }
@@ -175,6 +180,11 @@ pub fn run(seed: u64, settings: &Settings) -> Report {
         .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
 }
 
+/// Set once this process's simulation has ended and its history is being
+/// checked: a run past its real-time limit then names the check, not the
+/// cluster, as what did not end.
+pub static CHECKING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Simulated time the clients get past `duration` to finish (a member may
 /// be restarting, a session resuming) before the run counts as stuck.
 const FINISH_WITHIN: Duration = Duration::from_secs(60);
@@ -224,6 +234,7 @@ fn simulate(seed: u64, settings: &Settings) -> Report {
             locks: locks.clone(),
             session_ttl: settings.session_ttl,
             until: settings.duration,
+            mixed: settings.mixed,
         };
         let rng = SmallRng::seed_from_u64(seed.wrapping_mul(1_000_003).wrapping_add(u64::from(id)));
         sim.client(
@@ -263,6 +274,7 @@ fn simulate(seed: u64, settings: &Settings) -> Report {
     let simulated = sim.elapsed();
     drop(sim);
     let history = history.events();
+    CHECKING.store(true, std::sync::atomic::Ordering::Relaxed);
     violations.extend(check::check(&history));
     Report {
         seed,

@@ -1,14 +1,19 @@
 //! The clients: the real client library (`locksmith`, its `locksmith://`
 //! backend) on simulated hosts, acquiring, holding, releasing and timing
 //! out on a few hot locks, recording what they see (module `history`).
+//!
+//! With the mixed workload ([`ClientSetup::mixed`]) the hot locks are of
+//! three kinds, by their number: plain locks, taken with the session or
+//! with a fixed lease that the holder may extend or let run out; read-write
+//! locks, read or written; and semaphores of [`PERMITS`] permits.
 
 use std::time::Duration;
 
-use locksmith::{Client, ConnectOptions, Error};
+use locksmith::{Client, ConnectOptions, Error, Lock};
 use rand::rngs::SmallRng;
 use rand::Rng;
 
-use crate::history::{Event, History, Kind, Op, Ret};
+use crate::history::{Event, History, Kind, Op, Ret, Want};
 
 /// What one client does.
 #[derive(Debug, Clone)]
@@ -23,6 +28,39 @@ pub struct ClientSetup {
     pub session_ttl: Duration,
     /// It starts no new operation after this much simulated time.
     pub until: Duration,
+    /// Read-write locks, semaphores and leases too, not plain locks only.
+    pub mixed: bool,
+}
+
+/// The permits of each semaphore of the mixed workload.
+pub const PERMITS: u32 = 2;
+
+/// What one acquire asks for: the lock to call it on, what the checks
+/// know it wants, and the lease it has if any.
+fn choose(
+    client: &Client,
+    setup: &ClientSetup,
+    lock: usize,
+    rng: &mut SmallRng,
+) -> (Lock, Want, Option<Duration>) {
+    let name = setup.locks[lock].as_str();
+    if !setup.mixed {
+        return (client.lock(name), Want::Exclusive, None);
+    }
+    match lock % 3 {
+        0 if rng.gen_bool(0.5) => {
+            let lease = Duration::from_millis(rng.gen_range(200..1200));
+            (client.lock(name).lease(lease), Want::Exclusive, Some(lease))
+        }
+        0 => (client.lock(name), Want::Exclusive, None),
+        1 if rng.gen_bool(0.6) => (client.rw_lock(name).read(), Want::Shared, None),
+        1 => (client.rw_lock(name).write(), Want::Exclusive, None),
+        _ => (
+            client.semaphore(name, PERMITS),
+            Want::Permit { of: PERMITS },
+            None,
+        ),
+    }
 }
 
 /// One client's thread of operations (see [`Event::thread`]).
@@ -82,8 +120,17 @@ pub(crate) async fn run_client(
             0 => Duration::ZERO,
             _ => Duration::from_millis(rng.gen_range(10..1500)),
         };
-        recorder.record(lock, Kind::Invoke(Op::Acquire));
-        let guard = match client.lock(&setup.locks[lock]).acquire_timeout(wait).await {
+        let (chosen, want, lease) = choose(&client, &setup, lock, &mut rng);
+        if let Some(lease) = lease {
+            tracing::debug!(
+                client = setup.id,
+                lock,
+                ?lease,
+                "the next acquire has a lease"
+            );
+        }
+        recorder.record(lock, Kind::Invoke(Op::Acquire { want }));
+        let guard = match chosen.acquire_timeout(wait).await {
             Ok(guard) => guard,
             Err(Error::Timeout(_)) => {
                 recorder.record(lock, Kind::Return(Ret::TimedOut));
@@ -98,15 +145,63 @@ pub(crate) async fn run_client(
         };
         let token = guard.fencing_token();
         recorder.record(lock, Kind::Return(Ret::Granted { token }));
-        let hold = Duration::from_millis(rng.gen_range(0..400));
-        tokio::select! {
-            _ = guard.lost() => {
-                recorder.record(lock, Kind::Invoke(Op::Lost { token }));
-                recorder.record(lock, Kind::Return(Ret::Noted));
-                drop(guard);
-                continue;
+        // A leased hold may outlive its lease (then it must be told it is
+        // lost), or be extended half way through.
+        let hold = match lease {
+            Some(lease) => {
+                Duration::from_millis(rng.gen_range(0..lease.as_millis() as u64 * 3 / 2))
             }
-            () = tokio::time::sleep(hold) => {}
+            None => Duration::from_millis(rng.gen_range(0..400)),
+        };
+        let extend_at = lease
+            .filter(|_| rng.gen_bool(0.5))
+            .map(|lease| (hold / 2, lease));
+        let mut lost = false;
+        for (part, extension) in match extend_at {
+            Some((half, lease)) => vec![(half, Some(lease)), (hold - half, None)],
+            None => vec![(hold, None)],
+        } {
+            tokio::select! {
+                _ = guard.lost() => {
+                    recorder.record(lock, Kind::Invoke(Op::Lost { token }));
+                    recorder.record(lock, Kind::Return(Ret::Noted));
+                    lost = true;
+                }
+                () = tokio::time::sleep(part) => {}
+            }
+            if lost {
+                break;
+            }
+            let Some(lease) = extension else { continue };
+            recorder.record(lock, Kind::Invoke(Op::Extend { token }));
+            // Told of a loss while the extension is in flight, the client
+            // knows its hold is gone whatever the answer: the extension's
+            // outcome stays unknown.
+            tokio::select! {
+                _ = guard.lost() => {
+                    recorder.unknown();
+                    recorder.record(lock, Kind::Invoke(Op::Lost { token }));
+                    recorder.record(lock, Kind::Return(Ret::Noted));
+                    lost = true;
+                }
+                extended = guard.extend(lease) => match extended {
+                    Ok(()) => recorder.record(lock, Kind::Return(Ret::Extended)),
+                    Err(Error::NotOwner { .. } | Error::NotHeld { .. } | Error::Lost(_)) => {
+                        recorder.record(lock, Kind::Return(Ret::NotHeld))
+                    }
+                    Err(error) => {
+                        tracing::debug!(client = setup.id, %error, "extend failed");
+                        recorder.unknown();
+                    }
+                },
+            }
+            if lost {
+                break;
+            }
+        }
+        if lost {
+            drop(guard);
+            continue;
         }
         recorder.record(lock, Kind::Invoke(Op::Release { token }));
         match guard.release().await {

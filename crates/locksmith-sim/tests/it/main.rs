@@ -47,6 +47,15 @@ fn fixed_seeds_with_faults_pass_every_check() {
     assert!(output.contains("2 seeds, 0 failed"), "{output}");
 }
 
+/// Read-write locks, semaphores and leases (extended, or run out while
+/// held), under the same faults and checks.
+#[test]
+fn fixed_seeds_of_the_mixed_workload_pass_every_check() {
+    let (output, passed) = simulate(&["--seeds", "1..3", "--duration", "10", "--mixed"]);
+    assert!(passed, "{output}");
+    assert!(output.contains("2 seeds, 0 failed"), "{output}");
+}
+
 #[test]
 fn a_run_without_faults_passes_and_grants_plenty() {
     let (output, passed) = simulate(&["--seed", "5", "--duration", "5", "--no-faults"]);
