@@ -148,7 +148,9 @@ impl Guard {
     }
 
     /// Releases the hold and reports whether that worked: an error means the hold
-    /// had already been lost or taken away.
+    /// had already been lost or taken away. A hold whose `lost()` had fired is
+    /// still given back to the store (a fixed lease ends on this client a
+    /// little before the store's), but its release reports the loss.
     ///
     /// Cancel safety: if dropped midway, the release may or may not have
     /// happened; the lease or session ends the hold in any case.
@@ -157,9 +159,9 @@ impl Guard {
         metrics::released(self.backend, self.granted_at.elapsed());
         let lost = self.lost.reason();
         let result = hold.release().await;
-        match (result, lost) {
-            (Err(_), Some(reason)) => Err(Error::Lost(reason)),
-            (result, _) => result,
+        match lost {
+            Some(reason) => Err(Error::Lost(reason)),
+            None => result,
         }
     }
 }

@@ -29,6 +29,11 @@
 //!   nothing themselves; this library never relies on it.
 //! - **One lost signal per hold**, shared by its re-entries, with the
 //!   store's typed [`crate::LostCause`].
+//! - **Fixed leases end here first.** A leased hold's lost signal fires
+//!   when its lease runs out as this client measures it (from before the
+//!   request that granted or extended it, less a store's clock drift), on
+//!   every store: a store that ends a lease and grants the next waiter in
+//!   one step tells the old holder only afterwards.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -36,10 +41,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use crate::backend::{AcquireRequest, Backend, Capabilities, Grant, Hold, LostSignal, Mode, Wait};
 use crate::error::{Error, Result};
 use crate::guard::release_in_background;
+use crate::keeper::{self, Kept, Term};
 
 /// A grant as the lock API sees it.
 pub(crate) struct Granted {
@@ -83,22 +90,67 @@ pub(crate) struct Share {
     /// When the lease runs out, as measured from before the request that
     /// granted or extended it (so never later than the store's own end).
     lease_until: Mutex<Option<Instant>>,
+    /// A leased hold's keeper: the hold's lost signal fires when its lease
+    /// runs out as this client measures it (less the clock drift a store
+    /// may have), whatever the store says: a store may hand the lock on in
+    /// the same step that ends the lease (the lock server and the memory
+    /// store grant the next waiter as they tell the old holder), so hearing
+    /// it from the store would come too late.
+    lease_term: Option<LeaseKeeper>,
     /// The store's hold: every level shares it, the last release releases
     /// it. Async so that the operations on one hold reach the store in
     /// order.
     hold: tokio::sync::Mutex<Option<Box<dyn Hold>>>,
 }
 
+/// Keeps a leased hold's term until the hold is gone (see
+/// [`Share::lease_term`]).
+struct LeaseKeeper {
+    term: tokio::sync::watch::Sender<Term>,
+    done: CancellationToken,
+}
+
+impl LeaseKeeper {
+    /// Starts keeping a lease of `lease` granted by a request sent at
+    /// `sent`: when it runs out, `lost` fires.
+    fn start(sent: Instant, lease: Duration, lost: LostSignal) -> LeaseKeeper {
+        let term = tokio::sync::watch::Sender::new(
+            Term::fixed("the hold's lease", Kept::Hold, sent, lease).with_clock_drift(),
+        );
+        let done = CancellationToken::new();
+        let (kept, stopped) = (term.clone(), done.clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                () = stopped.cancelled() => {}
+                loss = keeper::keep_fixed(kept) => lost.fire_because(loss.cause, loss.reason),
+            }
+        });
+        LeaseKeeper { term, done }
+    }
+}
+
 impl Share {
-    fn new(key: Key, mode: Mode, grant: &Grant, lease_until: Option<Instant>) -> Self {
+    /// `started`: when the request that granted the hold was sent.
+    fn new(key: Key, request: &AcquireRequest, grant: &Grant, started: Instant) -> Self {
         Share {
             key,
-            mode,
+            mode: request.mode,
             token: grant.tokens[0],
             lost: grant.lost.clone(),
             count: Mutex::new(1),
-            lease_until: Mutex::new(lease_until),
+            lease_until: Mutex::new(request.lease.map(|lease| started + lease)),
+            lease_term: request
+                .lease
+                .map(|lease| LeaseKeeper::start(started, lease, grant.lost.clone())),
             hold: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// The lease was extended to `lease` by a request sent at `sent`.
+    fn extended(&self, sent: Instant, lease: Duration) {
+        *self.lease_until.lock().expect("lease lock") = Some(sent + lease);
+        if let Some(keeper) = &self.lease_term {
+            keeper.term.send_modify(|term| term.extended(sent, lease));
         }
     }
 
@@ -111,6 +163,14 @@ impl Share {
     pub fn remaining_lease(&self) -> Option<Duration> {
         let until = *self.lease_until.lock().expect("lease lock");
         until.map(|at| at.saturating_duration_since(Instant::now()))
+    }
+}
+
+impl Drop for Share {
+    fn drop(&mut self) {
+        if let Some(keeper) = &self.lease_term {
+            keeper.done.cancel();
+        }
     }
 }
 
@@ -147,7 +207,7 @@ impl Model {
             let started = Instant::now();
             return Ok(backend.acquire(request).await?.map(|grant| {
                 let key = (request.names[0].clone(), request.owner.clone());
-                let share = Share::new(key, request.mode, &grant, lease_end(started, request));
+                let share = Share::new(key, request, &grant, started);
                 let share = Arc::new(share);
                 Granted {
                     tokens: grant.tokens,
@@ -262,8 +322,7 @@ impl Model {
         started: Instant,
         grant: Grant,
     ) -> Granted {
-        let lease_until = lease_end(started, request);
-        let share = Arc::new(Share::new(key.clone(), request.mode, &grant, lease_until));
+        let share = Arc::new(Share::new(key.clone(), request, &grant, started));
         // No await between here and the guard: the level owns the hold.
         *share.hold.try_lock().expect("a new share is ours alone") = Some(grant.hold);
         self.table().insert(key, Slot::Held(share.clone()));
@@ -388,11 +447,6 @@ fn refuse_unsupported(
     }
 }
 
-/// The end of the lease a request asks for, measured from `started`.
-fn lease_end(started: Instant, request: &AcquireRequest) -> Option<Instant> {
-    request.lease.map(|lease| started + lease)
-}
-
 /// A pending slot; dropping it (the acquire failed or was dropped) clears
 /// the slot and wakes the owner's joiners, who then ask the store themselves.
 struct PendingSlot {
@@ -496,7 +550,7 @@ impl Hold for Level {
                     .await?
             }
         }
-        *self.share.lease_until.lock().expect("lease lock") = Some(sent + lease);
+        self.share.extended(sent, lease);
         Ok(())
     }
 
