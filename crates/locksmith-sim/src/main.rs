@@ -59,6 +59,8 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| "error".into()),
         )
         .with_writer(std::io::stderr)
+        .with_timer(SimulatedTime)
+        .with_ansi(false)
         .init();
     let args = Args::parse();
     let settings = Settings {
@@ -86,6 +88,20 @@ fn main() -> ExitCode {
             }
         },
         (None, None) => run_one(0, &settings, args.history),
+    }
+}
+
+/// Stamps each line of the trace with the simulated time (seconds since
+/// the run began), so that a trace reads against the history; lines from
+/// outside the simulation (its set-up, the check) show `-`.
+struct SimulatedTime;
+
+impl tracing_subscriber::fmt::time::FormatTime for SimulatedTime {
+    fn format_time(&self, w: &mut tracing_subscriber::fmt::format::Writer<'_>) -> std::fmt::Result {
+        match turmoil::sim_elapsed() {
+            Some(at) => write!(w, "{:>9.3}s", at.as_secs_f64()),
+            None => write!(w, "{:>10}", "-"),
+        }
     }
 }
 

@@ -67,6 +67,19 @@ fn a_leased_holder_is_told_before_its_lock_is_handed_on() {
     assert!(passed, "{output}");
 }
 
+/// Seed 10 of the mixed workload (15 s): a member's connection to a peer
+/// went silent without closing (the simulated TCP loses a segment for good
+/// while a link drops messages), so the leader's replication to both
+/// followers hung while its heartbeats, on connections of their own, kept
+/// the followers from electing another: nothing committed for good, and a
+/// client's release never returned. Members now ping their peers'
+/// connections (HTTP/2 keep-alive) and replace a silent one.
+#[test]
+fn a_member_replaces_a_connection_gone_silent() {
+    let (output, passed) = simulate(&["--seed", "10", "--duration", "15", "--mixed"]);
+    assert!(passed, "{output}");
+}
+
 #[test]
 fn a_run_without_faults_passes_and_grants_plenty() {
     let (output, passed) = simulate(&["--seed", "5", "--duration", "5", "--no-faults"]);
