@@ -11,6 +11,7 @@ use crate::command::{Acquire, Command, Effect};
 use crate::error::{EngineError, SnapshotError};
 use crate::inspect::{HolderInfo, ListPage, LockInfo, SessionInfo, WaiterInfo};
 use crate::name::validate_name;
+use crate::planted::{self, Defect};
 use crate::snapshot::{
     EndingSnapshot, HoldSnapshot, LockSnapshot, SessionSnapshot, Snapshot, WaiterSnapshot,
 };
@@ -244,7 +245,11 @@ enum Timer {
 /// only ever move a session's deadline later, so a deadline that is earlier
 /// than the decided one can only be such a replay.
 fn check_deadline(current: Millis, decided: Millis, now: Millis) -> Result<(), EngineError> {
-    if current <= decided && decided <= now {
+    let not_later = match planted::active(Defect::DeadlineByEquality) {
+        true => current == decided,
+        false => current <= decided,
+    };
+    if (not_later && decided <= now) || planted::active(Defect::NoDeadlineCheck) {
         Ok(())
     } else {
         Err(EngineError::NotDue)
@@ -479,6 +484,9 @@ impl Engine {
     /// deadline to at least `now + grace` (sessions `now + max(ttl, grace)`).
     /// Rebuilds the timer set once instead of moving entries one by one.
     fn grant_grace(&mut self, now: Millis, grace: Millis) {
+        if planted::active(Defect::NoGrace) {
+            return;
+        }
         let floor = now.saturating_add(grace);
         for session in self.sessions.values_mut() {
             let floor = now.saturating_add(session.ttl.max(grace));

@@ -1,6 +1,11 @@
 //! The faults that strike while the clients work, drawn from the seed: a
 //! fault every 0.5–3 simulated seconds, each healed after a while, all
 //! healed (and every member up) a few seconds before the clients stop.
+//!
+//! Calm runs ([`crate::Settings::calm`]) strike one member at a time (cut
+//! off, cut one way, crashed, frozen, or a link held back), each healed before
+//! the next, with `SETTLE` between: faults a cluster with spares in its
+//! URL must ride out without losing any client's session.
 
 use std::time::Duration;
 
@@ -12,6 +17,14 @@ use crate::Settings;
 
 /// How long before the clients stop every fault is healed.
 const QUIET_BEFORE_END: Duration = Duration::from_secs(4);
+
+/// In calm runs, how long the cluster has after a fault heals before the
+/// next strikes: a restarted member catches up, the clients settle.
+const SETTLE: Duration = Duration::from_secs(3);
+
+/// The kind of fault that freezes a member (calm runs only, so that the
+/// faults of other runs stay as their seeds drew them).
+const FREEZE: i32 = 6;
 
 /// A fault's undoing, due at a time.
 enum Heal {
@@ -26,6 +39,7 @@ enum Heal {
 pub(crate) struct Faults {
     rng: SmallRng,
     enabled: bool,
+    calm: bool,
     members: u64,
     clients: u32,
     quiet_from: Duration,
@@ -40,6 +54,7 @@ impl Faults {
         Faults {
             rng: SmallRng::seed_from_u64(seed ^ 0x0066_6175_6c74),
             enabled: settings.faults,
+            calm: settings.calm,
             members: settings.members,
             clients: settings.clients,
             quiet_from: settings.duration.saturating_sub(QUIET_BEFORE_END),
@@ -65,11 +80,15 @@ impl Faults {
         for (_, heal) in due {
             self.heal(heal, sim);
         }
-        if !self.enabled || quiet || now < self.next {
+        if !self.enabled || quiet || now < self.next || (self.calm && !self.heals.is_empty()) {
             return;
         }
         self.next = now + Duration::from_millis(self.rng.gen_range(500..3000));
         self.strike(now, sim);
+        if self.calm {
+            let healed = self.heals.iter().map(|(at, _)| *at).max().unwrap_or(now);
+            self.next = self.next.max(healed + SETTLE);
+        }
     }
 
     fn member(&mut self) -> String {
@@ -89,7 +108,13 @@ impl Faults {
         let lasting = Duration::from_millis(self.rng.gen_range(200..4000));
         let until = now + lasting;
         let member = self.member();
-        let what = match self.rng.gen_range(0..6) {
+        // Calm runs strike the members only and keep their links whole,
+        // and may freeze one.
+        let kind = match self.calm {
+            true => [0, 1, 2, 3, FREEZE][self.rng.gen_range(0..5)],
+            false => self.rng.gen_range(0..6),
+        };
+        let what = match kind {
             0 => {
                 let others: Vec<String> = (1..=self.members)
                     .map(member_host)
@@ -122,6 +147,22 @@ impl Faults {
                 self.heals
                     .push((until, Heal::Release(member.clone(), other.clone())));
                 format!("{member} ↔ {other} held back (delay)")
+            }
+            FREEZE => {
+                // Every message to and from it waits (a process stopped, a
+                // long pause): its connections stay open, nothing answers.
+                let others: Vec<String> = (1..=self.members)
+                    .map(member_host)
+                    .chain((1..=self.clients).map(|id| format!("client{id}")))
+                    .chain(["prober".to_owned()])
+                    .filter(|host| *host != member)
+                    .collect();
+                for other in others {
+                    sim.hold(member.as_str(), other.as_str());
+                    self.heals
+                        .push((until, Heal::Release(member.clone(), other)));
+                }
+                format!("{member} frozen")
             }
             4 => {
                 let client = format!("client{}", self.rng.gen_range(1..=self.clients));

@@ -56,6 +56,18 @@
 //! `LinearizabilityTester`), tokens strictly rising, never two holders at
 //! once, so never a hold taken away without its holder told. The clients
 //! must also finish: a cluster that stops granting for good fails the run.
+//! Once they stop, a fresh client (the prober) must get every lock whole
+//! within 15 s: a session that never ends keeps its locks for good. In calm
+//! runs (`--calm`: one member fault at a time, each healed and settled
+//! before the next) and runs without faults, no client may lose a hold
+//! taken with its session: the cluster must keep healthy sessions through
+//! any single member's failure.
+//!
+//! ## Teeth
+//!
+//! `--plant NAME` puts a past defect back (`locksmith_core::planted`, a
+//! cargo feature only this crate turns on), to show that some seed finds
+//! it: docs/RELIABILITY.md lists the first such seed of each.
 #![deny(missing_docs)]
 
 pub mod check;
@@ -69,6 +81,7 @@ use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
+use locksmith_core::planted::{self, Defect};
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 
@@ -91,11 +104,17 @@ pub struct Settings {
     pub duration: Duration,
     /// Whether faults strike.
     pub faults: bool,
+    /// Calm faults: one member at a time, each healed and settled before
+    /// the next (module `faults`), and then no client may lose a session.
+    pub calm: bool,
     /// The clients' session TTL.
     pub session_ttl: Duration,
     /// The mixed workload: read-write locks, semaphores and leases beside
     /// plain locks (module `workload`).
     pub mixed: bool,
+    /// A past defect put back (`locksmith_core::planted`), to show the
+    /// simulator finds it.
+    pub plant: Option<Defect>,
 }
 
 impl Default for Settings {
@@ -106,8 +125,10 @@ impl Default for Settings {
             locks: 3,
             duration: Duration::from_secs(20),
             faults: true,
+            calm: false,
             session_ttl: Duration::from_secs(2),
             mixed: false,
+            plant: None,
         }
     }
 }
@@ -117,13 +138,18 @@ impl Settings {
     pub fn replay_command(&self, seed: u64) -> String {
         format!(
             "RUST_LOG=locksmith_sim=debug cargo run --release -p locksmith-sim -- --seed {seed} \
-             --members {} --clients {} --locks {} --duration {}{}{}",
+             --members {} --clients {} --locks {} --duration {}{}{}{}{}",
             self.members,
             self.clients,
             self.locks,
             self.duration.as_secs(),
             if self.faults { "" } else { " --no-faults" },
-            if self.mixed { " --mixed" } else { "" }
+            if self.calm { " --calm" } else { "" },
+            if self.mixed { " --mixed" } else { "" },
+            match self.plant {
+                Some(defect) => format!(" --plant {}", defect.name()),
+                None => String::new(),
+            }
         )
     }
 }
@@ -173,6 +199,9 @@ pub fn run(seed: u64, settings: &Settings) -> Report {
         .stack_size(64 << 20)
         .spawn(move || {
             entropy::seed_this_thread(seed);
+            if let Some(defect) = settings.plant {
+                planted::plant(defect);
+            }
             simulate(seed, &settings)
         })
         .expect("a thread for the simulation")
@@ -217,15 +246,22 @@ fn simulate(seed: u64, settings: &Settings) -> Report {
         };
         sim.host(member_host(id), move || cluster::run_member(setup.clone()));
     }
+    // Calm runs' clients name the members by address, as the cluster does
+    // not (it names them by host), so that each member is known to them
+    // under two names, as behind a proxy or a load balancer's names.
     let url = format!(
         "locksmith://{}",
         cluster
             .iter()
-            .map(|(_, addr)| addr.as_str())
+            .map(|(id, addr)| match settings.calm {
+                true => format!("{}:{PORT}", sim.lookup(member_host(*id))),
+                false => addr.clone(),
+            })
             .collect::<Vec<_>>()
             .join(",")
     );
     let history = History::default();
+    let sessions_lost = workload::SessionsLost::default();
     let locks: Vec<String> = (0..settings.locks).map(|i| format!("hot/{i}")).collect();
     for id in 1..=settings.clients {
         let setup = ClientSetup {
@@ -235,13 +271,28 @@ fn simulate(seed: u64, settings: &Settings) -> Report {
             session_ttl: settings.session_ttl,
             until: settings.duration,
             mixed: settings.mixed,
+            calm: settings.calm,
         };
         let rng = SmallRng::seed_from_u64(seed.wrapping_mul(1_000_003).wrapping_add(u64::from(id)));
         sim.client(
             format!("client{id}"),
-            workload::run_client(setup, rng, history.clone()),
+            workload::run_client(setup, rng, history.clone(), sessions_lost.clone()),
         );
     }
+    let stuck = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+    let prober = ClientSetup {
+        id: 0,
+        url: url.clone(),
+        locks: locks.clone(),
+        session_ttl: settings.session_ttl,
+        until: settings.duration,
+        mixed: settings.mixed,
+        calm: false,
+    };
+    sim.client(
+        "prober",
+        workload::run_prober(prober, history.clone(), stuck.clone()),
+    );
     let mut faults = Faults::new(seed, settings);
     let mut violations = Vec::new();
     loop {
@@ -275,6 +326,22 @@ fn simulate(seed: u64, settings: &Settings) -> Report {
     drop(sim);
     let history = history.events();
     CHECKING.store(true, std::sync::atomic::Ordering::Relaxed);
+    violations.extend(stuck.take());
+    if settings.calm || !settings.faults {
+        violations.extend(
+            sessions_lost
+                .take()
+                .into_iter()
+                .map(|(at, client, hold)| Violation {
+                    rule: "no healthy session lost",
+                    lock: 0,
+                    detail: format!(
+                        "client {client} had lost {hold} by {at:?}, with at most one member down, \
+                 cut off or frozen at a time"
+                    ),
+                }),
+        );
+    }
     violations.extend(check::check(&history));
     Report {
         seed,

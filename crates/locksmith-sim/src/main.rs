@@ -11,6 +11,7 @@ use std::process::{Command, ExitCode};
 use std::time::Duration;
 
 use clap::Parser;
+use locksmith_core::planted::Defect;
 use locksmith_sim::{run, Settings};
 
 /// Deterministic simulation of a locksmith cluster.
@@ -38,16 +39,27 @@ struct Args {
     /// No faults.
     #[arg(long)]
     no_faults: bool,
+    /// Calm faults: one member at a time, each healed and settled before
+    /// the next; no client may then lose its session.
+    #[arg(long)]
+    calm: bool,
     /// The mixed workload: read-write locks, semaphores and leases (some
     /// extended, some let run out) beside plain locks.
     #[arg(long)]
     mixed: bool,
+    /// Put a past defect back, to show the simulator finds it:
+    /// heartbeats-dropped, frozen-leader, stale-hint, deadline-by-equality,
+    /// no-grace or no-deadline-check (`locksmith_core::planted`).
+    #[arg(long, value_parser = parse_defect)]
+    plant: Option<Defect>,
     /// Print the run's history.
     #[arg(long)]
     history: bool,
-    /// Seconds of real time one seed may take before it counts as failed:
+    /// Seconds of real (not simulated) time, counted as the CPU time the
+    /// process uses, one seed may take before it counts as failed:
     /// simulated time only moves when every host waits, so code that never
-    /// waits (a busy loop) stops it, and the run would never end.
+    /// waits (a busy loop) stops it, and the run would never end. CPU time,
+    /// so that a loaded machine does not fail a slow run.
     #[arg(long, default_value_t = 120)]
     real_limit: u64,
 }
@@ -69,7 +81,9 @@ fn main() -> ExitCode {
         locks: args.locks,
         duration: Duration::from_secs(args.duration),
         faults: !args.no_faults,
+        calm: args.calm,
         mixed: args.mixed,
+        plant: args.plant,
         ..Settings::default()
     };
     match (args.seed, &args.seeds) {
@@ -91,6 +105,13 @@ fn main() -> ExitCode {
     }
 }
 
+fn parse_defect(name: &str) -> Result<Defect, String> {
+    Defect::named(name).ok_or_else(|| {
+        let names: Vec<&str> = Defect::ALL.iter().map(|(_, name)| *name).collect();
+        format!("no such defect; one of {}", names.join(", "))
+    })
+}
+
 /// Stamps each line of the trace with the simulated time (seconds since
 /// the run began), so that a trace reads against the history; lines from
 /// outside the simulation (its set-up, the check) show `-`.
@@ -106,20 +127,23 @@ impl tracing_subscriber::fmt::time::FormatTime for SimulatedTime {
 }
 
 /// Ends this process as a failed run if `seed` is still running after
-/// `limit` of real time.
+/// using `limit` of CPU time: a busy loop burns it, while a run on a
+/// loaded machine only waits longer for it.
 fn watch_real_time(seed: u64, settings: &Settings, limit: Duration) {
     let replay = settings.replay_command(seed);
     std::thread::spawn(move || {
-        std::thread::sleep(limit);
+        while cpu_time() < limit {
+            std::thread::sleep(Duration::from_millis(500));
+        }
         if locksmith_sim::CHECKING.load(std::sync::atomic::Ordering::Relaxed) {
             println!(
                 "seed {seed}: VIOLATION the check of the history did not end within {limit:?} \
-                 of real time"
+                 of CPU time"
             );
         } else {
             println!(
                 "seed {seed}: VIOLATION simulated time stopped: the run did not end within \
-                 {limit:?} of real time (some task of the cluster never waits, so the clock \
+                 {limit:?} of CPU time (some task of the cluster never waits, so the clock \
                  never moves)"
             );
         }
@@ -130,6 +154,18 @@ fn watch_real_time(seed: u64, settings: &Settings, limit: Duration) {
         );
         std::process::exit(1);
     });
+}
+
+/// The CPU time this process has used.
+fn cpu_time() -> Duration {
+    let mut time = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `time` is a valid timespec to write; the clock id is a
+    // constant every Linux knows.
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut time) };
+    Duration::new(time.tv_sec as u64, time.tv_nsec as u32)
 }
 
 /// Runs `seed` here and prints how it went; the last line is the result
@@ -198,8 +234,14 @@ fn campaign(seeds: std::ops::Range<u64>, settings: &Settings, real_limit: u64) -
         if !settings.faults {
             command.arg("--no-faults");
         }
+        if settings.calm {
+            command.arg("--calm");
+        }
         if settings.mixed {
             command.arg("--mixed");
+        }
+        if let Some(defect) = settings.plant {
+            command.args(["--plant", defect.name()]);
         }
         let output = match command.output() {
             Ok(output) => output,

@@ -30,6 +30,9 @@ pub struct ClientSetup {
     pub until: Duration,
     /// Read-write locks, semaphores and leases too, not plain locks only.
     pub mixed: bool,
+    /// A calm run: the client also keeps a lock of its own all run long,
+    /// which it loses only with its session.
+    pub calm: bool,
 }
 
 /// The permits of each semaphore of the mixed workload.
@@ -63,6 +66,11 @@ fn choose(
     }
 }
 
+/// Holds taken with the session (no lease of their own) that their
+/// clients were told are lost: when, by which client, which hold. A client
+/// loses such a hold only with its session.
+pub(crate) type SessionsLost = std::rc::Rc<std::cell::RefCell<Vec<(Duration, u32, String)>>>;
+
 /// One client's thread of operations (see [`Event::thread`]).
 struct Recorder {
     client: u32,
@@ -94,6 +102,7 @@ pub(crate) async fn run_client(
     setup: ClientSetup,
     mut rng: SmallRng,
     history: History,
+    sessions_lost: SessionsLost,
 ) -> turmoil::Result {
     let options = ConnectOptions::default()
         .session_ttl(setup.session_ttl)
@@ -113,6 +122,16 @@ pub(crate) async fn run_client(
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         }
+    };
+    let kept = match setup.calm {
+        true => Some(loop {
+            let own = client.lock(format!("own/{}", setup.id));
+            match own.acquire_timeout(Duration::from_secs(5)).await {
+                Ok(guard) => break guard,
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }),
+        false => None,
     };
     while turmoil::sim_elapsed().unwrap_or_default() < setup.until {
         let lock = rng.gen_range(0..setup.locks.len());
@@ -170,6 +189,11 @@ pub(crate) async fn run_client(
                 () = tokio::time::sleep(part) => {}
             }
             if lost {
+                if lease.is_none() {
+                    let at = turmoil::sim_elapsed().unwrap_or_default();
+                    let hold = format!("its hold of {} (token {token})", setup.locks[lock]);
+                    sessions_lost.borrow_mut().push((at, setup.id, hold));
+                }
                 break;
             }
             let Some(lease) = extension else { continue };
@@ -215,6 +239,119 @@ pub(crate) async fn run_client(
             }
         }
     }
+    if let Some(kept) = kept {
+        if let Some(cause) = kept.lost_cause() {
+            let at = turmoil::sim_elapsed().unwrap_or_default();
+            let hold = format!("the lock it kept all run ({cause:?})");
+            sessions_lost.borrow_mut().push((at, setup.id, hold));
+        }
+        let _ = kept.release().await;
+    }
     let _ = client.close().await;
+    Ok(())
+}
+
+/// How long the prober waits for each lock: past the longest a client's
+/// last hold runs (a wait of 1.5 s, a hold of 1.8 s), a session whose
+/// close did not arrive (its TTL), and a new leader's grace.
+const PROBE_WAIT: Duration = Duration::from_secs(15);
+
+/// The prober: once the clients stop starting operations (`setup.until`),
+/// a fresh client takes every hot lock whole (a semaphore's every permit,
+/// a read-write lock's write side) and lets it go. Every hold the clients
+/// had ends by then, released, closed or expired, so a lock still not free
+/// after [`PROBE_WAIT`] is held by a session that never ends: each such
+/// lock is a violation in `stuck`. Its operations join the history as
+/// client 0's.
+pub(crate) async fn run_prober(
+    setup: ClientSetup,
+    history: History,
+    stuck: std::rc::Rc<std::cell::RefCell<Vec<crate::check::Violation>>>,
+) -> turmoil::Result {
+    tokio::time::sleep(setup.until).await;
+    let options = ConnectOptions::default()
+        .session_ttl(setup.session_ttl)
+        .client_name("prober")
+        .host("prober")
+        .connector(crate::cluster::connector());
+    // One client per permit: a semaphore's permits are taken side by side.
+    let mut clients = Vec::new();
+    for _ in 0..PERMITS {
+        loop {
+            match Client::connect_with(&setup.url, options.clone()).await {
+                Ok(client) => break clients.push(client),
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+    }
+    for lock in 0..setup.locks.len() {
+        let name = setup.locks[lock].as_str();
+        let wanted: Vec<(Lock, Want)> = match (setup.mixed, lock % 3) {
+            (true, 1) => vec![(clients[0].rw_lock(name).write(), Want::Exclusive)],
+            (true, 2) => clients
+                .iter()
+                .map(|client| {
+                    (
+                        client.semaphore(name, PERMITS),
+                        Want::Permit { of: PERMITS },
+                    )
+                })
+                .collect(),
+            _ => vec![(clients[0].lock(name), Want::Exclusive)],
+        };
+        let takes = wanted
+            .into_iter()
+            .enumerate()
+            .map(|(thread, (chosen, want))| {
+                let recorder = Recorder {
+                    client: 0,
+                    thread: thread as u64 + (lock as u64) * u64::from(PERMITS),
+                    history: history.clone(),
+                };
+                async move {
+                    recorder.record(lock, Kind::Invoke(Op::Acquire { want }));
+                    match chosen.acquire_timeout(PROBE_WAIT).await {
+                        Ok(guard) => {
+                            let token = guard.fencing_token();
+                            recorder.record(lock, Kind::Return(Ret::Granted { token }));
+                            Ok((guard, recorder, token))
+                        }
+                        Err(error) => {
+                            if matches!(error, Error::Timeout(_)) {
+                                recorder.record(lock, Kind::Return(Ret::TimedOut));
+                            }
+                            Err(error)
+                        }
+                    }
+                }
+            });
+        let mut taken = Vec::new();
+        for result in futures::future::join_all(takes).await {
+            match result {
+                Ok(held) => taken.push(held),
+                Err(error) => stuck.borrow_mut().push(crate::check::Violation {
+                    rule: "locks are free once the clients leave",
+                    lock,
+                    detail: format!(
+                        "{name} not granted to a fresh client within {PROBE_WAIT:?} after the \
+                         clients stopped: {error}"
+                    ),
+                }),
+            }
+        }
+        for (guard, recorder, token) in taken {
+            recorder.record(lock, Kind::Invoke(Op::Release { token }));
+            match guard.release().await {
+                Ok(()) => recorder.record(lock, Kind::Return(Ret::Released)),
+                Err(Error::NotOwner { .. } | Error::NotHeld { .. } | Error::Lost(_)) => {
+                    recorder.record(lock, Kind::Return(Ret::NotHeld))
+                }
+                Err(_) => {}
+            }
+        }
+    }
+    for client in clients {
+        let _ = client.close().await;
+    }
     Ok(())
 }

@@ -12,6 +12,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
+use locksmith_core::planted::{self, Defect};
 use tokio::time::Instant;
 
 use crate::keeper::{Kept, Loss, Term};
@@ -103,6 +104,9 @@ impl Heartbeats {
     /// on waking). Never while no heartbeat waits.
     fn suspect_at(&self) -> Option<Instant> {
         let oldest = *self.unanswered.front()?;
+        if planted::active(Defect::FrozenLeader) {
+            return None;
+        }
         Some((self.term.renewed_at() + self.ttl / 2).max(oldest + self.ttl / 6))
     }
 

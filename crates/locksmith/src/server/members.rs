@@ -27,6 +27,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
+use locksmith_core::planted::{self, Defect};
 use locksmith_proto::transport::Connector;
 use locksmith_proto::v1::locksmith_client::LocksmithClient;
 use tokio::time::Instant;
@@ -216,7 +217,7 @@ impl Members {
         };
         let mut list = self.list();
         let to = match list.iter().position(|m| m.is(&leader)) {
-            Some(to) if list[to].passed_over() => {
+            Some(to) if list[to].passed_over() && !planted::active(Defect::StaleHint) => {
                 tracing::debug!(backend = super::BACKEND, %leader, "not following the leader named: it answered nothing a moment ago");
                 return Redirect::Stale;
             }

@@ -30,6 +30,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use locksmith_core::planted::{self, Defect};
 use locksmith_core::{Command, Millis, SessionId};
 use locksmith_proto::v1 as pb;
 use tonic::Status;
@@ -492,7 +493,7 @@ impl FrontEnd {
         // Reuse the applied proposal's buffers for the next batch only if
         // nothing was gathered for it meanwhile: heartbeats are proposed as
         // they arrive, while this batch was in flight.
-        if self.proposal.is_empty() {
+        if self.proposal.is_empty() || planted::active(Defect::HeartbeatsDropped) {
             self.proposal = in_flight.proposal;
         }
         if in_flight.grace {
