@@ -29,11 +29,17 @@ Then the floors under the asyncio figures, also per pair (two awaits):
   at once (Python's own cost of an await)
 - asyncio, 2 thread wakes: two asyncio futures each resolved by another
   Python thread through `call_soon_threadsafe`
+
+With LOCKSMITH_BENCH_JSON=PATH it also writes every round's seconds per
+pair (wall and CPU) there, for `side_by_side.py`, which runs this script
+once per round with each build of the module in turn; LOCKSMITH_BENCH_FLOORS=0
+leaves the floors out.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import queue
 import statistics
@@ -190,6 +196,7 @@ def main() -> None:
         f"{PAIRS} pairs x {ROUNDS} rounds, median per pair; Python {sys.version.split()[0]}; "
         f"{os.cpu_count()} CPUs, load average {' '.join(f'{load:.1f}' for load in os.getloadavg())}"
     )
+    results: dict[str, dict[str, dict[str, list[float]]]] = {}
     for url in urls:
         runs: dict[str, list[float]] = {label: [] for label, _ in CASES}
         cpu: dict[str, list[float]] = {label: [] for label, _ in CASES}
@@ -201,6 +208,12 @@ def main() -> None:
                 runs[label].append(case(url, name) / PAIRS)
                 cpu[label].append((time.process_time() - cpu_started) / PAIRS)
         report(url, runs, BASELINE, cpu)
+        results[url] = {label: {"wall": runs[label], "cpu": cpu[label]} for label in runs}
+    if path := os.environ.get("LOCKSMITH_BENCH_JSON"):
+        with open(path, "w") as file:
+            json.dump(results, file)
+    if os.environ.get("LOCKSMITH_BENCH_FLOORS") == "0":
+        return
     # A module built before the floors' helpers existed runs only Python's.
     floors = [(label, run) for label, helper, run in FLOORS if helper is None or hasattr(_locksmith, helper)]
     runs = {label: [] for label, _ in floors}

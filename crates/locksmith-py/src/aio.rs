@@ -213,6 +213,9 @@ impl Entry {
 fn forget_abandoned(py: Python<'_>, entered: &Entered) {
     let abandoned: Vec<Entry> = {
         let mut entered = entered.lock().unwrap_or_else(|e| e.into_inner());
+        if !entered.iter().any(|entry| entry.abandoned(py)) {
+            return;
+        }
         let (abandoned, kept) = std::mem::take(&mut *entered)
             .into_iter()
             .partition(|entry| entry.abandoned(py));

@@ -4,9 +4,9 @@
 //! The task polls the future itself, on the event loop's thread and inside
 //! the runtime's context, each time it steps. A future that is ready at once
 //! (every call on `memory://`, a release, a cached answer) completes in that
-//! first step: no task spawned, no thread crossed, no asyncio future made.
-//! A future that is pending gets an asyncio future of the running loop to
-//! wait on; the Rust waker has the loop resolve it, once, through the
+//! first step: no task spawned, no thread crossed, nothing made for the
+//! loop. A future that is pending gives the task a [`Wakeup`] of the running
+//! loop to wait on; the Rust waker has the loop fire it, once, through the
 //! loop's [`LoopWaker`] (without the GIL, from whatever thread it fires on),
 //! and the task steps again and polls again. All Python code (converting
 //! the result, raising its exception) runs in the awaiting task, with its
@@ -28,9 +28,9 @@ use pyo3::exceptions::{PyBaseException, PyRuntimeError, PyStopIteration};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyTuple, PyType};
-use pyo3::{intern, IntoPyObjectExt};
+use pyo3::{ffi, IntoPyObjectExt};
 
-use crate::loop_waker::LoopWaker;
+use crate::loop_waker::{LoopWaker, Wakeup};
 use crate::runtime;
 
 /// A future whose output becomes a Python object when it is ready.
@@ -125,49 +125,38 @@ impl Awaitable {
         slf
     }
 
-    /// One step of the awaiting task: an asyncio future to wait on, `None`
-    /// to be stepped again at once, or the end with the result (see
-    /// [`returned`]).
+    /// One step of the awaiting task: a [`Wakeup`] to wait on, `None` to
+    /// be stepped again at once, or the end with the result, returned as
+    /// cheaply as Python allows: `None` by ending the iteration with no
+    /// exception set (`tp_iternext`'s own convention), any other value by
+    /// setting `StopIteration` with the value itself, which Python up to
+    /// 3.11 hands to the awaiting coroutine without making the exception.
     fn __next__(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
-        runtime::check_generation(self.generation)?;
-        // Out of its slot while polled: converting the output may run
-        // Python code, and nothing is held across that.
-        let Some(mut future) = self.state().future.take() else {
-            return Err(PyRuntimeError::new_err(
-                "cannot reuse an awaitable that was already awaited",
-            ));
-        };
-        let wake = Arc::new(PollWake::default());
-        let waker = Waker::from(wake.clone());
-        let entered = runtime::runtime().enter();
-        match future.as_mut().step(py, &mut Context::from_waker(&waker)) {
-            Poll::Ready(output) => {
-                drop(future);
-                drop(entered);
-                if let Some(waited) = self.state().waiting.take() {
-                    waited.forget();
+        match self.step(py)? {
+            Stepped::Waiting(wait_on) => Ok(Some(wait_on)),
+            Stepped::Returned(value) => {
+                if !value.is_none(py) {
+                    let argument = stop_iteration_argument(value.into_bound(py))?;
+                    // SAFETY: the GIL is held; both objects are valid, and
+                    // `PyErr_SetObject` takes its own references. Returning
+                    // NULL (`None` here) with the error set is how a
+                    // `tp_iternext` returns an exception.
+                    unsafe { ffi::PyErr_SetObject(ffi::PyExc_StopIteration, argument.as_ptr()) };
                 }
-                returned(output?.into_bound(py))
-            }
-            Poll::Pending => {
-                drop(entered);
-                let mut state = self.state();
-                state.future = Some(future);
-                let earlier = state.waiting.replace(wake.clone());
-                drop(state);
-                if let Some(earlier) = earlier {
-                    earlier.forget();
-                }
-                wake.wait_on(py).map(Some)
+                Ok(None)
             }
         }
     }
 
     /// Steps on; a value sent in is ignored (asyncio sends none). Unlike
-    /// `__next__`, a method must raise `StopIteration` to return `None`.
+    /// `__next__`, a method must raise `StopIteration` to return.
     fn send(&self, py: Python<'_>, _value: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
-        self.__next__(py)?
-            .ok_or_else(|| PyStopIteration::new_err(()))
+        match self.step(py)? {
+            Stepped::Waiting(wait_on) => Ok(wait_on),
+            Stepped::Returned(value) => Err(PyStopIteration::new_err(
+                stop_iteration_argument(value.into_bound(py))?.unbind(),
+            )),
+        }
     }
 
     /// Drops the future and raises `error` (asyncio throws `CancelledError`
@@ -196,24 +185,61 @@ impl Awaitable {
     }
 }
 
-/// How `__next__` returns `value` to the awaiting coroutine, as cheaply as
-/// Python allows: `None` by ending the iteration with no exception set, any
-/// other value in a `StopIteration` whose instance Python makes only if it
-/// must (a tuple or an exception is wrapped, as Python's own generators do,
-/// lest it be taken for the exception's arguments).
-fn returned(value: Bound<'_, PyAny>) -> PyResult<Option<Py<PyAny>>> {
-    let py = value.py();
-    if value.is_none() {
-        return Ok(None);
+/// What one step of the awaiting task ends with.
+enum Stepped {
+    /// The task waits on this (a [`Wakeup`], or `None` to step again at once).
+    Waiting(Py<PyAny>),
+    /// The future completed with this value.
+    Returned(Py<PyAny>),
+}
+
+impl Awaitable {
+    /// Polls the future once, inside the runtime's context.
+    fn step(&self, py: Python<'_>) -> PyResult<Stepped> {
+        runtime::check_generation(self.generation)?;
+        // Out of its slot while polled: converting the output may run
+        // Python code, and nothing is held across that.
+        let Some(mut future) = self.state().future.take() else {
+            return Err(PyRuntimeError::new_err(
+                "cannot reuse an awaitable that was already awaited",
+            ));
+        };
+        let wake = Arc::new(PollWake::default());
+        let waker = Waker::from(wake.clone());
+        let entered = runtime::runtime().enter();
+        match future.as_mut().step(py, &mut Context::from_waker(&waker)) {
+            Poll::Ready(output) => {
+                drop(future);
+                drop(entered);
+                if let Some(waited) = self.state().waiting.take() {
+                    waited.forget();
+                }
+                output.map(Stepped::Returned)
+            }
+            Poll::Pending => {
+                drop(entered);
+                let mut state = self.state();
+                state.future = Some(future);
+                let earlier = state.waiting.replace(wake.clone());
+                drop(state);
+                if let Some(earlier) = earlier {
+                    earlier.forget();
+                }
+                wake.wait_on(py).map(Stepped::Waiting)
+            }
+        }
     }
-    let stop = py.get_type::<PyStopIteration>();
-    Err(
-        if value.is_instance_of::<PyTuple>() || value.is_instance_of::<PyBaseException>() {
-            PyErr::from_type(stop, (value.unbind(),))
-        } else {
-            PyErr::from_type(stop, value.unbind())
-        },
-    )
+}
+
+/// What `StopIteration` carries to return `value`: the value itself, or a
+/// tuple or an exception wrapped in a tuple (as Python's own generators do),
+/// lest it be taken for the exception's arguments or the exception.
+fn stop_iteration_argument(value: Bound<'_, PyAny>) -> PyResult<Bound<'_, PyAny>> {
+    if value.is_instance_of::<PyTuple>() || value.is_instance_of::<PyBaseException>() {
+        PyTuple::new(value.py(), [value]).map(Bound::into_any)
+    } else {
+        Ok(value)
+    }
 }
 
 impl Drop for Awaitable {
@@ -230,10 +256,10 @@ enum Target {
     Polling,
     /// Woken before the poll returned: step again at once.
     Woken,
-    /// The asyncio future the task waits on, and its loop's waker.
+    /// The wakeup the task waits on, and its loop's waker.
     Waiting {
         waker: Arc<LoopWaker>,
-        future: Py<PyAny>,
+        wakeup: Py<Wakeup>,
     },
     /// Woken, or the awaitable finished: nothing more to do.
     Done,
@@ -250,18 +276,15 @@ impl PollWake {
         self.target.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// After a pending poll: the asyncio future for the task to wait on
-    /// (as `await` yields it), or `None` if already woken (a bare yield: the
-    /// task steps again at once).
+    /// After a pending poll: the wakeup for the task to wait on (as
+    /// `await` yields an asyncio future), or `None` if already woken (a bare
+    /// yield: the task steps again at once).
     fn wait_on(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         static GET_RUNNING_LOOP: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
         let get_running_loop = GET_RUNNING_LOOP.import(py, "asyncio", "get_running_loop")?;
         let event_loop = get_running_loop.call0()?;
         let waker = LoopWaker::of(&event_loop)?;
-        let future = event_loop.call_method0(intern!(py, "create_future"))?;
-        // What `asyncio.Future.__await__` sets before yielding itself: the
-        // task then waits for it.
-        future.setattr(intern!(py, "_asyncio_future_blocking"), true)?;
+        let wakeup = Py::new(py, Wakeup::new(event_loop.unbind()))?;
         let mut target = self.target();
         if matches!(*target, Target::Woken) {
             *target = Target::Done;
@@ -269,12 +292,12 @@ impl PollWake {
         }
         *target = Target::Waiting {
             waker,
-            future: future.clone().unbind(),
+            wakeup: wakeup.clone_ref(py),
         };
-        Ok(future.unbind())
+        Ok(wakeup.into_any())
     }
 
-    /// Forgets the asyncio future: the awaitable has finished.
+    /// Forgets the wakeup: the awaitable has finished.
     fn forget(&self) {
         let finished = std::mem::replace(&mut *self.target(), Target::Done);
         drop(finished);
@@ -290,9 +313,9 @@ impl Wake for PollWake {
         let mut target = self.target();
         match std::mem::replace(&mut *target, Target::Done) {
             Target::Polling | Target::Woken => *target = Target::Woken,
-            Target::Waiting { waker, future } => {
+            Target::Waiting { waker, wakeup } => {
                 drop(target);
-                waker.resolve_soon(future);
+                waker.wake_soon(wakeup);
             }
             Target::Done => {}
         }
