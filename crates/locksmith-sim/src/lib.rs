@@ -246,17 +246,11 @@ fn simulate(seed: u64, settings: &Settings) -> Report {
         };
         sim.host(member_host(id), move || cluster::run_member(setup.clone()));
     }
-    // Calm runs' clients name the members by address, as the cluster does
-    // not (it names them by host), so that each member is known to them
-    // under two names, as behind a proxy or a load balancer's names.
     let url = format!(
         "locksmith://{}",
         cluster
             .iter()
-            .map(|(id, addr)| match settings.calm {
-                true => format!("{}:{PORT}", sim.lookup(member_host(*id))),
-                false => addr.clone(),
-            })
+            .map(|(_, addr)| addr.as_str())
             .collect::<Vec<_>>()
             .join(",")
     );
