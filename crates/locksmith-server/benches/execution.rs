@@ -1,10 +1,12 @@
-//! Where the server's core runs, side by side in one run: on threads of its
-//! own (`Execution::Threads`, the default: the core and the Raft log's
-//! writer each on an OS thread) against tasks of the server's runtime
-//! (`Execution::Tasks`, which the simulator needs).
+//! Where the server's core runs, side by side in one run: as a task of the
+//! server's runtime with the Raft log's writer on a thread
+//! (`Execution::Runtime`, the default), on threads of its own
+//! (`Execution::Threads`: the core and the writer each on an OS thread), and
+//! everything as tasks (`Execution::Tasks`, which the simulator needs; its
+//! `fdatasync`s block a runtime worker).
 //!
-//! Two groups of one in this process, each on a tokio runtime of its own
-//! (2 workers, named `srv-threads` and `srv-tasks`), with their Raft logs on
+//! Three groups of one in this process, each on a tokio runtime of its own
+//! (2 workers, named `srv-runtime`, `srv-threads` and `srv-tasks`), with their Raft logs on
 //! `/dev/shm` (no disk: only software is measured); clients on a third
 //! runtime take and release locks of their own through the client library.
 //! For each side and each client count it reports pairs per second, the
@@ -32,7 +34,7 @@ mod common;
 use common::{load_average, BoxError};
 
 /// The client counts measured.
-const CLIENTS: [usize; 2] = [1, 16];
+const CLIENTS: [usize; 3] = [1, 16, 64];
 
 /// What one side's server threads did, summed over its threads.
 #[derive(Clone, Copy, Default)]
@@ -42,7 +44,7 @@ struct Spent {
 }
 
 /// Sums CPU time and context switches over the threads of this process
-/// whose name `side` claims.
+/// that `side` owns.
 fn spent(side: &Side) -> Spent {
     let mut total = Spent::default();
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
@@ -51,7 +53,8 @@ fn spent(side: &Side) -> Spent {
     for task in tasks.flatten() {
         let path = task.path();
         let read = |file: &str| std::fs::read_to_string(path.join(file)).unwrap_or_default();
-        if !side.owns(read("comm").trim()) {
+        let tid = task.file_name().to_string_lossy().into_owned();
+        if !side.owns(read("comm").trim(), &tid) {
             continue;
         }
         let nanos = read("schedstat")
@@ -69,11 +72,26 @@ fn spent(side: &Side) -> Spent {
     total
 }
 
+/// The ids of this process's threads now.
+fn thread_ids() -> std::collections::HashSet<String> {
+    std::fs::read_dir("/proc/self/task")
+        .map(|tasks| {
+            tasks
+                .flatten()
+                .map(|task| task.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// One way of running the core, and the server started that way.
 struct Side {
     label: &'static str,
-    /// The names (as `comm` shows them, at most 15 bytes) of its threads.
-    threads: &'static [&'static str],
+    /// Its runtime's name, which its workers and blocking threads carry.
+    runtime_name: &'static str,
+    /// The threads its server started of its own (the core's, the log's
+    /// writer), by id: the writer's name is the same on every side.
+    own_threads: std::collections::HashSet<String>,
     url: String,
     _runtime: tokio::runtime::Runtime,
     _server: Server,
@@ -84,7 +102,6 @@ impl Side {
         label: &'static str,
         execution: Execution,
         runtime_name: &'static str,
-        threads: &'static [&'static str],
         disk: Option<&std::path::Path>,
     ) -> Result<Side, BoxError> {
         let runtime = common::runtime(runtime_name)?;
@@ -94,18 +111,24 @@ impl Side {
         }
         .listen("127.0.0.1:0".parse()?);
         config.execution = execution;
+        let before = thread_ids();
         let server = runtime.block_on(Server::start(config))?;
+        let own_threads = thread_ids()
+            .into_iter()
+            .filter(|tid| !before.contains(tid))
+            .collect();
         Ok(Side {
             label,
-            threads,
+            runtime_name,
+            own_threads,
             url: server.url(),
             _runtime: runtime,
             _server: server,
         })
     }
 
-    fn owns(&self, thread: &str) -> bool {
-        self.threads.contains(&thread)
+    fn owns(&self, name: &str, tid: &str) -> bool {
+        name == self.runtime_name || self.own_threads.contains(tid)
     }
 }
 
@@ -191,17 +214,16 @@ fn main() -> Result<(), BoxError> {
     let disk_path = disk.as_ref().map(|dir| dir.path());
     let sides = [
         Side::start(
-            "threads (default)",
-            Execution::Threads,
-            "srv-threads",
-            &["srv-threads", "locksmith-engin", "raft-log"],
+            "a task, writer thread (default)",
+            Execution::Runtime,
+            "srv-runtime",
             disk_path,
         )?,
+        Side::start("threads", Execution::Threads, "srv-threads", disk_path)?,
         Side::start(
-            "tasks",
+            "tasks, writer too",
             Execution::Tasks,
             "srv-tasks",
-            &["srv-tasks"],
             disk_path,
         )?,
     ];

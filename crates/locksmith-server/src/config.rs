@@ -56,7 +56,7 @@ pub struct ServerConfig {
     /// `RESOURCE_EXHAUSTED` (the session lives on and may resume).
     pub max_stream_backlog_bytes: usize,
     /// Most locks in one page of a listing (`List`): a page is built on the
-    /// core thread, so this bounds how long one listing call can hold it up.
+    /// core, so this bounds how long one listing call can hold it up.
     pub max_list_page: usize,
     /// How long a new stream may take to send its `open`/`resume`.
     pub open_timeout: Duration,
@@ -127,8 +127,7 @@ pub struct ServerConfig {
     /// election: openraft's leader lease (twice this, the longest election
     /// timeout) plus a timeout between this and twice this, at random.
     pub election_timeout: Duration,
-    /// Where the core and the Raft log's writer run: on threads of their
-    /// own (the default), or as tasks of the runtime the server starts on.
+    /// Where the core and the Raft log's writer run (see [`Execution`]).
     pub execution: Execution,
     /// The newest log record version this member reads and announces
     /// (module `core::replicated::versions`): this build's by default. A
@@ -142,17 +141,39 @@ pub struct ServerConfig {
 /// core (the one owner of the lock state) and the Raft log's writer.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Execution {
-    /// Each on an OS thread of its own: a long engine step or an
-    /// `fdatasync` never holds up openraft's tasks or the gRPC service
-    /// (docs/BENCHMARKS.md, "the core and openraft on one thread").
+    /// The core as a task of the runtime the server starts on, beside
+    /// openraft's tasks and the gRPC service, so that a request crosses no
+    /// thread between them; the Raft log's writer on a thread of its own,
+    /// so that no runtime worker blocks in a write or an `fdatasync`. A
+    /// step of the core is bounded (a batch's work budget, a big session's
+    /// end in steps), and the one long step, installing a leader's
+    /// snapshot, hands the worker's other tasks to another thread first
+    /// (docs/BENCHMARKS.md, "The core on threads or as tasks").
     #[default]
+    Runtime,
+    /// The core on an OS thread of its own as well, apart from every task:
+    /// the layout before [`Execution::Runtime`], kept to compare the two
+    /// (`cargo bench -p locksmith-server --bench execution`).
     Threads,
-    /// Each as a task of the tokio runtime the server starts on, and the
-    /// storage opened on that task too: everything the server does then
-    /// runs where that runtime runs it. A deterministic simulation needs
-    /// this (crate `locksmith-sim`: a whole cluster on one thread, in
-    /// simulated time); a server serving clients wants [`Execution::Threads`].
+    /// The core and the log's writer both as tasks of the runtime, and the
+    /// storage opened on it too: everything the server does then runs where
+    /// that runtime runs it, blocking calls included. A deterministic
+    /// simulation needs this (crate `locksmith-sim`: a whole cluster on one
+    /// thread, in simulated time); a server serving clients does not.
     Tasks,
+}
+
+impl Execution {
+    /// Whether the core runs on a thread of its own.
+    pub(crate) fn core_on_thread(self) -> bool {
+        self == Execution::Threads
+    }
+
+    /// Whether the Raft log's writes and syncs run on a thread of their own
+    /// (and the storage opens on the runtime's blocking pool).
+    pub(crate) fn disk_on_thread(self) -> bool {
+        self != Execution::Tasks
+    }
 }
 
 impl ServerConfig {
@@ -201,7 +222,7 @@ impl ServerConfig {
             tls: None,
             auth_file: None,
             election_timeout: Duration::from_millis(200),
-            execution: Execution::Threads,
+            execution: Execution::Runtime,
             record_version: crate::core::RECORD_VERSION,
         }
     }

@@ -133,7 +133,7 @@ impl openraft::RaftTypeConfig for TypeConfig {
 }
 
 /// A batch's [`Responder`]: a callback openraft calls once the batch is
-/// applied (on the core thread, right after it applied it) or refused
+/// applied (in the core, right after it applied it) or refused
 /// (wherever openraft refuses it). A callback rather than a channel: nothing
 /// has to wait on one per batch. (openraft's own responders are channels.)
 pub(crate) struct Outcome<T> {

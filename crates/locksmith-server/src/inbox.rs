@@ -1,4 +1,4 @@
-//! What the core thread receives: client ops ([`Op`], from the gRPC service
+//! What the core receives: client ops ([`Op`], from the gRPC service
 //! and the HTTP listener) and Raft's events ([`RaftEvent`], from openraft's
 //! state machine, the proposer and the role watch), in one channel, so that
 //! the order each sender sends in holds (a snapshot request queues behind the
@@ -16,7 +16,7 @@ use crate::entry::TypeConfig;
 use crate::op::Op;
 use crate::storage::{ServerSnapshot, SessionRecord};
 
-/// A message to the core thread.
+/// A message to the core.
 pub(crate) enum Input {
     /// What a client asks.
     Client(Op),
@@ -40,7 +40,7 @@ impl From<RaftEvent> for Input {
     }
 }
 
-/// The core thread stopped: nothing sent to it is handled any more.
+/// The core stopped: nothing sent to it is handled any more.
 #[derive(Debug)]
 pub(crate) struct Stopped;
 
@@ -48,8 +48,8 @@ pub(crate) struct Stopped;
 #[derive(Clone)]
 pub(crate) struct CoreSender(Sender);
 
-/// A core on its own thread blocks on a std channel; a core run as a task
-/// ([`crate::Execution::Tasks`]) awaits a tokio one.
+/// A core on its own thread ([`crate::Execution::Threads`]) blocks on a std
+/// channel; a core run as a task awaits a tokio one.
 #[derive(Clone)]
 enum Sender {
     Thread(mpsc::Sender<Input>),
@@ -141,7 +141,7 @@ pub(crate) enum Role {
     Follower { leader: Option<String> },
 }
 
-/// The applied state as of one log entry, frozen on the core thread (the
+/// The applied state as of one log entry, frozen in the core (the
 /// engine's locks shared copy-on-write, the server's session table copied) so
 /// that copying, encoding and writing it, the slow part with a big table,
 /// happen elsewhere while the core goes on.

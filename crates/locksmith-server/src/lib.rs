@@ -21,16 +21,17 @@
 //! ## How a request flows
 //!
 //! ```text
-//! client ──ClientBatch──▶ service (a task per stream) ──Op──▶ core thread
+//! client ──ClientBatch──▶ service (a task per stream) ──Op──▶ core (a task)
 //!                                                      │ records, one log entry per batch
 //!                                                      ▼
-//!                                    openraft: append + fdatasync (group commit),
-//!                                    replicate, commit on a quorum
+//!                                    openraft: append + fdatasync (group commit,
+//!                                    the log's writer thread), replicate, commit
+//!                                    on a quorum
 //!                                                      │
 //!                          the state machine hands committed entries over
 //!                          (RaftEvent::Apply, every member alike)
 //!                                                      ▼
-//!                                             core thread: engine.apply
+//!                                                  core: engine.apply
 //! client ◀──ServerBatch── stream / unary reply ◀───────┘ replies and pushes,
 //!                                                        one batch per stream
 //! ```
@@ -44,7 +45,7 @@
 //!   an `fdatasync` flushes data only, not the file's new size (module
 //!   `storage`), and a batch that makes nothing visible waits for the next
 //!   commit instead of paying one of its own.
-//! - **One owner of the engine**: the core thread (module `core`) is the only
+//! - **One owner of the engine**: the core (module `core`) is the only
 //!   code that touches the lock table. The server never decides lock semantics:
 //!   every decision is an engine command, including time-driven ones (expiry,
 //!   timeouts), which the core asks the engine for ([`locksmith_core::Engine::due`])
@@ -241,15 +242,12 @@ impl Server {
                 (Listening::Tcp(listener), addr)
             }
         };
-        let (ops, receiver) = match config.execution {
-            Execution::Threads => {
-                let (ops, receiver) = CoreSender::channel();
-                (ops, CoreInbox::Thread(receiver))
-            }
-            Execution::Tasks => {
-                let (ops, receiver) = CoreSender::task_channel();
-                (ops, CoreInbox::Task(receiver))
-            }
+        let (ops, receiver) = if config.execution.core_on_thread() {
+            let (ops, receiver) = CoreSender::channel();
+            (ops, CoreInbox::Thread(receiver))
+        } else {
+            let (ops, receiver) = CoreSender::task_channel();
+            (ops, CoreInbox::Task(receiver))
         };
         let stop = CancellationToken::new();
         // Health and metrics answer while the log replays; the listener
@@ -273,16 +271,15 @@ impl Server {
             ),
             None => None,
         };
-        let storage = match config.execution {
-            Execution::Threads => {
-                let storage_config = config.clone();
-                tokio::task::spawn_blocking(move || Storage::open(&storage_config))
-                    .await
-                    .map_err(|e| {
-                        ServerError::EngineStopped(format!("opening the log panicked: {e}"))
-                    })??
-            }
-            Execution::Tasks => Storage::open(&config)?,
+        let storage = if config.execution.disk_on_thread() {
+            let storage_config = config.clone();
+            tokio::task::spawn_blocking(move || Storage::open(&storage_config))
+                .await
+                .map_err(|e| {
+                    ServerError::EngineStopped(format!("opening the log panicked: {e}"))
+                })??
+        } else {
+            Storage::open(&config)?
         };
         let Storage {
             log,
@@ -324,10 +321,10 @@ impl Server {
         core.connect_raft(raft.clone(), ops.clone());
         let (exit_tx, exit_rx) = oneshot::channel();
         let serving = readiness.clone();
-        // The core has a thread of its own, apart from openraft's tasks: one
-        // long engine step (a session of many holds ending) must not
-        // hold up Raft's heartbeats, or the leader loses its leadership
-        // (docs/BENCHMARKS.md, "the core and openraft on one thread").
+        // The core runs as a task beside openraft's (or on a thread of its
+        // own, `Execution::Threads`). Either way no step of it may hold up
+        // Raft's heartbeats for long, or the leader loses its leadership:
+        // see `Execution::Runtime`.
         match receiver {
             CoreInbox::Thread(receiver) => {
                 std::thread::Builder::new()

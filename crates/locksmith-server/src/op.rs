@@ -1,4 +1,4 @@
-//! The vocabulary between the gRPC service and the core thread: what a client
+//! The vocabulary between the gRPC service and the core: what a client
 //! asks for, validated and turned into plain values, and where the answers go.
 //!
 //! The service builds these; the core (module `core`) consumes them; the
@@ -119,7 +119,7 @@ pub(crate) struct NewStream {
 }
 
 /// What a client asks of the core (through the gRPC service or the HTTP
-/// listener): a message to the core thread, beside Raft's events
+/// listener): a message to the core, beside Raft's events
 /// ([`crate::inbox::RaftEvent`]).
 pub(crate) enum Op {
     /// A new stream opens a session.

@@ -1,4 +1,4 @@
-//! The one owner of the lock state on a member: a thread fed by a channel,
+//! The one owner of the lock state on a member: a loop fed by a channel,
 //! with group commit, holding two parts that meet in one narrow place.
 //!
 //! - [`Replicated`] (module `replicated`): the replicated state machine.
@@ -14,7 +14,7 @@
 //!
 //! # The loop
 //!
-//! The core thread sleeps until an [`Input`] arrives or the next deadline
+//! The core sleeps until an [`Input`] arrives or the next deadline
 //! passes (the engine's, [`locksmith_core::Engine::next_deadline`], or a
 //! session's check on the leader). Then:
 //!
@@ -64,9 +64,13 @@
 //! decided from and is void if a renew moved it). While a batch commits, new
 //! requests queue in the backlog and form the next one.
 //!
-//! The core has a thread of its own, apart from openraft's tasks, so that a
-//! long engine step (a session of many holds ending) never holds up Raft's
-//! heartbeats.
+//! The core runs as a task beside openraft's ([`crate::Execution`]), so
+//! that a request crosses no thread between them. No step of it may hold
+//! up Raft's heartbeats for long: a batch has a work budget, a big
+//! session's end goes in steps, and the steps that cannot be bounded
+//! (installing a leader's snapshot, applying a long run of entries at
+//! once) run through [`long_step`], which first hands the worker's other
+//! tasks to another thread.
 //!
 //! # Sessions and their secrets
 //!
@@ -148,6 +152,28 @@ pub(crate) struct Core {
     versions: Option<Arc<Versions>>,
 }
 
+/// More entries than this handed over at once (a member catching up, or
+/// replaying its log after a restart) are applied as a [`long_step`]: a
+/// leader's pipeline hands over a few at a time
+/// (`ServerConfig::max_batches_in_flight`), each bounded by the batch's work
+/// budget.
+const LONG_APPLY_ENTRIES: usize = 64;
+
+/// Runs `step`, which may take long, without holding up the other tasks of
+/// the runtime worker it runs on (openraft's heartbeats among them): on a
+/// multi-thread runtime they move to another thread first
+/// (`block_in_place`); on the core's own thread or a current-thread runtime
+/// (a simulation, where nothing else could run meanwhile anyway) it runs in
+/// place.
+fn long_step<T>(step: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) if runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(step)
+        }
+        _ => step(),
+    }
+}
+
 impl Core {
     /// A core with an empty state (install the member's snapshot next, if it
     /// has one; openraft then hands it the committed entries after it).
@@ -223,7 +249,7 @@ impl Core {
     }
 
     /// Runs the loop until shutdown or until every sender is gone, on the
-    /// calling thread (the core's own).
+    /// calling thread (the core's own, [`crate::Execution::Threads`]).
     pub(crate) fn run(mut self, ops: Receiver<Input>) -> Result<(), String> {
         let mut batch = Vec::new();
         loop {
@@ -253,8 +279,9 @@ impl Core {
     }
 
     /// The same loop as [`Core::run`], as a task of the runtime it is
-    /// spawned on ([`crate::Execution::Tasks`]): it waits on the runtime's
-    /// clock and yields after every step.
+    /// spawned on (the default, [`crate::Execution::Runtime`], and
+    /// [`crate::Execution::Tasks`]): it waits on the runtime's clock and
+    /// yields after every step.
     ///
     /// Cancel safety: dropped, the core stops where it is, as if its
     /// process died: its streams and waiting callers see their channels
@@ -344,7 +371,11 @@ impl Core {
                 entries,
                 responders,
             } => {
-                self.apply_entries(entries);
+                if entries.len() > LONG_APPLY_ENTRIES {
+                    long_step(|| self.apply_entries(entries));
+                } else {
+                    self.apply_entries(entries);
+                }
                 self.finish_apply()?;
                 for responder in responders {
                     responder.send(());
@@ -354,7 +385,7 @@ impl Core {
                 let _ = reply.send(self.freeze());
             }
             RaftEvent::Install { meta, data, done } => {
-                let _ = done.send(self.install_snapshot(meta, data));
+                let _ = done.send(long_step(|| self.install_snapshot(meta, data)));
             }
             RaftEvent::Role(role) => self.front.change_role(&self.state, role),
             RaftEvent::Refused {

@@ -22,7 +22,7 @@
 //! large log replays. The API asks the core with the same ops as the gRPC
 //! inspection calls (`List`, `ListSessions`, `History`), at most
 //! [`MAX_INSPECTIONS`] at a time, so a page left open anywhere never competes
-//! with lock traffic for more than that; nothing here runs on the core thread
+//! with lock traffic for more than that; nothing here runs in the core
 //! or makes it wait.
 //!
 //! Readiness is one flag today (the core runs and takes requests). A

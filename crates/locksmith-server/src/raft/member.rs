@@ -6,7 +6,7 @@
 //! machine) runs on its own thread and is fed through the op channel; this
 //! module wires openraft to it in both directions:
 //!
-//! - **proposals**: the core thread hands each batch to openraft itself
+//! - **proposals**: the core hands each batch to openraft itself
 //!   (module `propose`); a task sends a new leader's first batch again
 //!   while its lease is not confirmed yet (right after an election);
 //! - **applies**: openraft's state machine ([`CoreMachine`]) passes committed

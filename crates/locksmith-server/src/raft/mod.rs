@@ -5,7 +5,7 @@
 //! leaf module `entry`; this module holds the rest of what openraft is
 //! generic over, and the member's wiring:
 //!
-//! - `propose`: how the core thread hands its batches to openraft, and
+//! - `propose`: how the core hands its batches to openraft, and
 //!   hears when they are committed;
 //! - `state_machine`: how openraft hands committed entries back to the core;
 //! - `member`: starting the member (log, openraft, role watch);

@@ -1,6 +1,6 @@
 //! How the core's batches reach openraft.
 //!
-//! The core thread hands each batch straight to openraft's queue
+//! The core hands each batch straight to openraft's queue
 //! ([`Proposer::propose`]): no task sits between them, so a request pays no
 //! wake-up on its way to the log. It does not wait for the batch to commit
 //! (the core bounds how many are in flight): the batch comes back through
@@ -94,7 +94,7 @@ impl Proposer {
     }
 
     /// Hands `batch` to openraft; `first`: the first batch of a leadership
-    /// stint. Called on the core thread: it blocks only while openraft's
+    /// stint. Called by the core: it blocks only while openraft's
     /// queue is full (65 536 messages), which holds the core back instead of
     /// queueing without bound.
     pub(crate) fn propose(&mut self, batch: Batch, first: bool) {
@@ -118,7 +118,7 @@ impl Proposer {
             },
         );
         // Ready at the first poll unless openraft's queue is full; openraft's
-        // core empties it without ever waiting for the core thread.
+        // core empties it without ever waiting for the core.
         let written = futures::executor::block_on(raft.client_write_ff(batch, Some(outcome)));
         if let Err(fatal) = written {
             refuse(core, origin, seq, fatal.to_string());

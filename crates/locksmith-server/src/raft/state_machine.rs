@@ -1,6 +1,6 @@
-//! openraft's handle on the replicated state machine, which lives on the
-//! core thread (module `core::replicated`): openraft hands committed
-//! entries to [`CoreMachine`], which passes them on to the core thread
+//! openraft's handle on the replicated state machine, which lives in the
+//! core (module `core::replicated`): openraft hands committed
+//! entries to [`CoreMachine`], which passes them on to the core
 //! ([`RaftEvent::Apply`]) in order, so that every member, the leader
 //! included, applies the same entries in the same order to the same state,
 //! in one place (the leader's front end also answers its own batches'
@@ -9,7 +9,7 @@
 //! the core later (a snapshot, an installed snapshot) queues behind them.
 //!
 //! A snapshot is the replicated state (`ServerSnapshot`: the engine, the
-//! session table, the counters), frozen by the core thread and postcard-encoded on a
+//! session table, the counters), frozen by the core and postcard-encoded on a
 //! blocking thread, with openraft's metadata (last applied log id and
 //! membership) beside it.
 //!

@@ -395,16 +395,17 @@ impl ReadLog {
         }
         disk.enter_segment(next)
             .map_err(|e| io_error("cannot write", dir, e))?;
-        let wake = match execution {
-            Execution::Threads => Wake::Thread(Condvar::new()),
-            Execution::Tasks => Wake::Task(tokio::sync::Notify::new()),
+        let wake = if execution.disk_on_thread() {
+            Wake::Thread(Condvar::new())
+        } else {
+            Wake::Task(tokio::sync::Notify::new())
         };
         let queue = Arc::new(Queue {
             state: Mutex::new(Pending::default()),
             wake,
         });
-        let writer = match execution {
-            Execution::Threads => Some(
+        let writer = if execution.disk_on_thread() {
+            Some(
                 std::thread::Builder::new()
                     .name("raft-log".into())
                     .spawn({
@@ -412,12 +413,11 @@ impl ReadLog {
                         move || queue.write_until_closed(disk)
                     })
                     .map_err(|e| io_error("cannot start the writer of", dir, e))?,
-            ),
-            Execution::Tasks => {
-                // Ends by itself once the last handle closes the queue.
-                tokio::spawn(queue.clone().write_until_closed_as_task(disk));
-                None
-            }
+            )
+        } else {
+            // Ends by itself once the last handle closes the queue.
+            tokio::spawn(queue.clone().write_until_closed_as_task(disk));
+            None
         };
         Ok(RaftLog {
             shared: Arc::new(Shared {
