@@ -1,19 +1,18 @@
-//! Where the server's core runs, side by side in one run: as a task of the
-//! server's runtime with the Raft log's writer on a thread
-//! (`Execution::Runtime`, the default), on threads of its own
-//! (`Execution::Threads`: the core and the writer each on an OS thread), and
-//! everything as tasks (`Execution::Tasks`, which the simulator needs; its
-//! `fdatasync`s block a runtime worker).
+//! Where the server's core and its Raft log's writer run, side by side in
+//! one run: as tasks of the server's runtime (`Execution::Tasks`, the
+//! default, their blocking calls through `block_in_place`) against threads
+//! of their own (`Execution::Threads`, the layout before).
 //!
-//! Three groups of one in this process, each on a tokio runtime of its own
-//! (2 workers, named `srv-runtime`, `srv-threads` and `srv-tasks`), with their Raft logs on
+//! Two groups of one in this process, each on a tokio runtime of its own
+//! (2 workers, named `srv-tasks` and `srv-threads`), with their Raft logs on
 //! `/dev/shm` (no disk: only software is measured); clients on a third
 //! runtime take and release locks of their own through the client library.
 //! For each side and each client count it reports pairs per second, the
 //! pair's p50, and what the **server's** threads spent per pair: CPU time
 //! (`/proc/self/task/*/schedstat`) and context switches (voluntary and not,
-//! `/proc/self/task/*/status`), counted per thread by its name, so the
-//! clients' own work is left out. Context switches count the wake-ups the
+//! `/proc/self/task/*/status`), counted per thread (its runtime's by name,
+//! the threads its server started by id), so the clients' own work is left
+//! out. Context switches count the wake-ups the
 //! issue of a request costs, and depend little on the machine's load.
 //!
 //! `cargo bench -p locksmith-server --bench execution`;
@@ -213,19 +212,8 @@ fn main() -> Result<(), BoxError> {
     };
     let disk_path = disk.as_ref().map(|dir| dir.path());
     let sides = [
-        Side::start(
-            "a task, writer thread (default)",
-            Execution::Runtime,
-            "srv-runtime",
-            disk_path,
-        )?,
+        Side::start("tasks (default)", Execution::Tasks, "srv-tasks", disk_path)?,
         Side::start("threads", Execution::Threads, "srv-threads", disk_path)?,
-        Side::start(
-            "tasks, writer too",
-            Execution::Tasks,
-            "srv-tasks",
-            disk_path,
-        )?,
     ];
     let clients = common::runtime("clients")?;
     eprintln!(

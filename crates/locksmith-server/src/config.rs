@@ -141,39 +141,27 @@ pub struct ServerConfig {
 /// core (the one owner of the lock state) and the Raft log's writer.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Execution {
-    /// The core as a task of the runtime the server starts on, beside
-    /// openraft's tasks and the gRPC service, so that a request crosses no
-    /// thread between them; the Raft log's writer on a thread of its own,
-    /// so that no runtime worker blocks in a write or an `fdatasync`. A
-    /// step of the core is bounded (a batch's work budget, a big session's
-    /// end in steps), and the one long step, installing a leader's
-    /// snapshot, hands the worker's other tasks to another thread first
-    /// (docs/BENCHMARKS.md, "The core on threads or as tasks").
+    /// Both as tasks of the runtime the server starts on, beside openraft's
+    /// tasks and the gRPC service, so that a request crosses no thread on
+    /// its way through the server. What blocks or may take long (the log's
+    /// writes and `fdatasync`s, opening the storage, installing a leader's
+    /// snapshot, applying a long run of entries) goes through
+    /// `tokio::task::block_in_place` on a multi-thread runtime: the
+    /// worker's other tasks, openraft's heartbeats among them, move to
+    /// another thread first, and the blocking task goes on with no wake-up
+    /// on its own path. Every other step of the core is bounded (a batch's
+    /// work budget, a big session's end in steps). On a current-thread
+    /// runtime everything runs in place: what a deterministic simulation
+    /// needs (crate `locksmith-sim`: a whole cluster on one thread, in
+    /// simulated time). docs/BENCHMARKS.md, "The core on threads or as
+    /// tasks", measures it.
     #[default]
-    Runtime,
-    /// The core on an OS thread of its own as well, apart from every task:
-    /// the layout before [`Execution::Runtime`], kept to compare the two
-    /// (`cargo bench -p locksmith-server --bench execution`).
-    Threads,
-    /// The core and the log's writer both as tasks of the runtime, and the
-    /// storage opened on it too: everything the server does then runs where
-    /// that runtime runs it, blocking calls included. A deterministic
-    /// simulation needs this (crate `locksmith-sim`: a whole cluster on one
-    /// thread, in simulated time); a server serving clients does not.
     Tasks,
-}
-
-impl Execution {
-    /// Whether the core runs on a thread of its own.
-    pub(crate) fn core_on_thread(self) -> bool {
-        self == Execution::Threads
-    }
-
-    /// Whether the Raft log's writes and syncs run on a thread of their own
-    /// (and the storage opens on the runtime's blocking pool).
-    pub(crate) fn disk_on_thread(self) -> bool {
-        self != Execution::Tasks
-    }
+    /// Each on an OS thread of its own, apart from every task: the layout
+    /// before, kept to compare (`cargo bench -p locksmith-server --bench
+    /// execution`). Every request then crosses to the core's thread, to the
+    /// writer's and back, a wake-up each.
+    Threads,
 }
 
 impl ServerConfig {
@@ -222,7 +210,7 @@ impl ServerConfig {
             tls: None,
             auth_file: None,
             election_timeout: Duration::from_millis(200),
-            execution: Execution::Runtime,
+            execution: Execution::Tasks,
             record_version: crate::core::RECORD_VERSION,
         }
     }

@@ -99,6 +99,8 @@ fn install(data: &[u8]) {
 pub fn open_data_dir(data_dir: &Path, recover: bool) -> Result<(), ServerError> {
     let mut config = ServerConfig::durable(data_dir);
     config.recover_damaged_data = recover;
+    // Outside any runtime: the log's writer on a thread of its own.
+    config.execution = crate::config::Execution::Threads;
     MemberDir::open(data_dir, &config).map(drop)
 }
 

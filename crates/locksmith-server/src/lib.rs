@@ -25,7 +25,7 @@
 //!                                                      │ records, one log entry per batch
 //!                                                      ▼
 //!                                    openraft: append + fdatasync (group commit,
-//!                                    the log's writer thread), replicate, commit
+//!                                    the log's writer task), replicate, commit
 //!                                    on a quorum
 //!                                                      │
 //!                          the state machine hands committed entries over
@@ -90,6 +90,7 @@
 
 mod accept;
 mod auth;
+mod blocking;
 mod clock;
 mod config;
 mod convert;
@@ -242,7 +243,7 @@ impl Server {
                 (Listening::Tcp(listener), addr)
             }
         };
-        let (ops, receiver) = if config.execution.core_on_thread() {
+        let (ops, receiver) = if config.execution == Execution::Threads {
             let (ops, receiver) = CoreSender::channel();
             (ops, CoreInbox::Thread(receiver))
         } else {
@@ -271,16 +272,7 @@ impl Server {
             ),
             None => None,
         };
-        let storage = if config.execution.disk_on_thread() {
-            let storage_config = config.clone();
-            tokio::task::spawn_blocking(move || Storage::open(&storage_config))
-                .await
-                .map_err(|e| {
-                    ServerError::EngineStopped(format!("opening the log panicked: {e}"))
-                })??
-        } else {
-            Storage::open(&config)?
-        };
+        let storage = blocking::run(|| Storage::open(&config))?;
         let Storage {
             log,
             snapshot,
@@ -324,7 +316,7 @@ impl Server {
         // The core runs as a task beside openraft's (or on a thread of its
         // own, `Execution::Threads`). Either way no step of it may hold up
         // Raft's heartbeats for long, or the leader loses its leadership:
-        // see `Execution::Runtime`.
+        // see `Execution::Tasks`.
         match receiver {
             CoreInbox::Thread(receiver) => {
                 std::thread::Builder::new()

@@ -69,7 +69,7 @@
 //! up Raft's heartbeats for long: a batch has a work budget, a big
 //! session's end goes in steps, and the steps that cannot be bounded
 //! (installing a leader's snapshot, applying a long run of entries at
-//! once) run through [`long_step`], which first hands the worker's other
+//! once) run through `blocking::run`, which first hands the worker's other
 //! tasks to another thread.
 //!
 //! # Sessions and their secrets
@@ -152,27 +152,18 @@ pub(crate) struct Core {
     versions: Option<Arc<Versions>>,
 }
 
-/// More entries than this handed over at once (a member catching up, or
-/// replaying its log after a restart) are applied as a [`long_step`]: a
-/// leader's pipeline hands over a few at a time
-/// (`ServerConfig::max_batches_in_flight`), each bounded by the batch's work
-/// budget.
+/// Entries handed over at once are applied through `blocking::run` when there
+/// are more than this many (a member catching up, or replaying its log after
+/// a restart): a leader's pipeline hands over a few at a time
+/// (`ServerConfig::max_batches_in_flight`)...
 const LONG_APPLY_ENTRIES: usize = 64;
 
-/// Runs `step`, which may take long, without holding up the other tasks of
-/// the runtime worker it runs on (openraft's heartbeats among them): on a
-/// multi-thread runtime they move to another thread first
-/// (`block_in_place`); on the core's own thread or a current-thread runtime
-/// (a simulation, where nothing else could run meanwhile anyway) it runs in
-/// place.
-fn long_step<T>(step: impl FnOnce() -> T) -> T {
-    match tokio::runtime::Handle::try_current() {
-        Ok(runtime) if runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
-            tokio::task::block_in_place(step)
-        }
-        _ => step(),
-    }
-}
+/// ...or when their engine commands are more than this much work
+/// (`Engine::work_of`: a big session's end, or its steps of 1 024 holds
+/// each), which takes milliseconds to a few hundred on a busy machine;
+/// handing the worker's tasks over costs a thread's wake-up, nothing beside
+/// that.
+const LONG_APPLY_WORK: usize = 1024;
 
 impl Core {
     /// A core with an empty state (install the member's snapshot next, if it
@@ -279,8 +270,8 @@ impl Core {
     }
 
     /// The same loop as [`Core::run`], as a task of the runtime it is
-    /// spawned on (the default, [`crate::Execution::Runtime`], and
-    /// [`crate::Execution::Tasks`]): it waits on the runtime's clock and
+    /// spawned on (the default, [`crate::Execution::Tasks`]): it waits on
+    /// the runtime's clock and
     /// yields after every step.
     ///
     /// Cancel safety: dropped, the core stops where it is, as if its
@@ -371,8 +362,8 @@ impl Core {
                 entries,
                 responders,
             } => {
-                if entries.len() > LONG_APPLY_ENTRIES {
-                    long_step(|| self.apply_entries(entries));
+                if entries.len() > LONG_APPLY_ENTRIES || self.work_of(&entries) > LONG_APPLY_WORK {
+                    crate::blocking::run(|| self.apply_entries(entries));
                 } else {
                     self.apply_entries(entries);
                 }
@@ -385,7 +376,7 @@ impl Core {
                 let _ = reply.send(self.freeze());
             }
             RaftEvent::Install { meta, data, done } => {
-                let _ = done.send(long_step(|| self.install_snapshot(meta, data)));
+                let _ = done.send(crate::blocking::run(|| self.install_snapshot(meta, data)));
             }
             RaftEvent::Role(role) => self.front.change_role(&self.state, role),
             RaftEvent::Refused {
@@ -395,6 +386,22 @@ impl Core {
             } => self.front.refused(origin, seq, &reason),
         }
         Ok(())
+    }
+
+    /// How much work applying `entries`' engine commands is
+    /// (`Engine::work_of`, summed).
+    fn work_of(&self, entries: &[EntryOf<TypeConfig>]) -> usize {
+        let engine = self.state.engine();
+        let commands = entries.iter().flat_map(|entry| match &entry.payload {
+            EntryPayload::Normal(batch) => batch.records.as_slice(),
+            _ => &[],
+        });
+        commands
+            .filter_map(|record| match record {
+                Record::Command(record) => Some(engine.work_of(&record.command)),
+                _ => None,
+            })
+            .sum()
     }
 
     /// Applies committed entries, in log order (openraft's state machine

@@ -220,6 +220,7 @@ impl RaftStateMachine<TypeConfig> for CoreMachine {
         snapshot: Cursor<Vec<u8>>,
     ) -> io::Result<()> {
         let data = snapshot.into_inner();
+        let (started, bytes) = (std::time::Instant::now(), data.len());
         let installed = SnapshotOf::<TypeConfig, Cursor<Vec<u8>>> {
             meta: meta.clone(),
             snapshot: Cursor::new(data.clone()),
@@ -231,6 +232,12 @@ impl RaftStateMachine<TypeConfig> for CoreMachine {
         })
         .await?
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        tracing::info!(
+            index = ?meta.last_log_id.as_ref().map(|id| id.index),
+            bytes,
+            took_ms = started.elapsed().as_millis() as u64,
+            "installed the leader's snapshot"
+        );
         *self.applied.lock().unwrap_or_else(|e| e.into_inner()) = Applied {
             last_applied: meta.last_log_id,
             membership: meta.last_membership.clone(),

@@ -60,7 +60,7 @@ use super::files::{self, io_error};
 use super::member::{MemberDir, SnapshotFile, StoredSnapshot, TokenCeiling};
 use super::raft_log::RaftLog;
 use super::ServerSnapshot;
-use crate::config::ServerConfig;
+use crate::config::{Execution, ServerConfig};
 use crate::entry::{Applied, TypeConfig};
 use crate::error::ServerError;
 use crate::inbox::FrozenState;
@@ -275,7 +275,10 @@ impl Backup {
                     .into(),
             });
         }
-        let config = ServerConfig::durable(data_dir);
+        let mut config = ServerConfig::durable(data_dir);
+        // The log's writer on a thread of its own, which the log's drop
+        // joins: a command that exits right after leaves nothing unwritten.
+        config.execution = Execution::Threads;
         let opened = MemberDir::open(data_dir, &config)?;
         let mut state = crate::core::replicated_state(&config);
         if let Some(snapshot) = &opened.snapshot {
@@ -437,7 +440,9 @@ impl Backup {
             .map_err(|e| io_error("cannot write", &dir.join("snapshot"), e))?;
         let raft_dir = dir.join("raft");
         let config = ServerConfig::durable(dir);
-        let mut log = RaftLog::open_on(&raft_dir, config.segment_bytes, config.execution)?;
+        // The writer on a thread of its own, which the log's drop joins: a
+        // command that exits right after leaves nothing unwritten.
+        let mut log = RaftLog::open_on(&raft_dir, config.segment_bytes, Execution::Threads)?;
         if let Some(last) = last_log_id {
             let raft_error = |e: io::Error| io_error("cannot write the Raft log in", &raft_dir, e);
             // A vote in the snapshot's term: the new cluster's first

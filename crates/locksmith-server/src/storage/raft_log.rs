@@ -1,8 +1,9 @@
 //! The Raft log of a member: openraft's [`RaftLogStorage`] over the same
 //! segments as the single server's log (module docs of [`super`]): frames
 //! over pre-written zeros, one `fdatasync` per commit, a torn tail cut, damage
-//! before valid frames and missing segments refused. A writer thread of its
-//! own makes appends durable while openraft goes on (see [`RaftLog`]).
+//! before valid frames and missing segments refused. A writer of its own (a
+//! task, or a thread) makes appends durable while openraft goes on (see
+//! [`RaftLog`]).
 //!
 //! # Files, in `<data dir>/raft/`
 //!
@@ -96,7 +97,8 @@ struct Manifest {
 /// The Raft log, shared by openraft's writer and the readers it takes.
 ///
 /// Appends are visible to readers at once and made durable by the log's own
-/// writer thread, which calls openraft back once they are: openraft's core
+/// writer (a task whose writes run in `block_in_place`, or a thread:
+/// [`Execution`]), which calls openraft back once they are: openraft's core
 /// does not wait for the disk, so a leader sends entries to its followers
 /// while its own `fdatasync` runs, and appends that arrive during one fsync
 /// share the next (group commit). Votes, truncations and purges wait for the
@@ -111,7 +113,7 @@ struct Shared {
     /// What openraft reads: the log as submitted, durable or not yet.
     memory: Mutex<Memory>,
     queue: Arc<Queue>,
-    /// The writer thread, joined when the last handle goes.
+    /// The writer thread, if it is one, joined when the last handle goes.
     writer: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -130,8 +132,8 @@ struct Queue {
     wake: Wake,
 }
 
-/// How a submission wakes the writer: a thread waits on a condition
-/// variable, a task ([`Execution::Tasks`]) on a notification.
+/// How a submission wakes the writer: a thread ([`Execution::Threads`])
+/// waits on a condition variable, a task on a notification.
 enum Wake {
     Thread(Condvar),
     Task(tokio::sync::Notify),
@@ -199,7 +201,7 @@ impl Completion {
     }
 }
 
-/// The segment files, owned by the writer thread once the log has started.
+/// The segment files, owned by the writer once the log has started.
 struct Disk {
     dir: PathBuf,
     manifest: Manifest,
@@ -343,9 +345,9 @@ impl ReadLog {
 
     /// Starts appending: removes leftovers of interrupted writes, opens a
     /// new segment (after a forced recovery, one holding every entry kept,
-    /// which alone is named) and starts the writer: a thread of its own, or
-    /// a task of the current runtime ([`Execution::Tasks`], which must then
-    /// be called within one).
+    /// which alone is named) and starts the writer: a task of the current
+    /// runtime ([`Execution::Tasks`], which must then be called within one),
+    /// or a thread of its own.
     pub(crate) fn start(
         self,
         segment_bytes: u64,
@@ -395,7 +397,7 @@ impl ReadLog {
         }
         disk.enter_segment(next)
             .map_err(|e| io_error("cannot write", dir, e))?;
-        let wake = if execution.disk_on_thread() {
+        let wake = if execution == Execution::Threads {
             Wake::Thread(Condvar::new())
         } else {
             Wake::Task(tokio::sync::Notify::new())
@@ -404,7 +406,7 @@ impl ReadLog {
             state: Mutex::new(Pending::default()),
             wake,
         });
-        let writer = if execution.disk_on_thread() {
+        let writer = if execution == Execution::Threads {
             Some(
                 std::thread::Builder::new()
                     .name("raft-log".into())
@@ -532,8 +534,10 @@ impl Queue {
     }
 
     /// The writer as a task ([`Execution::Tasks`]): the same loop, awaiting
-    /// the next submission instead of blocking; its writes block the
-    /// runtime's thread while they run.
+    /// the next submission instead of blocking; its writes and syncs run
+    /// through `blocking::run`, so that on a multi-thread runtime the
+    /// worker's other tasks move elsewhere while they block (on a
+    /// current-thread runtime, a simulation's, they block it).
     ///
     /// Cancel safety: dropped (its runtime gone), what was submitted and not
     /// written is lost, as in a crash; nothing is told it is durable.
@@ -552,7 +556,7 @@ impl Queue {
                 // A wake-up sent since the check above is kept for this.
                 notify.notified().await;
             };
-            if self.write(&mut disk, taken) {
+            if crate::blocking::run(|| self.write(&mut disk, taken)) {
                 return;
             }
         }
@@ -874,7 +878,7 @@ impl RaftLogStorage<TypeConfig> for RaftLog {
     /// durable (or that they could not be written).
     ///
     /// Cancel safety: safe, no await: the entries are queued and readable
-    /// when it returns; `callback` is told once the writer thread wrote them.
+    /// when it returns; `callback` is told once the writer wrote them.
     async fn append<I>(&mut self, entries: I, callback: IOFlushed<TypeConfig>) -> io::Result<()>
     where
         I: IntoIterator<Item = EntryOf<TypeConfig>> + Send,
