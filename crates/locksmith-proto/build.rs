@@ -28,6 +28,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         // A message that does not decode is the sender's error (src/codec.rs).
         .codec_path("crate::ProtoCodec")
+        // A backup is sent as slices of one buffer, not copied into each
+        // message.
+        .bytes(".locksmith.raft.v1.SnapshotBytes.data")
         .file_descriptor_set_path(out.join("locksmith_descriptor.bin"))
         .compile_with_config(
             config,

@@ -17,6 +17,9 @@ use crate::snapshot::{
 };
 use crate::types::{ClientInfo, Limits, LostReason, Millis, Mode, RequestId, SessionId, Wait};
 
+#[cfg(feature = "serde")]
+mod encode;
+
 /// Index of a lock in the slab. Internal only: ids are not stable across
 /// snapshots, so nothing observable may depend on their order.
 type LockId = u32;
@@ -1711,7 +1714,8 @@ impl Engine {
 
 /// The engine's state at one point, taken by [`Engine::freeze`]: turned into
 /// a [`Snapshot`] (sorting and copying, the slow part with a big table) away
-/// from the thread that runs the engine.
+/// from the thread that runs the engine. With the `serde` feature it also
+/// serializes as that [`Snapshot`] would, without copying the table first.
 #[derive(Debug)]
 pub struct FrozenEngine {
     last_token: u64,

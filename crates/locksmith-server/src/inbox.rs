@@ -14,7 +14,7 @@ use tokio::sync::oneshot;
 
 use crate::entry::TypeConfig;
 use crate::op::Op;
-use crate::storage::{ServerSnapshot, SessionRecord};
+use crate::storage::{encode_frozen, SessionRecord};
 
 /// A message to the core.
 pub(crate) enum Input {
@@ -153,20 +153,16 @@ pub(crate) struct FrozenState {
     pub next_unary: u64,
     pub engine: FrozenEngine,
     pub sessions: Vec<SessionRecord>,
+    /// No token above it had been made visible as of this state: the
+    /// member's durable token ceiling, or the engine's last token where it
+    /// keeps none. A backup carries it (`storage::backup`).
+    pub token_ceiling: u64,
 }
 
 impl FrozenState {
     /// The snapshot openraft keeps and sends (`ServerSnapshot`, postcard).
     pub(crate) fn encode(self) -> SnapshotOf<TypeConfig, Cursor<Vec<u8>>> {
-        let state = ServerSnapshot::new(
-            self.last_now,
-            self.cluster_version,
-            self.next_session,
-            self.next_unary,
-            self.engine.into_snapshot(),
-            self.sessions,
-        );
-        let data = state.encode();
+        let data = encode_frozen(&self);
         SnapshotOf::<TypeConfig, Cursor<Vec<u8>>> {
             meta: self.meta,
             snapshot: Cursor::new(data),

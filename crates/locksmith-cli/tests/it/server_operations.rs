@@ -15,7 +15,7 @@ use locksmith::{Client, ConnectOptions};
 use locksmith_core::Snapshot;
 use locksmith_proto::v1 as pb;
 use locksmith_proto::v1::locksmith_client::LocksmithClient;
-use locksmith_server::backup::Backup;
+use locksmith_server::backup::{Backup, TOKEN_JUMP};
 use locksmith_testkit::free_port;
 use server_support::{cluster_flag, leader, members_url, unique, ServerProcess, BINARY};
 
@@ -179,6 +179,8 @@ async fn a_backup_saved_under_load_restores_the_state_and_tokens_start_above_eve
 
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let file: PathBuf = dir.path().join("cluster.backup");
+    // Every token seen so far was visible before the backup's state froze.
+    let seen_before_save = highest.load(Ordering::SeqCst);
     let backup = save("--backend", &url, &file).await;
     let granted_before = highest.load(Ordering::SeqCst);
     // Tokens go on being granted after the backup, which it cannot know.
@@ -204,6 +206,16 @@ async fn a_backup_saved_under_load_restores_the_state_and_tokens_start_above_eve
     );
     assert!(summary.locks >= 15, "the held locks are in it: {summary:?}");
     assert!(summary.last_token < granted, "tokens were granted after it");
+    assert!(
+        summary.token_ceiling >= seen_before_save.max(summary.last_token),
+        "the backup's token ceiling covers every token visible when it was taken: {summary:?}, \
+         {seen_before_save} seen before"
+    );
+    assert_eq!(
+        summary.restore_floor,
+        summary.token_ceiling + TOKEN_JUMP,
+        "a restore starts above the ceiling, by the jump that covers tokens granted after it"
+    );
 
     let (ok, text) = locksmith(vec![
         "snapshot".into(),

@@ -508,7 +508,10 @@ impl Core {
     /// engine's locks are shared copy-on-write; see [`FrozenState`]).
     pub(crate) fn freeze(&self) -> FrozenState {
         let started = Instant::now();
-        let frozen = self.state.freeze();
+        let mut frozen = self.state.freeze();
+        if let Some(tokens) = &self.tokens {
+            frozen.token_ceiling = frozen.token_ceiling.max(tokens.ceiling());
+        }
         tracing::debug!(
             sessions = frozen.sessions.len(),
             elapsed = ?started.elapsed(),

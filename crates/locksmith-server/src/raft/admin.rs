@@ -342,7 +342,7 @@ impl pb::cluster_server::Cluster for ClusterService {
 
     /// A backup of this member's applied state: the core freezes it between
     /// two entries and goes on; it is encoded and checksummed on a blocking
-    /// thread, then sent in 1 MiB messages.
+    /// thread, then sent in 1 MiB messages (slices of the one buffer).
     ///
     /// Cancel safety: safe; dropped, the frozen copy or the encoded bytes
     /// are thrown away (an encoding already started finishes unused).
@@ -360,7 +360,7 @@ impl pb::cluster_server::Cluster for ClusterService {
         let index = frozen.meta.last_log_id.map(|id| id.index);
         let node_id = self.raft.metrics().borrow_watched().id;
         let started = std::time::Instant::now();
-        let bytes = tokio::task::spawn_blocking(move || backup::live(frozen, node_id, 0))
+        let bytes = tokio::task::spawn_blocking(move || backup::live(frozen, node_id))
             .await
             .map_err(|e| Status::internal(format!("encoding the backup failed: {e}")))?;
         tracing::info!(
@@ -369,11 +369,13 @@ impl pb::cluster_server::Cluster for ClusterService {
             encoded_in = ?started.elapsed(),
             "backup taken"
         );
-        let chunks: Vec<Result<pb::SnapshotBytes, Status>> = bytes
-            .chunks(BACKUP_CHUNK)
-            .map(|chunk| {
+        let bytes = bytes::Bytes::from(bytes);
+        let chunks: Vec<Result<pb::SnapshotBytes, Status>> = (0..bytes.len())
+            .step_by(BACKUP_CHUNK)
+            .map(|start| {
+                let end = bytes.len().min(start + BACKUP_CHUNK);
                 Ok(pb::SnapshotBytes {
-                    data: chunk.to_vec(),
+                    data: bytes.slice(start..end),
                 })
             })
             .collect();

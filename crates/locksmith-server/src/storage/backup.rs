@@ -29,11 +29,17 @@
 //!
 //! A cluster restored from a backup must never hand out a token that the
 //! cluster it came from handed out, including tokens granted after the
-//! backup was taken, which no backup can know. The restore therefore starts
-//! tokens at the highest token the backup knows (its engine's last token,
-//! or the source member's durable ceiling, whichever is higher) plus
-//! [`TOKEN_JUMP`] (2^44, about 1.8e13), or at `--token-floor` if an
-//! operator who knows more gives a higher one. At 100 000 grants a second,
+//! backup was taken, which no backup can know. What a backup does know is
+//! its token ceiling: the source member's durable ceiling (`TOKENS`) at the
+//! moment the core froze the state, or the engine's last token on a member
+//! that keeps none. No token above it had been made visible by then: the
+//! core covers a token with that ceiling, on disk, before a reply carries
+//! it. (Entries committed but not yet applied then are past the backup's
+//! log index: their tokens count as granted after it.) The restore
+//! therefore starts tokens at that ceiling (at least the engine's last
+//! token) plus [`TOKEN_JUMP`] (2^44, about 1.8e13), for the tokens granted
+//! after the backup, or at `--token-floor` if an operator who knows more
+//! gives a higher one. At 100 000 grants a second,
 //! 2^44 tokens last more than five years after the backup; u64 leaves room
 //! for half a million restores.
 //!
@@ -85,9 +91,14 @@ pub enum Origin {
     },
 }
 
-/// The payload of a backup file.
+/// What a backup file's payload holds before its state.
+///
+/// The payload is this, then the state (`ServerSnapshot`, encoded) as
+/// postcard lays out a byte string: its length as a varint, then the
+/// bytes. The state is written and read in one piece, in place, not through
+/// serde as a sequence of `u8` (64 MB of them for a million locks).
 #[derive(Debug, Clone, Serialize, Deserialize)]
-struct Payload {
+struct Header {
     /// [`BACKUP_FORMAT`], first, so that a newer one is told before the
     /// rest is read.
     format: u32,
@@ -98,16 +109,16 @@ struct Payload {
     saved_at_ms: u64,
     /// The log id it is consistent at, and the membership then.
     meta: SnapshotMetaOf<TypeConfig>,
-    /// The source member's durable token ceiling, if known (0 if not).
+    /// No token above it had been made visible when the state was frozen:
+    /// the source member's durable ceiling (module docs). Backups of
+    /// earlier versions taken from a live member have 0 here.
     token_ceiling: u64,
-    /// `ServerSnapshot`, encoded.
-    state: Vec<u8>,
 }
 
 /// A backup, read and checked.
 #[derive(Debug)]
 pub struct Backup {
-    payload: Payload,
+    header: Header,
     state: ServerSnapshot,
 }
 
@@ -169,24 +180,41 @@ pub struct Restored {
     pub index: Option<u64>,
 }
 
-/// A backup of `frozen`, the applied state of member `node_id` whose
-/// durable token ceiling is `token_ceiling`: the bytes of the file.
-pub(crate) fn live(frozen: FrozenState, node_id: u64, token_ceiling: u64) -> Vec<u8> {
-    let snapshot = frozen.encode();
-    encode(Payload {
-        format: BACKUP_FORMAT,
-        origin: Origin::Live,
-        node_id,
-        saved_at_ms: unix_ms(),
-        meta: snapshot.meta,
-        token_ceiling,
-        state: snapshot.snapshot.into_inner(),
-    })
+/// A backup of `frozen`, the applied state of member `node_id`: the bytes
+/// of the file.
+pub(crate) fn live(frozen: FrozenState, node_id: u64) -> Vec<u8> {
+    let (header, state) = Header::encode(frozen, Origin::Live, node_id);
+    files::seal(
+        BACKUP_MAGIC,
+        payload(&header, &state, files::checked_buffer(state.len() + 1024)),
+    )
 }
 
-fn encode(payload: Payload) -> Vec<u8> {
-    let bytes = postcard::to_stdvec(&payload).expect("a backup always encodes");
-    files::checked(BACKUP_MAGIC, &bytes)
+impl Header {
+    /// The header of a backup of `frozen` (with the token ceiling it was
+    /// frozen with), and its state encoded.
+    fn encode(frozen: FrozenState, origin: Origin, node_id: u64) -> (Header, Vec<u8>) {
+        let token_ceiling = frozen.token_ceiling;
+        let snapshot = frozen.encode();
+        let header = Header {
+            format: BACKUP_FORMAT,
+            origin,
+            node_id,
+            saved_at_ms: unix_ms(),
+            meta: snapshot.meta,
+            token_ceiling,
+        };
+        (header, snapshot.snapshot.into_inner())
+    }
+}
+
+/// A backup's payload, `header` then `state`, appended to `bytes`.
+fn payload(header: &Header, state: &[u8], bytes: Vec<u8>) -> Vec<u8> {
+    let mut bytes = postcard::to_extend(header, bytes).expect("a backup always encodes");
+    // A byte string as postcard lays one out: its length, then the bytes.
+    bytes = postcard::to_extend(&(state.len() as u64), bytes).expect("a length encodes");
+    bytes.extend_from_slice(state);
+    bytes
 }
 
 fn unix_ms() -> u64 {
@@ -230,9 +258,11 @@ impl Backup {
                 ),
             });
         }
-        let payload: Payload = postcard::from_bytes(bytes)
-            .map_err(|e| corrupt(format!("the backup does not decode: {e}")))?;
-        let state = ServerSnapshot::decode(&payload.state).map_err(|detail| {
+        let does_not_decode = |e| corrupt(format!("the backup does not decode: {e}"));
+        let (header, rest) = postcard::take_from_bytes::<Header>(bytes).map_err(does_not_decode)?;
+        // The state, read where it lies.
+        let (state, _) = postcard::take_from_bytes::<&[u8]>(rest).map_err(does_not_decode)?;
+        let state = ServerSnapshot::decode(state).map_err(|detail| {
             if detail.contains("newer version") {
                 ServerError::Incompatible {
                     path: path.to_owned(),
@@ -246,7 +276,7 @@ impl Backup {
             .engine
             .check()
             .map_err(|e| corrupt(format!("the lock table does not hold together: {e}")))?;
-        Ok(Backup { payload, state })
+        Ok(Backup { header, state })
     }
 
     /// The state of a stopped member's data directory: its snapshot and
@@ -313,29 +343,27 @@ impl Backup {
             }
             state.apply_unrouted(entry);
         }
-        let frozen = state.freeze();
-        let token_ceiling = opened.tokens.ceiling();
+        let mut frozen = state.freeze();
+        frozen.token_ceiling = frozen.token_ceiling.max(opened.tokens.ceiling());
         drop(log);
-        let snapshot = frozen.encode();
-        let payload = Payload {
-            format: BACKUP_FORMAT,
-            origin: Origin::MemberData {
-                committed: committed.map(|id| id.index),
-            },
-            node_id: 0,
-            saved_at_ms: unix_ms(),
-            meta: snapshot.meta,
-            token_ceiling,
-            state: snapshot.snapshot.into_inner(),
+        let origin = Origin::MemberData {
+            committed: committed.map(|id| id.index),
         };
-        let bytes = postcard::to_stdvec(&payload).expect("a backup always encodes");
+        let (header, state) = Header::encode(frozen, origin, 0);
+        let bytes = payload(&header, &state, Vec::new());
         Backup::decode(data_dir, &bytes)
     }
 
     /// Writes the backup to `path` durably (a temporary file renamed over
     /// it), owner-only: it holds the secrets that resume sessions.
     pub fn write(&self, path: &Path) -> Result<(), ServerError> {
-        write_file(path, &encode(self.payload.clone()))
+        let state = self.state.encode();
+        let bytes = payload(
+            &self.header,
+            &state,
+            files::checked_buffer(state.len() + 1024),
+        );
+        write_file(path, &files::seal(BACKUP_MAGIC, bytes))
     }
 
     /// The engine's state in the backup.
@@ -346,18 +374,18 @@ impl Backup {
     /// What the backup holds.
     pub fn summary(&self) -> Summary {
         let engine = &self.state.engine;
-        let last_log_id = self.payload.meta.last_log_id;
-        let membership = self.payload.meta.last_membership.membership();
+        let last_log_id = self.header.meta.last_log_id;
+        let membership = self.header.meta.last_membership.membership();
         let voters: Vec<u64> = membership.voter_ids().collect();
         Summary {
-            format: self.payload.format,
+            format: self.header.format,
             state_format: self.state.format(),
-            origin: match self.payload.origin {
+            origin: match self.header.origin {
                 Origin::Live => "live",
                 Origin::MemberData { .. } => "member-data",
             },
-            node_id: self.payload.node_id,
-            saved_at_ms: self.payload.saved_at_ms,
+            node_id: self.header.node_id,
+            saved_at_ms: self.header.saved_at_ms,
             index: last_log_id.map(|id| id.index),
             term: last_log_id.map(|id| id.leader_id.term),
             members: membership
@@ -373,7 +401,7 @@ impl Backup {
             waiters: engine.waiters.len(),
             sessions: self.state.sessions.len(),
             last_token: engine.last_token,
-            token_ceiling: self.payload.token_ceiling,
+            token_ceiling: self.header.token_ceiling,
             restore_floor: self.restore_floor(),
         }
     }
@@ -383,7 +411,7 @@ impl Backup {
         self.state
             .engine
             .last_token
-            .max(self.payload.token_ceiling)
+            .max(self.header.token_ceiling)
             .saturating_add(TOKEN_JUMP)
     }
 
@@ -411,9 +439,9 @@ impl Backup {
             });
         }
         let token_floor = self.restore_floor().max(options.token_floor.unwrap_or(0));
-        let Backup { payload, mut state } = self;
+        let Backup { header, mut state } = self;
         state.engine.last_token = token_floor;
-        let last_log_id = payload.meta.last_log_id;
+        let last_log_id = header.meta.last_log_id;
         let voters = options.members.iter().map(|(id, _)| *id).collect();
         let nodes: std::collections::BTreeMap<u64, BasicNode> = options
             .members
@@ -486,6 +514,41 @@ fn check_members(options: &RestoreOptions) -> Result<(), ServerError> {
 
 /// Writes `bytes` to `path` atomically and durably, owner-only.
 pub fn write_file(path: &Path, bytes: &[u8]) -> Result<(), ServerError> {
+    let (dir, name) = dir_and_name(path)?;
+    files::replace_durably(dir, name, bytes).map_err(|e| io_error("cannot write", path, e))
+}
+
+/// The length of the backup file that starts with `start`, as its header
+/// announces it: room to make for it while it comes in parts (the file is
+/// checked once whole).
+pub fn announced_len(start: &[u8]) -> Option<usize> {
+    files::announced_len(start)
+}
+
+/// Checks `bytes`, a whole backup file received from a member, as
+/// [`Backup::from_bytes`] does, and writes it to `path` as [`write_file`]
+/// does, both at once: the file is written and fsynced on another thread
+/// while this one checks, and it replaces `path` only if the check passes.
+pub fn save_checked(path: &Path, bytes: &[u8]) -> Result<Backup, ServerError> {
+    let (dir, name) = dir_and_name(path)?;
+    std::thread::scope(|scope| {
+        let writing = scope.spawn(|| files::Staged::write(dir, name, bytes));
+        let backup = Backup::from_bytes(path, bytes);
+        let staged = writing
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        // A backup that does not check out is refused, its staged copy
+        // removed as it drops.
+        let backup = backup?;
+        staged
+            .and_then(files::Staged::replace)
+            .map_err(|e| io_error("cannot write", path, e))?;
+        Ok(backup)
+    })
+}
+
+/// The directory `path` is in, and its file name.
+fn dir_and_name(path: &Path) -> Result<(&Path, &str), ServerError> {
     let dir = match path.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => dir,
         _ => Path::new("."),
@@ -494,7 +557,7 @@ pub fn write_file(path: &Path, bytes: &[u8]) -> Result<(), ServerError> {
         .file_name()
         .and_then(|n| n.to_str())
         .ok_or_else(|| ServerError::Config(format!("{} names no file", path.display())))?;
-    files::replace_durably(dir, name, bytes).map_err(|e| io_error("cannot write", path, e))
+    Ok((dir, name))
 }
 
 #[cfg(test)]
@@ -523,6 +586,73 @@ mod tests {
         let error = Backup::read(&path).unwrap_err();
         assert!(matches!(error, ServerError::Incompatible { .. }), "{error}");
         assert!(error.to_string().contains("newer version"), "{error}");
+    }
+
+    /// The payload as it was first laid out: one struct, the state a
+    /// `Vec<u8>` through serde.
+    #[derive(Serialize)]
+    struct FormatOnePayload {
+        format: u32,
+        origin: Origin,
+        node_id: u64,
+        saved_at_ms: u64,
+        meta: SnapshotMetaOf<TypeConfig>,
+        token_ceiling: u64,
+        state: Vec<u8>,
+    }
+
+    #[test]
+    fn the_state_written_in_one_piece_is_laid_out_as_before_and_reads_both_ways() {
+        let state =
+            ServerSnapshot::new(8_000, 2, 3, 4, locksmith_core::Snapshot::default(), vec![])
+                .encode();
+        let header = Header {
+            format: BACKUP_FORMAT,
+            origin: Origin::Live,
+            node_id: 2,
+            saved_at_ms: 1_700_000_000_000,
+            meta: SnapshotMetaOf::<TypeConfig>::default(),
+            token_ceiling: 1_000_042,
+        };
+        let as_before = postcard::to_stdvec(&FormatOnePayload {
+            format: header.format,
+            origin: header.origin,
+            node_id: header.node_id,
+            saved_at_ms: header.saved_at_ms,
+            meta: header.meta.clone(),
+            token_ceiling: header.token_ceiling,
+            state: state.clone(),
+        })
+        .unwrap();
+        let written = payload(&header, &state, Vec::new());
+        assert_eq!(written, as_before);
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("backup");
+        fs::write(&path, files::checked(BACKUP_MAGIC, &as_before)).unwrap();
+        let read = Backup::read(&path).unwrap();
+        assert_eq!(read.summary().token_ceiling, 1_000_042);
+        assert_eq!(read.state.encode(), state);
+        let saved = dir.path().join("saved");
+        let received = fs::read(&path).unwrap();
+        assert_eq!(announced_len(&received[..20]), Some(received.len()));
+        save_checked(&saved, &received).unwrap();
+        assert_eq!(fs::read(&saved).unwrap(), received);
+    }
+
+    #[test]
+    fn a_backup_that_does_not_check_out_replaces_nothing_and_leaves_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("backup");
+        fs::write(&path, b"the backup before").unwrap();
+        let damaged = files::checked(BACKUP_MAGIC, b"\x01abc");
+        assert!(save_checked(&path, &damaged).is_err());
+        assert_eq!(fs::read(&path).unwrap(), b"the backup before");
+        assert_eq!(
+            fs::read_dir(dir.path()).unwrap().count(),
+            1,
+            "no staged copy left"
+        );
     }
 
     #[test]

@@ -154,29 +154,87 @@ pub(super) fn sync_dir(dir: &Path) -> io::Result<()> {
 /// `name.tmp`, fsynced, renamed over `name`, and the directory fsynced. A
 /// crash leaves either the old file or the new one, never half of one.
 pub(super) fn replace_durably(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
-    let tmp = dir.join(format!("{name}.tmp"));
-    let mut file = owner_only()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&tmp)?;
-    file.write_all(bytes)?;
-    file.sync_all()?;
-    drop(file);
-    fs::rename(&tmp, dir.join(name))?;
-    sync_dir(dir)
+    Staged::write(dir, name, bytes)?.replace()
+}
+
+/// The new content of `dir/name`, written and fsynced as `name.tmp`: put in
+/// place by [`Staged::replace`], removed if dropped before. Writing it can
+/// go on while another thread decides whether it should replace the file.
+pub(super) struct Staged {
+    dir: PathBuf,
+    name: String,
+    /// Until replaced.
+    tmp: Option<PathBuf>,
+}
+
+impl Staged {
+    /// Writes and fsyncs `dir/name.tmp`.
+    pub(super) fn write(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<Staged> {
+        let tmp = dir.join(format!("{name}.tmp"));
+        let staged = Staged {
+            dir: dir.to_owned(),
+            name: name.to_owned(),
+            tmp: Some(tmp.clone()),
+        };
+        let mut file = owner_only()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        Ok(staged)
+    }
+
+    /// Renames it over `dir/name` and fsyncs the directory.
+    pub(super) fn replace(mut self) -> io::Result<()> {
+        let tmp = self.tmp.take().expect("replaced once");
+        fs::rename(&tmp, self.dir.join(&self.name))?;
+        sync_dir(&self.dir)
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        if let Some(tmp) = self.tmp.take() {
+            let _ = fs::remove_file(tmp);
+        }
+    }
 }
 
 /// `payload` framed as a checked file: `[magic][format: u32 LE][len: u64 LE]
 /// [crc32: u32 LE][payload]`.
 pub(super) fn checked(magic: &[u8; 4], payload: &[u8]) -> Vec<u8> {
-    let mut bytes = Vec::with_capacity(CHECKED_HEADER + payload.len());
-    bytes.extend_from_slice(magic);
-    bytes.extend_from_slice(&CHECKED_FORMAT.to_le_bytes());
-    bytes.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-    bytes.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
+    let mut bytes = checked_buffer(payload.len());
     bytes.extend_from_slice(payload);
+    seal(magic, bytes)
+}
+
+/// The start of a checked file whose payload is then appended in place
+/// (room for `payload` bytes): the header's room, filled by [`seal`].
+pub(super) fn checked_buffer(payload: usize) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(CHECKED_HEADER + payload);
+    bytes.resize(CHECKED_HEADER, 0);
     bytes
+}
+
+/// Fills in the header of `bytes`, a [`checked_buffer`] with its payload
+/// appended.
+pub(super) fn seal(magic: &[u8; 4], mut bytes: Vec<u8>) -> Vec<u8> {
+    let (header, payload) = bytes.split_at_mut(CHECKED_HEADER);
+    header[0..4].copy_from_slice(magic);
+    header[4..8].copy_from_slice(&CHECKED_FORMAT.to_le_bytes());
+    header[8..16].copy_from_slice(&(payload.len() as u64).to_le_bytes());
+    header[16..20].copy_from_slice(&crc32fast::hash(payload).to_le_bytes());
+    bytes
+}
+
+/// The whole length of the checked file that starts with `start`, as its
+/// header announces it (none before the header is in): what to make room
+/// for while it comes in parts. Unchecked until it is [`unframe`]d.
+pub(super) fn announced_len(start: &[u8]) -> Option<usize> {
+    let len = u64::from_le_bytes(start.get(8..16)?.try_into().ok()?);
+    usize::try_from(len).ok()?.checked_add(CHECKED_HEADER)
 }
 
 /// The payload of the checked file at `path` (`None` if there is no such

@@ -57,7 +57,7 @@ use self::files::{io_error, segment_path};
 use self::segment::{scan, End, SegmentHeader, SegmentRecord};
 use crate::entry::{LogRecord, Record};
 use crate::error::ServerError;
-pub(crate) use snapshot::ServerSnapshot;
+pub(crate) use snapshot::{encode_frozen, ServerSnapshot};
 
 impl SegmentRecord for Record {
     fn decode_frame(format: u32, payload: &[u8]) -> Result<Vec<Record>, postcard::Error> {

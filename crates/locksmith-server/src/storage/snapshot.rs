@@ -15,6 +15,7 @@ use locksmith_core::{LockSnapshot, Millis, SessionSnapshot, Snapshot, WaiterSnap
 use serde::{Deserialize, Serialize};
 
 use super::SessionRecord;
+use crate::inbox::FrozenState;
 
 /// The newest format this server writes: 1 since sessions can be ending
 /// ([`locksmith_core::Snapshot::ending`]), 2 with the cluster's record
@@ -41,16 +42,79 @@ pub(crate) struct ServerSnapshot {
     pub cluster_version: u32,
 }
 
-/// [`ServerSnapshot`] as format 1 lays it out (no record version), borrowed
-/// to write it.
+/// [`ServerSnapshot`] as format 2 lays it out, borrowed to write it; the
+/// engine is anything that serializes as a [`Snapshot`] (a frozen engine
+/// does, without building one).
 #[derive(Serialize)]
-struct FormatOneRef<'a> {
+struct FormatTwoRef<'a, E> {
     format: u64,
     last_now: Millis,
     next_session: u64,
     next_unary: u64,
-    engine: &'a Snapshot,
+    engine: &'a E,
     sessions: &'a [SessionRecord],
+    cluster_version: u32,
+}
+
+/// [`ServerSnapshot`] as format 1 lays it out (no record version), borrowed
+/// to write it.
+#[derive(Serialize)]
+struct FormatOneRef<'a, E> {
+    format: u64,
+    last_now: Millis,
+    next_session: u64,
+    next_unary: u64,
+    engine: &'a E,
+    sessions: &'a [SessionRecord],
+}
+
+/// The bytes of a snapshot of these parts: format 1's layout until the
+/// cluster agreed on record version 2, then `format` (format 2's layout).
+fn encode_parts<E: Serialize>(
+    format: u64,
+    cluster_version: u32,
+    last_now: Millis,
+    next_session: u64,
+    next_unary: u64,
+    engine: &E,
+    sessions: &[SessionRecord],
+) -> Vec<u8> {
+    let encoded = if cluster_version >= 2 {
+        postcard::to_stdvec(&FormatTwoRef {
+            format,
+            last_now,
+            next_session,
+            next_unary,
+            engine,
+            sessions,
+            cluster_version,
+        })
+    } else {
+        postcard::to_stdvec(&FormatOneRef {
+            format: 1,
+            last_now,
+            next_session,
+            next_unary,
+            engine,
+            sessions,
+        })
+    };
+    encoded.expect("the state always encodes")
+}
+
+/// The bytes of a snapshot of `frozen`, as [`ServerSnapshot::encode`] writes
+/// a snapshot of the same state, but written straight from the frozen
+/// engine (module `locksmith_core::engine::encode`).
+pub(crate) fn encode_frozen(frozen: &FrozenState) -> Vec<u8> {
+    encode_parts(
+        format_for(frozen.cluster_version),
+        frozen.cluster_version,
+        frozen.last_now,
+        frozen.next_session,
+        frozen.next_unary,
+        &frozen.engine,
+        &frozen.sessions,
+    )
 }
 
 /// [`ServerSnapshot`] as format 1 lays it out, to read it.
@@ -64,6 +128,15 @@ struct FormatOne {
     sessions: Vec<SessionRecord>,
 }
 
+/// The newest format a cluster of record version `cluster_version` reads.
+fn format_for(cluster_version: u32) -> u64 {
+    if cluster_version >= 2 {
+        SNAPSHOT_FORMAT
+    } else {
+        1
+    }
+}
+
 impl ServerSnapshot {
     /// A snapshot in the newest format the cluster's record version allows.
     pub(crate) fn new(
@@ -75,7 +148,7 @@ impl ServerSnapshot {
         sessions: Vec<SessionRecord>,
     ) -> Self {
         ServerSnapshot {
-            format: if cluster_version >= 2 { 2 } else { 1 },
+            format: format_for(cluster_version),
             last_now,
             next_session,
             next_unary,
@@ -94,20 +167,15 @@ impl ServerSnapshot {
     /// The bytes openraft keeps and sends, in the format the cluster's
     /// record version allows.
     pub(crate) fn encode(&self) -> Vec<u8> {
-        let encoded = if self.cluster_version >= 2 {
-            // `new` set the format from the record version.
-            postcard::to_stdvec(self)
-        } else {
-            postcard::to_stdvec(&FormatOneRef {
-                format: 1,
-                last_now: self.last_now,
-                next_session: self.next_session,
-                next_unary: self.next_unary,
-                engine: &self.engine,
-                sessions: &self.sessions,
-            })
-        };
-        encoded.expect("the state always encodes")
+        encode_parts(
+            self.format,
+            self.cluster_version,
+            self.last_now,
+            self.next_session,
+            self.next_unary,
+            &self.engine,
+            &self.sessions,
+        )
     }
 
     /// Reads a snapshot of any format this server knows.
@@ -189,7 +257,10 @@ impl FormatZero {
 
 #[cfg(test)]
 mod tests {
-    use locksmith_core::{ClientInfo, EndingSnapshot, HoldSnapshot, LostReason, Mode, SessionId};
+    use locksmith_core::{
+        ClientInfo, EndingSnapshot, Engine, HoldSnapshot, Limits, LostReason, Mode, RequestId,
+        SessionId,
+    };
 
     use super::*;
 
@@ -224,6 +295,108 @@ mod tests {
                 since: 8_000,
                 info: ClientInfo::default(),
             }],
+        }
+    }
+
+    /// An engine with every part a snapshot has: several sessions, an
+    /// ending one, a shared lock of two holders (one leased, with a
+    /// lock-delay), an exclusive one in lock-delay, and a waiter queued on
+    /// both, listed out of the snapshot's order.
+    fn busy_engine() -> Snapshot {
+        let session = |id: u64| SessionSnapshot {
+            session: SessionId(id),
+            ttl: 5_000,
+            info: ClientInfo::default(),
+            expires_at: 9_000 + id,
+        };
+        let hold = |session: u64, owner: &str, mode: Mode, token: u64| HoldSnapshot {
+            session: SessionId(session),
+            owner: owner.into(),
+            mode,
+            token,
+            count: 1,
+            lock_time: 100 + token,
+            lease_until: None,
+            lock_delay: 0,
+        };
+        let waiter = (SessionId(3), RequestId(9));
+        Snapshot {
+            last_token: 12,
+            sessions: vec![session(3), session(1), session(2)],
+            locks: vec![
+                LockSnapshot {
+                    name: "b/exclusive".into(),
+                    holders: vec![hold(4, "writer", Mode::Exclusive, 11)],
+                    queue: vec![waiter],
+                    delay_until: Some(9_500),
+                },
+                LockSnapshot {
+                    name: "a/shared".into(),
+                    holders: vec![
+                        hold(1, "reader", Mode::Shared, 3),
+                        HoldSnapshot {
+                            count: 2,
+                            lease_until: Some(50_000),
+                            lock_delay: 1_000,
+                            ..hold(2, "other reader", Mode::Shared, 4)
+                        },
+                    ],
+                    queue: vec![waiter],
+                    delay_until: None,
+                },
+            ],
+            waiters: vec![WaiterSnapshot {
+                session: waiter.0,
+                request: waiter.1,
+                names: vec!["b/exclusive".into(), "a/shared".into()],
+                owner: "waiting writer".into(),
+                mode: Mode::Exclusive,
+                reentrant: false,
+                lease: Some(2_000),
+                lock_delay: 500,
+                since: 8_000,
+                deadline: Some(20_000),
+            }],
+            ending: vec![EndingSnapshot {
+                session: SessionId(4),
+                reason: LostReason::SessionExpired,
+                since: 8_000,
+                info: ClientInfo::default(),
+            }],
+        }
+    }
+
+    #[test]
+    fn a_frozen_engine_encodes_as_the_snapshot_it_would_build() {
+        let engine = Engine::restore(Limits::default(), busy_engine()).unwrap();
+        let built = engine.freeze().into_snapshot();
+        assert_eq!(built.locks.len(), 2, "{built:?}");
+        assert_eq!(
+            postcard::to_stdvec(&engine.freeze()).unwrap(),
+            postcard::to_stdvec(&built).unwrap()
+        );
+        for cluster_version in [1, 2] {
+            let sessions = vec![SessionRecord {
+                session: 1,
+                secret: 77,
+                ttl: 5_000,
+                replies: Vec::new(),
+                lost: Vec::new(),
+            }];
+            let frozen = engine.freeze();
+            let written = encode_parts(
+                format_for(cluster_version),
+                cluster_version,
+                8_000,
+                3,
+                4,
+                &frozen,
+                &sessions,
+            );
+            let snapshot =
+                ServerSnapshot::new(8_000, cluster_version, 3, 4, built.clone(), sessions);
+            assert_eq!(written, snapshot.encode());
+            assert_eq!(ServerSnapshot::decode(&written), Ok(snapshot));
         }
     }
 

@@ -246,6 +246,10 @@ impl Replicated {
             next_unary: self.next_unary,
             engine: self.engine.freeze(),
             sessions,
+            // Replies carry a token only once it is applied: none above
+            // the last one is visible yet. The core raises it to its
+            // durable ceiling.
+            token_ceiling: self.engine.last_token(),
         }
     }
 }

@@ -1,0 +1,104 @@
+//! A [`FrozenEngine`] serialized exactly as the [`Snapshot`] that
+//! [`FrozenEngine::into_snapshot`] would build (same fields, same order,
+//! same values), without building it: a table of a million locks is
+//! written straight from the engine's entries, not first copied into a
+//! million owned names and owners that are dropped right after.
+//!
+//! Every struct here mirrors one of `crate::snapshot`'s, borrowed, under
+//! its name; a test in the server compares the bytes of both ways.
+//!
+//! [`Snapshot`]: crate::Snapshot
+
+use std::collections::VecDeque;
+
+use serde::{Serialize, Serializer};
+
+use super::{FrozenEngine, Hold, LockEntry};
+use crate::snapshot::{EndingSnapshot, SessionSnapshot, WaiterSnapshot};
+use crate::types::{Millis, Mode, RequestId, SessionId};
+
+/// `Snapshot`, borrowed and sorted as `into_snapshot` sorts it.
+#[derive(Serialize)]
+#[serde(rename = "Snapshot")]
+struct SnapshotRef<'a> {
+    last_token: u64,
+    sessions: Vec<&'a SessionSnapshot>,
+    locks: Locks<'a>,
+    waiters: Vec<&'a WaiterSnapshot>,
+    ending: &'a [EndingSnapshot],
+}
+
+/// The locks, by name.
+struct Locks<'a>(Vec<&'a LockEntry>);
+
+/// `LockSnapshot`, borrowed.
+#[derive(Serialize)]
+#[serde(rename = "LockSnapshot")]
+struct LockRef<'a> {
+    name: &'a str,
+    holders: Holds<'a>,
+    queue: &'a VecDeque<(SessionId, RequestId)>,
+    delay_until: Option<Millis>,
+}
+
+/// A lock's holders, oldest first.
+struct Holds<'a>(&'a [Hold]);
+
+/// `HoldSnapshot`, borrowed.
+#[derive(Serialize)]
+#[serde(rename = "HoldSnapshot")]
+struct HoldRef<'a> {
+    session: SessionId,
+    owner: &'a str,
+    mode: Mode,
+    token: u64,
+    count: u32,
+    lock_time: Millis,
+    lease_until: Option<Millis>,
+    lock_delay: Millis,
+}
+
+impl Serialize for FrozenEngine {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut sessions: Vec<&SessionSnapshot> = self.sessions.iter().collect();
+        sessions.sort_unstable_by_key(|s| s.session);
+        let mut locks: Vec<&LockEntry> = self.locks.iter().map(|lock| &**lock).collect();
+        locks.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+        let mut waiters: Vec<&WaiterSnapshot> = self.waiters.iter().collect();
+        waiters.sort_unstable_by_key(|w| (w.session, w.request));
+        SnapshotRef {
+            last_token: self.last_token,
+            sessions,
+            locks: Locks(locks),
+            waiters,
+            ending: &self.ending,
+        }
+        .serialize(serializer)
+    }
+}
+
+impl Serialize for Locks<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.0.iter().map(|lock| LockRef {
+            name: &lock.name,
+            holders: Holds(&lock.holders),
+            queue: &lock.queue,
+            delay_until: lock.delay_until,
+        }))
+    }
+}
+
+impl Serialize for Holds<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.0.iter().map(|h| HoldRef {
+            session: h.session,
+            owner: &h.owner,
+            mode: h.mode,
+            token: h.token,
+            count: h.count,
+            lock_time: h.lock_time,
+            lease_until: h.lease_until,
+            lock_delay: h.lock_delay.into(),
+        }))
+    }
+}
