@@ -152,17 +152,17 @@ pub(crate) struct Core {
     versions: Option<Arc<Versions>>,
 }
 
-/// Entries handed over at once are applied through `blocking::run` when there
-/// are more than this many (a member catching up, or replaying its log after
-/// a restart): a leader's pipeline hands over a few at a time
-/// (`ServerConfig::max_batches_in_flight`)...
+/// Entries handed over at once are applied through `blocking::run` when
+/// there are more than this many (a member catching up, or replaying its
+/// log after a restart); a leader's pipeline hands over a few at a time
+/// (`ServerConfig::max_batches_in_flight`).
 const LONG_APPLY_ENTRIES: usize = 64;
 
-/// ...or when their engine commands are more than this much work
-/// (`Engine::work_of`: a big session's end, or its steps of 1 024 holds
-/// each), which takes milliseconds to a few hundred on a busy machine;
-/// handing the worker's tasks over costs a thread's wake-up, nothing beside
-/// that.
+/// Entries are applied through `blocking::run` as well when their engine
+/// commands are more than this much work (`Engine::work_of`: a big
+/// session's end, or its steps of 1 024 holds each), which takes from
+/// milliseconds to a few hundred on a busy machine; handing the worker's
+/// tasks over costs one thread's wake-up, off the request's path.
 const LONG_APPLY_WORK: usize = 1024;
 
 impl Core {
