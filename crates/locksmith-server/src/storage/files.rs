@@ -87,6 +87,26 @@ pub(super) fn lock_dir(dir: &Path) -> Result<File, ServerError> {
     Ok(file)
 }
 
+/// Whether `dir` is on a filesystem kept in memory (tmpfs, as `/dev/shm`
+/// where a server without a data directory keeps its Raft log, or ramfs):
+/// there a write is a copy into memory and `fdatasync` returns at once.
+/// False when it cannot tell.
+pub(super) fn on_memory_filesystem(dir: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: statfs(2) fills the struct it is given (all zeros is a valid
+    // value of it) from a NUL-terminated path that outlives the call.
+    let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statfs(path.as_ptr(), &mut stat) } != 0 {
+        return false;
+    }
+    /// ramfs's magic number (linux/magic.h), which the libc crate lacks.
+    const RAMFS_MAGIC: libc::c_long = 0x8584_58f6;
+    matches!(stat.f_type, libc::TMPFS_MAGIC | RAMFS_MAGIC)
+}
+
 /// The directory of a server without a data directory (its Raft log), locked
 /// like a data directory while the server runs and removed when it stops.
 pub(crate) struct TemporaryDir {
@@ -377,6 +397,16 @@ mod tests {
     fn age(dir: &Path) {
         let long_ago = SystemTime::now() - 2 * ORPHAN_AGE;
         File::open(dir).unwrap().set_modified(long_ago).unwrap();
+    }
+
+    /// `/dev/shm` is tmpfs on Linux; the project's own directory is on a
+    /// disk (or an overlay of one).
+    #[test]
+    fn a_memory_filesystem_is_told_from_a_disk() {
+        let shm = tempfile::tempdir_in("/dev/shm").unwrap();
+        assert!(on_memory_filesystem(shm.path()));
+        assert!(!on_memory_filesystem(Path::new(env!("CARGO_MANIFEST_DIR"))));
+        assert!(!on_memory_filesystem(Path::new("/no/such/directory")));
     }
 
     #[test]
