@@ -180,7 +180,15 @@ fn main() -> ExitCode {
         // Colours for a person at a terminal; plain text for a file or journald.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let runtime = match tokio::runtime::Runtime::new() {
+    let runtime = match &cli.command {
+        Command::Serve(args) => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(args.worker_threads.into())
+            .thread_name("locksmith-serve")
+            .enable_all()
+            .build(),
+        _ => tokio::runtime::Runtime::new(),
+    };
+    let runtime = match runtime {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("locksmith: cannot start the runtime: {error}");

@@ -155,6 +155,18 @@ pub struct ServeArgs {
     /// tests of a rolling upgrade.
     #[arg(long, value_name = "N", hide = true)]
     pub record_version: Option<u32>,
+    /// Threads that run the server's tasks. One by default: a request
+    /// passes through several tasks (its connection, its stream, the core,
+    /// Raft's, the log's), and on one thread each hand-off is a queue push
+    /// where on two it is often a wake-up of the other thread, which costs
+    /// more than the lock work (docs/BENCHMARKS.md, "One worker").
+    /// Blocking steps (the log's `fdatasync`, a snapshot's install) hand
+    /// the thread's other tasks to another thread while they block. Raise it
+    /// when one core's worth of request work is not enough (`top -H` shows
+    /// the `locksmith-serve` thread near 100 %).
+    #[arg(long, env = "LOCKSMITH_WORKER_THREADS", default_value_t = 1,
+          value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub worker_threads: u16,
     /// How often the leader sends heartbeats to the other members, e.g. `50ms`.
     #[arg(long, value_parser = parse_duration, default_value = "50ms")]
     pub raft_heartbeat: Duration,
@@ -402,6 +414,8 @@ pub async fn serve(args: ServeArgs) -> ExitCode {
         }
         None => tracing::warn!("in-memory mode: locks do not survive a restart"),
     }
+    let worker_threads = tokio::runtime::Handle::current().metrics().num_workers();
+    tracing::info!(worker_threads, "runtime");
     let outcome = match Server::start(config).await {
         Ok(server) => run_until_stopped(server, signals).await,
         Err(error) => Err(error),

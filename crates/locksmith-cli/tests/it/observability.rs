@@ -401,7 +401,8 @@ fn serve_reads_a_config_file_and_flags_win() {
              metrics-listen = \"127.0.0.1:{http}\"\n\
              in-memory = true\n\
              grace = \"3s\"\n\
-             history-per-lock = 4\n"
+             history-per-lock = 4\n\
+             worker-threads = 3\n"
         ),
     )
     .expect("write config");
@@ -424,12 +425,21 @@ fn serve_reads_a_config_file_and_flags_win() {
     serve.kill().expect("stop serve");
     let _ = serve.wait();
     assert!(seen.contains("in-memory mode"), "{seen}");
+    assert!(seen.contains("worker_threads=3"), "{seen}");
     assert!(seen.contains(&format!("127.0.0.1:{http}")), "{seen}");
     assert!(seen.contains(&format!("127.0.0.1:{grpc}")), "{seen}");
     assert!(
         !seen.contains(&format!("127.0.0.1:{grpc_in_file}")),
         "{seen}"
     );
+
+    let output = Command::new(BINARY)
+        .args(["serve", "--in-memory", "--worker-threads", "0"])
+        .output()
+        .expect("locksmith serve");
+    assert_eq!(output.status.code(), Some(2));
+    let error = String::from_utf8_lossy(&output.stderr);
+    assert!(error.contains("--worker-threads"), "{error}");
 
     std::fs::write(&config, "listen = \"127.0.0.1:1\"\nno-such-setting = 1\n").expect("write");
     let output = Command::new(BINARY)
