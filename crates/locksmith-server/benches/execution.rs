@@ -1,10 +1,11 @@
 //! Where the server's core and its Raft log's writer run, side by side in
 //! one run: as tasks of the server's runtime (`Execution::Tasks`, the
-//! default, their blocking calls through `block_in_place`) against threads
-//! of their own (`Execution::Threads`, the layout before).
+//! default, their blocking calls through `block_in_place`) on a runtime of
+//! one worker (the server's default) and of two, against threads of their
+//! own (`Execution::Threads`, the layout before) beside a runtime of two.
 //!
-//! Two groups of one in this process, each on a tokio runtime of its own
-//! (2 workers, named `srv-tasks` and `srv-threads`), with their Raft logs on
+//! Three groups of one in this process, each on a tokio runtime of its own
+//! (named `srv-tasks-1`, `srv-tasks-2` and `srv-threads`), with their Raft logs on
 //! `/dev/shm` (no disk: only software is measured); clients on a third
 //! runtime take and release locks of their own through the client library.
 //! For each side and each client count it reports pairs per second, the
@@ -20,7 +21,7 @@
 //! (under `CARGO_TARGET_TMPDIR`), where the writer's `fdatasync` counts.
 //! `LOCKSMITH_EXECUTION_SECS` (default 3) is the length of each measurement,
 //! `LOCKSMITH_EXECUTION_ROUNDS` (default 3) how many times each runs, in
-//! turn, A B A B; the round with the median rate of each is reported.
+//! turn, A B C A B C; the round with the median rate of each is reported.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -30,45 +31,15 @@ use locksmith::{Client, ConnectOptions};
 use locksmith_server::{Execution, Server, ServerConfig};
 
 mod common;
-use common::{load_average, BoxError};
+use common::{load_average, BoxError, Spent};
 
 /// The client counts measured.
 const CLIENTS: [usize; 3] = [1, 16, 64];
 
-/// What one side's server threads did, summed over its threads.
-#[derive(Clone, Copy, Default)]
-struct Spent {
-    cpu: Duration,
-    switches: u64,
-}
-
 /// Sums CPU time and context switches over the threads of this process
 /// that `side` owns.
 fn spent(side: &Side) -> Spent {
-    let mut total = Spent::default();
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return total;
-    };
-    for task in tasks.flatten() {
-        let path = task.path();
-        let read = |file: &str| std::fs::read_to_string(path.join(file)).unwrap_or_default();
-        let tid = task.file_name().to_string_lossy().into_owned();
-        if !side.owns(read("comm").trim(), &tid) {
-            continue;
-        }
-        let nanos = read("schedstat")
-            .split_whitespace()
-            .next()
-            .and_then(|ns| ns.parse().ok())
-            .unwrap_or(0);
-        total.cpu += Duration::from_nanos(nanos);
-        total.switches += read("status")
-            .lines()
-            .filter(|line| line.contains("ctxt_switches"))
-            .filter_map(|line| line.split_whitespace().nth(1)?.parse::<u64>().ok())
-            .sum::<u64>();
-    }
-    total
+    common::spent_by(|name, tid| side.owns(name, tid))
 }
 
 /// The ids of this process's threads now.
@@ -100,10 +71,10 @@ impl Side {
     fn start(
         label: &'static str,
         execution: Execution,
-        runtime_name: &'static str,
+        (runtime_name, workers): (&'static str, usize),
         disk: Option<&std::path::Path>,
     ) -> Result<Side, BoxError> {
-        let runtime = common::runtime(runtime_name)?;
+        let runtime = common::runtime_of(runtime_name, workers)?;
         let mut config = match disk {
             Some(dir) => ServerConfig::durable(dir.join(runtime_name)),
             None => ServerConfig::in_memory(),
@@ -212,8 +183,24 @@ fn main() -> Result<(), BoxError> {
     };
     let disk_path = disk.as_ref().map(|dir| dir.path());
     let sides = [
-        Side::start("tasks (default)", Execution::Tasks, "srv-tasks", disk_path)?,
-        Side::start("threads", Execution::Threads, "srv-threads", disk_path)?,
+        Side::start(
+            "tasks, 1 worker (default)",
+            Execution::Tasks,
+            ("srv-tasks-1", 1),
+            disk_path,
+        )?,
+        Side::start(
+            "tasks, 2 workers",
+            Execution::Tasks,
+            ("srv-tasks-2", 2),
+            disk_path,
+        )?,
+        Side::start(
+            "threads, 2 workers",
+            Execution::Threads,
+            ("srv-threads", 2),
+            disk_path,
+        )?,
     ];
     let clients = common::runtime("clients")?;
     eprintln!(

@@ -19,6 +19,13 @@
 //!   the same through the client library (`Lock::acquire`,
 //!   `Guard::release`), and a sessionless `AcquireLease` + `Release` pair.
 //!
+//! Then the same at 64 clients, each on a connection of its own, for what
+//! the **server** spends: its runtime's CPU per stream round trip of the
+//! echo, and per acquire + release pair of the lock server through the
+//! client library (two round trips). The echo and the lock server each run
+//! on a runtime of their own with the lock server's default of one worker,
+//! so each one's threads are counted apart from the clients'.
+//!
 //! `cargo bench -p locksmith-server --bench floor`. `LOCKSMITH_FLOOR_SECS`
 //! (default 2) is the length of each measurement; `LOCKSMITH_FLOOR_ROUNDS`
 //! (default 3) runs them all that many times in turn, so that a noisy
@@ -26,7 +33,10 @@
 //! the median p50 of each. The run prints the load average at its start and
 //! end.
 
+use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt};
@@ -390,6 +400,111 @@ async fn library_pairs(url: &str, duration: Duration) -> Result<(Trips, Trips), 
     ))
 }
 
+/// The clients of the measurements of the server's CPU.
+const MANY: usize = 64;
+
+/// Workers of the echo's and the lock server's runtimes: the lock server's
+/// default.
+const SERVER_WORKERS: usize = 1;
+
+/// What `MANY` clients got and what they cost the server's threads.
+struct Load {
+    per_second: f64,
+    cpu_us: f64,
+}
+
+/// Runs `MANY` clients of `client` (each loops, counting what it
+/// completes, until told to stop) for `duration` after a warm-up; counts
+/// the CPU of the threads named `server_threads` over that time.
+async fn many<F, Fut>(server_threads: &str, duration: Duration, client: F) -> Result<Load, BoxError>
+where
+    F: Fn(Arc<AtomicBool>, Arc<AtomicU64>) -> Fut,
+    Fut: Future<Output = Result<(), BoxError>> + Send + 'static,
+{
+    let stop = Arc::new(AtomicBool::new(false));
+    let count = Arc::new(AtomicU64::new(0));
+    let tasks: Vec<_> = (0..MANY)
+        .map(|_| tokio::spawn(client(stop.clone(), count.clone())))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let server = |name: &str, _: &str| name == server_threads;
+    let (counted, before, started) = (
+        count.load(Ordering::SeqCst),
+        common::spent_by(server),
+        Instant::now(),
+    );
+    tokio::time::sleep(duration).await;
+    let (done, after, elapsed) = (
+        count.load(Ordering::SeqCst) - counted,
+        common::spent_by(server),
+        started.elapsed(),
+    );
+    stop.store(true, Ordering::SeqCst);
+    for task in tasks {
+        task.await??;
+    }
+    Ok(Load {
+        per_second: done as f64 / elapsed.as_secs_f64(),
+        cpu_us: (after.cpu - before.cpu).as_nanos() as f64 / 1_000.0 / done.max(1) as f64,
+    })
+}
+
+/// `MANY` stream echoes: each client a connection and a stream of its own,
+/// one heartbeat batch each way per round trip.
+async fn many_echoes(addr: &str, duration: Duration) -> Result<Load, BoxError> {
+    many("echo", duration, |stop, count| {
+        let addr = addr.to_owned();
+        async move {
+            let mut client = channel(&addr).await?;
+            let mut stream = RawStream::open(&mut client).await?;
+            while !stop.load(Ordering::Relaxed) {
+                stream.trip(vec![heartbeat()], None).await?;
+                count.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(())
+        }
+    })
+    .await
+}
+
+/// `MANY` clients of the lock server, each a connection and a lock of its
+/// own, taking and releasing it through the client library.
+async fn many_pairs(url: &str, duration: Duration) -> Result<Load, BoxError> {
+    let run = uuid::Uuid::new_v4().simple().to_string();
+    let next = AtomicU64::new(0);
+    many("server", duration, |stop, count| {
+        let url = url.to_owned();
+        let name = format!("floor/many/{run}/{}", next.fetch_add(1, Ordering::Relaxed));
+        async move {
+            let options = ConnectOptions::default()
+                .session_ttl(Duration::from_secs(30))
+                .client_name("floor");
+            let client = Client::connect_with(&url, options).await?;
+            let lock = client.lock(name);
+            while !stop.load(Ordering::Relaxed) {
+                lock.acquire().await?.release().await?;
+                count.fetch_add(1, Ordering::Relaxed);
+            }
+            client.close().await?;
+            Ok(())
+        }
+    })
+    .await
+}
+
+/// The round with the median CPU of `rounds`, and every round's CPU.
+fn report_load(label: &str, unit: &str, mut rounds: Vec<Load>) {
+    rounds.sort_by(|a, b| a.cpu_us.total_cmp(&b.cpu_us));
+    let each: Vec<String> = rounds.iter().map(|l| format!("{:.1}", l.cpu_us)).collect();
+    let median = &rounds[rounds.len() / 2];
+    println!(
+        "{label:<44} {:>7.1} µs of the server's CPU per {unit}  {:>8.0} {unit}s/s  (each round: {} µs)",
+        median.cpu_us,
+        median.per_second,
+        each.join(", ")
+    );
+}
+
 /// `redis-benchmark -t ping -c 1`: its p50 of `PING_MBULK`, in microseconds.
 fn redis_benchmark(port: u16) -> Result<(f64, f64), BoxError> {
     let out = std::process::Command::new("redis-benchmark")
@@ -440,8 +555,9 @@ fn main() -> Result<(), BoxError> {
     let (duration, rounds) =
         common::duration_and_rounds("LOCKSMITH_FLOOR_SECS", 2, "LOCKSMITH_FLOOR_ROUNDS", 3);
 
-    let server_runtime = common::runtime("server")?;
-    let echo = server_runtime.block_on(start_echo())?;
+    let echo_runtime = common::runtime_of("echo", SERVER_WORKERS)?;
+    let echo = echo_runtime.block_on(start_echo())?;
+    let server_runtime = common::runtime_of("server", SERVER_WORKERS)?;
     let config = ServerConfig::in_memory().listen("127.0.0.1:0".parse()?);
     let server = server_runtime.block_on(Server::start(config))?;
     let url = server.url();
@@ -465,6 +581,8 @@ fn main() -> Result<(), BoxError> {
         library_acquire: Vec<Trips>,
         library_release: Vec<Trips>,
         lease_acquire: Vec<Trips>,
+        many_echoes: Vec<Load>,
+        many_pairs: Vec<Load>,
     }
     let mut all = All::default();
     clients.block_on(async {
@@ -530,6 +648,8 @@ fn main() -> Result<(), BoxError> {
                 })
                 .await?,
             );
+            all.many_echoes.push(many_echoes(&echo, duration).await?);
+            all.many_pairs.push(many_pairs(&url, duration).await?);
         }
         Ok::<(), BoxError>(())
     })?;
@@ -554,6 +674,13 @@ fn main() -> Result<(), BoxError> {
     report("server: acquire, client library", all.library_acquire);
     report("server: release, client library", all.library_release);
     report("server: AcquireLease + Release (unary)", all.lease_acquire);
+    println!("{MANY} clients, each a connection of its own:");
+    report_load("gRPC stream echo", "trip", all.many_echoes);
+    report_load(
+        "server: acquire + release, client library",
+        "pair",
+        all.many_pairs,
+    );
     clients.block_on(async move { drop(server) });
     Ok(())
 }

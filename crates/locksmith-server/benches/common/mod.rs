@@ -4,6 +4,8 @@
 //! shared machine a figure means little without it).
 //!
 //! A module directory, so that Cargo does not take it for a bench target.
+//! Each bench uses some of it, so the rest is dead code to that bench.
+#![allow(dead_code)]
 
 use std::time::Duration;
 
@@ -36,8 +38,13 @@ pub fn duration_and_rounds(
 /// A runtime of two workers whose threads carry `name`, so a profile or a
 /// per-thread CPU count can tell the server's work from the clients'.
 pub fn runtime(name: &str) -> std::io::Result<tokio::runtime::Runtime> {
+    runtime_of(name, 2)
+}
+
+/// A runtime of `workers` workers whose threads carry `name`.
+pub fn runtime_of(name: &str, workers: usize) -> std::io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(workers)
         .thread_name(name)
         .enable_all()
         .build()
@@ -53,4 +60,42 @@ pub fn load_average() -> String {
                 .join(" ")
         })
         .unwrap_or_else(|_| "unknown".into())
+}
+
+/// What some of this process's threads have spent so far.
+#[derive(Clone, Copy, Default)]
+pub struct Spent {
+    pub cpu: std::time::Duration,
+    pub switches: u64,
+}
+
+/// Sums CPU time (`/proc/self/task/*/schedstat`) and context switches,
+/// voluntary and not (`/proc/self/task/*/status`), over the threads of this
+/// process that `owns(name, tid)` picks, so that one runtime's work can be
+/// told from another's in one process.
+pub fn spent_by(owns: impl Fn(&str, &str) -> bool) -> Spent {
+    let mut total = Spent::default();
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return total;
+    };
+    for task in tasks.flatten() {
+        let path = task.path();
+        let read = |file: &str| std::fs::read_to_string(path.join(file)).unwrap_or_default();
+        let tid = task.file_name().to_string_lossy().into_owned();
+        if !owns(read("comm").trim(), &tid) {
+            continue;
+        }
+        let nanos = read("schedstat")
+            .split_whitespace()
+            .next()
+            .and_then(|ns| ns.parse().ok())
+            .unwrap_or(0);
+        total.cpu += std::time::Duration::from_nanos(nanos);
+        total.switches += read("status")
+            .lines()
+            .filter(|line| line.contains("ctxt_switches"))
+            .filter_map(|line| line.split_whitespace().nth(1)?.parse::<u64>().ok())
+            .sum::<u64>();
+    }
+    total
 }
