@@ -16,6 +16,11 @@ pub fn member_host(id: u64) -> String {
     format!("member{id}")
 }
 
+/// The name of client host `n` (1-based), where some of the clients run.
+pub fn client_host(n: u32) -> String {
+    format!("client{n}")
+}
+
 /// The simulation's wall clock: its epoch plus the simulated time.
 pub(crate) fn wall_clock() -> SystemTime {
     UNIX_EPOCH + turmoil::since_epoch().unwrap_or_default()

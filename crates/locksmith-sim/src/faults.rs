@@ -12,7 +12,7 @@ use std::time::Duration;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use crate::cluster::member_host;
+use crate::cluster::{client_host, member_host};
 use crate::Settings;
 
 /// How long before the clients stop every fault is healed.
@@ -41,7 +41,7 @@ pub(crate) struct Faults {
     enabled: bool,
     calm: bool,
     members: u64,
-    clients: u32,
+    client_hosts: u32,
     quiet_from: Duration,
     next: Duration,
     heals: Vec<(Duration, Heal)>,
@@ -56,7 +56,7 @@ impl Faults {
             enabled: settings.faults,
             calm: settings.calm,
             members: settings.members,
-            clients: settings.clients,
+            client_hosts: settings.client_hosts(),
             quiet_from: settings.duration.saturating_sub(QUIET_BEFORE_END),
             next: Duration::from_secs(2),
             heals: Vec::new(),
@@ -153,7 +153,7 @@ impl Faults {
                 // long pause): its connections stay open, nothing answers.
                 let others: Vec<String> = (1..=self.members)
                     .map(member_host)
-                    .chain((1..=self.clients).map(|id| format!("client{id}")))
+                    .chain((1..=self.client_hosts).map(client_host))
                     .chain(["prober".to_owned()])
                     .filter(|host| *host != member)
                     .collect();
@@ -165,7 +165,7 @@ impl Faults {
                 format!("{member} frozen")
             }
             4 => {
-                let client = format!("client{}", self.rng.gen_range(1..=self.clients));
+                let client = client_host(self.rng.gen_range(1..=self.client_hosts));
                 for id in 1..=self.members {
                     let m = member_host(id);
                     sim.partition(client.as_str(), m.as_str());

@@ -86,7 +86,7 @@ use rand::rngs::SmallRng;
 use rand::SeedableRng;
 
 use crate::check::Violation;
-use crate::cluster::{member_host, MemberSetup, PORT};
+use crate::cluster::{client_host, member_host, MemberSetup, PORT};
 use crate::faults::Faults;
 use crate::history::{Event, History};
 use crate::workload::ClientSetup;
@@ -115,6 +115,13 @@ pub struct Settings {
     /// A past defect put back (`locksmith_core::planted`), to show the
     /// simulator finds it.
     pub plant: Option<Defect>,
+    /// Clients that share a simulated host (each with its own session and
+    /// connections), as on an application's servers: fewer hosts for the
+    /// simulator to step.
+    pub clients_per_host: u32,
+    /// The simulator's step: messages are delivered and hosts run in steps
+    /// of this much simulated time.
+    pub tick: Duration,
 }
 
 impl Default for Settings {
@@ -129,20 +136,29 @@ impl Default for Settings {
             session_ttl: Duration::from_secs(2),
             mixed: false,
             plant: None,
+            tick: Duration::from_millis(5),
+            clients_per_host: 4,
         }
     }
 }
 
 impl Settings {
+    /// The hosts the clients run on.
+    pub fn client_hosts(&self) -> u32 {
+        self.clients.div_ceil(self.clients_per_host.max(1))
+    }
+
     /// The command that runs `seed` with these settings again.
     pub fn replay_command(&self, seed: u64) -> String {
         format!(
             "RUST_LOG=locksmith_sim=debug cargo run --release -p locksmith-sim -- --seed {seed} \
-             --members {} --clients {} --locks {} --duration {}{}{}{}{}",
+             --members {} --clients {} --locks {} --duration {} --tick-ms {} --clients-per-host {}{}{}{}{}",
             self.members,
             self.clients,
             self.locks,
             self.duration.as_secs(),
+            self.tick.as_millis(),
+            self.clients_per_host,
             if self.faults { "" } else { " --no-faults" },
             if self.calm { " --calm" } else { "" },
             if self.mixed { " --mixed" } else { "" },
@@ -161,8 +177,12 @@ pub struct Report {
     pub seed: u64,
     /// Simulated time from start to the last client's end.
     pub simulated: Duration,
-    /// Real time it took.
+    /// Real time the simulation took (the checks not counted).
     pub real: Duration,
+    /// CPU time the simulation took: beside `real` on a busy machine.
+    pub cpu: Duration,
+    /// Real time the checks of the history took.
+    pub checking: Duration,
     /// Every invocation and return the clients saw.
     pub history: Vec<Event>,
     /// The faults, as they struck.
@@ -231,7 +251,7 @@ fn simulate(seed: u64, settings: &Settings) -> Report {
         .rng_seed(seed)
         .epoch(UNIX_EPOCH + Duration::from_secs(1_900_000_000))
         .simulation_duration(settings.duration + FINISH_WITHIN * 2)
-        .tick_duration(Duration::from_millis(1))
+        .tick_duration(settings.tick)
         .min_message_latency(Duration::from_millis(1))
         .max_message_latency(Duration::from_millis(if settings.faults { 20 } else { 5 }))
         .build();
@@ -257,21 +277,29 @@ fn simulate(seed: u64, settings: &Settings) -> Report {
     let history = History::default();
     let sessions_lost = workload::SessionsLost::default();
     let locks: Vec<String> = (0..settings.locks).map(|i| format!("hot/{i}")).collect();
-    for id in 1..=settings.clients {
-        let setup = ClientSetup {
-            id,
-            url: url.clone(),
-            locks: locks.clone(),
-            session_ttl: settings.session_ttl,
-            until: settings.duration,
-            mixed: settings.mixed,
-            calm: settings.calm,
-        };
-        let rng = SmallRng::seed_from_u64(seed.wrapping_mul(1_000_003).wrapping_add(u64::from(id)));
-        sim.client(
-            format!("client{id}"),
-            workload::run_client(setup, rng, history.clone(), sessions_lost.clone()),
-        );
+    let hosts = settings.client_hosts();
+    for host in 1..=hosts {
+        let clients = (1..=settings.clients)
+            .filter(|id| (id - 1) % hosts + 1 == host)
+            .map(|id| {
+                let setup = ClientSetup {
+                    id,
+                    url: url.clone(),
+                    locks: locks.clone(),
+                    session_ttl: settings.session_ttl,
+                    until: settings.duration,
+                    mixed: settings.mixed,
+                    calm: settings.calm,
+                };
+                let rng = SmallRng::seed_from_u64(
+                    seed.wrapping_mul(1_000_003).wrapping_add(u64::from(id)),
+                );
+                workload::run_client(setup, rng, history.clone(), sessions_lost.clone())
+            })
+            .collect::<Vec<_>>();
+        sim.client(client_host(host), async move {
+            futures::future::try_join_all(clients).await.map(|_| ())
+        });
     }
     let stuck = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
     let prober = ClientSetup {
@@ -318,6 +346,7 @@ fn simulate(seed: u64, settings: &Settings) -> Report {
     }
     let simulated = sim.elapsed();
     drop(sim);
+    let (real, cpu) = (started.elapsed(), thread_cpu_time());
     let history = history.events();
     CHECKING.store(true, std::sync::atomic::Ordering::Relaxed);
     violations.extend(stuck.take());
@@ -340,9 +369,23 @@ fn simulate(seed: u64, settings: &Settings) -> Report {
     Report {
         seed,
         simulated,
-        real: started.elapsed(),
+        real,
+        cpu,
+        checking: started.elapsed() - real,
         history,
         faults: faults.struck(),
         violations,
     }
+}
+
+/// The CPU time this thread has used.
+fn thread_cpu_time() -> Duration {
+    let mut time = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `time` is a valid timespec to write; the clock id is a
+    // constant every Linux knows.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut time) };
+    Duration::new(time.tv_sec as u64, time.tv_nsec as u32)
 }

@@ -52,6 +52,15 @@ struct Args {
     /// no-grace or no-deadline-check (`locksmith_core::planted`).
     #[arg(long, value_parser = parse_defect)]
     plant: Option<Defect>,
+    /// Clients that share a simulated host.
+    #[arg(long, default_value_t = 4)]
+    clients_per_host: u32,
+    /// The simulator's step, in simulated milliseconds.
+    #[arg(long, default_value_t = 5)]
+    tick_ms: u64,
+    /// Seeds of a range run at a time, each in a process of its own.
+    #[arg(long, default_value_t = 1)]
+    jobs: usize,
     /// Print the run's history.
     #[arg(long)]
     history: bool,
@@ -84,6 +93,8 @@ fn main() -> ExitCode {
         calm: args.calm,
         mixed: args.mixed,
         plant: args.plant,
+        tick: Duration::from_millis(args.tick_ms),
+        clients_per_host: args.clients_per_host,
         ..Settings::default()
     };
     match (args.seed, &args.seeds) {
@@ -95,7 +106,7 @@ fn main() -> ExitCode {
             .split_once("..")
             .and_then(|(a, b)| Some(a.parse::<u64>().ok()?..b.parse::<u64>().ok()?))
         {
-            Some(seeds) => campaign(seeds, &settings, args.real_limit),
+            Some(seeds) => campaign(seeds, &settings, args.real_limit, args.jobs),
             None => {
                 eprintln!("--seeds takes FIRST..END, e.g. 1..1000");
                 ExitCode::FAILURE
@@ -149,7 +160,7 @@ fn watch_real_time(seed: u64, settings: &Settings, limit: Duration) {
         }
         println!("  replay: {replay}");
         println!(
-            "result simulated_ms=0 real_ms={} ok=false",
+            "result simulated_ms=0 real_ms={0} cpu_ms={0} check_ms=0 ok=false",
             limit.as_millis()
         );
         std::process::exit(1);
@@ -173,12 +184,15 @@ fn cpu_time() -> Duration {
 fn run_one(seed: u64, settings: &Settings, history: bool) -> ExitCode {
     let report = run(seed, settings);
     println!(
-        "seed {seed}: {} grants, {} faults, {:.1}s simulated in {:.1}s ({:.0}×), digest {:016x}{}",
+        "seed {seed}: {} grants, {} faults, {:.1}s simulated in {:.2}s ({:.0}×; {:.2}s of CPU), \
+         checked in {:.2}s, digest {:016x}{}",
         report.grants(),
         report.faults.len(),
         report.simulated.as_secs_f64(),
         report.real.as_secs_f64(),
         report.simulated.as_secs_f64() / report.real.as_secs_f64(),
+        report.cpu.as_secs_f64(),
+        report.checking.as_secs_f64(),
         report.digest(),
         if report.violations.is_empty() {
             ""
@@ -204,9 +218,11 @@ fn run_one(seed: u64, settings: &Settings, history: bool) -> ExitCode {
         println!("  replay: {}", settings.replay_command(seed));
     }
     println!(
-        "result simulated_ms={} real_ms={} ok={}",
+        "result simulated_ms={} real_ms={} cpu_ms={} check_ms={} ok={}",
         report.simulated.as_millis(),
         report.real.as_millis(),
+        report.cpu.as_millis(),
+        report.checking.as_millis(),
         report.violations.is_empty()
     );
     if report.violations.is_empty() {
@@ -216,81 +232,154 @@ fn run_one(seed: u64, settings: &Settings, history: bool) -> ExitCode {
     }
 }
 
-/// Runs every seed of `seeds` in a process of its own, then sums up.
-fn campaign(seeds: std::ops::Range<u64>, settings: &Settings, real_limit: u64) -> ExitCode {
+/// What a campaign's runs add up to.
+#[derive(Default)]
+struct Tally {
+    runs: u64,
+    failed: Vec<u64>,
+    simulated: Duration,
+    real: Duration,
+    cpu: Duration,
+    checking: Duration,
+}
+
+/// Runs every seed of `seeds` in a process of its own, `jobs` at a time,
+/// then sums up. Each seed's lines are printed whole as it ends.
+fn campaign(
+    seeds: std::ops::Range<u64>,
+    settings: &Settings,
+    real_limit: u64,
+    jobs: usize,
+) -> ExitCode {
     let program = std::env::current_exe().expect("the path of this program");
-    let (mut runs, mut failed) = (0u64, Vec::new());
-    let (mut simulated, mut real) = (Duration::ZERO, Duration::ZERO);
-    for seed in seeds {
-        let mut command = Command::new(&program);
-        command
-            .arg("--seed")
-            .arg(seed.to_string())
-            .args(["--members", &settings.members.to_string()])
-            .args(["--clients", &settings.clients.to_string()])
-            .args(["--locks", &settings.locks.to_string()])
-            .args(["--duration", &settings.duration.as_secs().to_string()])
-            .args(["--real-limit", &real_limit.to_string()]);
-        if !settings.faults {
-            command.arg("--no-faults");
-        }
-        if settings.calm {
-            command.arg("--calm");
-        }
-        if settings.mixed {
-            command.arg("--mixed");
-        }
-        if let Some(defect) = settings.plant {
-            command.args(["--plant", defect.name()]);
-        }
-        let output = match command.output() {
-            Ok(output) => output,
-            Err(error) => {
-                eprintln!("cannot run {}: {error}", program.display());
-                return ExitCode::FAILURE;
-            }
-        };
-        runs += 1;
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        let mut ok = output.status.success();
-        for line in stdout.lines() {
-            match line.strip_prefix("result ") {
-                Some(result) => {
-                    for field in result.split(' ') {
-                        match field.split_once('=') {
-                            Some(("simulated_ms", ms)) => {
-                                simulated += Duration::from_millis(ms.parse().unwrap_or(0))
-                            }
-                            Some(("real_ms", ms)) => {
-                                real += Duration::from_millis(ms.parse().unwrap_or(0))
-                            }
-                            Some(("ok", value)) => ok &= value == "true",
-                            _ => {}
+    let next = std::sync::Mutex::new(seeds.clone());
+    let tally = std::sync::Mutex::new(Tally::default());
+    let started = std::time::Instant::now();
+    std::thread::scope(|scope| {
+        for _ in 0..jobs.max(1) {
+            scope.spawn(|| loop {
+                let Some(seed) = next.lock().expect("the seeds").next() else {
+                    return;
+                };
+                let (lines, result) = run_seed(&program, seed, settings, real_limit);
+                let mut tally = tally.lock().expect("the tally");
+                print!("{lines}");
+                tally.runs += 1;
+                match result {
+                    Some(run) => {
+                        tally.simulated += run.simulated;
+                        tally.real += run.real;
+                        tally.cpu += run.cpu;
+                        tally.checking += run.checking;
+                        if !run.ok {
+                            tally.failed.push(seed);
                         }
                     }
+                    None => tally.failed.push(seed),
                 }
-                None => println!("{line}"),
-            }
+            });
         }
-        if !ok {
-            if !output.status.success() && !stdout.contains("replay:") {
-                // It died before its report (a panic): say how.
-                print!("{}", String::from_utf8_lossy(&output.stderr));
-                println!("  replay: {}", settings.replay_command(seed));
-            }
-            failed.push(seed);
-        }
-    }
+    });
+    let mut tally = tally.into_inner().expect("the tally");
+    tally.failed.sort_unstable();
     println!(
-        "{runs} seeds, {} failed {failed:?}; {:.0}s simulated in {:.0}s of runs ({:.1}×)",
-        failed.len(),
-        simulated.as_secs_f64(),
-        real.as_secs_f64(),
-        simulated.as_secs_f64() / real.as_secs_f64().max(1e-9)
+        "{} seeds, {} failed {:?}; {:.0}s simulated in {:.0}s of runs ({:.1}×; {:.0}s of CPU, \
+         {:.1}× per CPU second), {:.0}s of checks; {:.0}s in all, {jobs} at a time",
+        tally.runs,
+        tally.failed.len(),
+        tally.failed,
+        tally.simulated.as_secs_f64(),
+        tally.real.as_secs_f64(),
+        tally.simulated.as_secs_f64() / tally.real.as_secs_f64().max(1e-9),
+        tally.cpu.as_secs_f64(),
+        tally.simulated.as_secs_f64() / tally.cpu.as_secs_f64().max(1e-9),
+        tally.checking.as_secs_f64(),
+        started.elapsed().as_secs_f64(),
     );
-    if failed.is_empty() {
+    if tally.failed.is_empty() {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
     }
+}
+
+/// How one seed's run went, as its `result` line says.
+struct SeedResult {
+    simulated: Duration,
+    real: Duration,
+    cpu: Duration,
+    checking: Duration,
+    ok: bool,
+}
+
+/// Runs `seed` in a process of its own: the lines to print, and its result
+/// (none if the process could not run).
+fn run_seed(
+    program: &std::path::Path,
+    seed: u64,
+    settings: &Settings,
+    real_limit: u64,
+) -> (String, Option<SeedResult>) {
+    let mut command = Command::new(program);
+    command
+        .arg("--seed")
+        .arg(seed.to_string())
+        .args(["--members", &settings.members.to_string()])
+        .args(["--clients", &settings.clients.to_string()])
+        .args(["--locks", &settings.locks.to_string()])
+        .args(["--duration", &settings.duration.as_secs().to_string()])
+        .args(["--tick-ms", &settings.tick.as_millis().to_string()])
+        .args(["--clients-per-host", &settings.clients_per_host.to_string()])
+        .args(["--real-limit", &real_limit.to_string()]);
+    if !settings.faults {
+        command.arg("--no-faults");
+    }
+    if settings.calm {
+        command.arg("--calm");
+    }
+    if settings.mixed {
+        command.arg("--mixed");
+    }
+    if let Some(defect) = settings.plant {
+        command.args(["--plant", defect.name()]);
+    }
+    let output = match command.output() {
+        Ok(output) => output,
+        Err(error) => {
+            return (format!("cannot run {}: {error}\n", program.display()), None);
+        }
+    };
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let mut lines = String::new();
+    let mut result = SeedResult {
+        simulated: Duration::ZERO,
+        real: Duration::ZERO,
+        cpu: Duration::ZERO,
+        checking: Duration::ZERO,
+        ok: output.status.success(),
+    };
+    let millis = |ms: &str| Duration::from_millis(ms.parse().unwrap_or(0));
+    for line in stdout.lines() {
+        let Some(fields) = line.strip_prefix("result ") else {
+            lines.push_str(line);
+            lines.push('\n');
+            continue;
+        };
+        for field in fields.split(' ') {
+            match field.split_once('=') {
+                Some(("simulated_ms", ms)) => result.simulated = millis(ms),
+                Some(("real_ms", ms)) => result.real = millis(ms),
+                Some(("cpu_ms", ms)) => result.cpu = millis(ms),
+                Some(("check_ms", ms)) => result.checking = millis(ms),
+                Some(("ok", value)) => result.ok &= value == "true",
+                _ => {}
+            }
+        }
+    }
+    if !output.status.success() && !stdout.contains("replay:") {
+        // It died before its report (a panic): say how.
+        lines.push_str(&String::from_utf8_lossy(&output.stderr));
+        lines.push_str(&format!("  replay: {}\n", settings.replay_command(seed)));
+    }
+    (lines, Some(result))
 }
