@@ -1,12 +1,24 @@
 //! The cluster: members running the real server (`locksmith-server`) on
 //! simulated hosts, with the simulator's network, time and wall clock.
+//!
+//! Each member's wall clock is off the simulated time by its own skew
+//! ([`crate::Settings::clock_skew`]): a member that becomes leader starts
+//! its clock there (or past the last time its log stamped), so a new
+//! leader's clock may be ahead of or behind its predecessor's. The default
+//! of 1 ms either way keeps any two members within 2 ms of each other,
+//! inside the drift the design allows for (1 % of a TTL or lease, plus
+//! 2 ms: a client stops trusting its hold that much before its store
+//! would end it).
 
+use std::cell::Cell;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use locksmith_proto::transport::Connector;
-use locksmith_server::{Accepting, Environment, Execution, Listener, Server, ServerConfig};
+use locksmith_server::{
+    Accepting, Environment, Execution, Listener, Server, ServerConfig, WallClock,
+};
 
 /// The port every member serves clients and members on.
 pub const PORT: u16 = 7420;
@@ -21,9 +33,47 @@ pub fn client_host(n: u32) -> String {
     format!("client{n}")
 }
 
-/// The simulation's wall clock: its epoch plus the simulated time.
-pub(crate) fn wall_clock() -> SystemTime {
-    UNIX_EPOCH + turmoil::since_epoch().unwrap_or_default()
+/// The most members a run may have: one wall clock each.
+pub const MAX_MEMBERS: usize = 7;
+
+thread_local! {
+    /// How far each member's wall clock is off the simulated one, in
+    /// nanoseconds (by id − 1), in the run on this thread.
+    static SKEWS: Cell<[i64; MAX_MEMBERS]> = const { Cell::new([0; MAX_MEMBERS]) };
+}
+
+/// Sets how far each member's wall clock is off, in nanoseconds (by
+/// id − 1), for the run on this thread.
+pub(crate) fn skew_clocks(skews: [i64; MAX_MEMBERS]) {
+    SKEWS.with(|cell| cell.set(skews));
+}
+
+/// Member `ID + 1`'s wall clock: the simulation's epoch plus the simulated
+/// time, off by the member's skew. A function per member, because the
+/// server takes a plain function (`WallClock`).
+fn member_wall_clock<const ID: usize>() -> SystemTime {
+    let now = UNIX_EPOCH + turmoil::since_epoch().unwrap_or_default();
+    let skew = SKEWS.with(|cell| cell.get()[ID]);
+    let by = Duration::from_nanos(skew.unsigned_abs());
+    if skew >= 0 {
+        now + by
+    } else {
+        now - by
+    }
+}
+
+/// The wall clock of member `id` (1-based).
+fn wall_clock(id: u64) -> WallClock {
+    const CLOCKS: [WallClock; MAX_MEMBERS] = [
+        member_wall_clock::<0>,
+        member_wall_clock::<1>,
+        member_wall_clock::<2>,
+        member_wall_clock::<3>,
+        member_wall_clock::<4>,
+        member_wall_clock::<5>,
+        member_wall_clock::<6>,
+    ];
+    CLOCKS[id as usize - 1]
 }
 
 /// Dials the simulated network.
@@ -75,7 +125,7 @@ impl MemberSetup {
 pub(crate) async fn run_member(setup: MemberSetup) -> turmoil::Result {
     let listener = turmoil::net::TcpListener::bind(("0.0.0.0", PORT)).await?;
     let environment = Environment::machine()
-        .wall_clock(wall_clock)
+        .wall_clock(wall_clock(setup.id))
         .listener(SimListener(listener))
         .connector(connector());
     let mut server = Server::start_in(setup.config(), environment).await?;

@@ -3,7 +3,8 @@
 //! healed (and every member up) a few seconds before the clients stop.
 //!
 //! Calm runs ([`crate::Settings::calm`]) strike one member at a time (cut
-//! off, cut one way, crashed, frozen, or a link held back), each healed before
+//! off, cut one way, crashed, frozen, its links slow, or a link held back),
+//! each healed before
 //! the next, with `SETTLE` between: faults a cluster with spares in its
 //! URL must ride out without losing any client's session.
 
@@ -26,6 +27,15 @@ const SETTLE: Duration = Duration::from_secs(3);
 /// faults of other runs stay as their seeds drew them).
 const FREEZE: i32 = 6;
 
+/// The kind of fault that slows a member's links to the other members.
+const SLOW: i32 = 7;
+
+/// How slow a slow member's links are, one way: past the leader's lease
+/// (its acknowledgements come back after the lease they renew has lapsed)
+/// at the top, while commits still answer a client well within half its
+/// TTL.
+const SLOW_LATENCY_MS: std::ops::Range<u64> = 50..350;
+
 /// A fault's undoing, due at a time.
 enum Heal {
     Repair(String, String),
@@ -33,6 +43,7 @@ enum Heal {
     Release(String, String),
     Restore(String, String),
     Restart(String),
+    Speed(String, String),
 }
 
 /// The faults of one run.
@@ -40,6 +51,9 @@ pub(crate) struct Faults {
     rng: SmallRng,
     enabled: bool,
     calm: bool,
+    slow_links: bool,
+    /// Every link's latency while it is not slowed.
+    latency: std::ops::Range<Duration>,
     members: u64,
     client_hosts: u32,
     quiet_from: Duration,
@@ -55,6 +69,8 @@ impl Faults {
             rng: SmallRng::seed_from_u64(seed ^ 0x0066_6175_6c74),
             enabled: settings.faults,
             calm: settings.calm,
+            slow_links: settings.slow_links,
+            latency: settings.latency(),
             members: settings.members,
             client_hosts: settings.client_hosts(),
             quiet_from: settings.duration.saturating_sub(QUIET_BEFORE_END),
@@ -109,11 +125,15 @@ impl Faults {
         let until = now + lasting;
         let member = self.member();
         // Calm runs strike the members only and keep their links whole,
-        // and may freeze one.
-        let kind = match self.calm {
-            true => [0, 1, 2, 3, FREEZE][self.rng.gen_range(0..5)],
-            false => self.rng.gen_range(0..6),
+        // and may freeze one. Slow links came last: without them a seed
+        // draws the faults it drew before they existed.
+        let kinds: &[i32] = match (self.calm, self.slow_links) {
+            (true, false) => &[0, 1, 2, 3, FREEZE],
+            (true, true) => &[0, 1, 2, 3, FREEZE, SLOW],
+            (false, false) => &[0, 1, 2, 3, 4, 5],
+            (false, true) => &[0, 1, 2, 3, 4, 5, SLOW],
         };
+        let kind = kinds[self.rng.gen_range(0..kinds.len())];
         let what = match kind {
             0 => {
                 let others: Vec<String> = (1..=self.members)
@@ -164,6 +184,18 @@ impl Faults {
                 }
                 format!("{member} frozen")
             }
+            SLOW => {
+                let latency = Duration::from_millis(self.rng.gen_range(SLOW_LATENCY_MS));
+                let others: Vec<String> = (1..=self.members)
+                    .map(member_host)
+                    .filter(|m| *m != member)
+                    .collect();
+                for other in others {
+                    sim.set_link_latency(member.as_str(), other.as_str(), latency);
+                    self.heals.push((until, Heal::Speed(member.clone(), other)));
+                }
+                format!("{member}'s links to the other members slow ({latency:?} one way)")
+            }
             4 => {
                 let client = client_host(self.rng.gen_range(1..=self.client_hosts));
                 for id in 1..=self.members {
@@ -192,6 +224,10 @@ impl Faults {
             Heal::RepairOneway(a, b) => sim.repair_oneway(a.as_str(), b.as_str()),
             Heal::Release(a, b) => sim.release(a.as_str(), b.as_str()),
             Heal::Restore(a, b) => sim.set_link_fail_rate(a.as_str(), b.as_str(), 0.0),
+            Heal::Speed(a, b) => {
+                sim.set_link_latency(a.as_str(), b.as_str(), self.latency.start);
+                sim.set_link_max_message_latency(a.as_str(), b.as_str(), self.latency.end);
+            }
             Heal::Restart(member) => {
                 sim.bounce(member.as_str());
                 self.crashed = None;

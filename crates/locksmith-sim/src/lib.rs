@@ -83,7 +83,7 @@ use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use locksmith_core::planted::{self, Defect};
 use rand::rngs::SmallRng;
-use rand::SeedableRng;
+use rand::{Rng, SeedableRng};
 
 use crate::check::Violation;
 use crate::cluster::{client_host, member_host, MemberSetup, PORT};
@@ -119,6 +119,13 @@ pub struct Settings {
     /// connections), as on an application's servers: fewer hosts for the
     /// simulator to step.
     pub clients_per_host: u32,
+    /// Whether a member's links to the others may turn slow (50–350 ms one
+    /// way) for a while, past the leader's lease (`faults`).
+    pub slow_links: bool,
+    /// Each member's wall clock is off the simulated one by up to this
+    /// much, either way (its own offset, drawn from the seed; module
+    /// `cluster`).
+    pub clock_skew: Duration,
     /// The simulator's step: messages are delivered and hosts run in steps
     /// of this much simulated time.
     pub tick: Duration,
@@ -138,11 +145,18 @@ impl Default for Settings {
             plant: None,
             tick: Duration::from_millis(5),
             clients_per_host: 4,
+            slow_links: true,
+            clock_skew: Duration::from_millis(1),
         }
     }
 }
 
 impl Settings {
+    /// Every link's latency, from least to most (while no fault slows it).
+    pub fn latency(&self) -> std::ops::Range<Duration> {
+        Duration::from_millis(1)..Duration::from_millis(if self.faults { 20 } else { 5 })
+    }
+
     /// The hosts the clients run on.
     pub fn client_hosts(&self) -> u32 {
         self.clients.div_ceil(self.clients_per_host.max(1))
@@ -152,13 +166,15 @@ impl Settings {
     pub fn replay_command(&self, seed: u64) -> String {
         format!(
             "RUST_LOG=locksmith_sim=debug cargo run --release -p locksmith-sim -- --seed {seed} \
-             --members {} --clients {} --locks {} --duration {} --tick-ms {} --clients-per-host {}{}{}{}{}",
+             --members {} --clients {} --locks {} --duration {} --tick-ms {} --clients-per-host {} --clock-skew-ms {}{}{}{}{}{}",
             self.members,
             self.clients,
             self.locks,
             self.duration.as_secs(),
             self.tick.as_millis(),
             self.clients_per_host,
+            self.clock_skew.as_millis(),
+            if self.slow_links { "" } else { " --no-slow-links" },
             if self.faults { "" } else { " --no-faults" },
             if self.calm { " --calm" } else { "" },
             if self.mixed { " --mixed" } else { "" },
@@ -252,9 +268,15 @@ fn simulate(seed: u64, settings: &Settings) -> Report {
         .epoch(UNIX_EPOCH + Duration::from_secs(1_900_000_000))
         .simulation_duration(settings.duration + FINISH_WITHIN * 2)
         .tick_duration(settings.tick)
-        .min_message_latency(Duration::from_millis(1))
-        .max_message_latency(Duration::from_millis(if settings.faults { 20 } else { 5 }))
+        .min_message_latency(settings.latency().start)
+        .max_message_latency(settings.latency().end)
         .build();
+    let mut skews = SmallRng::seed_from_u64(seed ^ 0x0063_6c6f_636b);
+    let skew = settings.clock_skew.as_nanos() as i64;
+    cluster::skew_clocks(std::array::from_fn(|_| match skew {
+        0 => 0,
+        _ => skews.gen_range(-skew..=skew),
+    }));
     let cluster: Vec<(u64, String)> = (1..=settings.members)
         .map(|id| (id, format!("{}:{PORT}", member_host(id))))
         .collect();

@@ -24,8 +24,8 @@ struct Args {
     /// its own.
     #[arg(long)]
     seeds: Option<String>,
-    /// Members of the cluster.
-    #[arg(long, default_value_t = 3)]
+    /// Members of the cluster (at most 7).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=7))]
     members: u64,
     /// Clients.
     #[arg(long, default_value_t = 6)]
@@ -55,6 +55,13 @@ struct Args {
     /// Clients that share a simulated host.
     #[arg(long, default_value_t = 4)]
     clients_per_host: u32,
+    /// No slow links among the faults (as before they existed).
+    #[arg(long)]
+    no_slow_links: bool,
+    /// How far each member's wall clock may be off the simulated time,
+    /// either way, in milliseconds (0: none).
+    #[arg(long, default_value_t = 1)]
+    clock_skew_ms: u64,
     /// The simulator's step, in simulated milliseconds.
     #[arg(long, default_value_t = 5)]
     tick_ms: u64,
@@ -95,6 +102,8 @@ fn main() -> ExitCode {
         plant: args.plant,
         tick: Duration::from_millis(args.tick_ms),
         clients_per_host: args.clients_per_host,
+        slow_links: !args.no_slow_links,
+        clock_skew: Duration::from_millis(args.clock_skew_ms),
         ..Settings::default()
     };
     match (args.seed, &args.seeds) {
@@ -330,7 +339,14 @@ fn run_seed(
         .args(["--duration", &settings.duration.as_secs().to_string()])
         .args(["--tick-ms", &settings.tick.as_millis().to_string()])
         .args(["--clients-per-host", &settings.clients_per_host.to_string()])
+        .args([
+            "--clock-skew-ms",
+            &settings.clock_skew.as_millis().to_string(),
+        ])
         .args(["--real-limit", &real_limit.to_string()]);
+    if !settings.slow_links {
+        command.arg("--no-slow-links");
+    }
     if !settings.faults {
         command.arg("--no-faults");
     }
