@@ -120,7 +120,7 @@ pub struct Settings {
     /// simulator to step.
     pub clients_per_host: u32,
     /// Whether a member's links to the others may turn slow (50–350 ms one
-    /// way) for a while, past the leader's lease (`faults`).
+    /// way) for a while, in runs that are not calm (`faults`).
     pub slow_links: bool,
     /// Each member's wall clock is off the simulated one by up to this
     /// much, either way (its own offset, drawn from the seed; module
