@@ -42,12 +42,22 @@
 //!
 //! While the clients work, a fault strikes every few simulated seconds
 //! (module `faults`): a member cut off from the others (both ways, or one
-//! way only), a client cut off from the cluster, messages between two
+//! way only), a client host cut off from the cluster, messages between two
 //! members held back (delay) or their connections broken (loss), a member
-//! crashed and restarted from its data directory. Links are slow and
-//! uneven all along (1–20 ms). What is written to disk survives a crash
-//! whole: losing writes that were not synced needs a simulated disk under
-//! the Raft log, not here yet.
+//! crashed and restarted from its data directory, a member's links to the
+//! others slowed (not in calm runs). Links are slow and uneven all along
+//! (1–20 ms), and each member's wall clock is off by its own skew (module
+//! `cluster`). A crash lands between two steps of the simulation, after
+//! any write of the log and its `fdatasync` (one blocking call), so it loses
+//! what the log's writer had not written yet and nothing it wrote: losing
+//! written but unsynced data, slow disks and membership changes are not
+//! simulated yet.
+//!
+//! ## Speed
+//!
+//! turmoil's own work per step grows with the square of the hosts, so the
+//! clients share hosts (four to a host, [`Settings::clients_per_host`]) and
+//! a step is 5 ms ([`Settings::tick`]); docs/RELIABILITY.md has the figures.
 //!
 //! ## Checks
 //!
