@@ -63,7 +63,8 @@ impl Drop for TableHandle {
 
 struct Table {
     state: Mutex<State>,
-    /// Wakes the timer task when the next deadline may have moved.
+    /// Wakes the timer task when the next deadline moved earlier than the
+    /// one it sleeps until.
     changed: Notify,
     /// Wakes election observers after every change of the table.
     observers: tokio::sync::watch::Sender<()>,
@@ -84,6 +85,12 @@ struct State {
     /// Values published by election holds, by fencing token: the engine
     /// keeps the owner id, and a leader's value can change while it leads.
     published: HashMap<u64, String>,
+    /// The deadline the timer task sleeps until (`None`: until woken). A
+    /// command that leaves the engine's next deadline at or after it does
+    /// not wake the task: most commands (grants and releases without
+    /// timers, heartbeats that move an expiry later) would otherwise cost a
+    /// runtime worker's wake-up and a turn at the table lock each.
+    timers_wake_at: Option<Millis>,
 }
 
 /// A live hold's lost signal.
@@ -126,7 +133,13 @@ impl Table {
         for effect in effects {
             state.deliver(effect);
         }
-        self.changed.notify_one();
+        let next = state.engine.next_deadline();
+        if next.is_some_and(|next| state.timers_wake_at.is_none_or(|wake_at| next < wake_at)) {
+            // The task records the new deadline when it wakes; a wake-up
+            // sent before it waits again is kept by `Notify` as a permit.
+            state.timers_wake_at = next;
+            self.changed.notify_one();
+        }
         self.observers.send_replace(());
         result
     }
@@ -195,7 +208,9 @@ impl Table {
                 for command in state.engine.due(self.now()) {
                     let _ = self.apply(&mut state, command);
                 }
-                state.engine.next_deadline()
+                let next = state.engine.next_deadline();
+                state.timers_wake_at = next;
+                next
             };
             let sleep = async {
                 match next {
@@ -224,6 +239,7 @@ impl State {
             pending: HashMap::new(),
             lost: HashMap::new(),
             published: HashMap::new(),
+            timers_wake_at: None,
         }
     }
 
