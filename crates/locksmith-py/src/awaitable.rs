@@ -4,8 +4,8 @@
 //! The task polls the future itself, on the event loop's thread and inside
 //! the runtime's context, each time it steps. A future that is ready at once
 //! (every call on `memory://`, a release, a cached answer) completes in that
-//! first step: no task spawned, no thread crossed, nothing made for the
-//! loop. A future that is pending gives the task a [`Wakeup`] of the running
+//! first step: no task spawned, no thread crossed, no waker made, nothing
+//! made for the loop. A future that is pending gives the task a [`Wakeup`] of the running
 //! loop to wait on; the Rust waker has the loop fire it, once, through the
 //! loop's [`LoopWaker`] (without the GIL, from whatever thread it fires on),
 //! and the task steps again and polls again. All Python code (converting
@@ -194,37 +194,50 @@ enum Stepped {
 }
 
 impl Awaitable {
-    /// Polls the future once, inside the runtime's context.
+    /// Polls the future, inside the runtime's context: first with a waker
+    /// that does nothing, which is all a future that is ready at once (most
+    /// calls on `memory://`, every release) needs; only if it is pending,
+    /// again with a waker of its own, which the future keeps (a future
+    /// heeds the waker of its latest poll, and that poll sees whatever
+    /// happened since the first).
     fn step(&self, py: Python<'_>) -> PyResult<Stepped> {
         runtime::check_generation(self.generation)?;
         // Out of its slot while polled: converting the output may run
-        // Python code, and nothing is held across that.
-        let Some(mut future) = self.state().future.take() else {
+        // Python code, and nothing is held across that. The earlier poll's
+        // waker is forgotten: this poll sees what it would have woken for.
+        let (future, earlier) = {
+            let mut state = self.state();
+            (state.future.take(), state.waiting.take())
+        };
+        if let Some(earlier) = earlier {
+            earlier.forget();
+        }
+        let Some(mut future) = future else {
             return Err(PyRuntimeError::new_err(
                 "cannot reuse an awaitable that was already awaited",
             ));
         };
+        let entered = runtime::runtime().enter();
+        let mut noop = Context::from_waker(Waker::noop());
+        if let Poll::Ready(output) = future.as_mut().step(py, &mut noop) {
+            drop(future);
+            drop(entered);
+            return output.map(Stepped::Returned);
+        }
         let wake = Arc::new(PollWake::default());
         let waker = Waker::from(wake.clone());
-        let entered = runtime::runtime().enter();
         match future.as_mut().step(py, &mut Context::from_waker(&waker)) {
             Poll::Ready(output) => {
                 drop(future);
                 drop(entered);
-                if let Some(waited) = self.state().waiting.take() {
-                    waited.forget();
-                }
                 output.map(Stepped::Returned)
             }
             Poll::Pending => {
                 drop(entered);
                 let mut state = self.state();
                 state.future = Some(future);
-                let earlier = state.waiting.replace(wake.clone());
+                state.waiting = Some(wake.clone());
                 drop(state);
-                if let Some(earlier) = earlier {
-                    earlier.forget();
-                }
                 wake.wait_on(py).map(Stepped::Waiting)
             }
         }

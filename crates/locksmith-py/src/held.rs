@@ -34,6 +34,12 @@ impl Holding for locksmith::Leadership {
 /// What a hold answers whatever it holds (for the base class of guards
 /// and leaderships, `locksmith._base.HoldBase`).
 pub trait Hold: Send + Sync {
+    /// The names held, in order.
+    fn names(&self) -> &[String];
+
+    /// The fencing token of each name.
+    fn tokens(&self) -> &[u64];
+
     fn lost(&self) -> &LostSignal;
 
     /// Whether the hold has been released (or given up).
@@ -41,6 +47,14 @@ pub trait Hold: Send + Sync {
 }
 
 impl<T: Send> Hold for Held<T> {
+    fn names(&self) -> &[String] {
+        &self.names
+    }
+
+    fn tokens(&self) -> &[u64] {
+        &self.tokens
+    }
+
     fn lost(&self) -> &LostSignal {
         &self.lost
     }
@@ -54,7 +68,10 @@ impl<T: Send> Hold for Held<T> {
 /// the Python object that owns it and the calls running on it.
 pub struct Held<T: Send> {
     generation: u64,
-    name: String,
+    /// Copied from the hold, which goes when released: a released guard
+    /// still answers its names and tokens.
+    names: Vec<String>,
+    tokens: Vec<u64>,
     hold: Mutex<Option<T>>,
     lost: LostSignal,
     /// Set when the hold is released or dropped: `on_lost` callbacks are
@@ -71,7 +88,8 @@ impl<T: Holding> Held<T> {
         let guard = hold.guard();
         Arc::new(Held {
             generation: runtime::generation(),
-            name: guard.name().to_owned(),
+            names: guard.names().to_vec(),
+            tokens: guard.fencing_tokens().to_vec(),
             lost: guard.lost_signal(),
             hold: Mutex::new(Some(hold)),
             released: AtomicBool::new(false),
@@ -117,7 +135,7 @@ impl<T: Send> Held<T> {
         self.end();
         hold.ok_or_else(|| {
             errors::to_py(locksmith::Error::NotHeld {
-                name: self.name.clone(),
+                name: self.names[0].clone(),
             })
         })
     }
@@ -128,7 +146,7 @@ impl<T: Send> Held<T> {
         self.check()?;
         let hold = self.slot().take().ok_or_else(|| {
             errors::to_py(locksmith::Error::NotHeld {
-                name: self.name.clone(),
+                name: self.names[0].clone(),
             })
         })?;
         Ok(Lent {

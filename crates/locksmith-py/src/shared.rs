@@ -437,23 +437,11 @@ impl RwLockBase {
 #[pyclass(module = "locksmith._base", subclass, frozen)]
 pub struct HoldBase {
     hold: Arc<dyn Hold>,
-    names: Vec<String>,
-    tokens: Vec<u64>,
 }
 
 impl HoldBase {
     fn new<T: Holding>(held: &Arc<Held<T>>) -> Self {
-        let (names, tokens) = held
-            .read(|hold| {
-                let guard = hold.guard();
-                (guard.names().to_vec(), guard.fencing_tokens().to_vec())
-            })
-            .unwrap_or_default();
-        HoldBase {
-            hold: held.clone(),
-            names,
-            tokens,
-        }
+        HoldBase { hold: held.clone() }
     }
 
     /// `repr` of a guard or a leadership, as its class names itself, with
@@ -467,7 +455,7 @@ impl HoldBase {
         } else {
             ""
         };
-        match (base.names.as_slice(), base.tokens.as_slice()) {
+        match (base.hold.names(), base.hold.tokens()) {
             ([name], [token]) => repr_of(
                 slf.as_any(),
                 format_args!("{name:?} fencing_token={token}{details}{state}"),
@@ -485,13 +473,13 @@ impl HoldBase {
     /// The fencing token of the (first) lock.
     #[getter]
     fn fencing_token(&self) -> u64 {
-        self.tokens[0]
+        self.hold.tokens()[0]
     }
 
     /// The name of the (first) lock.
     #[getter]
     fn name(&self) -> &str {
-        &self.names[0]
+        &self.hold.names()[0]
     }
 
     #[getter]
@@ -546,12 +534,12 @@ impl GuardBase {
     /// Fencing tokens of every lock of a multi-lock, in order.
     #[getter]
     fn fencing_tokens(slf: &Bound<'_, Self>) -> Vec<u64> {
-        slf.as_super().get().tokens.clone()
+        slf.as_super().get().hold.tokens().to_vec()
     }
 
     #[getter]
     fn names(slf: &Bound<'_, Self>) -> Vec<String> {
-        slf.as_super().get().names.clone()
+        slf.as_super().get().hold.names().to_vec()
     }
 
     /// Re-entry depth (0 once released).
