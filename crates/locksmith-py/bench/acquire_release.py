@@ -29,11 +29,18 @@ Then the floors under the asyncio figures, also per pair (two awaits):
   at once (Python's own cost of an await)
 - asyncio, 2 thread wakes: two asyncio futures each resolved by another
   Python thread through `call_soon_threadsafe`
+- Rust, 2 socket round trips: two one-byte round trips over a Unix socket
+  to an echo process, awaited on a tokio runtime from a thread outside it
+  (as the Rust pairs run against a server)
+- asyncio, 2 socket round trips: the same round trips to the same kind of
+  echo process from an asyncio task (`loop.sock_sendall`,
+  `loop.sock_recv`): what asyncio's own loop costs per wait on the
+  network, without locksmith
 
 With LOCKSMITH_BENCH_JSON=PATH it also writes every round's seconds per
-pair (wall and CPU) there, for `side_by_side.py`, which runs this script
-once per round with each build of the module in turn; LOCKSMITH_BENCH_FLOORS=0
-leaves the floors out.
+pair (wall and CPU, and the floors' wall) there, for `side_by_side.py`,
+which runs this script once per round with each build of the module in
+turn; LOCKSMITH_BENCH_FLOORS=0 leaves the floors out.
 """
 
 from __future__ import annotations
@@ -42,7 +49,9 @@ import asyncio
 import json
 import os
 import queue
+import socket
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -163,13 +172,68 @@ def thread_wakes() -> float:
         thread.join()
 
 
+# The peer of the round trips: echoes every byte back, in a process of its
+# own, so that the same peer answers Rust and asyncio alike.
+ECHO = """
+import os, sys
+fd = int(sys.argv[1])
+while data := os.read(fd, 64):
+    os.write(fd, data)
+"""
+
+
+def round_trips(run) -> float:
+    """Seconds `run(sock)` takes, `sock` connected to a fresh echo process."""
+    ours, theirs = socket.socketpair()
+    echo = subprocess.Popen([sys.executable, "-c", ECHO, str(theirs.fileno())], pass_fds=[theirs.fileno()])
+    theirs.close()
+    try:
+        return run(ours)
+    finally:
+        ours.close()
+        echo.wait()
+
+
+def asyncio_round_trips(sock: socket.socket) -> float:
+    """Seconds for PAIRS pairs of two one-byte round trips from a task,
+    through the loop's selector."""
+    sock.setblocking(False)
+
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+
+        async def round_trip() -> None:
+            await loop.sock_sendall(sock, b"x")
+            if await loop.sock_recv(sock, 1) != b"x":
+                raise RuntimeError("the echo process answered something else")
+
+        await round_trip()  # warm
+        started = time.perf_counter()
+        for _ in range(PAIRS):
+            await round_trip()
+            await round_trip()
+        return time.perf_counter() - started
+
+    return asyncio.run(main())
+
+
 FLOORS = [
     ("Rust, 2 woken waits", "_bench_rust_woken", lambda: _locksmith._bench_rust_woken(2 * PAIRS)),
     ("asyncio, 2 woken waits", "_bench_woken", lambda: awaiting(_locksmith._bench_woken)),
     ("asyncio, 2 ready awaits", "_bench_ready", lambda: awaiting(_locksmith._bench_ready)),
     ("asyncio, 2 coroutines", None, lambda: awaiting(ready_coroutine)),
     ("asyncio, 2 thread wakes", None, thread_wakes),
+    (
+        "Rust, 2 socket round trips",
+        "_bench_rust_round_trips",
+        lambda: round_trips(lambda sock: _locksmith._bench_rust_round_trips(sock.fileno(), 2 * PAIRS)),
+    ),
+    ("asyncio, 2 socket round trips", None, lambda: round_trips(asyncio_round_trips)),
 ]
+FLOOR_BASELINE = {
+    "asyncio, 2 woken waits": "Rust, 2 woken waits",
+    "asyncio, 2 socket round trips": "Rust, 2 socket round trips",
+}
 
 
 def report(title: str, runs: dict[str, list[float]], baseline: dict[str, str],
@@ -196,7 +260,7 @@ def main() -> None:
         f"{PAIRS} pairs x {ROUNDS} rounds, median per pair; Python {sys.version.split()[0]}; "
         f"{os.cpu_count()} CPUs, load average {' '.join(f'{load:.1f}' for load in os.getloadavg())}"
     )
-    results: dict[str, dict[str, dict[str, list[float]]]] = {}
+    results: dict[str, dict] = {}
     for url in urls:
         runs: dict[str, list[float]] = {label: [] for label, _ in CASES}
         cpu: dict[str, list[float]] = {label: [] for label, _ in CASES}
@@ -209,18 +273,18 @@ def main() -> None:
                 cpu[label].append((time.process_time() - cpu_started) / PAIRS)
         report(url, runs, BASELINE, cpu)
         results[url] = {label: {"wall": runs[label], "cpu": cpu[label]} for label in runs}
+    if os.environ.get("LOCKSMITH_BENCH_FLOORS") != "0":
+        # A module built before the floors' helpers existed runs only Python's.
+        floors = [(label, run) for label, helper, run in FLOORS if helper is None or hasattr(_locksmith, helper)]
+        runs = {label: [] for label, _ in floors}
+        for _ in range(ROUNDS):
+            for label, run in floors:
+                runs[label].append(run() / PAIRS)
+        report("floors (two awaits per pair)", runs, FLOOR_BASELINE)
+        results["floors"] = runs
     if path := os.environ.get("LOCKSMITH_BENCH_JSON"):
         with open(path, "w") as file:
             json.dump(results, file)
-    if os.environ.get("LOCKSMITH_BENCH_FLOORS") == "0":
-        return
-    # A module built before the floors' helpers existed runs only Python's.
-    floors = [(label, run) for label, helper, run in FLOORS if helper is None or hasattr(_locksmith, helper)]
-    runs = {label: [] for label, _ in floors}
-    for _ in range(ROUNDS):
-        for label, run in floors:
-            runs[label].append(run() / PAIRS)
-    report("floors (two awaits per pair)", runs, {"asyncio, 2 woken waits": "Rust, 2 woken waits"})
 
 
 if __name__ == "__main__":

@@ -16,6 +16,9 @@ It prints, per URL and build, the median µs per pair of each case, and the
 median over the rounds of Python's time over the Rust pair's of the same
 process and round: wall clock, and CPU time of the process (all threads,
 connecting and closing included), which waits for a CPU disturb less.
+Then the floors of `acquire_release.py`, measured in the same processes
+(asyncio's own socket round trip against Rust's among them), the same
+way; LOCKSMITH_BENCH_FLOORS=0 leaves them out.
 """
 
 from __future__ import annotations
@@ -40,6 +43,11 @@ BASELINE = {
     "Python, asyncio": "Rust, async",
     "Python, async with": "Rust, async",
 }
+# Each asyncio floor and the Rust one it is compared with.
+FLOOR_BASELINE = {
+    "asyncio, 2 woken waits": "Rust, 2 woken waits",
+    "asyncio, 2 socket round trips": "Rust, 2 socket round trips",
+}
 
 
 def stage(root: Path, label: str, module: Path) -> Path:
@@ -57,7 +65,7 @@ def one_round(path: Path, urls: list[str]) -> dict:
             os.environ,
             PYTHONPATH=str(path),
             LOCKSMITH_BENCH_ROUNDS="1",
-            LOCKSMITH_BENCH_FLOORS="0",
+            LOCKSMITH_BENCH_FLOORS=os.environ.get("LOCKSMITH_BENCH_FLOORS", "1"),
             LOCKSMITH_BENCH_JSON=output.name,
         )
         subprocess.run(
@@ -111,6 +119,29 @@ def main() -> None:
                     cell += f" ({ratios['wall']:.2f}x, {ratios['cpu']:.2f}x)"
                 cells.append(f" {cell:>26}")
             print(f"  {case:20}" + "".join(cells))
+    if all("floors" in run for runs in rounds.values() for run in runs):
+        print_floors(rounds)
+
+
+def print_floors(rounds: dict[str, list[dict]]) -> None:
+    """The floors' median µs per pair, per build (`-`: a build without the
+    helper), with the median ratio of asyncio's to Rust's of the same round."""
+    print("\nfloors (two awaits per pair): median us per pair; in brackets the median ratio to Rust's")
+    print(f"  {'':30}" + "".join(f" {label:>18}" for label in rounds))
+    labels = dict.fromkeys(label for runs in rounds.values() for label in runs[0]["floors"])
+    for floor in labels:
+        cells = []
+        for runs in rounds.values():
+            if floor not in runs[0]["floors"]:
+                cells.append(f" {'-':>18}")
+                continue
+            cell = f"{statistics.median(run['floors'][floor][0] for run in runs) * 1e6:.1f}"
+            rust = FLOOR_BASELINE.get(floor)
+            if rust in runs[0]["floors"]:
+                ratio = statistics.median(run["floors"][floor][0] / run["floors"][rust][0] for run in runs)
+                cell += f" ({ratio:.2f}x)"
+            cells.append(f" {cell:>18}")
+        print(f"  {floor:30}" + "".join(cells))
 
 
 if __name__ == "__main__":

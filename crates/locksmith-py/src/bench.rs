@@ -3,8 +3,10 @@
 //! release pairs with the Rust client alone, in the same process, for the
 //! side-by-side figures of docs/BENCHMARKS.md; and the floors under the
 //! asyncio API's cost (an awaitable that is ready at once, one woken from a
-//! runtime thread). Not part of the API.
+//! runtime thread), and Rust's side of the socket round trip the script
+//! compares asyncio's own loop with. Not part of the API.
 
+use std::os::fd::{BorrowedFd, RawFd};
 use std::time::Instant;
 
 use pyo3::exceptions::PyRuntimeError;
@@ -93,6 +95,38 @@ pub fn _bench_rust_woken(py: Python<'_>, waits: u32) -> PyResult<f64> {
             Ok(started.elapsed().as_secs_f64())
         })
     })
+}
+
+/// Seconds taken by `count` one-byte round trips over the connected Unix
+/// socket `fd` (to an echo process; the caller keeps the descriptor, this
+/// works on a copy), awaited on a runtime from a thread outside it, as
+/// the async pairs of [`_bench_rust`] run against a server: the same
+/// round trip as the script's asyncio one, without Python. One round trip
+/// warms up first.
+#[pyfunction]
+pub fn _bench_rust_round_trips(py: Python<'_>, fd: RawFd, count: u32) -> PyResult<f64> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    // SAFETY: the caller's descriptor stays open for this call, which
+    // borrows it only to duplicate it.
+    let copy = unsafe { BorrowedFd::borrow_raw(fd) }.try_clone_to_owned()?;
+    let socket = std::os::unix::net::UnixStream::from(copy);
+    socket.set_nonblocking(true)?;
+    let elapsed = py.detach(|| {
+        benchmark_runtime().block_on(async {
+            let mut socket = tokio::net::UnixStream::from_std(socket)?;
+            let mut byte = [0];
+            socket.write_all(b"x").await?;
+            socket.read_exact(&mut byte).await?;
+            let started = Instant::now();
+            for _ in 0..count {
+                socket.write_all(b"x").await?;
+                socket.read_exact(&mut byte).await?;
+            }
+            Ok::<_, std::io::Error>(started.elapsed().as_secs_f64())
+        })
+    })?;
+    Ok(elapsed)
 }
 
 /// A runtime of the benchmark's own, shaped as the module's (two workers),

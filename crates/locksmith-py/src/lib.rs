@@ -51,6 +51,7 @@ fn init(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(runtime::_at_exit, module)?)?;
     module.add_function(wrap_pyfunction!(bench::_bench_rust, module)?)?;
     module.add_function(wrap_pyfunction!(bench::_bench_rust_woken, module)?)?;
+    module.add_function(wrap_pyfunction!(bench::_bench_rust_round_trips, module)?)?;
     module.add_function(wrap_pyfunction!(bench::_bench_ready, module)?)?;
     module.add_function(wrap_pyfunction!(bench::_bench_woken, module)?)?;
     py.import("atexit")?
