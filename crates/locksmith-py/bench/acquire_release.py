@@ -246,7 +246,7 @@ def report(title: str, runs: dict[str, list[float]], baseline: dict[str, str],
     def columns(times: dict[str, list[float]], label: str) -> str:
         median = statistics.median(times[label])
         ratio = ""
-        if label in baseline:
+        if baseline.get(label) in times:
             ratio = f"{median / statistics.median(times[baseline[label]]):.2f}x"
         return f" {median * 1e6:9.1f} {ratio:>8}"
 
