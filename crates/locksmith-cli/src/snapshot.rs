@@ -168,8 +168,7 @@ async fn save(
         }
         bytes.extend_from_slice(&part.data);
     }
-    let backup = backup::save_checked(file, &bytes).map_err(|e| e.to_string())?;
-    let summary = backup.summary();
+    let summary = backup::save_checked(file, &bytes).map_err(|e| e.to_string())?;
     println!(
         "saved {} ({} bytes) from {address} in {:.2?}: log index {}, {} locks held, {} sessions",
         file.display(),
@@ -212,10 +211,9 @@ fn show(n: Option<u64>) -> String {
     n.map_or("-".to_string(), |n| n.to_string())
 }
 
-/// Prints what the backup at `file` holds.
+/// Prints what the backup at `file` holds (checked as a restore checks it).
 fn status(file: &std::path::Path, json: bool) -> Result<(), String> {
-    let backup = Backup::read(file).map_err(|e| e.to_string())?;
-    let s = backup.summary();
+    let s = backup::inspect(file).map_err(|e| e.to_string())?;
     if json {
         println!(
             "{}",

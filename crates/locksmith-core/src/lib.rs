@@ -58,7 +58,10 @@ pub use engine::{Engine, FrozenEngine};
 pub use error::{EngineError, NameError, SnapshotError};
 pub use inspect::{HolderInfo, ListPage, LockInfo, SessionInfo, WaiterInfo};
 pub use name::{validate_name, MAX_NAME_LEN};
+#[cfg(feature = "serde")]
+pub use snapshot::CheckedSnapshot;
 pub use snapshot::{
-    EndingSnapshot, HoldSnapshot, LockSnapshot, SessionSnapshot, Snapshot, WaiterSnapshot,
+    EndingSnapshot, HoldSnapshot, LockSnapshot, SessionSnapshot, Snapshot, SnapshotCensus,
+    WaiterSnapshot,
 };
 pub use types::{ClientInfo, Limits, LostReason, Millis, Mode, RequestId, SessionId, Wait};

@@ -5,11 +5,16 @@
 #[cfg(feature = "serde")]
 use serde::{Deserialize, Serialize};
 
-use rustc_hash::{FxHashMap, FxHashSet};
-
 use crate::error::SnapshotError;
-use crate::name::validate_name;
 use crate::types::{ClientInfo, LostReason, Millis, Mode, RequestId, SessionId};
+use check::{Checker, HoldFacts};
+pub use check::SnapshotCensus;
+#[cfg(feature = "serde")]
+pub use read::CheckedSnapshot;
+
+mod check;
+#[cfg(feature = "serde")]
+mod read;
 
 /// Everything the engine knows, in a deterministic order (sessions by id, locks
 /// by name, waiters by session and request).
@@ -132,117 +137,18 @@ impl Snapshot {
     /// each waiter in the queue of every lock it names, once, and every
     /// queue entry a waiter for that lock.
     pub fn check(&self) -> Result<(), SnapshotError> {
-        let bad = |detail: String| Err(SnapshotError(detail));
-        // Fx hashing, sized up front: a backup or a start checks a table of
-        // a million locks, and SipHash with rehashing as the sets grew was
-        // most of `locksmith snapshot save`'s time (docs/BENCHMARKS.md,
-        // "Backup and restore"). A snapshot comes from a member or an
-        // operator, not from a client.
-        let mut sessions =
-            FxHashSet::with_capacity_and_hasher(self.sessions.len(), Default::default());
-        let ids = self.sessions.iter().map(|s| s.session);
-        for session in ids.chain(self.ending.iter().map(|e| e.session)) {
-            if session == SessionId::NONE || !sessions.insert(session) {
-                return bad(format!("session {} is listed twice or is 0", session.0));
-            }
-        }
-        let owned = |session: SessionId, lease: bool, what: &dyn Fn() -> String| {
-            if session == SessionId::NONE && !lease {
-                return bad(format!("{} has neither a session nor a lease", what()));
-            }
-            if session != SessionId::NONE && !sessions.contains(&session) {
-                return bad(format!(
-                    "{} names session {}, which is neither open nor ending",
-                    what(),
-                    session.0
-                ));
-            }
-            Ok(())
-        };
-        let mut waiters: FxHashMap<(SessionId, RequestId), &WaiterSnapshot> =
-            FxHashMap::with_capacity_and_hasher(self.waiters.len(), Default::default());
-        for w in &self.waiters {
-            let what = || format!("waiter {}/{}", w.session.0, w.request.0);
-            owned(w.session, w.lease.is_some(), &what)?;
-            if waiters.insert((w.session, w.request), w).is_some() {
-                return bad(format!("{} is listed twice", what()));
-            }
-            let distinct: FxHashSet<&String> = w.names.iter().collect();
-            if w.names.is_empty() || distinct.len() != w.names.len() {
-                return bad(format!("{} names no lock or one lock twice", what()));
-            }
-        }
-        // Locks in strictly increasing names, as every snapshot the engine
-        // writes lists them, are distinct without a set of a million names.
-        let ascending = self.locks.windows(2).all(|w| w[0].name < w[1].name);
-        let mut names: FxHashSet<&str> = FxHashSet::default();
-        if !ascending {
-            names.reserve(self.locks.len());
-        }
-        let mut tokens = FxHashSet::with_capacity_and_hasher(self.locks.len(), Default::default());
-        let mut queued = 0usize;
+        self.census().map(drop)
+    }
+
+    /// Checks it as [`Snapshot::check`] does, and counts what it holds.
+    pub fn census(&self) -> Result<SnapshotCensus, SnapshotError> {
+        let mut checker = Checker::new(self.last_token, &self.sessions, self.locks.len())?;
+        let mut holds = Vec::new();
         for lock in &self.locks {
-            let name = &lock.name;
-            if let Err(e) = validate_name(name) {
-                return bad(format!("lock {name:?}: {e}"));
-            }
-            if !ascending && !names.insert(name.as_str()) {
-                return bad(format!("lock {name:?} is listed twice"));
-            }
-            // Most locks have one holder: no set to allocate for them.
-            let mut owners = FxHashSet::default();
-            let several = lock.holders.len() > 1;
-            for h in &lock.holders {
-                let what = || format!("hold {} of lock {name:?}", h.token);
-                owned(h.session, h.lease_until.is_some(), &what)?;
-                if h.token == 0 || h.token > self.last_token || !tokens.insert(h.token) {
-                    return bad(format!(
-                        "{} has a token that was never issued (last {}) or is given twice",
-                        what(),
-                        self.last_token
-                    ));
-                }
-                if h.count == 0 {
-                    return bad(format!("{} is held 0 times", what()));
-                }
-                if several && !owners.insert((h.session, &h.owner)) {
-                    return bad(format!("lock {name:?} lists one owner's hold twice"));
-                }
-            }
-            let compatible = match lock.holders.first().map(|h| h.mode) {
-                None => true,
-                Some(Mode::Exclusive) => lock.holders.len() == 1,
-                Some(mode @ Mode::Shared) => lock.holders.iter().all(|h| h.mode == mode),
-                Some(mode @ Mode::Semaphore { permits }) => {
-                    lock.holders.iter().all(|h| h.mode == mode)
-                        && lock.holders.len() <= permits as usize
-                }
-            };
-            if !compatible {
-                return bad(format!("lock {name:?} has holders that exclude each other"));
-            }
-            let mut in_queue = FxHashSet::default();
-            for key in &lock.queue {
-                let names_it = waiters
-                    .get(key)
-                    .is_some_and(|w| w.names.iter().any(|n| n == name));
-                if !names_it || !in_queue.insert(*key) {
-                    return bad(format!(
-                        "the queue of lock {name:?} holds {}/{}, which waits for it once at most",
-                        key.0 .0, key.1 .0
-                    ));
-                }
-            }
-            queued += lock.queue.len();
+            holds.clear();
+            holds.extend(lock.holders.iter().map(HoldFacts::of));
+            checker.lock(&lock.name, &holds, &lock.queue)?;
         }
-        // Every queue entry matched a waiter naming that lock, once; so the
-        // waiters' names, counted, must all be queue entries.
-        let named: usize = self.waiters.iter().map(|w| w.names.len()).sum();
-        if named != queued {
-            return bad(format!(
-                "waiters name {named} locks in all, the queues hold {queued}"
-            ));
-        }
-        Ok(())
+        checker.finish(&self.waiters, &self.ending)
     }
 }

@@ -206,7 +206,58 @@ fn an_inconsistent_snapshot_is_refused() {
     for (expected, spoil) in cases {
         let mut bad = good.clone();
         spoil(&mut bad);
+        #[cfg(feature = "serde")]
+        {
+            let streamed = read_checked(&bad).expect_err(expected);
+            assert!(streamed.to_string().contains(expected), "{expected}: {streamed}");
+        }
         let error = Engine::restore(Limits::default(), bad).expect_err(expected);
         assert!(error.to_string().contains(expected), "{expected}: {error}");
     }
+}
+
+/// `snapshot`, encoded as the server writes it, read back by
+/// [`CheckedSnapshot`] (then a marker written after it, which must read:
+/// a snapshot that breaks a rule is still read to its end).
+#[cfg(feature = "serde")]
+fn read_checked(
+    snapshot: &Snapshot,
+) -> Result<locksmith_core::SnapshotCensus, locksmith_core::SnapshotError> {
+    use locksmith_core::CheckedSnapshot;
+    let bytes = postcard::to_stdvec(&(snapshot, 0xfeed_u64)).unwrap();
+    let (checked, marker): (CheckedSnapshot, u64) = postcard::from_bytes(&bytes).unwrap();
+    assert_eq!(marker, 0xfeed);
+    checked.into_result()
+}
+
+/// A snapshot checked as it is read, without being built, is held to the
+/// same rules and counted alike; names out of order are still told apart.
+#[cfg(feature = "serde")]
+#[test]
+fn a_snapshot_checked_as_it_is_read_agrees_with_the_built_one() {
+    let good = busy_snapshot();
+    let census = good.census().unwrap();
+    assert_eq!(read_checked(&good), Ok(census));
+    assert_eq!(
+        (census.sessions, census.locks, census.held, census.holds),
+        (2, 3, 2, 2)
+    );
+    assert_eq!((census.waiters, census.ending), (1, 0));
+
+    let mut reversed = good.clone();
+    reversed.locks.reverse();
+    assert_eq!(read_checked(&reversed), Ok(census));
+    assert_eq!(reversed.census(), Ok(census));
+    let mut twice = reversed.clone();
+    let again = twice.locks[0].clone();
+    twice.locks.push(again);
+    for error in [read_checked(&twice), twice.census()] {
+        let error = error.unwrap_err().to_string();
+        assert!(error.contains("listed twice"), "{error}");
+    }
+
+    // A damaged encoding is a decoding error, not a broken rule.
+    let bytes = postcard::to_stdvec(&good).unwrap();
+    let cut = &bytes[..bytes.len() - 3];
+    assert!(postcard::from_bytes::<locksmith_core::CheckedSnapshot>(cut).is_err());
 }

@@ -37,6 +37,7 @@ use super::versions::{MemberVersion, Versions};
 use super::{Raft, TypeConfig};
 use crate::auth::{Auth, Caller, Permission};
 use crate::inbox::{CoreSender, RaftEvent};
+use crate::storage::background::in_background;
 use crate::storage::backup;
 use crate::tls::MemberCheck;
 use std::sync::Arc;
@@ -341,8 +342,8 @@ impl pb::cluster_server::Cluster for ClusterService {
         std::pin::Pin<Box<dyn futures::Stream<Item = Result<pb::SnapshotBytes, Status>> + Send>>;
 
     /// A backup of this member's applied state: the core freezes it between
-    /// two entries and goes on; it is encoded and checksummed on a blocking
-    /// thread, then sent in 1 MiB messages (slices of the one buffer).
+    /// two entries and goes on; it is encoded and checksummed on a thread
+    /// of lower priority (`storage::background`), then sent in 1 MiB messages (slices of the one buffer).
     ///
     /// Cancel safety: safe; dropped, the frozen copy or the encoded bytes
     /// are thrown away (an encoding already started finishes unused).
@@ -360,7 +361,7 @@ impl pb::cluster_server::Cluster for ClusterService {
         let index = frozen.meta.last_log_id.map(|id| id.index);
         let node_id = self.raft.metrics().borrow_watched().id;
         let started = std::time::Instant::now();
-        let bytes = tokio::task::spawn_blocking(move || backup::live(frozen, node_id))
+        let bytes = in_background("backup", move || backup::live(frozen, node_id))
             .await
             .map_err(|e| Status::internal(format!("encoding the backup failed: {e}")))?;
         tracing::info!(
@@ -369,7 +370,6 @@ impl pb::cluster_server::Cluster for ClusterService {
             encoded_in = ?started.elapsed(),
             "backup taken"
         );
-        let bytes = bytes::Bytes::from(bytes);
         let chunks: Vec<Result<pb::SnapshotBytes, Status>> = (0..bytes.len())
             .step_by(BACKUP_CHUNK)
             .map(|start| {

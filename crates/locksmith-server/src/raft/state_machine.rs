@@ -29,6 +29,7 @@ use tokio::sync::oneshot;
 
 use crate::entry::{Applied, TypeConfig};
 use crate::inbox::{CoreSender, RaftEvent};
+use crate::storage::background::in_background;
 use crate::storage::member::{SnapshotFile, StoredSnapshot};
 
 /// A snapshot as openraft moves it.
@@ -130,18 +131,17 @@ fn stopped() -> io::Error {
 impl RaftSnapshotBuilder<TypeConfig> for CoreMachine {
     type SnapshotData = Cursor<Vec<u8>>;
 
-    /// The core copies its state (it goes on at once); the copy is encoded
-    /// here, on a blocking thread, then written.
+    /// The core freezes its state (it goes on at once); the frozen state is
+    /// encoded on a thread of lower priority (`storage::background`), then
+    /// written.
     ///
     /// Cancel safety: safe; dropped midway, the core's copy is thrown away
-    /// (an encoding already started finishes on its blocking thread, unused),
+    /// (an encoding already started finishes on its thread, unused),
     /// or a write already started completes as in `keep_durably`.
     async fn build_snapshot(&mut self) -> io::Result<SnapshotOf<TypeConfig, Cursor<Vec<u8>>>> {
         let frozen = self.ask(|reply| RaftEvent::Snapshot { reply }).await?;
         let started = std::time::Instant::now();
-        let snapshot = tokio::task::spawn_blocking(move || frozen.encode())
-            .await
-            .map_err(io::Error::other)?;
+        let snapshot = in_background("snapshot", move || frozen.encode()).await?;
         tracing::debug!(
             bytes = snapshot.snapshot.get_ref().len(),
             elapsed = ?started.elapsed(),

@@ -65,7 +65,9 @@ use serde::{Deserialize, Serialize};
 use super::files::{self, io_error};
 use super::member::{MemberDir, SnapshotFile, StoredSnapshot, TokenCeiling};
 use super::raft_log::RaftLog;
+use super::snapshot::{encode_frozen, encode_frozen_after};
 use super::ServerSnapshot;
+use locksmith_core::SnapshotCensus;
 use crate::config::{Execution, ServerConfig};
 use crate::entry::{Applied, TypeConfig};
 use crate::error::ServerError;
@@ -182,29 +184,39 @@ pub struct Restored {
 
 /// A backup of `frozen`, the applied state of member `node_id`: the bytes
 /// of the file.
-pub(crate) fn live(frozen: FrozenState, node_id: u64) -> Vec<u8> {
-    let (header, state) = Header::encode(frozen, Origin::Live, node_id);
-    files::seal(
-        BACKUP_MAGIC,
-        payload(&header, &state, files::checked_buffer(state.len() + 1024)),
-    )
+///
+/// The state is encoded in place, into the one buffer that is sent: after
+/// room for the file's header, the backup's header and the state's length
+/// (a varint of at most 10 bytes, known only once the state is encoded),
+/// whose end these then fill. The file is the slice from where they begin:
+/// no copy of tens of megabytes into another buffer.
+pub(crate) fn live(frozen: FrozenState, node_id: u64) -> bytes::Bytes {
+    const MOST_LENGTH_BYTES: usize = 10;
+    let header = Header::of(&frozen, Origin::Live, node_id);
+    let head = postcard::to_stdvec(&header).expect("a backup always encodes");
+    let room = files::CHECKED_HEADER + head.len() + MOST_LENGTH_BYTES;
+    let mut bytes = encode_frozen_after(&frozen, vec![0; room]);
+    let length = postcard::to_stdvec(&((bytes.len() - room) as u64)).expect("a length encodes");
+    let start = room - length.len() - head.len() - files::CHECKED_HEADER;
+    let header_at = start + files::CHECKED_HEADER;
+    bytes[header_at..header_at + head.len()].copy_from_slice(&head);
+    bytes[room - length.len()..room].copy_from_slice(&length);
+    files::seal_in_place(BACKUP_MAGIC, &mut bytes[start..]);
+    bytes::Bytes::from(bytes).slice(start..)
 }
 
 impl Header {
-    /// The header of a backup of `frozen` (with the token ceiling it was
-    /// frozen with), and its state encoded.
-    fn encode(frozen: FrozenState, origin: Origin, node_id: u64) -> (Header, Vec<u8>) {
-        let token_ceiling = frozen.token_ceiling;
-        let snapshot = frozen.encode();
-        let header = Header {
+    /// The header of a backup of `frozen`, with the token ceiling it was
+    /// frozen with.
+    fn of(frozen: &FrozenState, origin: Origin, node_id: u64) -> Header {
+        Header {
             format: BACKUP_FORMAT,
             origin,
             node_id,
             saved_at_ms: unix_ms(),
-            meta: snapshot.meta,
-            token_ceiling,
-        };
-        (header, snapshot.snapshot.into_inner())
+            meta: frozen.meta.clone(),
+            token_ceiling: frozen.token_ceiling,
+        }
     }
 }
 
@@ -217,10 +229,102 @@ fn payload(header: &Header, state: &[u8], bytes: Vec<u8>) -> Vec<u8> {
     bytes
 }
 
+/// A backup's payload, its format checked: the header, and the state's
+/// bytes where they lie.
+fn split<'a>(path: &Path, bytes: &'a [u8]) -> Result<(Header, &'a [u8]), ServerError> {
+    let (format, _) = postcard::take_from_bytes::<u32>(bytes)
+        .map_err(|e| corrupt(path, format!("no backup format number: {e}")))?;
+    if format > BACKUP_FORMAT {
+        return Err(ServerError::Incompatible {
+            path: path.to_owned(),
+            detail: format!(
+                "a backup of format {format}, written by a newer version: this one reads \
+                 formats up to {BACKUP_FORMAT}; restore it with the version that saved it"
+            ),
+        });
+    }
+    let does_not_decode = |e| corrupt(path, format!("the backup does not decode: {e}"));
+    let (header, rest) = postcard::take_from_bytes::<Header>(bytes).map_err(does_not_decode)?;
+    let (state, _) = postcard::take_from_bytes::<&[u8]>(rest).map_err(does_not_decode)?;
+    Ok((header, state))
+}
+
+/// What a backup's payload holds, checked as [`Backup::decode`] checks it,
+/// without building its state: `locksmith snapshot save` checks a million
+/// locks where the bytes lie (`ServerSnapshot::census`).
+fn census(path: &Path, bytes: &[u8]) -> Result<Summary, ServerError> {
+    let (header, state) = split(path, bytes)?;
+    let census = ServerSnapshot::census(state).map_err(|detail| state_error(path, detail))?;
+    let engine = census.engine.map_err(|e| inconsistent(path, &e))?;
+    Ok(Summary::new(&header, census.format, census.sessions, &engine))
+}
+
+fn corrupt(path: &Path, detail: String) -> ServerError {
+    ServerError::Corrupt {
+        path: path.to_owned(),
+        detail,
+    }
+}
+
+/// The state does not decode: written by a newer version, or damaged.
+fn state_error(path: &Path, detail: String) -> ServerError {
+    if detail.contains("newer version") {
+        ServerError::Incompatible {
+            path: path.to_owned(),
+            detail,
+        }
+    } else {
+        corrupt(path, detail)
+    }
+}
+
+fn inconsistent(path: &Path, e: &locksmith_core::SnapshotError) -> ServerError {
+    corrupt(path, format!("the lock table does not hold together: {e}"))
+}
+
 fn unix_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl Summary {
+    fn new(header: &Header, state_format: u64, sessions: usize, engine: &SnapshotCensus) -> Self {
+        let last_log_id = header.meta.last_log_id;
+        let membership = header.meta.last_membership.membership();
+        let voters: Vec<u64> = membership.voter_ids().collect();
+        Summary {
+            format: header.format,
+            state_format,
+            origin: match header.origin {
+                Origin::Live => "live",
+                Origin::MemberData { .. } => "member-data",
+            },
+            node_id: header.node_id,
+            saved_at_ms: header.saved_at_ms,
+            index: last_log_id.map(|id| id.index),
+            term: last_log_id.map(|id| id.leader_id.term),
+            members: membership
+                .nodes()
+                .map(|(id, node)| (*id, node.addr.clone(), voters.contains(id)))
+                .collect(),
+            locks: engine.held,
+            holds: engine.holds,
+            waiters: engine.waiters,
+            sessions,
+            last_token: engine.last_token,
+            token_ceiling: header.token_ceiling,
+            restore_floor: restore_floor(header, engine.last_token),
+        }
+    }
+}
+
+/// Above every token a backup knows (its engine's last token and its
+/// ceiling), by [`TOKEN_JUMP`].
+fn restore_floor(header: &Header, last_token: u64) -> u64 {
+    last_token
+        .max(header.token_ceiling)
+        .saturating_add(TOKEN_JUMP)
 }
 
 impl Backup {
@@ -243,39 +347,12 @@ impl Backup {
     }
 
     fn decode(path: &Path, bytes: &[u8]) -> Result<Backup, ServerError> {
-        let corrupt = |detail: String| ServerError::Corrupt {
-            path: path.to_owned(),
-            detail,
-        };
-        let (format, _) = postcard::take_from_bytes::<u32>(bytes)
-            .map_err(|e| corrupt(format!("no backup format number: {e}")))?;
-        if format > BACKUP_FORMAT {
-            return Err(ServerError::Incompatible {
-                path: path.to_owned(),
-                detail: format!(
-                    "a backup of format {format}, written by a newer version: this one reads \
-                     formats up to {BACKUP_FORMAT}; restore it with the version that saved it"
-                ),
-            });
-        }
-        let does_not_decode = |e| corrupt(format!("the backup does not decode: {e}"));
-        let (header, rest) = postcard::take_from_bytes::<Header>(bytes).map_err(does_not_decode)?;
-        // The state, read where it lies.
-        let (state, _) = postcard::take_from_bytes::<&[u8]>(rest).map_err(does_not_decode)?;
-        let state = ServerSnapshot::decode(state).map_err(|detail| {
-            if detail.contains("newer version") {
-                ServerError::Incompatible {
-                    path: path.to_owned(),
-                    detail,
-                }
-            } else {
-                corrupt(detail)
-            }
-        })?;
+        let (header, state) = split(path, bytes)?;
+        let state = ServerSnapshot::decode(state).map_err(|detail| state_error(path, detail))?;
         state
             .engine
             .check()
-            .map_err(|e| corrupt(format!("the lock table does not hold together: {e}")))?;
+            .map_err(|e| inconsistent(path, &e))?;
         Ok(Backup { header, state })
     }
 
@@ -349,8 +426,8 @@ impl Backup {
         let origin = Origin::MemberData {
             committed: committed.map(|id| id.index),
         };
-        let (header, state) = Header::encode(frozen, origin, 0);
-        let bytes = payload(&header, &state, Vec::new());
+        let header = Header::of(&frozen, origin, 0);
+        let bytes = payload(&header, &encode_frozen(&frozen), Vec::new());
         Backup::decode(data_dir, &bytes)
     }
 
@@ -374,45 +451,30 @@ impl Backup {
     /// What the backup holds.
     pub fn summary(&self) -> Summary {
         let engine = &self.state.engine;
-        let last_log_id = self.header.meta.last_log_id;
-        let membership = self.header.meta.last_membership.membership();
-        let voters: Vec<u64> = membership.voter_ids().collect();
-        Summary {
-            format: self.header.format,
-            state_format: self.state.format(),
-            origin: match self.header.origin {
-                Origin::Live => "live",
-                Origin::MemberData { .. } => "member-data",
-            },
-            node_id: self.header.node_id,
-            saved_at_ms: self.header.saved_at_ms,
-            index: last_log_id.map(|id| id.index),
-            term: last_log_id.map(|id| id.leader_id.term),
-            members: membership
-                .nodes()
-                .map(|(id, node)| (*id, node.addr.clone(), voters.contains(id)))
-                .collect(),
-            locks: engine
+        let census = SnapshotCensus {
+            last_token: engine.last_token,
+            sessions: engine.sessions.len(),
+            ending: engine.ending.len(),
+            locks: engine.locks.len(),
+            held: engine
                 .locks
                 .iter()
                 .filter(|l| !l.holders.is_empty())
                 .count(),
             holds: engine.locks.iter().map(|l| l.holders.len()).sum(),
             waiters: engine.waiters.len(),
-            sessions: self.state.sessions.len(),
-            last_token: engine.last_token,
-            token_ceiling: self.header.token_ceiling,
-            restore_floor: self.restore_floor(),
-        }
+        };
+        Summary::new(
+            &self.header,
+            self.state.format(),
+            self.state.sessions.len(),
+            &census,
+        )
     }
 
     /// Above every token the backup knows, by [`TOKEN_JUMP`].
     fn restore_floor(&self) -> u64 {
-        self.state
-            .engine
-            .last_token
-            .max(self.header.token_ceiling)
-            .saturating_add(TOKEN_JUMP)
+        restore_floor(&self.header, self.state.engine.last_token)
     }
 
     /// Makes the data directory of one member of a new cluster from the
@@ -525,25 +587,40 @@ pub fn announced_len(start: &[u8]) -> Option<usize> {
     files::announced_len(start)
 }
 
+/// What the backup at `path` holds, checked as [`Backup::read`] checks it
+/// but without building its state.
+pub fn inspect(path: &Path) -> Result<Summary, ServerError> {
+    let Some(bytes) = files::read_checked(path, BACKUP_MAGIC)? else {
+        return Err(ServerError::Missing {
+            path: path.to_owned(),
+            detail: "no such backup file".into(),
+        });
+    };
+    census(path, &bytes)
+}
+
 /// Checks `bytes`, a whole backup file received from a member, as
-/// [`Backup::from_bytes`] does, and writes it to `path` as [`write_file`]
-/// does, both at once: the file is written and fsynced on another thread
-/// while this one checks, and it replaces `path` only if the check passes.
-pub fn save_checked(path: &Path, bytes: &[u8]) -> Result<Backup, ServerError> {
+/// [`Backup::from_bytes`] does (without building its state, as
+/// [`inspect`]), and writes it to `path` as [`write_file`] does, both at
+/// once: the file is written and fsynced on another thread while this one
+/// checks, and it replaces `path` only if the check passes. Returns what
+/// it holds.
+pub fn save_checked(path: &Path, bytes: &[u8]) -> Result<Summary, ServerError> {
     let (dir, name) = dir_and_name(path)?;
     std::thread::scope(|scope| {
         let writing = scope.spawn(|| files::Staged::write(dir, name, bytes));
-        let backup = Backup::from_bytes(path, bytes);
+        let summary = files::unframe(path, bytes, BACKUP_MAGIC)
+            .and_then(|payload| census(path, payload));
         let staged = writing
             .join()
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
         // A backup that does not check out is refused, its staged copy
         // removed as it drops.
-        let backup = backup?;
+        let summary = summary?;
         staged
             .and_then(files::Staged::replace)
             .map_err(|e| io_error("cannot write", path, e))?;
-        Ok(backup)
+        Ok(summary)
     })
 }
 
@@ -666,6 +743,98 @@ mod tests {
         fs::write(&path, bytes).unwrap();
         let error = Backup::read(&path).unwrap_err();
         assert!(error.to_string().contains("checksum"), "{error}");
+    }
+
+    /// A frozen state of one session holding lock "a" (token 1) and a
+    /// second lock, "b", held by a lease alone; `last_token` as given.
+    fn frozen(cluster_version: u32, last_token: u64) -> FrozenState {
+        use locksmith_core::{
+            ClientInfo, Engine, HoldSnapshot, Limits, LockSnapshot, Mode, SessionId,
+            SessionSnapshot, Snapshot,
+        };
+        let hold = |session: u64, token: u64, lease_until: Option<u64>| HoldSnapshot {
+            session: SessionId(session),
+            owner: "o".into(),
+            mode: Mode::Exclusive,
+            token,
+            count: 1,
+            lock_time: 1,
+            lease_until,
+            lock_delay: 0,
+        };
+        let lock = |name: &str, hold: HoldSnapshot| LockSnapshot {
+            name: name.into(),
+            holders: vec![hold],
+            queue: Vec::new(),
+            delay_until: None,
+        };
+        let snapshot = Snapshot {
+            last_token,
+            sessions: vec![SessionSnapshot {
+                session: SessionId(1),
+                ttl: 5_000,
+                info: ClientInfo::default(),
+                expires_at: 9_000,
+            }],
+            locks: vec![lock("a", hold(1, 1, None)), lock("b", hold(0, 2, Some(60_000)))],
+            waiters: Vec::new(),
+            ending: Vec::new(),
+        };
+        let engine = Engine::restore(Limits::default(), snapshot).unwrap();
+        FrozenState {
+            meta: SnapshotMetaOf::<TypeConfig>::default(),
+            last_now: 8_000,
+            cluster_version,
+            next_session: 2,
+            next_unary: 1,
+            engine: engine.freeze(),
+            sessions: Vec::new(),
+            token_ceiling: 1_000,
+        }
+    }
+
+    #[test]
+    fn a_live_backup_encoded_in_place_is_laid_out_as_one_written_in_pieces() {
+        let path = Path::new("backup");
+        for cluster_version in [1, 2] {
+            let bytes = live(frozen(cluster_version, 2), 3);
+            let payload_read = files::unframe(path, &bytes, BACKUP_MAGIC).unwrap();
+            let (header, state) = split(path, payload_read).unwrap();
+            assert_eq!(state, encode_frozen(&frozen(cluster_version, 2)));
+            let in_pieces = files::checked(BACKUP_MAGIC, &payload(&header, state, Vec::new()));
+            assert_eq!(&bytes[..], &in_pieces[..]);
+
+            let built = Backup::from_bytes(path, &bytes).unwrap().summary();
+            assert_eq!(census(path, payload_read).unwrap(), built);
+            assert_eq!((built.locks, built.holds, built.node_id), (2, 2, 3));
+            assert_eq!(built.restore_floor, 1_000 + TOKEN_JUMP);
+        }
+    }
+
+    /// Checked without being built, a backup whose lock table does not hold
+    /// together is refused as a restore refuses it, and replaces nothing.
+    #[test]
+    fn a_backup_whose_lock_table_does_not_hold_together_is_refused_unbuilt() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("backup");
+        fs::write(&path, b"the backup before").unwrap();
+        let frozen = frozen(2, 2);
+        let header = Header::of(&frozen, Origin::Live, 3);
+        // Lock "b"'s token 2, above the last one issued: never issued.
+        let mut engine = frozen.engine.into_snapshot();
+        engine.last_token = 1;
+        let state = ServerSnapshot::new(8_000, 2, 2, 1, engine, Vec::new()).encode();
+        let bytes = files::checked(BACKUP_MAGIC, &payload(&header, &state, Vec::new()));
+
+        let error = save_checked(&path, &bytes).unwrap_err().to_string();
+        assert!(error.contains("does not hold together"), "{error}");
+        assert!(error.contains("never issued"), "{error}");
+        assert_eq!(fs::read(&path).unwrap(), b"the backup before");
+        fs::write(&path, &bytes).unwrap();
+        for error in [inspect(&path).unwrap_err(), Backup::read(&path).unwrap_err()] {
+            assert!(matches!(error, ServerError::Corrupt { .. }), "{error}");
+            assert!(error.to_string().contains("never issued"), "{error}");
+        }
     }
 
     #[tokio::test]

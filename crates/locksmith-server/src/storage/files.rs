@@ -15,7 +15,7 @@ use crate::error::ServerError;
 /// Format of the checked files' framing.
 const CHECKED_FORMAT: u32 = 1;
 /// Bytes before a checked file's payload: magic, format, length, CRC-32.
-const CHECKED_HEADER: usize = 20;
+pub(super) const CHECKED_HEADER: usize = 20;
 
 /// Options that create a file readable and writable by its owner only (mode
 /// 0600, before the umask): the log and snapshots hold session secrets.
@@ -241,12 +241,18 @@ pub(super) fn checked_buffer(payload: usize) -> Vec<u8> {
 /// Fills in the header of `bytes`, a [`checked_buffer`] with its payload
 /// appended.
 pub(super) fn seal(magic: &[u8; 4], mut bytes: Vec<u8>) -> Vec<u8> {
+    seal_in_place(magic, &mut bytes);
+    bytes
+}
+
+/// Fills in the header of `bytes`: a checked file, its header's room
+/// first, then its payload.
+pub(super) fn seal_in_place(magic: &[u8; 4], bytes: &mut [u8]) {
     let (header, payload) = bytes.split_at_mut(CHECKED_HEADER);
     header[0..4].copy_from_slice(magic);
     header[4..8].copy_from_slice(&CHECKED_FORMAT.to_le_bytes());
     header[8..16].copy_from_slice(&(payload.len() as u64).to_le_bytes());
     header[16..20].copy_from_slice(&crc32fast::hash(payload).to_le_bytes());
-    bytes
 }
 
 /// The whole length of the checked file that starts with `start`, as its

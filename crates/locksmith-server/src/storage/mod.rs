@@ -25,6 +25,8 @@
 //!   an operator sees.
 //! - `backup.rs`: backups of the replicated state (`locksmith snapshot`),
 //!   and the data directories of a new cluster restored from one.
+//! - `background.rs`: encoding a frozen state on a thread of lower
+//!   priority, so that serving wins the CPU.
 //! - `files.rs`: checked files replaced atomically, owner-only modes, the
 //!   directory lock, evidence of damage, and the locked temporary directory
 //!   of a server without a data directory.
@@ -41,6 +43,7 @@
 //! where a segment's frames end.
 
 pub mod backup;
+pub(crate) mod background;
 pub(crate) mod files;
 pub(crate) mod member;
 pub(crate) mod raft_log;

@@ -11,7 +11,10 @@
 //! members of the older build during a rolling upgrade: until then the
 //! snapshot is written in format 1, which reads as record version 1.
 
-use locksmith_core::{LockSnapshot, Millis, SessionSnapshot, Snapshot, WaiterSnapshot};
+use locksmith_core::{
+    CheckedSnapshot, LockSnapshot, Millis, SessionSnapshot, Snapshot, SnapshotCensus,
+    SnapshotError, WaiterSnapshot,
+};
 use serde::{Deserialize, Serialize};
 
 use super::SessionRecord;
@@ -68,8 +71,10 @@ struct FormatOneRef<'a, E> {
     sessions: &'a [SessionRecord],
 }
 
-/// The bytes of a snapshot of these parts: format 1's layout until the
-/// cluster agreed on record version 2, then `format` (format 2's layout).
+/// The bytes of a snapshot of these parts, appended to `bytes`: format 1's
+/// layout until the cluster agreed on record version 2, then `format`
+/// (format 2's layout).
+#[allow(clippy::too_many_arguments)]
 fn encode_parts<E: Serialize>(
     format: u64,
     cluster_version: u32,
@@ -78,26 +83,33 @@ fn encode_parts<E: Serialize>(
     next_unary: u64,
     engine: &E,
     sessions: &[SessionRecord],
+    bytes: Vec<u8>,
 ) -> Vec<u8> {
     let encoded = if cluster_version >= 2 {
-        postcard::to_stdvec(&FormatTwoRef {
-            format,
-            last_now,
-            next_session,
-            next_unary,
-            engine,
-            sessions,
-            cluster_version,
-        })
+        postcard::to_extend(
+            &FormatTwoRef {
+                format,
+                last_now,
+                next_session,
+                next_unary,
+                engine,
+                sessions,
+                cluster_version,
+            },
+            bytes,
+        )
     } else {
-        postcard::to_stdvec(&FormatOneRef {
-            format: 1,
-            last_now,
-            next_session,
-            next_unary,
-            engine,
-            sessions,
-        })
+        postcard::to_extend(
+            &FormatOneRef {
+                format: 1,
+                last_now,
+                next_session,
+                next_unary,
+                engine,
+                sessions,
+            },
+            bytes,
+        )
     };
     encoded.expect("the state always encodes")
 }
@@ -106,6 +118,21 @@ fn encode_parts<E: Serialize>(
 /// a snapshot of the same state, but written straight from the frozen
 /// engine (module `locksmith_core::engine::encode`).
 pub(crate) fn encode_frozen(frozen: &FrozenState) -> Vec<u8> {
+    encode_frozen_after(frozen, Vec::new())
+}
+
+/// [`encode_frozen`]'s bytes appended to `bytes`, which is first given room
+/// for all of them: a buffer of tens of megabytes grown as it fills would
+/// be copied and its pages touched twice over.
+pub(crate) fn encode_frozen_after(frozen: &FrozenState, mut bytes: Vec<u8>) -> Vec<u8> {
+    // The session table: each session's kept replies and lost holds, at a
+    // generous guess; the engine's part is what the engine says.
+    let sessions: usize = frozen
+        .sessions
+        .iter()
+        .map(|s| 64 + 128 * (s.replies.len() + s.lost.len()))
+        .sum();
+    bytes.reserve(64 + sessions + frozen.engine.encoded_len_hint());
     encode_parts(
         format_for(frozen.cluster_version),
         frozen.cluster_version,
@@ -114,6 +141,7 @@ pub(crate) fn encode_frozen(frozen: &FrozenState) -> Vec<u8> {
         frozen.next_unary,
         &frozen.engine,
         &frozen.sessions,
+        bytes,
     )
 }
 
@@ -175,6 +203,7 @@ impl ServerSnapshot {
             self.next_unary,
             &self.engine,
             &self.sessions,
+            Vec::new(),
         )
     }
 
@@ -203,6 +232,76 @@ impl ServerSnapshot {
             }
         };
         decoded.map_err(|e| format!("the snapshot (format {format}) does not decode: {e}"))
+    }
+}
+
+/// What a snapshot holds, read and checked without building its engine
+/// ([`ServerSnapshot::census`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct StateCensus {
+    /// The format it reads as ([`ServerSnapshot::format`]).
+    pub format: u64,
+    /// The server's sessions.
+    pub sessions: usize,
+    /// The engine's state, counted, or the rule of
+    /// [`Snapshot::check`] it breaks.
+    pub engine: Result<SnapshotCensus, SnapshotError>,
+}
+
+/// [`ServerSnapshot`] as format 2 lays it out, its engine checked as read.
+#[derive(Deserialize)]
+struct FormatTwoChecked {
+    _format: u64,
+    _last_now: Millis,
+    _next_session: u64,
+    _next_unary: u64,
+    engine: CheckedSnapshot,
+    sessions: Vec<SessionRecord>,
+    _cluster_version: u32,
+}
+
+/// [`ServerSnapshot`] as format 1 lays it out, its engine checked as read.
+#[derive(Deserialize)]
+struct FormatOneChecked {
+    _format: u64,
+    _last_now: Millis,
+    _next_session: u64,
+    _next_unary: u64,
+    engine: CheckedSnapshot,
+    sessions: Vec<SessionRecord>,
+}
+
+impl ServerSnapshot {
+    /// What `data` holds, and whether its engine holds together, as
+    /// [`ServerSnapshot::decode`] then [`Snapshot::check`] would tell, but
+    /// checked where the bytes lie: a million locks are not first decoded
+    /// into owned names and owners (`locksmith_core::CheckedSnapshot`).
+    /// Errors are [`ServerSnapshot::decode`]'s.
+    pub(crate) fn census(data: &[u8]) -> Result<StateCensus, String> {
+        let (format, _) = postcard::take_from_bytes::<u64>(data)
+            .map_err(|e| format!("the snapshot has no format number: {e}"))?;
+        let checked = match format {
+            SNAPSHOT_FORMAT => {
+                postcard::from_bytes::<FormatTwoChecked>(data).map(|s| (s.engine, s.sessions))
+            }
+            1 => postcard::from_bytes::<FormatOneChecked>(data).map(|s| (s.engine, s.sessions)),
+            // Format 0 (and a newer one, refused as decoding does).
+            _ => {
+                let decoded = ServerSnapshot::decode(data)?;
+                return Ok(StateCensus {
+                    format: decoded.format,
+                    sessions: decoded.sessions.len(),
+                    engine: decoded.engine.census(),
+                });
+            }
+        };
+        let (engine, sessions) =
+            checked.map_err(|e| format!("the snapshot (format {format}) does not decode: {e}"))?;
+        Ok(StateCensus {
+            format,
+            sessions: sessions.len(),
+            engine: engine.into_result(),
+        })
     }
 }
 
@@ -392,6 +491,7 @@ mod tests {
                 4,
                 &frozen,
                 &sessions,
+                Vec::new(),
             );
             let snapshot =
                 ServerSnapshot::new(8_000, cluster_version, 3, 4, built.clone(), sessions);

@@ -1,0 +1,97 @@
+//! Encoding a frozen state (a Raft snapshot or a backup) where it does not
+//! compete with serving.
+//!
+//! With a table of a million locks, encoding takes a few hundred
+//! milliseconds of CPU. On tokio's blocking pool it ran at the priority of
+//! the runtime's threads and the core's, and on a busy machine the
+//! scheduler shared the CPUs between them: grants waited behind the
+//! encoding (the handoff p99 during a backup rose to 2.3× that without,
+//! docs/BENCHMARKS.md, "Operations: backup and restore"). So it runs on a
+//! thread of its own whose nice value is raised by [`BACKGROUND_NICE`]: the
+//! threads that serve win the CPU whenever they want it, and the encoding
+//! takes what they leave. Nothing it does delays a heartbeat or a commit:
+//! the state is frozen before (the core goes on at once) and nothing is
+//! locked while it runs.
+
+use std::io;
+
+/// How much the encoding thread's nice value is raised (at most to 19):
+/// its share of a CPU wanted by a thread of the runtime is about 1/10
+/// (CFS weights 110 against 1024), and all of one nobody else wants.
+pub(crate) const BACKGROUND_NICE: i32 = 10;
+
+/// Runs `work` on a thread of its own at a lower priority
+/// ([`BACKGROUND_NICE`]), named `locksmith-{what}`; its result, or an
+/// error if it panicked or no thread could be started.
+///
+/// Cancel safety: dropped, the work still finishes on its thread and its
+/// result is thrown away.
+pub(crate) async fn in_background<T: Send + 'static>(
+    what: &str,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> io::Result<T> {
+    let (done, result) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name(format!("locksmith-{what}"))
+        .spawn(move || {
+            lower_priority();
+            let _ = done.send(work());
+        })?;
+    result
+        .await
+        .map_err(|_| io::Error::other(format!("{what} panicked")))
+}
+
+/// Raises the calling thread's nice value by [`BACKGROUND_NICE`]. On Linux a
+/// nice value belongs to a thread, and `setpriority(PRIO_PROCESS, tid)`
+/// sets that thread's alone (sched(7)); the rest of the process keeps its
+/// own. Where it cannot (another system, a refusal), the thread runs as
+/// before.
+fn lower_priority() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: plain system calls on this thread's own id.
+    unsafe {
+        let tid = libc::gettid() as libc::id_t;
+        // getpriority returns the nice value itself (-1 is a valid one);
+        // an error is told apart by errno only, and leaves it unchanged.
+        *libc::__errno_location() = 0;
+        let nice = libc::getpriority(libc::PRIO_PROCESS, tid);
+        if *libc::__errno_location() == 0 {
+            let lowered = (nice + BACKGROUND_NICE).min(19);
+            libc::setpriority(libc::PRIO_PROCESS, tid, lowered);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nice_of_this_thread() -> i32 {
+        // SAFETY: plain system calls on this thread's own id.
+        unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) }
+    }
+
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn the_work_runs_at_a_lower_priority_and_the_caller_keeps_its_own() {
+        let before = nice_of_this_thread();
+        let (nice, name) = in_background("test-encoding", || {
+            let name = std::thread::current().name().map(str::to_owned);
+            (nice_of_this_thread(), name)
+        })
+        .await
+        .unwrap();
+        assert_eq!(nice, (before + BACKGROUND_NICE).min(19));
+        assert_eq!(name.as_deref(), Some("locksmith-test-encoding"));
+        assert_eq!(nice_of_this_thread(), before);
+    }
+
+    #[tokio::test]
+    async fn work_that_panics_is_an_error_not_a_hang() {
+        let error = in_background("test-panic", || -> u32 { panic!("on purpose") })
+            .await
+            .unwrap_err();
+        assert!(error.to_string().contains("test-panic panicked"), "{error}");
+    }
+}
