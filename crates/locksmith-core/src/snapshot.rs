@@ -7,8 +7,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::SnapshotError;
 use crate::types::{ClientInfo, LostReason, Millis, Mode, RequestId, SessionId};
-use check::{Checker, HoldFacts};
 pub use check::SnapshotCensus;
+use check::{Checker, HoldFacts};
 #[cfg(feature = "serde")]
 pub use read::CheckedSnapshot;
 

@@ -64,8 +64,11 @@ impl Serialize for FrozenEngine {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let mut sessions: Vec<&SessionSnapshot> = self.sessions.iter().collect();
         sessions.sort_unstable_by_key(|s| s.session);
-        let mut locks: Vec<(&str, &LockEntry)> =
-            self.locks.iter().map(|lock| (&*lock.name, &**lock)).collect();
+        let mut locks: Vec<(&str, &LockEntry)> = self
+            .locks
+            .iter()
+            .map(|lock| (&*lock.name, &**lock))
+            .collect();
         locks.sort_unstable_by(|a, b| a.0.cmp(b.0));
         let mut waiters: Vec<&WaiterSnapshot> = self.waiters.iter().collect();
         waiters.sort_unstable_by_key(|w| (w.session, w.request));
@@ -123,7 +126,11 @@ impl FrozenEngine {
             .locks
             .iter()
             .map(|lock| {
-                let holders: usize = lock.holders.iter().map(|h| VARINT + h.owner.len() + HOLD).sum();
+                let holders: usize = lock
+                    .holders
+                    .iter()
+                    .map(|h| VARINT + h.owner.len() + HOLD)
+                    .sum();
                 3 * VARINT + lock.name.len() + holders + lock.queue.len() * 2 * VARINT + VARINT + 1
             })
             .sum();

@@ -209,7 +209,10 @@ fn an_inconsistent_snapshot_is_refused() {
         #[cfg(feature = "serde")]
         {
             let streamed = read_checked(&bad).expect_err(expected);
-            assert!(streamed.to_string().contains(expected), "{expected}: {streamed}");
+            assert!(
+                streamed.to_string().contains(expected),
+                "{expected}: {streamed}"
+            );
         }
         let error = Engine::restore(Limits::default(), bad).expect_err(expected);
         assert!(error.to_string().contains(expected), "{expected}: {error}");

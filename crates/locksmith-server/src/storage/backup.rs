@@ -67,11 +67,11 @@ use super::member::{MemberDir, SnapshotFile, StoredSnapshot, TokenCeiling};
 use super::raft_log::RaftLog;
 use super::snapshot::{encode_frozen, encode_frozen_after};
 use super::ServerSnapshot;
-use locksmith_core::SnapshotCensus;
 use crate::config::{Execution, ServerConfig};
 use crate::entry::{Applied, TypeConfig};
 use crate::error::ServerError;
 use crate::inbox::FrozenState;
+use locksmith_core::SnapshotCensus;
 
 const BACKUP_MAGIC: &[u8; 4] = b"LSBK";
 /// The payload format this server writes and the newest it reads.
@@ -256,7 +256,12 @@ fn census(path: &Path, bytes: &[u8]) -> Result<Summary, ServerError> {
     let (header, state) = split(path, bytes)?;
     let census = ServerSnapshot::census(state).map_err(|detail| state_error(path, detail))?;
     let engine = census.engine.map_err(|e| inconsistent(path, &e))?;
-    Ok(Summary::new(&header, census.format, census.sessions, &engine))
+    Ok(Summary::new(
+        &header,
+        census.format,
+        census.sessions,
+        &engine,
+    ))
 }
 
 fn corrupt(path: &Path, detail: String) -> ServerError {
@@ -349,10 +354,7 @@ impl Backup {
     fn decode(path: &Path, bytes: &[u8]) -> Result<Backup, ServerError> {
         let (header, state) = split(path, bytes)?;
         let state = ServerSnapshot::decode(state).map_err(|detail| state_error(path, detail))?;
-        state
-            .engine
-            .check()
-            .map_err(|e| inconsistent(path, &e))?;
+        state.engine.check().map_err(|e| inconsistent(path, &e))?;
         Ok(Backup { header, state })
     }
 
@@ -609,8 +611,8 @@ pub fn save_checked(path: &Path, bytes: &[u8]) -> Result<Summary, ServerError> {
     let (dir, name) = dir_and_name(path)?;
     std::thread::scope(|scope| {
         let writing = scope.spawn(|| files::Staged::write(dir, name, bytes));
-        let summary = files::unframe(path, bytes, BACKUP_MAGIC)
-            .and_then(|payload| census(path, payload));
+        let summary =
+            files::unframe(path, bytes, BACKUP_MAGIC).and_then(|payload| census(path, payload));
         let staged = writing
             .join()
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
@@ -776,7 +778,10 @@ mod tests {
                 info: ClientInfo::default(),
                 expires_at: 9_000,
             }],
-            locks: vec![lock("a", hold(1, 1, None)), lock("b", hold(0, 2, Some(60_000)))],
+            locks: vec![
+                lock("a", hold(1, 1, None)),
+                lock("b", hold(0, 2, Some(60_000))),
+            ],
             waiters: Vec::new(),
             ending: Vec::new(),
         };
@@ -831,7 +836,10 @@ mod tests {
         assert!(error.contains("never issued"), "{error}");
         assert_eq!(fs::read(&path).unwrap(), b"the backup before");
         fs::write(&path, &bytes).unwrap();
-        for error in [inspect(&path).unwrap_err(), Backup::read(&path).unwrap_err()] {
+        for error in [
+            inspect(&path).unwrap_err(),
+            Backup::read(&path).unwrap_err(),
+        ] {
             assert!(matches!(error, ServerError::Corrupt { .. }), "{error}");
             assert!(error.to_string().contains("never issued"), "{error}");
         }

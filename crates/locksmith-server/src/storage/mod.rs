@@ -42,8 +42,8 @@
 //! frame over them. A frame's length is never 0, so a zero length field is
 //! where a segment's frames end.
 
-pub mod backup;
 pub(crate) mod background;
+pub mod backup;
 pub(crate) mod files;
 pub(crate) mod member;
 pub(crate) mod raft_log;
