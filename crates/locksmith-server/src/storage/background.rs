@@ -4,9 +4,9 @@
 //! With a table of a million locks, encoding takes a few hundred
 //! milliseconds of CPU. On tokio's blocking pool it ran at the priority of
 //! the runtime's threads and the core's, and on a busy machine the
-//! scheduler shared the CPUs between them: grants waited behind the
-//! encoding (the handoff p99 during a backup rose to 2.3× that without,
-//! docs/BENCHMARKS.md, "Operations: backup and restore"). So it runs on a
+//! scheduler shared the CPUs between them (the handoff p99 during a backup
+//! was 1.4–2.3× that without, docs/BENCHMARKS.md, "Operations: backup and
+//! restore"). So it runs on a
 //! thread of its own whose nice value is raised by [`BACKGROUND_NICE`]: the
 //! threads that serve win the CPU whenever they want it, and the encoding
 //! takes what they leave. Nothing it does delays a heartbeat or a commit:
