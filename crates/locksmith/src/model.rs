@@ -306,12 +306,29 @@ impl Model {
         request: &AcquireRequest,
         mut pending: PendingSlot,
     ) -> Result<Option<Granted>> {
-        let started = Instant::now();
-        let Some(grant) = backend.acquire(request).await? else {
-            return Ok(None);
-        };
-        let key = pending.key.take().expect("pending until granted");
-        Ok(Some(self.record_new(key, request, started, grant)))
+        loop {
+            let started = Instant::now();
+            let Some(grant) = backend.acquire(request).await? else {
+                return Ok(None);
+            };
+            // A leased grant that arrives after its lease's term (counted from
+            // before the request, as its keeper counts it) may already be
+            // the next holder's: its answer was held up, by a failover say.
+            // It is given back, and the acquire asks again (within its wait).
+            if let Some(lease) = request.lease {
+                let term = keeper::trusted_until(started, lease, keeper::clock_drift(lease));
+                if term <= Instant::now() {
+                    tracing::debug!(lock = %request.names[0], ?lease, "a grant came after its lease ended: asking again");
+                    release_in_background(grant.hold);
+                    if request.wait == Wait::No {
+                        return Ok(None);
+                    }
+                    continue;
+                }
+            }
+            let key = pending.key.take().expect("pending until granted");
+            return Ok(Some(self.record_new(key, request, started, grant)));
+        }
     }
 
     /// Records a new hold in the table and hands out its first level.
