@@ -8,9 +8,10 @@
 //! adds the address to its list if it was not on it (a member added to the
 //! cluster after the client started).
 //!
-//! A member that answers nothing in time (frozen, or its machine gone) is
-//! **passed over** for a while: the rotation skips it, and a hint naming it
-//! is not followed. The followers of a frozen leader keep naming it until
+//! A member that answers nothing in time (frozen, or its machine gone), or
+//! whose connection breaks under the client (a crash), is **passed over**
+//! for a while: the rotation skips it, and a hint naming it is not
+//! followed. The followers of a frozen leader keep naming it until
 //! they elect another, hundreds of milliseconds later; going back to it
 //! would spend a whole attempt on a member that answers nothing while the
 //! session's TTL runs. The client stays instead with the follower that
@@ -19,9 +20,18 @@
 //! a quorum of its cluster is passed over in the same way: it takes a
 //! resume, then ends the stream when it cannot commit, and its followers
 //! name it until they elect another (the server marks such refusals with
-//! [`locksmith_proto::CUT_OFF_METADATA`]). Any other member that answers,
-//! even to refuse, or whose connection is refused at once, is not passed
-//! over: it costs no time, and it may be the next leader.
+//! [`locksmith_proto::CUT_OFF_METADATA`]). A connection that breaks (reset,
+//! closed without an answer) passes its member over too, though only
+//! briefly ([`BROKEN_PASS_OVER`]): the followers name a crashed leader until
+//! they notice, and following them back would spend an attempt on a machine
+//! that may answer nothing at all. Any other member that answers, even to
+//! refuse, or whose connection is refused at once, is not passed over: it
+//! costs no time, and it may be the next leader.
+//!
+//! Between rounds of attempts the client pauses, longer each round, but
+//! never long beside the session's TTL ([`Rounds::for_session`]): once a new
+//! leader serves, the session must resume there before its TTL runs out,
+//! not sleep through its last chance.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -61,6 +71,15 @@ impl Member {
             .is_some_and(|until| Instant::now() < until)
     }
 }
+
+/// The longest a member whose connection broke is passed over: about as
+/// long as the followers of a crashed leader take to notice and elect
+/// another (a leader lease and an election timeout at the server's
+/// defaults). A hint naming it after that is likely fresh: it was restarted
+/// and elected again. A member that answered nothing in time is passed over
+/// for the whole `pass_over` of [`Members::parse_with`] instead: it is known
+/// to hold an attempt that long.
+const BROKEN_PASS_OVER: Duration = Duration::from_secs(1);
 
 /// The members and which one is current.
 pub(super) struct Members {
@@ -153,14 +172,38 @@ impl Members {
     /// knows it by (its URL's and the cluster's can be two entries), and the
     /// next member becomes current as with [`Members::failed`].
     pub(super) fn unresponsive(&self, at: usize) {
+        self.pass_over(at, self.pass_over, "answered nothing or cannot commit");
+    }
+
+    /// The stream on the member at `at` ended with `status`, which names no
+    /// leader. A connection that broke (the status carries the transport's
+    /// error) passes the member over for a moment ([`BROKEN_PASS_OVER`], at
+    /// most as long as [`Members::unresponsive`] does); a refusal (the
+    /// member answered that it cannot serve) goes as
+    /// [`Members::could_not_serve`] says. Either way the next member becomes
+    /// current.
+    pub(super) fn link_ended(&self, at: usize, status: &Status) {
+        if std::error::Error::source(status).is_none() {
+            self.could_not_serve(at, status);
+        } else {
+            let period = self.pass_over.min(BROKEN_PASS_OVER);
+            self.pass_over(at, period, "its connection broke");
+        }
+    }
+
+    /// Passes the member at `at` over for `period` (`why`, for the log),
+    /// under every name the client knows it by (its URL's and the
+    /// cluster's can be two entries), and moves on as [`Members::failed`]
+    /// does.
+    fn pass_over(&self, at: usize, period: Duration, why: &str) {
         let mut list = self.list();
         if let Some(member) = list.get(at) {
             let name = member
                 .known_as
                 .clone()
                 .unwrap_or_else(|| member.addr.clone());
-            tracing::debug!(backend = super::BACKEND, addr = %member.addr, "passing over a member that answered nothing or cannot commit");
-            let until = Instant::now() + self.pass_over;
+            tracing::debug!(backend = super::BACKEND, addr = %member.addr, ?period, "passing over a member: {why}");
+            let until = Instant::now() + period;
             for (i, member) in list.iter_mut().enumerate() {
                 if i == at || member.is(&name) {
                     member.passed_over_until = Some(until);
@@ -264,6 +307,14 @@ fn member(url: &ServerUrl, connector: Option<&Connector>, addr: String) -> Resul
     })
 }
 
+/// The first pause between rounds of attempts; each one after is twice as
+/// long, up to a longest.
+const FIRST_PAUSE: Duration = Duration::from_millis(20);
+
+/// The longest pause between rounds of a session's attempts to resume (or
+/// open anew), whatever its TTL: enough to spare a cluster that is down.
+const LONGEST_SESSION_PAUSE: Duration = Duration::from_secs(1);
+
 /// Rounds over the members while none serves: each member once per round,
 /// a pause between rounds, until a deadline. An election (every member
 /// answering "no leader yet") or a leader's restart is waited out this way
@@ -278,8 +329,8 @@ pub(super) struct Rounds {
 }
 
 impl Rounds {
-    /// Rounds over `members` for at most `patience`, pausing 20 ms, then
-    /// twice as long each time up to 100 ms.
+    /// Rounds over `members` for at most `patience`, pausing 20 ms
+    /// ([`FIRST_PAUSE`]), then twice as long each time up to 100 ms.
     pub(super) fn new(members: &Members, patience: Duration) -> Rounds {
         Rounds {
             deadline: Some(Instant::now() + patience),
@@ -287,12 +338,24 @@ impl Rounds {
         }
     }
 
+    /// Rounds without a deadline for a session of `ttl`, pausing up to a
+    /// twentieth of it (at most [`LONGEST_SESSION_PAUSE`]). However long an
+    /// election took, the session resumes within that much of the new
+    /// leader's first answer; a longer sleep could outlast the session's
+    /// trust while a leader serves, and lose it for nothing.
+    pub(super) fn for_session(members: &Members, ttl: Duration) -> Rounds {
+        Rounds::endless(
+            members,
+            (ttl / 20).clamp(FIRST_PAUSE, LONGEST_SESSION_PAUSE),
+        )
+    }
+
     /// Rounds without a deadline, pausing up to `longest_pause`.
-    pub(super) fn endless(members: &Members, longest_pause: Duration) -> Rounds {
+    fn endless(members: &Members, longest_pause: Duration) -> Rounds {
         Rounds {
             deadline: None,
             left_in_round: members.len(),
-            pause: Duration::from_millis(20),
+            pause: FIRST_PAUSE,
             longest_pause,
         }
     }
@@ -486,6 +549,53 @@ mod tests {
         assert_eq!(members.follow(&naming("c:3")), Redirect::Leader);
         tokio::time::advance(PASS_OVER).await;
         assert_eq!(members.follow(&naming("a:1")), Redirect::Leader);
+    }
+
+    /// A leader whose connection broke under the client (a crash) is
+    /// passed over for a moment: its followers, which have not noticed yet,
+    /// do not send the client back to a machine that may answer nothing.
+    /// After that moment a hint naming it is followed again (it may have
+    /// been restarted and elected). A member that ends the stream with a
+    /// refusal of its own is not passed over.
+    #[tokio::test(start_paused = true)]
+    async fn a_member_whose_connection_broke_is_passed_over_for_a_moment() {
+        let members = Members::parse("locksmith://a:1,b:2,c:3", Duration::from_secs(10)).unwrap();
+        let mut broken = Status::unknown("h2 protocol error: error reading a body from connection");
+        broken.set_source(std::sync::Arc::new(std::io::Error::from(
+            std::io::ErrorKind::BrokenPipe,
+        )));
+        members.link_ended(0, &broken);
+        assert_eq!(members.current().1, "b:2");
+        assert_eq!(members.follow(&naming("a:1")), Redirect::Stale);
+        tokio::time::advance(BROKEN_PASS_OVER).await;
+        assert_eq!(members.follow(&naming("a:1")), Redirect::Leader);
+        assert_eq!(members.current().1, "a:1");
+
+        members.link_ended(0, &Status::unavailable("this member is stopping"));
+        assert_eq!(members.current().1, "b:2", "on to the next member");
+        assert_eq!(members.follow(&naming("a:1")), Redirect::Leader);
+    }
+
+    /// A session's pauses between rounds of attempts stay short beside its
+    /// TTL, so that it does not sleep through the time it has left once a
+    /// leader serves again; with a long TTL they grow to a second.
+    #[tokio::test]
+    async fn a_session_pauses_briefly_beside_its_ttl() {
+        let members = Members::parse("locksmith://a:1", PASS_OVER).unwrap();
+        let pauses = |ttl| {
+            let mut rounds = Rounds::for_session(&members, ttl);
+            (0..10)
+                .map(|_| rounds.before_asking_again().as_millis())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            pauses(Duration::from_secs(2)),
+            [20, 40, 80, 100, 100, 100, 100, 100, 100, 100]
+        );
+        assert_eq!(
+            pauses(Duration::from_secs(60)),
+            [20, 40, 80, 160, 320, 640, 1000, 1000, 1000, 1000]
+        );
     }
 
     /// When every member answered nothing a moment ago, the rotation goes

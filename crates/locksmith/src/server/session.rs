@@ -52,8 +52,6 @@ use super::convert;
 use super::heartbeats::{Due, Heartbeats};
 use super::members::{member_down, Members, Redirect, Rounds};
 
-/// The longest pause between rounds of reconnect attempts.
-const MAX_BACKOFF: Duration = Duration::from_secs(1);
 /// How long a graceful close waits for the server to confirm.
 const CLOSE_WAIT: Duration = Duration::from_secs(2);
 
@@ -783,7 +781,7 @@ async fn drive(shared: Arc<Shared>, first: Link) {
     let mut link = first;
     let mut session = Some(link.credentials.clone());
     let mut heartbeats = Heartbeats::opened(link.sent_at, shared.ttl);
-    let mut rounds = Rounds::endless(&shared.members, MAX_BACKOFF);
+    let mut rounds = Rounds::for_session(&shared.members, shared.ttl);
     loop {
         let early = std::mem::take(&mut link.early);
         let end = run(&shared, &mut link, early, &mut heartbeats).await;
@@ -792,7 +790,7 @@ async fn drive(shared: Arc<Shared>, first: Link) {
         // that such a member is not asked again and again without a pause.
         let mut pause = Duration::ZERO;
         if heartbeats.answered_since(link.sent_at) {
-            rounds = Rounds::endless(&shared.members, MAX_BACKOFF);
+            rounds = Rounds::for_session(&shared.members, shared.ttl);
         } else if matches!(end, End::Broken(_)) {
             pause = rounds.after_failure(&shared.members);
         }
@@ -980,7 +978,7 @@ async fn run(
                         // serve says where to go: the leader it names, or
                         // any other member.
                         if shared.members.follow(&status) == Redirect::None && member_down(&status) {
-                            shared.members.could_not_serve(link.member, &status);
+                            shared.members.link_ended(link.member, &status);
                         }
                         return End::Broken(status.to_string());
                     }
