@@ -19,6 +19,9 @@ use crate::types::{ClientInfo, Limits, LostReason, Millis, Mode, RequestId, Sess
 
 #[cfg(feature = "serde")]
 mod encode;
+mod slab;
+
+use slab::Slab;
 
 /// Index of a lock in the slab. Internal only: ids are not stable across
 /// snapshots, so nothing observable may depend on their order.
@@ -38,10 +41,10 @@ pub struct Engine {
     /// Ordered, so that listings and snapshots walk names in order (a page
     /// of a listing costs O(log n + page), a snapshot needs no sort).
     names: BTreeMap<Arc<str>, LockId>,
-    /// Shared with a [`FrozenEngine`] while one is alive: an entry changed
-    /// meanwhile is copied first (`Arc::make_mut`), so freezing costs a
-    /// reference per lock, not a copy of the table.
-    locks: Vec<Option<Arc<LockEntry>>>,
+    /// Shared with a [`FrozenEngine`] while one is alive, in chunks (see
+    /// [`Slab`]): a chunk or an entry changed meanwhile is copied first, so
+    /// freezing costs a reference per chunk, not a copy of the table.
+    locks: Slab,
     free_ids: Vec<LockId>,
     sessions: FxHashMap<SessionId, Session>,
     /// Sessions that ended with more holds and waits than one step gives up
@@ -495,7 +498,7 @@ impl Engine {
             let floor = now.saturating_add(session.ttl.max(grace));
             session.expires_at = session.expires_at.max(floor);
         }
-        for lock in self.locks.iter_mut().flatten() {
+        for lock in self.locks.entries_mut() {
             let lock = Arc::make_mut(lock);
             for hold in lock.holders.iter_mut() {
                 if let Some(until) = hold.lease_until.as_mut() {
@@ -976,7 +979,7 @@ impl Engine {
         // The owner string moves into the last new hold; earlier ones clone it.
         let mut owner = Some(owner);
         for (i, &id) in locks.iter().enumerate() {
-            let lock = Arc::make_mut(self.locks[id as usize].as_mut().expect("live lock"));
+            let lock = Arc::make_mut(self.locks.slot_mut(id).as_mut().expect("live lock"));
             let who: &str = owner.as_deref().expect("taken only at the last lock");
             if let Some(index) = lock.hold_of(session, who) {
                 let hold = &mut lock.holders[index];
@@ -1163,7 +1166,7 @@ impl Engine {
         abnormal: bool,
         effects: &mut Vec<Effect>,
     ) {
-        let lock = Arc::make_mut(self.locks[id as usize].as_mut().expect("live lock"));
+        let lock = Arc::make_mut(self.locks.slot_mut(id).as_mut().expect("live lock"));
         let hold = lock.holders.remove(index);
         let session_still_holds = lock.holders.iter().any(|h| h.session == hold.session);
         if let Some(until) = hold.lease_until {
@@ -1244,7 +1247,7 @@ impl Engine {
         // Process in the order given: ids are not deterministic, work order is.
         work.extend(ids.iter().rev());
         while let Some(id) = work.pop() {
-            if self.locks.get(id as usize).is_none_or(Option::is_none) {
+            if self.locks.get(id).is_none_or(Option::is_none) {
                 continue;
             }
             seen.push(id);
@@ -1259,9 +1262,11 @@ impl Engine {
 
     /// Removes the lock's entry if nothing holds, waits or delays on it.
     fn drop_if_idle(&mut self, id: LockId) {
-        let slot = &mut self.locks[id as usize];
-        if slot.as_deref().is_some_and(LockEntry::is_idle) {
-            let lock = slot.take().expect("checked");
+        // Looked at first: a chunk shared with a frozen copy is copied
+        // only to change it.
+        let idle = self.locks.get(id).and_then(Option::as_deref);
+        if idle.is_some_and(LockEntry::is_idle) {
+            let lock = self.locks.slot_mut(id).take().expect("checked");
             self.names.remove(&lock.name);
             self.free_ids.push(id);
         }
@@ -1383,11 +1388,14 @@ impl Engine {
     }
 
     fn lock(&self, id: LockId) -> &LockEntry {
-        self.locks[id as usize].as_ref().expect("live lock")
+        self.locks
+            .get(id)
+            .and_then(Option::as_deref)
+            .expect("live lock")
     }
 
     fn lock_mut(&mut self, id: LockId) -> &mut LockEntry {
-        Arc::make_mut(self.locks[id as usize].as_mut().expect("live lock"))
+        Arc::make_mut(self.locks.slot_mut(id).as_mut().expect("live lock"))
     }
 
     fn lock_id_or_insert(&mut self, name: String) -> LockId {
@@ -1408,13 +1416,10 @@ impl Engine {
         });
         let id = match self.free_ids.pop() {
             Some(id) => {
-                self.locks[id as usize] = Some(entry);
+                *self.locks.slot_mut(id) = Some(entry);
                 id
             }
-            None => {
-                self.locks.push(Some(entry));
-                (self.locks.len() - 1) as LockId
-            }
+            None => self.locks.push(entry),
         };
         self.names.insert(name, id);
         id
@@ -1569,7 +1574,7 @@ impl Engine {
                 expires_at: s.expires_at,
             })
             .collect();
-        let locks = self.locks.iter().flatten().cloned().collect();
+        let locks = self.locks.share();
         let waiters: Vec<WaiterSnapshot> = self
             .waiters
             .iter()
@@ -1720,7 +1725,7 @@ impl Engine {
 pub struct FrozenEngine {
     last_token: u64,
     sessions: Vec<SessionSnapshot>,
-    locks: Vec<Arc<LockEntry>>,
+    locks: Slab,
     ending: Vec<EndingSnapshot>,
     waiters: Vec<WaiterSnapshot>,
 }
@@ -1731,11 +1736,12 @@ impl FrozenEngine {
         let FrozenEngine {
             last_token,
             mut sessions,
-            mut locks,
+            locks,
             mut waiters,
             ending,
         } = self;
         sessions.sort_unstable_by_key(|s| s.session);
+        let mut locks: Vec<&LockEntry> = locks.entries().map(|lock| &**lock).collect();
         locks.sort_unstable_by(|a, b| a.name.cmp(&b.name));
         let locks = locks
             .iter()

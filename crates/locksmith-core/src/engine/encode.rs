@@ -66,7 +66,7 @@ impl Serialize for FrozenEngine {
         sessions.sort_unstable_by_key(|s| s.session);
         let mut locks: Vec<(&str, &LockEntry)> = self
             .locks
-            .iter()
+            .entries()
             .map(|lock| (&*lock.name, &**lock))
             .collect();
         locks.sort_unstable_by(|a, b| a.0.cmp(b.0));
@@ -124,7 +124,7 @@ impl FrozenEngine {
         const HOLD: usize = 8 * VARINT;
         let locks: usize = self
             .locks
-            .iter()
+            .entries()
             .map(|lock| {
                 let holders: usize = lock
                     .holders
