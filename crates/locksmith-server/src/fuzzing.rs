@@ -73,12 +73,13 @@ fn install(data: &[u8]) {
         return;
     };
     let config = ServerConfig::in_memory();
-    let mut history = History::new(HistoryLimits {
+    // The history starts from any snapshot that decodes without panicking.
+    let _history = History::new(HistoryLimits {
         per_lock: config.history_per_lock,
         total: config.history_total,
         max_age: config.history_max_age.as_millis() as u64,
-    });
-    history.restore(&state.engine);
+    })
+    .restored(&state.engine);
     // An inconsistent snapshot is refused; a consistent one must restore
     // into an engine that takes commands.
     let Ok(mut engine) = Engine::restore(config.limits, state.engine) else {

@@ -127,10 +127,19 @@ impl History {
         }
     }
 
-    /// Starts from an engine snapshot: its sessions, waiters and holds (the
-    /// holds become the first entries of the history).
-    pub(crate) fn restore(&mut self, snapshot: &Snapshot) {
-        *self = History::new(self.limits);
+    /// A history of the same limits started from an engine snapshot: its
+    /// sessions, waiters and holds (the holds become the first entries of
+    /// the history, in token order). Of a table bigger than the history's
+    /// total bound only the newest holds are built, the ones pushing them
+    /// all would keep: a million held locks were a million records made and
+    /// forgotten at every start, a third of a member's start.
+    pub(crate) fn restored(&self, snapshot: &Snapshot) -> History {
+        let mut history = History::new(self.limits);
+        history.start_from(snapshot);
+        history
+    }
+
+    fn start_from(&mut self, snapshot: &Snapshot) {
         for s in &snapshot.sessions {
             self.clients.insert(s.session, Arc::new(s.info.clone()));
         }
@@ -143,31 +152,49 @@ impl History {
             };
             self.pending.insert((w.session, w.request), acquire);
         }
-        let mut held = Vec::new();
-        for lock in &snapshot.locks {
-            let name: Arc<str> = lock.name.as_str().into();
-            for h in &lock.holders {
+        // Every hold by token (unique: a new hold gets a token above all
+        // others), with where it is in the snapshot.
+        let mut held: Vec<(u64, usize, usize)> = Vec::new();
+        for (l, lock) in snapshot.locks.iter().enumerate() {
+            for (h, hold) in lock.holders.iter().enumerate() {
                 self.holds += 1;
-                if h.count > 1 {
-                    let key = (h.session, lock.name.clone(), h.owner.clone());
-                    self.reentered.insert(key, h.count - 1);
+                if hold.count > 1 {
+                    let key = (hold.session, lock.name.clone(), hold.owner.clone());
+                    self.reentered.insert(key, hold.count - 1);
                 }
-                let record = Record {
-                    token: h.token,
-                    session: h.session,
-                    owner: h.owner.as_str().into(),
-                    client: self.clients.get(&h.session).cloned(),
-                    mode: h.mode,
-                    granted_at: h.lock_time,
-                    waited: 0,
-                    end: None,
-                };
-                held.push((name.clone(), record));
+                held.push((hold.token, l, h));
             }
         }
-        held.sort_unstable_by_key(|(_, record)| record.token);
-        for (name, record) in held {
-            self.push(&name, record);
+        let HistoryLimits {
+            per_lock, total, ..
+        } = self.limits;
+        let kept = if per_lock == 0 {
+            0
+        } else {
+            total.min(held.len())
+        };
+        let forgotten = held.len() - kept;
+        if kept == 0 {
+            held.clear();
+        } else if forgotten > 0 {
+            held.select_nth_unstable(forgotten);
+            held.drain(..forgotten);
+        }
+        held.sort_unstable();
+        for (_, l, h) in held {
+            let lock = &snapshot.locks[l];
+            let hold = &lock.holders[h];
+            let record = Record {
+                token: hold.token,
+                session: hold.session,
+                owner: hold.owner.as_str().into(),
+                client: self.clients.get(&hold.session).cloned(),
+                mode: hold.mode,
+                granted_at: hold.lock_time,
+                waited: 0,
+                end: None,
+            };
+            self.push(&lock.name.as_str().into(), record);
         }
     }
 
@@ -692,6 +719,37 @@ mod tests {
     }
 
     #[test]
+    fn a_restore_builds_only_the_newest_holds_the_bounds_keep() {
+        let mut t = Table::new(2, 3);
+        t.open(1, "alpha");
+        // Names in the opposite order of their tokens (a snapshot lists
+        // locks by name), and one hold re-entered.
+        for (request, name) in ["e", "d", "c", "b", "a"].into_iter().enumerate() {
+            t.acquire(1, request as u64 + 1, &[name], true);
+        }
+        t.acquire(1, 6, &["d"], true);
+        // Listed by name: the three newest grants.
+        let running = t.grants("");
+        assert_eq!(running.iter().map(|g| g.1).collect::<Vec<_>>(), [5, 4, 3]);
+        let restored = t.history.restored(&t.engine.snapshot());
+        assert_eq!(restored.census(), t.history.census(), "every hold counted");
+        t.history = restored;
+        assert_eq!(t.grants(""), running);
+        // The re-entered hold outside the kept history still counts its
+        // level: one release leaves it held.
+        t.release(1, "d");
+        t.acquire(1, 7, &["f"], true);
+        assert_eq!(
+            t.grants("")
+                .iter()
+                .map(|g| (g.0.as_str(), g.1))
+                .collect::<Vec<_>>(),
+            [("a", 5), ("b", 4), ("f", 6)]
+        );
+        assert_eq!(t.history.census().holds, 6);
+    }
+
+    #[test]
     fn restores_from_a_snapshot() {
         let mut t = Table::new(8, 100);
         t.open(1, "alpha");
@@ -699,8 +757,7 @@ mod tests {
         t.acquire(1, 1, &["a"], true);
         t.acquire(1, 2, &["a"], true);
         t.acquire(2, 1, &["a"], false);
-        let mut restored = History::new(t.history.limits);
-        restored.restore(&t.engine.snapshot());
+        let restored = t.history.restored(&t.engine.snapshot());
         assert_eq!(restored.census(), t.history.census());
         t.history = restored;
         t.release(1, "a");

@@ -75,29 +75,30 @@ impl CoreMachine {
     }
 
     /// Keeps `snapshot` on disk (before openraft purges the log it covers)
-    /// and as the current one.
+    /// and as the current one; returns it. The file is written, and the
+    /// copy kept as the current one made, on a blocking thread: with a
+    /// million locks each is tens of megabytes, which copied on the worker
+    /// stalled every request behind them.
     ///
     /// Cancel safety: dropped while the file is written, the write still
     /// completes on its blocking thread (the file is replaced atomically),
     /// but the snapshot is not made the current one.
-    async fn keep_durably(
-        &self,
-        snapshot: &SnapshotOf<TypeConfig, Cursor<Vec<u8>>>,
-    ) -> io::Result<()> {
-        if let Some(file) = self.file.clone() {
-            let stored = StoredSnapshot {
-                meta: snapshot.meta.clone(),
-                data: snapshot.snapshot.get_ref().clone(),
-            };
-            let index = stored.meta.last_log_id.as_ref().map(|id| id.index);
-            let bytes = stored.data.len();
-            tokio::task::spawn_blocking(move || file.save(&stored))
-                .await
-                .map_err(io::Error::other)??;
-            tracing::info!(?index, bytes, "snapshot written");
-        }
-        self.keep(snapshot);
-        Ok(())
+    async fn keep_durably(&self, snapshot: Snapshot) -> io::Result<Snapshot> {
+        let file = self.file.clone();
+        let (snapshot, kept) = tokio::task::spawn_blocking(move || -> io::Result<_> {
+            if let Some(file) = file {
+                let data = snapshot.snapshot.get_ref();
+                file.save(&snapshot.meta, data)?;
+                let index = snapshot.meta.last_log_id.as_ref().map(|id| id.index);
+                tracing::info!(?index, bytes = data.len(), "snapshot written");
+            }
+            let kept = copy(&snapshot);
+            Ok((snapshot, kept))
+        })
+        .await
+        .map_err(io::Error::other)??;
+        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(kept);
+        Ok(snapshot)
     }
 
     /// Sends `event` to the core and waits for its answer.
@@ -108,10 +109,6 @@ impl CoreMachine {
         let (reply, answer) = oneshot::channel();
         self.core.send(event(reply)).map_err(|_| stopped())?;
         answer.await.map_err(|_| stopped())
-    }
-
-    fn keep(&self, snapshot: &SnapshotOf<TypeConfig, Cursor<Vec<u8>>>) {
-        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(copy(snapshot));
     }
 }
 
@@ -147,8 +144,7 @@ impl RaftSnapshotBuilder<TypeConfig> for CoreMachine {
             elapsed = ?started.elapsed(),
             "snapshot encoded"
         );
-        self.keep_durably(&snapshot).await?;
-        Ok(snapshot)
+        self.keep_durably(snapshot).await
     }
 }
 
@@ -221,10 +217,18 @@ impl RaftStateMachine<TypeConfig> for CoreMachine {
     ) -> io::Result<()> {
         let data = snapshot.into_inner();
         let (started, bytes) = (std::time::Instant::now(), data.len());
-        let installed = SnapshotOf::<TypeConfig, Cursor<Vec<u8>>> {
-            meta: meta.clone(),
-            snapshot: Cursor::new(data.clone()),
-        };
+        // The core takes the bytes; the copy kept is made on a blocking
+        // thread, not on the worker (tens of megabytes with a big table).
+        let kept_meta = meta.clone();
+        let (data, installed) = tokio::task::spawn_blocking(move || {
+            let installed = SnapshotOf::<TypeConfig, Cursor<Vec<u8>>> {
+                meta: kept_meta,
+                snapshot: Cursor::new(data.clone()),
+            };
+            (data, installed)
+        })
+        .await
+        .map_err(io::Error::other)?;
         self.ask(|done| RaftEvent::Install {
             meta: meta.clone(),
             data,
@@ -242,7 +246,7 @@ impl RaftStateMachine<TypeConfig> for CoreMachine {
             last_applied: meta.last_log_id,
             membership: meta.last_membership.clone(),
         };
-        self.keep_durably(&installed).await?;
+        self.keep_durably(installed).await?;
         Ok(())
     }
 

@@ -63,7 +63,7 @@ use openraft::{BasicNode, Membership};
 use serde::{Deserialize, Serialize};
 
 use super::files::{self, io_error};
-use super::member::{MemberDir, SnapshotFile, StoredSnapshot, TokenCeiling};
+use super::member::{MemberDir, SnapshotFile, TokenCeiling};
 use super::raft_log::RaftLog;
 use super::snapshot::{encode_frozen, encode_frozen_after};
 use super::ServerSnapshot;
@@ -525,10 +525,7 @@ impl Backup {
         TokenCeiling::create(dir, token_floor)
             .map_err(|e| io_error("cannot write", &dir.join("TOKENS"), e))?;
         SnapshotFile::in_dir(dir)
-            .save(&StoredSnapshot {
-                meta,
-                data: state.encode(),
-            })
+            .save(&meta, &state.encode())
             .map_err(|e| io_error("cannot write", &dir.join("snapshot"), e))?;
         let raft_dir = dir.join("raft");
         let config = ServerConfig::durable(dir);
