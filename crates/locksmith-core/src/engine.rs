@@ -1560,9 +1560,10 @@ impl Engine {
 
     /// The state as of now, for a [`Snapshot`] built elsewhere
     /// ([`FrozenEngine::into_snapshot`], on another thread): sessions and
-    /// waiters are copied, locks are shared (a reference each, copied on
-    /// write by the engine), so freezing a table of a million locks costs
-    /// milliseconds, not a copy of every name and owner.
+    /// waiters are copied, locks are shared (a reference per chunk of
+    /// entries, a chunk and an entry copied on write by the engine), so
+    /// freezing a table of a million locks costs about a thousand
+    /// references, not a copy of every name and owner.
     pub fn freeze(&self) -> FrozenEngine {
         let sessions: Vec<SessionSnapshot> = self
             .sessions
