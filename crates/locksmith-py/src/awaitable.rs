@@ -5,10 +5,17 @@
 //! the runtime's context, each time it steps. A future that is ready at once
 //! (every call on `memory://`, a release, a cached answer) completes in that
 //! first step: no task spawned, no thread crossed, no waker made, nothing
-//! made for the loop. A future that is pending gives the task a [`Wakeup`] of the running
-//! loop to wait on; the Rust waker has the loop fire it, once, through the
-//! loop's [`LoopWaker`] (without the GIL, from whatever thread it fires on),
-//! and the task steps again and polls again. All Python code (converting
+//! made for the loop. A future that is pending is waited for in one of two
+//! ways. If the loop has nothing else to do (no callback ready, no timer
+//! due; asyncio's own selector loop on Linux), the step waits in the
+//! loop's place, on the loop's own descriptors with the GIL released, as
+//! its `select` would: a wake of the call ends the wait and the step polls
+//! again, without a turn of the loop; anything else the loop watches ends
+//! it too, and the task then waits through the loop. There, the task waits
+//! on a [`Wakeup`] of the running loop; the Rust waker has the loop fire
+//! it, once, through the loop's [`LoopWaker`] (without the GIL, from
+//! whatever thread it fires on), and the task steps again and polls again.
+//! All Python code (converting
 //! the result, raising its exception) runs in the awaiting task, with its
 //! loop and context.
 //!
@@ -19,10 +26,12 @@
 //! nothing behind. Like a coroutine, an awaitable does nothing until
 //! awaited, and can be awaited once.
 
+use std::any::TypeId;
 use std::future::Future;
+use std::mem::ManuallyDrop;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context, Poll, Wake, Waker};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::task::{Context, Poll, RawWaker, RawWakerVTable, Wake, Waker};
 
 use pyo3::exceptions::{PyBaseException, PyRuntimeError, PyStopIteration};
 use pyo3::prelude::*;
@@ -45,15 +54,24 @@ trait Step: Send {
 impl<F, T> Step for F
 where
     F: Future<Output = PyResult<T>> + Send,
-    T: for<'py> IntoPyObject<'py>,
+    T: for<'py> IntoPyObject<'py> + 'static,
 {
     fn step(
         self: Pin<&mut Self>,
         py: Python<'_>,
         cx: &mut Context<'_>,
     ) -> Poll<PyResult<Py<PyAny>>> {
-        self.poll(cx)
-            .map(|output| output.and_then(|value| value.into_py_any(py)))
+        self.poll(cx).map(|output| {
+            output.and_then(|value| {
+                // PyO3 makes `()` an empty tuple; a call without a value
+                // returns `None`, as a Python function does.
+                if TypeId::of::<T>() == TypeId::of::<()>() {
+                    Ok(py.None())
+                } else {
+                    value.into_py_any(py)
+                }
+            })
+        })
     }
 }
 
@@ -194,12 +212,11 @@ enum Stepped {
 }
 
 impl Awaitable {
-    /// Polls the future, inside the runtime's context: first with a waker
-    /// that does nothing, which is all a future that is ready at once (most
-    /// calls on `memory://`, every release) needs; only if it is pending,
-    /// again with a waker of its own, which the future keeps (a future
-    /// heeds the waker of its latest poll, and that poll sees whatever
-    /// happened since the first).
+    /// Polls the future once, inside the runtime's context, with a
+    /// [`LazyWake`]: a future that is ready at once (most calls on
+    /// `memory://`, every release) never keeps its waker, and nothing is
+    /// made for it; one that is pending keeps a clone, the [`PollWake`] its
+    /// task waits on.
     fn step(&self, py: Python<'_>) -> PyResult<Stepped> {
         runtime::check_generation(self.generation)?;
         // Out of its slot while polled: converting the output may run
@@ -217,31 +234,114 @@ impl Awaitable {
                 "cannot reuse an awaitable that was already awaited",
             ));
         };
-        let entered = runtime::runtime().enter();
-        let mut noop = Context::from_waker(Waker::noop());
-        if let Poll::Ready(output) = future.as_mut().step(py, &mut noop) {
-            drop(future);
-            drop(entered);
-            return output.map(Stepped::Returned);
-        }
-        let wake = Arc::new(PollWake::default());
-        let waker = Waker::from(wake.clone());
-        match future.as_mut().step(py, &mut Context::from_waker(&waker)) {
-            Poll::Ready(output) => {
+        loop {
+            let entered = runtime::runtime().enter();
+            let lazy = LazyWake::default();
+            let polled = {
+                let waker = lazy.waker();
+                future.as_mut().step(py, &mut Context::from_waker(&waker))
+            };
+            if let Poll::Ready(output) = polled {
                 drop(future);
                 drop(entered);
-                output.map(Stepped::Returned)
+                return output.map(Stepped::Returned);
             }
-            Poll::Pending => {
-                drop(entered);
-                let mut state = self.state();
-                state.future = Some(future);
-                state.waiting = Some(wake.clone());
-                drop(state);
-                wake.wait_on(py).map(Stepped::Waiting)
+            drop(entered);
+            // A future that kept no waker never wakes the task; it still
+            // gets a wakeup to wait on, which a cancel ends.
+            let wake = lazy.made.into_inner().unwrap_or_default();
+            let event_loop = running_loop(py)?;
+            let waker = LoopWaker::of(&event_loop)?;
+            if woken_in_place(&waker, &event_loop, &wake)? {
+                continue;
             }
+            let mut state = self.state();
+            state.future = Some(future);
+            state.waiting = Some(wake.clone());
+            drop(state);
+            return wake.wait_on(py, event_loop, waker).map(Stepped::Waiting);
         }
     }
+}
+
+/// Whether the pending call was woken while its step waited in the loop's
+/// place, as the loop's own `select` would wait, when the loop has nothing
+/// else to do ([`LoopWaker::idle_for`]). A call woken there goes on in the
+/// same step, without a turn of the loop; anything else the loop watches
+/// ends the wait, and the task waits through the loop as usual.
+fn woken_in_place(
+    waker: &Arc<LoopWaker>,
+    event_loop: &Bound<'_, PyAny>,
+    wake: &PollWake,
+) -> PyResult<bool> {
+    let Some(timeout) = waker.idle_for(event_loop)? else {
+        return Ok(false);
+    };
+    if !wake.wait_here(waker) {
+        return Ok(true);
+    }
+    waker.wait(event_loop.py(), timeout);
+    if wake.woken_here() {
+        waker.took_raise();
+        Ok(true)
+    } else {
+        Ok(false)
+    }
+}
+
+/// The event loop running on this thread (`asyncio.get_running_loop()`).
+fn running_loop(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
+    static GET_RUNNING_LOOP: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    GET_RUNNING_LOOP
+        .import(py, "asyncio", "get_running_loop")?
+        .call0()
+}
+
+/// The waker of one poll, whose [`PollWake`] is made only when the future
+/// keeps the waker (clones it) or wakes it during the poll. std offers a
+/// waker made up front (`Waker::from`) or one that does nothing
+/// (`Waker::noop`), not one made on first use, hence this.
+#[derive(Default)]
+struct LazyWake {
+    made: OnceLock<Arc<PollWake>>,
+}
+
+impl LazyWake {
+    fn get(&self) -> &Arc<PollWake> {
+        self.made.get_or_init(Arc::default)
+    }
+
+    /// A waker that borrows `self`: the poll it is lent to must end before
+    /// `self` does (a future keeps a clone, which is a [`PollWake`]'s own).
+    fn waker(&self) -> Waker {
+        const VTABLE: RawWakerVTable = RawWakerVTable::new(
+            LazyWake::clone_raw,
+            LazyWake::wake_raw,
+            LazyWake::wake_raw,
+            LazyWake::drop_raw,
+        );
+        // SAFETY: the vtable's functions take `data` as `&LazyWake`, which
+        // is `Sync` (a `OnceLock`), and lives as long as the borrowed waker:
+        // dropping it does nothing, and its clones own an `Arc` instead.
+        unsafe { Waker::new(std::ptr::from_ref(self).cast(), &VTABLE) }
+    }
+
+    /// A waker of the [`PollWake`], made now if not yet.
+    unsafe fn clone_raw(data: *const ()) -> RawWaker {
+        // SAFETY: `data` is the `LazyWake` of `waker`, alive during the poll.
+        let lazy = unsafe { &*data.cast::<LazyWake>() };
+        let waker = ManuallyDrop::new(Waker::from(lazy.get().clone()));
+        RawWaker::new(waker.data(), waker.vtable())
+    }
+
+    /// Woken during the poll: the task steps again at once.
+    unsafe fn wake_raw(data: *const ()) {
+        // SAFETY: as in `clone_raw`.
+        let lazy = unsafe { &*data.cast::<LazyWake>() };
+        lazy.get().wake_by_ref();
+    }
+
+    unsafe fn drop_raw(_data: *const ()) {}
 }
 
 /// What `StopIteration` carries to return `value`: the value itself, or a
@@ -269,6 +369,9 @@ enum Target {
     Polling,
     /// Woken before the poll returned: step again at once.
     Woken,
+    /// The step waits for the wake itself, in the loop's place
+    /// ([`woken_in_place`]): raise the loop's signal.
+    Here { waker: Arc<LoopWaker> },
     /// The wakeup the task waits on, and its loop's waker.
     Waiting {
         waker: Arc<LoopWaker>,
@@ -289,14 +392,16 @@ impl PollWake {
         self.target.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// After a pending poll: the wakeup for the task to wait on (as
-    /// `await` yields an asyncio future), or `None` if already woken (a bare
-    /// yield: the task steps again at once).
-    fn wait_on(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        static GET_RUNNING_LOOP: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-        let get_running_loop = GET_RUNNING_LOOP.import(py, "asyncio", "get_running_loop")?;
-        let event_loop = get_running_loop.call0()?;
-        let waker = LoopWaker::of(&event_loop)?;
+    /// After a pending poll: the wakeup of `event_loop` (whose waker is
+    /// `waker`) for the task to wait on (as `await` yields an asyncio
+    /// future), or `None` if already woken (a bare yield: the task steps
+    /// again at once).
+    fn wait_on(
+        &self,
+        py: Python<'_>,
+        event_loop: Bound<'_, PyAny>,
+        waker: Arc<LoopWaker>,
+    ) -> PyResult<Py<PyAny>> {
         let wakeup = Py::new(py, Wakeup::new(event_loop.unbind()))?;
         let mut target = self.target();
         if matches!(*target, Target::Woken) {
@@ -308,6 +413,32 @@ impl PollWake {
             wakeup: wakeup.clone_ref(py),
         };
         Ok(wakeup.into_any())
+    }
+
+    /// Before the step waits in the loop's place: a wake from now on
+    /// raises `waker`'s signal, the loop's own, instead of queuing a
+    /// wakeup. `false` if it was woken already.
+    fn wait_here(&self, waker: &Arc<LoopWaker>) -> bool {
+        let mut target = self.target();
+        if matches!(*target, Target::Woken) {
+            return false;
+        }
+        *target = Target::Here {
+            waker: waker.clone(),
+        };
+        true
+    }
+
+    /// After waiting in the loop's place: whether the call was woken
+    /// meanwhile. If not, a wake from now on is for [`PollWake::wait_on`].
+    fn woken_here(&self) -> bool {
+        let mut target = self.target();
+        if matches!(*target, Target::Woken) {
+            true
+        } else {
+            *target = Target::Polling;
+            false
+        }
     }
 
     /// Forgets the wakeup: the awaitable has finished.
@@ -326,6 +457,11 @@ impl Wake for PollWake {
         let mut target = self.target();
         match std::mem::replace(&mut *target, Target::Done) {
             Target::Polling | Target::Woken => *target = Target::Woken,
+            Target::Here { waker } => {
+                *target = Target::Woken;
+                drop(target);
+                waker.raise();
+            }
             Target::Waiting { waker, wakeup } => {
                 drop(target);
                 waker.wake_soon(wakeup);

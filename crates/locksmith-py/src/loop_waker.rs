@@ -1,16 +1,25 @@
 //! Waking an asyncio task from any thread, without the GIL.
 //!
 //! Every event loop that awaits a pending call gets one [`LoopWaker`]: a
-//! socket pair whose reading end the loop watches (`loop.add_reader`), and
-//! a queue of the [`Wakeup`]s its tasks wait on. The Rust waker of a call,
-//! on whatever thread it fires (a runtime worker, mostly), queues the call's
-//! wakeup and writes one byte if the queue was empty: it neither takes nor
-//! waits for the GIL, which the thread that wakes must not do (it may hold
-//! a lock of the client that the GIL's holder is about to take). The loop
-//! wakes in its own `select`, and the reader, on the loop's thread and with
-//! the GIL, fires every queued wakeup: each runs its task's step there and
-//! then. A wait costs one thread wake-up, as in a blocking call, and one
-//! turn of the loop.
+//! [`Signal`] the loop watches (`loop.add_reader`; an eventfd on Linux, a
+//! socket pair elsewhere), and a queue of the [`Wakeup`]s its tasks wait
+//! on. The Rust waker of a call, on whatever thread it fires (a runtime
+//! worker, mostly), queues the call's wakeup and raises the signal if the
+//! queue was empty: it neither takes nor waits for the GIL, which the
+//! thread that wakes must not do (it may hold a lock of the client that the
+//! GIL's holder is about to take). The loop wakes in its own `select`, and
+//! the reader, on the loop's thread and with the GIL, fires every queued
+//! wakeup: each runs its task's step there and then. A wait costs one
+//! thread wake-up, as in a blocking call, and one turn of the loop.
+//!
+//! When the loop has nothing else to do, a step may instead wait in the
+//! loop's place ([`LoopWaker::idle_for`], [`LoopWaker::wait`]): on the
+//! loop's epoll descriptor, which is readable as soon as anything the loop
+//! watches is (its signal among them), for no longer than the loop's next
+//! timer. The call's waker then only raises the signal, and the step goes
+//! on when it sees its call woken: one thread wake-up and no turn of the
+//! loop, which is Python code and costs more than the wake-up on a small
+//! machine.
 //!
 //! The other way, `loop.call_soon_threadsafe`, needs the GIL on the waking
 //! thread, so a runtime worker would have to hand it to another thread
@@ -21,10 +30,10 @@
 //! wake-up itself.
 
 use std::io::{Read, Write};
-use std::os::fd::AsRawFd;
-use std::os::unix::net::UnixStream;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
 
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -35,11 +44,14 @@ use pyo3::types::{PyDict, PyWeakrefReference};
 pub struct LoopWaker {
     /// Wakeups to fire on the loop's thread, in the order woken.
     ready: Mutex<Vec<Py<Wakeup>>>,
-    /// Written by wakers: one byte tells the loop that `ready` filled.
-    signal: UnixStream,
-    /// Watched by the loop; emptied by [`LoopReader`] before it takes
-    /// `ready`, so that no byte for a queued wakeup is read unseen.
-    readable: UnixStream,
+    /// Raised by wakers when `ready` fills; watched by the loop, and
+    /// cleared by [`LoopReader`] before it takes `ready`, so that no raise
+    /// for a queued wakeup is cleared unseen.
+    signal: Signal,
+    /// The loop's epoll descriptor, when the loop is asyncio's own selector
+    /// loop on Linux: a step whose call is pending may wait on it in the
+    /// loop's place ([`LoopWaker::idle_for`]).
+    selector: Option<RawFd>,
 }
 
 impl LoopWaker {
@@ -64,13 +76,10 @@ impl LoopWaker {
             remember(event_loop, &waker)?;
             return Ok(waker);
         }
-        let (signal, readable) = UnixStream::pair()?;
-        signal.set_nonblocking(true)?;
-        readable.set_nonblocking(true)?;
         let waker = Arc::new(LoopWaker {
             ready: Mutex::new(Vec::new()),
-            signal,
-            readable,
+            signal: Signal::new()?,
+            selector: selector_of(event_loop),
         });
         let reader = Bound::new(
             py,
@@ -78,7 +87,7 @@ impl LoopWaker {
                 waker: waker.clone(),
             },
         )?;
-        let fd = waker.readable.as_raw_fd();
+        let fd = waker.signal.watched();
         event_loop.call_method1(intern!(py, "add_reader"), (fd, &reader))?;
         wakers.set_item(event_loop, reader)?;
         remember(event_loop, &waker)?;
@@ -99,11 +108,189 @@ impl LoopWaker {
             ready.len() == 1
         };
         if first {
-            // A full buffer means bytes the loop has not read yet: it will
-            // wake anyway. Nothing else can fail on a socket pair whose
-            // both ends live as long as this.
-            let _ = (&self.signal).write(&[1]);
+            self.signal.raise();
         }
+    }
+
+    /// Has the loop look at its waker: raises the signal without queuing
+    /// a wakeup. Callable from any thread; never blocks.
+    pub fn raise(&self) {
+        self.signal.raise();
+    }
+
+    /// How long a step may wait on the loop's descriptors in the loop's
+    /// place, as the loop's `select` would wait next: `None` unless the
+    /// loop is asyncio's own selector loop on Linux, not in debug mode or
+    /// stopping, with no callback ready; at most the time to its next timer
+    /// and [`WAIT_HERE_AT_MOST`]. Reads the loop's private attributes, which
+    /// its `_run_once` reads the same way; a loop without them (another
+    /// implementation) is never waited for.
+    pub fn idle_for(&self, event_loop: &Bound<'_, PyAny>) -> PyResult<Option<Duration>> {
+        if self.selector.is_none() {
+            return Ok(None);
+        }
+        let py = event_loop.py();
+        if !event_loop.getattr(intern!(py, "_ready"))?.is_empty()?
+            || event_loop.getattr(intern!(py, "_stopping"))?.is_truthy()?
+            || event_loop.getattr(intern!(py, "_debug"))?.is_truthy()?
+        {
+            return Ok(None);
+        }
+        let scheduled = event_loop.getattr(intern!(py, "_scheduled"))?;
+        if scheduled.is_empty()? {
+            return Ok(Some(WAIT_HERE_AT_MOST));
+        }
+        let next: f64 = scheduled
+            .get_item(0)?
+            .getattr(intern!(py, "_when"))?
+            .extract()?;
+        let now: f64 = event_loop.call_method0(intern!(py, "time"))?.extract()?;
+        Ok(Duration::try_from_secs_f64(next - now)
+            .ok()
+            .filter(|left| !left.is_zero())
+            .map(|left| left.min(WAIT_HERE_AT_MOST)))
+    }
+
+    /// Waits, with the GIL released, until one of the loop's descriptors is
+    /// ready (the loop's signal among them), a signal arrives, or `timeout`
+    /// (rounded down to milliseconds) passes.
+    pub fn wait(&self, py: Python<'_>, timeout: Duration) {
+        let Some(selector) = self.selector else {
+            return;
+        };
+        let millis = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+        py.detach(|| poll_readable(selector, millis));
+    }
+
+    /// After a raise meant for a step that waited in the loop's place:
+    /// clears it, and raises again if wakeups were queued meanwhile, so
+    /// that the loop still fires them.
+    pub fn took_raise(&self) {
+        self.signal.clear();
+        if !self.ready().is_empty() {
+            self.signal.raise();
+        }
+    }
+}
+
+/// The longest a step waits in its loop's place before it hands the wait
+/// to the loop (which then waits in its own `select`, as long as needed).
+const WAIT_HERE_AT_MOST: Duration = Duration::from_millis(50);
+
+/// The epoll descriptor of `event_loop`, if it is one of asyncio's own
+/// selector loops (its `_run_once` is `BaseEventLoop`'s, its selector an
+/// `EpollSelector`): the loop that [`LoopWaker::idle_for`] knows how to read.
+#[cfg(target_os = "linux")]
+fn selector_of(event_loop: &Bound<'_, PyAny>) -> Option<RawFd> {
+    let py = event_loop.py();
+    let known = || -> PyResult<Option<RawFd>> {
+        let base = py.import("asyncio.base_events")?.getattr("BaseEventLoop")?;
+        let run_once = intern!(py, "_run_once");
+        if !event_loop
+            .get_type()
+            .getattr(run_once)?
+            .is(&base.getattr(run_once)?)
+        {
+            return Ok(None);
+        }
+        let selector = event_loop.getattr(intern!(py, "_selector"))?;
+        let epoll = py.import("selectors")?.getattr("EpollSelector")?;
+        if !selector.is_instance(&epoll)? {
+            return Ok(None);
+        }
+        selector.call_method0("fileno")?.extract().map(Some)
+    };
+    known().unwrap_or(None)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn selector_of(_event_loop: &Bound<'_, PyAny>) -> Option<RawFd> {
+    None
+}
+
+/// Waits until `fd` is readable, a signal arrives, or `millis` pass.
+#[cfg(target_os = "linux")]
+fn poll_readable(fd: RawFd, millis: i32) {
+    let mut watched = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid `pollfd`, for the length given. Its result is not
+    // needed: the caller looks at what it waited for either way.
+    unsafe { libc::poll(&mut watched, 1, millis) };
+}
+
+#[cfg(not(target_os = "linux"))]
+fn poll_readable(_fd: RawFd, _millis: i32) {}
+
+/// The loop's wake-up signal: a descriptor that is readable once raised,
+/// until cleared. On Linux an eventfd (a counter: one write to raise, one
+/// read to clear), elsewhere a socket pair.
+#[cfg(target_os = "linux")]
+struct Signal(std::fs::File);
+
+#[cfg(target_os = "linux")]
+impl Signal {
+    fn new() -> std::io::Result<Self> {
+        use std::os::fd::{FromRawFd, OwnedFd};
+        // SAFETY: no pointers; the result is checked before use.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just opened, and nothing else owns it.
+        Ok(Signal(unsafe { OwnedFd::from_raw_fd(fd) }.into()))
+    }
+
+    /// Callable from any thread; never blocks.
+    fn raise(&self) {
+        // It fails only when the counter would overflow, which takes 2^64
+        // raises that the loop has not cleared: it is raised then.
+        let _ = (&self.0).write(&1u64.to_ne_bytes());
+    }
+
+    fn clear(&self) {
+        let _ = (&self.0).read(&mut [0; 8]);
+    }
+
+    fn watched(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+struct Signal {
+    /// Written one byte per raise.
+    raised: std::os::unix::net::UnixStream,
+    /// Watched by the loop; read empty to clear.
+    readable: std::os::unix::net::UnixStream,
+}
+
+#[cfg(not(target_os = "linux"))]
+impl Signal {
+    fn new() -> std::io::Result<Self> {
+        let (raised, readable) = std::os::unix::net::UnixStream::pair()?;
+        raised.set_nonblocking(true)?;
+        readable.set_nonblocking(true)?;
+        Ok(Signal { raised, readable })
+    }
+
+    /// Callable from any thread; never blocks.
+    fn raise(&self) {
+        // A full buffer means bytes the loop has not read yet: it will
+        // wake anyway. Nothing else can fail on a socket pair whose
+        // both ends live as long as this.
+        let _ = (&self.raised).write(&[1]);
+    }
+
+    fn clear(&self) {
+        let mut bytes = [0; 64];
+        while matches!((&self.readable).read(&mut bytes), Ok(n) if n > 0) {}
+    }
+
+    fn watched(&self) -> RawFd {
+        self.readable.as_raw_fd()
     }
 }
 
@@ -137,7 +324,7 @@ fn remember(event_loop: &Bound<'_, PyAny>, waker: &Arc<LoopWaker>) -> PyResult<(
     Ok(())
 }
 
-/// The callback the loop runs when its waker's socket is readable.
+/// The callback the loop runs when its waker's signal is raised.
 #[pyclass(module = "locksmith.aio", frozen)]
 pub struct LoopReader {
     waker: Arc<LoopWaker>,
@@ -147,8 +334,7 @@ pub struct LoopReader {
 impl LoopReader {
     /// Fires every wakeup queued since the last call.
     fn __call__(&self, py: Python<'_>) {
-        let mut bytes = [0; 64];
-        while matches!((&self.waker.readable).read(&mut bytes), Ok(n) if n > 0) {}
+        self.waker.signal.clear();
         let ready = std::mem::take(&mut *self.waker.ready());
         for wakeup in ready {
             Wakeup::fire(wakeup.bind(py));

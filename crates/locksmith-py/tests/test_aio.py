@@ -75,6 +75,30 @@ async def test_a_cancelled_acquire_leaves_nothing_behind(client, name):
 
 
 @run
+async def test_the_loop_runs_other_work_while_a_call_waits(client, name):
+    # A pending call may wait in the loop's place while the loop is idle:
+    # timers, other tasks and callbacks from other threads still run, and
+    # the call still completes when it can.
+    holder = await client.lock(name).acquire()
+    waiter = asyncio.ensure_future(client.lock(name).acquire(wait=20.0))
+    loop = asyncio.get_running_loop()
+
+    async def tick(times):
+        for _ in range(times):
+            await asyncio.sleep(0.01)
+
+    await asyncio.wait_for(tick(5), 10.0)
+    called = asyncio.Event()  # awaited with no timer: only the thread ends it
+    threading.Thread(target=loop.call_soon_threadsafe, args=(called.set,)).start()
+    await called.wait()
+    assert not waiter.done()
+    await holder.release()
+    guard = await waiter
+    assert guard.fencing_token > holder.fencing_token
+    await guard.release()
+
+
+@run
 async def test_calls_are_coroutines_that_run_when_awaited(client, name):
     lock = client.lock(name)
     unawaited = lock.acquire()
@@ -86,6 +110,16 @@ async def test_calls_are_coroutines_that_run_when_awaited(client, name):
         await asyncio.gather(unawaited)
     assert (await client.status(name)).holders[0].fencing_token == guard.fencing_token
     await guard.release()
+
+
+@run
+async def test_calls_without_a_value_return_none(client, name):
+    guard = await client.lock(name, lease=30.0).acquire()
+    assert await guard.extend(60.0) is None
+    assert await guard.release() is None
+    held = await client.lock(name).acquire()
+    assert await client.force_release(name) is None
+    assert await asyncio.wait_for(held.lost(), 15.0) is not None
 
 
 @run
