@@ -111,6 +111,7 @@ mod raft;
 #[cfg(test)]
 mod replay_tests;
 mod service;
+mod session_stream;
 mod storage;
 mod stream_queue;
 mod tls;

@@ -1,10 +1,11 @@
 //! The gRPC service: turns calls and stream messages into [`Op`]s for the core.
 //!
-//! Each session stream gets a task that reads the client's batches, checks
-//! what can be checked without the lock table (modes, owners, labels, the
-//! order of open/resume) and forwards each batch as one [`Op::Stream`]; the
-//! replies come back from the core through the stream's channel, one
-//! [`pb::ServerBatch`] per engine batch, after their log records are durable.
+//! Each session stream's client batches are read by a task of its own
+//! ([`SessionReader`]), checked for what can be checked
+//! without the lock table (modes, owners, labels, the order of open/resume)
+//! and forwarded as one [`Op::Stream`] each; the replies come back from the
+//! core through the stream's queue, one [`pb::ServerBatch`] per engine
+//! batch, after their log records are durable.
 //! An invalid request is answered with its own error; a message that breaks
 //! the stream protocol ends that stream only (before anything of its batch
 //! runs); a malformed connection (garbage on the port) is closed by the HTTP/2
@@ -35,7 +36,8 @@ use crate::inbox::CoreSender;
 use crate::op::{
     Acks, AcquireArgs, HoldArgs, NewStream, Op, StreamId, StreamOp, UnaryReply, WaitArg,
 };
-use crate::stream_queue::{stream_queue, StreamRx, StreamTx};
+use crate::session_stream::SessionReader;
+use crate::stream_queue::{StreamRx, StreamTx};
 
 /// The `locksmith.v1.Locksmith` service.
 pub(crate) struct Service {
@@ -59,7 +61,7 @@ pub(crate) struct Service {
 }
 
 /// One session stream's place in the per-connection count, given back on drop.
-struct ConnectionSlot {
+pub(crate) struct ConnectionSlot {
     counts: Arc<Mutex<HashMap<SocketAddr, usize>>>,
     peer: SocketAddr,
 }
@@ -191,10 +193,11 @@ fn secret_of(bytes: &[u8]) -> Option<u128> {
     Some(u128::from_be_bytes(bytes.try_into().ok()?))
 }
 
-/// Reads one session stream until it ends or the core ends it.
-struct StreamReader {
-    core: CoreSender,
-    stream: StreamId,
+/// What the reading side of one session stream knows: where its ops go,
+/// and what its messages are checked against on their way there.
+pub(crate) struct StreamReader {
+    pub(crate) core: CoreSender,
+    pub(crate) stream: StreamId,
     max_label: usize,
     /// The client's address, if the transport knows it.
     peer: Option<SocketAddr>,
@@ -205,42 +208,26 @@ struct StreamReader {
 }
 
 impl StreamReader {
-    /// Forwards the stream's batches to the core until the stream or the
-    /// session ends.
-    ///
-    /// Cancel safety: runs as its own task; if dropped, the session stays
-    /// attached until the core notices the closed channel or its TTL passes.
-    async fn run(
-        self,
-        mut inbound: Streaming<pb::ClientBatch>,
-        tx: StreamTx,
-        open_timeout: Duration,
-    ) {
-        let first = tokio::time::timeout(open_timeout, inbound.message()).await;
-        let ended = CancellationToken::new();
-        let mut first = match first {
-            Err(_) => {
-                tx.end(Status::deadline_exceeded(
-                    "no open or resume message in time",
-                ));
-                return;
-            }
-            Ok(Err(_)) | Ok(Ok(None)) => return,
-            Ok(Ok(Some(batch))) => batch,
+    /// The core's op for the first message of a stream, which must open or
+    /// resume a session, or the status that ends the stream. `tx` and
+    /// `ended` become the stream's in the core.
+    pub(crate) fn opening(
+        &self,
+        first: Option<pb::client_message::Kind>,
+        tx: &StreamTx,
+        ended: &CancellationToken,
+    ) -> Result<Op, Status> {
+        let stream = NewStream {
+            id: self.stream,
+            tx: tx.clone(),
+            ended: ended.clone(),
+            peer: self.peer,
         };
-        let opening = if first.messages.is_empty() {
-            None
-        } else {
-            first.messages.remove(0).kind
-        };
-        let op = match opening {
+        match first {
             Some(pb::client_message::Kind::Open(open)) => {
-                let checked = check_label("client_name", &open.client_name, self.max_label, false)
-                    .and_then(|()| check_label("host", &open.host, self.max_label, false));
-                if let Err(message) = checked {
-                    tx.end(Status::invalid_argument(message));
-                    return;
-                }
+                check_label("client_name", &open.client_name, self.max_label, false)
+                    .and_then(|()| check_label("host", &open.host, self.max_label, false))
+                    .map_err(Status::invalid_argument)?;
                 let (min_ms, max_ms) = self.ttl;
                 if !(min_ms..=max_ms).contains(&open.ttl_ms) {
                     let error = EngineError::OutOfRange {
@@ -249,102 +236,59 @@ impl StreamReader {
                         min_ms,
                         max_ms,
                     };
-                    tx.end(convert::engine_error_to_status(&error));
-                    return;
+                    return Err(convert::engine_error_to_status(&error));
                 }
-                Op::Open {
-                    stream: self.new_stream(tx, &ended),
+                Ok(Op::Open {
+                    stream,
                     info: ClientInfo {
                         name: open.client_name,
                         host: open.host,
                     },
                     ttl: open.ttl_ms,
-                }
+                })
             }
             Some(pb::client_message::Kind::Resume(resume)) => {
-                let Some(secret) = secret_of(&resume.secret) else {
-                    tx.end(Status::invalid_argument("a session secret is 16 bytes"));
-                    return;
-                };
-                Op::Resume {
-                    stream: self.new_stream(tx, &ended),
+                let secret = secret_of(&resume.secret)
+                    .ok_or_else(|| Status::invalid_argument("a session secret is 16 bytes"))?;
+                Ok(Op::Resume {
+                    stream,
                     session: SessionId(resume.session_id),
                     secret,
-                }
+                })
             }
-            _ => {
-                tx.end(Status::failed_precondition(
-                    "the first message of a session stream must be open or resume",
-                ));
-                return;
-            }
-        };
-        if self.core.send(op).is_err() {
-            return;
-        }
-        // The rest of the first batch runs once the session is attached (the
-        // core handles ops in order).
-        let mut batch = Some(first);
-        loop {
-            let batch = match batch.take() {
-                Some(batch) => batch,
-                None => {
-                    let message = tokio::select! {
-                        biased;
-                        _ = ended.cancelled() => return,
-                        message = inbound.message() => message,
-                    };
-                    match message {
-                        Ok(Some(batch)) => batch,
-                        ended => {
-                            // A batch that does not decode (too large, malformed)
-                            // ends the stream with the reason.
-                            let _ = self.core.send(Op::Detach {
-                                stream: self.stream,
-                                error: ended.err(),
-                            });
-                            return;
-                        }
-                    }
-                }
-            };
-            let acks = Acks {
-                replies: batch.ack_replies,
-                lost: batch.ack_lost,
-            };
-            if batch.messages.is_empty() && acks.replies.is_empty() && acks.lost.is_empty() {
-                continue;
-            }
-            let ops = batch
-                .messages
-                .into_iter()
-                .map(|message| self.stream_op(message.kind))
-                .collect::<Result<Vec<_>, Status>>();
-            let op = match ops {
-                Ok(ops) => Op::Stream {
-                    stream: self.stream,
-                    acks,
-                    ops,
-                },
-                Err(status) => Op::Detach {
-                    stream: self.stream,
-                    error: Some(status),
-                },
-            };
-            let detach = matches!(op, Op::Detach { .. });
-            if self.core.send(op).is_err() || detach {
-                return;
-            }
+            _ => Err(Status::failed_precondition(
+                "the first message of a session stream must be open or resume",
+            )),
         }
     }
 
-    fn new_stream(&self, tx: StreamTx, ended: &CancellationToken) -> NewStream {
-        NewStream {
-            id: self.stream,
-            tx,
-            ended: ended.clone(),
-            peer: self.peer,
+    /// The core's op for a batch on an attached stream: [`Op::Stream`], or
+    /// [`Op::Detach`] with the reason when a message breaks the stream
+    /// protocol (nothing of the batch runs then); `None` for an empty batch.
+    pub(crate) fn batch(&self, batch: pb::ClientBatch) -> Option<Op> {
+        let acks = Acks {
+            replies: batch.ack_replies,
+            lost: batch.ack_lost,
+        };
+        if batch.messages.is_empty() && acks.replies.is_empty() && acks.lost.is_empty() {
+            return None;
         }
+        let ops = batch
+            .messages
+            .into_iter()
+            .map(|message| self.stream_op(message.kind))
+            .collect::<Result<Vec<_>, Status>>();
+        Some(match ops {
+            Ok(ops) => Op::Stream {
+                stream: self.stream,
+                acks,
+                ops,
+            },
+            Err(status) => Op::Detach {
+                stream: self.stream,
+                error: Some(status),
+            },
+        })
     }
 
     /// The core's form of one message; `Err` ends the stream.
@@ -467,7 +411,7 @@ impl Drop for LeaseGuard {
 /// every handler hands its op to the core and awaits the reply, so a dropped
 /// handler leaves the op to run to its end, except a waiting `acquire_lease`,
 /// whose [`LeaseGuard`] cancels the wait or releases a grant that raced the
-/// drop; a session stream runs as its own task.
+/// drop; a session stream is read by a task of its own ([`SessionReader`]).
 #[tonic::async_trait]
 impl Locksmith for Service {
     type SessionStream = StreamRx;
@@ -479,7 +423,6 @@ impl Locksmith for Service {
         let caller = self.caller(&request)?;
         let peer = request.remote_addr();
         let slot = self.take_slot(peer)?;
-        let (tx, rx) = stream_queue(self.max_stream_backlog);
         let reader = StreamReader {
             core: self.core.clone(),
             peer,
@@ -488,12 +431,13 @@ impl Locksmith for Service {
             max_label: self.max_label,
             caller,
         };
-        let open_timeout = self.open_timeout;
-        tokio::spawn(async move {
-            let _slot = slot;
-            reader.run(request.into_inner(), tx, open_timeout).await;
-        });
-        Ok(Response::new(rx))
+        Ok(Response::new(SessionReader::spawn(
+            reader,
+            request.into_inner(),
+            self.max_stream_backlog,
+            self.open_timeout,
+            slot,
+        )))
     }
 
     async fn acquire_lease(

@@ -42,15 +42,21 @@ struct Raw {
 }
 
 impl Raw {
-    /// Starts a stream whose first batch is `first`.
+    /// Starts a stream whose first batch is `first`, on a connection of its
+    /// own.
     async fn start(server: &Server, first: Vec<Out>) -> Raw {
+        Raw::start_on(grpc(server).await, first).await
+    }
+
+    /// Starts a stream whose first batch is `first` on `client`'s
+    /// connection.
+    async fn start_on(mut client: LocksmithClient<Channel>, first: Vec<Out>) -> Raw {
         let (tx, rx) = mpsc::unbounded_channel();
         let outbound = futures::stream::unfold(rx, |mut rx| async move {
             rx.recv().await.map(|batch| (batch, rx))
         });
         let raw = Raw {
-            inbound: grpc(server)
-                .await
+            inbound: client
                 .session(outbound)
                 .await
                 .expect("session call")
@@ -335,4 +341,47 @@ async fn queued_is_sent_only_when_asked() {
         );
     }
     server.shutdown().await.unwrap();
+}
+
+/// An idle session keeps two small tasks on the server: the transport's for
+/// its HTTP/2 stream, and the reader of the client's side, a future written
+/// by hand (the `async fn` before it was about 2 KiB a session). Counted on
+/// a runtime of the server's own, so that the client's tasks do not count.
+#[test]
+fn an_idle_session_keeps_two_small_tasks() {
+    const SESSIONS: usize = 64;
+    let serving = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("server runtime");
+    let server = serving.block_on(server());
+    let tasks = || serving.metrics().num_alive_tasks();
+    let client = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("client runtime");
+    client.block_on(async {
+        let connection = grpc(&server).await;
+        let before = tasks();
+        let mut sessions = Vec::new();
+        for _ in 0..SESSIONS {
+            let mut raw = Raw::start_on(connection.clone(), vec![open()]).await;
+            assert!(matches!(raw.next().await, Ok(In::Opened(_))));
+            sessions.push(raw);
+        }
+        // Each answers a heartbeat: every stream is attached and read.
+        for raw in &sessions {
+            raw.send(vec![Out::Heartbeat(pb::Heartbeat {})]);
+        }
+        for raw in &mut sessions {
+            assert!(matches!(raw.next().await, Ok(In::Heartbeat(_))));
+        }
+        let grown = tasks().saturating_sub(before);
+        assert!(
+            grown <= 2 * SESSIONS + 4,
+            "{grown} more server tasks with {SESSIONS} idle sessions on one connection"
+        );
+    });
+    serving.block_on(server.shutdown()).expect("shutdown");
 }

@@ -1,0 +1,201 @@
+//! The reading side of one session stream: a task that forwards the
+//! client's batches to the core until the stream or the session ends.
+//!
+//! Reading runs apart from writing, which is the transport's own task for
+//! the stream: a client blocked sending (its request window full) reads
+//! none of its replies, so a reader that waited for the replies to go out
+//! would wait forever. It is written as a future by hand rather than as an
+//! `async fn`, because every idle session keeps one for as long as it
+//! lives: the `async fn` it replaces held every await point's state at
+//! once, about 2 KiB a session; this one is the stream's decoder and a few
+//! fields.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures::{Future, Stream};
+use locksmith_proto::v1 as pb;
+use tokio::time::Sleep;
+use tokio_util::sync::CancellationToken;
+use tonic::{Status, Streaming};
+
+use crate::op::Op;
+use crate::service::{ConnectionSlot, StreamReader};
+use crate::stream_queue::{stream_queue, StreamRx, StreamTx};
+
+/// Client batches forwarded in one poll before the runtime's other tasks
+/// get their turn.
+const BATCHES_PER_POLL: usize = 16;
+
+/// The reading side of a session stream: the client's batches in, as ops to
+/// the core. Runs as a task of its own ([`SessionReader::spawn`]).
+pub(crate) struct SessionReader {
+    reader: StreamReader,
+    /// The client's batches, until reading is over.
+    inbound: Option<Streaming<pb::ClientBatch>>,
+    reading: Reading,
+    /// The stream's place in its connection's count, given back with it.
+    _slot: Option<ConnectionSlot>,
+}
+
+/// Where the reading side is.
+enum Reading {
+    /// Waiting for the message that opens or resumes the session, until the
+    /// deadline; the stream's sending end waits here until the core has it.
+    Opening {
+        tx: StreamTx,
+        deadline: Pin<Box<Sleep>>,
+    },
+    /// The core has the stream; it cancels `ended` when it is done with it.
+    Attached { ended: CancellationToken },
+    /// Nothing more is read.
+    Over,
+}
+
+impl SessionReader {
+    /// Starts reading `inbound`, which must open or resume a session within
+    /// `open_timeout`, on a task of its own; returns the stream's outbound
+    /// side, the response the transport writes.
+    pub(crate) fn spawn(
+        reader: StreamReader,
+        inbound: Streaming<pb::ClientBatch>,
+        max_backlog: usize,
+        open_timeout: Duration,
+        slot: Option<ConnectionSlot>,
+    ) -> StreamRx {
+        let (tx, outbound) = stream_queue(max_backlog);
+        tokio::spawn(SessionReader {
+            reader,
+            inbound: Some(inbound),
+            reading: Reading::Opening {
+                tx,
+                deadline: Box::pin(tokio::time::sleep(open_timeout)),
+            },
+            _slot: slot,
+        });
+        outbound
+    }
+
+    /// Forwards what the client has sent, up to [`BATCHES_PER_POLL`]
+    /// batches, and registers for more; ready once reading is over.
+    fn read(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        for _ in 0..BATCHES_PER_POLL {
+            match &mut self.reading {
+                Reading::Over => return Poll::Ready(()),
+                Reading::Opening { tx, deadline } => {
+                    if deadline.as_mut().poll(cx).is_ready() {
+                        tx.end(Status::deadline_exceeded(
+                            "no open or resume message in time",
+                        ));
+                        self.stop();
+                        continue;
+                    }
+                }
+                Reading::Attached { ended } => {
+                    if ended.is_cancelled() {
+                        self.stop();
+                        continue;
+                    }
+                }
+            }
+            let Some(inbound) = self.inbound.as_mut() else {
+                return Poll::Ready(());
+            };
+            match Pin::new(inbound).poll_next(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Some(Ok(batch))) => self.take(batch),
+                // The client ended its side, or a batch does not decode (too
+                // large, malformed): the stream ends, with the reason if any.
+                Poll::Ready(end) => {
+                    if let Reading::Attached { .. } = self.reading {
+                        let _ = self.reader.core.send(Op::Detach {
+                            stream: self.reader.stream,
+                            error: end.and_then(Result::err),
+                        });
+                    }
+                    self.stop();
+                }
+            }
+        }
+        // More may be waiting: come back after the runtime's other work.
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+
+    /// Forwards one client batch.
+    fn take(&mut self, mut batch: pb::ClientBatch) {
+        if let Reading::Opening { tx, .. } = &self.reading {
+            let first = if batch.messages.is_empty() {
+                None
+            } else {
+                batch.messages.remove(0).kind
+            };
+            let ended = CancellationToken::new();
+            let op = match self.reader.opening(first, tx, &ended) {
+                Ok(op) => op,
+                Err(status) => {
+                    tx.end(status);
+                    return self.stop();
+                }
+            };
+            if self.reader.core.send(op).is_err() {
+                return self.stop();
+            }
+            // The rest of the first batch runs once the session is attached
+            // (the core handles ops in order).
+            self.reading = Reading::Attached { ended };
+        }
+        let Some(op) = self.reader.batch(batch) else {
+            return;
+        };
+        let detach = matches!(op, Op::Detach { .. });
+        if self.reader.core.send(op).is_err() || detach {
+            self.stop();
+        }
+    }
+
+    /// Reads no more; the stream ends once the core is done with it (at
+    /// once, if the core never had it: the sending end goes here).
+    fn stop(&mut self) {
+        self.inbound = None;
+        self.reading = Reading::Over;
+    }
+}
+
+/// Cancel safety: a reader dropped while attached (the runtime stopping)
+/// detaches its stream; the session lives on by its TTL.
+impl Future for SessionReader {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        self.read(cx)
+    }
+}
+
+impl Drop for SessionReader {
+    /// Dropped while attached (the runtime stopping): the core detaches the
+    /// stream now, and the session lives on by its TTL.
+    fn drop(&mut self) {
+        if let Reading::Attached { ended } = &self.reading {
+            if !ended.is_cancelled() {
+                let _ = self.reader.core.send(Op::Detach {
+                    stream: self.reader.stream,
+                    error: None,
+                });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every session keeps its reader for as long as it lives, idle or not:
+    /// it must stay a few fields, not the state of every await point.
+    #[test]
+    fn a_reader_is_a_few_hundred_bytes() {
+        let size = std::mem::size_of::<super::SessionReader>();
+        println!("a session's reader: {size} bytes");
+        assert!(size <= 512, "a session's reader is {size} bytes");
+    }
+}
