@@ -38,6 +38,10 @@ struct Cli {
     /// executable, else the first on PATH].
     #[arg(long, global = true, env = "LOCKSMITH_BIN", value_name = "PATH")]
     locksmith: Option<PathBuf>,
+    /// An argument added to every `locksmith serve` this run starts, after
+    /// its own (repeat it, e.g. `--serve-arg=--max-sessions=200000`).
+    #[arg(long, global = true, value_name = "ARG", allow_hyphen_values = true)]
+    serve_arg: Vec<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -55,6 +59,7 @@ fn main() -> ExitCode {
     if let Some(path) = cli.locksmith {
         server_executable::choose(path);
     }
+    server_executable::add_serve_args(cli.serve_arg);
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()

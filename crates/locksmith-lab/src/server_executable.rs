@@ -1,6 +1,6 @@
 //! Where the `locksmith` executable is, which the lab runs as the lock server
 //! (`locksmith serve`) and to change a cluster's members (`locksmith
-//! cluster`).
+//! cluster`), and what the command line adds to its `serve`.
 //!
 //! The lab does not link the server's command line: it runs the binary
 //! operators run, so a benchmark or a torture measures exactly what ships.
@@ -13,6 +13,20 @@ use std::sync::OnceLock;
 
 /// The executable named on the command line, set once by `main`.
 static CHOSEN: OnceLock<PathBuf> = OnceLock::new();
+
+/// Arguments added to every `locksmith serve`, set once by `main`.
+static SERVE_ARGS: OnceLock<Vec<String>> = OnceLock::new();
+
+/// Adds `args` to every `locksmith serve` from now on (`--serve-arg`).
+pub fn add_serve_args(args: Vec<String>) {
+    // Set once, before anything runs: a second call cannot happen.
+    let _ = SERVE_ARGS.set(args);
+}
+
+/// What `--serve-arg` added, in order.
+pub fn serve_args() -> &'static [String] {
+    SERVE_ARGS.get().map_or(&[], Vec::as_slice)
+}
 
 /// Runs `path` as the server from now on (`--locksmith PATH`).
 pub fn choose(path: PathBuf) {

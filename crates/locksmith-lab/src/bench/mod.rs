@@ -23,11 +23,12 @@
 //!   between them (`--scale`, and `--scale-server` for the locksmith server):
 //!   time to hold them all, and the server's memory (PSS of its process tree,
 //!   from /proc) when this run started the server.
-//! - **(e) sessions** (locksmith server and cluster only, not by default):
-//!   `--idle-sessions` sessions that only heartbeat, beside the handoff
-//!   loop of (b): each member's CPU and memory, the heartbeat answer
-//!   p50 / p99, and the handoff p50 with and without them (module
-//!   `sessions`).
+//! - **(e) sessions** (not by default; the locksmith server and cluster,
+//!   etcd, ZooKeeper and Redis this run started): `--idle-sessions`
+//!   sessions kept alive and doing nothing else (a Redis hold under a
+//!   watchdog), beside the handoff loop of (b): each member's CPU and
+//!   memory, the renewal answer p50 / p99, and the handoff p50 with and
+//!   without them (module `sessions`).
 //! - **(f) backup** (locksmith server and cluster only, not by default):
 //!   `--scale-server` held locks, then `--saves` runs of `locksmith
 //!   snapshot save` beside the handoff loop of (b): each save's wall time,
@@ -100,7 +101,7 @@ pub enum ScenarioName {
     Fairness,
     /// (d) time and memory to hold many locks.
     Scale,
-    /// (e) idle sessions beside a handoff loop (locksmith server only).
+    /// (e) idle sessions beside a handoff loop (stores this run started).
     Sessions,
     /// (f) backups of many held locks beside a handoff loop, and a restore
     /// (locksmith server only).
@@ -398,7 +399,7 @@ pub async fn bench(args: BenchArgs) -> std::process::ExitCode {
             report.scale = Some(run_scale(target, &args, &settings, &progress).await);
             progress.inc(1);
         }
-        if args.runs(ScenarioName::Sessions) && target.kind.runs_locksmith() {
+        if args.runs(ScenarioName::Sessions) && sessions::drives(target.kind) {
             report.sessions = Some(run_sessions(target, &args, &settings, &progress).await);
         }
         if args.runs(ScenarioName::Backup) && target.kind.runs_locksmith() {
@@ -769,24 +770,22 @@ async fn run_sessions(
         .unwrap_or(if args.quick { 1_000 } else { 10_000 });
     progress.set_message(format!("{label}: sessions, {count} idle"));
     let limit = Duration::from_secs(120) + Duration::from_millis(count as u64 * 2);
-    let measured = sessions::idle_sessions(
-        target,
-        count,
-        args.sessions_per_connection,
-        settings.session_ttl,
-        args.waiters,
-        settings,
-    );
+    let plan = sessions::Plan {
+        sessions: count,
+        per_connection: args.sessions_per_connection,
+        ttl: settings.session_ttl,
+    };
+    let measured = sessions::idle_sessions(target, plan, args.waiters, settings);
     match bounded(limit, measured).await {
         Ok(e) => {
             say(
                 progress,
                 format!(
-                    "{label}: sessions: {} idle, heartbeat p50 {} p99 {}, {:.0} B each, \
+                    "{label}: sessions: {} idle, renewal p50 {} p99 {}, {:.0} B each, \
                      handoff p50 {} alone, {} beside",
                     e.sessions,
-                    stats::fmt_us(e.heartbeat.p50_us),
-                    stats::fmt_us(e.heartbeat.p99_us),
+                    e.heartbeat.map_or("-".into(), |h| stats::fmt_us(h.p50_us)),
+                    e.heartbeat.map_or("-".into(), |h| stats::fmt_us(h.p99_us)),
                     e.bytes_per_session,
                     stats::fmt_us(e.handoff_p50_alone_us),
                     stats::fmt_us(e.handoff_p50_beside_us),
@@ -947,7 +946,7 @@ fn write_outputs(report: &Report, out: &Path, data: &mut ChartData) -> Result<St
     let cdf = |samples: &mut Vec<(String, Samples)>| -> Vec<chart::Series> {
         samples
             .iter_mut()
-            .filter(|(_, s)| s.len() > 0)
+            .filter(|(_, s)| !s.is_empty())
             .map(|(label, s)| chart::Series {
                 label: label.clone(),
                 points: s.cdf(400),

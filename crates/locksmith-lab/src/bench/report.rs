@@ -557,11 +557,14 @@ impl Report {
             let _ = writeln!(
                 md,
                 "\n### (e) Idle sessions beside a handoff loop\n\n\
-                 Sessions that only heartbeat (every third of their TTL), on raw session streams \
-                 to the leader; CPU is each member's over the window beside them (% of one \
-                 core), memory each member's PSS before / with them, and the growth of the most \
-                 grown member per session.\n\n\
-                 | backend | sessions | heartbeats/s | heartbeat p50 / p99 | members' CPU | \
+                 Sessions kept alive and doing nothing else, each renewed every third of its \
+                 TTL as the store's own clients do (a locksmith session stream to the leader, an \
+                 etcd lease on a keep-alive stream, a ZooKeeper session whose client pings by \
+                 itself and is not timed, a Redis hold under a watchdog script). CPU is each \
+                 member's with the sessions alone (% of one core), memory each member's PSS \
+                 before / with them, and the growth of the most grown member per session; the \
+                 renewals are timed with the sessions alone and beside the handoff loop.\n\n\
+                 | backend | sessions | renewals/s | renewal p50 / p99 | members' CPU | \
                  members' memory before → with | per session | handoff p50 alone / beside |\n\
                  |---|---:|---:|---|---|---|---:|---|"
             );
@@ -569,14 +572,18 @@ impl Report {
                 let Some(outcome) = &b.sessions else { continue };
                 let row = match outcome {
                     Outcome::Ok(e) => format!(
-                        "| {} | {} ({} a connection, TTL {} ms) | {:.0} | {} / {} | {} | {} | {:.0} B | {} / {} |",
+                        "| {} | {} × {} ({} a connection, TTL {} ms) | {:.0} | {} | {} | {} | {:.0} B | {} / {} |",
                         b.label,
                         e.sessions,
+                        e.session_kind,
                         e.per_connection,
                         e.ttl_ms,
                         e.heartbeats_per_sec,
-                        fmt_us(e.heartbeat.p50_us),
-                        fmt_us(e.heartbeat.p99_us),
+                        e.heartbeat.map_or("not timed".into(), |h| format!(
+                            "{} / {}",
+                            fmt_us(h.p50_us),
+                            fmt_us(h.p99_us)
+                        )),
                         e.member_cpu_percent
                             .iter()
                             .map(|c| format!("{c:.1} %"))

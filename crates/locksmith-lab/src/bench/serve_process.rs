@@ -80,6 +80,7 @@ impl ServeProcess {
         }
         .args(serve_args(ip, port, &data))
         .args(extra)
+        .args(crate::server_executable::serve_args())
         .args(security.map(Security::serve_args).unwrap_or_default())
         // Warnings only, unless the run asks for more (a torture that
         // should show how the members elected).

@@ -35,6 +35,11 @@ impl Samples {
         self.nanos.len()
     }
 
+    /// Whether nothing was recorded.
+    pub fn is_empty(&self) -> bool {
+        self.nanos.is_empty()
+    }
+
     fn sort(&mut self) {
         if !self.sorted {
             self.nanos.sort_unstable();

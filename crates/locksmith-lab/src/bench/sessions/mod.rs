@@ -1,50 +1,62 @@
 //! (e) Idle sessions: what sessions that do nothing but stay alive cost a
-//! locksmith server, and what they do to the clients that work beside them.
+//! store, and what they do to the clients that work beside them.
 //!
-//! N sessions are opened on raw session streams (`locksmith-proto`), many
-//! to an HTTP/2 connection (`--sessions-per-connection`, within the
-//! server's limit), on the member that leads; each sends a heartbeat every
-//! third of its TTL, at its own phase, and times the answer. Before they
-//! open, with them idle, the foreground handoff (scenario (b)'s loop) runs
-//! once without them and once beside them. Reported: each member's CPU
-//! (user + system time over the window beside them, from /proc) and memory
-//! (PSS) with and without them, and per session; the heartbeat answer p50 /
-//! p99 over that window; and the handoff p50 both ways.
+//! N sessions are opened and kept alive, each renewed every third of its
+//! TTL at its own phase, with the answer timed where the store lets a client
+//! see it. The foreground handoff (scenario (b)'s loop) runs once before
+//! they open, and once beside them after a third of their TTL with them
+//! alone. Reported: each member's memory (PSS) without and with them, and
+//! its growth per session; each member's CPU (user + system time, from
+//! /proc) while they are alone, so that it is theirs; the renewal answer
+//! p50 / p99 while they are alone and beside the loop; and the handoff p50
+//! both ways.
 //!
-//! Raw streams because the client library keeps one session per client
-//! and does not time its heartbeats; the server sees the same messages.
-//! Only the locksmith server and cluster are measured here: etcd leases,
-//! ZooKeeper sessions and Redis watchdog holds would need a load generator
-//! of their own each.
+//! What a session is differs per store, and each is driven the way that
+//! store's own clients keep one alive, many to a connection where the store
+//! allows it ([`server`], [`etcd`], [`zookeeper`], [`redis`]): a locksmith
+//! session stream with its heartbeats; an etcd lease with a keep-alive
+//! stream; a ZooKeeper session, which is a connection of its own and pings
+//! by itself (its answers are not visible to a client, so they are not
+//! timed); a Redis hold renewed by a watchdog's script. Raw protocol
+//! clients rather than the `locksmith` client, which keeps one session per
+//! client and does not time its renewals; the stores see the same messages.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+mod etcd;
+mod redis;
+mod server;
+mod zookeeper;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use locksmith_proto::v1 as pb;
-use pb::locksmith_client::LocksmithClient;
 use serde::Serialize;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
 use tokio::time::Instant;
-use tonic::transport::Channel;
 
 use super::scenario::{contended, Settings};
 use super::stats::{Samples, Summary};
-use super::target::Target;
+use super::target::{Kind, Target};
 
 /// What (e) measured on one backend.
 #[derive(Debug, Clone, Serialize)]
 pub struct IdleSessions {
+    /// What a session is on this store.
+    pub session_kind: &'static str,
     /// Sessions kept open.
     pub sessions: usize,
-    /// Sessions per HTTP/2 connection.
+    /// Sessions per connection.
     pub per_connection: usize,
-    /// Their TTL (ms); each heartbeats every third of it.
+    /// Their TTL (ms); each is renewed every third of it.
     pub ttl_ms: u64,
-    /// Heartbeats answered per second over the window.
+    /// Renewals answered per second over both windows (0 where not timed).
     pub heartbeats_per_sec: f64,
-    /// Time from sending a heartbeat to its answer.
-    pub heartbeat: Summary,
-    /// Each member's CPU over the window, in % of one core.
+    /// Time from sending a renewal to its answer, over both windows (the
+    /// sessions alone, then beside the handoff loop), where the store lets a
+    /// client see it.
+    pub heartbeat: Option<Summary>,
+    /// Each member's CPU with the sessions alone (a third of their TTL), in
+    /// % of one core.
     pub member_cpu_percent: Vec<f64>,
     /// Each member's memory (PSS) before the sessions opened, in bytes.
     pub member_memory_before: Vec<u64>,
@@ -58,76 +70,179 @@ pub struct IdleSessions {
     pub handoff_p50_beside_us: f64,
 }
 
-/// (e) against `target`: `sessions` idle sessions of `ttl`,
-/// `per_connection` to a connection, beside a handoff loop of `waiters`.
+/// Connections whose sessions open at the same time.
+const CONNECTIONS_OPENING_AT_ONCE: usize = 8;
+
+/// Whether this scenario drives stores of `kind`.
+pub fn drives(kind: Kind) -> bool {
+    matches!(
+        kind,
+        Kind::Server
+            | Kind::ServerCluster
+            | Kind::Etcd
+            | Kind::EtcdCluster
+            | Kind::ZooKeeper
+            | Kind::ZooKeeperEnsemble
+            | Kind::Redis
+    )
+}
+
+/// How the idle sessions of one store are opened: `sessions` of `ttl`,
+/// `per_connection` to a connection.
+pub struct Plan {
+    /// Sessions to open.
+    pub sessions: usize,
+    /// Sessions to a connection, where the store allows more than one.
+    pub per_connection: usize,
+    /// Each session's TTL.
+    pub ttl: Duration,
+}
+
+impl Plan {
+    /// When session `index` first renews: the phases spread over a third of
+    /// the TTL, so renewals arrive evenly.
+    fn phase(&self, index: usize) -> Duration {
+        self.ttl / 3 * index as u32 / self.sessions.max(1) as u32
+    }
+}
+
+/// What every keeper of a run shares: when to stop, and where the timed
+/// answers go.
+#[derive(Clone)]
+pub(super) struct Shared {
+    stop: Arc<watch::Sender<bool>>,
+    /// Open (since the instant given) while the window is measured.
+    window: Arc<Mutex<Option<Instant>>>,
+    samples: Arc<Mutex<Samples>>,
+}
+
+impl Shared {
+    /// Records one renewal sent at `sent` and answered now, if it was sent
+    /// within the window.
+    fn answered(&self, sent: Instant) {
+        let answered = Instant::now();
+        let open = *self.window.lock().expect("window");
+        if open.is_some_and(|opened| sent >= opened) {
+            self.samples.lock().expect("samples").push(answered - sent);
+        }
+    }
+
+    fn new() -> Shared {
+        Shared {
+            stop: Arc::new(watch::Sender::new(false)),
+            window: Arc::default(),
+            samples: Arc::default(),
+        }
+    }
+
+    fn stopped(&self) -> bool {
+        *self.stop.borrow()
+    }
+
+    /// Returns once the run stops.
+    ///
+    /// Cancel safety: safe, it only waits.
+    async fn until_stopped(&self) {
+        // The sender lives in `self`, so the wait ends only by the stop.
+        let _ = self.stop.subscribe().wait_for(|stopped| *stopped).await;
+    }
+}
+
+/// One idle session, renewed by [`keep`].
+pub(super) trait Renew {
+    /// Renews the session once and waits for the answer.
+    ///
+    /// Cancel safety: dropped mid-way, the renewal may or may not reach the
+    /// store; the session lives until its TTL either way.
+    async fn renew(&mut self) -> Result<(), String>;
+
+    /// Ends the session, best effort, once the run is over.
+    async fn close(self);
+}
+
+/// Renews `session` every third of the plan's TTL, the first after `phase`,
+/// until the run stops; then closes it.
 ///
-/// Cancel safety: dropping it drops the streams; the sessions live on
-/// until their TTL runs out on the server.
+/// Cancel safety: dropped, the session is left to its TTL.
+async fn keep<S: Renew>(
+    mut session: S,
+    ttl: Duration,
+    phase: Duration,
+    shared: Shared,
+) -> Result<(), String> {
+    let mut tick = tokio::time::interval_at(Instant::now() + phase, ttl / 3);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    while !shared.stopped() {
+        tick.tick().await;
+        let sent = Instant::now();
+        session.renew().await?;
+        shared.answered(sent);
+    }
+    session.close().await;
+    Ok(())
+}
+
+/// (e) against `target`: the idle sessions of `plan` beside a handoff loop
+/// of `waiters`.
+///
+/// Cancel safety: dropping it drops the sessions' tasks; the sessions live
+/// on until their TTL runs out on the store.
 pub async fn idle_sessions(
     target: &Target,
-    sessions: usize,
-    per_connection: usize,
-    ttl: Duration,
+    plan: Plan,
     waiters: usize,
     settings: &Settings,
 ) -> Result<IdleSessions, String> {
-    let members = target
-        .spawned
-        .as_ref()
-        .ok_or("only a server this run started can be measured")?
-        .processes()
-        .iter()
-        .map(|p| p.pid().ok_or("a member is not running"))
-        .collect::<Result<Vec<u32>, _>>()?;
-    let addresses: Vec<String> = target
-        .url
-        .split_once("://")
-        .ok_or("no scheme in the URL")?
-        .1
-        .split(',')
-        .map(|a| format!("http://{a}"))
-        .collect();
+    // A store given by URL has no members to measure here: only the
+    // renewals and the handoff are.
+    let members = match &target.spawned {
+        Some(spawned) => spawned
+            .processes()
+            .iter()
+            .map(|p| p.pid().ok_or("a member is not running"))
+            .collect::<Result<Vec<u32>, _>>()?,
+        None => Vec::new(),
+    };
+    let hosts = hosts_of(&target.url)?;
     let memory_before: Vec<u64> = members.iter().map(|&p| memory(p)).collect();
     let (alone, _, _) = contended(target, waiters, Duration::ZERO, "idle-alone", settings).await?;
 
-    let leader = leader_address(&addresses, ttl).await?;
-    let per_connection = per_connection.max(1);
-    let stop = Arc::new(AtomicBool::new(false));
-    let window = Arc::new(Mutex::new(None::<Instant>));
-    let samples = Arc::new(Mutex::new(Samples::new()));
-    let mut keepers = tokio::task::JoinSet::new();
-    let mut opened = 0;
-    while opened < sessions {
-        let channel = Channel::from_shared(leader.clone())
-            .map_err(|e| e.to_string())?
-            .connect()
-            .await
-            .map_err(|e| format!("connect to {leader}: {e}"))?;
-        let here = per_connection.min(sessions - opened);
-        for i in 0..here {
-            let stream = Session::open(channel.clone(), ttl).await?;
-            let phase = ttl / 3 * (opened + i) as u32 / sessions as u32;
-            let (stop, window, samples) = (stop.clone(), window.clone(), samples.clone());
-            keepers.spawn(stream.keep(ttl / 3, phase, stop, window, samples));
+    let shared = Shared::new();
+    let mut keepers = JoinSet::new();
+    let (session_kind, per_connection) = match target.kind {
+        Kind::Server | Kind::ServerCluster => {
+            server::open(&hosts, &plan, &shared, &mut keepers).await?
         }
-        opened += here;
-    }
-    // A whole round of heartbeats before the window opens.
-    tokio::time::sleep(ttl / 3 + Duration::from_millis(200)).await;
+        Kind::Etcd | Kind::EtcdCluster => etcd::open(&hosts, &plan, &shared, &mut keepers).await?,
+        Kind::ZooKeeper | Kind::ZooKeeperEnsemble => {
+            zookeeper::open(&hosts, &plan, &shared, &mut keepers).await?
+        }
+        Kind::Redis => redis::open(&target.url, &plan, &shared, &mut keepers).await?,
+        other => return Err(format!("the sessions scenario does not drive {other}")),
+    };
+    // A whole round of renewals before anything is measured.
+    tokio::time::sleep(plan.ttl / 3 + Duration::from_millis(200)).await;
     let memory_with: Vec<u64> = members.iter().map(|&p| memory(p)).collect();
+    // The sessions alone for a round of renewals: what they cost the
+    // members, with nothing else running.
     let cpu_before: Vec<u64> = members.iter().map(|&p| cpu_ticks(p)).collect();
     let started = Instant::now();
-    *window.lock().expect("window") = Some(started);
+    *shared.window.lock().expect("window") = Some(started);
+    tokio::time::sleep(plan.ttl / 3).await;
+    let alone_for = started.elapsed();
+    let cpu_after: Vec<u64> = members.iter().map(|&p| cpu_ticks(p)).collect();
+    // Then the handoff loop beside them; renewals stay timed.
     let (beside, _, _) =
         contended(target, waiters, Duration::ZERO, "idle-beside", settings).await?;
     let elapsed = started.elapsed();
-    *window.lock().expect("window") = None;
-    let cpu_after: Vec<u64> = members.iter().map(|&p| cpu_ticks(p)).collect();
-    stop.store(true, Ordering::Relaxed);
+    *shared.window.lock().expect("window") = None;
+    shared.stop.send_replace(true);
     let mut failures = Vec::new();
     while let Some(kept) = keepers.join_next().await {
-        if let Ok(Err(error)) = kept {
-            failures.push(error);
+        match kept {
+            Ok(Err(error)) => failures.push(error),
+            Err(panicked) => failures.push(panicked.to_string()),
+            Ok(Ok(())) => {}
         }
     }
     if let Some(first) = failures.first() {
@@ -140,7 +255,7 @@ pub async fn idle_sessions(
     let member_cpu_percent = cpu_before
         .iter()
         .zip(&cpu_after)
-        .map(|(b, a)| (a - b) as f64 / ticks / elapsed.as_secs_f64() * 100.0)
+        .map(|(b, a)| a.saturating_sub(*b) as f64 / ticks / alone_for.as_secs_f64() * 100.0)
         .collect();
     let grown = memory_before
         .iter()
@@ -148,141 +263,37 @@ pub async fn idle_sessions(
         .map(|(b, w)| w.saturating_sub(*b))
         .max()
         .unwrap_or(0);
-    let mut samples = std::mem::take(&mut *samples.lock().expect("samples"));
+    let mut samples = std::mem::take(&mut *shared.samples.lock().expect("samples"));
+    let timed = !samples.is_empty();
     Ok(IdleSessions {
-        sessions,
+        session_kind,
+        sessions: plan.sessions,
         per_connection,
-        ttl_ms: ttl.as_millis() as u64,
+        ttl_ms: plan.ttl.as_millis() as u64,
         heartbeats_per_sec: samples.len() as f64 / elapsed.as_secs_f64(),
-        heartbeat: samples.summary(),
+        heartbeat: timed.then(|| samples.summary()),
         member_cpu_percent,
         member_memory_before: memory_before,
         member_memory_with: memory_with,
-        bytes_per_session: grown as f64 / sessions as f64,
+        bytes_per_session: grown as f64 / plan.sessions as f64,
         handoff_p50_alone_us: alone.handoff.p50_us,
         handoff_p50_beside_us: beside.handoff.p50_us,
     })
 }
 
-/// The address of the member that opens sessions (the leader).
-async fn leader_address(addresses: &[String], ttl: Duration) -> Result<String, String> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        for address in addresses {
-            let Ok(channel) = Channel::from_shared(address.clone())
-                .map_err(|e| e.to_string())?
-                .connect()
-                .await
-            else {
-                continue;
-            };
-            if let Ok(session) = Session::open(channel, ttl).await {
-                session.close();
-                return Ok(address.clone());
-            }
-        }
-        if Instant::now() > deadline {
-            return Err("no member opens sessions".into());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+/// The `host:port` list of a store URL (`scheme://a:1,b:2/path?query`).
+fn hosts_of(url: &str) -> Result<Vec<String>, String> {
+    let rest = url.split_once("://").ok_or("no scheme in the URL")?.1;
+    let hosts = rest.split(['/', '?']).next().unwrap_or_default();
+    let hosts: Vec<String> = hosts
+        .split(',')
+        .filter(|h| !h.is_empty())
+        .map(str::to_owned)
+        .collect();
+    if hosts.is_empty() {
+        return Err(format!("no host in {url}"));
     }
-}
-
-/// One raw session stream.
-struct Session {
-    tx: tokio::sync::mpsc::UnboundedSender<pb::ClientBatch>,
-    inbound: tonic::Streaming<pb::ServerBatch>,
-}
-
-impl Session {
-    /// Opens a session of `ttl` on `channel`.
-    async fn open(channel: Channel, ttl: Duration) -> Result<Session, String> {
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let outbound = futures::stream::unfold(rx, |mut rx| async move {
-            rx.recv().await.map(|batch| (batch, rx))
-        });
-        let open = pb::client_message::Kind::Open(pb::OpenSession {
-            client_name: "locksmith-lab idle".into(),
-            host: "bench".into(),
-            ttl_ms: ttl.as_millis() as u64,
-        });
-        let session = Session {
-            inbound: LocksmithClient::new(channel)
-                .session(outbound)
-                .await
-                .map_err(|e| e.to_string())?
-                .into_inner(),
-            tx,
-        };
-        session.send(open);
-        let mut session = session;
-        match session.next().await? {
-            pb::server_message::Kind::Opened(_) => Ok(session),
-            other => Err(format!("expected the session to open, got {other:?}")),
-        }
-    }
-
-    fn send(&self, kind: pb::client_message::Kind) {
-        let batch = pb::ClientBatch {
-            messages: vec![pb::ClientMessage { kind: Some(kind) }],
-            ..Default::default()
-        };
-        let _ = self.tx.send(batch);
-    }
-
-    /// The next message (the stream's answers come one to a batch here:
-    /// an idle session gets nothing but heartbeat answers).
-    async fn next(&mut self) -> Result<pb::server_message::Kind, String> {
-        let batch = self
-            .inbound
-            .message()
-            .await
-            .map_err(|status| status.message().to_owned())?
-            .ok_or("the stream ended")?;
-        batch
-            .messages
-            .into_iter()
-            .next()
-            .and_then(|m| m.kind)
-            .ok_or_else(|| "an empty batch".into())
-    }
-
-    /// Closes the session.
-    fn close(self) {
-        self.send(pb::client_message::Kind::Close(pb::Close {}));
-    }
-
-    /// Heartbeats every `every`, first after `phase`, until `stop`; the
-    /// answer times fall in `samples` while `window` is open. Closes the
-    /// session at the end.
-    async fn keep(
-        mut self,
-        every: Duration,
-        phase: Duration,
-        stop: Arc<AtomicBool>,
-        window: Arc<Mutex<Option<Instant>>>,
-        samples: Arc<Mutex<Samples>>,
-    ) -> Result<(), String> {
-        let mut tick = tokio::time::interval_at(Instant::now() + phase, every);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        while !stop.load(Ordering::Relaxed) {
-            tick.tick().await;
-            let sent = Instant::now();
-            self.send(pb::client_message::Kind::Heartbeat(pb::Heartbeat {}));
-            loop {
-                if let pb::server_message::Kind::Heartbeat(_) = self.next().await? {
-                    break;
-                }
-            }
-            let answered = Instant::now();
-            let open = *window.lock().expect("window");
-            if open.is_some_and(|opened| sent >= opened) {
-                samples.lock().expect("samples").push(answered - sent);
-            }
-        }
-        self.close();
-        Ok(())
-    }
+    Ok(hosts)
 }
 
 /// User + system time of `pid` so far, in clock ticks (/proc/PID/stat).
