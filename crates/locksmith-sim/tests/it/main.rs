@@ -103,8 +103,7 @@ fn a_lease_granted_after_its_term_is_not_handed_out() {
 /// it and waited out a reconnect to a machine that answered nothing; by
 /// the time it was elected again, two clients had grown their pause
 /// between attempts to near a second, and their sessions (2 s TTL) ran out
-/// while they slept. A member whose connection breaks is now passed over
-/// for a moment, and a session's pause stays short beside its TTL.
+/// while they slept. A session's pause now stays short beside its TTL.
 #[test]
 fn sessions_outlive_a_crashed_leader() {
     let (output, passed) = simulate(&["--seed", "1464", "--duration", "7", "--calm"]);

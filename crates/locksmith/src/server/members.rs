@@ -8,10 +8,9 @@
 //! adds the address to its list if it was not on it (a member added to the
 //! cluster after the client started).
 //!
-//! A member that answers nothing in time (frozen, or its machine gone), or
-//! whose connection breaks under the client (a crash), is **passed over**
-//! for a while: the rotation skips it, and a hint naming it is not
-//! followed. The followers of a frozen leader keep naming it until
+//! A member that answers nothing in time (frozen, or its machine gone) is
+//! **passed over** for a while: the rotation skips it, and a hint naming it
+//! is not followed. The followers of a frozen leader keep naming it until
 //! they elect another, hundreds of milliseconds later; going back to it
 //! would spend a whole attempt on a member that answers nothing while the
 //! session's TTL runs. The client stays instead with the follower that
@@ -20,13 +19,12 @@
 //! a quorum of its cluster is passed over in the same way: it takes a
 //! resume, then ends the stream when it cannot commit, and its followers
 //! name it until they elect another (the server marks such refusals with
-//! [`locksmith_proto::CUT_OFF_METADATA`]). A connection that breaks (reset,
-//! closed without an answer) passes its member over too, though only
-//! briefly ([`BROKEN_PASS_OVER`]): the followers name a crashed leader until
-//! they notice, and following them back would spend an attempt on a machine
-//! that may answer nothing at all. Any other member that answers, even to
-//! refuse, or whose connection is refused at once, is not passed over: it
-//! costs no time, and it may be the next leader.
+//! [`locksmith_proto::CUT_OFF_METADATA`]). Any other member that answers,
+//! even to refuse, or whose connection is refused at once, is not passed
+//! over: it costs no time, and it may be the next leader. Nor is a member
+//! whose connection broke (a crash): passed over for a fixed while, it was
+//! ignored past its re-election, or followed back before its followers
+//! noticed (docs/RELIABILITY.md, calm seeds 163 and 256).
 //!
 //! Between rounds of attempts the client pauses, longer each round, but
 //! never long beside the session's TTL ([`Rounds::for_session`]): once a new
@@ -71,15 +69,6 @@ impl Member {
             .is_some_and(|until| Instant::now() < until)
     }
 }
-
-/// The longest a member whose connection broke is passed over: about as
-/// long as the followers of a crashed leader take to notice and elect
-/// another (a leader lease and an election timeout at the server's
-/// defaults). A hint naming it after that is likely fresh: it was restarted
-/// and elected again. A member that answered nothing in time is passed over
-/// for the whole `pass_over` of [`Members::parse_with`] instead: it is known
-/// to hold an attempt that long.
-const BROKEN_PASS_OVER: Duration = Duration::from_secs(1);
 
 /// The members and which one is current.
 pub(super) struct Members {
@@ -173,22 +162,6 @@ impl Members {
     /// next member becomes current as with [`Members::failed`].
     pub(super) fn unresponsive(&self, at: usize) {
         self.pass_over(at, self.pass_over, "answered nothing or cannot commit");
-    }
-
-    /// The stream on the member at `at` ended with `status`, which names no
-    /// leader. A connection that broke (the status carries the transport's
-    /// error) passes the member over for a moment ([`BROKEN_PASS_OVER`], at
-    /// most as long as [`Members::unresponsive`] does); a refusal (the
-    /// member answered that it cannot serve) goes as
-    /// [`Members::could_not_serve`] says. Either way the next member becomes
-    /// current.
-    pub(super) fn link_ended(&self, at: usize, status: &Status) {
-        if std::error::Error::source(status).is_none() {
-            self.could_not_serve(at, status);
-        } else {
-            let period = self.pass_over.min(BROKEN_PASS_OVER);
-            self.pass_over(at, period, "its connection broke");
-        }
     }
 
     /// Passes the member at `at` over for `period` (`why`, for the log),
@@ -548,31 +521,6 @@ mod tests {
         assert_eq!(members.current().1, "b:2", "b is asked again");
         assert_eq!(members.follow(&naming("c:3")), Redirect::Leader);
         tokio::time::advance(PASS_OVER).await;
-        assert_eq!(members.follow(&naming("a:1")), Redirect::Leader);
-    }
-
-    /// A leader whose connection broke under the client (a crash) is
-    /// passed over for a moment: its followers, which have not noticed yet,
-    /// do not send the client back to a machine that may answer nothing.
-    /// After that moment a hint naming it is followed again (it may have
-    /// been restarted and elected). A member that ends the stream with a
-    /// refusal of its own is not passed over.
-    #[tokio::test(start_paused = true)]
-    async fn a_member_whose_connection_broke_is_passed_over_for_a_moment() {
-        let members = Members::parse("locksmith://a:1,b:2,c:3", Duration::from_secs(10)).unwrap();
-        let mut broken = Status::unknown("h2 protocol error: error reading a body from connection");
-        broken.set_source(std::sync::Arc::new(std::io::Error::from(
-            std::io::ErrorKind::BrokenPipe,
-        )));
-        members.link_ended(0, &broken);
-        assert_eq!(members.current().1, "b:2");
-        assert_eq!(members.follow(&naming("a:1")), Redirect::Stale);
-        tokio::time::advance(BROKEN_PASS_OVER).await;
-        assert_eq!(members.follow(&naming("a:1")), Redirect::Leader);
-        assert_eq!(members.current().1, "a:1");
-
-        members.link_ended(0, &Status::unavailable("this member is stopping"));
-        assert_eq!(members.current().1, "b:2", "on to the next member");
         assert_eq!(members.follow(&naming("a:1")), Redirect::Leader);
     }
 

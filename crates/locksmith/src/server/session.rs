@@ -978,7 +978,7 @@ async fn run(
                         // serve says where to go: the leader it names, or
                         // any other member.
                         if shared.members.follow(&status) == Redirect::None && member_down(&status) {
-                            shared.members.link_ended(link.member, &status);
+                            shared.members.could_not_serve(link.member, &status);
                         }
                         return End::Broken(status.to_string());
                     }
