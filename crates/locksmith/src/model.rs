@@ -45,7 +45,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backend::{AcquireRequest, Backend, Capabilities, Grant, Hold, LostSignal, Mode, Wait};
 use crate::error::{Error, Result};
-use crate::guard::release_in_background;
+use crate::guard::{give_back, release_in_background};
 use crate::keeper::{self, Kept, Term};
 
 /// A grant as the lock API sees it.
@@ -314,12 +314,14 @@ impl Model {
             // A leased grant that arrives after its lease's term (counted from
             // before the request, as its keeper counts it) may already be
             // the next holder's: its answer was held up, by a failover say.
-            // It is given back, and the acquire asks again (within its wait).
+            // It is given back, and the acquire asks again (within its wait)
+            // once the store has taken it back: asked while it still stands,
+            // the store would re-enter it, with the late lease's term.
             if let Some(lease) = request.lease {
                 let term = keeper::trusted_until(started, lease, keeper::clock_drift(lease));
                 if term <= Instant::now() {
                     tracing::debug!(lock = %request.names[0], ?lease, "a grant came after its lease ended: asking again");
-                    release_in_background(grant.hold);
+                    give_back(grant.hold).await;
                     if request.wait == Wait::No {
                         return Ok(None);
                     }
