@@ -62,8 +62,11 @@ fn main() -> ExitCode {
     server_executable::add_serve_args(cli.serve_arg);
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+            // ZooKeeper's client logs every session it opens at `info`:
+            // thousands of lines in the sessions scenario.
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new("info,zookeeper_client=warn")
+            }),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
