@@ -3,7 +3,6 @@
 //! many streams to a connection, the connections spread over the members.
 
 use futures::channel::mpsc;
-use futures::StreamExt;
 use locksmith_proto::etcd::etcdserverpb::lease_client::LeaseClient;
 use locksmith_proto::etcd::etcdserverpb::{
     LeaseGrantRequest, LeaseKeepAliveRequest, LeaseKeepAliveResponse,
@@ -12,7 +11,7 @@ use tokio::task::JoinSet;
 use tonic::transport::Channel;
 use tonic::Streaming;
 
-use super::{keep, Plan, Renew, Shared};
+use super::{open_by_connection, Plan, Renew, Shared};
 
 /// Grants the plan's leases, opens their keep-alive streams and spawns
 /// their keepers.
@@ -26,33 +25,22 @@ pub(super) async fn open(
 ) -> Result<(&'static str, usize), String> {
     let ttl_secs = plan.ttl.as_secs().max(1) as i64;
     let per_connection = plan.per_connection.max(1);
-    // As the locksmith sessions open: a connection's leases at once, a few
-    // connections at a time.
-    let mut connections = futures::stream::iter((0..plan.sessions).step_by(per_connection))
-        .enumerate()
-        .map(|(connection, first)| {
-            let host = hosts[connection % hosts.len()].clone();
-            async move {
-                let channel = Channel::from_shared(format!("http://{host}"))
-                    .map_err(|e| e.to_string())?
-                    .connect()
-                    .await
-                    .map_err(|e| format!("connect to {host}: {e}"))?;
-                let last = (first + per_connection).min(plan.sessions);
-                let leases = futures::future::try_join_all(
-                    (first..last).map(|_| Lease::grant(channel.clone(), ttl_secs)),
-                )
-                .await?;
-                Ok::<_, String>((first, leases))
-            }
-        })
-        .buffer_unordered(super::CONNECTIONS_OPENING_AT_ONCE);
-    while let Some(opened) = connections.next().await {
-        let (first, leases) = opened?;
-        for (index, lease) in (first..).zip(leases) {
-            keepers.spawn(keep(lease, plan.ttl, plan.phase(index), shared.clone()));
+    open_by_connection(plan, shared, keepers, |first, last| {
+        // The connections go round the members, as a client's balancer would.
+        let host = hosts[first / per_connection % hosts.len()].clone();
+        async move {
+            let channel = Channel::from_shared(format!("http://{host}"))
+                .map_err(|e| e.to_string())?
+                .connect()
+                .await
+                .map_err(|e| format!("connect to {host}: {e}"))?;
+            futures::future::try_join_all(
+                (first..last).map(|_| Lease::grant(channel.clone(), ttl_secs)),
+            )
+            .await
         }
-    }
+    })
+    .await?;
     Ok(("lease + keep-alive stream", per_connection))
 }
 

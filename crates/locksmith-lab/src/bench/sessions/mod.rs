@@ -29,6 +29,7 @@ mod zookeeper;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::{Future, StreamExt};
 use serde::Serialize;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -154,10 +155,43 @@ pub(super) trait Renew {
     ///
     /// Cancel safety: dropped mid-way, the renewal may or may not reach the
     /// store; the session lives until its TTL either way.
-    async fn renew(&mut self) -> Result<(), String>;
+    fn renew(&mut self) -> impl Future<Output = Result<(), String>> + Send;
 
     /// Ends the session, best effort, once the run is over.
-    async fn close(self);
+    fn close(self) -> impl Future<Output = ()> + Send;
+}
+
+/// Opens the plan's sessions a connection's worth at a time, a few
+/// connections at once (`open(first, last)` opens sessions `first..last` on
+/// a connection of their own), and spawns a keeper for each: the stores log
+/// each open, and commit opens that arrive together in one write.
+///
+/// Cancel safety: dropped, the sessions opened so far live until their TTL.
+async fn open_by_connection<S, F, Opening>(
+    plan: &Plan,
+    shared: &Shared,
+    keepers: &mut JoinSet<Result<(), String>>,
+    open: F,
+) -> Result<(), String>
+where
+    S: Renew + Send + 'static,
+    F: Fn(usize, usize) -> Opening,
+    Opening: Future<Output = Result<Vec<S>, String>>,
+{
+    let per_connection = plan.per_connection.max(1);
+    let mut connections = futures::stream::iter((0..plan.sessions).step_by(per_connection))
+        .map(|first| {
+            let opening = open(first, (first + per_connection).min(plan.sessions));
+            async move { opening.await.map(|sessions| (first, sessions)) }
+        })
+        .buffer_unordered(CONNECTIONS_OPENING_AT_ONCE);
+    while let Some(opened) = connections.next().await {
+        let (first, sessions) = opened?;
+        for (index, session) in (first..).zip(sessions) {
+            keepers.spawn(keep(session, plan.ttl, plan.phase(index), shared.clone()));
+        }
+    }
+    Ok(())
 }
 
 /// Renews `session` every third of the plan's TTL, the first after `phase`,

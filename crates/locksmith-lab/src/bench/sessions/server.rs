@@ -5,14 +5,13 @@
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
-use futures::StreamExt;
 use locksmith_proto::v1 as pb;
 use pb::locksmith_client::LocksmithClient;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
 
-use super::{keep, Plan, Renew, Shared};
+use super::{open_by_connection, Plan, Renew, Shared};
 
 /// Sessions one client address opens, below the server's default limit of
 /// 10 000 per address (`--max-sessions-per-peer`): past it, the connections
@@ -32,39 +31,26 @@ pub(super) async fn open(
 ) -> Result<(&'static str, usize), String> {
     let leader = leader_address(hosts, plan.ttl).await?;
     let loopback = leader.starts_with("127.");
-    let per_connection = plan.per_connection.max(1);
-    // A connection's sessions open at once, and a few connections at a
-    // time: the server logs each open, and commits opens that arrive
-    // together in one write.
-    let mut connections = futures::stream::iter((0..plan.sessions).step_by(per_connection))
-        .map(|first| {
-            let leader = leader.clone();
-            async move {
-                let mut endpoint =
-                    Endpoint::from_shared(format!("http://{leader}")).map_err(|e| e.to_string())?;
-                if loopback {
-                    endpoint = endpoint.local_address(Some(client_address(first)));
-                }
-                let channel = endpoint
-                    .connect()
-                    .await
-                    .map_err(|e| format!("connect to {leader}: {e}"))?;
-                let last = (first + per_connection).min(plan.sessions);
-                let sessions = futures::future::try_join_all(
-                    (first..last).map(|_| Session::open(channel.clone(), plan.ttl)),
-                )
-                .await?;
-                Ok::<_, String>((first, sessions))
+    open_by_connection(plan, shared, keepers, |first, last| {
+        let leader = leader.clone();
+        async move {
+            let mut endpoint =
+                Endpoint::from_shared(format!("http://{leader}")).map_err(|e| e.to_string())?;
+            if loopback {
+                endpoint = endpoint.local_address(Some(client_address(first)));
             }
-        })
-        .buffer_unordered(super::CONNECTIONS_OPENING_AT_ONCE);
-    while let Some(opened) = connections.next().await {
-        let (first, sessions) = opened?;
-        for (index, session) in (first..).zip(sessions) {
-            keepers.spawn(keep(session, plan.ttl, plan.phase(index), shared.clone()));
+            let channel = endpoint
+                .connect()
+                .await
+                .map_err(|e| format!("connect to {leader}: {e}"))?;
+            futures::future::try_join_all(
+                (first..last).map(|_| Session::open(channel.clone(), plan.ttl)),
+            )
+            .await
         }
-    }
-    Ok(("session stream", per_connection))
+    })
+    .await?;
+    Ok(("session stream", plan.per_connection.max(1)))
 }
 
 /// The loopback address session `index` connects from.
