@@ -55,6 +55,8 @@ impl Lease {
     /// Grants a lease of `ttl_secs` and opens its keep-alive stream with a
     /// first renewal (etcd answers the call only with a response, which
     /// needs a request).
+    ///
+    /// Cancel safety: dropped, a lease granted so far lives until its TTL.
     async fn grant(channel: Channel, ttl_secs: i64) -> Result<Lease, String> {
         let mut client = LeaseClient::new(channel);
         let id = client
@@ -82,6 +84,10 @@ impl Lease {
         Ok(lease)
     }
 
+    /// The next keep-alive answer: the lease still lives, or why not.
+    ///
+    /// Cancel safety: not cancel safe; a dropped wait may leave its answer
+    /// on the stream, so the stream goes with it.
     async fn answer(&mut self) -> Result<(), String> {
         match self.responses.message().await {
             Ok(Some(response)) if response.ttl > 0 => Ok(()),

@@ -62,6 +62,9 @@ fn client_address(index: usize) -> IpAddr {
 }
 
 /// The address of the member that opens sessions (the leader).
+///
+/// Cancel safety: safe; the probe's session is closed when found, and a
+/// dropped probe's ends with its stream.
 async fn leader_address(hosts: &[String], ttl: Duration) -> Result<String, String> {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -93,6 +96,9 @@ struct Session {
 
 impl Session {
     /// Opens a session of `ttl` on `channel`.
+    ///
+    /// Cancel safety: dropped, the stream closes; a session opened by then
+    /// lives until its TTL.
     async fn open(channel: Channel, ttl: Duration) -> Result<Session, String> {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let outbound = futures::stream::unfold(rx, |mut rx| async move {
@@ -128,6 +134,8 @@ impl Session {
 
     /// The next message (the stream's answers come one to a batch here:
     /// an idle session gets nothing but heartbeat answers).
+    ///
+    /// Cancel safety: safe; a message not yet taken stays on the stream.
     async fn next(&mut self) -> Result<pb::server_message::Kind, String> {
         let batch = self
             .inbound
