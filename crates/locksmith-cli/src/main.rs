@@ -180,6 +180,9 @@ fn main() -> ExitCode {
         // Colours for a person at a terminal; plain text for a file or journald.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    if matches!(&cli.command, Command::Snapshot(args) if args.runs_in_background()) {
+        locksmith_server::backup::lower_priority_of_this_thread();
+    }
     let runtime = match &cli.command {
         Command::Serve(args) => tokio::runtime::Builder::new_multi_thread()
             .worker_threads(args.worker_threads.into())

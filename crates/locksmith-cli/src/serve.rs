@@ -93,9 +93,16 @@ pub struct ServeArgs {
     #[arg(long, value_parser = parse_duration, default_value = "10s")]
     pub handshake_timeout: Duration,
     /// Take a snapshot (and let the Raft log before it go) after this many log
-    /// entries (each entry is one batch of requests).
+    /// entries (each entry is one batch of requests) at the least.
     #[arg(long, default_value_t = 10_000)]
     pub snapshot_every: u64,
+    /// And only once the log written since the last snapshot is this many
+    /// percent of that snapshot's size, so that a big lock table is not
+    /// written out again every `--snapshot-every` entries (the log kept, on
+    /// disk and in memory, stays within this share of the snapshot's size).
+    /// 0: after `--snapshot-every` entries alone.
+    #[arg(long, default_value_t = 100)]
+    pub snapshot_log_percent: u32,
     /// Start a new log segment once one holds this many bytes.
     #[arg(long, default_value_t = 64 << 20)]
     pub segment_bytes: u64,
@@ -261,6 +268,7 @@ impl ServeArgs {
         config.max_list_page = self.max_list_page;
         config.max_batches_in_flight = usize::from(self.max_batches_in_flight);
         config.snapshot_every = self.snapshot_every;
+        config.snapshot_log_percent = self.snapshot_log_percent;
         config.max_connections = self.max_connections;
         config.handshake_timeout = self.handshake_timeout;
         config.segment_bytes = self.segment_bytes;

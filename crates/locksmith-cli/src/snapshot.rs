@@ -33,6 +33,21 @@ pub struct SnapshotArgs {
     command: SnapshotCommand,
 }
 
+impl SnapshotArgs {
+    /// Whether the command is background work that should run at a lower
+    /// priority (`snapshot save` without `--full-priority`): lowered before
+    /// the runtime starts, so that every thread it starts inherits it.
+    pub fn runs_in_background(&self) -> bool {
+        matches!(
+            self.command,
+            SnapshotCommand::Save {
+                full_priority: false,
+                ..
+            }
+        )
+    }
+}
+
 #[derive(Debug, Subcommand)]
 enum SnapshotCommand {
     /// Save a backup of a running cluster's state into FILE (needs `admin`).
@@ -45,6 +60,12 @@ enum SnapshotCommand {
         /// Take it from this member (HOST:PORT) rather than the leader.
         #[arg(long, value_name = "HOST:PORT")]
         member: Option<String>,
+        /// Run at the priority it was started with. By default it lowers
+        /// its own (nice +10, as a member encodes a backup): run on a
+        /// member's machine, its checking and writing take only the CPU the
+        /// member leaves, instead of slowing the member's answers.
+        #[arg(long)]
+        full_priority: bool,
     },
     /// Print what a backup holds: log index, locks, sessions, tokens, format.
     Status {
@@ -100,6 +121,7 @@ pub async fn snapshot(args: SnapshotArgs) -> ExitCode {
             file,
             members,
             member,
+            full_priority: _,
         } => save(&file, &members, member).await,
         SnapshotCommand::Status { file, json } => status(&file, json),
         SnapshotCommand::Restore {

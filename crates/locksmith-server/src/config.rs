@@ -61,8 +61,13 @@ pub struct ServerConfig {
     /// How long a new stream may take to send its `open`/`resume`.
     pub open_timeout: Duration,
     /// Take a snapshot (and let the Raft log before it go) after this many
-    /// log entries (each entry is one batch of requests).
+    /// log entries (each entry is one batch of requests) at the least.
     pub snapshot_every: u64,
+    /// And only once the log written since the last snapshot is this many
+    /// percent of that snapshot's size (`raft::snapshot_policy`): a big
+    /// state is not written out again every `snapshot_every` entries. 0:
+    /// after `snapshot_every` entries alone.
+    pub snapshot_log_percent: u32,
     /// A log segment is closed, and the next one started, after the commit
     /// that makes it this long (in bytes).
     pub segment_bytes: u64,
@@ -192,6 +197,7 @@ impl ServerConfig {
             max_list_page: 10_000,
             open_timeout: Duration::from_secs(10),
             snapshot_every: 10_000,
+            snapshot_log_percent: 100,
             segment_bytes: 64 << 20,
             recover_damaged_data: false,
             max_batch: 4096,

@@ -165,6 +165,10 @@ pub struct ServerStats {
     pub records: u64,
     /// Time spent writing and fsyncing the log.
     pub commit_time: Duration,
+    /// Raft snapshots this member built (`--snapshot-every`,
+    /// `--snapshot-log-percent`; not backups, nor snapshots installed from a
+    /// leader).
+    pub snapshots: u64,
 }
 
 /// A running server. Dropping it shuts it down in the background; prefer
@@ -308,7 +312,8 @@ impl Server {
         core.publish_versions(versions.clone());
         let unary_ids = core.unary_ids();
         let stats = core.stats();
-        let machine = CoreMachine::new(ops.clone(), snapshots, snapshot);
+        let machine = CoreMachine::new(ops.clone(), snapshots, snapshot, stats.clone());
+        let sized = (log.clone(), machine.clone());
         let raft =
             raft::member::open(&config, log, machine, peer_tls.clone(), connector.clone()).await?;
         core.connect_raft(raft.clone(), ops.clone());
@@ -338,7 +343,15 @@ impl Server {
                 });
             }
         }
-        raft::member::start(&config, addr.to_string(), &raft, ops.clone(), openers).await?;
+        raft::member::start(
+            &config,
+            addr.to_string(),
+            &raft,
+            ops.clone(),
+            openers,
+            sized,
+        )
+        .await?;
         metrics.follow_raft(raft.clone());
         let _ = member.set(raft.clone());
         // Five election timeouts: far longer than a change under way takes
@@ -505,6 +518,7 @@ impl Server {
             fsyncs: load(&self.stats.fsyncs),
             records: load(&self.stats.records),
             commit_time: Duration::from_nanos(load(&self.stats.commit_nanos)),
+            snapshots: load(&self.stats.snapshots),
         }
     }
 

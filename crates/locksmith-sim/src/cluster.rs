@@ -115,6 +115,7 @@ impl MemberSetup {
         // Snapshots are built on blocking threads, outside the simulation:
         // none in a run's length.
         config.snapshot_every = 1 << 40;
+        config.snapshot_log_percent = 0;
         config.grace = Duration::from_secs(2);
         config
     }

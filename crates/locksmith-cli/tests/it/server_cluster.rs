@@ -837,7 +837,7 @@ fn members(url: &str) -> Vec<serde_json::Value> {
 async fn a_new_member_joins_as_a_learner_is_promoted_and_an_old_voter_leaves() {
     // Frequent snapshots: the log the new member needs is gone by the time
     // it joins, so it catches up from a snapshot.
-    let cluster = Cluster::start_with(&["--snapshot-every", "5"]);
+    let cluster = Cluster::start_with(&["--snapshot-every", "5", "--snapshot-log-percent", "0"]);
     let url = cluster.url();
     let client = cluster.client(Duration::from_secs(10)).await;
     let mut held = Vec::new();
@@ -1027,7 +1027,7 @@ async fn a_new_leader_ends_a_change_of_voters_its_predecessor_left_halfway() {
 /// to install: the new member must still get it, however long that takes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_member_gets_a_snapshot_of_a_big_table() {
-    let cluster = Cluster::start_with(&["--snapshot-every", "5"]);
+    let cluster = Cluster::start_with(&["--snapshot-every", "5", "--snapshot-log-percent", "0"]);
     let client = cluster.client(Duration::from_secs(30)).await;
     // 32 000 holds of long names: a snapshot of about 15 MB, a quarter of a
     // second of sending at the bounded rate before the peer decodes it.

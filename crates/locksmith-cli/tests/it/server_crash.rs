@@ -33,7 +33,14 @@ struct Received {
 async fn kill_9_under_load_loses_no_grant_and_tokens_only_grow() {
     // Small snapshot interval: the load crosses many snapshots and log
     // segments, and the crash lands between two of them.
-    let server = ServerProcess::start_with(&["--grace", "30s", "--snapshot-every", "20"]);
+    let server = ServerProcess::start_with(&[
+        "--grace",
+        "30s",
+        "--snapshot-every",
+        "20",
+        "--snapshot-log-percent",
+        "0",
+    ]);
     let ttl = Duration::from_secs(10);
     let base = unique("load");
 

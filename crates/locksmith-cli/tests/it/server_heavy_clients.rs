@@ -127,7 +127,8 @@ async fn a_client_that_never_reads_is_disconnected_and_may_resume() {
 async fn a_big_table_is_listed_in_pages() {
     const HOLDS: u64 = 25_000;
     const PER_BATCH: u64 = 5_000;
-    let server = ServerProcess::start_with(&["--snapshot-every", "3"]);
+    let server =
+        ServerProcess::start_with(&["--snapshot-every", "3", "--snapshot-log-percent", "0"]);
     let port = server.port();
     let mut many = RawSession::open(port, 60_000).await;
     let prefix = unique("big-table");

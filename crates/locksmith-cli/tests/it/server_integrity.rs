@@ -219,7 +219,11 @@ async fn a_zeroed_block_in_the_middle_of_the_log_stops_the_server() {
 async fn a_deleted_snapshot_stops_the_server() {
     // Frequent snapshots: the log is purged into them, so the snapshot alone
     // holds the state up to the purge.
-    let (server, top) = killed_after(10, &["--snapshot-every", "5"]).await;
+    let (server, top) = killed_after(
+        10,
+        &["--snapshot-every", "5", "--snapshot-log-percent", "0"],
+    )
+    .await;
     let snapshot = server.data_dir().join("snapshot");
     fs::remove_file(&snapshot).unwrap();
     // What a kill while the next snapshot was written leaves: the refused

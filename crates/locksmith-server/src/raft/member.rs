@@ -104,7 +104,13 @@ pub(crate) fn raft_config(config: &ServerConfig) -> Result<Config, ServerError> 
         election_timeout_max: election * 2,
         enable_pre_vote: Some(true),
         max_payload_entries: super::ENTRIES_PER_APPEND,
-        snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_every.max(1)),
+        // By the log's growth against the snapshot's size
+        // (`snapshot_policy`), or by openraft's entry count alone.
+        snapshot_policy: if config.snapshot_log_percent > 0 {
+            SnapshotPolicy::Never
+        } else {
+            SnapshotPolicy::LogsSinceLast(config.snapshot_every.max(1))
+        },
         // Entries kept after a snapshot, for a member a little behind (more
         // than that and it gets the snapshot).
         max_in_snapshot_log_to_keep: config.snapshot_every.clamp(1, 1000),
@@ -136,9 +142,10 @@ pub(crate) async fn open(
         .map_err(|e| ServerError::Raft(format!("cannot start: {e}")))
 }
 
-/// Starts the tasks that write new leaders' first batches and watch the
-/// member's role, then initializes a new group. `address` is where this
-/// member's clients and peers reach it.
+/// Starts the tasks that write new leaders' first batches, watch the
+/// member's role and (with a snapshot log percentage) ask for snapshots over
+/// `sized`, the log and the machine openraft runs on, then initializes a
+/// new group. `address` is where this member's clients and peers reach it.
 ///
 /// Cancel safety: the openers' and role tasks are spawned before the first
 /// await and keep running if it is dropped; a dropped initialization may or
@@ -150,6 +157,7 @@ pub(crate) async fn start(
     raft: &Raft,
     core: CoreSender,
     openers: UnboundedReceiver<Batch>,
+    sized: (RaftLog, CoreMachine),
 ) -> Result<(), ServerError> {
     // A leader whose quorum lease is not confirmed refuses proposals: right
     // after its election for a moment, or for as long as it is cut off from
@@ -157,6 +165,16 @@ pub(crate) async fn start(
     let patience = config.election_timeout * 2;
     tokio::spawn(run_openers(raft.clone(), openers, core.clone(), patience));
     tokio::spawn(watch_role(raft.clone(), config.node_id, core));
+    if config.snapshot_log_percent > 0 {
+        let (log, machine) = sized;
+        tokio::spawn(super::snapshot_policy::run(
+            raft.clone(),
+            log,
+            machine,
+            config.snapshot_every,
+            config.snapshot_log_percent,
+        ));
+    }
     let initialized = raft
         .is_initialized()
         .await

@@ -8,6 +8,8 @@
 //! - `propose`: how the core hands its batches to openraft, and
 //!   hears when they are committed;
 //! - `state_machine`: how openraft hands committed entries back to the core;
+//! - `snapshot_policy`: when a member takes a snapshot (by its log's growth
+//!   against the last snapshot's size);
 //! - `member`: starting the member (log, openraft, role watch);
 //! - `admin`: membership changes and status (`locksmith cluster`);
 //! - `network`: the members' traffic over gRPC on the clients' port.
@@ -16,6 +18,7 @@ pub(crate) mod admin;
 pub(crate) mod member;
 pub(crate) mod network;
 pub(crate) mod propose;
+pub(crate) mod snapshot_policy;
 pub(crate) mod state_machine;
 pub(crate) mod versions;
 

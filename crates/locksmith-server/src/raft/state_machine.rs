@@ -19,6 +19,7 @@
 //! (`member::open`) could. Each method says what a dropped call leaves.
 
 use std::io::{self, Cursor};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use futures::{Stream, TryStreamExt};
@@ -27,6 +28,7 @@ use openraft::type_config::alias::{LogIdOf, SnapshotMetaOf, SnapshotOf, StoredMe
 use openraft::{EntryPayload, RaftSnapshotBuilder};
 use tokio::sync::oneshot;
 
+use crate::core::Stats;
 use crate::entry::{Applied, TypeConfig};
 use crate::inbox::{CoreSender, RaftEvent};
 use crate::storage::background::in_background;
@@ -48,6 +50,8 @@ pub(crate) struct CoreMachine {
     /// Where snapshots are kept on disk (none for a server without a data
     /// directory).
     file: Option<SnapshotFile>,
+    /// The member's counters: snapshots built are counted there.
+    stats: Arc<Stats>,
 }
 
 impl CoreMachine {
@@ -57,6 +61,7 @@ impl CoreMachine {
         core: CoreSender,
         file: Option<SnapshotFile>,
         kept: Option<StoredSnapshot>,
+        stats: Arc<Stats>,
     ) -> CoreMachine {
         let applied = kept.as_ref().map_or_else(Applied::default, |s| Applied {
             last_applied: s.meta.last_log_id,
@@ -71,7 +76,16 @@ impl CoreMachine {
             applied: Arc::new(Mutex::new(applied)),
             current: Arc::new(Mutex::new(current)),
             file,
+            stats,
         }
+    }
+
+    /// The size of the newest snapshot built or installed (0 if none).
+    pub(crate) fn snapshot_bytes(&self) -> u64 {
+        let current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        current
+            .as_ref()
+            .map_or(0, |s| s.snapshot.get_ref().len() as u64)
     }
 
     /// Keeps `snapshot` on disk (before openraft purges the log it covers)
@@ -144,7 +158,9 @@ impl RaftSnapshotBuilder<TypeConfig> for CoreMachine {
             elapsed = ?started.elapsed(),
             "snapshot encoded"
         );
-        self.keep_durably(snapshot).await
+        let snapshot = self.keep_durably(snapshot).await?;
+        self.stats.snapshots.fetch_add(1, Ordering::Relaxed);
+        Ok(snapshot)
     }
 }
 
@@ -280,6 +296,6 @@ impl CoreMachine {
         let replica = Replica::new(proposer, serving, 1);
         let core = Core::new(&crate::ServerConfig::in_memory(), replica, None);
         std::thread::spawn(move || core.run(receiver));
-        CoreMachine::new(ops, None, None)
+        CoreMachine::new(ops, None, None, Default::default())
     }
 }

@@ -45,9 +45,9 @@ pub(crate) async fn in_background<T: Send + 'static>(
 /// Raises the calling thread's nice value by [`BACKGROUND_NICE`]. On Linux a
 /// nice value belongs to a thread, and `setpriority(PRIO_PROCESS, tid)`
 /// sets that thread's alone (sched(7)); the rest of the process keeps its
-/// own. Where it cannot (another system, a refusal), the thread runs as
-/// before.
-fn lower_priority() {
+/// own, and threads it starts afterwards inherit it. Where it cannot
+/// (another system, a refusal), the thread runs as before.
+pub(crate) fn lower_priority() {
     #[cfg(target_os = "linux")]
     // SAFETY: plain system calls on this thread's own id.
     unsafe {

@@ -579,6 +579,15 @@ pub fn write_file(path: &Path, bytes: &[u8]) -> Result<(), ServerError> {
     files::replace_durably(dir, name, bytes).map_err(|e| io_error("cannot write", path, e))
 }
 
+/// Lowers the calling thread's CPU priority as a member lowers the thread
+/// that encodes a backup (nice +10); threads it starts afterwards inherit
+/// it. For `locksmith snapshot save`, which often runs on a member's own
+/// machine: it then checks and writes the file with the CPU the member
+/// leaves (docs/BENCHMARKS.md, "Snapshots sized by the log").
+pub fn lower_priority_of_this_thread() {
+    super::background::lower_priority();
+}
+
 /// The length of the backup file that starts with `start`, as its header
 /// announces it: room to make for it while it comes in parts (the file is
 /// checked once whole).

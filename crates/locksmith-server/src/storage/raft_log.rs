@@ -37,6 +37,7 @@ use std::fs;
 use std::io;
 use std::ops::RangeBounds;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
@@ -115,6 +116,9 @@ struct Shared {
     queue: Arc<Queue>,
     /// The writer thread, if it is one, joined when the last handle goes.
     writer: Mutex<Option<JoinHandle<()>>>,
+    /// Bytes of entries appended since the log was opened (the
+    /// snapshot policy's measure of the log's growth).
+    appended: AtomicU64,
 }
 
 /// The log as openraft last changed it.
@@ -440,6 +444,7 @@ impl ReadLog {
                 }),
                 queue,
                 writer: Mutex::new(writer),
+                appended: AtomicU64::new(0),
             }),
         })
     }
@@ -803,6 +808,12 @@ fn write_manifest(dir: &Path, manifest: Manifest) -> io::Result<()> {
 }
 
 impl RaftLog {
+    /// Bytes of entries appended since the log was opened, as encoded for
+    /// the disk.
+    pub(crate) fn appended_bytes(&self) -> u64 {
+        self.shared.appended.load(Ordering::Relaxed)
+    }
+
     fn memory(&self) -> MutexGuard<'_, Memory> {
         lock(&self.shared.memory)
     }
@@ -903,15 +914,21 @@ impl RaftLogStorage<TypeConfig> for RaftLog {
             callback.io_completed(Ok(()));
             return Ok(());
         };
+        let mut appended = 0;
         self.queue().submit(
             |buffer| {
+                let before = buffer.len();
                 for entry in &entries {
                     buffer.push(&EntryRecord(entry));
                 }
+                appended = buffer.len() - before;
             },
             DiskChange::Entries { last },
             Some(Completion::Flushed(callback)),
         )?;
+        self.shared
+            .appended
+            .fetch_add(appended as u64, Ordering::Relaxed);
         let mut memory = self.memory();
         for entry in entries {
             memory.entries.insert(entry.index(), entry);

@@ -122,6 +122,11 @@ impl LogBuffer {
         self.records += 1;
     }
 
+    /// Bytes laid out so far.
+    pub(crate) fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
     /// Takes the frames (empty if no record was kept) and how many records
     /// they hold.
     pub(crate) fn take(&mut self) -> (Vec<u8>, u64) {

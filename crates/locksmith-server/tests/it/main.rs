@@ -7,3 +7,4 @@
 mod environment;
 mod in_process;
 mod session_stream;
+mod snapshots;

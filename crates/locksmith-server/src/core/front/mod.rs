@@ -151,6 +151,9 @@ pub(crate) struct Stats {
     pub records: AtomicU64,
     /// Time from proposing entries to applying them.
     pub commit_nanos: AtomicU64,
+    /// Raft snapshots this member built (not those installed from a
+    /// leader, nor backups).
+    pub snapshots: AtomicU64,
 }
 
 /// The leader's front end (see the module docs).
