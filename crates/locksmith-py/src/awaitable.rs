@@ -41,6 +41,7 @@ use pyo3::{ffi, IntoPyObjectExt};
 
 use crate::loop_waker::{LoopWaker, Wakeup};
 use crate::runtime;
+use crate::spare::SpareBox;
 
 /// A future whose output becomes a Python object when it is ready.
 trait Step: Send {
@@ -84,7 +85,7 @@ where
     Awaitable {
         generation: runtime::generation(),
         state: Mutex::new(State {
-            future: Some(Box::pin(future)),
+            future: Some(SpareBox::<dyn Step>::pin(future, |future| future)),
             waiting: None,
         }),
     }
@@ -100,7 +101,7 @@ pub struct Awaitable {
 
 struct State {
     /// `None` once completed, failed, cancelled or closed.
-    future: Option<Pin<Box<dyn Step>>>,
+    future: Option<Pin<SpareBox<dyn Step>>>,
     /// The waker of the last poll that was pending.
     waiting: Option<Arc<PollWake>>,
 }

@@ -34,6 +34,7 @@ mod held;
 mod loop_waker;
 mod runtime;
 mod shared;
+mod spare;
 
 use pyo3::prelude::*;
 use pyo3::types::IntoPyDict;
