@@ -273,7 +273,7 @@ impl Lock {
             .transpose()?;
         let acquiring = slf.as_super().get().acquiring(None)?;
         Ok(awaitable(async move {
-            let held = Held::new(acquiring.await?);
+            let held = acquiring.await?;
             let mut entered = entered.lock().unwrap_or_else(|e| e.into_inner());
             entered.push(Entry {
                 task,
@@ -381,8 +381,8 @@ fn on_lost_on_loop<T: Send>(py: Python<'_>, held: &Held<T>, callback: Py<PyAny>)
 pub struct Guard;
 
 impl Guard {
-    fn made(guard: locksmith::Guard) -> Made<Self> {
-        Made(GuardBase::new(Held::new(guard)).add_subclass(Guard))
+    fn made(held: Arc<Held<locksmith::Guard>>) -> Made<Self> {
+        Made(GuardBase::new(held).add_subclass(Guard))
     }
 }
 

@@ -220,8 +220,8 @@ fn deliver_on_thread(callback: Py<PyAny>) -> impl FnOnce(Py<PyAny>, String) + Se
 pub struct Guard;
 
 impl Guard {
-    fn new(guard: locksmith::Guard) -> PyClassInitializer<Self> {
-        GuardBase::new(Held::new(guard)).add_subclass(Guard)
+    fn new(held: Arc<Held<locksmith::Guard>>) -> PyClassInitializer<Self> {
+        GuardBase::new(held).add_subclass(Guard)
     }
 }
 

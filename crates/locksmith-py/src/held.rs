@@ -48,11 +48,17 @@ pub trait Hold: Send + Sync {
 
 impl<T: Send> Hold for Held<T> {
     fn names(&self) -> &[String] {
-        &self.names
+        match &self.names {
+            Names::Lock(lock) => lock.names(),
+            Names::Own(names) => names,
+        }
     }
 
     fn tokens(&self) -> &[u64] {
-        &self.tokens
+        match &self.tokens {
+            Tokens::One(token) => std::slice::from_ref(token),
+            Tokens::Many(tokens) => tokens,
+        }
     }
 
     fn lost(&self) -> &LostSignal {
@@ -64,14 +70,37 @@ impl<T: Send> Hold for Held<T> {
     }
 }
 
+/// The names a hold answers, kept apart from the hold, which goes when
+/// released: a released guard still answers them.
+enum Names {
+    /// Those of the lock it was acquired from (the same, not copied: an
+    /// acquire is on the Python side's path, with no allocation to spare).
+    Lock(Arc<locksmith::Lock>),
+    /// A copy of the hold's own.
+    Own(Box<[String]>),
+}
+
+/// The fencing tokens a hold answers (as [`Names`]); one, for most.
+enum Tokens {
+    One(u64),
+    Many(Box<[u64]>),
+}
+
+impl Tokens {
+    fn of(tokens: &[u64]) -> Self {
+        match tokens {
+            [token] => Tokens::One(*token),
+            tokens => Tokens::Many(tokens.into()),
+        }
+    }
+}
+
 /// A hold (a [`locksmith::Guard`] or [`locksmith::Leadership`]) shared by
 /// the Python object that owns it and the calls running on it.
 pub struct Held<T: Send> {
     generation: u64,
-    /// Copied from the hold, which goes when released: a released guard
-    /// still answers its names and tokens.
-    names: Vec<String>,
-    tokens: Vec<u64>,
+    names: Names,
+    tokens: Tokens,
     hold: Mutex<Option<T>>,
     lost: LostSignal,
     /// Set when the hold is released or dropped: `on_lost` callbacks are
@@ -84,12 +113,24 @@ pub struct Held<T: Send> {
 }
 
 impl<T: Holding> Held<T> {
+    /// A hold and a copy of its names.
     pub fn new(hold: T) -> Arc<Self> {
+        let names = Names::Own(hold.guard().names().into());
+        Self::with_names(hold, names)
+    }
+
+    /// A hold acquired from `lock`, whose names it answers.
+    pub fn of_lock(hold: T, lock: &Arc<locksmith::Lock>) -> Arc<Self> {
+        debug_assert_eq!(hold.guard().names(), lock.names());
+        Self::with_names(hold, Names::Lock(lock.clone()))
+    }
+
+    fn with_names(hold: T, names: Names) -> Arc<Self> {
         let guard = hold.guard();
         Arc::new(Held {
             generation: runtime::generation(),
-            names: guard.names().to_vec(),
-            tokens: guard.fencing_tokens().to_vec(),
+            names,
+            tokens: Tokens::of(guard.fencing_tokens()),
             lost: guard.lost_signal(),
             hold: Mutex::new(Some(hold)),
             released: AtomicBool::new(false),
@@ -135,7 +176,7 @@ impl<T: Send> Held<T> {
         self.end();
         hold.ok_or_else(|| {
             errors::to_py(locksmith::Error::NotHeld {
-                name: self.names[0].clone(),
+                name: self.names()[0].clone(),
             })
         })
     }
@@ -146,7 +187,7 @@ impl<T: Send> Held<T> {
         self.check()?;
         let hold = self.slot().take().ok_or_else(|| {
             errors::to_py(locksmith::Error::NotHeld {
-                name: self.names[0].clone(),
+                name: self.names()[0].clone(),
             })
         })?;
         Ok(Lent {

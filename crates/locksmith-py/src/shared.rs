@@ -326,29 +326,36 @@ impl LockBase {
     pub fn acquiring(
         &self,
         wait: Option<Duration>,
-    ) -> PyResult<impl Future<Output = PyResult<locksmith::Guard>> + Send + 'static> {
+    ) -> PyResult<impl Future<Output = PyResult<Arc<Held<locksmith::Guard>>>> + Send + 'static>
+    {
         self.connection.client()?;
         let lock = self.inner.clone();
         Ok(async move {
-            match wait.or(lock.options().wait) {
+            let guard = match wait.or(lock.options().wait) {
                 Some(wait) if wait.is_zero() => lock
                     .try_acquire()
                     .await
                     .py()?
-                    .ok_or_else(|| errors::to_py(locksmith::Error::Timeout(Duration::ZERO))),
-                Some(wait) => lock.acquire_timeout(wait).await.py(),
-                None => lock.acquire().await.py(),
-            }
+                    .ok_or_else(|| errors::to_py(locksmith::Error::Timeout(Duration::ZERO)))?,
+                Some(wait) => lock.acquire_timeout(wait).await.py()?,
+                None => lock.acquire().await.py()?,
+            };
+            Ok(Held::of_lock(guard, &lock))
         })
     }
 
     /// Acquires only if that is possible right now.
     pub fn trying(
         &self,
-    ) -> PyResult<impl Future<Output = PyResult<Option<locksmith::Guard>>> + Send + 'static> {
+    ) -> PyResult<
+        impl Future<Output = PyResult<Option<Arc<Held<locksmith::Guard>>>>> + Send + 'static,
+    > {
         self.connection.client()?;
         let lock = self.inner.clone();
-        Ok(async move { lock.try_acquire().await.py() })
+        Ok(async move {
+            let guard = lock.try_acquire().await.py()?;
+            Ok(guard.map(|guard| Held::of_lock(guard, &lock)))
+        })
     }
 }
 
