@@ -82,10 +82,12 @@ where
     F: Future<Output = PyResult<T>> + Send + 'static,
     T: for<'py> IntoPyObject<'py> + 'static,
 {
+    // SAFETY: the closure returns its argument, unsized.
+    let future = unsafe { SpareBox::<dyn Step>::pin(future, |future| future) };
     Awaitable {
         generation: runtime::generation(),
         state: Mutex::new(State {
-            future: Some(SpareBox::<dyn Step>::pin(future, |future| future)),
+            future: Some(future),
             waiting: None,
         }),
     }

@@ -10,10 +10,14 @@
 //! from the boxes it freed before, and gives it back there, so that an
 //! event loop's steady stream of calls allocates nothing for their futures.
 //! Small boxes go to the allocator as `Box` would, which serves them from
-//! its own per-thread cache.
+//! its own per-thread cache. A box dropped on another thread than the one
+//! that made it leaves its block to that thread; a thread's blocks are
+//! freed when it ends (and a box dropped while its thread's locals are
+//! being destroyed frees its own).
 
 use std::alloc::{self, Layout};
 use std::cell::RefCell;
+use std::marker::PhantomData;
 use std::pin::Pin;
 use std::ptr::NonNull;
 
@@ -87,6 +91,8 @@ unsafe fn free(layout: Layout, block: NonNull<u8>) {
 /// `Pin<Box<T>>` is in one of the allocator's.
 pub struct SpareBox<T: ?Sized> {
     value: NonNull<T>,
+    /// Owns a `T` (for the drop check), as `Box<T>` does.
+    owns: PhantomData<T>,
 }
 
 // SAFETY: a `SpareBox` owns its value as a `Box` does, and moves between
@@ -96,8 +102,16 @@ unsafe impl<T: ?Sized + Send> Send for SpareBox<T> {}
 
 impl<T: ?Sized> SpareBox<T> {
     /// Boxes `value`, and `unsize` makes the box's pointer the one it is
-    /// kept as (`|value| value` for a `dyn Trait`).
-    pub fn pin<V>(value: V, unsize: impl FnOnce(NonNull<V>) -> NonNull<T>) -> Pin<Self> {
+    /// kept as (`|value| value` for a `dyn Trait`; stable Rust lets no
+    /// other smart pointer than std's unsize itself).
+    ///
+    /// # Safety
+    ///
+    /// `unsize` returns its argument, unsized: the same address, and the
+    /// metadata of a `V` (a `dyn Trait`'s vtable for `V`). The drop and
+    /// the block's layout are taken from that metadata.
+    #[inline(always)]
+    pub unsafe fn pin<V>(value: V, unsize: impl FnOnce(NonNull<V>) -> NonNull<T>) -> Pin<Self> {
         let layout = Layout::new::<V>();
         let typed = if layout.size() == 0 {
             NonNull::dangling()
@@ -107,11 +121,14 @@ impl<T: ?Sized> SpareBox<T> {
         // SAFETY: `typed` is aligned and large enough for a `V` (or a
         // dangling pointer for a zero-sized one, which is valid for it).
         unsafe { typed.as_ptr().write(value) };
+        let value = unsize(typed);
+        debug_assert_eq!(value.cast::<u8>(), typed.cast::<u8>());
         // SAFETY: the value is never moved out of its block until dropped
         // in place (`Drop`).
         unsafe {
             Pin::new_unchecked(SpareBox {
-                value: unsize(typed),
+                value,
+                owns: PhantomData,
             })
         }
     }
@@ -136,15 +153,27 @@ impl<T: ?Sized> std::ops::DerefMut for SpareBox<T> {
 
 impl<T: ?Sized> Drop for SpareBox<T> {
     fn drop(&mut self) {
-        // SAFETY: the value is alive, and dropped once, here; its layout
-        // is the one it was allocated with.
-        let layout = unsafe { Layout::for_value(self.value.as_ref()) };
-        // SAFETY: as above; it is not used after this.
-        unsafe { self.value.as_ptr().drop_in_place() };
-        if layout.size() != 0 {
-            // SAFETY: the block came from `allocate` with this layout, and
-            // its value was just dropped.
-            unsafe { free(layout, self.value.cast()) };
+        /// Gives the block back when dropped: after the value's drop, even
+        /// if that panics.
+        struct Block(Layout, NonNull<u8>);
+
+        impl Drop for Block {
+            fn drop(&mut self) {
+                if self.0.size() != 0 {
+                    // SAFETY: the block came from `allocate` with this
+                    // layout, and its value has been dropped.
+                    unsafe { free(self.0, self.1) };
+                }
+            }
         }
+
+        // SAFETY: the value is alive; its layout is the one its block was
+        // allocated with (`pin`'s promise).
+        let layout = unsafe { Layout::for_value(self.value.as_ref()) };
+        let block = Block(layout, self.value.cast());
+        // SAFETY: the value is alive, and dropped once, here; it is not
+        // used after this.
+        unsafe { self.value.as_ptr().drop_in_place() };
+        drop(block);
     }
 }
