@@ -21,7 +21,7 @@ use crate::errors;
 use crate::errors::IntoPyResult;
 use crate::held::{Held, Hold};
 use crate::shared::{
-    connect_options, ClientBase, Connection, ElectionBase, Flavor, GuardBase, LeadershipBase,
+    self, connect_options, ClientBase, Connection, ElectionBase, Flavor, GuardBase, LeadershipBase,
     LockBase, RwLockBase,
 };
 
@@ -249,16 +249,22 @@ impl Lock {
     #[pyo3(signature = (wait=None))]
     fn acquire(slf: &Bound<'_, Self>, wait: Option<&Bound<'_, PyAny>>) -> PyResult<Awaitable> {
         let wait = convert::optional_duration(wait, "wait")?;
-        let acquiring = slf.as_super().get().acquiring(wait)?;
-        Ok(awaitable(async move { Ok(Guard::made(acquiring.await?)) }))
+        let lock = slf.as_super().get().to_call()?;
+        // The client's future is made inside the awaitable's (see
+        // `awaitable`).
+        Ok(awaitable(async move {
+            Ok(Guard::made(shared::acquire(lock, wait).await?))
+        }))
     }
 
     /// Acquires only if that is possible right now; `None` when busy.
     ///
     /// Cancel safety: as `acquire`.
     fn try_acquire(slf: &Bound<'_, Self>) -> PyResult<Awaitable> {
-        let trying = slf.as_super().get().trying()?;
-        Ok(awaitable(async move { Ok(trying.await?.map(Guard::made)) }))
+        let lock = slf.as_super().get().to_call()?;
+        Ok(awaitable(async move {
+            Ok(shared::try_acquire(lock).await?.map(Guard::made))
+        }))
     }
 
     /// Acquires with the lock's own `wait`.
@@ -271,9 +277,9 @@ impl Lock {
         let task = current_task(py)?
             .map(|task| PyWeakrefReference::new(&task).map(Bound::unbind))
             .transpose()?;
-        let acquiring = slf.as_super().get().acquiring(None)?;
+        let lock = slf.as_super().get().to_call()?;
         Ok(awaitable(async move {
-            let held = acquiring.await?;
+            let held = shared::acquire(lock, None).await?;
             let mut entered = entered.lock().unwrap_or_else(|e| e.into_inner());
             entered.push(Entry {
                 task,

@@ -77,6 +77,14 @@ where
 }
 
 /// An awaitable for `future`; see the module's docs.
+///
+/// A client call's future is kilobytes, and each move of it a copy of
+/// them all: make it inside the future given here (`awaitable(async move
+/// { client_call(..).await })`), which is copied once, into its box (this
+/// is inlined for that). A future made before and moved in is copied on
+/// every move on its way here, and once more on its first poll (into the
+/// state of the future that awaits it).
+#[inline(always)]
 pub fn awaitable<F, T>(future: F) -> Awaitable
 where
     F: Future<Output = PyResult<T>> + Send + 'static,

@@ -321,42 +321,61 @@ pub struct LockBase {
 }
 
 impl LockBase {
-    /// Acquires as the lock's options and `wait` say: `wait` (else the
-    /// lock's own) of zero tries once and raises `Timeout` when busy.
+    /// The lock, for a call on it; `Closed` once its client is closed.
+    pub fn to_call(&self) -> PyResult<Arc<locksmith::Lock>> {
+        self.connection.client()?;
+        Ok(self.inner.clone())
+    }
+
+    /// Acquires as the lock's options and `wait` say (see [`acquire`]).
     pub fn acquiring(
         &self,
         wait: Option<Duration>,
     ) -> PyResult<impl Future<Output = PyResult<Arc<Held<locksmith::Guard>>>> + Send + 'static>
     {
-        self.connection.client()?;
-        let lock = self.inner.clone();
-        Ok(async move {
-            let guard = match wait.or(lock.options().wait) {
-                Some(wait) if wait.is_zero() => lock
-                    .try_acquire()
-                    .await
-                    .py()?
-                    .ok_or_else(|| errors::to_py(locksmith::Error::Timeout(Duration::ZERO)))?,
-                Some(wait) => lock.acquire_timeout(wait).await.py()?,
-                None => lock.acquire().await.py()?,
-            };
-            Ok(Held::of_lock(guard, &lock))
-        })
+        let lock = self.to_call()?;
+        Ok(acquire(lock, wait))
     }
 
-    /// Acquires only if that is possible right now.
+    /// Acquires only if that is possible right now (see [`try_acquire`]).
     pub fn trying(
         &self,
     ) -> PyResult<
         impl Future<Output = PyResult<Option<Arc<Held<locksmith::Guard>>>>> + Send + 'static,
     > {
-        self.connection.client()?;
-        let lock = self.inner.clone();
-        Ok(async move {
-            let guard = lock.try_acquire().await.py()?;
-            Ok(guard.map(|guard| Held::of_lock(guard, &lock)))
-        })
+        let lock = self.to_call()?;
+        Ok(try_acquire(lock))
     }
+}
+
+/// Acquires `lock` as its options and `wait` say: `wait` (else the lock's
+/// own) of zero tries once and raises `Timeout` when busy.
+///
+/// Cancel safety: safe, as [`locksmith::Lock::acquire`].
+pub async fn acquire(
+    lock: Arc<locksmith::Lock>,
+    wait: Option<Duration>,
+) -> PyResult<Arc<Held<locksmith::Guard>>> {
+    let guard = match wait.or(lock.options().wait) {
+        Some(wait) if wait.is_zero() => lock
+            .try_acquire()
+            .await
+            .py()?
+            .ok_or_else(|| errors::to_py(locksmith::Error::Timeout(Duration::ZERO)))?,
+        Some(wait) => lock.acquire_timeout(wait).await.py()?,
+        None => lock.acquire().await.py()?,
+    };
+    Ok(Held::of_lock(guard, &lock))
+}
+
+/// Acquires `lock` only if that is possible right now.
+///
+/// Cancel safety: safe, as [`locksmith::Lock::try_acquire`].
+pub async fn try_acquire(
+    lock: Arc<locksmith::Lock>,
+) -> PyResult<Option<Arc<Held<locksmith::Guard>>>> {
+    let guard = lock.try_acquire().await.py()?;
+    Ok(guard.map(|guard| Held::of_lock(guard, &lock)))
 }
 
 #[pymethods]
