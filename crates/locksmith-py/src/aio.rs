@@ -14,7 +14,7 @@ use pyo3::{intern, IntoPyObjectExt, PyClass};
 use locksmith::backend::{GrantRecord, LockInfo};
 use locksmith::LostCause;
 
-use crate::awaitable::{awaitable, Awaitable};
+use crate::awaitable::{awaitable, awaitable_made, Awaitable};
 use crate::blocking::LeaderStream;
 use crate::convert;
 use crate::errors;
@@ -250,9 +250,9 @@ impl Lock {
     fn acquire(slf: &Bound<'_, Self>, wait: Option<&Bound<'_, PyAny>>) -> PyResult<Awaitable> {
         let wait = convert::optional_duration(wait, "wait")?;
         let lock = slf.as_super().get().to_call()?;
-        // The client's future is made inside the awaitable's (see
-        // `awaitable`).
-        Ok(awaitable(async move {
+        // The client's future is made inside the awaitable's, in its box
+        // (see `awaitable_made`).
+        Ok(awaitable_made(move || async move {
             Ok(Guard::made(shared::acquire(lock, wait).await?))
         }))
     }
@@ -262,7 +262,7 @@ impl Lock {
     /// Cancel safety: as `acquire`.
     fn try_acquire(slf: &Bound<'_, Self>) -> PyResult<Awaitable> {
         let lock = slf.as_super().get().to_call()?;
-        Ok(awaitable(async move {
+        Ok(awaitable_made(move || async move {
             Ok(shared::try_acquire(lock).await?.map(Guard::made))
         }))
     }
@@ -278,7 +278,7 @@ impl Lock {
             .map(|task| PyWeakrefReference::new(&task).map(Bound::unbind))
             .transpose()?;
         let lock = slf.as_super().get().to_call()?;
-        Ok(awaitable(async move {
+        Ok(awaitable_made(move || async move {
             let held = shared::acquire(lock, None).await?;
             let mut entered = entered.lock().unwrap_or_else(|e| e.into_inner());
             entered.push(Entry {
@@ -429,7 +429,7 @@ impl Guard {
     /// in the background, unchecked.
     fn release(slf: &Bound<'_, Self>) -> Awaitable {
         let held = guard_held(slf);
-        awaitable(async move { held.take()?.release().await.py() })
+        awaitable_made(move || async move { held.take()?.release().await.py() })
     }
 
     fn __aenter__(slf: Py<Self>) -> Awaitable {

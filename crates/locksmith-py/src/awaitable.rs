@@ -77,21 +77,32 @@ where
 }
 
 /// An awaitable for `future`; see the module's docs.
-///
-/// A client call's future is kilobytes, and each move of it a copy of
-/// them all: make it inside the future given here (`awaitable(async move
-/// { client_call(..).await })`), which is copied once, into its box (this
-/// is inlined for that). A future made before and moved in is copied on
-/// every move on its way here, and once more on its first poll (into the
-/// state of the future that awaits it).
 #[inline(always)]
 pub fn awaitable<F, T>(future: F) -> Awaitable
 where
     F: Future<Output = PyResult<T>> + Send + 'static,
     T: for<'py> IntoPyObject<'py> + 'static,
 {
+    awaitable_made(move || future)
+}
+
+/// An awaitable for the future `make` makes, once there is room for it.
+///
+/// A client call's future is kilobytes, and each move of it a copy of
+/// them all. Made here (`awaitable_made(move || async move {
+/// client_call(..).await })`) it is written straight into its box (this is
+/// inlined for that). A future made before is copied on every move on its
+/// way into its box (given to [`awaitable`], at least once), and once more
+/// on its first poll if another future awaits it.
+#[inline(always)]
+pub fn awaitable_made<M, F, T>(make: M) -> Awaitable
+where
+    M: FnOnce() -> F,
+    F: Future<Output = PyResult<T>> + Send + 'static,
+    T: for<'py> IntoPyObject<'py> + 'static,
+{
     // SAFETY: the closure returns its argument, unsized.
-    let future = unsafe { SpareBox::<dyn Step>::pin(future, |future| future) };
+    let future = unsafe { SpareBox::<dyn Step>::pin(make, |future| future) };
     Awaitable {
         generation: runtime::generation(),
         state: Mutex::new(State {

@@ -101,9 +101,12 @@ pub struct SpareBox<T: ?Sized> {
 unsafe impl<T: ?Sized + Send> Send for SpareBox<T> {}
 
 impl<T: ?Sized> SpareBox<T> {
-    /// Boxes `value`, and `unsize` makes the box's pointer the one it is
-    /// kept as (`|value| value` for a `dyn Trait`; stable Rust lets no
-    /// other smart pointer than std's unsize itself).
+    /// Boxes the value `make` makes, once its block is there (so that the
+    /// value can be written into it as it is made: one made before would be
+    /// kept on the stack until then, and copied), and `unsize` makes the
+    /// box's pointer the one it is kept as (`|value| value` for a `dyn
+    /// Trait`; stable Rust lets no other smart pointer than std's unsize
+    /// itself).
     ///
     /// # Safety
     ///
@@ -111,7 +114,10 @@ impl<T: ?Sized> SpareBox<T> {
     /// metadata of a `V` (a `dyn Trait`'s vtable for `V`). The drop and
     /// the block's layout are taken from that metadata.
     #[inline(always)]
-    pub unsafe fn pin<V>(value: V, unsize: impl FnOnce(NonNull<V>) -> NonNull<T>) -> Pin<Self> {
+    pub unsafe fn pin<V>(
+        make: impl FnOnce() -> V,
+        unsize: impl FnOnce(NonNull<V>) -> NonNull<T>,
+    ) -> Pin<Self> {
         let layout = Layout::new::<V>();
         let typed = if layout.size() == 0 {
             NonNull::dangling()
@@ -120,7 +126,7 @@ impl<T: ?Sized> SpareBox<T> {
         };
         // SAFETY: `typed` is aligned and large enough for a `V` (or a
         // dangling pointer for a zero-sized one, which is valid for it).
-        unsafe { typed.as_ptr().write(value) };
+        unsafe { typed.as_ptr().write(make()) };
         let value = unsize(typed);
         debug_assert_eq!(value.cast::<u8>(), typed.cast::<u8>());
         // SAFETY: the value is never moved out of its block until dropped
