@@ -28,17 +28,23 @@ pub enum Defect {
     NoGrace,
     /// An expiry applies whatever the current deadline, passed or not.
     NoDeadlineCheck,
+    /// The leader's joint-membership finisher ends a joint membership it
+    /// saw twice whether or not it is applied yet, so that it can take the
+    /// second step of a change still under way, whose own second step is
+    /// then refused: the operator is told the change failed.
+    JointFinisherRace,
 }
 
 impl Defect {
     /// Every defect, as `--plant` names them.
-    pub const ALL: [(Defect, &'static str); 6] = [
+    pub const ALL: [(Defect, &'static str); 7] = [
         (Defect::HeartbeatsDropped, "heartbeats-dropped"),
         (Defect::FrozenLeader, "frozen-leader"),
         (Defect::StaleHint, "stale-hint"),
         (Defect::DeadlineByEquality, "deadline-by-equality"),
         (Defect::NoGrace, "no-grace"),
         (Defect::NoDeadlineCheck, "no-deadline-check"),
+        (Defect::JointFinisherRace, "joint-finisher-race"),
     ];
 
     /// The defect named `name` (see [`Defect::ALL`]).

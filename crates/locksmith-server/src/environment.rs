@@ -1,6 +1,7 @@
 //! [`Environment`]: what the server takes from the machine it runs on,
 //! beyond its config: the wall clock, where connections come from, how it
-//! reaches the other members. [`Server::start`](crate::Server::start) uses
+//! reaches the other members, and (in a simulation) the disk's write-back
+//! cache its Raft log is written through ([`WriteCache`]). [`Server::start`](crate::Server::start) uses
 //! the machine's; a deterministic simulation (crate `locksmith-sim`) gives
 //! its own, with [`crate::Execution::Tasks`] in the config, and so runs the
 //! same server on simulated hosts, network and time.
@@ -9,7 +10,9 @@ use std::fmt;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
+use std::path::Path;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::SystemTime;
 
@@ -33,11 +36,41 @@ pub trait Listener: Send + 'static {
     fn accept(&mut self) -> Accepting<'_>;
 }
 
+/// A sync of the Raft log's writer under way on a [`WriteCache`].
+pub type Syncing = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// A disk's write-back cache as a simulation keeps it, for the Raft log's
+/// writer (the one writer whose data is acknowledged as durable while the
+/// server runs): told of each write of a log segment before it is made and
+/// of each `fdatasync` after it returns, so that a simulated power loss can
+/// drop or tear what was written after the last sync, as a real one does;
+/// and waited for before each commit's sync, which is how long the
+/// simulated disk takes (a slow disk). Without one (the machine's), a
+/// commit is written and synced in one step, as before.
+///
+/// Only the log segments' data goes through it: a segment's creation, the
+/// manifest and the snapshot and token files are written and synced in one
+/// step each (their directory entries synced with them), so that a crash
+/// never lands between their write and their sync.
+pub trait WriteCache: Send + Sync + 'static {
+    /// `len` bytes are about to be written at `offset` of `path` (which may
+    /// be shorter than `offset + len`).
+    fn writing(&self, path: &Path, offset: u64, len: u64);
+    /// `path`'s data was synced (`fdatasync` returned): what was written to
+    /// it is durable.
+    fn synced(&self, path: &Path);
+    /// The time the disk takes for the sync of a commit, waited for after
+    /// the commit is written and before it is synced. The writer tells
+    /// nobody the commit is durable before the sync.
+    fn sync(&self) -> Syncing;
+}
+
 /// What the server takes from the machine it runs on.
 pub struct Environment {
     pub(crate) wall_clock: WallClock,
     pub(crate) listener: Option<Box<dyn Listener>>,
     pub(crate) connector: Option<Connector>,
+    pub(crate) write_cache: Option<Arc<dyn WriteCache>>,
 }
 
 impl Environment {
@@ -48,6 +81,7 @@ impl Environment {
             wall_clock: SystemTime::now,
             listener: None,
             connector: None,
+            write_cache: None,
         }
     }
 
@@ -72,6 +106,16 @@ impl Environment {
         self.connector = Some(connector);
         self
     }
+
+    /// Writes the Raft log through `cache` (a simulated disk's): each
+    /// commit is written, then the writer waits for [`WriteCache::sync`]
+    /// before it syncs and tells anyone. Only with
+    /// [`crate::Execution::Tasks`]; a writer on a thread of its own tells
+    /// the cache of its writes and syncs but does not wait.
+    pub fn write_cache(mut self, cache: Arc<dyn WriteCache>) -> Environment {
+        self.write_cache = Some(cache);
+        self
+    }
 }
 
 impl Default for Environment {
@@ -85,6 +129,7 @@ impl fmt::Debug for Environment {
         f.debug_struct("Environment")
             .field("listener", &self.listener.is_some())
             .field("connector", &self.connector)
+            .field("write_cache", &self.write_cache.is_some())
             .finish_non_exhaustive()
     }
 }

@@ -102,7 +102,7 @@ pub fn open_data_dir(data_dir: &Path, recover: bool) -> Result<(), ServerError> 
     config.recover_damaged_data = recover;
     // Outside any runtime: the log's writer on a thread of its own.
     config.execution = crate::config::Execution::Threads;
-    MemberDir::open(data_dir, &config).map(drop)
+    MemberDir::open(data_dir, &config, None).map(drop)
 }
 
 /// The `data_dir` target: `bytes` (as `arbitrary` reads them) made into a

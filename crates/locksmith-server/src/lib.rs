@@ -130,7 +130,7 @@ use tokio_util::sync::CancellationToken;
 pub use crate::auth::token_sha256;
 pub use crate::clock::WallClock;
 pub use crate::config::{Execution, ServerConfig, DEFAULT_DATA_DIR, DEFAULT_LISTEN};
-pub use crate::environment::{Accepting, Environment, Listener};
+pub use crate::environment::{Accepting, Environment, Listener, Syncing, WriteCache};
 pub use crate::error::ServerError;
 pub use crate::storage::backup;
 pub use crate::tls::TlsFiles;
@@ -208,6 +208,7 @@ impl Server {
             wall_clock,
             listener: given_listener,
             connector,
+            write_cache,
         } = environment;
         let tls = config.tls.as_ref().map(Tls::load).transpose()?;
         let has_peers = config.cluster.len() > 1 || config.join.is_some();
@@ -277,7 +278,7 @@ impl Server {
             ),
             None => None,
         };
-        let storage = blocking::run(|| Storage::open(&config))?;
+        let storage = blocking::run(|| Storage::open(&config, write_cache))?;
         let Storage {
             log,
             snapshot,
@@ -365,7 +366,7 @@ impl Server {
             versions.clone(),
             ops.clone(),
             peer_tls.clone(),
-            connector,
+            connector.clone(),
         ));
         if config.cluster.len() <= 1 && config.join.is_none() {
             // A group of one elects itself at once: serve when it has.
@@ -476,7 +477,7 @@ impl Server {
             // Once this member's port serves (the leader replicates to it).
             let (id, address) = (config.node_id, addr.to_string());
             tokio::spawn(async move {
-                match raft::admin::join(&through, id, &address, peer_tls).await {
+                match raft::admin::join(&through, id, &address, peer_tls, connector).await {
                     Ok(()) => tracing::info!(%through, "joined the cluster as a learner"),
                     Err(error) => tracing::error!(%error, "could not join the cluster"),
                 }

@@ -108,7 +108,7 @@ async fn a_member_replaying_the_log_from_scratch_reaches_the_leaders_state() {
     server.shutdown().await.expect("stop");
     drop((holds, clients));
 
-    let opened = MemberDir::open(&dir.path().join("data"), &config).expect("reopen");
+    let opened = MemberDir::open(&dir.path().join("data"), &config, None).expect("reopen");
     let leaders = opened.snapshot.expect("the final snapshot");
     let last = leaders.meta.last_log_id.expect("entries applied").index;
     let mut log = opened.log;

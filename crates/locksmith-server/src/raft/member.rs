@@ -28,6 +28,7 @@ use super::state_machine::CoreMachine;
 use super::Raft;
 use crate::config::ServerConfig;
 use crate::entry::Batch;
+use crate::environment::WriteCache;
 use crate::error::ServerError;
 use crate::inbox::{CoreSender, RaftEvent, Role};
 use crate::storage::files::TemporaryDir;
@@ -64,9 +65,12 @@ pub(crate) enum Keep {
 
 impl Storage {
     /// Opens the member's storage (blocking: it reads the log).
-    pub(crate) fn open(config: &ServerConfig) -> Result<Storage, ServerError> {
+    pub(crate) fn open(
+        config: &ServerConfig,
+        write_cache: Option<Arc<dyn WriteCache>>,
+    ) -> Result<Storage, ServerError> {
         if let Some(dir) = &config.data_dir {
-            let opened = MemberDir::open(dir, config)?;
+            let opened = MemberDir::open(dir, config, write_cache)?;
             return Ok(Storage {
                 log: opened.log,
                 snapshot: opened.snapshot,
@@ -84,7 +88,12 @@ impl Storage {
         };
         let temporary = TemporaryDir::create(&parent, "locksmith-raft-")?;
         Ok(Storage {
-            log: RaftLog::open_on(temporary.path(), config.segment_bytes, config.execution)?,
+            log: RaftLog::open_on(
+                temporary.path(),
+                config.segment_bytes,
+                config.execution,
+                write_cache,
+            )?,
             snapshot: None,
             snapshots: None,
             tokens: None,

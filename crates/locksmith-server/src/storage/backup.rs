@@ -388,7 +388,7 @@ impl Backup {
         // The log's writer on a thread of its own, which the log's drop
         // joins: a command that exits right after leaves nothing unwritten.
         config.execution = Execution::Threads;
-        let opened = MemberDir::open(data_dir, &config)?;
+        let opened = MemberDir::open(data_dir, &config, None)?;
         let mut state = crate::core::replicated_state(&config);
         if let Some(snapshot) = &opened.snapshot {
             let decoded =
@@ -531,7 +531,7 @@ impl Backup {
         let config = ServerConfig::durable(dir);
         // The writer on a thread of its own, which the log's drop joins: a
         // command that exits right after leaves nothing unwritten.
-        let mut log = RaftLog::open_on(&raft_dir, config.segment_bytes, Execution::Threads)?;
+        let mut log = RaftLog::open_on(&raft_dir, config.segment_bytes, Execution::Threads, None)?;
         if let Some(last) = last_log_id {
             let raft_error = |e: io::Error| io_error("cannot write the Raft log in", &raft_dir, e);
             // A vote in the snapshot's term: the new cluster's first

@@ -38,6 +38,7 @@
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use openraft::type_config::alias::{LogIdOf, SnapshotMetaOf};
 use serde::{Deserialize, Serialize};
@@ -46,6 +47,7 @@ use super::files::{self, io_error};
 use super::raft_log::RaftLog;
 use crate::config::ServerConfig;
 use crate::entry::TypeConfig;
+use crate::environment::WriteCache;
 use crate::error::ServerError;
 
 const SNAPSHOT_MAGIC: &[u8; 4] = b"LSSN";
@@ -96,7 +98,11 @@ pub(crate) struct TokenCeiling {
 impl MemberDir {
     /// Opens (creating if needed) and locks `data_dir`, checks it and loads
     /// the snapshot and the Raft log.
-    pub(crate) fn open(data_dir: &Path, config: &ServerConfig) -> Result<Opened, ServerError> {
+    pub(crate) fn open(
+        data_dir: &Path,
+        config: &ServerConfig,
+        write_cache: Option<Arc<dyn WriteCache>>,
+    ) -> Result<Opened, ServerError> {
         files::make_owner_only(data_dir)?;
         let lock = files::lock_dir(data_dir)?;
         let single_server_layout =
@@ -141,7 +147,10 @@ impl MemberDir {
         };
         let covered = check_covers(&snapshots.path(), snapshot.as_ref(), log.purged().as_ref());
         let (log, snapshot) = match covered {
-            Ok(()) => (log.start(config.segment_bytes, config.execution)?, snapshot),
+            Ok(()) => (
+                log.start(config.segment_bytes, config.execution, write_cache)?,
+                snapshot,
+            ),
             Err(error) => {
                 // The log after a purge means nothing without the state
                 // before it: nothing is kept.
@@ -152,7 +161,12 @@ impl MemberDir {
                 let _ = fs::remove_file(snapshots.path());
                 files::make_owner_only(&raft_dir)?;
                 (
-                    RaftLog::open_on(&raft_dir, config.segment_bytes, config.execution)?,
+                    RaftLog::open_on(
+                        &raft_dir,
+                        config.segment_bytes,
+                        config.execution,
+                        write_cache,
+                    )?,
                     None,
                 )
             }

@@ -51,6 +51,7 @@ use super::files::{self, io_error, list_segments, segment_path};
 use super::segment::{LogBuffer, Segment};
 use crate::config::Execution;
 use crate::entry::TypeConfig;
+use crate::environment::WriteCache;
 use crate::error::ServerError;
 
 const MANIFEST_MAGIC: &[u8; 4] = b"LSRL";
@@ -219,6 +220,10 @@ struct Disk {
     /// Records of the log's own (restatements, a recovery's entries).
     buffer: LogBuffer,
     segment_bytes: u64,
+    /// A simulated disk's write-back cache (`Environment::write_cache`):
+    /// the writer task waits for its sync between a commit's write and its
+    /// `fdatasync`.
+    write_cache: Option<Arc<dyn WriteCache>>,
     /// The log is on a memory filesystem (`files::on_memory_filesystem`):
     /// the writer task writes and syncs in place, since handing its
     /// worker's other tasks to another thread for a copy into memory
@@ -237,17 +242,18 @@ impl RaftLog {
     /// offset, and the files stay as they are.
     #[cfg(test)]
     pub(crate) fn open(dir: &Path, segment_bytes: u64) -> Result<RaftLog, ServerError> {
-        RaftLog::open_on(dir, segment_bytes, Execution::Threads)
+        RaftLog::open_on(dir, segment_bytes, Execution::Threads, None)
     }
 
     /// Opens the log in `dir` as `open` does, with its writer run as
-    /// `execution` says.
+    /// `execution` says, writing through `write_cache` if given.
     pub(crate) fn open_on(
         dir: &Path,
         segment_bytes: u64,
         execution: Execution,
+        write_cache: Option<Arc<dyn WriteCache>>,
     ) -> Result<RaftLog, ServerError> {
-        RaftLog::read(dir, false)?.start(segment_bytes, execution)
+        RaftLog::read(dir, false)?.start(segment_bytes, execution, write_cache)
     }
 
     /// Reads the log in `dir` without writing to it (but for a new log's
@@ -364,6 +370,7 @@ impl ReadLog {
         self,
         segment_bytes: u64,
         execution: Execution,
+        write_cache: Option<Arc<dyn WriteCache>>,
     ) -> Result<RaftLog, ServerError> {
         let ReadLog {
             dir,
@@ -388,7 +395,9 @@ impl ReadLog {
         let mut disk = Disk {
             dir: dir.to_owned(),
             manifest,
-            segment: Segment::create(dir, next).map_err(|e| io_error("cannot create", dir, e))?,
+            segment: Segment::create(dir, next, write_cache.clone())
+                .map_err(|e| io_error("cannot create", dir, e))?,
+            write_cache,
             segment_last_index: state.segment_last_index,
             purged: state.purged,
             vote: state.vote,
@@ -553,6 +562,10 @@ impl Queue {
     /// worker's other tasks move elsewhere while they block (on a
     /// current-thread runtime, a simulation's, they block it). A log on a
     /// memory filesystem writes in place instead ([`Disk::in_memory`]).
+    /// With a simulated disk's write-back cache (`Environment::write_cache`)
+    /// a commit is written, then the writer waits for the cache's sync (the
+    /// disk's latency), then syncs it and tells who waits: a crash
+    /// meanwhile finds it written and not synced.
     ///
     /// Cancel safety: dropped (its runtime gone), what was submitted and not
     /// written is lost, as in a crash; nothing is told it is durable.
@@ -571,10 +584,28 @@ impl Queue {
                 // A wake-up sent since the check above is kept for this.
                 notify.notified().await;
             };
-            let closed = if disk.in_memory {
-                self.write(&mut disk, taken)
-            } else {
-                crate::blocking::run(|| self.write(&mut disk, taken))
+            let in_memory = disk.in_memory;
+            let closed = match disk.write_cache.clone() {
+                None => in_place_or_blocking(in_memory, || self.write(&mut disk, taken)),
+                Some(cache) => {
+                    // Written now and synced once the simulated disk has
+                    // taken its time: a crash meanwhile may lose or tear
+                    // the commit, which nobody was told is durable.
+                    let mut taken = taken;
+                    let written = if lock(&self.state).failed.is_some() {
+                        Ok(false)
+                    } else {
+                        in_place_or_blocking(in_memory, || {
+                            disk.segment.write_frames(&mut taken.frames)
+                        })
+                    };
+                    if matches!(written, Ok(true)) {
+                        cache.sync().await;
+                    }
+                    in_place_or_blocking(in_memory, || {
+                        self.write_synced(&mut disk, taken, Some(written))
+                    })
+                }
             };
             if closed {
                 return;
@@ -585,6 +616,18 @@ impl Queue {
     /// Writes what was taken as one commit and tells who waits; returns
     /// whether the queue was closed (the writer stops).
     fn write(&self, disk: &mut Disk, taken: Taken) -> bool {
+        self.write_synced(disk, taken, None)
+    }
+
+    /// As [`Queue::write`]; with `written`, the commit's frames were written
+    /// already (`Segment::write_frames`, with this outcome) and are synced
+    /// here.
+    fn write_synced(
+        &self,
+        disk: &mut Disk,
+        taken: Taken,
+        written: Option<io::Result<bool>>,
+    ) -> bool {
         let Taken {
             mut frames,
             changes,
@@ -594,7 +637,12 @@ impl Queue {
         let failed = lock(&self.state).failed.clone();
         let result = match failed {
             Some(failed) => Err(failed),
-            None => disk.write(&mut frames, changes).map_err(|e| {
+            None => match written {
+                None => disk.write(&mut frames, changes),
+                Some(Ok(written)) => disk.sync_and_finish(written, changes),
+                Some(Err(error)) => Err(error),
+            }
+            .map_err(|e| {
                 let failed = format!(
                     "the Raft log in {} could not be written: {e}; nothing after it is \
                      acknowledged",
@@ -610,6 +658,16 @@ impl Queue {
         }
         lock(&self.state).buffer.give_back(frames);
         closed
+    }
+}
+
+/// Runs `step` in place, or through `blocking::run` (a log that is not on
+/// a memory filesystem: see `Disk::in_memory`).
+fn in_place_or_blocking<T>(in_place: bool, step: impl FnOnce() -> T) -> T {
+    if in_place {
+        step()
+    } else {
+        crate::blocking::run(step)
     }
 }
 
@@ -673,6 +731,23 @@ impl Disk {
         if !frames.is_empty() {
             self.segment.commit(frames)?;
         }
+        self.finish(changes)
+    }
+
+    /// The second half of a commit whose frames were written already
+    /// (`Segment::write_frames`, `written` if there were any): syncs them,
+    /// then goes on as [`Disk::write`].
+    fn sync_and_finish(&mut self, written: bool, changes: Vec<DiskChange>) -> io::Result<()> {
+        if written {
+            self.segment.sync()?;
+        }
+        self.finish(changes)
+    }
+
+    /// What follows a commit's sync: the zeros ahead, the changes the
+    /// commit's submissions make, a purge's segments dropped, the next
+    /// segment once this one is full.
+    fn finish(&mut self, changes: Vec<DiskChange>) -> io::Result<()> {
         self.segment.keep_zeros_ahead()?;
         let seq = self.manifest.last_segment;
         let mut purged_now = false;
@@ -698,7 +773,7 @@ impl Disk {
         }
         if self.segment.len() >= self.segment_bytes {
             let next = self.manifest.last_segment + 1;
-            self.segment = Segment::create(&self.dir, next)?;
+            self.segment = Segment::create(&self.dir, next, self.write_cache.clone())?;
             self.enter_segment(next)?;
         }
         Ok(())
@@ -1051,6 +1126,58 @@ mod tests {
             .iter()
             .map(|e| (e.log_id().leader_id.term, e.index()))
             .collect()
+    }
+
+    /// A write cache that notes what it is told and holds each sync until
+    /// released.
+    #[derive(Default)]
+    struct HeldSyncs {
+        told: Mutex<Vec<&'static str>>,
+        release: Arc<tokio::sync::Notify>,
+    }
+
+    impl WriteCache for HeldSyncs {
+        fn writing(&self, path: &Path, _offset: u64, len: u64) {
+            let name = path.file_name().unwrap().to_string_lossy();
+            assert!(name.starts_with("log-") && len > 0, "{name}, {len} bytes");
+            self.told.lock().unwrap().push("writing");
+        }
+
+        fn synced(&self, path: &Path) {
+            let name = path.file_name().unwrap().to_string_lossy();
+            assert!(name.starts_with("log-"), "{name}");
+            self.told.lock().unwrap().push("synced");
+        }
+
+        fn sync(&self) -> crate::environment::Syncing {
+            let release = self.release.clone();
+            Box::pin(async move { release.notified().await })
+        }
+    }
+
+    /// Through a write cache (a simulated disk's), a commit is written,
+    /// then waits for the cache's sync, and only then is synced and
+    /// acknowledged: a crash meanwhile finds it written and not synced, and
+    /// nobody told it is durable.
+    #[tokio::test]
+    async fn through_a_write_cache_a_commit_is_acknowledged_after_its_sync() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = Arc::new(HeldSyncs::default());
+        let mut log =
+            RaftLog::open_on(dir.path(), 1 << 20, Execution::Tasks, Some(cache.clone())).unwrap();
+        // The new segment's restatements, written and synced at once.
+        assert_eq!(*cache.told.lock().unwrap(), ["writing", "synced"]);
+        cache.told.lock().unwrap().clear();
+        let vote = VoteOf::<TypeConfig>::new_committed(3, 2);
+        let mut saving = log.clone();
+        let saved = tokio::spawn(async move { saving.save_vote(&vote).await });
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(!saved.is_finished(), "acknowledged before its sync");
+        assert_eq!(*cache.told.lock().unwrap(), ["writing"]);
+        cache.release.notify_one();
+        saved.await.unwrap().expect("saved");
+        assert_eq!(*cache.told.lock().unwrap(), ["writing", "synced"]);
+        assert_eq!(log.read_vote().await.unwrap(), Some(vote));
     }
 
     #[tokio::test]

@@ -5,9 +5,11 @@
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use super::files::{owner_only, segment_path, sync_dir};
+use crate::environment::WriteCache;
 
 /// Bytes of a segment header.
 pub(super) const SEGMENT_HEADER: usize = 24;
@@ -308,9 +310,12 @@ pub(super) fn scan(bytes: &[u8], seed: u32) -> Scan<'_> {
 }
 
 /// The log segment being appended to.
-#[derive(Debug)]
 pub(super) struct Segment {
     file: File,
+    path: PathBuf,
+    /// A simulated disk's write-back cache, told of every frame written
+    /// and every sync (`Environment::write_cache`).
+    cache: Option<Arc<dyn WriteCache>>,
     seed: u32,
     /// End of its frames: where the next commit writes.
     end: u64,
@@ -320,8 +325,12 @@ pub(super) struct Segment {
 
 impl Segment {
     /// Creates segment `seq` with its header and a first chunk of zeros,
-    /// durable with its directory entry.
-    pub(super) fn create(dir: &Path, seq: u64) -> io::Result<Segment> {
+    /// durable with its directory entry; its frames go through `cache`.
+    pub(super) fn create(
+        dir: &Path,
+        seq: u64,
+        cache: Option<Arc<dyn WriteCache>>,
+    ) -> io::Result<Segment> {
         let path = segment_path(dir, seq);
         let file = owner_only()
             .create(true)
@@ -336,6 +345,8 @@ impl Segment {
         file.write_all_at(&header.encode(), 0)?;
         let mut segment = Segment {
             file,
+            path,
+            cache,
             seed: header.seed,
             end: SEGMENT_HEADER as u64,
             zeroed: SEGMENT_HEADER as u64,
@@ -355,14 +366,39 @@ impl Segment {
     /// frame if there are several, so that a crash can only ever tear the
     /// last frame written.
     pub(super) fn commit(&mut self, frames: &mut [u8]) -> io::Result<()> {
+        if self.write_frames(frames)? {
+            self.sync()?;
+        }
+        Ok(())
+    }
+
+    /// The first half of [`Segment::commit`]: seals and writes `frames`,
+    /// each but the last made durable before the next is written; the last
+    /// is left for [`Segment::sync`]. Whether any frame was written.
+    pub(super) fn write_frames(&mut self, frames: &mut [u8]) -> io::Result<bool> {
         let ranges: Vec<_> = frame_ranges(frames).collect();
-        for range in ranges {
+        let written = !ranges.is_empty();
+        for (i, range) in ranges.into_iter().enumerate() {
+            if i > 0 {
+                self.sync()?;
+            }
             let frame = &mut frames[range];
             seal(frame, self.seed);
+            if let Some(cache) = &self.cache {
+                cache.writing(&self.path, self.end, frame.len() as u64);
+            }
             self.file.write_all_at(frame, self.end)?;
             self.end += frame.len() as u64;
             self.zeroed = self.zeroed.max(self.end);
-            self.file.sync_data()?;
+        }
+        Ok(written)
+    }
+
+    /// Makes what was written durable: one `fdatasync`.
+    pub(super) fn sync(&mut self) -> io::Result<()> {
+        self.file.sync_data()?;
+        if let Some(cache) = &self.cache {
+            cache.synced(&self.path);
         }
         Ok(())
     }
