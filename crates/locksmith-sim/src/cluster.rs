@@ -102,6 +102,12 @@ pub struct MemberSetup {
     pub cluster: Vec<(u64, String)>,
     /// Its data directory (kept across crashes: what was written survives).
     pub data_dir: PathBuf,
+    /// A new member joins the cluster whose members listen here, as a
+    /// learner (`locksmith serve --join`), instead of founding one.
+    pub join: Option<String>,
+    /// Its disk, through which its Raft log is written (`--power-loss`,
+    /// `--slow-disks`); none: the log is written and synced in one step.
+    pub disk: Option<crate::disk::Disk>,
 }
 
 impl MemberSetup {
@@ -111,6 +117,7 @@ impl MemberSetup {
         let mut config = ServerConfig::durable(&self.data_dir).listen(SocketAddr::new(ip, PORT));
         config.node_id = self.id;
         config.cluster = self.cluster.clone();
+        config.join = self.join.clone();
         config.execution = Execution::Tasks;
         // Snapshots are built on blocking threads, outside the simulation:
         // none in a run's length.
@@ -125,10 +132,13 @@ impl MemberSetup {
 /// started again by a restart.
 pub(crate) async fn run_member(setup: MemberSetup) -> turmoil::Result {
     let listener = turmoil::net::TcpListener::bind(("0.0.0.0", PORT)).await?;
-    let environment = Environment::machine()
+    let mut environment = Environment::machine()
         .wall_clock(wall_clock(setup.id))
         .listener(SimListener(listener))
         .connector(connector());
+    if let Some(disk) = &setup.disk {
+        environment = environment.write_cache(std::sync::Arc::new(disk.clone()));
+    }
     let mut server = Server::start_in(setup.config(), environment).await?;
     server.stopped().await?;
     Ok(())

@@ -13,7 +13,8 @@ use std::time::Duration;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use crate::cluster::{client_host, member_host};
+use crate::cluster::{client_host, member_host, MAX_MEMBERS};
+use crate::disk::Disk;
 use crate::Settings;
 
 /// How long before the clients stop every fault is healed.
@@ -29,6 +30,15 @@ const FREEZE: i32 = 6;
 
 /// The kind of fault that slows a member's links to the other members.
 const SLOW: i32 = 7;
+
+/// The kind of fault that slows a member's disk (`--slow-disks`).
+const SLOW_DISK: i32 = 8;
+
+/// How long a member's syncs take (`--power-loss`, `--slow-disks`).
+const SYNC_LATENCY_MS: std::ops::RangeInclusive<u64> = 1..=10;
+
+/// How long a slow disk's syncs take.
+const SLOW_SYNC_MS: std::ops::Range<u64> = 20..200;
 
 /// How slow a slow member's links are, one way: far past the 37.5 ms a
 /// member waits for a peer to open a replication stream or answer a
@@ -47,6 +57,7 @@ enum Heal {
     Restore(String, String),
     Restart(String),
     Speed(String, String),
+    DiskSpeed(u64),
 }
 
 /// The faults of one run.
@@ -57,30 +68,56 @@ pub(crate) struct Faults {
     slow_links: bool,
     /// Every link's latency while it is not slowed.
     latency: std::ops::Range<Duration>,
-    members: u64,
+    /// The cluster's members now (module `membership` adds and removes).
+    members: Vec<u64>,
+    /// Members removed and stopped for good.
+    retired: Vec<String>,
+    /// An operator's host exists (module `membership`).
+    operator: bool,
     client_hosts: u32,
     quiet_from: Duration,
     next: Duration,
     heals: Vec<(Duration, Heal)>,
     struck: Vec<String>,
     crashed: Option<String>,
+    /// When a fault was last healed.
+    healed_at: Duration,
+    /// Each member's disk, by id − 1 (`--power-loss`, `--slow-disks`).
+    disks: Vec<Option<Disk>>,
+    /// Draws of the disks' own (what a power loss keeps), apart from the
+    /// faults' so that these stay as they were drawn without disks.
+    disk_rng: SmallRng,
+    slow_disks: bool,
 }
 
 impl Faults {
     pub(crate) fn new(seed: u64, settings: &Settings) -> Faults {
+        let mut disk_rng = SmallRng::seed_from_u64(seed ^ 0x6469_736b);
+        let disks = (0..MAX_MEMBERS)
+            .map(|_| {
+                let latency = Duration::from_millis(disk_rng.gen_range(SYNC_LATENCY_MS));
+                (settings.power_loss || settings.slow_disks).then(|| Disk::new(latency))
+            })
+            .collect();
         Faults {
+            disks,
+            disk_rng,
+            slow_disks: settings.slow_disks,
             rng: SmallRng::seed_from_u64(seed ^ 0x0066_6175_6c74),
             enabled: settings.faults,
             calm: settings.calm,
             slow_links: settings.slow_links,
             latency: settings.latency(),
-            members: settings.members,
+            members: (1..=settings.members).collect(),
+            retired: Vec::new(),
+            operator: settings.membership && settings.faults,
             client_hosts: settings.client_hosts(),
             quiet_from: settings.duration.saturating_sub(QUIET_BEFORE_END),
             next: Duration::from_secs(2),
             heals: Vec::new(),
             struck: Vec::new(),
             crashed: None,
+            healed_at: Duration::ZERO,
         }
     }
 
@@ -89,17 +126,67 @@ impl Faults {
         self.struck
     }
 
-    /// Strikes and heals what is due at `now`.
-    pub(crate) fn at(&mut self, now: Duration, sim: &mut turmoil::Sim<'_>) {
+    /// Whether no fault is active and the last was healed [`SETTLE`] ago
+    /// or more (calm runs' rule, which membership changes follow too).
+    pub(crate) fn settled(&self, now: Duration) -> bool {
+        self.heals.is_empty() && now >= self.healed_at + SETTLE
+    }
+
+    /// In a calm run, the next fault strikes [`SETTLE`] after `now` at the
+    /// soonest (a membership change ended).
+    pub(crate) fn settle_from(&mut self, now: Duration) {
+        if self.calm {
+            self.next = self.next.max(now + SETTLE);
+        }
+    }
+
+    /// Notes an event of the run beside the faults (a membership change).
+    pub(crate) fn record(&mut self, what: String) {
+        self.struck.push(what);
+    }
+
+    /// Member `id`'s disk, if the run simulates disks.
+    pub(crate) fn disk(&self, id: u64) -> Option<Disk> {
+        self.disks[id as usize - 1].clone()
+    }
+
+    /// A new member, which faults may strike from now on.
+    pub(crate) fn join(&mut self, id: u64) {
+        self.members.push(id);
+    }
+
+    /// Stops `member` for good (removed from the cluster): no fault strikes
+    /// it any more, and a restart due is dropped.
+    pub(crate) fn retire(&mut self, member: &str, sim: &mut turmoil::Sim<'_>) {
+        self.members.retain(|&id| member_host(id) != member);
+        if self.crashed.as_deref() == Some(member) {
+            self.crashed = None;
+        } else {
+            sim.crash(member);
+        }
+        self.retired.push(member.to_owned());
+        tracing::info!(target: "locksmith_sim::faults", %member, "stopped for good");
+    }
+
+    /// Strikes and heals what is due at `now`; in a calm run, strikes
+    /// nothing while `held_off` (a membership change under way).
+    pub(crate) fn at(&mut self, now: Duration, sim: &mut turmoil::Sim<'_>, held_off: bool) {
         let quiet = now >= self.quiet_from;
         let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.heals)
             .into_iter()
             .partition(|(at, _)| *at <= now || quiet);
         self.heals = later;
+        if !due.is_empty() {
+            self.healed_at = now;
+        }
         for (_, heal) in due {
             self.heal(heal, sim);
         }
-        if !self.enabled || quiet || now < self.next || (self.calm && !self.heals.is_empty()) {
+        if !self.enabled
+            || quiet
+            || now < self.next
+            || (self.calm && (!self.heals.is_empty() || held_off))
+        {
             return;
         }
         self.next = now + Duration::from_millis(self.rng.gen_range(500..3000));
@@ -111,7 +198,23 @@ impl Faults {
     }
 
     fn member(&mut self) -> String {
-        member_host(self.rng.gen_range(1..=self.members))
+        // The same draw as from `1..=members` before members changed.
+        let n = self.rng.gen_range(1..=self.members.len());
+        member_host(self.members[n - 1])
+    }
+
+    /// The disk of the member on host `member`.
+    fn disk_of(&self, member: &str) -> Option<Disk> {
+        self.disk(member_id(member))
+    }
+
+    /// Every member now but `than`.
+    fn others(&self, than: &str) -> Vec<String> {
+        self.members
+            .iter()
+            .map(|&id| member_host(id))
+            .filter(|m| *m != than)
+            .collect()
     }
 
     fn other_member(&mut self, than: &str) -> String {
@@ -131,19 +234,18 @@ impl Faults {
         // and may freeze one; they slow no link (see `SLOW_LATENCY_MS`).
         // Slow links came last: without them a seed draws the faults it
         // drew before they existed.
-        let kinds: &[i32] = match (self.calm, self.slow_links) {
-            (true, _) => &[0, 1, 2, 3, FREEZE],
-            (false, false) => &[0, 1, 2, 3, 4, 5],
-            (false, true) => &[0, 1, 2, 3, 4, 5, SLOW],
+        let kinds: &[i32] = match (self.calm, self.slow_links, self.slow_disks) {
+            (true, _, false) => &[0, 1, 2, 3, FREEZE],
+            (true, _, true) => &[0, 1, 2, 3, FREEZE, SLOW_DISK],
+            (false, false, false) => &[0, 1, 2, 3, 4, 5],
+            (false, false, true) => &[0, 1, 2, 3, 4, 5, SLOW_DISK],
+            (false, true, false) => &[0, 1, 2, 3, 4, 5, SLOW],
+            (false, true, true) => &[0, 1, 2, 3, 4, 5, SLOW, SLOW_DISK],
         };
         let kind = kinds[self.rng.gen_range(0..kinds.len())];
         let what = match kind {
             0 => {
-                let others: Vec<String> = (1..=self.members)
-                    .map(member_host)
-                    .filter(|m| *m != member)
-                    .collect();
-                for other in others {
+                for other in self.others(&member) {
                     sim.partition(member.as_str(), other.as_str());
                     self.heals
                         .push((until, Heal::Repair(member.clone(), other)));
@@ -161,7 +263,22 @@ impl Faults {
                 sim.crash(member.as_str());
                 self.crashed = Some(member.clone());
                 self.heals.push((until, Heal::Restart(member.clone())));
-                format!("{member} crashed")
+                let lost = self
+                    .disk_of(&member)
+                    .and_then(|disk| disk.lose_unsynced(&mut self.disk_rng));
+                match lost {
+                    Some(lost) => format!("{member} crashed (power loss: {lost})"),
+                    None => format!("{member} crashed"),
+                }
+            }
+            SLOW_DISK => {
+                let latency = Duration::from_millis(self.rng.gen_range(SLOW_SYNC_MS));
+                let id = member_id(&member);
+                if let Some(disk) = self.disk(id) {
+                    disk.set_latency(latency);
+                }
+                self.heals.push((until, Heal::DiskSpeed(id)));
+                format!("{member}'s disk slow ({latency:?} a sync)")
             }
             3 => {
                 let other = self.other_member(&member);
@@ -174,11 +291,12 @@ impl Faults {
             FREEZE => {
                 // Every message to and from it waits (a process stopped, a
                 // long pause): its connections stay open, nothing answers.
-                let others: Vec<String> = (1..=self.members)
-                    .map(member_host)
+                let others: Vec<String> = self
+                    .others(&member)
+                    .into_iter()
                     .chain((1..=self.client_hosts).map(client_host))
                     .chain(["prober".to_owned()])
-                    .filter(|host| *host != member)
+                    .chain(self.operator.then(|| "operator".to_owned()))
                     .collect();
                 for other in others {
                     sim.hold(member.as_str(), other.as_str());
@@ -189,11 +307,7 @@ impl Faults {
             }
             SLOW => {
                 let latency = Duration::from_millis(self.rng.gen_range(SLOW_LATENCY_MS));
-                let others: Vec<String> = (1..=self.members)
-                    .map(member_host)
-                    .filter(|m| *m != member)
-                    .collect();
-                for other in others {
+                for other in self.others(&member) {
                     sim.set_link_latency(member.as_str(), other.as_str(), latency);
                     self.heals.push((until, Heal::Speed(member.clone(), other)));
                 }
@@ -201,8 +315,7 @@ impl Faults {
             }
             4 => {
                 let client = client_host(self.rng.gen_range(1..=self.client_hosts));
-                for id in 1..=self.members {
-                    let m = member_host(id);
+                for m in self.others("") {
                     sim.partition(client.as_str(), m.as_str());
                     self.heals.push((until, Heal::Repair(client.clone(), m)));
                 }
@@ -231,10 +344,25 @@ impl Faults {
                 sim.set_link_latency(a.as_str(), b.as_str(), self.latency.start);
                 sim.set_link_max_message_latency(a.as_str(), b.as_str(), self.latency.end);
             }
+            Heal::DiskSpeed(id) => {
+                if let Some(disk) = self.disk(id) {
+                    disk.set_latency(disk.usual_latency());
+                }
+            }
             Heal::Restart(member) => {
-                sim.bounce(member.as_str());
-                self.crashed = None;
+                if !self.retired.contains(&member) {
+                    sim.bounce(member.as_str());
+                    self.crashed = None;
+                }
             }
         }
     }
+}
+
+/// The id of the member on host `member` (`member3`: 3).
+fn member_id(member: &str) -> u64 {
+    member
+        .trim_start_matches("member")
+        .parse()
+        .expect("a member's host name")
 }

@@ -47,11 +47,17 @@
 //! crashed and restarted from its data directory, a member's links to the
 //! others slowed (not in calm runs). Links are slow and uneven all along
 //! (1–20 ms), and each member's wall clock is off by its own skew (module
-//! `cluster`). A crash lands between two steps of the simulation, after
-//! any write of the log and its `fdatasync` (one blocking call), so it loses
-//! what the log's writer had not written yet and nothing it wrote: losing
-//! written but unsynced data, slow disks and membership changes are not
-//! simulated yet.
+//! `cluster`). A crash lands between two steps of the simulation. Without
+//! simulated disks it falls after any write of the log and its `fdatasync`
+//! (one blocking call), so it loses what the log's writer had not written
+//! yet and nothing it wrote. With them (`--power-loss`, module `disk`) each
+//! member's Raft log is written through a write-back cache of the
+//! simulation's: a sync takes the member's disk latency, and a crash in
+//! between is a power loss that drops or tears what was written and not
+//! synced; `--slow-disks` also slows a member's syncs for a while.
+//! `--membership` adds membership changes (module `membership`): members
+//! added (joining as learners, then promoted), voters removed and stopped,
+//! or replaced, through the cluster's own admin service.
 //!
 //! ## Speed
 //!
@@ -82,9 +88,11 @@
 
 pub mod check;
 pub mod cluster;
+pub mod disk;
 mod entropy;
 pub mod faults;
 pub mod history;
+pub mod membership;
 pub mod workload;
 
 use std::collections::hash_map::DefaultHasher;
@@ -99,6 +107,7 @@ use crate::check::Violation;
 use crate::cluster::{client_host, member_host, MemberSetup, PORT};
 use crate::faults::Faults;
 use crate::history::{Event, History};
+use crate::membership::Membership;
 use crate::workload::ClientSetup;
 
 /// What a run simulates.
@@ -139,6 +148,16 @@ pub struct Settings {
     /// The simulator's step: messages are delivered and hosts run in steps
     /// of this much simulated time.
     pub tick: Duration,
+    /// Membership changes among the faults: members added, removed and
+    /// replaced through the cluster's admin service (module `membership`).
+    pub membership: bool,
+    /// A crash is a power loss: what a member's Raft log wrote and did not
+    /// sync yet is lost or torn; each member's syncs take 1–10 ms (module
+    /// `disk`).
+    pub power_loss: bool,
+    /// As `power_loss`, and a member's disk may turn slow (its syncs taking
+    /// 20–200 ms) for a while, among the faults.
+    pub slow_disks: bool,
 }
 
 impl Default for Settings {
@@ -157,6 +176,9 @@ impl Default for Settings {
             clients_per_host: 4,
             slow_links: true,
             clock_skew: Duration::from_millis(1),
+            membership: false,
+            power_loss: false,
+            slow_disks: false,
         }
     }
 }
@@ -176,7 +198,7 @@ impl Settings {
     pub fn replay_command(&self, seed: u64) -> String {
         format!(
             "RUST_LOG=locksmith_sim=debug cargo run --release -p locksmith-sim -- --seed {seed} \
-             --members {} --clients {} --locks {} --duration {} --tick-ms {} --clients-per-host {} --clock-skew-ms {}{}{}{}{}{}",
+             --members {} --clients {} --locks {} --duration {} --tick-ms {} --clients-per-host {} --clock-skew-ms {}{}{}{}{}{}{}{}{}",
             self.members,
             self.clients,
             self.locks,
@@ -188,6 +210,9 @@ impl Settings {
             if self.faults { "" } else { " --no-faults" },
             if self.calm { " --calm" } else { "" },
             if self.mixed { " --mixed" } else { "" },
+            if self.membership { " --membership" } else { "" },
+            if self.power_loss { " --power-loss" } else { "" },
+            if self.slow_disks { " --slow-disks" } else { "" },
             match self.plant {
                 Some(defect) => format!(" --plant {}", defect.name()),
                 None => String::new(),
@@ -290,11 +315,14 @@ fn simulate(seed: u64, settings: &Settings) -> Report {
     let cluster: Vec<(u64, String)> = (1..=settings.members)
         .map(|id| (id, format!("{}:{PORT}", member_host(id))))
         .collect();
+    let mut faults = Faults::new(seed, settings);
     for id in 1..=settings.members {
         let setup = MemberSetup {
             id,
             cluster: cluster.clone(),
             data_dir: data.path().join(member_host(id)),
+            join: None,
+            disk: faults.disk(id),
         };
         sim.host(member_host(id), move || cluster::run_member(setup.clone()));
     }
@@ -347,7 +375,10 @@ fn simulate(seed: u64, settings: &Settings) -> Report {
         "prober",
         workload::run_prober(prober, history.clone(), stuck.clone()),
     );
-    let mut faults = Faults::new(seed, settings);
+    let mut membership = Membership::new(seed, settings);
+    if let Some(operator) = membership.operator(settings.duration) {
+        sim.client("operator", operator.run());
+    }
     let mut violations = Vec::new();
     loop {
         match sim.step() {
@@ -363,7 +394,8 @@ fn simulate(seed: u64, settings: &Settings) -> Report {
             }
         }
         let now = sim.elapsed();
-        faults.at(now, &mut sim);
+        faults.at(now, &mut sim, membership.busy());
+        membership.at(now, &mut sim, &mut faults, data.path());
         if now > settings.duration + FINISH_WITHIN {
             violations.push(Violation {
                 rule: "clients finish",
@@ -382,6 +414,7 @@ fn simulate(seed: u64, settings: &Settings) -> Report {
     let history = history.events();
     CHECKING.store(true, std::sync::atomic::Ordering::Relaxed);
     violations.extend(stuck.take());
+    violations.extend(membership.violations());
     if settings.calm || !settings.faults {
         violations.extend(
             sessions_lost

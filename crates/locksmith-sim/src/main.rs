@@ -49,9 +49,22 @@ struct Args {
     mixed: bool,
     /// Put a past defect back, to show the simulator finds it:
     /// heartbeats-dropped, frozen-leader, stale-hint, deadline-by-equality,
-    /// no-grace or no-deadline-check (`locksmith_core::planted`).
+    /// no-grace, no-deadline-check or joint-finisher-race
+    /// (`locksmith_core::planted`).
     #[arg(long, value_parser = parse_defect)]
     plant: Option<Defect>,
+    /// Membership changes among the faults: a member added (it joins as a
+    /// learner and is promoted), a voter removed and stopped, or both.
+    #[arg(long)]
+    membership: bool,
+    /// A crash is a power loss: what a member's Raft log wrote and did not
+    /// sync yet is lost or torn (each member's syncs take 1–10 ms).
+    #[arg(long)]
+    power_loss: bool,
+    /// As --power-loss, and a member's disk may turn slow (20–200 ms a
+    /// sync) for a while, among the faults.
+    #[arg(long)]
+    slow_disks: bool,
     /// Clients that share a simulated host.
     #[arg(long, default_value_t = 4)]
     clients_per_host: u32,
@@ -104,6 +117,9 @@ fn main() -> ExitCode {
         clients_per_host: args.clients_per_host,
         slow_links: !args.no_slow_links,
         clock_skew: Duration::from_millis(args.clock_skew_ms),
+        membership: args.membership,
+        power_loss: args.power_loss,
+        slow_disks: args.slow_disks,
         ..Settings::default()
     };
     match (args.seed, &args.seeds) {
@@ -355,6 +371,15 @@ fn run_seed(
     }
     if settings.mixed {
         command.arg("--mixed");
+    }
+    if settings.membership {
+        command.arg("--membership");
+    }
+    if settings.power_loss {
+        command.arg("--power-loss");
+    }
+    if settings.slow_disks {
+        command.arg("--slow-disks");
     }
     if let Some(defect) = settings.plant {
         command.args(["--plant", defect.name()]);
