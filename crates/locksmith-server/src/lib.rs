@@ -428,6 +428,7 @@ impl Server {
 
         let durable = config.data_dir.is_some();
         let serving_now = readiness.clone();
+        let joiner = raft.clone();
         let task = tokio::spawn({
             let stop = stop.clone();
             async move {
@@ -476,8 +477,9 @@ impl Server {
         if let Some(through) = config.join.clone() {
             // Once this member's port serves (the leader replicates to it).
             let (id, address) = (config.node_id, addr.to_string());
+            let joined = move || raft::admin::applied_member(&joiner, id);
             tokio::spawn(async move {
-                match raft::admin::join(&through, id, &address, peer_tls, connector).await {
+                match raft::admin::join(&through, id, &address, peer_tls, connector, joined).await {
                     Ok(()) => tracing::info!(%through, "joined the cluster as a learner"),
                     Err(error) => tracing::error!(%error, "could not join the cluster"),
                 }

@@ -385,6 +385,14 @@ impl pb::cluster_server::Cluster for ClusterService {
     }
 }
 
+/// How long a joiner waits for an answer to one ask, and to connect.
+const JOIN_ASK: Duration = Duration::from_secs(10);
+const JOIN_CONNECT: Duration = Duration::from_secs(2);
+
+/// How long a joiner that was told it is added waits to see it in a
+/// membership it has applied, before it asks again.
+const JOIN_SEEN: Duration = Duration::from_secs(5);
+
 /// Joins this member (not initialized: a new data directory) to the cluster
 /// whose members listen at `through` (`host:port[,host:port...]`): asks the
 /// leader (following the `locksmith-leader` hint) to add it as a learner,
@@ -393,10 +401,19 @@ impl pb::cluster_server::Cluster for ClusterService {
 /// error of a member that refuses it. Until then it keeps asking, a second
 /// apart at most: members started together (a joiner may come up before
 /// the others have elected a leader) need no order. It reaches the
-/// members through `connector` when given (as Raft's own messages do). A leader hint is
-/// followed after 10 ms, the next one after twice as long and so on: two
-/// members naming each other (an election under way) are not asked in a
-/// tight loop.
+/// members through `connector` when given (as Raft's own messages do). A
+/// leader hint is followed after 10 ms, the next one after twice as long
+/// and so on: two members naming each other (an election under way) are not
+/// asked in a tight loop.
+///
+/// Added means `joined` says so: this member has applied a membership that
+/// names it (so a leader committed it). An answer that it was added (or is
+/// already) is not enough: a leader cut off from the others adds it to its
+/// own log only, and the entry is dropped once another leader is elected;
+/// so after such an answer it waits up to [`JOIN_SEEN`] for `joined`, then
+/// asks again. An ask that breaks (a transport error: no answer of the
+/// member's) or takes longer than [`JOIN_ASK`] is asked again, like one to
+/// a member without a leader.
 ///
 /// Cancel safety: safe; a dropped join may have added the member already,
 /// and a second one finds it added.
@@ -406,6 +423,7 @@ pub(crate) async fn join(
     address: &str,
     tls: Option<tonic::transport::ClientTlsConfig>,
     connector: Option<Connector>,
+    joined: impl Fn() -> bool,
 ) -> Result<(), String> {
     let mut queue: VecDeque<String> = through
         .split(',')
@@ -420,12 +438,16 @@ pub(crate) async fn join(
     let mut hint_pause = Duration::from_millis(10);
     let mut attempts = 0u64;
     loop {
+        if joined() {
+            return Ok(());
+        }
         attempts += 1;
         let Some(target) = queue.pop_front() else {
             return Err(format!("no member to join through in {through:?}"));
         };
         let endpoint = super::network::peer_endpoint(&target, tls.clone())
-            .map_err(|e| format!("member address {target:?}: {e}"))?;
+            .map_err(|e| format!("member address {target:?}: {e}"))?
+            .connect_timeout(JOIN_CONNECT);
         let connected = match &connector {
             Some(connector) => endpoint.connect_with_connector(connector.clone()).await,
             None => endpoint.connect().await,
@@ -438,10 +460,26 @@ pub(crate) async fn join(
                     address: address.to_owned(),
                 };
                 let mut client = pb::cluster_client::ClusterClient::new(channel);
-                match client.add_learner(request).await {
-                    Ok(_) => return Ok(()),
-                    Err(status) if status.code() == tonic::Code::AlreadyExists => return Ok(()),
-                    Err(status) => match status
+                let answer = tokio::time::timeout(JOIN_ASK, client.add_learner(request)).await;
+                match answer {
+                    Err(_) => format!("{target}: no answer within {JOIN_ASK:?}"),
+                    Ok(Ok(_)) => {
+                        if seen(&joined).await {
+                            return Ok(());
+                        }
+                        format!("{target} added this member, which has not seen it applied")
+                    }
+                    Ok(Err(status)) if status.code() == tonic::Code::AlreadyExists => {
+                        if seen(&joined).await {
+                            return Ok(());
+                        }
+                        format!("{target} has this member, which has not seen it applied")
+                    }
+                    // Not an answer of the member's: the connection broke.
+                    Ok(Err(status)) if std::error::Error::source(&status).is_some() => {
+                        format!("{target}: {status}")
+                    }
+                    Ok(Err(status)) => match status
                         .metadata()
                         .get(locksmith_proto::LEADER_METADATA)
                         .and_then(|v| v.to_str().ok())
@@ -474,6 +512,32 @@ pub(crate) async fn join(
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(Duration::from_secs(1));
     }
+}
+
+/// Waits up to [`JOIN_SEEN`] for `joined`; whether it came.
+///
+/// Cancel safety: safe, it only looks.
+async fn seen(joined: &impl Fn() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + JOIN_SEEN;
+    while !joined() {
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    true
+}
+
+/// Whether `raft`'s member `id` has applied a membership that names it: it
+/// was added, and a leader committed it.
+pub(crate) fn applied_member(raft: &Raft, id: u64) -> bool {
+    let m = raft.metrics().borrow_watched().clone();
+    let membership = &m.membership_config;
+    let applied = match (membership.log_id(), &m.last_applied) {
+        (Some(at), Some(applied)) => applied.index >= at.index,
+        _ => false,
+    };
+    applied && membership.membership().get_node(&id).is_some()
 }
 
 /// While this member leads, promotes every learner whose log is within `lag`
@@ -721,7 +785,7 @@ mod tests {
                     .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
             );
         }
-        let joining = join(&addresses[0], 4, "127.0.0.1:1", None, None);
+        let joining = join(&addresses[0], 4, "127.0.0.1:1", None, None, || false);
         let outcome = tokio::time::timeout(Duration::from_secs(2), joining).await;
         assert!(outcome.is_err(), "no leader to add it: {outcome:?}");
         // Hint pauses of 10, 20, 40 ... ms: 8 asks fit in two seconds,

@@ -193,3 +193,19 @@ fn a_late_lease_is_given_back_before_asking_again() {
     let (output, passed) = simulate(&["--seed", "4", "--duration", "10", "--mixed"]);
     assert!(passed, "{output}");
 }
+
+/// Seed 27 with membership changes (12 s), found by the first campaign of
+/// them: the leader member3 was cut off from the other members at 2 s, and
+/// a new member, started at 2.15 s, asked it to be added as a learner.
+/// member3 appended the learner to its own log only (the others elected
+/// member1 at 2.65 s, and that entry was dropped); the joiner's ask went
+/// unanswered until a broken connection at 16.4 s, which it took as a
+/// refusal, and it never asked again: the operator's promotion waited for
+/// a learner that never came. A joiner now bounds each ask, asks again
+/// after a broken connection, and is done only once it has applied a
+/// membership that names it.
+#[test]
+fn a_joining_member_asks_until_a_leader_has_committed_it() {
+    let (output, passed) = simulate(&["--seed", "27", "--duration", "12", "--membership"]);
+    assert!(passed, "{output}");
+}
