@@ -94,6 +94,11 @@ impl Disk {
         self.state().latency
     }
 
+    /// Whether something written is not synced yet: the disk is busy.
+    pub fn busy(&self) -> bool {
+        !self.state().unsynced.is_empty()
+    }
+
     /// A power loss (the member's host has just crashed): what was written
     /// and not synced is put back as it was, from a byte drawn from `rng`
     /// on. What was lost, if anything.

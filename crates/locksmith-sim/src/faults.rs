@@ -40,6 +40,11 @@ const SYNC_LATENCY_MS: std::ops::RangeInclusive<u64> = 1..=10;
 /// How long a slow disk's syncs take.
 const SLOW_SYNC_MS: std::ops::Range<u64> = 20..200;
 
+/// With `--power-loss`, a crash waits up to this long for the member to be
+/// between a write of its log and the sync (a power loss while the disk
+/// is busy), and strikes then.
+const POWER_LOSS_WAIT: Duration = Duration::from_millis(250);
+
 /// How slow a slow member's links are, one way: far past the 37.5 ms a
 /// member waits for a peer to open a replication stream or answer a
 /// heartbeat (¾ of a heartbeat interval), so that a slow leader commits
@@ -80,6 +85,9 @@ pub(crate) struct Faults {
     heals: Vec<(Duration, Heal)>,
     struck: Vec<String>,
     crashed: Option<String>,
+    /// A crash waiting for its member's disk to be busy (`POWER_LOSS_WAIT`):
+    /// the member, how long it stays down, and the latest it strikes.
+    power_loss: Option<(String, Duration, Duration)>,
     /// When a fault was last healed.
     healed_at: Duration,
     /// Each member's disk, by id − 1 (`--power-loss`, `--slow-disks`).
@@ -117,6 +125,7 @@ impl Faults {
             heals: Vec::new(),
             struck: Vec::new(),
             crashed: None,
+            power_loss: None,
             healed_at: Duration::ZERO,
         }
     }
@@ -159,6 +168,9 @@ impl Faults {
     /// it any more, and a restart due is dropped.
     pub(crate) fn retire(&mut self, member: &str, sim: &mut turmoil::Sim<'_>) {
         self.members.retain(|&id| member_host(id) != member);
+        if self.power_loss.as_ref().is_some_and(|(m, ..)| m == member) {
+            self.power_loss = None;
+        }
         if self.crashed.as_deref() == Some(member) {
             self.crashed = None;
         } else {
@@ -182,6 +194,7 @@ impl Faults {
         for (_, heal) in due {
             self.heal(heal, sim);
         }
+        self.lose_power(now, sim, quiet);
         if !self.enabled
             || quiet
             || now < self.next
@@ -259,17 +272,17 @@ impl Faults {
                     .push((until, Heal::RepairOneway(member.clone(), other.clone())));
                 format!("{member} → {other} cut (one way)")
             }
+            2 if self.crashed.is_none() && self.disk_of(&member).is_some() => {
+                self.crashed = Some(member.clone());
+                self.power_loss = Some((member.clone(), lasting, now + POWER_LOSS_WAIT));
+                self.lose_power(now, sim, false);
+                return;
+            }
             2 if self.crashed.is_none() => {
                 sim.crash(member.as_str());
                 self.crashed = Some(member.clone());
                 self.heals.push((until, Heal::Restart(member.clone())));
-                let lost = self
-                    .disk_of(&member)
-                    .and_then(|disk| disk.lose_unsynced(&mut self.disk_rng));
-                match lost {
-                    Some(lost) => format!("{member} crashed (power loss: {lost})"),
-                    None => format!("{member} crashed"),
-                }
+                format!("{member} crashed")
             }
             SLOW_DISK => {
                 let latency = Duration::from_millis(self.rng.gen_range(SLOW_SYNC_MS));
@@ -328,6 +341,37 @@ impl Faults {
                     .push((until, Heal::Restore(member.clone(), other.clone())));
                 format!("{member} ↔ {other} losing messages")
             }
+        };
+        tracing::info!(target: "locksmith_sim::faults", at = ?now, for_ = ?lasting, "{what}");
+        self.struck
+            .push(format!("{:.3}s {what} for {lasting:?}", now.as_secs_f64()));
+    }
+
+    /// Crashes the member whose crash waits for its disk to be busy, once
+    /// it is (or once it has waited long enough): a power loss, which drops
+    /// or tears what its log wrote and did not sync.
+    fn lose_power(&mut self, now: Duration, sim: &mut turmoil::Sim<'_>, quiet: bool) {
+        let Some((member, lasting, by)) = self.power_loss.clone() else {
+            return;
+        };
+        if quiet {
+            self.power_loss = None;
+            self.crashed = None;
+            return;
+        }
+        let Some(disk) = self.disk_of(&member) else {
+            return;
+        };
+        if !disk.busy() && now < by {
+            return;
+        }
+        self.power_loss = None;
+        sim.crash(member.as_str());
+        self.heals
+            .push((now + lasting, Heal::Restart(member.clone())));
+        let what = match disk.lose_unsynced(&mut self.disk_rng) {
+            Some(lost) => format!("{member} crashed (power loss: {lost})"),
+            None => format!("{member} crashed (power loss, nothing unsynced)"),
         };
         tracing::info!(target: "locksmith_sim::faults", at = ?now, for_ = ?lasting, "{what}");
         self.struck
