@@ -34,6 +34,13 @@ const SLOW: i32 = 7;
 /// The kind of fault that slows a member's disk (`--slow-disks`).
 const SLOW_DISK: i32 = 8;
 
+/// The kind of fault that slows every member's disk at once
+/// (`--slow-disks`): storage the members share, or a neighbour that
+/// saturates it. A quorum then commits slowly while the leader's lease and
+/// its heartbeats go on, so client operations and the leader's own
+/// decisions stay in flight for a while.
+const SLOW_DISKS: i32 = 9;
+
 /// How long a member's syncs take (`--power-loss`, `--slow-disks`).
 const SYNC_LATENCY_MS: std::ops::RangeInclusive<u64> = 1..=10;
 
@@ -249,11 +256,11 @@ impl Faults {
         // drew before they existed.
         let kinds: &[i32] = match (self.calm, self.slow_links, self.slow_disks) {
             (true, _, false) => &[0, 1, 2, 3, FREEZE],
-            (true, _, true) => &[0, 1, 2, 3, FREEZE, SLOW_DISK],
+            (true, _, true) => &[0, 1, 2, 3, FREEZE, SLOW_DISK, SLOW_DISKS],
             (false, false, false) => &[0, 1, 2, 3, 4, 5],
-            (false, false, true) => &[0, 1, 2, 3, 4, 5, SLOW_DISK],
+            (false, false, true) => &[0, 1, 2, 3, 4, 5, SLOW_DISK, SLOW_DISKS],
             (false, true, false) => &[0, 1, 2, 3, 4, 5, SLOW],
-            (false, true, true) => &[0, 1, 2, 3, 4, 5, SLOW, SLOW_DISK],
+            (false, true, true) => &[0, 1, 2, 3, 4, 5, SLOW, SLOW_DISK, SLOW_DISKS],
         };
         let kind = kinds[self.rng.gen_range(0..kinds.len())];
         let what = match kind {
@@ -292,6 +299,16 @@ impl Faults {
                 }
                 self.heals.push((until, Heal::DiskSpeed(id)));
                 format!("{member}'s disk slow ({latency:?} a sync)")
+            }
+            SLOW_DISKS => {
+                let latency = Duration::from_millis(self.rng.gen_range(SLOW_SYNC_MS));
+                for id in self.members.clone() {
+                    if let Some(disk) = self.disk(id) {
+                        disk.set_latency(latency);
+                    }
+                    self.heals.push((until, Heal::DiskSpeed(id)));
+                }
+                format!("every member's disk slow ({latency:?} a sync)")
             }
             3 => {
                 let other = self.other_member(&member);

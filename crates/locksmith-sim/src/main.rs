@@ -61,8 +61,8 @@ struct Args {
     /// sync yet is lost or torn (each member's syncs take 1–10 ms).
     #[arg(long)]
     power_loss: bool,
-    /// As --power-loss, and a member's disk may turn slow (20–200 ms a
-    /// sync) for a while, among the faults.
+    /// As --power-loss, and a member's disk, or every member's at once,
+    /// may turn slow (20–200 ms a sync) for a while, among the faults.
     #[arg(long)]
     slow_disks: bool,
     /// Clients that share a simulated host.
