@@ -13,7 +13,9 @@
 pub enum Defect {
     /// Heartbeats that arrive while a batch is in flight are dropped when
     /// that batch is applied (its emptied proposal replaces the one being
-    /// gathered): healthy sessions expire.
+    /// gathered): healthy sessions expire. As when the defect shipped,
+    /// every heartbeat is then a record: the leader answers none under its
+    /// lease (`fd9faa4` came later, and made the path rare).
     HeartbeatsDropped = 1,
     /// The client stays with a member that answers no heartbeat (a frozen
     /// leader keeps its connections open) until its whole TTL has passed.
@@ -26,7 +28,11 @@ pub enum Defect {
     DeadlineByEquality,
     /// A new leader's grace (`GrantGrace`) pushes no deadline.
     NoGrace,
-    /// An expiry applies whatever the current deadline, passed or not.
+    /// An expiry applies whatever the current deadline, passed or not. As
+    /// when the defect shipped, every heartbeat is then a record, so that
+    /// one can be in flight when its session's expiry is decided (answers
+    /// under the leader's lease came later and leave the engine's check
+    /// nothing to catch).
     NoDeadlineCheck,
     /// The leader's joint-membership finisher ends a joint membership it
     /// saw twice whether or not it is applied yet, so that it can take the

@@ -363,7 +363,12 @@ impl FrontEnd {
         let before = ops.len();
         ops.retain(|o| !matches!(o, StreamOp::Heartbeat));
         let heartbeats = before - ops.len();
+        // With the dropped heartbeats or the missing deadline check put
+        // back, every heartbeat is a record, as when those defects shipped
+        // (answers under the lease came later).
         let alive = heartbeats > 0
+            && !planted::active(Defect::HeartbeatsDropped)
+            && !planted::active(Defect::NoDeadlineCheck)
             && self
                 .liveness
                 .deadline(state, session)
