@@ -65,12 +65,23 @@ pub trait WriteCache: Send + Sync + 'static {
     fn sync(&self) -> Syncing;
 }
 
+/// How long a simulated member takes to apply what Raft committed (its
+/// CPU busy with other work, a long pause of its process): waited for
+/// before each run of committed entries is handed to the core, so that
+/// openraft counts them applied, and the core answers their clients, that
+/// much later. Without one (the machine's), applying takes what it takes.
+pub trait ApplyPace: Send + Sync + 'static {
+    /// The time applying the next run of committed entries takes.
+    fn applying(&self) -> Syncing;
+}
+
 /// What the server takes from the machine it runs on.
 pub struct Environment {
     pub(crate) wall_clock: WallClock,
     pub(crate) listener: Option<Box<dyn Listener>>,
     pub(crate) connector: Option<Connector>,
     pub(crate) write_cache: Option<Arc<dyn WriteCache>>,
+    pub(crate) apply_pace: Option<Arc<dyn ApplyPace>>,
 }
 
 impl Environment {
@@ -82,6 +93,7 @@ impl Environment {
             listener: None,
             connector: None,
             write_cache: None,
+            apply_pace: None,
         }
     }
 
@@ -116,6 +128,13 @@ impl Environment {
         self.write_cache = Some(cache);
         self
     }
+
+    /// Waits for `pace` ([`ApplyPace::applying`]) before each run of
+    /// committed entries is applied (a simulation's busy member).
+    pub fn apply_pace(mut self, pace: Arc<dyn ApplyPace>) -> Environment {
+        self.apply_pace = Some(pace);
+        self
+    }
 }
 
 impl Default for Environment {
@@ -130,6 +149,7 @@ impl fmt::Debug for Environment {
             .field("listener", &self.listener.is_some())
             .field("connector", &self.connector)
             .field("write_cache", &self.write_cache.is_some())
+            .field("apply_pace", &self.apply_pace.is_some())
             .finish_non_exhaustive()
     }
 }

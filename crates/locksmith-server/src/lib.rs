@@ -130,7 +130,7 @@ use tokio_util::sync::CancellationToken;
 pub use crate::auth::token_sha256;
 pub use crate::clock::WallClock;
 pub use crate::config::{Execution, ServerConfig, DEFAULT_DATA_DIR, DEFAULT_LISTEN};
-pub use crate::environment::{Accepting, Environment, Listener, Syncing, WriteCache};
+pub use crate::environment::{Accepting, ApplyPace, Environment, Listener, Syncing, WriteCache};
 pub use crate::error::ServerError;
 pub use crate::storage::backup;
 pub use crate::tls::TlsFiles;
@@ -209,6 +209,7 @@ impl Server {
             listener: given_listener,
             connector,
             write_cache,
+            apply_pace,
         } = environment;
         let tls = config.tls.as_ref().map(Tls::load).transpose()?;
         let has_peers = config.cluster.len() > 1 || config.join.is_some();
@@ -313,7 +314,8 @@ impl Server {
         core.publish_versions(versions.clone());
         let unary_ids = core.unary_ids();
         let stats = core.stats();
-        let machine = CoreMachine::new(ops.clone(), snapshots, snapshot, stats.clone());
+        let machine =
+            CoreMachine::new(ops.clone(), snapshots, snapshot, stats.clone()).paced_by(apply_pace);
         let sized = (log.clone(), machine.clone());
         let raft =
             raft::member::open(&config, log, machine, peer_tls.clone(), connector.clone()).await?;

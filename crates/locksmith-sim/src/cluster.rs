@@ -17,7 +17,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use locksmith_proto::transport::Connector;
 use locksmith_server::{
-    Accepting, Environment, Execution, Listener, Server, ServerConfig, WallClock,
+    Accepting, ApplyPace, Environment, Execution, Listener, Server, ServerConfig, Syncing,
+    WallClock,
 };
 
 /// The port every member serves clients and members on.
@@ -108,6 +109,42 @@ pub struct MemberSetup {
     /// Its disk, through which its Raft log is written (`--power-loss`,
     /// `--slow-disks`); none: the log is written and synced in one step.
     pub disk: Option<crate::disk::Disk>,
+    /// How long it takes to apply what Raft committed (`--slow-apply`);
+    /// none: no simulated time.
+    pub pace: Option<Pace>,
+}
+
+/// How long a member takes to apply each run of committed entries: none
+/// while it is not busy, longer while a busy-member fault lasts
+/// (`--slow-apply`). It outlives the member's restarts.
+#[derive(Clone, Default)]
+pub struct Pace(std::sync::Arc<std::sync::Mutex<Duration>>);
+
+impl std::fmt::Debug for Pace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Pace").field(&self.get()).finish()
+    }
+}
+
+impl Pace {
+    /// How long applying takes now.
+    pub fn get(&self) -> Duration {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Makes applying take `per_run` from now on.
+    pub fn set(&self, per_run: Duration) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = per_run;
+    }
+}
+
+impl ApplyPace for Pace {
+    fn applying(&self) -> Syncing {
+        match self.get() {
+            Duration::ZERO => Box::pin(std::future::ready(())),
+            busy => Box::pin(tokio::time::sleep(busy)),
+        }
+    }
 }
 
 impl MemberSetup {
@@ -138,6 +175,9 @@ pub(crate) async fn run_member(setup: MemberSetup) -> turmoil::Result {
         .connector(connector());
     if let Some(disk) = &setup.disk {
         environment = environment.write_cache(std::sync::Arc::new(disk.clone()));
+    }
+    if let Some(pace) = &setup.pace {
+        environment = environment.apply_pace(std::sync::Arc::new(pace.clone()));
     }
     let mut server = Server::start_in(setup.config(), environment).await?;
     server.stopped().await?;

@@ -6,14 +6,17 @@
 //! off, cut one way, crashed, frozen, or a link held back), each healed
 //! before the next, with `SETTLE` between: faults a cluster with spares in
 //! its URL must ride out without losing any client's session. Other runs
-//! may also slow a member's links to the others.
+//! may also slow a member's links to the others. With `--slow-disks`, any
+//! run may slow one member's disk or every member's at once (a quorum that
+//! commits slowly, nothing down). With `--slow-apply`, any run may make a
+//! member busy: applying what Raft committed takes it a while.
 
 use std::time::Duration;
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use crate::cluster::{client_host, member_host, MAX_MEMBERS};
+use crate::cluster::{client_host, member_host, Pace, MAX_MEMBERS};
 use crate::disk::Disk;
 use crate::Settings;
 
@@ -40,6 +43,14 @@ const SLOW_DISK: i32 = 8;
 /// its heartbeats go on, so client operations and the leader's own
 /// decisions stay in flight for a while.
 const SLOW_DISKS: i32 = 9;
+
+/// The kind of fault that makes a member busy (`--slow-apply`): applying
+/// each run of committed entries takes it `BUSY_APPLY_MS`, while its
+/// network and its core go on.
+const BUSY: i32 = 10;
+
+/// How long a busy member takes to apply each run of committed entries.
+const BUSY_APPLY_MS: std::ops::Range<u64> = 200..1500;
 
 /// How long a member's syncs take (`--power-loss`, `--slow-disks`).
 const SYNC_LATENCY_MS: std::ops::RangeInclusive<u64> = 1..=10;
@@ -70,6 +81,7 @@ enum Heal {
     Restart(String),
     Speed(String, String),
     DiskSpeed(u64),
+    Unbusy(u64),
 }
 
 /// The faults of one run.
@@ -103,6 +115,8 @@ pub(crate) struct Faults {
     /// faults' so that these stay as they were drawn without disks.
     disk_rng: SmallRng,
     slow_disks: bool,
+    /// How long each member takes to apply, by id − 1 (`--slow-apply`).
+    paces: Vec<Option<Pace>>,
 }
 
 impl Faults {
@@ -115,6 +129,9 @@ impl Faults {
             })
             .collect();
         Faults {
+            paces: (0..MAX_MEMBERS)
+                .map(|_| settings.slow_apply.then(Pace::default))
+                .collect(),
             disks,
             disk_rng,
             slow_disks: settings.slow_disks,
@@ -164,6 +181,11 @@ impl Faults {
     /// Member `id`'s disk, if the run simulates disks.
     pub(crate) fn disk(&self, id: u64) -> Option<Disk> {
         self.disks[id as usize - 1].clone()
+    }
+
+    /// Member `id`'s pace of applying, if the run may make members busy.
+    pub(crate) fn pace(&self, id: u64) -> Option<Pace> {
+        self.paces[id as usize - 1].clone()
     }
 
     /// A new member, which faults may strike from now on.
@@ -262,6 +284,11 @@ impl Faults {
             (false, true, false) => &[0, 1, 2, 3, 4, 5, SLOW],
             (false, true, true) => &[0, 1, 2, 3, 4, 5, SLOW, SLOW_DISK, SLOW_DISKS],
         };
+        let busy = [BUSY];
+        let kinds = match self.paces[0].is_some() {
+            true => [kinds, &busy[..]].concat(),
+            false => kinds.to_vec(),
+        };
         let kind = kinds[self.rng.gen_range(0..kinds.len())];
         let what = match kind {
             0 => {
@@ -299,6 +326,15 @@ impl Faults {
                 }
                 self.heals.push((until, Heal::DiskSpeed(id)));
                 format!("{member}'s disk slow ({latency:?} a sync)")
+            }
+            BUSY => {
+                let per_run = Duration::from_millis(self.rng.gen_range(BUSY_APPLY_MS));
+                let id = member_id(&member);
+                if let Some(pace) = self.pace(id) {
+                    pace.set(per_run);
+                }
+                self.heals.push((until, Heal::Unbusy(id)));
+                format!("{member} busy ({per_run:?} to apply each run of committed entries)")
             }
             SLOW_DISKS => {
                 let latency = Duration::from_millis(self.rng.gen_range(SLOW_SYNC_MS));
@@ -404,6 +440,11 @@ impl Faults {
             Heal::Speed(a, b) => {
                 sim.set_link_latency(a.as_str(), b.as_str(), self.latency.start);
                 sim.set_link_max_message_latency(a.as_str(), b.as_str(), self.latency.end);
+            }
+            Heal::Unbusy(id) => {
+                if let Some(pace) = self.pace(id) {
+                    pace.set(Duration::ZERO);
+                }
             }
             Heal::DiskSpeed(id) => {
                 if let Some(disk) = self.disk(id) {

@@ -54,7 +54,10 @@
 //! member's Raft log is written through a write-back cache of the
 //! simulation's: a sync takes the member's disk latency, and a crash in
 //! between is a power loss that drops or tears what was written and not
-//! synced; `--slow-disks` also slows a member's syncs for a while.
+//! synced; `--slow-disks` also slows a member's syncs, or every member's
+//! at once, for a while. `--slow-apply` may make a member busy for a
+//! while: applying what Raft committed then takes it simulated time
+//! (`locksmith_server::ApplyPace`).
 //! `--membership` adds membership changes (module `membership`): members
 //! added (joining as learners, then promoted), voters removed and stopped,
 //! or replaced, through the cluster's own admin service.
@@ -82,8 +85,9 @@
 //! ## Teeth
 //!
 //! `--plant NAME` puts a past defect back (`locksmith_core::planted`, a
-//! cargo feature only this crate turns on), to show that some seed finds
-//! it: docs/RELIABILITY.md lists the first such seed of each.
+//! cargo feature only this crate turns on), as the code was when it
+//! shipped, to show that some seed finds it: docs/RELIABILITY.md lists the
+//! first such seed of each, and the two that no seed has found yet.
 #![deny(missing_docs)]
 
 pub mod check;
@@ -155,9 +159,14 @@ pub struct Settings {
     /// sync yet is lost or torn; each member's syncs take 1–10 ms (module
     /// `disk`).
     pub power_loss: bool,
-    /// As `power_loss`, and a member's disk may turn slow (its syncs taking
-    /// 20–200 ms) for a while, among the faults.
+    /// As `power_loss`, and a member's disk, or every member's at once,
+    /// may turn slow (its syncs taking 20–200 ms) for a while, among the
+    /// faults.
     pub slow_disks: bool,
+    /// A member may turn busy for a while, among the faults: applying each
+    /// run of committed entries takes it 0.2–1.5 s (a CPU taken by other
+    /// work, a long pause of the process's work but not of its network).
+    pub slow_apply: bool,
 }
 
 impl Default for Settings {
@@ -179,6 +188,7 @@ impl Default for Settings {
             membership: false,
             power_loss: false,
             slow_disks: false,
+            slow_apply: false,
         }
     }
 }
@@ -198,7 +208,7 @@ impl Settings {
     pub fn replay_command(&self, seed: u64) -> String {
         format!(
             "RUST_LOG=locksmith_sim=debug cargo run --release -p locksmith-sim -- --seed {seed} \
-             --members {} --clients {} --locks {} --duration {} --tick-ms {} --clients-per-host {} --clock-skew-ms {}{}{}{}{}{}{}{}{}",
+             --members {} --clients {} --locks {} --duration {} --tick-ms {} --clients-per-host {} --clock-skew-ms {}{}{}{}{}{}{}{}{}{}",
             self.members,
             self.clients,
             self.locks,
@@ -213,6 +223,7 @@ impl Settings {
             if self.membership { " --membership" } else { "" },
             if self.power_loss { " --power-loss" } else { "" },
             if self.slow_disks { " --slow-disks" } else { "" },
+            if self.slow_apply { " --slow-apply" } else { "" },
             match self.plant {
                 Some(defect) => format!(" --plant {}", defect.name()),
                 None => String::new(),
@@ -323,6 +334,7 @@ fn simulate(seed: u64, settings: &Settings) -> Report {
             data_dir: data.path().join(member_host(id)),
             join: None,
             disk: faults.disk(id),
+            pace: faults.pace(id),
         };
         sim.host(member_host(id), move || cluster::run_member(setup.clone()));
     }

@@ -194,6 +194,7 @@ impl Membership {
                         .join(","),
                 ),
                 disk: faults.disk(id),
+                pace: faults.pace(id),
             };
             sim.host(member_host(id), move || {
                 crate::cluster::run_member(setup.clone())

@@ -52,6 +52,9 @@ pub(crate) struct CoreMachine {
     file: Option<SnapshotFile>,
     /// The member's counters: snapshots built are counted there.
     stats: Arc<Stats>,
+    /// A simulated busy member's pace of applying
+    /// ([`crate::ApplyPace`]); none on a machine.
+    pace: Option<Arc<dyn crate::ApplyPace>>,
 }
 
 impl CoreMachine {
@@ -77,7 +80,14 @@ impl CoreMachine {
             current: Arc::new(Mutex::new(current)),
             file,
             stats,
+            pace: None,
         }
+    }
+
+    /// Applies at `pace` (a simulation's busy member), if given.
+    pub(crate) fn paced_by(mut self, pace: Option<Arc<dyn crate::ApplyPace>>) -> CoreMachine {
+        self.pace = pace;
+        self
     }
 
     /// The size of the newest snapshot built or installed (0 if none).
@@ -180,9 +190,11 @@ impl RaftStateMachine<TypeConfig> for CoreMachine {
 
     /// Hands the committed `entries` to the core, in one op.
     ///
-    /// Cancel safety: dropped while it reads the entries, it hands the core
-    /// nothing and records nothing as applied: the entries it read, and their
-    /// responders, are dropped with it.
+    /// A simulated busy member first waits its pace ([`crate::ApplyPace`]).
+    ///
+    /// Cancel safety: dropped while it reads the entries or waits its pace,
+    /// it hands the core nothing and records nothing as applied: the entries
+    /// it read, and their responders, are dropped with it.
     async fn apply<Entries>(&mut self, mut entries: Entries) -> io::Result<()>
     where
         Entries: Stream<Item = io::Result<EntryResponder<TypeConfig>>> + Unpin + Send,
@@ -205,6 +217,9 @@ impl RaftStateMachine<TypeConfig> for CoreMachine {
         }
         if batch.is_empty() {
             return Ok(());
+        }
+        if let Some(pace) = &self.pace {
+            pace.applying().await;
         }
         *self.applied.lock().unwrap_or_else(|e| e.into_inner()) = handed;
         // Not waiting for the core: the next entries come through at once,
