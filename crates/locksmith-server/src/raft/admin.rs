@@ -413,7 +413,8 @@ const JOIN_SEEN: Duration = Duration::from_secs(5);
 /// so after such an answer it waits up to [`JOIN_SEEN`] for `joined`, then
 /// asks again. An ask that breaks (a transport error: no answer of the
 /// member's) or takes longer than [`JOIN_ASK`] is asked again, like one to
-/// a member without a leader.
+/// a member without a leader; one whose TLS session the member refused
+/// (this member's certificate is not of the cluster's CA) is a refusal.
 ///
 /// Cancel safety: safe; a dropped join may have added the member already,
 /// and a second one finds it added.
@@ -475,6 +476,12 @@ pub(crate) async fn join(
                         }
                         format!("{target} has this member, which has not seen it applied")
                     }
+                    // TLS refused this member's certificate: a refusal.
+                    Ok(Err(status)) if refused_by_tls(&status) => {
+                        return Err(format!(
+                            "{target} refused this member's certificate: {status}"
+                        ))
+                    }
                     // Not an answer of the member's: the connection broke.
                     Ok(Err(status)) if std::error::Error::source(&status).is_some() => {
                         format!("{target}: {status}")
@@ -512,6 +519,26 @@ pub(crate) async fn join(
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(Duration::from_secs(1));
     }
+}
+
+/// Whether `status` failed in TLS: a rustls error somewhere in its
+/// sources, or the I/O error of kind `InvalidData` that the TLS stream
+/// makes of one ("received fatal alert: UnknownCA" when the member refuses
+/// this one's certificate). Asking again changes nothing then.
+fn refused_by_tls(status: &Status) -> bool {
+    let mut source = std::error::Error::source(status);
+    while let Some(error) = source {
+        if error.is::<rustls::Error>() {
+            return true;
+        }
+        if let Some(io) = error.downcast_ref::<std::io::Error>() {
+            if io.kind() == std::io::ErrorKind::InvalidData {
+                return true;
+            }
+        }
+        source = error.source();
+    }
+    false
 }
 
 /// Waits up to [`JOIN_SEEN`] for `joined`; whether it came.
