@@ -24,7 +24,12 @@
 //! over: it costs no time, and it may be the next leader. Nor is a member
 //! whose connection broke (a crash): passed over for a fixed while, it was
 //! ignored past its re-election, or followed back before its followers
-//! noticed (docs/RELIABILITY.md, calm seeds 163 and 256).
+//! noticed (docs/RELIABILITY.md, calm seeds 163 and 256). Such a member is
+//! **broken** instead, until it answers again: an attempt on it (by the
+//! rotation, or following a hint that names it) waits for its first answer
+//! only a few round trips ([`Members::broken`]), so that a follower's stale
+//! hint naming a crashed leader costs a moment, not a whole attempt, while
+//! a leader restarted and elected again is followed back at once.
 //!
 //! Between rounds of attempts the client pauses, longer each round, but
 //! never long beside the session's TTL ([`Rounds::for_session`]): once a new
@@ -56,6 +61,9 @@ struct Member {
     known_as: Option<String>,
     /// Until when it is passed over, after it answered nothing in time.
     passed_over_until: Option<Instant>,
+    /// Its connection broke (or could not be made), and it has not answered
+    /// since.
+    broken: bool,
 }
 
 impl Member {
@@ -202,6 +210,58 @@ impl Members {
         }
     }
 
+    /// The connection to the member at `at` broke, or could not be made (a
+    /// transport error, not an answer of the member's): it is broken, under
+    /// every name the client knows it by, until it answers again, and the
+    /// next member becomes current as with [`Members::failed`].
+    pub(super) fn broke(&self, at: usize) {
+        self.mark_broken(at, true);
+        self.move_on(&self.list(), at);
+    }
+
+    /// The member at `at`, broken, did not answer within its short attempt:
+    /// the next attempt on it is a whole one again (on a slow network a
+    /// member that is up must still be reachable, however short the TTL),
+    /// and the next member becomes current as with [`Members::failed`].
+    pub(super) fn out_of_patience(&self, at: usize) {
+        self.mark_broken(at, false);
+        self.move_on(&self.list(), at);
+    }
+
+    /// The member at `at` answered (anything, even a refusal): it is no
+    /// longer broken.
+    pub(super) fn answered(&self, at: usize) {
+        self.mark_broken(at, false);
+    }
+
+    fn mark_broken(&self, at: usize, broken: bool) {
+        let mut list = self.list();
+        let Some(member) = list.get(at) else { return };
+        if member.broken == broken {
+            return;
+        }
+        let name = member
+            .known_as
+            .clone()
+            .unwrap_or_else(|| member.addr.clone());
+        if broken {
+            tracing::debug!(backend = super::BACKEND, addr = %member.addr, "its connection broke: the next attempt on it is short");
+        }
+        for (i, member) in list.iter_mut().enumerate() {
+            if i == at || member.is(&name) {
+                member.broken = broken;
+            }
+        }
+    }
+
+    /// Whether the member at `at` is broken: its connection broke, and it
+    /// has not answered since. An attempt on it gives it only a few round
+    /// trips to answer: a crashed machine answers nothing at all, and its
+    /// followers name it for a while after the crash.
+    pub(super) fn broken(&self, at: usize) -> bool {
+        self.list().get(at).is_some_and(|member| member.broken)
+    }
+
     /// The member at `at` said the cluster knows it as `address` (empty:
     /// it did not say), which its followers' leader hints name.
     pub(super) fn known_as(&self, at: usize, address: &str) {
@@ -277,6 +337,7 @@ fn member(url: &ServerUrl, connector: Option<&Connector>, addr: String) -> Resul
             .max_decoding_message_size(MAX_RESPONSE_BYTES),
         known_as: None,
         passed_over_until: None,
+        broken: false,
     })
 }
 
@@ -522,6 +583,44 @@ mod tests {
         assert_eq!(members.follow(&naming("c:3")), Redirect::Leader);
         tokio::time::advance(PASS_OVER).await;
         assert_eq!(members.follow(&naming("a:1")), Redirect::Leader);
+    }
+
+    /// A member whose connection broke is not passed over: the rotation
+    /// and a follower's hint still go to it (it may have been restarted
+    /// and elected again), but it is broken, under each of its names,
+    /// until it answers.
+    #[tokio::test]
+    async fn a_member_whose_connection_broke_is_broken_until_it_answers() {
+        let members = Members::parse("locksmith://proxy-a:1,b:2,c:3", PASS_OVER).unwrap();
+        members.known_as(0, "a:1");
+        assert_eq!(members.follow(&naming("a:1")), Redirect::Leader);
+        assert_eq!(members.len(), 3, "a:1 is proxy-a:1");
+        members.broke(0);
+        assert_eq!(members.current().1, "b:2", "on to the next member");
+        assert!(members.broken(0));
+        assert!(!members.broken(1));
+        assert_eq!(members.follow(&naming("a:1")), Redirect::Leader);
+        assert_eq!(
+            members.current().1,
+            "proxy-a:1",
+            "followed, not passed over"
+        );
+        members.answered(0);
+        assert!(!members.broken(0));
+        // Rotating past a broken member does not skip it.
+        members.broke(1);
+        members.failed(2);
+        assert_eq!(members.current().1, "proxy-a:1");
+        members.failed(0);
+        assert_eq!(
+            members.current().1,
+            "b:2",
+            "a broken member is tried in turn"
+        );
+        // A short attempt that found no answer makes the next one whole.
+        members.broke(0);
+        members.out_of_patience(0);
+        assert!(!members.broken(0));
     }
 
     /// A session's pauses between rounds of attempts stay short beside its

@@ -27,7 +27,11 @@
 //! would spend the whole TTL. The client passes it over (module `members`),
 //! moves to the next member, which names the new leader once one is elected,
 //! and resumes there while the session still lives; each reconnect attempt
-//! is bounded by a third of the TTL for the same reason.
+//! is bounded by a third of the TTL for the same reason. A member whose
+//! stream broke (a crash: its followers name it until they notice) gets
+//! only a tenth of the TTL to answer the next attempt on it, and whole
+//! attempts again once it answered or let that short one pass
+//! (`Members::broken`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -619,6 +623,10 @@ async fn establish(
     let sent_at = Instant::now();
     let (at, addr, client) = members.current();
     let failed = |status: tonic::Status| {
+        let transport = transport_error(&status);
+        if !transport {
+            members.answered(at);
+        }
         if status.code() == Code::NotFound {
             return SetupError::UnknownSession(status.message().to_owned());
         }
@@ -628,7 +636,11 @@ async fn establish(
             Redirect::None => {}
         }
         if member_down(&status) {
-            members.could_not_serve(at, &status);
+            if transport {
+                members.broke(at);
+            } else {
+                members.could_not_serve(at, &status);
+            }
         }
         // Which member failed matters for a connection problem; an answer
         // about the request (a limit, a bad argument) keeps its own error.
@@ -639,12 +651,29 @@ async fn establish(
             error => error,
         })
     };
-    let mut inbound = client
-        .clone()
-        .session(batches(queue))
-        .await
-        .map_err(failed)?
-        .into_inner();
+    // A member whose connection broke gets a few round trips to answer (a
+    // connection, then the stream's headers, which the server sends at
+    // once): a crashed machine answers nothing, and its followers may
+    // still name it.
+    let mut client = client;
+    let opening = client.session(batches(queue));
+    let opened = if members.broken(at) {
+        let within = broken_member_patience(ttl);
+        match tokio::time::timeout(within, opening).await {
+            Ok(opened) => opened,
+            Err(_) => {
+                members.out_of_patience(at);
+                return Err(SetupError::Failed(Error::backend(
+                    super::BACKEND,
+                    format!("{addr}: no answer within {within:?} after its connection broke"),
+                )));
+            }
+        }
+    } else {
+        opening.await
+    };
+    let mut inbound = opened.map_err(failed)?.into_inner();
+    members.answered(at);
     let mut early = inbound
         .message()
         .await
@@ -770,6 +799,20 @@ fn setup_timeout(ttl: Duration) -> Duration {
 /// that a member which hangs leaves time to try the others within the TTL.
 pub(super) fn reconnect_timeout(ttl: Duration) -> Duration {
     (ttl / 3).clamp(Duration::from_millis(300), Duration::from_secs(10))
+}
+
+/// How long a member whose connection broke ([`Members::broken`]) has to
+/// answer a new stream: many round trips on any network a session of `ttl`
+/// suits, a moment beside the TTL.
+fn broken_member_patience(ttl: Duration) -> Duration {
+    (ttl / 10).clamp(Duration::from_millis(100), Duration::from_secs(1))
+}
+
+/// Whether `status` carries a transport error (tonic makes such a status
+/// from an error of the connection, and gives it that error as its source),
+/// rather than an answer the member sent.
+fn transport_error(status: &tonic::Status) -> bool {
+    std::error::Error::source(status).is_some()
 }
 
 /// Keeps the session: runs the stream, and after it breaks, reconnects and
@@ -978,7 +1021,11 @@ async fn run(
                         // serve says where to go: the leader it names, or
                         // any other member.
                         if shared.members.follow(&status) == Redirect::None && member_down(&status) {
-                            shared.members.could_not_serve(link.member, &status);
+                            if transport_error(&status) {
+                                shared.members.broke(link.member);
+                            } else {
+                                shared.members.could_not_serve(link.member, &status);
+                            }
                         }
                         return End::Broken(status.to_string());
                     }
