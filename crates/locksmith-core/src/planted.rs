@@ -21,7 +21,9 @@ pub enum Defect {
     /// leader keeps its connections open) until its whole TTL has passed.
     FrozenLeader,
     /// The client follows a follower's hint back to a leader that answered
-    /// nothing a moment ago.
+    /// nothing a moment ago. As when the defect shipped, a member whose
+    /// connection broke gets a whole attempt, not a short one (`6c8135e`
+    /// came later, and made following a stale hint cheap).
     StaleHint,
     /// An expiry applies only if the session's deadline equals the one it
     /// was decided from, not if it is no later.
@@ -29,10 +31,11 @@ pub enum Defect {
     /// A new leader's grace (`GrantGrace`) pushes no deadline.
     NoGrace,
     /// An expiry applies whatever the current deadline, passed or not. As
-    /// when the defect shipped, every heartbeat is then a record, so that
-    /// one can be in flight when its session's expiry is decided (answers
-    /// under the leader's lease came later and leave the engine's check
-    /// nothing to catch).
+    /// when the defect shipped, every heartbeat is then a record (answers
+    /// under the leader's lease came later). A client counts its leases
+    /// from before its requests, so a lease taken away right after the
+    /// extension that moved it shows only to a check that holds the server
+    /// to its answer (the simulator's "leases are kept").
     NoDeadlineCheck,
     /// The leader's joint-membership finisher ends a joint membership it
     /// saw twice whether or not it is applied yet, so that it can take the

@@ -14,9 +14,19 @@
 //!   else sees a grant that may not stand beside it (a second exclusive
 //!   holder, a writer beside readers, a permit past the semaphore's count).
 //!   Being told is what makes a lost hold safe, so a hold taken away without
-//!   its holder told breaks this too.
+//!   its holder told breaks this too;
+//! - **leases are kept**: a hold granted or extended with a lease of `L` by
+//!   a request sent at `s` is nobody else's before `s + L` (less the drift
+//!   the clocks may have), unless its holder gave it up or lost it with its
+//!   session. This holds the server to its answer even where the client
+//!   has stopped trusting the hold already: a client counts a lease from
+//!   before its request and gives the hold up when that runs out, so an
+//!   extension answered late changes nothing the client does, and only
+//!   this rule sees a server that takes the hold away right after saying
+//!   it extended it.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use stateright::semantics::{ConsistencyTester, LinearizabilityTester, SequentialSpec};
 
@@ -68,9 +78,9 @@ impl SequentialSpec for LockSpec {
     fn invoke(&mut self, op: &ClientOp) -> Ret {
         match op.op {
             Op::Acquire { .. } => Ret::TimedOut,
-            Op::Extend { token } if self.holds(op.client, token) => Ret::Extended,
+            Op::Extend { token, .. } if self.holds(op.client, token) => Ret::Extended,
             Op::Extend { .. } => Ret::NotHeld,
-            Op::Release { token } | Op::Lost { token } => {
+            Op::Release { token } | Op::Lost { token, .. } | Op::Drop { token } => {
                 self.end(op.client, token);
                 Ret::NotHeld
             }
@@ -82,7 +92,7 @@ impl SequentialSpec for LockSpec {
             return false;
         }
         match (op.op, *ret) {
-            (Op::Acquire { want }, Ret::Granted { token }) => {
+            (Op::Acquire { want, .. }, Ret::Granted { token }) => {
                 let held: Vec<Want> = self.holders.iter().map(|&(_, _, want)| want).collect();
                 if !want.fits_beside(&held) || token <= self.last_token {
                     return false;
@@ -95,12 +105,12 @@ impl SequentialSpec for LockSpec {
             // grant in flight to someone else): liveness, not safety.
             (Op::Acquire { .. }, Ret::TimedOut) => true,
             (Op::Release { token }, Ret::Released) => self.end(op.client, token),
-            (Op::Extend { token }, Ret::Extended) => self.holds(op.client, token),
+            (Op::Extend { token, .. }, Ret::Extended) => self.holds(op.client, token),
             // Refused because the hold was gone: its session or lease may
             // have ended just now, and the client is told so by this
             // answer.
-            (Op::Release { token } | Op::Extend { token }, Ret::NotHeld)
-            | (Op::Lost { token }, Ret::Noted) => {
+            (Op::Release { token } | Op::Extend { token, .. }, Ret::NotHeld)
+            | (Op::Lost { token, .. }, Ret::Noted) => {
                 self.end(op.client, token);
                 true
             }
@@ -141,7 +151,9 @@ pub struct Violation {
 }
 
 /// Checks `events` (the whole run, in order); every violation found.
-pub fn check(events: &[Event]) -> Vec<Violation> {
+/// `clock_skew`: how far each member's clock may be off the simulated
+/// one, either way.
+pub fn check(events: &[Event], clock_skew: Duration) -> Vec<Violation> {
     let mut by_lock: BTreeMap<usize, Vec<&Event>> = BTreeMap::new();
     for event in events {
         by_lock.entry(event.lock).or_default().push(event);
@@ -151,6 +163,7 @@ pub fn check(events: &[Event]) -> Vec<Violation> {
         violations.extend(linearizable(lock, events));
         violations.extend(tokens_rise(lock, events));
         violations.extend(holders_fit_together(lock, events));
+        violations.extend(leases_kept(lock, events, clock_skew));
     }
     violations
 }
@@ -191,6 +204,9 @@ fn linearizable(lock: usize, events: &[&Event]) -> Option<Violation> {
         }
         let recorded = match &event.kind {
             Kind::Invoke(Op::Acquire { .. }) if pending => continue,
+            // A lost hold's guard dropped: its release in the background
+            // changes nothing the spec sees (the loss ended the hold).
+            Kind::Invoke(Op::Drop { .. }) => continue,
             Kind::Invoke(op) => tester
                 .on_invoke(
                     event.thread,
@@ -275,7 +291,7 @@ fn holders_fit_together(lock: usize, events: &[&Event]) -> Option<Violation> {
         match (event.kind.clone(), op) {
             (Kind::Return(Ret::Granted { token }), op) => {
                 let want = match op {
-                    Some(Op::Acquire { want }) => want,
+                    Some(Op::Acquire { want, .. }) => want,
                     _ => Want::Exclusive,
                 };
                 let held: Vec<Want> = holders.iter().map(|&(_, _, want, _)| want).collect();
@@ -299,9 +315,126 @@ fn holders_fit_together(lock: usize, events: &[&Event]) -> Option<Violation> {
                 }
                 holders.push((event.client, token, want, event));
             }
-            (Kind::Invoke(Op::Release { token } | Op::Lost { token }), _)
-            | (Kind::Return(Ret::NotHeld), Some(Op::Extend { token })) => {
+            (Kind::Invoke(Op::Release { token } | Op::Lost { token, .. }), _)
+            | (Kind::Return(Ret::NotHeld), Some(Op::Extend { token, .. })) => {
                 holders.retain(|&(client, held, _, _)| (client, held) != (event.client, token));
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// How much earlier than `s + lease` a lease may end, in simulated time:
+/// the drift the client allows for (Redlock's `lease × 1% + 2 ms`, module
+/// `keeper` of the client), the members' clocks apart by up to twice
+/// `clock_skew` (one stamps the deadline, another decides the expiry), and
+/// the millisecond the server's clock is read in.
+fn lease_margin(lease: Duration, clock_skew: Duration) -> Duration {
+    lease / 100 + Duration::from_millis(3) + clock_skew * 2
+}
+
+fn leases_kept(lock: usize, events: &[&Event], clock_skew: Duration) -> Option<Violation> {
+    // Each thread's operation in flight, with the event that invoked it;
+    // and each lease the server answered for, until when it must stand.
+    struct Promise<'a> {
+        client: u32,
+        token: u64,
+        want: Want,
+        until: Duration,
+        since: &'a Event,
+    }
+    let mut in_flight: BTreeMap<u64, (Op, &Event)> = BTreeMap::new();
+    let mut promises: Vec<Promise> = Vec::new();
+    // What each hold was granted as; the holds given up (released,
+    // dropped or lost with their session), which no later answer revives.
+    let mut granted: BTreeMap<(u32, u64), Want> = BTreeMap::new();
+    let mut given_up = std::collections::BTreeSet::new();
+    for &event in events {
+        promises.retain(|p| p.until > event.at);
+        let op = match event.kind {
+            Kind::Invoke(op) => {
+                in_flight.insert(event.thread, (op, event));
+                None
+            }
+            Kind::Return(_) => in_flight.remove(&event.thread),
+        };
+        let lease_from = |invoked: &Event, lease_ms: u64| {
+            let lease = Duration::from_millis(lease_ms);
+            (invoked.at + lease).saturating_sub(lease_margin(lease, clock_skew))
+        };
+        match (&event.kind, op) {
+            (Kind::Return(Ret::Granted { token }), op) => {
+                let want = match op {
+                    Some((Op::Acquire { want, .. }, _)) => want,
+                    _ => Want::Exclusive,
+                };
+                if let Some(kept) = promises.iter().find(|p| {
+                    (p.client, p.token) != (event.client, *token)
+                        && p.until > event.at
+                        && !want.fits_beside(&[p.want])
+                }) {
+                    return Some(Violation {
+                        rule: "leases are kept",
+                        lock,
+                        detail: format!(
+                            "client {} was granted token {token} ({want:?}) while the lease of \
+                             client {}'s token {} was to stand until {:.3}s:\n  {}\n  {event}",
+                            event.client,
+                            kept.client,
+                            kept.token,
+                            kept.until.as_secs_f64(),
+                            kept.since,
+                        ),
+                    });
+                }
+                granted.insert((event.client, *token), want);
+                if let Some((
+                    Op::Acquire {
+                        lease_ms: Some(lease_ms),
+                        ..
+                    },
+                    invoked,
+                )) = op
+                {
+                    promises.push(Promise {
+                        client: event.client,
+                        token: *token,
+                        want,
+                        until: lease_from(invoked, lease_ms),
+                        since: event,
+                    });
+                }
+            }
+            (Kind::Return(Ret::Extended), Some((Op::Extend { token, lease_ms }, invoked))) => {
+                // The grant's own promise may have run out already: the
+                // extension's answer may come after the client stopped
+                // trusting the hold.
+                let until = lease_from(invoked, lease_ms);
+                let held = (event.client, token);
+                promises.retain(|p| (p.client, p.token) != held || p.until > until);
+                if !given_up.contains(&held)
+                    && !promises.iter().any(|p| (p.client, p.token) == held)
+                {
+                    promises.push(Promise {
+                        client: event.client,
+                        token,
+                        want: granted.get(&held).copied().unwrap_or(Want::Exclusive),
+                        until,
+                        since: event,
+                    });
+                }
+            }
+            (Kind::Invoke(Op::Release { token } | Op::Drop { token }), _)
+            | (
+                Kind::Invoke(Op::Lost {
+                    token,
+                    with_session: true,
+                }),
+                _,
+            ) => {
+                given_up.insert((event.client, *token));
+                promises.retain(|p| (p.client, p.token) != (event.client, *token));
             }
             _ => {}
         }
@@ -311,8 +444,6 @@ fn holders_fit_together(lock: usize, events: &[&Event]) -> Option<Violation> {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
 
     fn event(at: u64, client: u32, kind: Kind) -> Event {
@@ -330,11 +461,17 @@ mod tests {
     }
 
     fn acquire_as(want: Want) -> Kind {
-        Kind::Invoke(Op::Acquire { want })
+        Kind::Invoke(Op::Acquire {
+            want,
+            lease_ms: None,
+        })
     }
 
     fn rules(events: &[Event]) -> Vec<&'static str> {
-        check(events).iter().map(|v| v.rule).collect()
+        check(events, Duration::ZERO)
+            .iter()
+            .map(|v| v.rule)
+            .collect()
     }
 
     fn granted(token: u64) -> Kind {
@@ -351,7 +488,11 @@ mod tests {
             event(4, 2, granted(2)),
             event(5, 1, Kind::Return(Ret::Released)),
         ];
-        assert!(check(&events).is_empty(), "{:?}", check(&events));
+        assert!(
+            check(&events, Duration::ZERO).is_empty(),
+            "{:?}",
+            check(&events, Duration::ZERO)
+        );
     }
 
     #[test]
@@ -361,10 +502,20 @@ mod tests {
             event(1, 1, granted(1)),
             event(2, 2, acquire()),
             event(3, 2, granted(2)),
-            event(4, 1, Kind::Invoke(Op::Lost { token: 1 })),
+            event(
+                4,
+                1,
+                Kind::Invoke(Op::Lost {
+                    token: 1,
+                    with_session: false,
+                }),
+            ),
             event(4, 1, Kind::Return(Ret::Noted)),
         ];
-        let rules: Vec<_> = check(&events).iter().map(|v| v.rule).collect();
+        let rules: Vec<_> = check(&events, Duration::ZERO)
+            .iter()
+            .map(|v| v.rule)
+            .collect();
         assert_eq!(rules, ["linearizable", "only holders that fit together"]);
     }
 
@@ -378,7 +529,10 @@ mod tests {
             event(4, 2, acquire()),
             event(5, 2, granted(5)),
         ];
-        let rules: Vec<_> = check(&events).iter().map(|v| v.rule).collect();
+        let rules: Vec<_> = check(&events, Duration::ZERO)
+            .iter()
+            .map(|v| v.rule)
+            .collect();
         assert_eq!(rules, ["linearizable", "tokens rise"]);
     }
 
@@ -392,7 +546,11 @@ mod tests {
             event(4, 2, granted(2)),
             event(5, 1, Kind::Return(Ret::NotHeld)),
         ];
-        assert!(check(&events).is_empty(), "{:?}", check(&events));
+        assert!(
+            check(&events, Duration::ZERO).is_empty(),
+            "{:?}",
+            check(&events, Duration::ZERO)
+        );
     }
 
     #[test]
@@ -405,7 +563,11 @@ mod tests {
             event(4, 2, acquire()),
             event(5, 2, granted(2)),
         ];
-        assert!(check(&events).is_empty(), "{:?}", check(&events));
+        assert!(
+            check(&events, Duration::ZERO).is_empty(),
+            "{:?}",
+            check(&events, Duration::ZERO)
+        );
     }
 
     #[test]
@@ -422,7 +584,11 @@ mod tests {
             event(8, 3, acquire_as(Want::Exclusive)),
             event(9, 3, granted(3)),
         ];
-        assert!(check(&events).is_empty(), "{:?}", check(&events));
+        assert!(
+            check(&events, Duration::ZERO).is_empty(),
+            "{:?}",
+            check(&events, Duration::ZERO)
+        );
     }
 
     #[test]
@@ -454,12 +620,21 @@ mod tests {
             rules(&events),
             ["linearizable", "only holders that fit together"]
         );
-        assert!(check(&events[..4]).is_empty(), "{:?}", check(&events[..4]));
+        assert!(
+            check(&events[..4], Duration::ZERO).is_empty(),
+            "{:?}",
+            check(&events[..4], Duration::ZERO)
+        );
     }
 
     #[test]
     fn an_extension_counts_only_while_the_hold_stands() {
-        let extend = |token| Kind::Invoke(Op::Extend { token });
+        let extend = |token| {
+            Kind::Invoke(Op::Extend {
+                token,
+                lease_ms: 1000,
+            })
+        };
         let refused = [
             event(0, 1, acquire()),
             event(1, 1, granted(1)),
@@ -468,11 +643,22 @@ mod tests {
             event(4, 2, acquire()),
             event(5, 2, granted(2)),
         ];
-        assert!(check(&refused).is_empty(), "{:?}", check(&refused));
+        assert!(
+            check(&refused, Duration::ZERO).is_empty(),
+            "{:?}",
+            check(&refused, Duration::ZERO)
+        );
         let after_handover = [
             event(0, 1, acquire()),
             event(1, 1, granted(1)),
-            event(2, 1, Kind::Invoke(Op::Lost { token: 1 })),
+            event(
+                2,
+                1,
+                Kind::Invoke(Op::Lost {
+                    token: 1,
+                    with_session: false,
+                }),
+            ),
             event(2, 1, Kind::Return(Ret::Noted)),
             event(3, 2, acquire()),
             event(4, 2, granted(2)),
@@ -491,5 +677,64 @@ mod tests {
             event(3, 2, granted(4)),
         ];
         assert_eq!(rules(&events), ["linearizable", "tokens rise"]);
+    }
+
+    /// A hold granted with a lease of 500 ms at 0 ms, extended by a request
+    /// sent at 300 ms whose answer comes after the client gave the hold up
+    /// at the first lease's end.
+    fn extended_late(lost_with_session: bool, next_grant_at: u64) -> Vec<Event> {
+        let leased = Kind::Invoke(Op::Acquire {
+            want: Want::Exclusive,
+            lease_ms: Some(500),
+        });
+        let mut extension = event(
+            300,
+            1,
+            Kind::Invoke(Op::Extend {
+                token: 1,
+                lease_ms: 500,
+            }),
+        );
+        extension.thread = 10;
+        let mut answer = event(520, 1, Kind::Return(Ret::Extended));
+        answer.thread = 10;
+        vec![
+            event(0, 1, leased),
+            event(1, 1, granted(1)),
+            event(100, 2, acquire()),
+            extension,
+            event(
+                495,
+                1,
+                Kind::Invoke(Op::Lost {
+                    token: 1,
+                    with_session: lost_with_session,
+                }),
+            ),
+            event(495, 1, Kind::Return(Ret::Noted)),
+            answer,
+            event(next_grant_at, 2, granted(2)),
+        ]
+    }
+
+    #[test]
+    fn a_lease_extended_late_is_kept_for_its_whole_term() {
+        assert_eq!(rules(&extended_late(false, 530)), ["leases are kept"]);
+        let after = extended_late(false, 800);
+        assert!(
+            check(&after, Duration::ZERO).is_empty(),
+            "{:?}",
+            check(&after, Duration::ZERO)
+        );
+    }
+
+    #[test]
+    fn a_lease_lost_with_its_session_is_not_kept() {
+        let events = extended_late(true, 530);
+        assert!(
+            check(&events, Duration::ZERO).is_empty(),
+            "{:?}",
+            check(&events, Duration::ZERO)
+        );
     }
 }

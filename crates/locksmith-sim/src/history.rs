@@ -40,14 +40,25 @@ pub enum Op {
     Acquire {
         /// What it asks for.
         want: Want,
+        /// The hold's own lease in milliseconds, if it has one.
+        lease_ms: Option<u64>,
     },
     /// `extend` of the leased hold with this token.
     Extend {
         /// The hold's fencing token.
         token: u64,
+        /// The new lease, in milliseconds.
+        lease_ms: u64,
     },
     /// `release` of the hold with this token.
     Release {
+        /// The hold's fencing token.
+        token: u64,
+    },
+    /// The client dropped the guard of its lost hold with this token, which
+    /// releases the hold in the background: invoked, never returned (only
+    /// the rule "leases are kept" reads it).
+    Drop {
         /// The hold's fencing token.
         token: u64,
     },
@@ -56,6 +67,9 @@ pub enum Op {
     Lost {
         /// The hold's fencing token.
         token: u64,
+        /// Whether it went with its session (expired, closed, or given up
+        /// for want of a connection) rather than with its own lease.
+        with_session: bool,
     },
 }
 

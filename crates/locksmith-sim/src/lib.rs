@@ -73,7 +73,11 @@
 //! Every run's history (module `history`) is checked per lock (module
 //! `check`): linearizable against a sequential lock (stateright's
 //! `LinearizabilityTester`), tokens strictly rising, never two holders at
-//! once, so never a hold taken away without its holder told. The clients
+//! once, so never a hold taken away without its holder told, and every
+//! lease the server granted or extended kept for its whole term (counted
+//! from the request), even where its answer came too late for the client
+//! to count on it. With `--lease-edge` (and `--mixed`), holders extend
+//! their leases close to their end, racing the expiry. The clients
 //! must also finish: a cluster that stops granting for good fails the run.
 //! Once they stop, a fresh client (the prober) must get every lock whole
 //! within 15 s: a session that never ends keeps its locks for good. In calm
@@ -87,7 +91,8 @@
 //! `--plant NAME` puts a past defect back (`locksmith_core::planted`, a
 //! cargo feature only this crate turns on), as the code was when it
 //! shipped, to show that some seed finds it: docs/RELIABILITY.md lists the
-//! first such seed of each, and the two that no seed has found yet.
+//! first such seed of each, and CI runs each of them with and without its
+//! defect.
 #![deny(missing_docs)]
 
 pub mod check;
@@ -167,6 +172,10 @@ pub struct Settings {
     /// run of committed entries takes it 0.2–1.5 s (a CPU taken by other
     /// work, a long pause of the process's work but not of its network).
     pub slow_apply: bool,
+    /// With `mixed`: a leased holder that extends its lease sends the
+    /// extension in the last 15 % of the lease it trusts, so that it races
+    /// the lease's expiry on the leader (module `workload`).
+    pub lease_edge: bool,
 }
 
 impl Default for Settings {
@@ -189,6 +198,7 @@ impl Default for Settings {
             power_loss: false,
             slow_disks: false,
             slow_apply: false,
+            lease_edge: false,
         }
     }
 }
@@ -204,30 +214,49 @@ impl Settings {
         self.clients.div_ceil(self.clients_per_host.max(1))
     }
 
+    /// The command-line arguments that give these settings, as
+    /// `locksmith-sim` reads them (a replay, a seed's own process).
+    pub fn args(&self) -> Vec<String> {
+        let mut args: Vec<String> = [
+            ("--members", self.members.to_string()),
+            ("--clients", self.clients.to_string()),
+            ("--locks", self.locks.to_string()),
+            ("--duration", self.duration.as_secs().to_string()),
+            ("--tick-ms", self.tick.as_millis().to_string()),
+            ("--clients-per-host", self.clients_per_host.to_string()),
+            ("--clock-skew-ms", self.clock_skew.as_millis().to_string()),
+        ]
+        .into_iter()
+        .flat_map(|(flag, value)| [flag.to_string(), value])
+        .collect();
+        let switches = [
+            (!self.slow_links, "--no-slow-links"),
+            (!self.faults, "--no-faults"),
+            (self.calm, "--calm"),
+            (self.mixed, "--mixed"),
+            (self.membership, "--membership"),
+            (self.power_loss, "--power-loss"),
+            (self.slow_disks, "--slow-disks"),
+            (self.slow_apply, "--slow-apply"),
+            (self.lease_edge, "--lease-edge"),
+        ];
+        args.extend(
+            switches
+                .into_iter()
+                .filter(|(on, _)| *on)
+                .map(|(_, flag)| flag.to_string()),
+        );
+        if let Some(defect) = self.plant {
+            args.extend(["--plant".to_string(), defect.name().to_string()]);
+        }
+        args
+    }
+
     /// The command that runs `seed` with these settings again.
     pub fn replay_command(&self, seed: u64) -> String {
         format!(
-            "RUST_LOG=locksmith_sim=debug cargo run --release -p locksmith-sim -- --seed {seed} \
-             --members {} --clients {} --locks {} --duration {} --tick-ms {} --clients-per-host {} --clock-skew-ms {}{}{}{}{}{}{}{}{}{}",
-            self.members,
-            self.clients,
-            self.locks,
-            self.duration.as_secs(),
-            self.tick.as_millis(),
-            self.clients_per_host,
-            self.clock_skew.as_millis(),
-            if self.slow_links { "" } else { " --no-slow-links" },
-            if self.faults { "" } else { " --no-faults" },
-            if self.calm { " --calm" } else { "" },
-            if self.mixed { " --mixed" } else { "" },
-            if self.membership { " --membership" } else { "" },
-            if self.power_loss { " --power-loss" } else { "" },
-            if self.slow_disks { " --slow-disks" } else { "" },
-            if self.slow_apply { " --slow-apply" } else { "" },
-            match self.plant {
-                Some(defect) => format!(" --plant {}", defect.name()),
-                None => String::new(),
-            }
+            "RUST_LOG=locksmith_sim=debug cargo run --release -p locksmith-sim -- --seed {seed} {}",
+            self.args().join(" ")
         )
     }
 }
@@ -362,6 +391,7 @@ fn simulate(seed: u64, settings: &Settings) -> Report {
                     until: settings.duration,
                     mixed: settings.mixed,
                     calm: settings.calm,
+                    lease_edge: settings.lease_edge,
                 };
                 let rng = SmallRng::seed_from_u64(
                     seed.wrapping_mul(1_000_003).wrapping_add(u64::from(id)),
@@ -382,6 +412,7 @@ fn simulate(seed: u64, settings: &Settings) -> Report {
         until: settings.duration,
         mixed: settings.mixed,
         calm: false,
+        lease_edge: false,
     };
     sim.client(
         "prober",
@@ -442,7 +473,7 @@ fn simulate(seed: u64, settings: &Settings) -> Report {
                 }),
         );
     }
-    violations.extend(check::check(&history));
+    violations.extend(check::check(&history, settings.clock_skew));
     Report {
         seed,
         simulated,

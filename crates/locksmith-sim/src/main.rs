@@ -69,6 +69,10 @@ struct Args {
     /// run of committed entries takes it 0.2–1.5 s.
     #[arg(long)]
     slow_apply: bool,
+    /// With --mixed: a leased holder that extends sends its extension
+    /// close to its lease's end, racing the expiry.
+    #[arg(long)]
+    lease_edge: bool,
     /// Clients that share a simulated host.
     #[arg(long, default_value_t = 4)]
     clients_per_host: u32,
@@ -125,6 +129,7 @@ fn main() -> ExitCode {
         power_loss: args.power_loss,
         slow_disks: args.slow_disks,
         slow_apply: args.slow_apply,
+        lease_edge: args.lease_edge,
         ..Settings::default()
     };
     match (args.seed, &args.seeds) {
@@ -354,41 +359,8 @@ fn run_seed(
     command
         .arg("--seed")
         .arg(seed.to_string())
-        .args(["--members", &settings.members.to_string()])
-        .args(["--clients", &settings.clients.to_string()])
-        .args(["--locks", &settings.locks.to_string()])
-        .args(["--duration", &settings.duration.as_secs().to_string()])
-        .args(["--tick-ms", &settings.tick.as_millis().to_string()])
-        .args(["--clients-per-host", &settings.clients_per_host.to_string()])
-        .args([
-            "--clock-skew-ms",
-            &settings.clock_skew.as_millis().to_string(),
-        ])
+        .args(settings.args())
         .args(["--real-limit", &real_limit.to_string()]);
-    if !settings.slow_links {
-        command.arg("--no-slow-links");
-    }
-    if !settings.faults {
-        command.arg("--no-faults");
-    }
-    if settings.calm {
-        command.arg("--calm");
-    }
-    if settings.mixed {
-        command.arg("--mixed");
-    }
-    if settings.membership {
-        command.arg("--membership");
-    }
-    if settings.power_loss {
-        command.arg("--power-loss");
-    }
-    if settings.slow_disks {
-        command.arg("--slow-disks");
-    }
-    if let Some(defect) = settings.plant {
-        command.args(["--plant", defect.name()]);
-    }
     let output = match command.output() {
         Ok(output) => output,
         Err(error) => {

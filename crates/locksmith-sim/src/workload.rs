@@ -33,6 +33,9 @@ pub struct ClientSetup {
     /// A calm run: the client also keeps a lock of its own all run long,
     /// which it loses only with its session.
     pub calm: bool,
+    /// A leased holder that extends sends the extension in the last 15 %
+    /// of the lease it trusts, racing the lease's expiry on the leader.
+    pub lease_edge: bool,
 }
 
 /// The permits of each semaphore of the mixed workload.
@@ -89,10 +92,95 @@ impl Recorder {
         });
     }
 
+    /// Records `kind` on the client's earlier thread `thread`.
+    fn record_on(&self, thread: u64, lock: usize, kind: Kind) {
+        Recorder {
+            thread,
+            history: self.history.clone(),
+            ..*self
+        }
+        .record(lock, kind);
+    }
+
     /// The last operation's outcome is unknown: it stays pending, and the
     /// client goes on as a new thread.
     fn unknown(&mut self) {
         self.thread += 1;
+    }
+
+    /// The client dropped the guard of its lost hold `token`: a release in
+    /// the background, on a thread of its own that it never returns on.
+    fn dropped(&mut self, lock: usize, token: u64) {
+        self.unknown();
+        self.record(lock, Kind::Invoke(Op::Drop { token }));
+        self.unknown();
+    }
+
+    /// The client was just told its hold `token` is lost.
+    fn lost(&self, lock: usize, token: u64, guard: &locksmith::Guard) {
+        let with_session = guard.lost_cause() != Some(locksmith::LostCause::LeaseExpired);
+        self.record(
+            lock,
+            Kind::Invoke(Op::Lost {
+                token,
+                with_session,
+            }),
+        );
+        self.record(lock, Kind::Return(Ret::Noted));
+    }
+}
+
+/// What an extension's answer tells the checks: `None` if its outcome is
+/// unknown.
+fn extension_outcome(extended: locksmith::Result<()>) -> Option<Ret> {
+    match extended {
+        Ok(()) => Some(Ret::Extended),
+        Err(Error::NotOwner { .. } | Error::NotHeld { .. } | Error::Lost(_)) => Some(Ret::NotHeld),
+        Err(error) => {
+            tracing::debug!(%error, "extend failed");
+            None
+        }
+    }
+}
+
+/// Keeps the guard of a hold the client was told is lost until `until`,
+/// when the lease the server last answered for ends: dropped earlier, it
+/// would be released, and the server would rightly hand it on. Its
+/// session is watched meanwhile (through a lock of the client's own, held
+/// with the session): a session that ends takes the hold with it, which
+/// the checks are told.
+async fn keep_until(
+    client: &Client,
+    setup: &ClientSetup,
+    recorder: &mut Recorder,
+    lock: usize,
+    token: u64,
+    until: tokio::time::Instant,
+) {
+    let session_lost = |recorder: &mut Recorder| {
+        recorder.record(
+            lock,
+            Kind::Invoke(Op::Lost {
+                token,
+                with_session: true,
+            }),
+        );
+        recorder.record(lock, Kind::Return(Ret::Noted));
+    };
+    let watch = client.lock(format!("watch/{}", setup.id));
+    let wait = until.saturating_duration_since(tokio::time::Instant::now());
+    match watch.acquire_timeout(wait).await {
+        Ok(watching) => {
+            tokio::select! {
+                _ = watching.lost() => session_lost(recorder),
+                () = tokio::time::sleep_until(until) => {}
+            }
+            drop(watching);
+        }
+        Err(Error::Timeout(_)) => {}
+        // Refused: perhaps the session ended (the client learns that no
+        // later than the server ends it).
+        Err(_) => session_lost(recorder),
     }
 }
 
@@ -148,7 +236,8 @@ pub(crate) async fn run_client(
                 "the next acquire has a lease"
             );
         }
-        recorder.record(lock, Kind::Invoke(Op::Acquire { want }));
+        let lease_ms = lease.map(|lease| lease.as_millis() as u64);
+        recorder.record(lock, Kind::Invoke(Op::Acquire { want, lease_ms }));
         let guard = match chosen.acquire_timeout(wait).await {
             Ok(guard) => guard,
             Err(Error::Timeout(_)) => {
@@ -174,16 +263,25 @@ pub(crate) async fn run_client(
         };
         let extend_at = lease
             .filter(|_| rng.gen_bool(0.5))
-            .map(|lease| (hold / 2, lease));
+            .map(|lease| match setup.lease_edge {
+                false => (hold / 2, lease),
+                true => {
+                    let trusted = guard.remaining_lease().unwrap_or_default();
+                    let before_end = lease.mul_f64(rng.gen_range(0.0..0.15));
+                    (trusted.saturating_sub(before_end), lease)
+                }
+            });
         let mut lost = false;
+        // Until when the server said the hold stands, by its latest answered
+        // extension (sent + lease).
+        let mut extended_until = None;
         for (part, extension) in match extend_at {
-            Some((half, lease)) => vec![(half, Some(lease)), (hold - half, None)],
+            Some((half, lease)) => vec![(half, Some(lease)), (hold.saturating_sub(half), None)],
             None => vec![(hold, None)],
         } {
             tokio::select! {
                 _ = guard.lost() => {
-                    recorder.record(lock, Kind::Invoke(Op::Lost { token }));
-                    recorder.record(lock, Kind::Return(Ret::Noted));
+                    recorder.lost(lock, token, &guard);
                     lost = true;
                 }
                 () = tokio::time::sleep(part) => {}
@@ -197,34 +295,56 @@ pub(crate) async fn run_client(
                 break;
             }
             let Some(lease) = extension else { continue };
-            recorder.record(lock, Kind::Invoke(Op::Extend { token }));
-            // Told of a loss while the extension is in flight, the client
-            // knows its hold is gone whatever the answer: the extension's
-            // outcome stays unknown.
-            tokio::select! {
+            let sent = tokio::time::Instant::now();
+            let lease_ms = lease.as_millis() as u64;
+            recorder.record(lock, Kind::Invoke(Op::Extend { token, lease_ms }));
+            let extension = guard.extend(lease);
+            tokio::pin!(extension);
+            let ret = tokio::select! {
                 _ = guard.lost() => {
+                    // Told of a loss while the extension is in flight, the
+                    // client knows its hold is gone whatever the answer; it
+                    // notes the loss beside the extension and still hears
+                    // the answer out, which the server must then keep
+                    // (`check`, "leases are kept").
+                    let extending = recorder.thread;
                     recorder.unknown();
-                    recorder.record(lock, Kind::Invoke(Op::Lost { token }));
-                    recorder.record(lock, Kind::Return(Ret::Noted));
+                    recorder.lost(lock, token, &guard);
                     lost = true;
+                    let answer = tokio::time::timeout_at(sent + lease, &mut extension).await;
+                    let ret = answer.ok().and_then(extension_outcome);
+                    if let Some(ret) = ret {
+                        recorder.record_on(extending, lock, Kind::Return(ret));
+                    }
+                    ret
                 }
-                extended = guard.extend(lease) => match extended {
-                    Ok(()) => recorder.record(lock, Kind::Return(Ret::Extended)),
-                    Err(Error::NotOwner { .. } | Error::NotHeld { .. } | Error::Lost(_)) => {
-                        recorder.record(lock, Kind::Return(Ret::NotHeld))
+                extended = &mut extension => {
+                    let ret = extension_outcome(extended);
+                    match ret {
+                        Some(ret) => recorder.record(lock, Kind::Return(ret)),
+                        None => recorder.unknown(),
                     }
-                    Err(error) => {
-                        tracing::debug!(client = setup.id, %error, "extend failed");
-                        recorder.unknown();
-                    }
-                },
+                    ret
+                }
+            };
+            if ret == Some(Ret::Extended) {
+                extended_until = Some(sent + lease);
             }
             if lost {
                 break;
             }
         }
         if lost {
+            // Told of the loss before the lease the server last answered
+            // for ran out (its answer came late, or the loss came from the
+            // server): the guard is kept until then, so that its release
+            // cannot be why the lock moves on earlier.
+            if let Some(until) = extended_until.filter(|&until| until > tokio::time::Instant::now())
+            {
+                keep_until(&client, &setup, &mut recorder, lock, token, until).await;
+            }
             drop(guard);
+            recorder.dropped(lock, token);
             continue;
         }
         recorder.record(lock, Kind::Invoke(Op::Release { token }));
@@ -309,7 +429,13 @@ pub(crate) async fn run_prober(
                     history: history.clone(),
                 };
                 async move {
-                    recorder.record(lock, Kind::Invoke(Op::Acquire { want }));
+                    recorder.record(
+                        lock,
+                        Kind::Invoke(Op::Acquire {
+                            want,
+                            lease_ms: None,
+                        }),
+                    );
                     match chosen.acquire_timeout(PROBE_WAIT).await {
                         Ok(guard) => {
                             let token = guard.fencing_token();

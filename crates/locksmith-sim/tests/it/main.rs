@@ -175,23 +175,99 @@ fn a_leader_refused_during_an_election_does_not_spin() {
     assert!(passed, "{output}");
 }
 
-/// The checks have teeth: calm seed 10 (a member frozen at 2 s for 2 s)
-/// keeps every session, and with a past defect put back (the client staying
-/// with a frozen leader for a whole TTL) every client loses its session
-/// and the run fails. The other planted defects and the seeds that find
-/// them: docs/RELIABILITY.md ("Teeth").
+/// A past defect, put back with `--plant`, and a run that finds it: the
+/// run passes without it, and fails with it on the rule named.
+struct Planted {
+    plant: &'static str,
+    run: &'static [&'static str],
+    rule: &'static str,
+}
+
+/// The checks have teeth: each planted defect (module
+/// `locksmith_core::planted`) with a seed that finds it, as found by the
+/// hunts in docs/RELIABILITY.md ("Teeth"). A check that loses its teeth,
+/// or a change that hides a defect's path, fails here.
+const PLANTED: [Planted; 7] = [
+    Planted {
+        plant: "frozen-leader",
+        run: &["--seed", "10", "--duration", "8", "--calm"],
+        rule: "no healthy session lost",
+    },
+    Planted {
+        plant: "no-grace",
+        run: &["--seed", "3", "--duration", "20", "--calm"],
+        rule: "no healthy session lost",
+    },
+    Planted {
+        plant: "stale-hint",
+        run: &["--seed", "256", "--duration", "12", "--calm"],
+        rule: "no healthy session lost",
+    },
+    Planted {
+        plant: "heartbeats-dropped",
+        run: &["--seed", "42", "--duration", "12", "--calm"],
+        rule: "no healthy session lost",
+    },
+    Planted {
+        plant: "deadline-by-equality",
+        run: &["--seed", "4", "--duration", "10", "--mixed"],
+        rule: "locks are free once the clients leave",
+    },
+    Planted {
+        plant: "no-deadline-check",
+        run: &["--seed", "18", "--duration", "3", "--mixed", "--lease-edge"],
+        rule: "leases are kept",
+    },
+    Planted {
+        plant: "joint-finisher-race",
+        run: &[
+            "--seed",
+            "27",
+            "--duration",
+            "12",
+            "--membership",
+            "--slow-apply",
+        ],
+        rule: "the operator is told the truth",
+    },
+];
+
 #[test]
-fn a_planted_defect_is_found() {
-    let calm = ["--seed", "10", "--duration", "8", "--calm"];
-    let (output, passed) = simulate(&calm);
-    assert!(passed, "{output}");
-    let planted: Vec<&str> = calm
-        .into_iter()
-        .chain(["--plant", "frozen-leader"])
-        .collect();
-    let (output, passed) = simulate(&planted);
-    assert!(!passed, "the planted defect went unnoticed:\n{output}");
-    assert!(output.contains("no healthy session lost"), "{output}");
+fn every_planted_defect_is_found() {
+    let missed: Vec<String> = std::thread::scope(|scope| {
+        let runs: Vec<_> = PLANTED
+            .iter()
+            .map(|planted| {
+                scope.spawn(move || {
+                    let (clean, passed) = simulate(planted.run);
+                    if !passed {
+                        return Some(format!(
+                            "{} fails without its plant:\n{clean}",
+                            planted.plant
+                        ));
+                    }
+                    let with: Vec<&str> = planted
+                        .run
+                        .iter()
+                        .copied()
+                        .chain(["--plant", planted.plant])
+                        .collect();
+                    let (output, passed) = simulate(&with);
+                    match !passed && output.contains(planted.rule) {
+                        true => None,
+                        false => Some(format!(
+                            "{} not found (\"{}\" unbroken):\n{output}",
+                            planted.plant, planted.rule
+                        )),
+                    }
+                })
+            })
+            .collect();
+        runs.into_iter()
+            .filter_map(|run| run.join().expect("a run's thread"))
+            .collect()
+    });
+    assert!(missed.is_empty(), "{}", missed.join("\n\n"));
 }
 
 /// Mixed seed 4 (10 s): a leased grant, held up while two members' link
