@@ -67,9 +67,8 @@ const POWER_LOSS_WAIT: Duration = Duration::from_millis(250);
 /// member waits for a peer to open a replication stream or answer a
 /// heartbeat (¾ of a heartbeat interval), so that a slow leader commits
 /// nothing and loses its lease while its followers, still hearing its
-/// heartbeats, elect nobody. Only safety is checked then: calm runs, which
-/// ask that no session be lost, slow no link, because the cluster does not
-/// ride this out yet (docs/RELIABILITY.md, "Open findings").
+/// heartbeats, would elect nobody. Calm runs slow no link unless asked
+/// (`--calm-slow-links`): their seeds draw the faults they drew before.
 const SLOW_LATENCY_MS: std::ops::Range<u64> = 50..350;
 
 /// A fault's undoing, due at a time.
@@ -90,6 +89,8 @@ pub(crate) struct Faults {
     enabled: bool,
     calm: bool,
     slow_links: bool,
+    /// Calm runs may slow a member's links too (`--calm-slow-links`).
+    calm_slow_links: bool,
     /// Every link's latency while it is not slowed.
     latency: std::ops::Range<Duration>,
     /// The cluster's members now (module `membership` adds and removes).
@@ -139,6 +140,7 @@ impl Faults {
             enabled: settings.faults,
             calm: settings.calm,
             slow_links: settings.slow_links,
+            calm_slow_links: settings.calm_slow_links,
             latency: settings.latency(),
             members: (1..=settings.members).collect(),
             retired: Vec::new(),
@@ -285,10 +287,13 @@ impl Faults {
             (false, true, true) => &[0, 1, 2, 3, 4, 5, SLOW, SLOW_DISK, SLOW_DISKS],
         };
         let busy = [BUSY];
-        let kinds = match self.paces[0].is_some() {
+        let mut kinds = match self.paces[0].is_some() {
             true => [kinds, &busy[..]].concat(),
             false => kinds.to_vec(),
         };
+        if self.calm && self.calm_slow_links {
+            kinds.push(SLOW);
+        }
         let kind = kinds[self.rng.gen_range(0..kinds.len())];
         let what = match kind {
             0 => {

@@ -176,6 +176,10 @@ pub struct Settings {
     /// extension in the last 15 % of the lease it trusts, so that it races
     /// the lease's expiry on the leader (module `workload`).
     pub lease_edge: bool,
+    /// With `calm`: a member's links may also turn slow (50–350 ms one
+    /// way) for a while, one fault at a time as the others, and still no
+    /// session may be lost.
+    pub calm_slow_links: bool,
 }
 
 impl Default for Settings {
@@ -199,6 +203,7 @@ impl Default for Settings {
             slow_disks: false,
             slow_apply: false,
             lease_edge: false,
+            calm_slow_links: false,
         }
     }
 }
@@ -239,6 +244,7 @@ impl Settings {
             (self.slow_disks, "--slow-disks"),
             (self.slow_apply, "--slow-apply"),
             (self.lease_edge, "--lease-edge"),
+            (self.calm_slow_links, "--calm-slow-links"),
         ];
         args.extend(
             switches

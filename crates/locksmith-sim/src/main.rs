@@ -73,6 +73,10 @@ struct Args {
     /// close to its lease's end, racing the expiry.
     #[arg(long)]
     lease_edge: bool,
+    /// With --calm: a member's links may also turn slow (50–350 ms one
+    /// way) for a while, one fault at a time as the others.
+    #[arg(long)]
+    calm_slow_links: bool,
     /// Clients that share a simulated host.
     #[arg(long, default_value_t = 4)]
     clients_per_host: u32,
@@ -130,6 +134,7 @@ fn main() -> ExitCode {
         slow_disks: args.slow_disks,
         slow_apply: args.slow_apply,
         lease_edge: args.lease_edge,
+        calm_slow_links: args.calm_slow_links,
         ..Settings::default()
     };
     match (args.seed, &args.seeds) {
