@@ -186,7 +186,10 @@ struct Planted {
 /// The checks have teeth: each planted defect (module
 /// `locksmith_core::planted`) with a seed that finds it, as found by the
 /// hunts in docs/RELIABILITY.md ("Teeth"). A check that loses its teeth,
-/// or a change that hides a defect's path, fails here.
+/// or a change that hides a defect's path, fails here. Each seed finds its
+/// defect whether the debug build runs at 3× real time or, loaded, at 1×
+/// (a run's outcome can depend on its speed: docs/RELIABILITY.md, "Leases
+/// are kept"); calm seed 3 finds `no-grace` only at the faster speed.
 const PLANTED: [Planted; 7] = [
     Planted {
         plant: "frozen-leader",
@@ -195,7 +198,7 @@ const PLANTED: [Planted; 7] = [
     },
     Planted {
         plant: "no-grace",
-        run: &["--seed", "3", "--duration", "20", "--calm"],
+        run: &["--seed", "11", "--duration", "20", "--calm"],
         rule: "no healthy session lost",
     },
     Planted {
