@@ -71,11 +71,11 @@ struct Args {
     slow_apply: bool,
     /// With --mixed: a leased holder that extends sends its extension
     /// close to its lease's end, racing the expiry.
-    #[arg(long)]
+    #[arg(long, requires = "mixed")]
     lease_edge: bool,
     /// With --calm: a member's links may also turn slow (50–350 ms one
     /// way) for a while, one fault at a time as the others.
-    #[arg(long)]
+    #[arg(long, requires = "calm")]
     calm_slow_links: bool,
     /// Clients that share a simulated host.
     #[arg(long, default_value_t = 4)]

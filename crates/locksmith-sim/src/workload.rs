@@ -149,6 +149,9 @@ fn extension_outcome(extended: locksmith::Result<()>) -> Option<Ret> {
 /// session is watched meanwhile (through a lock of the client's own, held
 /// with the session): a session that ends takes the hold with it, which
 /// the checks are told.
+///
+/// Cancel safety: dropped, it records nothing more; the watching lock is
+/// released in the background as its guard drops.
 async fn keep_until(
     client: &Client,
     setup: &ClientSetup,
@@ -186,6 +189,10 @@ async fn keep_until(
 
 /// Runs the client until `setup.until`; every hold it has is released or
 /// lost by then.
+///
+/// Cancel safety: dropped (its host crashed or the run ended), its guards
+/// release in the background and its last operation stays pending in the
+/// history.
 pub(crate) async fn run_client(
     setup: ClientSetup,
     mut rng: SmallRng,
@@ -383,6 +390,9 @@ const PROBE_WAIT: Duration = Duration::from_secs(15);
 /// after [`PROBE_WAIT`] is held by a session that never ends: each such
 /// lock is a violation in `stuck`. Its operations join the history as
 /// client 0's.
+///
+/// Cancel safety: dropped, its guards release in the background and its
+/// last operations stay pending in the history.
 pub(crate) async fn run_prober(
     setup: ClientSetup,
     history: History,
