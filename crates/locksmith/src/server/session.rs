@@ -33,7 +33,7 @@
 //! attempts again once it answered or let that short one pass
 //! (`Members::broken`).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -563,19 +563,44 @@ const MAX_BATCH_BYTES: usize = 64 << 10;
 /// leaves as one [`pb::ClientBatch`] (up to [`MAX_BATCH_BYTES`]), so many
 /// callers' requests share one HTTP/2 message and one wake-up of the
 /// connection. Ends when every sender is gone.
+///
+/// The server forgets a batch's acknowledged replies before it runs the
+/// batch's messages, so a message whose acknowledgements name a request (or
+/// cancel) already in the batch starts the next batch instead: a request sent
+/// again on a resume and answered before it left would otherwise find its
+/// kept reply forgotten, and run a second time.
 fn batches(
     mut queue: mpsc::UnboundedReceiver<Outgoing>,
 ) -> impl futures::Stream<Item = pb::ClientBatch> {
     use locksmith_proto::prost::Message as _;
+    let mut held_back: Option<Outgoing> = None;
     futures::stream::poll_fn(move |cx| {
-        let mut next = match queue.poll_recv(cx) {
-            std::task::Poll::Ready(Some(first)) => Some(first),
-            std::task::Poll::Ready(None) => return std::task::Poll::Ready(None),
-            std::task::Poll::Pending => return std::task::Poll::Pending,
+        let mut next = match held_back.take() {
+            Some(first) => Some(first),
+            None => match queue.poll_recv(cx) {
+                std::task::Poll::Ready(Some(first)) => Some(first),
+                std::task::Poll::Ready(None) => return std::task::Poll::Ready(None),
+                std::task::Poll::Pending => return std::task::Poll::Pending,
+            },
         };
         let mut batch = pb::ClientBatch::default();
         let mut bytes = 0;
+        let mut ids_in_batch = HashSet::new();
         while let Some(outgoing) = next.take() {
+            if outgoing
+                .ack_replies
+                .iter()
+                .any(|id| ids_in_batch.contains(id))
+            {
+                held_back = Some(outgoing);
+                break;
+            }
+            match &outgoing.kind {
+                Out::Request(pb::Request { id, .. }) | Out::Cancel(pb::Cancel { id }) => {
+                    ids_in_batch.insert(*id);
+                }
+                _ => {}
+            }
             let message = pb::ClientMessage {
                 kind: Some(outgoing.kind),
             };
@@ -1111,4 +1136,71 @@ async fn close(shared: &Shared, inbound: &mut Streaming<pb::ServerBatch>) -> End
     })
     .await;
     End::Closed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::StreamExt;
+
+    fn outgoing(kind: Out, ack_replies: &[u64]) -> Outgoing {
+        Outgoing {
+            kind,
+            ack_replies: ack_replies.to_vec(),
+            ack_lost: Vec::new(),
+        }
+    }
+
+    fn release(id: u64) -> Out {
+        Out::Request(pb::Request {
+            id,
+            op: Some(pb::request::Op::Release(pb::Release {
+                name: "a".into(),
+                owner: "o".into(),
+                token: Some(1),
+            })),
+        })
+    }
+
+    fn ids(batch: &pb::ClientBatch) -> Vec<u64> {
+        batch
+            .messages
+            .iter()
+            .filter_map(|m| match &m.kind {
+                Some(Out::Request(r)) => Some(r.id),
+                Some(Out::Cancel(c)) => Some(c.id),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn an_acknowledgement_never_leaves_with_the_request_it_answers() {
+        let (queue, receiver) = mpsc::unbounded_channel();
+        // Request 5 sent again on a resume, then its kept reply arrived and
+        // the next message carries its acknowledgement.
+        queue.send(outgoing(release(5), &[])).unwrap();
+        queue.send(outgoing(release(6), &[5])).unwrap();
+        // Cancel 7, answered before the cancel left.
+        queue
+            .send(outgoing(Out::Cancel(pb::Cancel { id: 7 }), &[2]))
+            .unwrap();
+        queue.send(outgoing(Out::Heartbeat(pb::Heartbeat {}), &[7])).unwrap();
+        drop(queue);
+        let batches: Vec<_> = batches(receiver).collect().await;
+        let seen: Vec<_> = batches
+            .iter()
+            .map(|b| (ids(b), b.ack_replies.clone()))
+            .collect();
+        assert_eq!(
+            seen,
+            vec![
+                (vec![5], vec![]),
+                (vec![6, 7], vec![5, 2]),
+                (vec![], vec![7]),
+            ],
+            "a batch forgets its acknowledged replies before it runs its requests"
+        );
+        assert_eq!(batches[2].messages.len(), 1, "the heartbeat leaves last");
+    }
 }
