@@ -245,6 +245,13 @@ impl Term {
         self.renew_at = sent + renewal_interval(lease);
     }
 
+    /// The next renewal is due at `now`: what the store last answered
+    /// renewed nothing (a resumed session), and only a renewal's answer
+    /// moves the trust.
+    pub fn renew_now(&mut self, now: Instant) {
+        self.renew_at = now;
+    }
+
     /// A renewal tried at `now` got no answer: tried again soon.
     pub fn unanswered(&mut self, now: Instant, error: String) {
         self.last_error = Some(error);

@@ -53,12 +53,21 @@ impl Heartbeats {
         }
     }
 
-    /// The session was resumed on a new stream by a message sent at `sent`
-    /// and answered at `now`. Answers whether that counts: a resume answered
-    /// after the trust ran out does not (the holds were given up already).
-    pub fn resumed(&mut self, sent: Instant, now: Instant) -> bool {
+    /// The session was resumed on a new stream, answered at `now`. Answers
+    /// whether it still stands: a resume answered after the trust ran out
+    /// does not (the holds were given up already). A resume renews
+    /// nothing: a member answers it as soon as it has attached the stream,
+    /// before the heartbeat the resume stands for is committed (which a
+    /// member that cannot reach a quorum never does, while the session's
+    /// deadline runs on). So the trust stays where the last answered
+    /// heartbeat put it, and a heartbeat is due at once.
+    pub fn resumed(&mut self, now: Instant) -> bool {
         self.unanswered.clear();
-        self.term.renewed_for(sent, self.ttl, now)
+        if self.term.ran_out(now).is_some() {
+            return false;
+        }
+        self.term.renew_now(now);
+        true
     }
 
     /// The stream broke at `now`: its heartbeats will never be answered.
@@ -246,18 +255,26 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_resume_renews_unless_it_came_after_the_trust_ran_out() {
+    async fn a_resume_renews_nothing_and_sends_a_heartbeat_at_once() {
         let start = Instant::now();
         let mut heartbeats = Heartbeats::opened(start, TTL);
         heartbeats.broken(start + at(5), "connection reset".into());
         let trusted = heartbeats.trusted_until();
-        assert!(heartbeats.resumed(start + at(6), start + at(7)));
-        assert_eq!(heartbeats.trusted_until(), trusted + at(6));
-        assert!(heartbeats.answered_since(start));
+        let resumed_at = start + at(7);
+        assert!(heartbeats.resumed(resumed_at));
+        assert_eq!(
+            heartbeats.trusted_until(),
+            trusted,
+            "the resume renewed the session"
+        );
+        assert!(!heartbeats.answered_since(start));
+        assert_eq!(heartbeats.poll(resumed_at, true), Due::Send);
+        heartbeats.answered(resumed_at + at(1));
+        assert_eq!(heartbeats.trusted_until(), trusted + at(7));
 
         heartbeats.broken(start + at(8), "connection reset".into());
         let late = heartbeats.trusted_until();
-        assert!(!heartbeats.resumed(late - at(1), late));
+        assert!(!heartbeats.resumed(late));
         let loss = heartbeats.ran_out(late).expect("ran out");
         assert_eq!(loss.cause, LostCause::ConnectionLost);
         assert!(loss.reason.contains("connection reset"), "{}", loss.reason);

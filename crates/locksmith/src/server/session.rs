@@ -918,16 +918,15 @@ async fn drive(shared: Arc<Shared>, first: Link) {
                 shared.ttl,
                 session.as_ref(),
             );
-            // A resume is a renewal: given up, as the keeper gives up every
-            // renewal, when the session's trust runs out.
+            // A resume is given up, as the keeper gives up every renewal,
+            // when the session's trust runs out.
             let mut attempt_until = Instant::now() + reconnect_timeout(shared.ttl);
             if session.is_some() {
                 attempt_until = attempt_until.min(heartbeats.trusted_until());
             }
             pause = match tokio::time::timeout_at(attempt_until, setup).await {
                 Ok(Ok(new)) => {
-                    let trusted =
-                        session.is_none() || heartbeats.resumed(new.sent_at, Instant::now());
+                    let trusted = session.is_none() || heartbeats.resumed(Instant::now());
                     if trusted {
                         let mut state = shared.state();
                         state.link = Some(new.outbound.clone());
