@@ -8,10 +8,11 @@ use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tonic::transport::Uri;
+use tonic::transport::{Channel, Endpoint, Uri};
 
 /// A byte stream a [`Connector`] opens (or a listener accepts).
 pub trait Io: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
@@ -43,6 +44,49 @@ impl Connector {
                 Box::pin(async move { Ok(Box::new(dialing.await?) as Box<dyn Io>) })
             }),
         }
+    }
+}
+
+/// A channel to `endpoint`, connected on first use: over TCP, or through
+/// `connector` when given.
+pub fn channel(endpoint: Endpoint, connector: Option<&Connector>) -> Channel {
+    match connector {
+        Some(connector) => connector
+            .prepare(endpoint)
+            .connect_with_connector_lazy(connector.clone()),
+        None => endpoint.connect_lazy(),
+    }
+}
+
+/// A channel to `endpoint`, connected now: over TCP, or through `connector`
+/// when given.
+///
+/// Cancel safety: safe; a dropped connect leaves nothing behind.
+pub async fn connect(
+    endpoint: Endpoint,
+    connector: Option<&Connector>,
+) -> Result<Channel, tonic::transport::Error> {
+    match connector {
+        Some(connector) => {
+            let endpoint = connector.prepare(endpoint);
+            endpoint.connect_with_connector(connector.clone()).await
+        }
+        None => endpoint.connect().await,
+    }
+}
+
+impl Connector {
+    /// `endpoint` as a channel through a connector needs it. HTTP/2 remembers
+    /// a stream it reset for a while, to ignore the frames still on their way
+    /// for it, and counts that while in real time (h2 reads
+    /// `std::time::Instant`, not tokio's clock). On a simulated network a run
+    /// takes more or less real time as the machine is faster or slower, so a
+    /// frame held back with a frozen member would be ignored in one run and
+    /// answered with a reset in its replay. Remembered for a day instead,
+    /// longer than any run; how many are remembered at once stays bounded
+    /// (h2's count, 50).
+    fn prepare(&self, endpoint: Endpoint) -> Endpoint {
+        endpoint.http2_reset_stream_duration(Duration::from_secs(24 * 3600))
     }
 }
 

@@ -38,6 +38,7 @@ use std::time::Duration;
 
 use locksmith_proto::raft as pb;
 use locksmith_proto::raft::cluster_client::ClusterClient;
+use locksmith_proto::transport;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tonic::transport::{Channel, Endpoint};
@@ -422,9 +423,7 @@ impl View {
 async fn admin(address: &str) -> Result<ClusterClient<Channel>, tonic::transport::Error> {
     let endpoint =
         Endpoint::from_shared(format!("http://{address}"))?.connect_timeout(Duration::from_secs(1));
-    let channel = endpoint
-        .connect_with_connector(crate::cluster::connector())
-        .await?;
+    let channel = transport::connect(endpoint, Some(&crate::cluster::connector())).await?;
     Ok(ClusterClient::new(channel))
 }
 

@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use locksmith_core::planted::{self, Defect};
 use locksmith_proto::raft as pb;
-use locksmith_proto::transport::Connector;
+use locksmith_proto::transport::{self, Connector};
 use openraft::async_runtime::WatchReceiver;
 use openraft::errors::{ClientWriteError, RaftError};
 use openraft::{BasicNode, ChangeMembers, Precondition, ServerState};
@@ -449,10 +449,7 @@ pub(crate) async fn join(
         let endpoint = super::network::peer_endpoint(&target, tls.clone())
             .map_err(|e| format!("member address {target:?}: {e}"))?
             .connect_timeout(JOIN_CONNECT);
-        let connected = match &connector {
-            Some(connector) => endpoint.connect_with_connector(connector.clone()).await,
-            None => endpoint.connect().await,
-        };
+        let connected = transport::connect(endpoint, connector.as_ref()).await;
         let outcome = match connected {
             Err(e) => format!("cannot reach {target}: {e}"),
             Ok(channel) => {

@@ -29,7 +29,7 @@ use std::time::Duration;
 use futures::{Stream, StreamExt};
 use locksmith_proto::raft as pb;
 use locksmith_proto::raft::raft_client::RaftClient;
-use locksmith_proto::transport::Connector;
+use locksmith_proto::transport::{self, Connector};
 use openraft::base::{BoxFuture, BoxStream};
 use openraft::errors::{
     Fatal, NetworkError, RPCError, RaftError, ReplicationClosed, StreamingError, Unreachable,
@@ -188,10 +188,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
                     .keep_alive_timeout(KEEPALIVE_TIMEOUT)
                     .keep_alive_while_idle(true)
                     .tcp_nodelay(true);
-                Some(match &self.connector {
-                    Some(connector) => endpoint.connect_with_connector_lazy(connector.clone()),
-                    None => endpoint.connect_lazy(),
-                })
+                Some(transport::channel(endpoint, self.connector.as_ref()))
             }
             Err(error) => {
                 let addr = &node.addr;

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use locksmith_proto::raft as pb;
-use locksmith_proto::transport::Connector;
+use locksmith_proto::transport::{self, Connector};
 use openraft::async_runtime::WatchReceiver;
 
 use super::Raft;
@@ -165,10 +165,7 @@ async fn announce(
         return false;
     };
     let endpoint = endpoint.connect_timeout(Duration::from_secs(1));
-    let channel = match connector {
-        Some(connector) => endpoint.connect_with_connector_lazy(connector),
-        None => endpoint.connect_lazy(),
-    };
+    let channel = transport::channel(endpoint, connector.as_ref());
     let request = pb::AnnounceRequest {
         node_id: me,
         version: own.build.clone(),

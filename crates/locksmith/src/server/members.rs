@@ -41,7 +41,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use locksmith_core::planted::{self, Defect};
-use locksmith_proto::transport::Connector;
+use locksmith_proto::transport::{self, Connector};
 use locksmith_proto::v1::locksmith_client::LocksmithClient;
 use tokio::time::Instant;
 use tonic::Status;
@@ -332,10 +332,7 @@ fn member(url: &ServerUrl, connector: Option<&Connector>, addr: String) -> Resul
         .http2_keep_alive_interval(Duration::from_secs(10))
         .keep_alive_timeout(Duration::from_secs(20))
         .keep_alive_while_idle(true);
-    let channel = match connector {
-        Some(connector) => endpoint.connect_with_connector_lazy(connector.clone()),
-        None => endpoint.connect_lazy(),
-    };
+    let channel = transport::channel(endpoint, connector);
     Ok(Member {
         addr,
         client: LocksmithClient::with_interceptor(channel, url.credentials())

@@ -1184,7 +1184,9 @@ mod tests {
         queue
             .send(outgoing(Out::Cancel(pb::Cancel { id: 7 }), &[2]))
             .unwrap();
-        queue.send(outgoing(Out::Heartbeat(pb::Heartbeat {}), &[7])).unwrap();
+        queue
+            .send(outgoing(Out::Heartbeat(pb::Heartbeat {}), &[7]))
+            .unwrap();
         drop(queue);
         let batches: Vec<_> = batches(receiver).collect().await;
         let seen: Vec<_> = batches
