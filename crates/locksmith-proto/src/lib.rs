@@ -79,9 +79,11 @@ pub mod raft {
 pub const LEADER_METADATA: &str = "locksmith-leader";
 
 /// gRPC metadata key with which a leader that cannot commit (it is cut off
-/// from a quorum of the cluster) ends its streams and refuses calls. Its
-/// followers may still name it as the leader until they elect another, so
-/// the client passes it over for a while instead of coming back at once.
+/// from a quorum of the cluster) ends its streams and refuses calls and
+/// resumes. Its followers may still name it as the leader until they elect
+/// another, so the client passes it over for as many milliseconds as the
+/// value says (the cluster's longest election timeout) instead of coming
+/// back at once.
 pub const CUT_OFF_METADATA: &str = "locksmith-cut-off";
 
 /// The part of etcd's v3 API that the `locksmith` etcd backend calls: the

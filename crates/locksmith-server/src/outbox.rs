@@ -107,6 +107,13 @@ impl Outbox {
         self.entry(stream, tx).messages.push(message);
     }
 
+    /// The status `stream` is to end with, if it is to end.
+    #[cfg(test)]
+    pub(crate) fn end_of(&self, stream: StreamId) -> Option<&Status> {
+        let &at = self.index.get(&stream)?;
+        self.pending[at].end.as_ref()
+    }
+
     /// The messages queued for `stream`.
     #[cfg(test)]
     pub(crate) fn messages(&self, stream: StreamId) -> &[pb::ServerMessage] {

@@ -843,6 +843,44 @@ mod tests {
     }
 
     #[test]
+    fn a_leader_without_its_lease_sends_a_resume_elsewhere() {
+        let (mut core, now, session) = leading_with_a_session();
+        let secret = core.state.session(session).expect("open").secret;
+        let resume = |stream| {
+            let (tx, _) = crate::stream_queue::stream_queue(usize::MAX);
+            let stream = NewStream {
+                id: stream,
+                tx,
+                ended: CancellationToken::new(),
+                peer: None,
+            };
+            Op::Resume {
+                stream,
+                session,
+                secret,
+            }
+        };
+        let mut proposal = Proposal::default();
+        core.front.propose(&core.state, now, resume(2), &mut proposal);
+        let status = core.front.output.streams.end_of(2).expect("refused");
+        assert_eq!(status.code(), tonic::Code::Unavailable);
+        let mark = status.metadata().get(locksmith_proto::CUT_OFF_METADATA);
+        assert_eq!(
+            mark.and_then(|m| m.to_str().ok()),
+            Some("400"),
+            "marked cut off, for the longest election timeout"
+        );
+        assert_eq!(core.front.session_of(2), None, "not resumed");
+        assert_eq!(core.front.session_of(1), Some(session), "left as it was");
+        assert!(proposal.records.is_empty(), "nothing to log");
+
+        core.front.replica.lease_in_tests(true);
+        core.front.propose(&core.state, now, resume(3), &mut proposal);
+        assert_eq!(core.front.session_of(3), Some(session), "resumed");
+        assert!(core.front.output.streams.end_of(3).is_none());
+    }
+
+    #[test]
     fn every_heartbeat_read_together_is_answered() {
         let (mut core, now, _) = leading_with_a_session();
         let (ops, arrivals) = CoreSender::channel();

@@ -196,17 +196,25 @@ impl Members {
 
     /// The member at `at` could not serve, as `status` (a [`member_down`]
     /// refusal) says. A leader cut off from a quorum of the cluster is passed
-    /// over as [`Members::unresponsive`] would: its followers name it until
-    /// they elect another, and coming back to it would only be refused again.
-    /// Any other goes to the back as with [`Members::failed`].
+    /// over while its followers may still name it (until they elect
+    /// another), as long as its mark says (never longer than a member that
+    /// answered nothing): coming back sooner would only be refused again,
+    /// and later could miss it serving again, when its quorum came back
+    /// and nobody else was elected (a slow link, not a partition). Any
+    /// other goes to the back as with [`Members::failed`].
     pub(super) fn could_not_serve(&self, at: usize, status: &Status) {
-        if status
-            .metadata()
-            .contains_key(locksmith_proto::CUT_OFF_METADATA)
-        {
-            self.unresponsive(at);
-        } else {
-            self.failed(at);
+        match status.metadata().get(locksmith_proto::CUT_OFF_METADATA) {
+            Some(mark) => {
+                let period = mark
+                    .to_str()
+                    .ok()
+                    .and_then(|ms| ms.parse().ok())
+                    .map_or(self.pass_over, |ms| {
+                        Duration::from_millis(ms).min(self.pass_over)
+                    });
+                self.pass_over(at, period, "cut off from its quorum");
+            }
+            None => self.failed(at),
         }
     }
 
@@ -563,27 +571,42 @@ mod tests {
         assert_eq!(members.current().1, "proxy-b:2", "a:1 is skipped too");
     }
 
+    fn cut_off(elects_within_ms: &'static str) -> Status {
+        let mut cut_off = Status::unavailable("this member cannot reach a quorum");
+        cut_off.metadata_mut().insert(
+            locksmith_proto::CUT_OFF_METADATA,
+            tonic::metadata::MetadataValue::from_static(elects_within_ms),
+        );
+        cut_off
+    }
+
     /// A leader cut off from its peers ends the stream marked so: it is
     /// passed over, and its followers' hints naming it are not followed,
-    /// until they name the leader they elected. A plain refusal is not.
+    /// until they name the leader they elected or the election they could
+    /// hold is over (what the mark says, never longer than a member that
+    /// answered nothing is passed over). A plain refusal is not.
     #[tokio::test(start_paused = true)]
-    async fn a_leader_cut_off_from_its_peers_is_passed_over() {
+    async fn a_leader_cut_off_from_its_peers_is_passed_over_while_its_followers_elect() {
         let members = Members::parse("locksmith://a:1,b:2,c:3", PASS_OVER).unwrap();
         members.could_not_serve(0, &Status::unavailable("stopping"));
         assert_eq!(members.current().1, "b:2");
         assert_eq!(members.follow(&naming("a:1")), Redirect::Leader);
 
-        let mut cut_off = Status::unavailable("this member cannot reach a quorum");
-        cut_off.metadata_mut().insert(
-            locksmith_proto::CUT_OFF_METADATA,
-            tonic::metadata::MetadataValue::from_static("1"),
-        );
-        members.could_not_serve(0, &cut_off);
+        members.could_not_serve(0, &cut_off("400"));
         assert_eq!(members.current().1, "b:2");
         assert_eq!(members.follow(&naming("a:1")), Redirect::Stale);
         assert_eq!(members.current().1, "b:2", "b is asked again");
         assert_eq!(members.follow(&naming("c:3")), Redirect::Leader);
-        tokio::time::advance(PASS_OVER).await;
+        tokio::time::advance(Duration::from_millis(399)).await;
+        assert_eq!(members.follow(&naming("a:1")), Redirect::Stale);
+        // Nobody else was elected: its quorum is back, and so is it.
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(members.follow(&naming("a:1")), Redirect::Leader);
+
+        members.could_not_serve(0, &cut_off("60000"));
+        tokio::time::advance(PASS_OVER - Duration::from_millis(1)).await;
+        assert_eq!(members.follow(&naming("a:1")), Redirect::Stale);
+        tokio::time::advance(Duration::from_millis(1)).await;
         assert_eq!(members.follow(&naming("a:1")), Redirect::Leader);
     }
 

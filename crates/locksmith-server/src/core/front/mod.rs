@@ -194,6 +194,9 @@ pub(crate) struct FrontEnd {
     /// How long a quorum's acknowledgement keeps this member sure that it
     /// leads (see [`liveness::usable_lease`]).
     lease: Duration,
+    /// How long followers that stopped hearing from their leader may take
+    /// to elect another: openraft's longest election timeout.
+    elects_within: Duration,
     /// When proposing resumes after openraft refused a batch (see
     /// [`FrontEnd::refused`]).
     resume_at: Option<Millis>,
@@ -225,6 +228,7 @@ impl FrontEnd {
             resume_at: None,
             // openraft's leader lease is its longest election timeout.
             lease: liveness::usable_lease(config.election_timeout * 2),
+            elects_within: config.election_timeout * 2,
         }
     }
 

@@ -366,13 +366,7 @@ impl FrontEnd {
             return;
         };
         tracing::warn!(%reason, "cannot commit: no quorum reachable; sending clients elsewhere");
-        let mut status = Status::unavailable(format!(
-            "this member cannot reach a quorum of the cluster ({reason}): try another member"
-        ));
-        status.metadata_mut().insert(
-            locksmith_proto::CUT_OFF_METADATA,
-            tonic::metadata::MetadataValue::from_static("1"),
-        );
+        let status = self.cut_off(reason);
         self.abandon(in_flight.proposal, &status);
         for (_, waiter) in self.leases.drain() {
             let _ = waiter.reply.send(Err(status.clone()));
@@ -383,6 +377,22 @@ impl FrontEnd {
         self.replica.paused = true;
         self.resume_at = Some(self.clock.now() + REFUSAL_PAUSE);
         self.send_output();
+    }
+
+    /// The refusal of a leader that cannot reach a quorum, for `reason`.
+    /// Its mark says for how many milliseconds its followers may still name
+    /// it (until they elect another): the client passes it over that long.
+    pub(in crate::core) fn cut_off(&self, reason: &str) -> Status {
+        let mut status = Status::unavailable(format!(
+            "this member cannot reach a quorum of the cluster ({reason}): try another member"
+        ));
+        let millis = self.elects_within.as_millis().to_string();
+        if let Ok(value) = millis.parse() {
+            status
+                .metadata_mut()
+                .insert(locksmith_proto::CUT_OFF_METADATA, value);
+        }
+        status
     }
 
     /// Answers everyone a proposal would have answered with `status`.

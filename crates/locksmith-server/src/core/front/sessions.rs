@@ -181,6 +181,15 @@ impl FrontEnd {
                 .end(stream, &tx, unknown_session(session));
             return ended.cancel();
         };
+        if !self.replica.lease_holds(self.lease) {
+            // A leader that heard no quorum for its lease may be cut off
+            // (another may lead already): resumed here, the session's
+            // heartbeats would go through a log that refuses them. Sent to
+            // another member instead, as the streams it ended were.
+            let status = self.cut_off("no quorum heard within the leader's lease");
+            self.output.streams.end(stream, &tx, status);
+            return ended.cancel();
+        }
         if let Some(old) = self.links.get_mut(&session).and_then(|l| l.attached.take()) {
             self.streams.remove(&old.stream);
             let status = Status::aborted("session resumed on another stream");
