@@ -108,6 +108,7 @@ mod metrics;
 mod op;
 mod outbox;
 mod raft;
+mod random;
 #[cfg(test)]
 mod replay_tests;
 mod service;

@@ -861,7 +861,8 @@ mod tests {
             }
         };
         let mut proposal = Proposal::default();
-        core.front.propose(&core.state, now, resume(2), &mut proposal);
+        core.front
+            .propose(&core.state, now, resume(2), &mut proposal);
         let status = core.front.output.streams.end_of(2).expect("refused");
         assert_eq!(status.code(), tonic::Code::Unavailable);
         let mark = status.metadata().get(locksmith_proto::CUT_OFF_METADATA);
@@ -875,7 +876,8 @@ mod tests {
         assert!(proposal.records.is_empty(), "nothing to log");
 
         core.front.replica.lease_in_tests(true);
-        core.front.propose(&core.state, now, resume(3), &mut proposal);
+        core.front
+            .propose(&core.state, now, resume(3), &mut proposal);
         assert_eq!(core.front.session_of(3), Some(session), "resumed");
         assert!(core.front.output.streams.end_of(3).is_none());
     }

@@ -339,7 +339,7 @@ impl Segment {
             .open(&path)?;
         let header = SegmentHeader {
             seq,
-            seed: rand::random(),
+            seed: crate::random::u32(),
             format: SEGMENT_FORMAT,
         };
         file.write_all_at(&header.encode(), 0)?;

@@ -273,7 +273,7 @@ impl FrontEnd {
                 if self.replica.leading() {
                     return;
                 }
-                let stint = rand::random();
+                let stint = crate::random::u64();
                 self.replica.role = Leadership::Leader {
                     stint,
                     ready: false,

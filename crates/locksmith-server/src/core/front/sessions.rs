@@ -106,7 +106,7 @@ impl FrontEnd {
         // Known to the stream at once: what the client sends right after its
         // open (in the same batch, say) runs in the session, after the open.
         self.streams.insert(new.id, session);
-        let secret: u128 = rand::random();
+        let secret: u128 = crate::random::u128();
         let command = Command::OpenSession { session, ttl, info };
         let route = Route::Open {
             stream: new,
