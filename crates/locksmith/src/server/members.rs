@@ -16,10 +16,12 @@
 //! session's TTL runs. The client stays instead with the follower that
 //! answered and asks it again after a pause ([`Redirect::Stale`]): that
 //! follower names the new leader once one is elected. A leader cut off from
-//! a quorum of its cluster is passed over in the same way: it takes a
-//! resume, then ends the stream when it cannot commit, and its followers
+//! a quorum of its cluster is passed over in the same way: it ends its
+//! streams and refuses resumes while it cannot commit, and its followers
 //! name it until they elect another (the server marks such refusals with
-//! [`locksmith_proto::CUT_OFF_METADATA`]). Any other member that answers,
+//! [`locksmith_proto::CUT_OFF_METADATA`], saying how long an election may
+//! take); once that time has passed, a hint naming it is followed again,
+//! since nobody else was elected and it may serve again. Any other member that answers,
 //! even to refuse, or whose connection is refused at once, is not passed
 //! over: it costs no time, and it may be the next leader. Nor is a member
 //! whose connection broke (a crash): passed over for a fixed while, it was
