@@ -843,10 +843,10 @@ mod tests {
     }
 
     #[test]
-    fn a_leader_without_its_lease_sends_a_resume_elsewhere() {
+    fn a_cut_off_leader_sends_a_resume_elsewhere_until_a_quorum_hears_it() {
         let (mut core, now, session) = leading_with_a_session();
         let secret = core.state.session(session).expect("open").secret;
-        let resume = |stream| {
+        let resume = |core: &mut Core, stream| {
             let (tx, _) = crate::stream_queue::stream_queue(usize::MAX);
             let stream = NewStream {
                 id: stream,
@@ -854,16 +854,25 @@ mod tests {
                 ended: CancellationToken::new(),
                 peer: None,
             };
-            Op::Resume {
+            let op = Op::Resume {
                 stream,
                 session,
                 secret,
-            }
+            };
+            let mut proposal = Proposal::default();
+            core.front.propose(&core.state, now, op, &mut proposal);
         };
-        let mut proposal = Proposal::default();
-        core.front
-            .propose(&core.state, now, resume(2), &mut proposal);
-        let status = core.front.output.streams.end_of(2).expect("refused");
+        // No lease in openraft's metrics (they lag a new leader's), nothing
+        // refused: resumed.
+        resume(&mut core, 2);
+        assert_eq!(core.front.session_of(2), Some(session));
+
+        // openraft refuses a batch: the leader is cut off, and a resume is
+        // sent elsewhere, marked for how long an election may take.
+        propose_now(&mut core, now, client_batch(2, [acquire(1, "x")]));
+        core.front.refused(1, 0, "has to forward request to: None");
+        resume(&mut core, 3);
+        let status = core.front.output.streams.end_of(3).expect("refused");
         assert_eq!(status.code(), tonic::Code::Unavailable);
         let mark = status.metadata().get(locksmith_proto::CUT_OFF_METADATA);
         assert_eq!(
@@ -871,15 +880,32 @@ mod tests {
             Some("400"),
             "marked cut off, for the longest election timeout"
         );
-        assert_eq!(core.front.session_of(2), None, "not resumed");
-        assert_eq!(core.front.session_of(1), Some(session), "left as it was");
-        assert!(proposal.records.is_empty(), "nothing to log");
+        assert_eq!(core.front.session_of(3), None, "not resumed");
 
+        // Its lease back: resumed.
         core.front.replica.lease_in_tests(true);
+        resume(&mut core, 4);
+        assert_eq!(core.front.session_of(4), Some(session));
+
+        // A batch of its committed (a quorum heard it), the lease not
+        // showing yet: resumed too.
+        core.front.replica.lease_in_tests(false);
         core.front
-            .propose(&core.state, now, resume(3), &mut proposal);
-        assert_eq!(core.front.session_of(3), Some(session), "resumed");
-        assert!(core.front.output.streams.end_of(3).is_none());
+            .resume_after_refusal(core.front.now() + front::REFUSAL_PAUSE);
+        propose_now(&mut core, now, client_batch(4, [acquire(2, "y")]));
+        let records = core
+            .front
+            .replica
+            .records_in_flight()
+            .pop()
+            .expect("proposed");
+        core.apply_batch(crate::entry::Batch {
+            origin: 1,
+            seq: 1,
+            records,
+        });
+        resume(&mut core, 5);
+        assert_eq!(core.front.session_of(5), Some(session));
     }
 
     #[test]

@@ -200,6 +200,9 @@ pub(crate) struct FrontEnd {
     /// When proposing resumes after openraft refused a batch (see
     /// [`FrontEnd::refused`]).
     resume_at: Option<Millis>,
+    /// openraft refused a batch of this stint (no quorum heard for its
+    /// lease), and none has committed since: the member may be cut off.
+    pub(in crate::core) cut_off: bool,
 }
 
 impl FrontEnd {
@@ -226,6 +229,7 @@ impl FrontEnd {
             metrics: None,
             liveness: Liveness::default(),
             resume_at: None,
+            cut_off: false,
             // openraft's leader lease is its longest election timeout.
             lease: liveness::usable_lease(config.election_timeout * 2),
             elects_within: config.election_timeout * 2,

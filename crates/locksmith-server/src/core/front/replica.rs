@@ -260,7 +260,12 @@ impl FrontEnd {
     /// The routes of this member's batch `origin`/`seq`, once it is
     /// committed; none for a batch of another stint or member.
     pub(in crate::core) fn take_own(&mut self, origin: u64, seq: u64) -> Option<InFlight> {
-        self.replica.take_own(origin, seq)
+        let own = self.replica.take_own(origin, seq);
+        if own.is_some() {
+            // Committed: a quorum heard this member.
+            self.cut_off = false;
+        }
+        own
     }
 
     /// The member's role changed (openraft's metrics said so).
@@ -278,6 +283,7 @@ impl FrontEnd {
                     stint,
                     ready: false,
                 };
+                self.cut_off = false;
                 // Time never goes backwards from what the last leader stamped.
                 self.clock.restart_after(state.last_now() + 1);
                 self.end_pause(false);
@@ -366,7 +372,8 @@ impl FrontEnd {
             return;
         };
         tracing::warn!(%reason, "cannot commit: no quorum reachable; sending clients elsewhere");
-        let status = self.cut_off(reason);
+        self.cut_off = true;
+        let status = self.cut_off_status(reason);
         self.abandon(in_flight.proposal, &status);
         for (_, waiter) in self.leases.drain() {
             let _ = waiter.reply.send(Err(status.clone()));
@@ -382,7 +389,7 @@ impl FrontEnd {
     /// The refusal of a leader that cannot reach a quorum, for `reason`.
     /// Its mark says for how many milliseconds its followers may still name
     /// it (until they elect another): the client passes it over that long.
-    pub(in crate::core) fn cut_off(&self, reason: &str) -> Status {
+    pub(in crate::core) fn cut_off_status(&self, reason: &str) -> Status {
         let mut status = Status::unavailable(format!(
             "this member cannot reach a quorum of the cluster ({reason}): try another member"
         ));

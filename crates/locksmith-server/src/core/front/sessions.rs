@@ -181,12 +181,14 @@ impl FrontEnd {
                 .end(stream, &tx, unknown_session(session));
             return ended.cancel();
         };
-        if !self.replica.lease_holds(self.lease) {
-            // A leader that heard no quorum for its lease may be cut off
-            // (another may lead already): resumed here, the session's
-            // heartbeats would go through a log that refuses them. Sent to
-            // another member instead, as the streams it ended were.
-            let status = self.cut_off("no quorum heard within the leader's lease");
+        if self.cut_off && !self.replica.lease_holds(self.lease) {
+            // A leader whose batches openraft refuses, and which has heard
+            // no quorum since, may be cut off (another may lead already):
+            // resumed here, the session's heartbeats would go through a log
+            // that refuses them. Sent to another member instead, as the
+            // streams it ended were. (A new leader's lease may show late
+            // in openraft's metrics: it is not turned away for that.)
+            let status = self.cut_off_status("no quorum heard within the leader's lease");
             self.output.streams.end(stream, &tx, status);
             return ended.cancel();
         }
