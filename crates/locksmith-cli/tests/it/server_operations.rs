@@ -388,6 +388,18 @@ async fn a_newer_record_kind_stays_unused_until_every_member_reads_it_then_turns
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // The upgraded member has applied the raise too (a member answers
+    // `status` as it knows the cluster): stopped with the raise in its log
+    // but not known to it as committed, it would start, and stop only once
+    // the leader told it.
+    let upgraded_url = members_url(&ports[1..]);
+    while cluster_status(&upgraded_url).await["cluster_version"] != 3 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the upgraded member did not apply the raise"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 
     // Once it is on, a member of the older build cannot follow: it stops
     // and says why, rather than meet records it cannot read.
