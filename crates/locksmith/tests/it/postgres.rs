@@ -830,7 +830,9 @@ async fn a_grant_that_races_lock_timeout_is_kept() {
     .await
     .unwrap();
     let mut request = AcquireRequest::new(vec![name.clone()], Mode::Exclusive, "racer");
-    request.wait = Wait::For(Duration::from_millis(500));
+    // Long enough that a loaded machine stops the waiter before its
+    // lock_timeout fires; the test waits that long for the timer, once.
+    request.wait = Wait::For(Duration::from_secs(3));
     request.reentrant = false;
     let backend = std::sync::Arc::new(backend);
     let waiting = tokio::spawn({
@@ -841,11 +843,20 @@ async fn a_grant_that_races_lock_timeout_is_kept() {
         "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
          AND query LIKE '/*locksmith:wait key={key} %'"
     );
-    until("the waiter blocks in the lock queue", || async {
-        !query(pg, &find_waiter).await.is_empty()
-    })
-    .await;
-    let waiter_pid = query(pg, &find_waiter).await;
+    // The pid the query found, not a second query's: the wait may be over
+    // by then.
+    let start = Instant::now();
+    let waiter_pid = loop {
+        let pid = query(pg, &find_waiter).await;
+        if !pid.is_empty() {
+            break pid;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "never: the waiter blocks in the lock queue"
+        );
+        sleep(Duration::from_millis(20)).await;
+    };
     signal(&waiter_pid, "STOP");
     let held_token = held.fencing_token();
     held.release().await.unwrap();
