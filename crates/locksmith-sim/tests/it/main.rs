@@ -186,10 +186,10 @@ struct Planted {
 /// The checks have teeth: each planted defect (module
 /// `locksmith_core::planted`) with a seed that finds it, as found by the
 /// hunts in docs/RELIABILITY.md ("Teeth"). A check that loses its teeth,
-/// or a change that hides a defect's path, fails here. Each seed finds its
-/// defect whether the debug build runs at 3× real time or, loaded, at 1×
-/// (a run's outcome can depend on its speed: docs/RELIABILITY.md, "Leases
-/// are kept"); calm seed 3 finds `no-grace` only at the faster speed.
+/// or a change that hides a defect's path, fails here. A change to what the
+/// code under test draws or sends moves every run, so a seed may need
+/// hunting again (`--seeds 1..N --plant P`: the first that fails on the
+/// rule named, and passes without it).
 const PLANTED: [Planted; 7] = [
     Planted {
         plant: "frozen-leader",
@@ -208,7 +208,7 @@ const PLANTED: [Planted; 7] = [
     },
     Planted {
         plant: "heartbeats-dropped",
-        run: &["--seed", "42", "--duration", "12", "--calm"],
+        run: &["--seed", "3", "--duration", "12", "--calm"],
         rule: "no healthy session lost",
     },
     Planted {
@@ -218,7 +218,7 @@ const PLANTED: [Planted; 7] = [
     },
     Planted {
         plant: "no-deadline-check",
-        run: &["--seed", "18", "--duration", "3", "--mixed", "--lease-edge"],
+        run: &["--seed", "9", "--duration", "3", "--mixed", "--lease-edge"],
         rule: "leases are kept",
     },
     Planted {
