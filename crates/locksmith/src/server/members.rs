@@ -21,9 +21,10 @@
 //! name it until they elect another (the server marks such refusals with
 //! [`locksmith_proto::CUT_OFF_METADATA`], saying how long an election may
 //! take); once that time has passed, a hint naming it is followed again,
-//! since nobody else was elected and it may serve again. Any other member that answers,
-//! even to refuse, or whose connection is refused at once, is not passed
-//! over: it costs no time, and it may be the next leader. Nor is a member
+//! since nobody else was elected and it may serve again. Any other member
+//! that answers, even to refuse, or whose connection is refused at once, is
+//! not passed over: it costs no time, and it may be the next leader. Nor is
+//! a member
 //! whose connection broke (a crash): passed over for a fixed while, it was
 //! ignored past its re-election, or followed back before its followers
 //! noticed (docs/RELIABILITY.md, calm seeds 163 and 256). Such a member is
