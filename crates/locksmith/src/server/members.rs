@@ -24,11 +24,10 @@
 //! since nobody else was elected and it may serve again. Any other member
 //! that answers, even to refuse, or whose connection is refused at once, is
 //! not passed over: it costs no time, and it may be the next leader. Nor is
-//! a member
-//! whose connection broke (a crash): passed over for a fixed while, it was
-//! ignored past its re-election, or followed back before its followers
-//! noticed (docs/RELIABILITY.md, calm seeds 163 and 256). Such a member is
-//! **broken** instead, until it answers again: an attempt on it (by the
+//! a member whose connection broke (a crash): passed over for a fixed
+//! while, it was ignored past its re-election, or followed back before its
+//! followers noticed (docs/RELIABILITY.md, calm seeds 163 and 256). Such a
+//! member is **broken** instead, until it answers again: an attempt on it (by the
 //! rotation, or following a hint that names it) waits for its first answer
 //! only a few round trips ([`Members::broken`]), so that a follower's stale
 //! hint naming a crashed leader costs a moment, not a whole attempt, while
