@@ -9,29 +9,28 @@
 //! cluster after the client started).
 //!
 //! A member that answers nothing in time (frozen, or its machine gone) is
-//! **passed over** for a while: the rotation skips it, and a hint naming it
-//! is not followed. The followers of a frozen leader keep naming it until
-//! they elect another, hundreds of milliseconds later; going back to it
-//! would spend a whole attempt on a member that answers nothing while the
-//! session's TTL runs. The client stays instead with the follower that
-//! answered and asks it again after a pause ([`Redirect::Stale`]): that
-//! follower names the new leader once one is elected. A leader cut off from
-//! a quorum of its cluster is passed over in the same way: it ends its
-//! streams and refuses resumes while it cannot commit, and its followers
-//! name it until they elect another (the server marks such refusals with
-//! [`locksmith_proto::CUT_OFF_METADATA`], saying how long an election may
-//! take); once that time has passed, a hint naming it is followed again,
-//! since nobody else was elected and it may serve again. Any other member
-//! that answers, even to refuse, or whose connection is refused at once, is
-//! not passed over: it costs no time, and it may be the next leader. Nor is
-//! a member whose connection broke (a crash): passed over for a fixed
-//! while, it was ignored past its re-election, or followed back before its
-//! followers noticed (docs/RELIABILITY.md, calm seeds 163 and 256). Such a
-//! member is **broken** instead, until it answers again: an attempt on it (by the
-//! rotation, or following a hint that names it) waits for its first answer
-//! only a few round trips ([`Members::broken`]), so that a follower's stale
-//! hint naming a crashed leader costs a moment, not a whole attempt, while
-//! a leader restarted and elected again is followed back at once.
+//! **passed over** for a while: the rotation skips it, and a hint naming it is
+//! not followed. The followers of a frozen leader keep naming it until they
+//! elect another, hundreds of milliseconds later; going back to it would spend
+//! a whole attempt on a member that answers nothing while the session's TTL
+//! runs. The client stays instead with the follower that answered and asks it
+//! again after a pause ([`Redirect::Stale`]): that follower names the new
+//! leader once one is elected. A leader cut off from a quorum of its cluster is
+//! passed over in the same way: it ends its streams and refuses resumes while
+//! it cannot commit, and its followers name it until they elect another (the
+//! server marks such refusals with [`locksmith_proto::CUT_OFF_METADATA`],
+//! saying how long an election may take); once that time has passed, a hint
+//! naming it is followed again, since nobody else was elected and it may serve
+//! again. Any other member that answers, even to refuse, or whose connection is
+//! refused at once, is not passed over: it costs no time, and it may be the
+//! next leader. Nor is a member whose connection broke (a crash): passed over
+//! for a fixed while, it was ignored past its re-election, or followed back
+//! before its followers noticed (docs/RELIABILITY.md, calm seeds 163 and 256).
+//! Such a member is **broken** instead, until it answers again: an attempt on
+//! it (by the rotation, or following a hint that names it) waits for its first
+//! answer only a few round trips ([`Members::broken`]), so that a follower's
+//! stale hint naming a crashed leader costs a moment, not a whole attempt,
+//! while a leader restarted and elected again is followed back at once.
 //!
 //! Between rounds of attempts the client pauses, longer each round, but
 //! never long beside the session's TTL ([`Rounds::for_session`]): once a new
