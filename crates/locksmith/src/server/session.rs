@@ -33,7 +33,7 @@
 //! attempts again once it answered or let that short one pass
 //! (`Members::broken`).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -585,21 +585,26 @@ fn batches(
         };
         let mut batch = pb::ClientBatch::default();
         let mut bytes = 0;
-        let mut ids_in_batch = HashSet::new();
+        // The least and greatest request or cancel id in the batch: an
+        // acknowledgement outside them (an older request's, as nearly all
+        // are) needs no look at the batch.
+        let mut ids: Option<(u64, u64)> = None;
         while let Some(outgoing) = next.take() {
-            if outgoing
-                .ack_replies
-                .iter()
-                .any(|id| ids_in_batch.contains(id))
-            {
+            let in_batch = |&ack: &u64| {
+                ids.is_some_and(|(least, greatest)| (least..=greatest).contains(&ack))
+                    && batch
+                        .messages
+                        .iter()
+                        .any(|m| id_of(m.kind.as_ref()) == Some(ack))
+            };
+            if outgoing.ack_replies.iter().any(in_batch) {
                 held_back = Some(outgoing);
                 break;
             }
-            match &outgoing.kind {
-                Out::Request(pb::Request { id, .. }) | Out::Cancel(pb::Cancel { id }) => {
-                    ids_in_batch.insert(*id);
-                }
-                _ => {}
+            if let Some(id) = id_of(Some(&outgoing.kind)) {
+                ids = Some(ids.map_or((id, id), |(least, greatest)| {
+                    (least.min(id), greatest.max(id))
+                }));
             }
             let message = pb::ClientMessage {
                 kind: Some(outgoing.kind),
@@ -616,6 +621,14 @@ fn batches(
         }
         std::task::Poll::Ready(Some(batch))
     })
+}
+
+/// The id of a request or cancel message.
+fn id_of(kind: Option<&Out>) -> Option<u64> {
+    match kind {
+        Some(Out::Request(pb::Request { id, .. }) | Out::Cancel(pb::Cancel { id })) => Some(*id),
+        _ => None,
+    }
 }
 
 /// Opens (or resumes, with `resume`) a session on a new stream.
@@ -1203,5 +1216,21 @@ mod tests {
             "a batch forgets its acknowledged replies before it runs its requests"
         );
         assert_eq!(batches[2].messages.len(), 1, "the heartbeat leaves last");
+    }
+
+    #[tokio::test]
+    async fn an_acknowledgement_of_another_request_leaves_in_the_same_batch() {
+        let (queue, receiver) = mpsc::unbounded_channel();
+        // Requests 5 and 9 sent again on a resume; 7's reply came meanwhile.
+        queue.send(outgoing(release(5), &[])).unwrap();
+        queue.send(outgoing(release(9), &[])).unwrap();
+        queue.send(outgoing(release(10), &[7, 3])).unwrap();
+        drop(queue);
+        let batches: Vec<_> = batches(receiver).collect().await;
+        let seen: Vec<_> = batches
+            .iter()
+            .map(|b| (ids(b), b.ack_replies.clone()))
+            .collect();
+        assert_eq!(seen, vec![(vec![5, 9, 10], vec![7, 3])]);
     }
 }
