@@ -214,6 +214,18 @@ impl Settings {
         Duration::from_millis(1)..Duration::from_millis(if self.faults { 20 } else { 5 })
     }
 
+    /// How many clients share a host by default: four, or half of them when
+    /// there are more than eight, so that they take two hosts. turmoil's own
+    /// work grows with the square of the hosts; 16 clients on four hosts
+    /// ran at 48× real time, on two at 56× (docs/RELIABILITY.md, "Speed").
+    pub fn clients_per_host_for(clients: u32) -> u32 {
+        if clients > 8 {
+            clients.div_ceil(2)
+        } else {
+            4
+        }
+    }
+
     /// The hosts the clients run on.
     pub fn client_hosts(&self) -> u32 {
         self.clients.div_ceil(self.clients_per_host.max(1))

@@ -77,9 +77,10 @@ struct Args {
     /// way) for a while, one fault at a time as the others.
     #[arg(long, requires = "calm")]
     calm_slow_links: bool,
-    /// Clients that share a simulated host.
-    #[arg(long, default_value_t = 4)]
-    clients_per_host: u32,
+    /// Clients that share a simulated host [default: 4, or half the
+    /// clients when there are more than 8: two client hosts]
+    #[arg(long)]
+    clients_per_host: Option<u32>,
     /// No slow links among the faults (as before they existed).
     #[arg(long)]
     no_slow_links: bool,
@@ -126,7 +127,9 @@ fn main() -> ExitCode {
         mixed: args.mixed,
         plant: args.plant,
         tick: Duration::from_millis(args.tick_ms),
-        clients_per_host: args.clients_per_host,
+        clients_per_host: args
+            .clients_per_host
+            .unwrap_or_else(|| locksmith_sim::Settings::clients_per_host_for(args.clients)),
         slow_links: !args.no_slow_links,
         clock_skew: Duration::from_millis(args.clock_skew_ms),
         membership: args.membership,
