@@ -625,17 +625,21 @@ mod tests {
         records
     }
 
-    /// Opens a session (TTL 1 s) on stream `stream` at `now`.
-    fn open(core: &mut Core, stream: StreamId, now: Millis) -> (SessionId, Vec<Record>) {
+    /// A new stream `stream`, whose client reads nothing.
+    fn new_stream(stream: StreamId) -> NewStream {
         let (tx, _) = crate::stream_queue::stream_queue(usize::MAX);
-        let new = NewStream {
+        NewStream {
             id: stream,
             tx,
             ended: CancellationToken::new(),
             peer: None,
-        };
+        }
+    }
+
+    /// Opens a session (TTL 1 s) on stream `stream` at `now`.
+    fn open(core: &mut Core, stream: StreamId, now: Millis) -> (SessionId, Vec<Record>) {
         let open = Op::Open {
-            stream: new,
+            stream: new_stream(stream),
             info: ClientInfo::default(),
             ttl: 1_000,
         };
@@ -847,15 +851,8 @@ mod tests {
         let (mut core, now, session) = leading_with_a_session();
         let secret = core.state.session(session).expect("open").secret;
         let resume = |core: &mut Core, stream| {
-            let (tx, _) = crate::stream_queue::stream_queue(usize::MAX);
-            let stream = NewStream {
-                id: stream,
-                tx,
-                ended: CancellationToken::new(),
-                peer: None,
-            };
             let op = Op::Resume {
-                stream,
+                stream: new_stream(stream),
                 session,
                 secret,
             };

@@ -1174,14 +1174,17 @@ mod tests {
         })
     }
 
-    fn ids(batch: &pb::ClientBatch) -> Vec<u64> {
-        batch
-            .messages
+    /// Each batch's request and cancel ids, and its acknowledged replies.
+    fn sent(batches: &[pb::ClientBatch]) -> Vec<(Vec<u64>, Vec<u64>)> {
+        batches
             .iter()
-            .filter_map(|m| match &m.kind {
-                Some(Out::Request(r)) => Some(r.id),
-                Some(Out::Cancel(c)) => Some(c.id),
-                _ => None,
+            .map(|batch| {
+                let ids = batch
+                    .messages
+                    .iter()
+                    .filter_map(|m| id_of(m.kind.as_ref()))
+                    .collect();
+                (ids, batch.ack_replies.clone())
             })
             .collect()
     }
@@ -1202,12 +1205,8 @@ mod tests {
             .unwrap();
         drop(queue);
         let batches: Vec<_> = batches(receiver).collect().await;
-        let seen: Vec<_> = batches
-            .iter()
-            .map(|b| (ids(b), b.ack_replies.clone()))
-            .collect();
         assert_eq!(
-            seen,
+            sent(&batches),
             vec![
                 (vec![5], vec![]),
                 (vec![6, 7], vec![5, 2]),
@@ -1227,10 +1226,6 @@ mod tests {
         queue.send(outgoing(release(10), &[7, 3])).unwrap();
         drop(queue);
         let batches: Vec<_> = batches(receiver).collect().await;
-        let seen: Vec<_> = batches
-            .iter()
-            .map(|b| (ids(b), b.ack_replies.clone()))
-            .collect();
-        assert_eq!(seen, vec![(vec![5, 9, 10], vec![7, 3])]);
+        assert_eq!(sent(&batches), vec![(vec![5, 9, 10], vec![7, 3])]);
     }
 }
