@@ -261,8 +261,9 @@ impl FrontEnd {
     /// committed; none for a batch of another stint or member.
     pub(in crate::core) fn take_own(&mut self, origin: u64, seq: u64) -> Option<InFlight> {
         let own = self.replica.take_own(origin, seq);
-        if own.is_some() {
+        if own.is_some() && self.cut_off {
             // Committed: a quorum heard this member.
+            tracing::info!("a quorum hears this member again: committing");
             self.cut_off = false;
         }
         own
@@ -371,7 +372,13 @@ impl FrontEnd {
         let Some(in_flight) = self.replica.take_own(origin, seq) else {
             return;
         };
-        tracing::warn!(%reason, "cannot commit: no quorum reachable; sending clients elsewhere");
+        // Refused again every pause while cut off: said once, until a batch
+        // commits again.
+        if self.cut_off {
+            tracing::debug!(%reason, "cannot commit still");
+        } else {
+            tracing::warn!(%reason, "cannot commit: no quorum reachable; sending clients elsewhere");
+        }
         self.cut_off = true;
         let status = self.cut_off_status(reason);
         self.abandon(in_flight.proposal, &status);
