@@ -65,8 +65,9 @@
 //! ## Speed
 //!
 //! turmoil's own work per step grows with the square of the hosts, so the
-//! clients share hosts (four to a host, [`Settings::clients_per_host`]) and
-//! a step is 5 ms ([`Settings::tick`]); docs/RELIABILITY.md has the figures.
+//! clients share hosts (four to a host, or two hosts for more than eight
+//! clients: [`Settings::clients_per_host_for`]) and a step is 5 ms
+//! ([`Settings::tick`]); docs/RELIABILITY.md has the figures.
 //!
 //! ## Checks
 //!
