@@ -400,12 +400,11 @@ impl FrontEnd {
         let mut status = Status::unavailable(format!(
             "this member cannot reach a quorum of the cluster ({reason}): try another member"
         ));
-        let millis = self.elects_within.as_millis().to_string();
-        if let Ok(value) = millis.parse() {
-            status
-                .metadata_mut()
-                .insert(locksmith_proto::CUT_OFF_METADATA, value);
-        }
+        let millis = u64::try_from(self.elects_within.as_millis()).unwrap_or(u64::MAX);
+        status.metadata_mut().insert(
+            locksmith_proto::CUT_OFF_METADATA,
+            tonic::metadata::MetadataValue::from(millis),
+        );
         status
     }
 
