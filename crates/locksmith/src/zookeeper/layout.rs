@@ -76,23 +76,38 @@ pub(crate) fn protected_name(node_name: &str) -> String {
 }
 
 /// The sequence number of a contender: its last ten characters when they are
-/// all digits (Curator's `_c_<uuid>-lock-0000000007`, kazoo's
-/// `<hex>__lock__0000000007`, ZooKeeper's own recipe `x-<session>-0000000007`).
-/// `None` for anything else (`locks`, `leases`, stray nodes), which then takes
-/// no part in the queue.
+/// all digits and follow a recipe's node name (Curator's
+/// `_c_<uuid>-lock-0000000007`, kazoo's `<hex>__lock__0000000007`, ZooKeeper's
+/// own recipe `x-<session>-0000000007`). `None` for anything else (`locks`,
+/// `leases`, stray nodes, and the path of a lock named below this one, such as
+/// `reports/1732780800`), which then takes no part in the queue. kazoo reads
+/// its contenders the same way: its node names followed by the digits.
 pub(crate) fn sequence(node: &str) -> Option<u32> {
-    let tail = node.get(node.len().checked_sub(SEQUENCE_DIGITS)?..)?;
-    if tail.bytes().all(|b| b.is_ascii_digit()) {
-        tail.parse().ok()
+    let split = node.len().checked_sub(SEQUENCE_DIGITS)?;
+    let (stem, digits) = (node.get(..split)?, node.get(split..)?);
+    let recipe = CONTENDER_NAMES.iter().any(|name| stem.ends_with(name))
+        || (stem.starts_with("x-") && stem.ends_with('-'));
+    if recipe && digits.bytes().all(|b| b.is_ascii_digit()) {
+        digits.parse().ok()
     } else {
         None
     }
 }
 
+/// The node names a contender's sequence digits follow, in every layout read
+/// here.
+const CONTENDER_NAMES: [&str; 6] = [
+    MUTEX_NAME,
+    READ_NAME,
+    WRITE_NAME,
+    KAZOO_LOCK_NAME,
+    KAZOO_READ_NAME,
+    LEASE_NAME,
+];
+
 /// Whether a contender only reads: Curator's `__READ__` and kazoo's `__rlock__`.
 /// Every other contender (Curator's `lock-` and `__WRIT__`, kazoo's `__lock__`,
-/// unknown recipes) is exclusive, which is the safe reading of a node we do not
-/// know.
+/// ZooKeeper's `x-<session>-`) is exclusive.
 pub(crate) fn is_reader(node: &str) -> bool {
     node.contains(READ_NAME) || node.contains(KAZOO_READ_NAME)
 }
@@ -207,6 +222,20 @@ mod tests {
         assert_eq!(sequence("leases"), None);
         assert_eq!(sequence("lock-00001"), None);
         assert_eq!(sequence("abc-000000001x"), None);
+        assert_eq!(sequence("x-72057594037927936-0000000007"), Some(7));
+        assert_eq!(sequence("_c_a-lease-0000000004"), Some(4));
+    }
+
+    #[test]
+    fn a_lock_named_with_digits_is_no_contender() {
+        for name in [
+            "1732780800",
+            "3f3063431423",
+            "daily-1732780800",
+            "x0000000001",
+        ] {
+            assert_eq!(sequence(name), None, "{name}");
+        }
     }
 
     #[test]

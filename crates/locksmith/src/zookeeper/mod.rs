@@ -22,12 +22,14 @@
 //! the `_c_<uuid>-` protection prefix of `ProtectedUtils`; see `layout.rs`.
 //!
 //! * **Queue.** Contenders are ordered by the ten-digit sequence number
-//!   ZooKeeper appends (one counter per lock path), read from the end of *any*
-//!   child's name: Curator's nodes, kazoo's `<hex>__lock__<seq>` and
-//!   `<hex>__rlock__<seq>`, anyone's. A writer (exclusive) holds when it is
-//!   first; a reader holds when no writer is ahead of it (Curator's and kazoo's
-//!   rules; kazoo's `__rlock__` counts as a reader, every unknown node as a
-//!   writer). Each waiter watches only the one node whose deletion can change
+//!   ZooKeeper appends (one counter per lock path), read from the end of a
+//!   child whose name puts a recipe's node name before the digits: Curator's
+//!   nodes, kazoo's `<hex>__lock__<seq>` and `<hex>__rlock__<seq>`, ZooKeeper's
+//!   own `x-<session>-<seq>` (kazoo reads its contenders the same way). Any
+//!   other child, such as the path of a lock named `reports/1732780800`, is
+//!   no contender. A writer (exclusive) holds when it is first; a reader holds
+//!   when no writer is ahead of it (Curator's and kazoo's rules; kazoo's
+//!   `__rlock__` counts as a reader, every other contender as a writer). Each waiter watches only the one node whose deletion can change
 //!   its answer (its predecessor; for a reader the nearest writer ahead), so a
 //!   release wakes one waiter, not the herd. Waiting is FIFO.
 //! * **Writers.** An exclusive lock and a read-write lock's writer are the same

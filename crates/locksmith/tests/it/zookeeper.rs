@@ -340,6 +340,32 @@ async fn list_walks_the_tree() {
     assert_eq!(partial.len(), 2);
 }
 
+/// A lock whose last segment is ten digits (a Unix time, say) has a path that
+/// looks like a contender's sequence number; it must stay a lock of its own,
+/// neither hidden from `list` nor queued ahead of its parent's contenders.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lock_named_by_digits_is_listed_and_blocks_no_parent() {
+    let server = shared().await;
+    let client = connect(
+        &format!("{}{CHROOT}", server.url()),
+        Duration::from_secs(10),
+    )
+    .await;
+    let parent = unique("digits");
+    let child = format!("{parent}/0000000000");
+    let held = client.lock(child.as_str()).acquire().await.unwrap();
+    let guard = client
+        .lock(parent.as_str())
+        .acquire_timeout(Duration::from_secs(2))
+        .await
+        .expect("the parent lock is free");
+    let listed = client.list(&parent).await.unwrap();
+    let listed: Vec<&str> = listed.iter().map(|i| i.name.as_str()).collect();
+    assert_eq!(listed, [parent.as_str(), child.as_str()]);
+    guard.release().await.unwrap();
+    held.release().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn bad_urls_are_rejected_before_connecting() {
     for url in [
