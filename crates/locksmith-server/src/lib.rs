@@ -238,17 +238,17 @@ impl Server {
                     "TLS needs the server's own TCP listener, not a given one".into(),
                 ))
             }
-            Some(given) => (Listening::Given(given), config.listen),
+            Some(given) => (BoundTo::Given(given), config.listen),
             None => {
-                let bind_error = |source| ServerError::Bind {
+                let socket = bind(config.listen).map_err(|source| ServerError::Bind {
                     addr: config.listen,
                     source,
-                };
-                let listener = tokio::net::TcpListener::bind(config.listen)
-                    .await
-                    .map_err(bind_error)?;
-                let addr = listener.local_addr().map_err(bind_error)?;
-                (Listening::Tcp(listener), addr)
+                })?;
+                let addr = socket.local_addr().map_err(|source| ServerError::Bind {
+                    addr: config.listen,
+                    source,
+                })?;
+                (BoundTo::Tcp(socket), addr)
             }
         };
         let (ops, receiver) = if config.execution == Execution::Threads {
@@ -411,6 +411,15 @@ impl Server {
             )))
             .add_optional_service(reflection);
         let stopped_accepting = stop_accepting.clone().cancelled_owned();
+        // Recovered: connections are taken from now on.
+        let listener = match listener {
+            BoundTo::Tcp(socket) => Listening::Tcp(
+                socket
+                    .listen(LISTEN_BACKLOG)
+                    .map_err(|source| ServerError::Bind { addr, source })?,
+            ),
+            BoundTo::Given(given) => Listening::Given(given),
+        };
         let serve: Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>> =
             match (listener, &tls) {
                 (Listening::Tcp(listener), Some(tls)) => {
@@ -576,10 +585,43 @@ impl Server {
     }
 }
 
-/// Where the server takes connections from.
+/// Where the server will take connections from, while it recovers.
+enum BoundTo {
+    /// The listen address, bound but not yet listening: see [`bind`].
+    Tcp(tokio::net::TcpSocket),
+    Given(Box<dyn Listener>),
+}
+
+/// Where the server takes connections from, once it has recovered.
 enum Listening {
     Tcp(tokio::net::TcpListener),
     Given(Box<dyn Listener>),
+}
+
+/// Connections waiting to be accepted, as tokio's `TcpListener::bind` allows.
+const LISTEN_BACKLOG: u32 = 1024;
+
+/// Binds `addr` without listening on it yet. A port in use fails the start
+/// at once, before a recovery that may take seconds; and until the server
+/// listens, once recovered, a connection to it is refused. Listening from the
+/// start, the kernel would accept connections nobody reads while the member
+/// reads a big snapshot: a client, or a peer, would wait on one until its
+/// own timeout and then pass the member over, even once it leads (a cluster
+/// restored from a backup of a million locks served its first client after
+/// 10 s instead of 4; docs/BENCHMARKS.md, "A member listens once it has
+/// recovered"). Refused, the client goes on to the next member at once.
+fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpSocket> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    // As `TcpListener::bind` does on Unix: a restarted server can bind its
+    // port while connections of its previous run linger in TIME_WAIT.
+    #[cfg(unix)]
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    Ok(socket)
 }
 
 /// The receiving end of the core's channel, for its thread or its task.

@@ -370,12 +370,18 @@ impl ServeCluster {
         Ok((cluster, slowest))
     }
 
-    /// Starts the members (not the spares) and waits until each accepts
-    /// connections (blocking).
+    /// Starts the members (not the spares), all at once, and waits until
+    /// each accepts connections (blocking). A member listens only once it
+    /// has recovered (read its snapshot and log), so they recover side by
+    /// side.
     pub fn launch(&self) -> Result<(), String> {
-        self.members()
+        let members = self.members();
+        for member in &members {
+            member.process.start().map_err(|e| e.to_string())?;
+        }
+        members
             .into_iter()
-            .try_for_each(ServeProcess::launch)
+            .try_for_each(|member| member.wait_ready().map_err(|e| e.to_string()))
     }
 
     /// The servers of a new cluster, prepared but not started.

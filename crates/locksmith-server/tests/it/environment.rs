@@ -10,8 +10,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use locksmith::{Client, ConnectOptions};
 use locksmith_proto::transport::Connector;
-use locksmith_server::{Accepting, Environment, Execution, Listener, Server, ServerConfig};
+use locksmith_server::{
+    Accepting, ApplyPace, Environment, Execution, Listener, Server, ServerConfig, Syncing,
+};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, Notify};
 
 /// A listener over a TCP one, counting what it accepts.
 struct Counted {
@@ -75,5 +78,55 @@ async fn a_server_on_tasks_with_a_given_listener_clock_and_connector_serves_the_
     assert!(dialed.load(Ordering::Relaxed) >= 1);
     assert!(accepted.load(Ordering::Relaxed) >= 1);
     client.close().await.unwrap();
+    server.shutdown().await.unwrap();
+}
+
+/// Applying held until the test opens the gate; the first wait is told.
+struct Gate {
+    asked: Arc<Notify>,
+    open: watch::Receiver<bool>,
+}
+
+impl ApplyPace for Gate {
+    fn applying(&self) -> Syncing {
+        self.asked.notify_one();
+        let mut open = self.open.clone();
+        Box::pin(async move {
+            let _ = open.wait_for(|open| *open).await;
+        })
+    }
+}
+
+/// A server still recovering (here: a group of one whose first entries are
+/// not applied yet, so it does not serve) refuses connections on its port
+/// rather than letting the kernel accept ones nobody reads: a client goes on
+/// to another member at once instead of waiting out its timeout.
+#[tokio::test(flavor = "current_thread")]
+async fn a_server_refuses_connections_until_it_has_recovered() {
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = ServerConfig::durable(dir.path()).listen(addr);
+    config.execution = Execution::Tasks;
+    let (open, gate) = watch::channel(false);
+    let asked = Arc::new(Notify::new());
+    let pace = Gate {
+        asked: asked.clone(),
+        open: gate,
+    };
+    let environment = Environment::machine().apply_pace(Arc::new(pace));
+    let starting = tokio::spawn(Server::start_in(config, environment));
+    asked.notified().await;
+    let refused = TcpStream::connect(addr)
+        .await
+        .expect_err("a server that has not recovered takes no connection");
+    assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionRefused);
+    open.send_replace(true);
+    let server = starting.await.unwrap().expect("start");
+    TcpStream::connect(addr)
+        .await
+        .expect("listening once started");
     server.shutdown().await.unwrap();
 }
