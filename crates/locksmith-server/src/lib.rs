@@ -186,9 +186,10 @@ pub struct Server {
 }
 
 impl Server {
-    /// Recovers the state from the data directory (if durable), binds the listen
-    /// address and starts serving on the current tokio runtime. Returns once
-    /// clients can connect.
+    /// Binds the listen address, recovers the state from the data directory (if
+    /// durable), then listens and starts serving on the current tokio runtime
+    /// (until then a connection is refused). Returns once clients can
+    /// connect.
     ///
     /// Cancel safety: not cancel safe in a useful way: if dropped after recovery
     /// started, the engine thread may be left running until the process ends.
