@@ -30,7 +30,6 @@ use locksmith_proto::raft as pb;
 use locksmith_proto::transport::{self, Connector};
 use openraft::async_runtime::WatchReceiver;
 use openraft::errors::{ClientWriteError, RaftError};
-use openraft::type_config::alias::LogIdOf;
 use openraft::{BasicNode, ChangeMembers, Precondition, ServerState};
 use tonic::{Request, Response, Status};
 
@@ -140,27 +139,10 @@ type ChangeResult =
 /// two, the group would stay in joint consensus. A task runs to the end
 /// whoever waits.
 ///
-/// openraft takes the second step only while the leader's lease holds, and
-/// the first step can commit just as it lapsed (a quorum of the joint
-/// membership heard again by the entry itself, before the next heartbeat
-/// renews the lease): the second step is then refused as if this member did
-/// not lead. The task ends such a change itself, as soon as the lease is back,
-/// rather than leave it to the finisher ([`spawn_joint_finisher`]) for
-/// several election timeouts.
-///
 /// Cancel safety: safe; a dropped call leaves the change running.
 async fn change_membership(raft: &Raft, change: ChangeMembers<u64, BasicNode>) -> ChangeResult {
     let raft = raft.clone();
-    let task = tokio::spawn(async move {
-        let before = *raft.metrics().borrow_watched().membership_config.log_id();
-        let result = raft.change_membership(change, false).await;
-        match result {
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => {
-                end_joint_membership(&raft, before).await.unwrap_or(result)
-            }
-            result => result,
-        }
-    });
+    let task = tokio::spawn(async move { raft.change_membership(change, false).await });
     match task.await {
         Ok(result) => result,
         Err(ended) if ended.is_panic() => std::panic::resume_unwind(ended.into_panic()),
@@ -644,12 +626,27 @@ pub(crate) fn spawn_joint_finisher(raft: Raft, patience: Duration) {
                     Err(_) => return,
                 },
             }
-            // A change under way has taken its second step by the next look.
-            let joint = led_joint_membership(&raft, planted::active(Defect::JointFinisherRace));
+            // A joint membership already applied here, so committed: a
+            // change under way has taken its second step by the next look.
+            let joint = {
+                let m = raft.metrics().borrow_watched().clone();
+                let membership = &m.membership_config;
+                let applied = match (membership.log_id(), &m.last_applied) {
+                    (Some(joint), Some(applied)) => applied.index >= joint.index,
+                    _ => false,
+                } || planted::active(Defect::JointFinisherRace);
+                let joint = membership.get_joint_config().len() > 1;
+                (m.state == ServerState::Leader && joint && applied).then(|| *membership.log_id())
+            };
             match joint {
                 Some(log_id) if seen.as_ref() == Some(&log_id) => {
                     tracing::info!(?log_id, "ending a membership change left halfway");
-                    if let Err(error) = flatten(&raft, log_id).await {
+                    let flatten = ChangeMembers::AddVoterIds(BTreeSet::new());
+                    let only_that = Precondition::LastMembershipLogId {
+                        last_membership_log_id: log_id,
+                    };
+                    if let Err(error) = raft.change_membership_if(flatten, false, [only_that]).await
+                    {
                         tracing::info!(%error, "the membership change is not ended yet");
                     }
                 }
@@ -659,75 +656,6 @@ pub(crate) fn spawn_joint_finisher(raft: Raft, patience: Duration) {
         }
     });
 }
-
-/// The entry of the joint membership this member leads in, once applied here
-/// (so committed), or also before with `even_unapplied` (the finisher's race,
-/// planted back); `None` when it does not lead or the membership is not a
-/// joint one.
-fn led_joint_membership(raft: &Raft, even_unapplied: bool) -> Option<Option<LogIdOf<TypeConfig>>> {
-    let m = raft.metrics().borrow_watched().clone();
-    let membership = &m.membership_config;
-    let applied = match (membership.log_id(), &m.last_applied) {
-        (Some(joint), Some(applied)) => applied.index >= joint.index,
-        _ => false,
-    } || even_unapplied;
-    let joint = membership.get_joint_config().len() > 1;
-    (m.state == ServerState::Leader && joint && applied).then(|| *membership.log_id())
-}
-
-/// The second step of a change of voters: the joint membership whose entry
-/// is `joint` made the new one alone, and only that one (another change made
-/// since is left alone).
-///
-/// Cancel safety: as openraft's `change_membership_if`: dropped, the entry may
-/// still be written and committed.
-async fn flatten(raft: &Raft, joint: Option<LogIdOf<TypeConfig>>) -> ChangeResult {
-    let flatten = ChangeMembers::AddVoterIds(BTreeSet::new());
-    let only_that = Precondition::LastMembershipLogId {
-        last_membership_log_id: joint,
-    };
-    raft.change_membership_if(flatten, false, [only_that]).await
-}
-
-/// Ends the joint membership a change made after the membership whose entry
-/// is `before`, committed while this member leads, whose second step
-/// openraft refused: tried again every few milliseconds while this member
-/// leads with that joint membership committed and the refusal is a lapsed
-/// lease, for at most [`SECOND_STEP_PATIENCE`]. `None` when there is no such
-/// joint membership here (the first step was refused, another member leads).
-///
-/// Cancel safety: as [`flatten`].
-async fn end_joint_membership(
-    raft: &Raft,
-    before: Option<LogIdOf<TypeConfig>>,
-) -> Option<ChangeResult> {
-    let until = tokio::time::Instant::now() + SECOND_STEP_PATIENCE;
-    loop {
-        let joint = led_joint_membership(raft, false).filter(|joint| *joint > before)?;
-        match flatten(raft, joint).await {
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_)))
-                if tokio::time::Instant::now() < until =>
-            {
-                tokio::time::sleep(SECOND_STEP_RETRY).await;
-            }
-            ended => {
-                tracing::info!(
-                    ?joint,
-                    ok = ended.is_ok(),
-                    "took the second step of a membership change again"
-                );
-                return Some(ended);
-            }
-        }
-    }
-}
-
-/// How long a change's own task tries its refused second step again (the
-/// finisher ends it later otherwise): a lease is renewed by the next
-/// heartbeats, within an election timeout.
-const SECOND_STEP_PATIENCE: Duration = Duration::from_secs(2);
-/// The pause between two such tries.
-const SECOND_STEP_RETRY: Duration = Duration::from_millis(10);
 
 /// What `locksmith cluster status` and the web page show: every member,
 /// its role and how far its log is, as this member's openraft metrics know
