@@ -975,10 +975,14 @@ async fn a_promotion_whose_caller_goes_away_midway_still_ends() {
         async move { promoted_and_settled(&url) }
     })
     .await;
+    // The change's own task took the second step: it succeeded, or openraft
+    // refused it because the leader's lease lapsed while two voters were
+    // frozen (the joint entry can commit just before the lease is renewed),
+    // and only then may the finisher end it.
+    let log = cluster.members[leader].log_tail(200);
     assert!(
-        !cluster.members[leader]
-            .log_tail(200)
-            .contains("ending a membership change left halfway"),
+        !log.contains("ending a membership change left halfway")
+            || log.contains("the second step error"),
         "the change ended only because the leader found it halfway:\n{}",
         cluster.members[leader].log_tail(50)
     );
