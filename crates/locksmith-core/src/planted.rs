@@ -38,9 +38,10 @@ pub enum Defect {
     /// to its answer (the simulator's "leases are kept").
     NoDeadlineCheck,
     /// The leader's joint-membership finisher ends a joint membership it
-    /// saw twice whether or not it is applied yet, so that it can take the
-    /// second step of a change still under way, whose own second step is
-    /// then refused: the operator is told the change failed.
+    /// saw twice whether or not it is applied yet and whether or not a
+    /// change is under way, so that it can take the second step of a change
+    /// still under way, whose own second step is then refused: the operator
+    /// is told the change failed.
     JointFinisherRace,
 }
 

@@ -359,11 +359,16 @@ impl Server {
         .await?;
         metrics.follow_raft(raft.clone());
         let _ = member.set(raft.clone());
+        let changes = raft::admin::ChangesUnderWay::default();
         // Five election timeouts: far longer than a change under way takes
         // between its two steps.
-        raft::admin::spawn_joint_finisher(raft.clone(), config.election_timeout * 5);
+        raft::admin::spawn_joint_finisher(
+            raft.clone(),
+            changes.clone(),
+            config.election_timeout * 5,
+        );
         if let Some(lag) = config.auto_promote_lag {
-            raft::admin::spawn_auto_promote(raft.clone(), lag);
+            raft::admin::spawn_auto_promote(raft.clone(), changes.clone(), lag);
         }
         tokio::spawn(raft::versions::run(
             raft.clone(),
@@ -409,6 +414,7 @@ impl Server {
                 versions.clone(),
                 auth.clone(),
                 members,
+                changes,
             )))
             .add_optional_service(reflection);
         let stopped_accepting = stop_accepting.clone().cancelled_owned();

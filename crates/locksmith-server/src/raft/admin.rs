@@ -15,7 +15,9 @@
 //! asked for the change. So each change runs on a task of its own
 //! ([`change_membership`]), which a caller that goes away does not stop, and
 //! the leader finishes a joint membership that nobody finishes (its leader
-//! died between the two steps) with [`spawn_joint_finisher`].
+//! died between the two steps, or openraft refused the second step) with
+//! [`spawn_joint_finisher`], which leaves alone a joint membership while a
+//! change of this member's is under way ([`ChangesUnderWay`]).
 //!
 //! Changes need `admin` when authentication is on; adding a learner is also
 //! open to a caller with a member's certificate (the peer CA's), which is how
@@ -23,6 +25,7 @@
 //! auth file.
 
 use std::collections::{BTreeSet, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use locksmith_core::planted::{self, Defect};
@@ -54,6 +57,39 @@ pub(crate) struct ClusterService {
     auth: Option<Arc<Auth>>,
     /// Who counts as a member, for a joiner adding itself.
     members: MemberCheck,
+    /// This member's changes under way, which the finisher leaves alone.
+    changes: ChangesUnderWay,
+}
+
+/// How many membership changes this member's own tasks are making. A change
+/// of voters takes its second step once its joint membership is committed
+/// and applied here, which a leader slow to apply may take longer to do than
+/// the finisher's patience: the finisher then ends the joint membership
+/// first, and the change's own step is refused (its precondition names the
+/// joint membership), so the operator would be told that a change that was
+/// made failed. The finisher therefore waits while any change is under way.
+#[derive(Clone, Default)]
+pub(crate) struct ChangesUnderWay(Arc<AtomicUsize>);
+
+impl ChangesUnderWay {
+    /// Counts a change as under way until the returned value is dropped.
+    fn begin(&self) -> ChangeUnderWay {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        ChangeUnderWay(self.0.clone())
+    }
+
+    fn any(&self) -> bool {
+        self.0.load(Ordering::SeqCst) > 0
+    }
+}
+
+/// One change under way (see [`ChangesUnderWay::begin`]).
+struct ChangeUnderWay(Arc<AtomicUsize>);
+
+impl Drop for ChangeUnderWay {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// Bytes of a backup per message of `SaveSnapshot`.
@@ -66,6 +102,7 @@ impl ClusterService {
         versions: Arc<Versions>,
         auth: Option<Arc<Auth>>,
         members: MemberCheck,
+        changes: ChangesUnderWay,
     ) -> ClusterService {
         ClusterService {
             raft,
@@ -73,6 +110,7 @@ impl ClusterService {
             versions,
             auth,
             members,
+            changes,
         }
     }
 
@@ -137,12 +175,21 @@ type ChangeResult =
 /// openraft drives a change of voters in two steps (the joint membership,
 /// then the new one) from the future that asked for it: dropped between the
 /// two, the group would stay in joint consensus. A task runs to the end
-/// whoever waits.
+/// whoever waits, counted in `changes` meanwhile.
 ///
 /// Cancel safety: safe; a dropped call leaves the change running.
-async fn change_membership(raft: &Raft, change: ChangeMembers<u64, BasicNode>) -> ChangeResult {
+async fn change_membership(
+    raft: &Raft,
+    changes: &ChangesUnderWay,
+    change: ChangeMembers<u64, BasicNode>,
+) -> ChangeResult {
     let raft = raft.clone();
-    let task = tokio::spawn(async move { raft.change_membership(change, false).await });
+    let under_way = changes.begin();
+    let task = tokio::spawn(async move {
+        let result = raft.change_membership(change, false).await;
+        drop(under_way);
+        result
+    });
     match task.await {
         Ok(result) => result,
         Err(ended) if ended.is_panic() => std::panic::resume_unwind(ended.into_panic()),
@@ -280,7 +327,7 @@ impl pb::cluster_server::Cluster for ClusterService {
         }
         tracing::info!(id, "promoting a learner to voter");
         let change = ChangeMembers::AddVoterIds(BTreeSet::from([id]));
-        changed(change_membership(&self.raft, change).await)
+        changed(change_membership(&self.raft, &self.changes, change).await)
     }
 
     /// Removes a member: a learner at once, a voter through a joint
@@ -308,11 +355,11 @@ impl pb::cluster_server::Cluster for ClusterService {
             }
             tracing::info!(id, "removing a voter");
             let change = ChangeMembers::RemoveVoters(BTreeSet::from([id]));
-            changed(change_membership(&self.raft, change).await)
+            changed(change_membership(&self.raft, &self.changes, change).await)
         } else {
             tracing::info!(id, "removing a learner");
             let change = ChangeMembers::RemoveNodes(BTreeSet::from([id]));
-            changed(change_membership(&self.raft, change).await)
+            changed(change_membership(&self.raft, &self.changes, change).await)
         }
     }
 
@@ -567,7 +614,7 @@ pub(crate) fn applied_member(raft: &Raft, id: u64) -> bool {
 /// While this member leads, promotes every learner whose log is within `lag`
 /// entries of the leader's (`--auto-promote-lag`): a member that joins
 /// becomes a voter once it has caught up, without an operator.
-pub(crate) fn spawn_auto_promote(raft: Raft, lag: u64) {
+pub(crate) fn spawn_auto_promote(raft: Raft, changes: ChangesUnderWay, lag: u64) {
     tokio::spawn(async move {
         let mut metrics = raft.metrics();
         loop {
@@ -593,6 +640,7 @@ pub(crate) fn spawn_auto_promote(raft: Raft, lag: u64) {
             if !ready.is_empty() {
                 tracing::info!(?ready, lag, "promoting learners that caught up");
                 let change = ChangeMembers::AddVoterIds(ready.into_iter().collect());
+                let _under_way = changes.begin();
                 if let Err(error) = raft.change_membership(change, false).await {
                     tracing::warn!(%error, "could not promote");
                 }
@@ -610,9 +658,9 @@ pub(crate) fn spawn_auto_promote(raft: Raft, lag: u64) {
 /// membership, and openraft does not finish it). Every `patience` it looks;
 /// a committed joint membership that is still the same one a look later
 /// gets its second step, guarded so that it lands only on that membership.
-/// A change under way takes its second step as soon as the first commits,
-/// long before that.
-pub(crate) fn spawn_joint_finisher(raft: Raft, patience: Duration) {
+/// While one of this member's changes is under way (`changes`), it takes its
+/// own second step and the finisher waits.
+pub(crate) fn spawn_joint_finisher(raft: Raft, changes: ChangesUnderWay, patience: Duration) {
     tokio::spawn(async move {
         let mut seen = None;
         let mut looks = tokio::time::interval(patience);
@@ -626,17 +674,19 @@ pub(crate) fn spawn_joint_finisher(raft: Raft, patience: Duration) {
                     Err(_) => return,
                 },
             }
-            // A joint membership already applied here, so committed: a
-            // change under way has taken its second step by the next look.
+            // A joint membership already applied here, so committed, that
+            // no change of this member's is still ending.
             let joint = {
                 let m = raft.metrics().borrow_watched().clone();
                 let membership = &m.membership_config;
                 let applied = match (membership.log_id(), &m.last_applied) {
                     (Some(joint), Some(applied)) => applied.index >= joint.index,
                     _ => false,
-                } || planted::active(Defect::JointFinisherRace);
+                };
+                let left =
+                    (applied && !changes.any()) || planted::active(Defect::JointFinisherRace);
                 let joint = membership.get_joint_config().len() > 1;
-                (m.state == ServerState::Leader && joint && applied).then(|| *membership.log_id())
+                (m.state == ServerState::Leader && joint && left).then(|| *membership.log_id())
             };
             match joint {
                 Some(log_id) if seen.as_ref() == Some(&log_id) => {

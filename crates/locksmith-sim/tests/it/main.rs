@@ -301,3 +301,25 @@ fn a_joining_member_asks_until_a_leader_has_committed_it() {
     let (output, passed) = simulate(&["--seed", "27", "--duration", "12", "--membership"]);
     assert!(passed, "{output}");
 }
+
+/// Seed 582: the leader member1 was busy (1.1 s to apply each run of
+/// committed entries) while an operator removed member4. The joint
+/// membership committed and was applied, but the change's own second step
+/// came later than the joint-membership finisher's patience; the finisher
+/// ended the joint membership first, the change's step was refused (its
+/// precondition named the joint membership), and the operator was told
+/// `Unavailable` for a change that was made. The finisher now waits while
+/// a change of its member's is under way.
+#[test]
+fn the_finisher_leaves_a_change_under_way_to_end_itself() {
+    let args = [
+        "--seed",
+        "582",
+        "--duration",
+        "12",
+        "--membership",
+        "--slow-apply",
+    ];
+    let (output, passed) = simulate(&args);
+    assert!(passed, "{output}");
+}
