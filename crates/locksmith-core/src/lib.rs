@@ -49,6 +49,7 @@ mod engine;
 mod error;
 mod inspect;
 mod name;
+pub mod pace;
 pub mod planted;
 mod snapshot;
 mod types;

@@ -14,6 +14,7 @@ use std::collections::VecDeque;
 use serde::{Serialize, Serializer};
 
 use super::{FrozenEngine, Hold, LockEntry};
+use crate::pace;
 use crate::snapshot::{EndingSnapshot, SessionSnapshot, WaiterSnapshot};
 use crate::types::{Millis, Mode, RequestId, SessionId};
 
@@ -67,9 +68,13 @@ impl Serialize for FrozenEngine {
         let mut locks: Vec<(&str, &LockEntry)> = self
             .locks
             .entries()
-            .map(|lock| (&*lock.name, &**lock))
+            .map(|lock| {
+                pace::step();
+                (&*lock.name, &**lock)
+            })
             .collect();
-        locks.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        let mut compared = 0;
+        locks.sort_unstable_by(|a, b| pace::compared(&mut compared, a.0.cmp(b.0)));
         let mut waiters: Vec<&WaiterSnapshot> = self.waiters.iter().collect();
         waiters.sort_unstable_by_key(|w| (w.session, w.request));
         SnapshotRef {
@@ -85,11 +90,14 @@ impl Serialize for FrozenEngine {
 
 impl Serialize for Locks<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_seq(self.0.iter().map(|&(name, lock)| LockRef {
-            name,
-            holders: Holds(&lock.holders),
-            queue: &lock.queue,
-            delay_until: lock.delay_until,
+        serializer.collect_seq(self.0.iter().map(|&(name, lock)| {
+            pace::step();
+            LockRef {
+                name,
+                holders: Holds(&lock.holders),
+                queue: &lock.queue,
+                delay_until: lock.delay_until,
+            }
         }))
     }
 }
@@ -126,6 +134,7 @@ impl FrozenEngine {
             .locks
             .entries()
             .map(|lock| {
+                pace::step();
                 let holders: usize = lock
                     .holders
                     .iter()

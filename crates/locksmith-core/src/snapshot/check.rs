@@ -13,6 +13,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use super::{EndingSnapshot, HoldSnapshot, SessionSnapshot, WaiterSnapshot};
 use crate::error::SnapshotError;
 use crate::name::validate_name;
+use crate::pace;
 use crate::types::{Mode, RequestId, SessionId};
 
 /// What a checked snapshot holds.
@@ -238,12 +239,15 @@ impl<'a> Checker<'a> {
                 return bad(format!("{} names no lock or one lock twice", what()));
             }
         }
-        self.tokens.sort_unstable();
+        let mut compared = 0;
+        self.tokens
+            .sort_unstable_by(|a, b| pace::compared(&mut compared, a.cmp(b)));
         if let Some(twice) = self.tokens.windows(2).find(|w| w[0] == w[1]) {
             return bad(format!("token {} is given twice (to two holds)", twice[0]));
         }
         if !self.ascending {
-            self.names.sort_unstable();
+            self.names
+                .sort_unstable_by(|a, b| pace::compared(&mut compared, a.cmp(b)));
             if let Some(twice) = self.names.windows(2).find(|w| w[0] == w[1]) {
                 return bad(format!("lock {:?} is listed twice", twice[0]));
             }

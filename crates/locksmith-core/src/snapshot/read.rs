@@ -13,6 +13,7 @@ use serde::Deserialize;
 use super::check::{Checker, HoldFacts, SnapshotCensus};
 use super::{EndingSnapshot, SessionSnapshot, WaiterSnapshot};
 use crate::error::SnapshotError;
+use crate::pace;
 use crate::types::{Millis, Mode, RequestId, SessionId};
 
 /// A [`Snapshot`](super::Snapshot) read from its serde encoding and checked
@@ -190,6 +191,7 @@ impl<'de> Visitor<'de> for Lock<'_, 'de> {
             .ok_or_else(|| de::Error::invalid_length(2, &"a lock's queue"))?;
         let _delay_until: Option<Millis> = next(&mut seq, 3, &"a lock's delay")?;
         reading.check_lock(name);
+        pace::step();
         Ok(())
     }
 }

@@ -264,3 +264,53 @@ fn a_snapshot_checked_as_it_is_read_agrees_with_the_built_one() {
     let cut = &bytes[..bytes.len() - 3];
     assert!(postcard::from_bytes::<locksmith_core::CheckedSnapshot>(cut).is_err());
 }
+
+thread_local! {
+    static PAUSES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+fn count_pause() {
+    PAUSES.set(PAUSES.get() + 1);
+}
+
+/// Encoding a frozen table and checking one as it is read pause every few
+/// dozen locks while their caller asks (`pace::pausing`), and not
+/// otherwise: a server's background thread gives way there.
+#[cfg(feature = "serde")]
+#[test]
+fn encoding_and_checking_a_big_table_pause_as_they_go() {
+    use locksmith_core::{pace, CheckedSnapshot};
+    const LOCKS: u64 = 5_000;
+    let mut engine = Engine::default();
+    let mut effects = Vec::new();
+    let open = Command::OpenSession {
+        session: SessionId(1),
+        ttl: 1_000,
+        info: ClientInfo::default(),
+    };
+    engine.apply(0, open, &mut effects).unwrap();
+    for i in 0..LOCKS {
+        let name = format!("lock-{:05}", (i * 7919) % LOCKS);
+        let command = acquire(1, i + 1, &[&name], Mode::Exclusive, Wait::Forever, None);
+        engine.apply(1, command, &mut effects).unwrap();
+    }
+    let frozen = engine.freeze();
+
+    let bytes = postcard::to_stdvec(&frozen).unwrap();
+    assert_eq!(PAUSES.get(), 0, "no pause asked for, none made");
+    let again = pace::pausing(count_pause, || postcard::to_stdvec(&frozen).unwrap());
+    assert_eq!(again, bytes, "pausing changes nothing encoded");
+    let encoding = PAUSES.get();
+    // Collected, sorted and written: a pause every 64 locks at least.
+    assert!(encoding as u64 >= LOCKS / 64, "{encoding} pauses");
+
+    let census = pace::pausing(count_pause, || {
+        postcard::from_bytes::<CheckedSnapshot>(&bytes)
+            .unwrap()
+            .into_result()
+            .unwrap()
+    });
+    assert_eq!(census.held, LOCKS as usize);
+    let checking = PAUSES.get() - encoding;
+    assert!(checking as u64 >= LOCKS / 64, "{checking} pauses");
+}

@@ -12,8 +12,19 @@
 //! takes what they leave. Nothing it does delays a heartbeat or a commit:
 //! the state is frozen before (the core goes on at once) and nothing is
 //! locked while it runs.
+//!
+//! A lower priority is not enough on its own: when every CPU is busy, a
+//! thread that serves and wakes up may still wait for the rest of the
+//! background thread's time slice (on the 2-vCPU machine of
+//! docs/BENCHMARKS.md, two busy threads at nice +10, or even at
+//! `SCHED_IDLE`, took the handoff p99 from 0.8 to 3.6–4.3 ms). So the work
+//! also gives way ([`give_way`]): every [`GIVE_WAY_EVERY`] of it, the
+//! thread yields its CPU to whatever is waiting for one (two busy threads
+//! yielding every 500 µs: 1.0 ms).
 
+use std::cell::Cell;
 use std::io;
+use std::time::{Duration, Instant};
 
 /// How much the encoding thread's nice value is raised (at most to 19):
 /// its share of a CPU wanted by a thread of the runtime is about 1/10
@@ -35,11 +46,43 @@ pub(crate) async fn in_background<T: Send + 'static>(
         .name(format!("locksmith-{what}"))
         .spawn(move || {
             lower_priority();
-            let _ = done.send(work());
+            let _ = done.send(giving_way(work));
         })?;
     result
         .await
         .map_err(|_| io::Error::other(format!("{what} panicked")))
+}
+
+/// How long background work runs before it gives way to threads waiting
+/// for a CPU: about what a handoff takes, so that one waits at most that
+/// much longer.
+pub(crate) const GIVE_WAY_EVERY: Duration = Duration::from_micros(500);
+
+thread_local! {
+    /// When this thread last gave way (or started to work).
+    static GAVE_WAY: Cell<Option<Instant>> = const { Cell::new(None) };
+}
+
+/// Runs `work`, long work on a big table, giving way ([`give_way`]) as it
+/// goes (`locksmith_core::pace`).
+pub(crate) fn giving_way<R>(work: impl FnOnce() -> R) -> R {
+    GAVE_WAY.set(None);
+    locksmith_core::pace::pausing(give_way, work)
+}
+
+/// Yields the CPU (`sched_yield`) if [`GIVE_WAY_EVERY`] has passed since
+/// this thread last did: a thread waiting for this CPU runs now, and the
+/// work goes on at once if none is.
+fn give_way() {
+    let now = Instant::now();
+    match GAVE_WAY.get() {
+        Some(last) if now.duration_since(last) < GIVE_WAY_EVERY => {}
+        Some(_) => {
+            std::thread::yield_now();
+            GAVE_WAY.set(Some(Instant::now()));
+        }
+        None => GAVE_WAY.set(Some(now)),
+    }
 }
 
 /// Raises the calling thread's nice value by [`BACKGROUND_NICE`]. On Linux a

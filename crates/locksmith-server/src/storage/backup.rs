@@ -617,8 +617,11 @@ pub fn save_checked(path: &Path, bytes: &[u8]) -> Result<Summary, ServerError> {
     let (dir, name) = dir_and_name(path)?;
     std::thread::scope(|scope| {
         let writing = scope.spawn(|| files::Staged::write(dir, name, bytes));
-        let summary =
-            files::unframe(path, bytes, BACKUP_MAGIC).and_then(|payload| census(path, payload));
+        // Checked giving way, as a member encodes it (module `background`):
+        // run on a member's machine, the check leaves waking threads a CPU.
+        let summary = super::background::giving_way(|| {
+            files::unframe(path, bytes, BACKUP_MAGIC).and_then(|payload| census(path, payload))
+        });
         let staged = writing
             .join()
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
