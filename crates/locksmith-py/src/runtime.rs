@@ -5,7 +5,8 @@
 //! asyncio API's futures wait on).
 //! A blocking call runs its future on the calling thread with the GIL
 //! released ([`block`]), waking every [`SIGNAL_CHECK`] to let Python run its
-//! signal handlers, so Ctrl-C interrupts a wait; an asyncio call returns an
+//! signal handlers, so Ctrl-C interrupts a wait (on a timer each thread
+//! keeps from call to call); an asyncio call returns an
 //! awaitable whose task polls the future on the loop's thread
 //! ([`crate::awaitable`]).
 //!
@@ -17,8 +18,12 @@
 //! refuses to work in the child ([`Closed`](crate::errors)), and dropping it
 //! there forgets it without a release: the parent still holds what it held.
 
+use std::cell::RefCell;
 use std::future::Future;
+use std::mem::ManuallyDrop;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
+use std::task::Poll;
 use std::time::Duration;
 
 use pyo3::prelude::*;
@@ -111,10 +116,14 @@ pub fn runtime() -> &'static Runtime {
 }
 
 fn build() -> Runtime {
-    // Two workers: background work and the asyncio API's futures go on
-    // while blocking calls run their own futures on their callers' threads.
+    // One worker, as the Rust blocking client's runtime: blocking calls run
+    // their futures on their callers' threads, asyncio calls on the loop's;
+    // the worker carries the connections' I/O, the timers and background
+    // work. A second worker was woken to steal work on nearly every
+    // reply, and cost a blocking pair against the server about 50 µs of
+    // CPU (docs/BENCHMARKS.md, "One worker").
     tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(1)
         .thread_name("locksmith")
         .enable_all()
         .build()
@@ -136,12 +145,82 @@ where
     let mut future = std::pin::pin!(future);
     loop {
         let step = py.detach(|| {
-            // The timer is made inside the runtime, whose clock it needs.
-            runtime.block_on(async { tokio::time::timeout(SIGNAL_CHECK, future.as_mut()).await })
+            runtime.block_on(async {
+                // Made inside the runtime, whose clock it needs.
+                let mut timer = SignalTimer::of_this_thread();
+                let mut sleep = timer.sleep();
+                // The future first: one ready at once never polls the timer.
+                let step = std::future::poll_fn(|cx| match future.as_mut().poll(cx) {
+                    Poll::Ready(output) => Poll::Ready(Some(output)),
+                    Poll::Pending => sleep.as_mut().poll(cx).map(|()| None),
+                })
+                .await;
+                timer.keep();
+                step
+            })
         });
         match step {
-            Ok(output) => return Ok(output),
-            Err(_) => py.check_signals()?,
+            Some(output) => return Ok(output),
+            None => py.check_signals()?,
+        }
+    }
+}
+
+thread_local! {
+    /// This thread's timer for [`block`]'s signal checks.
+    static SIGNAL_TIMER: RefCell<Option<SignalTimer>> = const { RefCell::new(None) };
+}
+
+/// The timer of one thread's signal checks, kept from call to call: a timer
+/// made for each call was registered with the runtime on each, and one due
+/// before the runtime's next wake-up wakes its worker to look at it (about
+/// 15 µs of CPU a blocking pair against the server). Kept, it is registered
+/// again once per [`SIGNAL_CHECK`] at most, so the first check of a call may
+/// come sooner than that.
+struct SignalTimer {
+    /// The fork generation whose runtime the timer belongs to.
+    generation: u64,
+    sleep: ManuallyDrop<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl SignalTimer {
+    /// The timer this thread kept (if of this generation), or a new one;
+    /// inside the runtime.
+    fn of_this_thread() -> SignalTimer {
+        let generation = generation();
+        SIGNAL_TIMER
+            .take()
+            .filter(|timer| timer.generation == generation)
+            .unwrap_or_else(|| SignalTimer {
+                generation,
+                sleep: ManuallyDrop::new(Box::pin(tokio::time::sleep(SIGNAL_CHECK))),
+            })
+    }
+
+    /// The timer, due [`SIGNAL_CHECK`] from now if it was due already.
+    fn sleep(&mut self) -> Pin<&mut tokio::time::Sleep> {
+        let mut sleep = self.sleep.as_mut();
+        if sleep.is_elapsed() {
+            let due = tokio::time::Instant::now() + SIGNAL_CHECK;
+            sleep.as_mut().reset(due);
+        }
+        sleep
+    }
+
+    /// Keeps it for this thread's next call.
+    fn keep(self) {
+        SIGNAL_TIMER.set(Some(self));
+    }
+}
+
+impl Drop for SignalTimer {
+    fn drop(&mut self) {
+        // A timer of an earlier generation belongs to the parent's runtime,
+        // whose threads the child lacks (and whose locks one of them may
+        // have held at the fork): forgotten, as the runtime is.
+        if self.generation == generation() {
+            // SAFETY: dropped once, here; never used again.
+            unsafe { ManuallyDrop::drop(&mut self.sleep) };
         }
     }
 }
