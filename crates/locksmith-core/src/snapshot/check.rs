@@ -120,7 +120,9 @@ impl<'a> Checker<'a> {
         Ok(checker)
     }
 
-    /// More room for `locks` more locks.
+    /// More room for `locks` more locks (a snapshot read as it streams
+    /// announces how many).
+    #[cfg(feature = "serde")]
     pub fn reserve(&mut self, locks: usize) {
         self.names.reserve(locks);
         self.tokens.reserve(locks);

@@ -265,14 +265,6 @@ fn a_snapshot_checked_as_it_is_read_agrees_with_the_built_one() {
     assert!(postcard::from_bytes::<locksmith_core::CheckedSnapshot>(cut).is_err());
 }
 
-thread_local! {
-    static PAUSES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
-}
-
-fn count_pause() {
-    PAUSES.set(PAUSES.get() + 1);
-}
-
 /// Encoding a frozen table and checking one as it is read pause every few
 /// dozen locks while their caller asks (`pace::pausing`), and not
 /// otherwise: a server's background thread gives way there.
@@ -280,6 +272,12 @@ fn count_pause() {
 #[test]
 fn encoding_and_checking_a_big_table_pause_as_they_go() {
     use locksmith_core::{pace, CheckedSnapshot};
+    thread_local! {
+        static PAUSES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+    fn count_pause() {
+        PAUSES.set(PAUSES.get() + 1);
+    }
     const LOCKS: u64 = 5_000;
     let mut engine = Engine::default();
     let mut effects = Vec::new();
