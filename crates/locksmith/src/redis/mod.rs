@@ -228,7 +228,7 @@
 //! The fencing token comes from a quorum counter: the grant's nodes report
 //! their counter, locksmith writes `max + 1` to every node (raising it past a
 //! higher counter any node reports), and the grant counts only once a
-//! majority stored it. Any two majorities intersect, so tokens increase from
+//! majority stored it and no node that answered kept a higher one. Any two majorities intersect, so tokens increase from
 //! grant to grant; and while the nodes that kept the highest counter answer,
 //! a node that lost its data cannot bring a token back.
 //!
@@ -650,7 +650,8 @@ impl Shared {
     }
 
     /// Redlock fencing: writes `value` as the token counter on `nodes`,
-    /// raising it past any higher counter found; `None` if no majority stored it.
+    /// raising it past any higher counter found; `None` if no majority stored
+    /// it above every counter reported.
     ///
     /// Cancel safety: safe; a counter raised by a dropped call only makes later
     /// tokens larger.
@@ -673,17 +674,23 @@ impl Shared {
                 }))
                 .await;
             let stored = answers.iter().filter(|a| matches!(a, Ok(Ok(-1)))).count();
-            if stored >= self.quorum {
-                return Some(value);
-            }
+            // A node that answers with its counter kept one at or above
+            // `value`: a token that was handed out. The majority that stored
+            // `value` may count a node that lost its data (Kleppmann's
+            // sequence), so the token goes past every counter reported, not
+            // only past a majority's.
             let higher = answers
                 .iter()
                 .filter_map(|a| match a {
                     Ok(Ok(c)) if *c >= 0 => Some(*c as u64),
                     _ => None,
                 })
-                .max()?;
-            value = value.max(higher + 1);
+                .max();
+            match higher {
+                None if stored >= self.quorum => return Some(value),
+                None => return None,
+                Some(higher) => value = value.max(higher + 1),
+            }
         }
         None
     }
