@@ -84,16 +84,21 @@ fn restored_engine_continues_identically() {
     assert_eq!(restored.last_token(), original.last_token());
 }
 
-#[test]
-fn a_raised_token_floor_survives_a_snapshot_and_only_moves_up() {
+/// An engine with session 1 open (TTL 1 s) at time 0.
+fn engine_with_session_one() -> Engine {
     let mut engine = Engine::default();
-    let mut effects = Vec::new();
     let open = Command::OpenSession {
         session: SessionId(1),
         ttl: 1_000,
         info: ClientInfo::default(),
     };
-    engine.apply(0, open, &mut effects).unwrap();
+    engine.apply(0, open, &mut Vec::new()).unwrap();
+    engine
+}
+
+#[test]
+fn a_raised_token_floor_survives_a_snapshot_and_only_moves_up() {
+    let mut engine = engine_with_session_one();
     let grant = |engine: &mut Engine, request: u64, name: &str| {
         let mut effects = Vec::new();
         let command = acquire(1, request, &[name], Mode::Exclusive, Wait::No, None);
@@ -279,14 +284,8 @@ fn encoding_and_checking_a_big_table_pause_as_they_go() {
         PAUSES.set(PAUSES.get() + 1);
     }
     const LOCKS: u64 = 5_000;
-    let mut engine = Engine::default();
+    let mut engine = engine_with_session_one();
     let mut effects = Vec::new();
-    let open = Command::OpenSession {
-        session: SessionId(1),
-        ttl: 1_000,
-        info: ClientInfo::default(),
-    };
-    engine.apply(0, open, &mut effects).unwrap();
     for i in 0..LOCKS {
         let name = format!("lock-{:05}", (i * 7919) % LOCKS);
         let command = acquire(1, i + 1, &[&name], Mode::Exclusive, Wait::Forever, None);
