@@ -112,6 +112,15 @@ pub(crate) fn raft_config(config: &ServerConfig) -> Result<Config, ServerError> 
         election_timeout_min: election,
         election_timeout_max: election * 2,
         enable_pre_vote: Some(true),
+        // A restarted leader wins an election before it leads again, as in
+        // standard Raft. openraft would otherwise restore its leadership of
+        // the same term at once; but a leader's entries may be committed by
+        // its followers before its own write is synced, so after a power
+        // loss it can come back without them and append other entries at
+        // their indexes under the same ids, which the followers take for
+        // the ones they have (found by the simulator, seed 272 with
+        // `--mixed --membership --slow-disks`).
+        enable_leader_restore: Some(false),
         max_payload_entries: super::ENTRIES_PER_APPEND,
         // By the log's growth against the snapshot's size
         // (`snapshot_policy`), or by openraft's entry count alone.

@@ -323,3 +323,29 @@ fn the_finisher_leaves_a_change_under_way_to_end_itself() {
     let (output, passed) = simulate(&args);
     assert!(passed, "{output}");
 }
+
+/// Seed 272: the leader, member3, lost power with the tail of its Raft log
+/// written but not yet synced. The other three voters had those entries and
+/// had committed them (a leader's own write need not be among a commit's
+/// quorum), so grants up to token 23 had been answered. Restarted, member3
+/// took back its leadership of the same term at once, without an election
+/// (openraft restores a leader whose vote was committed), and appended new
+/// entries at the indexes its log had lost: the same log ids as the
+/// followers' entries there, with other contents. The followers kept theirs
+/// (an entry's id is all they compare), member3 granted tokens 18 to 38 from
+/// its own, and once it was removed the next leader granted from 24 again.
+/// A restarted member now always wins an election before it leads.
+#[test]
+fn a_leader_that_lost_its_unsynced_tail_does_not_lead_again_without_an_election() {
+    let args = [
+        "--seed",
+        "272",
+        "--duration",
+        "12",
+        "--mixed",
+        "--membership",
+        "--slow-disks",
+    ];
+    let (output, passed) = simulate(&args);
+    assert!(passed, "{output}");
+}
