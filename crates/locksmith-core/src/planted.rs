@@ -43,11 +43,16 @@ pub enum Defect {
     /// still under way, whose own second step is then refused: the operator
     /// is told the change failed.
     JointFinisherRace,
+    /// A member that led before a restart leads again at once in the same
+    /// term, without an election (openraft's leader restore): after a
+    /// power loss took the unsynced tail of its log, entries its followers
+    /// committed without it, it writes other entries under their ids.
+    LeaderRestore,
 }
 
 impl Defect {
     /// Every defect, as `--plant` names them.
-    pub const ALL: [(Defect, &'static str); 7] = [
+    pub const ALL: [(Defect, &'static str); 8] = [
         (Defect::HeartbeatsDropped, "heartbeats-dropped"),
         (Defect::FrozenLeader, "frozen-leader"),
         (Defect::StaleHint, "stale-hint"),
@@ -55,6 +60,7 @@ impl Defect {
         (Defect::NoGrace, "no-grace"),
         (Defect::NoDeadlineCheck, "no-deadline-check"),
         (Defect::JointFinisherRace, "joint-finisher-race"),
+        (Defect::LeaderRestore, "leader-restore"),
     ];
 
     /// The defect named `name` (see [`Defect::ALL`]).

@@ -49,7 +49,7 @@ struct Args {
     mixed: bool,
     /// Put a past defect back, to show the simulator finds it:
     /// heartbeats-dropped, frozen-leader, stale-hint, deadline-by-equality,
-    /// no-grace, no-deadline-check or joint-finisher-race
+    /// no-grace, no-deadline-check, joint-finisher-race or leader-restore
     /// (`locksmith_core::planted`).
     #[arg(long, value_parser = parse_defect)]
     plant: Option<Defect>,

@@ -18,6 +18,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use locksmith_core::planted::{self, Defect};
 use openraft::async_runtime::WatchReceiver;
 use openraft::{BasicNode, Config, ServerState, SnapshotPolicy};
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -119,8 +120,8 @@ pub(crate) fn raft_config(config: &ServerConfig) -> Result<Config, ServerError> 
         // loss it can come back without them and append other entries at
         // their indexes under the same ids, which the followers take for
         // the ones they have (found by the simulator, seed 272 with
-        // `--mixed --membership --slow-disks`).
-        enable_leader_restore: Some(false),
+        // `--mixed --membership --slow-disks`; `--plant leader-restore`).
+        enable_leader_restore: Some(planted::active(Defect::LeaderRestore)),
         max_payload_entries: super::ENTRIES_PER_APPEND,
         // By the log's growth against the snapshot's size
         // (`snapshot_policy`), or by openraft's entry count alone.

@@ -190,7 +190,7 @@ struct Planted {
 /// code under test draws or sends moves every run, so a seed may need
 /// hunting again (`--seeds 1..N --plant P`: the first that fails on the
 /// rule named, and passes without it).
-const PLANTED: [Planted; 7] = [
+const PLANTED: [Planted; 8] = [
     Planted {
         plant: "frozen-leader",
         run: &["--seed", "10", "--duration", "8", "--calm"],
@@ -232,6 +232,19 @@ const PLANTED: [Planted; 7] = [
             "--slow-apply",
         ],
         rule: "the operator is told the truth",
+    },
+    Planted {
+        plant: "leader-restore",
+        run: &[
+            "--seed",
+            "272",
+            "--duration",
+            "12",
+            "--mixed",
+            "--membership",
+            "--slow-disks",
+        ],
+        rule: "tokens rise",
     },
 ];
 
