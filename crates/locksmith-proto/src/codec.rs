@@ -9,7 +9,10 @@
 //! Its buffers start at [`BUFFER_BYTES`] rather than tonic's 8 KiB: every
 //! session stream keeps one buffer each way for as long as it lives, and
 //! most streams are idle sessions exchanging heartbeats of a few bytes; a
-//! stream that sends more grows its buffers as it needs.
+//! stream that sends more grows its buffers as it needs (by doubling, and
+//! reused in place once what was sent from them is written), so a big
+//! message costs a few more allocations, not a slower stream
+//! (docs/BENCHMARKS.md, "Codec buffers of 128 bytes").
 
 use std::marker::PhantomData;
 
@@ -18,7 +21,7 @@ use tonic::{Code, Status};
 use tonic_prost::{ProstCodec, ProstDecoder, ProstEncoder};
 
 /// The bytes each way a stream's buffers start at (see the module docs).
-pub const BUFFER_BYTES: usize = 1024;
+pub const BUFFER_BYTES: usize = 128;
 
 /// Buffers of [`BUFFER_BYTES`], yielding at tonic's threshold (32 KiB).
 fn buffer_settings() -> BufferSettings {
