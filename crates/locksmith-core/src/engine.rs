@@ -194,7 +194,9 @@ struct Grant<'a> {
 struct Session {
     ttl: Millis,
     expires_at: Millis,
-    info: ClientInfo,
+    /// Shared with the snapshots frozen from it: a freeze takes a
+    /// reference, not a copy of two strings per session.
+    info: Arc<ClientInfo>,
     /// Locks where this session has at least one hold.
     holds: FxHashSet<LockId>,
     waiting: FxHashSet<RequestId>,
@@ -212,7 +214,7 @@ struct Ending {
     /// When the session ended: when its next step falls due.
     since: Millis,
     /// Who the client was: its remaining holds still show it.
-    info: ClientInfo,
+    info: Arc<ClientInfo>,
     /// Locks where it still has at least one hold.
     holds: FxHashSet<LockId>,
     /// Its waits not dropped yet.
@@ -550,7 +552,7 @@ impl Engine {
             Session {
                 ttl,
                 expires_at,
-                info,
+                info: Arc::new(info),
                 holds: FxHashSet::default(),
                 waiting: FxHashSet::default(),
                 queued_names: 0,
@@ -1467,7 +1469,7 @@ impl Engine {
             .iter()
             .map(|(&session, s)| SessionInfo {
                 session,
-                info: s.info.clone(),
+                info: ClientInfo::clone(&s.info),
                 ttl: s.ttl,
                 expires_at: s.expires_at,
                 holds: s.holds.len(),
@@ -1519,11 +1521,11 @@ impl Engine {
                     session: h.session,
                     owner: h.owner.to_string(),
                     lock_by: match self.sessions.get(&h.session) {
-                        Some(session) => session.info.clone(),
+                        Some(session) => ClientInfo::clone(&session.info),
                         None => self
                             .ending
                             .get(&h.session)
-                            .map(|e| e.info.clone())
+                            .map(|e| ClientInfo::clone(&e.info))
                             .unwrap_or_default(),
                     },
                     lock_time: h.lock_time,
@@ -1565,13 +1567,13 @@ impl Engine {
     /// freezing a table of a million locks costs about a thousand
     /// references, not a copy of every name and owner.
     pub fn freeze(&self) -> FrozenEngine {
-        let sessions: Vec<SessionSnapshot> = self
+        let sessions: Vec<FrozenSession> = self
             .sessions
             .iter()
-            .map(|(&session, s)| SessionSnapshot {
+            .map(|(&session, s)| FrozenSession {
                 session,
                 ttl: s.ttl,
-                info: s.info.clone(),
+                info: Arc::clone(&s.info),
                 expires_at: s.expires_at,
             })
             .collect();
@@ -1603,7 +1605,7 @@ impl Engine {
                 session,
                 reason: e.reason,
                 since: e.since,
-                info: e.info.clone(),
+                info: ClientInfo::clone(&e.info),
             })
             .collect();
         FrozenEngine {
@@ -1630,7 +1632,7 @@ impl Engine {
                 let ending = Ending {
                     reason: e.reason,
                     since: e.since,
-                    info: e.info.clone(),
+                    info: Arc::new(e.info.clone()),
                     holds: FxHashSet::default(),
                     waiting: FxHashSet::default(),
                 };
@@ -1646,7 +1648,7 @@ impl Engine {
                 Session {
                     ttl: s.ttl,
                     expires_at: s.expires_at,
-                    info: s.info,
+                    info: Arc::new(s.info),
                     holds: FxHashSet::default(),
                     waiting: FxHashSet::default(),
                     queued_names: 0,
@@ -1718,6 +1720,19 @@ impl Engine {
     }
 }
 
+/// An open session as [`Engine::freeze`] took it: a [`SessionSnapshot`]
+/// whose client info is shared with the engine. Serialized, it is that
+/// [`SessionSnapshot`] (`Arc` serializes as what it holds), field for field.
+#[derive(Debug)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename = "SessionSnapshot"))]
+struct FrozenSession {
+    session: SessionId,
+    ttl: Millis,
+    info: Arc<ClientInfo>,
+    expires_at: Millis,
+}
+
 /// The engine's state at one point, taken by [`Engine::freeze`]: turned into
 /// a [`Snapshot`] (sorting and copying, the slow part with a big table) away
 /// from the thread that runs the engine. With the `serde` feature it also
@@ -1725,7 +1740,7 @@ impl Engine {
 #[derive(Debug)]
 pub struct FrozenEngine {
     last_token: u64,
-    sessions: Vec<SessionSnapshot>,
+    sessions: Vec<FrozenSession>,
     locks: Slab,
     ending: Vec<EndingSnapshot>,
     waiters: Vec<WaiterSnapshot>,
@@ -1767,6 +1782,15 @@ impl FrozenEngine {
             })
             .collect();
         waiters.sort_unstable_by_key(|w| (w.session, w.request));
+        let sessions = sessions
+            .into_iter()
+            .map(|s| SessionSnapshot {
+                session: s.session,
+                ttl: s.ttl,
+                info: Arc::unwrap_or_clone(s.info),
+                expires_at: s.expires_at,
+            })
+            .collect();
         Snapshot {
             last_token,
             sessions,

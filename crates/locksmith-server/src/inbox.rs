@@ -152,6 +152,7 @@ pub(crate) struct FrozenState {
     pub next_session: u64,
     pub next_unary: u64,
     pub engine: FrozenEngine,
+    /// In no order: sorted where encoded (`storage::snapshot`).
     pub sessions: Vec<SessionRecord>,
     /// No token above it had been made visible as of this state: the
     /// member's durable token ceiling, or the engine's last token where it

@@ -13,9 +13,9 @@ use std::collections::VecDeque;
 
 use serde::{Serialize, Serializer};
 
-use super::{FrozenEngine, Hold, LockEntry};
+use super::{FrozenEngine, FrozenSession, Hold, LockEntry};
 use crate::pace;
-use crate::snapshot::{EndingSnapshot, SessionSnapshot, WaiterSnapshot};
+use crate::snapshot::{EndingSnapshot, WaiterSnapshot};
 use crate::types::{Millis, Mode, RequestId, SessionId};
 
 /// `Snapshot`, borrowed and sorted as `into_snapshot` sorts it.
@@ -23,7 +23,7 @@ use crate::types::{Millis, Mode, RequestId, SessionId};
 #[serde(rename = "Snapshot")]
 struct SnapshotRef<'a> {
     last_token: u64,
-    sessions: Vec<&'a SessionSnapshot>,
+    sessions: Vec<&'a FrozenSession>,
     locks: Locks<'a>,
     waiters: Vec<&'a WaiterSnapshot>,
     ending: &'a [EndingSnapshot],
@@ -63,7 +63,7 @@ struct HoldRef<'a> {
 
 impl Serialize for FrozenEngine {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let mut sessions: Vec<&SessionSnapshot> = self.sessions.iter().collect();
+        let mut sessions: Vec<&FrozenSession> = self.sessions.iter().collect();
         sessions.sort_unstable_by_key(|s| s.session);
         let mut locks: Vec<(&str, &LockEntry)> = self
             .locks

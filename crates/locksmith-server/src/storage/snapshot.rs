@@ -47,42 +47,43 @@ pub(crate) struct ServerSnapshot {
 
 /// [`ServerSnapshot`] as format 2 lays it out, borrowed to write it; the
 /// engine is anything that serializes as a [`Snapshot`] (a frozen engine
-/// does, without building one).
+/// does, without building one), the sessions [`SessionRecord`]s or
+/// references to them, sorted by id.
 #[derive(Serialize)]
-struct FormatTwoRef<'a, E> {
+struct FormatTwoRef<'a, E, R> {
     format: u64,
     last_now: Millis,
     next_session: u64,
     next_unary: u64,
     engine: &'a E,
-    sessions: &'a [SessionRecord],
+    sessions: &'a [R],
     cluster_version: u32,
 }
 
 /// [`ServerSnapshot`] as format 1 lays it out (no record version), borrowed
 /// to write it.
 #[derive(Serialize)]
-struct FormatOneRef<'a, E> {
+struct FormatOneRef<'a, E, R> {
     format: u64,
     last_now: Millis,
     next_session: u64,
     next_unary: u64,
     engine: &'a E,
-    sessions: &'a [SessionRecord],
+    sessions: &'a [R],
 }
 
 /// The bytes of a snapshot of these parts, appended to `bytes`: format 1's
 /// layout until the cluster agreed on record version 2, then `format`
 /// (format 2's layout).
 #[allow(clippy::too_many_arguments)]
-fn encode_parts<E: Serialize>(
+fn encode_parts<E: Serialize, R: Serialize>(
     format: u64,
     cluster_version: u32,
     last_now: Millis,
     next_session: u64,
     next_unary: u64,
     engine: &E,
-    sessions: &[SessionRecord],
+    sessions: &[R],
     bytes: Vec<u8>,
 ) -> Vec<u8> {
     let encoded = if cluster_version >= 2 {
@@ -133,6 +134,9 @@ pub(crate) fn encode_frozen_after(frozen: &FrozenState, mut bytes: Vec<u8>) -> V
         .map(|s| 64 + 128 * (s.replies.len() + s.lost.len()))
         .sum();
     bytes.reserve(64 + sessions + frozen.engine.encoded_len_hint());
+    // Frozen in the table's order; sorted here, off the core's thread.
+    let mut sessions: Vec<&SessionRecord> = frozen.sessions.iter().collect();
+    sessions.sort_unstable_by_key(|s| s.session);
     encode_parts(
         format_for(frozen.cluster_version),
         frozen.cluster_version,
@@ -140,7 +144,7 @@ pub(crate) fn encode_frozen_after(frozen: &FrozenState, mut bytes: Vec<u8>) -> V
         frozen.next_session,
         frozen.next_unary,
         &frozen.engine,
-        &frozen.sessions,
+        &sessions,
         bytes,
     )
 }
