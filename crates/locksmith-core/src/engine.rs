@@ -1561,11 +1561,13 @@ impl Engine {
     }
 
     /// The state as of now, for a [`Snapshot`] built elsewhere
-    /// ([`FrozenEngine::into_snapshot`], on another thread): sessions and
-    /// waiters are copied, locks are shared (a reference per chunk of
-    /// entries, a chunk and an entry copied on write by the engine), so
-    /// freezing a table of a million locks costs about a thousand
-    /// references, not a copy of every name and owner.
+    /// ([`FrozenEngine::into_snapshot`], on another thread): waiters are
+    /// copied; sessions too, but each shares its client info (a reference,
+    /// not two strings: 2 ms for 100 000 sessions, not 14); locks are
+    /// shared (a reference per chunk of entries, a chunk and an entry
+    /// copied on write by the engine), so freezing a table of a million
+    /// locks costs about a thousand references, not a copy of every name
+    /// and owner.
     pub fn freeze(&self) -> FrozenEngine {
         let sessions: Vec<FrozenSession> = self
             .sessions
