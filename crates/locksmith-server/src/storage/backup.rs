@@ -808,6 +808,27 @@ mod tests {
     }
 
     #[test]
+    fn sessions_frozen_in_any_order_are_written_in_the_order_of_their_ids() {
+        use crate::storage::SessionRecord;
+        let record = |session: u64| SessionRecord {
+            session,
+            secret: u128::from(session) * 7,
+            ttl: 5_000,
+            replies: Vec::new(),
+            lost: Vec::new(),
+        };
+        let mut shuffled = frozen(2, 2);
+        shuffled.sessions = vec![record(3), record(1), record(2)];
+        let mut sorted = frozen(2, 2);
+        sorted.sessions = vec![record(1), record(2), record(3)];
+        let written = encode_frozen(&shuffled);
+        assert_eq!(written, encode_frozen(&sorted));
+        let read = ServerSnapshot::decode(&written).unwrap();
+        let ids: Vec<u64> = read.sessions.iter().map(|s| s.session).collect();
+        assert_eq!(ids, [1, 2, 3]);
+    }
+
+    #[test]
     fn a_live_backup_encoded_in_place_is_laid_out_as_one_written_in_pieces() {
         let path = Path::new("backup");
         for cluster_version in [1, 2] {

@@ -409,7 +409,10 @@ mod tests {
         let session = |id: u64| SessionSnapshot {
             session: SessionId(id),
             ttl: 5_000,
-            info: ClientInfo::default(),
+            info: ClientInfo {
+                name: format!("client-{id}"),
+                host: "host-a".into(),
+            },
             expires_at: 9_000 + id,
         };
         let hold = |session: u64, owner: &str, mode: Mode, token: u64| HoldSnapshot {
