@@ -235,15 +235,7 @@ const PLANTED: [Planted; 8] = [
     },
     Planted {
         plant: "leader-restore",
-        run: &[
-            "--seed",
-            "272",
-            "--duration",
-            "12",
-            "--mixed",
-            "--membership",
-            "--slow-disks",
-        ],
+        run: LEADER_LOST_ITS_UNSYNCED_TAIL,
         rule: "tokens rise",
     },
 ];
@@ -350,15 +342,17 @@ fn the_finisher_leaves_a_change_under_way_to_end_itself() {
 /// A restarted member now always wins an election before it leads.
 #[test]
 fn a_leader_that_lost_its_unsynced_tail_does_not_lead_again_without_an_election() {
-    let args = [
-        "--seed",
-        "272",
-        "--duration",
-        "12",
-        "--mixed",
-        "--membership",
-        "--slow-disks",
-    ];
-    let (output, passed) = simulate(&args);
+    let (output, passed) = simulate(LEADER_LOST_ITS_UNSYNCED_TAIL);
     assert!(passed, "{output}");
 }
+
+/// The run of seed 272 (above), also the plant `leader-restore`'s.
+const LEADER_LOST_ITS_UNSYNCED_TAIL: &[&str] = &[
+    "--seed",
+    "272",
+    "--duration",
+    "12",
+    "--mixed",
+    "--membership",
+    "--slow-disks",
+];
