@@ -228,8 +228,9 @@
 //! The fencing token comes from a quorum counter: the grant's nodes report
 //! their counter, locksmith writes `max + 1` to every node (raising it past a
 //! higher counter any node reports), and the grant counts only once a
-//! majority stored it and no node that answered kept a higher one. Any two majorities intersect, so tokens increase from
-//! grant to grant; and while the nodes that kept the highest counter answer,
+//! majority stored it and no node that answered kept one at or above it.
+//! Any two majorities intersect, so tokens increase from grant to grant;
+//! and while the nodes that kept the highest counter answer,
 //! a node that lost its data cannot bring a token back.
 //!
 //! **Limits, plainly** (Martin Kleppmann, "How to do distributed locking",
