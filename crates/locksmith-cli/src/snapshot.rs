@@ -1,9 +1,12 @@
 //! `locksmith snapshot`: backups of a replicated lock server, and new
 //! clusters made from them.
 //!
-//! - `save FILE` takes a backup from the leader (the newest applied state;
-//!   `--member` names another member), consistent at one log index, while
-//!   the cluster serves; the file is checked before it replaces `FILE`.
+//! - `save FILE` takes a backup, consistent at one log index, while the
+//!   cluster serves: from a follower the leader reports caught up, so that
+//!   the encoding and sending of the whole state do not fall on the member
+//!   that serves the clients; from the leader when there is none (a group
+//!   of one), or with `--leader` (the newest applied state); `--member`
+//!   names one. The file is checked before it replaces `FILE`.
 //! - `status FILE` prints what a backup holds.
 //! - `restore FILE --data-dir DIR --node-id ID --cluster ...` makes one new
 //!   member's data directory (run it once per member, with the same
@@ -57,9 +60,13 @@ enum SnapshotCommand {
         file: PathBuf,
         #[command(flatten)]
         members: MembersArgs,
-        /// Take it from this member (HOST:PORT) rather than the leader.
-        #[arg(long, value_name = "HOST:PORT")]
+        /// Take it from this member (HOST:PORT).
+        #[arg(long, value_name = "HOST:PORT", conflicts_with = "leader")]
         member: Option<String>,
+        /// Take it from the leader (the newest applied state), not from a
+        /// caught-up follower.
+        #[arg(long)]
+        leader: bool,
         /// Run at the priority it was started with. By default it lowers
         /// its own (nice +10, as a member encodes a backup): run on a
         /// member's machine, its checking and writing take only the CPU the
@@ -121,8 +128,9 @@ pub async fn snapshot(args: SnapshotArgs) -> ExitCode {
             file,
             members,
             member,
+            leader,
             full_priority: _,
-        } => save(&file, &members, member).await,
+        } => save(&file, &members, member, leader).await,
         SnapshotCommand::Status { file, json } => status(&file, json),
         SnapshotCommand::Restore {
             file,
@@ -156,18 +164,21 @@ pub async fn snapshot(args: SnapshotArgs) -> ExitCode {
     }
 }
 
-/// Takes the backup from the leader (or `member`), checks it and writes it.
+/// Takes the backup from `member`, else from a caught-up follower (the
+/// leader with `from_leader`, or when there is none: [`source_address`]),
+/// checks it and writes it.
 ///
 /// Cancel safety: safe; FILE is replaced only at the end, atomically.
 async fn save(
     file: &std::path::Path,
     members: &MembersArgs,
     member: Option<String>,
+    from_leader: bool,
 ) -> Result<(), String> {
     let url = members.url()?;
     let address = match member {
         Some(member) => member,
-        None => leader_address(&url).await?,
+        None => source_address(&url, from_leader).await?,
     };
     let mut client = connect(&url, &address).await?;
     let started = std::time::Instant::now();
@@ -203,11 +214,25 @@ async fn save(
     Ok(())
 }
 
-/// The leader's address, as the first member that answers knows it (that
-/// member's own when no leader is known).
+/// Entries a follower may be behind the leader's log and still be where a
+/// backup is taken from: a few milliseconds of a busy cluster's writes.
+const CAUGHT_UP: u64 = 1_000;
+
+/// The member a backup is taken from: the follower (voter or learner) the
+/// leader reports least behind, if within [`CAUGHT_UP`] entries; else, or
+/// with `from_leader`, the leader. The first member that answers names the
+/// leader (its own address when it knows none), and only the leader knows
+/// how far the others are.
+///
+/// Why a follower: encoding a big table and sending it take a member's CPU
+/// and its runtime's thread for a second or so, which on the leader show in
+/// every client's answers (docs/BENCHMARKS.md, "A backup from a
+/// follower"). A follower's state is as consistent, at its own applied
+/// index, and restores as safely: every token granted after it is below
+/// the restore floor (`locksmith_server::backup`).
 ///
 /// Cancel safety: safe, read-only.
-async fn leader_address(url: &ServerUrl) -> Result<String, String> {
+async fn source_address(url: &ServerUrl, from_leader: bool) -> Result<String, String> {
     let mut errors = Vec::new();
     for address in url.addresses() {
         let view = match connect(url, address).await {
@@ -217,16 +242,47 @@ async fn leader_address(url: &ServerUrl) -> Result<String, String> {
                 continue;
             }
         };
-        match view {
-            Ok(view) => {
-                let view = view.into_inner();
-                let leader = view.members.iter().find(|m| m.id == view.leader_id);
-                return Ok(leader.map_or_else(|| address.clone(), |m| m.address.clone()));
+        let view = match view {
+            Ok(view) => view.into_inner(),
+            Err(status) => {
+                errors.push(format!("{address}: {}", status.message()));
+                continue;
             }
-            Err(status) => errors.push(format!("{address}: {}", status.message())),
+        };
+        let Some(leader) = view.members.iter().find(|m| m.id == view.leader_id) else {
+            return Ok(address.clone());
+        };
+        if from_leader {
+            return Ok(leader.address.clone());
         }
+        let view = if view.node_id == view.leader_id {
+            view
+        } else {
+            match connect(url, &leader.address).await {
+                Ok(mut client) => match client.status(pb::StatusRequest {}).await {
+                    Ok(view) => view.into_inner(),
+                    Err(_) => return Ok(leader.address.clone()),
+                },
+                Err(_) => return Ok(leader.address.clone()),
+            }
+        };
+        return Ok(caught_up_follower(&view)
+            .or_else(|| view.members.iter().find(|m| m.id == view.leader_id))
+            .map_or_else(|| address.clone(), |m| m.address.clone()));
     }
     Err(format!("no member answered: {}", errors.join("; ")))
+}
+
+/// In a leader's `view`, the member other than itself that is least behind
+/// it, if it has matched the leader's log to within [`CAUGHT_UP`] entries.
+fn caught_up_follower(view: &pb::ClusterStatus) -> Option<&pb::MemberStatus> {
+    view.members
+        .iter()
+        .filter(|m| m.id != view.node_id && m.last_log_index.is_some())
+        .filter_map(|m| Some((m.lag?, m)))
+        .filter(|(lag, _)| *lag <= CAUGHT_UP)
+        .min_by_key(|(lag, m)| (*lag, m.id))
+        .map(|(_, m)| m)
 }
 
 fn show(n: Option<u64>) -> String {
@@ -313,4 +369,57 @@ async fn restore(
         cluster.join(",")
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(id: u64, matched: Option<u64>, lag: Option<u64>) -> pb::MemberStatus {
+        pb::MemberStatus {
+            id,
+            address: format!("127.0.0.1:{}", 7000 + id),
+            voter: true,
+            leader: id == 1,
+            last_log_index: matched,
+            applied_index: None,
+            lag,
+            version: None,
+            record_version: None,
+        }
+    }
+
+    fn leader_view(members: Vec<pb::MemberStatus>) -> pb::ClusterStatus {
+        pb::ClusterStatus {
+            node_id: 1,
+            leader_id: 1,
+            term: 3,
+            members,
+            changing: false,
+            cluster_version: 0,
+        }
+    }
+
+    #[test]
+    fn a_backup_comes_from_the_follower_least_behind_the_leader() {
+        let view = leader_view(vec![
+            member(1, Some(5_000), Some(0)),
+            member(2, Some(4_990), Some(10)),
+            member(3, Some(4_998), Some(2)),
+        ]);
+        assert_eq!(caught_up_follower(&view).map(|m| m.id), Some(3));
+    }
+
+    #[test]
+    fn a_follower_far_behind_or_never_matched_is_not_a_backup_source() {
+        let view = leader_view(vec![
+            member(1, Some(5_000), Some(0)),
+            member(2, Some(3_000), Some(2_000)),
+            member(3, None, Some(5_000)),
+        ]);
+        assert_eq!(caught_up_follower(&view).map(|m| m.id), None);
+        // A group of one: the leader alone.
+        let view = leader_view(vec![member(1, Some(5_000), Some(0))]);
+        assert_eq!(caught_up_follower(&view).map(|m| m.id), None);
+    }
 }

@@ -37,16 +37,17 @@ async fn locksmith(args: Vec<String>) -> (bool, String) {
     .unwrap()
 }
 
-/// `locksmith snapshot save FILE FLAG URL` (`FLAG`: `--backend`, or its
-/// older spelling `--server`) from the cluster at `url`.
-async fn save(flag: &str, url: &str, file: &Path) -> Backup {
-    let args = vec![
+/// `locksmith snapshot save FILE FLAG URL [MORE]` (`FLAG`: `--backend`, or
+/// its older spelling `--server`) from the cluster at `url`.
+async fn save(flag: &str, url: &str, file: &Path, more: &[&str]) -> Backup {
+    let mut args = vec![
         "snapshot".into(),
         "save".into(),
         file.display().to_string(),
         flag.into(),
         url.into(),
     ];
+    args.extend(more.iter().map(|arg| arg.to_string()));
     let (ok, text) = locksmith(args).await;
     assert!(ok, "snapshot save failed: {text}");
     Backup::read(file).unwrap_or_else(|e| panic!("the saved backup does not read: {e}"))
@@ -165,7 +166,7 @@ async fn a_backup_saved_under_load_restores_the_state_and_tokens_start_above_eve
         .map(|i| ServerProcess::start_member(&ports, i, &[]))
         .collect();
     let url = members_url(&ports);
-    leader(&source, &[]).await;
+    let leading = leader(&source, &[]).await as u64 + 1;
     let prefix = unique("backup-under-load");
     let stop = Arc::new(AtomicBool::new(false));
     let highest = Arc::new(AtomicU64::new(0));
@@ -181,8 +182,29 @@ async fn a_backup_saved_under_load_restores_the_state_and_tokens_start_above_eve
     let file: PathBuf = dir.path().join("cluster.backup");
     // Every token seen so far was visible before the backup's state froze.
     let seen_before_save = highest.load(Ordering::SeqCst);
-    let backup = save("--backend", &url, &file).await;
+    let backup = save("--backend", &url, &file, &[]).await;
     let granted_before = highest.load(Ordering::SeqCst);
+    assert_ne!(
+        backup.summary().node_id,
+        leading,
+        "by default a backup is taken from a caught-up follower, not the leader"
+    );
+    let from_leader = save(
+        "--backend",
+        &url,
+        &dir.path().join("leader.backup"),
+        &["--leader"],
+    )
+    .await;
+    assert_eq!(
+        from_leader.summary().node_id,
+        leading,
+        "--leader takes it from the leader"
+    );
+    assert!(
+        from_leader.summary().index >= backup.summary().index,
+        "the leader's is as new as the follower's, or newer"
+    );
     // Tokens go on being granted after the backup, which it cannot know.
     server_support::eventually(Duration::from_secs(20), "grants after the backup", || {
         let highest = highest.clone();
@@ -206,10 +228,15 @@ async fn a_backup_saved_under_load_restores_the_state_and_tokens_start_above_eve
     );
     assert!(summary.locks >= 15, "the held locks are in it: {summary:?}");
     assert!(summary.last_token < granted, "tokens were granted after it");
+    assert!(summary.token_ceiling >= summary.last_token, "{summary:?}");
+    // The leader's ceiling covers every token it made visible; a follower's,
+    // those it has applied (the rest are past its index, granted after it
+    // as far as the backup knows, and the jump covers them).
+    let leader_summary = from_leader.summary();
     assert!(
-        summary.token_ceiling >= seen_before_save.max(summary.last_token),
-        "the backup's token ceiling covers every token visible when it was taken: {summary:?}, \
-         {seen_before_save} seen before"
+        leader_summary.token_ceiling >= seen_before_save.max(leader_summary.last_token),
+        "the leader's token ceiling covers every token visible when it was taken: \
+         {leader_summary:?}, {seen_before_save} seen before"
     );
     assert_eq!(
         summary.restore_floor,
@@ -235,7 +262,13 @@ async fn a_backup_saved_under_load_restores_the_state_and_tokens_start_above_eve
     let restored = restored_cluster(&[file.display().to_string()], &new_ports).await;
     leader(&restored, &[]).await;
     let new_url = members_url(&new_ports);
-    let again = save("--server", &new_url, &dir.path().join("restored.backup")).await;
+    let again = save(
+        "--server",
+        &new_url,
+        &dir.path().join("restored.backup"),
+        &[],
+    )
+    .await;
     assert_eq!(
         kept(again.engine()),
         kept(backup.engine()),

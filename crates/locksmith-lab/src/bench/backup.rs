@@ -9,11 +9,15 @@
 //! loop (scenario (b)'s: `--waiters` clients on one lock) runs throughout
 //! while `--saves` times, the loop runs alone for `--duration`, and then
 //! `locksmith snapshot save FILE` (the `locksmith` executable, as an
-//! operator runs it) takes a backup from the leader. Reported: each save's
-//! wall time (process start to exit: taking, sending, checking and writing
-//! the file durably), the file's size and what `snapshot status` says it
-//! holds, and the handoff p99 of the grants that fell inside the saves
-//! beside that of the grants in the windows alone.
+//! operator runs it) takes a backup, from the member it chooses by default
+//! (a caught-up follower; the leader of a group of one). Reported: each
+//! save's wall time (process start to exit: taking, sending, checking and
+//! writing the file durably), the member it came from, the file's size and
+//! what `snapshot status` says it holds, the handoff p99 of the grants that
+//! fell inside the saves beside that of the grants in the windows alone,
+//! and each member's CPU in both (on one machine the members share its
+//! CPUs, so a follower's save still slows the leader's answers there; its
+//! CPU says on which member the work falls).
 //!
 //! Then a new cluster of as many members is made from the last backup:
 //! `locksmith snapshot restore` into each member's empty data directory
@@ -39,7 +43,8 @@ use serde::Serialize;
 
 use super::scenario::{close_all, connect_all, Settings};
 use super::stats::{Samples, Summary};
-use super::target::{ServeCluster, Spawned, Target};
+use super::target::{cpu_percent, cpu_ticks, ServeCluster, Spawned, Target};
+use locksmith_testkit::Server;
 
 /// Names in one acquire while filling: the server's default most names in
 /// one acquire (`Limits::max_names_per_acquire`).
@@ -68,6 +73,13 @@ pub struct BackupRestore {
     pub handoff_alone: Summary,
     /// Handoff latency of the grants while a save ran.
     pub handoff_during: Summary,
+    /// The member that led while the saves were taken.
+    pub leader_id: u64,
+    /// The member each save came from: its id, and whether it led then.
+    pub saved_from: Vec<(u64, bool)>,
+    /// Each member's id, and its CPU in the windows alone and while the
+    /// saves ran (% of one core).
+    pub member_cpu: Vec<MemberCpu>,
     /// Members of the source and of the restored cluster.
     pub members: usize,
     /// The slowest member's `locksmith snapshot restore` (s).
@@ -77,6 +89,16 @@ pub struct BackupRestore {
     /// Where the data directories and the backup were: the temporary
     /// directory and its file system.
     pub data_on: String,
+}
+
+/// One member's CPU in (f).
+#[derive(Debug, Clone, Serialize)]
+pub struct MemberCpu {
+    pub id: u64,
+    /// In the windows without a save (% of one core).
+    pub alone_percent: f64,
+    /// While the saves ran (% of one core).
+    pub during_percent: f64,
 }
 
 /// The sizes of a run of (f).
@@ -112,13 +134,19 @@ pub async fn backup_restore(
         saves,
         waiters,
     } = sizes;
-    let members = match target.spawned.as_deref() {
-        Some(Spawned::Serve(_)) => 1,
+    let servers = match target.spawned.as_deref() {
+        Some(Spawned::Serve(server)) => vec![server],
         Some(Spawned::ServeCluster(cluster)) if target.url.starts_with("locksmith://") => {
-            cluster.members().len()
+            cluster.members()
         }
         _ => return Err("only a locksmith server or cluster this run started, without TLS".into()),
     };
+    let members = servers.len();
+    let pids = servers
+        .iter()
+        .map(|s| s.process().pid().ok_or("a member is not running"))
+        .collect::<Result<Vec<u32>, _>>()?;
+    let addresses: Vec<(String, u64)> = servers.iter().map(|s| (s.address(), s.id())).collect();
     let dir = tempfile::Builder::new()
         .prefix("locksmith-backup-")
         .tempdir()
@@ -133,14 +161,26 @@ pub async fn backup_restore(
     progress.set_message(format!("{}: backup, {saves} saves", target.label));
     let handoffs = Handoffs::start(target, waiters, settings).await?;
     let load_before_saves = super::report::load_average();
+    let leader = leader_id(&target.url).await?;
     let (mut alone, mut during) = (Vec::new(), Vec::new());
     let mut saves_secs = Vec::new();
+    let mut saved_from = Vec::new();
+    let ticks = || pids.iter().map(|&pid| cpu_ticks(pid)).collect::<Vec<u64>>();
+    let (mut alone_ticks, mut during_ticks) = (vec![0; members], vec![0; members]);
+    let add = |sum: &mut Vec<u64>, from: &[u64], to: &[u64]| {
+        for ((sum, from), to) in sum.iter_mut().zip(from).zip(to) {
+            *sum += to.saturating_sub(*from);
+        }
+    };
     for _ in 0..saves {
         let quiet = Instant::now();
+        let before = ticks();
         tokio::time::sleep(settings.duration).await;
         alone.push((quiet, Instant::now()));
         let save = Instant::now();
-        locksmith(&[
+        let between = ticks();
+        add(&mut alone_ticks, &before, &between);
+        let printed = locksmith(&[
             "snapshot".into(),
             "save".into(),
             file.clone().into(),
@@ -149,9 +189,22 @@ pub async fn backup_restore(
         ])
         .await?;
         let saved = Instant::now();
+        add(&mut during_ticks, &between, &ticks());
         saves_secs.push((saved - save).as_secs_f64());
         during.push((save, saved));
+        let source = source_of(&printed, &addresses)?;
+        saved_from.push((source, source == leader));
     }
+    let (alone_for, during_for) = (total(&alone), total(&during));
+    let member_cpu = addresses
+        .iter()
+        .zip(alone_ticks.iter().zip(&during_ticks))
+        .map(|((_, id), (&alone, &during))| MemberCpu {
+            id: *id,
+            alone_percent: cpu_percent(alone, alone_for),
+            during_percent: cpu_percent(during, during_for),
+        })
+        .collect();
     let samples = handoffs.stop().await?;
     let handoff_alone = within(&samples, &alone).summary();
     let handoff_during = within(&samples, &during).summary();
@@ -221,11 +274,54 @@ pub async fn backup_restore(
         backup_sessions,
         handoff_alone,
         handoff_during,
+        leader_id: leader,
+        saved_from,
+        member_cpu,
         members,
         restore_secs: restore_time.as_secs_f64(),
         serve_secs,
         data_on: data_on(&std::env::temp_dir()),
     })
+}
+
+/// The id of the member that leads the cluster at `url` now, as `locksmith
+/// cluster status` says.
+///
+/// Cancel safety: dropped, the command runs on to its end unwatched.
+async fn leader_id(url: &str) -> Result<u64, String> {
+    let status = locksmith(&[
+        "cluster".into(),
+        "--backend".into(),
+        url.into(),
+        "status".into(),
+        "--json".into(),
+    ])
+    .await?;
+    let status: serde_json::Value =
+        serde_json::from_str(&status).map_err(|e| format!("cluster status --json: {e}"))?;
+    status["leader_id"]
+        .as_u64()
+        .filter(|&id| id != 0)
+        .ok_or_else(|| format!("no leader in {status}"))
+}
+
+/// The id of the member a save came from, by the address `snapshot save`
+/// printed (`saved FILE (N bytes) from HOST:PORT in ...`).
+fn source_of(printed: &str, members: &[(String, u64)]) -> Result<u64, String> {
+    let address = printed
+        .split_once(" from ")
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .ok_or_else(|| format!("`snapshot save` did not say where from: {printed}"))?;
+    members
+        .iter()
+        .find(|(member, _)| member == address)
+        .map(|(_, id)| *id)
+        .ok_or_else(|| format!("`snapshot save` took it from {address}, not a member"))
+}
+
+/// How long `windows` last together.
+fn total(windows: &[(Instant, Instant)]) -> Duration {
+    windows.iter().map(|(from, to)| *to - *from).sum()
 }
 
 /// A client of the restored cluster at `url`, once one of its members

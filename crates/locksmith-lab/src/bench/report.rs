@@ -246,6 +246,24 @@ fn setup(kind: Kind) -> &'static str {
 }
 
 /// First line of an error, shortened for a table cell.
+/// Each member's CPU in (f), alone → during a save, the leader's first:
+/// `L1 12 → 48 %, F2 3 → 31 %`.
+fn members_cpu(f: &super::backup::BackupRestore) -> String {
+    let mut members: Vec<_> = f.member_cpu.iter().collect();
+    members.sort_by_key(|m| (m.id != f.leader_id, m.id));
+    members
+        .iter()
+        .map(|m| {
+            let role = if m.id == f.leader_id { "L" } else { "F" };
+            format!(
+                "{role}{} {:.0} → {:.0} %",
+                m.id, m.alone_percent, m.during_percent
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 fn short(error: &str) -> String {
     let line = error.lines().next().unwrap_or("").replace('|', "/");
     if line.chars().count() > 80 {
@@ -611,26 +629,33 @@ impl Report {
             let _ = writeln!(
                 md,
                 "\n### (f) Backup and restore of many held locks\n\n\
-                 `locksmith snapshot save` from the leader while the handoff loop of (b) runs \
-                 (each save's wall time, process start to exit), the handoff latency of the \
-                 grants during the saves and in the windows without; then `locksmith snapshot \
-                 restore` into a new cluster of as many members (the slowest member's) and the \
-                 time from starting it to its first grant.\n\n\
-                 | backend | locks held (sessions) | save | file | handoff p50 / p99 alone | \
-                 handoff p50 / p99 during a save | restore | start → first grant | data on |\n\
-                 |---|---:|---|---:|---|---|---:|---:|---|"
+                 `locksmith snapshot save` (from the member it chooses: a caught-up \
+                 follower, or the leader of a group of one) while the handoff loop of (b) runs \
+                 (each save's wall time, process start to exit, and the member it came from: \
+                 L the leader, F a follower), the handoff latency of the grants during the \
+                 saves and in the windows without, and each member's CPU in both (% of a core, \
+                 alone → during; the leader's first); then `locksmith snapshot restore` into a \
+                 new cluster of as many members (the slowest member's) and the time from \
+                 starting it to its first grant.\n\n\
+                 | backend | locks held (sessions) | save (from) | file | handoff p50 / p99 \
+                 alone | handoff p50 / p99 during a save | members' CPU | restore | start → \
+                 first grant | data on |\n\
+                 |---|---:|---|---:|---|---|---|---:|---:|---|"
             );
             for b in &self.backends {
                 let Some(outcome) = &b.backup else { continue };
                 let row = match outcome {
                     Outcome::Ok(f) => format!(
-                        "| {} | {} ({}) | {} s | {} | {} / {} | {} / {} | {:.2} s | {:.2} s | {} |",
+                        "| {} | {} ({}) | {} | {} | {} / {} | {} / {} | {} | {:.2} s | {:.2} s | {} |",
                         b.label,
                         f.backup_locks,
                         f.backup_sessions,
                         f.saves_secs
                             .iter()
-                            .map(|s| format!("{s:.2}"))
+                            .zip(&f.saved_from)
+                            .map(|(s, (id, led))| {
+                                format!("{s:.2} s ({}{id})", if *led { "L" } else { "F" })
+                            })
                             .collect::<Vec<_>>()
                             .join(", "),
                         fmt_bytes(f.file_bytes as f64),
@@ -638,12 +663,13 @@ impl Report {
                         fmt_us(f.handoff_alone.p99_us),
                         fmt_us(f.handoff_during.p50_us),
                         fmt_us(f.handoff_during.p99_us),
+                        members_cpu(f),
                         f.restore_secs,
                         f.serve_secs,
                         f.data_on,
                     ),
                     Outcome::Failed { error } => {
-                        format!("| {} | failed: {} | | | | | | | |", b.label, short(error))
+                        format!("| {} | failed: {} | | | | | | | | |", b.label, short(error))
                     }
                 };
                 let _ = writeln!(md, "{row}");

@@ -605,6 +605,32 @@ impl Spawned {
     }
 }
 
+/// User + system time of `pid` so far, in clock ticks (/proc/PID/stat).
+pub fn cpu_ticks(pid: u32) -> u64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0;
+    };
+    // Fields after the command name (in parentheses): utime and stime are
+    // the 12th and 13th.
+    let after = stat.rfind(')').map_or("", |at| &stat[at + 2..]);
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let field = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    field(11) + field(12)
+}
+
+/// `ticks` of CPU time ([`cpu_ticks`]) over `over`, in % of one core. /proc
+/// counts in `USER_HZ`, which Linux fixes at 100 for user space on every
+/// architecture it reports it.
+pub fn cpu_percent(ticks: u64, over: std::time::Duration) -> f64 {
+    const TICKS_PER_SEC: f64 = 100.0;
+    ticks as f64 / TICKS_PER_SEC / over.as_secs_f64().max(f64::MIN_POSITIVE) * 100.0
+}
+
 /// Sum of the PSS (or RSS where PSS is unavailable) of the process `root` and
 /// its [`family`], in bytes.
 pub fn tree_memory(root: u32) -> Option<u64> {

@@ -178,6 +178,16 @@ fn bench_backup_saves_the_held_locks_and_a_restored_server_grants() {
         "{backup}"
     );
     assert_eq!(backup["members"], 1, "{backup}");
+    // A group of one has no follower: both saves came from its leader.
+    let leader = backup["leader_id"].as_u64().unwrap();
+    assert_eq!(
+        backup["saved_from"],
+        serde_json::json!([[leader, true], [leader, true]]),
+        "{backup}"
+    );
+    let cpu = backup["member_cpu"].as_array().unwrap();
+    assert_eq!(cpu.len(), 1, "{backup}");
+    assert_eq!(cpu[0]["id"].as_u64(), Some(leader), "{backup}");
     assert!(backup["serve_secs"].as_f64().unwrap() > 0.0, "{backup}");
 }
 

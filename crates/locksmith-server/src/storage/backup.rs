@@ -17,7 +17,9 @@
 //!   between two entries (the engine's locks shared copy-on-write, as for
 //!   Raft's own snapshots) and goes on serving; encoding, checksumming and
 //!   sending happen off its thread. Any member answers with its own applied
-//!   state; the leader's is the newest.
+//!   state; the leader's is the newest. `locksmith snapshot save` asks a
+//!   caught-up follower by default, so that the work falls off the member
+//!   that serves the clients.
 //! - **from a stopped member's data directory** ([`Backup::from_member_data`]),
 //!   after a cluster lost its quorum for good: its snapshot plus every entry
 //!   in its log, committed or not as far as it knows (an entry it holds may
@@ -32,10 +34,12 @@
 //! backup was taken, which no backup can know. What a backup does know is
 //! its token ceiling: the source member's durable ceiling (`TOKENS`) at the
 //! moment the core froze the state, or the engine's last token on a member
-//! that keeps none. No token above it had been made visible by then: the
-//! core covers a token with that ceiling, on disk, before a reply carries
-//! it. (Entries committed but not yet applied then are past the backup's
-//! log index: their tokens count as granted after it.) The restore
+//! that keeps none. The member had made no token above it visible by then:
+//! the core covers a token with that ceiling, on disk, before a reply
+//! carries it. (Entries committed but not yet applied then, on that member,
+//! are past the backup's log index: their tokens count as granted after it.
+//! So do the tokens a leader granted from entries a follower had not
+//! applied when a backup was taken from the follower.) The restore
 //! therefore starts tokens at that ceiling (at least the engine's last
 //! token) plus [`TOKEN_JUMP`] (2^44, about 1.8e13), for the tokens granted
 //! after the backup, or at `--token-floor` if an operator who knows more

@@ -37,7 +37,7 @@ use tokio::time::Instant;
 
 use super::scenario::{contended, Settings};
 use super::stats::{Samples, Summary};
-use super::target::{Kind, Target};
+use super::target::{cpu_percent, cpu_ticks, Kind, Target};
 
 /// What (e) measured on one backend.
 #[derive(Debug, Clone, Serialize)]
@@ -285,11 +285,10 @@ pub async fn idle_sessions(
             failures.len()
         ));
     }
-    let ticks = clock_ticks_per_sec();
     let member_cpu_percent = cpu_before
         .iter()
         .zip(&cpu_after)
-        .map(|(b, a)| a.saturating_sub(*b) as f64 / ticks / alone_for.as_secs_f64() * 100.0)
+        .map(|(b, a)| cpu_percent(a.saturating_sub(*b), alone_for))
         .collect();
     let grown = memory_before
         .iter()
@@ -328,30 +327,6 @@ fn hosts_of(url: &str) -> Result<Vec<String>, String> {
         return Err(format!("no host in {url}"));
     }
     Ok(hosts)
-}
-
-/// User + system time of `pid` so far, in clock ticks (/proc/PID/stat).
-fn cpu_ticks(pid: u32) -> u64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0;
-    };
-    // Fields after the command name (in parentheses): utime and stime are
-    // the 12th and 13th.
-    let after = stat.rfind(')').map_or("", |at| &stat[at + 2..]);
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let field = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    field(11) + field(12)
-}
-
-/// Clock ticks per second of /proc's CPU times: `USER_HZ`, which Linux
-/// fixes at 100 for user space on every architecture it reports it.
-fn clock_ticks_per_sec() -> f64 {
-    100.0
 }
 
 /// The memory (PSS) of the process tree of `pid`, in bytes.
