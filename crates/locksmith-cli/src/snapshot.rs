@@ -176,8 +176,8 @@ async fn save(
     from_leader: bool,
 ) -> Result<(), String> {
     let url = members.url()?;
-    let address = match member {
-        Some(member) => member,
+    let (address, role) = match member {
+        Some(member) => (member, "the member named"),
         None => source_address(&url, from_leader).await?,
     };
     let mut client = connect(&url, &address).await?;
@@ -203,7 +203,8 @@ async fn save(
     }
     let summary = backup::save_checked(file, &bytes).map_err(|e| e.to_string())?;
     println!(
-        "saved {} ({} bytes) from {address} in {:.2?}: log index {}, {} locks held, {} sessions",
+        "saved {} ({} bytes) from {address} ({role}) in {:.2?}: log index {}, {} locks held, \
+         {} sessions",
         file.display(),
         bytes.len(),
         started.elapsed(),
@@ -231,8 +232,14 @@ const CAUGHT_UP: u64 = 1_000;
 /// index, and restores as safely: every token granted after it is below
 /// the restore floor (`locksmith_server::backup`).
 ///
+/// Returns its address and what it is (for the operator).
+///
 /// Cancel safety: safe, read-only.
-async fn source_address(url: &ServerUrl, from_leader: bool) -> Result<String, String> {
+async fn source_address(
+    url: &ServerUrl,
+    from_leader: bool,
+) -> Result<(String, &'static str), String> {
+    const LEADER: &str = "the leader";
     let mut errors = Vec::new();
     for address in url.addresses() {
         let view = match connect(url, address).await {
@@ -249,26 +256,35 @@ async fn source_address(url: &ServerUrl, from_leader: bool) -> Result<String, St
                 continue;
             }
         };
-        let Some(leader) = view.members.iter().find(|m| m.id == view.leader_id) else {
-            return Ok(address.clone());
+        let Some(leader) = view
+            .members
+            .iter()
+            .find(|m| m.id == view.leader_id)
+            .map(|m| m.address.clone())
+        else {
+            return Ok((
+                address.clone(),
+                "the member that answered; it knows no leader",
+            ));
         };
         if from_leader {
-            return Ok(leader.address.clone());
+            return Ok((leader, LEADER));
         }
         let view = if view.node_id == view.leader_id {
             view
         } else {
-            match connect(url, &leader.address).await {
+            match connect(url, &leader).await {
                 Ok(mut client) => match client.status(pb::StatusRequest {}).await {
                     Ok(view) => view.into_inner(),
-                    Err(_) => return Ok(leader.address.clone()),
+                    Err(_) => return Ok((leader, LEADER)),
                 },
-                Err(_) => return Ok(leader.address.clone()),
+                Err(_) => return Ok((leader, LEADER)),
             }
         };
-        return Ok(caught_up_follower(&view)
-            .or_else(|| view.members.iter().find(|m| m.id == view.leader_id))
-            .map_or_else(|| address.clone(), |m| m.address.clone()));
+        return Ok(match caught_up_follower(&view) {
+            Some(follower) => (follower.address.clone(), "a follower"),
+            None => (leader, LEADER),
+        });
     }
     Err(format!("no member answered: {}", errors.join("; ")))
 }
