@@ -5,8 +5,8 @@
 //!   cluster serves: from a follower the leader reports caught up, so that
 //!   the encoding and sending of the whole state do not fall on the member
 //!   that serves the clients; from the leader when there is none (a group
-//!   of one), or with `--leader` (the newest applied state); `--member`
-//!   names one. The file is checked before it replaces `FILE`.
+//!   of one) or the follower fails to give it, or with `--leader` (the
+//!   newest applied state); `--member` names one. The file is checked before it replaces `FILE`.
 //! - `status FILE` prints what a backup holds.
 //! - `restore FILE --data-dir DIR --node-id ID --cluster ...` makes one new
 //!   member's data directory (run it once per member, with the same
@@ -166,7 +166,9 @@ pub async fn snapshot(args: SnapshotArgs) -> ExitCode {
 
 /// Takes the backup from `member`, else from a caught-up follower (the
 /// leader with `from_leader`, or when there is none: [`source_address`]),
-/// checks it and writes it.
+/// checks it and writes it. A follower that fails to give it (gone since
+/// the leader named it, or not reachable at the address the cluster knows
+/// it by) is passed over for the leader, with a warning.
 ///
 /// Cancel safety: safe; FILE is replaced only at the end, atomically.
 async fn save(
@@ -176,12 +178,46 @@ async fn save(
     from_leader: bool,
 ) -> Result<(), String> {
     let url = members.url()?;
-    let (address, role) = match member {
-        Some(member) => (member, "the member named"),
-        None => source_address(&url, from_leader).await?,
-    };
-    let mut client = connect(&url, &address).await?;
     let started = std::time::Instant::now();
+    let (address, role, bytes) = match member {
+        Some(member) => {
+            let bytes = fetch(&url, &member).await?;
+            (member, "the member named", bytes)
+        }
+        None => {
+            let source = source_address(&url, from_leader).await?;
+            match (fetch(&url, &source.address).await, source.leader) {
+                (Ok(bytes), _) => (source.address, source.role, bytes),
+                (Err(error), Some(leader)) => {
+                    eprintln!(
+                        "locksmith snapshot: {error}; taking the backup from the leader instead"
+                    );
+                    let bytes = fetch(&url, &leader).await?;
+                    (leader, LEADER, bytes)
+                }
+                (Err(error), None) => return Err(error),
+            }
+        }
+    };
+    let summary = backup::save_checked(file, &bytes).map_err(|e| e.to_string())?;
+    println!(
+        "saved {} ({} bytes) from {address} ({role}) in {:.2?}: log index {}, {} locks held, \
+         {} sessions",
+        file.display(),
+        bytes.len(),
+        started.elapsed(),
+        show(summary.index),
+        summary.locks,
+        summary.sessions
+    );
+    Ok(())
+}
+
+/// The backup's bytes as the member at `address` sends them.
+///
+/// Cancel safety: safe; dropped, the member's stream closes.
+async fn fetch(url: &ServerUrl, address: &str) -> Result<Vec<u8>, String> {
+    let mut client = connect(url, address).await?;
     let mut stream = client
         .save_snapshot(pb::SaveSnapshotRequest {})
         .await
@@ -201,19 +237,21 @@ async fn save(
         }
         bytes.extend_from_slice(&part.data);
     }
-    let summary = backup::save_checked(file, &bytes).map_err(|e| e.to_string())?;
-    println!(
-        "saved {} ({} bytes) from {address} ({role}) in {:.2?}: log index {}, {} locks held, \
-         {} sessions",
-        file.display(),
-        bytes.len(),
-        started.elapsed(),
-        show(summary.index),
-        summary.locks,
-        summary.sessions
-    );
-    Ok(())
+    Ok(bytes)
 }
+
+/// Where a backup is taken from ([`source_address`]).
+struct Source {
+    address: String,
+    /// What it is, for the operator.
+    role: &'static str,
+    /// The leader's address when the source is a follower: where to turn
+    /// if the follower fails to give it.
+    leader: Option<String>,
+}
+
+/// What the leader is called in `snapshot save`'s output.
+const LEADER: &str = "the leader";
 
 /// Entries a follower may be behind the leader's log and still be where a
 /// backup is taken from: a few milliseconds of a busy cluster's writes.
@@ -232,14 +270,13 @@ const CAUGHT_UP: u64 = 1_000;
 /// index, and restores as safely: every token granted after it is below
 /// the restore floor (`locksmith_server::backup`).
 ///
-/// Returns its address and what it is (for the operator).
-///
 /// Cancel safety: safe, read-only.
-async fn source_address(
-    url: &ServerUrl,
-    from_leader: bool,
-) -> Result<(String, &'static str), String> {
-    const LEADER: &str = "the leader";
+async fn source_address(url: &ServerUrl, from_leader: bool) -> Result<Source, String> {
+    let source = |address: String, role, leader| Source {
+        address,
+        role,
+        leader,
+    };
     let mut errors = Vec::new();
     for address in url.addresses() {
         let view = match connect(url, address).await {
@@ -262,13 +299,14 @@ async fn source_address(
             .find(|m| m.id == view.leader_id)
             .map(|m| m.address.clone())
         else {
-            return Ok((
+            return Ok(source(
                 address.clone(),
                 "the member that answered; it knows no leader",
+                None,
             ));
         };
         if from_leader {
-            return Ok((leader, LEADER));
+            return Ok(source(leader, LEADER, None));
         }
         let view = if view.node_id == view.leader_id {
             view
@@ -276,14 +314,14 @@ async fn source_address(
             match connect(url, &leader).await {
                 Ok(mut client) => match client.status(pb::StatusRequest {}).await {
                     Ok(view) => view.into_inner(),
-                    Err(_) => return Ok((leader, LEADER)),
+                    Err(_) => return Ok(source(leader, LEADER, None)),
                 },
-                Err(_) => return Ok((leader, LEADER)),
+                Err(_) => return Ok(source(leader, LEADER, None)),
             }
         };
         return Ok(match caught_up_follower(&view) {
-            Some(follower) => (follower.address.clone(), "a follower"),
-            None => (leader, LEADER),
+            Some(follower) => source(follower.address.clone(), "a follower", Some(leader)),
+            None => source(leader, LEADER, None),
         });
     }
     Err(format!("no member answered: {}", errors.join("; ")))
