@@ -67,6 +67,13 @@ enum SnapshotCommand {
         /// caught-up follower.
         #[arg(long)]
         leader: bool,
+        /// How long the follower chosen for it may take to start sending
+        /// it (encoding a big table on a busy member takes seconds) before
+        /// it is taken from the leader instead: a member that accepts
+        /// connections but does not answer (stopped, overloaded) does not
+        /// hold the backup up for good.
+        #[arg(long, value_parser = crate::common::parse_duration, default_value = "30s")]
+        follower_wait: std::time::Duration,
         /// Run at the priority it was started with. By default it lowers
         /// its own (nice +10, as a member encodes a backup): run on a
         /// member's machine, its checking and writing take only the CPU the
@@ -129,8 +136,18 @@ pub async fn snapshot(args: SnapshotArgs) -> ExitCode {
             members,
             member,
             leader,
+            follower_wait,
             full_priority: _,
-        } => save(&file, &members, member, leader).await,
+        } => {
+            let source = match (member, leader) {
+                (Some(member), _) => Choice::Member(member),
+                (None, true) => Choice::Leader,
+                (None, false) => Choice::Follower {
+                    wait: follower_wait,
+                },
+            };
+            save(&file, &members, source).await
+        }
         SnapshotCommand::Status { file, json } => status(&file, json),
         SnapshotCommand::Restore {
             file,
@@ -164,35 +181,48 @@ pub async fn snapshot(args: SnapshotArgs) -> ExitCode {
     }
 }
 
-/// Takes the backup from `member`, else from a caught-up follower (the
-/// leader with `from_leader`, or when there is none: [`source_address`]),
-/// checks it and writes it. A follower that fails to give it (gone since
-/// the leader named it, or not reachable at the address the cluster knows
-/// it by) is passed over for the leader, with a warning.
+/// Which member `snapshot save` asks for the backup.
+enum Choice {
+    /// The one named (`--member`).
+    Member(String),
+    /// The leader (`--leader`).
+    Leader,
+    /// A caught-up follower, else the leader ([`source_address`]); the
+    /// follower must start sending within `wait`.
+    Follower { wait: std::time::Duration },
+}
+
+/// Takes the backup from the member `choice` names, checks it and writes
+/// it. A follower that fails to give it (gone since the leader named it,
+/// not reachable at the address the cluster knows it by, or silent for
+/// its `wait`) is passed over for the leader, with a warning.
 ///
 /// Cancel safety: safe; FILE is replaced only at the end, atomically.
-async fn save(
-    file: &std::path::Path,
-    members: &MembersArgs,
-    member: Option<String>,
-    from_leader: bool,
-) -> Result<(), String> {
+async fn save(file: &std::path::Path, members: &MembersArgs, choice: Choice) -> Result<(), String> {
     let url = members.url()?;
     let started = std::time::Instant::now();
-    let (address, role, bytes) = match member {
-        Some(member) => {
-            let bytes = fetch(&url, &member).await?;
+    let (address, role, bytes) = match choice {
+        Choice::Member(member) => {
+            let bytes = fetch(&url, &member, None).await?;
             (member, "the member named", bytes)
         }
-        None => {
-            let source = source_address(&url, from_leader).await?;
-            match (fetch(&url, &source.address).await, source.leader) {
+        Choice::Leader | Choice::Follower { .. } => {
+            let wait = match choice {
+                Choice::Follower { wait } => Some(wait),
+                _ => None,
+            };
+            let source = source_address(&url, wait.is_none()).await?;
+            let first_part_within = source.leader.as_ref().and(wait);
+            match (
+                fetch(&url, &source.address, first_part_within).await,
+                source.leader,
+            ) {
                 (Ok(bytes), _) => (source.address, source.role, bytes),
                 (Err(error), Some(leader)) => {
                     eprintln!(
                         "locksmith snapshot: {error}; taking the backup from the leader instead"
                     );
-                    let bytes = fetch(&url, &leader).await?;
+                    let bytes = fetch(&url, &leader, None).await?;
                     (leader, LEADER, bytes)
                 }
                 (Err(error), None) => return Err(error),
@@ -213,29 +243,49 @@ async fn save(
     Ok(())
 }
 
-/// The backup's bytes as the member at `address` sends them.
+/// The backup's bytes as the member at `address` sends them; with
+/// `first_part_within`, an error if the first part has not come by then.
 ///
 /// Cancel safety: safe; dropped, the member's stream closes.
-async fn fetch(url: &ServerUrl, address: &str) -> Result<Vec<u8>, String> {
-    let mut client = connect(url, address).await?;
-    let mut stream = client
-        .save_snapshot(pb::SaveSnapshotRequest {})
-        .await
-        .map_err(|s| format!("{address}: {}", s.message()))?
-        .into_inner();
+async fn fetch(
+    url: &ServerUrl,
+    address: &str,
+    first_part_within: Option<std::time::Duration>,
+) -> Result<Vec<u8>, String> {
+    let failed = |s: tonic::Status| format!("{address}: {}", s.message());
+    let start = async {
+        let mut client = connect(url, address).await?;
+        let mut stream = client
+            .save_snapshot(pb::SaveSnapshotRequest {})
+            .await
+            .map_err(failed)?
+            .into_inner();
+        let first = stream.message().await.map_err(failed)?;
+        Ok::<_, String>((stream, first))
+    };
+    let (mut stream, mut part) = match first_part_within {
+        Some(limit) => tokio::time::timeout(limit, start).await.map_err(|_| {
+            format!(
+                "{address}: no part of the backup within {}",
+                humantime::format_duration(limit)
+            )
+        })??,
+        None => start.await?,
+    };
     let mut bytes = Vec::new();
-    while let Some(part) = stream
-        .message()
-        .await
-        .map_err(|s| format!("{address}: {}", s.message()))?
-    {
+    while let Some(received) = part {
         if bytes.is_empty() {
             // The size the file's header announces, up to 4 GiB: a backup
             // of a million locks is 64 MB, which a buffer grown as it
             // comes would copy and fault in twice over.
-            bytes.reserve(backup::announced_len(&part.data).unwrap_or(0).min(1 << 32));
+            bytes.reserve(
+                backup::announced_len(&received.data)
+                    .unwrap_or(0)
+                    .min(1 << 32),
+            );
         }
-        bytes.extend_from_slice(&part.data);
+        bytes.extend_from_slice(&received.data);
+        part = stream.message().await.map_err(failed)?;
     }
     Ok(bytes)
 }

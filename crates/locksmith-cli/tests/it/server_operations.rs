@@ -327,6 +327,43 @@ async fn a_backup_is_taken_from_the_leader_when_the_follower_chosen_for_it_fails
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_that_does_not_answer_is_passed_over_after_its_wait() {
+    let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let members: Vec<ServerProcess> = (0..3)
+        .map(|i| ServerProcess::start_member(&ports, i, &[]))
+        .collect();
+    let url = members_url(&ports);
+    let leading = leader(&members, &[]).await;
+    // Stopped, the followers still accept connections (the kernel does)
+    // and answer nothing; the leader still counts them caught up.
+    for (i, member) in members.iter().enumerate() {
+        if i != leading {
+            member.pause();
+        }
+    }
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let file = dir.path().join("silent.backup");
+    let (ok, text) = locksmith(vec![
+        "snapshot".into(),
+        "save".into(),
+        file.display().to_string(),
+        "--backend".into(),
+        url,
+        "--follower-wait".into(),
+        "1s".into(),
+    ])
+    .await;
+    assert!(ok, "{text}");
+    assert!(
+        text.contains("no part of the backup within 1s")
+            && text.contains("taking the backup from the leader instead"),
+        "the operator is told: {text}"
+    );
+    let backup = Backup::read(&file).unwrap();
+    assert_eq!(backup.summary().node_id, leading as u64 + 1, "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_cluster_from_one_surviving_member_keeps_its_locks_and_never_reuses_a_token() {
     let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
     let members: Vec<ServerProcess> = (0..3)
