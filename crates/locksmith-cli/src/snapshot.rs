@@ -53,7 +53,8 @@ impl SnapshotArgs {
 
 #[derive(Debug, Subcommand)]
 enum SnapshotCommand {
-    /// Save a backup of a running cluster's state into FILE (needs `admin`).
+    /// Save a backup of a running cluster's state into FILE, from a caught-up
+    /// follower unless told otherwise (needs `admin`).
     Save {
         /// Where the backup goes (replaced atomically; owner-only: it holds
         /// the secrets that resume sessions).
@@ -72,7 +73,12 @@ enum SnapshotCommand {
         /// it is taken from the leader instead: a member that accepts
         /// connections but does not answer (stopped, overloaded) does not
         /// hold the backup up for good.
-        #[arg(long, value_parser = crate::common::parse_duration, default_value = "30s")]
+        #[arg(
+            long,
+            value_name = "DURATION",
+            value_parser = crate::common::parse_duration,
+            default_value = "30s"
+        )]
         follower_wait: std::time::Duration,
         /// Run at the priority it was started with. By default it lowers
         /// its own (nice +10, as a member encodes a backup): run on a
