@@ -212,13 +212,15 @@ async fn save(file: &std::path::Path, members: &MembersArgs, choice: Choice) -> 
             let bytes = fetch(&url, &member, None).await?;
             (member, "the member named", bytes)
         }
-        Choice::Leader | Choice::Follower { .. } => {
-            let wait = match choice {
-                Choice::Follower { wait } => Some(wait),
-                _ => None,
-            };
-            let source = source_address(&url, wait.is_none()).await?;
-            let first_part_within = source.leader.as_ref().and(wait);
+        Choice::Leader => {
+            let source = source_address(&url, true).await?;
+            let bytes = fetch(&url, &source.address, None).await?;
+            (source.address, source.role, bytes)
+        }
+        Choice::Follower { wait } => {
+            let source = source_address(&url, false).await?;
+            // A follower has `wait` to start; the leader, as ever, its time.
+            let first_part_within = source.leader.is_some().then_some(wait);
             match (
                 fetch(&url, &source.address, first_part_within).await,
                 source.leader,
