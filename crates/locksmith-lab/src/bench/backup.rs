@@ -161,7 +161,7 @@ pub async fn backup_restore(
     progress.set_message(format!("{}: backup, {saves} saves", target.label));
     let handoffs = Handoffs::start(target, waiters, settings).await?;
     let load_before_saves = super::report::load_average();
-    let leader = leader_id(&target.url).await?;
+    let leader = leader_id(target).await?;
     let (mut alone, mut during) = (Vec::new(), Vec::new());
     let mut saves_secs = Vec::new();
     let mut saved_from = Vec::new();
@@ -284,25 +284,22 @@ pub async fn backup_restore(
     })
 }
 
-/// The id of the member that leads the cluster at `url` now, as `locksmith
-/// cluster status` says.
+/// The id of the member of `target` that leads now (blocking calls
+/// `ServeCluster::leader`, on the blocking pool).
 ///
-/// Cancel safety: dropped, the command runs on to its end unwatched.
-async fn leader_id(url: &str) -> Result<u64, String> {
-    let status = locksmith(&[
-        "cluster".into(),
-        "--backend".into(),
-        url.into(),
-        "status".into(),
-        "--json".into(),
-    ])
-    .await?;
-    let status: serde_json::Value =
-        serde_json::from_str(&status).map_err(|e| format!("cluster status --json: {e}"))?;
-    status["leader_id"]
-        .as_u64()
-        .filter(|&id| id != 0)
-        .ok_or_else(|| format!("no leader in {status}"))
+/// Cancel safety: dropped, the asking runs on to its end unwatched.
+async fn leader_id(target: &Target) -> Result<u64, String> {
+    let spawned = target
+        .spawned
+        .clone()
+        .ok_or("only a locksmith server or cluster this run started")?;
+    tokio::task::spawn_blocking(move || match spawned.as_ref() {
+        Spawned::Serve(server) => Ok(server.id()),
+        Spawned::ServeCluster(cluster) => cluster.leader(None).map(|m| m.id()),
+        _ => Err("only a locksmith server or cluster this run started".into()),
+    })
+    .await
+    .map_err(|e| format!("finding the leader panicked: {e}"))?
 }
 
 /// The id of the member a save came from, by the address `snapshot save`
