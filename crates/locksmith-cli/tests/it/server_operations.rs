@@ -40,6 +40,11 @@ async fn locksmith(args: Vec<String>) -> (bool, String) {
 /// `locksmith snapshot save FILE FLAG URL [MORE]` (`FLAG`: `--backend`, or
 /// its older spelling `--server`) from the cluster at `url`.
 async fn save(flag: &str, url: &str, file: &Path, more: &[&str]) -> Backup {
+    save_saying(flag, url, file, more).await.0
+}
+
+/// As [`save`], with what the command printed.
+async fn save_saying(flag: &str, url: &str, file: &Path, more: &[&str]) -> (Backup, String) {
     let mut args = vec![
         "snapshot".into(),
         "save".into(),
@@ -50,7 +55,9 @@ async fn save(flag: &str, url: &str, file: &Path, more: &[&str]) -> Backup {
     args.extend(more.iter().map(|arg| arg.to_string()));
     let (ok, text) = locksmith(args).await;
     assert!(ok, "snapshot save failed: {text}");
-    Backup::read(file).unwrap_or_else(|e| panic!("the saved backup does not read: {e}"))
+    let backup =
+        Backup::read(file).unwrap_or_else(|e| panic!("the saved backup does not read: {e}"));
+    (backup, text)
 }
 
 /// Starts the members of a new cluster on `ports`, each data directory made
@@ -292,75 +299,44 @@ async fn a_backup_saved_under_load_restores_the_state_and_tokens_start_above_eve
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_backup_is_taken_from_the_leader_when_the_follower_chosen_for_it_fails() {
+async fn a_follower_that_does_not_answer_or_is_gone_is_passed_over_for_the_leader() {
     let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
     let members: Vec<ServerProcess> = (0..3)
         .map(|i| ServerProcess::start_member(&ports, i, &[]))
         .collect();
     let url = members_url(&ports);
     let leading = leader(&members, &[]).await;
-    // The followers die with nothing written since: the leader still counts
-    // them caught up, and names one.
-    for (i, member) in members.iter().enumerate() {
-        if i != leading {
-            member.kill();
-        }
-    }
+    let followers = || {
+        members
+            .iter()
+            .enumerate()
+            .filter(move |(i, _)| *i != leading)
+            .map(|(_, member)| member)
+    };
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let file = dir.path().join("fallback.backup");
-    let (ok, text) = locksmith(vec![
-        "snapshot".into(),
-        "save".into(),
-        file.display().to_string(),
-        "--backend".into(),
-        url,
-    ])
-    .await;
-    assert!(ok, "{text}");
-    assert!(
-        text.contains("taking the backup from the leader instead"),
-        "the operator is told: {text}"
-    );
-    assert!(text.contains("(the leader)"), "{text}");
-    let backup = Backup::read(&file).unwrap();
-    assert_eq!(backup.summary().node_id, leading as u64 + 1, "{text}");
-}
+    let from_the_leader = |backup: &Backup, text: &str| {
+        assert!(
+            text.contains("taking the backup from the leader instead"),
+            "the operator is told: {text}"
+        );
+        assert!(text.contains("(the leader)"), "{text}");
+        assert_eq!(backup.summary().node_id, leading as u64 + 1, "{text}");
+    };
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_follower_that_does_not_answer_is_passed_over_after_its_wait() {
-    let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
-    let members: Vec<ServerProcess> = (0..3)
-        .map(|i| ServerProcess::start_member(&ports, i, &[]))
-        .collect();
-    let url = members_url(&ports);
-    let leading = leader(&members, &[]).await;
-    // Stopped, the followers still accept connections (the kernel does)
-    // and answer nothing; the leader still counts them caught up.
-    for (i, member) in members.iter().enumerate() {
-        if i != leading {
-            member.pause();
-        }
-    }
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    // Stopped, the followers still accept connections (the kernel does) and
+    // answer nothing; with nothing written since, the leader still counts
+    // them caught up and names one.
+    followers().for_each(ServerProcess::pause);
     let file = dir.path().join("silent.backup");
-    let (ok, text) = locksmith(vec![
-        "snapshot".into(),
-        "save".into(),
-        file.display().to_string(),
-        "--backend".into(),
-        url,
-        "--follower-wait".into(),
-        "1s".into(),
-    ])
-    .await;
-    assert!(ok, "{text}");
-    assert!(
-        text.contains("no part of the backup within 1s")
-            && text.contains("taking the backup from the leader instead"),
-        "the operator is told: {text}"
-    );
-    let backup = Backup::read(&file).unwrap();
-    assert_eq!(backup.summary().node_id, leading as u64 + 1, "{text}");
+    let (backup, text) = save_saying("--backend", &url, &file, &["--follower-wait", "1s"]).await;
+    assert!(text.contains("no part of the backup within 1s"), "{text}");
+    from_the_leader(&backup, &text);
+
+    // Dead, they refuse connections; the leader still names one.
+    followers().for_each(ServerProcess::kill);
+    let file = dir.path().join("gone.backup");
+    let (backup, text) = save_saying("--backend", &url, &file, &[]).await;
+    from_the_leader(&backup, &text);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
