@@ -184,11 +184,9 @@ fn main() -> ExitCode {
         locksmith_server::backup::lower_priority_of_this_thread();
     }
     let runtime = match &cli.command {
-        Command::Serve(args) => tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(args.worker_threads.into())
-            .thread_name("locksmith-serve")
-            .enable_all()
-            .build(),
+        Command::Serve(args) => {
+            locksmith_server::runtime::build(args.worker_threads.into(), "locksmith-serve")
+        }
         _ => tokio::runtime::Runtime::new(),
     };
     let runtime = match runtime {

@@ -423,7 +423,17 @@ pub async fn serve(args: ServeArgs) -> ExitCode {
         None => tracing::warn!("in-memory mode: locks do not survive a restart"),
     }
     let worker_threads = tokio::runtime::Handle::current().metrics().num_workers();
-    tracing::info!(worker_threads, "runtime");
+    if locksmith_server::runtime::LIFO_SLOT_OFF {
+        tracing::info!(worker_threads, lifo_slot = "off", "runtime");
+    } else {
+        tracing::warn!(
+            worker_threads,
+            lifo_slot = "on",
+            "runtime: built without `--cfg tokio_unstable` (the workspace's \
+             .cargo/config.toml sets it), so answers that could go out together \
+             are written one by one (locksmith_server::runtime)"
+        );
+    }
     let outcome = match Server::start(config).await {
         Ok(server) => run_until_stopped(server, signals).await,
         Err(error) => Err(error),

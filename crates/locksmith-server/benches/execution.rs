@@ -74,7 +74,7 @@ impl Side {
         (runtime_name, workers): (&'static str, usize),
         disk: Option<&std::path::Path>,
     ) -> Result<Side, BoxError> {
-        let runtime = common::runtime_of(runtime_name, workers)?;
+        let runtime = locksmith_server::runtime::build(workers, runtime_name)?;
         let mut config = match disk {
             Some(dir) => ServerConfig::durable(dir.join(runtime_name)),
             None => ServerConfig::in_memory(),

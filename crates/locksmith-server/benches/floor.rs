@@ -555,9 +555,9 @@ fn main() -> Result<(), BoxError> {
     let (duration, rounds) =
         common::duration_and_rounds("LOCKSMITH_FLOOR_SECS", 2, "LOCKSMITH_FLOOR_ROUNDS", 3);
 
-    let echo_runtime = common::runtime_of("echo", SERVER_WORKERS)?;
+    let echo_runtime = locksmith_server::runtime::build(SERVER_WORKERS, "echo")?;
     let echo = echo_runtime.block_on(start_echo())?;
-    let server_runtime = common::runtime_of("server", SERVER_WORKERS)?;
+    let server_runtime = locksmith_server::runtime::build(SERVER_WORKERS, "server")?;
     let config = ServerConfig::in_memory().listen("127.0.0.1:0".parse()?);
     let server = server_runtime.block_on(Server::start(config))?;
     let url = server.url();

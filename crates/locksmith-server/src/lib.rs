@@ -111,6 +111,7 @@ mod raft;
 mod random;
 #[cfg(test)]
 mod replay_tests;
+pub mod runtime;
 mod service;
 mod session_stream;
 mod storage;

@@ -37,14 +37,10 @@ pub fn duration_and_rounds(
 
 /// A runtime of two workers whose threads carry `name`, so a profile or a
 /// per-thread CPU count can tell the server's work from the clients'.
+/// (The servers' own runtimes are `locksmith_server::runtime::build`'s.)
 pub fn runtime(name: &str) -> std::io::Result<tokio::runtime::Runtime> {
-    runtime_of(name, 2)
-}
-
-/// A runtime of `workers` workers whose threads carry `name`.
-pub fn runtime_of(name: &str, workers: usize) -> std::io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(workers)
+        .worker_threads(2)
         .thread_name(name)
         .enable_all()
         .build()
