@@ -16,7 +16,9 @@
 //! ```
 //!
 //! `locksmith serve` is [`serve`] with the command line's config and
-//! SIGINT/SIGTERM as the shutdown signal.
+//! SIGINT/SIGTERM as the shutdown signal, on the runtime [`runtime::build`]
+//! makes (one worker by default, and no LIFO slot: answers that leave
+//! together are written together).
 //!
 //! ## How a request flows
 //!

@@ -426,7 +426,7 @@ fn serve_reads_a_config_file_and_flags_win() {
     let _ = serve.wait();
     assert!(seen.contains("in-memory mode"), "{seen}");
     assert!(seen.contains("worker_threads=3"), "{seen}");
-    // The workspace's build turns the workers' LIFO slot off (`serve::runtime`).
+    // The workspace's build turns the workers' LIFO slot off (`locksmith_server::runtime`).
     assert!(seen.contains("lifo_slot=\"off\""), "{seen}");
     assert!(seen.contains(&format!("127.0.0.1:{http}")), "{seen}");
     assert!(seen.contains(&format!("127.0.0.1:{grpc}")), "{seen}");
