@@ -14,7 +14,7 @@ use locksmith::{Client, ConnectOptions};
 use locksmith_proto::v1 as pb;
 use locksmith_proto::v1::locksmith_client::LocksmithClient;
 use locksmith_testkit::free_port;
-use server_support::{eventually, members_url, unique, ServerProcess};
+use server_support::{eventually, unique, url_of, ServerProcess};
 
 /// Three members of a new cluster, ids 1 to 3.
 struct Cluster {
@@ -27,16 +27,13 @@ impl Cluster {
     }
 
     fn start_with(extra: &[&str]) -> Cluster {
-        let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
-        let members = (0..3)
-            .map(|i| ServerProcess::start_member(&ports, i, extra))
-            .collect();
-        Cluster { members }
+        Cluster {
+            members: ServerProcess::start_cluster(extra),
+        }
     }
 
     fn url(&self) -> String {
-        let ports: Vec<u16> = self.members.iter().map(ServerProcess::port).collect();
-        members_url(&ports)
+        url_of(&self.members)
     }
 
     async fn client(&self, session_ttl: Duration) -> Client {
@@ -1147,7 +1144,9 @@ async fn during_an_upgrade_the_client_counts_re_entry_alone() {
         ServerProcess::start_member(&ports, 1, &["--record-version", "2"]),
     ];
     server_support::leader(&members, &[]).await;
-    let client = Client::connect(&members_url(&ports)).await.unwrap();
+    let client = Client::connect(&server_support::members_url(&ports))
+        .await
+        .unwrap();
     let name = unique("upgrade-reentry");
     let lock = client.lock(name.as_str()).owner("worker");
     let first = lock.acquire().await.unwrap();

@@ -13,23 +13,16 @@ use crate::server_support;
 use std::sync::OnceLock;
 
 use locksmith_testkit::conformance::ServerHarness;
-use locksmith_testkit::free_port;
-use server_support::{members_url, ServerProcess};
+use server_support::{url_of, ServerProcess};
 
 /// One cluster for the whole test process.
 async fn cluster() -> ServerHarness {
     static CLUSTER: OnceLock<Vec<ServerProcess>> = OnceLock::new();
-    let members = CLUSTER.get_or_init(|| {
-        let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
-        (0..3)
-            .map(|i| ServerProcess::start_member(&ports, i, &[]))
-            .collect()
-    });
+    let members = CLUSTER.get_or_init(|| ServerProcess::start_cluster(&[]));
     for member in members {
         member.assert_running();
     }
-    let ports: Vec<u16> = members.iter().map(ServerProcess::port).collect();
-    ServerHarness::new(members_url(&ports))
+    ServerHarness::new(url_of(members))
 }
 
 locksmith_testkit::conformance_suite!(

@@ -17,7 +17,7 @@ use locksmith_proto::v1 as pb;
 use locksmith_proto::v1::locksmith_client::LocksmithClient;
 use locksmith_server::backup::{Backup, TOKEN_JUMP};
 use locksmith_testkit::free_port;
-use server_support::{cluster_flag, leader, members_url, unique, ServerProcess, BINARY};
+use server_support::{cluster_flag, leader, members_url, unique, url_of, ServerProcess, BINARY};
 
 /// Runs `locksmith ARGS`, returning (success, stdout + stderr).
 async fn locksmith(args: Vec<String>) -> (bool, String) {
@@ -168,11 +168,8 @@ fn start_load(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backup_saved_under_load_restores_the_state_and_tokens_start_above_every_one_granted() {
-    let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
-    let source: Vec<ServerProcess> = (0..3)
-        .map(|i| ServerProcess::start_member(&ports, i, &[]))
-        .collect();
-    let url = members_url(&ports);
+    let source = ServerProcess::start_cluster(&[]);
+    let url = url_of(&source);
     let leading = leader(&source, &[]).await as u64 + 1;
     let prefix = unique("backup-under-load");
     let stop = Arc::new(AtomicBool::new(false));
@@ -300,11 +297,8 @@ async fn a_backup_saved_under_load_restores_the_state_and_tokens_start_above_eve
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_that_does_not_answer_or_is_gone_is_passed_over_for_the_leader() {
-    let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
-    let members: Vec<ServerProcess> = (0..3)
-        .map(|i| ServerProcess::start_member(&ports, i, &[]))
-        .collect();
-    let url = members_url(&ports);
+    let members = ServerProcess::start_cluster(&[]);
+    let url = url_of(&members);
     let leading = leader(&members, &[]).await;
     let followers = || {
         members
@@ -341,11 +335,8 @@ async fn a_follower_that_does_not_answer_or_is_gone_is_passed_over_for_the_leade
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_cluster_from_one_surviving_member_keeps_its_locks_and_never_reuses_a_token() {
-    let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
-    let members: Vec<ServerProcess> = (0..3)
-        .map(|i| ServerProcess::start_member(&ports, i, &[]))
-        .collect();
-    let url = members_url(&ports);
+    let members = ServerProcess::start_cluster(&[]);
+    let url = url_of(&members);
     let survivor = leader(&members, &[]).await;
     let name = unique("force-new-cluster");
     let options = ConnectOptions::default().session_ttl(Duration::from_secs(30));

@@ -91,6 +91,15 @@ impl ServerProcess {
         ServerProcess::start_on(ports[index], &args)
     }
 
+    /// A new cluster of three members on free loopback ports, each started
+    /// with `extra` arguments.
+    pub fn start_cluster(extra: &[&str]) -> Vec<ServerProcess> {
+        let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        (0..3)
+            .map(|i| ServerProcess::start_member(&ports, i, extra))
+            .collect()
+    }
+
     fn spawn(dir: &Path, extra: &[&str]) -> ServerProcess {
         Self::spawn_on(dir, free_port(), extra)
     }
@@ -295,6 +304,12 @@ pub async fn leader(members: &[ServerProcess], except: &[usize]) -> usize {
 pub fn members_url(ports: &[u16]) -> String {
     let members: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
     format!("locksmith://{}", members.join(","))
+}
+
+/// The `locksmith://` URL of these running servers (a cluster's members).
+pub fn url_of(members: &[ServerProcess]) -> String {
+    let ports: Vec<u16> = members.iter().map(ServerProcess::port).collect();
+    members_url(&ports)
 }
 
 /// The `--cluster` value for members 1, 2, … listening on these loopback
