@@ -6,7 +6,8 @@
 //!   the encoding and sending of the whole state do not fall on the member
 //!   that serves the clients; from the leader when there is none (a group
 //!   of one) or the follower fails to give it, or with `--leader` (the
-//!   newest applied state); `--member` names one. The file is checked before it replaces `FILE`.
+//!   newest applied state); `--member` names one. The file is checked
+//!   before it replaces `FILE`.
 //! - `status FILE` prints what a backup holds.
 //! - `restore FILE --data-dir DIR --node-id ID --cluster ...` makes one new
 //!   member's data directory (run it once per member, with the same

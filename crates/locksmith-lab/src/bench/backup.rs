@@ -289,14 +289,12 @@ pub async fn backup_restore(
 ///
 /// Cancel safety: dropped, the asking runs on to its end unwatched.
 async fn leader_id(target: &Target) -> Result<u64, String> {
-    let spawned = target
-        .spawned
-        .clone()
-        .ok_or("only a locksmith server or cluster this run started")?;
+    const ONLY: &str = "only a locksmith server or cluster this run started";
+    let spawned = target.spawned.clone().ok_or(ONLY)?;
     tokio::task::spawn_blocking(move || match spawned.as_ref() {
         Spawned::Serve(server) => Ok(server.id()),
         Spawned::ServeCluster(cluster) => cluster.leader(None).map(|m| m.id()),
-        _ => Err("only a locksmith server or cluster this run started".into()),
+        _ => Err(ONLY.into()),
     })
     .await
     .map_err(|e| format!("finding the leader panicked: {e}"))?
