@@ -3,12 +3,13 @@
 //! the awaiting task drives. Each method's docs say what cancelling it
 //! leaves (the awaitable drops the future when its task is cancelled).
 
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use futures::stream::StreamExt;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::PyWeakrefReference;
+use pyo3::types::IntoPyDict;
 use pyo3::{intern, IntoPyObjectExt, PyClass};
 
 use locksmith::backend::{GrantRecord, LockInfo};
@@ -166,75 +167,122 @@ impl Client {
     }
 }
 
-/// Holds of `async with` blocks not yet exited, innermost last.
-type Entered = Arc<Mutex<Vec<Entry>>>;
+/// The `async with` blocks of locks open in the current context, as a
+/// chain, innermost first, kept in a context variable.
+///
+/// asyncio runs each task in a context of its own, a copy of its creator's
+/// made when the task starts, so a block entered in a task is found by
+/// that task's exit and by no other: one lock object can be entered by
+/// several tasks at once. A task that ends inside a block (its exit never
+/// runs) takes its context and the block with it; the hold then ends as a
+/// dropped guard's does, in the background once the guard is gone too.
+/// A task started inside a block inherits it in its copy, which it can
+/// only exit by calling `__aexit__` by hand.
+///
+/// (A map from the running task to its blocks needs that task, which
+/// `asyncio.current_task()` finds with a system call on Python 3.11:
+/// a context variable costs a fraction of it.)
+#[pyclass(module = "locksmith.aio", frozen)]
+struct OpenBlock {
+    /// The lock's [`Lock::id`].
+    lock: u64,
+    held: Arc<Held<locksmith::Guard>>,
+    outer: Option<Py<OpenBlock>>,
+}
 
-/// The hold of one `async with` block and the task that entered it.
-struct Entry {
-    /// A weak reference to the task (`None` outside any task): a task that
-    /// has ended is nobody's, however its address is reused.
-    task: Option<Py<PyWeakrefReference>>,
+/// The bound `get` and `set` of the context variable holding the
+/// innermost [`OpenBlock`] (or `None`).
+fn open_blocks(py: Python<'_>) -> PyResult<&(Py<PyAny>, Py<PyAny>)> {
+    static OPEN_BLOCKS: PyOnceLock<(Py<PyAny>, Py<PyAny>)> = PyOnceLock::new();
+    OPEN_BLOCKS.get_or_try_init(py, || {
+        let variable = py
+            .import(intern!(py, "contextvars"))?
+            .getattr(intern!(py, "ContextVar"))?
+            .call(
+                ("locksmith.aio.open_blocks",),
+                Some(&[("default", py.None())].into_py_dict(py)?),
+            )?;
+        Ok((
+            variable.getattr(intern!(py, "get"))?.unbind(),
+            variable.getattr(intern!(py, "set"))?.unbind(),
+        ))
+    })
+}
+
+fn innermost_block(py: Python<'_>) -> PyResult<Option<Py<OpenBlock>>> {
+    Ok(open_blocks(py)?.0.bind(py).call0()?.extract()?)
+}
+
+fn set_innermost_block(py: Python<'_>, block: Option<Py<OpenBlock>>) -> PyResult<()> {
+    open_blocks(py)?.1.bind(py).call1((block,))?;
+    Ok(())
+}
+
+/// A hold just acquired by `Lock.__aenter__`: made into its guard, with its
+/// block opened in the context of the task that awaited the acquire.
+struct Entered {
+    lock: u64,
     held: Arc<Held<locksmith::Guard>>,
 }
 
-/// The asyncio task running now, if any.
-fn current_task(py: Python<'_>) -> PyResult<Option<Bound<'_, PyAny>>> {
-    static CURRENT_TASK: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-    let task = CURRENT_TASK
-        .import(py, "asyncio", "current_task")?
-        .call0()?;
-    Ok(Some(task).filter(|task| !task.is_none()))
-}
+impl<'py> IntoPyObject<'py> for Entered {
+    type Target = Guard;
+    type Output = Bound<'py, Guard>;
+    type Error = PyErr;
 
-impl Entry {
-    fn entered_by(&self, py: Python<'_>, task: Option<&Bound<'_, PyAny>>) -> bool {
-        match (&self.task, task) {
-            (None, None) => true,
-            (Some(entered), Some(task)) => entered
-                .bind(py)
-                .upgrade()
-                .is_some_and(|entered| entered.is(task)),
-            _ => false,
-        }
-    }
-
-    /// Whether the task that entered has been collected: its block will
-    /// never exit.
-    fn abandoned(&self, py: Python<'_>) -> bool {
-        self.task
-            .as_ref()
-            .is_some_and(|task| task.bind(py).upgrade().is_none())
+    fn into_pyobject(self, py: Python<'py>) -> PyResult<Bound<'py, Guard>> {
+        let block = OpenBlock {
+            lock: self.lock,
+            held: self.held.clone(),
+            outer: innermost_block(py)?,
+        };
+        set_innermost_block(py, Some(Py::new(py, block)?))?;
+        Guard::made(self.held).into_pyobject(py)
     }
 }
 
-/// Takes out the entries of tasks that were collected inside their block:
-/// their holds are released in the background once their guards are gone
-/// too, as dropped guards are.
-fn forget_abandoned(py: Python<'_>, entered: &Entered) {
-    let abandoned: Vec<Entry> = {
-        let mut entered = entered.lock().unwrap_or_else(|e| e.into_inner());
-        if !entered.iter().any(|entry| entry.abandoned(py)) {
-            return;
+/// Closes the innermost block of `lock` open in the current context and
+/// returns its hold (`None` when there is none).
+fn close_block(py: Python<'_>, lock: u64) -> PyResult<Option<Arc<Held<locksmith::Guard>>>> {
+    let mut inner = Vec::new();
+    let mut next = innermost_block(py)?;
+    while let Some(block) = next {
+        let open = block.get();
+        if open.lock == lock {
+            // The blocks inside it (of other locks, exited out of order)
+            // stay open, on what was outside it.
+            let mut outer = open.outer.as_ref().map(|outer| outer.clone_ref(py));
+            for kept in inner.into_iter().rev() {
+                let kept: &OpenBlock = Py::<OpenBlock>::get(&kept);
+                let block = OpenBlock {
+                    lock: kept.lock,
+                    held: kept.held.clone(),
+                    outer,
+                };
+                outer = Some(Py::new(py, block)?);
+            }
+            set_innermost_block(py, outer)?;
+            return Ok(Some(open.held.clone()));
         }
-        let (abandoned, kept) = std::mem::take(&mut *entered)
-            .into_iter()
-            .partition(|entry| entry.abandoned(py));
-        *entered = kept;
-        abandoned
-    };
-    drop(abandoned);
+        next = open.outer.as_ref().map(|outer| outer.clone_ref(py));
+        inner.push(block);
+    }
+    Ok(None)
 }
 
 /// A lock to acquire; `async with lock as guard:` acquires and releases.
 #[pyclass(module = "locksmith.aio", extends = LockBase, frozen)]
 pub struct Lock {
-    entered: Entered,
+    /// Tells this lock's `async with` blocks from other locks' (unlike an
+    /// address, never reused).
+    id: u64,
 }
 
 impl Lock {
     pub fn new(base: LockBase) -> PyClassInitializer<Self> {
+        static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         PyClassInitializer::from(base).add_subclass(Lock {
-            entered: Arc::new(Mutex::new(Vec::new())),
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
         })
     }
 }
@@ -267,29 +315,21 @@ impl Lock {
         }))
     }
 
-    /// Acquires with the lock's own `wait`.
+    /// Acquires with the lock's own `wait`; the block is open in the
+    /// context of the task that awaits this (see [`OpenBlock`]).
     ///
     /// Cancel safety: as `acquire`.
     fn __aenter__(slf: &Bound<'_, Self>) -> PyResult<Awaitable> {
-        let py = slf.py();
-        let entered = slf.get().entered.clone();
-        forget_abandoned(py, &entered);
-        let task = current_task(py)?
-            .map(|task| PyWeakrefReference::new(&task).map(Bound::unbind))
-            .transpose()?;
+        let id = slf.get().id;
         let lock = slf.as_super().get().to_call()?;
         Ok(awaitable_made(move || async move {
             let held = shared::acquire(lock, None).await?;
-            let mut entered = entered.lock().unwrap_or_else(|e| e.into_inner());
-            entered.push(Entry {
-                task,
-                held: held.clone(),
-            });
-            Ok(Made(GuardBase::new(held).add_subclass(Guard)))
+            Ok(Entered { lock: id, held })
         }))
     }
 
-    /// Releases what the matching `__aenter__` (of the same task) acquired.
+    /// Releases what the innermost open block of this lock in the current
+    /// context (the same task's) acquired; nothing when there is none.
     ///
     /// Cancel safety: as `Guard.release`.
     fn __aexit__(
@@ -298,17 +338,7 @@ impl Lock {
         _exc: Option<&Bound<'_, PyAny>>,
         _traceback: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Awaitable> {
-        let py = slf.py();
-        let entered = &slf.get().entered;
-        forget_abandoned(py, entered);
-        let task = current_task(py)?;
-        let held = {
-            let mut entered = entered.lock().unwrap_or_else(|e| e.into_inner());
-            let last = entered
-                .iter()
-                .rposition(|entry| entry.entered_by(py, task.as_ref()));
-            last.map(|index| entered.remove(index).held)
-        };
+        let held = close_block(slf.py(), slf.get().id)?;
         exit(held, exc_type, |guard| guard.release())
     }
 }
@@ -318,20 +348,21 @@ impl Lock {
 fn exit<T, F>(
     held: Option<Arc<Held<T>>>,
     exc_type: Option<&Bound<'_, PyAny>>,
-    end: impl FnOnce(T) -> F,
+    end: impl FnOnce(T) -> F + Send + 'static,
 ) -> PyResult<Awaitable>
 where
     T: Send + 'static,
     F: std::future::Future<Output = locksmith::Result<()>> + Send + 'static,
 {
     let raising = exc_type.is_some_and(|exc_type| !exc_type.is_none());
-    let ending = match held {
-        Some(held) if !held.is_released() => Some(end(held.take()?)),
+    let hold = match held {
+        Some(held) if !held.is_released() => Some(held.take()?),
         _ => None,
     };
-    Ok(awaitable(async move {
-        if let Some(ending) = ending {
-            let ended = ending.await.py();
+    // `end`'s future is made in the awaitable's box (see `awaitable_made`).
+    Ok(awaitable_made(move || async move {
+        if let Some(hold) = hold {
+            let ended = end(hold).await.py();
             if !raising {
                 ended?;
             }

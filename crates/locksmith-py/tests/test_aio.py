@@ -188,6 +188,63 @@ async def test_read_write_lock_and_semaphore(client, name):
 
 
 @run
+async def test_one_lock_object_entered_by_two_tasks_exits_each_its_own(client, name):
+    """Each task's exit releases the hold its own `async with` took, in
+    whatever order the tasks leave their blocks."""
+    semaphore = client.semaphore(name, 2)
+    first_in, second_in, first_may_leave = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    tokens = {}
+
+    async def first():
+        async with semaphore as guard:
+            tokens["first"] = guard.fencing_token
+            first_in.set()
+            await first_may_leave.wait()
+
+    async def second():
+        await first_in.wait()
+        async with semaphore as guard:
+            tokens["second"] = guard.fencing_token
+            second_in.set()
+            await asyncio.sleep(0)
+            first_may_leave.set()
+            await first_task
+            info = await client.status(name)
+            assert [holder.fencing_token for holder in info.holders] == [guard.fencing_token]
+
+    first_task = asyncio.ensure_future(first())
+    await asyncio.wait_for(second(), 10)
+    assert tokens["first"] != tokens["second"]
+    info = await client.status(name)
+    assert info is None or not info.holders
+
+
+@run
+async def test_nested_blocks_and_a_task_started_inside_one_exit_their_own(client, name):
+    """Blocks of one lock object nest; a task started inside a block
+    (which inherits the block's context) enters and exits its own."""
+    semaphore = client.semaphore(name, 3)
+
+    async def holders():
+        info = await client.status(name)
+        return sorted(holder.fencing_token for holder in info.holders) if info else []
+
+    async with semaphore as outer:
+        async with semaphore as inner:
+            assert await holders() == sorted([outer.fencing_token, inner.fencing_token])
+
+            async def child():
+                async with semaphore as own:
+                    assert len(await holders()) == 3
+                return own.fencing_token
+
+            await asyncio.wait_for(asyncio.ensure_future(child()), 10)
+            assert await holders() == sorted([outer.fencing_token, inner.fencing_token])
+        assert await holders() == [outer.fencing_token]
+    assert await holders() == []
+
+
+@run
 async def test_multi_lock_and_status(client, name):
     async with client.multi_lock([f"{name}/a", f"{name}/b"], owner="both") as both:
         info = await client.status(f"{name}/a")
