@@ -146,15 +146,17 @@ pub struct ServerConfig {
 /// core (the one owner of the lock state) and the Raft log's writer.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Execution {
-    /// Both as tasks of the runtime the server starts on, beside openraft's
-    /// tasks and the gRPC service, so that a request crosses no thread on
-    /// its way through the server. What blocks or may take long (the log's
-    /// writes and `fdatasync`s, opening the storage, installing a leader's
-    /// snapshot, applying a long run of entries) goes through
-    /// `tokio::task::block_in_place` on a multi-thread runtime: the
-    /// worker's other tasks, openraft's heartbeats among them, move to
-    /// another thread first, and the blocking task goes on with no wake-up
-    /// on its own path. Every other step of the core is bounded (a batch's
+    /// The core as a task of the runtime the server starts on, beside
+    /// openraft's tasks and the gRPC service, so that a request crosses no
+    /// thread on its way to and from the log. The log's writer is a task
+    /// too where its writes do not block (a memory filesystem, a
+    /// current-thread runtime) and a thread of its own on a disk, so that
+    /// no worker waits for an `fdatasync`. What else blocks or may take
+    /// long (opening the storage, installing a leader's snapshot, applying
+    /// a long run of entries) goes through `tokio::task::block_in_place`
+    /// on a multi-thread runtime: the worker's other tasks, openraft's
+    /// heartbeats among them, move to another thread first, and the
+    /// blocking task goes on with no wake-up on its own path. Every other step of the core is bounded (a batch's
     /// work budget, a big session's end in steps). On a current-thread
     /// runtime everything runs in place: what a deterministic simulation
     /// needs (crate `locksmith-sim`: a whole cluster on one thread, in

@@ -27,7 +27,7 @@
 //!                                                      │ records, one log entry per batch
 //!                                                      ▼
 //!                                    openraft: append + fdatasync (group commit,
-//!                                    the log's writer task), replicate, commit
+//!                                    the log's writer), replicate, commit
 //!                                    on a quorum
 //!                                                      │
 //!                          the state machine hands committed entries over

@@ -99,8 +99,8 @@ struct Manifest {
 /// The Raft log, shared by openraft's writer and the readers it takes.
 ///
 /// Appends are visible to readers at once and made durable by the log's own
-/// writer (a task whose writes run in `block_in_place`, or a thread:
-/// [`Execution`]), which calls openraft back once they are: openraft's core
+/// writer (a thread, or a task where nothing it does blocks:
+/// [`ReadLog::start`]), which calls openraft back once they are: openraft's core
 /// does not wait for the disk, so a leader sends entries to its followers
 /// while its own `fdatasync` runs, and appends that arrive during one fsync
 /// share the next (group commit). Votes, truncations and purges wait for the
@@ -225,12 +225,11 @@ struct Disk {
     /// `fdatasync`.
     write_cache: Option<Arc<dyn WriteCache>>,
     /// The log is on a memory filesystem (`files::on_memory_filesystem`):
-    /// the writer task writes and syncs in place, since handing its
-    /// worker's other tasks to another thread for a copy into memory
-    /// (`blocking::run`) would cost a thread's wake-up per commit, more than
-    /// the write. A commit is then a copy of its own size (its zeros ahead
-    /// come 256 KiB at a time): microseconds for the usual batch, a few
-    /// milliseconds for the biggest, well inside a heartbeat interval.
+    /// the writer is a task that writes and syncs in place, since a copy
+    /// into memory costs less than a thread's wake-up per commit. A commit
+    /// is then a copy of its own size (its zeros ahead come 256 KiB at a
+    /// time): microseconds for the usual batch, a few milliseconds for the
+    /// biggest, well inside a heartbeat interval.
     in_memory: bool,
 }
 
@@ -363,9 +362,19 @@ impl ReadLog {
 
     /// Starts appending: removes leftovers of interrupted writes, opens a
     /// new segment (after a forced recovery, one holding every entry kept,
-    /// which alone is named) and starts the writer: a task of the current
-    /// runtime ([`Execution::Tasks`], which must then be called within one),
-    /// or a thread of its own.
+    /// which alone is named) and starts the writer.
+    ///
+    /// The writer is a thread of its own with [`Execution::Threads`], and
+    /// with [`Execution::Tasks`] (which must then be called within a
+    /// runtime) whenever its writes block: a log on a disk, under a
+    /// multi-thread runtime. Its wake-up per commit costs less than handing
+    /// a worker's other tasks to another thread for each write and
+    /// `fdatasync` (`block_in_place`), and no worker waits for the disk
+    /// (docs/BENCHMARKS.md, "The Raft log's writer on a thread of its
+    /// own"). Otherwise it is a task of the current runtime: on a memory
+    /// filesystem, writing in place, and on a current-thread runtime (a
+    /// simulation, with its simulated disk's write-back cache), where
+    /// nothing else could run meanwhile anyway.
     pub(crate) fn start(
         self,
         segment_bytes: u64,
@@ -419,7 +428,15 @@ impl ReadLog {
         }
         disk.enter_segment(next)
             .map_err(|e| io_error("cannot write", dir, e))?;
-        let wake = if execution == Execution::Threads {
+        let on_a_thread = match execution {
+            Execution::Threads => true,
+            Execution::Tasks => {
+                !disk.in_memory
+                    && disk.write_cache.is_none()
+                    && crate::blocking::on_multi_thread_runtime()
+            }
+        };
+        let wake = if on_a_thread {
             Wake::Thread(Condvar::new())
         } else {
             Wake::Task(tokio::sync::Notify::new())
@@ -428,7 +445,7 @@ impl ReadLog {
             state: Mutex::new(Pending::default()),
             wake,
         });
-        let writer = if execution == Execution::Threads {
+        let writer = if on_a_thread {
             Some(
                 std::thread::Builder::new()
                     .name("raft-log".into())
@@ -556,12 +573,13 @@ impl Queue {
         }
     }
 
-    /// The writer as a task ([`Execution::Tasks`]): the same loop, awaiting
-    /// the next submission instead of blocking; its writes and syncs run
-    /// through `blocking::run`, so that on a multi-thread runtime the
-    /// worker's other tasks move elsewhere while they block (on a
-    /// current-thread runtime, a simulation's, they block it). A log on a
-    /// memory filesystem writes in place instead ([`Disk::in_memory`]).
+    /// The writer as a task (see [`ReadLog::start`] for when): the same
+    /// loop, awaiting the next submission instead of blocking. A log on a
+    /// memory filesystem writes in place ([`Disk::in_memory`]); other
+    /// writes and syncs run through `blocking::run`, in place on a
+    /// current-thread runtime (a simulation's), and through
+    /// `block_in_place` on a multi-thread one (only with a simulated
+    /// disk's write-back cache there).
     /// With a simulated disk's write-back cache (`Environment::write_cache`)
     /// a commit is written, then the writer waits for the cache's sync (the
     /// disk's latency), then syncs it and tells who waits: a crash
