@@ -26,7 +26,7 @@
 //!    no session expires while its heartbeat is queued, however long the
 //!    backlog;
 //! 2. while fewer than `max_batches_in_flight` batches are in flight, the
-//!    front end reads the clock once (`now`, see [`Clock`]) and
+//!    front end reads the clock once (`now`, see [`crate::clock::Clock`]) and
 //!    **proposes** the next batch (module `front::propose`): the backlog's
 //!    ops in order, up to `max_batch` units of work (a message, or a
 //!    session's end by the holds and waits it releases:

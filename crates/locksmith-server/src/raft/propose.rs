@@ -43,7 +43,7 @@ pub(crate) struct Proposer {
 
 impl Proposer {
     /// A proposer that drops its batches until [`Proposer::attach`] (the
-    /// core's own tests keep them: [`Proposer::held`]); the receiver is for
+    /// core's own tests keep them: `Proposer::held`); the receiver is for
     /// [`run_openers`].
     pub(crate) fn new() -> (Proposer, UnboundedReceiver<Batch>) {
         let (openers, receiver) = tokio::sync::mpsc::unbounded_channel();

@@ -98,7 +98,7 @@ impl SegmentHeader {
     }
 }
 
-/// Encoded records not yet handed to [`super::Storage::commit`], laid out as
+/// Encoded records not yet handed to [`Segment::commit`], laid out as
 /// frames whose checksums the commit fills in (it knows the segment's seed).
 #[derive(Debug, Default)]
 pub(crate) struct LogBuffer {
