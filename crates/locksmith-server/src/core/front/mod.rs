@@ -285,8 +285,8 @@ impl FrontEnd {
             let status = self.replica.redirect();
             return self.refuse(op, status);
         }
-        if self.replica.serving() {
-            self.take_heartbeats(state, now, &mut op);
+        if self.replica.serving() && self.take_heartbeats(state, now, &mut op) {
+            return;
         }
         self.backlog.push_back(op);
     }
@@ -361,12 +361,16 @@ impl FrontEnd {
     /// answered, so two heartbeats read together and answered once would
     /// leave it a heartbeat behind for the rest of the stream, until it gave
     /// its session up while the server still answered.
-    fn take_heartbeats(&mut self, state: &Replicated, now: Millis, op: &mut Op) {
-        let Op::Stream { stream, ops, .. } = op else {
-            return;
+    ///
+    /// True when nothing is left of `op` (heartbeats only, no
+    /// acknowledgements): an idle session's message then ends here, and
+    /// costs the backlog and the next batch nothing.
+    fn take_heartbeats(&mut self, state: &Replicated, now: Millis, op: &mut Op) -> bool {
+        let Op::Stream { stream, acks, ops } = op else {
+            return false;
         };
         let Some(&session) = self.streams.get(stream) else {
-            return;
+            return false;
         };
         let before = ops.len();
         ops.retain(|o| !matches!(o, StreamOp::Heartbeat));
@@ -393,8 +397,12 @@ impl FrontEnd {
             }
         }
         if ops.len() < before && ops.is_empty() {
+            if acks.replies.is_empty() && acks.lost.is_empty() {
+                return true;
+            }
             ops.push(StreamOp::AckOnly);
         }
+        false
     }
 
     /// Takes the next batch from the backlog: ops in arrival order, up to
