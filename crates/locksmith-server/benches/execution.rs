@@ -1,8 +1,9 @@
 //! Where the server's core and its Raft log's writer run, side by side in
-//! one run: as tasks of the server's runtime (`Execution::Tasks`, the
-//! default, their blocking calls through `block_in_place`) on a runtime of
-//! one worker (the server's default) and of two, against threads of their
-//! own (`Execution::Threads`, the layout before) beside a runtime of two.
+//! one run: the core as a task of the server's runtime (`Execution::Tasks`,
+//! the default; the log's writer a task writing in place on `/dev/shm`, a
+//! thread of its own on a disk) on a runtime of one worker (the server's
+//! default) and of two, against the core on a thread of its own too
+//! (`Execution::Threads`, the layout before) beside a runtime of two.
 //!
 //! Three groups of one in this process, each on a tokio runtime of its own
 //! (named `srv-tasks-1`, `srv-tasks-2` and `srv-threads`), with their Raft logs on
