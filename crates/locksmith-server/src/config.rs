@@ -156,12 +156,13 @@ pub enum Execution {
     /// a long run of entries) goes through `tokio::task::block_in_place`
     /// on a multi-thread runtime: the worker's other tasks, openraft's
     /// heartbeats among them, move to another thread first, and the
-    /// blocking task goes on with no wake-up on its own path. Every other step of the core is bounded (a batch's
-    /// work budget, a big session's end in steps). On a current-thread
-    /// runtime everything runs in place: what a deterministic simulation
-    /// needs (crate `locksmith-sim`: a whole cluster on one thread, in
-    /// simulated time). docs/BENCHMARKS.md, "The core on threads or as
-    /// tasks", measures it.
+    /// blocking task goes on with no wake-up on its own path. Every other
+    /// step of the core is bounded (a batch's work budget, a big session's
+    /// end in steps). On a current-thread runtime everything runs in
+    /// place: what a deterministic simulation needs (crate
+    /// `locksmith-sim`: a whole cluster on one thread, in simulated time).
+    /// docs/BENCHMARKS.md, "The core on threads or as tasks" and "The Raft
+    /// log's writer on a thread of its own", measures it.
     #[default]
     Tasks,
     /// Each on an OS thread of its own, apart from every task: the layout

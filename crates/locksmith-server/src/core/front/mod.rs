@@ -10,7 +10,8 @@
 //! the work of a session's end, what is due), and never changes it: it
 //! turns ops into log records and keeps, for each, a [`Route`] (where its
 //! result goes); once the record is committed and applied, it sends the
-//! [`Notice`](crate::core::replicated::Notice)s the state returned where the route says (module `deliver`).
+//! [`Notice`](crate::core::replicated::Notice)s the state returned where
+//! the route says (module `deliver`).
 //!
 //! - `propose`: what each op becomes (records and routes), and the reads;
 //! - `sessions`: streams opening, resuming, attaching and detaching;
