@@ -15,6 +15,7 @@
 //! - `network`: the members' traffic over gRPC on the clients' port.
 
 pub(crate) mod admin;
+mod commit_notices;
 pub(crate) mod member;
 pub(crate) mod network;
 pub(crate) mod propose;

@@ -49,6 +49,7 @@ use tonic::service::interceptor::{InterceptedService, Interceptor};
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tonic::{Request, Response, Status, Streaming};
 
+use super::commit_notices::CommitNotices;
 use super::TypeConfig;
 use crate::tls::MemberCheck;
 
@@ -302,7 +303,8 @@ impl RaftNetworkV2<TypeConfig> for Peer {
     /// call per request: openraft keeps a session open while it replicates
     /// to this peer, and each request goes out as soon as it is made, without
     /// waiting for the answer to the one before (docs/BENCHMARKS.md, "Where
-    /// that CPU goes").
+    /// that CPU goes"). A request that only tells the follower a commit
+    /// index waits briefly for the next one to carry it ([`CommitNotices`]).
     ///
     /// The answers come back in order. A session whose peer has requests to
     /// answer but answers none within [`REPLICATION_PROGRESS`] ends with an
@@ -343,6 +345,7 @@ impl RaftNetworkV2<TypeConfig> for Peer {
             let sent = Arc::new(AtomicU64::new(0));
             let counted = sent.clone();
             let addr = self.addr.clone();
+            let input = CommitNotices::new(input);
             // A request that does not encode ends the session: sending the
             // ones after it would leave a gap.
             let requests = input.scan((), move |_, request| {
