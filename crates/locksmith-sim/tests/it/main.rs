@@ -208,7 +208,7 @@ const PLANTED: [Planted; 8] = [
     },
     Planted {
         plant: "heartbeats-dropped",
-        run: &["--seed", "48", "--duration", "12", "--calm"],
+        run: &["--seed", "23", "--duration", "12", "--calm"],
         rule: "no healthy session lost",
     },
     Planted {
@@ -340,16 +340,23 @@ fn the_finisher_leaves_a_change_under_way_to_end_itself() {
 /// (an entry's id is all they compare), member3 granted tokens 18 to 38 from
 /// its own, and once it was removed the next leader granted from 24 again.
 /// A restarted member now always wins an election before it leads.
+///
+/// Since the commit notices to followers are folded into the next request
+/// (the server's `raft/commit_notices.rs`), seed 272 runs differently and no
+/// longer meets that moment; seed 2293 does (found in seeds 1700–2499): there
+/// member3's disk turned slow (197 ms a sync) at 3.48 s and it lost power at
+/// 4.05 s with the tail of its log not synced, and with the defect put back
+/// the token 38 answered at 3.8 s was granted again at 5.0 s.
 #[test]
 fn a_leader_that_lost_its_unsynced_tail_does_not_lead_again_without_an_election() {
     let (output, passed) = simulate(LEADER_LOST_ITS_UNSYNCED_TAIL);
     assert!(passed, "{output}");
 }
 
-/// The run of seed 272 (above), also the plant `leader-restore`'s.
+/// The run of seed 2293 (above), also the plant `leader-restore`'s.
 const LEADER_LOST_ITS_UNSYNCED_TAIL: &[&str] = &[
     "--seed",
-    "272",
+    "2293",
     "--duration",
     "12",
     "--mixed",
