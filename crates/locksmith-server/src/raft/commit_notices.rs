@@ -16,8 +16,9 @@
 //! starts where the held one would have checked the follower's log); if
 //! none comes, it goes as it is. openraft counts a request as answered by
 //! any answer that reaches as far, so a folded request needs none of its
-//! own, and the time a follower's answer vouches for (the leader's lease) is
-//! that of the request it answered.
+//! own. The leader's lease counts from when openraft made the request a
+//! follower answered: for a notice held and then sent, up to
+//! [`NOTICE_HOLD`] before it went out, which only shortens the lease.
 
 use std::future::Future;
 use std::pin::Pin;
