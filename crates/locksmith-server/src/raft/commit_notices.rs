@@ -42,11 +42,8 @@ type Request = AppendEntriesRequest<TypeConfig>;
 /// [`NOTICE_HOLD`] and dropped if a later request comes meanwhile.
 pub(crate) struct CommitNotices<S> {
     input: S,
-    /// An entry-less request not sent yet; it must go by `deadline`.
-    held: Option<Request>,
-    /// The held request's deadline: made with the first, reset for each
-    /// after it, so that holding a notice costs no allocation.
-    deadline: Option<Pin<Box<Sleep>>>,
+    /// An entry-less request not sent yet, and when it must go.
+    held: Option<(Request, Pin<Box<Sleep>>)>,
     /// The input has ended: what is held goes, then nothing.
     ended: bool,
 }
@@ -56,7 +53,6 @@ impl<S: Stream<Item = Request> + Unpin> CommitNotices<S> {
         CommitNotices {
             input,
             held: None,
-            deadline: None,
             ended: false,
         }
     }
@@ -72,15 +68,13 @@ impl<S: Stream<Item = Request> + Unpin> Stream for CommitNotices<S> {
         while !this.ended {
             match Pin::new(&mut this.input).poll_next(cx) {
                 Poll::Ready(Some(request)) if request.entries.is_empty() => {
-                    // A later notice replaces a held one and keeps its
-                    // deadline, so notices in a row cannot hold forever.
-                    if this.held.replace(request).is_none() {
-                        let due = tokio::time::Instant::now() + NOTICE_HOLD;
-                        match &mut this.deadline {
-                            Some(deadline) => deadline.as_mut().reset(due),
-                            None => this.deadline = Some(Box::pin(tokio::time::sleep_until(due))),
-                        }
-                    }
+                    // A later notice replaces a held one; the first keeps
+                    // its deadline, so notices in a row cannot hold forever.
+                    let deadline = match this.held.take() {
+                        Some((_, deadline)) => deadline,
+                        None => Box::pin(tokio::time::sleep(NOTICE_HOLD)),
+                    };
+                    this.held = Some((request, deadline));
                 }
                 Poll::Ready(Some(request)) => {
                     this.held = None;
@@ -88,17 +82,17 @@ impl<S: Stream<Item = Request> + Unpin> Stream for CommitNotices<S> {
                 }
                 Poll::Ready(None) => this.ended = true,
                 Poll::Pending => {
-                    let (Some(_), Some(deadline)) = (&this.held, &mut this.deadline) else {
+                    let Some((_, deadline)) = &mut this.held else {
                         return Poll::Pending;
                     };
                     if deadline.as_mut().poll(cx).is_pending() {
                         return Poll::Pending;
                     }
-                    return Poll::Ready(this.held.take());
+                    return Poll::Ready(this.held.take().map(|(request, _)| request));
                 }
             }
         }
-        Poll::Ready(this.held.take())
+        Poll::Ready(this.held.take().map(|(request, _)| request))
     }
 }
 
