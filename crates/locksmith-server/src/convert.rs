@@ -259,3 +259,13 @@ pub(crate) fn check_label(
     }
     Ok(())
 }
+
+/// The answer to a heartbeat, with the time on the clock of the member
+/// that answered.
+pub(crate) fn heartbeat_ack(now: Millis) -> pb::ServerMessage {
+    pb::ServerMessage {
+        kind: Some(pb::server_message::Kind::Heartbeat(pb::HeartbeatAck {
+            now_ms: now,
+        })),
+    }
+}

@@ -109,6 +109,7 @@ mod inbox;
 mod metrics;
 mod op;
 mod outbox;
+mod pulse;
 mod raft;
 mod random;
 #[cfg(test)]
@@ -145,6 +146,7 @@ use crate::core::{Core, Replica, Stats};
 use crate::http::Readiness;
 use crate::inbox::{CoreSender, Input};
 use crate::metrics::Metrics;
+use crate::pulse::HeartbeatLease;
 use crate::raft::admin::ClusterService;
 use crate::raft::member::Storage;
 use crate::raft::state_machine::CoreMachine;
@@ -385,7 +387,8 @@ impl Server {
             let _ = serving_rx.wait_for(|serving| *serving).await;
         }
 
-        let service = Service::new(ops.clone(), unary_ids, &config, auth.clone());
+        let lease = HeartbeatLease::new(raft.clone(), core::heartbeat_lease(&config));
+        let service = Service::new(ops.clone(), unary_ids, &config, auth.clone(), lease);
         let reflection = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(locksmith_proto::FILE_DESCRIPTOR_SET)
             .build_v1()

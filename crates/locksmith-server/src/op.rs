@@ -5,12 +5,15 @@
 //! outbox (module `outbox`) sends to the reply slots and streams named here.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use locksmith_core::{Acquire, ClientInfo, Command, Millis, Mode, RequestId, SessionId, Wait};
 use locksmith_proto::v1 as pb;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
+
+use crate::pulse::Pulse;
 
 pub(crate) use crate::stream_queue::StreamTx;
 
@@ -116,6 +119,9 @@ pub(crate) struct NewStream {
     pub ended: CancellationToken,
     /// The client's address, when the transport knows it.
     pub peer: Option<SocketAddr>,
+    /// Shared with the stream's reader, which answers heartbeats with it
+    /// (module [`crate::pulse`]).
+    pub pulse: Arc<Pulse>,
 }
 
 /// What a client asks of the core (through the gRPC service or the HTTP

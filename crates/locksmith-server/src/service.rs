@@ -36,6 +36,7 @@ use crate::inbox::CoreSender;
 use crate::op::{
     Acks, AcquireArgs, HoldArgs, NewStream, Op, StreamId, StreamOp, UnaryReply, WaitArg,
 };
+use crate::pulse::{HeartbeatLease, Pulse};
 use crate::session_stream::SessionReader;
 use crate::stream_queue::{StreamRx, StreamTx};
 
@@ -58,6 +59,8 @@ pub(crate) struct Service {
     max_per_connection: usize,
     /// The auth file in force; `None`: authentication is off.
     auth: Option<Arc<Auth>>,
+    /// Whether this member leads under its lease, for the streams' readers.
+    lease: HeartbeatLease,
 }
 
 /// One session stream's place in the per-connection count, given back on drop.
@@ -84,6 +87,7 @@ impl Service {
         unary_ids: Arc<AtomicU64>,
         config: &ServerConfig,
         auth: Option<Arc<Auth>>,
+        lease: HeartbeatLease,
     ) -> Service {
         Service {
             core,
@@ -99,6 +103,7 @@ impl Service {
             per_connection: Arc::default(),
             max_per_connection: config.max_sessions_per_connection,
             auth,
+            lease,
         }
     }
 
@@ -205,6 +210,9 @@ pub(crate) struct StreamReader {
     ttl: (Millis, Millis),
     /// Whose stream it is: each request is checked against its grants.
     caller: Caller,
+    /// Whether this member leads under its lease: the reader answers
+    /// heartbeats itself only while it does (none: never).
+    pub(crate) lease: Option<HeartbeatLease>,
 }
 
 impl StreamReader {
@@ -216,12 +224,14 @@ impl StreamReader {
         first: Option<pb::client_message::Kind>,
         tx: &StreamTx,
         ended: &CancellationToken,
+        pulse: &Arc<Pulse>,
     ) -> Result<Op, Status> {
         let stream = NewStream {
             id: self.stream,
             tx: tx.clone(),
             ended: ended.clone(),
             peer: self.peer,
+            pulse: pulse.clone(),
         };
         match first {
             Some(pb::client_message::Kind::Open(open)) => {
@@ -430,6 +440,7 @@ impl Locksmith for Service {
             stream: self.next_stream.fetch_add(1, Ordering::Relaxed),
             max_label: self.max_label,
             caller,
+            lease: Some(self.lease.clone()),
         };
         Ok(Response::new(SessionReader::spawn(
             reader,
@@ -647,6 +658,7 @@ pub(crate) mod fuzzing {
             // Authentication off: the checks that follow it are the same.
             caller: crate::auth::Caller::of(None, &tonic::Request::new(()))
                 .expect("with authentication off anyone may call"),
+            lease: None,
         };
         if let Ok(StreamOp::Acquire { id, args }) = reader.stream_op(kind) {
             let command = args.into_command(SessionId(1), id, 0);

@@ -9,8 +9,13 @@
 //! lives: the `async fn` it replaces held every await point's state at
 //! once, about 2 KiB a session; this one is the stream's decoder and a few
 //! fields.
+//!
+//! Heartbeats it answers itself while the core lets it and the member leads
+//! under its lease (module [`crate::pulse`]); everything else goes to the
+//! core.
 
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -20,7 +25,9 @@ use tokio::time::Sleep;
 use tokio_util::sync::CancellationToken;
 use tonic::{Status, Streaming};
 
+use crate::convert;
 use crate::op::Op;
+use crate::pulse::Pulse;
 use crate::service::{ConnectionSlot, StreamReader};
 use crate::stream_queue::{stream_queue, StreamRx, StreamTx};
 
@@ -48,7 +55,12 @@ enum Reading {
         deadline: Pin<Box<Sleep>>,
     },
     /// The core has the stream; it cancels `ended` when it is done with it.
-    Attached { ended: CancellationToken },
+    /// The reader answers heartbeats on `tx` with `pulse`.
+    Attached {
+        ended: CancellationToken,
+        tx: StreamTx,
+        pulse: Arc<Pulse>,
+    },
     /// Nothing more is read.
     Over,
 }
@@ -92,7 +104,7 @@ impl SessionReader {
                         continue;
                     }
                 }
-                Reading::Attached { ended } => {
+                Reading::Attached { ended, .. } => {
                     if ended.is_cancelled() {
                         self.stop();
                         continue;
@@ -132,7 +144,8 @@ impl SessionReader {
                 batch.messages.remove(0).kind
             };
             let ended = CancellationToken::new();
-            let op = match self.reader.opening(first, tx, &ended) {
+            let pulse = Arc::default();
+            let op = match self.reader.opening(first, tx, &ended, &pulse) {
                 Ok(op) => op,
                 Err(status) => {
                     tx.end(status);
@@ -144,7 +157,15 @@ impl SessionReader {
             }
             // The rest of the first batch runs once the session is attached
             // (the core handles ops in order).
-            self.reading = Reading::Attached { ended };
+            self.reading = Reading::Attached {
+                ended,
+                tx: tx.clone(),
+                pulse,
+            };
+        } else if let Reading::Attached { ended, tx, pulse } = &self.reading {
+            if !ended.is_cancelled() && !self.answer_heartbeats(tx, pulse, &mut batch) {
+                return self.stop();
+            }
         }
         let Some(op) = self.reader.batch(batch) else {
             return;
@@ -152,6 +173,50 @@ impl SessionReader {
         let detach = matches!(op, Op::Detach { .. });
         if self.reader.core.send(op).is_err() || detach {
             self.stop();
+        }
+    }
+
+    /// Answers the heartbeats of `batch` that `pulse` lets it answer, in
+    /// order, and takes them out of it: the rest (and every heartbeat after
+    /// one it may not answer) go to the core. False when the client reads
+    /// too little to take the answers: the stream is detached with the
+    /// reason, as the core does.
+    fn answer_heartbeats(&self, tx: &StreamTx, pulse: &Pulse, batch: &mut pb::ClientBatch) -> bool {
+        let is_heartbeat =
+            |m: &pb::ClientMessage| matches!(m.kind, Some(pb::client_message::Kind::Heartbeat(_)));
+        if !batch.messages.iter().any(is_heartbeat)
+            || !self
+                .reader
+                .lease
+                .as_ref()
+                .is_some_and(|lease| lease.holds())
+        {
+            return true;
+        }
+        let mut answers = Vec::new();
+        let mut to_core = false;
+        batch.messages.retain(|message| {
+            if to_core || !is_heartbeat(message) {
+                return true;
+            }
+            match pulse.answer() {
+                Some(now) => answers.push(convert::heartbeat_ack(now)),
+                None => to_core = true,
+            }
+            to_core
+        });
+        if answers.is_empty() {
+            return true;
+        }
+        match tx.send(pb::ServerBatch { messages: answers }) {
+            Ok(()) => true,
+            Err(slow) => {
+                let _ = self.reader.core.send(Op::Detach {
+                    stream: self.reader.stream,
+                    error: Some(slow.status()),
+                });
+                false
+            }
         }
     }
 
@@ -177,7 +242,7 @@ impl Drop for SessionReader {
     /// Dropped while attached (the runtime stopping): the core detaches the
     /// stream now, and the session lives on by its TTL.
     fn drop(&mut self) {
-        if let Reading::Attached { ended } = &self.reading {
+        if let Reading::Attached { ended, .. } = &self.reading {
             if !ended.is_cancelled() {
                 let _ = self.reader.core.send(Op::Detach {
                     stream: self.reader.stream,

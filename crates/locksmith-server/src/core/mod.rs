@@ -111,8 +111,8 @@ use crate::raft::versions::Versions;
 use crate::raft::Raft;
 use crate::storage::member::TokenCeiling;
 use crate::storage::ServerSnapshot;
+pub(crate) use front::{heartbeat_lease, Replica, Stats};
 use front::{FrontEnd, Proposal, Route};
-pub(crate) use front::{Replica, Stats};
 pub(crate) use replicated::versions::RECORD_VERSION;
 use replicated::{Notice, Replicated};
 
@@ -593,11 +593,15 @@ mod tests {
 
     use locksmith_proto::v1 as pb;
 
+    use std::sync::Arc;
+    use std::time::Duration;
+
     use super::front::WORK_THAT_RIDES_ALONG;
     use super::*;
     use crate::entry::ENTRY_BYTES;
     use crate::inbox::CoreSender;
     use crate::op::{Acks, AcquireArgs, NewStream, Op, StreamId, StreamOp, WaitArg};
+    use crate::pulse::Pulse;
 
     /// A core on its own (no openraft): the tests propose and apply by hand.
     fn core(max_batch: usize) -> Core {
@@ -633,6 +637,7 @@ mod tests {
             tx,
             ended: CancellationToken::new(),
             peer: None,
+            pulse: Default::default(),
         }
     }
 
@@ -818,6 +823,88 @@ mod tests {
                 session,
                 deadline: now + 1_900
             }]
+        );
+    }
+
+    /// Opens a session (TTL 1 s) on stream `stream` at `now`, its reader
+    /// answering with `pulse`.
+    fn open_with(core: &mut Core, stream: StreamId, now: Millis, pulse: &Arc<Pulse>) -> SessionId {
+        let open = Op::Open {
+            stream: NewStream {
+                pulse: pulse.clone(),
+                ..new_stream(stream)
+            },
+            info: ClientInfo::default(),
+            ttl: 1_000,
+        };
+        run(core, now, open);
+        core.front.session_of(stream).expect("opened")
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_reader_answers_once_the_core_has_and_no_more_once_an_expiry_is_decided() {
+        let mut core = core(4096);
+        let now = core.front.now();
+        let pulse = Arc::<Pulse>::default();
+        let session = open_with(&mut core, 1, now, &pulse);
+        lead(&mut core);
+        core.front.replica.lease_in_tests(true);
+        assert_eq!(pulse.answer(), None, "not before the core has answered");
+        core.front
+            .arrive(&core.state, now, client_batch(1, [StreamOp::Heartbeat]));
+        assert_eq!(heartbeat_answers(&core), 1);
+
+        // The reader answers at 900: the session lives to 1 900, not 1 000.
+        tokio::time::advance(Duration::from_millis(900)).await;
+        assert_eq!(pulse.answer(), Some(now + 900));
+        assert!(core.front.due(&core.state, now + 1_500).is_empty());
+
+        // At 1 500 on the readers' clock, the core (its step started later,
+        // say) decides the expiry at 1 900: from then on no reader answers,
+        // though the deadline has not passed on its clock.
+        tokio::time::advance(Duration::from_millis(600)).await;
+        assert_eq!(
+            core.front.due(&core.state, now + 1_900),
+            [Command::ExpireSession {
+                session,
+                deadline: now + 1_900
+            }]
+        );
+        assert_eq!(pulse.answer(), None, "the core decides from here on");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_resume_on_another_stream_keeps_what_the_old_reader_heard_and_silences_it() {
+        let mut core = core(4096);
+        let now = core.front.now();
+        let old = Arc::<Pulse>::default();
+        let session = open_with(&mut core, 1, now, &old);
+        lead(&mut core);
+        core.front.replica.lease_in_tests(true);
+        core.front
+            .arrive(&core.state, now, client_batch(1, [StreamOp::Heartbeat]));
+        tokio::time::advance(Duration::from_millis(900)).await;
+        assert_eq!(old.answer(), Some(now + 900));
+
+        let new = Arc::<Pulse>::default();
+        let secret = core.state.session(session).expect("open").secret;
+        let resume = Op::Resume {
+            stream: NewStream {
+                pulse: new.clone(),
+                ..new_stream(2)
+            },
+            session,
+            secret,
+        };
+        let mut proposal = Proposal::default();
+        core.front
+            .propose(&core.state, now + 900, resume, &mut proposal);
+        assert_eq!(core.front.session_of(2), Some(session));
+        assert_eq!(old.answer(), None, "the replaced stream's reader is silent");
+        assert_eq!(new.answer(), None, "the new one waits for the core");
+        assert!(
+            core.front.due(&core.state, now + 1_500).is_empty(),
+            "heard at 900 still"
         );
     }
 

@@ -65,32 +65,15 @@ impl Proposer {
         self.raft = Some((raft, core));
     }
 
-    /// Whether this member leads under a lease: a quorum of its voters
-    /// acknowledged it less than `lease` ago, so no other member can be
-    /// elected yet (a member alone in its group always can be sure). Read
-    /// from openraft's metrics, which follow its state a little late: the
-    /// acknowledgement seen here is never newer than openraft's own.
+    /// Whether this member leads under a lease ([`leads_under_lease`]).
     pub(crate) fn lease_holds(&self, lease: Duration) -> bool {
-        use openraft::async_runtime::WatchReceiver;
-        use openraft::Instant as _;
         let Some((raft, _)) = &self.raft else {
             #[cfg(test)]
             return self.lease_in_tests;
             #[cfg(not(test))]
             return false;
         };
-        let metrics = raft.metrics();
-        let m = metrics.borrow_watched();
-        if m.state != openraft::ServerState::Leader {
-            return false;
-        }
-        let mut voters = m.membership_config.membership().voter_ids();
-        if voters.next() == Some(m.id) && voters.next().is_none() {
-            return true;
-        }
-        m.last_quorum_acked
-            .as_ref()
-            .is_some_and(|acked| acked.elapsed() < lease)
+        leads_under_lease(raft, lease)
     }
 
     /// Hands `batch` to openraft; `first`: the first batch of a leadership
@@ -188,4 +171,26 @@ fn refuse(core: &CoreSender, origin: u64, seq: u64, reason: String) -> bool {
         reason,
     })
     .is_ok()
+}
+
+/// Whether the member of `raft` leads under a lease: a quorum of its voters
+/// acknowledged it less than `lease` ago, so no other member can be elected
+/// yet (a member alone in its group always can be sure). Read from
+/// openraft's metrics, which follow its state a little late: the
+/// acknowledgement seen here is never newer than openraft's own.
+pub(crate) fn leads_under_lease(raft: &Raft, lease: Duration) -> bool {
+    use openraft::async_runtime::WatchReceiver;
+    use openraft::Instant as _;
+    let metrics = raft.metrics();
+    let m = metrics.borrow_watched();
+    if m.state != openraft::ServerState::Leader {
+        return false;
+    }
+    let mut voters = m.membership_config.membership().voter_ids();
+    if voters.next() == Some(m.id) && voters.next().is_none() {
+        return true;
+    }
+    m.last_quorum_acked
+        .as_ref()
+        .is_some_and(|acked| acked.elapsed() < lease)
 }

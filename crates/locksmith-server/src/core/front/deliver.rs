@@ -60,7 +60,7 @@ impl FrontEnd {
             }
             Route::Heartbeat { session } => {
                 if result.is_ok() {
-                    self.send_to(session, super::heartbeat_ack(state.last_now()));
+                    self.send_to(session, crate::convert::heartbeat_ack(state.last_now()));
                 }
             }
             Route::Open { stream, session } => {

@@ -29,11 +29,15 @@
 //! argument why no hold is lost early or kept too long.
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 use std::time::Duration;
 
 use locksmith_core::{Command, Millis, SessionId};
 
+use crate::clock::Clock;
 use crate::core::replicated::Replicated;
+use crate::pulse::Pulse;
+use crate::ServerConfig;
 
 /// How much of openraft's leader lease a leader counts on: the members'
 /// clocks may run at rates apart by up to 1 % (a follower whose clock runs
@@ -44,12 +48,20 @@ pub(crate) fn usable_lease(lease: Duration) -> Duration {
     lease.saturating_sub(lease / 100 + Duration::from_millis(2))
 }
 
+/// How much of openraft's leader lease (its longest election timeout) a
+/// leader of `config` counts on to answer heartbeats.
+pub(crate) fn heartbeat_lease(config: &ServerConfig) -> Duration {
+    usable_lease(config.election_timeout * 2)
+}
+
 /// When each session was last heard here, and when to look at it next.
 #[derive(Default)]
 pub(super) struct Liveness {
-    /// The time (this member's clock) of the last heartbeat answered here
-    /// under the lease, per session heard since this member leads.
-    heard: HashMap<SessionId, Millis>,
+    /// The pulse of each session heard since this member leads (module
+    /// [`crate::pulse`]): the time of the last heartbeat answered here under
+    /// the lease (this member's clock), by the core or by the reader of the
+    /// stream the session is attached to.
+    heard: HashMap<SessionId, Arc<Pulse>>,
     /// One check per session this member times, at the deadline the
     /// session had when last looked at, soonest first.
     checks: BTreeSet<(Millis, SessionId)>,
@@ -59,7 +71,9 @@ impl Liveness {
     /// Times every open session of `state` from its replicated floor (a new
     /// leader, once its grace is applied: nobody was heard here yet).
     pub(super) fn time_all(&mut self, state: &Replicated) {
-        self.heard.clear();
+        for pulse in self.heard.values() {
+            pulse.reset();
+        }
         self.checks = state
             .sessions()
             .filter_map(|session| Some((state.engine().session_expires_at(session)?, session)))
@@ -73,16 +87,32 @@ impl Liveness {
         }
     }
 
-    /// Forgets every session (this member no longer leads).
+    /// Forgets every session (this member no longer leads): no reader
+    /// answers any more.
     pub(super) fn forget_all(&mut self) {
+        for pulse in self.heard.values() {
+            pulse.close();
+        }
         self.heard = HashMap::new();
         self.checks = BTreeSet::new();
     }
 
     /// `session` ended: nothing more is noted of it (its check goes when it
-    /// falls due).
+    /// falls due), and its stream's reader answers no more.
     pub(super) fn forget(&mut self, session: SessionId) {
-        self.heard.remove(&session);
+        if let Some(pulse) = self.heard.remove(&session) {
+            pulse.close();
+        }
+    }
+
+    /// A stream with `pulse` was attached to `session`: from now on its
+    /// reader may answer once the core has (the pulse is closed until
+    /// then). The pulse of the stream it replaces, if any, is closed and
+    /// its time carried over.
+    pub(super) fn attach(&mut self, session: SessionId, pulse: Arc<Pulse>) {
+        if let Some(old) = self.heard.insert(session, pulse.clone()) {
+            pulse.carry(old.close());
+        }
     }
 
     /// The deadline of `session` here, if it is open: the later of the
@@ -90,15 +120,27 @@ impl Liveness {
     pub(super) fn deadline(&self, state: &Replicated, session: SessionId) -> Option<Millis> {
         let engine = state.engine();
         let floor = engine.session_expires_at(session)?;
-        let heard = self.heard.get(&session).map_or(0, |&at| {
-            at.saturating_add(engine.session_ttl(session).unwrap_or(0))
+        let heard = self.heard.get(&session).map_or(0, |pulse| {
+            pulse
+                .heard()
+                .saturating_add(engine.session_ttl(session).unwrap_or(0))
         });
         Some(floor.max(heard))
     }
 
-    /// Notes a heartbeat of `session` answered at `now`.
-    pub(super) fn heard(&mut self, session: SessionId, now: Millis) {
-        self.heard.insert(session, now);
+    /// Notes a heartbeat of `session` answered here at `now` under the
+    /// lease; its stream's reader may answer the next ones.
+    pub(super) fn heard(
+        &mut self,
+        state: &Replicated,
+        session: SessionId,
+        now: Millis,
+        clock: &Clock,
+    ) {
+        if let Some(pulse) = self.heard.get(&session) {
+            let ttl = state.engine().session_ttl(session).unwrap_or(0);
+            pulse.open(now, ttl, clock);
+        }
     }
 
     /// When the next check falls due.
@@ -121,7 +163,20 @@ impl Liveness {
             match self.deadline(state, session) {
                 None => moved.push((at, session, None)),
                 Some(deadline) if deadline > now => moved.push((at, session, Some(deadline))),
-                Some(deadline) => due.push(Command::ExpireSession { session, deadline }),
+                Some(_) => {
+                    // No reader answers from here on: a heartbeat it
+                    // answered before shows in the deadline read after.
+                    if let Some(pulse) = self.heard.get(&session) {
+                        pulse.close();
+                    }
+                    match self.deadline(state, session) {
+                        Some(deadline) if deadline > now => {
+                            moved.push((at, session, Some(deadline)))
+                        }
+                        Some(deadline) => due.push(Command::ExpireSession { session, deadline }),
+                        None => moved.push((at, session, None)),
+                    }
+                }
             }
         }
         for (at, session, deadline) in moved {
@@ -130,9 +185,7 @@ impl Liveness {
                 Some(deadline) => {
                     self.checks.insert((deadline, session));
                 }
-                None => {
-                    self.heard.remove(&session);
-                }
+                None => self.forget(session),
             }
         }
         due

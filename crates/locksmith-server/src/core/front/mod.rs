@@ -43,6 +43,7 @@ use crate::entry::{LogRecord, Record, ENTRY_BYTES};
 use crate::metrics::{Metrics, Tally};
 use crate::op::{NewStream, Op, StreamId, StreamOp, UnaryReply};
 use crate::outbox::{LeaseWaiter, Orphan, Output};
+pub(crate) use liveness::heartbeat_lease;
 use liveness::Liveness;
 pub(crate) use replica::Replica;
 #[cfg(test)]
@@ -231,8 +232,7 @@ impl FrontEnd {
             liveness: Liveness::default(),
             resume_at: None,
             cut_off: false,
-            // openraft's leader lease is its longest election timeout.
-            lease: liveness::usable_lease(config.election_timeout * 2),
+            lease: liveness::heartbeat_lease(config),
             elects_within: config.election_timeout * 2,
         }
     }
@@ -389,8 +389,8 @@ impl FrontEnd {
             && self.replica.lease_holds(self.lease);
         for _ in 0..heartbeats {
             if alive {
-                self.liveness.heard(session, now);
-                self.send_to(session, heartbeat_ack(now));
+                self.liveness.heard(state, session, now, &self.clock);
+                self.send_to(session, crate::convert::heartbeat_ack(now));
             } else {
                 let heartbeat = Command::Heartbeat { session };
                 self.proposal
@@ -552,15 +552,5 @@ impl FrontEnd {
         self.streams.clear();
         self.peers = PeerCounts::default();
         self.liveness.forget_all();
-    }
-}
-
-/// The answer to a heartbeat, with the time on the clock of the member
-/// that answered.
-fn heartbeat_ack(now: Millis) -> pb::ServerMessage {
-    pb::ServerMessage {
-        kind: Some(pb::server_message::Kind::Heartbeat(pb::HeartbeatAck {
-            now_ms: now,
-        })),
     }
 }

@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 
 use locksmith_core::{ClientInfo, Command, Millis, SessionId};
 use locksmith_proto::v1 as pb;
@@ -18,6 +19,7 @@ use super::{FrontEnd, Proposal, Route};
 use crate::convert;
 use crate::core::replicated::Replicated;
 use crate::op::{NewStream, StreamId, StreamTx};
+use crate::pulse::Pulse;
 
 /// What ties a session to a client on this member.
 #[derive(Default)]
@@ -129,6 +131,7 @@ impl FrontEnd {
             tx,
             ended,
             peer,
+            pulse,
         } = new;
         let opened = match result {
             Ok(()) => state.session(session),
@@ -150,7 +153,7 @@ impl FrontEnd {
             })),
         };
         self.output.streams.push(stream, &tx, message);
-        self.attach(session, stream, tx, ended, peer);
+        self.attach(session, stream, tx, ended, peer, pulse);
         self.liveness.time(state, session);
         tracing::debug!(%session, ?peer, "session opened");
     }
@@ -171,6 +174,7 @@ impl FrontEnd {
             tx,
             ended,
             peer,
+            pulse,
         } = new;
         let resumed = state
             .session(session)
@@ -213,12 +217,13 @@ impl FrontEnd {
         }
         let heartbeat = Command::Heartbeat { session };
         proposal.command(now, heartbeat, None, None, Route::Nobody);
-        self.attach(session, stream, tx, ended, peer);
+        self.attach(session, stream, tx, ended, peer, pulse);
         tracing::debug!(%session, ?peer, "session resumed");
     }
 
     /// Attaches `stream` to `session` (open in the replicated state), and
-    /// counts the session against `peer`, its client's address.
+    /// counts the session against `peer`, its client's address; the
+    /// stream's reader answers heartbeats with `pulse` once the core has.
     fn attach(
         &mut self,
         session: SessionId,
@@ -226,7 +231,9 @@ impl FrontEnd {
         tx: StreamTx,
         ended: CancellationToken,
         peer: Option<SocketAddr>,
+        pulse: Arc<Pulse>,
     ) {
+        self.liveness.attach(session, pulse);
         let link = self.links.entry(session).or_default();
         link.attached = Some(Attached { stream, tx, ended });
         self.streams.insert(stream, session);

@@ -1,0 +1,194 @@
+//! Heartbeats answered by the stream's reader, where they are read.
+//!
+//! A heartbeat of a live session changes nothing in the log while this
+//! member leads under its lease (module `core::front::liveness` has the
+//! rules and docs/architecture.md the argument): the leader only notes when
+//! it heard the session. Taking it through the core for that cost the
+//! leader a third of its CPU with 100 000 idle sessions (a message to the
+//! core, a wake-up of its task, a look-up in each of its maps and a batch
+//! to the stream's writer per heartbeat). So each attached stream shares a
+//! [`Pulse`] with the core: the time the session was last heard, and
+//! whether the reader may answer. The reader answers a heartbeat itself
+//! when the pulse is open, the session's deadline has not passed and the
+//! leader's lease holds ([`HeartbeatLease`]); anything else goes to the
+//! core as before, which answers it under the lease or logs it.
+//!
+//! Who decides what:
+//! - the core opens a pulse when it answers a heartbeat under the lease
+//!   (so the reader answers only in a stint in which the core already did,
+//!   on the core's own clock), and closes it before it decides the
+//!   session's expiry, before it gives up the stream, and when it stops
+//!   leading;
+//! - the reader moves the heard time forward only with a compare-and-swap
+//!   on an open pulse, so a heartbeat is either answered before the close
+//!   (and the core, reading the time the close returns, sees the session
+//!   alive) or goes to the core after it (and is ordered against the expiry
+//!   by the log, as before).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use locksmith_core::Millis;
+
+use crate::clock::Clock;
+use crate::raft::Raft;
+
+/// Set in [`Pulse::heard`] while the reader may not answer.
+const CLOSED: u64 = 1 << 63;
+
+/// When a session was last heard on this member, and whether its stream's
+/// reader may answer its heartbeats: shared by the stream's reader and the
+/// core.
+#[derive(Debug)]
+pub(crate) struct Pulse {
+    /// The time of the last heartbeat answered (the leader's clock, 0:
+    /// none), with [`CLOSED`] set while the reader may not answer.
+    heard: AtomicU64,
+    /// The session's TTL, written by the core before it opens the pulse.
+    ttl: AtomicU64,
+    /// The core's clock, given with the first opening (the clock is the
+    /// same for a whole stint, and a stream does not outlive its stint).
+    clock: OnceLock<Clock>,
+}
+
+impl Default for Pulse {
+    fn default() -> Pulse {
+        Pulse {
+            heard: AtomicU64::new(CLOSED),
+            ttl: AtomicU64::new(0),
+            clock: OnceLock::new(),
+        }
+    }
+}
+
+impl Pulse {
+    /// The core answered a heartbeat at `now` under the lease: the reader
+    /// may answer the next ones itself.
+    pub(crate) fn open(&self, now: Millis, ttl: Millis, clock: &Clock) {
+        let _ = self.clock.set(clock.clone());
+        self.ttl.store(ttl, Ordering::Relaxed);
+        let _ = self
+            .heard
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |heard| {
+                Some((heard & !CLOSED).max(now))
+            });
+    }
+
+    /// The reader may answer no more; returns the last time heard (0:
+    /// never), which no answer of the reader's can move any more.
+    pub(crate) fn close(&self) -> Millis {
+        self.heard.fetch_or(CLOSED, Ordering::AcqRel) & !CLOSED
+    }
+
+    /// Carries `heard` over from the pulse of a stream this one replaces
+    /// (open or closed, the pulse keeps the later time).
+    pub(crate) fn carry(&self, heard: Millis) {
+        let _ = self
+            .heard
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |current| {
+                Some(((current & !CLOSED).max(heard)) | (current & CLOSED))
+            });
+    }
+
+    /// Closes the pulse and forgets when it was heard: nobody was heard
+    /// here yet (a new leader's grace was applied).
+    pub(crate) fn reset(&self) {
+        self.heard.store(CLOSED, Ordering::Release);
+    }
+
+    /// The last time heard (0: never), open or closed.
+    pub(crate) fn heard(&self) -> Millis {
+        self.heard.load(Ordering::Acquire) & !CLOSED
+    }
+
+    /// The reader's answer to a heartbeat: the time on the core's clock it
+    /// is answered at, if the pulse is open and the session's deadline
+    /// (the last time heard plus its TTL) has not passed; `None` sends it
+    /// to the core. The caller checks the lease first.
+    pub(crate) fn answer(&self) -> Option<Millis> {
+        let mut heard = self.heard.load(Ordering::Acquire);
+        loop {
+            if heard & CLOSED != 0 {
+                return None;
+            }
+            let now = self.clock.get()?.now();
+            if now >= heard.saturating_add(self.ttl.load(Ordering::Relaxed)) {
+                return None;
+            }
+            match self.heard.compare_exchange_weak(
+                heard,
+                now.max(heard),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return Some(now),
+                Err(changed) => heard = changed,
+            }
+        }
+    }
+}
+
+/// Whether this member leads under its lease, for the readers: the same
+/// check the core makes ([`crate::raft::propose::leads_under_lease`]).
+#[derive(Clone)]
+pub(crate) struct HeartbeatLease {
+    raft: Raft,
+    /// How much of openraft's lease is counted on
+    /// ([`crate::core::usable_lease`]).
+    lease: Duration,
+}
+
+impl HeartbeatLease {
+    pub(crate) fn new(raft: Raft, lease: Duration) -> HeartbeatLease {
+        HeartbeatLease { raft, lease }
+    }
+
+    /// Whether this member leads and a quorum acknowledged it within the
+    /// lease.
+    pub(crate) fn holds(&self) -> bool {
+        crate::raft::propose::leads_under_lease(&self.raft, self.lease)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pulse_answers_only_while_open_and_within_the_deadline() {
+        let clock = Clock::system();
+        let pulse = Pulse::default();
+        assert_eq!(pulse.answer(), None, "closed until the core opens it");
+        let opened = clock.now();
+        pulse.open(opened, 1_000, &clock);
+        tokio::time::advance(Duration::from_millis(400)).await;
+        assert_eq!(pulse.answer(), Some(opened + 400));
+        assert_eq!(pulse.heard(), opened + 400);
+        // 1 000 ms after the last answer, not after the opening.
+        tokio::time::advance(Duration::from_millis(999)).await;
+        assert_eq!(pulse.answer(), Some(opened + 1_399));
+        tokio::time::advance(Duration::from_millis(1_000)).await;
+        assert_eq!(pulse.answer(), None, "past the deadline: the core decides");
+        assert_eq!(pulse.heard(), opened + 1_399);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_closed_pulse_keeps_its_time_and_answers_nothing() {
+        let clock = Clock::system();
+        let pulse = Pulse::default();
+        let opened = clock.now();
+        pulse.open(opened, 1_000, &clock);
+        tokio::time::advance(Duration::from_millis(10)).await;
+        assert_eq!(pulse.answer(), Some(opened + 10));
+        assert_eq!(pulse.close(), opened + 10);
+        assert_eq!(pulse.answer(), None);
+        assert_eq!(pulse.heard(), opened + 10);
+        // Opened again by an answer of the core's: never back in time.
+        pulse.open(opened + 5, 1_000, &clock);
+        assert_eq!(pulse.heard(), opened + 10);
+        assert!(pulse.answer().is_some());
+        pulse.reset();
+        assert_eq!((pulse.heard(), pulse.answer()), (0, None));
+    }
+}
