@@ -162,8 +162,9 @@ impl SessionReader {
                 tx: tx.clone(),
                 pulse,
             };
-        } else if let Reading::Attached { ended, tx, pulse } = &self.reading {
-            if !ended.is_cancelled() && !self.answer_heartbeats(tx, pulse, &mut batch) {
+        } else if let Reading::Attached { tx, pulse, .. } = &self.reading {
+            // (`read` saw the stream still attached just before.)
+            if !self.answer_heartbeats(tx, pulse, &mut batch) {
                 return self.stop();
             }
         }
