@@ -203,7 +203,7 @@ const PLANTED: [Planted; 8] = [
     },
     Planted {
         plant: "stale-hint",
-        run: &["--seed", "256", "--duration", "12", "--calm"],
+        run: &["--seed", "163", "--duration", "12", "--calm"],
         rule: "no healthy session lost",
     },
     Planted {
