@@ -298,8 +298,8 @@ async fn heartbeats_are_not_logged_and_a_leader_cut_off_stops_answering_them_bef
     let cluster = Cluster::start();
     let leader = cluster.leader(&[]).await;
     let mut raw = RawSession::open(cluster.members[leader].port(), 10_000).await;
-    // Heartbeats every 10 ms, each one's send time kept; answers come in
-    // the order the heartbeats went.
+    // Heartbeats every 10 ms, each one's send time kept; the k-th answer
+    // stands for a heartbeat sent no earlier than the k-th.
     let sent = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let sender = tokio::spawn({
         let sent = sent.clone();
@@ -357,6 +357,7 @@ async fn heartbeats_are_not_logged_and_a_leader_cut_off_stops_answering_them_bef
     let lease = Duration::from_millis(400);
     tokio::time::sleep(lease * 3).await;
     let answers = answered.load(std::sync::atomic::Ordering::SeqCst);
+    // (A lower bound of the latest answered heartbeat's sending.)
     let last_answered = sent.lock().unwrap()[answers - 1];
     for follower in (0..3).filter(|&i| i != leader) {
         cluster.members[follower].unpause();

@@ -1,7 +1,11 @@
 //! The session's heartbeats under the keeper's rules (module `keeper`).
 //!
 //! A heartbeat travels on the session stream, in order with the requests,
-//! and the server answers heartbeats in the order they came; so the
+//! and each is answered once; an answer is paired with the oldest heartbeat
+//! still unanswered, which is safe even when a server answers some out of
+//! order (the leader's core and the stream's reader answer apart): after k
+//! answers the session is trusted from the k-th oldest heartbeat's sending,
+//! and the latest sent of the k actually answered went no earlier. So the
 //! renewals of a session are not calls the keeper makes and awaits (as
 //! [`crate::keeper::keep`] does elsewhere) but messages the stream's driver
 //! sends when told, and answers it routes here as they arrive. What to send

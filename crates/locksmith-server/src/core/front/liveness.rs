@@ -10,7 +10,10 @@
 //! session. When it cannot be sure (no lease, or the session is already
 //! past its deadline here and may be expiring), the heartbeat goes through
 //! the log as a [`Command::Heartbeat`] record instead, ordered against any
-//! expiry by the log itself.
+//! expiry by the log itself. Once the core has answered one, the stream's
+//! reader answers the next ones without the core, through the session's
+//! [`Pulse`] (module [`crate::pulse`]), which the core closes before it
+//! decides the session's expiry.
 //!
 //! Each session's deadline here is the later of the replicated floor
 //! ([`locksmith_core::Engine::session_expires_at`]: moved by its open, a
