@@ -10,7 +10,6 @@ use std::sync::Arc;
 use locksmith_core::{Acquire, ClientInfo, Command, Millis, Mode, RequestId, SessionId, Wait};
 use locksmith_proto::v1 as pb;
 use tokio::sync::oneshot;
-use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
 use crate::pulse::Pulse;
@@ -115,12 +114,11 @@ pub(crate) struct NewStream {
     pub id: StreamId,
     /// Where its messages go.
     pub tx: StreamTx,
-    /// Cancelled when the core is done with it, which stops its reader.
-    pub ended: CancellationToken,
     /// The client's address, when the transport knows it.
     pub peer: Option<SocketAddr>,
-    /// Shared with the stream's reader, which answers heartbeats with it
-    /// (module [`crate::pulse`]).
+    /// Shared with the stream's reader (module [`crate::pulse`]): the core
+    /// ends it when it is done with the stream, which stops the reader, and
+    /// opens it to let the reader answer heartbeats.
     pub pulse: Arc<Pulse>,
 }
 

@@ -1,4 +1,5 @@
-//! Heartbeats answered by the stream's reader, where they are read.
+//! Heartbeats answered by the stream's reader, where they are read, and
+//! the end of the core's use of a stream.
 //!
 //! A heartbeat of a live session changes nothing in the log while this
 //! member leads under its lease (module `core::front::liveness` has the
@@ -36,14 +37,21 @@ use crate::raft::Raft;
 
 /// Set in [`Pulse::heard`] while the reader may not answer.
 const CLOSED: u64 = 1 << 63;
+/// Set in [`Pulse::heard`] once the core is done with the stream.
+const ENDED: u64 = 1 << 62;
+/// The time in [`Pulse::heard`].
+const TIME: u64 = ENDED - 1;
 
-/// When a session was last heard on this member, and whether its stream's
-/// reader may answer its heartbeats: shared by the stream's reader and the
-/// core.
+/// What a session stream's reader and the core share: when the session was
+/// last heard on this member, whether the reader may answer its heartbeats,
+/// and whether the core is done with the stream (then the reader reads no
+/// more). One atomic word, so that an idle stream keeps a few bytes for it
+/// and the reader reads it without a lock.
 #[derive(Debug)]
 pub(crate) struct Pulse {
     /// The time of the last heartbeat answered (the leader's clock, 0:
-    /// none), with [`CLOSED`] set while the reader may not answer.
+    /// none), with [`CLOSED`] set while the reader may not answer and
+    /// [`ENDED`] once the core is done with the stream.
     heard: AtomicU64,
     /// The session's TTL, written by the core before it opens the pulse.
     ttl: AtomicU64,
@@ -71,14 +79,29 @@ impl Pulse {
         let _ = self
             .heard
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |heard| {
-                Some((heard & !CLOSED).max(now))
+                let time = (heard & TIME).max(now);
+                Some(match heard & ENDED {
+                    0 => time,
+                    _ => time | ENDED | CLOSED,
+                })
             });
     }
 
     /// The reader may answer no more; returns the last time heard (0:
     /// never), which no answer of the reader's can move any more.
     pub(crate) fn close(&self) -> Millis {
-        self.heard.fetch_or(CLOSED, Ordering::AcqRel) & !CLOSED
+        self.heard.fetch_or(CLOSED, Ordering::AcqRel) & TIME
+    }
+
+    /// The core is done with the stream: its reader answers nothing more
+    /// and reads no more.
+    pub(crate) fn end(&self) {
+        self.heard.fetch_or(ENDED | CLOSED, Ordering::AcqRel);
+    }
+
+    /// Whether the core is done with the stream.
+    pub(crate) fn is_ended(&self) -> bool {
+        self.heard.load(Ordering::Acquire) & ENDED != 0
     }
 
     /// Carries `heard` over from the pulse of a stream this one replaces
@@ -87,19 +110,23 @@ impl Pulse {
         let _ = self
             .heard
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |current| {
-                Some(((current & !CLOSED).max(heard)) | (current & CLOSED))
+                Some((current & TIME).max(heard) | (current & !TIME))
             });
     }
 
     /// Closes the pulse and forgets when it was heard: nobody was heard
     /// here yet (a new leader's grace was applied).
     pub(crate) fn reset(&self) {
-        self.heard.store(CLOSED, Ordering::Release);
+        let _ = self
+            .heard
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |heard| {
+                Some(heard & ENDED | CLOSED)
+            });
     }
 
     /// The last time heard (0: never), open or closed.
     pub(crate) fn heard(&self) -> Millis {
-        self.heard.load(Ordering::Acquire) & !CLOSED
+        self.heard.load(Ordering::Acquire) & TIME
     }
 
     /// The reader's answer to a heartbeat: the time on the core's clock it
@@ -109,7 +136,7 @@ impl Pulse {
     pub(crate) fn answer(&self) -> Option<Millis> {
         let mut heard = self.heard.load(Ordering::Acquire);
         loop {
-            if heard & CLOSED != 0 {
+            if heard & (CLOSED | ENDED) != 0 {
                 return None;
             }
             let now = self.clock.get()?.now();
@@ -190,5 +217,23 @@ mod tests {
         assert!(pulse.answer().is_some());
         pulse.reset();
         assert_eq!((pulse.heard(), pulse.answer()), (0, None));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_ended_pulse_stays_ended_and_answers_nothing() {
+        let clock = Clock::system();
+        let pulse = Pulse::default();
+        let opened = clock.now();
+        pulse.open(opened, 1_000, &clock);
+        assert!(!pulse.is_ended());
+        pulse.end();
+        assert!(pulse.is_ended());
+        assert_eq!(pulse.answer(), None);
+        // Nothing the core does with it after opens it again.
+        pulse.open(opened + 1, 1_000, &clock);
+        pulse.carry(opened + 2);
+        pulse.reset();
+        assert!(pulse.is_ended());
+        assert_eq!(pulse.answer(), None);
     }
 }

@@ -26,7 +26,6 @@ use locksmith_core::{ClientInfo, EngineError, Millis, SessionId};
 use locksmith_proto::v1 as pb;
 use pb::locksmith_server::Locksmith;
 use tokio::sync::oneshot;
-use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::auth::{Auth, Caller, Permission};
@@ -218,18 +217,16 @@ pub(crate) struct StreamReader {
 impl StreamReader {
     /// The core's op for the first message of a stream, which must open or
     /// resume a session, or the status that ends the stream. `tx` and
-    /// `ended` become the stream's in the core.
+    /// `pulse` become the stream's in the core.
     pub(crate) fn opening(
         &self,
         first: Option<pb::client_message::Kind>,
         tx: &StreamTx,
-        ended: &CancellationToken,
         pulse: &Arc<Pulse>,
     ) -> Result<Op, Status> {
         let stream = NewStream {
             id: self.stream,
             tx: tx.clone(),
-            ended: ended.clone(),
             peer: self.peer,
             pulse: pulse.clone(),
         };

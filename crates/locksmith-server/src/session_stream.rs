@@ -22,7 +22,6 @@ use std::time::Duration;
 use futures::{Future, Stream};
 use locksmith_proto::v1 as pb;
 use tokio::time::Sleep;
-use tokio_util::sync::CancellationToken;
 use tonic::{Status, Streaming};
 
 use crate::convert;
@@ -54,13 +53,9 @@ enum Reading {
         tx: StreamTx,
         deadline: Pin<Box<Sleep>>,
     },
-    /// The core has the stream; it cancels `ended` when it is done with it.
+    /// The core has the stream; it ends `pulse` when it is done with it.
     /// The reader answers heartbeats on `tx` with `pulse`.
-    Attached {
-        ended: CancellationToken,
-        tx: StreamTx,
-        pulse: Arc<Pulse>,
-    },
+    Attached { tx: StreamTx, pulse: Arc<Pulse> },
     /// Nothing more is read.
     Over,
 }
@@ -104,8 +99,8 @@ impl SessionReader {
                         continue;
                     }
                 }
-                Reading::Attached { ended, .. } => {
-                    if ended.is_cancelled() {
+                Reading::Attached { pulse, .. } => {
+                    if pulse.is_ended() {
                         self.stop();
                         continue;
                     }
@@ -143,9 +138,8 @@ impl SessionReader {
             } else {
                 batch.messages.remove(0).kind
             };
-            let ended = CancellationToken::new();
             let pulse = Arc::default();
-            let op = match self.reader.opening(first, tx, &ended, &pulse) {
+            let op = match self.reader.opening(first, tx, &pulse) {
                 Ok(op) => op,
                 Err(status) => {
                     tx.end(status);
@@ -158,7 +152,6 @@ impl SessionReader {
             // The rest of the first batch runs once the session is attached
             // (the core handles ops in order).
             self.reading = Reading::Attached {
-                ended,
                 tx: tx.clone(),
                 pulse,
             };
@@ -243,8 +236,8 @@ impl Drop for SessionReader {
     /// Dropped while attached (the runtime stopping): the core detaches the
     /// stream now, and the session lives on by its TTL.
     fn drop(&mut self) {
-        if let Reading::Attached { ended, .. } = &self.reading {
-            if !ended.is_cancelled() {
+        if let Reading::Attached { pulse, .. } = &self.reading {
+            if !pulse.is_ended() {
                 let _ = self.reader.core.send(Op::Detach {
                     stream: self.reader.stream,
                     error: None,

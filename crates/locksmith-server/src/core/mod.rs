@@ -589,7 +589,6 @@ fn warn_if_slow(started: Instant, records: usize, first: Option<&'static str>) {
 #[cfg(test)]
 mod tests {
     use locksmith_core::{ClientInfo, Command, SessionId};
-    use tokio_util::sync::CancellationToken;
 
     use locksmith_proto::v1 as pb;
 
@@ -635,7 +634,6 @@ mod tests {
         NewStream {
             id: stream,
             tx,
-            ended: CancellationToken::new(),
             peer: None,
             pulse: Default::default(),
         }

@@ -546,7 +546,7 @@ impl FrontEnd {
     pub(super) fn forget_links(&mut self) {
         for link in self.links.drain().map(|(_, link)| link) {
             if let Some(a) = link.attached {
-                a.ended.cancel();
+                a.pulse.end();
             }
         }
         self.streams.clear();

@@ -422,7 +422,7 @@ impl FrontEnd {
                     self.output
                         .streams
                         .end(stream.id, &stream.tx, status.clone());
-                    stream.ended.cancel();
+                    stream.pulse.end();
                 }
                 Route::Nobody
                 | Route::Stream { .. }
@@ -447,7 +447,7 @@ impl FrontEnd {
         match op {
             Op::Open { stream, .. } | Op::Resume { stream, .. } => {
                 self.output.streams.end(stream.id, &stream.tx, status);
-                stream.ended.cancel();
+                stream.pulse.end();
             }
             Op::AcquireLease { reply, .. } => answer(self, reply, status),
             Op::Release { reply, .. } => answer(self, reply, status),

@@ -12,7 +12,6 @@ use std::sync::Arc;
 
 use locksmith_core::{ClientInfo, Command, Millis, SessionId};
 use locksmith_proto::v1 as pb;
-use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
 use super::{FrontEnd, Proposal, Route};
@@ -34,7 +33,9 @@ pub(super) struct Link {
 pub(super) struct Attached {
     pub(super) stream: StreamId,
     pub(super) tx: StreamTx,
-    pub(super) ended: CancellationToken,
+    /// Shared with the stream's reader; ended when the core is done with
+    /// the stream.
+    pub(super) pulse: Arc<Pulse>,
 }
 
 /// Open sessions per client address, for
@@ -99,7 +100,7 @@ impl FrontEnd {
         };
         if let Some(status) = refusal {
             self.output.streams.end(new.id, &new.tx, status);
-            return new.ended.cancel();
+            return new.pulse.end();
         }
         // Above every id applied, and every id this member handed out.
         let session = SessionId(self.next_session.max(state.next_session()));
@@ -129,7 +130,6 @@ impl FrontEnd {
         let NewStream {
             id: stream,
             tx,
-            ended,
             peer,
             pulse,
         } = new;
@@ -142,7 +142,7 @@ impl FrontEnd {
         };
         let Some(opened) = opened else {
             self.streams.remove(&stream);
-            return ended.cancel();
+            return pulse.end();
         };
         let message = pb::ServerMessage {
             kind: Some(pb::server_message::Kind::Opened(pb::SessionOpened {
@@ -153,7 +153,7 @@ impl FrontEnd {
             })),
         };
         self.output.streams.push(stream, &tx, message);
-        self.attach(session, stream, tx, ended, peer, pulse);
+        self.attach(session, stream, tx, peer, pulse);
         self.liveness.time(state, session);
         tracing::debug!(%session, ?peer, "session opened");
     }
@@ -172,7 +172,6 @@ impl FrontEnd {
         let NewStream {
             id: stream,
             tx,
-            ended,
             peer,
             pulse,
         } = new;
@@ -183,7 +182,7 @@ impl FrontEnd {
             self.output
                 .streams
                 .end(stream, &tx, unknown_session(session));
-            return ended.cancel();
+            return pulse.end();
         };
         if self.cut_off && !self.replica.lease_holds(self.lease) {
             // A leader whose batches openraft refuses, and which has heard
@@ -194,13 +193,13 @@ impl FrontEnd {
             // in openraft's metrics: it is not turned away for that.)
             let status = self.cut_off_status("no quorum heard within the leader's lease");
             self.output.streams.end(stream, &tx, status);
-            return ended.cancel();
+            return pulse.end();
         }
         if let Some(old) = self.links.get_mut(&session).and_then(|l| l.attached.take()) {
             self.streams.remove(&old.stream);
             let status = Status::aborted("session resumed on another stream");
             self.output.streams.end(old.stream, &old.tx, status);
-            old.ended.cancel();
+            old.pulse.end();
         }
         let message = pb::ServerMessage {
             kind: Some(pb::server_message::Kind::Resumed(pb::SessionResumed {
@@ -217,7 +216,7 @@ impl FrontEnd {
         }
         let heartbeat = Command::Heartbeat { session };
         proposal.command(now, heartbeat, None, None, Route::Nobody);
-        self.attach(session, stream, tx, ended, peer, pulse);
+        self.attach(session, stream, tx, peer, pulse);
         tracing::debug!(%session, ?peer, "session resumed");
     }
 
@@ -229,13 +228,12 @@ impl FrontEnd {
         session: SessionId,
         stream: StreamId,
         tx: StreamTx,
-        ended: CancellationToken,
         peer: Option<SocketAddr>,
         pulse: Arc<Pulse>,
     ) {
-        self.liveness.attach(session, pulse);
+        self.liveness.attach(session, pulse.clone());
         let link = self.links.entry(session).or_default();
-        link.attached = Some(Attached { stream, tx, ended });
+        link.attached = Some(Attached { stream, tx, pulse });
         self.streams.insert(stream, session);
         if peer.is_some() {
             self.peers.remove(link.peer);
@@ -258,7 +256,7 @@ impl FrontEnd {
             if let Some(status) = error {
                 self.output.streams.end(a.stream, &a.tx, status);
             }
-            a.ended.cancel();
+            a.pulse.end();
             tracing::debug!(%session, "session detached; it lives until its TTL");
         }
     }
@@ -279,7 +277,7 @@ impl FrontEnd {
                 })),
             };
             self.output.streams.push(a.stream, &a.tx, ended);
-            a.ended.cancel();
+            a.pulse.end();
         }
         tracing::debug!(%session, reason, "session ended");
     }
@@ -295,7 +293,7 @@ impl FrontEnd {
                 })),
             };
             self.output.streams.push(a.stream, &a.tx, ended);
-            a.ended.cancel();
+            a.pulse.end();
         }
         tracing::info!(%session, "session ended by an administrator");
     }
@@ -306,7 +304,7 @@ impl FrontEnd {
         for link in self.links.values_mut() {
             if let Some(a) = link.attached.take() {
                 self.output.streams.end(a.stream, &a.tx, status.clone());
-                a.ended.cancel();
+                a.pulse.end();
             }
         }
         self.streams.clear();
