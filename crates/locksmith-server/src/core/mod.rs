@@ -824,33 +824,35 @@ mod tests {
         );
     }
 
-    /// Opens a session (TTL 1 s) on stream `stream` at `now`, its reader
-    /// answering with `pulse`.
-    fn open_with(core: &mut Core, stream: StreamId, now: Millis, pulse: &Arc<Pulse>) -> SessionId {
+    /// A core that leads under its lease with a session open on stream 1,
+    /// whose reader answers with the pulse returned; the core has answered
+    /// one heartbeat of it at the time returned (so the pulse is open).
+    fn leading_with_a_pulse() -> (Core, Millis, SessionId, Arc<Pulse>) {
+        let mut core = core(4096);
+        let now = core.front.now();
+        let pulse = Arc::<Pulse>::default();
         let open = Op::Open {
             stream: NewStream {
                 pulse: pulse.clone(),
-                ..new_stream(stream)
+                ..new_stream(1)
             },
             info: ClientInfo::default(),
             ttl: 1_000,
         };
-        run(core, now, open);
-        core.front.session_of(stream).expect("opened")
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn the_reader_answers_once_the_core_has_and_no_more_once_an_expiry_is_decided() {
-        let mut core = core(4096);
-        let now = core.front.now();
-        let pulse = Arc::<Pulse>::default();
-        let session = open_with(&mut core, 1, now, &pulse);
+        run(&mut core, now, open);
+        let session = core.front.session_of(1).expect("opened");
         lead(&mut core);
         core.front.replica.lease_in_tests(true);
         assert_eq!(pulse.answer(), None, "not before the core has answered");
         core.front
             .arrive(&core.state, now, client_batch(1, [StreamOp::Heartbeat]));
         assert_eq!(heartbeat_answers(&core), 1);
+        (core, now, session, pulse)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_reader_answers_once_the_core_has_and_no_more_once_an_expiry_is_decided() {
+        let (mut core, now, session, pulse) = leading_with_a_pulse();
 
         // The reader answers at 900: the session lives to 1 900, not 1 000.
         tokio::time::advance(Duration::from_millis(900)).await;
@@ -873,14 +875,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_resume_on_another_stream_keeps_what_the_old_reader_heard_and_silences_it() {
-        let mut core = core(4096);
-        let now = core.front.now();
-        let old = Arc::<Pulse>::default();
-        let session = open_with(&mut core, 1, now, &old);
-        lead(&mut core);
-        core.front.replica.lease_in_tests(true);
-        core.front
-            .arrive(&core.state, now, client_batch(1, [StreamOp::Heartbeat]));
+        let (mut core, now, session, old) = leading_with_a_pulse();
         tokio::time::advance(Duration::from_millis(900)).await;
         assert_eq!(old.answer(), Some(now + 900));
 
