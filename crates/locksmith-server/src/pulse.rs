@@ -5,7 +5,7 @@
 //! member leads under its lease (module `core::front::liveness` has the
 //! rules and docs/architecture.md the argument): the leader only notes when
 //! it heard the session. Taking it through the core for that cost the
-//! leader a third of its CPU with 100 000 idle sessions (a message to the
+//! leader about two fifths of its CPU with 100 000 idle sessions (a message to the
 //! core, a wake-up of its task, a look-up in each of its maps and a batch
 //! to the stream's writer per heartbeat). So each attached stream shares a
 //! [`Pulse`] with the core: the time the session was last heard, and
