@@ -5,11 +5,12 @@
 //! member leads under its lease (module `core::front::liveness` has the
 //! rules and docs/architecture.md the argument): the leader only notes when
 //! it heard the session. Taking it through the core for that cost the
-//! leader about two fifths of its CPU with 100 000 idle sessions (a message to the
-//! core, a wake-up of its task, a look-up in each of its maps and a batch
-//! to the stream's writer per heartbeat). So each attached stream shares a
-//! [`Pulse`] with the core: the time the session was last heard, and
-//! whether the reader may answer. The reader answers a heartbeat itself
+//! leader about two fifths of its CPU with 100 000 idle sessions (a
+//! message to the core, a wake-up of its task, a look-up in each of its
+//! maps and a batch to the stream's writer per heartbeat). So each
+//! attached stream shares a [`Pulse`] with the core: the time the session
+//! was last heard, whether the reader may answer, and whether the core is
+//! done with the stream. The reader answers a heartbeat itself
 //! when the pulse is open, the session's deadline has not passed and the
 //! leader's lease holds ([`HeartbeatLease`]); anything else goes to the
 //! core as before, which answers it under the lease or logs it.
@@ -162,7 +163,7 @@ impl Pulse {
 pub(crate) struct HeartbeatLease {
     raft: Raft,
     /// How much of openraft's lease is counted on
-    /// ([`crate::core::usable_lease`]).
+    /// ([`crate::core::heartbeat_lease`]).
     lease: Duration,
 }
 
