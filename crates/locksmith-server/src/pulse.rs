@@ -183,13 +183,19 @@ impl HeartbeatLease {
 mod tests {
     use super::*;
 
-    #[tokio::test(start_paused = true)]
-    async fn a_pulse_answers_only_while_open_and_within_the_deadline() {
+    /// A pulse the core opened now with a TTL of 1 s, its clock, and now.
+    fn opened() -> (Pulse, Clock, Millis) {
         let clock = Clock::system();
         let pulse = Pulse::default();
         assert_eq!(pulse.answer(), None, "closed until the core opens it");
-        let opened = clock.now();
-        pulse.open(opened, 1_000, &clock);
+        let now = clock.now();
+        pulse.open(now, 1_000, &clock);
+        (pulse, clock, now)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pulse_answers_only_while_open_and_within_the_deadline() {
+        let (pulse, _, opened) = opened();
         tokio::time::advance(Duration::from_millis(400)).await;
         assert_eq!(pulse.answer(), Some(opened + 400));
         assert_eq!(pulse.heard(), opened + 400);
@@ -203,10 +209,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_closed_pulse_keeps_its_time_and_answers_nothing() {
-        let clock = Clock::system();
-        let pulse = Pulse::default();
-        let opened = clock.now();
-        pulse.open(opened, 1_000, &clock);
+        let (pulse, clock, opened) = opened();
         tokio::time::advance(Duration::from_millis(10)).await;
         assert_eq!(pulse.answer(), Some(opened + 10));
         assert_eq!(pulse.close(), opened + 10);
@@ -222,10 +225,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_ended_pulse_stays_ended_and_answers_nothing() {
-        let clock = Clock::system();
-        let pulse = Pulse::default();
-        let opened = clock.now();
-        pulse.open(opened, 1_000, &clock);
+        let (pulse, clock, opened) = opened();
         assert!(!pulse.is_ended());
         pulse.end();
         assert!(pulse.is_ended());
