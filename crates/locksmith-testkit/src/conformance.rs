@@ -1086,8 +1086,17 @@ pub async fn election_is_observed<H: Harness>(h: &H) {
         election.campaign("").await,
         Err(Error::InvalidArgument(_))
     ));
-    let mut first = election.campaign("node-1").await.unwrap();
-    let seen = next(&mut changes, limit).await.expect("a leader");
+    // The observer waits before the campaign (the campaign's first step
+    // gives way to it): the new leader must wake it, not only show on a read.
+    let (first, seen) = tokio::join!(
+        async {
+            tokio::task::yield_now().await;
+            election.campaign("node-1").await.unwrap()
+        },
+        next(&mut changes, limit)
+    );
+    let mut first = first;
+    let seen = seen.expect("a leader");
     assert_eq!(seen.value, "node-1");
     if let Some(token) = seen.fencing_token {
         assert_eq!(token, first.fencing_token());
