@@ -182,6 +182,12 @@ pub struct BenchArgs {
     /// server allows 256 by default).
     #[arg(long, default_value_t = 200)]
     sessions_per_connection: usize,
+    /// Renew each idle session at its own instant (to within about 50 µs),
+    /// as independent clients' renewals arrive, rather than on tokio's
+    /// timer, which sends every renewal due within a millisecond at once
+    /// (as one client process's do).
+    #[arg(long)]
+    spread_renewals: bool,
     /// Backups taken in the backup scenario, each after `--duration` of the
     /// handoff loop alone.
     #[arg(long, default_value_t = 3)]
@@ -774,6 +780,7 @@ async fn run_sessions(
         sessions: count,
         per_connection: args.sessions_per_connection,
         ttl: settings.session_ttl,
+        spread_renewals: args.spread_renewals,
     };
     let measured = sessions::idle_sessions(target, plan, args.waiters, settings);
     match bounded(limit, measured).await {

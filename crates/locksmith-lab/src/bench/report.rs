@@ -590,12 +590,13 @@ impl Report {
                 let Some(outcome) = &b.sessions else { continue };
                 let row = match outcome {
                     Outcome::Ok(e) => format!(
-                        "| {} | {} × {} ({} a connection, TTL {} ms) | {:.0} | {} | {} | {} | {:.0} B | {} / {} |",
+                        "| {} | {} × {} ({} a connection, TTL {} ms{}) | {:.0} | {} | {} | {} | {:.0} B | {} / {} |",
                         b.label,
                         e.sessions,
                         e.session_kind,
                         e.per_connection,
                         e.ttl_ms,
+                        if e.renewals_spread { ", renewals spread" } else { "" },
                         e.heartbeats_per_sec,
                         e.heartbeat.map_or("not timed".into(), |h| format!(
                             "{} / {}",

@@ -3,7 +3,9 @@
 //!
 //! N sessions are opened and kept alive, each renewed every third of its
 //! TTL at its own phase, with the answer timed where the store lets a client
-//! see it. The foreground handoff (scenario (b)'s loop) runs once before
+//! see it. tokio's timer wakes the renewals due within a millisecond
+//! together, as one client process's arrive; with `--spread-renewals` each
+//! leaves at its own instant, as independent clients' do ([`pacer`]). The foreground handoff (scenario (b)'s loop) runs once before
 //! they open, and once beside them after a third of their TTL with them
 //! alone. Reported: each member's memory (PSS) without and with them, and
 //! its growth per session; each member's CPU (user + system time, from
@@ -22,6 +24,7 @@
 //! client and does not time its renewals; the stores see the same messages.
 
 mod etcd;
+mod pacer;
 mod redis;
 mod server;
 mod zookeeper;
@@ -50,6 +53,9 @@ pub struct IdleSessions {
     pub per_connection: usize,
     /// Their TTL (ms); each is renewed every third of it.
     pub ttl_ms: u64,
+    /// Whether each renewed at its own instant (`--spread-renewals`) rather
+    /// than on tokio's millisecond timer.
+    pub renewals_spread: bool,
     /// Renewals answered per second over both windows (0 where not timed).
     pub heartbeats_per_sec: f64,
     /// Time from sending a renewal to its answer, over both windows (the
@@ -97,6 +103,9 @@ pub struct Plan {
     pub per_connection: usize,
     /// Each session's TTL.
     pub ttl: Duration,
+    /// Each session renews at its own instant ([`pacer`]), not when tokio's
+    /// millisecond timer wakes every session due within the millisecond.
+    pub spread_renewals: bool,
 }
 
 impl Plan {
@@ -107,14 +116,16 @@ impl Plan {
     }
 }
 
-/// What every keeper of a run shares: when to stop, and where the timed
-/// answers go.
+/// What every keeper of a run shares: when to stop, where the timed
+/// answers go, and what wakes it to renew.
 #[derive(Clone)]
 pub(super) struct Shared {
     stop: Arc<watch::Sender<bool>>,
     /// Open (since the instant given) while the window is measured.
     window: Arc<Mutex<Option<Instant>>>,
     samples: Arc<Mutex<Samples>>,
+    /// With `--spread-renewals`: wakes each keeper at its own instant.
+    pacer: Option<pacer::Pacer>,
 }
 
 impl Shared {
@@ -128,11 +139,12 @@ impl Shared {
         }
     }
 
-    fn new() -> Shared {
+    fn new(pacer: Option<pacer::Pacer>) -> Shared {
         Shared {
             stop: Arc::new(watch::Sender::new(false)),
             window: Arc::default(),
             samples: Arc::default(),
+            pacer,
         }
     }
 
@@ -195,7 +207,8 @@ where
 }
 
 /// Renews `session` every third of the plan's TTL, the first after `phase`,
-/// until the run stops; then closes it.
+/// until the run stops; then closes it. Woken by tokio's timer, or by the
+/// run's pacer when it has one.
 ///
 /// Cancel safety: dropped, the session is left to its TTL.
 async fn keep<S: Renew>(
@@ -206,8 +219,19 @@ async fn keep<S: Renew>(
 ) -> Result<(), String> {
     let mut tick = tokio::time::interval_at(Instant::now() + phase, ttl / 3);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let wake = Arc::new(tokio::sync::Notify::new());
+    let mut next = std::time::Instant::now() + phase;
     while !shared.stopped() {
-        tick.tick().await;
+        match &shared.pacer {
+            Some(pacer) => {
+                pacer.wake_at(next, &wake);
+                wake.notified().await;
+                next += ttl / 3;
+            }
+            None => {
+                tick.tick().await;
+            }
+        }
         let sent = Instant::now();
         session.renew().await?;
         shared.answered(sent);
@@ -241,7 +265,11 @@ pub async fn idle_sessions(
     let memory_before: Vec<u64> = members.iter().map(|&p| memory(p)).collect();
     let (alone, _, _) = contended(target, waiters, Duration::ZERO, "idle-alone", settings).await?;
 
-    let shared = Shared::new();
+    let pacer = match plan.spread_renewals {
+        true => Some(pacer::Pacer::start()?),
+        false => None,
+    };
+    let shared = Shared::new(pacer);
     let mut keepers = JoinSet::new();
     let (session_kind, per_connection) = match target.kind {
         Kind::Server | Kind::ServerCluster => {
@@ -303,6 +331,7 @@ pub async fn idle_sessions(
         sessions: plan.sessions,
         per_connection,
         ttl_ms: plan.ttl.as_millis() as u64,
+        renewals_spread: plan.spread_renewals,
         heartbeats_per_sec: samples.len() as f64 / elapsed.as_secs_f64(),
         heartbeat: timed.then(|| samples.summary()),
         member_cpu_percent,
