@@ -282,3 +282,45 @@ fn bench_scale_holds_more_locks_than_postgres_holds_by_default() {
     assert_eq!(scale["lost_at_peak"], 0, "{scale}");
     assert!(scale["bytes_per_lock"].as_f64().unwrap() > 0.0, "{scale}");
 }
+
+/// The sessions scenario, small, with each renewal sent at its own instant
+/// (`--spread-renewals`): the server's idle sessions are kept alive and
+/// their renewals timed, and the report says how they were sent.
+#[test]
+fn bench_sessions_keeps_idle_sessions_with_their_renewals_spread() {
+    let out = tempfile::tempdir().expect("temporary directory");
+    let stdout = bench(
+        &[
+            "--spawn",
+            "server",
+            "--scenarios",
+            "sessions",
+            "--idle-sessions",
+            "200",
+            "--sessions-per-connection",
+            "50",
+            "--session-ttl",
+            "3s",
+            "--duration",
+            "300ms",
+            "--waiters",
+            "3",
+            "--spread-renewals",
+        ],
+        out.path(),
+    );
+    assert!(
+        !stdout.contains("failed:"),
+        "the scenario failed:\n{stdout}"
+    );
+    assert!(stdout.contains("renewals spread"), "{stdout}");
+    let json = std::fs::read_to_string(out.path().join("report.json")).expect("report.json");
+    let report: serde_json::Value = serde_json::from_str(&json).expect("report.json is JSON");
+    let sessions = &report["backends"][0]["sessions"];
+    assert_eq!(sessions["sessions"], 200, "{sessions}");
+    assert_eq!(sessions["renewals_spread"], true, "{sessions}");
+    assert!(
+        sessions["heartbeat"]["count"].as_u64().unwrap() > 0,
+        "no renewal timed: {sessions}"
+    );
+}
