@@ -226,7 +226,15 @@ async fn keep<S: Renew>(
             Some(pacer) => {
                 pacer.wake_at(next, &wake);
                 wake.notified().await;
-                next += ttl / 3;
+                // Woken late (the renewal before took longer than a third
+                // of the TTL): the next a period from now, as the timer's
+                // `MissedTickBehavior::Delay` does past 5 ms late.
+                let now = std::time::Instant::now();
+                next = if now > next + Duration::from_millis(5) {
+                    now + ttl / 3
+                } else {
+                    next + ttl / 3
+                };
             }
             None => {
                 tick.tick().await;
@@ -265,10 +273,7 @@ pub async fn idle_sessions(
     let memory_before: Vec<u64> = members.iter().map(|&p| memory(p)).collect();
     let (alone, _, _) = contended(target, waiters, Duration::ZERO, "idle-alone", settings).await?;
 
-    let pacer = match plan.spread_renewals {
-        true => Some(pacer::Pacer::start()?),
-        false => None,
-    };
+    let pacer = plan.spread_renewals.then(pacer::Pacer::start).transpose()?;
     let shared = Shared::new(pacer);
     let mut keepers = JoinSet::new();
     let (session_kind, per_connection) = match target.kind {
