@@ -207,8 +207,7 @@ where
 }
 
 /// Renews `session` every third of the plan's TTL, the first after `phase`,
-/// until the run stops; then closes it. Woken by tokio's timer, or by the
-/// run's pacer when it has one.
+/// until the run stops; then closes it.
 ///
 /// Cancel safety: dropped, the session is left to its TTL.
 async fn keep<S: Renew>(
@@ -217,35 +216,77 @@ async fn keep<S: Renew>(
     phase: Duration,
     shared: Shared,
 ) -> Result<(), String> {
-    let mut tick = tokio::time::interval_at(Instant::now() + phase, ttl / 3);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let wake = Arc::new(tokio::sync::Notify::new());
-    let mut next = std::time::Instant::now() + phase;
+    let mut wakeup = Wakeup::new(shared.pacer.clone(), phase, ttl / 3);
     while !shared.stopped() {
-        match &shared.pacer {
-            Some(pacer) => {
-                pacer.wake_at(next, &wake);
-                wake.notified().await;
-                // Woken late (the renewal before took longer than a third
-                // of the TTL): the next a period from now, as the timer's
-                // `MissedTickBehavior::Delay` does past 5 ms late.
-                let now = std::time::Instant::now();
-                next = if now > next + Duration::from_millis(5) {
-                    now + ttl / 3
-                } else {
-                    next + ttl / 3
-                };
-            }
-            None => {
-                tick.tick().await;
-            }
-        }
+        wakeup.wait().await;
         let sent = Instant::now();
         session.renew().await?;
         shared.answered(sent);
     }
     session.close().await;
     Ok(())
+}
+
+/// What wakes a keeper to renew: tokio's timer, or the run's pacer
+/// (`--spread-renewals`).
+enum Wakeup {
+    Timer(tokio::time::Interval),
+    Pacer {
+        pacer: pacer::Pacer,
+        wake: Arc<tokio::sync::Notify>,
+        next: std::time::Instant,
+        period: Duration,
+    },
+}
+
+impl Wakeup {
+    /// Every `period`, the first after `phase`.
+    fn new(pacer: Option<pacer::Pacer>, phase: Duration, period: Duration) -> Wakeup {
+        match pacer {
+            Some(pacer) => Wakeup::Pacer {
+                pacer,
+                wake: Arc::default(),
+                next: std::time::Instant::now() + phase,
+                period,
+            },
+            None => {
+                let mut tick = tokio::time::interval_at(Instant::now() + phase, period);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                Wakeup::Timer(tick)
+            }
+        }
+    }
+
+    /// Returns at the next renewal's time. Woken late (the renewal before
+    /// took longer than a period), the next is a period from then, as the
+    /// timer's `MissedTickBehavior::Delay` does past 5 ms late.
+    ///
+    /// Cancel safety: the timer's tick is cancel safe. Dropped while waiting
+    /// for the pacer, its notice still comes later and ends a later wait
+    /// that much early (one renewal early); keepers are dropped only with
+    /// their run.
+    async fn wait(&mut self) {
+        match self {
+            Wakeup::Timer(tick) => {
+                tick.tick().await;
+            }
+            Wakeup::Pacer {
+                pacer,
+                wake,
+                next,
+                period,
+            } => {
+                pacer.wake_at(*next, wake);
+                wake.notified().await;
+                let now = std::time::Instant::now();
+                *next = if now > *next + Duration::from_millis(5) {
+                    now + *period
+                } else {
+                    *next + *period
+                };
+            }
+        }
+    }
 }
 
 /// (e) against `target`: the idle sessions of `plan` beside a handoff loop
