@@ -6,8 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::find::{find_on_path, not_installed};
-use crate::postgres::give;
-use crate::process;
+use crate::process::{self, give};
 use crate::{Error, Result};
 
 /// The files of a CA made for one server: its certificate, the server's

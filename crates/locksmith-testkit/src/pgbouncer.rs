@@ -8,8 +8,8 @@ use std::time::Duration;
 use tempfile::TempDir;
 
 use crate::find::{find_on_path, is_executable, not_installed};
-use crate::postgres::{give, handshake, server_user};
-use crate::process::{Process, ProcessSpec};
+use crate::postgres::{handshake, server_user};
+use crate::process::{give, Process, ProcessSpec};
 use crate::{free_port, impl_server, retry_on_port_clash, server_dir, Error, Postgres, Result};
 
 /// Where Debian's `pgbouncer` package puts the binary (not on a user's `PATH`).

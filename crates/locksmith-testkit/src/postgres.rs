@@ -5,7 +5,6 @@ use std::ffi::CString;
 use std::fs;
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
-use std::os::unix::fs::chown;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Mutex, OnceLock};
@@ -16,7 +15,7 @@ use tempfile::TempDir;
 
 use crate::certs::Certificates;
 use crate::find::{find_on_path, is_executable, not_installed};
-use crate::process::{self, Process, ProcessSpec};
+use crate::process::{self, give, Process, ProcessSpec};
 use crate::{free_port, impl_server, retry_on_port_clash, server_dir, Error, Result};
 
 /// How long PostgreSQL gets to accept a connection (after crash recovery too).
@@ -376,15 +375,6 @@ pub(crate) fn server_user() -> Result<Option<(u32, u32)>> {
             io::ErrorKind::NotFound.into(),
         )
     }))
-}
-
-/// Gives `path` to `user` (from [`server_user`]; `None`: keeps it).
-pub(crate) fn give(path: &Path, user: Option<(u32, u32)>) -> Result<()> {
-    let Some((uid, gid)) = user else {
-        return Ok(());
-    };
-    chown(path, Some(uid), Some(gid))
-        .map_err(|e| Error::io(format!("cannot give {} to {PG_USER}", path.display()), e))
 }
 
 /// `(uid, gid)` of the user `name`, if it exists.

@@ -184,6 +184,16 @@ pub(crate) fn child_setup(command: &mut Command, user: Option<(u32, u32)>) {
     }
 }
 
+/// Gives `path` to `user`, the `(uid, gid)` a server runs as (`None`: keeps
+/// it), so that a server which checks its files' owner accepts them.
+pub(crate) fn give(path: &Path, user: Option<(u32, u32)>) -> Result<()> {
+    let Some((uid, gid)) = user else {
+        return Ok(());
+    };
+    std::os::unix::fs::chown(path, Some(uid), Some(gid))
+        .map_err(|e| Error::io(format!("cannot give {} to uid {uid}", path.display()), e))
+}
+
 /// Runs a one-shot helper command (like `initdb`) to completion, as `user` if
 /// given, failing with its output if it does not succeed.
 pub(crate) fn run(command: &mut Command, user: Option<(u32, u32)>) -> Result<Output> {

@@ -160,7 +160,7 @@ pub async fn backup_restore(
 
     progress.set_message(format!("{}: backup, {saves} saves", target.label));
     let handoffs = Handoffs::start(target, waiters, settings).await?;
-    let load_before_saves = super::report::load_average();
+    let load_before_saves = super::machine::load_average();
     let leader = leader_id(target).await?;
     let (mut alone, mut during) = (Vec::new(), Vec::new());
     let mut saves_secs = Vec::new();

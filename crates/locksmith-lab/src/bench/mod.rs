@@ -71,6 +71,7 @@
 
 mod backup;
 mod chart;
+mod machine;
 mod report;
 mod scenario;
 mod serve_process;
@@ -85,7 +86,8 @@ use std::time::Duration;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::parse_duration;
-use report::{BackendReport, Machine, Outcome, Report, RunSettings};
+use machine::Machine;
+use report::{BackendReport, Outcome, Report, RunSettings};
 use scenario::{Contended, Scale, Settings, Uncontended};
 use stats::Samples;
 use target::{BackendSpec, Kind, Target};
@@ -273,8 +275,8 @@ pub async fn bench(args: BenchArgs) -> std::process::ExitCode {
         return ExitCode::from(2);
     }
     let started = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
-    let load_at_start = report::load_average();
-    let fsync_at_start = tokio::task::spawn_blocking(report::fsync_probe)
+    let load_at_start = machine::load_average();
+    let fsync_at_start = tokio::task::spawn_blocking(machine::fsync_probe)
         .await
         .ok()
         .flatten();
@@ -425,7 +427,7 @@ pub async fn bench(args: BenchArgs) -> std::process::ExitCode {
         machine: Machine {
             load_at_start,
             fsync_us_at_start: fsync_at_start,
-            fsync_us_at_end: tokio::task::spawn_blocking(report::fsync_probe)
+            fsync_us_at_end: tokio::task::spawn_blocking(machine::fsync_probe)
                 .await
                 .ok()
                 .flatten(),
