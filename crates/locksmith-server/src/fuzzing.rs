@@ -23,7 +23,7 @@ use crate::config::ServerConfig;
 use crate::entry::TypeConfig;
 use crate::error::ServerError;
 use crate::history::{History, HistoryLimits};
-use crate::service::fuzzing::{stream_message, unary_requests};
+use crate::requests::fuzzing::{stream_message, unary_requests};
 use crate::storage::member::{MemberDir, StoredSnapshot};
 use crate::storage::ServerSnapshot;
 

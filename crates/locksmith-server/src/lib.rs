@@ -114,6 +114,7 @@ mod raft;
 mod random;
 #[cfg(test)]
 mod replay_tests;
+mod requests;
 pub mod runtime;
 mod service;
 mod session_stream;

@@ -1,15 +1,13 @@
 //! The gRPC service: turns calls and stream messages into [`Op`]s for the core.
 //!
 //! Each session stream's client batches are read by a task of its own
-//! ([`SessionReader`]), checked for what can be checked
-//! without the lock table (modes, owners, labels, the order of open/resume)
-//! and forwarded as one [`Op::Stream`] each; the replies come back from the
+//! ([`SessionReader`]), checked for what can be checked without the lock
+//! table (module `requests`, which also checks the unary calls) and
+//! forwarded as one `Op::Stream` each; the replies come back from the
 //! core through the stream's queue, one [`pb::ServerBatch`] per engine
-//! batch, after their log records are durable.
-//! An invalid request is answered with its own error; a message that breaks
-//! the stream protocol ends that stream only (before anything of its batch
-//! runs); a malformed connection (garbage on the port) is closed by the HTTP/2
-//! layer before it reaches this code.
+//! batch, after their log records are durable. A malformed connection
+//! (garbage on the port) is closed by the HTTP/2 layer before it reaches
+//! this code.
 //!
 //! With authentication on, every call first identifies its caller and every
 //! request is checked against the caller's grants (module `auth`, which
@@ -22,7 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use locksmith_core::{ClientInfo, EngineError, Millis, SessionId};
+use locksmith_core::{Millis, SessionId};
 use locksmith_proto::v1 as pb;
 use pb::locksmith_server::Locksmith;
 use tokio::sync::oneshot;
@@ -30,14 +28,12 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::auth::{Auth, Caller, Permission};
 use crate::config::ServerConfig;
-use crate::convert::{self, check_label};
 use crate::inbox::CoreSender;
-use crate::op::{
-    Acks, AcquireArgs, HoldArgs, NewStream, Op, StreamId, StreamOp, UnaryReply, WaitArg,
-};
-use crate::pulse::{HeartbeatLease, Pulse};
-use crate::session_stream::SessionReader;
-use crate::stream_queue::{StreamRx, StreamTx};
+use crate::op::{HoldArgs, Op, UnaryReply};
+use crate::pulse::HeartbeatLease;
+use crate::requests::{acquire_args, check_name, hold_args, secret_of, status_of, StreamReader};
+use crate::session_stream::{ConnectionSlot, SessionReader};
+use crate::stream_queue::StreamRx;
 
 /// The `locksmith.v1.Locksmith` service.
 pub(crate) struct Service {
@@ -60,24 +56,6 @@ pub(crate) struct Service {
     auth: Option<Arc<Auth>>,
     /// Whether this member leads under its lease, for the streams' readers.
     lease: HeartbeatLease,
-}
-
-/// One session stream's place in the per-connection count, given back on drop.
-pub(crate) struct ConnectionSlot {
-    counts: Arc<Mutex<HashMap<SocketAddr, usize>>>,
-    peer: SocketAddr,
-}
-
-impl Drop for ConnectionSlot {
-    fn drop(&mut self) {
-        let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(count) = counts.get_mut(&self.peer) {
-            *count -= 1;
-            if *count == 0 {
-                counts.remove(&self.peer);
-            }
-        }
-    }
 }
 
 impl Service {
@@ -128,10 +106,7 @@ impl Service {
             )));
         }
         *count += 1;
-        Ok(Some(ConnectionSlot {
-            counts: self.per_connection.clone(),
-            peer,
-        }))
+        Ok(Some(ConnectionSlot::new(self.per_connection.clone(), peer)))
     }
 
     /// Sends an op carrying a reply slot and waits for the reply.
@@ -146,233 +121,6 @@ impl Service {
 
 fn stopped() -> Status {
     Status::unavailable("lock server is shutting down")
-}
-
-fn invalid(message: impl Into<String>) -> pb::Error {
-    convert::error(pb::ErrorCode::InvalidArgument, message)
-}
-
-fn status_of(error: pb::Error) -> Status {
-    convert::error_to_status(&error)
-}
-
-fn check_name(name: &str) -> Result<(), Status> {
-    convert::check_name(name).map_err(status_of)
-}
-
-/// Checks an acquire message and turns it into the core's form.
-fn acquire_args(acquire: pb::Acquire, max_label: usize) -> Result<AcquireArgs, pb::Error> {
-    let mode = convert::mode_from_proto(acquire.mode, acquire.permits).map_err(invalid)?;
-    check_label("owner", &acquire.owner, max_label, true).map_err(invalid)?;
-    let wait = match pb::WaitKind::try_from(acquire.wait) {
-        Ok(pb::WaitKind::No) => WaitArg::No,
-        Ok(pb::WaitKind::For) => WaitArg::For(acquire.wait_ms),
-        Ok(pb::WaitKind::Forever) => WaitArg::Forever,
-        Err(_) => return Err(invalid(format!("unknown wait kind {}", acquire.wait))),
-    };
-    Ok(AcquireArgs {
-        names: acquire.names,
-        mode,
-        owner: acquire.owner,
-        wait,
-        lease: acquire.lease_ms,
-        reentrant: acquire.reentrant,
-        lock_delay: acquire.lock_delay_ms,
-        notify_queued: acquire.notify_queued,
-    })
-}
-
-fn hold_args(
-    name: String,
-    owner: String,
-    token: Option<u64>,
-    max_label: usize,
-) -> Result<HoldArgs, pb::Error> {
-    convert::check_name(&name)?;
-    check_label("owner", &owner, max_label, true).map_err(invalid)?;
-    Ok(HoldArgs { name, owner, token })
-}
-
-fn secret_of(bytes: &[u8]) -> Option<u128> {
-    Some(u128::from_be_bytes(bytes.try_into().ok()?))
-}
-
-/// What the reading side of one session stream knows: where its ops go,
-/// and what its messages are checked against on their way there.
-pub(crate) struct StreamReader {
-    pub(crate) core: CoreSender,
-    pub(crate) stream: StreamId,
-    max_label: usize,
-    /// The client's address, if the transport knows it.
-    peer: Option<SocketAddr>,
-    /// Session TTL bounds, inclusive.
-    ttl: (Millis, Millis),
-    /// Whose stream it is: each request is checked against its grants.
-    caller: Caller,
-    /// Whether this member leads under its lease: the reader answers
-    /// heartbeats itself only while it does (none: never).
-    pub(crate) lease: Option<HeartbeatLease>,
-}
-
-impl StreamReader {
-    /// The core's op for the first message of a stream, which must open or
-    /// resume a session, or the status that ends the stream. `tx` and
-    /// `pulse` become the stream's in the core.
-    pub(crate) fn opening(
-        &self,
-        first: Option<pb::client_message::Kind>,
-        tx: &StreamTx,
-        pulse: &Arc<Pulse>,
-    ) -> Result<Op, Status> {
-        let stream = NewStream {
-            id: self.stream,
-            tx: tx.clone(),
-            peer: self.peer,
-            pulse: pulse.clone(),
-        };
-        match first {
-            Some(pb::client_message::Kind::Open(open)) => {
-                check_label("client_name", &open.client_name, self.max_label, false)
-                    .and_then(|()| check_label("host", &open.host, self.max_label, false))
-                    .map_err(Status::invalid_argument)?;
-                let (min_ms, max_ms) = self.ttl;
-                if !(min_ms..=max_ms).contains(&open.ttl_ms) {
-                    let error = EngineError::OutOfRange {
-                        what: "session TTL",
-                        value_ms: open.ttl_ms,
-                        min_ms,
-                        max_ms,
-                    };
-                    return Err(convert::engine_error_to_status(&error));
-                }
-                Ok(Op::Open {
-                    stream,
-                    info: ClientInfo {
-                        name: open.client_name,
-                        host: open.host,
-                    },
-                    ttl: open.ttl_ms,
-                })
-            }
-            Some(pb::client_message::Kind::Resume(resume)) => {
-                let secret = secret_of(&resume.secret)
-                    .ok_or_else(|| Status::invalid_argument("a session secret is 16 bytes"))?;
-                Ok(Op::Resume {
-                    stream,
-                    session: SessionId(resume.session_id),
-                    secret,
-                })
-            }
-            _ => Err(Status::failed_precondition(
-                "the first message of a session stream must be open or resume",
-            )),
-        }
-    }
-
-    /// The core's op for a batch on an attached stream: [`Op::Stream`], or
-    /// [`Op::Detach`] with the reason when a message breaks the stream
-    /// protocol (nothing of the batch runs then); `None` for an empty batch.
-    pub(crate) fn batch(&self, batch: pb::ClientBatch) -> Option<Op> {
-        let acks = Acks {
-            replies: batch.ack_replies,
-            lost: batch.ack_lost,
-        };
-        if batch.messages.is_empty() && acks.replies.is_empty() && acks.lost.is_empty() {
-            return None;
-        }
-        let ops = batch
-            .messages
-            .into_iter()
-            .map(|message| self.stream_op(message.kind))
-            .collect::<Result<Vec<_>, Status>>();
-        Some(match ops {
-            Ok(ops) => Op::Stream {
-                stream: self.stream,
-                acks,
-                ops,
-            },
-            Err(status) => Op::Detach {
-                stream: self.stream,
-                error: Some(status),
-            },
-        })
-    }
-
-    /// The core's form of one message; `Err` ends the stream.
-    fn stream_op(&self, kind: Option<pb::client_message::Kind>) -> Result<StreamOp, Status> {
-        use pb::client_message::Kind;
-        Ok(match kind {
-            None => StreamOp::AckOnly,
-            Some(Kind::Heartbeat(_)) => StreamOp::Heartbeat,
-            Some(Kind::Cancel(cancel)) => StreamOp::Cancel { id: cancel.id },
-            Some(Kind::Close(_)) => StreamOp::Close,
-            Some(Kind::Open(_)) | Some(Kind::Resume(_)) => {
-                return Err(Status::failed_precondition(
-                    "this stream already carries a session (one session per stream)",
-                ))
-            }
-            Some(Kind::Request(request)) => {
-                let id = request.id;
-                let permitted = match &request.op {
-                    Some(pb::request::Op::Acquire(acquire)) => self
-                        .caller
-                        .check(Permission::Lock, acquire.names.iter().map(String::as_str)),
-                    Some(pb::request::Op::Release(r)) => {
-                        self.caller.check(Permission::Lock, [r.name.as_str()])
-                    }
-                    Some(pb::request::Op::Renew(r)) => {
-                        self.caller.check(Permission::Lock, [r.name.as_str()])
-                    }
-                    Some(pb::request::Op::SetHoldCount(r)) => {
-                        self.caller.check(Permission::Lock, [r.name.as_str()])
-                    }
-                    None => Ok(()),
-                };
-                match permitted {
-                    Ok(()) => {}
-                    // The identity left the auth file: the stream ends.
-                    Err(status) if status.code() == tonic::Code::Unauthenticated => {
-                        return Err(status)
-                    }
-                    Err(status) => {
-                        let error =
-                            convert::error(pb::ErrorCode::PermissionDenied, status.message());
-                        return Ok(StreamOp::Invalid { id, error });
-                    }
-                }
-                let checked = match request.op {
-                    None => Err(invalid("request without an operation")),
-                    Some(pb::request::Op::Acquire(acquire)) => {
-                        acquire_args(acquire, self.max_label)
-                            .map(|args| StreamOp::Acquire { id, args })
-                    }
-                    Some(pb::request::Op::Release(r)) => {
-                        hold_args(r.name, r.owner, r.token, self.max_label)
-                            .map(|hold| StreamOp::Release { id, hold })
-                    }
-                    Some(pb::request::Op::Renew(r)) => {
-                        hold_args(r.name, r.owner, r.token, self.max_label).map(|hold| {
-                            StreamOp::Renew {
-                                id,
-                                hold,
-                                lease: r.lease_ms,
-                            }
-                        })
-                    }
-                    Some(pb::request::Op::SetHoldCount(r)) => {
-                        hold_args(r.name, r.owner, Some(r.token), self.max_label).map(|hold| {
-                            StreamOp::SetHoldCount {
-                                id,
-                                hold,
-                                count: r.count,
-                            }
-                        })
-                    }
-                };
-                checked.unwrap_or_else(|error| StreamOp::Invalid { id, error })
-            }
-        })
-    }
 }
 
 /// Cancels a sessionless acquire whose caller went away, or releases the grant
@@ -613,85 +361,5 @@ impl Locksmith for Service {
             reply,
         })
         .await
-    }
-}
-
-/// The checks and conversions above, run on decoded messages without a core
-/// (the `fuzzing` feature's entry points).
-#[cfg(feature = "fuzzing")]
-pub(crate) mod fuzzing {
-    use locksmith_core::{Engine, SessionId};
-    use locksmith_proto::prost::Message;
-    use locksmith_proto::v1 as pb;
-
-    use super::{acquire_args, check_label, check_name, hold_args, secret_of, StreamReader};
-    use crate::config::ServerConfig;
-    use crate::op::StreamOp;
-
-    /// What a session stream makes of one message: the opening checks, then
-    /// the conversion; each acquire is applied to `engine` as session 1.
-    pub(crate) fn stream_message(
-        config: &ServerConfig,
-        kind: Option<pb::client_message::Kind>,
-        engine: &mut Engine,
-    ) {
-        let max_label = config.max_label_bytes;
-        match &kind {
-            Some(pb::client_message::Kind::Open(open)) => {
-                let _ = check_label("client_name", &open.client_name, max_label, false);
-                let _ = check_label("host", &open.host, max_label, false);
-            }
-            Some(pb::client_message::Kind::Resume(resume)) => {
-                let _ = secret_of(&resume.secret);
-            }
-            _ => {}
-        }
-        let reader = StreamReader {
-            core: crate::inbox::CoreSender::channel().0,
-            stream: 1,
-            max_label,
-            peer: None,
-            ttl: (config.limits.min_ttl, config.limits.max_ttl),
-            // Authentication off: the checks that follow it are the same.
-            caller: crate::auth::Caller::of(None, &tonic::Request::new(()))
-                .expect("with authentication off anyone may call"),
-            lease: None,
-        };
-        if let Ok(StreamOp::Acquire { id, args }) = reader.stream_op(kind) {
-            let command = args.into_command(SessionId(1), id, 0);
-            let _ = engine.apply(0, command, &mut Vec::new());
-        }
-    }
-
-    /// What the unary calls check of their requests.
-    pub(crate) fn unary_requests(config: &ServerConfig, bytes: &[u8]) {
-        let max_label = config.max_label_bytes;
-        if let Ok(request) = pb::AcquireLeaseRequest::decode(bytes) {
-            if let Some(acquire) = request.acquire {
-                let _ = acquire_args(acquire, max_label);
-            }
-        }
-        if let Ok(request) = pb::ReleaseRequest::decode(bytes) {
-            if let Some(r) = request.release {
-                let _ = hold_args(r.name, r.owner, r.token, max_label);
-            }
-        }
-        if let Ok(request) = pb::RenewRequest::decode(bytes) {
-            if let Some(r) = request.renew {
-                let _ = hold_args(r.name, r.owner, r.token, max_label);
-            }
-        }
-        if let Ok(request) = pb::DescribeRequest::decode(bytes) {
-            let _ = check_name(&request.name);
-        }
-        if let Ok(request) = pb::ForceReleaseRequest::decode(bytes) {
-            let _ = check_name(&request.name);
-        }
-        if let Ok(request) = pb::CloseSessionRequest::decode(bytes) {
-            let _ = secret_of(&request.secret);
-        }
-        let _ = pb::ListRequest::decode(bytes);
-        let _ = pb::HistoryRequest::decode(bytes);
-        let _ = pb::EndSessionRequest::decode(bytes);
     }
 }

@@ -14,8 +14,10 @@
 //! under its lease (module [`crate::pulse`]); everything else goes to the
 //! core.
 
+use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -27,8 +29,33 @@ use tonic::{Status, Streaming};
 use crate::convert;
 use crate::op::Op;
 use crate::pulse::Pulse;
-use crate::service::{ConnectionSlot, StreamReader};
+use crate::requests::StreamReader;
 use crate::stream_queue::{stream_queue, StreamRx, StreamTx};
+
+/// One session stream's place in the per-connection count, given back on drop.
+pub(crate) struct ConnectionSlot {
+    counts: Arc<Mutex<HashMap<SocketAddr, usize>>>,
+    peer: SocketAddr,
+}
+
+impl ConnectionSlot {
+    /// The place of a stream from `peer`, counted in `counts` already.
+    pub(crate) fn new(counts: Arc<Mutex<HashMap<SocketAddr, usize>>>, peer: SocketAddr) -> Self {
+        ConnectionSlot { counts, peer }
+    }
+}
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(count) = counts.get_mut(&self.peer) {
+            *count -= 1;
+            if *count == 0 {
+                counts.remove(&self.peer);
+            }
+        }
+    }
+}
 
 /// Client batches forwarded in one poll before the runtime's other tasks
 /// get their turn.
