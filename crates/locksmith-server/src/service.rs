@@ -14,10 +14,8 @@
 //! decides): a denied request is answered `PERMISSION_DENIED` before it
 //! reaches the core, and listings leave out what the caller may not inspect.
 
-use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use locksmith_core::{Millis, SessionId};
@@ -32,7 +30,7 @@ use crate::inbox::CoreSender;
 use crate::op::{HoldArgs, Op, UnaryReply};
 use crate::pulse::HeartbeatLease;
 use crate::requests::{acquire_args, check_name, hold_args, secret_of, status_of, StreamReader};
-use crate::session_stream::{ConnectionSlot, SessionReader};
+use crate::session_stream::{ConnectionCounts, ConnectionSlot, SessionReader};
 use crate::stream_queue::StreamRx;
 
 /// The `locksmith.v1.Locksmith` service.
@@ -50,7 +48,7 @@ pub(crate) struct Service {
     min_session_ttl: Millis,
     max_session_ttl: Millis,
     /// Session streams per client connection (by peer address).
-    per_connection: Arc<Mutex<HashMap<SocketAddr, usize>>>,
+    per_connection: ConnectionCounts,
     max_per_connection: usize,
     /// The auth file in force; `None`: authentication is off.
     auth: Option<Arc<Auth>>,
@@ -88,25 +86,6 @@ impl Service {
     /// credentials.
     fn caller<T>(&self, request: &Request<T>) -> Result<Caller, Status> {
         Caller::of(self.auth.as_ref(), request)
-    }
-
-    /// Counts a new session stream on the peer's connection, refusing it past
-    /// the limit.
-    fn take_slot(&self, peer: Option<SocketAddr>) -> Result<Option<ConnectionSlot>, Status> {
-        let Some(peer) = peer else { return Ok(None) };
-        let mut counts = self
-            .per_connection
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        let count = counts.entry(peer).or_insert(0);
-        if *count >= self.max_per_connection {
-            return Err(Status::resource_exhausted(format!(
-                "limit reached: sessions per connection (at most {})",
-                self.max_per_connection
-            )));
-        }
-        *count += 1;
-        Ok(Some(ConnectionSlot::new(self.per_connection.clone(), peer)))
     }
 
     /// Sends an op carrying a reply slot and waits for the reply.
@@ -177,7 +156,7 @@ impl Locksmith for Service {
     ) -> Result<Response<Self::SessionStream>, Status> {
         let caller = self.caller(&request)?;
         let peer = request.remote_addr();
-        let slot = self.take_slot(peer)?;
+        let slot = ConnectionSlot::take(&self.per_connection, peer, self.max_per_connection)?;
         let reader = StreamReader {
             core: self.core.clone(),
             peer,

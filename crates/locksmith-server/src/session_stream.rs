@@ -34,14 +34,34 @@ use crate::stream_queue::{stream_queue, StreamRx, StreamTx};
 
 /// One session stream's place in the per-connection count, given back on drop.
 pub(crate) struct ConnectionSlot {
-    counts: Arc<Mutex<HashMap<SocketAddr, usize>>>,
+    counts: ConnectionCounts,
     peer: SocketAddr,
 }
 
+/// Session streams open per client connection (by peer address).
+pub(crate) type ConnectionCounts = Arc<Mutex<HashMap<SocketAddr, usize>>>;
+
 impl ConnectionSlot {
-    /// The place of a stream from `peer`, counted in `counts` already.
-    pub(crate) fn new(counts: Arc<Mutex<HashMap<SocketAddr, usize>>>, peer: SocketAddr) -> Self {
-        ConnectionSlot { counts, peer }
+    /// Counts a new session stream on the peer's connection, refusing it
+    /// past `max`; no slot when the transport does not know the peer.
+    pub(crate) fn take(
+        counts: &ConnectionCounts,
+        peer: Option<SocketAddr>,
+        max: usize,
+    ) -> Result<Option<ConnectionSlot>, Status> {
+        let Some(peer) = peer else { return Ok(None) };
+        let mut open = counts.lock().unwrap_or_else(|e| e.into_inner());
+        let count = open.entry(peer).or_insert(0);
+        if *count >= max {
+            return Err(Status::resource_exhausted(format!(
+                "limit reached: sessions per connection (at most {max})"
+            )));
+        }
+        *count += 1;
+        Ok(Some(ConnectionSlot {
+            counts: counts.clone(),
+            peer,
+        }))
     }
 }
 
