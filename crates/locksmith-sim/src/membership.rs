@@ -22,8 +22,9 @@
 //!
 //! Two rules are checked. **Changes finish**: every change is made within
 //! [`CHANGE_WITHIN`]. **The operator is told the truth**: a member that
-//! led, in one term, from before the call until after its answer, answers
-//! a change it made "done"; it may refuse one it did not make (another
+//! led, in one term, from before the call until after its answer, and had
+//! no change under way when the call came (one under way was an earlier
+//! attempt's), answers a change it made "done"; it may refuse one it did not make (another
 //! change not committed yet, say), but an error for a change it made while
 //! nothing deposed it is a defect (the joint-membership finisher racing the
 //! change it finishes, `56f2f4a`, did that).
@@ -325,9 +326,15 @@ impl Operator {
                 }
             };
             // An answer of the member's own (not a broken connection,
-            // after which the change may go on).
+            // after which the change may go on), to a call that found no
+            // change under way: one under way already was an earlier
+            // attempt's, which the member may finish meanwhile and then
+            // rightly answer this one as made before (`NOT_FOUND`).
             let answered = std::error::Error::source(&status).is_none();
-            if let (true, Ok(after)) = (answered, self::status(&mut admin).await) {
+            let started_here = !before.0.changing;
+            if let (true, true, Ok(after)) =
+                (answered, started_here, self::status(&mut admin).await)
+            {
                 if after.leads() && after.0.term == before.0.term && after.made(step) {
                     return Err(Violation {
                         rule: "the operator is told the truth",
