@@ -24,10 +24,11 @@
 //! [`CHANGE_WITHIN`]. **The operator is told the truth**: a member that
 //! led, in one term, from before the call until after its answer, and had
 //! no change under way when the call came (one under way was an earlier
-//! attempt's), answers a change it made "done"; it may refuse one it did not make (another
-//! change not committed yet, say), but an error for a change it made while
-//! nothing deposed it is a defect (the joint-membership finisher racing the
-//! change it finishes, `56f2f4a`, did that).
+//! attempt's), answers a change it made "done"; it may refuse one it did
+//! not make (another change not committed yet, say), but an error for a
+//! change it made while nothing deposed it is a defect (the
+//! joint-membership finisher racing the change it finishes, `56f2f4a`, did
+//! that).
 //!
 //! In calm runs a change starts only while no fault is active, and no
 //! fault strikes while it runs: one thing at a time.

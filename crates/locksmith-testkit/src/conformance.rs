@@ -1088,14 +1088,13 @@ pub async fn election_is_observed<H: Harness>(h: &H) {
     ));
     // The observer waits before the campaign (the campaign's first step
     // gives way to it): the new leader must wake it, not only show on a read.
-    let (first, seen) = tokio::join!(
+    let (mut first, seen) = tokio::join!(
         async {
             tokio::task::yield_now().await;
             election.campaign("node-1").await.unwrap()
         },
         next(&mut changes, limit)
     );
-    let mut first = first;
     let seen = seen.expect("a leader");
     assert_eq!(seen.value, "node-1");
     if let Some(token) = seen.fencing_token {
