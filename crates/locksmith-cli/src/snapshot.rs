@@ -208,42 +208,43 @@ enum Choice {
 async fn save(file: &std::path::Path, members: &MembersArgs, choice: Choice) -> Result<(), String> {
     let url = members.url()?;
     let started = std::time::Instant::now();
-    let (address, role, bytes) = match choice {
+    let (address, role, incoming) = match choice {
         Choice::Member(member) => {
-            let bytes = fetch(&url, &member, None).await?;
-            (member, "the member named", bytes)
+            let incoming = fetch(&url, &member, None, file).await?;
+            (member, "the member named", incoming)
         }
         Choice::Leader => {
             let source = source_address(&url, true).await?;
-            let bytes = fetch(&url, &source.address, None).await?;
-            (source.address, source.role, bytes)
+            let incoming = fetch(&url, &source.address, None, file).await?;
+            (source.address, source.role, incoming)
         }
         Choice::Follower { wait } => {
             let source = source_address(&url, false).await?;
             // A follower has `wait` to start; the leader, as ever, its time.
             let first_part_within = source.leader.is_some().then_some(wait);
             match (
-                fetch(&url, &source.address, first_part_within).await,
+                fetch(&url, &source.address, first_part_within, file).await,
                 source.leader,
             ) {
-                (Ok(bytes), _) => (source.address, source.role, bytes),
+                (Ok(incoming), _) => (source.address, source.role, incoming),
                 (Err(error), Some(leader)) => {
                     eprintln!(
                         "locksmith snapshot: {error}; taking the backup from the leader instead"
                     );
-                    let bytes = fetch(&url, &leader, None).await?;
-                    (leader, LEADER, bytes)
+                    let incoming = fetch(&url, &leader, None, file).await?;
+                    (leader, LEADER, incoming)
                 }
                 (Err(error), None) => return Err(error),
             }
         }
     };
-    let summary = backup::save_checked(file, &bytes).map_err(|e| e.to_string())?;
+    let received = incoming.received();
+    let summary = incoming.finish().map_err(|e| e.to_string())?;
     println!(
         "saved {} ({} bytes) from {address} ({role}) in {:.2?}: log index {}, {} locks held, \
          {} sessions",
         file.display(),
-        bytes.len(),
+        received,
         started.elapsed(),
         show(summary.index),
         summary.locks,
@@ -252,15 +253,18 @@ async fn save(file: &std::path::Path, members: &MembersArgs, choice: Choice) -> 
     Ok(())
 }
 
-/// The backup's bytes as the member at `address` sends them; with
-/// `first_part_within`, an error if the first part has not come by then.
+/// The backup as the member at `address` sends it, written to `file`'s
+/// staged copy as it comes (`backup::Incoming`); with `first_part_within`,
+/// an error if the first part has not come by then.
 ///
-/// Cancel safety: safe; dropped, the member's stream closes.
+/// Cancel safety: safe; dropped, the member's stream closes and the staged
+/// copy is removed.
 async fn fetch(
     url: &ServerUrl,
     address: &str,
     first_part_within: Option<std::time::Duration>,
-) -> Result<Vec<u8>, String> {
+    file: &std::path::Path,
+) -> Result<backup::Incoming, String> {
     let failed = |s: tonic::Status| format!("{address}: {}", s.message());
     let start = async {
         let mut client = connect(url, address).await?;
@@ -281,22 +285,15 @@ async fn fetch(
         })??,
         None => start.await?,
     };
-    let mut bytes = Vec::new();
+    let mut incoming = backup::Incoming::start(file).map_err(|e| e.to_string())?;
     while let Some(received) = part {
-        if bytes.is_empty() {
-            // The size the file's header announces, up to 4 GiB: a backup
-            // of a million locks is 64 MB, which a buffer grown as it
-            // comes would copy and fault in twice over.
-            bytes.reserve(
-                backup::announced_len(&received.data)
-                    .unwrap_or(0)
-                    .min(1 << 32),
-            );
-        }
-        bytes.extend_from_slice(&received.data);
+        incoming
+            .push(received.data)
+            .await
+            .map_err(|e| e.to_string())?;
         part = stream.message().await.map_err(failed)?;
     }
-    Ok(bytes)
+    Ok(incoming)
 }
 
 /// Where a backup is taken from ([`source_address`]).

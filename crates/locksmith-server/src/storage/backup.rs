@@ -592,13 +592,6 @@ pub fn lower_priority_of_this_thread() {
     super::background::lower_priority();
 }
 
-/// The length of the backup file that starts with `start`, as its header
-/// announces it: room to make for it while it comes in parts (the file is
-/// checked once whole).
-pub fn announced_len(start: &[u8]) -> Option<usize> {
-    files::announced_len(start)
-}
-
 /// What the backup at `path` holds, checked as [`Backup::read`] checks it
 /// but without building its state.
 pub fn inspect(path: &Path) -> Result<Summary, ServerError> {
@@ -611,32 +604,125 @@ pub fn inspect(path: &Path) -> Result<Summary, ServerError> {
     census(path, &bytes)
 }
 
-/// Checks `bytes`, a whole backup file received from a member, as
-/// [`Backup::from_bytes`] does (without building its state, as
-/// [`inspect`]), and writes it to `path` as [`write_file`] does, both at
-/// once: the file is written and fsynced on another thread while this one
-/// checks, and it replaces `path` only if the check passes. Returns what
-/// it holds.
-pub fn save_checked(path: &Path, bytes: &[u8]) -> Result<Summary, ServerError> {
-    let (dir, name) = dir_and_name(path)?;
-    std::thread::scope(|scope| {
-        let writing = scope.spawn(|| files::Staged::write(dir, name, bytes));
+/// A backup coming from a member, to be saved as a file once checked
+/// (`locksmith snapshot save`). Each part is written to the file's staged
+/// copy by a thread of its own as it comes ([`Incoming::push`]), so the
+/// file is written while the rest is on its way and no buffer of the
+/// backup's size is made (64 MB for a million locks, which the kernel
+/// zeroes before it is filled); [`Incoming::finish`] then checks the staged
+/// copy where the kernel keeps it, as [`Backup::from_bytes`] checks a backup
+/// (without building its state, as [`inspect`]), and puts it in place only
+/// if it passes. Dropped before, it leaves no staged copy.
+pub struct Incoming {
+    path: PathBuf,
+    /// To the writer; `None` once finishing.
+    parts: Option<tokio::sync::mpsc::Sender<bytes::Bytes>>,
+    writer: Option<std::thread::JoinHandle<io::Result<(files::Staged, fs::File)>>>,
+    received: u64,
+}
+
+/// Parts on their way to the writer at most: the disk's pace holds the
+/// sender back (and, through the transport's flow control, the member),
+/// rather than memory filling up.
+const PARTS_IN_FLIGHT: usize = 8;
+
+impl Incoming {
+    /// Starts the staged copy of `path` (`path.tmp`) and its writer.
+    pub fn start(path: &Path) -> Result<Incoming, ServerError> {
+        let (dir, name) = dir_and_name(path)?;
+        let staging =
+            files::Staging::create(dir, name).map_err(|e| io_error("cannot write", path, e))?;
+        let (parts, mut coming) = tokio::sync::mpsc::channel::<bytes::Bytes>(PARTS_IN_FLIGHT);
+        let writer = std::thread::Builder::new()
+            .name("locksmith-backup-writer".into())
+            .spawn(move || {
+                let mut staging = staging;
+                while let Some(part) = coming.blocking_recv() {
+                    staging.append(&part)?;
+                }
+                staging.finish()
+            })
+            .map_err(|e| io_error("cannot start a thread to write", path, e))?;
+        Ok(Incoming {
+            path: path.to_owned(),
+            parts: Some(parts),
+            writer: Some(writer),
+            received: 0,
+        })
+    }
+
+    /// Hands `part`, the next bytes of the backup, to the writer.
+    ///
+    /// Cancel safety: not safe to resume; dropped while waiting for room,
+    /// the part is lost, so drop the whole [`Incoming`] with it.
+    pub async fn push(&mut self, part: bytes::Bytes) -> Result<(), ServerError> {
+        let len = part.len() as u64;
+        let sent = match &self.parts {
+            Some(parts) => parts.send(part).await.is_ok(),
+            None => false,
+        };
+        if !sent {
+            // The writer stopped on an error: it is in its result.
+            return self.written().map(drop);
+        }
+        self.received += len;
+        Ok(())
+    }
+
+    /// Bytes received so far.
+    pub fn received(&self) -> u64 {
+        self.received
+    }
+
+    /// Waits for the writer to make every part durable, checks the file,
+    /// and puts it in place of `path` if it passes; returns what it holds.
+    /// Blocking: a read of the whole file, and an `fsync` or two.
+    pub fn finish(mut self) -> Result<Summary, ServerError> {
+        let path = self.path.clone();
+        let (staged, file) = self.written()?;
+        // SAFETY: the map is of the staged copy this process has just
+        // written and synced, owner-only under a name of its own, and is
+        // only read. Another process truncating it meanwhile would make a
+        // read fault (SIGBUS).
+        let bytes = unsafe { memmap2::Mmap::map(&file) }
+            .map_err(|e| io_error("cannot read back", &path, e))?;
         // Checked giving way, as a member encodes it (module `background`):
         // run on a member's machine, the check leaves waking threads a CPU.
         let summary = super::background::giving_way(|| {
-            files::unframe(path, bytes, BACKUP_MAGIC).and_then(|payload| census(path, payload))
-        });
-        let staged = writing
-            .join()
-            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-        // A backup that does not check out is refused, its staged copy
-        // removed as it drops.
-        let summary = summary?;
+            files::unframe(&path, &bytes, BACKUP_MAGIC).and_then(|payload| census(&path, payload))
+        })?;
+        // A backup that does not check out was refused above; its staged
+        // copy is removed as it drops.
         staged
-            .and_then(files::Staged::replace)
-            .map_err(|e| io_error("cannot write", path, e))?;
+            .replace()
+            .map_err(|e| io_error("cannot write", &path, e))?;
         Ok(summary)
-    })
+    }
+
+    /// The writer's result, once every part sent is written and synced.
+    fn written(&mut self) -> Result<(files::Staged, fs::File), ServerError> {
+        self.parts = None;
+        let Some(writer) = self.writer.take() else {
+            let stopped = io::Error::other("the writer has stopped");
+            return Err(io_error("cannot write", &self.path, stopped));
+        };
+        writer
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            .map_err(|e| io_error("cannot write", &self.path, e))
+    }
+}
+
+impl Drop for Incoming {
+    /// Waits for the writer, which then drops the staged copy: removed
+    /// before another [`Incoming`] for the same file (a save that turns to
+    /// another member) stages its own under the same name.
+    fn drop(&mut self) {
+        self.parts = None;
+        if let Some(writer) = self.writer.take() {
+            let _ = writer.join();
+        }
+    }
 }
 
 /// The directory `path` is in, and its file name.
@@ -655,6 +741,46 @@ fn dir_and_name(path: &Path) -> Result<(&Path, &str), ServerError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Saves `bytes` as `locksmith snapshot save` saves what it receives,
+    /// in parts.
+    fn save_checked(path: &Path, bytes: &[u8]) -> Result<Summary, ServerError> {
+        let mut incoming = Incoming::start(path)?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            for part in bytes.chunks(3) {
+                incoming.push(bytes::Bytes::copy_from_slice(part)).await?;
+            }
+            Ok::<_, ServerError>(())
+        })?;
+        assert_eq!(incoming.received(), bytes.len() as u64);
+        incoming.finish()
+    }
+
+    #[test]
+    fn a_save_dropped_unfinished_leaves_nothing_and_the_next_one_saves() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("backup");
+        let bytes = live(frozen(2, 2), 3);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let mut dropped = Incoming::start(&path).unwrap();
+        runtime.block_on(dropped.push(bytes.slice(..10))).unwrap();
+        drop(dropped);
+        assert_eq!(
+            fs::read_dir(dir.path()).unwrap().count(),
+            0,
+            "no staged copy left"
+        );
+        // As a save that turns to the leader when a follower fails it.
+        let summary = save_checked(&path, &bytes).unwrap();
+        assert_eq!((summary.locks, summary.node_id), (2, 3));
+        assert_eq!(fs::read(&path).unwrap(), bytes);
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
 
     #[test]
     fn a_backup_of_a_newer_format_is_refused_with_what_to_do() {
@@ -727,7 +853,6 @@ mod tests {
         assert_eq!(read.state.encode(), state);
         let saved = dir.path().join("saved");
         let received = fs::read(&path).unwrap();
-        assert_eq!(announced_len(&received[..20]), Some(received.len()));
         save_checked(&saved, &received).unwrap();
         assert_eq!(fs::read(&saved).unwrap(), received);
     }

@@ -177,25 +177,16 @@ pub(super) fn replace_durably(dir: &Path, name: &str, bytes: &[u8]) -> io::Resul
     Staged::write(dir, name, bytes)?.replace()
 }
 
-/// Bytes of a big file made durable at a time.
+/// Bytes of a big file made durable at a time, each step before the next is
+/// written. A disk's flush carries every write before it: a backup or
+/// snapshot of 64 MB written whole, or only handed to the kernel's
+/// write-back in steps (`sync_file_range`, as before), sat in the disk's
+/// cache (on a VM, its host's) until a flush, and the next sync of the Raft
+/// log on that disk waited for all of it. Synced a megabyte at a time, the
+/// log's sync waits for at most that: the handoff p99 during a save went
+/// from about 6× to 3× that without (docs/BENCHMARKS.md, "A backup made
+/// durable a megabyte at a time").
 const SYNC_STEP: usize = 1 << 20;
-
-/// Writes `bytes` to `file` a step at a time ([`SYNC_STEP`]), each made
-/// durable (`fdatasync`) before the next is written. A disk's flush carries
-/// every write before it: a backup or snapshot of 64 MB written whole, or
-/// only handed to the kernel's write-back in steps (`sync_file_range`, as
-/// before), sat in the disk's cache (on a VM, its host's) until a flush, and
-/// the next sync of the Raft log on that disk waited for all of it. Synced a
-/// megabyte at a time, the log's sync waits for at most that: the handoff
-/// p99 during a save went from about 6× to 3× that without
-/// (docs/BENCHMARKS.md, "A backup made durable a megabyte at a time").
-fn write_in_synced_steps(file: &mut fs::File, bytes: &[u8]) -> io::Result<()> {
-    for step in bytes.chunks(SYNC_STEP) {
-        file.write_all(step)?;
-        file.sync_data()?;
-    }
-    Ok(())
-}
 
 /// The new content of `dir/name`, written and fsynced as `name.tmp`: put in
 /// place by [`Staged::replace`], removed if dropped before. Writing it can
@@ -210,20 +201,9 @@ pub(super) struct Staged {
 impl Staged {
     /// Writes and fsyncs `dir/name.tmp`.
     pub(super) fn write(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<Staged> {
-        let tmp = dir.join(format!("{name}.tmp"));
-        let staged = Staged {
-            dir: dir.to_owned(),
-            name: name.to_owned(),
-            tmp: Some(tmp.clone()),
-        };
-        let mut file = owner_only()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&tmp)?;
-        write_in_synced_steps(&mut file, bytes)?;
-        file.sync_all()?;
-        Ok(staged)
+        let mut staging = Staging::create(dir, name)?;
+        staging.append(bytes)?;
+        Ok(staging.finish()?.0)
     }
 
     /// Renames it over `dir/name` and fsyncs the directory.
@@ -239,6 +219,61 @@ impl Drop for Staged {
         if let Some(tmp) = self.tmp.take() {
             let _ = fs::remove_file(tmp);
         }
+    }
+}
+
+/// A [`Staged`] file written as its bytes come, a [`SYNC_STEP`] made
+/// durable before the next is written.
+pub(super) struct Staging {
+    staged: Staged,
+    file: File,
+    /// Bytes written since the last sync.
+    unsynced: usize,
+}
+
+impl Staging {
+    /// Creates (or empties) `dir/name.tmp`, owner-only, readable as well
+    /// (to map it once written: [`Staging::finish`]).
+    pub(super) fn create(dir: &Path, name: &str) -> io::Result<Staging> {
+        let tmp = dir.join(format!("{name}.tmp"));
+        let staged = Staged {
+            dir: dir.to_owned(),
+            name: name.to_owned(),
+            tmp: Some(tmp.clone()),
+        };
+        let file = owner_only()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)?;
+        Ok(Staging {
+            staged,
+            file,
+            unsynced: 0,
+        })
+    }
+
+    /// Appends `bytes`, syncing at each [`SYNC_STEP`] written.
+    pub(super) fn append(&mut self, mut bytes: &[u8]) -> io::Result<()> {
+        while !bytes.is_empty() {
+            let now = bytes.len().min(SYNC_STEP - self.unsynced);
+            self.file.write_all(&bytes[..now])?;
+            self.unsynced += now;
+            bytes = &bytes[now..];
+            if self.unsynced == SYNC_STEP {
+                self.file.sync_data()?;
+                self.unsynced = 0;
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes it all durable (`fsync`): the staged file, and the open file
+    /// to read it back from.
+    pub(super) fn finish(self) -> io::Result<(Staged, File)> {
+        self.file.sync_all()?;
+        Ok((self.staged, self.file))
     }
 }
 
@@ -273,14 +308,6 @@ pub(super) fn seal_in_place(magic: &[u8; 4], bytes: &mut [u8]) {
     header[4..8].copy_from_slice(&CHECKED_FORMAT.to_le_bytes());
     header[8..16].copy_from_slice(&(payload.len() as u64).to_le_bytes());
     header[16..20].copy_from_slice(&crc32fast::hash(payload).to_le_bytes());
-}
-
-/// The whole length of the checked file that starts with `start`, as its
-/// header announces it (none before the header is in): what to make room
-/// for while it comes in parts. Unchecked until it is [`unframe`]d.
-pub(super) fn announced_len(start: &[u8]) -> Option<usize> {
-    let len = u64::from_le_bytes(start.get(8..16)?.try_into().ok()?);
-    usize::try_from(len).ok()?.checked_add(CHECKED_HEADER)
 }
 
 /// The payload of the checked file at `path` (`None` if there is no such
@@ -418,6 +445,24 @@ pub(super) fn io_error(what: &str, path: &Path, source: io::Error) -> ServerErro
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_file_staged_in_parts_holds_them_all_in_order_across_sync_steps() {
+        let dir = tempfile::tempdir().unwrap();
+        let whole: Vec<u8> = (0..2 * SYNC_STEP + 12_345)
+            .map(|i| (i % 251) as u8)
+            .collect();
+        let mut staging = Staging::create(dir.path(), "big").unwrap();
+        // Parts that end before, on and across a step's end.
+        for part in whole.chunks(SYNC_STEP / 3 + 7) {
+            staging.append(part).unwrap();
+        }
+        let (staged, _file) = staging.finish().unwrap();
+        assert_eq!(fs::read(dir.path().join("big.tmp")).unwrap(), whole);
+        staged.replace().unwrap();
+        assert_eq!(fs::read(dir.path().join("big")).unwrap(), whole);
+        assert!(!dir.path().join("big.tmp").exists());
+    }
 
     /// Makes `dir` look as if it was last changed long ago.
     fn age(dir: &Path) {
