@@ -452,24 +452,6 @@ pub(super) fn io_error(what: &str, path: &Path, source: io::Error) -> ServerErro
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_file_staged_in_parts_holds_them_all_in_order_across_sync_steps() {
-        let dir = tempfile::tempdir().unwrap();
-        let whole: Vec<u8> = (0..2 * SYNC_STEP + 12_345)
-            .map(|i| (i % 251) as u8)
-            .collect();
-        let mut staging = Staging::create(dir.path(), "big").unwrap();
-        // Parts that end before, on and across a step's end.
-        for part in whole.chunks(SYNC_STEP / 3 + 7) {
-            staging.append(part).unwrap();
-        }
-        let (staged, _file) = staging.finish().unwrap();
-        assert_eq!(fs::read(dir.path().join("big.tmp")).unwrap(), whole);
-        staged.replace().unwrap();
-        assert_eq!(fs::read(dir.path().join("big")).unwrap(), whole);
-        assert!(!dir.path().join("big.tmp").exists());
-    }
-
     /// Makes `dir` look as if it was last changed long ago.
     fn age(dir: &Path) {
         let long_ago = SystemTime::now() - 2 * ORPHAN_AGE;
@@ -486,6 +468,18 @@ mod tests {
         replace_durably(dir.path(), "big", &bytes).unwrap();
         assert!(fs::read(dir.path().join("big")).unwrap() == bytes);
         assert!(!dir.path().join("big.tmp").exists());
+
+        // Staged as parts come, parts that end before, on and across a
+        // step's end: the same bytes, in order.
+        let mut staging = Staging::create(dir.path(), "parts").unwrap();
+        for part in bytes.chunks(SYNC_STEP / 3 + 7) {
+            staging.append(part).unwrap();
+        }
+        let (staged, _file) = staging.finish().unwrap();
+        assert!(fs::read(dir.path().join("parts.tmp")).unwrap() == bytes);
+        staged.replace().unwrap();
+        assert!(fs::read(dir.path().join("parts")).unwrap() == bytes);
+        assert!(!dir.path().join("parts.tmp").exists());
     }
 
     /// `/dev/shm` is tmpfs on Linux; the project's own directory is on a
