@@ -63,7 +63,8 @@ pub struct ServeArgs {
     /// the steps.
     #[arg(long, default_value_t = 100_000)]
     pub max_holds_per_session: usize,
-    /// Most session streams on one client connection.
+    /// Most sessions on one client connection (session streams and the
+    /// channels of `Sessions` streams alike).
     #[arg(long, default_value_t = 256)]
     pub max_sessions_per_connection: usize,
     /// Most concurrent streams (sessions and calls) on one client connection.

@@ -131,6 +131,16 @@ impl Locksmith for Echo {
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
+    type SessionsStream =
+        Pin<Box<dyn Stream<Item = Result<pb::ServerChannelBatches, Status>> + Send>>;
+
+    async fn sessions(
+        &self,
+        _: Request<Streaming<pb::ClientChannelBatches>>,
+    ) -> Result<Response<Self::SessionsStream>, Status> {
+        Err(Status::unimplemented("not measured"))
+    }
+
     async fn acquire_lease(
         &self,
         _: Request<pb::AcquireLeaseRequest>,

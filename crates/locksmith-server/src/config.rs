@@ -38,8 +38,9 @@ pub struct ServerConfig {
     /// bounds how long an abandoned session (and its holds) outlives its
     /// client, before and after a restart.
     pub max_session_ttl: Duration,
-    /// Most session streams on one client connection (a library client opens
-    /// one); more are refused with a "limit reached" error.
+    /// Most sessions on one client connection, session streams and the
+    /// channels of `Sessions` streams alike (a library client opens one);
+    /// more are refused with a "limit reached" error.
     pub max_sessions_per_connection: usize,
     /// Most concurrent HTTP/2 streams (sessions plus unary calls in flight) on
     /// one connection; a client queues streams beyond it.

@@ -117,6 +117,7 @@ mod replay_tests;
 mod requests;
 pub mod runtime;
 mod service;
+mod session_channels;
 mod session_stream;
 mod storage;
 mod stream_queue;

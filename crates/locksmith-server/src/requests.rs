@@ -73,11 +73,11 @@ pub(crate) fn secret_of(bytes: &[u8]) -> Option<u128> {
     Some(u128::from_be_bytes(bytes.try_into().ok()?))
 }
 
-/// What the reading side of one session stream knows: where its ops go,
-/// and what its messages are checked against on their way there.
+/// What the reading side of a session stream (or of a `Sessions` stream,
+/// for all its channels) knows: where its ops go, and what its messages are
+/// checked against on their way there.
 pub(crate) struct StreamReader {
     pub(crate) core: CoreSender,
-    pub(crate) stream: StreamId,
     pub(crate) max_label: usize,
     /// The client's address, if the transport knows it.
     pub(crate) peer: Option<SocketAddr>,
@@ -91,17 +91,18 @@ pub(crate) struct StreamReader {
 }
 
 impl StreamReader {
-    /// The core's op for the first message of a stream, which must open or
+    /// The core's op for the first message of `stream`, which must open or
     /// resume a session, or the status that ends the stream. `tx` and
     /// `pulse` become the stream's in the core.
     pub(crate) fn opening(
         &self,
+        stream: StreamId,
         first: Option<pb::client_message::Kind>,
         tx: &StreamTx,
         pulse: &Arc<Pulse>,
     ) -> Result<Op, Status> {
         let stream = NewStream {
-            id: self.stream,
+            id: stream,
             tx: tx.clone(),
             peer: self.peer,
             pulse: pulse.clone(),
@@ -145,10 +146,10 @@ impl StreamReader {
         }
     }
 
-    /// The core's op for a batch on an attached stream: [`Op::Stream`], or
+    /// The core's op for a batch on attached `stream`: [`Op::Stream`], or
     /// [`Op::Detach`] with the reason when a message breaks the stream
     /// protocol (nothing of the batch runs then); `None` for an empty batch.
-    pub(crate) fn batch(&self, batch: pb::ClientBatch) -> Option<Op> {
+    pub(crate) fn batch(&self, stream: StreamId, batch: pb::ClientBatch) -> Option<Op> {
         let acks = Acks {
             replies: batch.ack_replies,
             lost: batch.ack_lost,
@@ -162,13 +163,9 @@ impl StreamReader {
             .map(|message| self.stream_op(message.kind))
             .collect::<Result<Vec<_>, Status>>();
         Some(match ops {
-            Ok(ops) => Op::Stream {
-                stream: self.stream,
-                acks,
-                ops,
-            },
+            Ok(ops) => Op::Stream { stream, acks, ops },
             Err(status) => Op::Detach {
-                stream: self.stream,
+                stream,
                 error: Some(status),
             },
         })
@@ -283,7 +280,6 @@ pub(crate) mod fuzzing {
         }
         let reader = StreamReader {
             core: crate::inbox::CoreSender::channel().0,
-            stream: 1,
             max_label,
             peer: None,
             ttl: (config.limits.min_ttl, config.limits.max_ttl),

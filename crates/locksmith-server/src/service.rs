@@ -1,7 +1,8 @@
 //! The gRPC service: turns calls and stream messages into [`Op`]s for the core.
 //!
 //! Each session stream's client batches are read by a task of its own
-//! ([`SessionReader`]), checked for what can be checked without the lock
+//! ([`SessionReader`]; a `Sessions` stream's, for all its channels, by a
+//! [`ChannelsReader`]), checked for what can be checked without the lock
 //! table (module `requests`, which also checks the unary calls) and
 //! forwarded as one `Op::Stream` each; the replies come back from the
 //! core through the stream's queue, one [`pb::ServerBatch`] per engine
@@ -14,6 +15,7 @@
 //! decides): a denied request is answered `PERMISSION_DENIED` before it
 //! reaches the core, and listings leave out what the caller may not inspect.
 
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,13 +32,15 @@ use crate::inbox::CoreSender;
 use crate::op::{HoldArgs, Op, UnaryReply};
 use crate::pulse::HeartbeatLease;
 use crate::requests::{acquire_args, check_name, hold_args, secret_of, status_of, StreamReader};
+use crate::session_channels::{ChannelSlots, ChannelsReader};
 use crate::session_stream::{ConnectionCounts, ConnectionSlot, SessionReader};
-use crate::stream_queue::StreamRx;
+use crate::stream_queue::{ChannelsRx, StreamRx};
 
 /// The `locksmith.v1.Locksmith` service.
 pub(crate) struct Service {
     core: CoreSender,
-    next_stream: AtomicU64,
+    /// The id of the next session stream (or channel).
+    next_stream: Arc<AtomicU64>,
     unary_ids: Arc<AtomicU64>,
     max_label: usize,
     open_timeout: Duration,
@@ -66,7 +70,7 @@ impl Service {
     ) -> Service {
         Service {
             core,
-            next_stream: AtomicU64::new(1),
+            next_stream: Arc::new(AtomicU64::new(1)),
             unary_ids,
             max_label: config.max_label_bytes,
             open_timeout: config.open_timeout,
@@ -79,6 +83,19 @@ impl Service {
             max_per_connection: config.max_sessions_per_connection,
             auth,
             lease,
+        }
+    }
+
+    /// What a session stream's reader (or a `Sessions` stream's) checks its
+    /// messages against.
+    fn stream_reader(&self, caller: Caller, peer: Option<SocketAddr>) -> StreamReader {
+        StreamReader {
+            core: self.core.clone(),
+            peer,
+            ttl: (self.min_session_ttl, self.max_session_ttl),
+            max_label: self.max_label,
+            caller,
+            lease: Some(self.lease.clone()),
         }
     }
 
@@ -149,6 +166,7 @@ impl Drop for LeaseGuard {
 #[tonic::async_trait]
 impl Locksmith for Service {
     type SessionStream = StreamRx;
+    type SessionsStream = ChannelsRx;
 
     async fn session(
         &self,
@@ -157,21 +175,36 @@ impl Locksmith for Service {
         let caller = self.caller(&request)?;
         let peer = request.remote_addr();
         let slot = ConnectionSlot::take(&self.per_connection, peer, self.max_per_connection)?;
-        let reader = StreamReader {
-            core: self.core.clone(),
-            peer,
-            ttl: (self.min_session_ttl, self.max_session_ttl),
-            stream: self.next_stream.fetch_add(1, Ordering::Relaxed),
-            max_label: self.max_label,
-            caller,
-            lease: Some(self.lease.clone()),
-        };
+        let reader = self.stream_reader(caller, peer);
+        let stream = self.next_stream.fetch_add(1, Ordering::Relaxed);
         Ok(Response::new(SessionReader::spawn(
             reader,
+            stream,
             request.into_inner(),
             self.max_stream_backlog,
             self.open_timeout,
             slot,
+        )))
+    }
+
+    async fn sessions(
+        &self,
+        request: Request<Streaming<pb::ClientChannelBatches>>,
+    ) -> Result<Response<Self::SessionsStream>, Status> {
+        let caller = self.caller(&request)?;
+        let peer = request.remote_addr();
+        let slots = ChannelSlots {
+            counts: self.per_connection.clone(),
+            peer,
+            max: self.max_per_connection,
+        };
+        Ok(Response::new(ChannelsReader::spawn(
+            self.stream_reader(caller, peer),
+            self.next_stream.clone(),
+            request.into_inner(),
+            self.max_stream_backlog,
+            self.open_timeout,
+            slots,
         )))
     }
 

@@ -27,7 +27,7 @@ use tokio::time::Sleep;
 use tonic::{Status, Streaming};
 
 use crate::convert;
-use crate::op::Op;
+use crate::op::{Op, StreamId};
 use crate::pulse::Pulse;
 use crate::requests::StreamReader;
 use crate::stream_queue::{stream_queue, StreamRx, StreamTx};
@@ -79,12 +79,115 @@ impl Drop for ConnectionSlot {
 
 /// Client batches forwarded in one poll before the runtime's other tasks
 /// get their turn.
-const BATCHES_PER_POLL: usize = 16;
+pub(crate) const BATCHES_PER_POLL: usize = 16;
+
+/// A session stream the core has: where its messages go and the pulse it
+/// shares with the core. The same on a stream of its own ([`SessionReader`])
+/// and on a channel of a `Sessions` stream (`crate::session_channels`).
+pub(crate) struct Attached {
+    pub(crate) stream: StreamId,
+    pub(crate) tx: StreamTx,
+    pub(crate) pulse: Arc<Pulse>,
+}
+
+impl Attached {
+    /// Hands `stream`'s first batch to the core: its first message must
+    /// open or resume a session; the rest of the batch is left in `batch`,
+    /// to be forwarded once attached (the core handles ops in order). The
+    /// status that ends the stream otherwise.
+    pub(crate) fn open(
+        reader: &StreamReader,
+        stream: StreamId,
+        tx: StreamTx,
+        batch: &mut pb::ClientBatch,
+    ) -> Result<Attached, Status> {
+        let first = if batch.messages.is_empty() {
+            None
+        } else {
+            batch.messages.remove(0).kind
+        };
+        let pulse = Arc::default();
+        let op = reader.opening(stream, first, &tx, &pulse)?;
+        reader
+            .core
+            .send(op)
+            .map_err(|_| Status::unavailable("the server is shutting down"))?;
+        Ok(Attached { stream, tx, pulse })
+    }
+
+    /// Whether the core is done with the stream.
+    pub(crate) fn is_ended(&self) -> bool {
+        self.pulse.is_ended()
+    }
+
+    /// Forwards one client batch, answering what heartbeats it may itself.
+    /// False once the stream is over: detached for a message that breaks
+    /// the protocol or a client too slow to read, or the core gone.
+    pub(crate) fn forward(&self, reader: &StreamReader, mut batch: pb::ClientBatch) -> bool {
+        if !self.answer_heartbeats(reader, &mut batch) {
+            return false;
+        }
+        let Some(op) = reader.batch(self.stream, batch) else {
+            return true;
+        };
+        let detach = matches!(op, Op::Detach { .. });
+        reader.core.send(op).is_ok() && !detach
+    }
+
+    /// Detaches the stream from its session, which lives on by its TTL;
+    /// with `error`, the stream ends with it.
+    pub(crate) fn detach(&self, reader: &StreamReader, error: Option<Status>) {
+        if !self.is_ended() {
+            let _ = reader.core.send(Op::Detach {
+                stream: self.stream,
+                error,
+            });
+        }
+    }
+
+    /// Answers the heartbeats of `batch` that the pulse lets it answer, in
+    /// order, and takes them out of it: the rest (and every heartbeat after
+    /// one it may not answer) go to the core. False when the client reads
+    /// too little to take the answers: the stream is detached with the
+    /// reason, as the core does.
+    fn answer_heartbeats(&self, reader: &StreamReader, batch: &mut pb::ClientBatch) -> bool {
+        let is_heartbeat =
+            |m: &pb::ClientMessage| matches!(m.kind, Some(pb::client_message::Kind::Heartbeat(_)));
+        if !batch.messages.iter().any(is_heartbeat)
+            || !reader.lease.as_ref().is_some_and(|lease| lease.holds())
+        {
+            return true;
+        }
+        let mut answers = Vec::new();
+        let mut to_core = false;
+        batch.messages.retain(|message| {
+            if to_core || !is_heartbeat(message) {
+                return true;
+            }
+            match self.pulse.answer() {
+                Some(now) => answers.push(convert::heartbeat_ack(now)),
+                None => to_core = true,
+            }
+            to_core
+        });
+        if answers.is_empty() {
+            return true;
+        }
+        match self.tx.send(pb::ServerBatch { messages: answers }) {
+            Ok(()) => true,
+            Err(slow) => {
+                self.detach(reader, Some(slow.status()));
+                false
+            }
+        }
+    }
+}
 
 /// The reading side of a session stream: the client's batches in, as ops to
 /// the core. Runs as a task of its own ([`SessionReader::spawn`]).
 pub(crate) struct SessionReader {
     reader: StreamReader,
+    stream: StreamId,
     /// The client's batches, until reading is over.
     inbound: Option<Streaming<pb::ClientBatch>>,
     reading: Reading,
@@ -100,9 +203,8 @@ enum Reading {
         tx: StreamTx,
         deadline: Pin<Box<Sleep>>,
     },
-    /// The core has the stream; it ends `pulse` when it is done with it.
-    /// The reader answers heartbeats on `tx` with `pulse`.
-    Attached { tx: StreamTx, pulse: Arc<Pulse> },
+    /// The core has the stream; it ends the pulse when it is done with it.
+    Attached(Attached),
     /// Nothing more is read.
     Over,
 }
@@ -113,6 +215,7 @@ impl SessionReader {
     /// side, the response the transport writes.
     pub(crate) fn spawn(
         reader: StreamReader,
+        stream: StreamId,
         inbound: Streaming<pb::ClientBatch>,
         max_backlog: usize,
         open_timeout: Duration,
@@ -121,6 +224,7 @@ impl SessionReader {
         let (tx, outbound) = stream_queue(max_backlog);
         tokio::spawn(SessionReader {
             reader,
+            stream,
             inbound: Some(inbound),
             reading: Reading::Opening {
                 tx,
@@ -146,8 +250,8 @@ impl SessionReader {
                         continue;
                     }
                 }
-                Reading::Attached { pulse, .. } => {
-                    if pulse.is_ended() {
+                Reading::Attached(attached) => {
+                    if attached.is_ended() {
                         self.stop();
                         continue;
                     }
@@ -162,11 +266,8 @@ impl SessionReader {
                 // The client ended its side, or a batch does not decode (too
                 // large, malformed): the stream ends, with the reason if any.
                 Poll::Ready(end) => {
-                    if let Reading::Attached { .. } = self.reading {
-                        let _ = self.reader.core.send(Op::Detach {
-                            stream: self.reader.stream,
-                            error: end.and_then(Result::err),
-                        });
+                    if let Reading::Attached(attached) = &self.reading {
+                        attached.detach(&self.reader, end.and_then(Result::err));
                     }
                     self.stop();
                 }
@@ -180,83 +281,17 @@ impl SessionReader {
     /// Forwards one client batch.
     fn take(&mut self, mut batch: pb::ClientBatch) {
         if let Reading::Opening { tx, .. } = &self.reading {
-            let first = if batch.messages.is_empty() {
-                None
-            } else {
-                batch.messages.remove(0).kind
-            };
-            let pulse = Arc::default();
-            let op = match self.reader.opening(first, tx, &pulse) {
-                Ok(op) => op,
+            match Attached::open(&self.reader, self.stream, tx.clone(), &mut batch) {
+                Ok(attached) => self.reading = Reading::Attached(attached),
                 Err(status) => {
                     tx.end(status);
                     return self.stop();
                 }
-            };
-            if self.reader.core.send(op).is_err() {
-                return self.stop();
-            }
-            // The rest of the first batch runs once the session is attached
-            // (the core handles ops in order).
-            self.reading = Reading::Attached {
-                tx: tx.clone(),
-                pulse,
-            };
-        } else if let Reading::Attached { tx, pulse, .. } = &self.reading {
-            // (`read` saw the stream still attached just before.)
-            if !self.answer_heartbeats(tx, pulse, &mut batch) {
-                return self.stop();
             }
         }
-        let Some(op) = self.reader.batch(batch) else {
-            return;
-        };
-        let detach = matches!(op, Op::Detach { .. });
-        if self.reader.core.send(op).is_err() || detach {
-            self.stop();
-        }
-    }
-
-    /// Answers the heartbeats of `batch` that `pulse` lets it answer, in
-    /// order, and takes them out of it: the rest (and every heartbeat after
-    /// one it may not answer) go to the core. False when the client reads
-    /// too little to take the answers: the stream is detached with the
-    /// reason, as the core does.
-    fn answer_heartbeats(&self, tx: &StreamTx, pulse: &Pulse, batch: &mut pb::ClientBatch) -> bool {
-        let is_heartbeat =
-            |m: &pb::ClientMessage| matches!(m.kind, Some(pb::client_message::Kind::Heartbeat(_)));
-        if !batch.messages.iter().any(is_heartbeat)
-            || !self
-                .reader
-                .lease
-                .as_ref()
-                .is_some_and(|lease| lease.holds())
-        {
-            return true;
-        }
-        let mut answers = Vec::new();
-        let mut to_core = false;
-        batch.messages.retain(|message| {
-            if to_core || !is_heartbeat(message) {
-                return true;
-            }
-            match pulse.answer() {
-                Some(now) => answers.push(convert::heartbeat_ack(now)),
-                None => to_core = true,
-            }
-            to_core
-        });
-        if answers.is_empty() {
-            return true;
-        }
-        match tx.send(pb::ServerBatch { messages: answers }) {
-            Ok(()) => true,
-            Err(slow) => {
-                let _ = self.reader.core.send(Op::Detach {
-                    stream: self.reader.stream,
-                    error: Some(slow.status()),
-                });
-                false
+        if let Reading::Attached(attached) = &self.reading {
+            if !attached.forward(&self.reader, batch) {
+                self.stop();
             }
         }
     }
@@ -283,13 +318,8 @@ impl Drop for SessionReader {
     /// Dropped while attached (the runtime stopping): the core detaches the
     /// stream now, and the session lives on by its TTL.
     fn drop(&mut self) {
-        if let Reading::Attached { pulse, .. } = &self.reading {
-            if !pulse.is_ended() {
-                let _ = self.reader.core.send(Op::Detach {
-                    stream: self.reader.stream,
-                    error: None,
-                });
-            }
+        if let Reading::Attached(attached) = &self.reading {
+            attached.detach(&self.reader, None);
         }
     }
 }

@@ -190,6 +190,11 @@ pub struct BenchArgs {
     /// (as one client process's do).
     #[arg(long)]
     spread_renewals: bool,
+    /// In the sessions scenario on the locksmith server, open a session
+    /// stream for each idle session instead of channels of one `Sessions`
+    /// stream per connection.
+    #[arg(long)]
+    stream_per_session: bool,
     /// Backups taken in the backup scenario, each after `--duration` of the
     /// handoff loop alone.
     #[arg(long, default_value_t = 3)]
@@ -783,6 +788,7 @@ async fn run_sessions(
         per_connection: args.sessions_per_connection,
         ttl: settings.session_ttl,
         spread_renewals: args.spread_renewals,
+        stream_per_session: args.stream_per_session,
     };
     let measured = sessions::idle_sessions(target, plan, args.waiters, settings);
     match bounded(limit, measured).await {

@@ -6,5 +6,6 @@
 
 mod environment;
 mod in_process;
+mod session_channels;
 mod session_stream;
 mod snapshots;

@@ -275,6 +275,7 @@ async fn each_message_of_a_batch_gets_its_own_answer() {
     assert_eq!(holders(&server, "batch/b").await, ["b"]);
     assert!(holders(&server, "batch/c").await.is_empty());
     assert!(holders(&server, "batch/first").await.is_empty());
+    drop(raw);
     server.shutdown().await.unwrap();
 }
 
@@ -286,6 +287,7 @@ async fn a_batch_that_breaks_the_protocol_ends_the_stream_before_it_runs() {
     let status = raw.ended().await;
     assert_eq!(status.code(), Code::FailedPrecondition, "{status}");
     assert!(holders(&server, "broken/a").await.is_empty());
+    drop(raw);
     server.shutdown().await.unwrap();
 }
 
@@ -308,6 +310,7 @@ async fn an_oversized_batch_gets_the_size_limit_error_and_nothing_runs() {
 
     // The server keeps serving: a new stream works.
     Raw::holding(&server, "oversized/after", "a").await;
+    drop(raw);
     server.shutdown().await.unwrap();
 }
 
@@ -340,6 +343,7 @@ async fn queued_is_sent_only_when_asked() {
             "{replies:?}"
         );
     }
+    drop(raw);
     server.shutdown().await.unwrap();
 }
 
@@ -383,5 +387,6 @@ fn an_idle_session_keeps_two_small_tasks() {
             "{grown} more server tasks with {SESSIONS} idle sessions on one connection"
         );
     });
+    drop(client);
     serving.block_on(server.shutdown()).expect("shutdown");
 }

@@ -106,6 +106,9 @@ pub struct Plan {
     /// Each session renews at its own instant ([`pacer`]), not when tokio's
     /// millisecond timer wakes every session due within the millisecond.
     pub spread_renewals: bool,
+    /// On the locksmith server: a session stream for each session rather
+    /// than channels of one `Sessions` stream per connection.
+    pub stream_per_session: bool,
 }
 
 impl Plan {

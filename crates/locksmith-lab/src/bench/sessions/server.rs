@@ -1,12 +1,18 @@
-//! Idle sessions on the locksmith server: raw session streams to the member
-//! that leads, many to an HTTP/2 connection, each sending a heartbeat and
-//! waiting for its answer.
+//! Idle sessions on the locksmith server, on the member that leads, many to
+//! an HTTP/2 connection, each sending a heartbeat and waiting for its
+//! answer: by default on channels of one `Sessions` stream per connection
+//! ([`Channels`]: what a client with many sessions uses, their heartbeats
+//! sent and answered together), or a session stream each
+//! (`--stream-per-session`).
 
+use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use locksmith_proto::v1 as pb;
 use pb::locksmith_client::LocksmithClient;
+use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
@@ -43,14 +49,183 @@ pub(super) async fn open(
                 .connect()
                 .await
                 .map_err(|e| format!("connect to {leader}: {e}"))?;
-            futures::future::try_join_all(
-                (first..last).map(|_| Session::open(channel.clone(), plan.ttl)),
-            )
-            .await
+            let sessions: Vec<Box<dyn IdleSession>> = if plan.stream_per_session {
+                futures::future::try_join_all(
+                    (first..last).map(|_| Session::open(channel.clone(), plan.ttl)),
+                )
+                .await?
+                .into_iter()
+                .map(|session| Box::new(session) as Box<dyn IdleSession>)
+                .collect()
+            } else {
+                Channels::open(channel, last - first, plan.ttl)
+                    .await?
+                    .into_iter()
+                    .map(|session| Box::new(session) as Box<dyn IdleSession>)
+                    .collect()
+            };
+            Ok(sessions)
         }
     })
     .await?;
-    Ok(("session stream", plan.per_connection.max(1)))
+    let kind = if plan.stream_per_session {
+        "session stream"
+    } else {
+        "channel of a Sessions stream"
+    };
+    Ok((kind, plan.per_connection.max(1)))
+}
+
+/// Either kind of idle session, renewed alike.
+trait IdleSession: Send {
+    /// Sends a heartbeat.
+    fn heartbeat(&self);
+    /// Sends the session's close.
+    fn close(&self);
+    /// The next message for the session.
+    ///
+    /// Cancel safety: safe; a message not yet taken stays queued.
+    fn next(&mut self) -> futures::future::BoxFuture<'_, Result<pb::server_message::Kind, String>>;
+}
+
+impl Renew for Box<dyn IdleSession> {
+    async fn renew(&mut self) -> Result<(), String> {
+        self.heartbeat();
+        loop {
+            if let pb::server_message::Kind::Heartbeat(_) = self.next().await? {
+                return Ok(());
+            }
+        }
+    }
+
+    async fn close(self) {
+        IdleSession::close(&*self);
+    }
+}
+
+/// Where a connection's `Sessions` stream sends each channel's messages.
+type Routes = Arc<Mutex<HashMap<u64, mpsc::UnboundedSender<Result<pb::ServerMessage, String>>>>>;
+
+/// One session on a channel of its connection's `Sessions` stream.
+struct ChannelSession {
+    channel: u64,
+    /// The stream's outbound side, shared by its channels.
+    tx: mpsc::UnboundedSender<pb::ClientChannelBatch>,
+    /// What the stream's reader routes to this channel.
+    rx: mpsc::UnboundedReceiver<Result<pb::ServerMessage, String>>,
+}
+
+/// Opening the sessions of one connection on channels of one stream.
+struct Channels;
+
+impl Channels {
+    /// Opens `count` sessions of `ttl` on channels 1..=count of one new
+    /// `Sessions` stream on `channel`. A task of the stream's own routes
+    /// what comes back to each channel; whatever the channels have to send
+    /// when the stream polls goes out as one message.
+    ///
+    /// Cancel safety: dropped, the stream closes; the sessions opened by
+    /// then live until their TTL.
+    async fn open(
+        channel: Channel,
+        count: usize,
+        ttl: Duration,
+    ) -> Result<Vec<ChannelSession>, String> {
+        let (tx, rx) = mpsc::unbounded_channel::<pb::ClientChannelBatch>();
+        let outbound = futures::stream::unfold(rx, |mut rx| async move {
+            let mut batches = Vec::new();
+            (rx.recv_many(&mut batches, 4096).await > 0)
+                .then_some((pb::ClientChannelBatches { batches }, rx))
+        });
+        let mut inbound = LocksmithClient::new(channel)
+            .sessions(outbound)
+            .await
+            .map_err(|e| e.to_string())?
+            .into_inner();
+        let routes = Routes::default();
+        let mut sessions = Vec::with_capacity(count);
+        for number in 1..=count as u64 {
+            let (route, rx) = mpsc::unbounded_channel();
+            routes.lock().unwrap().insert(number, route);
+            sessions.push(ChannelSession {
+                channel: number,
+                tx: tx.clone(),
+                rx,
+            });
+        }
+        let routing = routes.clone();
+        tokio::spawn(async move {
+            let ended = loop {
+                let message = match inbound.message().await {
+                    Ok(Some(message)) => message,
+                    Ok(None) => break "the stream ended".to_owned(),
+                    Err(status) => break status.message().to_owned(),
+                };
+                let routes = routing.lock().unwrap();
+                for tagged in message.batches {
+                    let Some(route) = routes.get(&tagged.channel) else {
+                        continue;
+                    };
+                    for message in tagged.batch.into_iter().flat_map(|b| b.messages) {
+                        let _ = route.send(Ok(message));
+                    }
+                    if let Some(end) = tagged.end {
+                        let _ = route.send(Err(end.message));
+                    }
+                }
+            };
+            for route in routing.lock().unwrap().values() {
+                let _ = route.send(Err(ended.clone()));
+            }
+        });
+        let open = pb::client_message::Kind::Open(pb::OpenSession {
+            client_name: "locksmith-lab idle".into(),
+            host: "bench".into(),
+            ttl_ms: ttl.as_millis() as u64,
+        });
+        for session in &sessions {
+            session.send(open.clone());
+        }
+        for session in &mut sessions {
+            match IdleSession::next(session).await? {
+                pb::server_message::Kind::Opened(_) => {}
+                other => return Err(format!("expected the session to open, got {other:?}")),
+            }
+        }
+        Ok(sessions)
+    }
+}
+
+impl ChannelSession {
+    fn send(&self, kind: pb::client_message::Kind) {
+        let _ = self.tx.send(pb::ClientChannelBatch {
+            channel: self.channel,
+            batch: Some(pb::ClientBatch {
+                messages: vec![pb::ClientMessage { kind: Some(kind) }],
+                ..Default::default()
+            }),
+            done: false,
+        });
+    }
+}
+
+impl IdleSession for ChannelSession {
+    fn heartbeat(&self) {
+        self.send(pb::client_message::Kind::Heartbeat(pb::Heartbeat {}));
+    }
+
+    fn close(&self) {
+        self.send(pb::client_message::Kind::Close(pb::Close {}));
+    }
+
+    fn next(&mut self) -> futures::future::BoxFuture<'_, Result<pb::server_message::Kind, String>> {
+        Box::pin(async move {
+            let message = self.rx.recv().await.ok_or("the stream ended")??;
+            message
+                .kind
+                .ok_or_else(|| "a message without a kind".into())
+        })
+    }
 }
 
 /// The loopback address session `index` connects from.
@@ -77,7 +252,7 @@ async fn leader_address(hosts: &[String], ttl: Duration) -> Result<String, Strin
                 continue;
             };
             if let Ok(session) = Session::open(channel, ttl).await {
-                session.close().await;
+                IdleSession::close(&session);
                 return Ok(host.clone());
             }
         }
@@ -152,17 +327,16 @@ impl Session {
     }
 }
 
-impl Renew for Session {
-    async fn renew(&mut self) -> Result<(), String> {
+impl IdleSession for Session {
+    fn heartbeat(&self) {
         self.send(pb::client_message::Kind::Heartbeat(pb::Heartbeat {}));
-        loop {
-            if let pb::server_message::Kind::Heartbeat(_) = self.next().await? {
-                return Ok(());
-            }
-        }
     }
 
-    async fn close(self) {
+    fn close(&self) {
         self.send(pb::client_message::Kind::Close(pb::Close {}));
+    }
+
+    fn next(&mut self) -> futures::future::BoxFuture<'_, Result<pb::server_message::Kind, String>> {
+        Box::pin(Session::next(self))
     }
 }
