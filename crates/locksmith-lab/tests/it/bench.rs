@@ -284,8 +284,9 @@ fn bench_scale_holds_more_locks_than_postgres_holds_by_default() {
 }
 
 /// The sessions scenario, small, with each renewal sent at its own instant
-/// (`--spread-renewals`): the server's idle sessions are kept alive and
-/// their renewals timed, and the report says how they were sent.
+/// (`--spread-renewals`): the server's idle sessions, on channels of a
+/// `Sessions` stream per connection, are kept alive and their renewals
+/// timed, and the report says how they were sent.
 #[test]
 fn bench_sessions_keeps_idle_sessions_with_their_renewals_spread() {
     let out = tempfile::tempdir().expect("temporary directory");
@@ -319,6 +320,10 @@ fn bench_sessions_keeps_idle_sessions_with_their_renewals_spread() {
     let sessions = &report["backends"][0]["sessions"];
     assert_eq!(sessions["sessions"], 200, "{sessions}");
     assert_eq!(sessions["renewals_spread"], true, "{sessions}");
+    assert_eq!(
+        sessions["session_kind"], "channel of a Sessions stream",
+        "{sessions}"
+    );
     assert!(
         sessions["heartbeat"]["count"].as_u64().unwrap() > 0,
         "no renewal timed: {sessions}"
