@@ -30,7 +30,9 @@ use tokio::time::{Instant, Sleep};
 use tonic::{Status, Streaming};
 
 use crate::requests::StreamReader;
-use crate::session_stream::{Attached, ConnectionCounts, ConnectionSlot, BATCHES_PER_POLL};
+use crate::session_stream::{
+    too_many_on_connection, Attached, ConnectionCounts, ConnectionSlot, BATCHES_PER_POLL,
+};
 use crate::stream_queue::{channels_queue, ChannelsRx, StreamTx};
 
 /// Where a `Sessions` stream's channels are counted against the sessions
@@ -39,12 +41,6 @@ pub(crate) struct ChannelSlots {
     pub(crate) counts: ConnectionCounts,
     pub(crate) peer: Option<SocketAddr>,
     pub(crate) max: usize,
-}
-
-/// One channel: its session stream, and its place in the connection's count.
-struct Channel {
-    attached: Attached,
-    _slot: Option<ConnectionSlot>,
 }
 
 /// The reading side of a `Sessions` stream. Runs as a task of its own
@@ -58,11 +54,17 @@ pub(crate) struct ChannelsReader {
     /// The stream's own sender: each channel's is made from it, and it ends
     /// the stream as a whole.
     tx: StreamTx,
-    /// The channels read so far; an ended one stays until the next sweep.
-    channels: HashMap<u64, Channel>,
+    /// The channels read so far, by number, each a session stream (its
+    /// sender is made from the stream's when needed, so that an idle
+    /// session keeps two words here); an ended one stays until the next
+    /// sweep.
+    channels: HashMap<u64, Attached>,
     /// The highest channel number used on the stream.
     highest: Option<u64>,
-    slots: ChannelSlots,
+    /// The channels' places in the connection's count: one per channel.
+    places: Option<ConnectionSlot>,
+    /// Most sessions on the connection, and so on this stream.
+    max_channels: usize,
     /// When ended channels are swept out, and a stream without a session
     /// ended.
     sweep: Pin<Box<Sleep>>,
@@ -93,7 +95,8 @@ impl ChannelsReader {
             tx,
             channels: HashMap::new(),
             highest: None,
-            slots,
+            places: ConnectionSlot::empty(&slots.counts, slots.peer),
+            max_channels: slots.max,
             sweep: Box::pin(tokio::time::sleep(open_timeout)),
             open_timeout,
             idle: true,
@@ -149,8 +152,7 @@ impl ChannelsReader {
     /// Sweeps out the channels the core is done with; false when the stream
     /// has carried no session since the sweep before (it is to end).
     fn swept(&mut self) -> bool {
-        self.channels
-            .retain(|_, channel| !channel.attached.is_ended());
+        self.forget_ended();
         let idle = self.channels.is_empty() && !self.opened;
         if idle && self.idle {
             return false;
@@ -167,17 +169,17 @@ impl ChannelsReader {
     fn take(&mut self, message: pb::ClientChannelBatch) {
         let number = message.channel;
         let batch = message.batch.unwrap_or_default();
-        if let Some(channel) = self.channels.get(&number) {
-            if channel.attached.is_ended() {
-                self.channels.remove(&number);
+        if let Some(attached) = self.channels.get(&number) {
+            if attached.is_ended() {
+                self.forget(number);
                 return self.refuse(number, "the channel has ended");
             }
-            let open = channel.attached.forward(&self.reader, batch);
+            let open = attached.forward(&self.reader, || self.tx.channel(number), batch);
             if open && message.done {
-                channel.attached.detach(&self.reader, None);
+                attached.detach(&self.reader, None);
             }
             if !open || message.done {
-                self.channels.remove(&number);
+                self.forget(number);
             }
             return;
         }
@@ -194,52 +196,67 @@ impl ChannelsReader {
     /// Opens channel `number` with its first batch.
     fn open(&mut self, number: u64, mut batch: pb::ClientBatch, done: bool) {
         let tx = self.tx.channel(number);
-        let slot = match self.slot() {
-            Ok(slot) => slot,
-            Err(status) => return self.end_channel(&tx, status),
-        };
+        // The ended channels not swept yet give their places back first if
+        // there is none left.
+        let places = self.channels.len() + 1;
+        if self.hold(places).is_err() {
+            self.forget_ended();
+        }
+        if let Err(status) = self.hold(self.channels.len() + 1) {
+            return self.end_channel(&tx, status);
+        }
         let stream = self.stream_ids.fetch_add(1, Ordering::Relaxed);
-        let attached = match Attached::open(&self.reader, stream, tx.clone(), &mut batch) {
-            Ok(attached) => attached,
-            Err(status) => return self.end_channel(&tx, status),
-        };
-        self.opened = true;
-        if !attached.forward(&self.reader, batch) {
-            return;
-        }
-        if done {
-            return attached.detach(&self.reader, None);
-        }
-        self.channels.insert(
-            number,
-            Channel {
+        let opened = Attached::open(&self.reader, stream, &tx, &mut batch).map(|attached| {
+            (
+                attached.forward(&self.reader, || tx.clone(), batch),
                 attached,
-                _slot: slot,
-            },
-        );
+            )
+        });
+        match opened {
+            Ok((true, attached)) if !done => {
+                self.opened = true;
+                self.channels.insert(number, attached);
+            }
+            Ok((true, attached)) => {
+                self.opened = true;
+                attached.detach(&self.reader, None);
+            }
+            Ok((false, _)) => self.opened = true,
+            Err(status) => self.end_channel(&tx, status),
+        }
+        self.give_back_places();
     }
 
-    /// A place in the connection's count for a new channel (and within the
-    /// same limit on this stream, for a transport that does not tell the
-    /// client's address); the ended channels not swept yet give theirs back
-    /// first if it is full.
-    fn slot(&mut self) -> Result<Option<ConnectionSlot>, Status> {
-        let ChannelSlots { counts, peer, max } = &self.slots;
-        let mut slot = ConnectionSlot::take(counts, *peer, *max);
-        if slot.is_err() || self.channels.len() >= *max {
-            self.channels
-                .retain(|_, channel| !channel.attached.is_ended());
-            let ChannelSlots { counts, peer, max } = &self.slots;
-            if self.channels.len() >= *max {
-                return Err(Status::resource_exhausted(format!(
-                    "limit reached: sessions per connection (at most {max})"
-                )));
-            }
-            if slot.is_err() {
-                slot = ConnectionSlot::take(counts, *peer, *max);
-            }
+    /// Holds `places` places in the connection's count (and on this stream,
+    /// for a transport that does not tell the client's address).
+    fn hold(&mut self, places: usize) -> Result<(), Status> {
+        if places > self.max_channels {
+            return Err(too_many_on_connection(self.max_channels));
         }
-        slot
+        match &mut self.places {
+            Some(slot) => slot.hold(places, self.max_channels),
+            None => Ok(()),
+        }
+    }
+
+    /// Gives back the places of channels no longer kept.
+    fn give_back_places(&mut self) {
+        let kept = self.channels.len();
+        if let Some(slot) = &mut self.places {
+            let _ = slot.hold(kept, self.max_channels);
+        }
+    }
+
+    /// Forgets channel `number`, and gives back its place.
+    fn forget(&mut self, number: u64) {
+        self.channels.remove(&number);
+        self.give_back_places();
+    }
+
+    /// Forgets the channels the core is done with, and gives back their places.
+    fn forget_ended(&mut self) {
+        self.channels.retain(|_, attached| !attached.is_ended());
+        self.give_back_places();
     }
 
     /// Ends channel `number` for a batch that cannot run; nothing of it does.
@@ -266,9 +283,10 @@ impl ChannelsReader {
     /// core is done with them.
     fn stop(&mut self) {
         self.inbound = None;
-        for (_, channel) in self.channels.drain() {
-            channel.attached.detach(&self.reader, None);
+        for (_, attached) in self.channels.drain() {
+            attached.detach(&self.reader, None);
         }
+        self.give_back_places();
     }
 }
 
@@ -286,8 +304,8 @@ impl Drop for ChannelsReader {
     /// Dropped with channels attached (the runtime stopping): the core
     /// detaches them now, and their sessions live on by their TTL.
     fn drop(&mut self) {
-        for channel in self.channels.values() {
-            channel.attached.detach(&self.reader, None);
+        for attached in self.channels.values() {
+            attached.detach(&self.reader, None);
         }
     }
 }

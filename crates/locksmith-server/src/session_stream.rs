@@ -32,14 +32,24 @@ use crate::pulse::Pulse;
 use crate::requests::StreamReader;
 use crate::stream_queue::{stream_queue, StreamRx, StreamTx};
 
-/// One session stream's place in the per-connection count, given back on drop.
+/// A stream's places in the per-connection count of sessions (one for a
+/// session stream, one per channel of a `Sessions` stream), given back on
+/// drop.
 pub(crate) struct ConnectionSlot {
     counts: ConnectionCounts,
     peer: SocketAddr,
+    held: usize,
 }
 
-/// Session streams open per client connection (by peer address).
+/// Sessions open per client connection (by peer address).
 pub(crate) type ConnectionCounts = Arc<Mutex<HashMap<SocketAddr, usize>>>;
+
+/// What a client past the sessions allowed per connection is told.
+pub(crate) fn too_many_on_connection(max: usize) -> Status {
+    Status::resource_exhausted(format!(
+        "limit reached: sessions per connection (at most {max})"
+    ))
+}
 
 impl ConnectionSlot {
     /// Counts a new session stream on the peer's connection, refusing it
@@ -49,31 +59,44 @@ impl ConnectionSlot {
         peer: Option<SocketAddr>,
         max: usize,
     ) -> Result<Option<ConnectionSlot>, Status> {
-        let Some(peer) = peer else { return Ok(None) };
-        let mut open = counts.lock().unwrap_or_else(|e| e.into_inner());
-        let count = open.entry(peer).or_insert(0);
-        if *count >= max {
-            return Err(Status::resource_exhausted(format!(
-                "limit reached: sessions per connection (at most {max})"
-            )));
-        }
-        *count += 1;
-        Ok(Some(ConnectionSlot {
+        let Some(mut slot) = ConnectionSlot::empty(counts, peer) else {
+            return Ok(None);
+        };
+        slot.hold(1, max)?;
+        Ok(Some(slot))
+    }
+
+    /// A slot on the peer's connection that holds no place yet; none when
+    /// the transport does not know the peer.
+    pub(crate) fn empty(counts: &ConnectionCounts, peer: Option<SocketAddr>) -> Option<Self> {
+        Some(ConnectionSlot {
             counts: counts.clone(),
-            peer,
-        }))
+            peer: peer?,
+            held: 0,
+        })
+    }
+
+    /// Holds `places` places instead of those it holds now, refusing to
+    /// grow past `max` on the connection.
+    pub(crate) fn hold(&mut self, places: usize, max: usize) -> Result<(), Status> {
+        let mut open = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        let count = open.entry(self.peer).or_insert(0);
+        let others = *count - self.held;
+        if places > self.held && others + places > max {
+            return Err(too_many_on_connection(max));
+        }
+        *count = others + places;
+        self.held = places;
+        if *count == 0 {
+            open.remove(&self.peer);
+        }
+        Ok(())
     }
 }
 
 impl Drop for ConnectionSlot {
     fn drop(&mut self) {
-        let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(count) = counts.get_mut(&self.peer) {
-            *count -= 1;
-            if *count == 0 {
-                counts.remove(&self.peer);
-            }
-        }
+        let _ = self.hold(0, 0);
     }
 }
 
@@ -81,12 +104,13 @@ impl Drop for ConnectionSlot {
 /// get their turn.
 pub(crate) const BATCHES_PER_POLL: usize = 16;
 
-/// A session stream the core has: where its messages go and the pulse it
-/// shares with the core. The same on a stream of its own ([`SessionReader`])
-/// and on a channel of a `Sessions` stream (`crate::session_channels`).
+/// A session stream the core has, as its reader knows it: its id and the
+/// pulse it shares with the core (where its messages go is the reader's:
+/// a stream's own sender, or one made for a channel when needed). The same
+/// on a stream of its own ([`SessionReader`]) and on a channel of a
+/// `Sessions` stream (`crate::session_channels`).
 pub(crate) struct Attached {
     pub(crate) stream: StreamId,
-    pub(crate) tx: StreamTx,
     pub(crate) pulse: Arc<Pulse>,
 }
 
@@ -98,7 +122,7 @@ impl Attached {
     pub(crate) fn open(
         reader: &StreamReader,
         stream: StreamId,
-        tx: StreamTx,
+        tx: &StreamTx,
         batch: &mut pb::ClientBatch,
     ) -> Result<Attached, Status> {
         let first = if batch.messages.is_empty() {
@@ -107,12 +131,12 @@ impl Attached {
             batch.messages.remove(0).kind
         };
         let pulse = Arc::default();
-        let op = reader.opening(stream, first, &tx, &pulse)?;
+        let op = reader.opening(stream, first, tx, &pulse)?;
         reader
             .core
             .send(op)
             .map_err(|_| Status::unavailable("the server is shutting down"))?;
-        Ok(Attached { stream, tx, pulse })
+        Ok(Attached { stream, pulse })
     }
 
     /// Whether the core is done with the stream.
@@ -120,11 +144,16 @@ impl Attached {
         self.pulse.is_ended()
     }
 
-    /// Forwards one client batch, answering what heartbeats it may itself.
-    /// False once the stream is over: detached for a message that breaks
-    /// the protocol or a client too slow to read, or the core gone.
-    pub(crate) fn forward(&self, reader: &StreamReader, mut batch: pb::ClientBatch) -> bool {
-        if !self.answer_heartbeats(reader, &mut batch) {
+    /// Forwards one client batch, answering on `tx` what heartbeats it may
+    /// itself. False once the stream is over: detached for a message that
+    /// breaks the protocol or a client too slow to read, or the core gone.
+    pub(crate) fn forward(
+        &self,
+        reader: &StreamReader,
+        tx: impl FnOnce() -> StreamTx,
+        mut batch: pb::ClientBatch,
+    ) -> bool {
+        if !self.answer_heartbeats(reader, tx, &mut batch) {
             return false;
         }
         let Some(op) = reader.batch(self.stream, batch) else {
@@ -150,7 +179,12 @@ impl Attached {
     /// one it may not answer) go to the core. False when the client reads
     /// too little to take the answers: the stream is detached with the
     /// reason, as the core does.
-    fn answer_heartbeats(&self, reader: &StreamReader, batch: &mut pb::ClientBatch) -> bool {
+    fn answer_heartbeats(
+        &self,
+        reader: &StreamReader,
+        tx: impl FnOnce() -> StreamTx,
+        batch: &mut pb::ClientBatch,
+    ) -> bool {
         let is_heartbeat =
             |m: &pb::ClientMessage| matches!(m.kind, Some(pb::client_message::Kind::Heartbeat(_)));
         if !batch.messages.iter().any(is_heartbeat)
@@ -173,7 +207,7 @@ impl Attached {
         if answers.is_empty() {
             return true;
         }
-        match self.tx.send(pb::ServerBatch { messages: answers }) {
+        match tx().send(pb::ServerBatch { messages: answers }) {
             Ok(()) => true,
             Err(slow) => {
                 self.detach(reader, Some(slow.status()));
@@ -204,7 +238,8 @@ enum Reading {
         deadline: Pin<Box<Sleep>>,
     },
     /// The core has the stream; it ends the pulse when it is done with it.
-    Attached(Attached),
+    /// The reader answers heartbeats on `tx`.
+    Attached { attached: Attached, tx: StreamTx },
     /// Nothing more is read.
     Over,
 }
@@ -250,7 +285,7 @@ impl SessionReader {
                         continue;
                     }
                 }
-                Reading::Attached(attached) => {
+                Reading::Attached { attached, .. } => {
                     if attached.is_ended() {
                         self.stop();
                         continue;
@@ -266,7 +301,7 @@ impl SessionReader {
                 // The client ended its side, or a batch does not decode (too
                 // large, malformed): the stream ends, with the reason if any.
                 Poll::Ready(end) => {
-                    if let Reading::Attached(attached) = &self.reading {
+                    if let Reading::Attached { attached, .. } = &self.reading {
                         attached.detach(&self.reader, end.and_then(Result::err));
                     }
                     self.stop();
@@ -281,16 +316,21 @@ impl SessionReader {
     /// Forwards one client batch.
     fn take(&mut self, mut batch: pb::ClientBatch) {
         if let Reading::Opening { tx, .. } = &self.reading {
-            match Attached::open(&self.reader, self.stream, tx.clone(), &mut batch) {
-                Ok(attached) => self.reading = Reading::Attached(attached),
+            match Attached::open(&self.reader, self.stream, tx, &mut batch) {
+                Ok(attached) => {
+                    self.reading = Reading::Attached {
+                        attached,
+                        tx: tx.clone(),
+                    }
+                }
                 Err(status) => {
                     tx.end(status);
                     return self.stop();
                 }
             }
         }
-        if let Reading::Attached(attached) = &self.reading {
-            if !attached.forward(&self.reader, batch) {
+        if let Reading::Attached { attached, tx } = &self.reading {
+            if !attached.forward(&self.reader, || tx.clone(), batch) {
                 self.stop();
             }
         }
@@ -318,7 +358,7 @@ impl Drop for SessionReader {
     /// Dropped while attached (the runtime stopping): the core detaches the
     /// stream now, and the session lives on by its TTL.
     fn drop(&mut self) {
-        if let Reading::Attached(attached) = &self.reading {
+        if let Reading::Attached { attached, .. } = &self.reading {
             attached.detach(&self.reader, None);
         }
     }
@@ -326,6 +366,31 @@ impl Drop for SessionReader {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    /// A stream's places count against its connection's sessions, grow
+    /// only within the limit, and all go back when it goes.
+    #[test]
+    fn a_streams_places_count_on_its_connection_and_go_back_with_it() {
+        let counts = ConnectionCounts::default();
+        let peer = Some("127.0.0.1:4000".parse().expect("an address"));
+        let mut channels = ConnectionSlot::empty(&counts, peer).expect("a known peer");
+        channels.hold(3, 4).expect("within the limit");
+        let single = ConnectionSlot::take(&counts, peer, 4).expect("the fourth place");
+        assert!(ConnectionSlot::take(&counts, peer, 4).is_err(), "a fifth");
+        assert!(channels.hold(4, 4).is_err(), "no room to grow");
+        channels.hold(1, 4).expect("shrinking always works");
+        assert!(
+            ConnectionSlot::take(&counts, peer, 4).is_ok(),
+            "a place went back"
+        );
+        drop((channels, single));
+        assert!(counts.lock().unwrap().is_empty(), "every place given back");
+        assert!(ConnectionSlot::take(&counts, None, 0)
+            .expect("unknown")
+            .is_none());
+    }
+
     /// Every session keeps its reader for as long as it lives, idle or not:
     /// it must stay a few fields, not the state of every await point.
     #[test]
