@@ -47,6 +47,8 @@ pub struct Engine {
     locks: Slab,
     free_ids: Vec<LockId>,
     sessions: FxHashMap<SessionId, Session>,
+    /// One copy of each client info the sessions share.
+    client_infos: ClientInfos,
     /// Sessions that ended with more holds and waits than one step gives up
     /// ([`Limits::session_end_step`]): gone for their clients, they give up
     /// the rest a step at a time ([`Command::ContinueSessionEnd`]).
@@ -59,6 +61,35 @@ pub struct Engine {
     /// Reused buffers (always empty between commands), so that the hot path of
     /// an uncontended acquire / release allocates nothing but what it returns.
     scratch: Scratch,
+}
+
+/// The client infos of the sessions, one copy of each: a client that opens
+/// many sessions names itself the same in all of them, and an idle session
+/// should not keep a copy of two strings of its own.
+#[derive(Debug, Default)]
+struct ClientInfos {
+    shared: FxHashSet<Arc<ClientInfo>>,
+    /// How many the last sweep kept: the next is due at twice that.
+    kept: usize,
+}
+
+impl ClientInfos {
+    /// The copy of `info` the sessions share.
+    fn share(&mut self, info: ClientInfo) -> Arc<ClientInfo> {
+        if let Some(shared) = self.shared.get(&info) {
+            return Arc::clone(shared);
+        }
+        if self.shared.len() >= (2 * self.kept).max(64) {
+            // Forget those no session (nor a frozen snapshot) has any more:
+            // amortized O(1) per new info, and the set stays within twice
+            // the infos in use.
+            self.shared.retain(|info| Arc::strong_count(info) > 1);
+            self.kept = self.shared.len();
+        }
+        let info = Arc::new(info);
+        self.shared.insert(Arc::clone(&info));
+        info
+    }
 }
 
 #[derive(Debug, Default)]
@@ -552,7 +583,7 @@ impl Engine {
             Session {
                 ttl,
                 expires_at,
-                info: Arc::new(info),
+                info: self.client_infos.share(info),
                 holds: FxHashSet::default(),
                 waiting: FxHashSet::default(),
                 queued_names: 0,
@@ -1634,7 +1665,7 @@ impl Engine {
                 let ending = Ending {
                     reason: e.reason,
                     since: e.since,
-                    info: Arc::new(e.info.clone()),
+                    info: engine.client_infos.share(e.info.clone()),
                     holds: FxHashSet::default(),
                     waiting: FxHashSet::default(),
                 };
@@ -1650,7 +1681,7 @@ impl Engine {
                 Session {
                     ttl: s.ttl,
                     expires_at: s.expires_at,
-                    info: Arc::new(s.info),
+                    info: engine.client_infos.share(s.info),
                     holds: FxHashSet::default(),
                     waiting: FxHashSet::default(),
                     queued_names: 0,
@@ -1800,5 +1831,30 @@ impl FrozenEngine {
             waiters,
             ending,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Sessions of one client share one copy of its info; the infos no
+    /// session keeps are forgotten as new ones come, so the set stays within
+    /// about twice those in use.
+    #[test]
+    fn sessions_of_one_client_share_its_info_and_unused_infos_go() {
+        let mut infos = ClientInfos::default();
+        let info = |n: usize| ClientInfo {
+            name: format!("client {n}"),
+            host: "host".into(),
+        };
+        let first = infos.share(info(1));
+        let second = infos.share(info(1));
+        assert!(Arc::ptr_eq(&first, &second), "one copy");
+        for n in 2..10_000 {
+            drop(infos.share(info(n)));
+        }
+        assert!(infos.shared.len() <= 65, "{} kept", infos.shared.len());
+        assert!(Arc::ptr_eq(&first, &infos.share(info(1))), "the one in use stays");
     }
 }

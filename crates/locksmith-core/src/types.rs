@@ -78,7 +78,7 @@ pub enum Wait {
 }
 
 /// Who a session is, for inspection (`lock_by`).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(Serialize, Deserialize))]
 pub struct ClientInfo {
     /// Name the client gave itself (service name, pid, ...).
