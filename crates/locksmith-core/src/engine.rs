@@ -1855,6 +1855,9 @@ mod tests {
             drop(infos.share(info(n)));
         }
         assert!(infos.shared.len() <= 65, "{} kept", infos.shared.len());
-        assert!(Arc::ptr_eq(&first, &infos.share(info(1))), "the one in use stays");
+        assert!(
+            Arc::ptr_eq(&first, &infos.share(info(1))),
+            "the one in use stays"
+        );
     }
 }

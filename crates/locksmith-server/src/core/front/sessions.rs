@@ -209,7 +209,11 @@ impl FrontEnd {
             })),
         };
         self.output.streams.push(stream, &tx, message);
-        for notice in resumed.lost.values() {
+        for notice in resumed
+            .kept()
+            .into_iter()
+            .flat_map(|kept| kept.lost.values())
+        {
             self.output
                 .streams
                 .push(stream, &tx, convert::lost_to_proto(notice));

@@ -4,13 +4,11 @@
 //! on the records applied before, so replay decides exactly what the first
 //! run decided. What clients are to hear of it comes out as [`Notice`]s.
 
-use std::collections::{BTreeMap, HashMap};
-
 use locksmith_core::{Command, Effect, EngineError, Millis, RequestId, SessionId};
 use locksmith_proto::v1 as pb;
 
 use super::request_ids::Known;
-use super::{Replicated, SessionState};
+use super::{Kept, Replicated, SessionState};
 use crate::convert;
 use crate::entry::{LogRecord, Record};
 use crate::metrics::Applied;
@@ -251,7 +249,7 @@ impl Replicated {
         if let Some(outcome) = self
             .sessions
             .get(&session)
-            .and_then(|s| s.replies.get(&id))
+            .and_then(|s| s.kept()?.replies.get(&id))
             .cloned()
         {
             return notices.push(Notice::Reply {
@@ -274,13 +272,15 @@ impl Replicated {
     /// The client of `session` acknowledged these replies and lost notices.
     fn acknowledge(&mut self, session: SessionId, replies: Vec<u64>, lost: Vec<u64>) {
         if let Some(state) = self.sessions.get_mut(&session) {
+            let kept = state.kept_mut();
             for id in replies {
-                state.replies.remove(&id);
-                state.fingerprints.remove(&id);
+                kept.replies.remove(&id);
+                kept.fingerprints.remove(&id);
             }
             for token in lost {
-                state.lost.remove(&token);
+                kept.lost.remove(&token);
             }
+            state.tidy();
         }
     }
 
@@ -318,14 +318,8 @@ impl Replicated {
             } = after
             {
                 self.next_session = self.next_session.max(session.0 + 1);
-                let state = SessionState {
-                    secret,
-                    ttl,
-                    replies: BTreeMap::new(),
-                    fingerprints: HashMap::new(),
-                    lost: BTreeMap::new(),
-                };
-                self.sessions.insert(session, state);
+                self.sessions
+                    .insert(session, SessionState::new(secret, ttl, Kept::default()));
             }
             for effect in effects.drain(..) {
                 self.note(effect, notices);
@@ -388,7 +382,7 @@ impl Replicated {
                     token,
                     reason,
                 };
-                state.lost.insert(token, notice.clone());
+                state.kept_mut().lost.insert(token, notice.clone());
                 notices.push(Notice::Lost { session, notice });
             }
         }
@@ -429,10 +423,11 @@ impl Replicated {
             request,
             outcome: outcome.clone(),
         });
-        state.replies.insert(request, outcome);
-        if state.replies.len() > self.max_unacked {
-            if let Some((forgotten, _)) = state.replies.pop_first() {
-                state.fingerprints.remove(&forgotten);
+        let kept = state.kept_mut();
+        kept.replies.insert(request, outcome);
+        if kept.replies.len() > self.max_unacked {
+            if let Some((forgotten, _)) = kept.replies.pop_first() {
+                kept.fingerprints.remove(&forgotten);
             }
         }
     }

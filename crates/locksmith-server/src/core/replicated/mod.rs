@@ -65,14 +65,55 @@ pub(crate) struct SessionState {
     /// What a client needs to resume the session (logged at its open).
     pub(crate) secret: u128,
     pub(crate) ttl: Millis,
+    /// What the session keeps for its client; none while it keeps nothing,
+    /// so that an idle session keeps a word for it instead of three maps.
+    kept: Option<Box<Kept>>,
+}
+
+/// What a session keeps for its client until the client acknowledges it.
+#[derive(Default)]
+pub(crate) struct Kept {
     /// Final replies not acknowledged yet, by request id.
     pub(crate) replies: BTreeMap<u64, Outcome>,
     /// Fingerprints of the requests whose ids are in use (waiting, or with a
     /// kept reply): module `request_ids`. Rebuilt by replay, not in
     /// snapshots.
-    fingerprints: HashMap<u64, u64>,
+    fingerprints: BTreeMap<u64, u64>,
     /// Lost notices not acknowledged yet, by token.
     pub(crate) lost: BTreeMap<u64, LostNotice>,
+}
+
+impl SessionState {
+    fn new(secret: u128, ttl: Millis, kept: Kept) -> SessionState {
+        SessionState {
+            secret,
+            ttl,
+            kept: (!kept.is_empty()).then(|| Box::new(kept)),
+        }
+    }
+
+    /// What the session keeps, if anything.
+    pub(crate) fn kept(&self) -> Option<&Kept> {
+        self.kept.as_deref()
+    }
+
+    /// What the session keeps, to change; [`SessionState::tidy`] after.
+    fn kept_mut(&mut self) -> &mut Kept {
+        self.kept.get_or_insert_with(Box::default)
+    }
+
+    /// Lets go of what the session keeps once it is all acknowledged.
+    fn tidy(&mut self) {
+        if self.kept.as_ref().is_some_and(|kept| kept.is_empty()) {
+            self.kept = None;
+        }
+    }
+}
+
+impl Kept {
+    fn is_empty(&self) -> bool {
+        self.replies.is_empty() && self.fingerprints.is_empty() && self.lost.is_empty()
+    }
 }
 
 impl Replicated {
@@ -208,14 +249,15 @@ impl Replicated {
             .sessions
             .into_iter()
             .map(|s| {
-                let state = SessionState {
-                    secret: s.secret,
-                    ttl: s.ttl,
+                let kept = Kept {
                     replies: s.replies.into_iter().collect(),
-                    fingerprints: HashMap::new(),
+                    fingerprints: BTreeMap::new(),
                     lost: s.lost.into_iter().map(|n| (n.token, n)).collect(),
                 };
-                (SessionId(s.session), state)
+                (
+                    SessionId(s.session),
+                    SessionState::new(s.secret, s.ttl, kept),
+                )
             })
             .collect();
         self.applied = applied;
@@ -235,8 +277,12 @@ impl Replicated {
                 session: id.0,
                 secret: s.secret,
                 ttl: s.ttl,
-                replies: s.replies.iter().map(|(k, v)| (*k, v.clone())).collect(),
-                lost: s.lost.values().cloned().collect(),
+                replies: s.kept().map_or_else(Vec::new, |kept| {
+                    kept.replies.iter().map(|(k, v)| (*k, v.clone())).collect()
+                }),
+                lost: s
+                    .kept()
+                    .map_or_else(Vec::new, |kept| kept.lost.values().cloned().collect()),
             })
             .collect();
         FrozenState {

@@ -49,17 +49,18 @@ impl Replicated {
             return Known::New;
         };
         let fingerprint = fingerprint(command);
-        let kept = entry.replies.get(&id);
-        let same = match entry.fingerprints.get(&id) {
+        let kept = entry.kept_mut();
+        let same = match kept.fingerprints.get(&id) {
             Some(&known) => known == fingerprint,
-            None => match kept {
+            None => match kept.replies.get(&id) {
                 Some(outcome) => same_kind(command, outcome),
                 None => {
-                    entry.fingerprints.insert(id, fingerprint);
+                    kept.fingerprints.insert(id, fingerprint);
                     return Known::New;
                 }
             },
         };
+        let kept = kept.replies.get(&id);
         match (same, kept) {
             (false, _) => Known::Conflict(convert::error(
                 pb::ErrorCode::InvalidArgument,
@@ -77,7 +78,8 @@ impl Replicated {
     /// Forgets request `id` of `session` (refused, so nothing is kept).
     pub(super) fn forget_request_id(&mut self, session: SessionId, id: u64) {
         if let Some(entry) = self.sessions.get_mut(&session) {
-            entry.fingerprints.remove(&id);
+            entry.kept_mut().fingerprints.remove(&id);
+            entry.tidy();
         }
     }
 }
