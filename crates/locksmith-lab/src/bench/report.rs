@@ -475,9 +475,10 @@ impl Report {
                 md,
                 "\n### (e) Idle sessions beside a handoff loop\n\n\
                  Sessions kept alive and doing nothing else, each renewed every third of its \
-                 TTL as the store's own clients do (a locksmith session stream to the leader, an \
-                 etcd lease on a keep-alive stream, a ZooKeeper session whose client pings by \
-                 itself and is not timed, a Redis hold under a watchdog script). CPU is each \
+                 TTL as the store's own clients do (a locksmith session on a channel of its \
+                 connection's `Sessions` stream to the leader, or on a session stream of its \
+                 own with `--stream-per-session`; an etcd lease on a keep-alive stream; a ZooKeeper session whose client pings by \
+                 itself and is not timed; a Redis hold under a watchdog script). CPU is each \
                  member's with the sessions alone (% of one core), memory each member's PSS \
                  before / with them, and the growth of the most grown member per session; the \
                  renewals are timed with the sessions alone and beside the handoff loop.\n\n\

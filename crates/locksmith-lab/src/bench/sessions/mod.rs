@@ -16,7 +16,8 @@
 //! What a session is differs per store, and each is driven the way that
 //! store's own clients keep one alive, many to a connection where the store
 //! allows it ([`server`], [`etcd`], [`zookeeper`], [`redis`]): a locksmith
-//! session stream with its heartbeats; an etcd lease with a keep-alive
+//! session on a channel of its connection's `Sessions` stream (or a session
+//! stream of its own) with its heartbeats; an etcd lease with a keep-alive
 //! stream; a ZooKeeper session, which is a connection of its own and pings
 //! by itself (its answers are not visible to a client, so they are not
 //! timed); a Redis hold renewed by a watchdog's script. Raw protocol
