@@ -106,24 +106,16 @@ impl ChannelsReader {
     }
 
     /// Forwards what the client has sent, up to [`BATCHES_PER_POLL`]
-    /// messages, and registers for more; ready once reading is over.
+    /// messages, then sweeps if it is time (after reading, so that a
+    /// session that has arrived counts), and registers for more; ready once
+    /// reading is over.
     fn read(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        // (A sweep sets the next one, which is polled to be woken for it.)
-        while self.inbound.is_some() && self.sweep.as_mut().poll(cx).is_ready() {
-            if !self.swept() {
-                self.tx.end(Status::deadline_exceeded(format!(
-                    "no session on this stream for {} ms",
-                    self.open_timeout.as_millis()
-                )));
-                self.stop();
-            }
-        }
         for _ in 0..BATCHES_PER_POLL {
             let Some(inbound) = self.inbound.as_mut() else {
                 return Poll::Ready(());
             };
             match Pin::new(inbound).poll_next(cx) {
-                Poll::Pending => return Poll::Pending,
+                Poll::Pending => return self.sweep_when_due(cx),
                 Poll::Ready(Some(Ok(message))) => {
                     for batch in message.batches {
                         if self.inbound.is_none() {
@@ -146,7 +138,27 @@ impl ChannelsReader {
         }
         // More may be waiting: come back after the runtime's other work.
         cx.waker().wake_by_ref();
-        Poll::Pending
+        self.sweep_when_due(cx)
+    }
+
+    /// Sweeps when the sweep is due, and ends a stream that has carried no
+    /// session since the sweep before; each sweep sets the next, which is
+    /// polled to be woken for it.
+    fn sweep_when_due(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        while self.inbound.is_some() && self.sweep.as_mut().poll(cx).is_ready() {
+            if !self.swept() {
+                self.tx.end(Status::deadline_exceeded(format!(
+                    "no session on this stream for {} ms",
+                    self.open_timeout.as_millis()
+                )));
+                self.stop();
+            }
+        }
+        if self.inbound.is_none() {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
     }
 
     /// Sweeps out the channels the core is done with; false when the stream
