@@ -27,12 +27,20 @@ use crate::requests::fuzzing::{stream_message, unary_requests};
 use crate::storage::member::{MemberDir, StoredSnapshot};
 use crate::storage::ServerSnapshot;
 
-/// `bytes` as a client's request: decoded as a session stream's batch, whose
+/// `bytes` as a client's request: decoded as a session stream's batch, and
+/// as a `Sessions` stream's message (each channel's batch in turn), whose
 /// messages go through the stream's checks and conversion (acquires on to a
 /// lock engine), and as each unary call's request, through its checks.
 pub fn client_request(bytes: &[u8]) {
     let config = ServerConfig::in_memory();
+    let mut batches = Vec::new();
     if let Ok(batch) = pb::ClientBatch::decode(bytes) {
+        batches.push(batch);
+    }
+    if let Ok(channels) = pb::ClientChannelBatches::decode(bytes) {
+        batches.extend(channels.batches.into_iter().filter_map(|c| c.batch));
+    }
+    for batch in batches {
         let mut engine = Engine::new(config.limits.clone());
         let open = Command::OpenSession {
             session: SessionId(1),
