@@ -78,14 +78,23 @@ pub(super) async fn open(
 
 /// Either kind of idle session, renewed alike.
 trait IdleSession: Send {
-    /// Sends a heartbeat.
-    fn heartbeat(&self);
-    /// Sends the session's close.
-    fn close(&self);
+    /// Sends one message of the session's.
+    fn send(&self, kind: pb::client_message::Kind);
+
     /// The next message for the session.
     ///
     /// Cancel safety: safe; a message not yet taken stays queued.
     fn next(&mut self) -> futures::future::BoxFuture<'_, Result<pb::server_message::Kind, String>>;
+
+    /// Sends a heartbeat.
+    fn heartbeat(&self) {
+        self.send(pb::client_message::Kind::Heartbeat(pb::Heartbeat {}));
+    }
+
+    /// Sends the session's close.
+    fn close(&self) {
+        self.send(pb::client_message::Kind::Close(pb::Close {}));
+    }
 }
 
 impl Renew for Box<dyn IdleSession> {
@@ -196,7 +205,7 @@ impl Channels {
     }
 }
 
-impl ChannelSession {
+impl IdleSession for ChannelSession {
     fn send(&self, kind: pb::client_message::Kind) {
         let _ = self.tx.send(pb::ClientChannelBatch {
             channel: self.channel,
@@ -206,16 +215,6 @@ impl ChannelSession {
             }),
             done: false,
         });
-    }
-}
-
-impl IdleSession for ChannelSession {
-    fn heartbeat(&self) {
-        self.send(pb::client_message::Kind::Heartbeat(pb::Heartbeat {}));
-    }
-
-    fn close(&self) {
-        self.send(pb::client_message::Kind::Close(pb::Close {}));
     }
 
     fn next(&mut self) -> futures::future::BoxFuture<'_, Result<pb::server_message::Kind, String>> {
@@ -328,12 +327,8 @@ impl Session {
 }
 
 impl IdleSession for Session {
-    fn heartbeat(&self) {
-        self.send(pb::client_message::Kind::Heartbeat(pb::Heartbeat {}));
-    }
-
-    fn close(&self) {
-        self.send(pb::client_message::Kind::Close(pb::Close {}));
+    fn send(&self, kind: pb::client_message::Kind) {
+        Session::send(self, kind);
     }
 
     fn next(&mut self) -> futures::future::BoxFuture<'_, Result<pb::server_message::Kind, String>> {
