@@ -9,7 +9,7 @@ use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use locksmith_proto::v1 as pb;
-use locksmith_server::{Server, ServerConfig};
+use locksmith_server::Server;
 use pb::client_message::Kind as Out;
 use pb::locksmith_client::LocksmithClient;
 use pb::server_message::Kind as In;
@@ -17,20 +17,10 @@ use tokio::sync::mpsc;
 use tonic::transport::Channel;
 use tonic::Code;
 
-async fn server_with(configure: impl FnOnce(&mut ServerConfig)) -> Server {
-    let mut config = ServerConfig::in_memory().listen("127.0.0.1:0".parse().unwrap());
-    configure(&mut config);
-    Server::start(config).await.expect("start the server")
-}
+use crate::session_stream::{grpc, server_with};
 
 async fn server() -> Server {
     server_with(|_| {}).await
-}
-
-async fn grpc(server: &Server) -> LocksmithClient<Channel> {
-    LocksmithClient::connect(format!("http://{}", server.local_addr()))
-        .await
-        .expect("gRPC connect")
 }
 
 /// What a channel gets next: a message, or its end.

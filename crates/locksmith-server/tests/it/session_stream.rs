@@ -21,14 +21,20 @@ const MAX_MESSAGE: usize = 64 << 10;
 
 /// A server whose storage is its own temporary directory, removed when it
 /// has stopped (a directory of the test's own could go while the stopping
-/// server still writes its last snapshot).
-async fn server() -> Server {
+/// server still writes its last snapshot), configured by `configure`.
+pub(crate) async fn server_with(configure: impl FnOnce(&mut ServerConfig)) -> Server {
     let mut config = ServerConfig::in_memory().listen("127.0.0.1:0".parse().unwrap());
-    config.max_message_bytes = MAX_MESSAGE;
+    configure(&mut config);
     Server::start(config).await.expect("start the server")
 }
 
-async fn grpc(server: &Server) -> LocksmithClient<Channel> {
+/// A server as [`server_with`] makes it, with a small message size limit.
+async fn server() -> Server {
+    server_with(|config| config.max_message_bytes = MAX_MESSAGE).await
+}
+
+/// A gRPC client on a connection of its own to `server`.
+pub(crate) async fn grpc(server: &Server) -> LocksmithClient<Channel> {
     LocksmithClient::connect(format!("http://{}", server.local_addr()))
         .await
         .expect("gRPC connect")
