@@ -5,6 +5,7 @@
 //! come only to acquires that ask for them.
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::time::Duration;
 
 use locksmith_proto::v1 as pb;
@@ -38,6 +39,38 @@ pub(crate) async fn grpc(server: &Server) -> LocksmithClient<Channel> {
     LocksmithClient::connect(format!("http://{}", server.local_addr()))
         .await
         .expect("gRPC connect")
+}
+
+/// How many more tasks the server runs while what `work` keeps is alive:
+/// the server (made by `start`) on a runtime of its own with one worker,
+/// `work` on a connection of its own from another runtime, so that the
+/// client's tasks do not count.
+pub(crate) fn server_tasks_added_by<K>(
+    start: impl Future<Output = Server>,
+    work: impl AsyncFnOnce(LocksmithClient<Channel>) -> K,
+) -> usize {
+    let serving = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("server runtime");
+    let server = serving.block_on(start);
+    let tasks = || serving.metrics().num_alive_tasks();
+    let client = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("client runtime");
+    let added = client.block_on(async {
+        let connection = grpc(&server).await;
+        let before = tasks();
+        let kept = work(connection).await;
+        let added = tasks().saturating_sub(before);
+        drop(kept);
+        added
+    });
+    drop(client);
+    serving.block_on(server.shutdown()).expect("shutdown");
+    added
 }
 
 /// A session stream driven by hand, batch by batch.
@@ -360,20 +393,7 @@ async fn queued_is_sent_only_when_asked() {
 #[test]
 fn an_idle_session_keeps_two_small_tasks() {
     const SESSIONS: usize = 64;
-    let serving = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .expect("server runtime");
-    let server = serving.block_on(server());
-    let tasks = || serving.metrics().num_alive_tasks();
-    let client = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("client runtime");
-    client.block_on(async {
-        let connection = grpc(&server).await;
-        let before = tasks();
+    let added = server_tasks_added_by(server(), async |connection| {
         let mut sessions = Vec::new();
         for _ in 0..SESSIONS {
             let mut raw = Raw::start_on(connection.clone(), vec![open()]).await;
@@ -387,12 +407,10 @@ fn an_idle_session_keeps_two_small_tasks() {
         for raw in &mut sessions {
             assert!(matches!(raw.next().await, Ok(In::Heartbeat(_))));
         }
-        let grown = tasks().saturating_sub(before);
-        assert!(
-            grown <= 2 * SESSIONS + 4,
-            "{grown} more server tasks with {SESSIONS} idle sessions on one connection"
-        );
+        sessions
     });
-    drop(client);
-    serving.block_on(server.shutdown()).expect("shutdown");
+    assert!(
+        added <= 2 * SESSIONS + 4,
+        "{added} more server tasks with {SESSIONS} idle sessions on one connection"
+    );
 }
