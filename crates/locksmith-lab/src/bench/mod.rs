@@ -449,6 +449,7 @@ pub async fn bench(args: BenchArgs) -> std::process::ExitCode {
             scale_concurrency: args.scale_concurrency,
             repeat: args.repeat.max(1),
             quick: args.quick,
+            client_workers: tokio::runtime::Handle::current().metrics().num_workers(),
         },
         reference: reports
             .iter()

@@ -63,6 +63,12 @@ pub struct RunSettings {
     pub repeat: usize,
     /// Whether this was a `--quick` run.
     pub quick: bool,
+    /// Workers of the tokio runtime the clients ran on (tokio's default, a
+    /// worker per CPU, unless `TOKIO_WORKER_THREADS` says otherwise): at one
+    /// client their wake-ups across workers weigh on every backend's figures
+    /// (docs/BENCHMARKS.md, "Idle CPUs, and the bench's clients on one
+    /// worker").
+    pub client_workers: usize,
 }
 
 /// Everything measured for one backend.
@@ -243,7 +249,8 @@ impl Report {
         }
         let _ = writeln!(
             md,
-            "\nEach timed measurement runs {} ms{}; session TTL {} ms{}.",
+            "\nEach timed measurement runs {} ms{}; session TTL {} ms; the clients on a runtime of {} \
+             worker{}{}.",
             s.duration_ms,
             if s.repeat > 1 {
                 format!(
@@ -255,6 +262,8 @@ impl Report {
                 String::new()
             },
             s.session_ttl_ms,
+            s.client_workers,
+            if s.client_workers == 1 { "" } else { "s" },
             if s.quick {
                 "; **quick mode** (small counts, short runs: figures are indicative only)"
             } else {

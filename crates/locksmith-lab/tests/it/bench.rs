@@ -77,6 +77,13 @@ fn bench_writes_the_report_json_and_charts() {
     let json = std::fs::read_to_string(out.path().join("report.json")).expect("report.json");
     let report: serde_json::Value = serde_json::from_str(&json).expect("report.json is JSON");
     assert_eq!(report["reference"], "server");
+    // The clients' runtime is part of the settings: it moves every figure.
+    let workers = report["settings"]["client_workers"].as_u64().unwrap_or(0);
+    assert!(workers >= 1, "no client workers in {}", report["settings"]);
+    assert!(
+        markdown.contains(&format!("the clients on a runtime of {workers} worker")),
+        "{markdown}"
+    );
     assert!(report["machine"]["nproc"].as_u64().unwrap() >= 1);
     let backends = report["backends"].as_array().expect("backends");
     assert_eq!(backends.len(), 2);
