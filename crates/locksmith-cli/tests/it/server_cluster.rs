@@ -297,6 +297,29 @@ async fn heartbeats_are_not_logged_and_a_leader_cut_off_stops_answering_them_bef
 ) {
     let cluster = Cluster::start();
     let leader = cluster.leader(&[]).await;
+    // Once every member has told the leader its record version, the leader
+    // logs the version they all read: an entry that must come before the
+    // window below, not in it (on a loaded machine it came late).
+    eventually(
+        Duration::from_secs(10),
+        "the members agreed on a record version",
+        || async {
+            // The leader knows what each member announced.
+            let url = server_support::members_url(&[cluster.members[leader].port()]);
+            let status: serde_json::Value =
+                serde_json::from_str(&cluster_cli(&url, &["status", "--json"])).unwrap();
+            let read: Option<Vec<u64>> = status["members"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| m["record_version"].as_u64())
+                .collect();
+            let agreed = status["cluster_version"].as_u64();
+            read.and_then(|read| read.into_iter().min())
+                .is_some_and(|v| Some(v) == agreed)
+        },
+    )
+    .await;
     let mut raw = RawSession::open(cluster.members[leader].port(), 10_000).await;
     // Heartbeats every 10 ms, each one's send time kept; the k-th answer
     // stands for a heartbeat sent no earlier than the k-th.
