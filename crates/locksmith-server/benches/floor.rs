@@ -10,6 +10,9 @@
 //! - `grpc stream echo`: the same server's `Session`, answering each
 //!   `ClientBatch` (one heartbeat) with a `ServerBatch` (its ack), as a
 //!   session stream carries a request and its reply;
+//! - the same stream echo with its replies read by a task of their own and
+//!   handed to the caller on a oneshot channel, as the client library's
+//!   session driver hands replies to its callers: what that hop costs;
 //! - `redis PING`: through the `redis` crate (the client the Redis lock
 //!   backend uses), and `redis-benchmark -t ping -c 1` (Redis's own C
 //!   client, its p50 as it reports it);
@@ -45,7 +48,7 @@ use locksmith_proto::v1 as pb;
 use locksmith_proto::v1::locksmith_client::LocksmithClient;
 use locksmith_proto::v1::locksmith_server::{Locksmith, LocksmithServer};
 use locksmith_server::{Server, ServerConfig};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status, Streaming};
@@ -274,6 +277,48 @@ impl RawStream {
         };
         self.tx.send(batch).await?;
         Ok(self.rx.message().await?.ok_or("the stream ended")?)
+    }
+}
+
+/// A session stream whose replies come through a reader task, as the
+/// client library's do: the caller sends, the reader reads every batch and
+/// hands each to the caller on a oneshot channel.
+struct ReadByTask {
+    tx: mpsc::Sender<pb::ClientBatch>,
+    waiting: Waiting,
+}
+
+/// Where the reader hands the next batch.
+type Waiting = Arc<std::sync::Mutex<Option<oneshot::Sender<pb::ServerBatch>>>>;
+
+impl ReadByTask {
+    async fn open(client: &mut LocksmithClient<Channel>) -> Result<ReadByTask, BoxError> {
+        let RawStream { tx, mut rx } = RawStream::open(client).await?;
+        let waiting = Waiting::default();
+        let reader = waiting.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(batch)) = rx.message().await {
+                if let Some(waiter) = reader.lock().unwrap().take() {
+                    let _ = waiter.send(batch);
+                }
+            }
+        });
+        Ok(ReadByTask { tx, waiting })
+    }
+
+    async fn trip(
+        &mut self,
+        messages: Vec<pb::ClientMessage>,
+    ) -> Result<pb::ServerBatch, BoxError> {
+        let (waiter, reply) = oneshot::channel();
+        *self.waiting.lock().unwrap() = Some(waiter);
+        let batch = pb::ClientBatch {
+            messages,
+            ack_replies: Vec::new(),
+            ack_lost: Vec::new(),
+        };
+        self.tx.send(batch).await?;
+        Ok(reply.await?)
     }
 }
 
@@ -584,6 +629,7 @@ fn main() -> Result<(), BoxError> {
     struct All {
         unary_echo: Vec<Trips>,
         stream_echo: Vec<Trips>,
+        stream_echo_reader: Vec<Trips>,
         redis_ping: Vec<Trips>,
         redis_benchmark: Vec<(f64, f64)>,
         raw_acquire: Vec<Trips>,
@@ -618,6 +664,15 @@ fn main() -> Result<(), BoxError> {
                 .await?,
             );
             drop(stream);
+            let mut read_by_task = ReadByTask::open(&mut echo_client).await?;
+            all.stream_echo_reader.push(
+                measure(duration, async || {
+                    read_by_task.trip(vec![heartbeat()]).await?;
+                    Ok(())
+                })
+                .await?,
+            );
+            drop(read_by_task);
             let redis_client = redis::Client::open(redis.url())?;
             let mut connection = redis_client.get_multiplexed_async_connection().await?;
             all.redis_ping.push(
@@ -670,6 +725,10 @@ fn main() -> Result<(), BoxError> {
     report(
         "gRPC stream echo (tonic, one batch each way)",
         all.stream_echo,
+    );
+    report(
+        "gRPC stream echo, replies through a reader task",
+        all.stream_echo_reader,
     );
     report("Redis PING (redis crate)", all.redis_ping);
     let mut bench = all.redis_benchmark;
