@@ -27,7 +27,7 @@ use crate::tls::ensure_crypto_provider;
 /// A builder for a client of the cluster that `config` names.
 fn builder(config: &Config, response_timeout: Duration) -> Result<ClusterClientBuilder> {
     let mut builder = ClusterClientBuilder::new(config.nodes.clone())
-        .connection_timeout(Duration::from_secs(2))
+        .connection_timeout(config.connect_timeout)
         .response_timeout(response_timeout)
         // A failover takes seconds; the callers retry on their own terms
         // (acquires for a session TTL, the watchdog every third of it).

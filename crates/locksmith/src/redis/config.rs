@@ -54,6 +54,9 @@ pub(crate) struct Config {
     pub wait_replicas: Option<u32>,
     /// How long `WAIT` may take.
     pub wait_timeout: Duration,
+    /// How long connecting to one server may take: TCP, TLS and the
+    /// connection's setup commands.
+    pub connect_timeout: Duration,
     /// Redlock: how long one node may take to answer one request.
     pub node_timeout: Option<Duration>,
     /// Redlock: the upper bound of the random delay between attempts.
@@ -69,7 +72,13 @@ pub(crate) struct Config {
 }
 
 const OPTIONS: &str =
-    "mode, prefix, wait_replicas, wait_timeout, node_timeout, retry_delay, tls, tls_ca, tls_cert, tls_key, protocol";
+    "mode, prefix, wait_replicas, wait_timeout, connect_timeout, node_timeout, retry_delay, tls, tls_ca, tls_cert, tls_key, protocol";
+
+/// How long connecting to one server may take unless the URL says
+/// (`connect_timeout`): long enough for a TLS handshake on a busy machine,
+/// short enough that a server which accepts connections but answers
+/// nothing (paused, overloaded) is given up within a lease's time.
+const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The replicas a grant waits for by default where the URL says there are
 /// replicas (Sentinel, Cluster): one, so that the replica a failover promotes
@@ -176,6 +185,7 @@ impl Config {
             prefix: String::new(),
             wait_replicas: None,
             wait_timeout: Duration::from_secs(1),
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             node_timeout: None,
             retry_delay: Duration::from_millis(100),
             tls_ca: None,
@@ -208,6 +218,7 @@ impl Config {
                     })?)
                 }
                 "wait_timeout" => config.wait_timeout = duration(url, &key, &value)?,
+                "connect_timeout" => config.connect_timeout = duration(url, &key, &value)?,
                 "node_timeout" => config.node_timeout = Some(duration(url, &key, &value)?),
                 "retry_delay" => config.retry_delay = duration(url, &key, &value)?,
                 "tls" if multi_host => {
@@ -391,7 +402,25 @@ mod tests {
         assert_eq!(c.prefix, "app/");
         assert_eq!(c.topology, Topology::Single);
         assert_eq!(c.wait_replicas, None, "no replicas assumed");
+        assert_eq!(c.connect_timeout, DEFAULT_CONNECT_TIMEOUT);
         assert!(!c.display.contains("pw"));
+    }
+
+    #[test]
+    fn the_connect_timeout_is_taken_out_on_every_topology() {
+        for url in [
+            "redis://h?connect_timeout=10s",
+            "redis+redlock://a,b,c?connect_timeout=10s",
+            "redis+sentinel://s1,s2/m?connect_timeout=10s",
+            "rediss+cluster://a:1,b:2?connect_timeout=10s",
+        ] {
+            let c = Config::parse(url).unwrap();
+            assert_eq!(c.connect_timeout, Duration::from_secs(10), "{url}");
+            assert!(
+                c.nodes.iter().all(|n| !n.contains("connect_timeout")),
+                "{url}"
+            );
+        }
     }
 
     #[test]
@@ -477,6 +506,8 @@ mod tests {
             "redis://h?mod=fair",
             "redis://h?wait_replicas=x",
             "redis://h?wait_timeout=0",
+            "redis://h?connect_timeout=0",
+            "redis://h?connect_timeout=soon",
             "redis+redlock://a,b,c?mode=fair",
             "redis+redlock://a,b,c?wait_replicas=1",
             "redis://h?node_timeout=5",

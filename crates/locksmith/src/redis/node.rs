@@ -150,9 +150,9 @@ pub(crate) fn client(url: &str, config: &Config) -> Result<::redis::Client> {
 }
 
 /// How the command connection of a server reconnects and times out.
-fn manager_config(response_timeout: Duration) -> ConnectionManagerConfig {
+fn manager_config(config: &Config, response_timeout: Duration) -> ConnectionManagerConfig {
     ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(Duration::from_secs(2)))
+        .set_connection_timeout(Some(config.connect_timeout))
         .set_response_timeout(Some(response_timeout))
         .set_number_of_retries(1)
         .set_min_delay(Duration::from_millis(50))
@@ -181,7 +181,7 @@ impl Server {
     ) -> Result<Server> {
         let client = client(url, config)?;
         let label = format!("{}", client.get_connection_info().addr());
-        let settings = manager_config(response_timeout);
+        let settings = manager_config(config, response_timeout);
         let conn = if eager {
             ConnectionManager::new_with_config(client.clone(), settings)
                 .await

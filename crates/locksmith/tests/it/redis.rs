@@ -1190,3 +1190,25 @@ async fn a_prefix_namespaces_every_key() {
     guard.release().await.unwrap();
     assert!(c.list("").await.unwrap().is_empty());
 }
+
+/// A server that takes connections and never answers is given up after the
+/// URL's `connect_timeout`, 2 s without one. The clock is paused, so the
+/// times are the client's own count, whatever the machine's load.
+#[tokio::test(start_paused = true)]
+async fn a_silent_server_is_given_up_after_the_connect_timeout() {
+    // Never accepted: the kernel completes the handshake, nobody answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    for (query, limit) in [
+        ("?connect_timeout=300ms", Duration::from_millis(300)),
+        ("", Duration::from_secs(2)),
+    ] {
+        let url = format!("redis+cluster://127.0.0.1:{port}{query}");
+        let started = tokio::time::Instant::now();
+        let Err(error) = locksmith::Client::connect(&url).await else {
+            panic!("{url}: a silent server is no cluster");
+        };
+        assert!(error.to_string().contains("timed out"), "{url}: {error}");
+        assert_eq!(started.elapsed(), limit, "{url}: {error}");
+    }
+}
