@@ -306,13 +306,9 @@ async fn heartbeats_are_not_logged_and_a_leader_cut_off_stops_answering_them_bef
         || async {
             // The leader knows what each member announced.
             let url = server_support::members_url(&[cluster.members[leader].port()]);
-            let status: serde_json::Value =
-                serde_json::from_str(&cluster_cli(&url, &["status", "--json"])).unwrap();
-            let read: Option<Vec<u64>> = status["members"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|m| m["record_version"].as_u64())
+            let status = server_support::cluster_status(&url).await;
+            let read: Option<Vec<u64>> = server_support::record_versions(&status)
+                .into_iter()
                 .collect();
             let agreed = status["cluster_version"].as_u64();
             read.and_then(|read| read.into_iter().min())

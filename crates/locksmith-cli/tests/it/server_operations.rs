@@ -17,7 +17,10 @@ use locksmith_proto::v1 as pb;
 use locksmith_proto::v1::locksmith_client::LocksmithClient;
 use locksmith_server::backup::{Backup, TOKEN_JUMP};
 use locksmith_testkit::free_port;
-use server_support::{cluster_flag, leader, members_url, unique, url_of, ServerProcess, BINARY};
+use server_support::{
+    cluster_flag, cluster_status, leader, members_url, record_versions, unique, url_of,
+    ServerProcess, BINARY,
+};
 
 /// Runs `locksmith ARGS`, returning (success, stdout + stderr).
 async fn locksmith(args: Vec<String>) -> (bool, String) {
@@ -390,30 +393,6 @@ async fn a_new_cluster_from_one_surviving_member_keeps_its_locks_and_never_reuse
     let client = Client::connect(&members_url(&[port])).await.unwrap();
     let next = client.lock(format!("{name}/next")).acquire().await.unwrap();
     assert!(next.fencing_token() > token, "tokens never go back");
-}
-
-/// `locksmith cluster status --json` of the cluster at `url`.
-async fn cluster_status(url: &str) -> serde_json::Value {
-    let (ok, text) = locksmith(vec![
-        "cluster".into(),
-        "--backend".into(),
-        url.into(),
-        "status".into(),
-        "--json".into(),
-    ])
-    .await;
-    assert!(ok, "cluster status: {text}");
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
-}
-
-/// The record version each member announced, by id, as the leader knows it.
-fn record_versions(status: &serde_json::Value) -> Vec<Option<u64>> {
-    status["members"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["record_version"].as_u64())
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -31,7 +31,7 @@
 //! | `mode=simple` | exclusive locks as `SET name <id> NX PX <ttl>`, the layout of redis-py's `Lock` |
 //! | `prefix=app/` | prepend a namespace to every lock name (off by default: names map verbatim) |
 //! | `wait_replicas=N&wait_timeout=500ms` | after each grant, `WAIT` for N replicas; if fewer acknowledge in time the grant is given back and the acquire fails with [`Error::Unreplicated`] (Redisson's `checkLockSyncedSlaves`). Default 1 behind Sentinel and on a Cluster, off otherwise; `0` turns it off ([replica acknowledgement](#replica-acknowledgement)) |
-//! | `connect_timeout=2s` | how long connecting to one server may take: TCP, TLS and the connection's setup (default 2s; not the Sentinels, asked with 500ms) |
+//! | `connect_timeout=2s` | how long connecting to one server may take: TCP, TLS and the connection's setup including the subscription connection (default 2s; the Sentinels, and a primary they name until it first answers, are asked within 500ms) |
 //! | `node_timeout=50ms` | Redlock: how long one node may take per request (default lease/10, 50ms..1s) |
 //! | `retry_delay=100ms` | Redlock: upper bound of the random pause after a split vote |
 //! | `tls=true` | Redlock, Sentinel, Cluster: connect to every node with TLS |

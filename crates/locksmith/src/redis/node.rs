@@ -165,6 +165,9 @@ pub(crate) struct Server {
     pub label: String,
     /// For the subscription connection.
     pub client: ::redis::Client,
+    /// How long connecting may take (the URL's `connect_timeout`), for the
+    /// subscription connection as for the command connection.
+    pub connect_timeout: Duration,
     conn: ConnectionManager,
 }
 
@@ -193,6 +196,7 @@ impl Server {
         Ok(Server {
             label,
             client,
+            connect_timeout: config.connect_timeout,
             conn,
         })
     }

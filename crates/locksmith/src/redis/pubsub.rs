@@ -39,7 +39,8 @@ use super::node::Server;
 /// How long a waiter waits for its SUBSCRIBE to be confirmed before it relies on
 /// its bounded re-check alone.
 const SUBSCRIBE_WAIT: Duration = Duration::from_secs(2);
-/// Connect and command timeout of the subscription connection.
+/// Command timeout of the subscription connection (connecting takes the
+/// URL's `connect_timeout`).
 const IO_TIMEOUT: Duration = Duration::from_secs(2);
 /// How often an idle subscription connection is pinged, to notice a dead peer.
 const KEEPALIVE: Duration = Duration::from_secs(5);
@@ -291,11 +292,15 @@ async fn run_server(
         // Connect (to whichever server the watch names by then), serving
         // commands meanwhile (acks wait for the connection).
         let (pubsub, label) = loop {
-            let (client, label) = {
+            let (client, label, connect_timeout) = {
                 let current = server.borrow_and_update();
-                (current.client.clone(), current.label.clone())
+                (
+                    current.client.clone(),
+                    current.label.clone(),
+                    current.connect_timeout,
+                )
             };
-            let attempt = tokio::time::timeout(IO_TIMEOUT, client.get_async_pubsub());
+            let attempt = tokio::time::timeout(connect_timeout, client.get_async_pubsub());
             tokio::pin!(attempt);
             let connected = loop {
                 tokio::select! {
@@ -432,7 +437,7 @@ async fn run_cluster(
     let mut backoff = Duration::from_millis(50);
     // Connect, serving commands meanwhile (acks wait for the connection).
     let mut conn = loop {
-        let attempt = tokio::time::timeout(IO_TIMEOUT, client.get_async_connection());
+        let attempt = tokio::time::timeout(config.connect_timeout, client.get_async_connection());
         tokio::pin!(attempt);
         let connected = loop {
             tokio::select! {

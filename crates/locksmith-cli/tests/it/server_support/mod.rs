@@ -300,6 +300,37 @@ pub async fn leader(members: &[ServerProcess], except: &[usize]) -> usize {
     }
 }
 
+/// `locksmith cluster status --json` of the cluster at `url`, as the member
+/// it reaches first knows it (the leader knows what each member announced).
+pub async fn cluster_status(url: &str) -> serde_json::Value {
+    let url = url.to_owned();
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(BINARY)
+            .args(["cluster", "--backend", &url, "status", "--json"])
+            .output()
+            .expect("run locksmith cluster status")
+    })
+    .await
+    .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "cluster status: {text}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+/// The record version each member announced, by id, as the leader knows it.
+pub fn record_versions(status: &serde_json::Value) -> Vec<Option<u64>> {
+    status["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["record_version"].as_u64())
+        .collect()
+}
+
 /// The `locksmith://` URL of the servers on these loopback ports.
 pub fn members_url(ports: &[u16]) -> String {
     let members: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
