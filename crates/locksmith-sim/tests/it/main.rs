@@ -175,12 +175,30 @@ fn a_leader_refused_during_an_election_does_not_spin() {
     assert!(passed, "{output}");
 }
 
-/// A past defect, put back with `--plant`, and a run that finds it: the
-/// run passes without it, and fails with it on the rule named.
-struct Planted {
-    plant: &'static str,
-    run: &'static [&'static str],
-    rule: &'static str,
+/// Runs `run` without and with `plant` (a past defect, put back with
+/// `--plant`): it must pass without, and fail with, on the rule named.
+fn find_planted(plant: &str, run: &[&str], rule: &str) {
+    let (clean, passed) = simulate(run);
+    assert!(passed, "{plant} fails without its plant:\n{clean}");
+    let with: Vec<&str> = run.iter().copied().chain(["--plant", plant]).collect();
+    let (output, passed) = simulate(&with);
+    assert!(
+        !passed && output.contains(rule),
+        "{plant} not found (\"{rule}\" unbroken):\n{output}"
+    );
+}
+
+/// One test per plant, so that the runner spreads the sixteen runs over
+/// its threads (one test of all of them ran its runs at once, and last).
+macro_rules! planted {
+    ($($test:ident: $plant:literal on $run:expr, breaks $rule:literal;)*) => {
+        $(
+            #[test]
+            fn $test() {
+                super::find_planted($plant, $run, $rule);
+            }
+        )*
+    };
 }
 
 /// The checks have teeth: each planted defect (module
@@ -190,92 +208,33 @@ struct Planted {
 /// code under test draws or sends moves every run, so a seed may need
 /// hunting again (`--seeds 1..N --plant P`: the first that fails on the
 /// rule named, and passes without it).
-const PLANTED: [Planted; 8] = [
-    Planted {
-        plant: "frozen-leader",
-        run: &["--seed", "10", "--duration", "8", "--calm"],
-        rule: "no healthy session lost",
-    },
-    Planted {
-        plant: "no-grace",
-        run: &["--seed", "11", "--duration", "20", "--calm"],
-        rule: "no healthy session lost",
-    },
-    Planted {
-        plant: "stale-hint",
-        run: &["--seed", "163", "--duration", "12", "--calm"],
-        rule: "no healthy session lost",
-    },
-    Planted {
-        plant: "heartbeats-dropped",
-        run: &["--seed", "23", "--duration", "12", "--calm"],
-        rule: "no healthy session lost",
-    },
-    Planted {
-        plant: "deadline-by-equality",
-        run: &["--seed", "6", "--duration", "10", "--mixed"],
-        rule: "locks are free once the clients leave",
-    },
-    Planted {
-        plant: "no-deadline-check",
-        run: &["--seed", "82", "--duration", "3", "--mixed", "--lease-edge"],
-        rule: "leases are kept",
-    },
-    Planted {
-        plant: "joint-finisher-race",
-        run: &[
-            "--seed",
-            "27",
-            "--duration",
-            "12",
-            "--membership",
-            "--slow-apply",
-        ],
-        rule: "the operator is told the truth",
-    },
-    Planted {
-        plant: "leader-restore",
-        run: LEADER_LOST_ITS_UNSYNCED_TAIL,
-        rule: "tokens rise",
-    },
-];
-
-#[test]
-fn every_planted_defect_is_found() {
-    let missed: Vec<String> = std::thread::scope(|scope| {
-        let runs: Vec<_> = PLANTED
-            .iter()
-            .map(|planted| {
-                scope.spawn(move || {
-                    let (clean, passed) = simulate(planted.run);
-                    if !passed {
-                        return Some(format!(
-                            "{} fails without its plant:\n{clean}",
-                            planted.plant
-                        ));
-                    }
-                    let with: Vec<&str> = planted
-                        .run
-                        .iter()
-                        .copied()
-                        .chain(["--plant", planted.plant])
-                        .collect();
-                    let (output, passed) = simulate(&with);
-                    match !passed && output.contains(planted.rule) {
-                        true => None,
-                        false => Some(format!(
-                            "{} not found (\"{}\" unbroken):\n{output}",
-                            planted.plant, planted.rule
-                        )),
-                    }
-                })
-            })
-            .collect();
-        runs.into_iter()
-            .filter_map(|run| run.join().expect("a run's thread"))
-            .collect()
-    });
-    assert!(missed.is_empty(), "{}", missed.join("\n\n"));
+mod every_planted_defect_is_found {
+    planted! {
+        frozen_leader: "frozen-leader"
+            on &["--seed", "10", "--duration", "8", "--calm"],
+            breaks "no healthy session lost";
+        no_grace: "no-grace"
+            on &["--seed", "11", "--duration", "20", "--calm"],
+            breaks "no healthy session lost";
+        stale_hint: "stale-hint"
+            on &["--seed", "163", "--duration", "12", "--calm"],
+            breaks "no healthy session lost";
+        heartbeats_dropped: "heartbeats-dropped"
+            on &["--seed", "23", "--duration", "12", "--calm"],
+            breaks "no healthy session lost";
+        deadline_by_equality: "deadline-by-equality"
+            on &["--seed", "6", "--duration", "10", "--mixed"],
+            breaks "locks are free once the clients leave";
+        no_deadline_check: "no-deadline-check"
+            on &["--seed", "82", "--duration", "3", "--mixed", "--lease-edge"],
+            breaks "leases are kept";
+        joint_finisher_race: "joint-finisher-race"
+            on &["--seed", "27", "--duration", "12", "--membership", "--slow-apply"],
+            breaks "the operator is told the truth";
+        leader_restore: "leader-restore"
+            on super::LEADER_LOST_ITS_UNSYNCED_TAIL,
+            breaks "tokens rise";
+    }
 }
 
 /// Mixed seed 4 (10 s): a leased grant, held up while two members' link
@@ -373,8 +332,7 @@ fn the_finisher_leaves_a_change_under_way_to_end_itself() {
 /// the token 38 answered at 3.8 s was granted again at 5.0 s.
 ///
 /// The run passes without the plant, and fails with it, in
-/// `every_planted_defect_is_found` (the plant `leader-restore`), which runs
-/// it both ways.
+/// `every_planted_defect_is_found::leader_restore`, which runs it both ways.
 const LEADER_LOST_ITS_UNSYNCED_TAIL: &[&str] = &[
     "--seed",
     "2293",
