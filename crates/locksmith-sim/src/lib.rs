@@ -81,7 +81,7 @@
 //! their leases close to their end, racing the expiry. The clients
 //! must also finish: a cluster that stops granting for good fails the run.
 //! Once they stop, a fresh client (the prober) must get every lock whole
-//! within 15 s: a session that never ends keeps its locks for good. In calm
+//! within 15 s (all at once): a session that never ends keeps its locks for good. In calm
 //! runs (`--calm`: one member fault at a time, each healed and settled
 //! before the next) and runs without faults, no client may lose a hold
 //! taken with its session: the cluster must keep healthy sessions through

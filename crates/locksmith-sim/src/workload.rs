@@ -378,17 +378,17 @@ pub(crate) async fn run_client(
     Ok(())
 }
 
-/// How long the prober waits for each lock: past the longest a client's
-/// last hold runs (a wait of 1.5 s, a hold of 1.8 s), a session whose
-/// close did not arrive (its TTL), and a new leader's grace.
+/// How long the prober waits for the locks (all at once): past the longest
+/// a client's last hold runs (a wait of 1.5 s, a hold of 1.8 s), a session
+/// whose close did not arrive (its TTL), and a new leader's grace.
 const PROBE_WAIT: Duration = Duration::from_secs(15);
 
 /// The prober: once the clients stop starting operations (`setup.until`),
 /// a fresh client takes every hot lock whole (a semaphore's every permit,
-/// a read-write lock's write side) and lets it go. Every hold the clients
-/// had ends by then, released, closed or expired, so a lock still not free
-/// after [`PROBE_WAIT`] is held by a session that never ends: each such
-/// lock is a violation in `stuck`. Its operations join the history as
+/// a read-write lock's write side), every lock at once, and lets it go.
+/// Every hold the clients had ends by then, released, closed or expired,
+/// so a lock still not free after [`PROBE_WAIT`] is held by a session that
+/// never ends: each such lock is a violation in `stuck`. Its operations join the history as
 /// client 0's.
 ///
 /// Cancel safety: dropped, its guards release in the background and its
@@ -414,78 +414,85 @@ pub(crate) async fn run_prober(
             }
         }
     }
-    for lock in 0..setup.locks.len() {
-        let name = setup.locks[lock].as_str();
-        let wanted: Vec<(Lock, Want)> = match (setup.mixed, lock % 3) {
-            (true, 1) => vec![(clients[0].rw_lock(name).write(), Want::Exclusive)],
-            (true, 2) => clients
-                .iter()
-                .map(|client| {
-                    (
-                        client.semaphore(name, PERMITS),
-                        Want::Permit { of: PERMITS },
-                    )
-                })
-                .collect(),
-            _ => vec![(clients[0].lock(name), Want::Exclusive)],
-        };
-        let takes = wanted
-            .into_iter()
-            .enumerate()
-            .map(|(thread, (chosen, want))| {
-                let recorder = Recorder {
-                    client: 0,
-                    thread: thread as u64 + (lock as u64) * u64::from(PERMITS),
-                    history: history.clone(),
-                };
-                async move {
-                    recorder.record(
-                        lock,
-                        Kind::Invoke(Op::Acquire {
-                            want,
-                            lease_ms: None,
-                        }),
-                    );
-                    match chosen.acquire_timeout(PROBE_WAIT).await {
-                        Ok(guard) => {
-                            let token = guard.fencing_token();
-                            recorder.record(lock, Kind::Return(Ret::Granted { token }));
-                            Ok((guard, recorder, token))
-                        }
-                        Err(error) => {
-                            if matches!(error, Error::Timeout(_)) {
-                                recorder.record(lock, Kind::Return(Ret::TimedOut));
+    // Every lock at once: each gets its PROBE_WAIT from the moment the
+    // clients stopped, and a run that leaves them all stuck ends one wait
+    // later, not one per lock.
+    let probes = (0..setup.locks.len()).map(|lock| {
+        let (clients, history, stuck, setup) = (&clients, &history, &stuck, &setup);
+        async move {
+            let name = setup.locks[lock].as_str();
+            let wanted: Vec<(Lock, Want)> = match (setup.mixed, lock % 3) {
+                (true, 1) => vec![(clients[0].rw_lock(name).write(), Want::Exclusive)],
+                (true, 2) => clients
+                    .iter()
+                    .map(|client| {
+                        (
+                            client.semaphore(name, PERMITS),
+                            Want::Permit { of: PERMITS },
+                        )
+                    })
+                    .collect(),
+                _ => vec![(clients[0].lock(name), Want::Exclusive)],
+            };
+            let takes = wanted
+                .into_iter()
+                .enumerate()
+                .map(|(thread, (chosen, want))| {
+                    let recorder = Recorder {
+                        client: 0,
+                        thread: thread as u64 + (lock as u64) * u64::from(PERMITS),
+                        history: history.clone(),
+                    };
+                    async move {
+                        recorder.record(
+                            lock,
+                            Kind::Invoke(Op::Acquire {
+                                want,
+                                lease_ms: None,
+                            }),
+                        );
+                        match chosen.acquire_timeout(PROBE_WAIT).await {
+                            Ok(guard) => {
+                                let token = guard.fencing_token();
+                                recorder.record(lock, Kind::Return(Ret::Granted { token }));
+                                Ok((guard, recorder, token))
                             }
-                            Err(error)
+                            Err(error) => {
+                                if matches!(error, Error::Timeout(_)) {
+                                    recorder.record(lock, Kind::Return(Ret::TimedOut));
+                                }
+                                Err(error)
+                            }
                         }
                     }
-                }
-            });
-        let mut taken = Vec::new();
-        for result in futures::future::join_all(takes).await {
-            match result {
-                Ok(held) => taken.push(held),
-                Err(error) => stuck.borrow_mut().push(crate::check::Violation {
-                    rule: "locks are free once the clients leave",
-                    lock,
-                    detail: format!(
-                        "{name} not granted to a fresh client within {PROBE_WAIT:?} after the \
+                });
+            let mut taken = Vec::new();
+            for result in futures::future::join_all(takes).await {
+                match result {
+                    Ok(held) => taken.push(held),
+                    Err(error) => stuck.borrow_mut().push(crate::check::Violation {
+                        rule: "locks are free once the clients leave",
+                        lock,
+                        detail: format!(
+                            "{name} not granted to a fresh client within {PROBE_WAIT:?} after the \
                          clients stopped: {error}"
-                    ),
-                }),
-            }
-        }
-        for (guard, recorder, token) in taken {
-            recorder.record(lock, Kind::Invoke(Op::Release { token }));
-            match guard.release().await {
-                Ok(()) => recorder.record(lock, Kind::Return(Ret::Released)),
-                Err(Error::NotOwner { .. } | Error::NotHeld { .. } | Error::Lost(_)) => {
-                    recorder.record(lock, Kind::Return(Ret::NotHeld))
+                        ),
+                    }),
                 }
-                Err(_) => {}
+            }
+            for (guard, recorder, token) in taken {
+                recorder.record(lock, Kind::Invoke(Op::Release { token }));
+                match guard.release().await {
+                    Ok(()) => recorder.record(lock, Kind::Return(Ret::Released)),
+                    Err(Error::NotOwner { .. } | Error::NotHeld { .. } | Error::Lost(_)) => {
+                        recorder.record(lock, Kind::Return(Ret::NotHeld))
+                    }
+                    Err(_) => {}
+                }
             }
         }
-    }
+    });
+    futures::future::join_all(probes).await;
     for client in clients {
         let _ = client.close().await;
     }

@@ -771,9 +771,17 @@ fn replace_leader(cluster: &ServeCluster) -> Result<String, String> {
         }
     }
     let promoted = started.elapsed();
-    cluster
-        .change_members(&["remove", &old.id().to_string()])
-        .map_err(|e| format!("could not remove member {}: {e}", old.id()))?;
+    // Asked again while the cluster answers "no leader yet" or the like: on a
+    // loaded machine the promotion can cost the leader its leadership.
+    loop {
+        match cluster.change_members(&["remove", &old.id().to_string()]) {
+            Ok(()) => break,
+            Err(_) if started.elapsed() < Duration::from_secs(30) => {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => return Err(format!("could not remove member {}: {e}", old.id())),
+        }
+    }
     let successor = cluster.leader(Some(old.id()))?.id();
     let took = started.elapsed();
     cluster.retire(old);
