@@ -761,27 +761,14 @@ fn replace_leader(cluster: &ServeCluster) -> Result<String, String> {
     let new = cluster.start_spare()?;
     // The new member adds itself as a learner (`--join`); it can be promoted
     // once the leader has it.
-    loop {
-        match cluster.change_members(&["promote", &new.id().to_string()]) {
-            Ok(()) => break,
-            Err(_) if started.elapsed() < Duration::from_secs(30) => {
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            Err(e) => return Err(format!("could not promote member {}: {e}", new.id())),
-        }
-    }
+    let deadline = started + Duration::from_secs(30);
+    change_members_by(cluster, &["promote", &new.id().to_string()], deadline)
+        .map_err(|e| format!("could not promote member {}: {e}", new.id()))?;
     let promoted = started.elapsed();
-    // Asked again while the cluster answers "no leader yet" or the like: on a
-    // loaded machine the promotion can cost the leader its leadership.
-    loop {
-        match cluster.change_members(&["remove", &old.id().to_string()]) {
-            Ok(()) => break,
-            Err(_) if started.elapsed() < Duration::from_secs(30) => {
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            Err(e) => return Err(format!("could not remove member {}: {e}", old.id())),
-        }
-    }
+    // On a loaded machine the promotion can cost the leader its leadership:
+    // the removal, too, is asked again until a leader takes it.
+    change_members_by(cluster, &["remove", &old.id().to_string()], deadline)
+        .map_err(|e| format!("could not remove member {}: {e}", old.id()))?;
     let successor = cluster.leader(Some(old.id()))?.id();
     let took = started.elapsed();
     cluster.retire(old);
@@ -791,6 +778,27 @@ fn replace_leader(cluster: &ServeCluster) -> Result<String, String> {
         new.id(),
         old.id()
     ))
+}
+
+/// Asks `cluster` for a membership `change` every 100 ms until it is taken
+/// (the member is not there yet, no leader answers yet) or `deadline`
+/// passes; the last refusal then.
+///
+/// Blocking: it runs `locksmith cluster` and sleeps between attempts.
+fn change_members_by(
+    cluster: &ServeCluster,
+    change: &[&str],
+    deadline: std::time::Instant,
+) -> Result<(), String> {
+    loop {
+        match cluster.change_members(change) {
+            Ok(()) => return Ok(()),
+            Err(_) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// Kills one of `masters` that has `lock`, deletes its data, and restarts it
