@@ -10,9 +10,9 @@
 //! report that reproduces.
 //!
 //! ```text
-//! cargo run --release -p locksmith-sim -- --seed 7              # one run, its figures
-//! cargo run --release -p locksmith-sim -- --seeds 1..1000       # a campaign
-//! RUST_LOG=locksmith_sim=debug cargo run --release -p locksmith-sim -- --seed 7   # with its trace
+//! cargo run --profile simulate -p locksmith-sim -- --seed 7              # one run, its figures
+//! cargo run --profile simulate -p locksmith-sim -- --seeds 1..1000       # a campaign
+//! RUST_LOG=locksmith_sim=debug cargo run --profile simulate -p locksmith-sim -- --seed 7   # with its trace
 //! ```
 //!
 //! ## The simulator: turmoil
@@ -274,7 +274,7 @@ impl Settings {
     /// The command that runs `seed` with these settings again.
     pub fn replay_command(&self, seed: u64) -> String {
         format!(
-            "RUST_LOG=locksmith_sim=debug cargo run --release -p locksmith-sim -- --seed {seed} {}",
+            "RUST_LOG=locksmith_sim=debug cargo run --profile simulate -p locksmith-sim -- --seed {seed} {}",
             self.args().join(" ")
         )
     }
