@@ -147,28 +147,3 @@ impl Termination {
         }
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use futures::FutureExt;
-    use nix::sys::signal::{raise, Signal};
-
-    use super::*;
-
-    /// What left `locksmith elect` leading after SIGINT: the signal landed
-    /// after one wait was dropped and before the next one began.
-    #[tokio::test]
-    async fn a_signal_between_two_waits_ends_the_second() {
-        let mut termination = Termination::listen();
-        let mut witness = Termination::listen();
-        // A first wait, dropped unfinished (as a `select!` drops it).
-        assert!(termination.recv().now_or_never().is_none());
-        raise(Signal::SIGTERM).unwrap();
-        // Once another listener has it, tokio has told every listener.
-        assert_eq!(witness.recv().await, Signal::SIGTERM);
-        let signal = tokio::time::timeout(Duration::from_secs(10), termination.recv())
-            .await
-            .expect("the signal was missed");
-        assert_eq!(signal, Signal::SIGTERM);
-    }
-}

@@ -97,12 +97,12 @@ async fn connect(url: &str) -> Result<Stub, String> {
     )
 }
 
-fn parse_session_id(text: &str) -> Result<u64, String> {
+pub fn parse_session_id(text: &str) -> Result<u64, String> {
     let digits = text.strip_prefix("0x").unwrap_or(text);
     u64::from_str_radix(digits, 16).map_err(|e| format!("{text}: not a session id ({e})"))
 }
 
-fn render(list: &pb::ListSessionsResponse) -> Table {
+pub fn render(list: &pb::ListSessionsResponse) -> Table {
     let mut table = Table::new();
     table.load_style(ASCII_NO_BORDERS).set_header([
         "SESSION",
@@ -132,45 +132,4 @@ fn render(list: &pb::ListSessionsResponse) -> Table {
         ]);
     }
     table
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn session_ids_are_hex() {
-        assert_eq!(parse_session_id("000000000000002a"), Ok(42));
-        assert_eq!(parse_session_id("0x2a"), Ok(42));
-        assert!(parse_session_id("xyz").is_err());
-    }
-
-    #[test]
-    fn renders_sessions() {
-        let list = pb::ListSessionsResponse {
-            sessions: vec![pb::SessionInfo {
-                session_id: 42,
-                client_name: "cron\u{1b}[2J".into(),
-                host: "host-a".into(),
-                ttl_ms: 15_000,
-                expires_at_ms: 12_500,
-                holds: 3,
-                connected: false,
-                peer: "10.0.0.7:51234".into(),
-            }],
-            now_ms: 10_000,
-        };
-        let text = render(&list).to_string();
-        for expected in [
-            "000000000000002a",
-            "cron\\u{1b}[2J",
-            "host-a",
-            "10.0.0.7:51234",
-            "no",
-            "15.0s",
-            "2.5s",
-        ] {
-            assert!(text.contains(expected), "{expected} missing from\n{text}");
-        }
-    }
 }

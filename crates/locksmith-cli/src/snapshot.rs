@@ -385,7 +385,7 @@ async fn source_address(url: &ServerUrl, from_leader: bool) -> Result<Source, St
 
 /// In a leader's `view`, the member other than itself that is least behind
 /// it, if it has matched the leader's log to within [`CAUGHT_UP`] entries.
-fn caught_up_follower(view: &pb::ClusterStatus) -> Option<&pb::MemberStatus> {
+pub fn caught_up_follower(view: &pb::ClusterStatus) -> Option<&pb::MemberStatus> {
     view.members
         .iter()
         .filter(|m| m.id != view.node_id && m.last_log_index.is_some())
@@ -479,57 +479,4 @@ async fn restore(
         cluster.join(",")
     );
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn member(id: u64, matched: Option<u64>, lag: Option<u64>) -> pb::MemberStatus {
-        pb::MemberStatus {
-            id,
-            address: format!("127.0.0.1:{}", 7000 + id),
-            voter: true,
-            leader: id == 1,
-            last_log_index: matched,
-            applied_index: None,
-            lag,
-            version: None,
-            record_version: None,
-        }
-    }
-
-    fn leader_view(members: Vec<pb::MemberStatus>) -> pb::ClusterStatus {
-        pb::ClusterStatus {
-            node_id: 1,
-            leader_id: 1,
-            term: 3,
-            members,
-            changing: false,
-            cluster_version: 0,
-        }
-    }
-
-    #[test]
-    fn a_backup_comes_from_the_follower_least_behind_the_leader() {
-        let view = leader_view(vec![
-            member(1, Some(5_000), Some(0)),
-            member(2, Some(4_990), Some(10)),
-            member(3, Some(4_998), Some(2)),
-        ]);
-        assert_eq!(caught_up_follower(&view).map(|m| m.id), Some(3));
-    }
-
-    #[test]
-    fn a_follower_far_behind_or_never_matched_is_not_a_backup_source() {
-        let view = leader_view(vec![
-            member(1, Some(5_000), Some(0)),
-            member(2, Some(3_000), Some(2_000)),
-            member(3, None, Some(5_000)),
-        ]);
-        assert_eq!(caught_up_follower(&view).map(|m| m.id), None);
-        // A group of one: the leader alone.
-        let view = leader_view(vec![member(1, Some(5_000), Some(0))]);
-        assert_eq!(caught_up_follower(&view).map(|m| m.id), None);
-    }
 }

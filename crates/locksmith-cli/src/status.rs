@@ -184,7 +184,7 @@ pub async fn release(args: ReleaseArgs) -> ExitCode {
 /// a backslash as `\\`, so a lock name, owner or client label can neither
 /// drive the operator's terminal nor forge rows of the table, and two
 /// different names never print the same.
-pub(crate) fn printable(text: &str) -> Cow<'_, str> {
+pub fn printable(text: &str) -> Cow<'_, str> {
     // `escape_debug` leaves exactly the printable characters alone, except
     // quotes, which need no escape here.
     let plain = |c: char| matches!(c, '"' | '\'') || c.escape_debug().len() == 1;
@@ -203,7 +203,7 @@ pub(crate) fn printable(text: &str) -> Cow<'_, str> {
 }
 
 /// One row per holder (and one for a lock with only waiters).
-fn render(locks: &[LockInfo], now: SystemTime) -> Table {
+pub fn render(locks: &[LockInfo], now: SystemTime) -> Table {
     let mut table = Table::new();
     table.load_style(ASCII_NO_BORDERS).set_header([
         "NAME",
@@ -427,66 +427,6 @@ impl<'a> Report<'a> {
             at: time(now),
             locks,
             history,
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use locksmith::{Holder, Mode, Waiter};
-
-    #[test]
-    fn renders_holders_and_waiters() {
-        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
-        let locks = [LockInfo {
-            name: "jobs/report".into(),
-            holders: vec![Holder {
-                owner: "w1".into(),
-                lock_by: Some("cron@host-a".into()),
-                lock_time: Some(now - Duration::from_secs(5)),
-                fencing_token: Some(42),
-                lease_expires: Some(now + Duration::from_millis(2500)),
-                mode: Mode::Exclusive,
-                hold_count: 2,
-            }],
-            waiters: vec![Waiter {
-                owner: "w2".into(),
-                mode: Mode::Exclusive,
-                since: None,
-            }],
-        }];
-        let text = render(&locks, now).to_string();
-        for expected in [
-            "jobs/report",
-            "exclusive x2",
-            "w1",
-            "cron@host-a",
-            "42",
-            "2.5s",
-            "1970-01-12T13:46:35Z",
-        ] {
-            assert!(text.contains(expected), "{expected} missing from\n{text}");
-        }
-    }
-
-    #[test]
-    fn escapes_what_is_not_printable() {
-        assert!(matches!(printable("orders/42 ünï ключ"), Cow::Borrowed(_)));
-        for (raw, shown) in [
-            ("a\u{1b}[2Jb", "a\\u{1b}[2Jb"),
-            ("row\nforged", "row\\nforged"),
-            ("cr\rtab\t", "cr\\rtab\\t"),
-            ("rtl\u{202e}txt", "rtl\\u{202e}txt"),
-            ("zero\u{200b}width", "zero\\u{200b}width"),
-            ("bell\u{7}del\u{7f}", "bell\\u{7}del\\u{7f}"),
-            ("c1\u{9b}31m", "c1\\u{9b}31m"),
-            // A backslash is doubled, so "\\n" typed in a name cannot pass
-            // for an escaped line break.
-            ("back\\nslash", "back\\\\nslash"),
-            ("quotes \"'", "quotes \"'"),
-        ] {
-            assert_eq!(printable(raw), shown, "{raw:?}");
         }
     }
 }

@@ -2,10 +2,12 @@
 //! module per concern, so the whole set links once. Each test runs the
 //! binary Cargo built beside it (`CARGO_BIN_EXE_locksmith`) as a process;
 //! `server_support` starts and stops `locksmith serve` for the `server_*`
-//! modules. The modules that load the machine on purpose run alone under
+//! modules. `commands` tests the command's modules themselves (the library
+//! `locksmith_cli` the binary runs). The modules that load the machine on purpose run alone under
 //! nextest (`.config/nextest.toml`). One module alone:
 //! `cargo nextest run -p locksmith-cli -E 'test(/^server_crash::/)'`.
 
+mod commands;
 mod elect;
 mod observability;
 mod server_answers;
