@@ -1,9 +1,9 @@
 //! The simulation's fixed seeds, as CI runs them, through the
 //! `locksmith-sim` program (a process per seed, as a replay runs it):
 //! each run checked (crate docs), and one seed run twice to show it replays
-//! exactly. Short runs, so that the binary stays within a minute or so of
-//! a debug build (about 65 s of CPU in all); campaigns of many long seeds
-//! are `scripts/simulate`'s.
+//! exactly. Short runs of a debug build, each a few to 25 CPU-seconds
+//! (about 260 in all, AMD EPYC, 2026-12-01: 30 % of the suite's CPU);
+//! campaigns of many long seeds are `scripts/simulate`'s.
 
 use std::process::Command;
 
