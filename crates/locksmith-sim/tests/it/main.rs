@@ -1,8 +1,9 @@
 //! The simulation's fixed seeds, as CI runs them, through the
 //! `locksmith-sim` program (a process per seed, as a replay runs it):
 //! each run checked (crate docs), and one seed run twice to show it replays
-//! exactly. Short runs of a debug build, each a few to 25 CPU-seconds
-//! (about 260 in all, AMD EPYC, 2026-12-01: 30 % of the suite's CPU);
+//! exactly. Short runs of a debug build (tokio optimized, Cargo.toml), each
+//! a few to 15 CPU-seconds (about 175 in all, AMD EPYC, 2026-12-02: the
+//! largest share of the suite's CPU);
 //! campaigns of many long seeds are `scripts/simulate`'s.
 
 use std::process::Command;
