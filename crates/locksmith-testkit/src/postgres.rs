@@ -295,21 +295,55 @@ impl_server!(Postgres, "postgres");
 /// CPU-second, a copy a tenth of that, and a run of the suite starts some
 /// thirty servers, each test in a process of its own (nextest).
 ///
-/// It stays in the temporary directory (about 40 MB) for later runs; a
-/// PostgreSQL upgrade (another `initdb`) makes a new one. Made in a
-/// directory of its own and renamed into place when complete, so processes
-/// racing to make it never see half of one.
+/// It stays in the temporary directory (about 40 MB) for the day's later
+/// runs; a PostgreSQL upgrade (another `initdb`) makes a new one. A new one
+/// is made each day, and the first process to make one removes those more
+/// than two days old: a cleaner of old files in the temporary directory
+/// (systemd-tmpfiles, after ten days) could otherwise take files out of a
+/// template still in use. Made in a directory of its own and renamed into
+/// place when complete, so processes racing to make it never see half of
+/// one.
 fn initdb_template(initdb: &Path, user: Option<(u32, u32)>) -> Result<PathBuf> {
     use std::hash::{Hash, Hasher};
     use std::os::unix::fs::MetadataExt;
 
+    const PREFIX: &str = "locksmith-pg-template-";
+    const DAY: u64 = 24 * 60 * 60;
     let built = fs::metadata(initdb)
         .map_err(|e| Error::io(format!("cannot read {}", initdb.display()), e))?;
+    let today = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_secs() / DAY);
     let mut key = std::collections::hash_map::DefaultHasher::new();
-    (initdb, built.len(), built.mtime(), built.mtime_nsec(), user).hash(&mut key);
-    let template = env::temp_dir().join(format!("locksmith-pg-template-{:016x}", key.finish()));
+    (
+        initdb,
+        built.len(),
+        built.mtime(),
+        built.mtime_nsec(),
+        user,
+        today,
+    )
+        .hash(&mut key);
+    let template = env::temp_dir().join(format!("{PREFIX}{:016x}", key.finish()));
     if template.join("PG_VERSION").exists() {
         return Ok(template);
+    }
+    for old in fs::read_dir(env::temp_dir())
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let is_template = old
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.starts_with(PREFIX));
+        let age = old
+            .metadata()
+            .ok()
+            .and_then(|m| m.modified().ok()?.elapsed().ok());
+        if is_template && age.is_some_and(|age| age.as_secs() > 2 * DAY) {
+            let _ = fs::remove_dir_all(old.path());
+        }
     }
     // A server directory, so that a process killed during initdb leaves
     // nothing behind once swept.
