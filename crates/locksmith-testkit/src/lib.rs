@@ -308,7 +308,8 @@ pub(crate) fn server_dir(name: &str) -> Result<tempfile::TempDir> {
     Ok(dir)
 }
 
-/// Removes the server directories whose owning process no longer exists.
+/// Removes the server directories whose owning process no longer exists,
+/// and PostgreSQL's `initdb` templates of two days ago or more.
 fn sweep_orphaned_dirs() {
     let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
         return;
@@ -317,10 +318,18 @@ fn sweep_orphaned_dirs() {
         let path = entry.path();
         // Every server's directory, whatever the server: a kind left out of a
         // list here (PgBouncer was) would pile up a directory per test run.
-        let is_ours = entry
-            .file_name()
-            .to_str()
-            .is_some_and(|n| n.starts_with("locksmith-"));
+        let name = entry.file_name();
+        let name = name.to_str().unwrap_or_default();
+        let is_ours = name.starts_with("locksmith-");
+        let age = entry
+            .metadata()
+            .ok()
+            .and_then(|m| m.modified().ok()?.elapsed().ok());
+        if age.is_some_and(|age| postgres::is_stale_template(name, age)) {
+            tracing::debug!(dir = %path.display(), "removing an old initdb template");
+            let _ = std::fs::remove_dir_all(&path);
+            continue;
+        }
         let owner = std::fs::read_to_string(path.join(OWNER_FILE))
             .ok()
             .and_then(|pid| pid.trim().parse::<i32>().ok());

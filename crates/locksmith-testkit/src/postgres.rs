@@ -34,6 +34,10 @@ const DATABASE: &str = "postgres";
 /// A PostgreSQL cluster (`initdb` + `postgres`) on `127.0.0.1`, in its own
 /// temporary directory, killed on drop.
 ///
+/// The cluster is a copy of one made by `initdb` once a day and kept in the
+/// temporary directory (about 40 MB, `locksmith-pg-template-*`; those of two
+/// days ago or more are removed), which costs a tenth of running `initdb`.
+///
 /// Authentication is `trust`; the superuser is `postgres`. `fsync` stays on, so
 /// committed data survives [`kill`](Postgres::kill) + [`restart`](Postgres::restart)
 /// (crash recovery). When the tests run as root, the cluster is owned by and runs
@@ -290,6 +294,17 @@ impl Postgres {
 
 impl_server!(Postgres, "postgres");
 
+/// What the names of [`initdb_template`]'s templates start with.
+const TEMPLATE_PREFIX: &str = "locksmith-pg-template-";
+const DAY: u64 = 24 * 60 * 60;
+
+/// Whether `name` in the temporary directory, last changed `age` ago, is
+/// an [`initdb_template`] of two days ago or more, which no run uses: each
+/// day has its own.
+pub(crate) fn is_stale_template(name: &str, age: Duration) -> bool {
+    name.starts_with(TEMPLATE_PREFIX) && age.as_secs() > 2 * DAY
+}
+
 /// A cluster fresh from `initdb`, made once per machine, PostgreSQL build
 /// and server user, which each server copies: `initdb` takes about a
 /// CPU-second, a copy a tenth of that, and a run of the suite starts some
@@ -297,18 +312,16 @@ impl_server!(Postgres, "postgres");
 ///
 /// It stays in the temporary directory (about 40 MB) for the day's later
 /// runs; a PostgreSQL upgrade (another `initdb`) makes a new one. A new one
-/// is made each day, and the first process to make one removes those more
-/// than two days old: a cleaner of old files in the temporary directory
-/// (systemd-tmpfiles, after ten days) could otherwise take files out of a
-/// template still in use. Made in a directory of its own and renamed into
-/// place when complete, so processes racing to make it never see half of
-/// one.
+/// is made each day, and the sweep of server directories removes those
+/// more than two days old ([`is_stale_template`]): a cleaner of old files
+/// in the temporary directory (systemd-tmpfiles, after ten days) could
+/// otherwise take files out of a template still in use. Made in a
+/// directory of its own and renamed into place when complete, so processes
+/// racing to make it never see half of one.
 fn initdb_template(initdb: &Path, user: Option<(u32, u32)>) -> Result<PathBuf> {
     use std::hash::{Hash, Hasher};
     use std::os::unix::fs::MetadataExt;
 
-    const PREFIX: &str = "locksmith-pg-template-";
-    const DAY: u64 = 24 * 60 * 60;
     let built = fs::metadata(initdb)
         .map_err(|e| Error::io(format!("cannot read {}", initdb.display()), e))?;
     let today = std::time::SystemTime::now()
@@ -324,26 +337,9 @@ fn initdb_template(initdb: &Path, user: Option<(u32, u32)>) -> Result<PathBuf> {
         today,
     )
         .hash(&mut key);
-    let template = env::temp_dir().join(format!("{PREFIX}{:016x}", key.finish()));
+    let template = env::temp_dir().join(format!("{TEMPLATE_PREFIX}{:016x}", key.finish()));
     if template.join("PG_VERSION").exists() {
         return Ok(template);
-    }
-    for old in fs::read_dir(env::temp_dir())
-        .into_iter()
-        .flatten()
-        .flatten()
-    {
-        let is_template = old
-            .file_name()
-            .to_str()
-            .is_some_and(|n| n.starts_with(PREFIX));
-        let age = old
-            .metadata()
-            .ok()
-            .and_then(|m| m.modified().ok()?.elapsed().ok());
-        if is_template && age.is_some_and(|age| age.as_secs() > 2 * DAY) {
-            let _ = fs::remove_dir_all(old.path());
-        }
     }
     // A server directory, so that a process killed during initdb leaves
     // nothing behind once swept.
