@@ -972,10 +972,21 @@ async fn expire_session(
         }
         _ => {
             let start = now();
-            let admin = target
-                .connect(timing.session_ttl, "torture-admin")
-                .await
-                .map_err(|e| format!("admin connect: {e}"))?;
+            // The cluster may still be between leaders from the last
+            // round's fault (a member restarted moments ago): the admin
+            // waits that out, as an operator would, within a bound, instead
+            // of one session setup (a TTL at most).
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+            let admin = loop {
+                match target.connect(timing.session_ttl, "torture-admin").await {
+                    Ok(admin) => break admin,
+                    Err(e) if tokio::time::Instant::now() < deadline => {
+                        tracing::debug!(error = %e, "admin connect: trying again");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    Err(e) => return Err(format!("admin connect: {e}")),
+                }
+            };
             let result = admin.force_release(&lock).await;
             let _ = admin.close().await;
             result.map_err(|e| format!("force_release: {e}"))?;
