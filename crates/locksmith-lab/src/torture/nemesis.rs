@@ -7,7 +7,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
 use super::checker::FaultRecord;
-use super::protocol::now;
+use super::protocol::{now, Request};
 use super::resource::Who;
 use super::round::Round;
 use crate::bench::target::{Kind, ServeCluster, Spawned, Target};
@@ -284,6 +284,7 @@ async fn holder(round: &Round) -> Result<Holder, String> {
 /// linger request standing (the next client to enter lingers with nothing
 /// waiting for it), the case the withdrawal above avoids.
 async fn lingering_holder(round: &Round, extra: Duration) -> Result<Holder, String> {
+    let asked = now();
     round.resource.request_linger(extra);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     loop {
@@ -304,10 +305,51 @@ async fn lingering_holder(round: &Round, extra: Duration) -> Result<Holder, Stri
             }
         }
         if timed_out {
-            return Err("no client entered its critical section for 5 s".into());
+            return Err(format!(
+                "no client entered its critical section for 5 s ({})",
+                what_clients_reported_since(round, asked)
+            ));
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
+}
+
+/// What the clients reported since `since`, for a fault that found nobody
+/// to hit: grants that skipped their write, acquires that failed, and the
+/// last reason of each, so that the failure explains itself.
+fn what_clients_reported_since(round: &Round, since: u64) -> String {
+    let (mut asks, mut grants, mut aborts, mut failures, mut refused) = (0, 0, 0, 0, 0);
+    let (mut last_abort, mut last_failure) = (None, None);
+    for event in round.resource.events() {
+        let Some(request) = event.request.filter(|_| event.at >= since) else {
+            continue;
+        };
+        match request {
+            Request::Waiting { .. } => asks += 1,
+            Request::Granted { .. } => grants += 1,
+            Request::Abort { reason, .. } => {
+                aborts += 1;
+                last_abort = Some(reason);
+            }
+            Request::Failed { error, .. } => {
+                failures += 1;
+                last_failure = Some(error);
+            }
+            Request::Write { .. } if !event.accepted => refused += 1,
+            _ => {}
+        }
+    }
+    let mut said = format!(
+        "since the fault began waiting: {asks} acquires begun, {grants} grants, {aborts} writes skipped as lost, \
+         {refused} writes refused, {failures} acquires failed"
+    );
+    if let Some(reason) = last_abort {
+        said += &format!("; last skipped: {reason}");
+    }
+    if let Some(error) = last_failure {
+        said += &format!("; last failure: {error}");
+    }
+    said
 }
 
 /// The client a fault targets.
