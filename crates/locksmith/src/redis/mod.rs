@@ -224,7 +224,9 @@
 //! drift` (drift = lease × 1% + 2 ms). Otherwise it is released on every node
 //! and retried after a random delay. Renewals and extensions count only when a
 //! majority confirms them within the current validity. When a majority of nodes
-//! cannot be reached, acquires fail with an error saying so.
+//! cannot be reached, acquires fail with an error saying so. A waiter listens
+//! for releases on every node and goes on once a majority confirmed its
+//! subscription: a release reaches a majority, so one of them tells it.
 //!
 //! The fencing token comes from a quorum counter: the grant's nodes report
 //! their counter, locksmith writes `max + 1` to every node (raising it past a
@@ -851,15 +853,21 @@ impl Shared {
         Ok(())
     }
 
-    /// Subscribes to where releases of `target` are announced, on every node.
+    /// Subscribes to where releases of `target` are announced, on every node
+    /// at once, and goes on once a majority confirmed: a release reaches a
+    /// majority of the nodes, so at least one of them announces it where
+    /// this waiter listens. Waiting for every node instead held a Redlock
+    /// waiter up for seconds per node that was down.
     ///
     /// Cancel safety: safe; dropped listeners unsubscribe.
     async fn listen(&self, target: &Target) -> Vec<Subscription> {
         let channel = target.wait_channel(self.fair());
-        let mut subscriptions = Vec::with_capacity(self.nodes.len());
-        for node in &self.nodes {
-            subscriptions.push(node.hub.subscribe(&channel).await);
-        }
+        let (subscriptions, confirmations): (Vec<_>, Vec<_>) = self
+            .nodes
+            .iter()
+            .map(|node| node.hub.listen(&channel))
+            .unzip();
+        pubsub::confirm_in_time(&channel, confirmations, self.quorum).await;
         subscriptions
     }
 

@@ -149,11 +149,11 @@ impl Hub {
         })
     }
 
-    /// Listens on `channel`, waiting (boundedly) until Redis confirms the
-    /// subscription, so that no release published after this returns is missed.
-    ///
-    /// Cancel safety: safe; dropping the future drops the listener.
-    pub async fn subscribe(self: &Arc<Self>, channel: &str) -> Subscription {
+    /// Listens on `channel` from now on, and asks Redis to subscribe it; the
+    /// receiver completes once Redis confirmed (an error if the hub is gone).
+    /// A waiter awaits the confirmations it needs ([`confirm_in_time`]) before
+    /// its next attempt, so that no release published after it is missed.
+    pub fn listen(self: &Arc<Self>, channel: &str) -> (Subscription, oneshot::Receiver<()>) {
         let signal = {
             let mut channels = self.channels.lock().expect("hub channels");
             let entry = channels.entry(channel.to_owned()).or_insert_with(|| Entry {
@@ -172,20 +172,11 @@ impl Hub {
             epoch,
         };
         let (ack, confirmed) = oneshot::channel();
-        if self
+        // A hub that is gone drops the sender, and the receiver says so.
+        let _ = self
             .commands()
-            .send(Command::Subscribe(channel.to_owned(), ack))
-            .is_ok()
-            && tokio::time::timeout(SUBSCRIBE_WAIT, confirmed)
-                .await
-                .is_err()
-        {
-            tracing::debug!(
-                channel,
-                "subscription not confirmed in time; re-checks only"
-            );
-        }
-        subscription
+            .send(Command::Subscribe(channel.to_owned(), ack));
+        (subscription, confirmed)
     }
 
     /// Whether releases must be published with `SPUBLISH` to be heard here
@@ -248,6 +239,41 @@ impl Drop for Subscription {
                 let _ = commands.send(Command::Unsubscribe(self.channel.clone()));
             }
         }
+    }
+}
+
+/// Waits until `needed` of the `confirmations` of one channel's
+/// subscriptions arrived, or [`SUBSCRIBE_WAIT`] passed: a node whose
+/// subscription connection is down confirms only once it is back, and the
+/// waiter relies on its bounded re-check meanwhile.
+///
+/// Cancel safety: safe; the subscriptions stand whether or not confirmed.
+pub(crate) async fn confirm_in_time(
+    channel: &str,
+    confirmations: impl IntoIterator<Item = oneshot::Receiver<()>>,
+    needed: usize,
+) {
+    let mut pending: futures::stream::FuturesUnordered<_> = confirmations.into_iter().collect();
+    let confirmed = async {
+        let mut confirmed = 0;
+        while confirmed < needed {
+            match pending.next().await {
+                Some(Ok(())) => confirmed += 1,
+                Some(Err(_)) => {}
+                None => return false,
+            }
+        }
+        true
+    };
+    if !matches!(
+        tokio::time::timeout(SUBSCRIBE_WAIT, confirmed).await,
+        Ok(true)
+    ) {
+        tracing::debug!(
+            channel,
+            needed,
+            "subscriptions not confirmed in time; re-checks only"
+        );
     }
 }
 
