@@ -32,7 +32,7 @@
 //! | `prefix=app/` | prepend a namespace to every lock name (off by default: names map verbatim) |
 //! | `wait_replicas=N&wait_timeout=500ms` | after each grant, `WAIT` for N replicas; if fewer acknowledge in time the grant is given back and the acquire fails with [`Error::Unreplicated`] (Redisson's `checkLockSyncedSlaves`). Default 1 behind Sentinel and on a Cluster, off otherwise; `0` turns it off ([replica acknowledgement](#replica-acknowledgement)) |
 //! | `connect_timeout=2s` | how long connecting to one server may take: TCP, TLS and the connection's setup including the subscription connection (default 2s; the Sentinels, and a primary they name until it first answers, are asked within 500ms) |
-//! | `node_timeout=50ms` | Redlock: how long one node may take per request (default lease/10, 50ms..1s) |
+//! | `node_timeout=50ms` | Redlock: how long one node may take per request (default a tenth of the lease, or of the session TTL for a release, an extension or an inspection; 50ms..1s) |
 //! | `retry_delay=100ms` | Redlock: upper bound of the random pause after a split vote |
 //! | `tls=true` | Redlock, Sentinel, Cluster: connect to every node with TLS |
 //! | `tls_ca=/path/ca.pem` | TLS: trust these CAs instead of the system's |
@@ -224,7 +224,11 @@
 //! drift` (drift = lease × 1% + 2 ms). Otherwise it is released on every node
 //! and retried after a random delay. Renewals and extensions count only when a
 //! majority confirms them within the current validity. When a majority of nodes
-//! cannot be reached, acquires fail with an error saying so. A waiter listens
+//! cannot be reached, acquires fail with an error saying so. Every call waits
+//! for each node at most `node_timeout` (a release, an extension or an
+//! inspection by the session TTL's, an acquire by its lease's): a node that
+//! does not answer counts as failed then, so a minority cut off by a
+//! partition slows nothing down. A waiter listens
 //! for releases on every node and goes on once a majority confirmed its
 //! subscription: a release reaches a majority, so one of them tells it.
 //!
@@ -508,6 +512,33 @@ impl Shared {
             .map_err(|e| failure(format!("{what} on {}", node.label()), e))
     }
 
+    /// Runs one call on one node; with Redlock bounded by the node timeout,
+    /// as an acquire's calls are: a node that does not answer (a partition
+    /// drops its packets) counts as failed once it ran out, instead of
+    /// holding the call, and the majority's answer with it, for the
+    /// connection's response timeout. A single node is waited for.
+    ///
+    /// Cancel safety: the call may or may not have run.
+    async fn run_bounded<T: ::redis::FromRedisValue>(
+        &self,
+        node: usize,
+        call: &Call,
+        what: &str,
+    ) -> Result<T> {
+        if self.nodes.len() == 1 {
+            return self.run(node, call, what).await;
+        }
+        let limit = self.node_timeout(self.session_ttl);
+        tokio::time::timeout(limit, self.run(node, call, what))
+            .await
+            .unwrap_or_else(|_| {
+                Err(problem(format!(
+                    "{what} on {}: no answer within {limit:?}",
+                    self.nodes[node].label()
+                )))
+            })
+    }
+
     /// One attempt.
     ///
     /// Cancel safety: safe; if the acquire is dropped while the attempt is in
@@ -715,7 +746,7 @@ impl Shared {
         }
         let answers = join_all(nodes.iter().map(|&i| {
             let call = &call;
-            async move { self.run::<i64>(i, call, "release").await }
+            async move { self.run_bounded::<i64>(i, call, "release").await }
         }))
         .await;
         let needed = if nodes.len() == 1 {
@@ -749,7 +780,10 @@ impl Shared {
         let call = target.set_count(self.scripts, count, token);
         let answers = join_all((0..self.nodes.len()).map(|i| {
             let call = &call;
-            async move { self.run::<i64>(i, call, "record the hold count").await }
+            async move {
+                self.run_bounded::<i64>(i, call, "record the hold count")
+                    .await
+            }
         }))
         .await;
         let recorded = answers.iter().filter(|a| matches!(a, Ok(1))).count();
@@ -832,7 +866,7 @@ impl Shared {
         let sent = Instant::now();
         let answers = join_all((0..self.nodes.len()).map(|i| {
             let call = &call;
-            async move { self.run::<Vec<i64>>(i, call, "extend").await }
+            async move { self.run_bounded::<Vec<i64>>(i, call, "extend").await }
         }))
         .await;
         let held = answers
@@ -1154,7 +1188,11 @@ impl Backend for RedisBackend {
         }
         let views = join_all((0..shared.nodes.len()).map(|i| {
             let call = &call;
-            async move { shared.run::<::redis::Value>(i, call, "describe").await }
+            async move {
+                shared
+                    .run_bounded::<::redis::Value>(i, call, "describe")
+                    .await
+            }
         }))
         .await;
         let answered = views.iter().filter(|v| v.is_ok()).count();
@@ -1239,7 +1277,7 @@ impl Backend for RedisBackend {
         );
         let answers = join_all((0..shared.nodes.len()).map(|i| {
             let call = &call;
-            async move { shared.run::<i64>(i, call, "force release").await }
+            async move { shared.run_bounded::<i64>(i, call, "force release").await }
         }))
         .await;
         shared

@@ -562,6 +562,57 @@ async fn redlock_works_with_two_of_five_nodes_down() {
     waiter.release().await.unwrap();
 }
 
+/// Two masters of five cut off without an answer (a partition drops the
+/// packets; a refusal would be told at once): every call goes on at the
+/// pace of the three that answer, each node's share bounded by the node
+/// timeout. A release, a waiter's busy attempt (which gives back what it
+/// may have taken) and an extension waited for every node's answer, so for
+/// the connection's response timeout (5 s), before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_goes_on_with_two_masters_partitioned_away() {
+    let route = Route::start(&redlock_url(shared_redlock())).await.unwrap();
+    let ttl = Duration::from_secs(1);
+    let (a, b) = (
+        client(route.url(), ttl).await,
+        client(route.url(), ttl).await,
+    );
+    for proxy in &route.proxies()[3..] {
+        proxy.set(proxy::Mode::Blackhole);
+    }
+    let name = unique("redlock-partitioned");
+    let started = Instant::now();
+    let guard = a
+        .lock(name.as_str())
+        .lease(Duration::from_secs(2))
+        .acquire()
+        .await
+        .unwrap();
+    guard.extend(Duration::from_secs(2)).await.unwrap();
+    guard.release().await.unwrap();
+    let leased = a
+        .lock(name.as_str())
+        .lease(Duration::from_millis(300))
+        .acquire()
+        .await
+        .unwrap();
+    let waiter = b
+        .lock(name.as_str())
+        .acquire_timeout(Duration::from_secs(20))
+        .await
+        .unwrap();
+    assert!(waiter.fencing_token() > leased.fencing_token());
+    waiter.release().await.unwrap();
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(4),
+        "two grants, an extension, two releases and a wait behind a 300 ms \
+         lease took {took:?} with two masters silent"
+    );
+    for proxy in route.proxies() {
+        proxy.set(proxy::Mode::Pass);
+    }
+}
+
 /// A release that did not reach one master leaves the owner's level there; the
 /// owner's next acquire must not take that leftover for a re-entry (with the
 /// old token) but clear it and get a fresh grant with a fresh token.
