@@ -326,8 +326,10 @@ async fn a_session_that_never_resumes_expires_after_the_grace_period() {
     };
     drop(ghost);
     server.kill();
-    server.restart();
+    // Counted from before the restart, whose grace period starts with it,
+    // so that the bound holds however long the restart takes.
     let started = Instant::now();
+    server.restart();
     let client = server.client(Duration::from_secs(5)).await;
     let guard = client
         .lock(name.as_str())
@@ -352,9 +354,10 @@ async fn a_silent_client_loses_its_holds_after_its_ttl() {
         pb::reply::Result::Granted(g) => g.tokens[0],
         other => panic!("{other:?}"),
     };
-    // It keeps its stream open but never heartbeats.
-    let client = server.client(Duration::from_secs(5)).await;
+    // It keeps its stream open but never heartbeats. Counted from here, its
+    // last word, however long the next client takes to connect.
     let started = Instant::now();
+    let client = server.client(Duration::from_secs(5)).await;
     let next = client
         .lock(name.as_str())
         .acquire_timeout(Duration::from_secs(10))
