@@ -23,8 +23,8 @@
 //! etcd cluster, ZooKeeper ensemble, the locksmith cluster; for
 //! `partition-leader` every member runs on a host of its own, network
 //! namespaces), `restart-follower` (the consensus clusters),
-//! `membership-change` (the locksmith cluster), `restart-empty` and
-//! `restart-empty-late` (Redlock); see
+//! `membership-change` (the locksmith cluster), `restart-empty`,
+//! `restart-empty-late` and `partition-minority` (Redlock); see
 //! [`nemesis::FaultKind`]. Each backend × fault is one
 //! round with fresh clients and fresh lock names: warm-up, `--before` without
 //! faults, `--during` with the fault injected again and again, `--after`

@@ -82,6 +82,14 @@ pub enum FaultKind {
     /// session TTL (every lease it had has run out): antirez's "delayed
     /// restart" mitigation.
     RestartEmptyLate,
+    /// Redlock: the last two of five masters stop answering every client
+    /// (their traffic held, as a partition holds it, and delivered late when
+    /// it heals) for twice the session TTL while a holder stays inside. The
+    /// failure Redlock is made to survive: the other three keep granting. The
+    /// holder keeps its lock if its grant's majority included all three
+    /// (a grant made while one of them still held the last holder's key
+    /// did not, and is rightly lost).
+    PartitionMinority,
 }
 
 impl FaultKind {
@@ -102,6 +110,7 @@ impl FaultKind {
             FaultKind::RestartFollower => "restart-follower",
             FaultKind::RestartEmpty => "restart-empty",
             FaultKind::RestartEmptyLate => "restart-empty-late",
+            FaultKind::PartitionMinority => "partition-minority",
         }
     }
 
@@ -178,7 +187,7 @@ impl FaultKind {
                         .into(),
                 )
             }
-            FaultKind::RestartEmpty | FaultKind::RestartEmptyLate
+            FaultKind::RestartEmpty | FaultKind::RestartEmptyLate | FaultKind::PartitionMinority
                 if !matches!(spawned, Some(Spawned::Redlock(_))) =>
             {
                 Some("needs Redlock masters started by this run (--spawn redlock)".into())
@@ -546,6 +555,32 @@ async fn inject(
                 replace_leader(cluster)
             })
             .await
+        }
+        FaultKind::PartitionMinority => {
+            let Some(Spawned::Redlock(masters)) = target.spawned.as_deref() else {
+                return Err("no Redlock masters started by this run".into());
+            };
+            let cut_off = masters.len() / 2 + 1..masters.len();
+            let victim = lingering_holder(round, timing.outage()).await?;
+            let start = now();
+            for host in cut_off.clone() {
+                round.proxies_to(host).for_each(|p| p.set(Mode::Blackhole));
+            }
+            tokio::time::sleep(timing.outage()).await;
+            for host in cut_off.clone() {
+                round.proxies_to(host).for_each(|p| p.set(Mode::Pass));
+            }
+            Ok(record(
+                kind,
+                start,
+                Some(Vec::new()),
+                format!(
+                    "masters {}..{} answered no client for {:?} while {victim} stayed inside",
+                    cut_off.start + 1,
+                    cut_off.end,
+                    timing.outage()
+                ),
+            ))
         }
         FaultKind::RestartEmpty | FaultKind::RestartEmptyLate => {
             let Some(Spawned::Redlock(masters)) = target.spawned.as_deref() else {

@@ -15,7 +15,8 @@
 //!   locksmith leader; for `partition-leader` cut off from its peers, every
 //!   member in a network namespace of its own) and, on Redlock, `restart-empty-late` (a
 //!   master restarted without its data only after a session TTL, the
-//!   mitigation that keeps Redlock safe);
+//!   mitigation that keeps Redlock safe) and `partition-minority` (two
+//!   masters of five silent, their traffic delivered late when it heals);
 //! - on the locksmith cluster, also `restart-follower` and
 //!   `membership-change` (a new member promoted, the leader removed).
 //!
@@ -151,7 +152,7 @@ fn redis_cluster() {
 
 #[test]
 fn redlock() {
-    torture("redlock", "restart-empty-late");
+    torture("redlock", "restart-empty-late,partition-minority");
 }
 
 #[test]
