@@ -512,11 +512,33 @@ impl Shared {
             .map_err(|e| failure(format!("{what} on {}", node.label()), e))
     }
 
-    /// Runs one call on one node; with Redlock bounded by the node timeout,
-    /// as an acquire's calls are: a node that does not answer (a partition
-    /// drops its packets) counts as failed once it ran out, instead of
-    /// holding the call, and the majority's answer with it, for the
-    /// connection's response timeout. A single node is waited for.
+    /// Runs one call on one node, counting it failed once `limit` has
+    /// passed without an answer: with Redlock a node that does not answer
+    /// (a partition drops its packets) must not hold the call, and the
+    /// majority's answer with it, for the connection's response timeout.
+    ///
+    /// Cancel safety: the call may or may not have run.
+    async fn run_within<T: ::redis::FromRedisValue>(
+        &self,
+        node: usize,
+        call: &Call,
+        what: &str,
+        limit: Duration,
+    ) -> Result<T> {
+        tokio::time::timeout(limit, self.run(node, call, what))
+            .await
+            .unwrap_or_else(|_| {
+                Err(problem(format!(
+                    "{what} on {}: no answer within {limit:?}",
+                    self.nodes[node].label()
+                )))
+            })
+    }
+
+    /// Runs one call on one node; with Redlock within the node timeout of
+    /// the session TTL (a release, an extension, an inspection), as an
+    /// acquire's calls run within that of their lease. A single node is
+    /// waited for.
     ///
     /// Cancel safety: the call may or may not have run.
     async fn run_bounded<T: ::redis::FromRedisValue>(
@@ -529,14 +551,7 @@ impl Shared {
             return self.run(node, call, what).await;
         }
         let limit = self.node_timeout(self.session_ttl);
-        tokio::time::timeout(limit, self.run(node, call, what))
-            .await
-            .unwrap_or_else(|_| {
-                Err(problem(format!(
-                    "{what} on {}: no answer within {limit:?}",
-                    self.nodes[node].label()
-                )))
-            })
+        self.run_within(node, call, what, limit).await
     }
 
     /// One attempt.
@@ -620,14 +635,12 @@ impl Shared {
         let replies = join_all((0..n).map(|i| {
             let call = &call;
             async move {
-                match tokio::time::timeout(per_node, self.run::<Vec<i64>>(i, call, "acquire")).await
+                match self
+                    .run_within::<Vec<i64>>(i, call, "acquire", per_node)
+                    .await
                 {
-                    Ok(Ok(reply)) => Reply::parse(&reply).map_err(|e| e.to_string()),
-                    Ok(Err(e)) => Err(e.to_string()),
-                    Err(_) => Err(format!(
-                        "{}: no answer within {per_node:?}",
-                        self.nodes[i].label()
-                    )),
+                    Ok(reply) => Reply::parse(&reply).map_err(|e| e.to_string()),
+                    Err(e) => Err(e.to_string()),
                 }
             }
         }))
@@ -700,15 +713,12 @@ impl Shared {
     ) -> Option<u64> {
         for _ in 0..3 {
             let call = ops::fence(self.scripts, target, value, lease);
-            let answers =
-                join_all(nodes.iter().map(|&i| {
-                    let call = &call;
-                    async move {
-                        tokio::time::timeout(per_node, self.run::<i64>(i, call, "fence")).await
-                    }
-                }))
-                .await;
-            let stored = answers.iter().filter(|a| matches!(a, Ok(Ok(-1)))).count();
+            let answers = join_all(nodes.iter().map(|&i| {
+                let call = &call;
+                async move { self.run_within::<i64>(i, call, "fence", per_node).await }
+            }))
+            .await;
+            let stored = answers.iter().filter(|a| matches!(a, Ok(-1))).count();
             // A node that answers with its counter kept one at or above
             // `value`: a token that was handed out. The majority that stored
             // `value` may count a node that lost its data (Kleppmann's
@@ -717,7 +727,7 @@ impl Shared {
             let higher = answers
                 .iter()
                 .filter_map(|a| match a {
-                    Ok(Ok(c)) if *c >= 0 => Some(*c as u64),
+                    Ok(c) if *c >= 0 => Some(*c as u64),
                     _ => None,
                 })
                 .max();
@@ -837,14 +847,9 @@ impl Shared {
             let call = &call;
             let this = &self;
             async move {
-                match tokio::time::timeout(limit, this.run::<Vec<i64>>(i, call, "renew")).await {
-                    Ok(Ok(v)) => Ok(v),
-                    Ok(Err(e)) => Err(e.to_string()),
-                    Err(_) => Err(format!(
-                        "{} did not answer within {limit:?}",
-                        this.nodes[i].label()
-                    )),
-                }
+                this.run_within::<Vec<i64>>(i, call, "renew", limit)
+                    .await
+                    .map_err(|e| e.to_string())
             }
         }))
         .await;

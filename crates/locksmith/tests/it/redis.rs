@@ -64,7 +64,7 @@ mod redlock {
 // ---------------------------------------------------------------------------
 
 use futures::StreamExt;
-use locksmith::{Error, Mode, Undo};
+use locksmith::{Client, Error, Mode, Undo};
 use locksmith_testkit::proxy::{self, Route};
 use locksmith_testkit::Redis;
 use redis::AsyncCommands;
@@ -545,21 +545,32 @@ async fn redlock_works_with_two_of_five_nodes_down() {
     // majority confirmed. It used to wait for each node's confirmation in
     // turn, two seconds for each node that was down, before its next
     // attempt: here 4 s before it saw that a lease of 300 ms had ended.
+    let waited = wait_behind_a_short_lease(&a, &b, &name).await;
+    assert!(
+        waited < Duration::from_secs(2),
+        "the waiter was granted {waited:?} after it asked, for a lease of 300 ms"
+    );
+}
+
+/// `b` acquires `name` while `a` holds it with a lease of 300 ms, and is
+/// granted after it with a larger token; returns how long `b` waited.
+async fn wait_behind_a_short_lease(a: &Client, b: &Client, name: &str) -> Duration {
     let leased = a
-        .lock(name.as_str())
+        .lock(name)
         .lease(Duration::from_millis(300))
         .acquire()
         .await
         .unwrap();
     let asked = Instant::now();
-    let waiter = b.lock(name.as_str()).acquire().await.unwrap();
+    let waiter = b
+        .lock(name)
+        .acquire_timeout(Duration::from_secs(20))
+        .await
+        .unwrap();
     let waited = asked.elapsed();
-    assert!(
-        waited < Duration::from_secs(2),
-        "the waiter was granted {waited:?} after it asked, for a lease of 300 ms"
-    );
     assert!(waiter.fencing_token() > leased.fencing_token());
     waiter.release().await.unwrap();
+    waited
 }
 
 /// Two masters of five cut off without an answer (a partition drops the
@@ -590,19 +601,7 @@ async fn redlock_goes_on_with_two_masters_partitioned_away() {
         .unwrap();
     guard.extend(Duration::from_secs(2)).await.unwrap();
     guard.release().await.unwrap();
-    let leased = a
-        .lock(name.as_str())
-        .lease(Duration::from_millis(300))
-        .acquire()
-        .await
-        .unwrap();
-    let waiter = b
-        .lock(name.as_str())
-        .acquire_timeout(Duration::from_secs(20))
-        .await
-        .unwrap();
-    assert!(waiter.fencing_token() > leased.fencing_token());
-    waiter.release().await.unwrap();
+    wait_behind_a_short_lease(&a, &b, &name).await;
     let took = started.elapsed();
     // A hold the watchdog renews, granted by the three that answer,
     // outlives the silence: they renew it.
