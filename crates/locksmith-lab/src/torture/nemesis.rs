@@ -402,7 +402,8 @@ fn record(kind: FaultKind, start: u64, targets: Option<Vec<Who>>, note: String) 
 /// a `pause-client` victim stays SIGSTOPped, `partition` (and
 /// `expire-session` on ZooKeeper) leaves the victim's proxies blackholed,
 /// `delay` every proxy delaying, `restart-empty(-late)` the cut-off masters'
-/// proxies refusing, each until the round drops; `kill-client` may leave its
+/// proxies refusing, `partition-minority` theirs blackholed, each until the
+/// round drops; `kill-client` may leave its
 /// slot without a client for the rest of the round (`reap` respawns only a
 /// client that exited); a wait for a lingering holder leaves its linger
 /// request standing; a fault on the setup runs on to its end on its
