@@ -226,9 +226,10 @@
 //! majority confirms them within the current validity. When a majority of nodes
 //! cannot be reached, acquires fail with an error saying so. Every call waits
 //! for each node at most `node_timeout` (a release, an extension or an
-//! inspection by the session TTL's, an acquire by its lease's): a node that
-//! does not answer counts as failed then, so a minority cut off by a
-//! partition slows nothing down. A waiter listens
+//! inspection by the session TTL's, an acquire by its lease's; `list` each
+//! page of its scan, on every node at once): a node that does not answer
+//! counts as failed then, so a minority cut off by a partition slows nothing
+//! down. A waiter listens
 //! for releases on every node and goes on once a majority confirmed its
 //! subscription: a release reaches a majority, so one of them tells it.
 //!
@@ -272,6 +273,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::future::join_all;
+use futures::{StreamExt, TryStreamExt};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -293,6 +295,8 @@ pub(crate) const BACKEND: &str = "redis";
 const SETTLE: Duration = Duration::from_secs(2);
 /// The pause before a waiting acquire tries again after a failed attempt.
 const RETRY_PAUSE: Duration = Duration::from_millis(100);
+/// How many locks `list` describes at once: each is a call on every master.
+const LIST_DESCRIBES_AT_ONCE: usize = 16;
 
 /// A lock store on Redis: one server, or Redlock over several.
 ///
@@ -1229,9 +1233,20 @@ impl Backend for RedisBackend {
             pattern.push(c);
         }
         pattern.push('*');
+        // With Redlock every master is scanned at once, each page within
+        // the node timeout: a silent master is passed over after that. A
+        // lock a majority holds is on a master that answers.
+        let page_limit = (shared.nodes.len() > 1).then(|| shared.node_timeout(shared.session_ttl));
+        let scans = join_all(
+            shared
+                .nodes
+                .iter()
+                .map(|node| node.scan(&pattern, page_limit)),
+        )
+        .await;
         let mut names = std::collections::BTreeSet::new();
-        for node in &shared.nodes {
-            let keys = match node.scan(&pattern).await {
+        for (node, scan) in shared.nodes.iter().zip(scans) {
+            let keys = match scan {
                 Ok(keys) => keys,
                 Err(e) if shared.nodes.len() > 1 => {
                     tracing::debug!(node = %node.label(), error = %e, "list skips an unreachable node");
@@ -1250,13 +1265,13 @@ impl Backend for RedisBackend {
                 }
             }
         }
-        let mut infos = Vec::new();
-        for name in names {
-            if let Some(info) = self.describe(&name).await? {
-                infos.push(info);
-            }
-        }
-        Ok(infos)
+        // Described a few at a time, in the names' order.
+        let described: Vec<Option<LockInfo>> = futures::stream::iter(names)
+            .map(|name| async move { self.describe(&name).await })
+            .buffered(LIST_DESCRIBES_AT_ONCE)
+            .try_collect()
+            .await?;
+        Ok(described.into_iter().flatten().collect())
     }
 
     /// Cancel safety: the release may or may not have happened (with Redlock,

@@ -419,13 +419,19 @@ impl Node {
     }
 
     /// Every key matching `pattern` (`SCAN … MATCH`), on every primary of a
-    /// cluster.
+    /// cluster. With `page_limit`, a page not answered within it fails the
+    /// scan: a silent server costs that, not the response timeout, while a
+    /// big keyspace still goes on page by page.
     ///
     /// Cancel safety: safe; it only reads.
-    pub async fn scan(&self, pattern: &str) -> std::result::Result<Vec<String>, RedisError> {
+    pub async fn scan(
+        &self,
+        pattern: &str,
+        page_limit: Option<Duration>,
+    ) -> std::result::Result<Vec<String>, RedisError> {
         let result = match &self.conn {
             Conn::Cluster(cluster) => cluster::scan(cluster, pattern).await,
-            _ => scan(&mut self.link(), pattern).await,
+            _ => scan(&mut self.link(), pattern, page_limit).await,
         };
         self.notice(result)
     }
@@ -486,12 +492,22 @@ pub(crate) fn scan_page(cursor: u64, pattern: &str) -> ::redis::Cmd {
 async fn scan(
     conn: &mut impl ConnectionLike,
     pattern: &str,
+    page_limit: Option<Duration>,
 ) -> std::result::Result<Vec<String>, RedisError> {
     let mut found = Vec::new();
     let mut cursor = 0;
     loop {
-        let (next, keys): (u64, Vec<String>) =
-            scan_page(cursor, pattern).query_async(&mut *conn).await?;
+        let page = scan_page(cursor, pattern);
+        let page = page.query_async::<(u64, Vec<String>)>(&mut *conn);
+        let (next, keys) = match page_limit {
+            None => page.await?,
+            Some(limit) => tokio::time::timeout(limit, page).await.map_err(|_| {
+                RedisError::from(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no page of SCAN within {limit:?}"),
+                ))
+            })??,
+        };
         found.extend(keys);
         cursor = next;
         if cursor == 0 {

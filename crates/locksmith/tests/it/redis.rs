@@ -606,9 +606,25 @@ async fn redlock_goes_on_with_two_masters_partitioned_away() {
     // A hold the watchdog renews, granted by the three that answer,
     // outlives the silence: they renew it.
     let kept = a.lock(name.as_str()).acquire().await.unwrap();
+    // Listing asks every master, the silent ones each for a node timeout
+    // at most, at once: not one after the other for a response timeout.
+    let listing = Instant::now();
+    let listed = a.list(&name).await.unwrap();
+    let listing = listing.elapsed();
+    assert_eq!(
+        listed
+            .iter()
+            .map(|info| info.name.as_str())
+            .collect::<Vec<_>>(),
+        [name.as_str()]
+    );
     sleep(ttl * 3).await;
     assert!(!kept.is_lost(), "{:?}", kept.lost_signal().reason());
     kept.release().await.unwrap();
+    assert!(
+        listing < Duration::from_secs(2),
+        "listing took {listing:?} with two masters silent"
+    );
     assert!(
         took < Duration::from_secs(4),
         "two grants, an extension, two releases and a wait behind a 300 ms \
