@@ -13,6 +13,10 @@
 //! - the same stream echo with its replies read by a task of their own and
 //!   handed to the caller on a oneshot channel, as the client library's
 //!   session driver hands replies to its callers: what that hop costs;
+//! - `framed TCP echo`: the same batches, each way one prost message behind
+//!   a length (`LengthDelimitedCodec`) on a plain TCP connection, the server
+//!   a task per connection: the messages' own cost without HTTP/2 and gRPC,
+//!   what a transport of the project's own would start from;
 //! - `redis PING`: through the `redis` crate (the client the Redis lock
 //!   backend uses), and `redis-benchmark -t ping -c 1` (Redis's own C
 //!   client, its p50 as it reports it);
@@ -25,7 +29,8 @@
 //! Then the same at 64 clients, each on a connection of its own, for what
 //! the **server** spends: its runtime's CPU per stream round trip of the
 //! echo, and per acquire + release pair of the lock server through the
-//! client library (two round trips). The echo and the lock server each run
+//! client library (two round trips); the framed echo likewise. The echoes
+//! and the lock server each run
 //! on a runtime of their own with the lock server's default of one worker,
 //! so each one's threads are counted apart from the clients'.
 //!
@@ -42,14 +47,16 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::{Stream, StreamExt};
+use futures::{SinkExt, Stream, StreamExt};
 use locksmith::{Client, ConnectOptions};
+use locksmith_proto::prost::Message;
 use locksmith_proto::v1 as pb;
 use locksmith_proto::v1::locksmith_client::LocksmithClient;
 use locksmith_proto::v1::locksmith_server::{Locksmith, LocksmithServer};
 use locksmith_server::{Server, ServerConfig};
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::codec::{Framed, LengthDelimitedCodec};
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -117,16 +124,7 @@ impl Locksmith for Echo {
         let (tx, rx) = mpsc::channel(16);
         tokio::spawn(async move {
             while let Some(Ok(batch)) = incoming.next().await {
-                let messages = batch
-                    .messages
-                    .iter()
-                    .map(|_| pb::ServerMessage {
-                        kind: Some(pb::server_message::Kind::Heartbeat(pb::HeartbeatAck {
-                            now_ms: 1,
-                        })),
-                    })
-                    .collect();
-                if tx.send(Ok(pb::ServerBatch { messages })).await.is_err() {
+                if tx.send(Ok(echo_reply(&batch))).await.is_err() {
                     return;
                 }
             }
@@ -216,6 +214,74 @@ impl Locksmith for Echo {
         _: Request<pb::HistoryRequest>,
     ) -> Result<Response<pb::HistoryResponse>, Status> {
         Err(Status::unimplemented("echo"))
+    }
+}
+
+/// What the echoes answer a batch with: a heartbeat's ack for each message.
+fn echo_reply(batch: &pb::ClientBatch) -> pb::ServerBatch {
+    let messages = batch
+        .messages
+        .iter()
+        .map(|_| pb::ServerMessage {
+            kind: Some(pb::server_message::Kind::Heartbeat(pb::HeartbeatAck {
+                now_ms: 1,
+            })),
+        })
+        .collect();
+    pb::ServerBatch { messages }
+}
+
+/// Starts the framed echo on a loopback port (a task per connection,
+/// answering each `ClientBatch` frame with a `ServerBatch` frame); returns
+/// its address.
+async fn start_framed_echo() -> Result<std::net::SocketAddr, BoxError> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let _ = tcp.set_nodelay(true);
+            tokio::spawn(async move {
+                let mut framed = Framed::new(tcp, LengthDelimitedCodec::new());
+                while let Some(Ok(frame)) = framed.next().await {
+                    let Ok(batch) = pb::ClientBatch::decode(frame) else {
+                        return;
+                    };
+                    let reply = echo_reply(&batch).encode_to_vec();
+                    if framed.send(bytes::Bytes::from(reply)).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    Ok(addr)
+}
+
+/// A client of the framed echo.
+struct FramedStream(Framed<tokio::net::TcpStream, LengthDelimitedCodec>);
+
+impl FramedStream {
+    async fn open(addr: std::net::SocketAddr) -> Result<FramedStream, BoxError> {
+        let tcp = tokio::net::TcpStream::connect(addr).await?;
+        tcp.set_nodelay(true)?;
+        Ok(FramedStream(Framed::new(tcp, LengthDelimitedCodec::new())))
+    }
+
+    /// Sends `messages` as one batch; returns the batch that comes back.
+    async fn trip(
+        &mut self,
+        messages: Vec<pb::ClientMessage>,
+    ) -> Result<pb::ServerBatch, BoxError> {
+        let batch = pb::ClientBatch {
+            messages,
+            ack_replies: Vec::new(),
+            ack_lost: Vec::new(),
+        };
+        self.0
+            .send(bytes::Bytes::from(batch.encode_to_vec()))
+            .await?;
+        let frame = self.0.next().await.ok_or("the echo closed")??;
+        Ok(pb::ServerBatch::decode(frame)?)
     }
 }
 
@@ -522,6 +588,23 @@ async fn many_echoes(addr: &str, duration: Duration) -> Result<Load, BoxError> {
     .await
 }
 
+/// `MANY` framed echoes: each client a connection of its own, one batch
+/// each way per round trip.
+async fn many_framed_echoes(
+    addr: std::net::SocketAddr,
+    duration: Duration,
+) -> Result<Load, BoxError> {
+    many("framed", duration, |stop, count| async move {
+        let mut stream = FramedStream::open(addr).await?;
+        while !stop.load(Ordering::Relaxed) {
+            stream.trip(vec![heartbeat()]).await?;
+            count.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    })
+    .await
+}
+
 /// `MANY` clients of the lock server, each a connection and a lock of its
 /// own, taking and releasing it through the client library.
 async fn many_pairs(url: &str, duration: Duration) -> Result<Load, BoxError> {
@@ -612,6 +695,8 @@ fn main() -> Result<(), BoxError> {
 
     let echo_runtime = locksmith_server::runtime::build(SERVER_WORKERS, "echo")?;
     let echo = echo_runtime.block_on(start_echo())?;
+    let framed_runtime = locksmith_server::runtime::build(SERVER_WORKERS, "framed")?;
+    let framed = framed_runtime.block_on(start_framed_echo())?;
     let server_runtime = locksmith_server::runtime::build(SERVER_WORKERS, "server")?;
     let config = ServerConfig::in_memory().listen("127.0.0.1:0".parse()?);
     let server = server_runtime.block_on(Server::start(config))?;
@@ -630,6 +715,7 @@ fn main() -> Result<(), BoxError> {
         unary_echo: Vec<Trips>,
         stream_echo: Vec<Trips>,
         stream_echo_reader: Vec<Trips>,
+        framed_echo: Vec<Trips>,
         redis_ping: Vec<Trips>,
         redis_benchmark: Vec<(f64, f64)>,
         raw_acquire: Vec<Trips>,
@@ -638,6 +724,7 @@ fn main() -> Result<(), BoxError> {
         library_release: Vec<Trips>,
         lease_acquire: Vec<Trips>,
         many_echoes: Vec<Load>,
+        many_framed_echoes: Vec<Load>,
         many_pairs: Vec<Load>,
     }
     let mut all = All::default();
@@ -673,6 +760,15 @@ fn main() -> Result<(), BoxError> {
                 .await?,
             );
             drop(read_by_task);
+            let mut framed_stream = FramedStream::open(framed).await?;
+            all.framed_echo.push(
+                measure(duration, async || {
+                    framed_stream.trip(vec![heartbeat()]).await?;
+                    Ok(())
+                })
+                .await?,
+            );
+            drop(framed_stream);
             let redis_client = redis::Client::open(redis.url())?;
             let mut connection = redis_client.get_multiplexed_async_connection().await?;
             all.redis_ping.push(
@@ -714,6 +810,8 @@ fn main() -> Result<(), BoxError> {
                 .await?,
             );
             all.many_echoes.push(many_echoes(&echo, duration).await?);
+            all.many_framed_echoes
+                .push(many_framed_echoes(framed, duration).await?);
             all.many_pairs.push(many_pairs(&url, duration).await?);
         }
         Ok::<(), BoxError>(())
@@ -730,6 +828,7 @@ fn main() -> Result<(), BoxError> {
         "gRPC stream echo, replies through a reader task",
         all.stream_echo_reader,
     );
+    report("framed TCP echo (length-delimited prost)", all.framed_echo);
     report("Redis PING (redis crate)", all.redis_ping);
     let mut bench = all.redis_benchmark;
     bench.sort_by(|a, b| a.1.total_cmp(&b.1));
@@ -745,6 +844,7 @@ fn main() -> Result<(), BoxError> {
     report("server: AcquireLease + Release (unary)", all.lease_acquire);
     println!("{MANY} clients, each a connection of its own:");
     report_load("gRPC stream echo", "trip", all.many_echoes);
+    report_load("framed TCP echo", "trip", all.many_framed_echoes);
     report_load(
         "server: acquire + release, client library",
         "pair",
