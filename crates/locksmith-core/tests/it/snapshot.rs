@@ -311,3 +311,38 @@ fn encoding_and_checking_a_big_table_pause_as_they_go() {
     let checking = PAUSES.get() - encoding;
     assert!(checking as u64 >= LOCKS / 64, "{checking} pauses");
 }
+
+#[cfg(feature = "serde")]
+proptest::proptest! {
+    /// A frozen table encodes its locks in the order of their names, as the
+    /// snapshot it would build lists them, whatever order they were taken
+    /// in and whatever prefix they share (the encoding sorts by the bytes
+    /// after the shared prefix first).
+    #[test]
+    fn a_frozen_table_encodes_its_locks_in_name_order(
+        names in proptest::prelude::Strategy::prop_flat_map(
+            (
+                "(|orders/|jobs/nightly/aaaaaaaaaa)",
+                proptest::collection::btree_set("[ab0é日]{1,11}(/[ab]{1,9})?", 1..48),
+            ),
+            |(prefix, suffixes)| {
+                let names: Vec<String> =
+                    suffixes.into_iter().map(|s| format!("{prefix}{s}")).collect();
+                proptest::prelude::Strategy::prop_shuffle(proptest::prelude::Just(names))
+            },
+        )
+    ) {
+        let mut engine = engine_with_session_one();
+        let mut effects = Vec::new();
+        for (i, name) in names.iter().enumerate() {
+            let command = acquire(1, i as u64 + 1, &[name], Mode::Exclusive, Wait::No, None);
+            engine.apply(1, command, &mut effects).unwrap();
+        }
+        let built = engine.freeze().into_snapshot();
+        proptest::prop_assert_eq!(built.locks.len(), names.len());
+        proptest::prop_assert_eq!(
+            postcard::to_stdvec(&engine.freeze()).unwrap(),
+            postcard::to_stdvec(&built).unwrap()
+        );
+    }
+}
