@@ -314,6 +314,13 @@ fn encoding_and_checking_a_big_table_pause_as_they_go() {
 
 #[cfg(feature = "serde")]
 proptest::proptest! {
+    // As in `model`: no regressions file beside an integration test; a
+    // failure prints its minimal input.
+    #![proptest_config(proptest::prelude::ProptestConfig {
+        failure_persistence: None,
+        ..proptest::prelude::ProptestConfig::default()
+    })]
+
     /// A frozen table encodes its locks in the order of their names, as the
     /// snapshot it would build lists them, whatever order they were taken
     /// in and whatever prefix they share (the encoding sorts by the bytes
