@@ -234,6 +234,8 @@ fn echo_reply(batch: &pb::ClientBatch) -> pb::ServerBatch {
 /// Starts the framed echo on a loopback port (a task per connection,
 /// answering each `ClientBatch` frame with a `ServerBatch` frame); returns
 /// its address.
+///
+/// Cancel safety: dropped before it returns, no echo listens.
 async fn start_framed_echo() -> Result<std::net::SocketAddr, BoxError> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
@@ -261,6 +263,7 @@ async fn start_framed_echo() -> Result<std::net::SocketAddr, BoxError> {
 struct FramedStream(Framed<tokio::net::TcpStream, LengthDelimitedCodec>);
 
 impl FramedStream {
+    /// Cancel safety: safe; a dropped connect leaves nothing.
     async fn open(addr: std::net::SocketAddr) -> Result<FramedStream, BoxError> {
         let tcp = tokio::net::TcpStream::connect(addr).await?;
         tcp.set_nodelay(true)?;
@@ -268,6 +271,9 @@ impl FramedStream {
     }
 
     /// Sends `messages` as one batch; returns the batch that comes back.
+    ///
+    /// Cancel safety: not safe; dropped after sending, its reply is left
+    /// for the next trip to read. The bench never drops one.
     async fn trip(
         &mut self,
         messages: Vec<pb::ClientMessage>,
@@ -590,6 +596,8 @@ async fn many_echoes(addr: &str, duration: Duration) -> Result<Load, BoxError> {
 
 /// `MANY` framed echoes: each client a connection of its own, one batch
 /// each way per round trip.
+///
+/// Cancel safety: dropped, its clients run on until the runtime ends.
 async fn many_framed_echoes(
     addr: std::net::SocketAddr,
     duration: Duration,

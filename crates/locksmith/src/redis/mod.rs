@@ -501,6 +501,14 @@ impl Shared {
         })
     }
 
+    /// How long each node may take on a call outside an acquire (a
+    /// release, an extension, an inspection, a page of `list`'s scan): with
+    /// Redlock the node timeout of the session TTL, as an acquire's calls
+    /// take that of their lease; a single node is waited for (`None`).
+    fn call_limit(&self) -> Option<Duration> {
+        (self.nodes.len() > 1).then(|| self.node_timeout(self.session_ttl))
+    }
+
     /// Runs one call on one node.
     ///
     /// Cancel safety: the call may or may not have run.
@@ -539,10 +547,7 @@ impl Shared {
             })
     }
 
-    /// Runs one call on one node; with Redlock within the node timeout of
-    /// the session TTL (a release, an extension, an inspection), as an
-    /// acquire's calls run within that of their lease. A single node is
-    /// waited for.
+    /// Runs one call on one node within [`Shared::call_limit`].
     ///
     /// Cancel safety: the call may or may not have run.
     async fn run_bounded<T: ::redis::FromRedisValue>(
@@ -551,11 +556,10 @@ impl Shared {
         call: &Call,
         what: &str,
     ) -> Result<T> {
-        if self.nodes.len() == 1 {
-            return self.run(node, call, what).await;
+        match self.call_limit() {
+            Some(limit) => self.run_within(node, call, what, limit).await,
+            None => self.run(node, call, what).await,
         }
-        let limit = self.node_timeout(self.session_ttl);
-        self.run_within(node, call, what, limit).await
     }
 
     /// One attempt.
@@ -1233,10 +1237,10 @@ impl Backend for RedisBackend {
             pattern.push(c);
         }
         pattern.push('*');
-        // With Redlock every master is scanned at once, each page within
-        // the node timeout: a silent master is passed over after that. A
-        // lock a majority holds is on a master that answers.
-        let page_limit = (shared.nodes.len() > 1).then(|| shared.node_timeout(shared.session_ttl));
+        // Every master is scanned at once, each page within the call limit:
+        // with Redlock a silent master is passed over after that. A lock a
+        // majority holds is on a master that answers.
+        let page_limit = shared.call_limit();
         let scans = join_all(
             shared
                 .nodes
