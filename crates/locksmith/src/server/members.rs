@@ -150,6 +150,16 @@ impl Members {
         self.list().len()
     }
 
+    /// The URL the members were given by.
+    pub(super) fn url(&self) -> &ServerUrl {
+        &self.url
+    }
+
+    /// What opens connections, when not TCP.
+    pub(super) fn connector(&self) -> Option<&Connector> {
+        self.connector.as_ref()
+    }
+
     /// The member to talk to: its position (for [`Members::failed`]), its
     /// address and a client.
     pub(super) fn current(&self) -> (usize, String, Stub) {

@@ -66,6 +66,7 @@ mod convert;
 mod heartbeats;
 mod members;
 mod session;
+mod stream_connection;
 mod url;
 
 pub use url::{Credentials, ServerUrl, Stub, TOKEN_ENV};

@@ -43,7 +43,7 @@ use pb::server_message::Kind as In;
 use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::time::{sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
-use tonic::{Code, Streaming};
+use tonic::Code;
 
 use crate::keeper::Loss;
 use crate::lost::LostCause;
@@ -55,6 +55,7 @@ use crate::options::ConnectOptions;
 use super::convert;
 use super::heartbeats::{Due, Heartbeats};
 use super::members::{member_down, Members, Redirect, Rounds};
+use super::stream_connection::{self, Inbound};
 
 /// How long a graceful close waits for the server to confirm.
 const CLOSE_WAIT: Duration = Duration::from_secs(2);
@@ -534,7 +535,7 @@ enum SetupError {
 
 /// A stream carrying an open session.
 struct Link {
-    inbound: Streaming<pb::ServerBatch>,
+    inbound: Inbound,
     /// Messages that came in the same batch as `opened`/`resumed` (lost
     /// notices after a resume), for [`run`] to handle first.
     early: Vec<pb::ServerMessage>,
@@ -659,7 +660,7 @@ async fn establish(
         ack_lost: Vec::new(),
     });
     let sent_at = Instant::now();
-    let (at, addr, client) = members.current();
+    let (at, addr, _) = members.current();
     let failed = |status: tonic::Status| {
         let transport = transport_error(&status);
         if !transport {
@@ -693,8 +694,8 @@ async fn establish(
     // connection, then the stream's headers, which the server sends at
     // once): a crashed machine answers nothing, and its followers may
     // still name it.
-    let mut client = client;
-    let opening = client.session(batches(queue));
+    let opening =
+        stream_connection::open(&addr, members.url(), members.connector(), batches(queue));
     let opened = if members.broken(at) {
         let within = broken_member_patience(ttl);
         match tokio::time::timeout(within, opening).await {
@@ -710,7 +711,7 @@ async fn establish(
     } else {
         opening.await
     };
-    let mut inbound = opened.map_err(failed)?.into_inner();
+    let mut inbound = opened.map_err(failed)?;
     members.answered(at);
     let mut early = inbound
         .message()
@@ -892,7 +893,9 @@ async fn drive(shared: Arc<Shared>, first: Link) {
                 heartbeats.broken(Instant::now(), reason);
             }
         }
-        drop(link.outbound);
+        // The old stream's connection goes with it: its tasks run only while
+        // the link is polled, and a server stopping gracefully waits for it.
+        drop(link);
         link = loop {
             if !pause.is_zero() {
                 let mut until = Instant::now() + pause;
@@ -1133,7 +1136,7 @@ fn lost_push(state: &mut State, lost: pb::Lost) {
 /// Closes the session on its stream and waits (bounded) for the server's word.
 ///
 /// Cancel safety: the close message is sent first; dropping only stops the wait.
-async fn close(shared: &Shared, inbound: &mut Streaming<pb::ServerBatch>) -> End {
+async fn close(shared: &Shared, inbound: &mut Inbound) -> End {
     shared.state().send(Out::Close(pb::Close {}));
     let _ = tokio::time::timeout(CLOSE_WAIT, async {
         while let Ok(Some(batch)) = inbound.message().await {

@@ -14,8 +14,11 @@
 
 use std::collections::HashSet;
 use std::path::Path;
+use std::sync::Arc;
 
 use locksmith_proto::v1::locksmith_client::LocksmithClient;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::interceptor::InterceptedService;
 use tonic::service::Interceptor;
@@ -64,7 +67,7 @@ impl Interceptor for Credentials {
 #[derive(Clone)]
 pub struct ServerUrl {
     addresses: Vec<String>,
-    tls: Option<ClientTlsConfig>,
+    tls: Option<Tls>,
     credentials: Credentials,
 }
 
@@ -154,6 +157,12 @@ impl ServerUrl {
         })
     }
 
+    /// The TLS configuration for a connection the client opens itself (the
+    /// session stream's), if the URL asks for TLS.
+    pub(crate) fn rustls(&self) -> Option<Arc<rustls::ClientConfig>> {
+        self.tls.as_ref().map(|tls| tls.rustls.clone())
+    }
+
     /// The members' `host:port`, in order.
     pub fn addresses(&self) -> &[String] {
         &self.addresses
@@ -167,7 +176,7 @@ impl ServerUrl {
             .map_err(|e| invalid_url(addr, e.to_string()))?;
         match &self.tls {
             Some(tls) => endpoint
-                .tls_config(tls.clone())
+                .tls_config(tls.channel.clone())
                 .map_err(|e| invalid_url(addr, e.to_string())),
             None => Ok(endpoint),
         }
@@ -189,34 +198,75 @@ struct Options {
 }
 
 impl Options {
-    fn tls(&self, url: &str) -> Result<ClientTlsConfig> {
-        let read = |what: &str, file: &str| {
-            std::fs::read(Path::new(file))
-                .map_err(|e| invalid_url(url, format!("{what} {file:?}: {e}")))
+    /// The TLS configuration from the URL's files, each read once.
+    fn tls(&self, url: &str) -> Result<Tls> {
+        let bad = |what: &str, file: &str, e: &dyn std::fmt::Display| {
+            invalid_url(url, format!("{what} {file:?}: {e}"))
         };
-        let ca = self.ca.as_deref().ok_or_else(|| {
+        let read = |what: &str, file: &str| {
+            std::fs::read(Path::new(file)).map_err(|e| bad(what, file, &e))
+        };
+        let ca_file = self.ca.as_deref().ok_or_else(|| {
             invalid_url(
                 url,
                 "locksmith+tls:// needs ?ca=FILE: the CA that signed the server's certificate"
                     .into(),
             )
         })?;
-        let mut config =
-            ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read("ca", ca)?));
-        match (&self.cert, &self.key) {
-            (Some(cert), Some(key)) => {
-                config = config.identity(Identity::from_pem(read("cert", cert)?, read("key", key)?))
-            }
-            (None, None) => {}
+        let ca = read("ca", ca_file)?;
+        let identity = match (&self.cert, &self.key) {
+            (Some(cert), Some(key)) => Some((cert, read("cert", cert)?, key, read("key", key)?)),
+            (None, None) => None,
             _ => {
                 return Err(invalid_url(
                     url,
                     "a client certificate needs both cert=FILE and key=FILE".into(),
                 ))
             }
+        };
+
+        let mut channel = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&ca));
+        if let Some((_, cert, _, key)) = &identity {
+            channel = channel.identity(Identity::from_pem(cert, key));
         }
-        Ok(config)
+
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_slice_iter(&ca) {
+            let cert = cert.map_err(|e| bad("ca", ca_file, &e))?;
+            roots.add(cert).map_err(|e| bad("ca", ca_file, &e))?;
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| invalid_url(url, e.to_string()))?
+            .with_root_certificates(roots);
+        let mut rustls = match identity {
+            Some((cert_file, cert, key_file, key)) => {
+                let chain = CertificateDer::pem_slice_iter(&cert)
+                    .collect::<std::result::Result<Vec<_>, _>>()
+                    .map_err(|e| bad("cert", cert_file, &e))?;
+                let key =
+                    PrivateKeyDer::from_pem_slice(&key).map_err(|e| bad("key", key_file, &e))?;
+                builder
+                    .with_client_auth_cert(chain, key)
+                    .map_err(|e| bad("cert", cert_file, &e))?
+            }
+            None => builder.with_no_client_auth(),
+        };
+        rustls.alpn_protocols = vec![b"h2".to_vec()];
+        Ok(Tls {
+            channel,
+            rustls: Arc::new(rustls),
+        })
     }
+}
+
+/// The URL's TLS settings, for tonic's channel and for a connection the
+/// client opens itself (tonic's configuration cannot be used there).
+#[derive(Clone)]
+struct Tls {
+    channel: ClientTlsConfig,
+    rustls: Arc<rustls::ClientConfig>,
 }
 
 /// The `host:port` of each member in the URL's authority, in order.
