@@ -54,8 +54,11 @@
 //!
 //! # Unary calls
 //!
-//! `describe`, `list` and `force_release` use the server's unary calls over the
-//! same connection. `describe` and `list` first wait (at most a second) until
+//! `describe`, `list` and `force_release` use the server's unary calls, over
+//! a channel to each member that connects on first use. The session stream
+//! has a connection of its own, whose HTTP/2 work runs in the session's task
+//! (module `stream_connection`): a reply then wakes that task and the caller,
+//! never another thread of the runtime. `describe` and `list` first wait (at most a second) until
 //! the cancels and releases this process sent on nobody's behalf (for dropped
 //! acquire futures) are answered, so inspection never shows a waiter this
 //! process already gave up.
