@@ -137,6 +137,12 @@ impl Tasks {
 
     /// Polls the ready tasks and then `poll`, under the muted waker, again
     /// while one of them woke meanwhile; `poll`'s answer.
+    ///
+    /// When `poll` is ready, a task woken during that last round is left
+    /// marked ready, without waking the driver's task (a self-wake, which
+    /// costs the other worker's wake-up this module avoids): every caller
+    /// polls again soon after a ready answer (the driver loops on
+    /// [`Inbound::message`]), and the task runs then.
     fn poll_with<T>(
         &mut self,
         cx: &mut Context<'_>,
@@ -151,11 +157,6 @@ impl Tasks {
             let polled = poll(&mut muted);
             let woken = self.driver.state.stop_polling();
             if polled.is_ready() || !woken {
-                if woken {
-                    // A task woke after its turn in this round: it runs on
-                    // the next poll.
-                    cx.waker().wake_by_ref();
-                }
                 return polled;
             }
         }
@@ -191,7 +192,8 @@ impl Tasks {
         }
     }
 
-    /// Runs `future` to its end, polling the tasks meanwhile.
+    /// Runs `future` to its end, polling the tasks meanwhile. The tasks go
+    /// on at the next call of this or [`Inbound::message`].
     ///
     /// Cancel safety: as `future`'s; the tasks stay with `self`.
     async fn run_until<F: Future>(&mut self, future: F) -> F::Output {
@@ -209,7 +211,9 @@ pub(super) struct Inbound {
 
 impl Inbound {
     /// The next batch, polling the connection's tasks meanwhile (which
-    /// also sends what the driver queued).
+    /// also sends what the driver queued). The connection runs only while
+    /// this is polled: the driver calls it again after each batch, and
+    /// drops the `Inbound` once it stops reading.
     ///
     /// Cancel safety: safe, as `Streaming::message`.
     pub(super) async fn message(&mut self) -> Result<Option<pb::ServerBatch>, tonic::Status> {
