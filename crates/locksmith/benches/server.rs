@@ -1,2 +1,0 @@
-//! Benchmark of the server backend (being written).
-fn main() {}
