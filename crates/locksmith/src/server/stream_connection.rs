@@ -37,6 +37,8 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
+
+use futures::task::AtomicWaker;
 use std::time::Duration;
 
 use locksmith_proto::transport::{Connector, Io};
@@ -67,7 +69,7 @@ type Task = Pin<Box<dyn Future<Output = ()> + Send>>;
 struct Driver {
     state: WakeState,
     /// The driver task's own waker, as of its last poll.
-    task: Mutex<Option<Waker>>,
+    task: AtomicWaker,
     /// Tasks hyper spawned, not yet polled.
     spawned: Mutex<Vec<Task>>,
 }
@@ -79,9 +81,7 @@ impl Wake for Driver {
 
     fn wake_by_ref(self: &Arc<Self>) {
         if self.state.wake() {
-            if let Some(task) = self.task.lock().unwrap().as_ref() {
-                task.wake_by_ref();
-            }
+            self.task.wake();
         }
     }
 }
@@ -120,17 +120,22 @@ impl Wake for Slot {
 /// closes the connection.
 pub(super) struct Tasks {
     driver: Arc<Driver>,
-    running: Vec<(Task, Arc<Slot>)>,
+    /// The muted waker: `driver` as a `Waker`, made once.
+    muted: Waker,
+    /// Each task with its slot and the slot as a `Waker`, made once.
+    running: Vec<(Task, Arc<Slot>, Waker)>,
 }
 
 impl Tasks {
     fn new() -> Tasks {
+        let driver = Arc::new(Driver {
+            state: WakeState::default(),
+            task: AtomicWaker::new(),
+            spawned: Mutex::new(Vec::new()),
+        });
         Tasks {
-            driver: Arc::new(Driver {
-                state: WakeState::default(),
-                task: Mutex::new(None),
-                spawned: Mutex::new(Vec::new()),
-            }),
+            muted: Waker::from(driver.clone()),
+            driver,
             running: Vec::new(),
         }
     }
@@ -148,9 +153,9 @@ impl Tasks {
         cx: &mut Context<'_>,
         mut poll: impl FnMut(&mut Context<'_>) -> Poll<T>,
     ) -> Poll<T> {
-        *self.driver.task.lock().unwrap() = Some(cx.waker().clone());
-        let waker = Waker::from(self.driver.clone());
-        let mut muted = Context::from_waker(&waker);
+        self.driver.task.register(cx.waker());
+        let muted_waker = self.muted.clone();
+        let mut muted = Context::from_waker(&muted_waker);
         for _ in 0..ROUNDS_PER_POLL {
             self.driver.state.start_polling();
             self.poll_ready_tasks();
@@ -168,25 +173,25 @@ impl Tasks {
     fn poll_ready_tasks(&mut self) {
         let spawned = std::mem::take(&mut *self.driver.spawned.lock().unwrap());
         self.running.extend(spawned.into_iter().map(|task| {
-            let slot = Slot {
+            let slot = Arc::new(Slot {
                 ready: AtomicBool::new(true),
                 driver: self.driver.clone(),
-            };
-            (task, Arc::new(slot))
+            });
+            let waker = Waker::from(slot.clone());
+            (task, slot, waker)
         }));
         let mut at = 0;
         while at < self.running.len() {
-            let (task, slot) = &mut self.running[at];
-            if slot.ready.swap(false, Ordering::AcqRel) {
-                let waker = Waker::from(slot.clone());
-                if task
+            let (task, slot, waker) = &mut self.running[at];
+            let ready = slot.ready.swap(false, Ordering::AcqRel);
+            if ready
+                && task
                     .as_mut()
-                    .poll(&mut Context::from_waker(&waker))
+                    .poll(&mut Context::from_waker(waker))
                     .is_ready()
-                {
-                    drop(self.running.swap_remove(at));
-                    continue;
-                }
+            {
+                drop(self.running.swap_remove(at));
+                continue;
             }
             at += 1;
         }
