@@ -12,7 +12,7 @@ use locksmith::server::{Credentials, ServerUrl};
 use locksmith_proto::raft as pb;
 use locksmith_proto::raft::cluster_client::ClusterClient;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::Channel;
+use tonic::transport::{Channel, Endpoint};
 
 /// Options of `locksmith cluster`.
 #[derive(Debug, Args)]
@@ -85,9 +85,20 @@ enum ClusterCommand {
 ///
 /// Cancel safety: safe (a dropped connect leaves nothing behind).
 pub(crate) async fn connect(url: &ServerUrl, address: &str) -> Result<Admin, String> {
-    let channel = url
-        .endpoint(address)
-        .map_err(|e| e.to_string())?
+    connect_with(url, address, |endpoint| endpoint).await
+}
+
+/// [`connect`], with the endpoint's settings changed by `configure` (the
+/// transport's windows for a backup, say).
+///
+/// Cancel safety: safe (a dropped connect leaves nothing behind).
+pub(crate) async fn connect_with(
+    url: &ServerUrl,
+    address: &str,
+    configure: impl FnOnce(Endpoint) -> Endpoint,
+) -> Result<Admin, String> {
+    let endpoint = url.endpoint(address).map_err(|e| e.to_string())?;
+    let channel = configure(endpoint)
         .connect()
         .await
         .map_err(|e| format!("cannot reach {address}: {e}"))?;

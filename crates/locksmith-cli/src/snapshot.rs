@@ -27,7 +27,7 @@ use locksmith::server::ServerUrl;
 use locksmith_proto::raft as pb;
 use locksmith_server::backup::{self, Backup, RestoreOptions};
 
-use crate::cluster::{connect, MembersArgs};
+use crate::cluster::{connect, connect_with, MembersArgs};
 use crate::serve::{parse_members, Members};
 
 /// Options of `locksmith snapshot`.
@@ -210,20 +210,28 @@ async fn save(file: &std::path::Path, members: &MembersArgs, choice: Choice) -> 
     let started = std::time::Instant::now();
     let (address, role, incoming) = match choice {
         Choice::Member(member) => {
-            let incoming = fetch(&url, &member, None, file).await?;
+            let incoming = fetch(&url, &member, None, file, false).await?;
             (member, "the member named", incoming)
         }
         Choice::Leader => {
             let source = source_address(&url, true).await?;
-            let incoming = fetch(&url, &source.address, None, file).await?;
+            let incoming = fetch(&url, &source.address, None, file, false).await?;
             (source.address, source.role, incoming)
         }
         Choice::Follower { wait } => {
             let source = source_address(&url, false).await?;
             // A follower has `wait` to start; the leader, as ever, its time.
-            let first_part_within = source.leader.is_some().then_some(wait);
+            let from_follower = source.leader.is_some();
+            let first_part_within = from_follower.then_some(wait);
             match (
-                fetch(&url, &source.address, first_part_within, file).await,
+                fetch(
+                    &url,
+                    &source.address,
+                    first_part_within,
+                    file,
+                    from_follower,
+                )
+                .await,
                 source.leader,
             ) {
                 (Ok(incoming), _) => (source.address, source.role, incoming),
@@ -231,7 +239,7 @@ async fn save(file: &std::path::Path, members: &MembersArgs, choice: Choice) -> 
                     eprintln!(
                         "locksmith snapshot: {error}; taking the backup from the leader instead"
                     );
-                    let incoming = fetch(&url, &leader, None, file).await?;
+                    let incoming = fetch(&url, &leader, None, file, false).await?;
                     (leader, LEADER, incoming)
                 }
                 (Err(error), None) => return Err(error),
@@ -253,9 +261,26 @@ async fn save(file: &std::path::Path, members: &MembersArgs, choice: Choice) -> 
     Ok(())
 }
 
+/// How many bytes of a backup from a member that answers clients may be
+/// on their way to this end: HTTP/2's receive window, for the backup's
+/// stream and its connection (HTTP/2's own default; the transport's is 2
+/// and 5 MiB).
+///
+/// Why small: the member writes what the window allows on the runtime
+/// worker that answers its clients, in one go. A group of one wrote 2 MiB
+/// at a time (128 frames, over a millisecond of the worker's time) and its
+/// clients' answers waited behind them: the handoff p99 during a save was
+/// about 3x that without on tmpfs, about 2x with this window. A follower
+/// answers no client, and there the smaller window made no difference but
+/// more round trips, so a backup from a follower keeps the transport's
+/// (docs/BENCHMARKS.md, "The backup's receive window").
+const BACKUP_WINDOW: u32 = 65_535;
+
 /// The backup as the member at `address` sends it, written to `file`'s
 /// staged copy as it comes (`backup::Incoming`); with `first_part_within`,
-/// an error if the first part has not come by then.
+/// an error if the first part has not come by then. Unless the member is
+/// known to be a follower (`from_follower`), it sends through a receive
+/// window of [`BACKUP_WINDOW`].
 ///
 /// Cancel safety: safe; dropped, the member's stream closes and the staged
 /// copy is removed.
@@ -264,10 +289,20 @@ async fn fetch(
     address: &str,
     first_part_within: Option<std::time::Duration>,
     file: &std::path::Path,
+    from_follower: bool,
 ) -> Result<backup::Incoming, String> {
     let failed = |s: tonic::Status| format!("{address}: {}", s.message());
     let start = async {
-        let mut client = connect(url, address).await?;
+        let mut client = connect_with(url, address, |endpoint| {
+            if from_follower {
+                endpoint
+            } else {
+                endpoint
+                    .initial_stream_window_size(BACKUP_WINDOW)
+                    .initial_connection_window_size(BACKUP_WINDOW)
+            }
+        })
+        .await?;
         let mut stream = client
             .save_snapshot(pb::SaveSnapshotRequest {})
             .await
