@@ -182,11 +182,12 @@ pub(super) fn replace_durably(dir: &Path, name: &str, bytes: &[u8]) -> io::Resul
 /// snapshot of 64 MB written whole, or only handed to the kernel's
 /// write-back in steps (`sync_file_range`, as before), sat in the disk's
 /// cache (on a VM, its host's) until a flush, and the next sync of the Raft
-/// log on that disk waited for all of it. Synced a megabyte at a time, the
-/// log's sync waits for at most that: the handoff p99 during a save went
-/// from about 6× to 3× that without (docs/BENCHMARKS.md, "A backup made
-/// durable a megabyte at a time").
-const SYNC_STEP: usize = 1 << 20;
+/// log on that disk waited for all of it. Synced in steps, the log's sync
+/// waits for at most one: with a megabyte, a group of one's handoff p99
+/// during a save to its own disk was 3.5-5x that without; with 256 KiB,
+/// 1.9-2.2x, the save as quick (docs/BENCHMARKS.md, "A backup made durable
+/// a megabyte at a time" and "Smaller synced steps").
+const SYNC_STEP: usize = 256 << 10;
 
 /// The new content of `dir/name`, written and fsynced as `name.tmp`: put in
 /// place by [`Staged::replace`], removed if dropped before. Writing it can
