@@ -184,7 +184,7 @@ pub(super) fn replace_durably(dir: &Path, name: &str, bytes: &[u8]) -> io::Resul
 /// cache (on a VM, its host's) until a flush, and the next sync of the Raft
 /// log on that disk waited for all of it. Synced in steps, the log's sync
 /// waits for at most one: with a megabyte, a group of one's handoff p99
-/// during a save to its own disk was 3.5-5x that without; with 256 KiB,
+/// during a save to its own disk was 3.5-5.6x that without; with 256 KiB,
 /// 1.9-2.2x, the save as quick (docs/BENCHMARKS.md, "A backup made durable
 /// a megabyte at a time" and "Smaller synced steps").
 const SYNC_STEP: usize = 256 << 10;
