@@ -42,7 +42,7 @@ use super::versions::{MemberVersion, Versions};
 use super::{Raft, TypeConfig};
 use crate::auth::{Auth, Caller, Permission};
 use crate::inbox::{CoreSender, RaftEvent};
-use crate::storage::background::in_background;
+use crate::storage::background::{in_background, Background};
 use crate::storage::backup;
 use crate::tls::MemberCheck;
 use std::sync::Arc;
@@ -410,7 +410,7 @@ impl pb::cluster_server::Cluster for ClusterService {
         let index = frozen.meta.last_log_id.map(|id| id.index);
         let node_id = self.raft.metrics().borrow_watched().id;
         let started = std::time::Instant::now();
-        let bytes = in_background("backup", move || backup::live(frozen, node_id))
+        let bytes = in_background(Background::Backup, move || backup::live(frozen, node_id))
             .await
             .map_err(|e| Status::internal(format!("encoding the backup failed: {e}")))?;
         tracing::info!(

@@ -31,7 +31,7 @@ use tokio::sync::oneshot;
 use crate::core::Stats;
 use crate::entry::{Applied, TypeConfig};
 use crate::inbox::{CoreSender, RaftEvent};
-use crate::storage::background::in_background;
+use crate::storage::background::{in_background, Background};
 use crate::storage::member::{SnapshotFile, StoredSnapshot};
 
 /// A snapshot as openraft moves it.
@@ -162,7 +162,7 @@ impl RaftSnapshotBuilder<TypeConfig> for CoreMachine {
     async fn build_snapshot(&mut self) -> io::Result<SnapshotOf<TypeConfig, Cursor<Vec<u8>>>> {
         let frozen = self.ask(|reply| RaftEvent::Snapshot { reply }).await?;
         let started = std::time::Instant::now();
-        let snapshot = in_background("snapshot", move || frozen.encode()).await?;
+        let snapshot = in_background(Background::Snapshot, move || frozen.encode()).await?;
         tracing::debug!(
             bytes = snapshot.snapshot.get_ref().len(),
             elapsed = ?started.elapsed(),

@@ -6,10 +6,10 @@
 //! the runtime's threads and the core's, and on a busy machine the
 //! scheduler shared the CPUs between them (the handoff p99 during a backup
 //! was 1.4–2.3× that without, docs/BENCHMARKS.md, "Operations: backup and
-//! restore"). So it runs on a
-//! thread of its own whose nice value is raised by [`BACKGROUND_NICE`]: the
-//! threads that serve win the CPU whenever they want it, and the encoding
-//! takes what they leave. Nothing it does delays a heartbeat or a commit:
+//! restore"). So it runs on a thread of its own whose nice value is raised
+//! ([`Background`]): the threads that serve win the CPU whenever they want
+//! it, the encoding takes what they leave, and a backup's encoding wins it
+//! over a Raft snapshot's. Nothing it does delays a heartbeat or a commit:
 //! the state is frozen before (the core goes on at once) and nothing is
 //! locked while it runs.
 //!
@@ -26,31 +26,59 @@ use std::cell::Cell;
 use std::io;
 use std::time::{Duration, Instant};
 
-/// How much the encoding thread's nice value is raised (at most to 19):
-/// its share of a CPU wanted by a thread of the runtime is about 1/10
-/// (CFS weights 110 against 1024), and all of one nobody else wants.
-pub(crate) const BACKGROUND_NICE: i32 = 10;
+/// Background work, by how far below serving it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Background {
+    /// A backup, which an operator waits for: nice +10, a share of about
+    /// 1/10 of a CPU wanted by a thread that serves (CFS weights 110
+    /// against 1024), and all of one nobody else wants.
+    Backup,
+    /// A Raft snapshot, which nobody waits for (the log it replaces only
+    /// grows a little longer meanwhile): nice +19 (weight 15), so that a
+    /// backup taken at the same time gets the CPU first. Every member
+    /// comes to its snapshot at about the same entry, after a big fill all
+    /// of them at once.
+    Snapshot,
+}
 
-/// Runs `work` on a thread of its own at a lower priority
-/// ([`BACKGROUND_NICE`]), named `locksmith-{what}`; its result, or an
-/// error if it panicked or no thread could be started.
+impl Background {
+    /// How much the thread's nice value is raised (at most to 19).
+    pub(crate) fn nice(self) -> i32 {
+        match self {
+            Background::Backup => 10,
+            Background::Snapshot => 19,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Background::Backup => "backup",
+            Background::Snapshot => "snapshot",
+        }
+    }
+}
+
+/// Runs `work` on a thread of its own at `what`'s lower priority, named
+/// `locksmith-{what}`; its result, or an error if it panicked or no thread
+/// could be started.
 ///
 /// Cancel safety: dropped, the work still finishes on its thread and its
 /// result is thrown away.
 pub(crate) async fn in_background<T: Send + 'static>(
-    what: &str,
+    what: Background,
     work: impl FnOnce() -> T + Send + 'static,
 ) -> io::Result<T> {
     let (done, result) = tokio::sync::oneshot::channel();
+    let name = what.name();
     std::thread::Builder::new()
-        .name(format!("locksmith-{what}"))
+        .name(format!("locksmith-{name}"))
         .spawn(move || {
-            lower_priority();
+            lower_priority(what.nice());
             let _ = done.send(giving_way(work));
         })?;
     result
         .await
-        .map_err(|_| io::Error::other(format!("{what} panicked")))
+        .map_err(|_| io::Error::other(format!("{name} panicked")))
 }
 
 /// How long background work runs before it gives way to threads waiting
@@ -85,12 +113,12 @@ fn give_way() {
     }
 }
 
-/// Raises the calling thread's nice value by [`BACKGROUND_NICE`]. On Linux a
+/// Raises the calling thread's nice value by `by`. On Linux a
 /// nice value belongs to a thread, and `setpriority(PRIO_PROCESS, tid)`
 /// sets that thread's alone (sched(7)); the rest of the process keeps its
 /// own, and threads it starts afterwards inherit it. Where it cannot
 /// (another system, a refusal), the thread runs as before.
-pub(crate) fn lower_priority() {
+pub(crate) fn lower_priority(by: i32) {
     #[cfg(target_os = "linux")]
     // SAFETY: plain system calls on this thread's own id.
     unsafe {
@@ -100,7 +128,7 @@ pub(crate) fn lower_priority() {
         *libc::__errno_location() = 0;
         let nice = libc::getpriority(libc::PRIO_PROCESS, tid);
         if *libc::__errno_location() == 0 {
-            let lowered = (nice + BACKGROUND_NICE).min(19);
+            let lowered = (nice + by).min(19);
             libc::setpriority(libc::PRIO_PROCESS, tid, lowered);
         }
     }
@@ -119,22 +147,26 @@ mod tests {
     #[tokio::test]
     async fn the_work_runs_at_a_lower_priority_and_the_caller_keeps_its_own() {
         let before = nice_of_this_thread();
-        let (nice, name) = in_background("test-encoding", || {
+        let (nice, name) = in_background(Background::Backup, || {
             let name = std::thread::current().name().map(str::to_owned);
             (nice_of_this_thread(), name)
         })
         .await
         .unwrap();
-        assert_eq!(nice, (before + BACKGROUND_NICE).min(19));
-        assert_eq!(name.as_deref(), Some("locksmith-test-encoding"));
+        assert_eq!(nice, (before + 10).min(19));
+        assert_eq!(name.as_deref(), Some("locksmith-backup"));
+        let nice = in_background(Background::Snapshot, nice_of_this_thread)
+            .await
+            .unwrap();
+        assert_eq!(nice, 19);
         assert_eq!(nice_of_this_thread(), before);
     }
 
     #[tokio::test]
     async fn work_that_panics_is_an_error_not_a_hang() {
-        let error = in_background("test-panic", || -> u32 { panic!("on purpose") })
+        let error = in_background(Background::Snapshot, || -> u32 { panic!("on purpose") })
             .await
             .unwrap_err();
-        assert!(error.to_string().contains("test-panic panicked"), "{error}");
+        assert!(error.to_string().contains("snapshot panicked"), "{error}");
     }
 }

@@ -589,7 +589,7 @@ pub fn write_file(path: &Path, bytes: &[u8]) -> Result<(), ServerError> {
 /// machine: it then checks and writes the file with the CPU the member
 /// leaves (docs/BENCHMARKS.md, "Snapshots sized by the log").
 pub fn lower_priority_of_this_thread() {
-    super::background::lower_priority();
+    super::background::lower_priority(super::background::Background::Backup.nice());
 }
 
 /// What the backup at `path` holds, checked as [`Backup::read`] checks it
