@@ -181,7 +181,11 @@ pub fn main() -> ExitCode {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     if matches!(&cli.command, Command::Snapshot(args) if args.runs_in_background()) {
-        locksmith_server::backup::lower_priority_of_this_thread();
+        match locksmith_server::backup::lower_priority_for_a_save() {
+            Ok(Some(nice)) => tracing::debug!(nice, "this session's group lowered (autogroup)"),
+            Ok(None) => {}
+            Err(error) => tracing::warn!(%error, "could not lower this session's CPU share"),
+        }
     }
     let runtime = match &cli.command {
         Command::Serve(args) => {

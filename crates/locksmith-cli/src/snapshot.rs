@@ -82,9 +82,11 @@ enum SnapshotCommand {
         )]
         follower_wait: std::time::Duration,
         /// Run at the priority it was started with. By default it lowers
-        /// its own (nice +10, as a member encodes a backup): run on a
-        /// member's machine, its checking and writing take only the CPU the
-        /// member leaves, instead of slowing the member's answers.
+        /// its own (nice +10, as a member encodes a backup, and, when it
+        /// leads its session, e.g. under `setsid`, that session's
+        /// scheduling group): run on a member's machine, its checking and
+        /// writing take only the CPU the member leaves, instead of slowing
+        /// the member's answers.
         #[arg(long)]
         full_priority: bool,
     },

@@ -336,6 +336,56 @@ async fn a_follower_that_does_not_answer_or_is_gone_is_passed_over_for_the_leade
     from_the_leader(&backup, &text);
 }
 
+/// `snapshot save` started in a session of its own (`setsid`) also lowers
+/// that session's group (a nice value weighs only within the group the
+/// kernel schedules a session's threads in); with `--full-priority`, or in
+/// a session it does not lead (the shell's), it leaves the group alone.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_save_in_a_session_of_its_own_lowers_that_sessions_share() {
+    use std::os::unix::process::CommandExt;
+    if !Path::new("/proc/self/autogroup").exists() {
+        eprintln!("this kernel groups no sessions (no /proc/self/autogroup): nothing to lower");
+        return;
+    }
+    let server = ServerProcess::start();
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let save = |name: &str, own_session: bool, more: &[&str]| -> String {
+        let mut command = std::process::Command::new(BINARY);
+        command
+            .args(["snapshot", "save"])
+            .arg(dir.path().join(name))
+            .args(["--backend", &server.url()])
+            .args(more)
+            .env("RUST_LOG", "locksmith_cli=debug");
+        if own_session {
+            // SAFETY: setsid is async-signal-safe; the child is not a
+            // process group's leader, so it succeeds.
+            unsafe {
+                command.pre_exec(|| match libc::setsid() {
+                    -1 => Err(std::io::Error::last_os_error()),
+                    _ => Ok(()),
+                });
+            }
+        }
+        let output = command.output().expect("run locksmith");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(output.status.success(), "snapshot save failed: {text}");
+        text
+    };
+    let lowered = "this session's group lowered (autogroup) nice=10";
+    let text = save("own-session.backup", true, &[]);
+    assert!(text.contains(lowered), "{text}");
+    let text = save("full-priority.backup", true, &["--full-priority"]);
+    assert!(!text.contains("group lowered"), "{text}");
+    let text = save("shared-session.backup", false, &[]);
+    assert!(!text.contains("group lowered"), "{text}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_cluster_from_one_surviving_member_keeps_its_locks_and_never_reuses_a_token() {
     let members = ServerProcess::start_cluster(&[]);

@@ -134,6 +134,60 @@ pub(crate) fn lower_priority(by: i32) {
     }
 }
 
+/// Raises by `by` the nice value of this process's session group, if this
+/// process leads its session; the value it then has, or `None` when it
+/// leaves it alone.
+///
+/// Where Linux groups each session's threads for the scheduler
+/// (autogrouping, on by default in most distributions' kernels, sched(7)),
+/// the CPUs are first shared between the groups, equally, and a thread's
+/// nice value weighs only against the threads of its own group: a command
+/// at nice +10 started from an operator's shell still gets half of a CPU
+/// that a server started elsewhere wants (measured: two busy loops in two
+/// sessions on one CPU, one at nice +10, ran the same time each; with
+/// their groups' nice values 0 and 10, 90 % and 10 %). A group's own nice
+/// value (`/proc/self/autogroup`) weighs between groups. Only the session's
+/// leader changes it: in a session it does not lead (a shell's), the change
+/// would reach the shell's other commands and outlive this one. Nothing
+/// happens where the kernel has no autogroups (the file is absent).
+pub(crate) fn lower_session_priority(by: i32) -> io::Result<Option<i32>> {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: plain system calls about this process.
+        let leads_its_session = unsafe { libc::getsid(0) == libc::getpid() };
+        if !leads_its_session {
+            return Ok(None);
+        }
+        let path = "/proc/self/autogroup";
+        let read = || -> io::Result<Option<i32>> {
+            match std::fs::read_to_string(path) {
+                Ok(text) => autogroup_nice(&text).map(Some).ok_or_else(|| {
+                    io::Error::other(format!(
+                        "{path} reads {text:?}, not a group and its nice value"
+                    ))
+                }),
+                Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(None),
+                Err(error) => Err(error),
+            }
+        };
+        let Some(nice) = read()? else {
+            return Ok(None);
+        };
+        std::fs::write(path, (nice + by).min(19).to_string())?;
+        read()
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = by;
+        Ok(None)
+    }
+}
+
+/// The nice value in `/proc/self/autogroup`'s text (`/autogroup-25 nice 0`).
+fn autogroup_nice(text: &str) -> Option<i32> {
+    text.trim().rsplit_once(" nice ")?.1.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -160,6 +214,29 @@ mod tests {
             .unwrap();
         assert_eq!(nice, 19);
         assert_eq!(nice_of_this_thread(), before);
+    }
+
+    #[test]
+    fn a_session_group_is_read_from_the_kernels_text() {
+        assert_eq!(autogroup_nice("/autogroup-25 nice 0\n"), Some(0));
+        assert_eq!(autogroup_nice("/autogroup-7 nice -5"), Some(-5));
+        assert_eq!(autogroup_nice("/autogroup-7 nice"), None);
+        assert_eq!(autogroup_nice(""), None);
+    }
+
+    /// The test runner leads no session of its own (cargo started it), so
+    /// its session's group, shared with the shell that ran cargo, is left
+    /// as it was.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_session_this_process_does_not_lead_is_left_alone() {
+        // SAFETY: plain system calls about this process.
+        if unsafe { libc::getsid(0) == libc::getpid() } {
+            return;
+        }
+        let before = std::fs::read_to_string("/proc/self/autogroup").ok();
+        assert_eq!(lower_session_priority(10).unwrap(), None);
+        assert_eq!(std::fs::read_to_string("/proc/self/autogroup").ok(), before);
     }
 
     #[tokio::test]

@@ -585,11 +585,18 @@ pub fn write_file(path: &Path, bytes: &[u8]) -> Result<(), ServerError> {
 
 /// Lowers the calling thread's CPU priority as a member lowers the thread
 /// that encodes a backup (nice +10); threads it starts afterwards inherit
-/// it. For `locksmith snapshot save`, which often runs on a member's own
-/// machine: it then checks and writes the file with the CPU the member
-/// leaves (docs/BENCHMARKS.md, "Snapshots sized by the log").
-pub fn lower_priority_of_this_thread() {
-    super::background::lower_priority(super::background::Background::Backup.nice());
+/// it. And when this process leads a session of its own, the session's
+/// share of the CPUs as well (see [`super::background::lower_session_priority`]:
+/// a nice value weighs only within a session's group). For `locksmith
+/// snapshot save`, which often runs on a member's own machine: it then
+/// checks and writes the file with the CPU the member leaves
+/// (docs/BENCHMARKS.md, "Snapshots sized by the log").
+///
+/// Returns the session group's nice value when it lowered it.
+pub fn lower_priority_for_a_save() -> std::io::Result<Option<i32>> {
+    let by = super::background::Background::Backup.nice();
+    super::background::lower_priority(by);
+    super::background::lower_session_priority(by)
 }
 
 /// What the backup at `path` holds, checked as [`Backup::read`] checks it
