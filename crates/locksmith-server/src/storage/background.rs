@@ -184,6 +184,7 @@ pub(crate) fn lower_session_priority(by: i32) -> io::Result<Option<i32>> {
 }
 
 /// The nice value in `/proc/self/autogroup`'s text (`/autogroup-25 nice 0`).
+#[cfg(target_os = "linux")]
 fn autogroup_nice(text: &str) -> Option<i32> {
     text.trim().rsplit_once(" nice ")?.1.parse().ok()
 }
@@ -216,6 +217,7 @@ mod tests {
         assert_eq!(nice_of_this_thread(), before);
     }
 
+    #[cfg(target_os = "linux")]
     #[test]
     fn a_session_group_is_read_from_the_kernels_text() {
         assert_eq!(autogroup_nice("/autogroup-25 nice 0\n"), Some(0));
