@@ -586,11 +586,11 @@ pub fn write_file(path: &Path, bytes: &[u8]) -> Result<(), ServerError> {
 /// Lowers the calling thread's CPU priority as a member lowers the thread
 /// that encodes a backup (nice +10); threads it starts afterwards inherit
 /// it. And when this process leads a session of its own, the session's
-/// share of the CPUs as well (see [`super::background::lower_session_priority`]:
-/// a nice value weighs only within a session's group). For `locksmith
-/// snapshot save`, which often runs on a member's own machine: it then
-/// checks and writes the file with the CPU the member leaves
-/// (docs/BENCHMARKS.md, "Snapshots sized by the log").
+/// share of the CPUs as well (a nice value weighs only within the group
+/// the kernel schedules a session's threads in: `storage/background.rs`).
+/// For `locksmith snapshot save`, which often runs on a member's own
+/// machine: it then checks and writes the file with the CPU the member
+/// leaves (docs/BENCHMARKS.md, "Snapshots sized by the log").
 ///
 /// Returns the session group's nice value when it lowered it.
 pub fn lower_priority_for_a_save() -> std::io::Result<Option<i32>> {
