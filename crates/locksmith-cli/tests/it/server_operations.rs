@@ -24,20 +24,28 @@ use server_support::{
 
 /// Runs `locksmith ARGS`, returning (success, stdout + stderr).
 async fn locksmith(args: Vec<String>) -> (bool, String) {
-    tokio::task::spawn_blocking(move || {
-        let output = std::process::Command::new(BINARY)
-            .args(&args)
-            .output()
-            .expect("run locksmith");
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
-        (output.status.success(), text)
-    })
-    .await
-    .unwrap()
+    tokio::task::spawn_blocking(move || run(std::process::Command::new(BINARY).args(&args)))
+        .await
+        .unwrap()
+}
+
+/// Runs `command` to its end, returning (success, stdout + stderr).
+fn run(command: &mut std::process::Command) -> (bool, String) {
+    let output = command.output().expect("run locksmith");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.success(), text)
+}
+
+/// A group of one for the tests that leave its state as they found it.
+fn server() -> &'static ServerProcess {
+    static SERVER: std::sync::OnceLock<ServerProcess> = std::sync::OnceLock::new();
+    let server = SERVER.get_or_init(ServerProcess::start);
+    server.assert_running();
+    server
 }
 
 /// `locksmith snapshot save FILE FLAG URL [MORE]` (`FLAG`: `--backend`, or
@@ -348,7 +356,7 @@ fn a_save_in_a_session_of_its_own_lowers_that_sessions_share() {
         eprintln!("this kernel groups no sessions (no /proc/self/autogroup): nothing to lower");
         return;
     }
-    let server = ServerProcess::start();
+    let server = server();
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let save = |name: &str, own_session: bool, more: &[&str]| -> String {
         let mut command = std::process::Command::new(BINARY);
@@ -368,13 +376,8 @@ fn a_save_in_a_session_of_its_own_lowers_that_sessions_share() {
                 });
             }
         }
-        let output = command.output().expect("run locksmith");
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
-        assert!(output.status.success(), "snapshot save failed: {text}");
+        let (ok, text) = run(&mut command);
+        assert!(ok, "snapshot save failed: {text}");
         text
     };
     let lowered = "this session's group lowered (autogroup) nice=10";
