@@ -19,6 +19,15 @@
 //! CPUs, so a follower's save still slows the leader's answers there; its
 //! CPU says on which member the work falls).
 //!
+//! On a cluster (started with a spare for this scenario), after the saves
+//! and another window alone, a new member joins as a learner, as an
+//! operator adds one: the leader sends it the state as a snapshot, it
+//! installs it and catches up with the log. Reported: the time from its
+//! start until it trails the leader by at most [`CAUGHT_UP`] entries (as
+//! `locksmith cluster status` reports its lag), and the handoff latency of
+//! the grants meanwhile. On one machine that includes the new member's
+//! own CPU (decoding the snapshot) beside the others'.
+//!
 //! Then a new cluster of as many members is made from the last backup:
 //! `locksmith snapshot restore` into each member's empty data directory
 //! (the slowest one's time is reported; an operator restores members on
@@ -73,6 +82,9 @@ pub struct BackupRestore {
     pub handoff_alone: Summary,
     /// Handoff latency of the grants while a save ran.
     pub handoff_during: Summary,
+    /// A new member's catching up, on a cluster with a spare: after the
+    /// saves, it joins as a learner and the leader sends it the state.
+    pub join: Option<Join>,
     /// The member that led while the saves were taken.
     pub leader_id: u64,
     /// The member each save came from: its id, and whether it led then.
@@ -90,6 +102,23 @@ pub struct BackupRestore {
     /// directory and its file system.
     pub data_on: String,
 }
+
+/// A member joining the cluster of (f) with its lock table in place.
+#[derive(Debug, Clone, Serialize)]
+pub struct Join {
+    /// From starting the new member to its being caught up: its log within
+    /// [`CAUGHT_UP`] entries of the leader's (s).
+    pub secs: f64,
+    /// Handoff latency of the grants meanwhile.
+    pub handoff: Summary,
+}
+
+/// Entries a joining member may trail the leader by and count as caught up
+/// (the handoff loop goes on writing while it catches up).
+const CAUGHT_UP: u64 = 64;
+
+/// Longest a joining member may take to catch up.
+pub const JOIN_LIMIT: Duration = Duration::from_secs(120);
 
 /// One member's CPU in (f).
 #[derive(Debug, Clone, Serialize)]
@@ -205,9 +234,26 @@ pub async fn backup_restore(
             during_percent: cpu_percent(during, during_for),
         })
         .collect();
+    let joined = match target.spawned.clone() {
+        Some(spawned) if matches!(&*spawned, Spawned::ServeCluster(c) if c.has_spare()) => {
+            progress.set_message(format!("{}: a member joins", target.label));
+            // What the last save left behind settles, then a window alone
+            // just before the join.
+            tokio::time::sleep(settings.duration).await;
+            let quiet = Instant::now();
+            tokio::time::sleep(settings.duration).await;
+            alone.push((quiet, Instant::now()));
+            Some(join_spare(spawned).await?)
+        }
+        _ => None,
+    };
     let samples = handoffs.stop().await?;
     let handoff_alone = within(&samples, &alone).summary();
     let handoff_during = within(&samples, &during).summary();
+    let join = joined.map(|window| Join {
+        secs: total(&[window]).as_secs_f64(),
+        handoff: within(&samples, &[window]).summary(),
+    });
     let file_bytes = std::fs::metadata(&file)
         .map_err(|e| format!("the backup file: {e}"))?
         .len();
@@ -274,6 +320,7 @@ pub async fn backup_restore(
         backup_sessions,
         handoff_alone,
         handoff_during,
+        join,
         leader_id: leader,
         saved_from,
         member_cpu,
@@ -312,6 +359,53 @@ fn source_of(printed: &str, members: &[(String, u64)]) -> Result<u64, String> {
         .find(|(member, _)| member == address)
         .map(|(_, id)| *id)
         .ok_or_else(|| format!("`snapshot save` took it from {address}, not a member"))
+}
+
+/// Starts the cluster's next spare, which joins as a learner, and waits
+/// until it is caught up (as `locksmith cluster status` reports its lag):
+/// the window from its start to then.
+///
+/// Cancel safety: dropped, the spare runs on (the cluster stops it when it
+/// drops).
+async fn join_spare(spawned: Arc<Spawned>) -> Result<(Instant, Instant), String> {
+    let start = Instant::now();
+    let (id, url) = tokio::task::spawn_blocking(move || match spawned.as_ref() {
+        Spawned::ServeCluster(cluster) => cluster
+            .start_spare()
+            .map(|spare| (spare.id(), cluster.url())),
+        _ => Err("only a locksmith cluster has spares".to_string()),
+    })
+    .await
+    .map_err(|e| format!("starting the spare panicked: {e}"))??;
+    let deadline = start + JOIN_LIMIT;
+    loop {
+        let status = locksmith(&[
+            "cluster".into(),
+            "--backend".into(),
+            url.clone().into(),
+            "status".into(),
+            "--json".into(),
+        ])
+        .await?;
+        let status: serde_json::Value =
+            serde_json::from_str(&status).map_err(|e| format!("cluster status --json: {e}"))?;
+        let lag = status["members"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|member| member["id"].as_u64() == Some(id))
+            .and_then(|member| member["lag"].as_u64());
+        if lag.is_some_and(|lag| lag <= CAUGHT_UP) {
+            return Ok((start, Instant::now()));
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "member {id} did not catch up in {} s ({status})",
+                JOIN_LIMIT.as_secs()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// How long `windows` last together.

@@ -33,8 +33,9 @@
 //!   `--scale-server` held locks, then `--saves` runs of `locksmith
 //!   snapshot save` beside the handoff loop of (b): each save's wall time,
 //!   the file's size, and the handoff p99 during the saves and without;
-//!   then `snapshot restore` into a new cluster and the time until it
-//!   grants (module `backup`).
+//!   on a cluster, a new member joining (the time until it is caught up,
+//!   and the handoff p99 meanwhile); then `snapshot restore` into a new
+//!   cluster and the time until it grants (module `backup`).
 //!
 //! # Backends
 //!
@@ -90,7 +91,7 @@ use machine::Machine;
 use report::{BackendReport, Outcome, Report, RunSettings};
 use scenario::{Contended, Scale, Settings, Uncontended};
 use stats::Samples;
-use target::{BackendSpec, Kind, Target};
+use target::{BackendSpec, Kind, Placement, Target};
 
 /// The scenarios of a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -333,8 +334,13 @@ pub async fn bench(args: BenchArgs) -> std::process::ExitCode {
                 let scale_locks = args
                     .runs(ScenarioName::Scale)
                     .then(|| args.scale_count(kind));
+                // The backup scenario ends with a member joining a cluster.
+                let placement = Placement {
+                    spares: usize::from(args.runs(ScenarioName::Backup)),
+                    ..Placement::default()
+                };
                 let start = move || -> Result<Vec<Target>, String> {
-                    let mut target = Target::spawn(kind)?;
+                    let mut target = Target::spawn_placed(kind, placement)?;
                     if let Some(locks) = scale_locks {
                         target.make_room_for_locks(locks)?;
                     }
@@ -831,11 +837,13 @@ async fn run_backup(
         waiters: args.waiters,
     };
     progress.set_message(format!("{label}: backup, {} locks", sizes.locks));
-    // Filling as scale does, then each save beside its window alone, then
-    // the restore.
+    // Filling as scale does, then each save beside its window alone, a
+    // member joining, then the restore.
     let limit = Duration::from_secs(180)
         + Duration::from_millis(sizes.locks / 4)
-        + (settings.duration + Duration::from_secs(30)) * sizes.saves as u32;
+        + (settings.duration + Duration::from_secs(30)) * sizes.saves as u32
+        + settings.duration * 2
+        + backup::JOIN_LIMIT;
     match bounded(
         limit,
         backup::backup_restore(target, sizes, settings, progress),
@@ -846,7 +854,7 @@ async fn run_backup(
             say(
                 progress,
                 format!(
-                    "{label}: backup: {} locks, saves {} s, {}, handoff p99 {} alone, {} during; \
+                    "{label}: backup: {} locks, saves {} s, {}, handoff p99 {} alone, {} during;{} \
                      restore {:.2} s + {:.2} s to the first grant",
                     f.locks,
                     f.saves_secs
@@ -857,6 +865,11 @@ async fn run_backup(
                     stats::fmt_bytes(f.file_bytes as f64),
                     stats::fmt_us(f.handoff_alone.p99_us),
                     stats::fmt_us(f.handoff_during.p99_us),
+                    f.join.as_ref().map_or(String::new(), |join| format!(
+                        " a member caught up in {:.2} s, handoff p99 {} meanwhile;",
+                        join.secs,
+                        stats::fmt_us(join.handoff.p99_us)
+                    )),
                     f.restore_secs,
                     f.serve_secs,
                 ),

@@ -544,19 +544,21 @@ impl Report {
                  (each save's wall time, process start to exit, and the member it came from: \
                  L the leader, F a follower), the handoff latency of the grants during the \
                  saves and in the windows without, and each member's CPU in both (% of a core, \
-                 alone → during; the leader's first); then `locksmith snapshot restore` into a \
+                 alone → during; the leader's first); on a cluster, a new member joining \
+                 (the leader sends it the state): the time until it is caught up and the \
+                 handoff latency meanwhile; then `locksmith snapshot restore` into a \
                  new cluster of as many members (the slowest member's) and the time from \
                  starting it to its first grant.\n\n\
                  | backend | locks held (sessions) | save (from) | file | handoff p50 / p99 \
-                 alone | handoff p50 / p99 during a save | members' CPU | restore | start → \
-                 first grant | data on |\n\
-                 |---|---:|---|---:|---|---|---|---:|---:|---|"
+                 alone | handoff p50 / p99 during a save | a member joins: caught up in, \
+                 handoff p50 / p99 | members' CPU | restore | start → first grant | data on |\n\
+                 |---|---:|---|---:|---|---|---|---|---:|---:|---|"
             );
             for b in &self.backends {
                 let Some(outcome) = &b.backup else { continue };
                 let row = match outcome {
                     Outcome::Ok(f) => format!(
-                        "| {} | {} ({}) | {} | {} | {} / {} | {} / {} | {} | {:.2} s | {:.2} s | {} |",
+                        "| {} | {} ({}) | {} | {} | {} / {} | {} / {} | {} | {} | {:.2} s | {:.2} s | {} |",
                         b.label,
                         f.backup_locks,
                         f.backup_sessions,
@@ -573,13 +575,19 @@ impl Report {
                         fmt_us(f.handoff_alone.p99_us),
                         fmt_us(f.handoff_during.p50_us),
                         fmt_us(f.handoff_during.p99_us),
+                        f.join.as_ref().map_or("-".into(), |join| format!(
+                            "{:.2} s, {} / {}",
+                            join.secs,
+                            fmt_us(join.handoff.p50_us),
+                            fmt_us(join.handoff.p99_us)
+                        )),
                         members_cpu(f),
                         f.restore_secs,
                         f.serve_secs,
                         f.data_on,
                     ),
                     Outcome::Failed { error } => {
-                        format!("| {} | failed: {} | | | | | | | | |", b.label, short(error))
+                        format!("| {} | failed: {} | | | | | | | | | |", b.label, short(error))
                     }
                 };
                 let _ = writeln!(md, "{row}");

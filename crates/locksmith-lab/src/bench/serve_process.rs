@@ -567,6 +567,11 @@ impl ServeCluster {
         Ok(spare)
     }
 
+    /// Whether a spare is left to start.
+    pub fn has_spare(&self) -> bool {
+        self.standing().contains(&Standing::Spare)
+    }
+
     /// Stops `member`, which the cluster no longer has; its id is not used
     /// again.
     pub fn retire(&self, member: &ServeProcess) {

@@ -253,13 +253,9 @@ impl Target {
     }
 
     /// Starts a real server of `kind` (blocking: a JVM or `initdb` takes
-    /// seconds; call it from a blocking thread). `memory` starts nothing.
-    pub fn spawn(kind: Kind) -> Result<Target, String> {
-        Target::spawn_placed(kind, Placement::default())
-    }
-
-    /// As [`Target::spawn`], with a replicated setup's members placed as
-    /// `placement` says (single servers and Redlock ignore it).
+    /// seconds; call it from a blocking thread), a replicated setup's
+    /// members placed as `placement` says (single servers and Redlock ignore
+    /// it). `memory` starts nothing.
     pub fn spawn_placed(kind: Kind, placement: Placement) -> Result<Target, String> {
         let on_hosts = placement.separate_hosts;
         let spawned = match kind {

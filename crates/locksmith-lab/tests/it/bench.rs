@@ -136,22 +136,22 @@ fn bench_writes_the_report_json_and_charts() {
     }
 }
 
-/// The backup scenario, small: the server holds the locks, `locksmith
-/// snapshot save` backs them up beside the handoff loop, and a server
-/// restored from the backup grants.
-#[test]
-fn bench_backup_saves_the_held_locks_and_a_restored_server_grants() {
+/// The backup scenario, small (3 000 locks, 200 ms windows), against a
+/// `spawn` this run starts with `saves` saves: what the report says of it,
+/// once the run printed the scenario and no failure.
+fn small_backup(spawn: &str, saves: u32) -> serde_json::Value {
     let out = tempfile::tempdir().expect("temporary directory");
+    let saves = saves.to_string();
     let stdout = bench(
         &[
             "--spawn",
-            "server",
+            spawn,
             "--scenarios",
             "backup",
             "--scale-server",
             "3000",
             "--saves",
-            "2",
+            &saves,
             "--duration",
             "200ms",
             "--waiters",
@@ -165,8 +165,16 @@ fn bench_backup_saves_the_held_locks_and_a_restored_server_grants() {
         "the scenario failed:\n{stdout}"
     );
     let json = std::fs::read_to_string(out.path().join("report.json")).expect("report.json");
-    let report: serde_json::Value = serde_json::from_str(&json).expect("report.json is JSON");
-    let backup = &report["backends"][0]["backup"];
+    let mut report: serde_json::Value = serde_json::from_str(&json).expect("report.json is JSON");
+    report["backends"][0]["backup"].take()
+}
+
+/// The backup scenario on a group of one: the server holds the locks,
+/// `locksmith snapshot save` backs them up beside the handoff loop, and a
+/// server restored from the backup grants.
+#[test]
+fn bench_backup_saves_the_held_locks_and_a_restored_server_grants() {
+    let backup = small_backup("server", 2);
     assert_eq!(backup["locks"], 3000, "{backup}");
     // The held locks, and the handoff loop's lock if it was held then.
     let saved = backup["backup_locks"].as_u64().unwrap();
@@ -195,6 +203,23 @@ fn bench_backup_saves_the_held_locks_and_a_restored_server_grants() {
     let cpu = backup["member_cpu"].as_array().unwrap();
     assert_eq!(cpu.len(), 1, "{backup}");
     assert_eq!(cpu[0]["id"].as_u64(), Some(leader), "{backup}");
+    assert!(backup["serve_secs"].as_f64().unwrap() > 0.0, "{backup}");
+    // Nobody joins a group of one.
+    assert!(backup["join"].is_null(), "{backup}");
+}
+
+/// The backup scenario on a cluster: the save comes from a follower, a new
+/// member joins and catches up, and a restored cluster of three grants.
+#[test]
+fn bench_backup_on_a_cluster_saves_from_a_follower_and_a_member_joins() {
+    let backup = small_backup("server-cluster", 1);
+    assert_eq!(backup["members"], 3, "{backup}");
+    let leader = backup["leader_id"].as_u64().unwrap();
+    let from = &backup["saved_from"][0];
+    assert_eq!(from[1], false, "a caught-up follower's: {backup}");
+    assert_ne!(from[0].as_u64(), Some(leader), "{backup}");
+    // The member that joined caught up (the scenario fails otherwise).
+    assert!(backup["join"]["secs"].as_f64().unwrap() > 0.0, "{backup}");
     assert!(backup["serve_secs"].as_f64().unwrap() > 0.0, "{backup}");
 }
 
