@@ -1440,6 +1440,14 @@ impl Engine {
 
     /// Adds an entry for a name that has none.
     fn insert_lock(&mut self, name: String) -> LockId {
+        let (name, id) = self.add_lock_entry(name);
+        self.names.insert(name, id);
+        id
+    }
+
+    /// Adds an empty entry for `name` to the table, without indexing it by
+    /// name (the caller does).
+    fn add_lock_entry(&mut self, name: String) -> (Arc<str>, LockId) {
         let name: Arc<str> = name.into();
         let entry = Arc::new(LockEntry {
             name: name.clone(),
@@ -1454,8 +1462,7 @@ impl Engine {
             }
             None => self.locks.push(entry),
         };
-        self.names.insert(name, id);
-        id
+        (name, id)
     }
 
     // ----- inspection -----
@@ -1688,8 +1695,15 @@ impl Engine {
                 },
             );
         }
+        // The names are indexed in one go once every lock has its entry:
+        // the snapshot lists them in ascending order, and distinct (checked
+        // above), which `BTreeMap`'s `FromIterator` sees in one pass and
+        // builds from without a search. Inserted one by one, a million names
+        // took 20 string comparisons each, a quarter of a big member's start.
+        let mut names = Vec::with_capacity(snapshot.locks.len());
         for lock in snapshot.locks {
-            let id = engine.lock_id_or_insert(lock.name);
+            let (name, id) = engine.add_lock_entry(lock.name);
+            names.push((name, id));
             for h in lock.holders {
                 if let Some(until) = h.lease_until {
                     engine.timers.insert((until, Timer::Lease(id, h.token)));
@@ -1718,6 +1732,7 @@ impl Engine {
             entry.queue = lock.queue.into();
             entry.delay_until = lock.delay_until;
         }
+        engine.names = names.into_iter().collect();
         for w in snapshot.waiters {
             let locks: Vec<LockId> = w
                 .names

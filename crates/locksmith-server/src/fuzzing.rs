@@ -70,7 +70,7 @@ pub fn peer_request(bytes: &[u8]) {
 /// stored snapshot: decoded and, when it decodes, restored into a lock
 /// engine and the grant history, as an install does.
 pub fn snapshot(bytes: &[u8]) {
-    if let Ok(stored) = postcard::from_bytes::<StoredSnapshot>(bytes) {
+    if let Ok(stored) = StoredSnapshot::decode(bytes.to_vec()) {
         install(&stored.data);
     }
     install(bytes);

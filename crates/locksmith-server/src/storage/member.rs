@@ -65,6 +65,28 @@ pub(crate) struct StoredSnapshot {
     pub data: Vec<u8>,
 }
 
+impl StoredSnapshot {
+    /// Reads the layout [`stored_file`] writes (serde's, as
+    /// `postcard::from_bytes` reads it) from a file's `payload`, keeping its
+    /// buffer for the data: serde would copy tens of megabytes into a new
+    /// vector a byte at a time, growing it as it goes.
+    pub(crate) fn decode(mut payload: Vec<u8>) -> Result<StoredSnapshot, postcard::Error> {
+        let (meta, rest) = postcard::take_from_bytes(&payload)?;
+        let (len, rest) = postcard::take_from_bytes::<u64>(rest)?;
+        let len = usize::try_from(len)
+            .ok()
+            .filter(|&len| len <= rest.len())
+            .ok_or(postcard::Error::DeserializeUnexpectedEnd)?;
+        let start = payload.len() - rest.len();
+        payload.truncate(start + len);
+        payload.drain(..start);
+        Ok(StoredSnapshot {
+            meta,
+            data: payload,
+        })
+    }
+}
+
 /// A member's open data directory, holding its `flock`.
 pub(crate) struct MemberDir {
     _lock: fs::File,
@@ -295,7 +317,7 @@ impl SnapshotFile {
         let Some(payload) = files::read_checked(&path, SNAPSHOT_MAGIC)? else {
             return Ok(None);
         };
-        postcard::from_bytes(&payload)
+        StoredSnapshot::decode(payload)
             .map(Some)
             .map_err(|e| ServerError::Corrupt {
                 path,
@@ -406,6 +428,29 @@ mod tests {
             stored_file(&stored.meta, &stored.data).unwrap(),
             through_serde
         );
+    }
+
+    #[test]
+    fn a_snapshot_file_reads_back_as_serde_reads_it() {
+        let mut stored = snapshot(Some(300));
+        stored.data = (0..70_000u32).map(|i| i as u8).collect();
+        let bytes = postcard::to_stdvec(&stored).unwrap();
+        let read = StoredSnapshot::decode(bytes.clone()).unwrap();
+        let through_serde: StoredSnapshot = postcard::from_bytes(&bytes).unwrap();
+        assert_eq!(read.meta, through_serde.meta);
+        assert_eq!(read.data, through_serde.data);
+        // Cut anywhere, it does not decode; as serde, bytes after the data
+        // are not read.
+        for cut in [1, 5, 1_000, bytes.len() - 1] {
+            assert!(
+                StoredSnapshot::decode(bytes[..cut].to_vec()).is_err(),
+                "{cut}"
+            );
+            assert!(postcard::from_bytes::<StoredSnapshot>(&bytes[..cut]).is_err());
+        }
+        let mut longer = bytes.clone();
+        longer.push(9);
+        assert_eq!(StoredSnapshot::decode(longer).unwrap().data, stored.data);
     }
 
     #[test]
