@@ -106,8 +106,8 @@ pub enum ScenarioName {
     Scale,
     /// (e) idle sessions beside a handoff loop (stores this run started).
     Sessions,
-    /// (f) backups of many held locks beside a handoff loop, and a restore
-    /// (locksmith server only).
+    /// (f) backups of many held locks beside a handoff loop, a member
+    /// joining (on a cluster), and a restore (locksmith server only).
     Backup,
 }
 
