@@ -49,6 +49,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
 use tonic::transport::server::Connected;
 
+use crate::environment::Listener;
+
 /// The fixed start of every HTTP/2 connection (RFC 9113, section 3.4).
 const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// An HTTP/2 frame header: 3 bytes of length, type, flags, stream id.
@@ -92,11 +94,11 @@ impl Accept for TcpListener {
     }
 }
 
-impl Accept for Box<dyn crate::Listener> {
+impl Accept for Box<dyn Listener> {
     type Stream = crate::environment::Accepted;
 
     async fn accept(&mut self) -> io::Result<(Self::Stream, SocketAddr)> {
-        let (io, peer) = crate::Listener::accept(self.as_mut()).await?;
+        let (io, peer) = Listener::accept(self.as_mut()).await?;
         Ok((crate::environment::Accepted::new(io, peer), peer))
     }
 }

@@ -221,7 +221,7 @@ impl ServerConfig {
             auth_file: None,
             election_timeout: Duration::from_millis(200),
             execution: Execution::Tasks,
-            record_version: crate::core::RECORD_VERSION,
+            record_version: crate::entry::RECORD_VERSION,
         }
     }
 

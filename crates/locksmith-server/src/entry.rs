@@ -153,3 +153,31 @@ impl<T: OptionalSend + 'static> Responder<TypeConfig, T> for Outcome<T> {
         (self.completed)(result)
     }
 }
+
+/// The newest record version this build reads and may write (module
+/// `core::replicated::versions`: the table of versions, and the gate that
+/// keeps a new kind out of the log until every member reads it).
+pub(crate) const RECORD_VERSION: u32 = 3;
+
+/// The record version of a cluster that never agreed on one: what every
+/// build reads.
+pub(crate) const FIRST_RECORD_VERSION: u32 = 1;
+
+impl Record {
+    /// The record version that introduced this kind.
+    pub(crate) fn version(&self) -> u32 {
+        match self {
+            Record::Command(record) => Record::version_of(&record.command),
+            Record::Acks { .. } => 1,
+            Record::ClusterVersion(_) => 2,
+        }
+    }
+
+    /// The record version that introduced the engine command `command`.
+    pub(crate) fn version_of(command: &Command) -> u32 {
+        match command {
+            Command::SetHoldCount { .. } => 3,
+            _ => 1,
+        }
+    }
+}

@@ -4,17 +4,15 @@
 //! the order each sender sends in holds (a snapshot request queues behind the
 //! entries handed over before it; a stream's batches stay in order).
 
-use std::io::Cursor;
 use std::sync::mpsc;
 
-use locksmith_core::{FrozenEngine, Millis};
 use openraft::storage::ApplyResponder;
-use openraft::type_config::alias::{EntryOf, SnapshotMetaOf, SnapshotOf};
+use openraft::type_config::alias::{EntryOf, SnapshotMetaOf};
 use tokio::sync::oneshot;
 
 use crate::entry::TypeConfig;
 use crate::op::Op;
-use crate::storage::{encode_frozen, SessionRecord};
+use crate::storage::FrozenState;
 
 /// A message to the core.
 pub(crate) enum Input {
@@ -139,34 +137,4 @@ pub(crate) enum Role {
     Leader { address: Option<String> },
     /// Another member leads (its client address, when known), or nobody yet.
     Follower { leader: Option<String> },
-}
-
-/// The applied state as of one log entry, frozen in the core (the
-/// engine's locks shared copy-on-write, the server's session table copied) so
-/// that copying, encoding and writing it, the slow part with a big table,
-/// happen elsewhere while the core goes on.
-pub(crate) struct FrozenState {
-    pub meta: SnapshotMetaOf<TypeConfig>,
-    pub last_now: Millis,
-    pub cluster_version: u32,
-    pub next_session: u64,
-    pub next_unary: u64,
-    pub engine: FrozenEngine,
-    /// In no order: sorted where encoded (`storage::snapshot`).
-    pub sessions: Vec<SessionRecord>,
-    /// No token above it had been made visible as of this state: the
-    /// member's durable token ceiling, or the engine's last token where it
-    /// keeps none. A backup carries it (`storage::backup`).
-    pub token_ceiling: u64,
-}
-
-impl FrozenState {
-    /// The snapshot openraft keeps and sends (`ServerSnapshot`, postcard).
-    pub(crate) fn encode(self) -> SnapshotOf<TypeConfig, Cursor<Vec<u8>>> {
-        let data = encode_frozen(&self);
-        SnapshotOf::<TypeConfig, Cursor<Vec<u8>>> {
-            meta: self.meta,
-            snapshot: Cursor::new(data),
-        }
-    }
 }

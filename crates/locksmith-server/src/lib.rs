@@ -119,6 +119,7 @@ pub mod runtime;
 mod service;
 mod session_channels;
 mod session_stream;
+mod stats;
 mod storage;
 mod stream_queue;
 mod tls;
@@ -144,15 +145,16 @@ pub use crate::tls::TlsFiles;
 pub use locksmith_core::Limits;
 
 use crate::auth::Auth;
-use crate::core::{Core, Replica, Stats};
+use crate::core::{Core, Replica};
 use crate::http::Readiness;
 use crate::inbox::{CoreSender, Input};
 use crate::metrics::Metrics;
-use crate::pulse::HeartbeatLease;
 use crate::raft::admin::ClusterService;
 use crate::raft::member::Storage;
+use crate::raft::propose::HeartbeatLease;
 use crate::raft::state_machine::CoreMachine;
 use crate::service::Service;
+use crate::stats::Stats;
 use crate::tls::{MemberCheck, Tls};
 use locksmith_proto::raft::cluster_server::ClusterServer;
 

@@ -12,7 +12,7 @@
 //! was last heard, whether the reader may answer, and whether the core is
 //! done with the stream. The reader answers a heartbeat itself
 //! when the pulse is open, the session's deadline has not passed and the
-//! leader's lease holds ([`HeartbeatLease`]); anything else goes to the
+//! leader's lease holds (`raft::propose::HeartbeatLease`); anything else goes to the
 //! core as before, which answers it under the lease or logs it.
 //!
 //! Who decides what:
@@ -29,12 +29,10 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
-use std::time::Duration;
 
 use locksmith_core::Millis;
 
 use crate::clock::Clock;
-use crate::raft::Raft;
 
 /// Set in [`Pulse::heard`] while the reader may not answer.
 const CLOSED: u64 = 1 << 63;
@@ -157,30 +155,10 @@ impl Pulse {
     }
 }
 
-/// Whether this member leads under its lease, for the readers: the same
-/// check the core makes ([`crate::raft::propose::leads_under_lease`]).
-#[derive(Clone)]
-pub(crate) struct HeartbeatLease {
-    raft: Raft,
-    /// How much of openraft's lease is counted on
-    /// ([`crate::core::heartbeat_lease`]).
-    lease: Duration,
-}
-
-impl HeartbeatLease {
-    pub(crate) fn new(raft: Raft, lease: Duration) -> HeartbeatLease {
-        HeartbeatLease { raft, lease }
-    }
-
-    /// Whether this member leads and a quorum acknowledged it within the
-    /// lease.
-    pub(crate) fn holds(&self) -> bool {
-        crate::raft::propose::leads_under_lease(&self.raft, self.lease)
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     /// A pulse the core opened now with a TTL of 1 s, its clock, and now.

@@ -17,7 +17,8 @@ use crate::auth::{Caller, Permission};
 use crate::convert::{self, check_label};
 use crate::inbox::CoreSender;
 use crate::op::{Acks, AcquireArgs, HoldArgs, NewStream, Op, StreamId, StreamOp, WaitArg};
-use crate::pulse::{HeartbeatLease, Pulse};
+use crate::pulse::Pulse;
+use crate::raft::propose::HeartbeatLease;
 use crate::stream_queue::StreamTx;
 
 /// The error of an invalid request.

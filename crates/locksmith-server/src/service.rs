@@ -30,7 +30,7 @@ use crate::auth::{Auth, Caller, Permission};
 use crate::config::ServerConfig;
 use crate::inbox::CoreSender;
 use crate::op::{HoldArgs, Op, UnaryReply};
-use crate::pulse::HeartbeatLease;
+use crate::raft::propose::HeartbeatLease;
 use crate::requests::{acquire_args, check_name, hold_args, secret_of, status_of, StreamReader};
 use crate::session_channels::{ChannelSlots, ChannelsReader};
 use crate::session_stream::{ConnectionCounts, ConnectionSlot, SessionReader};

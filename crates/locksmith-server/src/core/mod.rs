@@ -12,6 +12,9 @@
 //!   state to decide what to propose and sends the notices of what was
 //!   applied where its routes say; it never changes the state.
 //!
+//! Module `member_data` replays a stopped member's data directory through
+//! the same replicated state, offline, for a backup made from it.
+//!
 //! # The loop
 //!
 //! The core sleeps until an [`Input`] arrives or the next deadline
@@ -87,6 +90,7 @@
 //! rebuilds the kept replies too: grants and timeouts come out of the
 //! replayed effects, and release/renew/cancel records carry the request id.
 mod front;
+mod member_data;
 mod replicated;
 
 use std::sync::atomic::AtomicU64;
@@ -104,16 +108,16 @@ use crate::clock::WallClock;
 use crate::config::ServerConfig;
 use crate::entry::{Applied, Batch, Record, TypeConfig};
 use crate::history::{History, HistoryLimits};
-use crate::inbox::{CoreSender, FrozenState, Inbox, Input, RaftEvent, TaskInbox};
+use crate::inbox::{CoreSender, Inbox, Input, RaftEvent, TaskInbox};
 use crate::metrics::Metrics;
 use crate::op::Op;
 use crate::raft::versions::Versions;
 use crate::raft::Raft;
+use crate::stats::Stats;
 use crate::storage::member::TokenCeiling;
-use crate::storage::ServerSnapshot;
-pub(crate) use front::{heartbeat_lease, Replica, Stats};
+use crate::storage::{FrozenState, ServerSnapshot};
+pub(crate) use front::{heartbeat_lease, Replica};
 use front::{FrontEnd, Proposal, Route};
-pub(crate) use replicated::versions::RECORD_VERSION;
 use replicated::{Notice, Replicated};
 
 /// Sleeps until `deadline`, or forever without one.
@@ -583,6 +587,21 @@ fn warn_if_slow(started: Instant, records: usize, first: Option<&'static str>) {
             first = first.unwrap_or("none"),
             "applying one log entry took long: every request on this member waited for it"
         );
+    }
+}
+
+#[cfg(test)]
+impl crate::raft::state_machine::CoreMachine {
+    /// A machine over a core of its own, on its own thread, that proposes
+    /// nothing (for tests of the storage and the Raft layer).
+    pub(crate) fn for_tests() -> Self {
+        let (ops, receiver) = CoreSender::channel();
+        let (proposer, _) = crate::raft::propose::Proposer::new();
+        let (serving, _) = tokio::sync::watch::channel(false);
+        let replica = Replica::new(proposer, serving, 1);
+        let core = Core::new(&ServerConfig::in_memory(), replica, None);
+        std::thread::spawn(move || core.run(receiver));
+        Self::new(ops, None, None, Default::default())
     }
 }
 

@@ -6,7 +6,8 @@
 //! generic over, and the member's wiring:
 //!
 //! - `propose`: how the core hands its batches to openraft, and
-//!   hears when they are committed;
+//!   hears when they are committed; whether this member leads under its
+//!   lease (`HeartbeatLease`, for the streams' readers too);
 //! - `state_machine`: how openraft hands committed entries back to the core;
 //! - `snapshot_policy`: when a member takes a snapshot (by its log's growth
 //!   against the last snapshot's size);

@@ -173,6 +173,28 @@ fn refuse(core: &CoreSender, origin: u64, seq: u64, reason: String) -> bool {
     .is_ok()
 }
 
+/// Whether this member leads under its lease, for the readers: the same
+/// check the core makes ([`leads_under_lease`]).
+#[derive(Clone)]
+pub(crate) struct HeartbeatLease {
+    raft: Raft,
+    /// How much of openraft's lease is counted on
+    /// ([`crate::core::heartbeat_lease`]).
+    lease: Duration,
+}
+
+impl HeartbeatLease {
+    pub(crate) fn new(raft: Raft, lease: Duration) -> HeartbeatLease {
+        HeartbeatLease { raft, lease }
+    }
+
+    /// Whether this member leads and a quorum acknowledged it within the
+    /// lease.
+    pub(crate) fn holds(&self) -> bool {
+        leads_under_lease(&self.raft, self.lease)
+    }
+}
+
 /// Whether the member of `raft` leads under a lease: a quorum of its voters
 /// acknowledged it less than `lease` ago, so no other member can be elected
 /// yet (a member alone in its group always can be sure). Read from

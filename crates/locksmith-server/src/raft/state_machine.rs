@@ -28,9 +28,10 @@ use openraft::type_config::alias::{LogIdOf, SnapshotMetaOf, SnapshotOf, StoredMe
 use openraft::{EntryPayload, RaftSnapshotBuilder};
 use tokio::sync::oneshot;
 
-use crate::core::Stats;
 use crate::entry::{Applied, TypeConfig};
+use crate::environment::ApplyPace;
 use crate::inbox::{CoreSender, RaftEvent};
+use crate::stats::Stats;
 use crate::storage::background::{in_background, Background};
 use crate::storage::member::{SnapshotFile, StoredSnapshot};
 
@@ -53,8 +54,8 @@ pub(crate) struct CoreMachine {
     /// The member's counters: snapshots built are counted there.
     stats: Arc<Stats>,
     /// A simulated busy member's pace of applying
-    /// ([`crate::ApplyPace`]); none on a machine.
-    pace: Option<Arc<dyn crate::ApplyPace>>,
+    /// ([`ApplyPace`]); none on a machine.
+    pace: Option<Arc<dyn ApplyPace>>,
 }
 
 impl CoreMachine {
@@ -85,7 +86,7 @@ impl CoreMachine {
     }
 
     /// Applies at `pace` (a simulation's busy member), if given.
-    pub(crate) fn paced_by(mut self, pace: Option<Arc<dyn crate::ApplyPace>>) -> CoreMachine {
+    pub(crate) fn paced_by(mut self, pace: Option<Arc<dyn ApplyPace>>) -> CoreMachine {
         self.pace = pace;
         self
     }
@@ -190,7 +191,7 @@ impl RaftStateMachine<TypeConfig> for CoreMachine {
 
     /// Hands the committed `entries` to the core, in one op.
     ///
-    /// A simulated busy member first waits its pace ([`crate::ApplyPace`]).
+    /// A simulated busy member first waits its pace ([`ApplyPace`]).
     ///
     /// Cancel safety: dropped while it reads the entries or waits its pace,
     /// it hands the core nothing and records nothing as applied: the entries
@@ -296,21 +297,5 @@ impl RaftStateMachine<TypeConfig> for CoreMachine {
     /// Cancel safety: safe, no await.
     async fn get_snapshot_builder(&mut self) -> Self {
         self.clone()
-    }
-}
-
-#[cfg(test)]
-impl CoreMachine {
-    /// A machine over a core of its own, on its own thread, that proposes
-    /// nothing (for tests of the storage and the Raft layer).
-    pub(crate) fn for_tests() -> CoreMachine {
-        use crate::core::{Core, Replica};
-        let (ops, receiver) = CoreSender::channel();
-        let (proposer, _) = crate::raft::propose::Proposer::new();
-        let (serving, _) = tokio::sync::watch::channel(false);
-        let replica = Replica::new(proposer, serving, 1);
-        let core = Core::new(&crate::ServerConfig::in_memory(), replica, None);
-        std::thread::spawn(move || core.run(receiver));
-        CoreMachine::new(ops, None, None, Default::default())
     }
 }

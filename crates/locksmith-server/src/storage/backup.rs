@@ -61,20 +61,19 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use openraft::storage::{RaftLogReader, RaftLogStorage};
+use openraft::storage::RaftLogStorage;
 use openraft::type_config::alias::{SnapshotMetaOf, StoredMembershipOf, VoteOf};
 use openraft::{BasicNode, Membership};
 use serde::{Deserialize, Serialize};
 
 use super::files::{self, io_error};
-use super::member::{MemberDir, SnapshotFile, TokenCeiling};
+use super::member::{SnapshotFile, TokenCeiling};
 use super::raft_log::RaftLog;
-use super::snapshot::{encode_frozen, encode_frozen_after};
+use super::snapshot::{encode_frozen, encode_frozen_after, FrozenState};
 use super::ServerSnapshot;
 use crate::config::{Execution, ServerConfig};
-use crate::entry::{Applied, TypeConfig};
+use crate::entry::TypeConfig;
 use crate::error::ServerError;
-use crate::inbox::FrozenState;
 use locksmith_core::SnapshotCensus;
 
 const BACKUP_MAGIC: &[u8; 4] = b"LSBK";
@@ -362,78 +361,17 @@ impl Backup {
         Ok(Backup { header, state })
     }
 
-    /// The state of a stopped member's data directory: its snapshot and
-    /// every entry of its log (module docs). Refused unless
-    /// `force_new_cluster`, since what the lost members alone held is lost.
-    ///
-    /// Cancel safety: safe; the directory is read (a torn last frame cut, as
-    /// a start would) and its lock released when it ends or is dropped.
-    pub async fn from_member_data(
+    /// A backup of `frozen`, the state of the stopped member's data
+    /// directory `data_dir` replayed whole (`committed`: the index its log
+    /// knew committed). [`Backup::from_member_data`] (in the core, which
+    /// replays the log) makes it.
+    pub(crate) fn of_member_data(
         data_dir: &Path,
-        force_new_cluster: bool,
+        frozen: &FrozenState,
+        committed: Option<u64>,
     ) -> Result<Backup, ServerError> {
-        if !force_new_cluster {
-            return Err(ServerError::Config(format!(
-                "making a new cluster from the data of {} needs --force-new-cluster: entries \
-                 the lost members committed without it are lost, and its sessions and holds \
-                 are taken as they stand in its log; only do this when a quorum of the old \
-                 cluster cannot come back",
-                data_dir.display()
-            )));
-        }
-        if !data_dir.join("raft").join("RAFTLOG").is_file() {
-            return Err(ServerError::Missing {
-                path: data_dir.to_owned(),
-                detail: "not the data directory of a member that ever started (no raft/RAFTLOG)"
-                    .into(),
-            });
-        }
-        let mut config = ServerConfig::durable(data_dir);
-        // The log's writer on a thread of its own, which the log's drop
-        // joins: a command that exits right after leaves nothing unwritten.
-        config.execution = Execution::Threads;
-        let opened = MemberDir::open(data_dir, &config, None)?;
-        let mut state = crate::core::replicated_state(&config);
-        if let Some(snapshot) = &opened.snapshot {
-            let decoded =
-                ServerSnapshot::decode(&snapshot.data).map_err(|detail| ServerError::Corrupt {
-                    path: data_dir.join("snapshot"),
-                    detail,
-                })?;
-            let applied = Applied {
-                last_applied: snapshot.meta.last_log_id,
-                membership: snapshot.meta.last_membership.clone(),
-            };
-            state
-                .install(decoded, applied)
-                .map_err(|detail| ServerError::Corrupt {
-                    path: data_dir.join("snapshot"),
-                    detail,
-                })?;
-        }
-        let mut log = opened.log;
-        let raft_error = |e: io::Error| io_error("cannot read the Raft log in", data_dir, e);
-        let committed = log.read_committed().await.map_err(raft_error)?;
-        let entries = log.try_get_log_entries(..).await.map_err(raft_error)?;
-        let covered = opened
-            .snapshot
-            .as_ref()
-            .and_then(|s| s.meta.last_log_id)
-            .map(|id| id.index);
-        for entry in entries {
-            if Some(entry.log_id.index) <= covered {
-                continue;
-            }
-            state.apply_unrouted(entry);
-        }
-        let mut frozen = state.freeze();
-        frozen.token_ceiling = frozen.token_ceiling.max(opened.tokens.ceiling());
-        drop(log);
-        let origin = Origin::MemberData {
-            committed: committed.map(|id| id.index),
-        };
-        let header = Header::of(&frozen, origin, 0);
-        let bytes = payload(&header, &encode_frozen(&frozen), Vec::new());
+        let header = Header::of(frozen, Origin::MemberData { committed }, 0);
+        let bytes = payload(&header, &encode_frozen(frozen), Vec::new());
         Backup::decode(data_dir, &bytes)
     }
 

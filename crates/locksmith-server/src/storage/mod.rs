@@ -19,12 +19,15 @@
 //!   offset. A valid frame whose records do not decode is damage too.
 //! - `raft_log.rs`: openraft's log storage over segments.
 //! - `snapshot.rs`: the layout of a snapshot's data (the engine and the
-//!   server's session table), and the older layout it still reads.
+//!   server's session table), and the older layout it still reads; the
+//!   applied state a core freezes for one (`FrozenState`).
 //! - `member.rs`: a member's data directory (the Raft log, the snapshot, the
 //!   token ceiling) and what a start checks; docs/RELIABILITY.md says what
 //!   an operator sees.
 //! - `backup.rs`: backups of the replicated state (`locksmith snapshot`),
-//!   and the data directories of a new cluster restored from one.
+//!   and the data directories of a new cluster restored from one (a backup
+//!   of a stopped member's directory is replayed by the core:
+//!   `core::member_data`).
 //! - `background.rs`: encoding a frozen state on a thread of lower
 //!   priority, so that serving wins the CPU.
 //! - `files.rs`: checked files replaced atomically, owner-only modes, the
@@ -60,7 +63,7 @@ use self::files::{io_error, segment_path};
 use self::segment::{scan, End, SegmentHeader, SegmentRecord};
 use crate::entry::{LogRecord, Record};
 use crate::error::ServerError;
-pub(crate) use snapshot::{encode_frozen, ServerSnapshot};
+pub(crate) use snapshot::{FrozenState, ServerSnapshot};
 
 impl SegmentRecord for Record {
     fn decode_frame(format: u32, payload: &[u8]) -> Result<Vec<Record>, postcard::Error> {

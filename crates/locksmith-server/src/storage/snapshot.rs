@@ -11,14 +11,47 @@
 //! members of the older build during a rolling upgrade: until then the
 //! snapshot is written in format 1, which reads as record version 1.
 
+use std::io::Cursor;
+
 use locksmith_core::{
-    CheckedSnapshot, LockSnapshot, Millis, SessionSnapshot, Snapshot, SnapshotCensus,
+    CheckedSnapshot, FrozenEngine, LockSnapshot, Millis, SessionSnapshot, Snapshot, SnapshotCensus,
     SnapshotError, WaiterSnapshot,
 };
+use openraft::type_config::alias::{SnapshotMetaOf, SnapshotOf};
 use serde::{Deserialize, Serialize};
 
 use super::SessionRecord;
-use crate::inbox::FrozenState;
+use crate::entry::TypeConfig;
+
+/// The applied state as of one log entry, frozen in the core (the
+/// engine's locks shared copy-on-write, the server's session table copied) so
+/// that copying, encoding and writing it, the slow part with a big table,
+/// happen elsewhere while the core goes on.
+pub(crate) struct FrozenState {
+    pub meta: SnapshotMetaOf<TypeConfig>,
+    pub last_now: Millis,
+    pub cluster_version: u32,
+    pub next_session: u64,
+    pub next_unary: u64,
+    pub engine: FrozenEngine,
+    /// In no order: sorted where encoded (below).
+    pub sessions: Vec<SessionRecord>,
+    /// No token above it had been made visible as of this state: the
+    /// member's durable token ceiling, or the engine's last token where it
+    /// keeps none. A backup carries it (`storage::backup`).
+    pub token_ceiling: u64,
+}
+
+impl FrozenState {
+    /// The snapshot openraft keeps and sends (`ServerSnapshot`, postcard).
+    pub(crate) fn encode(self) -> SnapshotOf<TypeConfig, Cursor<Vec<u8>>> {
+        let data = encode_frozen(&self);
+        SnapshotOf::<TypeConfig, Cursor<Vec<u8>>> {
+            meta: self.meta,
+            snapshot: Cursor::new(data),
+        }
+    }
+}
 
 /// The newest format this server writes: 1 since sessions can be ending
 /// ([`locksmith_core::Snapshot::ending`]), 2 with the cluster's record

@@ -38,9 +38,9 @@ use std::time::Duration;
 use locksmith_core::{Command, Millis, SessionId};
 
 use crate::clock::Clock;
+use crate::config::ServerConfig;
 use crate::core::replicated::Replicated;
 use crate::pulse::Pulse;
-use crate::ServerConfig;
 
 /// How much of openraft's leader lease a leader counts on: the members'
 /// clocks may run at rates apart by up to 1 % (a follower whose clock runs

@@ -43,6 +43,7 @@ use crate::entry::{LogRecord, Record, ENTRY_BYTES};
 use crate::metrics::{Metrics, Tally};
 use crate::op::{NewStream, Op, StreamId, StreamOp, UnaryReply};
 use crate::outbox::{LeaseWaiter, Orphan, Output};
+use crate::stats::Stats;
 pub(crate) use liveness::heartbeat_lease;
 use liveness::Liveness;
 pub(crate) use replica::Replica;
@@ -141,21 +142,6 @@ impl Route {
     pub(super) fn unary<T: Default + Send + 'static>(reply: UnaryReply<T>) -> Route {
         Route::Unary(answer(reply))
     }
-}
-
-/// Counters of the batches proposed, for benchmarks and monitoring.
-#[derive(Debug, Default)]
-pub(crate) struct Stats {
-    pub batches: AtomicU64,
-    pub ops: AtomicU64,
-    /// Log entries proposed (each one append and `fdatasync` on a quorum).
-    pub fsyncs: AtomicU64,
-    pub records: AtomicU64,
-    /// Time from proposing entries to applying them.
-    pub commit_nanos: AtomicU64,
-    /// Raft snapshots this member built (not those installed from a
-    /// leader, nor backups).
-    pub snapshots: AtomicU64,
 }
 
 /// The leader's front end (see the module docs).

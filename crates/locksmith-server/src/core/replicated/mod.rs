@@ -25,11 +25,10 @@ use locksmith_core::{Effect, Engine, Limits, Millis, SessionId};
 use openraft::type_config::alias::{EntryOf, LogIdOf, StoredMembershipOf};
 use openraft::EntryPayload;
 
-use crate::entry::{Applied, TypeConfig};
+use crate::entry::{Applied, TypeConfig, FIRST_RECORD_VERSION};
 use crate::history::History;
-use crate::inbox::FrozenState;
 use crate::metrics::Metrics;
-use crate::storage::{LostNotice, Outcome, ServerSnapshot, SessionRecord};
+use crate::storage::{FrozenState, LostNotice, Outcome, ServerSnapshot, SessionRecord};
 pub(crate) use apply::{Notice, Refusal};
 
 /// The state every member agrees on (see the module docs).
@@ -134,7 +133,7 @@ impl Replicated {
             max_unacked: max_unacked.max(1),
             history,
             applied: Applied::default(),
-            cluster_version: versions::FIRST_RECORD_VERSION,
+            cluster_version: FIRST_RECORD_VERSION,
             reads_up_to,
             effects: Vec::new(),
             metrics: None,
@@ -318,8 +317,8 @@ mod tests {
     use locksmith_core::{Acquire, ClientInfo, Command, Mode, RequestId, Wait};
 
     use super::*;
+    use crate::config::ServerConfig;
     use crate::entry::{LogRecord, Record};
-    use crate::ServerConfig;
 
     fn record(now: Millis, command: Command, secret: Option<u128>) -> Record {
         Record::Command(LogRecord {

@@ -26,37 +26,10 @@
 //! `SetHoldCount`, a hold's re-entry depth as its client counts it (a build
 //! that reads up to 2 could not decode it).
 
-use locksmith_core::Command;
-
-use crate::entry::Record;
+#[cfg(doc)]
+use crate::entry::{Record, RECORD_VERSION};
 
 use super::Replicated;
-
-/// The newest record version this build reads and may write.
-pub(crate) const RECORD_VERSION: u32 = 3;
-
-/// The record version of a cluster that never agreed on one: what every
-/// build reads.
-pub(crate) const FIRST_RECORD_VERSION: u32 = 1;
-
-impl Record {
-    /// The record version that introduced this kind.
-    pub(crate) fn version(&self) -> u32 {
-        match self {
-            Record::Command(record) => Record::version_of(&record.command),
-            Record::Acks { .. } => 1,
-            Record::ClusterVersion(_) => 2,
-        }
-    }
-
-    /// The record version that introduced the engine command `command`.
-    pub(crate) fn version_of(command: &Command) -> u32 {
-        match command {
-            Command::SetHoldCount { .. } => 3,
-            _ => 1,
-        }
-    }
-}
 
 impl Replicated {
     /// Whether the cluster may write records of `version` (every member
@@ -89,8 +62,11 @@ impl Replicated {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use crate::ServerConfig;
+    use crate::config::ServerConfig;
+    use locksmith_core::Command;
+
+    use super::Replicated;
+    use crate::entry::{Record, FIRST_RECORD_VERSION, RECORD_VERSION};
 
     #[test]
     fn the_cluster_version_rises_through_the_log_only_and_never_goes_down() {
