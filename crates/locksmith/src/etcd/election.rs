@@ -7,38 +7,19 @@
 //! of the one created just before it. That is exactly the lock layout; the
 //! one difference is the value, which holds the proposal as it is (see
 //! [`super::layout::key_value`]). This module adds what only elections do:
-//! `Proclaim` and `Observe`.
+//! `Observe`. (`Proclaim` is a write of the hold's own key, with the hold:
+//! `super::hold`.)
 
 use std::sync::Arc;
 
 use futures::StreamExt;
 
-use super::hold::Entry;
 use super::layout::lock_prefix;
 use super::rpc::etcdserverpb::WatchCreateRequest;
 use super::rpc::{self, WatchStream};
 use super::{backend_error, Inner};
 use crate::backend::HolderChanges;
 use crate::error::{Error, Result};
-
-/// Go's `Election.Proclaim`: `If(CreateRevision(key) == ours).Then(Put(key,
-/// value))`, the key keeping its lease; fails with `lost` when the key is no
-/// longer ours.
-///
-/// Cancel safety: safe; the new value either landed or did not.
-pub(crate) async fn proclaim(inner: &Inner, entry: &Entry, value: &str) -> Result<()> {
-    // Held across the write: value updates of one hold reach etcd in order.
-    let mut state = entry.state.lock().await;
-    let value_bytes = value.as_bytes().to_vec();
-    let written = entry
-        .write_if_ours(inner, value_bytes, "proclaiming a new value")
-        .await?;
-    if !written {
-        return Err(entry.lose("the election key is no longer ours"));
-    }
-    state.published = Some(value.to_owned());
-    Ok(())
-}
 
 /// Go's `Election.Observe` watches the whole prefix: so does this, on a watch
 /// stream of its own, confirmed by etcd before it is returned (so a read

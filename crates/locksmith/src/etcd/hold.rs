@@ -335,9 +335,24 @@ impl Hold for EtcdHold {
         .await
     }
 
+    /// Go's `Election.Proclaim`: `If(CreateRevision(key) == ours).Then(Put(key,
+    /// value))`, the key keeping its lease; fails with `lost` when the key is no
+    /// longer ours.
+    ///
     /// Cancel safety: safe; the new value either landed or did not.
     async fn proclaim(&self, value: &str) -> Result<()> {
-        super::election::proclaim(&self.inner, &self.entry, value).await
+        let entry = &self.entry;
+        // Held across the write: value updates of one hold reach etcd in order.
+        let mut state = entry.state.lock().await;
+        let value_bytes = value.as_bytes().to_vec();
+        let written = entry
+            .write_if_ours(&self.inner, value_bytes, "proclaiming a new value")
+            .await?;
+        if !written {
+            return Err(entry.lose("the election key is no longer ours"));
+        }
+        state.published = Some(value.to_owned());
+        Ok(())
     }
 }
 

@@ -1,12 +1,12 @@
-//! What only elections do on ZooKeeper: change the leader's value and follow
-//! the leader.
+//! What only elections do on ZooKeeper: follow the leader. (Changing the
+//! leader's value is a write of the hold's own node, with the hold:
+//! `super::hold`.)
 //!
 //! A candidate is a lock contender whose node data is its value (as Curator's
 //! `LeaderSelector` and kazoo's `Election` store their participant id), and
 //! the leader is the lock's holder: the first contender. The node name is
 //! Curator's or kazoo's ([`super::config::Elections`]).
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
@@ -14,40 +14,10 @@ use futures::{FutureExt, StreamExt};
 use zookeeper_client as zk;
 
 use super::acquire::zk_error;
-use super::hold::{HoldState, HoldTable};
 use super::layout;
 use super::session::Session;
 use crate::backend::HolderChanges;
-use crate::error::{Error, Result};
-use crate::lost::LostCause;
-
-/// Replaces the leader's value: `setData` on our node with the version we
-/// last wrote, so it lands only on our node as we left it. A node that is
-/// gone or was changed by someone else loses the hold.
-///
-/// Cancel safety: safe; the new data either landed or did not.
-pub(crate) async fn proclaim(hold: &Arc<HoldState>, table: &HoldTable, value: &str) -> Result<()> {
-    let session = &hold.session;
-    let version = hold.data_version.load(Ordering::SeqCst);
-    let written = session
-        .retry(|| {
-            session
-                .client
-                .set_data(&hold.path, value.as_bytes(), Some(version))
-        })
-        .await;
-    let why = match written {
-        Ok(stat) => {
-            hold.data_version.store(stat.version, Ordering::SeqCst);
-            return Ok(());
-        }
-        Err(zk::Error::NoNode) => "its node is gone",
-        Err(zk::Error::BadVersion) => "its node was changed by another client",
-        Err(error) => return Err(zk_error("proclaiming a new value", error)),
-    };
-    hold.lose(table, LostCause::Gone, why);
-    Err(Error::Lost(format!("{}: {why}", hold.name)))
-}
+use crate::error::Result;
 
 /// Wake-ups whenever the contenders of `dir` or the first one's data change.
 /// The next watches are set before a wake-up is delivered, so nothing falls

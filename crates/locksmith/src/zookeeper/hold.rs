@@ -21,6 +21,7 @@
 //! `min(lease, session)`.
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -30,6 +31,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use zookeeper_client as zk;
 
+use super::acquire::zk_error;
 use super::session::Session;
 use super::BACKEND;
 use crate::backend::{Hold, LostSignal};
@@ -365,8 +367,32 @@ impl Hold for ZkHold {
         Ok(())
     }
 
+    /// Replaces the leader's value: `setData` on our node with the version we
+    /// last wrote, so it lands only on our node as we left it. A node that is
+    /// gone or was changed by someone else loses the hold.
+    ///
     /// Cancel safety: safe; the new data either landed or did not.
     async fn proclaim(&self, value: &str) -> Result<()> {
-        super::election::proclaim(&self.hold, &self.table, value).await
+        let hold = &self.hold;
+        let session = &hold.session;
+        let version = hold.data_version.load(Ordering::SeqCst);
+        let written = session
+            .retry(|| {
+                session
+                    .client
+                    .set_data(&hold.path, value.as_bytes(), Some(version))
+            })
+            .await;
+        let why = match written {
+            Ok(stat) => {
+                hold.data_version.store(stat.version, Ordering::SeqCst);
+                return Ok(());
+            }
+            Err(zk::Error::NoNode) => "its node is gone",
+            Err(zk::Error::BadVersion) => "its node was changed by another client",
+            Err(error) => return Err(zk_error("proclaiming a new value", error)),
+        };
+        hold.lose(&self.table, LostCause::Gone, why);
+        Err(Error::Lost(format!("{}: {why}", hold.name)))
     }
 }
