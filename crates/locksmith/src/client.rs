@@ -1,15 +1,16 @@
 //! The entry point: connect to a backend by URL, then make locks.
+//!
+//! The calls that make locks and elections (`Client::lock`, `rw_lock`,
+//! `semaphore`, `multi_lock`, `election`) are written beside what they make,
+//! in `lock.rs` and `election.rs`: those hold the client, and the client
+//! needs nothing of theirs.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use locksmith_core::Mode;
-
 use crate::backend::{Backend, GrantRecord, LockInfo};
-use crate::election::Election;
 use crate::error::{Error, Result};
-use crate::lock::{Lock, RwLock};
 use crate::model::Model;
 use crate::options::{redact, ConnectOptions};
 
@@ -137,41 +138,6 @@ impl Client {
                 instance: uuid::Uuid::new_v4().simple().to_string()[..8].to_owned(),
             }),
         }
-    }
-
-    /// An exclusive lock.
-    pub fn lock(&self, name: impl Into<String>) -> Lock {
-        Lock::new(self.clone(), vec![name.into()], Mode::Exclusive)
-    }
-
-    /// A read-write lock.
-    pub fn rw_lock(&self, name: impl Into<String>) -> RwLock {
-        RwLock::new(self.clone(), name.into())
-    }
-
-    /// A semaphore of `permits` holders. Every user of the name must agree on
-    /// `permits`; a mismatch is [`Error::Conflict`].
-    pub fn semaphore(&self, name: impl Into<String>, permits: u32) -> Lock {
-        Lock::new(self.clone(), vec![name.into()], Mode::Semaphore { permits })
-    }
-
-    /// Several exclusive locks taken all or nothing, without deadlock against
-    /// other multi-locks in any order.
-    pub fn multi_lock<I, S>(&self, names: I) -> Lock
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
-    {
-        Lock::new(
-            self.clone(),
-            names.into_iter().map(Into::into).collect(),
-            Mode::Exclusive,
-        )
-    }
-
-    /// Leader election on a lock name.
-    pub fn election(&self, name: impl Into<String>) -> Election {
-        Election::new(self.clone(), name.into())
     }
 
     /// Holders and waiters of one lock.

@@ -16,11 +16,11 @@ use std::time::Duration;
 
 use futures::stream::{Stream, StreamExt};
 
+use crate::arguments::check_owner;
 use crate::backend::HolderChanges;
 use crate::client::Client;
 use crate::error::{Error, Result};
 use crate::guard::Guard;
-use crate::lock::check_owner;
 
 /// How often [`Election::observe`] reads the leader on a store that cannot
 /// watch (the locksmith server, Redis, PostgreSQL).
@@ -28,6 +28,14 @@ pub const OBSERVE_POLL: Duration = Duration::from_millis(500);
 
 /// Pause before [`Election::observe`] tries again after an error.
 const OBSERVE_RETRY: Duration = Duration::from_secs(1);
+
+/// The elections a client makes.
+impl Client {
+    /// Leader election on a lock name.
+    pub fn election(&self, name: impl Into<String>) -> Election {
+        Election::new(self.clone(), name.into())
+    }
+}
 
 /// An election on one lock name.
 #[derive(Clone, Debug)]

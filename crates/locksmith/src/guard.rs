@@ -10,6 +10,7 @@ use crate::error::{Error, Result};
 use crate::lost::LostCause;
 use crate::metrics;
 use crate::model::{Granted, Share};
+use crate::release::release_in_background;
 
 /// A held lock (or several, for a multi-lock).
 ///
@@ -121,7 +122,7 @@ impl Guard {
                 "this hold has no lease: it lives as long as the client's session".into(),
             ));
         }
-        crate::lock::check_lease(lease)?;
+        crate::arguments::check_lease(lease)?;
         let extended = match self.lost.reason() {
             Some(reason) => Err(Error::Lost(reason)),
             None => {
@@ -182,37 +183,5 @@ impl std::fmt::Debug for Guard {
             .field("tokens", &self.tokens)
             .field("lost", &self.lost.reason())
             .finish()
-    }
-}
-
-/// Releases a hold on the current tokio runtime without waiting. Outside a
-/// runtime nothing can run, and the hold ends with its lease or session.
-pub(crate) fn release_in_background(hold: Box<dyn Hold>) {
-    drop(spawn_release(hold));
-}
-
-/// Releases a hold and waits until the store has answered, on a task of
-/// its own, so that the release runs to its end whatever becomes of the
-/// caller.
-///
-/// Cancel safety: safe; dropped, the release still runs to its end.
-pub(crate) async fn give_back(hold: Box<dyn Hold>) {
-    if let Some(release) = spawn_release(hold) {
-        let _ = release.await;
-    }
-}
-
-/// Spawns the release of `hold` on the current runtime; `None` outside one.
-fn spawn_release(hold: Box<dyn Hold>) -> Option<tokio::task::JoinHandle<()>> {
-    match tokio::runtime::Handle::try_current() {
-        Ok(runtime) => Some(runtime.spawn(async move {
-            if let Err(error) = hold.release().await {
-                tracing::debug!(%error, "background release failed");
-            }
-        })),
-        Err(_) => {
-            tracing::warn!("guard dropped outside a tokio runtime: the hold ends with its lease");
-            None
-        }
     }
 }

@@ -105,6 +105,7 @@ with a message saying so (they work in `tokio::task::spawn_blocking`).
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod arguments;
 pub mod backend;
 #[cfg(feature = "blocking")]
 pub mod blocking;
@@ -129,6 +130,7 @@ mod options;
 pub mod postgres;
 #[cfg(feature = "redis")]
 pub mod redis;
+mod release;
 #[cfg(any(feature = "etcd", feature = "zookeeper"))]
 mod secret;
 #[cfg(feature = "server")]

@@ -7,19 +7,50 @@ use std::time::Duration;
 use locksmith_core::{validate_name, Mode};
 use tokio::time::Instant;
 
+use crate::arguments::{check_lease, check_owner};
 use crate::backend::{AcquireRequest, Wait};
 use crate::client::Client;
 use crate::error::{Error, Result};
 use crate::guard::Guard;
 use crate::metrics::{self, Outcome};
 
-/// Shortest and longest accepted lease.
-const LEASE_RANGE: std::ops::RangeInclusive<Duration> =
-    Duration::from_millis(10)..=Duration::from_secs(24 * 3600);
 /// Longest lock-delay (Chubby: at most a minute).
 const MAX_LOCK_DELAY: Duration = Duration::from_secs(60);
 /// Most names in one multi-lock.
 const MAX_NAMES: usize = 64;
+
+/// The locks a client makes.
+impl Client {
+    /// An exclusive lock.
+    pub fn lock(&self, name: impl Into<String>) -> Lock {
+        Lock::new(self.clone(), vec![name.into()], Mode::Exclusive)
+    }
+
+    /// A read-write lock.
+    pub fn rw_lock(&self, name: impl Into<String>) -> RwLock {
+        RwLock::new(self.clone(), name.into())
+    }
+
+    /// A semaphore of `permits` holders. Every user of the name must agree on
+    /// `permits`; a mismatch is [`Error::Conflict`].
+    pub fn semaphore(&self, name: impl Into<String>, permits: u32) -> Lock {
+        Lock::new(self.clone(), vec![name.into()], Mode::Semaphore { permits })
+    }
+
+    /// Several exclusive locks taken all or nothing, without deadlock against
+    /// other multi-locks in any order.
+    pub fn multi_lock<I, S>(&self, names: I) -> Lock
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Lock::new(
+            self.clone(),
+            names.into_iter().map(Into::into).collect(),
+            Mode::Exclusive,
+        )
+    }
+}
 
 /// Options of an acquire, set through the builder methods of [`Lock`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -255,36 +286,12 @@ impl Lock {
     }
 }
 
-/// Checks an owner id (or an election's value, which is its leader's owner
-/// id): 1..=256 bytes without NUL, so every store can keep it as it is.
-pub(crate) fn check_owner(what: &str, owner: &str) -> Result<()> {
-    if owner.is_empty() || owner.len() > 256 || owner.contains('\0') {
-        return Err(Error::InvalidArgument(format!(
-            "{what} must be 1..=256 bytes without NUL"
-        )));
-    }
-    Ok(())
-}
-
 impl IntoFuture for Lock {
     type Output = Result<Guard>;
     type IntoFuture = Pin<Box<dyn Future<Output = Result<Guard>> + Send>>;
 
     fn into_future(self) -> Self::IntoFuture {
         Box::pin(async move { self.acquire().await })
-    }
-}
-
-/// Checks a lease against the accepted range.
-pub(crate) fn check_lease(lease: Duration) -> Result<()> {
-    if LEASE_RANGE.contains(&lease) {
-        Ok(())
-    } else {
-        Err(Error::InvalidArgument(format!(
-            "lease of {lease:?} is outside {:?}..={:?}",
-            LEASE_RANGE.start(),
-            LEASE_RANGE.end()
-        )))
     }
 }
 

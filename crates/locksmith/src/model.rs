@@ -45,8 +45,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backend::{AcquireRequest, Backend, Capabilities, Grant, Hold, LostSignal, Mode, Wait};
 use crate::error::{Error, Result};
-use crate::guard::{give_back, release_in_background};
 use crate::keeper::{self, Kept, Term};
+use crate::release::{give_back, release_in_background};
 
 /// A grant as the lock API sees it.
 pub(crate) struct Granted {
