@@ -15,8 +15,8 @@
 
 use ::redis::RedisError;
 
-use super::node::failure;
 use super::ops::{Reply, Target};
+use super::server::failure;
 use super::Shared;
 use crate::error::{Error, Undo, Unreplicated};
 

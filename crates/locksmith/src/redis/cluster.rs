@@ -19,8 +19,7 @@ use ::redis::{RedisError, Value};
 
 use super::config::Config;
 use super::keys::Keys;
-use super::node::{certificates, failure, scan_page};
-use super::pubsub::Source;
+use super::server::{certificates, failure, scan_page};
 use crate::error::{Error, Result};
 use crate::tls::ensure_crypto_provider;
 
@@ -49,14 +48,14 @@ fn builder(config: &Config, response_timeout: Duration) -> Result<ClusterClientB
     Ok(builder)
 }
 
-/// Connects to the cluster (failing if no seed node answers), and says how
-/// its subscriptions are made.
+/// Connects to the cluster (failing if no seed node answers), and says
+/// whether it has sharded pub/sub (`SSUBSCRIBE`, Redis 7+).
 ///
 /// Cancel safety: safe; nothing is left behind.
 pub(crate) async fn connect(
     config: &Config,
     response_timeout: Duration,
-) -> Result<(ClusterConnection, Source)> {
+) -> Result<(ClusterConnection, bool)> {
     let client = builder(config, response_timeout)?
         .build()
         .map_err(|e| failure(format!("cannot set up {}", config.display), e))?;
@@ -78,11 +77,7 @@ pub(crate) async fn connect(
         .find_map(|l| l.strip_prefix("redis_version:"))
         .and_then(|v| v.split('.').next()?.trim().parse::<u32>().ok())
         .unwrap_or(0);
-    let source = Source::Cluster {
-        config: Box::new(config.clone()),
-        sharded: major >= 7,
-    };
-    Ok((conn, source))
+    Ok((conn, major >= 7))
 }
 
 /// A client for the subscription connection: RESP3, whose pushes (messages,

@@ -265,6 +265,7 @@ mod ops;
 pub mod pubsub;
 pub mod scripts;
 mod sentinel;
+mod server;
 pub mod watchdog;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -279,10 +280,11 @@ use tokio_util::sync::CancellationToken;
 
 use self::config::{Config, Layout, Topology};
 use self::keys::Keys;
-use self::node::{failure, is_transient, problem, Node};
+use self::node::Node;
 use self::ops::{AcquireSpec, Call, Kind, Reply, Target};
 use self::pubsub::Subscription;
 use self::scripts::Scripts;
+use self::server::{failure, is_transient, problem};
 use self::watchdog::Watchdog;
 use crate::backend::{AcquireRequest, Backend, Capabilities, Grant, Hold, LockInfo, Wait};
 use crate::error::{Error, Result, Undo};

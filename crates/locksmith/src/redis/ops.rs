@@ -111,7 +111,7 @@ impl Reply {
             0 => Reply::Busy { hint_ms: value(1) },
             -3 => Reply::PermitMismatch(value(1)),
             other => {
-                return Err(super::node::problem(format!(
+                return Err(super::server::problem(format!(
                     "unexpected acquire script answer {other}"
                 )))
             }

@@ -34,7 +34,7 @@ use tokio::sync::{mpsc, oneshot, watch, Notify};
 use tokio_util::sync::CancellationToken;
 
 use super::config::Config;
-use super::node::Server;
+use super::server::Server;
 
 /// How long a waiter waits for its SUBSCRIBE to be confirmed before it relies on
 /// its bounded re-check alone.

@@ -23,7 +23,7 @@ use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
 use super::config::Config;
-use super::node::{client, failure, problem, Server};
+use super::server::{client, failure, problem, Server};
 use crate::error::Result;
 
 /// How often the Sentinels are asked while all is well.
