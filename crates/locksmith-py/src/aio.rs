@@ -16,15 +16,17 @@ use locksmith::backend::{GrantRecord, LockInfo};
 use locksmith::LostCause;
 
 use crate::awaitable::{awaitable, awaitable_made, Awaitable};
-use crate::blocking::LeaderStream;
 use crate::convert;
 use crate::errors;
 use crate::errors::IntoPyResult;
 use crate::held::{Held, Hold};
 use crate::shared::{
-    self, connect_options, ClientBase, Connection, ElectionBase, Flavor, GuardBase, LeadershipBase,
-    LockBase, RwLockBase,
+    self, connect_options, ClientBase, Connection, ElectionBase, Flavor, GuardBase, LeaderStream,
+    LeadershipBase, LockBase, RwLockBase,
 };
+
+/// The asyncio API's classes over the bases of `shared`.
+const FLAVOR: Flavor = crate::shared::this_flavor!();
 
 /// Connects to the store the URL names.
 ///
@@ -41,7 +43,7 @@ fn connect(
     let options = connect_options(session_ttl, client_name, host)?;
     Ok(awaitable(async move {
         let client = locksmith::Client::connect_with(&url, options).await.py()?;
-        let base = ClientBase::new(Flavor::Asyncio, client);
+        let base = ClientBase::new(FLAVOR, client);
         Ok(Made(PyClassInitializer::from(base).add_subclass(Client)))
     }))
 }

@@ -6,7 +6,7 @@
 use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
 
-use futures::stream::{BoxStream, StreamExt};
+use futures::stream::StreamExt;
 use pyo3::prelude::*;
 
 use crate::convert;
@@ -14,9 +14,12 @@ use crate::errors::IntoPyResult;
 use crate::held::{self, Held, Hold};
 use crate::runtime::{self, block};
 use crate::shared::{
-    connect_options, ClientBase, Connection, ElectionBase, Flavor, GuardBase, LeadershipBase,
-    LockBase, RwLockBase,
+    connect_options, ClientBase, Connection, ElectionBase, Flavor, GuardBase, LeaderStream,
+    LeadershipBase, LockBase, RwLockBase,
 };
+
+/// The blocking API's classes over the bases of `shared`.
+const FLAVOR: Flavor = crate::shared::this_flavor!();
 
 /// Connects to the store the URL names, blocking until connected.
 #[pyfunction]
@@ -30,7 +33,7 @@ pub fn connect<'py>(
 ) -> PyResult<Bound<'py, Client>> {
     let options = connect_options(session_ttl, client_name, host)?;
     let client = block(py, locksmith::Client::connect_with(url, options))?.py()?;
-    let base = ClientBase::new(Flavor::Blocking, client);
+    let base = ClientBase::new(FLAVOR, client);
     Bound::new(py, PyClassInitializer::from(base).add_subclass(Client))
 }
 
@@ -368,8 +371,6 @@ impl Leadership {
         exit(slf.py(), held, exc_type, |leadership| leadership.resign())
     }
 }
-
-pub type LeaderStream = BoxStream<'static, locksmith::Result<Option<locksmith::Leader>>>;
 
 /// The leader now and at every change; each `next()` blocks until then.
 /// A failed read raises, and the next `next()` carries on.

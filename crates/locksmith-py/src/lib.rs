@@ -4,7 +4,8 @@
 //! Python sees two APIs over the same client, built by maturin from
 //! `pyproject.toml` next to this crate: blocking (`locksmith.connect`, in
 //! `src/blocking.rs`) and asyncio (`locksmith.aio.connect`, in `src/aio.rs`),
-//! thin front ends over the same base classes (`src/shared.rs`). The
+//! thin front ends over the same base classes (`src/shared.rs`, which
+//! names neither: each front end gives the bases its classes as a `Flavor`). The
 //! lock rules are all the Rust client's; this crate only converts values
 //! and waits:
 //!

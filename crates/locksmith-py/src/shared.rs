@@ -8,6 +8,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::stream::BoxStream;
 use pyo3::prelude::*;
 
 use crate::convert::{self, configure};
@@ -79,11 +80,18 @@ impl Drop for Connection {
     }
 }
 
-/// Which API a client, and everything it hands out, belongs to.
+/// Which API a client, and everything it hands out, belongs to: how that
+/// API's module makes its classes over the bases here. Each module gives
+/// its own (`blocking::FLAVOR`, `aio::FLAVOR`), so that this module names
+/// neither.
 #[derive(Clone, Copy)]
-pub enum Flavor {
-    Blocking,
-    Asyncio,
+pub struct Flavor {
+    /// The API's `Lock` over `base`.
+    pub make_lock: fn(Python<'_>, LockBase) -> PyResult<Py<PyAny>>,
+    /// The API's `RwLock` over `base`.
+    pub make_rw_lock: fn(Python<'_>, RwLockBase) -> PyResult<Py<PyAny>>,
+    /// The API's `Election` over `base`.
+    pub make_election: fn(Python<'_>, ElectionBase) -> PyResult<Py<PyAny>>,
 }
 
 impl Flavor {
@@ -98,10 +106,7 @@ impl Flavor {
             connection: connection.clone(),
             inner: Arc::new(inner),
         };
-        Ok(match self {
-            Flavor::Blocking => Py::new(py, crate::blocking::Lock::new(base))?.into_any(),
-            Flavor::Asyncio => Py::new(py, crate::aio::Lock::new(base))?.into_any(),
-        })
+        (self.make_lock)(py, base)
     }
 
     fn rw_lock(
@@ -115,18 +120,7 @@ impl Flavor {
             connection: connection.clone(),
             inner,
         };
-        Ok(match self {
-            Flavor::Blocking => Py::new(
-                py,
-                PyClassInitializer::from(base).add_subclass(crate::blocking::RwLock),
-            )?
-            .into_any(),
-            Flavor::Asyncio => Py::new(
-                py,
-                PyClassInitializer::from(base).add_subclass(crate::aio::RwLock),
-            )?
-            .into_any(),
-        })
+        (self.make_rw_lock)(py, base)
     }
 
     fn election(
@@ -139,20 +133,29 @@ impl Flavor {
             connection: connection.clone(),
             inner,
         };
-        Ok(match self {
-            Flavor::Blocking => Py::new(
-                py,
-                PyClassInitializer::from(base).add_subclass(crate::blocking::Election),
-            )?
-            .into_any(),
-            Flavor::Asyncio => Py::new(
-                py,
-                PyClassInitializer::from(base).add_subclass(crate::aio::Election),
-            )?
-            .into_any(),
-        })
+        (self.make_election)(py, base)
     }
 }
+
+/// The [`Flavor`] of the module it is written in: that module's `Lock`,
+/// `RwLock` and `Election` are its API's classes over the bases here.
+macro_rules! this_flavor {
+    () => {
+        $crate::shared::Flavor {
+            make_lock: |py, base| Ok(Py::new(py, Lock::new(base))?.into_any()),
+            make_rw_lock: |py, base| {
+                Ok(Py::new(py, PyClassInitializer::from(base).add_subclass(RwLock))?.into_any())
+            },
+            make_election: |py, base| {
+                Ok(Py::new(py, PyClassInitializer::from(base).add_subclass(Election))?.into_any())
+            },
+        }
+    };
+}
+pub(crate) use this_flavor;
+
+/// The stream of leaders an election's `observe` reads, in either API.
+pub type LeaderStream = BoxStream<'static, locksmith::Result<Option<locksmith::Leader>>>;
 
 /// `repr` of `slf` as its class names itself: `<locksmith.aio.Lock ...>`.
 fn repr_of(slf: &Bound<'_, PyAny>, details: std::fmt::Arguments<'_>) -> PyResult<String> {
