@@ -14,6 +14,7 @@ use crate::config::{Execution, ServerConfig};
 use crate::entry::Applied;
 use crate::error::ServerError;
 use crate::storage::backup::Backup;
+use crate::storage::files::io_error;
 use crate::storage::member::MemberDir;
 use crate::storage::ServerSnapshot;
 
@@ -64,10 +65,7 @@ impl Backup {
             state.install(decoded, applied).map_err(corrupt)?;
         }
         let mut log = opened.log;
-        let raft_error = |source: io::Error| ServerError::Io {
-            context: format!("cannot read the Raft log in {}", data_dir.display()),
-            source,
-        };
+        let raft_error = |e: io::Error| io_error("cannot read the Raft log in", data_dir, e);
         let committed = log.read_committed().await.map_err(raft_error)?;
         let entries = log.try_get_log_entries(..).await.map_err(raft_error)?;
         let covered = opened

@@ -442,7 +442,7 @@ fn link_files(from: &Path, to: &Path) -> Result<(), ServerError> {
     sync_dir(to).map_err(|e| io_error("cannot sync", to, e))
 }
 
-pub(super) fn io_error(what: &str, path: &Path, source: io::Error) -> ServerError {
+pub(crate) fn io_error(what: &str, path: &Path, source: io::Error) -> ServerError {
     ServerError::Io {
         context: format!("{what} {}", path.display()),
         source,
