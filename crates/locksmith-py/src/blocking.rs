@@ -193,7 +193,9 @@ where
     }
 }
 
-/// A read-write lock: many readers or one writer, writers not starved.
+/// A read-write lock: many readers or one writer; writers are not starved
+/// where the store queues waiters in order (not on Redis outside
+/// `mode=fair`, nor over Redlock).
 #[pyclass(module = "locksmith", extends = RwLockBase, frozen)]
 pub struct RwLock;
 

@@ -406,7 +406,9 @@ impl LockBase {
     }
 }
 
-/// A read-write lock: many readers or one writer, writers not starved.
+/// A read-write lock: many readers or one writer; writers are not starved
+/// where the store queues waiters in order (not on Redis outside
+/// `mode=fair`, nor over Redlock).
 #[pyclass(module = "locksmith._base", subclass, frozen)]
 pub struct RwLockBase {
     flavor: Flavor,

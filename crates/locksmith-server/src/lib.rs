@@ -9,7 +9,7 @@
 //! use locksmith_server::{Server, ServerConfig};
 //!
 //! let config = ServerConfig::durable("./locksmith-data").listen("127.0.0.1:0".parse().unwrap());
-//! let server = Server::start(config).await?;      // recovers, binds, serves
+//! let server = Server::start(config).await?;      // binds, recovers, serves
 //! println!("clients connect to {}", server.url()); // locksmith://127.0.0.1:<port>
 //! server.shutdown().await?;                       // ends sessions' streams, snapshots
 //! # Ok(()) }

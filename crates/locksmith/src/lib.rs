@@ -98,10 +98,10 @@ with a message saying so (they work in `tokio::task::spawn_blocking`).
 //! |---|---|
 //! | `memory://[table]` | `memory` (default) |
 //! | `locksmith://host:port[,…]`, `locksmith+tls://host:port[,…]?ca=FILE` | `server` |
-//! | `redis://`, `rediss://`, `redis+redlock://h1,h2,h3` | `redis` |
-//! | `zk://[user:pass@]host:port[,…]/chroot`, `zks://…?ca=FILE` | `zookeeper` |
+//! | `redis://`, `rediss://`, `redis+redlock://h1,h2,h3`, `redis+sentinel://s1,s2/master`, `redis+cluster://h1,h2` (and `rediss+…` for TLS) | `redis` |
+//! | `zk://[user:pass@]host:port[,…]/chroot` (or `zookeeper://`), `zks://…?ca=FILE` | `zookeeper` |
 //! | `etcd://[user:pass@]host:port[,…]`, `etcds://…?ca=FILE` | `etcd` |
-//! | `postgres://user:pass@host:port/db` | `postgres` |
+//! | `postgres://user:pass@host:port/db` (or `postgresql://`) | `postgres` |
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 

@@ -302,7 +302,11 @@ fn unreachable_none(names: &[String]) -> Error {
     )
 }
 
-/// A read-write lock: many readers or one writer, writers not starved.
+/// A read-write lock: many readers or one writer. Where the store queues
+/// waiters in order (`capabilities().fifo`) a reader that comes after a
+/// waiting writer waits behind it, so writers are not starved; on Redis
+/// outside `mode=fair` (and over Redlock) a reader is let in while readers
+/// hold, as with Redisson's `RReadWriteLock`.
 #[derive(Clone, Debug)]
 pub struct RwLock {
     client: Client,

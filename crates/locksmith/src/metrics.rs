@@ -10,9 +10,9 @@
 //! | `locksmith_client_acquire_duration_seconds` | histogram | `outcome` | from the call to its outcome |
 //! | `locksmith_client_wait_duration_seconds` | histogram | | from the call to the grant, for acquires that were allowed to wait |
 //! | `locksmith_client_hold_duration_seconds` | histogram | | from the grant to the release (or the drop of the guard) |
-//! | `locksmith_client_lost_total` | counter | `reason` | holds lost: `session_expired`, `session_closed`, `lease_expired`, `force_released`, `client_closed`, or `other` where the store does not say |
+//! | `locksmith_client_lost_total` | counter | `reason` | holds lost: `session_expired`, `session_closed`, `lease_expired`, `force_released`, `client_closed`, `connection_lost`, `gone`, or `other` where the store does not say |
 //! | `locksmith_client_renewal_failures_total` | counter | | `Guard::extend` calls that failed (the hold was lost or the store refused; not an out-of-range lease) |
-//! | `locksmith_client_reconnects_total` | counter | | connections re-established after one broke (the session resumed, or a new one opened after the old was lost) |
+//! | `locksmith_client_reconnects_total` | counter | | the lock server's session streams re-established after one broke (the session resumed, or a new one opened after the old was lost); not counted for the other stores, whose drivers reconnect inside themselves |
 //!
 //! Call [`describe`] once after installing a recorder to give exporters the
 //! help text and units.

@@ -86,7 +86,11 @@ class Lock(LockBase):
 
 @final
 class RwLock(RwLockBase[Lock]):
-    """A read-write lock: many readers or one writer, writers not starved."""
+    """A read-write lock: many readers or one writer.
+
+    Writers are not starved where the store queues waiters in order (not on
+    Redis outside ``mode=fair``, nor over Redlock).
+    """
 
 @final
 class Guard(GuardBase):

@@ -60,7 +60,11 @@ class LockBase:
     def permits(self) -> int | None: ...
 
 class RwLockBase(Generic[_Lock]):
-    """A read-write lock: many readers or one writer, writers not starved."""
+    """A read-write lock: many readers or one writer.
+
+    Writers are not starved where the store queues waiters in order (not on
+    Redis outside ``mode=fair``, nor over Redlock).
+    """
 
     def read(
         self,
