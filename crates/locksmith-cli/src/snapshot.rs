@@ -455,8 +455,8 @@ fn status(file: &std::path::Path, json: bool) -> Result<(), String> {
         })
         .collect();
     println!(
-        "format:        {} (state format {})",
-        s.format, s.state_format
+        "format:        {} (state format {}, log records of version {})",
+        s.format, s.state_format, s.record_version
     );
     println!("origin:        {} (member {})", s.origin, s.node_id);
     let saved_at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(s.saved_at_ms);

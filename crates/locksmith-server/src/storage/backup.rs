@@ -44,8 +44,9 @@
 //! token) plus [`TOKEN_JUMP`] (2^44, about 1.8e13), for the tokens granted
 //! after the backup, or at `--token-floor` if an operator who knows more
 //! gives a higher one. At 100 000 grants a second,
-//! 2^44 tokens last more than five years after the backup; u64 leaves room
-//! for half a million restores.
+//! 2^44 tokens last more than five years after the backup; a floor is at
+//! most 2^63 (a restore refuses a higher one), which leaves room for half a
+//! million restores.
 //!
 //! # Sessions after a restore
 //!
@@ -67,12 +68,12 @@ use openraft::{BasicNode, Membership};
 use serde::{Deserialize, Serialize};
 
 use super::files::{self, io_error};
-use super::member::{SnapshotFile, TokenCeiling};
+use super::member::{SnapshotFile, TokenCeiling, RESTORING, TOKEN_LIMIT};
 use super::raft_log::RaftLog;
 use super::snapshot::{encode_frozen, encode_frozen_after, FrozenState};
 use super::ServerSnapshot;
 use crate::config::{Execution, ServerConfig};
-use crate::entry::TypeConfig;
+use crate::entry::{TypeConfig, RECORD_VERSION};
 use crate::error::ServerError;
 use locksmith_core::SnapshotCensus;
 
@@ -134,6 +135,9 @@ pub struct Summary {
     pub format: u32,
     /// The replicated state's format inside it.
     pub state_format: u64,
+    /// The newest log record version every member of the source cluster
+    /// read: a restore needs a build that reads it.
+    pub record_version: u32,
     /// `live` or `member-data`.
     pub origin: &'static str,
     /// The member it was taken from.
@@ -261,7 +265,7 @@ fn census(path: &Path, bytes: &[u8]) -> Result<Summary, ServerError> {
     let engine = census.engine.map_err(|e| inconsistent(path, &e))?;
     Ok(Summary::new(
         &header,
-        census.format,
+        (census.format, census.cluster_version),
         census.sessions,
         &engine,
     ))
@@ -297,13 +301,20 @@ fn unix_ms() -> u64 {
 }
 
 impl Summary {
-    fn new(header: &Header, state_format: u64, sessions: usize, engine: &SnapshotCensus) -> Self {
+    /// `formats`: the state's format and record version.
+    fn new(
+        header: &Header,
+        (state_format, record_version): (u64, u32),
+        sessions: usize,
+        engine: &SnapshotCensus,
+    ) -> Self {
         let last_log_id = header.meta.last_log_id;
         let membership = header.meta.last_membership.membership();
         let voters: Vec<u64> = membership.voter_ids().collect();
         Summary {
             format: header.format,
             state_format,
+            record_version,
             origin: match header.origin {
                 Origin::Live => "live",
                 Origin::MemberData { .. } => "member-data",
@@ -410,7 +421,7 @@ impl Backup {
         };
         Summary::new(
             &self.header,
-            self.state.format(),
+            (self.state.format(), self.state.cluster_version),
             self.state.sessions.len(),
             &census,
         )
@@ -427,12 +438,24 @@ impl Backup {
     /// one. It takes the backup: the state it writes is the backup's own,
     /// not a copy of a table that may hold a million locks.
     ///
-    /// Cancel safety: dropped midway, the directory may be half made: it is
-    /// refused as not empty by a second restore and by a start that finds
-    /// no token ceiling; remove it and restore again.
+    /// Cancel safety: dropped midway (or failed), the directory is half
+    /// made and says so ([`RESTORING`], written first and removed last): a
+    /// second restore refuses it as not empty and a start refuses it as
+    /// unfinished; remove it and restore again.
     pub async fn restore(self, options: &RestoreOptions) -> Result<Restored, ServerError> {
         let dir = options.data_dir.as_path();
         check_members(options)?;
+        if self.state.cluster_version > RECORD_VERSION {
+            return Err(ServerError::Incompatible {
+                path: dir.to_owned(),
+                detail: format!(
+                    "the backup's cluster had agreed to log records of version {}, and this \
+                     version writes and reads up to {RECORD_VERSION}: restore it with a version \
+                     as new as the one that saved it",
+                    self.state.cluster_version
+                ),
+            });
+        }
         let occupied = match fs::read_dir(dir) {
             Ok(mut entries) => entries.next().is_some(),
             Err(e) if e.kind() == io::ErrorKind::NotFound => false,
@@ -444,7 +467,22 @@ impl Backup {
                 detail: "a restore makes a new data directory: this one is not empty".into(),
             });
         }
+        if let Some(floor) = options.token_floor.filter(|&floor| floor > TOKEN_LIMIT) {
+            return Err(ServerError::Config(format!(
+                "a token floor of {floor} is above 2^63 ({TOKEN_LIMIT}), which leaves the new \
+                 cluster too few tokens to hand out"
+            )));
+        }
         let token_floor = self.restore_floor().max(options.token_floor.unwrap_or(0));
+        if token_floor > TOKEN_LIMIT {
+            return Err(ServerError::Corrupt {
+                path: dir.to_owned(),
+                detail: format!(
+                    "the backup's tokens reach {token_floor} with the jump past them, above \
+                     2^63 ({TOKEN_LIMIT}), which no cluster hands out: it is not to be trusted"
+                ),
+            });
+        }
         let Backup { header, mut state } = self;
         state.engine.last_token = token_floor;
         let last_log_id = header.meta.last_log_id;
@@ -463,7 +501,9 @@ impl Backup {
 
         files::make_owner_only(dir)?;
         let _lock = files::lock_dir(dir)?;
-        // The ceiling first: a directory with a Raft log and none is refused.
+        // Until it is removed, a start refuses the directory.
+        files::replace_durably(dir, RESTORING, b"a restore is making this directory\n")
+            .map_err(|e| io_error("cannot write", &dir.join(RESTORING), e))?;
         TokenCeiling::create(dir, token_floor)
             .map_err(|e| io_error("cannot write", &dir.join("TOKENS"), e))?;
         SnapshotFile::in_dir(dir)
@@ -485,6 +525,10 @@ impl Backup {
             log.purge(last).await.map_err(raft_error)?;
         }
         drop(log);
+        let unfinished = dir.join(RESTORING);
+        fs::remove_file(&unfinished)
+            .and_then(|()| files::sync_dir(dir))
+            .map_err(|e| io_error("cannot remove", &unfinished, e))?;
         Ok(Restored {
             token_floor,
             index: last_log_id.map(|id| id.index),
@@ -947,6 +991,168 @@ mod tests {
             assert!(matches!(error, ServerError::Corrupt { .. }), "{error}");
             assert!(error.to_string().contains("never issued"), "{error}");
         }
+    }
+
+    /// A backup of [`frozen`] at log index 10 of term 1.
+    fn at_index_ten(cluster_version: u32, last_token: u64) -> Backup {
+        use openraft::type_config::alias::{LeaderIdOf, LogIdOf};
+        use openraft::vote::RaftLeaderIdExt;
+        let mut frozen = frozen(cluster_version, last_token);
+        frozen.meta.last_log_id = Some(LogIdOf::<TypeConfig>::new(
+            LeaderIdOf::<TypeConfig>::new_committed(1, 1),
+            10,
+        ));
+        Backup::from_bytes(Path::new("backup"), &live(frozen, 1)).unwrap()
+    }
+
+    fn one_member(data_dir: &Path, token_floor: Option<u64>) -> RestoreOptions {
+        RestoreOptions {
+            data_dir: data_dir.to_owned(),
+            node_id: 1,
+            members: vec![(1, "127.0.0.1:1".into())],
+            token_floor,
+        }
+    }
+
+    fn start(data_dir: &Path) -> Result<super::super::member::Opened, ServerError> {
+        super::super::member::MemberDir::open(data_dir, &ServerConfig::durable(data_dir), None)
+    }
+
+    #[tokio::test]
+    async fn a_restore_cut_short_is_refused_by_a_start_and_a_second_restore() {
+        use std::future::Future;
+        use std::task::{Context, Poll};
+        let dir = tempfile::tempdir().unwrap();
+        // Dropped at its first wait (the log's writer syncing the vote),
+        // when the ceiling, the snapshot and the log are written but the
+        // log is not yet purged up to the snapshot: a restore cut short.
+        // Each try is a new directory; one that ran through without a
+        // wait proves nothing and is tried again.
+        let cut = (0..20)
+            .map(|i| dir.path().join(format!("m{i}")))
+            .find(|data_dir| {
+                let options = one_member(data_dir, None);
+                let mut restore = std::pin::pin!(at_index_ten(RECORD_VERSION, 5).restore(&options));
+                let waker = futures::task::noop_waker();
+                matches!(
+                    restore.as_mut().poll(&mut Context::from_waker(&waker)),
+                    Poll::Pending
+                )
+            })
+            .expect("a restore that waits for its log's writer");
+        assert!(cut.join("snapshot").exists() && cut.join("raft/RAFTLOG").exists());
+        let error = start(&cut).err().expect("refused");
+        assert!(matches!(error, ServerError::Incompatible { .. }), "{error}");
+        assert!(error.to_string().contains("did not finish"), "{error}");
+        let again = at_index_ten(RECORD_VERSION, 5)
+            .restore(&one_member(&cut, None))
+            .await
+            .unwrap_err();
+        assert!(again.to_string().contains("not empty"), "{again}");
+
+        // Made again from scratch: it starts, its ceiling at the floor.
+        fs::remove_dir_all(&cut).unwrap();
+        let restored = at_index_ten(RECORD_VERSION, 5)
+            .restore(&one_member(&cut, None))
+            .await
+            .unwrap();
+        assert!(!cut.join(RESTORING).exists());
+        assert_eq!(start(&cut).unwrap().tokens.ceiling(), restored.token_floor);
+    }
+
+    #[tokio::test]
+    async fn a_token_ceiling_without_a_raft_log_is_refused_not_started_afresh() {
+        let dir = tempfile::tempdir().unwrap();
+        let restored = at_index_ten(RECORD_VERSION, 5)
+            .restore(&one_member(dir.path(), None))
+            .await
+            .unwrap();
+        // The log gone (removed by hand, or a restore cut before it): a
+        // fresh start would hand out tokens from 1 again.
+        fs::remove_dir_all(dir.path().join("raft")).unwrap();
+        let error = start(dir.path()).err().expect("refused");
+        assert!(matches!(error, ServerError::Missing { .. }), "{error}");
+        let message = error.to_string();
+        assert!(
+            message.contains(&restored.token_floor.to_string()),
+            "{message}"
+        );
+        assert!(!dir.path().join("raft").join("RAFTLOG").exists());
+    }
+
+    #[tokio::test]
+    async fn token_floors_and_ceilings_above_two_to_the_63_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let data_dir = dir.path().join("member");
+        let error = at_index_ten(RECORD_VERSION, 5)
+            .restore(&one_member(&data_dir, Some(u64::MAX - 1_000)))
+            .await
+            .unwrap_err();
+        assert!(matches!(error, ServerError::Config(_)), "{error}");
+        assert!(!data_dir.exists(), "nothing made");
+        // A backup whose last token leaves no room for the jump past it.
+        let error = at_index_ten(RECORD_VERSION, u64::MAX - 1_000)
+            .restore(&one_member(&data_dir, None))
+            .await
+            .unwrap_err();
+        assert!(matches!(error, ServerError::Corrupt { .. }), "{error}");
+        assert!(!data_dir.exists(), "nothing made");
+        // A ceiling on disk that high: refused at the start.
+        fs::create_dir(&data_dir).unwrap();
+        TokenCeiling::create(&data_dir, TOKEN_LIMIT + 1).unwrap();
+        let error = start(&data_dir).err().expect("refused");
+        assert!(matches!(error, ServerError::Corrupt { .. }), "{error}");
+        assert!(error.to_string().contains("2^63"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn a_log_segment_of_a_newer_format_is_refused_even_when_recovering() {
+        let dir = tempfile::tempdir().unwrap();
+        at_index_ten(RECORD_VERSION, 5)
+            .restore(&one_member(dir.path(), None))
+            .await
+            .unwrap();
+        let raft_dir = dir.path().join("raft");
+        let segment = *files::list_segments(&raft_dir).unwrap().last().unwrap();
+        let path = files::segment_path(&raft_dir, segment);
+        let mut bytes = fs::read(&path).unwrap();
+        bytes[4..8].copy_from_slice(&(super::super::segment::SEGMENT_FORMAT + 1).to_le_bytes());
+        let checksum = crc32fast::hash(&bytes[0..20]);
+        bytes[20..24].copy_from_slice(&checksum.to_le_bytes());
+        fs::write(&path, &bytes).unwrap();
+        let mut config = ServerConfig::durable(dir.path());
+        config.recover_damaged_data = true;
+        let error = super::super::member::MemberDir::open(dir.path(), &config, None)
+            .err()
+            .expect("refused");
+        assert!(matches!(error, ServerError::Incompatible { .. }), "{error}");
+        assert!(error.to_string().contains("newer version"), "{error}");
+        assert_eq!(
+            fs::read(&path).unwrap(),
+            bytes,
+            "the segment is kept as found"
+        );
+        let kept: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+            .filter(|name| name.starts_with("damaged"))
+            .collect();
+        assert!(kept.is_empty(), "nothing treated as damage: {kept:?}");
+    }
+
+    #[tokio::test]
+    async fn a_backup_of_a_newer_record_version_is_not_restored() {
+        let dir = tempfile::tempdir().unwrap();
+        let data_dir = dir.path().join("member");
+        let backup = at_index_ten(RECORD_VERSION + 1, 5);
+        assert_eq!(backup.summary().record_version, RECORD_VERSION + 1);
+        let error = backup
+            .restore(&one_member(&data_dir, None))
+            .await
+            .unwrap_err();
+        assert!(matches!(error, ServerError::Incompatible { .. }), "{error}");
+        assert!(error.to_string().contains("as new as"), "{error}");
+        assert!(!data_dir.exists(), "nothing made");
     }
 
     #[tokio::test]

@@ -8,6 +8,7 @@
 //! | `raft/` | the Raft log ([`RaftLog`]: `RAFTLOG` names its segments `log-<seq>`) |
 //! | `snapshot` | the newest snapshot: openraft's metadata (last applied log id, membership) and the engine's state |
 //! | `TOKENS` | the fencing token ceiling: no token above it was ever made visible |
+//! | `RESTORING` | present while `locksmith snapshot restore` makes the directory |
 //! | `*.tmp` | a `snapshot` or `TOKENS` being written (removed on start) |
 //!
 //! The directory is 0700 and every file in it 0600 (the log and snapshots
@@ -27,7 +28,10 @@
 //! - a log purged up to entry X (its entries are in a snapshot) needs a
 //!   snapshot whose last log id is at least X: a missing or older snapshot is
 //!   refused, since the state up to X exists nowhere else on this member;
-//! - a log that holds entries needs `TOKENS`;
+//! - a log that holds entries needs `TOKENS`, and `TOKENS` above 0 needs a
+//!   log: a member started afresh beside it would hand out its tokens again;
+//! - a restore that did not finish (`RESTORING`) is refused, since the
+//!   directory lacks part of the backup's state;
 //! - a directory in the single server's layout of an earlier development
 //!   version (`MANIFEST`, no `raft/`) is refused: no release wrote it.
 //!
@@ -55,6 +59,13 @@ const TOKENS_MAGIC: &[u8; 4] = b"LSTK";
 /// How far the ceiling is raised past the newest token at a time: one
 /// `TOKENS` write per million tokens.
 const TOKEN_RESERVATION: u64 = 1_000_000;
+/// The highest token ceiling or restore floor a member accepts, 2^63: the
+/// tokens above it last millions of years at any rate, so a higher one
+/// is damage or a mistake, refused before the token arithmetic could
+/// overflow.
+pub(crate) const TOKEN_LIMIT: u64 = 1 << 63;
+/// The file a restore writes first and removes last (`backup.rs`).
+pub(crate) const RESTORING: &str = "RESTORING";
 
 /// A snapshot as a member keeps it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -127,6 +138,15 @@ impl MemberDir {
     ) -> Result<Opened, ServerError> {
         files::make_owner_only(data_dir)?;
         let lock = files::lock_dir(data_dir)?;
+        if data_dir.join(RESTORING).exists() {
+            return Err(ServerError::Incompatible {
+                path: data_dir.join(RESTORING),
+                detail: "a restore into this directory did not finish (it was stopped or \
+                         failed midway), so part of the backup's state is missing; nothing was \
+                         changed: remove the directory and run the restore again"
+                    .into(),
+            });
+        }
         let single_server_layout =
             data_dir.join("MANIFEST").exists() || !files::list_segments(data_dir)?.is_empty();
         if single_server_layout && !data_dir.join("raft").exists() {
@@ -143,6 +163,28 @@ impl MemberDir {
         // ceiling written before it.
         let existing = raft_dir.join("RAFTLOG").exists();
         let ceiling = TokenCeiling::read(data_dir, existing)?;
+        if !existing && ceiling > 0 {
+            return Err(ServerError::Missing {
+                path: raft_dir.join("RAFTLOG"),
+                detail: format!(
+                    "TOKENS says fencing tokens up to {ceiling} may have been handed out here, \
+                     but there is no Raft log: a member started afresh would hand them out \
+                     again; nothing was changed: restore the directory from a backup, or \
+                     replace this member"
+                ),
+            });
+        }
+        let mut tokens = TokenCeiling {
+            dir: data_dir.to_owned(),
+            ceiling,
+        };
+        if !existing {
+            // Before the log's manifest: a member with a log has a ceiling.
+            let path = data_dir.join("TOKENS");
+            tokens
+                .write()
+                .map_err(|e| io_error("cannot write", &path, e))?;
+        }
         // Creates it owner-only, or restricts an existing one.
         files::make_owner_only(&raft_dir)?;
         let mut recovery = Recovery {
@@ -198,16 +240,6 @@ impl MemberDir {
         // and a forced recovery has kept them in its evidence already.
         for tmp in ["snapshot.tmp", "TOKENS.tmp"] {
             let _ = fs::remove_file(data_dir.join(tmp));
-        }
-        let mut tokens = TokenCeiling {
-            dir: data_dir.to_owned(),
-            ceiling,
-        };
-        if !existing {
-            let path = data_dir.join("TOKENS");
-            tokens
-                .write()
-                .map_err(|e| io_error("cannot write", &path, e))?;
         }
         let token_floor = recovery.evidence.is_some().then_some(tokens.ceiling);
         Ok(Opened {
@@ -350,10 +382,20 @@ impl TokenCeiling {
     fn read(dir: &Path, existing: bool) -> Result<u64, ServerError> {
         let path = dir.join("TOKENS");
         match files::read_checked(&path, TOKENS_MAGIC)? {
-            Some(payload) => postcard::from_bytes(&payload).map_err(|e| ServerError::Corrupt {
-                path: path.clone(),
-                detail: format!("the token ceiling does not decode: {e}"),
-            }),
+            Some(payload) => match postcard::from_bytes(&payload) {
+                Ok(ceiling) if ceiling > TOKEN_LIMIT => Err(ServerError::Corrupt {
+                    path,
+                    detail: format!(
+                        "the token ceiling {ceiling} is above 2^63 ({TOKEN_LIMIT}), which no \
+                         member reaches: the file is not to be trusted"
+                    ),
+                }),
+                Ok(ceiling) => Ok(ceiling),
+                Err(e) => Err(ServerError::Corrupt {
+                    path,
+                    detail: format!("the token ceiling does not decode: {e}"),
+                }),
+            },
             None if existing => Err(ServerError::Missing {
                 path,
                 detail: "this member has a Raft log, so fencing tokens may have been handed \
@@ -387,7 +429,11 @@ impl TokenCeiling {
         if last_token <= self.ceiling {
             return Ok(());
         }
-        self.ceiling = last_token + TOKEN_RESERVATION;
+        // Only a state past TOKEN_LIMIT, refused wherever it is read, gets
+        // near the end: a stop with a message then, never an overflow.
+        self.ceiling = last_token
+            .checked_add(TOKEN_RESERVATION)
+            .ok_or_else(|| io::Error::other("the fencing tokens are used up"))?;
         self.write()
     }
 

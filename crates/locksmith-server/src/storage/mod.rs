@@ -16,7 +16,9 @@
 //!   **unless a valid frame follows** anywhere after it: a crash cannot put
 //!   one there, so that is damage (a flipped bit, a wrong length, a zeroed
 //!   block) before acknowledged data, refused with the file and the byte
-//!   offset. A valid frame whose records do not decode is damage too.
+//!   offset. A segment of a newer format, or a valid frame whose records do
+//!   not decode (a record kind of a newer version), is refused as written
+//!   by a newer version: never damage that a forced recovery drops.
 //! - `raft_log.rs`: openraft's log storage over segments.
 //! - `snapshot.rs`: the layout of a snapshot's data (the engine and the
 //!   server's session table), and the older layout it still reads; the
@@ -60,7 +62,7 @@ use locksmith_core::{LostReason, Millis};
 use serde::{Deserialize, Serialize};
 
 use self::files::{io_error, segment_path};
-use self::segment::{scan, End, SegmentHeader, SegmentRecord};
+use self::segment::{scan, End, HeaderError, SegmentHeader, SegmentRecord, SEGMENT_FORMAT};
 use crate::entry::{LogRecord, Record};
 use crate::error::ServerError;
 pub(crate) use snapshot::{FrozenState, ServerSnapshot};
@@ -130,7 +132,16 @@ pub(super) fn replay_segment<R: SegmentRecord>(
 ) -> Result<(), ServerError> {
     let path = segment_path(dir, seq);
     let bytes = fs::read(&path).map_err(|e| io_error("cannot read", &path, e))?;
-    let header = SegmentHeader::decode(&bytes).map_err(|detail| corrupt(path.clone(), detail))?;
+    let header = SegmentHeader::decode(&bytes).map_err(|problem| match problem {
+        HeaderError::Damaged(detail) => corrupt(path.clone(), detail),
+        HeaderError::Newer(format) => newer(
+            path.clone(),
+            format!(
+                "segment format {format}, written by a newer version: this one reads formats \
+                 up to {SEGMENT_FORMAT}"
+            ),
+        ),
+    })?;
     if header.seq != seq {
         let detail = format!("its header says it is segment {} (byte 8)", header.seq);
         return Err(corrupt(path, detail));
@@ -139,9 +150,10 @@ pub(super) fn replay_segment<R: SegmentRecord>(
     for &(at, payload) in &scan.frames {
         let records = R::decode_frame(header.format, payload).map_err(|e| {
             let detail = format!(
-                "the frame at byte {at} passes its checksums, but its records do not decode: {e}"
+                "the frame at byte {at} passes its checksums, but its records do not decode \
+                 ({e}): a newer version wrote kinds of records this one does not know"
             );
-            corrupt(path.clone(), detail)
+            newer(path.clone(), detail)
         })?;
         records.into_iter().for_each(&mut apply);
     }
@@ -174,6 +186,15 @@ pub(super) fn replay_segment<R: SegmentRecord>(
 
 fn corrupt(path: PathBuf, detail: String) -> ServerError {
     ServerError::Corrupt { path, detail }
+}
+
+/// Written by a newer version: refused whatever the start allows, the files
+/// left as they are.
+fn newer(path: PathBuf, detail: String) -> ServerError {
+    ServerError::Incompatible {
+        path,
+        detail: format!("{detail}; nothing was changed: start the newer version"),
+    }
 }
 
 fn truncate(path: &Path, len: u64) -> Result<(), ServerError> {

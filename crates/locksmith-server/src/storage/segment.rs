@@ -16,7 +16,7 @@ pub(super) const SEGMENT_HEADER: usize = 24;
 pub(super) const SEGMENT_MAGIC: &[u8; 4] = b"LSEG";
 /// The format segments are written in: 2 holds [`super::Record`]s (1 held
 /// only engine commands, [`super::LogRecord`]s, and is still read).
-const SEGMENT_FORMAT: u32 = 2;
+pub(super) const SEGMENT_FORMAT: u32 = 2;
 /// The oldest format still read.
 const OLDEST_SEGMENT_FORMAT: u32 = 1;
 /// Bytes of a frame header: length, payload checksum, header checksum.
@@ -55,6 +55,16 @@ pub(super) struct SegmentHeader {
     pub format: u32,
 }
 
+/// Why a segment's header cannot be used.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum HeaderError {
+    /// It does not check out: damage, told with where.
+    Damaged(String),
+    /// It checks out, in a format newer than this version reads: written
+    /// by a newer version, and never damage to recover from.
+    Newer(u32),
+}
+
 impl SegmentHeader {
     /// `[magic "LSEG"][format: u32][seq: u64][seed: u32][crc32 of the 20 bytes before]`,
     /// all little-endian.
@@ -70,24 +80,28 @@ impl SegmentHeader {
     }
 
     /// The header at the start of `bytes`, or what is wrong with it.
-    pub(super) fn decode(bytes: &[u8]) -> Result<SegmentHeader, String> {
+    pub(super) fn decode(bytes: &[u8]) -> Result<SegmentHeader, HeaderError> {
+        let damaged = |detail: String| Err(HeaderError::Damaged(detail));
         let Some(header) = bytes.get(..SEGMENT_HEADER) else {
-            return Err(format!(
+            return damaged(format!(
                 "{} bytes, shorter than a segment header",
                 bytes.len()
             ));
         };
         if &header[0..4] != SEGMENT_MAGIC {
-            return Err("no segment header at byte 0".into());
+            return damaged("no segment header at byte 0".into());
         }
         if crc32fast::hash(&header[0..20]) != u32_at(header, 20) {
-            return Err("the segment header's checksum does not match (bytes 0..24)".into());
+            return damaged("the segment header's checksum does not match (bytes 0..24)".into());
         }
         let format = u32_at(header, 4);
-        if !(OLDEST_SEGMENT_FORMAT..=SEGMENT_FORMAT).contains(&format) {
-            return Err(format!(
-                "segment format {format}, this server reads {OLDEST_SEGMENT_FORMAT} to \
-                 {SEGMENT_FORMAT}"
+        if format > SEGMENT_FORMAT {
+            return Err(HeaderError::Newer(format));
+        }
+        if format < OLDEST_SEGMENT_FORMAT {
+            return damaged(format!(
+                "segment format {format}, which no version wrote (the oldest is \
+                 {OLDEST_SEGMENT_FORMAT})"
             ));
         }
         Ok(SegmentHeader {
@@ -656,11 +670,23 @@ mod tests {
         };
         let mut bytes = header.encode().to_vec();
         assert_eq!(SegmentHeader::decode(&bytes), Ok(header));
+        let damaged = |bytes: &[u8]| match SegmentHeader::decode(bytes) {
+            Err(HeaderError::Damaged(detail)) => detail,
+            other => panic!("{other:?}"),
+        };
+        // A newer format, checksummed as that version writes it: told apart
+        // from damage.
+        let newer = SegmentHeader {
+            format: SEGMENT_FORMAT + 1,
+            ..header
+        };
+        assert_eq!(
+            SegmentHeader::decode(&newer.encode()),
+            Err(HeaderError::Newer(SEGMENT_FORMAT + 1))
+        );
         bytes[9] ^= 1;
-        assert!(SegmentHeader::decode(&bytes)
-            .unwrap_err()
-            .contains("checksum"));
-        assert!(SegmentHeader::decode(&bytes[..10]).is_err());
-        assert!(SegmentHeader::decode(&[0; 64]).is_err());
+        assert!(damaged(&bytes).contains("checksum"));
+        damaged(&bytes[..10]);
+        damaged(&[0; 64]);
     }
 }

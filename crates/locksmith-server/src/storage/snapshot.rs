@@ -280,6 +280,8 @@ pub(crate) struct StateCensus {
     pub format: u64,
     /// The server's sessions.
     pub sessions: usize,
+    /// The newest record version every member of its cluster read.
+    pub cluster_version: u32,
     /// The engine's state, counted, or the rule of
     /// [`Snapshot::check`] it breaks.
     pub engine: Result<SnapshotCensus, SnapshotError>,
@@ -294,7 +296,7 @@ struct FormatTwoChecked {
     _next_unary: u64,
     engine: CheckedSnapshot,
     sessions: Vec<SessionRecord>,
-    _cluster_version: u32,
+    cluster_version: u32,
 }
 
 /// [`ServerSnapshot`] as format 1 lays it out, its engine checked as read.
@@ -318,25 +320,26 @@ impl ServerSnapshot {
         let (format, _) = postcard::take_from_bytes::<u64>(data)
             .map_err(|e| format!("the snapshot has no format number: {e}"))?;
         let checked = match format {
-            SNAPSHOT_FORMAT => {
-                postcard::from_bytes::<FormatTwoChecked>(data).map(|s| (s.engine, s.sessions))
-            }
-            1 => postcard::from_bytes::<FormatOneChecked>(data).map(|s| (s.engine, s.sessions)),
+            SNAPSHOT_FORMAT => postcard::from_bytes::<FormatTwoChecked>(data)
+                .map(|s| (s.engine, s.sessions, s.cluster_version)),
+            1 => postcard::from_bytes::<FormatOneChecked>(data).map(|s| (s.engine, s.sessions, 1)),
             // Format 0 (and a newer one, refused as decoding does).
             _ => {
                 let decoded = ServerSnapshot::decode(data)?;
                 return Ok(StateCensus {
                     format: decoded.format,
                     sessions: decoded.sessions.len(),
+                    cluster_version: decoded.cluster_version,
                     engine: decoded.engine.census(),
                 });
             }
         };
-        let (engine, sessions) =
+        let (engine, sessions, cluster_version) =
             checked.map_err(|e| format!("the snapshot (format {format}) does not decode: {e}"))?;
         Ok(StateCensus {
             format,
             sessions: sessions.len(),
+            cluster_version,
             engine: engine.into_result(),
         })
     }
