@@ -10,7 +10,7 @@ use futures::stream::StreamExt;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::IntoPyDict;
-use pyo3::{intern, IntoPyObjectExt, PyClass};
+use pyo3::{intern, IntoPyObjectExt, PyClass, PyTraverseError, PyVisit};
 
 use locksmith::backend::{GrantRecord, LockInfo};
 use locksmith::LostCause;
@@ -19,7 +19,7 @@ use crate::awaitable::{awaitable, awaitable_made, Awaitable};
 use crate::convert;
 use crate::errors;
 use crate::errors::IntoPyResult;
-use crate::held::{Held, Hold};
+use crate::held::{Held, Hold, LossCallbacks, Registered};
 use crate::shared::{
     self, connect_options, ClientBase, Connection, ElectionBase, Flavor, GuardBase, LeaderStream,
     LeadershipBase, LockBase, RwLockBase,
@@ -346,7 +346,10 @@ impl Lock {
 }
 
 /// Ends a hold at the end of an `async with` block (`end` releases or
-/// resigns): errors surface unless the block is already raising.
+/// resigns): errors surface unless the block is already raising. A hold
+/// lent to a call in flight (`extend`, `proclaim`) is ended once that call
+/// returns; the hold is taken now, so that it ends even if the exit is
+/// cancelled (see [`Held::take`]).
 fn exit<T, F>(
     held: Option<Arc<Held<T>>>,
     exc_type: Option<&Bound<'_, PyAny>>,
@@ -357,14 +360,17 @@ where
     F: std::future::Future<Output = locksmith::Result<()>> + Send + 'static,
 {
     let raising = exc_type.is_some_and(|exc_type| !exc_type.is_none());
-    let hold = match held {
+    let taken = match held {
         Some(held) if !held.is_released() => Some(held.take()?),
         _ => None,
     };
     // `end`'s future is made in the awaitable's box (see `awaitable_made`).
     Ok(awaitable_made(move || async move {
-        if let Some(hold) = hold {
-            let ended = end(hold).await.py();
+        if let Some(taken) = taken {
+            let ended = match taken.hold().await {
+                Ok(hold) => end(hold).await.py(),
+                Err(error) => Err(error),
+            };
             if !raising {
                 ended?;
             }
@@ -386,8 +392,13 @@ fn lost_awaitable<T: Send>(held: &Held<T>) -> PyResult<Awaitable> {
     Ok(awaitable(async move { Ok(lost.await) }))
 }
 
-/// A loss as an asyncio callback takes it: `(cause, reason)`.
-struct Loss(LostCause, String);
+/// A loss as the task of `on_lost` takes it: `(callback, cause, reason)`,
+/// or `None` once the object that kept the callback is gone.
+struct Loss {
+    callback: Registered,
+    cause: LostCause,
+    reason: String,
+}
 
 impl<'py> IntoPyObject<'py> for Loss {
     type Target = PyAny;
@@ -395,35 +406,58 @@ impl<'py> IntoPyObject<'py> for Loss {
     type Error = PyErr;
 
     fn into_pyobject(self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        (errors::lost_cause(py, self.0)?, self.1).into_bound_py_any(py)
+        match self.callback.take(py) {
+            Some(callback) => {
+                (callback, errors::lost_cause(py, self.cause)?, self.reason).into_bound_py_any(py)
+            }
+            None => Ok(py.None().into_bound(py)),
+        }
     }
 }
 
-/// `on_lost` for the running event loop: a task of that loop awaits the
-/// loss (woken like any awaitable, through the loop's waker, with no thread
-/// taking the GIL for it) and calls `callback` in its done callback; a
-/// release ends it without a call.
-fn on_lost_on_loop<T: Send>(py: Python<'_>, held: &Held<T>, callback: Py<PyAny>) -> PyResult<()> {
+/// `on_lost` for the running event loop: `callbacks` (those of the Python
+/// object that owns the hold) keep `callback`, and a task of that loop
+/// awaits the loss (woken like any awaitable, through the loop's waker, with
+/// no thread taking the GIL for it) and calls `callback` in its done
+/// callback; a release ends it without a call. The task has only a weak
+/// reference to the callback (see [`LossCallbacks`]): a guard collected
+/// takes its callbacks with it, and ends the task as a release does.
+fn on_lost_on_loop<T: Send>(
+    py: Python<'_>,
+    held: &Held<T>,
+    callbacks: &LossCallbacks,
+    callback: Py<PyAny>,
+) -> PyResult<()> {
     held.check()?;
+    let call_on_loss = py
+        .import(intern!(py, "locksmith.aio"))?
+        .getattr(intern!(py, "_call_on_loss"))?;
+    let callback = callbacks.add(callback);
     let lost = held.lost().clone();
     let ended = held.lost_or_released();
     let loss = awaitable(async move {
-        Ok(ended
-            .await
-            .map(|reason| Loss(lost.cause().unwrap_or_default(), reason)))
+        Ok(ended.await.map(|reason| Loss {
+            callback,
+            cause: lost.cause().unwrap_or_default(),
+            reason,
+        }))
     });
-    py.import(intern!(py, "locksmith.aio"))?
-        .call_method1(intern!(py, "_call_on_loss"), (loss, callback))?;
+    call_on_loss.call1((loss,))?;
     Ok(())
 }
 
 /// A held lock (or several, for a multi-lock).
 #[pyclass(module = "locksmith.aio", extends = GuardBase, frozen)]
-pub struct Guard;
+pub struct Guard {
+    /// Its `on_lost` callbacks, kept here for the garbage collector to see.
+    callbacks: LossCallbacks,
+}
 
 impl Guard {
     fn made(held: Arc<Held<locksmith::Guard>>) -> Made<Self> {
-        Made(GuardBase::new(held).add_subclass(Guard))
+        Made(GuardBase::new(held).add_subclass(Guard {
+            callbacks: LossCallbacks::default(),
+        }))
     }
 }
 
@@ -442,14 +476,28 @@ impl Guard {
     }
 
     /// Calls `callback(cause, reason)` on the running event loop when the
-    /// hold is lost (at once if it was); not after a release.
+    /// hold is lost (at once if it was); not after a release. The guard
+    /// keeps the callback: a guard collected takes its callbacks with it,
+    /// even one in a reference cycle with them (and is released in the
+    /// background, as any guard dropped while held).
     fn on_lost(slf: &Bound<'_, Self>, callback: Py<PyAny>) -> PyResult<()> {
-        on_lost_on_loop(slf.py(), &guard_held(slf), callback)
+        let callbacks = &slf.get().callbacks;
+        on_lost_on_loop(slf.py(), &guard_held(slf), callbacks, callback)
     }
 
-    /// Extends a leased hold to `lease` seconds from now.
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        self.callbacks.traverse(&visit)
+    }
+
+    fn __clear__(&self) {
+        self.callbacks.clear();
+    }
+
+    /// Extends a leased hold to `lease` seconds from now. A `release` (or
+    /// the exit of `async with`) meanwhile waits for this to return.
     ///
-    /// Cancel safety: safe; the hold stays, extended or not.
+    /// Cancel safety: safe; the hold stays, extended or not (unless
+    /// released meanwhile).
     fn extend(slf: &Bound<'_, Self>, lease: &Bound<'_, PyAny>) -> PyResult<Awaitable> {
         let lease = convert::duration(lease, "lease")?;
         let held = guard_held(slf);
@@ -459,12 +507,14 @@ impl Guard {
     }
 
     /// Releases the hold; raises if it was lost or already released.
+    /// While an `extend` is in flight, waits for it to return, then
+    /// releases.
     ///
     /// Cancel safety: the hold ends either way; a cancelled release goes on
-    /// in the background, unchecked.
+    /// in the background, unchecked (once the `extend` returns).
     fn release(slf: &Bound<'_, Self>) -> Awaitable {
         let held = guard_held(slf);
-        awaitable_made(move || async move { held.take()?.release().await.py() })
+        awaitable_made(move || async move { held.take()?.hold().await?.release().await.py() })
     }
 
     fn __aenter__(slf: Py<Self>) -> Awaitable {
@@ -503,7 +553,9 @@ impl Election {
         let campaigning = slf.as_super().get().campaigning(value, wait)?;
         Ok(awaitable(async move {
             let leadership = LeadershipBase::new(campaigning.await?);
-            Ok(Made(leadership.add_subclass(Leadership)))
+            Ok(Made(leadership.add_subclass(Leadership {
+                callbacks: LossCallbacks::default(),
+            })))
         }))
     }
 
@@ -533,7 +585,10 @@ impl Election {
 
 /// This candidate's leadership until resigned, dropped or lost.
 #[pyclass(module = "locksmith.aio", extends = LeadershipBase, frozen)]
-pub struct Leadership;
+pub struct Leadership {
+    /// Its `on_lost` callbacks, kept here for the garbage collector to see.
+    callbacks: LossCallbacks,
+}
 
 fn leadership_held(slf: &Bound<'_, Leadership>) -> Arc<Held<locksmith::Leadership>> {
     slf.as_super().get().held.clone()
@@ -550,15 +605,28 @@ impl Leadership {
     }
 
     /// Calls `callback(cause, reason)` on the running event loop when
-    /// leadership is lost (at once if it was); not after a resign.
+    /// leadership is lost (at once if it was); not after a resign. The
+    /// leadership keeps the callback (as `Guard.on_lost`).
     fn on_lost(slf: &Bound<'_, Self>, callback: Py<PyAny>) -> PyResult<()> {
-        on_lost_on_loop(slf.py(), &leadership_held(slf), callback)
+        let callbacks = &slf.get().callbacks;
+        on_lost_on_loop(slf.py(), &leadership_held(slf), callbacks, callback)
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        self.callbacks.traverse(&visit)
+    }
+
+    fn __clear__(&self) {
+        self.callbacks.clear();
     }
 
     /// Publishes a new value while leading (memory, etcd and ZooKeeper).
+    /// A `resign` (or the exit of `async with`) meanwhile waits for this
+    /// to return.
     ///
-    /// Cancel safety: safe; the leadership stays, and the new value may or
-    /// may not be published (`value` still says the old one).
+    /// Cancel safety: safe; the leadership stays (unless resigned
+    /// meanwhile), and the new value may or may not be published (`value`
+    /// still says the old one).
     fn proclaim(slf: &Bound<'_, Self>, value: String) -> Awaitable {
         let held = leadership_held(slf);
         let published = slf.as_super().get().value.clone();
@@ -569,13 +637,14 @@ impl Leadership {
         })
     }
 
-    /// Steps down: the next candidate leads.
+    /// Steps down: the next candidate leads. While a `proclaim` is in
+    /// flight, waits for it to return, then resigns.
     ///
     /// Cancel safety: the leadership ends either way; a cancelled resign
-    /// goes on in the background, unchecked.
+    /// goes on in the background, unchecked (once the `proclaim` returns).
     fn resign(slf: &Bound<'_, Self>) -> Awaitable {
         let held = leadership_held(slf);
-        awaitable(async move { held.take()?.resign().await.py() })
+        awaitable(async move { held.take()?.hold().await?.resign().await.py() })
     }
 
     fn __aenter__(slf: Py<Self>) -> Awaitable {

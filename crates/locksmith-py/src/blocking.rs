@@ -8,10 +8,11 @@ use std::thread::ThreadId;
 
 use futures::stream::StreamExt;
 use pyo3::prelude::*;
+use pyo3::{PyTraverseError, PyVisit};
 
 use crate::convert;
 use crate::errors::IntoPyResult;
-use crate::held::{self, Held, Hold};
+use crate::held::{Held, Hold, LossCallbacks};
 use crate::runtime::{self, block};
 use crate::shared::{
     connect_options, ClientBase, Connection, ElectionBase, Flavor, GuardBase, LeaderStream,
@@ -172,7 +173,9 @@ impl Lock {
 }
 
 /// Ends a hold at the end of a `with` block (`end` releases or resigns):
-/// errors surface unless the block is already raising.
+/// errors surface unless the block is already raising. A hold lent to a
+/// call running in another thread (`extend`, `proclaim`) is ended once that
+/// call returns (see [`held::Taken::wait`](crate::held::Taken::wait)).
 fn exit<T, F>(
     py: Python<'_>,
     held: &Held<T>,
@@ -186,7 +189,10 @@ where
     if held.is_released() {
         return Ok(false);
     }
-    let ended = block(py, end(held.take()?)).and_then(IntoPyResult::py);
+    let ended = match held.take()?.wait(py)? {
+        Some(hold) => block(py, end(hold)).and_then(IntoPyResult::py),
+        None => Ok(()),
+    };
     match exc_type {
         Some(exc_type) if !exc_type.is_none() => Ok(false),
         _ => ended.map(|()| false),
@@ -215,18 +221,18 @@ fn wait_lost<T: Send>(
     }
 }
 
-/// Runs `callback` on a background thread.
-fn deliver_on_thread(callback: Py<PyAny>) -> impl FnOnce(Py<PyAny>, String) + Send + 'static {
-    move |cause, reason| held::call_here(callback, cause, reason)
-}
-
 /// A held lock (or several, for a multi-lock).
 #[pyclass(module = "locksmith", extends = GuardBase, frozen)]
-pub struct Guard;
+pub struct Guard {
+    /// Its `on_lost` callbacks, kept here for the garbage collector to see.
+    callbacks: LossCallbacks,
+}
 
 impl Guard {
     fn new(held: Arc<Held<locksmith::Guard>>) -> PyClassInitializer<Self> {
-        GuardBase::new(held).add_subclass(Guard)
+        GuardBase::new(held).add_subclass(Guard {
+            callbacks: LossCallbacks::default(),
+        })
     }
 }
 
@@ -244,12 +250,24 @@ impl Guard {
     }
 
     /// Calls `callback(cause, reason)` on a background thread when the hold
-    /// is lost (at once if it was); not after a release.
+    /// is lost (at once if it was); not after a release. The guard keeps
+    /// the callback: a guard collected takes its callbacks with it, even
+    /// one in a reference cycle with them (and is released in the
+    /// background, as any guard dropped while held).
     fn on_lost(slf: &Bound<'_, Self>, callback: Py<PyAny>) -> PyResult<()> {
-        guard_held(slf).on_lost(deliver_on_thread(callback))
+        guard_held(slf).on_lost(&slf.get().callbacks, callback)
     }
 
-    /// Extends a leased hold to `lease` seconds from now.
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        self.callbacks.traverse(&visit)
+    }
+
+    fn __clear__(&self) {
+        self.callbacks.clear();
+    }
+
+    /// Extends a leased hold to `lease` seconds from now. A `release` from
+    /// another thread meanwhile waits for this to return.
     fn extend(slf: &Bound<'_, Self>, lease: &Bound<'_, PyAny>) -> PyResult<()> {
         let lease = convert::duration(lease, "lease")?;
         let guard = guard_held(slf).lend()?;
@@ -257,9 +275,15 @@ impl Guard {
     }
 
     /// Releases the hold; raises if it was lost or already released.
+    /// While an `extend` runs in another thread, waits for it to return,
+    /// then releases; from a signal handler that interrupted this thread's
+    /// own `extend`, returns at once and the hold is released in the
+    /// background when that `extend` returns.
     fn release(slf: &Bound<'_, Self>) -> PyResult<()> {
-        let guard = guard_held(slf).take()?;
-        block(slf.py(), guard.release())?.py()
+        match guard_held(slf).take()?.wait(slf.py())? {
+            Some(guard) => block(slf.py(), guard.release())?.py(),
+            None => Ok(()),
+        }
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {
@@ -318,11 +342,16 @@ impl Election {
 
 /// This candidate's leadership until resigned, dropped or lost.
 #[pyclass(module = "locksmith", extends = LeadershipBase, frozen)]
-pub struct Leadership;
+pub struct Leadership {
+    /// Its `on_lost` callbacks, kept here for the garbage collector to see.
+    callbacks: LossCallbacks,
+}
 
 impl Leadership {
     fn new(leadership: locksmith::Leadership) -> PyClassInitializer<Self> {
-        LeadershipBase::new(leadership).add_subclass(Leadership)
+        LeadershipBase::new(leadership).add_subclass(Leadership {
+            callbacks: LossCallbacks::default(),
+        })
     }
 }
 
@@ -336,15 +365,23 @@ impl Leadership {
     }
 
     /// Calls `callback(cause, reason)` on a background thread when
-    /// leadership is lost (at once if it was); not after a resign.
+    /// leadership is lost (at once if it was); not after a resign. The
+    /// leadership keeps the callback (as `Guard.on_lost`).
     fn on_lost(slf: &Bound<'_, Self>, callback: Py<PyAny>) -> PyResult<()> {
-        slf.as_super()
-            .get()
-            .held
-            .on_lost(deliver_on_thread(callback))
+        let held = &slf.as_super().get().held;
+        held.on_lost(&slf.get().callbacks, callback)
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        self.callbacks.traverse(&visit)
+    }
+
+    fn __clear__(&self) {
+        self.callbacks.clear();
     }
 
     /// Publishes a new value while leading (memory, etcd and ZooKeeper).
+    /// A `resign` from another thread meanwhile waits for this to return.
     fn proclaim(slf: &Bound<'_, Self>, value: String) -> PyResult<()> {
         let base = slf.as_super().get();
         let mut leadership = base.held.lend()?;
@@ -353,10 +390,15 @@ impl Leadership {
         Ok(())
     }
 
-    /// Steps down: the next candidate leads.
+    /// Steps down: the next candidate leads. While a `proclaim` runs in
+    /// another thread, waits for it to return, then resigns (from a signal
+    /// handler that interrupted this thread's own `proclaim`: as
+    /// `Guard.release`).
     fn resign(slf: &Bound<'_, Self>) -> PyResult<()> {
-        let leadership = slf.as_super().get().held.take()?;
-        block(slf.py(), leadership.resign())?.py()
+        match slf.as_super().get().held.take()?.wait(slf.py())? {
+            Some(leadership) => block(slf.py(), leadership.resign())?.py(),
+            None => Ok(()),
+        }
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {

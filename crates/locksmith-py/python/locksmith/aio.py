@@ -25,7 +25,10 @@ Leadership = _native.Leadership
 Observer = _native.Observer
 
 # The tasks that wait for a loss to call an `on_lost` callback: a loop
-# keeps only weak references to its tasks.
+# keeps only weak references to its tasks. A task has no strong reference
+# to its callback, which the guard keeps (so that a guard the callback
+# refers to can still be collected): it ends when the hold is released,
+# lost, or dropped with its guard.
 _loss_watches: set[asyncio.Task[object]] = set()
 
 
@@ -33,10 +36,11 @@ async def _await(awaitable):
     return await awaitable
 
 
-def _call_on_loss(loss, callback):
-    """Calls ``callback(cause, reason)`` on the running loop once ``loss``
-    (an awaitable of the hold's ``(cause, reason)``, ``None`` once it is
-    released) completes with a loss. Used by ``on_lost``."""
+def _call_on_loss(loss):
+    """Calls an ``on_lost`` callback on the running loop once ``loss``
+    completes with one: an awaitable of ``(callback, cause, reason)`` once
+    the hold is lost, or ``None`` once it is released first, or once its
+    guard (which keeps the callback) is gone. Used by ``on_lost``."""
     task = asyncio.get_running_loop().create_task(_await(loss))
     _loss_watches.add(task)
 
@@ -45,7 +49,8 @@ def _call_on_loss(loss, callback):
         if not task.cancelled():
             lost = task.result()
             if lost is not None:
-                callback(*lost)
+                callback, cause, reason = lost
+                callback(cause, reason)
 
     task.add_done_callback(done)
 
