@@ -10,6 +10,8 @@ late actions are refused; the work stops the moment leadership is lost.
     python leader_worker.py locksmith://127.0.0.1:7420 worker-1
 
 Without arguments it runs against memory:// as worker-1, for three rounds.
+It exits with 0 once its work is done, and with 1 when leadership is lost
+(`locksmith release --force services/billing-worker` takes it away).
 """
 
 import asyncio
@@ -39,17 +41,24 @@ async def main() -> int:
         election = client.election("services/billing-worker")
         watcher = asyncio.create_task(watch(election))
         print(f"{me}: waiting to lead")
-        async with await election.campaign(me) as leadership:  # resigns on exit
-            print(f"{me}: leading (fencing token {leadership.fencing_token})")
-            working = asyncio.create_task(work(leadership, rounds))
-            lost = asyncio.ensure_future(leadership.lost())
-            done, _ = await asyncio.wait({working, lost}, return_when=asyncio.FIRST_COMPLETED)
-            if lost in done:
-                working.cancel()
-                print(f"{me}: leadership lost ({lost.result()}); stopped", file=sys.stderr)
-                return 1
-            lost.cancel()
-        watcher.cancel()
+        try:
+            # The exit resigns, checked: had leadership been lost, it would
+            # raise locksmith.Lost, so a lost leadership is raised here first.
+            async with await election.campaign(me) as leadership:
+                print(f"{me}: leading (fencing token {leadership.fencing_token})")
+                working = asyncio.create_task(work(leadership, rounds))
+                lost = asyncio.ensure_future(leadership.lost())
+                done, _ = await asyncio.wait({working, lost}, return_when=asyncio.FIRST_COMPLETED)
+                if lost in done:
+                    working.cancel()
+                    leadership.raise_if_lost()
+                lost.cancel()
+                working.result()  # what the work raised, if it did
+        except locksmith.Lost as error:
+            print(f"{me}: leadership lost ({error.cause}: {error.reason}); stopped", file=sys.stderr)
+            return 1
+        finally:
+            watcher.cancel()
     return 0
 
 

@@ -105,7 +105,7 @@ fn to_py_with(py: Python<'_>, error: Error) -> PyErr {
                 .collect();
             exception(py, conflict_class, message, &attributes)
         }
-        Error::Lost(reason) => lost_with(py, message, None, reason),
+        Error::Lost(loss) => lost_with(py, message, loss.cause, &loss.reason),
         Error::LimitReached(_) => exception(py, limit_reached_class, message, &[]),
         Error::Unauthenticated(_) => exception(py, unauthenticated_class, message, &[]),
         Error::PermissionDenied(_) => exception(py, permission_denied_class, message, &[]),

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import queue
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import locksmith
@@ -33,3 +36,29 @@ def test_leader_worker_leads_and_works():
     assert ran.returncode == 0, ran.stderr
     assert "worker-1: leading" in ran.stdout
     assert "round 3" in ran.stdout
+
+
+def test_leader_worker_stops_cleanly_when_leadership_is_lost(stores):
+    url = url_of(stores, "server")
+    child = python(
+        "-u", str(EXAMPLES / "leader_worker.py"), url, "worker-1",
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=lambda: [lines.put(line) for line in child.stdout], daemon=True).start()
+        deadline = time.monotonic() + 30
+        while "worker-1: leading" not in lines.get(timeout=max(0.0, deadline - time.monotonic())):
+            pass
+        with locksmith.connect(url) as operator:
+            operator.force_release("services/billing-worker")
+        child.wait(timeout=30)  # stdout goes on being read by the thread
+        err = child.stderr.read()
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == 1, err
+    assert "Traceback" not in err, err
+    assert "worker-1: leadership lost (LostCause.FORCE_RELEASED" in err, err
+    assert err.rstrip().endswith("stopped"), err

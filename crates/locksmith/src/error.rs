@@ -4,6 +4,9 @@ use std::time::Duration;
 
 use locksmith_core::{EngineError, Mode, NameError};
 
+use crate::backend::LostSignal;
+use crate::lost::LostCause;
+
 /// Result alias for the client library.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -72,7 +75,7 @@ pub enum Error {
     },
     /// The hold was lost (expired, revoked, connection gone) before this call.
     #[error("lock was lost: {0}")]
-    Lost(String),
+    Lost(Loss),
     /// A limit of the backend was reached.
     #[error("limit reached: {0}")]
     LimitReached(String),
@@ -108,6 +111,65 @@ pub enum Error {
         /// The underlying error.
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+}
+
+/// What [`Error::Lost`] reports: why the hold was lost, in words and, where
+/// the client knows it, in a word (as the hold's
+/// [`LostSignal::cause`](crate::LostSignal::cause) says).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Loss {
+    /// Why, in words.
+    pub reason: String,
+    /// Why, in a word: known once the hold's lost signal fired, or where
+    /// the store said.
+    pub cause: Option<LostCause>,
+}
+
+impl Loss {
+    /// A loss whose cause is not known.
+    pub fn new(reason: impl Into<String>) -> Self {
+        Loss {
+            reason: reason.into(),
+            cause: None,
+        }
+    }
+
+    /// A loss with its cause.
+    pub fn because(cause: LostCause, reason: impl Into<String>) -> Self {
+        Loss {
+            reason: reason.into(),
+            cause: Some(cause),
+        }
+    }
+
+    /// The loss `signal` reports, once it fired.
+    pub(crate) fn of(signal: &LostSignal) -> Option<Self> {
+        // The first firing wins: once there is a reason, the cause is fixed.
+        let reason = signal.reason()?;
+        Some(Loss {
+            reason,
+            cause: signal.cause(),
+        })
+    }
+}
+
+impl From<String> for Loss {
+    fn from(reason: String) -> Self {
+        Loss::new(reason)
+    }
+}
+
+impl From<&str> for Loss {
+    fn from(reason: &str) -> Self {
+        Loss::new(reason)
+    }
+}
+
+impl std::fmt::Display for Loss {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.reason)
+    }
 }
 
 /// What [`Error::Unreplicated`] reports: how the replicas answered, and
@@ -184,6 +246,22 @@ impl Error {
         }
     }
 
+    /// This error, an [`Error::Lost`] without a cause taking that of
+    /// `signal` if it fired (a store that reports the loss itself, before or
+    /// without the signal's reason, mostly cannot say why).
+    pub(crate) fn with_cause_of(self, signal: &LostSignal) -> Self {
+        match self {
+            Error::Lost(Loss {
+                reason,
+                cause: None,
+            }) => Error::Lost(Loss {
+                reason,
+                cause: signal.cause(),
+            }),
+            error => error,
+        }
+    }
+
     /// Builds [`Error::InvalidName`] from a name and the rule it breaks.
     pub fn invalid_name(name: &str, source: NameError) -> Self {
         Error::InvalidName {
@@ -222,7 +300,7 @@ impl From<EngineError> for Error {
                 detail: error.to_string(),
             },
             EngineError::LimitReached { .. } => Error::LimitReached(error.to_string()),
-            EngineError::UnknownSession(_) => Error::Lost(error.to_string()),
+            EngineError::UnknownSession(_) => Error::Lost(error.to_string().into()),
             EngineError::NoNames
             | EngineError::DuplicateName { .. }
             | EngineError::ZeroPermits
@@ -234,5 +312,49 @@ impl From<EngineError> for Error {
             | EngineError::UnknownRequest(_)
             | EngineError::NotDue => Error::InvalidArgument(error.to_string()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_loss_reads_as_its_reason() {
+        let lost = Error::Lost(Loss::because(LostCause::ForceReleased, "a: force-released"));
+        assert_eq!(lost.to_string(), "lock was lost: a: force-released");
+        assert_eq!(Loss::from("gone").cause, None);
+    }
+
+    #[test]
+    fn a_loss_without_a_cause_takes_the_signals() {
+        let signal = LostSignal::new();
+        assert_eq!(Loss::of(&signal), None);
+        let before = Error::Lost("released too late".into()).with_cause_of(&signal);
+        assert!(matches!(before, Error::Lost(Loss { cause: None, .. })));
+
+        signal.fire_because(LostCause::ForceReleased, "a: force-released");
+        assert_eq!(
+            Loss::of(&signal),
+            Some(Loss::because(LostCause::ForceReleased, "a: force-released"))
+        );
+        let after = Error::Lost("released too late".into()).with_cause_of(&signal);
+        assert!(matches!(
+            after,
+            Error::Lost(Loss { cause: Some(LostCause::ForceReleased), ref reason }) if reason == "released too late"
+        ));
+        // A cause the store gave stays; other errors stay as they are.
+        let known = Error::Lost(Loss::because(LostCause::LeaseExpired, "expired"));
+        assert!(matches!(
+            known.with_cause_of(&signal),
+            Error::Lost(Loss {
+                cause: Some(LostCause::LeaseExpired),
+                ..
+            })
+        ));
+        assert!(matches!(
+            Error::Closed.with_cause_of(&signal),
+            Error::Closed
+        ));
     }
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::backend::{Hold, LostSignal};
-use crate::error::{Error, Result};
+use crate::error::{Error, Loss, Result};
 use crate::lost::LostCause;
 use crate::metrics;
 use crate::model::{Granted, Share};
@@ -123,11 +123,12 @@ impl Guard {
             ));
         }
         crate::arguments::check_lease(lease)?;
-        let extended = match self.lost.reason() {
-            Some(reason) => Err(Error::Lost(reason)),
+        let extended = match Loss::of(&self.lost) {
+            Some(loss) => Err(Error::Lost(loss)),
             None => {
                 let hold = self.hold.as_ref().expect("hold until release");
-                hold.extend(lease).await
+                let extended = hold.extend(lease).await;
+                extended.map_err(|error| error.with_cause_of(&self.lost))
             }
         };
         if extended.is_err() {
@@ -141,11 +142,12 @@ impl Guard {
     ///
     /// Cancel safety: safe; the new value either landed or did not.
     pub(crate) async fn proclaim(&self, value: &str) -> Result<()> {
-        if let Some(reason) = self.lost.reason() {
-            return Err(Error::Lost(reason));
+        if let Some(loss) = Loss::of(&self.lost) {
+            return Err(Error::Lost(loss));
         }
         let hold = self.hold.as_ref().expect("hold until release");
-        hold.proclaim(value).await
+        let proclaimed = hold.proclaim(value).await;
+        proclaimed.map_err(|error| error.with_cause_of(&self.lost))
     }
 
     /// Releases the hold and reports whether that worked: an error means the hold
@@ -158,11 +160,13 @@ impl Guard {
     pub async fn release(mut self) -> Result<()> {
         let hold = self.hold.take().expect("hold until release");
         metrics::released(self.backend, self.granted_at.elapsed());
-        let lost = self.lost.reason();
+        let lost = Loss::of(&self.lost);
         let result = hold.release().await;
         match lost {
-            Some(reason) => Err(Error::Lost(reason)),
-            None => result,
+            Some(loss) => Err(Error::Lost(loss)),
+            // A loss the store reported on release: why, if the signal
+            // fired meanwhile.
+            None => result.map_err(|error| error.with_cause_of(&self.lost)),
         }
     }
 }

@@ -143,7 +143,7 @@ pub mod zookeeper;
 pub use backend::{Capabilities, GrantRecord, HoldEnd, Holder, LockInfo, LostSignal, Waiter};
 pub use client::Client;
 pub use election::{Election, Leader, Leadership, OBSERVE_POLL};
-pub use error::{Error, Result, Undo, Unreplicated};
+pub use error::{Error, Loss, Result, Undo, Unreplicated};
 pub use guard::Guard;
 pub use lock::{Lock, LockOptions, RwLock};
 pub use locksmith_core::{validate_name, Mode, NameError};

@@ -44,7 +44,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::{AcquireRequest, Backend, Capabilities, Grant, Hold, LostSignal, Mode, Wait};
-use crate::error::{Error, Result};
+use crate::error::{Error, Loss, Result};
 use crate::keeper::{self, Kept, Term};
 use crate::release::{give_back, release_in_background};
 
@@ -533,8 +533,8 @@ impl Level {
     }
 
     fn gone(&self) -> Error {
-        match self.share.lost.reason() {
-            Some(reason) => Error::Lost(reason),
+        match Loss::of(&self.share.lost) {
+            Some(loss) => Error::Lost(loss),
             None => Error::NotHeld {
                 name: self.share.key.0.clone(),
             },
@@ -560,8 +560,8 @@ impl Hold for Level {
                 None => Err(self.gone()),
             };
         }
-        if let Some(reason) = self.share.lost.reason() {
-            return Err(Error::Lost(reason));
+        if let Some(loss) = Loss::of(&self.share.lost) {
+            return Err(Error::Lost(loss));
         }
         match hold.as_ref() {
             Some(hold) => hold.record_count(self.share.count()).await,

@@ -1,9 +1,10 @@
 """Type stubs of locksmith's blocking API (the native classes are in Rust)."""
 
-from collections.abc import Callable, Iterator
+import builtins
+from collections.abc import Callable, Iterable, Iterator
 from datetime import timedelta
 from types import TracebackType
-from typing import final
+from typing import Literal, final
 
 from . import aio as aio
 from ._base import ClientBase, ElectionBase, GuardBase, LeadershipBase, LockBase, RwLockBase
@@ -36,16 +37,53 @@ from ._model import (
 
 __version__: str
 
-Seconds = float | int | timedelta
+__all__ = [
+    "AlreadyHeld",
+    "BackendError",
+    "BackendNotEnabled",
+    "Client",
+    "Closed",
+    "Conflict",
+    "Election",
+    "Error",
+    "Grant",
+    "Guard",
+    "Holder",
+    "InvalidArgument",
+    "InvalidName",
+    "InvalidUrl",
+    "Leader",
+    "Leadership",
+    "LimitReached",
+    "Lock",
+    "LockInfo",
+    "Lost",
+    "LostCause",
+    "NotHeld",
+    "NotOwner",
+    "Observer",
+    "PermissionDenied",
+    "RwLock",
+    "Timeout",
+    "Unauthenticated",
+    "Unreplicated",
+    "Unsupported",
+    "Waiter",
+    "aio",
+    "connect",
+]
+
+# Type aliases of the stubs alone (the module has no such names at run time).
+_Seconds = float | int | timedelta
 """A duration: seconds as a float or an int, or a `datetime.timedelta`."""
 
-LostCallback = Callable[[LostCause, str], object]
+_LostCallback = Callable[[LostCause, str], object]
 """Called with why (in a word and in words) a hold was lost."""
 
 def connect(
     url: str,
     *,
-    session_ttl: Seconds | None = None,
+    session_ttl: _Seconds | None = None,
     client_name: str | None = None,
     host: str | None = None,
 ) -> Client:
@@ -54,12 +92,48 @@ def connect(
     connected."""
 
 @final
-class Client(ClientBase[Lock, RwLock, Election]):
+class Client(ClientBase):
     """A connection to one lock store; `with` closes it."""
 
+    # ClientBase's, returning this API's classes (ClientBase is not generic:
+    # the native class cannot be subscripted).
+    def lock(
+        self,
+        name: str,
+        *,
+        wait: _Seconds | None = None,
+        lease: _Seconds | None = None,
+        owner: str | None = None,
+        reentrant: bool = True,
+        lock_delay: _Seconds | None = None,
+    ) -> Lock: ...
+    def rw_lock(self, name: str) -> RwLock: ...
+    def semaphore(
+        self,
+        name: str,
+        permits: int,
+        *,
+        wait: _Seconds | None = None,
+        lease: _Seconds | None = None,
+        owner: str | None = None,
+        reentrant: bool = True,
+        lock_delay: _Seconds | None = None,
+    ) -> Lock: ...
+    def multi_lock(
+        self,
+        names: Iterable[str],
+        *,
+        wait: _Seconds | None = None,
+        lease: _Seconds | None = None,
+        owner: str | None = None,
+        reentrant: bool = True,
+        lock_delay: _Seconds | None = None,
+    ) -> Lock: ...
+    def election(self, name: str) -> Election: ...
     def status(self, name: str) -> LockInfo | None: ...
-    def list(self, prefix: str = "") -> list[LockInfo]: ...
-    def history(self, prefix: str = "") -> list[Grant]: ...
+    # `builtins.list`: inside this class `list` names the method.
+    def list(self, prefix: str = "") -> builtins.list[LockInfo]: ...
+    def history(self, prefix: str = "") -> builtins.list[Grant]: ...
     def force_release(self, name: str) -> None: ...
     def close(self) -> None: ...
     def __enter__(self) -> Client: ...
@@ -68,13 +142,13 @@ class Client(ClientBase[Lock, RwLock, Election]):
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         traceback: TracebackType | None,
-    ) -> bool: ...
+    ) -> Literal[False]: ...
 
 @final
 class Lock(LockBase):
     """A lock to acquire; `with lock as guard:` acquires and releases."""
 
-    def acquire(self, wait: Seconds | None = None) -> Guard: ...
+    def acquire(self, wait: _Seconds | None = None) -> Guard: ...
     def try_acquire(self) -> Guard | None: ...
     def __enter__(self) -> Guard: ...
     def __exit__(
@@ -82,23 +156,43 @@ class Lock(LockBase):
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         traceback: TracebackType | None,
-    ) -> bool: ...
+    ) -> Literal[False]: ...
 
 @final
-class RwLock(RwLockBase[Lock]):
+class RwLock(RwLockBase):
     """A read-write lock: many readers or one writer.
 
     Writers are not starved where the store queues waiters in order (not on
     Redis outside ``mode=fair``, nor over Redlock).
     """
 
+    # RwLockBase's, returning this API's `Lock`.
+    def read(
+        self,
+        *,
+        wait: _Seconds | None = None,
+        lease: _Seconds | None = None,
+        owner: str | None = None,
+        reentrant: bool = True,
+        lock_delay: _Seconds | None = None,
+    ) -> Lock: ...
+    def write(
+        self,
+        *,
+        wait: _Seconds | None = None,
+        lease: _Seconds | None = None,
+        owner: str | None = None,
+        reentrant: bool = True,
+        lock_delay: _Seconds | None = None,
+    ) -> Lock: ...
+
 @final
 class Guard(GuardBase):
     """A held lock (or several, for a multi-lock)."""
 
-    def lost(self, timeout: Seconds | None = None) -> str | None: ...
-    def on_lost(self, callback: LostCallback) -> None: ...
-    def extend(self, lease: Seconds) -> None: ...
+    def lost(self, timeout: _Seconds | None = None) -> str | None: ...
+    def on_lost(self, callback: _LostCallback) -> None: ...
+    def extend(self, lease: _Seconds) -> None: ...
     def release(self) -> None: ...
     def __enter__(self) -> Guard: ...
     def __exit__(
@@ -106,13 +200,13 @@ class Guard(GuardBase):
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         traceback: TracebackType | None,
-    ) -> bool: ...
+    ) -> Literal[False]: ...
 
 @final
 class Election(ElectionBase):
     """An election on one lock name."""
 
-    def campaign(self, value: str, *, wait: Seconds | None = None) -> Leadership: ...
+    def campaign(self, value: str, *, wait: _Seconds | None = None) -> Leadership: ...
     def leader(self) -> Leader | None: ...
     def observe(self) -> Observer: ...
 
@@ -120,8 +214,8 @@ class Election(ElectionBase):
 class Leadership(LeadershipBase):
     """This candidate's leadership; `with` resigns it."""
 
-    def lost(self, timeout: Seconds | None = None) -> str | None: ...
-    def on_lost(self, callback: LostCallback) -> None: ...
+    def lost(self, timeout: _Seconds | None = None) -> str | None: ...
+    def on_lost(self, callback: _LostCallback) -> None: ...
     def proclaim(self, value: str) -> None: ...
     def resign(self) -> None: ...
     def __enter__(self) -> Leadership: ...
@@ -130,7 +224,7 @@ class Leadership(LeadershipBase):
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         traceback: TracebackType | None,
-    ) -> bool: ...
+    ) -> Literal[False]: ...
 
 @final
 class Observer(Iterator[Leader | None]):

@@ -1,16 +1,29 @@
 """Type stubs of the base classes the blocking and the asyncio API share
-(the native classes are in Rust): everything that neither blocks nor awaits."""
+(the native classes are in Rust): everything that neither blocks nor awaits.
+
+The classes are not generic (the native classes cannot be subscripted): each
+API's classes declare again, with their own return types, what makes that
+API's objects (`Client.lock`, `RwLock.read`, ...).
+"""
 
 from collections.abc import Iterable
-from typing import Generic, TypeVar
 
-from . import LostCause, Seconds
+from typing_extensions import disjoint_base
 
-_Lock = TypeVar("_Lock", bound=LockBase)
-_RwLock = TypeVar("_RwLock", bound=RwLockBase[LockBase])
-_Election = TypeVar("_Election", bound=ElectionBase)
+from . import LostCause, _Seconds
 
-class ClientBase(Generic[_Lock, _RwLock, _Election]):
+__all__ = [
+    "ClientBase",
+    "ElectionBase",
+    "GuardBase",
+    "HoldBase",
+    "LeadershipBase",
+    "LockBase",
+    "RwLockBase",
+]
+
+@disjoint_base
+class ClientBase:
     """A connection to one lock store, handing out its API's locks."""
 
     @property
@@ -19,36 +32,37 @@ class ClientBase(Generic[_Lock, _RwLock, _Election]):
         self,
         name: str,
         *,
-        wait: Seconds | None = None,
-        lease: Seconds | None = None,
+        wait: _Seconds | None = None,
+        lease: _Seconds | None = None,
         owner: str | None = None,
         reentrant: bool = True,
-        lock_delay: Seconds | None = None,
-    ) -> _Lock: ...
-    def rw_lock(self, name: str) -> _RwLock: ...
+        lock_delay: _Seconds | None = None,
+    ) -> LockBase: ...
+    def rw_lock(self, name: str) -> RwLockBase: ...
     def semaphore(
         self,
         name: str,
         permits: int,
         *,
-        wait: Seconds | None = None,
-        lease: Seconds | None = None,
+        wait: _Seconds | None = None,
+        lease: _Seconds | None = None,
         owner: str | None = None,
         reentrant: bool = True,
-        lock_delay: Seconds | None = None,
-    ) -> _Lock: ...
+        lock_delay: _Seconds | None = None,
+    ) -> LockBase: ...
     def multi_lock(
         self,
         names: Iterable[str],
         *,
-        wait: Seconds | None = None,
-        lease: Seconds | None = None,
+        wait: _Seconds | None = None,
+        lease: _Seconds | None = None,
         owner: str | None = None,
         reentrant: bool = True,
-        lock_delay: Seconds | None = None,
-    ) -> _Lock: ...
-    def election(self, name: str) -> _Election: ...
+        lock_delay: _Seconds | None = None,
+    ) -> LockBase: ...
+    def election(self, name: str) -> ElectionBase: ...
 
+@disjoint_base
 class LockBase:
     """A lock to acquire."""
 
@@ -59,7 +73,8 @@ class LockBase:
     @property
     def permits(self) -> int | None: ...
 
-class RwLockBase(Generic[_Lock]):
+@disjoint_base
+class RwLockBase:
     """A read-write lock: many readers or one writer.
 
     Writers are not starved where the store queues waiters in order (not on
@@ -69,22 +84,23 @@ class RwLockBase(Generic[_Lock]):
     def read(
         self,
         *,
-        wait: Seconds | None = None,
-        lease: Seconds | None = None,
+        wait: _Seconds | None = None,
+        lease: _Seconds | None = None,
         owner: str | None = None,
         reentrant: bool = True,
-        lock_delay: Seconds | None = None,
-    ) -> _Lock: ...
+        lock_delay: _Seconds | None = None,
+    ) -> LockBase: ...
     def write(
         self,
         *,
-        wait: Seconds | None = None,
-        lease: Seconds | None = None,
+        wait: _Seconds | None = None,
+        lease: _Seconds | None = None,
         owner: str | None = None,
         reentrant: bool = True,
-        lock_delay: Seconds | None = None,
-    ) -> _Lock: ...
+        lock_delay: _Seconds | None = None,
+    ) -> LockBase: ...
 
+@disjoint_base
 class HoldBase:
     """What guards and leaderships have alike: names, fencing tokens and
     whether the hold was lost."""
@@ -101,6 +117,7 @@ class HoldBase:
     def lost_reason(self) -> str | None: ...
     def raise_if_lost(self) -> None: ...
 
+@disjoint_base
 class GuardBase(HoldBase):
     """A held lock (or several, for a multi-lock)."""
 
@@ -113,12 +130,14 @@ class GuardBase(HoldBase):
     @property
     def remaining_lease(self) -> float | None: ...
 
+@disjoint_base
 class ElectionBase:
     """An election on one lock name."""
 
     @property
     def name(self) -> str: ...
 
+@disjoint_base
 class LeadershipBase(HoldBase):
     """This candidate's leadership until resigned, dropped or lost."""
 

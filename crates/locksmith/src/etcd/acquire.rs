@@ -271,7 +271,7 @@ impl Inner {
                 reads[0]
                     .first()
                     .map(|kv| kv.create_revision)
-                    .ok_or_else(|| Error::Lost(format!("{key} vanished while enqueueing")))?
+                    .ok_or_else(|| Error::Lost(format!("{key} vanished while enqueueing").into()))?
             };
             let queue = std::mem::take(&mut reads[1]);
             let mut view = if mode == Mode::Exclusive {
@@ -410,7 +410,7 @@ impl Inner {
                     Some(Wake::Created(_)) => {}
                     None => return Err(Error::Closed),
                 },
-                reason = &mut ended => return Err(Error::Lost(format!("while waiting: {reason}"))),
+                reason = &mut ended => return Err(Error::Lost(format!("while waiting: {reason}").into())),
                 _ = tokio::time::sleep(every), if own.is_some() => {
                     let id = own.expect("checked");
                     // A failed renewal is retried at the next tick; a lease
@@ -489,7 +489,7 @@ impl Inner {
         match lease {
             QueueLease::Session(session) => tokio::select! {
                 _ = retry => Ok(()),
-                reason = session.ended() => Err(Error::Lost(format!("while waiting: {reason}"))),
+                reason = session.ended() => Err(Error::Lost(format!("while waiting: {reason}").into())),
             },
             QueueLease::Own(_) => {
                 retry.await;
@@ -516,9 +516,12 @@ impl Inner {
         seen: Option<i64>,
     ) -> Result<View> {
         let gone = || {
-            Error::Lost(format!(
-                "our queue key {key} vanished while waiting (its lease expired or was revoked)"
-            ))
+            Error::Lost(
+                format!(
+                    "our queue key {key} vanished while waiting (its lease expired or was revoked)"
+                )
+                .into(),
+            )
         };
         if mode == Mode::Exclusive {
             // Go's Get(pfx, WithLastCreate, WithMaxCreateRev(myRev-1)) and

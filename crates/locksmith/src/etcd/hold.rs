@@ -18,7 +18,7 @@ use super::watch::{Deferrable, Sink, WatchGuard};
 use super::{backend_error, Inner, BACKEND};
 use crate::backend::Hold;
 use crate::backend::LostSignal;
-use crate::error::{Error, Result};
+use crate::error::{Error, Loss, Result};
 use crate::keeper::{self, Kept, Term};
 use crate::lost::LostCause;
 
@@ -213,7 +213,7 @@ impl Entry {
 
     pub(crate) fn lose(&self, why: &str) -> Error {
         self.lost.fire_because(LostCause::Gone, why);
-        Error::Lost(self.lost.reason().unwrap_or_else(|| why.to_owned()))
+        Error::Lost(Loss::of(&self.lost).unwrap_or_else(|| Loss::because(LostCause::Gone, why)))
     }
 }
 
@@ -228,7 +228,7 @@ impl Hold for EtcdHold {
             self.inner.forget(&entry);
             entry.armed.store(false, Ordering::SeqCst);
             entry.watch.lock().expect("hold watch").take();
-            let lost_before = entry.lost.reason();
+            let lost_before = Loss::of(&entry.lost);
             // Should this future be dropped mid-delete, the guard finishes it.
             let mut unfinished = Unfinished {
                 inner: self.inner.clone(),
@@ -239,7 +239,7 @@ impl Hold for EtcdHold {
             unfinished.armed = false;
             let deleted = deleted?;
             match (deleted, lost_before) {
-                (_, Some(reason)) => Err(Error::Lost(reason)),
+                (_, Some(loss)) => Err(Error::Lost(loss)),
                 (false, None) => Err(entry.lose(
                     "the key was gone before release (lease expired or revoked, or deleted)",
                 )),
@@ -325,8 +325,8 @@ impl Hold for EtcdHold {
                 }
                 revoke_in_background(client.clone(), id);
             }
-            if let Some(reason) = entry.lost.reason() {
-                return Err(Error::Lost(reason));
+            if let Some(loss) = Loss::of(&entry.lost) {
+                return Err(Error::Lost(loss));
             }
             own.term.send_modify(|term| term.extended(sent, lease));
             Ok(())

@@ -23,8 +23,9 @@ use super::claim::{conflict, Claim, Target};
 use super::config::Pooler;
 use super::{detached, one, pg_error, wait, Shared};
 use crate::backend::{LostSignal, Wait};
-use crate::error::{Error, Result};
+use crate::error::{Error, Loss, Result};
 use crate::keeper::{self, Kept, Renew, Renewed, Term};
+use crate::lost::LostCause;
 
 /// A live lease hold.
 pub(crate) struct LeaseHold {
@@ -249,8 +250,8 @@ impl LeaseHold {
     ///
     /// Cancel safety: safe; the extension either happened or did not.
     pub async fn extend(&self, lease: Duration) -> Result<()> {
-        if let Some(reason) = self.lost.reason() {
-            return Err(Error::Lost(reason));
+        if let Some(loss) = Loss::of(&self.lost) {
+            return Err(Error::Lost(loss));
         }
         let sent = Instant::now();
         if renew(&self.shared, &self.name, self.token, &self.owner, lease).await? {
@@ -259,7 +260,9 @@ impl LeaseHold {
         } else {
             let loss = self.term.borrow().gone(Instant::now());
             self.lost.fire_because(loss.cause, loss.reason.clone());
-            Err(Error::Lost(self.lost.reason().unwrap_or(loss.reason)))
+            Err(Error::Lost(
+                Loss::of(&self.lost).unwrap_or_else(|| Loss::because(loss.cause, loss.reason)),
+            ))
         }
     }
 
@@ -278,9 +281,9 @@ impl LeaseHold {
             self.token,
         );
         let deleted = detached(async move { delete(&shared, &name, token, &owner).await }).await?;
-        match (deleted, self.lost.reason()) {
+        match (deleted, Loss::of(&self.lost)) {
             // The lease ran out by the local (conservative) clock first.
-            (Ok(()), Some(reason)) => Err(Error::Lost(reason)),
+            (Ok(()), Some(loss)) => Err(Error::Lost(loss)),
             (result, _) => result,
         }
     }
@@ -324,11 +327,13 @@ async fn delete(shared: &Shared, name: &str, token: u64, owner: &str) -> Result<
     .get(0);
     match outcome.as_str() {
         "released" => Ok(()),
-        "expired" => Err(Error::Lost(format!(
-            "lease of {name} expired before release"
+        "expired" => Err(Error::Lost(Loss::because(
+            LostCause::LeaseExpired,
+            format!("lease of {name} expired before release"),
         ))),
-        _ => Err(Error::Lost(format!(
-            "lease of {name} is no longer held (expired and taken, or force-released)"
+        _ => Err(Error::Lost(Loss::because(
+            LostCause::Gone,
+            format!("lease of {name} is no longer held (expired and taken, or force-released)"),
         ))),
     }
 }

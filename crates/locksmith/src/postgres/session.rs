@@ -16,7 +16,7 @@ use tokio_postgres::types::Type;
 
 use super::{detached, one, pg_error, wait, Params, Shared};
 use crate::backend::{LostSignal, Mode, Wait};
-use crate::error::{Error, Result};
+use crate::error::{Error, Loss, Result};
 
 /// A live session hold.
 pub(crate) struct SessionHold {
@@ -100,8 +100,8 @@ pub(crate) async fn acquire(
     }
     let hold = SessionHold::new(shared, conn, true, target, granted.held_key, granted.token);
     if !hold.conn.pin(hold.id, &hold.lost) {
-        let reason = hold.lost.reason().unwrap_or_default();
-        return Err(Error::Lost(reason));
+        let loss = Loss::of(&hold.lost).unwrap_or_else(|| Loss::new(""));
+        return Err(Error::Lost(loss));
     }
     Ok(Some(hold))
 }
@@ -333,7 +333,7 @@ impl UnlockJob {
         let name = name.as_str();
         conn.unpin(id);
         if let Some(reason) = conn.broken() {
-            return Err(Error::Lost(reason));
+            return Err(Error::Lost(reason.into()));
         }
         let result = async {
             // A lock's release never has a head waiter to wake: a head holds the
@@ -368,9 +368,9 @@ impl UnlockJob {
             }
             Ok(false) => {
                 conn.release_name(name);
-                Err(Error::Lost(format!(
-                    "{name}: the connection no longer held its advisory lock"
-                )))
+                Err(Error::Lost(
+                    format!("{name}: the connection no longer held its advisory lock").into(),
+                ))
             }
             Err(error) => {
                 // Whether the unlock happened is unknown: end the session so it
@@ -378,7 +378,7 @@ impl UnlockJob {
                 conn.kill(&format!("release failed: {error}"));
                 match conn.broken() {
                     Some(reason) if !matches!(error, Error::Backend { .. }) => {
-                        Err(Error::Lost(reason))
+                        Err(Error::Lost(reason.into()))
                     }
                     _ => Err(error),
                 }

@@ -832,10 +832,9 @@ impl Shared {
             return Ok(());
         }
         if gone > self.nodes.len() - self.quorum {
-            return Err(Error::Lost(format!(
-                "lock {:?} is no longer held",
-                target.name
-            )));
+            return Err(Error::Lost(
+                format!("lock {:?} is no longer held", target.name).into(),
+            ));
         }
         Err(answers
             .into_iter()
@@ -1129,10 +1128,9 @@ impl Hold for RedisHold {
         if !trusted {
             // Lost already (its lease ran out by the local, conservative clock):
             // the release above only tidies up what Redis may still hold.
-            return Err(Error::Lost(format!(
-                "lock {:?} was lost before its release",
-                self.target.name
-            )));
+            return Err(Error::Lost(
+                format!("lock {:?} was lost before its release", self.target.name).into(),
+            ));
         }
         result
     }

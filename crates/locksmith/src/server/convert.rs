@@ -88,7 +88,7 @@ pub(super) fn error(error: pb::Error) -> Error {
             detail: error.message,
         },
         C::LimitReached => Error::LimitReached(error.message),
-        C::UnknownSession => Error::Lost(error.message),
+        C::UnknownSession => Error::Lost(error.message.into()),
         C::PermissionDenied => Error::PermissionDenied(error.message),
         C::Unsupported => Error::Unsupported {
             backend: BACKEND,

@@ -432,7 +432,10 @@ impl State {
                 Waiter::Acquire { reply, .. } => reply.is_some(),
                 Waiter::Done(reply) => {
                     if let Some(reply) = reply.take() {
-                        let _ = reply.send(Err(Error::Lost(reason.clone())));
+                        let _ = reply.send(Err(Error::Lost(crate::error::Loss::because(
+                            cause,
+                            reason.clone(),
+                        ))));
                     }
                     false
                 }

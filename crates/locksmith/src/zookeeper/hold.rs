@@ -35,7 +35,7 @@ use super::acquire::zk_error;
 use super::session::Session;
 use super::BACKEND;
 use crate::backend::{Hold, LostSignal};
-use crate::error::{Error, Result};
+use crate::error::{Error, Loss, Result};
 use crate::keeper::{self, Kept, Term};
 use crate::lost::LostCause;
 
@@ -185,8 +185,13 @@ impl HoldState {
         self.inner.lock().expect("hold lock")
     }
 
+    /// [`Error::Lost`] for `reason`, with the cause the signal fired with
+    /// (none where the release itself found the hold gone).
     fn lost_error(&self, reason: &str) -> Error {
-        Error::Lost(format!("{}: {reason}", self.name))
+        Error::Lost(Loss {
+            reason: format!("{}: {reason}", self.name),
+            cause: self.lost.cause(),
+        })
     }
 }
 
@@ -393,6 +398,9 @@ impl Hold for ZkHold {
             Err(error) => return Err(zk_error("proclaiming a new value", error)),
         };
         hold.lose(&self.table, LostCause::Gone, why);
-        Err(Error::Lost(format!("{}: {why}", hold.name)))
+        Err(Error::Lost(Loss::because(
+            LostCause::Gone,
+            format!("{}: {why}", hold.name),
+        )))
     }
 }
