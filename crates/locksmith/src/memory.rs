@@ -15,11 +15,11 @@
 //! A process forked from one that used `memory://` cannot join its parent's
 //! tables: a thread of the parent that was inside a call on a table at the
 //! fork held the table's lock, and the child, which has no such thread,
-//! would wait for it for ever. [`forget_tables_after_fork`], called in the
-//! child, makes its `memory://` URLs open new, empty tables.
+//! would wait for it for ever. [`crate::forget_process_state_after_fork`],
+//! called in the child, makes its `memory://` URLs open new, empty tables.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, SystemTime};
 
@@ -37,6 +37,7 @@ use crate::backend::{
     LostSignal, Wait, Waiter,
 };
 use crate::error::{Error, Result};
+use crate::fork::Leaked;
 use crate::keeper::{self, Kept, Loss, Renew, Renewed, Term};
 use crate::lost::LostCause;
 use crate::options::ConnectOptions;
@@ -46,64 +47,23 @@ const BACKEND: &str = "memory";
 /// Tables by name, alive while a client uses them.
 type Tables = Mutex<HashMap<String, Weak<TableHandle>>>;
 
-/// The registry of this process's tables ([`Tables`]); null until first
-/// used, and again after [`forget_tables_after_fork`]. Behind a pointer so
-/// that a forked child can start a registry of its own without taking the
-/// lock of the parent's, which another thread of the parent may have held
-/// at the fork. Registries are leaked: a thread may still be using one that
-/// was forgotten, and a forgotten one's lock may be held for ever.
-static TABLES: AtomicPtr<Tables> = AtomicPtr::new(std::ptr::null_mut());
+/// The registry of this process's tables ([`Tables`]), made on first use
+/// and again after [`forget_tables`]. A [`Leaked`] cell, so that a forked
+/// child can start a registry of its own without taking the lock of the
+/// parent's, which another thread of the parent may have held at the fork.
+static TABLES: Leaked<Tables> = Leaked::new();
 
 /// The registry of tables, made on first use.
 fn tables() -> &'static Tables {
-    let current = TABLES.load(Ordering::Acquire);
-    if !current.is_null() {
-        // SAFETY: a non-null pointer comes from `Box::into_raw` below and
-        // is never freed.
-        return unsafe { &*current };
-    }
-    let made = Box::into_raw(Box::new(Tables::default()));
-    match TABLES.compare_exchange(
-        std::ptr::null_mut(),
-        made,
-        Ordering::AcqRel,
-        Ordering::Acquire,
-    ) {
-        // SAFETY: `made` was just leaked and is never freed.
-        Ok(_) => unsafe { &*made },
-        Err(winner) => {
-            // Another thread made one first: use it, drop ours.
-            // SAFETY: `made` came from `Box::into_raw` and nobody else has it.
-            drop(unsafe { Box::from_raw(made) });
-            // SAFETY: as above, `winner` is leaked and never freed.
-            unsafe { &*winner }
-        }
-    }
+    TABLES.get()
 }
 
 /// Makes the `memory://` clients connected from now on open new, empty
-/// tables, instead of joining the tables of the clients connected before.
-/// For a forked child: call it there before it connects to `memory://`.
-///
-/// Why: the child of a fork has only the thread that forked. Another thread
-/// of the parent that was inside a call on a `memory://` table (or
-/// connecting to one) at the fork held that table's lock (or the lock of
-/// the registry of tables) when the child's memory was copied, and the lock
-/// stays held in the child for ever: a child that joined its parent's table
-/// would hang on its first call. After this call a `memory://` URL means a
-/// new, empty table of that name in the child, as the parent's holders are
-/// not in the child (what the child inherited is the parent's to release).
-///
-/// It takes no lock, allocates nothing and frees nothing (the earlier
-/// tables are forgotten, not dropped), so it is safe to call at any time,
-/// in any process, from an `atfork` child handler too. Clients connected
-/// before the call keep their tables, so a child must not use, nor drop,
-/// the clients (and guards) it inherited from its parent: dropping one
-/// closes its session (or releases) under its table's lock. Forget them
-/// ([`std::mem::forget`]). Without a fork, the call only splits the clients
-/// connected after it from those connected before, table by table.
-pub fn forget_tables_after_fork() {
-    TABLES.store(std::ptr::null_mut(), Ordering::Release);
+/// tables, instead of joining the tables of the clients connected before;
+/// for [`crate::forget_process_state_after_fork`], which says why. No lock,
+/// nothing freed: the earlier tables are forgotten, not dropped.
+pub(crate) fn forget_tables() {
+    TABLES.forget();
 }
 
 /// A backend on an in-process lock table.
@@ -905,7 +865,7 @@ mod tests {
         let held = earlier.acquire(&request("a")).await.unwrap().expect("free");
         let registry = tables().lock().unwrap();
         let table = earlier.table().state();
-        forget_tables_after_fork();
+        crate::forget_process_state_after_fork();
         // On another thread, so that a regression fails the test instead of
         // hanging it: the locks above are held here until the end.
         let (sender, receiver) = std::sync::mpsc::channel();
