@@ -578,7 +578,9 @@ impl Election {
         base.connection.client()?;
         Ok(Observer {
             connection: base.connection.clone(),
-            stream: Arc::new(tokio::sync::Mutex::new(base.inner.observe().boxed())),
+            stream: std::mem::ManuallyDrop::new(Arc::new(tokio::sync::Mutex::new(
+                base.inner.observe().boxed(),
+            ))),
         })
     }
 }
@@ -669,7 +671,26 @@ impl Leadership {
 #[pyclass(module = "locksmith.aio", frozen)]
 pub struct Observer {
     connection: Arc<Connection>,
-    stream: Arc<tokio::sync::Mutex<LeaderStream>>,
+    /// Shared with the `__anext__` calls running; dropped by [`Drop`].
+    stream: std::mem::ManuallyDrop<Arc<tokio::sync::Mutex<LeaderStream>>>,
+}
+
+impl Drop for Observer {
+    /// The stream is dropped in the runtime's context, as its client is; in
+    /// a forked child it is forgotten: it belongs to the parent's runtime,
+    /// and dropping it may take a lock of the parent's connection (or
+    /// `memory://` table) that a thread of the parent held at the fork, for
+    /// ever in the child.
+    fn drop(&mut self) {
+        // SAFETY: taken once, here; the field is never used again.
+        let stream = unsafe { std::mem::ManuallyDrop::take(&mut self.stream) };
+        if self.connection.generation() == crate::runtime::generation() {
+            let _entered = crate::runtime::runtime().enter();
+            drop(stream);
+        } else {
+            std::mem::forget(stream);
+        }
+    }
 }
 
 #[pymethods]
@@ -683,7 +704,8 @@ impl Observer {
     /// Cancel safety: safe; a cancelled wait loses no change.
     fn __anext__(&self) -> PyResult<Awaitable> {
         self.connection.client()?;
-        let stream = self.stream.clone();
+        // The `Arc`, not a `ManuallyDrop` of it: the call drops its share.
+        let stream = Arc::clone(&self.stream);
         Ok(awaitable(async move {
             let next = stream.lock().await.next().await;
             match next {

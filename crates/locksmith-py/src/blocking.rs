@@ -424,6 +424,30 @@ pub struct Observer {
     stream: Mutex<Option<LeaderStream>>,
 }
 
+impl Drop for Observer {
+    /// The stream is dropped in the runtime's context, as its client is; in
+    /// a forked child it is forgotten: it belongs to the parent's runtime,
+    /// and dropping it may take a lock of the parent's connection (or
+    /// `memory://` table) that a thread of the parent held at the fork, for
+    /// ever in the child.
+    fn drop(&mut self) {
+        let stream = self
+            .stream
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        let Some(stream) = stream else {
+            return;
+        };
+        if self.connection.generation() == runtime::generation() {
+            let _entered = runtime::runtime().enter();
+            drop(stream);
+        } else {
+            std::mem::forget(stream);
+        }
+    }
+}
+
 #[pymethods]
 impl Observer {
     fn __iter__(slf: Py<Self>) -> Py<Self> {

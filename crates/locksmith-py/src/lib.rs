@@ -58,7 +58,9 @@ fn init(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(bench::_bench_woken, module)?)?;
     py.import("atexit")?
         .call_method1("register", (module.getattr("_at_exit")?,))?;
-    // A forked child cannot use its parent's runtime or clients.
+    // A forked child cannot use its parent's runtime, clients or the Rust
+    // crate's process-wide state (memory:// tables, cleanup registries): it
+    // starts its own (see `runtime`).
     py.import("os")?.call_method(
         "register_at_fork",
         (),

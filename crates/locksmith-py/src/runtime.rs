@@ -17,6 +17,17 @@
 //! of locksmith builds a new runtime; every object made before the fork
 //! refuses to work in the child ([`Closed`](crate::errors)), and dropping it
 //! there forgets it without a release: the parent still holds what it held.
+//!
+//! Nor may the child take a lock that a thread of the parent may have held
+//! at the fork: that thread is not in the child to unlock it. The parent's
+//! runtime and clients are left alone (above), and the Rust crate's
+//! process-wide state, which the clients of a process share (`memory://`
+//! tables by name, the registries of the cleanups that cancelled Redis and
+//! etcd acquires leave running), is new in the child:
+//! [`_after_fork_in_child`] has the crate forget the parent's, so that
+//! `memory://name` in the child is a new, empty table of that name. The
+//! other process-wide state that connecting in the child touches takes no
+//! lock, or only with the GIL held (which the forking thread had).
 
 use std::cell::RefCell;
 use std::future::Future;
@@ -69,11 +80,14 @@ pub fn with_python<R>(f: impl for<'py> FnOnce(Python<'py>) -> R) -> Option<R> {
 }
 
 /// Called by `os.register_at_fork(after_in_child=...)`: the child starts a
-/// new generation with a runtime of its own.
+/// new generation with a runtime of its own, and the Rust crate's
+/// process-wide state of its own (the parent's may be locked for ever by a
+/// thread the child lacks). It takes no lock.
 #[pyfunction]
 pub fn _after_fork_in_child() {
     GENERATION.fetch_add(1, Ordering::AcqRel);
     RUNTIME.store(std::ptr::null_mut(), Ordering::Release);
+    locksmith::forget_process_state_after_fork();
 }
 
 /// Fails with `Closed` if `made_in` is not this process's generation.

@@ -114,6 +114,7 @@ mod election;
 mod error;
 #[cfg(feature = "etcd")]
 pub mod etcd;
+mod fork;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
@@ -144,6 +145,7 @@ pub use backend::{Capabilities, GrantRecord, HoldEnd, Holder, LockInfo, LostSign
 pub use client::Client;
 pub use election::{Election, Leader, Leadership, OBSERVE_POLL};
 pub use error::{Error, Loss, Result, Undo, Unreplicated};
+pub use fork::forget_process_state_after_fork;
 pub use guard::Guard;
 pub use lock::{Lock, LockOptions, RwLock};
 pub use locksmith_core::{validate_name, Mode, NameError};

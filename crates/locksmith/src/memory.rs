@@ -9,6 +9,14 @@
 //! heartbeat. When the engine ends a session the client did not close (it
 //! expired while the process stalled), its holds are lost and the client
 //! opens a new session for what it does next, as a client of any store does.
+//!
+//! # Fork
+//!
+//! A process forked from one that used `memory://` cannot join its parent's
+//! tables: a thread of the parent that was inside a call on a table at the
+//! fork held the table's lock, and the child, which has no such thread,
+//! would wait for it for ever. [`crate::forget_process_state_after_fork`],
+//! called in the child, makes its `memory://` URLs open new, empty tables.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -29,6 +37,7 @@ use crate::backend::{
     LostSignal, Wait, Waiter,
 };
 use crate::error::{Error, Result};
+use crate::fork::Leaked;
 use crate::keeper::{self, Kept, Loss, Renew, Renewed, Term};
 use crate::lost::LostCause;
 use crate::options::ConnectOptions;
@@ -36,7 +45,26 @@ use crate::options::ConnectOptions;
 const BACKEND: &str = "memory";
 
 /// Tables by name, alive while a client uses them.
-static TABLES: Mutex<Option<HashMap<String, Weak<TableHandle>>>> = Mutex::new(None);
+type Tables = Mutex<HashMap<String, Weak<TableHandle>>>;
+
+/// The registry of this process's tables ([`Tables`]), made on first use
+/// and again after [`forget_tables`]. A [`Leaked`] cell, so that a forked
+/// child can start a registry of its own without taking the lock of the
+/// parent's, which another thread of the parent may have held at the fork.
+static TABLES: Leaked<Tables> = Leaked::new();
+
+/// The registry of tables, made on first use.
+fn tables() -> &'static Tables {
+    TABLES.get()
+}
+
+/// Makes the `memory://` clients connected from now on open new, empty
+/// tables, instead of joining the tables of the clients connected before;
+/// for [`crate::forget_process_state_after_fork`], which says why. No lock,
+/// nothing freed: the earlier tables are forgotten, not dropped.
+pub(crate) fn forget_tables() {
+    TABLES.forget();
+}
 
 /// A backend on an in-process lock table.
 pub struct MemoryBackend {
@@ -363,8 +391,7 @@ impl MemoryBackend {
             Error::InvalidArgument("memory:// needs a tokio runtime for its timers".into())
         })?;
         let table = {
-            let mut tables = TABLES.lock().expect("table registry poisoned");
-            let tables = tables.get_or_insert_with(HashMap::new);
+            let mut tables = tables().lock().expect("table registry poisoned");
             tables.retain(|_, weak| weak.strong_count() > 0);
             match tables.get(&table_name).and_then(Weak::upgrade) {
                 Some(table) => table,
@@ -825,6 +852,41 @@ mod tests {
             backend.acquire(&request("a")).await,
             Err(Error::Closed)
         ));
+    }
+
+    /// What a forked child sees: the locks of the registry and of the table
+    /// stay held (by threads it lacks), and after the call it connects to a
+    /// new, empty table of the same name without touching either lock.
+    #[tokio::test(start_paused = true)]
+    async fn after_forgetting_the_tables_a_client_opens_a_new_one_without_their_locks() {
+        let url = format!("memory://{}", uuid::Uuid::new_v4().simple());
+        let options = ConnectOptions::default().session_ttl(TTL);
+        let earlier = MemoryBackend::connect(&url, &options).unwrap();
+        let held = earlier.acquire(&request("a")).await.unwrap().expect("free");
+        let registry = tables().lock().unwrap();
+        let table = earlier.table().state();
+        crate::forget_process_state_after_fork();
+        // On another thread, so that a regression fails the test instead of
+        // hanging it: the locks above are held here until the end.
+        let (sender, receiver) = std::sync::mpsc::channel();
+        let runtime = tokio::runtime::Handle::current();
+        std::thread::spawn(move || {
+            let _entered = runtime.enter();
+            let _ = sender.send(MemoryBackend::connect(&url, &options));
+        });
+        let connected = receiver.recv_timeout(Duration::from_secs(10));
+        drop((table, registry));
+        let later = connected
+            .expect("connected without the earlier tables' locks")
+            .unwrap();
+        assert!(!Arc::ptr_eq(later.table(), earlier.table()));
+        assert!(later.describe("a").await.unwrap().is_none(), "a new table");
+        let again = later.acquire(&request("a")).await.unwrap().expect("free");
+        // The earlier client keeps its table and its hold.
+        let info = earlier.describe("a").await.unwrap().expect("held");
+        assert_eq!(info.holders.len(), 1);
+        assert_eq!(info.holders[0].fencing_token, Some(held.tokens[0]));
+        assert!(!held.lost.is_fired() && !again.lost.is_fired());
     }
 
     #[test]

@@ -4,6 +4,11 @@
 //! background task. Inspection in this process waits (briefly) for those
 //! deletes under the prefix it reads, so it never reports a waiter that was
 //! already cancelled here. Other processes simply see the delete land.
+//!
+//! The registry is a [`Leaked`] cell that a forked child forgets
+//! ([`forget`]): a thread of the parent that was starting, ending or
+//! awaiting deletes at the fork held its lock, which stays held in the
+//! child for ever.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,14 +17,32 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::fork::Leaked;
+
 /// Longest wait for in-flight deletes before inspecting anyway.
 const SETTLE: Duration = Duration::from_secs(2);
 
-static IN_FLIGHT: Mutex<Option<HashMap<u64, (String, CancellationToken)>>> = Mutex::new(None);
+/// The deletes in flight: the key of each, and a token cancelled when it
+/// lands.
+type InFlight = Mutex<HashMap<u64, (String, CancellationToken)>>;
+
+/// The registry of this process's deletes, made on first use and again
+/// after [`forget`].
+static IN_FLIGHT: Leaked<InFlight> = Leaked::new();
 static NEXT: AtomicU64 = AtomicU64::new(0);
+
+/// Makes the deletes started from now on, and the inspections that wait for
+/// them, use a new registry; the current one is forgotten, untouched (no
+/// lock, nothing freed). For [`crate::forget_process_state_after_fork`],
+/// which says why.
+pub(crate) fn forget() {
+    IN_FLIGHT.forget();
+}
 
 /// One in-flight delete; finished when dropped.
 pub(crate) struct Cleanup {
+    /// The registry it was recorded in.
+    in_flight: &'static InFlight,
     id: u64,
     done: CancellationToken,
 }
@@ -31,9 +54,7 @@ impl Cleanup {
 
 impl Drop for Cleanup {
     fn drop(&mut self) {
-        if let Some(map) = IN_FLIGHT.lock().expect("cleanups").as_mut() {
-            map.remove(&self.id);
-        }
+        self.in_flight.lock().expect("cleanups").remove(&self.id);
         self.done.cancel();
     }
 }
@@ -42,24 +63,29 @@ impl Drop for Cleanup {
 pub(crate) fn begin(key: &str) -> Cleanup {
     let id = NEXT.fetch_add(1, Ordering::Relaxed);
     let done = CancellationToken::new();
-    IN_FLIGHT
+    let in_flight = IN_FLIGHT.get();
+    in_flight
         .lock()
         .expect("cleanups")
-        .get_or_insert_with(HashMap::new)
         .insert(id, (key.to_owned(), done.clone()));
-    Cleanup { id, done }
+    Cleanup {
+        in_flight,
+        id,
+        done,
+    }
 }
 
 /// Waits until the in-flight deletes of keys under `prefix` have landed (at
-/// most [`SETTLE`]).
+/// most [`SETTLE`]); those of the current registry, not those started
+/// before a [`forget`].
 ///
 /// Cancel safety: safe; it only observes.
 pub(crate) async fn settle(prefix: &str) {
     let pending: Vec<CancellationToken> = IN_FLIGHT
+        .get()
         .lock()
         .expect("cleanups")
-        .iter()
-        .flat_map(|map| map.values())
+        .values()
         .filter(|(key, _)| key.starts_with(prefix))
         .map(|(_, done)| done.clone())
         .collect();
@@ -68,4 +94,54 @@ pub(crate) async fn settle(prefix: &str) {
     }
     let all = futures::future::join_all(pending.iter().map(|done| done.cancelled()));
     let _ = tokio::time::timeout(SETTLE, all).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a forked child sees: the registry's lock stays held (by a thread
+    /// it lacks), and after the call a delete is recorded, waited for and
+    /// finished without it.
+    #[test]
+    fn after_forgetting_the_registry_deletes_do_not_take_its_lock() {
+        let earlier = IN_FLIGHT.get();
+        let stale = begin("stale/key");
+        let (locked, unlock) = (std::sync::Barrier::new(2), std::sync::Barrier::new(2));
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                let _held = earlier.lock().unwrap();
+                locked.wait();
+                unlock.wait();
+            });
+            locked.wait();
+            crate::forget_process_state_after_fork();
+            // On another thread, so that a regression fails the test instead
+            // of hanging it.
+            let (sender, receiver) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                runtime.block_on(async {
+                    let cleanup = begin("fresh/key");
+                    let landing = tokio::spawn(async move { cleanup.finish() });
+                    // Not the delete recorded before the call: it never
+                    // lands, and this would wait out SETTLE for it.
+                    let waited = tokio::time::Instant::now();
+                    settle("").await;
+                    landing.await.unwrap();
+                    let _ = sender.send(waited.elapsed() < SETTLE);
+                });
+            });
+            let settled = receiver.recv_timeout(Duration::from_secs(10));
+            unlock.wait();
+            assert_eq!(settled, Ok(true), "without the earlier registry's lock");
+        });
+        assert!(!std::ptr::eq(IN_FLIGHT.get(), earlier), "a new registry");
+        // The earlier delete ends in the registry it was recorded in.
+        stale.finish();
+        assert!(earlier.lock().unwrap().is_empty());
+    }
 }

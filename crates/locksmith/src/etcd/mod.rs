@@ -192,6 +192,8 @@ pub mod rpc;
 mod session;
 mod watch;
 
+pub(crate) use self::cleanups::forget as forget_cleanups;
+
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};

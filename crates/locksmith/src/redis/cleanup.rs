@@ -6,37 +6,56 @@
 //! process reads its own writes: right after a waiter is cancelled, `describe`
 //! no longer lists it. The wait is bounded, so a hung Redis cannot stall
 //! inspection for long.
+//!
+//! The registry is a [`Leaked`] cell that a forked child forgets
+//! ([`forget`]): a thread of the parent that was starting, ending or
+//! awaiting cleanups at the fork held its lock (or its `Notify`'s), which
+//! stays held in the child for ever.
 
 use std::collections::BTreeSet;
 use std::future::Future;
-use std::sync::{LazyLock, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use tokio::sync::Notify;
 
+use crate::fork::Leaked;
+
+#[derive(Default)]
 struct Registry {
-    /// Sequence numbers of the tasks still running.
+    /// The last sequence number given, and those of the tasks still running.
     running: Mutex<(u64, BTreeSet<u64>)>,
     done: Notify,
 }
 
-static REGISTRY: LazyLock<Registry> = LazyLock::new(|| Registry {
-    running: Mutex::new((0, BTreeSet::new())),
-    done: Notify::new(),
-});
+/// The registry of this process's cleanups, made on first use and again
+/// after [`forget`].
+static REGISTRY: Leaked<Registry> = Leaked::new();
 
-/// Removes a task from the registry when it ends, even by panic or abort.
-struct Tracked(u64);
+/// Makes the cleanups started from now on, and the inspections that wait for
+/// them, use a new registry; the current one is forgotten, untouched (no
+/// lock, nothing freed). For [`crate::forget_process_state_after_fork`],
+/// which says why.
+pub(crate) fn forget() {
+    REGISTRY.forget();
+}
+
+/// Removes a task from the registry it was started in when it ends, even by
+/// panic or abort.
+struct Tracked {
+    registry: &'static Registry,
+    seq: u64,
+}
 
 impl Drop for Tracked {
     fn drop(&mut self) {
-        REGISTRY
+        self.registry
             .running
             .lock()
             .expect("cleanup registry")
             .1
-            .remove(&self.0);
-        REGISTRY.done.notify_waiters();
+            .remove(&self.seq);
+        self.registry.done.notify_waiters();
     }
 }
 
@@ -47,12 +66,13 @@ pub(crate) fn spawn(work: impl Future<Output = ()> + Send + 'static) {
         tracing::warn!("redis cleanup outside a tokio runtime: left to the lease");
         return;
     };
+    let registry = REGISTRY.get();
     let tracked = {
-        let mut running = REGISTRY.running.lock().expect("cleanup registry");
+        let mut running = registry.running.lock().expect("cleanup registry");
         running.0 += 1;
         let seq = running.0;
         running.1.insert(seq);
-        Tracked(seq)
+        Tracked { registry, seq }
     };
     runtime.spawn(async move {
         let _tracked = tracked;
@@ -60,17 +80,20 @@ pub(crate) fn spawn(work: impl Future<Output = ()> + Send + 'static) {
     });
 }
 
-/// Waits (at most `limit`) until every task spawned before this call ended.
+/// Waits (at most `limit`) until every task spawned before this call ended
+/// (every task of the current registry: not those started before a
+/// [`forget`]).
 ///
 /// Cancel safety: safe; it only waits.
 pub(crate) async fn settle(limit: Duration) {
-    let target = REGISTRY.running.lock().expect("cleanup registry").0;
+    let registry = REGISTRY.get();
+    let target = registry.running.lock().expect("cleanup registry").0;
     let wait = async {
         loop {
-            let notified = REGISTRY.done.notified();
+            let notified = registry.done.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let pending = REGISTRY
+            let pending = registry
                 .running
                 .lock()
                 .expect("cleanup registry")
@@ -84,4 +107,48 @@ pub(crate) async fn settle(limit: Duration) {
         }
     };
     let _ = tokio::time::timeout(limit, wait).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a forked child sees: the registry's lock stays held (by a thread
+    /// it lacks), and after the call a cleanup starts, ends and is waited
+    /// for without it.
+    #[test]
+    fn after_forgetting_the_registry_cleanups_do_not_take_its_lock() {
+        let earlier = REGISTRY.get();
+        let (locked, unlock) = (std::sync::Barrier::new(2), std::sync::Barrier::new(2));
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                let _held = earlier.running.lock().unwrap();
+                locked.wait();
+                unlock.wait();
+            });
+            locked.wait();
+            crate::forget_process_state_after_fork();
+            // On another thread, so that a regression fails the test instead
+            // of hanging it.
+            let (sender, receiver) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                runtime.block_on(async {
+                    let (ran, ran_here) = tokio::sync::oneshot::channel();
+                    spawn(async move {
+                        let _ = ran.send(());
+                    });
+                    settle(Duration::from_secs(30)).await;
+                    let _ = sender.send(ran_here.await.is_ok());
+                });
+            });
+            let settled = receiver.recv_timeout(Duration::from_secs(10));
+            unlock.wait();
+            assert_eq!(settled, Ok(true), "without the earlier registry's lock");
+        });
+        assert!(!std::ptr::eq(REGISTRY.get(), earlier), "a new registry");
+    }
 }

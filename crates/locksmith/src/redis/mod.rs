@@ -268,6 +268,8 @@ mod sentinel;
 mod server;
 pub mod watchdog;
 
+pub(crate) use self::cleanup::forget as forget_cleanups;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;

@@ -31,9 +31,9 @@
 //!   authoritative only where the lock key itself cannot carry one: semaphores
 //!   and simple mode).
 
-use std::sync::LazyLock;
-
 use ::redis::Script;
+
+use crate::fork::Leaked;
 
 /// Helpers prepended to every script that needs them.
 macro_rules! prelude {
@@ -658,17 +658,19 @@ pub(crate) struct Scripts {
 const PUBLISH: &str = "redis.call('PUBLISH', chan, msg)";
 const SPUBLISH: &str = "redis.call('SPUBLISH', chan, msg)";
 
-/// The scripts with `PUBLISH`, hashed once per process.
-static PLAIN: LazyLock<Scripts> = LazyLock::new(|| Scripts::new(false));
-/// The scripts with `SPUBLISH` (Redis Cluster 7+), hashed once per process.
-static SHARDED: LazyLock<Scripts> = LazyLock::new(|| Scripts::new(true));
+/// The scripts with `PUBLISH`, hashed once per process. Made without a lock
+/// (a `LazyLock` is one while it is made): a forked child must not wait for
+/// a thread of its parent that was making them at the fork.
+static PLAIN: Leaked<Scripts> = Leaked::new();
+/// The scripts with `SPUBLISH` (Redis Cluster 7+), as [`PLAIN`].
+static SHARDED: Leaked<Scripts> = Leaked::new();
 
 /// The scripts that publish with `SPUBLISH` when `sharded`, else `PUBLISH`.
 pub(crate) fn scripts(sharded: bool) -> &'static Scripts {
     if sharded {
-        &SHARDED
+        SHARDED.get_or_make(|| Scripts::new(true))
     } else {
-        &PLAIN
+        PLAIN.get_or_make(|| Scripts::new(false))
     }
 }
 
