@@ -4,7 +4,6 @@
 //! ([`runtime::block`]).
 
 use std::sync::{Arc, Mutex};
-use std::thread::ThreadId;
 
 use futures::stream::StreamExt;
 use pyo3::prelude::*;
@@ -101,14 +100,14 @@ impl Client {
 /// A lock to acquire; `with lock as guard:` acquires and releases.
 #[pyclass(module = "locksmith", extends = LockBase, frozen)]
 pub struct Lock {
-    /// Holds of `with` blocks not yet exited, per thread, innermost last.
-    entered: Mutex<Vec<(ThreadId, Arc<Held<locksmith::Guard>>)>>,
+    /// The `with` blocks of this lock not yet exited.
+    blocks: with_blocks::OpenBlocks,
 }
 
 impl Lock {
     pub fn new(base: LockBase) -> PyClassInitializer<Self> {
         PyClassInitializer::from(base).add_subclass(Lock {
-            entered: Mutex::new(Vec::new()),
+            blocks: with_blocks::OpenBlocks::default(),
         })
     }
 
@@ -144,14 +143,23 @@ impl Lock {
             .transpose()
     }
 
+    /// Acquires with the lock's own `wait`, opening a block that the
+    /// matching `__exit__` closes: the block belongs to the generator (or
+    /// coroutine) that runs the `with` statement, wherever it is resumed,
+    /// else to this thread.
     fn __enter__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, Guard>> {
+        let owner = with_blocks::Owner::current(slf.py())?;
         let guard = Self::acquire_for(slf, None)?;
         let held = guard.as_super().get().held.clone();
-        let mut entered = slf.get().entered.lock().unwrap_or_else(|e| e.into_inner());
-        entered.push((std::thread::current().id(), held));
+        slf.get().blocks.open(slf.py(), owner, held)?;
         Ok(guard)
     }
 
+    /// Releases the hold of the innermost open block of this lock that
+    /// belongs to the same generator (or coroutine), else to this thread.
+    /// Without one, it closes the only block of this lock still open, or
+    /// among several the only one whose thread has ended; else it raises
+    /// `RuntimeError` and closes none.
     fn __exit__(
         &self,
         py: Python<'_>,
@@ -159,14 +167,9 @@ impl Lock {
         _exc: Option<&Bound<'_, PyAny>>,
         _traceback: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<bool> {
-        let thread = std::thread::current().id();
-        let held = {
-            let mut entered = self.entered.lock().unwrap_or_else(|e| e.into_inner());
-            let last = entered.iter().rposition(|(owner, _)| *owner == thread);
-            last.map(|index| entered.remove(index).1)
-        };
-        match held {
+        match self.blocks.close(py)? {
             Some(held) => exit(py, &held, exc_type, |guard| guard.release()),
+            // Its hold ended with its thread and guard (see `with_blocks`).
             None => Ok(false),
         }
     }
@@ -196,6 +199,235 @@ where
     match exc_type {
         Some(exc_type) if !exc_type.is_none() => Ok(false),
         _ => ended.map(|()| false),
+    }
+}
+
+/// Which `__exit__` closes which `with` block of a blocking `Lock`, and
+/// what keeps a block's hold until then.
+///
+/// A `with` statement calls `__enter__` and `__exit__` in one frame. A
+/// generator's (or coroutine's) frame can be suspended inside the block and
+/// resumed, closed or collected on any thread, so a block opened there
+/// belongs to that frame; any other frame runs from start to end on one
+/// thread, so a block opened there belongs to the thread. An exit closes
+/// the innermost open block of its own owner: blocks of one lock in
+/// different generators (a semaphore's, say), advanced in turn on one
+/// thread, each close their own. An exit that finds none (called by hand,
+/// or by `contextlib.ExitStack`, on a thread that opened no block of this
+/// lock) closes the only block of the lock still open, or among several
+/// the only one whose thread has ended; otherwise it raises `RuntimeError`
+/// and closes none.
+///
+/// A frame's block keeps its hold here: its generator exits it, at the
+/// latest when collected. A thread's block is kept by its thread, in the
+/// thread state's dict, which Python clears when the thread ends: a block
+/// its thread left open (entered by hand, never exited) then holds no
+/// longer than its guard, as an `acquire()`. So nothing is held forever
+/// because its exit ran elsewhere, or never; only a block a generator
+/// entered by hand and never exits stays until an exit from elsewhere
+/// closes it or the lock object goes.
+mod with_blocks {
+    use std::sync::{Arc, Mutex, MutexGuard, Weak};
+    use std::thread::ThreadId;
+
+    use pyo3::exceptions::PyRuntimeError;
+    use pyo3::prelude::*;
+    use pyo3::types::PyDict;
+    use pyo3::{ffi, intern};
+
+    use crate::held::Held;
+
+    type Hold = Arc<Held<locksmith::Guard>>;
+
+    /// `co_flags` of the frames that can be suspended: generators,
+    /// coroutines and async generators (`inspect.CO_GENERATOR`, ...).
+    const SUSPENDABLE: u32 = 0x20 | 0x80 | 0x200;
+
+    /// Whose exit closes a block.
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    pub enum Owner {
+        /// A generator's or coroutine's frame, by the address of its frame
+        /// object, which lives as long as the frame: as long as a block
+        /// its `with` statement opened.
+        Frame(usize),
+        Thread(ThreadId),
+    }
+
+    impl Owner {
+        /// The owner of a block opened, or closed, by the caller.
+        pub fn current(py: Python<'_>) -> PyResult<Self> {
+            // SAFETY: the GIL is held. The frame is a borrowed reference to
+            // the running frame (NULL outside any), alive during this call.
+            let frame = unsafe { ffi::PyEval_GetFrame() };
+            if !frame.is_null() {
+                // SAFETY: `frame` is a live frame object; `PyFrame_GetCode`
+                // returns a new reference to its code object, never NULL.
+                let code = unsafe { Bound::from_owned_ptr(py, ffi::PyFrame_GetCode(frame).cast()) };
+                let flags: u32 = code.getattr(intern!(py, "co_flags"))?.extract()?;
+                if flags & SUSPENDABLE != 0 {
+                    return Ok(Owner::Frame(frame as usize));
+                }
+            }
+            Ok(Owner::Thread(std::thread::current().id()))
+        }
+    }
+
+    /// The holds of the blocks one Python thread opened and has not exited.
+    type ThreadHolds = Mutex<Vec<Hold>>;
+
+    /// A Python thread's [`ThreadHolds`], in its thread state's dict: the
+    /// holds go when the thread ends.
+    #[pyclass(module = "locksmith", frozen)]
+    struct ThreadBlocks {
+        holds: Arc<ThreadHolds>,
+    }
+
+    /// The calling Python thread's holds.
+    fn thread_holds(py: Python<'_>) -> PyResult<Arc<ThreadHolds>> {
+        // SAFETY: the GIL is held. The dict is a borrowed reference, or
+        // NULL (no exception set) when there is none.
+        let dict = unsafe { Bound::from_borrowed_ptr_or_opt(py, ffi::PyThreadState_GetDict()) }
+            .ok_or_else(|| PyRuntimeError::new_err("no Python thread state to open a block in"))?;
+        let dict = dict.cast_into::<PyDict>()?;
+        let key = intern!(py, "locksmith.blocking.open_blocks");
+        if let Some(found) = dict.get_item(key)? {
+            if let Ok(found) = found.cast::<ThreadBlocks>() {
+                return Ok(found.get().holds.clone());
+            }
+        }
+        let holds = Arc::new(ThreadHolds::default());
+        let blocks = ThreadBlocks {
+            holds: holds.clone(),
+        };
+        dict.set_item(key, Bound::new(py, blocks)?)?;
+        Ok(holds)
+    }
+
+    fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+        mutex
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// What keeps an open block's hold.
+    enum Kept {
+        /// The lock's list (a frame's block).
+        Here(Hold),
+        /// Its thread's [`ThreadHolds`] while the thread runs; then only
+        /// its guard.
+        ByThread {
+            hold: Weak<Held<locksmith::Guard>>,
+            thread: Weak<ThreadHolds>,
+        },
+    }
+
+    struct Block {
+        owner: Owner,
+        kept: Kept,
+    }
+
+    impl Block {
+        /// Whether its hold is still there to release (or released by
+        /// hand inside the block).
+        fn is_open(&self) -> bool {
+            match &self.kept {
+                Kept::Here(_) => true,
+                Kept::ByThread { hold, .. } => hold.strong_count() > 0,
+            }
+        }
+
+        fn thread_ended(&self) -> bool {
+            matches!(&self.kept, Kept::ByThread { thread, .. } if thread.strong_count() == 0)
+        }
+
+        /// Its hold, no longer kept by its thread; `None` if it ended with
+        /// its thread and guard.
+        fn close(self) -> Option<Hold> {
+            match self.kept {
+                Kept::Here(hold) => Some(hold),
+                Kept::ByThread { hold, thread } => {
+                    let hold = hold.upgrade()?;
+                    if let Some(thread) = thread.upgrade() {
+                        let mut holds = lock(&thread);
+                        if let Some(index) = holds.iter().rposition(|kept| Arc::ptr_eq(kept, &hold))
+                        {
+                            holds.remove(index);
+                        }
+                    }
+                    Some(hold)
+                }
+            }
+        }
+    }
+
+    /// The open `with` blocks of one lock object, innermost last.
+    #[derive(Default)]
+    pub struct OpenBlocks(Mutex<Vec<Block>>);
+
+    impl OpenBlocks {
+        /// Opens a block of `owner` on `hold`, just acquired.
+        pub fn open(&self, py: Python<'_>, owner: Owner, hold: Hold) -> PyResult<()> {
+            let kept = match owner {
+                Owner::Frame(_) => Kept::Here(hold),
+                Owner::Thread(_) => {
+                    let thread = thread_holds(py)?;
+                    let kept = Kept::ByThread {
+                        hold: Arc::downgrade(&hold),
+                        thread: Arc::downgrade(&thread),
+                    };
+                    lock(&thread).push(hold);
+                    kept
+                }
+            };
+            let mut blocks = lock(&self.0);
+            blocks.retain(Block::is_open);
+            blocks.push(Block { owner, kept });
+            Ok(())
+        }
+
+        /// Closes the block the caller exits (see the module's docs) and
+        /// returns its hold; `None` if that ended with its thread and guard.
+        pub fn close(&self, py: Python<'_>) -> PyResult<Option<Hold>> {
+            let owner = Owner::current(py)?;
+            let mut blocks = lock(&self.0);
+            blocks.retain(Block::is_open);
+            let only = |which: fn(&Block) -> bool| {
+                let mut found = blocks.iter().enumerate().filter(|(_, block)| which(block));
+                match (found.next(), found.next()) {
+                    (Some((index, _)), None) => Some(index),
+                    _ => None,
+                }
+            };
+            let index = blocks
+                .iter()
+                .rposition(|block| block.owner == owner)
+                .or_else(|| only(|_| true))
+                .or_else(|| only(Block::thread_ended));
+            let Some(index) = index else {
+                return Err(PyRuntimeError::new_err(match blocks.len() {
+                    0 => "no `with` block of this lock is open".to_owned(),
+                    open => format!(
+                        "none of the {open} open `with` blocks of this lock was entered on this \
+                         thread (or in this generator): exit a block on the thread that entered \
+                         it, or use acquire() and release()"
+                    ),
+                }));
+            };
+            let block = blocks.remove(index);
+            drop(blocks);
+            Ok(block.close())
+        }
+    }
+
+    impl Drop for OpenBlocks {
+        /// A lock collected with blocks open (entered by hand, never
+        /// exited) leaves their holds to their guards.
+        fn drop(&mut self) {
+            let blocks = std::mem::take(self.0.get_mut().unwrap_or_else(|e| e.into_inner()));
+            for block in blocks {
+                drop(block.close());
+            }
+        }
     }
 }
 

@@ -150,13 +150,22 @@ class Lock(LockBase):
 
     def acquire(self, wait: _Seconds | None = None) -> Guard: ...
     def try_acquire(self) -> Guard | None: ...
-    def __enter__(self) -> Guard: ...
+    def __enter__(self) -> Guard:
+        """Acquires with the lock's own `wait`, opening a block that the
+        matching `__exit__` closes: the block belongs to the generator (or
+        coroutine) that runs the `with` statement, wherever it is resumed,
+        else to this thread."""
     def __exit__(
         self,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         traceback: TracebackType | None,
-    ) -> Literal[False]: ...
+    ) -> Literal[False]:
+        """Releases the hold of the innermost open block of this lock that
+        belongs to the same generator (or coroutine), else to this thread.
+        Without one, it closes the only block of this lock still open, or
+        among several the only one whose thread has ended; else it raises
+        `RuntimeError` and closes none."""
 
 @final
 class RwLock(RwLockBase):
