@@ -439,7 +439,7 @@ impl Backup {
     /// not a copy of a table that may hold a million locks.
     ///
     /// Cancel safety: dropped midway (or failed), the directory is half
-    /// made and says so ([`RESTORING`], written first and removed last): a
+    /// made and says so (a `RESTORING` file, written first and removed last): a
     /// second restore refuses it as not empty and a start refuses it as
     /// unfinished; remove it and restore again.
     pub async fn restore(self, options: &RestoreOptions) -> Result<Restored, ServerError> {
