@@ -865,7 +865,7 @@ mod tests {
         let held = earlier.acquire(&request("a")).await.unwrap().expect("free");
         let registry = tables().lock().unwrap();
         let table = earlier.table().state();
-        crate::forget_process_state_after_fork();
+        forget_tables();
         // On another thread, so that a regression fails the test instead of
         // hanging it: the locks above are held here until the end.
         let (sender, receiver) = std::sync::mpsc::channel();

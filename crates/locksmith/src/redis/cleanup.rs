@@ -127,7 +127,7 @@ mod tests {
                 unlock.wait();
             });
             locked.wait();
-            crate::forget_process_state_after_fork();
+            forget();
             // On another thread, so that a regression fails the test instead
             // of hanging it.
             let (sender, receiver) = std::sync::mpsc::channel();
