@@ -40,7 +40,31 @@ CHILD_TIMEOUT = 8
 HELD = 300
 
 
-class Busy:
+class Threads:
+    """Threads that each repeat one piece of work until stopped; `stop`
+    raises what any of them raised."""
+
+    def _start(self, work) -> None:
+        self._stop = threading.Event()
+        self._errors: list[BaseException] = []
+        self._threads = [threading.Thread(target=self._run, args=(w,)) for w in work]
+        for thread in self._threads:
+            thread.start()
+
+    def _run(self, work) -> None:
+        try:
+            while not self._stop.is_set():
+                work()
+        except BaseException as error:  # reported by _join()
+            self._errors.append(error)
+
+    def _join(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(30)
+
+
+class Busy(Threads):
     """Threads that keep calling `memory://` (the table's lock) and
     connecting to it (the lock of the registry of tables), until stopped."""
 
@@ -50,19 +74,7 @@ class Busy:
         self.client = locksmith.connect(url)
         # Many holders: listing them holds the table's lock for a while.
         self.held = [self.client.lock(f"{name}/{i}").acquire() for i in range(HELD)]
-        self._stop = threading.Event()
-        self._errors: list[BaseException] = []
-        work = [self._listing, self._cycling, self._connecting]
-        self._threads = [threading.Thread(target=self._run, args=(w,)) for w in work]
-        for thread in self._threads:
-            thread.start()
-
-    def _run(self, work) -> None:
-        try:
-            while not self._stop.is_set():
-                work()
-        except BaseException as error:  # reported by stop()
-            self._errors.append(error)
+        self._start([self._listing, self._cycling, self._connecting])
 
     def _listing(self) -> None:
         assert len(self.client.list(self._name + "/")) >= HELD
@@ -74,9 +86,7 @@ class Busy:
         locksmith.connect(self._url).close()
 
     def stop(self) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(30)
+        self._join()
         for guard in self.held:
             guard.release()
         self.client.close()
@@ -182,7 +192,7 @@ def test_the_parents_objects_stay_closed_in_a_child_forked_while_they_were_in_us
     fork_while_busy(busy, child)
 
 
-class StoreBusy:
+class StoreBusy(Threads):
     """Threads that keep a store's cleanup paths busy in this process, on one
     client, until stopped: acquires that their wait cancels (each leaves its
     undo to a background task, which a process-wide registry tracks) and
@@ -194,19 +204,7 @@ class StoreBusy:
         self.client = locksmith.connect(url, session_ttl=5.0)
         self.held = self.client.lock(name + "/held").acquire(wait=5.0)
         self._prefix = name + "/"
-        self._stop = threading.Event()
-        self._errors: list[BaseException] = []
-        work = [self._cancelling, self._describing, self._listing] * self.THREADS
-        self._threads = [threading.Thread(target=self._run, args=(w,)) for w in work]
-        for thread in self._threads:
-            thread.start()
-
-    def _run(self, work) -> None:
-        try:
-            while not self._stop.is_set():
-                work()
-        except BaseException as error:  # reported by stop()
-            self._errors.append(error)
+        self._start([self._cancelling, self._describing, self._listing] * self.THREADS)
 
     def _cancelling(self) -> None:
         try:
@@ -221,9 +219,7 @@ class StoreBusy:
         self.client.list(self._prefix)
 
     def stop(self) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(30)
+        self._join()
         self.held.release()
         self.client.close()
         assert not self._errors, self._errors
