@@ -59,6 +59,7 @@ mod codec;
 
 pub use codec::{ProtoCodec, ProtoDecoder, ProtoEncoder, BUFFER_BYTES};
 
+pub mod framed;
 pub mod transport;
 
 /// The `locksmith.v1` package.

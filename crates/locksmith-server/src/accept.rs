@@ -30,6 +30,12 @@
 //! ([`Connection`] replays them), so HTTP/2 sees the connection from its
 //! first byte.
 //!
+//! A connection that starts with the framed session stream's magic
+//! (`locksmith_proto::framed::MAGIC`) instead of the preface goes to the
+//! `framed` handler [`incoming`] is given (module `framed_session`), with
+//! what it sent after the magic replayed the same way. It has sent the
+//! magic within the handshake timeout; the handler bounds its hello.
+//!
 //! [`ServerConfig::max_connections`]: crate::ServerConfig::max_connections
 //! [`ServerConfig::handshake_timeout`]: crate::ServerConfig::handshake_timeout
 
@@ -45,11 +51,13 @@ use futures::Stream;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
 use tonic::transport::server::Connected;
 
 use crate::environment::Listener;
+use locksmith_proto::framed::MAGIC;
 
 /// The fixed start of every HTTP/2 connection (RFC 9113, section 3.4).
 const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -103,17 +111,29 @@ impl Accept for Box<dyn Listener> {
     }
 }
 
+/// What becomes of a framed connection: the handler of the framed session
+/// stream.
+pub(crate) type FramedHandler<S> = Arc<dyn Fn(Connection<S>) + Send + Sync>;
+
 /// Accepts connections from `listener` until the returned stream is dropped,
 /// yielding each once `upgrade` (nothing, or the TLS handshake) is done and
-/// it has sent its HTTP/2 preface, both in time.
+/// it has sent its HTTP/2 preface, both in time; a connection that sends the
+/// framed magic instead goes to `framed`.
 ///
 /// Must be called within a tokio runtime: the loop runs as its own task (and
 /// each handshake as one), so a slow client never holds up the next accept.
+/// That task is returned too: it ends, and closes the listener, soon after
+/// the stream is dropped, and a server that stops waits for it, so that its
+/// address is free once it has stopped.
 pub(crate) fn incoming<L, S, U, F>(
     listener: L,
     limits: AcceptLimits,
     upgrade: U,
-) -> impl Stream<Item = Result<Connection<S>, io::Error>>
+    framed: FramedHandler<S>,
+) -> (
+    impl Stream<Item = Result<Connection<S>, io::Error>>,
+    JoinHandle<()>,
+)
 where
     L: Accept,
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -121,8 +141,8 @@ where
     F: Future<Output = io::Result<S>> + Send + 'static,
 {
     let (ready, receiver) = mpsc::channel(64);
-    tokio::spawn(accept_loop(listener, limits, upgrade, ready));
-    ReceiverStream::new(receiver).map(Ok)
+    let accepting = tokio::spawn(accept_loop(listener, limits, upgrade, framed, ready));
+    (ReceiverStream::new(receiver).map(Ok), accepting)
 }
 
 /// The loop behind [`incoming`]; ends when the server stops taking
@@ -133,6 +153,7 @@ async fn accept_loop<L, S, U, F>(
     mut listener: L,
     limits: AcceptLimits,
     upgrade: U,
+    framed: FramedHandler<S>,
     ready: mpsc::Sender<Connection<S>>,
 ) where
     L: Accept,
@@ -170,6 +191,7 @@ async fn accept_loop<L, S, U, F>(
                     slot,
                     limits.handshake_timeout,
                     ready.clone(),
+                    framed.clone(),
                 ));
             }
             Err(error) if out_of_resources(&error) => {
@@ -208,7 +230,7 @@ fn out_of_resources(error: &io::Error) -> bool {
 }
 
 /// Upgrades the connection and reads the client preface within `timeout`,
-/// then hands the connection on.
+/// then hands the connection on: to tonic, or to `framed`.
 ///
 /// Cancel safety: runs as its own task.
 async fn handshake<S: AsyncRead + Unpin>(
@@ -217,21 +239,30 @@ async fn handshake<S: AsyncRead + Unpin>(
     slot: OwnedSemaphorePermit,
     timeout: Duration,
     ready: mpsc::Sender<Connection<S>>,
+    framed: FramedHandler<S>,
 ) {
-    let upgraded_and_preface = async {
+    let upgraded_and_opening = async {
         let mut stream = upgraded.await?;
-        let preface = read_preface(&mut stream).await?;
-        Ok::<_, io::Error>((stream, preface))
+        let opening = read_opening(&mut stream).await?;
+        Ok::<_, io::Error>((stream, opening))
     };
-    match tokio::time::timeout(timeout, upgraded_and_preface).await {
-        Ok(Ok((stream, preface))) => {
+    match tokio::time::timeout(timeout, upgraded_and_opening).await {
+        Ok(Ok((stream, opening))) => {
+            let (preface, is_framed) = match opening {
+                Opening::Http2(preface) => (preface, false),
+                Opening::Framed(after_magic) => (after_magic, true),
+            };
             let connection = Connection {
                 stream,
                 preface,
                 replayed: 0,
                 _slot: slot,
             };
-            let _ = ready.send(connection).await;
+            if is_framed {
+                framed(connection);
+            } else {
+                let _ = ready.send(connection).await;
+            }
         }
         Ok(Err(error)) => {
             tracing::debug!(%peer, %error, "no TLS or HTTP/2 handshake; closed")
@@ -240,22 +271,37 @@ async fn handshake<S: AsyncRead + Unpin>(
     }
 }
 
-/// Reads the HTTP/2 client preface: the fixed string and a SETTINGS frame.
+/// How a connection opened.
+#[derive(Debug, PartialEq)]
+enum Opening {
+    /// With the HTTP/2 client preface: its bytes, read whole.
+    Http2(Vec<u8>),
+    /// With the framed magic: the bytes read after it (the start of its
+    /// hello).
+    Framed(Vec<u8>),
+}
+
+/// Reads the HTTP/2 client preface (the fixed string and a SETTINGS frame),
+/// or the framed magic.
 ///
-/// The fixed string is checked as its bytes arrive, so a client speaking
-/// something else is refused at its first wrong byte. An HTTP/1 request can
-/// be shorter than the preface and then waits for an answer: read whole
-/// first, it would be held until the handshake timeout.
+/// Both are checked as their bytes arrive, so a client speaking something
+/// else is refused at its first wrong byte. An HTTP/1 request can be
+/// shorter than the preface and then waits for an answer: read whole first,
+/// it would be held until the handshake timeout.
 ///
 /// Cancel safety: not safe: bytes already read are lost with the future, so
 /// the stream is no use after; its caller drops the connection with it (on
 /// the handshake timeout).
-async fn read_preface(stream: &mut (impl AsyncRead + Unpin)) -> io::Result<Vec<u8>> {
+async fn read_opening(stream: &mut (impl AsyncRead + Unpin)) -> io::Result<Opening> {
     let not_http2 = || {
         io::Error::new(
             io::ErrorKind::InvalidData,
-            "the connection does not start with the HTTP/2 client preface",
+            "the connection starts with neither the HTTP/2 client preface nor the framed magic",
         )
+    };
+    let starts_as = |bytes: &[u8], fixed: &[u8]| {
+        let compared = bytes.len().min(fixed.len());
+        bytes[..compared] == fixed[..compared]
     };
     let mut bytes = vec![0; PREFACE.len() + FRAME_HEADER];
     let mut filled = 0;
@@ -265,8 +311,11 @@ async fn read_preface(stream: &mut (impl AsyncRead + Unpin)) -> io::Result<Vec<u
             return Err(io::ErrorKind::UnexpectedEof.into());
         }
         filled += read;
-        let fixed = filled.min(PREFACE.len());
-        if bytes[..fixed] != PREFACE[..fixed] {
+        if starts_as(&bytes[..filled], MAGIC) {
+            if filled >= MAGIC.len() {
+                return Ok(Opening::Framed(bytes[MAGIC.len()..filled].to_vec()));
+            }
+        } else if !starts_as(&bytes[..filled], PREFACE) {
             return Err(not_http2());
         }
     }
@@ -278,7 +327,7 @@ async fn read_preface(stream: &mut (impl AsyncRead + Unpin)) -> io::Result<Vec<u
     let start = bytes.len();
     bytes.resize(start + len, 0);
     stream.read_exact(&mut bytes[start..]).await?;
-    Ok(bytes)
+    Ok(Opening::Http2(bytes))
 }
 
 /// An accepted connection: its preface (already read) comes first, then the
@@ -399,7 +448,9 @@ mod tests {
         let mut sent = client_preface(&[0, 3, 0, 0, 0, 100]);
         sent.extend_from_slice(b"after");
         client.write_all(&sent).await.unwrap();
-        let preface = read_preface(&mut server).await.unwrap();
+        let Opening::Http2(preface) = read_opening(&mut server).await.unwrap() else {
+            panic!("an HTTP/2 connection");
+        };
         assert_eq!(preface, sent[..sent.len() - 5]);
         let permit = Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap();
         let mut connection = Connection {
@@ -432,7 +483,7 @@ mod tests {
         ] {
             let (mut client, mut server) = pair().await;
             client.write_all(&garbage).await.unwrap();
-            let error = read_preface(&mut server).await.unwrap_err();
+            let error = read_opening(&mut server).await.unwrap_err();
             assert_eq!(error.kind(), io::ErrorKind::InvalidData);
         }
     }
@@ -446,11 +497,38 @@ mod tests {
             .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
             .await
             .unwrap();
-        let refused = read_preface(&mut server)
+        let refused = read_opening(&mut server)
             .now_or_never()
             .expect("refused on the bytes already sent, without waiting for more");
         assert_eq!(refused.unwrap_err().kind(), io::ErrorKind::InvalidData);
         drop(client);
+    }
+
+    #[tokio::test]
+    async fn the_framed_magic_is_told_apart_and_what_follows_it_kept() {
+        let (mut client, mut server) = pair().await;
+        let mut sent = MAGIC.to_vec();
+        sent.extend_from_slice(b"\0\0\0\x02hi");
+        // In two pieces: the magic is recognised across reads.
+        client.write_all(&sent[..5]).await.unwrap();
+        let reading = tokio::spawn(async move { read_opening(&mut server).await.unwrap() });
+        tokio::task::yield_now().await;
+        client.write_all(&sent[5..]).await.unwrap();
+        let Opening::Framed(after) = reading.await.unwrap() else {
+            panic!("a framed connection");
+        };
+        assert!(sent[MAGIC.len()..].starts_with(&after));
+    }
+
+    #[tokio::test]
+    async fn a_wrong_byte_inside_the_magic_is_refused() {
+        let (mut client, mut server) = pair().await;
+        let mut sent = MAGIC.to_vec();
+        sent[9] = b'2';
+        sent.extend_from_slice(&[0; 40]);
+        client.write_all(&sent).await.unwrap();
+        let error = read_opening(&mut server).await.unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::InvalidData);
     }
 
     #[test]

@@ -100,6 +100,7 @@ mod core;
 mod entry;
 mod environment;
 mod error;
+mod framed_session;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
@@ -146,6 +147,7 @@ pub use locksmith_core::Limits;
 
 use crate::auth::Auth;
 use crate::core::{Core, Replica};
+use crate::framed_session::FramedSessions;
 use crate::http::Readiness;
 use crate::inbox::{CoreSender, Input};
 use crate::metrics::Metrics;
@@ -407,6 +409,11 @@ impl Server {
 
         let lease = HeartbeatLease::new(raft.clone(), core::heartbeat_lease(&config));
         let service = Service::new(ops.clone(), unary_ids, &config, auth.clone(), lease);
+        let framed = FramedSessions::new(
+            service.clone(),
+            config.handshake_timeout,
+            config.max_message_bytes,
+        );
         let reflection = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(locksmith_proto::FILE_DESCRIPTOR_SET)
             .build_v1()
@@ -455,17 +462,40 @@ impl Server {
             match (listener, &tls) {
                 (Listening::Tcp(listener), Some(tls)) => {
                     let acceptor = tls.acceptor.clone();
-                    let incoming =
-                        accept::incoming(listener, limits, move |tcp| acceptor.accept(tcp));
-                    Box::pin(router.serve_with_incoming_shutdown(incoming, stopped_accepting))
+                    let (incoming, accepting) = accept::incoming(
+                        listener,
+                        limits,
+                        move |tcp| acceptor.accept(tcp),
+                        Arc::new(move |connection| framed.serve(connection)),
+                    );
+                    Box::pin(serve_until_closed(
+                        router.serve_with_incoming_shutdown(incoming, stopped_accepting),
+                        accepting,
+                    ))
                 }
                 (Listening::Tcp(listener), None) => {
-                    let incoming = accept::incoming(listener, limits, |tcp| async { Ok(tcp) });
-                    Box::pin(router.serve_with_incoming_shutdown(incoming, stopped_accepting))
+                    let (incoming, accepting) = accept::incoming(
+                        listener,
+                        limits,
+                        |tcp| async { Ok(tcp) },
+                        Arc::new(move |connection| framed.serve(connection)),
+                    );
+                    Box::pin(serve_until_closed(
+                        router.serve_with_incoming_shutdown(incoming, stopped_accepting),
+                        accepting,
+                    ))
                 }
                 (Listening::Given(listener), _) => {
-                    let incoming = accept::incoming(listener, limits, |io| async { Ok(io) });
-                    Box::pin(router.serve_with_incoming_shutdown(incoming, stopped_accepting))
+                    let (incoming, accepting) = accept::incoming(
+                        listener,
+                        limits,
+                        |io| async { Ok(io) },
+                        Arc::new(move |connection| framed.serve(connection)),
+                    );
+                    Box::pin(serve_until_closed(
+                        router.serve_with_incoming_shutdown(incoming, stopped_accepting),
+                        accepting,
+                    ))
                 }
             };
 
@@ -653,6 +683,20 @@ fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpSocket> {
     socket.set_reuseaddr(true)?;
     socket.bind(addr)?;
     Ok(socket)
+}
+
+/// Serves until `serving` ends, then waits for the accept loop to close the
+/// listener (it does once `serving` has dropped the connections' stream):
+/// a server that has stopped has freed its address.
+///
+/// Cancel safety: dropped, the accept loop still ends on its own.
+async fn serve_until_closed<E>(
+    serving: impl Future<Output = Result<(), E>>,
+    accepting: JoinHandle<()>,
+) -> Result<(), E> {
+    let served = serving.await;
+    let _ = accepting.await;
+    served
 }
 
 /// The receiving end of the core's channel, for its thread or its task.

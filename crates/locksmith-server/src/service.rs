@@ -33,10 +33,12 @@ use crate::op::{HoldArgs, Op, UnaryReply};
 use crate::raft::propose::HeartbeatLease;
 use crate::requests::{acquire_args, check_name, hold_args, secret_of, status_of, StreamReader};
 use crate::session_channels::{ChannelSlots, ChannelsReader};
-use crate::session_stream::{ConnectionCounts, ConnectionSlot, SessionReader};
+use crate::session_stream::{ClientBatches, ConnectionCounts, ConnectionSlot, SessionReader};
 use crate::stream_queue::{ChannelsRx, StreamRx};
 
-/// The `locksmith.v1.Locksmith` service.
+/// The `locksmith.v1.Locksmith` service. A clone serves the framed session
+/// streams (module `framed_session`).
+#[derive(Clone)]
 pub(crate) struct Service {
     core: CoreSender,
     /// The id of the next session stream (or channel).
@@ -97,6 +99,29 @@ impl Service {
             caller,
             lease: Some(self.lease.clone()),
         }
+    }
+
+    /// Opens a session stream for the caller of `request` (its headers and
+    /// connection; the gRPC call's, or a framed stream's hello), reading
+    /// the client's batches from `inbound`: the stream's outbound side.
+    pub(crate) fn open_session<T>(
+        &self,
+        request: &Request<T>,
+        inbound: ClientBatches,
+    ) -> Result<StreamRx, Status> {
+        let caller = self.caller(request)?;
+        let peer = request.remote_addr();
+        let slot = ConnectionSlot::take(&self.per_connection, peer, self.max_per_connection)?;
+        let reader = self.stream_reader(caller, peer);
+        let stream = self.next_stream.fetch_add(1, Ordering::Relaxed);
+        Ok(SessionReader::spawn(
+            reader,
+            stream,
+            inbound,
+            self.max_stream_backlog,
+            self.open_timeout,
+            slot,
+        ))
     }
 
     /// Who is calling: `UNAUTHENTICATED` with authentication on and no valid
@@ -172,19 +197,9 @@ impl Locksmith for Service {
         &self,
         request: Request<Streaming<pb::ClientBatch>>,
     ) -> Result<Response<Self::SessionStream>, Status> {
-        let caller = self.caller(&request)?;
-        let peer = request.remote_addr();
-        let slot = ConnectionSlot::take(&self.per_connection, peer, self.max_per_connection)?;
-        let reader = self.stream_reader(caller, peer);
-        let stream = self.next_stream.fetch_add(1, Ordering::Relaxed);
-        Ok(Response::new(SessionReader::spawn(
-            reader,
-            stream,
-            request.into_inner(),
-            self.max_stream_backlog,
-            self.open_timeout,
-            slot,
-        )))
+        let (metadata, extensions, inbound) = request.into_parts();
+        let head = Request::from_parts(metadata, extensions, ());
+        Ok(Response::new(self.open_session(&head, Box::pin(inbound))?))
     }
 
     async fn sessions(

@@ -24,7 +24,7 @@ use std::time::Duration;
 use futures::{Future, Stream};
 use locksmith_proto::v1 as pb;
 use tokio::time::Sleep;
-use tonic::{Status, Streaming};
+use tonic::Status;
 
 use crate::convert;
 use crate::op::{Op, StreamId};
@@ -217,13 +217,18 @@ impl Attached {
     }
 }
 
+/// The client's batches of one session stream, from the gRPC call or a
+/// framed connection (module `framed_session`); an error ends the stream
+/// with it.
+pub(crate) type ClientBatches = Pin<Box<dyn Stream<Item = Result<pb::ClientBatch, Status>> + Send>>;
+
 /// The reading side of a session stream: the client's batches in, as ops to
 /// the core. Runs as a task of its own ([`SessionReader::spawn`]).
 pub(crate) struct SessionReader {
     reader: StreamReader,
     stream: StreamId,
     /// The client's batches, until reading is over.
-    inbound: Option<Streaming<pb::ClientBatch>>,
+    inbound: Option<ClientBatches>,
     reading: Reading,
     /// The stream's place in its connection's count, given back with it.
     _slot: Option<ConnectionSlot>,
@@ -251,7 +256,7 @@ impl SessionReader {
     pub(crate) fn spawn(
         reader: StreamReader,
         stream: StreamId,
-        inbound: Streaming<pb::ClientBatch>,
+        inbound: ClientBatches,
         max_backlog: usize,
         open_timeout: Duration,
         slot: Option<ConnectionSlot>,

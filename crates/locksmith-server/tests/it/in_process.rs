@@ -47,11 +47,16 @@ impl Harness for InProcess {
 }
 
 async fn in_process() -> InProcess {
+    in_process_with("").await
+}
+
+/// A server as [`in_process`], its clients' URLs ending in `query`.
+async fn in_process_with(query: &str) -> InProcess {
     let dir = tempfile::tempdir().expect("temporary data directory");
     let config = ServerConfig::durable(dir.path()).listen("127.0.0.1:0".parse().unwrap());
     let server = Server::start(config).await.expect("start the server");
     InProcess {
-        clients: ServerHarness::new(server.url()),
+        clients: ServerHarness::new(format!("{}{query}", server.url())),
         server: Some(server),
         _dir: dir,
     }
@@ -61,3 +66,19 @@ locksmith_testkit::conformance_suite!(
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     in_process()
 );
+
+/// The same suite with the session stream on the gRPC `Session` call (the
+/// URL's `session_transport=grpc`) instead of the framed default, which
+/// every other server test uses.
+mod grpc_session_stream {
+    use super::*;
+
+    async fn in_process_grpc() -> InProcess {
+        in_process_with("?session_transport=grpc").await
+    }
+
+    locksmith_testkit::conformance_suite!(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        in_process_grpc()
+    );
+}

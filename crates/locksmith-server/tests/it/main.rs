@@ -5,6 +5,7 @@
 //! `cargo nextest run -p locksmith-server -E 'test(/^session_stream::/)'`.
 
 mod environment;
+mod framed_session;
 mod in_process;
 mod session_channels;
 mod session_stream;

@@ -66,9 +66,11 @@
 //! [`ConnectOptions::session_ttl`]: crate::ConnectOptions::session_ttl
 
 mod convert;
+mod framed_connection;
 mod heartbeats;
 mod members;
 mod session;
+mod session_transport;
 mod stream_connection;
 mod url;
 

@@ -55,7 +55,7 @@ use crate::options::ConnectOptions;
 use super::convert;
 use super::heartbeats::{Due, Heartbeats};
 use super::members::{member_down, Members, Redirect, Rounds};
-use super::stream_connection::{self, Inbound};
+use super::session_transport::{self, Inbound};
 
 /// How long a graceful close waits for the server to confirm.
 const CLOSE_WAIT: Duration = Duration::from_secs(2);
@@ -698,7 +698,7 @@ async fn establish(
     // once): a crashed machine answers nothing, and its followers may
     // still name it.
     let opening =
-        stream_connection::open(&addr, members.url(), members.connector(), batches(queue));
+        session_transport::open(&addr, members.url(), members.connector(), batches(queue));
     let opened = if members.broken(at) {
         let within = broken_member_patience(ttl);
         match tokio::time::timeout(within, opening).await {

@@ -55,7 +55,7 @@ use wake::WakeState;
 
 /// How long opening the connection may take (TCP, then TLS): as the unary
 /// calls' channel's `connect_timeout`.
-const CONNECT_WITHIN: Duration = Duration::from_secs(5);
+pub(super) const CONNECT_WITHIN: Duration = Duration::from_secs(5);
 
 /// How many times one poll goes round while the stream or its tasks keep
 /// waking each other, before it lets the runtime run other tasks.
@@ -249,7 +249,7 @@ pub(super) async fn open(
         status.set_source(Arc::new(error));
         status
     };
-    let io = tokio::time::timeout(CONNECT_WITHIN, dial(addr, url, connector))
+    let io = tokio::time::timeout(CONNECT_WITHIN, dial(addr, url.rustls(), connector))
         .await
         .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))
         .and_then(|dialed| dialed)
@@ -288,12 +288,12 @@ pub(super) async fn open(
     Ok(Inbound { stream, tasks })
 }
 
-/// A stream to `addr`, over TLS when `url` asks for it.
+/// A stream to `addr`, over TLS with `tls` when given.
 ///
 /// Cancel safety: safe; a dropped dial closes what it opened.
-async fn dial(
+pub(super) async fn dial(
     addr: &str,
-    url: &ServerUrl,
+    tls: Option<Arc<rustls::ClientConfig>>,
     connector: Option<&Connector>,
 ) -> io::Result<Box<dyn Io>> {
     let io: Box<dyn Io> = match connector {
@@ -304,7 +304,7 @@ async fn dial(
             Box::new(tcp)
         }
     };
-    let Some(config) = url.rustls() else {
+    let Some(config) = tls else {
         return Ok(io);
     };
     let host = addr.rsplit_once(':').map_or(addr, |(host, _)| host);

@@ -7,6 +7,14 @@
 //!   `cert` and `key`, a client certificate too (mutual TLS), which a server
 //!   with authentication on takes as the client's identity.
 //!
+//! - `session_transport=framed` (the default) or `session_transport=grpc`:
+//!   how the session stream travels. `framed` is the stream's messages on a
+//!   connection of its own with no HTTP/2 under them, about half of a
+//!   request's round trip on a fast network (`locksmith_proto::framed`);
+//!   `grpc` is the `Session` call, for a path that passes only HTTP/2 (a
+//!   gRPC proxy) or a server from before the framed stream. The other calls
+//!   always use gRPC.
+//!
 //! The bearer token comes from the file `token_file` names, or else from the
 //! environment variable `LOCKSMITH_TOKEN`, never from the URL itself, so it
 //! shows neither in `ps` nor in messages. It goes with every call as
@@ -69,6 +77,17 @@ pub struct ServerUrl {
     addresses: Vec<String>,
     tls: Option<Tls>,
     credentials: Credentials,
+    session_transport: SessionTransport,
+}
+
+/// How a session stream travels (the URL's `session_transport`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum SessionTransport {
+    /// Framed messages on a connection of their own, no HTTP/2.
+    #[default]
+    Framed,
+    /// The gRPC `Session` call.
+    Grpc,
 }
 
 /// Addresses and whether TLS is on: the TLS config holds the client's
@@ -79,6 +98,7 @@ impl std::fmt::Debug for ServerUrl {
             .field("addresses", &self.addresses)
             .field("tls", &self.tls.is_some())
             .field("credentials", &self.credentials)
+            .field("session_transport", &self.session_transport)
             .finish()
     }
 }
@@ -111,14 +131,15 @@ impl ServerUrl {
         for (key, value) in url::form_urlencoded::parse(query.as_bytes()) {
             let slot = match (&*key, tls) {
                 ("token_file", _) => &mut options.token_file,
+                ("session_transport", _) => &mut options.session_transport,
                 ("ca", true) => &mut options.ca,
                 ("cert", true) => &mut options.cert,
                 ("key", true) => &mut options.key,
                 _ => {
                     let known = if tls {
-                        "ca, cert, key, token_file"
+                        "ca, cert, key, token_file, session_transport"
                     } else {
-                        "token_file (TLS options need locksmith+tls://)"
+                        "token_file, session_transport (TLS options need locksmith+tls://)"
                     };
                     return Err(invalid_url(
                         url,
@@ -129,6 +150,16 @@ impl ServerUrl {
             *slot = Some(value.into_owned());
         }
         let tls = if tls { Some(options.tls(url)?) } else { None };
+        let session_transport = match options.session_transport.as_deref() {
+            None | Some("framed") => SessionTransport::Framed,
+            Some("grpc") => SessionTransport::Grpc,
+            Some(other) => {
+                return Err(invalid_url(
+                    url,
+                    format!("session_transport {other:?}: it is framed or grpc"),
+                ))
+            }
+        };
         let token = match &options.token_file {
             Some(file) => Some(
                 std::fs::read_to_string(file)
@@ -154,13 +185,25 @@ impl ServerUrl {
             addresses,
             tls,
             credentials: Credentials { authorization },
+            session_transport,
         })
     }
 
-    /// The TLS configuration for a connection the client opens itself (the
-    /// session stream's), if the URL asks for TLS.
+    /// The TLS configuration for an HTTP/2 connection the client opens
+    /// itself (the gRPC session stream's), if the URL asks for TLS.
     pub(crate) fn rustls(&self) -> Option<Arc<rustls::ClientConfig>> {
         self.tls.as_ref().map(|tls| tls.rustls.clone())
+    }
+
+    /// The TLS configuration for a framed session stream's connection: the
+    /// same, offering no application protocol (it is not HTTP/2).
+    pub(crate) fn framed_rustls(&self) -> Option<Arc<rustls::ClientConfig>> {
+        self.tls.as_ref().map(|tls| tls.framed.clone())
+    }
+
+    /// How the session stream travels.
+    pub(crate) fn session_transport(&self) -> SessionTransport {
+        self.session_transport
     }
 
     /// The members' `host:port`, in order.
@@ -195,6 +238,7 @@ struct Options {
     cert: Option<String>,
     key: Option<String>,
     token_file: Option<String>,
+    session_transport: Option<String>,
 }
 
 impl Options {
@@ -253,10 +297,12 @@ impl Options {
             }
             None => builder.with_no_client_auth(),
         };
+        let framed = Arc::new(rustls.clone());
         rustls.alpn_protocols = vec![b"h2".to_vec()];
         Ok(Tls {
             channel,
             rustls: Arc::new(rustls),
+            framed,
         })
     }
 }
@@ -267,6 +313,8 @@ impl Options {
 struct Tls {
     channel: ClientTlsConfig,
     rustls: Arc<rustls::ClientConfig>,
+    /// `rustls` without ALPN, for the framed session stream.
+    framed: Arc<rustls::ClientConfig>,
 }
 
 /// The `host:port` of each member in the URL's authority, in order.
