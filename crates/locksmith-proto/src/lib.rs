@@ -12,6 +12,9 @@
 //!   wrapper (implemented by `locksmith-server`).
 //! - [`FILE_DESCRIPTOR_SET`]: the encoded descriptors, for gRPC server
 //!   reflection (so `grpcurl` works without the `.proto` file).
+//! - [`framed`]: the session stream without HTTP/2: the same batches framed
+//!   on a connection of their own, which the server tells apart by its first
+//!   bytes (the client library's default transport for the stream).
 //! - [`transport::Connector`]: how a channel reaches a member when not over
 //!   the machine's TCP (a simulated network's).
 //! - `etcd` (feature `etcd`): clients of the etcd v3 API calls the
@@ -46,7 +49,7 @@
 //! has ready as one [`v1::ClientBatch`] (with its acknowledgements), and the
 //! server sends everything one engine step produced for the session as one
 //! [`v1::ServerBatch`]. A client with 64 requests in flight on one stream thus
-//! pays HTTP/2 framing, encoding and wake-ups once, not 64 times.
+//! pays framing, encoding and wake-ups once, not 64 times.
 //!
 //! Every request carries a client-chosen id and gets exactly one final reply.
 //! The server keeps final replies until the client acknowledges them

@@ -2,7 +2,8 @@
 //! (default port 7420), one server or the members of a cluster;
 //! `locksmith+tls://…?ca=FILE[&cert=FILE&key=FILE]` over TLS. A bearer token
 //! for a server with authentication on comes from `LOCKSMITH_TOKEN` or
-//! `?token_file=FILE` ([`ServerUrl`]).
+//! `?token_file=FILE`; `?session_transport=grpc` puts the session stream on
+//! the gRPC call instead of its framed default ([`ServerUrl`]).
 //!
 //! The server (crate `locksmith-server`, started with `locksmith serve`) runs
 //! the same lock engine as `memory://`, durably, behind gRPC (package
@@ -26,7 +27,8 @@
 //! # One session per client
 //!
 //! A [`ServerBackend`] (one per [`crate::Client`]) opens one bidirectional
-//! `Session` stream and keeps it:
+//! session stream (the `Session` call's messages, framed or on the call
+//! itself; section "Unary calls") and keeps it:
 //!
 //! - **Heartbeats** every third of [`ConnectOptions::session_ttl`]: holds
 //!   without a lease live as long as the session (like ZooKeeper ephemeral
@@ -56,8 +58,11 @@
 //!
 //! `describe`, `list` and `force_release` use the server's unary calls, over
 //! a channel to each member that connects on first use. The session stream
-//! has a connection of its own, whose HTTP/2 work runs in the session's task
-//! (module `stream_connection`): a reply then wakes that task and the caller,
+//! has a connection of its own, read and written in the session's task: by
+//! default its batches framed with no HTTP/2 under them (module
+//! `framed_connection`), or, with `session_transport=grpc` in the URL, the
+//! gRPC `Session` call whose HTTP/2 work runs in that task (module
+//! `stream_connection`). Either way a reply wakes that task and the caller,
 //! never another thread of the runtime. `describe` and `list` first wait (at most a second) until
 //! the cancels and releases this process sent on nobody's behalf (for dropped
 //! acquire futures) are answered, so inspection never shows a waiter this
