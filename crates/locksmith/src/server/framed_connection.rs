@@ -28,6 +28,12 @@ use super::stream_connection::{dial, CONNECT_WITHIN};
 use super::url::ServerUrl;
 use super::MAX_RESPONSE_BYTES;
 
+/// Bytes written but not yet taken by the socket past which no more batches
+/// are taken from the session's queue: a server that reads nothing makes
+/// the queue wait, not this buffer grow (what HTTP/2's window does for the
+/// gRPC stream).
+const MAX_UNSENT: usize = 256 << 10;
+
 /// The client's batches, as the session queues them.
 type Outbound = Pin<Box<dyn Stream<Item = pb::ClientBatch> + Send>>;
 
@@ -144,7 +150,7 @@ impl Inbound {
     /// much of it as the socket takes; shuts the write side once the
     /// session sends no more. Pending writes register `cx`.
     fn poll_send(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
-        while self.sending == Sending::Open {
+        while self.sending == Sending::Open && self.frames.write_buffer().len() < MAX_UNSENT {
             match self.outbound.as_mut().poll_next(cx) {
                 Poll::Ready(Some(batch)) => {
                     framed::put_frame(self.frames.write_buffer_mut(), &batch)
