@@ -384,4 +384,26 @@ mod tests {
             );
         }
     }
+
+    #[test]
+    fn the_session_stream_is_framed_unless_the_url_asks_for_grpc() {
+        let transport = |url: &str| ServerUrl::parse(url).map(|u| u.session_transport());
+        assert_eq!(
+            transport("locksmith://h").unwrap(),
+            SessionTransport::Framed
+        );
+        assert_eq!(
+            transport("locksmith://h?session_transport=framed").unwrap(),
+            SessionTransport::Framed
+        );
+        assert_eq!(
+            transport("locksmith://h?session_transport=grpc").unwrap(),
+            SessionTransport::Grpc
+        );
+        let Err(Error::InvalidUrl { reason, .. }) = transport("locksmith://h?session_transport=h3")
+        else {
+            panic!("an unknown transport is refused");
+        };
+        assert!(reason.contains("framed or grpc"), "{reason}");
+    }
 }
