@@ -90,7 +90,8 @@ pub struct ServeArgs {
     /// Keep it below the open-file limit (`ulimit -n`).
     #[arg(long, default_value_t = 10_000)]
     pub max_connections: usize,
-    /// How long a new connection may take to finish its HTTP/2 handshake.
+    /// How long a new connection may take to finish its HTTP/2 handshake (or,
+    /// for a framed session stream, to send its magic and hello).
     #[arg(long, value_parser = parse_duration, default_value = "10s")]
     pub handshake_timeout: Duration,
     /// Take a snapshot (and let the Raft log before it go) after this many log

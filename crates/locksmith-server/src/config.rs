@@ -90,11 +90,13 @@ pub struct ServerConfig {
     /// member, many requests).
     pub max_batches_in_flight: usize,
     /// Most client connections open at once (counting those still in their
-    /// HTTP/2 handshake); one more is closed as soon as it is accepted, with a
-    /// warning in the log. Keep it below the process's open-file limit.
+    /// handshake, and framed session streams, a connection each); one more is
+    /// closed as soon as it is accepted, with a warning in the log. Keep it
+    /// below the process's open-file limit.
     pub max_connections: usize,
-    /// How long a new connection may take to send its HTTP/2 preface before
-    /// it is closed.
+    /// How long a new connection may take to send its HTTP/2 preface (or a
+    /// framed session stream's magic, and then its hello) before it is
+    /// closed.
     pub handshake_timeout: Duration,
     /// Where the HTTP listener serves `/metrics` (Prometheus), `/healthz`,
     /// `/readyz` and the live web page of the lock table; `None` (the

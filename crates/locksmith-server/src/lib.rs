@@ -75,7 +75,7 @@
 //!   message size ([`ServerConfig::max_message_bytes`]), owner and client label
 //!   length ([`ServerConfig::max_label_bytes`]), connections
 //!   ([`ServerConfig::max_connections`]) and the time to finish the HTTP/2
-//!   handshake ([`ServerConfig::handshake_timeout`]); running out of file
+//!   handshake or a framed stream's hello ([`ServerConfig::handshake_timeout`]); running out of file
 //!   descriptors makes the accept loop back off and say so (module `accept`).
 //!   Garbage on the port or a malformed message closes that one connection or
 //!   stream, nothing else.

@@ -7,8 +7,10 @@
 //! forwarded as one `Op::Stream` each; the replies come back from the
 //! core through the stream's queue, one [`pb::ServerBatch`] per engine
 //! batch, after their log records are durable. A malformed connection
-//! (garbage on the port) is closed by the HTTP/2 layer before it reaches
-//! this code.
+//! (garbage on the port) is closed by the accept loop or the HTTP/2 layer
+//! before it reaches this code. A framed session stream (module
+//! `framed_session`) opens through [`Service::open_session`] as the call
+//! does, so both share every check.
 //!
 //! With authentication on, every call first identifies its caller and every
 //! request is checked against the caller's grants (module `auth`, which
