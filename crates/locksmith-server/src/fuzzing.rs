@@ -30,7 +30,9 @@ use crate::storage::ServerSnapshot;
 /// `bytes` as a client's request: decoded as a session stream's batch, and
 /// as a `Sessions` stream's message (each channel's batch in turn), whose
 /// messages go through the stream's checks and conversion (acquires on to a
-/// lock engine), and as each unary call's request, through its checks.
+/// lock engine), as each unary call's request, through its checks, and as
+/// a framed session stream's hello, whose headers become the metadata the
+/// caller is identified by.
 pub fn client_request(bytes: &[u8]) {
     let config = ServerConfig::in_memory();
     let mut batches = Vec::new();
@@ -55,6 +57,9 @@ pub fn client_request(bytes: &[u8]) {
         }
     }
     unary_requests(&config, bytes);
+    if let Ok(hello) = pb::FramedHello::decode(bytes) {
+        let _ = locksmith_proto::framed::metadata_of(hello);
+    }
 }
 
 /// `bytes` as the payload of a peer's Raft call (append, vote, leader
