@@ -90,13 +90,43 @@ pub(super) async fn open(
         outbound: Box::pin(outbound),
         sending: Sending::Open,
     };
-    match std::future::poll_fn(|cx| inbound.poll_frame(cx)).await? {
+    let first = std::future::poll_fn(|cx| inbound.poll_frame(cx))
+        .await
+        .map_err(not_accepted)?;
+    match first {
         Kind::Accepted(_) => Ok(inbound),
         Kind::Status(status) => Err(framed::status_of(status)),
         Kind::Batch(_) => Err(Status::internal(
             "the server sent a batch before it accepted the stream",
         )),
     }
+}
+
+/// A connection that ends before the server's first frame: what a server
+/// older than the framed stream does (it closes a connection that does not
+/// start as HTTP/2), so the error says how to reach one. Still the
+/// connection's failure (its source kept), for the member's bookkeeping.
+fn not_accepted(status: Status) -> Status {
+    let Some(source) = std::error::Error::source(&status)
+        .and_then(|source| source.downcast_ref::<io::Error>())
+        .filter(|error| {
+            matches!(
+                error.kind(),
+                io::ErrorKind::UnexpectedEof
+                    | io::ErrorKind::ConnectionReset
+                    | io::ErrorKind::BrokenPipe
+            )
+        })
+    else {
+        return status;
+    };
+    framed::connection_error(io::Error::new(
+        source.kind(),
+        format!(
+            "{source} before it accepted the framed session stream \
+             (a server older than this client? session_transport=grpc in the URL reaches one)"
+        ),
+    ))
 }
 
 impl Inbound {
@@ -175,5 +205,36 @@ impl Inbound {
             Sending::Open | Sending::Ended => {}
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncReadExt;
+
+    /// A server that closes every connection at its first byte, as one
+    /// from before the framed stream does with a connection that does not
+    /// start as HTTP/2.
+    #[tokio::test]
+    async fn a_server_that_closes_at_once_is_named_as_maybe_older() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            let (mut tcp, _) = listener.accept().await.unwrap();
+            let _ = tcp.read(&mut [0; 1]).await;
+        });
+        let url = ServerUrl::parse(&format!("locksmith://{addr}")).unwrap();
+        let Err(status) = open(&addr, &url, None, futures::stream::pending()).await else {
+            panic!("a closed connection opens no stream");
+        };
+        assert!(
+            status.message().contains("session_transport=grpc"),
+            "{status}"
+        );
+        assert!(
+            std::error::Error::source(&status).is_some(),
+            "still the connection's failure"
+        );
     }
 }
