@@ -31,6 +31,12 @@ use crate::stream_queue::StreamRx;
 /// message can be, once one alone is larger).
 const WRITE_BYTES: usize = 64 << 10;
 
+/// How long one write of replies may wait for a client that reads nothing
+/// before the connection is closed: HTTP/2's keep-alive timeout on the
+/// gRPC stream (`lib.rs`), which a client that stops reading cannot answer
+/// either. The session lives on by its TTL, for its client to resume.
+const WRITE_STALL: Duration = Duration::from_secs(20);
+
 /// Serves framed session streams: one per connection.
 #[derive(Clone)]
 pub(crate) struct FramedSessions {
@@ -117,6 +123,9 @@ impl FramedSessions {
 /// (everything queued by the time a write starts goes in that write), and
 /// the status that ends it, or `OK` when the core ends it without one.
 ///
+/// Gives up, and so closes the connection, when a write waits
+/// [`WRITE_STALL`] for the client to read.
+///
 /// Cancel safety: not meant to be dropped midway (a frame could be cut);
 /// it runs to the stream's end on the connection's task.
 async fn write_replies<W: AsyncWrite + Unpin>(mut replies: StreamRx, write: &mut WriteHalf<W>) {
@@ -138,10 +147,17 @@ async fn write_replies<W: AsyncWrite + Unpin>(mut replies: StreamRx, write: &mut
                 None => break,
             }
         }
-        if write.write_all(&buf).await.is_err() {
-            // The client is gone; the core detaches the stream once its
-            // reader sees the connection end.
-            return;
+        match tokio::time::timeout(WRITE_STALL, write.write_all(&buf)).await {
+            Ok(Ok(())) => {}
+            // The client is gone, or reads nothing: the connection closes,
+            // and the core detaches the stream once its reader has ended.
+            Ok(Err(_)) => return,
+            Err(_) => {
+                return tracing::debug!(
+                    ?WRITE_STALL,
+                    "a framed client read none of its replies; closing its connection"
+                )
+            }
         }
         buf.clear();
         if buf.capacity() > WRITE_BYTES {
@@ -177,4 +193,35 @@ fn put_reply(buf: &mut BytesMut, reply: Option<Result<pb::ServerBatch, Status>>)
     };
     framed::put_frame(buf, &framed::status_frame(&status));
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stream_queue::stream_queue;
+
+    /// A client that reads nothing cannot keep the connection, nor its
+    /// tasks, for longer than [`WRITE_STALL`].
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_reads_nothing_is_let_go() {
+        let (tx, replies) = stream_queue(1 << 20);
+        let heartbeat = pb::ServerMessage {
+            kind: Some(pb::server_message::Kind::Heartbeat(pb::HeartbeatAck {
+                now_ms: 1,
+            })),
+        };
+        tx.send(pb::ServerBatch {
+            messages: vec![heartbeat; 100],
+        })
+        .unwrap();
+        // 64 bytes of room, and nobody reading the other end.
+        let (_client, server) = tokio::io::duplex(64);
+        let (_read, mut write) = tokio::io::split(server);
+        let started = tokio::time::Instant::now();
+        tokio::time::timeout(3 * WRITE_STALL, write_replies(replies, &mut write))
+            .await
+            .expect("the writer gives up on a client that reads nothing");
+        assert!(started.elapsed() >= WRITE_STALL);
+        drop(tx);
+    }
 }
