@@ -105,3 +105,49 @@ impl<T: Default + Send + Sync> Leaked<T> {
         self.get_or_make(T::default)
     }
 }
+
+/// What the registries' own tests share: a forked child's view of a lock.
+#[cfg(all(test, any(feature = "redis", feature = "etcd")))]
+pub(crate) mod held_elsewhere {
+    use std::future::Future;
+    use std::sync::{Barrier, Mutex};
+    use std::time::Duration;
+
+    /// While another thread holds `lock` (as a thread of the parent's that
+    /// the child lacks would), runs `forget`, then `work` on a runtime of a
+    /// new thread: `work`'s answer, or `None` when it did not end within 10
+    /// s, which it does not if it takes the held lock. On a thread of its
+    /// own, so that such a regression fails a test instead of hanging it.
+    pub(crate) fn after_forgetting<L, T, F>(
+        lock: &Mutex<L>,
+        forget: fn(),
+        work: impl FnOnce() -> F + Send + 'static,
+    ) -> Option<T>
+    where
+        L: Send,
+        T: Send + 'static,
+        F: Future<Output = T>,
+    {
+        let (locked, unlock) = (Barrier::new(2), Barrier::new(2));
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                let _held = lock.lock().unwrap();
+                locked.wait();
+                unlock.wait();
+            });
+            locked.wait();
+            forget();
+            let (sender, receiver) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                let _ = sender.send(runtime.block_on(work()));
+            });
+            let answer = receiver.recv_timeout(Duration::from_secs(10)).ok();
+            unlock.wait();
+            answer
+        })
+    }
+}

@@ -107,38 +107,17 @@ mod tests {
     fn after_forgetting_the_registry_deletes_do_not_take_its_lock() {
         let earlier = IN_FLIGHT.get();
         let stale = begin("stale/key");
-        let (locked, unlock) = (std::sync::Barrier::new(2), std::sync::Barrier::new(2));
-        std::thread::scope(|scope| {
-            scope.spawn(|| {
-                let _held = earlier.lock().unwrap();
-                locked.wait();
-                unlock.wait();
-            });
-            locked.wait();
-            forget();
-            // On another thread, so that a regression fails the test instead
-            // of hanging it.
-            let (sender, receiver) = std::sync::mpsc::channel();
-            std::thread::spawn(move || {
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .unwrap();
-                runtime.block_on(async {
-                    let cleanup = begin("fresh/key");
-                    let landing = tokio::spawn(async move { cleanup.finish() });
-                    // Not the delete recorded before the call: it never
-                    // lands, and this would wait out SETTLE for it.
-                    let waited = tokio::time::Instant::now();
-                    settle("").await;
-                    landing.await.unwrap();
-                    let _ = sender.send(waited.elapsed() < SETTLE);
-                });
-            });
-            let settled = receiver.recv_timeout(Duration::from_secs(10));
-            unlock.wait();
-            assert_eq!(settled, Ok(true), "without the earlier registry's lock");
+        let settled = crate::fork::held_elsewhere::after_forgetting(earlier, forget, || async {
+            let cleanup = begin("fresh/key");
+            let landing = tokio::spawn(async move { cleanup.finish() });
+            // Not the delete recorded before the call: it never lands, and
+            // this would wait out SETTLE for it.
+            let waited = tokio::time::Instant::now();
+            settle("").await;
+            landing.await.unwrap();
+            waited.elapsed() < SETTLE
         });
+        assert_eq!(settled, Some(true), "without the earlier registry's lock");
         assert!(!std::ptr::eq(IN_FLIGHT.get(), earlier), "a new registry");
         // The earlier delete ends in the registry it was recorded in.
         stale.finish();

@@ -119,36 +119,16 @@ mod tests {
     #[test]
     fn after_forgetting_the_registry_cleanups_do_not_take_its_lock() {
         let earlier = REGISTRY.get();
-        let (locked, unlock) = (std::sync::Barrier::new(2), std::sync::Barrier::new(2));
-        std::thread::scope(|scope| {
-            scope.spawn(|| {
-                let _held = earlier.running.lock().unwrap();
-                locked.wait();
-                unlock.wait();
-            });
-            locked.wait();
-            forget();
-            // On another thread, so that a regression fails the test instead
-            // of hanging it.
-            let (sender, receiver) = std::sync::mpsc::channel();
-            std::thread::spawn(move || {
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .unwrap();
-                runtime.block_on(async {
-                    let (ran, ran_here) = tokio::sync::oneshot::channel();
-                    spawn(async move {
-                        let _ = ran.send(());
-                    });
-                    settle(Duration::from_secs(30)).await;
-                    let _ = sender.send(ran_here.await.is_ok());
+        let settled =
+            crate::fork::held_elsewhere::after_forgetting(&earlier.running, forget, || async {
+                let (ran, ran_here) = tokio::sync::oneshot::channel();
+                spawn(async move {
+                    let _ = ran.send(());
                 });
+                settle(Duration::from_secs(30)).await;
+                ran_here.await.is_ok()
             });
-            let settled = receiver.recv_timeout(Duration::from_secs(10));
-            unlock.wait();
-            assert_eq!(settled, Ok(true), "without the earlier registry's lock");
-        });
+        assert_eq!(settled, Some(true), "without the earlier registry's lock");
         assert!(!std::ptr::eq(REGISTRY.get(), earlier), "a new registry");
     }
 }
