@@ -11,6 +11,7 @@
 //! from the socket, and [`write_replies`] writes what the core queues for
 //! the stream, everything queued at once in one write.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
@@ -23,7 +24,7 @@ use tokio_util::codec::FramedRead;
 use tonic::transport::server::Connected;
 use tonic::{Request, Status};
 
-use crate::accept::Connection;
+use crate::accept::{Connection, FramedHandler};
 use crate::service::Service;
 use crate::stream_queue::StreamRx;
 
@@ -61,8 +62,16 @@ impl FramedSessions {
         }
     }
 
+    /// What the accept loop hands a framed connection to.
+    pub(crate) fn handler<S>(self) -> FramedHandler<S>
+    where
+        S: AsyncRead + AsyncWrite + Connected + Unpin + Send + 'static,
+    {
+        Arc::new(move |connection| self.serve(connection))
+    }
+
     /// Serves the session stream of `connection` on tasks of its own.
-    pub(crate) fn serve<S>(&self, connection: Connection<S>)
+    fn serve<S>(&self, connection: Connection<S>)
     where
         S: AsyncRead + AsyncWrite + Connected + Unpin + Send + 'static,
     {

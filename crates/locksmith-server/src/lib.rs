@@ -466,7 +466,7 @@ impl Server {
                         listener,
                         limits,
                         move |tcp| acceptor.accept(tcp),
-                        Arc::new(move |connection| framed.serve(connection)),
+                        framed.handler(),
                     );
                     Box::pin(serve_until_closed(
                         router.serve_with_incoming_shutdown(incoming, stopped_accepting),
@@ -478,7 +478,7 @@ impl Server {
                         listener,
                         limits,
                         |tcp| async { Ok(tcp) },
-                        Arc::new(move |connection| framed.serve(connection)),
+                        framed.handler(),
                     );
                     Box::pin(serve_until_closed(
                         router.serve_with_incoming_shutdown(incoming, stopped_accepting),
@@ -486,12 +486,8 @@ impl Server {
                     ))
                 }
                 (Listening::Given(listener), _) => {
-                    let (incoming, accepting) = accept::incoming(
-                        listener,
-                        limits,
-                        |io| async { Ok(io) },
-                        Arc::new(move |connection| framed.serve(connection)),
-                    );
+                    let (incoming, accepting) =
+                        accept::incoming(listener, limits, |io| async { Ok(io) }, framed.handler());
                     Box::pin(serve_until_closed(
                         router.serve_with_incoming_shutdown(incoming, stopped_accepting),
                         accepting,
