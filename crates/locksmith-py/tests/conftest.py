@@ -153,6 +153,15 @@ def name() -> str:
     return f"py/{uuid.uuid4().hex[:12]}"
 
 
+def wait_until(condition, seconds: float, what: str) -> None:
+    """Polls `condition` until it holds; fails the test after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not within {seconds} s")
+        time.sleep(0.01)
+
+
 def python(*args: str, **kwargs) -> subprocess.Popen:
     """This interpreter, with the package under test on its path."""
     env = dict(os.environ)

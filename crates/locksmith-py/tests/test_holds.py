@@ -13,7 +13,6 @@ import socket
 import subprocess
 import textwrap
 import threading
-import time
 import weakref
 from urllib.parse import urlsplit, urlunsplit
 
@@ -21,7 +20,7 @@ import pytest
 
 import locksmith
 import locksmith.aio
-from conftest import python, url_of
+from conftest import python, url_of, wait_until
 
 
 @pytest.fixture(params=["memory", "server"])
@@ -122,14 +121,6 @@ def gate(stores):
     gate = Gate(url_of(stores, "server"))
     yield gate
     gate.close()
-
-
-def wait_until(condition, seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"not {what} within {seconds} s")
-        time.sleep(0.01)
 
 
 # A guard whose callback refers to it: collected, and released.

@@ -15,7 +15,7 @@ import time
 import pytest
 
 import locksmith
-from conftest import python, url_of
+from conftest import python, url_of, wait_until
 
 
 @pytest.fixture(params=["memory", "server"])
@@ -69,14 +69,6 @@ class Lines:
         self._child.kill()
         self._child.wait()
         pytest.fail(f"{message}; its stderr:\n{self._child.stderr.read()}")
-
-
-def wait_until(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not within {timeout} s")
-        time.sleep(0.02)
 
 
 def test_ctrl_c_interrupts_a_blocked_acquire(stores, name):
