@@ -9,8 +9,7 @@
 //! HTTP/2 and gRPC cost"). A session stream uses none of what HTTP/2 adds
 //! (streams multiplexed on one connection, flow control per stream, headers
 //! per call): it is one long-lived, ordered exchange of messages, which TCP
-//! already is. The unary calls, the `Sessions` stream and the members' Raft
-//! traffic stay on gRPC.
+//! already is. The unary calls and the `Sessions` stream stay on gRPC.
 //!
 //! ```text
 //! client: MAGIC  FramedHello  ClientBatch  ClientBatch ...
@@ -26,6 +25,10 @@
 //! documented in `locksmith.proto`; this module is the encoding both ends
 //! use, so that they cannot drift apart.
 //!
+//! The members' replication stream travels the same way (its own magic,
+//! [`APPEND_MAGIC`], and frames of `raft.proto`); the members' other calls
+//! stay on gRPC.
+//!
 //! [`v1::ClientBatch`]: crate::v1::ClientBatch
 //! [`v1::ServerBatch`]: crate::v1::ServerBatch
 
@@ -35,11 +38,20 @@ use tokio_util::codec::LengthDelimitedCodec;
 use tonic::metadata::{AsciiMetadataKey, AsciiMetadataValue, KeyAndValueRef, MetadataMap};
 use tonic::{Code, Status};
 
+use crate::raft;
 use crate::v1 as pb;
 
-/// The first bytes a framed connection sends (after TLS, when on). HTTP/2's
-/// preface starts `PRI *`, so the first byte tells them apart.
+/// The first bytes a framed session connection sends (after TLS, when on).
+/// HTTP/2's preface starts `PRI *`, so the first byte tells them apart.
 pub const MAGIC: &[u8; 12] = b"LOCKSMITH/1\n";
+
+/// The first bytes of a member's framed replication stream
+/// ([`raft::AppendFrame`]). It differs from [`MAGIC`] in its last
+/// character but one, so a member older than the framed replication stream
+/// refuses it at that byte.
+///
+/// [`raft::AppendFrame`]: crate::raft::AppendFrame
+pub const APPEND_MAGIC: &[u8; 12] = b"LOCKSMITH/A\n";
 
 /// Bytes of the length before each frame.
 const LENGTH_BYTES: usize = 4;
@@ -132,6 +144,23 @@ pub fn status_of(frame: pb::FramedStatus) -> Status {
     )
     .unwrap_or_default();
     Status::with_metadata(Code::from_i32(frame.code), frame.message, metadata)
+}
+
+/// The replication stream's frame that ends a session with `status`, and
+/// says whether the connection closes after it.
+pub fn append_end(status: &Status, closing: bool) -> raft::AppendFrame {
+    raft::AppendFrame {
+        kind: Some(raft::append_frame::Kind::End(raft::AppendEnd {
+            code: status.code() as i32,
+            message: status.message().to_owned(),
+            closing,
+        })),
+    }
+}
+
+/// The status an end of a replication stream carries.
+pub fn append_status(end: raft::AppendEnd) -> Status {
+    Status::new(Code::from_i32(end.code), end.message)
 }
 
 fn headers_of(metadata: &MetadataMap) -> Vec<pb::FramedHeader> {

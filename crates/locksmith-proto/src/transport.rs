@@ -1,6 +1,7 @@
 //! [`Connector`]: how a gRPC channel to a member reaches its address, when
 //! not over the machine's TCP: a deterministic simulation hands the client
 //! library and the server's members one that dials its simulated network.
+//! [`dial`]: a connection of the framed streams' own, the same way.
 
 use std::fmt;
 use std::future::Future;
@@ -98,6 +99,37 @@ impl Connector {
     fn prepare(&self, endpoint: Endpoint) -> Endpoint {
         endpoint.http2_reset_stream_duration(Self::RESET_STREAM_MEMORY)
     }
+}
+
+/// A stream to `addr` (`host:port`): through `connector` when given, else
+/// over TCP (without Nagle's delay); over TLS with `tls` when given, the
+/// host part checked against the server's certificate.
+///
+/// Cancel safety: safe; a dropped dial closes what it opened.
+pub async fn dial(
+    addr: &str,
+    tls: Option<Arc<rustls::ClientConfig>>,
+    connector: Option<&Connector>,
+) -> io::Result<Box<dyn Io>> {
+    let io: Box<dyn Io> = match connector {
+        Some(connector) => connector.dial(addr).await?,
+        None => {
+            let tcp = tokio::net::TcpStream::connect(addr).await?;
+            tcp.set_nodelay(true)?;
+            Box::new(tcp)
+        }
+    };
+    let Some(config) = tls else {
+        return Ok(io);
+    };
+    let host = addr.rsplit_once(':').map_or(addr, |(host, _)| host);
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let name = rustls::pki_types::ServerName::try_from(host.to_owned())
+        .map_err(|error| io::Error::new(io::ErrorKind::InvalidInput, error))?;
+    let tls = tokio_rustls::TlsConnector::from(config)
+        .connect(name, io)
+        .await?;
+    Ok(Box::new(tls))
 }
 
 /// Two connectors are equal when they are clones of one.

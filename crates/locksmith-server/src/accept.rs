@@ -30,11 +30,13 @@
 //! ([`Connection`] replays them), so HTTP/2 sees the connection from its
 //! first byte.
 //!
-//! A connection that starts with the framed session stream's magic
-//! (`locksmith_proto::framed::MAGIC`) instead of the preface goes to the
-//! `framed` handler [`incoming`] is given (module `framed_session`), with
-//! what it sent after the magic replayed the same way. It has sent the
-//! magic within the handshake timeout; the handler bounds its hello.
+//! A connection that starts with a framed stream's magic instead of the
+//! preface goes to the handler [`incoming`] is given for it
+//! ([`FramedHandlers`]), with what it sent after the magic replayed the
+//! same way: a client's session stream (`locksmith_proto::framed::MAGIC`,
+//! module `framed_session`) or a member's replication stream
+//! (`APPEND_MAGIC`, module `raft::append_stream`). It has sent the magic
+//! within the handshake timeout; the handler bounds what follows.
 //!
 //! [`ServerConfig::max_connections`]: crate::ServerConfig::max_connections
 //! [`ServerConfig::handshake_timeout`]: crate::ServerConfig::handshake_timeout
@@ -57,7 +59,7 @@ use tokio_stream::StreamExt;
 use tonic::transport::server::Connected;
 
 use crate::environment::Listener;
-use locksmith_proto::framed::MAGIC;
+use locksmith_proto::framed::{APPEND_MAGIC, MAGIC};
 
 /// The fixed start of every HTTP/2 connection (RFC 9113, section 3.4).
 const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -111,14 +113,44 @@ impl Accept for Box<dyn Listener> {
     }
 }
 
-/// What becomes of a framed connection: the handler of the framed session
-/// stream.
+/// What becomes of a framed connection of one kind.
 pub(crate) type FramedHandler<S> = Arc<dyn Fn(Connection<S>) + Send + Sync>;
+
+/// The handlers of the framed streams, by their magic.
+pub(crate) struct FramedHandlers<S> {
+    /// A client's session stream.
+    pub session: FramedHandler<S>,
+    /// A member's replication stream.
+    pub append: FramedHandler<S>,
+}
+
+impl<S> Clone for FramedHandlers<S> {
+    fn clone(&self) -> Self {
+        FramedHandlers {
+            session: self.session.clone(),
+            append: self.append.clone(),
+        }
+    }
+}
+
+/// The framed streams, each told by its magic.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum FramedStream {
+    Session,
+    Append,
+}
+
+impl FramedStream {
+    const ALL: [(FramedStream, &'static [u8; 12]); 2] = [
+        (FramedStream::Session, MAGIC),
+        (FramedStream::Append, APPEND_MAGIC),
+    ];
+}
 
 /// Accepts connections from `listener` until the returned stream is dropped,
 /// yielding each once `upgrade` (nothing, or the TLS handshake) is done and
-/// it has sent its HTTP/2 preface, both in time; a connection that sends the
-/// framed magic instead goes to `framed`.
+/// it has sent its HTTP/2 preface, both in time; a connection that sends a
+/// framed stream's magic instead goes to that stream's handler in `framed`.
 ///
 /// Must be called within a tokio runtime: the loop runs as its own task (and
 /// each handshake as one), so a slow client never holds up the next accept.
@@ -129,7 +161,7 @@ pub(crate) fn incoming<L, S, U, F>(
     listener: L,
     limits: AcceptLimits,
     upgrade: U,
-    framed: FramedHandler<S>,
+    framed: FramedHandlers<S>,
 ) -> (
     impl Stream<Item = Result<Connection<S>, io::Error>>,
     JoinHandle<()>,
@@ -153,7 +185,7 @@ async fn accept_loop<L, S, U, F>(
     mut listener: L,
     limits: AcceptLimits,
     upgrade: U,
-    framed: FramedHandler<S>,
+    framed: FramedHandlers<S>,
     ready: mpsc::Sender<Connection<S>>,
 ) where
     L: Accept,
@@ -230,7 +262,7 @@ fn out_of_resources(error: &io::Error) -> bool {
 }
 
 /// Upgrades the connection and reads the client preface within `timeout`,
-/// then hands the connection on: to tonic, or to `framed`.
+/// then hands the connection on: to tonic, or to a handler of `framed`.
 ///
 /// Cancel safety: runs as its own task.
 async fn handshake<S: AsyncRead + Unpin>(
@@ -239,7 +271,7 @@ async fn handshake<S: AsyncRead + Unpin>(
     slot: OwnedSemaphorePermit,
     timeout: Duration,
     ready: mpsc::Sender<Connection<S>>,
-    framed: FramedHandler<S>,
+    framed: FramedHandlers<S>,
 ) {
     let upgraded_and_opening = async {
         let mut stream = upgraded.await?;
@@ -248,9 +280,10 @@ async fn handshake<S: AsyncRead + Unpin>(
     };
     match tokio::time::timeout(timeout, upgraded_and_opening).await {
         Ok(Ok((stream, opening))) => {
-            let (preface, is_framed) = match opening {
-                Opening::Http2(preface) => (preface, false),
-                Opening::Framed(after_magic) => (after_magic, true),
+            let (preface, handler) = match opening {
+                Opening::Http2(preface) => (preface, None),
+                Opening::Framed(FramedStream::Session, after) => (after, Some(&framed.session)),
+                Opening::Framed(FramedStream::Append, after) => (after, Some(&framed.append)),
             };
             let connection = Connection {
                 stream,
@@ -258,10 +291,11 @@ async fn handshake<S: AsyncRead + Unpin>(
                 replayed: 0,
                 _slot: slot,
             };
-            if is_framed {
-                framed(connection);
-            } else {
-                let _ = ready.send(connection).await;
+            match handler {
+                Some(handler) => handler(connection),
+                None => {
+                    let _ = ready.send(connection).await;
+                }
             }
         }
         Ok(Err(error)) => {
@@ -276,13 +310,13 @@ async fn handshake<S: AsyncRead + Unpin>(
 enum Opening {
     /// With the HTTP/2 client preface: its bytes, read whole.
     Http2(Vec<u8>),
-    /// With the framed magic: the bytes read after it (the start of its
-    /// hello).
-    Framed(Vec<u8>),
+    /// With a framed stream's magic: which stream, and the bytes read
+    /// after the magic (the start of its first frame).
+    Framed(FramedStream, Vec<u8>),
 }
 
 /// Reads the HTTP/2 client preface (the fixed string and a SETTINGS frame),
-/// or the framed magic.
+/// or a framed stream's magic.
 ///
 /// Both are checked as their bytes arrive, so a client speaking something
 /// else is refused at its first wrong byte. An HTTP/1 request can be
@@ -296,7 +330,7 @@ async fn read_opening(stream: &mut (impl AsyncRead + Unpin)) -> io::Result<Openi
     let not_http2 = || {
         io::Error::new(
             io::ErrorKind::InvalidData,
-            "the connection starts with neither the HTTP/2 client preface nor the framed magic",
+            "the connection starts with neither the HTTP/2 client preface nor a framed magic",
         )
     };
     let starts_as = |bytes: &[u8], fixed: &[u8]| {
@@ -311,12 +345,17 @@ async fn read_opening(stream: &mut (impl AsyncRead + Unpin)) -> io::Result<Openi
             return Err(io::ErrorKind::UnexpectedEof.into());
         }
         filled += read;
-        if starts_as(&bytes[..filled], MAGIC) {
-            if filled >= MAGIC.len() {
-                return Ok(Opening::Framed(bytes[MAGIC.len()..filled].to_vec()));
+        let read = &bytes[..filled];
+        let framed = FramedStream::ALL
+            .iter()
+            .find(|(_, magic)| starts_as(read, &magic[..]));
+        match framed {
+            Some(&(stream, magic)) if filled >= magic.len() => {
+                return Ok(Opening::Framed(stream, read[magic.len()..].to_vec()));
             }
-        } else if !starts_as(&bytes[..filled], PREFACE) {
-            return Err(not_http2());
+            Some(_) => {}
+            None if starts_as(read, PREFACE) => {}
+            None => return Err(not_http2()),
         }
     }
     let header = &bytes[PREFACE.len()..];
@@ -505,19 +544,25 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn the_framed_magic_is_told_apart_and_what_follows_it_kept() {
-        let (mut client, mut server) = pair().await;
-        let mut sent = MAGIC.to_vec();
-        sent.extend_from_slice(b"\0\0\0\x02hi");
-        // In two pieces: the magic is recognised across reads.
-        client.write_all(&sent[..5]).await.unwrap();
-        let reading = tokio::spawn(async move { read_opening(&mut server).await.unwrap() });
-        tokio::task::yield_now().await;
-        client.write_all(&sent[5..]).await.unwrap();
-        let Opening::Framed(after) = reading.await.unwrap() else {
-            panic!("a framed connection");
-        };
-        assert!(sent[MAGIC.len()..].starts_with(&after));
+    async fn each_framed_magic_is_told_apart_and_what_follows_it_kept() {
+        for (stream, magic) in FramedStream::ALL {
+            let (mut client, mut server) = pair().await;
+            let mut sent = magic.to_vec();
+            sent.extend_from_slice(b"\0\0\0\x02hi");
+            // In pieces: the magics share their first ten bytes, and are
+            // told apart across reads.
+            client.write_all(&sent[..5]).await.unwrap();
+            let reading = tokio::spawn(async move { read_opening(&mut server).await.unwrap() });
+            tokio::task::yield_now().await;
+            client.write_all(&sent[5..11]).await.unwrap();
+            tokio::task::yield_now().await;
+            client.write_all(&sent[11..]).await.unwrap();
+            let Opening::Framed(got, after) = reading.await.unwrap() else {
+                panic!("a framed connection");
+            };
+            assert_eq!(got, stream);
+            assert!(sent[magic.len()..].starts_with(&after));
+        }
     }
 
     #[tokio::test]

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use futures::{FutureExt, StreamExt};
+use futures::StreamExt;
 use locksmith_proto::framed;
 use locksmith_proto::v1 as pb;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, WriteHalf};
@@ -25,12 +25,9 @@ use tonic::transport::server::Connected;
 use tonic::{Request, Status};
 
 use crate::accept::{Connection, FramedHandler};
+use crate::framed_write::{gather, reuse};
 use crate::service::Service;
 use crate::stream_queue::StreamRx;
-
-/// Bytes of replies gathered into one write, at most (more than one
-/// message can be, once one alone is larger).
-const WRITE_BYTES: usize = 64 << 10;
 
 /// How long one write of replies may wait for a client that reads nothing
 /// before the connection is closed: HTTP/2's keep-alive timeout on the
@@ -145,17 +142,8 @@ async fn write_replies<W: AsyncWrite + Unpin>(mut replies: StreamRx, write: &mut
         )),
     };
     framed::put_frame(&mut buf, &accepted);
-    let mut ended = false;
-    while !ended {
-        if buf.is_empty() {
-            ended = put_reply(&mut buf, replies.next().await);
-        }
-        while !ended && buf.len() < WRITE_BYTES {
-            match replies.next().now_or_never() {
-                Some(reply) => ended = put_reply(&mut buf, reply),
-                None => break,
-            }
-        }
+    loop {
+        let ended = gather(&mut replies, &mut buf, put_reply).await;
         match tokio::time::timeout(WRITE_STALL, write.write_all(&buf)).await {
             Ok(Ok(())) => {}
             // The client is gone, or reads nothing: the connection closes,
@@ -168,11 +156,10 @@ async fn write_replies<W: AsyncWrite + Unpin>(mut replies: StreamRx, write: &mut
                 )
             }
         }
-        buf.clear();
-        if buf.capacity() > WRITE_BYTES {
-            // Only a rare burst needs more: an idle stream keeps little.
-            buf = BytesMut::new();
+        if ended {
+            return;
         }
+        reuse(&mut buf);
     }
 }
 

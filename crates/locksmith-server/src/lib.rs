@@ -101,6 +101,7 @@ mod entry;
 mod environment;
 mod error;
 mod framed_session;
+mod framed_write;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
@@ -258,6 +259,7 @@ impl Server {
             );
         }
         let peer_tls = tls.as_ref().and_then(|tls| tls.peer.clone());
+        let peer_grpc_tls = peer_tls.as_ref().map(|tls| tls.grpc.clone());
         let (listener, addr) = match given_listener {
             Some(_) if tls.is_some() => {
                 return Err(ServerError::Config(
@@ -344,8 +346,7 @@ impl Server {
         let machine =
             CoreMachine::new(ops.clone(), snapshots, snapshot, stats.clone()).paced_by(apply_pace);
         let sized = (log.clone(), machine.clone());
-        let raft =
-            raft::member::open(&config, log, machine, peer_tls.clone(), connector.clone()).await?;
+        let raft = raft::member::open(&config, log, machine, peer_tls, connector.clone()).await?;
         core.connect_raft(raft.clone(), ops.clone());
         let (exit_tx, exit_rx) = oneshot::channel();
         let serving = readiness.clone();
@@ -399,7 +400,7 @@ impl Server {
             raft.clone(),
             versions.clone(),
             ops.clone(),
-            peer_tls.clone(),
+            peer_grpc_tls.clone(),
             connector.clone(),
         ));
         if config.cluster.len() <= 1 && config.join.is_none() {
@@ -427,6 +428,12 @@ impl Server {
         let members = tls
             .as_ref()
             .map_or(MemberCheck::Open, |tls| tls.members.clone());
+        let appends = raft::append_stream::AppendStreams::new(
+            raft.clone(),
+            members.clone(),
+            raft::peer_message_bytes(config.max_message_bytes),
+        );
+
         let router = tonic::transport::Server::builder()
             .max_concurrent_streams(config.max_streams_per_connection)
             .http2_keepalive_interval(Some(Duration::from_secs(10)))
@@ -466,7 +473,7 @@ impl Server {
                         listener,
                         limits,
                         move |tcp| acceptor.accept(tcp),
-                        framed.handler(),
+                        framed_handlers(framed, appends),
                     );
                     Box::pin(serve_until_closed(
                         router.serve_with_incoming_shutdown(incoming, stopped_accepting),
@@ -478,7 +485,7 @@ impl Server {
                         listener,
                         limits,
                         |tcp| async { Ok(tcp) },
-                        framed.handler(),
+                        framed_handlers(framed, appends),
                     );
                     Box::pin(serve_until_closed(
                         router.serve_with_incoming_shutdown(incoming, stopped_accepting),
@@ -486,8 +493,12 @@ impl Server {
                     ))
                 }
                 (Listening::Given(listener), _) => {
-                    let (incoming, accepting) =
-                        accept::incoming(listener, limits, |io| async { Ok(io) }, framed.handler());
+                    let (incoming, accepting) = accept::incoming(
+                        listener,
+                        limits,
+                        |io| async { Ok(io) },
+                        framed_handlers(framed, appends),
+                    );
                     Box::pin(serve_until_closed(
                         router.serve_with_incoming_shutdown(incoming, stopped_accepting),
                         accepting,
@@ -548,7 +559,9 @@ impl Server {
             let (id, address) = (config.node_id, addr.to_string());
             let joined = move || raft::admin::applied_member(&joiner, id);
             tokio::spawn(async move {
-                match raft::admin::join(&through, id, &address, peer_tls, connector, joined).await {
+                match raft::admin::join(&through, id, &address, peer_grpc_tls, connector, joined)
+                    .await
+                {
                     Ok(()) => tracing::info!(%through, "joined the cluster as a learner"),
                     Err(error) => tracing::error!(%error, "could not join the cluster"),
                 }
@@ -686,6 +699,26 @@ fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpSocket> {
 /// a server that has stopped has freed its address.
 ///
 /// Cancel safety: dropped, the accept loop still ends on its own.
+/// The accept loop's handlers of the framed streams, for connections of
+/// type `S`.
+fn framed_handlers<S>(
+    sessions: FramedSessions,
+    appends: raft::append_stream::AppendStreams,
+) -> accept::FramedHandlers<S>
+where
+    S: tokio::io::AsyncRead
+        + tokio::io::AsyncWrite
+        + tonic::transport::server::Connected
+        + Unpin
+        + Send
+        + 'static,
+{
+    accept::FramedHandlers {
+        session: sessions.handler(),
+        append: appends.handler(),
+    }
+}
+
 async fn serve_until_closed<E>(
     serving: impl Future<Output = Result<(), E>>,
     accepting: JoinHandle<()>,

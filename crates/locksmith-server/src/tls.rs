@@ -47,9 +47,20 @@ pub(crate) struct Tls {
     /// Accepts clients' and members' connections.
     pub acceptor: TlsAcceptor,
     /// How this member connects to the others, when a peer CA is set.
-    pub peer: Option<ClientTlsConfig>,
+    pub peer: Option<PeerTls>,
     /// Who may send Raft traffic.
     pub members: MemberCheck,
+}
+
+/// How a member connects to the others over TLS: its certificate, and the
+/// peer CA it checks theirs against.
+#[derive(Clone)]
+pub(crate) struct PeerTls {
+    /// For gRPC channels (tonic's).
+    pub grpc: ClientTlsConfig,
+    /// For the framed replication stream's connections (no ALPN: it is not
+    /// HTTP/2).
+    pub framed: Arc<rustls::ClientConfig>,
 }
 
 /// Who the Raft service hears.
@@ -154,15 +165,29 @@ impl Tls {
         };
         let (peer, members) = match &files.peer_ca {
             Some(ca) => {
-                let verifier = WebPkiClientVerifier::builder_with_provider(roots(&[ca])?, provider)
-                    .build()
-                    .map_err(|e| bad(ca, e.to_string()))?;
+                let peer_roots = roots(&[ca])?;
+                let verifier = WebPkiClientVerifier::builder_with_provider(
+                    peer_roots.clone(),
+                    provider.clone(),
+                )
+                .build()
+                .map_err(|e| bad(ca, e.to_string()))?;
                 let pem = |path: &Path| {
                     std::fs::read(path).map_err(|e| bad(path, format!("cannot read: {e}")))
                 };
-                let peer = ClientTlsConfig::new()
+                let grpc = ClientTlsConfig::new()
                     .ca_certificate(Certificate::from_pem(pem(ca)?))
                     .identity(Identity::from_pem(pem(&files.cert)?, pem(&files.key)?));
+                let framed = rustls::ClientConfig::builder_with_provider(provider)
+                    .with_safe_default_protocol_versions()
+                    .map_err(|e| bad(ca, e.to_string()))?
+                    .with_root_certificates(peer_roots)
+                    .with_client_auth_cert(certs.clone(), key.clone_key())
+                    .map_err(|e| bad(&files.key, format!("does not match the certificate: {e}")))?;
+                let peer = PeerTls {
+                    grpc,
+                    framed: Arc::new(framed),
+                };
                 (Some(peer), MemberCheck::Certified(verifier))
             }
             None => (None, MemberCheck::Closed),

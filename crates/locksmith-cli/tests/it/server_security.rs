@@ -672,6 +672,7 @@ async fn a_bad_auth_file_stops_the_start_and_says_why() {
 async fn a_tls_cluster_elects_a_leader_serves_holds_and_refuses_strange_members() {
     use locksmith_proto::raft as raft_pb;
     use locksmith_testkit::free_port;
+    use raft_pb::append_frame::Kind;
 
     let pki = Pki::new();
     std::fs::write(pki.path("auth.toml"), auth_file(&ROLES)).unwrap();
@@ -753,7 +754,24 @@ async fn a_tls_cluster_elects_a_leader_serves_holds_and_refuses_strange_members(
         .expect("refused before the message is read")
         .unwrap_err();
         assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused:?}");
+
+        // The framed replication stream: refused in its first frame, on the
+        // connection's certificate.
+        let who = (!identity.is_empty()).then_some("a-client");
+        let Kind::End(refused) = framed_append_opening(&pki, &addrs[0], who).await else {
+            panic!("a framed replication stream without a member's certificate is refused");
+        };
+        assert_eq!(
+            refused.code,
+            tonic::Code::Unauthenticated as i32,
+            "{refused:?}"
+        );
+        assert!(refused.message.contains("peer CA"), "{refused:?}");
+        assert!(refused.closing, "{refused:?}");
     }
+    // A member's certificate opens it.
+    let opened = framed_append_opening(&pki, &addrs[0], Some("member-2")).await;
+    assert!(matches!(opened, Kind::Accepted(_)), "{opened:?}");
 
     // A member whose certificate another CA signed: no TLS session at all.
     let foreign = ServerUrl::parse(&format!(
@@ -783,6 +801,53 @@ async fn a_tls_cluster_elects_a_leader_serves_holds_and_refuses_strange_members(
     for member in &members {
         member.assert_running();
     }
+}
+
+/// Opens a framed replication stream to the member at `addr` over TLS
+/// (trusting the members' CA), presenting `identity`'s certificate (of
+/// `pki`) if given, and returns the member's first frame.
+async fn framed_append_opening(
+    pki: &Pki,
+    addr: &str,
+    identity: Option<&str>,
+) -> locksmith_proto::raft::append_frame::Kind {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(pki.path("members-ca.pem")).unwrap() {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots);
+    let config = match identity {
+        Some(name) => {
+            let certs = CertificateDer::pem_file_iter(pki.path(&format!("{name}.pem")))
+                .unwrap()
+                .collect::<Result<Vec<_>, _>>()
+                .unwrap();
+            let key = PrivateKeyDer::from_pem_file(pki.path(&format!("{name}.key"))).unwrap();
+            builder.with_client_auth_cert(certs, key).unwrap()
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let mut io = locksmith_proto::transport::dial(addr, Some(std::sync::Arc::new(config)), None)
+        .await
+        .unwrap();
+    io.write_all(locksmith_proto::framed::APPEND_MAGIC)
+        .await
+        .unwrap();
+    let len = io.read_u32().await.unwrap();
+    let mut frame = vec![0; len as usize];
+    io.read_exact(&mut frame).await.unwrap();
+    locksmith_proto::framed::decode::<locksmith_proto::raft::AppendFrame>(&frame)
+        .unwrap()
+        .kind
+        .expect("a frame of a kind")
 }
 
 #[test]

@@ -151,11 +151,12 @@ pub(crate) async fn open(
     config: &ServerConfig,
     log: RaftLog,
     machine: CoreMachine,
-    tls: Option<tonic::transport::ClientTlsConfig>,
+    tls: Option<crate::tls::PeerTls>,
     connector: Option<locksmith_proto::transport::Connector>,
 ) -> Result<Raft, ServerError> {
     let raft_config = Arc::new(raft_config(config)?);
-    let network = PeerNetwork::new(SNAPSHOT_RATE, tls).connecting_with(connector);
+    let max_frame = super::peer_message_bytes(config.max_message_bytes);
+    let network = PeerNetwork::new(SNAPSHOT_RATE, tls, max_frame).connecting_with(connector);
     Raft::new(config.node_id, raft_config, network, log, machine)
         .await
         .map_err(|e| ServerError::Raft(format!("cannot start: {e}")))

@@ -13,9 +13,13 @@
 //!   against the last snapshot's size);
 //! - `member`: starting the member (log, openraft, role watch);
 //! - `admin`: membership changes and status (`locksmith cluster`);
-//! - `network`: the members' traffic over gRPC on the clients' port.
+//! - `network`: the members' traffic on the clients' port, over gRPC but
+//!   for replication;
+//! - `append_stream`: replication framed on connections of its own,
+//!   without HTTP/2.
 
 pub(crate) mod admin;
+pub(crate) mod append_stream;
 mod commit_notices;
 pub(crate) mod member;
 pub(crate) mod network;

@@ -49,9 +49,10 @@ use tonic::service::interceptor::{InterceptedService, Interceptor};
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tonic::{Request, Response, Status, Streaming};
 
+use super::append_stream::{AppendSession, Connections, Route};
 use super::commit_notices::CommitNotices;
 use super::TypeConfig;
-use crate::tls::MemberCheck;
+use crate::tls::{MemberCheck, PeerTls};
 
 /// Bytes of snapshot per chunk on the wire.
 pub(crate) const SNAPSHOT_CHUNK: usize = 1 << 20;
@@ -81,12 +82,15 @@ const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(1);
 const MAX_SNAPSHOT_BYTES: usize = 16 << 30;
 
 /// Creates a [`Peer`] for each member openraft replicates to.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub(crate) struct PeerNetwork {
     /// Bytes per second a snapshot is sent at, at most.
     pub snapshot_rate: u64,
     /// With TLS on: this member's certificate and the CA of its peers'.
-    pub tls: Option<ClientTlsConfig>,
+    pub tls: Option<PeerTls>,
+    /// The largest frame a member takes on the framed replication stream:
+    /// its message limit.
+    max_frame: usize,
     /// Reaches the members through this instead of TCP (a simulated
     /// network's, see `Environment::connector`).
     pub connector: Option<Connector>,
@@ -96,10 +100,11 @@ pub(crate) struct PeerNetwork {
 }
 
 impl PeerNetwork {
-    pub(crate) fn new(snapshot_rate: u64, tls: Option<ClientTlsConfig>) -> PeerNetwork {
+    pub(crate) fn new(snapshot_rate: u64, tls: Option<PeerTls>, max_frame: usize) -> PeerNetwork {
         PeerNetwork {
             snapshot_rate,
             tls,
+            max_frame,
             connector: None,
             links: Arc::default(),
         }
@@ -128,11 +133,12 @@ impl PeerNetwork {
 /// failed call at warn, about twenty lines a second for a member that is
 /// down (its heartbeats); the server's default filter keeps only openraft's
 /// errors.
-#[derive(Debug)]
 pub(crate) struct Link {
     member: u64,
     addr: String,
     silent: AtomicBool,
+    /// The framed replication stream's connections towards the member.
+    connections: Arc<Connections>,
 }
 
 impl Link {
@@ -141,6 +147,7 @@ impl Link {
             member,
             addr: addr.to_owned(),
             silent: AtomicBool::new(false),
+            connections: Arc::default(),
         })
     }
 
@@ -181,7 +188,8 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
     ///
     /// Cancel safety: safe, no await.
     async fn new_client(&mut self, target: u64, node: &BasicNode) -> Peer {
-        let channel = match peer_endpoint(&node.addr, self.tls.clone()) {
+        let grpc_tls = self.tls.as_ref().map(|tls| tls.grpc.clone());
+        let channel = match peer_endpoint(&node.addr, grpc_tls) {
             Ok(endpoint) => {
                 let endpoint = endpoint
                     .connect_timeout(Duration::from_secs(1))
@@ -203,6 +211,9 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
             snapshot_rate: self.snapshot_rate,
             unary_append: false,
             link: self.link(target, &node.addr),
+            framed_tls: self.tls.as_ref().map(|tls| tls.framed.clone()),
+            connector: self.connector.clone(),
+            max_frame: self.max_frame,
         }
     }
 }
@@ -229,6 +240,10 @@ pub(crate) struct Peer {
     /// earlier version, and is sent a call per AppendEntries from then on.
     unary_append: bool,
     link: Arc<Link>,
+    /// How the framed replication stream reaches the member.
+    framed_tls: Option<Arc<rustls::ClientConfig>>,
+    connector: Option<Connector>,
+    max_frame: usize,
 }
 
 impl Peer {
@@ -299,12 +314,14 @@ impl RaftNetworkV2<TypeConfig> for Peer {
         result.map_err(flatten_remote)
     }
 
-    /// One HTTP/2 stream for the whole replication session, instead of a
-    /// call per request: openraft keeps a session open while it replicates
-    /// to this peer, and each request goes out as soon as it is made, without
-    /// waiting for the answer to the one before (docs/BENCHMARKS.md, "Where
-    /// that CPU goes"). A request that only tells the follower a commit
-    /// index waits briefly for the next one to carry it ([`CommitNotices`]).
+    /// One stream for the whole replication session, instead of a call per
+    /// request: each request goes out as soon as it is made, without waiting
+    /// for the answer to the one before (docs/BENCHMARKS.md, "Where that CPU
+    /// goes"). The stream is framed on a connection of its own (module
+    /// `append_stream`), or, to a member without it or while that
+    /// connection opens, the `StreamAppend` call. A request that only tells
+    /// the follower a commit index waits briefly for the next one to carry
+    /// it ([`CommitNotices`]).
     ///
     /// The answers come back in order. A session whose peer has requests to
     /// answer but answers none within [`REPLICATION_PROGRESS`] ends with an
@@ -341,11 +358,37 @@ impl RaftNetworkV2<TypeConfig> for Peer {
                 return Ok(futures::stream::empty().boxed());
             };
             let input = futures::stream::once(ready(first)).chain(input);
-            let mut client = self.client()?;
-            let sent = Arc::new(AtomicU64::new(0));
-            let counted = sent.clone();
-            let addr = self.addr.clone();
             let input = CommitNotices::new(input);
+            let sent = Arc::new(AtomicU64::new(0));
+            let addr = self.addr.clone();
+            let ttl = option.soft_ttl();
+            let link = self.link.clone();
+            let no_answer = |link: &Link| {
+                let why = format!("no answer from {addr} within {ttl:?}");
+                link.silent(&why);
+                RPCError::Network(NetworkError::from_string(why))
+            };
+            let connections = &link.connections;
+            let route = connections.route(
+                &addr,
+                self.framed_tls.clone(),
+                self.connector.as_ref(),
+                self.max_frame,
+            );
+            let route = tokio::time::timeout(ttl, route)
+                .await
+                .map_err(|_| no_answer(&link))?
+                .map_err(|status| {
+                    link.ended(&status);
+                    status_to_rpc_error(&addr, status)
+                })?;
+            if let Route::Framed(connection) = route {
+                let answers =
+                    AppendSession::new(connection, input, sent.clone(), connections.clone());
+                return Ok(appended(answers, sent, ttl.max(REPLICATION_PROGRESS), link).boxed());
+            }
+            let mut client = self.client()?;
+            let counted = sent.clone();
             // A request that does not encode ends the session: sending the
             // ones after it would leave a gap.
             let requests = input.scan((), move |_, request| {
@@ -359,15 +402,9 @@ impl RaftNetworkV2<TypeConfig> for Peer {
                 counted.fetch_add(u64::from(payload.is_some()), Ordering::Relaxed);
                 ready(payload)
             });
-            let ttl = option.soft_ttl();
-            let link = self.link.clone();
             let answers = tokio::time::timeout(ttl, client.stream_append(requests))
                 .await
-                .map_err(|_| {
-                    let why = format!("no answer from {addr} within {ttl:?}");
-                    link.silent(&why);
-                    RPCError::Network(NetworkError::from_string(why))
-                })?
+                .map_err(|_| no_answer(&link))?
                 .map_err(|status| {
                     link.ended(&status);
                     if status.code() == tonic::Code::Unimplemented {
@@ -376,7 +413,8 @@ impl RaftNetworkV2<TypeConfig> for Peer {
                     }
                     status_to_rpc_error(&addr, status)
                 })?
-                .into_inner();
+                .into_inner()
+                .map(|answer| answer.map(|payload| payload.postcard));
             Ok(appended(answers, sent, ttl.max(REPLICATION_PROGRESS), link).boxed())
         })
     }
@@ -499,11 +537,11 @@ fn snapshot_time(bytes: usize, rate: u64) -> Duration {
     Duration::from_secs_f64(2.0 * bytes / rate.max(1) as f64 + bytes / INSTALL_RATE + 10.0)
 }
 
-/// The answers of a replication stream, in order: ends at the first error,
-/// or with an error when `sent` requests wait for an answer and none came
-/// within `ttl`.
+/// The answers of a replication stream (each postcard-encoded), in order:
+/// ends at the first error, or with an error when `sent` requests wait for
+/// an answer and none came within `ttl`.
 fn appended(
-    answers: Streaming<pb::Payload>,
+    answers: impl Stream<Item = Result<Vec<u8>, Status>> + Unpin + Send,
     sent: Arc<AtomicU64>,
     ttl: Duration,
     link: Arc<Link>,
@@ -514,24 +552,24 @@ fn appended(
             let addr = &link.addr;
             let (mut answers, mut answered) = state?;
             let item = loop {
-                // `message` keeps its progress in the stream: cancel safe.
-                match tokio::time::timeout(ttl, answers.message()).await {
+                // `next` keeps its progress in the stream: cancel safe.
+                match tokio::time::timeout(ttl, answers.next()).await {
                     Err(_) if sent.load(Ordering::Relaxed) == answered => continue,
                     Err(_) => {
                         let why = format!("{addr} answered no AppendEntries within {ttl:?}");
                         link.silent(&why);
                         break Err(RPCError::Network(NetworkError::from_string(why)));
                     }
-                    Ok(Err(status)) => {
+                    Ok(Some(Err(status))) => {
                         link.ended(&status);
                         break Err(status_to_rpc_error(addr, status));
                     }
-                    Ok(Ok(None)) => return None,
-                    Ok(Ok(Some(answer))) => {
+                    Ok(None) => return None,
+                    Ok(Some(Ok(answer))) => {
                         link.answered();
                         answered += 1;
                         break decode::<Result<StreamAppendResult<TypeConfig>, Fatal<TypeConfig>>>(
-                            &answer.postcard,
+                            &answer,
                         )
                         .map_err(|e| RPCError::Network(NetworkError::new(&e)))
                         .and_then(|result| {
@@ -839,7 +877,7 @@ mod tests {
                 .add_service(pb::raft_server::RaftServer::new(service))
                 .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
         );
-        let mut network = PeerNetwork::new(1 << 20, None);
+        let mut network = PeerNetwork::new(1 << 20, None, 1 << 20);
         network
             .new_client(2, &BasicNode::new(addr.to_string()))
             .await
@@ -922,7 +960,7 @@ mod tests {
                 Ok(Silenceable { stream, silent })
             }
         });
-        let mut network = PeerNetwork::new(1 << 20, None).connecting_with(Some(connector));
+        let mut network = PeerNetwork::new(1 << 20, None, 1 << 20).connecting_with(Some(connector));
         let mut peer = network
             .new_client(2, &BasicNode::new(addr.to_string()))
             .await;

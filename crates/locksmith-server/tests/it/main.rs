@@ -4,6 +4,7 @@
 //! binary, in locksmith-cli. One module alone:
 //! `cargo nextest run -p locksmith-server -E 'test(/^session_stream::/)'`.
 
+mod append_stream;
 mod environment;
 mod framed_session;
 mod in_process;

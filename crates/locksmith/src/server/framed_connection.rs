@@ -16,7 +16,7 @@ use std::task::{Context, Poll};
 
 use futures::{Sink, Stream};
 use locksmith_proto::framed;
-use locksmith_proto::transport::{Connector, Io};
+use locksmith_proto::transport::{dial, Connector, Io};
 use locksmith_proto::v1 as pb;
 use pb::framed_server_frame::Kind;
 use tokio_util::bytes::Bytes;
@@ -24,7 +24,7 @@ use tokio_util::codec::{Framed, LengthDelimitedCodec};
 use tonic::service::Interceptor;
 use tonic::Status;
 
-use super::stream_connection::{dial, CONNECT_WITHIN};
+use super::stream_connection::CONNECT_WITHIN;
 use super::url::ServerUrl;
 use super::MAX_RESPONSE_BYTES;
 

@@ -41,7 +41,7 @@ use std::task::{Context, Poll, Wake, Waker};
 use futures::task::AtomicWaker;
 use std::time::Duration;
 
-use locksmith_proto::transport::{Connector, Io};
+use locksmith_proto::transport::{dial, Connector};
 use locksmith_proto::v1 as pb;
 use locksmith_proto::v1::locksmith_client::LocksmithClient;
 use tonic::service::interceptor::InterceptedService;
@@ -286,35 +286,6 @@ pub(super) async fn open(
         .await?
         .into_inner();
     Ok(Inbound { stream, tasks })
-}
-
-/// A stream to `addr`, over TLS with `tls` when given.
-///
-/// Cancel safety: safe; a dropped dial closes what it opened.
-pub(super) async fn dial(
-    addr: &str,
-    tls: Option<Arc<rustls::ClientConfig>>,
-    connector: Option<&Connector>,
-) -> io::Result<Box<dyn Io>> {
-    let io: Box<dyn Io> = match connector {
-        Some(connector) => connector.dial(addr).await?,
-        None => {
-            let tcp = tokio::net::TcpStream::connect(addr).await?;
-            tcp.set_nodelay(true)?;
-            Box::new(tcp)
-        }
-    };
-    let Some(config) = tls else {
-        return Ok(io);
-    };
-    let host = addr.rsplit_once(':').map_or(addr, |(host, _)| host);
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    let name = rustls::pki_types::ServerName::try_from(host.to_owned())
-        .map_err(|error| io::Error::new(io::ErrorKind::InvalidInput, error))?;
-    let tls = tokio_rustls::TlsConnector::from(config)
-        .connect(name, io)
-        .await?;
-    Ok(Box::new(tls))
 }
 
 /// hyper's request sender as the service tonic's client calls.
