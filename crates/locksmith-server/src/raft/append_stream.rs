@@ -75,6 +75,12 @@ const IDLE_LIMIT: Duration = Duration::from_secs(60);
 /// nothing before the connection is closed (the leader starts another).
 const WRITE_STALL: Duration = Duration::from_secs(20);
 
+/// How long opening a connection may take (the connect, TLS, and the
+/// member's acceptance), as the gRPC channel's connect timeout: an open
+/// that hangs (a member's host gone, packets dropped) keeps every session
+/// on gRPC while it lasts.
+const OPEN_WITHIN: Duration = Duration::from_secs(1);
+
 /// How long a leader replicates over gRPC to a member that refused the
 /// framed stream (one of an earlier version, during a rolling upgrade)
 /// before it asks again: once upgraded, the member gets the framed stream.
@@ -156,7 +162,15 @@ impl Connections {
         let connections = self.clone();
         let (addr, connector) = (addr.to_owned(), connector.cloned());
         tokio::spawn(async move {
-            let result = open(&addr, tls, connector.as_ref(), max_frame).await;
+            let opening = open(&addr, tls, connector.as_ref(), max_frame);
+            let result = tokio::time::timeout(OPEN_WITHIN, opening)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(framed::connection_error(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("no framed replication stream within {OPEN_WITHIN:?}"),
+                    )))
+                });
             if let Ok(None) = result {
                 tracing::info!(%addr, "a member without the framed replication stream (an earlier version): replicating to it over gRPC");
                 *connections

@@ -812,6 +812,9 @@ mod tests {
         /// A member of the version before replication streams and PreVote:
         /// it answers AppendEntries calls.
         Earlier,
+        /// A member of the version before the framed replication stream:
+        /// it answers every request of a `StreamAppend` call.
+        GrpcStreams,
     }
 
     fn unimplemented<T>() -> Result<T, Status> {
@@ -837,11 +840,23 @@ mod tests {
 
         async fn stream_append(
             &self,
-            _: Request<Streaming<pb::Payload>>,
+            requests: Request<Streaming<pb::Payload>>,
         ) -> Result<Response<Self::StreamAppendStream>, Status> {
             match self {
                 Fake::Silent => Ok(Response::new(futures::stream::pending().boxed())),
                 Fake::Earlier => unimplemented(),
+                Fake::GrpcStreams => {
+                    let answers = requests.into_inner().map(|request| {
+                        let _: AppendEntriesRequest<TypeConfig> = decode(&request?.postcard)
+                            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+                        let answer: Result<StreamAppendResult<TypeConfig>, Fatal<TypeConfig>> =
+                            Ok(Ok(None));
+                        Ok(pb::Payload {
+                            postcard: encode(&answer).unwrap(),
+                        })
+                    });
+                    Ok(Response::new(answers.boxed()))
+                }
             }
         }
 
@@ -1061,6 +1076,28 @@ mod tests {
             }
         }
         assert!(answers.next().await.is_none(), "two requests, two answers");
+    }
+
+    /// During a rolling upgrade the leader may be newer than a follower
+    /// that replicates on `StreamAppend` but not on the framed stream: the
+    /// follower closes the framed connection at its magic, and the same
+    /// session goes on over the call, every request answered; so do the
+    /// sessions after it.
+    #[tokio::test]
+    async fn a_peer_without_the_framed_stream_is_replicated_to_over_the_call() {
+        let mut peer = peer_towards(Fake::GrpcStreams).await;
+        let option = RPCOption::new(Duration::from_secs(5));
+        for _ in 0..2 {
+            let mut answers = peer
+                .stream_append(futures::stream::iter([heartbeat()]), option.clone())
+                .await
+                .expect("the session starts");
+            match answers.next().await {
+                Some(Ok(Ok(None))) => {}
+                other => panic!("expected the peer to take the request: {other:?}"),
+            }
+            assert!(answers.next().await.is_none(), "one request, one answer");
+        }
     }
 
     /// A peer that knows no PreVote grants it, so an election during a

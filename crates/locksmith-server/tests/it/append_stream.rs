@@ -2,7 +2,8 @@
 //! module `raft::append_stream`) in a cluster of three in one process: the
 //! leader replicates on it, and each connection carries one session after
 //! another (openraft opens a session for every heartbeat), so a handful of
-//! connections serve every session of a busy second.
+//! connections serve every session of a busy second; and what a leader
+//! sends on it is checked before openraft sees it.
 
 use std::io;
 use std::net::SocketAddr;
@@ -11,12 +12,17 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use bytes::{BufMut, BytesMut};
+use futures::StreamExt;
 use locksmith::Client;
-use locksmith_proto::framed::{APPEND_MAGIC, MAGIC};
+use locksmith_proto::framed::{self, APPEND_MAGIC, MAGIC};
+use locksmith_proto::raft::{append_frame::Kind, AppendFrame};
 use locksmith_proto::transport::Connector;
 use locksmith_server::{Accepting, Environment, Listener, Server, ServerConfig};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
+use tokio_util::codec::LengthDelimitedCodec;
+use tonic::Code;
 
 /// The first bytes each connection a member opened wrote.
 type Openings = Arc<Mutex<Vec<Arc<Mutex<Vec<u8>>>>>>;
@@ -150,4 +156,76 @@ async fn members_replicate_on_a_few_framed_connections_each_carrying_many_sessio
     for member in members {
         member.shutdown().await.unwrap();
     }
+}
+
+/// A replication stream opened by hand: the magic sent, the acceptance read.
+async fn raw_append_stream(
+    server: &Server,
+) -> tokio_util::codec::Framed<TcpStream, LengthDelimitedCodec> {
+    let mut tcp = TcpStream::connect(server.local_addr()).await.unwrap();
+    tcp.write_all(APPEND_MAGIC).await.unwrap();
+    let mut frames = tokio_util::codec::Framed::new(tcp, framed::codec(u32::MAX as usize));
+    assert!(matches!(next_frame(&mut frames).await, Kind::Accepted(_)));
+    frames
+}
+
+async fn next_frame(
+    frames: &mut tokio_util::codec::Framed<TcpStream, LengthDelimitedCodec>,
+) -> Kind {
+    let frame = tokio::time::timeout(Duration::from_secs(10), frames.next())
+        .await
+        .expect("a frame in time")
+        .expect("a frame, not the connection's end")
+        .expect("a frame that reads");
+    framed::decode::<AppendFrame>(&frame).unwrap().kind.unwrap()
+}
+
+/// What a leader sends is checked before openraft sees it: a session
+/// without requests ends at once and the connection goes on; a request
+/// that does not decode, or a frame over the member's limit, ends the
+/// session with the sender's error and closes the connection; the member
+/// serves on.
+#[tokio::test]
+async fn a_replication_stream_refuses_what_does_not_decode_and_the_member_serves_on() {
+    let server = crate::session_stream::server_with(|_| {}).await;
+
+    let mut frames = raw_append_stream(&server).await;
+    for _ in 0..2 {
+        frames.get_mut().write_all(&[0, 0, 0, 0]).await.unwrap();
+        let Kind::End(end) = next_frame(&mut frames).await else {
+            panic!("an empty session ends");
+        };
+        assert_eq!((end.code, end.closing), (0, false), "{end:?}");
+    }
+    let mut garbage = BytesMut::new();
+    garbage.put_u32(3);
+    garbage.put_slice(&[0xff, 0xff, 0xff]);
+    frames.get_mut().write_all(&garbage).await.unwrap();
+    let Kind::End(end) = next_frame(&mut frames).await else {
+        panic!("a request that does not decode ends the session");
+    };
+    assert_eq!(end.code, Code::InvalidArgument as i32, "{end:?}");
+    assert!(
+        end.message.contains("does not decode") && end.closing,
+        "{end:?}"
+    );
+    assert!(frames.next().await.is_none(), "the connection is closed");
+
+    let mut frames = raw_append_stream(&server).await;
+    frames
+        .get_mut()
+        .write_all(&[0xff, 0xff, 0xff, 0xf0])
+        .await
+        .unwrap();
+    let Kind::End(end) = next_frame(&mut frames).await else {
+        panic!("a frame over the limit ends the session");
+    };
+    assert_eq!(end.code, Code::OutOfRange as i32, "{end:?}");
+    assert!(frames.next().await.is_none(), "the connection is closed");
+
+    let client = Client::connect(&server.url()).await.unwrap();
+    let guard = client.lock("still/serving").acquire().await.unwrap();
+    guard.release().await.unwrap();
+    client.close().await.unwrap();
+    server.shutdown().await.unwrap();
 }
