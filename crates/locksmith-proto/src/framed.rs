@@ -147,9 +147,11 @@ pub fn status_of(frame: pb::FramedStatus) -> Status {
 }
 
 /// The replication stream's frame that ends a session with `status`, and
-/// says whether the connection closes after it.
-pub fn append_end(status: &Status, closing: bool) -> raft::AppendFrame {
+/// says whether the connection closes after it; `seq` is the number of
+/// the leader's frame that ended the session.
+pub fn append_end(status: &Status, closing: bool, seq: u64) -> raft::AppendFrame {
     raft::AppendFrame {
+        seq,
         kind: Some(raft::append_frame::Kind::End(raft::AppendEnd {
             code: status.code() as i32,
             message: status.message().to_owned(),

@@ -13,11 +13,21 @@
 //! openraft opens a session (`RaftNetworkV2::stream_append`) for each run of
 //! replication, and one for every heartbeat: twenty a second to each
 //! follower. So a connection carries one session after another. The leader
-//! ends a session's requests with an empty frame; the follower answers the
-//! rest, and ends the session with an `end` frame that says whether the
-//! connection goes on. A connection that goes on waits with the leader's
-//! [`Idle`] connections towards that member for the next session; a
-//! session that ends any other way closes its connection.
+//! ends a session's requests with a frame of no request; the follower
+//! answers the rest, and ends the session with an `end` frame that says
+//! whether the connection goes on. A connection that goes on waits with
+//! the leader's [`Idle`] connections towards that member for the next
+//! session; a session that ends any other way closes its connection.
+//!
+//! Answers are paired with requests by their order alone, so every frame
+//! carries a sequence number (the leader's in its first 8 bytes, the
+//! follower's in `AppendFrame::seq`, the number of the frame it answers),
+//! and a number out of its place ends the stream with `DATA_LOSS`. TCP
+//! loses nothing from within a connection, but a connection that did (the
+//! simulator's network drops messages across a partition and keeps the
+//! connection) would otherwise pair answers with the wrong requests, or
+//! wait for answers never coming until the replication timeout; HTTP/2's
+//! own framing did the same check for the `StreamAppend` call.
 //!
 //! - **Leader**: [`open`] (on a task of its own, so that a session given up
 //!   on for its timeout still leaves the connection for the next one), then
@@ -89,6 +99,11 @@ const REFUSAL_KEPT: Duration = Duration::from_secs(10);
 /// A connection on which a member accepted the framed replication stream.
 pub(super) struct AppendConnection {
     frames: Framed<Box<dyn Io>, LengthDelimitedCodec>,
+    /// The sequence number of the next frame to send.
+    next_seq: u64,
+    /// The sequence number the next answer must carry: the oldest frame
+    /// sent and not answered.
+    next_answer: u64,
 }
 
 /// The leader's framed connections towards one member: those no session
@@ -218,7 +233,11 @@ async fn open(
         return Ok(None);
     };
     match kind_of(&first) {
-        Ok(Kind::Accepted(_)) => Ok(Some(AppendConnection { frames })),
+        Ok(Kind::Accepted(_)) => Ok(Some(AppendConnection {
+            frames,
+            next_seq: 0,
+            next_answer: 0,
+        })),
         Ok(Kind::End(end)) => Err(framed::append_status(end)),
         Ok(Kind::Answer(_)) | Err(_) => Ok(None),
     }
@@ -226,10 +245,24 @@ async fn open(
 
 /// What a follower's frame is.
 fn kind_of(frame: &[u8]) -> Result<Kind, Status> {
-    framed::decode::<AppendFrame>(frame)
-        .map_err(|status| Status::internal(status.message().to_owned()))?
+    Ok(sequenced_kind_of(frame)?.1)
+}
+
+/// What a follower's frame is, and the sequence number it carries.
+fn sequenced_kind_of(frame: &[u8]) -> Result<(u64, Kind), Status> {
+    let frame = framed::decode::<AppendFrame>(frame)
+        .map_err(|status| Status::internal(status.message().to_owned()))?;
+    let kind = frame
         .kind
-        .ok_or_else(|| Status::internal("the member sent an empty frame"))
+        .ok_or_else(|| Status::internal("the member sent an empty frame"))?;
+    Ok((frame.seq, kind))
+}
+
+/// The error of a frame that is not the one expected: one went missing.
+fn out_of_sequence(what: &str, expected: u64, got: u64) -> Status {
+    Status::data_loss(format!(
+        "{what} out of sequence: expected frame {expected}, got {got} (a frame went missing)"
+    ))
 }
 
 /// One replication session on a framed connection, as the leader sees it:
@@ -274,17 +307,15 @@ impl<S: Stream<Item = AppendRequest> + Unpin> AppendSession<S> {
         let Some(connection) = self.connection.as_mut() else {
             return Ok(());
         };
-        let frames = &mut connection.frames;
-        while !self.requests_ended && frames.write_buffer().len() < MAX_UNSENT {
+        while !self.requests_ended && connection.frames.write_buffer().len() < MAX_UNSENT {
             let request = match self.requests.poll_next_unpin(cx) {
                 Poll::Ready(request) => request,
                 Poll::Pending => break,
             };
             let encoded = request.map(|request| postcard::to_allocvec(&request));
-            let buf = frames.write_buffer_mut();
             match encoded {
                 Some(Ok(request)) => {
-                    put_raw_frame(buf, &request);
+                    connection.put_frame(&request);
                     self.sent.fetch_add(1, Ordering::Relaxed);
                 }
                 // A request that does not encode ends the session: sending
@@ -292,14 +323,15 @@ impl<S: Stream<Item = AppendRequest> + Unpin> AppendSession<S> {
                 Some(Err(error)) => {
                     tracing::warn!(%error, "an AppendEntries request does not encode");
                     self.requests_ended = true;
-                    put_raw_frame(buf, &[]);
+                    connection.put_frame(&[]);
                 }
                 None => {
                     self.requests_ended = true;
-                    put_raw_frame(buf, &[]);
+                    connection.put_frame(&[]);
                 }
             }
         }
+        let frames = &mut connection.frames;
         if !frames.write_buffer().is_empty() {
             if let Poll::Ready(result) = Sink::<Bytes>::poll_flush(Pin::new(frames), cx) {
                 result?;
@@ -324,15 +356,32 @@ impl<S: Stream<Item = AppendRequest> + Unpin> AppendSession<S> {
                 ))))
             }
         };
-        Poll::Ready(match kind_of(&frame)? {
-            Kind::Answer(answer) => Ok(Some(answer)),
+        let (seq, kind) = sequenced_kind_of(&frame)?;
+        Poll::Ready(match kind {
+            Kind::Answer(answer) => {
+                if seq != connection.next_answer {
+                    return Poll::Ready(Err(out_of_sequence(
+                        "an answer",
+                        connection.next_answer,
+                        seq,
+                    )));
+                }
+                connection.next_answer += 1;
+                Ok(Some(answer))
+            }
             Kind::End(end) => {
                 let closing = end.closing;
                 let status = framed::append_status(end);
                 if status.code() != tonic::Code::Ok {
                     return Poll::Ready(Err(status));
                 }
-                let connection = self.connection.take().expect("checked above");
+                if !closing && seq != connection.next_seq - 1 {
+                    let last = connection.next_seq - 1;
+                    return Poll::Ready(Err(out_of_sequence("a session's end", last, seq)));
+                }
+                let mut connection = self.connection.take().expect("checked above");
+                // The next session's answers start after this session's end.
+                connection.next_answer = connection.next_seq;
                 let reusable = !closing
                     && self.requests_ended
                     && connection.frames.write_buffer().is_empty()
@@ -366,11 +415,21 @@ impl<S: Stream<Item = AppendRequest> + Unpin> Stream for AppendSession<S> {
     }
 }
 
-/// Appends `bytes` as one frame.
-fn put_raw_frame(buf: &mut BytesMut, bytes: &[u8]) {
-    buf.reserve(4 + bytes.len());
-    buf.put_u32(u32::try_from(bytes.len()).expect("a request within the frame limit"));
-    buf.put_slice(bytes);
+/// Bytes of the sequence number that starts each of the leader's frames.
+const SEQ_BYTES: usize = 8;
+
+impl AppendConnection {
+    /// Queues `request` (postcard bytes; none for the end of a session's
+    /// requests) as the next frame, after its sequence number.
+    fn put_frame(&mut self, request: &[u8]) {
+        let buf = self.frames.write_buffer_mut();
+        let len = SEQ_BYTES + request.len();
+        buf.reserve(4 + len);
+        buf.put_u32(u32::try_from(len).expect("a request within the frame limit"));
+        buf.put_u64(self.next_seq);
+        buf.put_slice(request);
+        self.next_seq += 1;
+    }
 }
 
 /// Serves members' framed replication streams: one connection after
@@ -417,12 +476,13 @@ impl AppendStreams {
         let (read, mut write) = tokio::io::split(connection);
         let mut buf = BytesMut::new();
         if let Err(status) = self.members.check(&request) {
-            framed::put_frame(&mut buf, &framed::append_end(&status, true));
+            framed::put_frame(&mut buf, &framed::append_end(&status, true, 0));
             let _ = write.write_all(&buf).await;
             let _ = write.shutdown().await;
             return;
         }
         let accepted = AppendFrame {
+            seq: 0,
             kind: Some(Kind::Accepted(AppendAccepted {})),
         };
         framed::put_frame(&mut buf, &accepted);
@@ -431,9 +491,12 @@ impl AppendStreams {
             return;
         }
         buf.clear();
-        let mut frames = FramedRead::new(read, framed::codec(self.max_frame));
+        let mut reading = Reading {
+            frames: FramedRead::new(read, framed::codec(self.max_frame)),
+            next_seq: 0,
+        };
         loop {
-            let first = match tokio::time::timeout(IDLE_LIMIT, frames.next()).await {
+            let first = match tokio::time::timeout(IDLE_LIMIT, reading.frames.next()).await {
                 Ok(Some(first)) => first,
                 Ok(None) => break,
                 Err(_) => {
@@ -445,14 +508,15 @@ impl AppendStreams {
                 }
             };
             let (handed_back, back) = oneshot::channel();
+            let first_seq = reading.next_seq;
             let requests = SessionRequests {
                 first: Some(first),
-                frames: Some(frames),
+                reading: Some(reading),
                 handed_back: Some(handed_back),
             };
             let answers = self.raft.stream_append(requests);
-            match write_session(answers, back, &mut buf, &mut write).await {
-                Some(next) => frames = next,
+            match write_session(answers, first_seq, back, &mut buf, &mut write).await {
+                Some(next) => reading = next,
                 None => break,
             }
         }
@@ -460,17 +524,19 @@ impl AppendStreams {
     }
 }
 
-/// Writes one session's answers (after what `buf` holds already), then its
-/// end; returns the connection's reading side when it goes on.
+/// Writes one session's answers (after what `buf` holds already), the first
+/// numbered `first_seq`, then its end; returns the connection's reading
+/// side when it goes on.
 ///
 /// Cancel safety: not meant to be dropped midway (a frame could be cut);
 /// it runs to the session's end on the connection's task.
 async fn write_session<S, R, W>(
     answers: S,
+    first_seq: u64,
     mut back: oneshot::Receiver<HandedBack<R>>,
     buf: &mut BytesMut,
     write: &mut WriteHalf<W>,
-) -> Option<FramedRead<ReadHalf<R>, LengthDelimitedCodec>>
+) -> Option<Reading<R>>
 where
     S: Stream<
         Item = Result<
@@ -481,7 +547,8 @@ where
     W: AsyncWrite,
 {
     let mut answers = std::pin::pin!(answers);
-    let mut next = None;
+    let mut next: Option<Reading<R>> = None;
+    let mut seq = first_seq;
     loop {
         let ended = gather(&mut answers, buf, |buf, answer| {
             let Some(answer) = answer else {
@@ -490,29 +557,33 @@ where
                 // end, what is left of them is unread: the connection
                 // closes.
                 let status = match back.try_recv() {
-                    Ok(Ok(frames)) => {
-                        next = Some(frames);
+                    Ok(Ok(reading)) => {
+                        next = Some(reading);
                         Status::ok("")
                     }
                     Ok(Err(status)) => status,
                     Err(_) => Status::ok(""),
                 };
-                framed::put_frame(buf, &framed::append_end(&status, next.is_none()));
+                // The number of the frame that ended the session's
+                // requests, when they were read to their end.
+                let ended_by = next.as_ref().map_or(0, |reading| reading.next_seq - 1);
+                let end = framed::append_end(&status, next.is_none(), ended_by);
+                framed::put_frame(buf, &end);
                 return true;
             };
             match postcard::to_allocvec(&answer) {
                 Ok(answer) => {
-                    framed::put_frame(
-                        buf,
-                        &AppendFrame {
-                            kind: Some(Kind::Answer(answer)),
-                        },
-                    );
+                    let frame = AppendFrame {
+                        seq,
+                        kind: Some(Kind::Answer(answer)),
+                    };
+                    framed::put_frame(buf, &frame);
+                    seq += 1;
                     false
                 }
                 Err(error) => {
                     let status = Status::internal(format!("an answer does not encode: {error}"));
-                    framed::put_frame(buf, &framed::append_end(&status, true));
+                    framed::put_frame(buf, &framed::append_end(&status, true, 0));
                     true
                 }
             }
@@ -536,28 +607,57 @@ where
     }
 }
 
+/// The follower's reading side of a connection: its frames, and the
+/// sequence number the next must carry.
+struct Reading<R> {
+    frames: FramedRead<ReadHalf<R>, LengthDelimitedCodec>,
+    next_seq: u64,
+}
+
 /// What a session's requests hand back when they end: the connection's
 /// reading side at the leader's end of them, or why they ended early.
-type HandedBack<R> = Result<FramedRead<ReadHalf<R>, LengthDelimitedCodec>, Status>;
+type HandedBack<R> = Result<Reading<R>, Status>;
 
 /// One session's requests as openraft takes them: the frames up to the
-/// leader's empty one, decoded. openraft needs a stream of its own
-/// (`'static`), so the connection's reading side moves in, and is handed
-/// back at the end.
+/// leader's end of them, checked for their sequence and decoded. openraft
+/// needs a stream of its own (`'static`), so the connection's reading side
+/// moves in, and is handed back at the end.
 struct SessionRequests<R> {
     first: Option<io::Result<BytesMut>>,
     /// `None` once ended.
-    frames: Option<FramedRead<ReadHalf<R>, LengthDelimitedCodec>>,
+    reading: Option<Reading<R>>,
     handed_back: Option<oneshot::Sender<HandedBack<R>>>,
 }
 
 impl<R> SessionRequests<R> {
     fn end(&mut self, how: Result<(), Status>) -> Poll<Option<AppendRequest>> {
-        let frames = self.frames.take();
-        if let (Some(handed_back), Some(frames)) = (self.handed_back.take(), frames) {
-            let _ = handed_back.send(how.map(|()| frames));
+        let reading = self.reading.take();
+        if let (Some(handed_back), Some(reading)) = (self.handed_back.take(), reading) {
+            let _ = handed_back.send(how.map(|()| reading));
         }
         Poll::Ready(None)
+    }
+
+    /// The request in a frame, `None` for the end of the session's
+    /// requests.
+    fn request_in(&mut self, frame: &[u8]) -> Result<Option<AppendRequest>, Status> {
+        let reading = self.reading.as_mut().expect("read from an open session");
+        let Some((seq, request)) = frame.split_first_chunk::<SEQ_BYTES>() else {
+            return Err(Status::invalid_argument(
+                "a replication frame without its sequence number",
+            ));
+        };
+        let seq = u64::from_be_bytes(*seq);
+        if seq != reading.next_seq {
+            return Err(out_of_sequence("a request", reading.next_seq, seq));
+        }
+        reading.next_seq += 1;
+        if request.is_empty() {
+            return Ok(None);
+        }
+        postcard::from_bytes(request).map(Some).map_err(|error| {
+            Status::invalid_argument(format!("an AppendEntries request does not decode: {error}"))
+        })
     }
 }
 
@@ -569,10 +669,10 @@ impl<R: AsyncRead> Stream for SessionRequests<R> {
         let frame = match this.first.take() {
             Some(first) => first,
             None => {
-                let Some(frames) = this.frames.as_mut() else {
+                let Some(reading) = this.reading.as_mut() else {
                     return Poll::Ready(None);
                 };
-                match ready!(frames.poll_next_unpin(cx)) {
+                match ready!(reading.frames.poll_next_unpin(cx)) {
                     Some(frame) => frame,
                     None => Err(io::Error::new(
                         io::ErrorKind::UnexpectedEof,
@@ -581,17 +681,13 @@ impl<R: AsyncRead> Stream for SessionRequests<R> {
                 }
             }
         };
-        match frame {
-            Ok(frame) if frame.is_empty() => this.end(Ok(())),
-            Ok(frame) => match postcard::from_bytes(&frame) {
-                Ok(request) => Poll::Ready(Some(request)),
-                Err(error) => {
-                    tracing::warn!(%error, "a replication stream from the leader ended");
-                    this.end(Err(Status::invalid_argument(format!(
-                        "an AppendEntries request does not decode: {error}"
-                    ))))
-                }
-            },
+        match frame.map(|frame| this.request_in(&frame)) {
+            Ok(Ok(Some(request))) => Poll::Ready(Some(request)),
+            Ok(Ok(None)) => this.end(Ok(())),
+            Ok(Err(status)) => {
+                tracing::warn!(%status, "a replication stream from the leader ended");
+                this.end(Err(status))
+            }
             Err(error) => {
                 let status = framed::read_error(error);
                 if status.code() == tonic::Code::OutOfRange {
@@ -600,5 +696,70 @@ impl<R: AsyncRead> Stream for SessionRequests<R> {
                 this.end(Err(status))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use openraft::type_config::alias::VoteOf;
+
+    fn heartbeat() -> AppendRequest {
+        AppendRequest {
+            vote: VoteOf::<TypeConfig>::new_committed(1, 1),
+            prev_log_id: None,
+            leader_commit: None,
+            entries: Vec::new(),
+        }
+    }
+
+    /// An answer that does not carry the number of the oldest request
+    /// unanswered (the request, or an answer before it, went missing)
+    /// ends the session with `DATA_LOSS`: it would be taken for another
+    /// request's answer.
+    #[tokio::test]
+    async fn an_answer_out_of_sequence_ends_the_session() {
+        let (leader, follower) = tokio::io::duplex(1 << 16);
+        let connection = AppendConnection {
+            frames: Framed::new(Box::new(leader) as Box<dyn Io>, framed::codec(1 << 20)),
+            next_seq: 0,
+            next_answer: 0,
+        };
+        let mut session = AppendSession::new(
+            connection,
+            futures::stream::iter([heartbeat()]),
+            Arc::default(),
+            Arc::default(),
+        );
+        let mut follower = Framed::new(follower, framed::codec(1 << 20));
+        let answering = tokio::spawn(async move {
+            let request = follower.next().await.unwrap().unwrap();
+            assert_eq!(
+                request[..SEQ_BYTES],
+                0u64.to_be_bytes(),
+                "the first frame is 0"
+            );
+            let answer: Result<openraft::raft::StreamAppendResult<TypeConfig>, ()> = Ok(Ok(None));
+            let mut buf = BytesMut::new();
+            let frame = AppendFrame {
+                seq: 1,
+                kind: Some(Kind::Answer(postcard::to_allocvec(&answer).unwrap())),
+            };
+            framed::put_frame(&mut buf, &frame);
+            follower.get_mut().write_all(&buf).await.unwrap();
+            follower
+        });
+        let error = session
+            .next()
+            .await
+            .expect("an item")
+            .expect_err("an answer out of sequence");
+        assert_eq!(error.code(), tonic::Code::DataLoss, "{error:?}");
+        assert!(
+            error.message().contains("expected frame 0, got 1"),
+            "{error:?}"
+        );
+        assert!(session.next().await.is_none(), "the session is over");
+        drop(answering.await.unwrap());
     }
 }

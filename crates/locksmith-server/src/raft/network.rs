@@ -137,6 +137,8 @@ pub(crate) struct Link {
     member: u64,
     addr: String,
     silent: AtomicBool,
+    /// Told when the member answers again after a silence.
+    revived: tokio::sync::Notify,
     /// The framed replication stream's connections towards the member.
     connections: Arc<Connections>,
 }
@@ -147,6 +149,7 @@ impl Link {
             member,
             addr: addr.to_owned(),
             silent: AtomicBool::new(false),
+            revived: tokio::sync::Notify::new(),
             connections: Arc::default(),
         })
     }
@@ -156,6 +159,7 @@ impl Link {
     fn answered(&self) {
         if self.silent.load(Ordering::Relaxed) && self.silent.swap(false, Ordering::Relaxed) {
             tracing::info!(member = self.member, addr = %self.addr, "member answers again");
+            self.revived.notify_waiters();
         }
     }
 
@@ -539,7 +543,11 @@ fn snapshot_time(bytes: usize, rate: u64) -> Duration {
 
 /// The answers of a replication stream (each postcard-encoded), in order:
 /// ends at the first error, or with an error when `sent` requests wait for
-/// an answer and none came within `ttl`.
+/// an answer and none came within `ttl`, or when the member answers again
+/// after a silence (on another session) while requests wait here: those
+/// were sent into the silence, and a new session sends them again at once
+/// instead of waiting out `ttl` (after a partition, a connection that lost
+/// them, or TCP's backed-off retransmission, can take seconds).
 fn appended(
     answers: impl Stream<Item = Result<Vec<u8>, Status>> + Unpin + Send,
     sent: Arc<AtomicU64>,
@@ -552,8 +560,20 @@ fn appended(
             let addr = &link.addr;
             let (mut answers, mut answered) = state?;
             let item = loop {
+                let revived = link.revived.notified();
+                let waiting = sent.load(Ordering::Relaxed) > answered;
                 // `next` keeps its progress in the stream: cancel safe.
-                match tokio::time::timeout(ttl, answers.next()).await {
+                let answer = tokio::select! {
+                    answer = tokio::time::timeout(ttl, answers.next()) => answer,
+                    () = revived, if waiting => {
+                        let why = format!(
+                            "{addr} answers again, and this replication stream still waits \
+                             for answers to requests sent while it did not"
+                        );
+                        break Err(RPCError::Network(NetworkError::from_string(why)));
+                    }
+                };
+                match answer {
                     Err(_) if sent.load(Ordering::Relaxed) == answered => continue,
                     Err(_) => {
                         let why = format!("{addr} answered no AppendEntries within {ttl:?}");
@@ -1076,6 +1096,36 @@ mod tests {
             }
         }
         assert!(answers.next().await.is_none(), "two requests, two answers");
+    }
+
+    /// A session with requests unanswered ends as soon as the member
+    /// answers again after a silence (on another session, a heartbeat): its
+    /// requests went into the silence, and waiting out the replication
+    /// timeout for them would hold every commit that long.
+    #[tokio::test]
+    async fn a_stream_waiting_through_a_silence_ends_when_the_member_answers_again() {
+        let mut peer = peer_towards(Fake::Silent).await;
+        let link = peer.link.clone();
+        let option = RPCOption::new(Duration::from_millis(200));
+        let mut answers = peer
+            .stream_append(futures::stream::iter([heartbeat()]), option)
+            .await
+            .expect("the stream opens");
+        let revive = async {
+            // Once the request is out (the call's connection task sends it).
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            link.silent(&"cut off");
+            link.answered();
+        };
+        // Ended by the member's return, not by the replication timeout:
+        // that one's error says "answered no AppendEntries".
+        let (answer, ()) = tokio::join!(answers.next(), revive);
+        match answer {
+            Some(Err(RPCError::Network(error))) => {
+                assert!(error.to_string().contains("answers again"), "{error}")
+            }
+            other => panic!("expected the session to end: {other:?}"),
+        }
     }
 
     /// During a rolling upgrade the leader may be newer than a follower

@@ -16,7 +16,7 @@ use bytes::{BufMut, BytesMut};
 use futures::StreamExt;
 use locksmith::Client;
 use locksmith_proto::framed::{self, APPEND_MAGIC, MAGIC};
-use locksmith_proto::raft::{append_frame::Kind, AppendFrame};
+use locksmith_proto::raft::{append_frame::Kind, AppendEnd, AppendFrame};
 use locksmith_proto::transport::Connector;
 use locksmith_server::{Accepting, Environment, Listener, Server, ServerConfig};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
@@ -172,41 +172,89 @@ async fn raw_append_stream(
 async fn next_frame(
     frames: &mut tokio_util::codec::Framed<TcpStream, LengthDelimitedCodec>,
 ) -> Kind {
+    next_sequenced(frames).await.1
+}
+
+/// The next frame and the sequence number it carries.
+async fn next_sequenced(
+    frames: &mut tokio_util::codec::Framed<TcpStream, LengthDelimitedCodec>,
+) -> (u64, Kind) {
     let frame = tokio::time::timeout(Duration::from_secs(10), frames.next())
         .await
         .expect("a frame in time")
         .expect("a frame, not the connection's end")
         .expect("a frame that reads");
-    framed::decode::<AppendFrame>(&frame).unwrap().kind.unwrap()
+    let frame = framed::decode::<AppendFrame>(&frame).unwrap();
+    (frame.seq, frame.kind.unwrap())
+}
+
+/// Appends a leader's frame: its sequence number, then `request`.
+fn put_leader_frame(buf: &mut BytesMut, seq: u64, request: &[u8]) {
+    buf.put_u32(8 + request.len() as u32);
+    buf.put_u64(seq);
+    buf.put_slice(request);
+}
+
+/// The end of a session, or of the stream, as the follower sent it, and
+/// the sequence number it carries.
+async fn sequenced_end(
+    frames: &mut tokio_util::codec::Framed<TcpStream, LengthDelimitedCodec>,
+) -> (u64, AppendEnd) {
+    match next_sequenced(frames).await {
+        (seq, Kind::End(end)) => (seq, end),
+        other => panic!("expected an end, got {other:?}"),
+    }
+}
+
+async fn end_of(
+    frames: &mut tokio_util::codec::Framed<TcpStream, LengthDelimitedCodec>,
+) -> AppendEnd {
+    sequenced_end(frames).await.1
 }
 
 /// What a leader sends is checked before openraft sees it: a session
 /// without requests ends at once and the connection goes on; a request
-/// that does not decode, or a frame over the member's limit, ends the
-/// session with the sender's error and closes the connection; the member
-/// serves on.
+/// that does not decode, a frame out of sequence (one went missing), or a
+/// frame over the member's limit ends the session with the sender's error
+/// and closes the connection; the member serves on.
 #[tokio::test]
 async fn a_replication_stream_refuses_what_does_not_decode_and_the_member_serves_on() {
     let server = crate::session_stream::server_with(|_| {}).await;
 
     let mut frames = raw_append_stream(&server).await;
-    for _ in 0..2 {
-        frames.get_mut().write_all(&[0, 0, 0, 0]).await.unwrap();
-        let Kind::End(end) = next_frame(&mut frames).await else {
-            panic!("an empty session ends");
-        };
+    for seq in 0..2 {
+        let mut buf = BytesMut::new();
+        put_leader_frame(&mut buf, seq, &[]);
+        frames.get_mut().write_all(&buf).await.unwrap();
+        let (ended_by, end) = sequenced_end(&mut frames).await;
         assert_eq!((end.code, end.closing), (0, false), "{end:?}");
+        assert_eq!(
+            ended_by, seq,
+            "the end names the frame that ended the session"
+        );
     }
-    let mut garbage = BytesMut::new();
-    garbage.put_u32(3);
-    garbage.put_slice(&[0xff, 0xff, 0xff]);
-    frames.get_mut().write_all(&garbage).await.unwrap();
-    let Kind::End(end) = next_frame(&mut frames).await else {
-        panic!("a request that does not decode ends the session");
-    };
+    let mut buf = BytesMut::new();
+    put_leader_frame(&mut buf, 2, &[0xff, 0xff, 0xff]);
+    frames.get_mut().write_all(&buf).await.unwrap();
+    let end = end_of(&mut frames).await;
     assert_eq!(end.code, Code::InvalidArgument as i32, "{end:?}");
     assert!(
         end.message.contains("does not decode") && end.closing,
+        "{end:?}"
+    );
+    assert!(frames.next().await.is_none(), "the connection is closed");
+
+    // Frame 1 never came.
+    let mut frames = raw_append_stream(&server).await;
+    let mut buf = BytesMut::new();
+    put_leader_frame(&mut buf, 0, &[]);
+    put_leader_frame(&mut buf, 2, &[]);
+    frames.get_mut().write_all(&buf).await.unwrap();
+    assert_eq!(end_of(&mut frames).await.code, 0);
+    let end = end_of(&mut frames).await;
+    assert_eq!(end.code, Code::DataLoss as i32, "{end:?}");
+    assert!(
+        end.message.contains("expected frame 1, got 2") && end.closing,
         "{end:?}"
     );
     assert!(frames.next().await.is_none(), "the connection is closed");
@@ -217,9 +265,7 @@ async fn a_replication_stream_refuses_what_does_not_decode_and_the_member_serves
         .write_all(&[0xff, 0xff, 0xff, 0xf0])
         .await
         .unwrap();
-    let Kind::End(end) = next_frame(&mut frames).await else {
-        panic!("a frame over the limit ends the session");
-    };
+    let end = end_of(&mut frames).await;
     assert_eq!(end.code, Code::OutOfRange as i32, "{end:?}");
     assert!(frames.next().await.is_none(), "the connection is closed");
 
