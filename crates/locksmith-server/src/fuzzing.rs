@@ -63,8 +63,10 @@ pub fn client_request(bytes: &[u8]) {
 }
 
 /// `bytes` as the payload of a peer's Raft call (append, vote, leader
-/// transfer) or the header of a snapshot it sends.
+/// transfer), the header of a snapshot it sends, or a follower's frame of
+/// the framed replication stream.
 pub fn peer_request(bytes: &[u8]) {
+    let _ = locksmith_proto::framed::decode::<locksmith_proto::raft::AppendFrame>(bytes);
     let _ = postcard::from_bytes::<AppendEntriesRequest<TypeConfig>>(bytes);
     let _ = postcard::from_bytes::<VoteRequest<TypeConfig>>(bytes);
     let _ = postcard::from_bytes::<TransferLeaderRequest<TypeConfig>>(bytes);

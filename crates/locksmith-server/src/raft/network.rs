@@ -561,11 +561,13 @@ fn appended(
             let (mut answers, mut answered) = state?;
             let item = loop {
                 let revived = link.revived.notified();
-                let waiting = sent.load(Ordering::Relaxed) > answered;
                 // `next` keeps its progress in the stream: cancel safe.
                 let answer = tokio::select! {
                     answer = tokio::time::timeout(ttl, answers.next()) => answer,
-                    () = revived, if waiting => {
+                    () = revived => {
+                        if sent.load(Ordering::Relaxed) == answered {
+                            continue;
+                        }
                         let why = format!(
                             "{addr} answers again, and this replication stream still waits \
                              for answers to requests sent while it did not"
