@@ -187,7 +187,12 @@ impl Connections {
                     )))
                 });
             if let Ok(None) = result {
-                tracing::info!(%addr, "a member without the framed replication stream (an earlier version): replicating to it over gRPC");
+                tracing::info!(
+                    %addr,
+                    ?REFUSAL_KEPT,
+                    "a member did not take the framed replication stream (one of an earlier \
+                     version, or stopping): replicating to it over gRPC for a while"
+                );
                 *connections
                     .refused
                     .lock()
