@@ -13,6 +13,7 @@
 //! - [`Applied`]: what a member's state machine reports as applied.
 
 use std::fmt;
+use std::sync::Arc;
 
 use locksmith_core::{Command, Millis, SessionId};
 use openraft::raft::responder::Responder;
@@ -76,8 +77,11 @@ pub(crate) struct Batch {
     pub origin: u64,
     /// The proposer's sequence number of the batch within its stint.
     pub seq: u64,
-    /// The records, applied in order.
-    pub records: Vec<Record>,
+    /// The records, applied in order. Shared: openraft clones an entry for
+    /// every follower's AppendEntries and again for the state machine, and
+    /// only the apply takes the records apart. Encoded as a plain sequence
+    /// (serde's `rc`), the same bytes a `Vec` makes on the disk and the wire.
+    pub records: Arc<Vec<Record>>,
 }
 
 impl fmt::Display for Batch {
@@ -179,5 +183,43 @@ impl Record {
             Command::SetHoldCount { .. } => 3,
             _ => 1,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A batch as it was encoded before its records were shared.
+    #[derive(Serialize)]
+    struct BatchOfAVec {
+        origin: u64,
+        seq: u64,
+        records: Vec<Record>,
+    }
+
+    #[test]
+    fn shared_records_encode_as_the_vec_they_were() {
+        let records = vec![
+            Record::Acks {
+                session: SessionId(9),
+                replies: vec![1, 2],
+                lost: vec![3],
+            },
+            Record::ClusterVersion(2),
+        ];
+        let shared = Batch {
+            origin: 7,
+            seq: 3,
+            records: Arc::new(records.clone()),
+        };
+        let before = BatchOfAVec {
+            origin: 7,
+            seq: 3,
+            records,
+        };
+        let bytes = postcard::to_allocvec(&shared).unwrap();
+        assert_eq!(bytes, postcard::to_allocvec(&before).unwrap());
+        assert_eq!(postcard::from_bytes::<Batch>(&bytes).unwrap(), shared);
     }
 }

@@ -434,13 +434,13 @@ impl Core {
         match self.front.take_own(batch.origin, batch.seq) {
             Some(mut in_flight) => {
                 self.front.committed(&in_flight);
-                in_flight.proposal.records = batch.records;
+                in_flight.proposal.records = Arc::unwrap_or_clone(batch.records);
                 let now = self.front.now();
                 self.apply_proposal(now, &mut in_flight.proposal);
                 self.front.own_applied(&self.state, in_flight);
             }
             None => {
-                for record in batch.records {
+                for record in Arc::unwrap_or_clone(batch.records) {
                     self.apply_record(record, Route::Nobody);
                 }
             }
@@ -803,7 +803,7 @@ mod tests {
         core.apply_batch(crate::entry::Batch {
             origin: 1,
             seq: 0,
-            records,
+            records: records.into(),
         });
         let next = core.front.proposal.records.first().cloned();
         assert!(
@@ -998,7 +998,7 @@ mod tests {
         core.apply_batch(crate::entry::Batch {
             origin: 1,
             seq: 1,
-            records,
+            records: records.into(),
         });
         resume(&mut core, 5);
         assert_eq!(core.front.session_of(5), Some(session));
@@ -1132,13 +1132,13 @@ mod tests {
         core.apply_batch(crate::entry::Batch {
             origin: 1,
             seq: 0,
-            records: first,
+            records: first.into(),
         });
         assert!(core.front.replica.can_propose());
         core.apply_batch(crate::entry::Batch {
             origin: 1,
             seq: 1,
-            records: second,
+            records: second.into(),
         });
         let x = core.state.engine().describe("x").expect("x is held");
         assert_eq!(x.holders.len(), 1);
@@ -1166,7 +1166,7 @@ mod tests {
             payload: openraft::EntryPayload::Normal(crate::entry::Batch {
                 origin: 1,
                 seq,
-                records,
+                records: records.into(),
             }),
         }
     }
@@ -1232,7 +1232,7 @@ mod tests {
         core.apply_batch(crate::entry::Batch {
             origin: 1,
             seq: 0,
-            records,
+            records: records.into(),
         });
         assert!(!core.state.engine().has_session(session), "expired");
         assert!(core.front.replica.can_expire());
@@ -1270,7 +1270,7 @@ mod tests {
             core.apply_batch(crate::entry::Batch {
                 origin: 1,
                 seq,
-                records: in_flight[0].clone(),
+                records: in_flight[0].clone().into(),
             });
             let open = sessions
                 .iter()
@@ -1300,7 +1300,7 @@ mod tests {
                 core.apply_batch(crate::entry::Batch {
                     origin: 1,
                     seq: seq as u64,
-                    records,
+                    records: records.into(),
                 });
                 if seq == 0 {
                     assert_eq!(holders(&core, "client"), 1, "the client's op first");
@@ -1338,7 +1338,7 @@ mod tests {
             core.apply_batch(crate::entry::Batch {
                 origin: 1,
                 seq,
-                records: in_flight[0].clone(),
+                records: in_flight[0].clone().into(),
             });
             assert_eq!(holders(&core, &name), 1, "the client's op, every entry");
             after_each.push(held(&core));

@@ -1118,7 +1118,8 @@ mod tests {
                 session: locksmith_core::SessionId(9),
                 replies: vec![1, 2],
                 lost: vec![3],
-            }],
+            }]
+            .into(),
         };
         for payload in [EntryPayload::Blank, EntryPayload::Normal(batch)] {
             let entry = EntryOf::<TypeConfig> {

@@ -35,6 +35,7 @@
 //! for a moment, and the mark tells clients not to come straight back.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Instant;
 
 use locksmith_core::{Command, Millis};
@@ -154,7 +155,7 @@ impl Replica {
         self.in_flight
             .iter()
             .filter_map(|f| held.iter().find(|b| b.seq == f.seq))
-            .map(|b| b.records.clone())
+            .map(|b| b.records.to_vec())
             .collect()
     }
 
@@ -212,7 +213,7 @@ impl Replica {
         let batch = Batch {
             origin: stint,
             seq,
-            records,
+            records: Arc::new(records),
         };
         // In flight before openraft may refuse it (and say so).
         self.in_flight.push_back(InFlight {

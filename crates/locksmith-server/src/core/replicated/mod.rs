@@ -205,7 +205,7 @@ impl Replicated {
         match entry.payload {
             EntryPayload::Blank => {}
             EntryPayload::Normal(batch) => {
-                for record in batch.records {
+                for record in Arc::unwrap_or_clone(batch.records) {
                     // A refusal changes nothing, as on every member.
                     let _ = self.apply(record, &mut notices);
                     notices.clear();
