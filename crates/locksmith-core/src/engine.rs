@@ -1,5 +1,6 @@
 //! The lock table: one deterministic state machine.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::ops::Bound;
 use std::ops::{Deref, DerefMut};
@@ -359,15 +360,39 @@ impl Engine {
         command: Command,
         effects: &mut Vec<Effect>,
     ) -> Result<(), EngineError> {
-        match command {
-            Command::OpenSession { session, ttl, info } => {
+        self.apply_cow(now, Cow::Owned(command), effects)
+    }
+
+    /// [`apply`](Self::apply) for a caller that keeps the command, as a
+    /// replicated log keeps its records: only what the engine stores (an
+    /// acquire's names and owner, a session's client info) is copied.
+    pub fn apply_borrowed(
+        &mut self,
+        now: Millis,
+        command: &Command,
+        effects: &mut Vec<Effect>,
+    ) -> Result<(), EngineError> {
+        self.apply_cow(now, Cow::Borrowed(command), effects)
+    }
+
+    fn apply_cow(
+        &mut self,
+        now: Millis,
+        command: Cow<'_, Command>,
+        effects: &mut Vec<Effect>,
+    ) -> Result<(), EngineError> {
+        match &*command {
+            Command::OpenSession { .. } => {
+                let Command::OpenSession { session, ttl, info } = command.into_owned() else {
+                    unreachable!("matched above")
+                };
                 self.open_session(now, session, ttl, info)
             }
-            Command::Heartbeat { session } => self.heartbeat(now, session),
-            Command::CloseSession { session } => {
+            &Command::Heartbeat { session } => self.heartbeat(now, session),
+            &Command::CloseSession { session } => {
                 self.end_session(now, session, LostReason::SessionClosed, effects)
             }
-            Command::ExpireSession { session, deadline } => {
+            &Command::ExpireSession { session, deadline } => {
                 let current = self
                     .sessions
                     .get(&session)
@@ -376,17 +401,22 @@ impl Engine {
                 check_deadline(current, deadline, now)?;
                 self.end_session(now, session, LostReason::SessionExpired, effects)
             }
-            Command::ContinueSessionEnd {
+            &Command::ContinueSessionEnd {
                 session,
-                waits,
-                holds,
-            } => self.continue_end(now, session, &waits, &holds, effects),
-            Command::Acquire(acquire) => self.acquire(now, acquire, effects),
-            Command::Cancel { session, request } => {
+                ref waits,
+                ref holds,
+            } => self.continue_end(now, session, waits, holds, effects),
+            Command::Acquire(_) => {
+                let Command::Acquire(acquire) = command.into_owned() else {
+                    unreachable!("matched above")
+                };
+                self.acquire(now, acquire, effects)
+            }
+            &Command::Cancel { session, request } => {
                 self.check_not_ending(session)?;
                 self.remove_waiter(now, (session, request), None, effects)
             }
-            Command::TimeoutWaiter { session, request } => {
+            &Command::TimeoutWaiter { session, request } => {
                 let key = (session, request);
                 if self.waiters.contains_key(&key) {
                     // An ended session's client is told nothing more.
@@ -396,41 +426,41 @@ impl Engine {
                 }
                 Ok(())
             }
-            Command::Release {
+            &Command::Release {
                 session,
-                owner,
-                name,
+                ref owner,
+                ref name,
                 token,
             } => {
                 self.check_not_ending(session)?;
-                self.release(now, session, &owner, &name, token, effects)
+                self.release(now, session, owner, name, token, effects)
             }
-            Command::Renew {
+            &Command::Renew {
                 session,
-                owner,
-                name,
+                ref owner,
+                ref name,
                 token,
                 lease,
             } => {
                 self.check_not_ending(session)?;
-                self.renew(now, session, &owner, &name, token, lease)
+                self.renew(now, session, owner, name, token, lease)
             }
-            Command::SetHoldCount {
+            &Command::SetHoldCount {
                 session,
-                owner,
-                name,
+                ref owner,
+                ref name,
                 token,
                 count,
             } => {
                 self.check_not_ending(session)?;
-                self.set_hold_count(session, &owner, &name, token, count)
+                self.set_hold_count(session, owner, name, token, count)
             }
-            Command::ExpireHold {
-                name,
+            &Command::ExpireHold {
+                ref name,
                 token,
                 deadline,
-            } => self.expire_hold(now, &name, token, deadline, effects),
-            Command::EndLockDelay { name, deadline } => {
+            } => self.expire_hold(now, name, token, deadline, effects),
+            &Command::EndLockDelay { ref name, deadline } => {
                 // `due()` lists this command from the timers as they were; an
                 // abnormal loss applied since (e.g. a driver that woke up late
                 // applies an ExpireSession due before it) may have extended the
@@ -443,11 +473,11 @@ impl Engine {
                 self.settle(now, &[id], effects);
                 Ok(())
             }
-            Command::GrantGrace { grace } => {
+            &Command::GrantGrace { grace } => {
                 self.grant_grace(now, grace);
                 Ok(())
             }
-            Command::ForceRelease { name } => self.force_release(now, &name, effects),
+            Command::ForceRelease { name } => self.force_release(now, name, effects),
         }
     }
 

@@ -434,13 +434,12 @@ impl Core {
         match self.front.take_own(batch.origin, batch.seq) {
             Some(mut in_flight) => {
                 self.front.committed(&in_flight);
-                in_flight.proposal.records = Arc::unwrap_or_clone(batch.records);
                 let now = self.front.now();
-                self.apply_proposal(now, &mut in_flight.proposal);
+                self.apply_proposal(now, &mut in_flight.proposal, &batch.records);
                 self.front.own_applied(&self.state, in_flight);
             }
             None => {
-                for record in Arc::unwrap_or_clone(batch.records) {
+                for record in batch.records.iter() {
                     self.apply_record(record, Route::Nobody);
                 }
             }
@@ -448,12 +447,13 @@ impl Core {
         warn_if_slow(started, count, first);
     }
 
-    /// Applies the committed records of `proposal` in order, each with its
-    /// route, then answers its inspection ops from the state they leave.
-    fn apply_proposal(&mut self, now: Millis, proposal: &mut Proposal) {
+    /// Applies `records`, the committed records of `proposal`, in order,
+    /// each with its route, then answers its inspection ops from the state
+    /// they leave.
+    fn apply_proposal(&mut self, now: Millis, proposal: &mut Proposal, records: &[Record]) {
         let mut refused = proposal.refused.drain(..).peekable();
         let mut routes = proposal.routes.drain(..);
-        for (at, record) in proposal.records.drain(..).enumerate() {
+        for (at, record) in records.iter().enumerate() {
             while let Some((_, session, id, error)) = refused.next_if(|r| r.0 == at) {
                 self.front.send_error(session, id, error);
             }
@@ -471,7 +471,7 @@ impl Core {
 
     /// The one apply path of a record: the state applies it, the front end
     /// sends what it says where `route` goes.
-    fn apply_record(&mut self, record: Record, route: Route) {
+    fn apply_record(&mut self, record: &Record, route: Route) {
         self.front.before_apply(&self.state, &route);
         let result = self.state.apply(record, &mut self.notices);
         self.front
@@ -641,8 +641,8 @@ mod tests {
     fn run(core: &mut Core, now: Millis, op: Op) -> Vec<Record> {
         let mut proposal = std::mem::take(&mut core.front.proposal);
         core.front.propose(&core.state, now, op, &mut proposal);
-        let records = proposal.records.clone();
-        core.apply_proposal(now, &mut proposal);
+        let records = std::mem::take(&mut proposal.records);
+        core.apply_proposal(now, &mut proposal, &records);
         core.front.drop_output();
         records
     }
@@ -742,7 +742,7 @@ mod tests {
         // Another member (or this one after a restart) applies the same log.
         let mut replica = self::core(4096);
         for record in log {
-            replica.apply_record(record, Route::Nobody);
+            replica.apply_record(&record, Route::Nobody);
         }
         assert!(replica.state.session(session).is_some());
         assert_eq!(holders(&replica, "reused"), 0, "released there too");
@@ -773,7 +773,8 @@ mod tests {
             matches!(&first, Some(Record::Command(r)) if r.command == Command::Heartbeat { session }),
             "{first:?}"
         );
-        core.apply_proposal(late, &mut proposal);
+        let records = std::mem::take(&mut proposal.records);
+        core.apply_proposal(late, &mut proposal, &records);
         assert!(
             core.state.engine().has_session(session),
             "the expiry is void"
@@ -1013,7 +1014,8 @@ mod tests {
             .unwrap();
         assert!(core.take_arrivals(&arrivals, now).is_none());
         let mut proposal = std::mem::take(&mut core.front.proposal);
-        core.apply_proposal(now, &mut proposal);
+        let records = std::mem::take(&mut proposal.records);
+        core.apply_proposal(now, &mut proposal, &records);
         let answers = core
             .front
             .output

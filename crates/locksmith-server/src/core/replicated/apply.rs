@@ -128,7 +128,7 @@ impl Replicated {
     /// `Ok` for those.
     pub(crate) fn apply(
         &mut self,
-        record: Record,
+        record: &Record,
         notices: &mut Vec<Notice>,
     ) -> Result<(), Refusal> {
         if !self.allows(record.version()) && !matches!(record, Record::ClusterVersion(_)) {
@@ -137,7 +137,7 @@ impl Replicated {
             return Err(Refusal::NotAgreed(record.version()));
         }
         let record = match record {
-            Record::ClusterVersion(version) => {
+            &Record::ClusterVersion(version) => {
                 self.raise_cluster_version(version);
                 return Ok(());
             }
@@ -146,7 +146,7 @@ impl Replicated {
                 replies,
                 lost,
             } => {
-                self.acknowledge(session, replies, lost);
+                self.acknowledge(*session, replies, lost);
                 return Ok(());
             }
             Record::Command(record) => record,
@@ -154,13 +154,13 @@ impl Replicated {
         // Time never goes backwards, whoever stamped the record.
         let now = record.now.max(self.last_now);
         self.last_now = now;
-        let LogRecord {
-            command,
+        let &LogRecord {
+            ref command,
             secret,
             request,
             ..
         } = record;
-        match (&command, request) {
+        match (command, request) {
             (Command::Acquire(a), _) if a.session != SessionId::NONE => {
                 let (session, id) = (a.session, a.request.0);
                 self.apply_request(now, session, id, command, None, notices);
@@ -204,11 +204,11 @@ impl Replicated {
         now: Millis,
         session: SessionId,
         id: u64,
-        command: Command,
+        command: &Command,
         logged_id: Option<u64>,
         notices: &mut Vec<Notice>,
     ) {
-        let error = match self.check_request_id(session, id, &command) {
+        let error = match self.check_request_id(session, id, command) {
             Known::Answered(outcome) => {
                 return notices.push(Notice::Reply {
                     session,
@@ -262,7 +262,7 @@ impl Replicated {
             session,
             request: RequestId(id),
         };
-        if self.execute(now, cancel, None, Some(id), notices).is_err() {
+        if self.execute(now, &cancel, None, Some(id), notices).is_err() {
             // Nothing waits under that id (the acquire never arrived):
             // cancelled all the same.
             self.reply(session, id, Outcome::Cancelled, notices);
@@ -270,14 +270,14 @@ impl Replicated {
     }
 
     /// The client of `session` acknowledged these replies and lost notices.
-    fn acknowledge(&mut self, session: SessionId, replies: Vec<u64>, lost: Vec<u64>) {
+    fn acknowledge(&mut self, session: SessionId, replies: &[u64], lost: &[u64]) {
         if let Some(state) = self.sessions.get_mut(&session) {
             let kept = state.kept_mut();
-            for id in replies {
+            for &id in replies {
                 kept.replies.remove(&id);
                 kept.fingerprints.remove(&id);
             }
-            for token in lost {
+            for &token in lost {
                 kept.lost.remove(&token);
             }
             state.tidy();
@@ -289,22 +289,22 @@ impl Replicated {
     fn execute(
         &mut self,
         now: Millis,
-        command: Command,
+        command: &Command,
         secret: Option<u128>,
         request: Option<u64>,
         notices: &mut Vec<Notice>,
     ) -> Result<(), EngineError> {
-        let after = After::of(&command, secret, request);
-        if let Command::Acquire(a) = &command {
+        let after = After::of(command, secret, request);
+        if let Command::Acquire(a) = command {
             if a.session == SessionId::NONE {
                 self.next_unary = self.next_unary.max(a.request.0.saturating_add(1));
             }
         }
-        let seen = self.history.before(now, &command);
-        let applied = Applied::of(&command);
+        let seen = self.history.before(now, command);
+        let applied = Applied::of(command);
         let last_token = self.engine.last_token();
         let mut effects = std::mem::take(&mut self.effects);
-        let result = self.engine.apply(now, command, &mut effects);
+        let result = self.engine.apply_borrowed(now, command, &mut effects);
         if result.is_ok() {
             let metrics = self.metrics.as_deref();
             self.history.after(now, seen, last_token, &effects, metrics);

@@ -205,7 +205,7 @@ impl Replicated {
         match entry.payload {
             EntryPayload::Blank => {}
             EntryPayload::Normal(batch) => {
-                for record in Arc::unwrap_or_clone(batch.records) {
+                for record in batch.records.iter() {
                     // A refusal changes nothing, as on every member.
                     let _ = self.apply(record, &mut notices);
                     notices.clear();
@@ -348,7 +348,9 @@ mod tests {
         let mut state = crate::core::replicated_state(&ServerConfig::in_memory());
         let mut notices = Vec::new();
         let acquire = sessionless_acquire(41, "x");
-        state.apply(record(5, acquire, None), &mut notices).unwrap();
+        state
+            .apply(&record(5, acquire, None), &mut notices)
+            .unwrap();
         assert!(
             matches!(
                 &notices[..],
@@ -373,13 +375,15 @@ mod tests {
             ttl: 5_000,
             info: ClientInfo::default(),
         };
-        state.apply(record(5, open, Some(7)), &mut notices).unwrap();
+        state
+            .apply(&record(5, open, Some(7)), &mut notices)
+            .unwrap();
         let close = Command::CloseSession { session };
-        let refused = state.apply(record(6, close.clone(), Some(8)), &mut notices);
+        let refused = state.apply(&record(6, close.clone(), Some(8)), &mut notices);
         assert!(matches!(refused, Err(Refusal::UnknownSession(s)) if s == session));
         assert!(state.session(session).is_some(), "still open");
         state
-            .apply(record(7, close, Some(7)), &mut notices)
+            .apply(&record(7, close, Some(7)), &mut notices)
             .unwrap();
         assert!(state.session(session).is_none(), "closed with its secret");
         assert_eq!(

@@ -75,16 +75,16 @@ mod tests {
         assert_eq!(state.cluster_version(), FIRST_RECORD_VERSION);
         assert!(!state.allows(2), "off until the cluster agrees");
         state
-            .apply(Record::ClusterVersion(2), &mut notices)
+            .apply(&Record::ClusterVersion(2), &mut notices)
             .unwrap();
         assert!(state.allows(2));
         state
-            .apply(Record::ClusterVersion(1), &mut notices)
+            .apply(&Record::ClusterVersion(1), &mut notices)
             .unwrap();
         assert_eq!(state.cluster_version(), 2, "never down");
         assert_eq!(state.needs_upgrade(), None);
         state
-            .apply(Record::ClusterVersion(RECORD_VERSION + 1), &mut notices)
+            .apply(&Record::ClusterVersion(RECORD_VERSION + 1), &mut notices)
             .unwrap();
         assert_eq!(state.needs_upgrade(), Some(RECORD_VERSION + 1));
     }
@@ -159,7 +159,7 @@ mod tests {
             let mut notices = Vec::new();
             let mut results = Vec::new();
             for record in log.clone() {
-                results.push(state.apply(record, &mut notices));
+                results.push(state.apply(&record, &mut notices));
             }
             assert!(
                 matches!(results[2], Err(Refusal::NotAgreed(3))),
@@ -170,14 +170,14 @@ mod tests {
         let [older, newer] = &mut members;
         let mut notices = Vec::new();
         older
-            .apply(Record::ClusterVersion(3), &mut notices)
+            .apply(&Record::ClusterVersion(3), &mut notices)
             .unwrap();
         assert_eq!(older.needs_upgrade(), Some(3), "the older build stops");
         newer
-            .apply(Record::ClusterVersion(3), &mut notices)
+            .apply(&Record::ClusterVersion(3), &mut notices)
             .unwrap();
         newer
-            .apply(record(4, count(3), None, Some(3)), &mut notices)
+            .apply(&record(4, count(3), None, Some(3)), &mut notices)
             .unwrap();
         assert_eq!(counts(newer), 3);
     }
@@ -189,7 +189,7 @@ mod tests {
         let mut state = crate::core::replicated_state(&config);
         let mut notices = Vec::new();
         state
-            .apply(Record::ClusterVersion(2), &mut notices)
+            .apply(&Record::ClusterVersion(2), &mut notices)
             .unwrap();
         assert_eq!(state.needs_upgrade(), Some(2));
     }
