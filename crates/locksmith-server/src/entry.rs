@@ -79,8 +79,9 @@ pub(crate) struct Batch {
     pub seq: u64,
     /// The records, applied in order. Shared: openraft clones an entry for
     /// every follower's AppendEntries and again for the state machine, and
-    /// only the apply takes the records apart. Encoded as a plain sequence
-    /// (serde's `rc`), the same bytes a `Vec` makes on the disk and the wire.
+    /// the apply reads the records where they lie. Encoded as a plain
+    /// sequence (serde's `rc`), the same bytes a `Vec` makes on the disk and
+    /// the wire.
     pub records: Arc<Vec<Record>>,
 }
 
