@@ -95,7 +95,8 @@ pub struct ServeArgs {
     #[arg(long, value_parser = parse_duration, default_value = "10s")]
     pub handshake_timeout: Duration,
     /// Take a snapshot (and let the Raft log before it go) after this many log
-    /// entries (each entry is one batch of requests) at the least.
+    /// entries (each entry is one batch of requests) at the least, or 64 MiB
+    /// of log, whichever comes first.
     #[arg(long, default_value_t = 10_000)]
     pub snapshot_every: u64,
     /// And only once the log written since the last snapshot is this many

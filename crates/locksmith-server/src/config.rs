@@ -62,7 +62,9 @@ pub struct ServerConfig {
     /// How long a new stream may take to send its `open`/`resume`.
     pub open_timeout: Duration,
     /// Take a snapshot (and let the Raft log before it go) after this many
-    /// log entries (each entry is one batch of requests) at the least.
+    /// log entries (each entry is one batch of requests) at the least, or
+    /// 64 MiB of log (`raft::snapshot_policy::LOG_BYTES_FLOOR`), whichever
+    /// comes first.
     pub snapshot_every: u64,
     /// And only once the log written since the last snapshot is this many
     /// percent of that snapshot's size (`raft::snapshot_policy`): a big

@@ -16,7 +16,15 @@
 //! logging costs, and a start replays a log no longer than that share of
 //! the snapshot it loads. Memory holds the same: the entries kept in the
 //! log (`RaftLog` keeps them in memory too) stay within that share of the
-//! state's encoded size, beyond the `snapshot_every` floor.
+//! state's encoded size, beyond a floor.
+//!
+//! The floor is `snapshot_every` entries or [`LOG_BYTES_FLOOR`] bytes of
+//! log, whichever comes first (Redis's `auto-aof-rewrite-min-size` is the
+//! same 64 MB): with a small state the share alone would ask for a snapshot
+//! every few entries. Entries alone were not enough of a floor, as an entry
+//! is a batch: a bulk load of a million locks writes about 100 MB of log in
+//! a few thousand entries, and a member kept all of it, on disk and in
+//! memory, until enough more entries came, however long that took.
 //!
 //! A percentage of 0 leaves the decision to openraft's entry count, exactly as
 //! before (the simulator and tests that want a snapshot every few entries).
@@ -37,6 +45,10 @@ const LOOK_EVERY: Duration = Duration::from_millis(100);
 /// failed, or one openraft declined because another was under way).
 const BUILD_PATIENCE: Duration = Duration::from_secs(60);
 
+/// A log this big since the last snapshot is past the floor whatever its
+/// number of entries (see the module's docs).
+pub(crate) const LOG_BYTES_FLOOR: u64 = 64 << 20;
+
 /// Whether a snapshot is due: `entries` and `log_bytes` written since the
 /// last snapshot, which is `snapshot_bytes` long.
 pub(crate) fn due(
@@ -46,7 +58,8 @@ pub(crate) fn due(
     snapshot_bytes: u64,
     percent: u32,
 ) -> bool {
-    entries >= every.max(1)
+    let past_the_floor = entries >= every.max(1) || (percent > 0 && log_bytes >= LOG_BYTES_FLOOR);
+    past_the_floor
         && u128::from(log_bytes) * 100 >= u128::from(snapshot_bytes) * u128::from(percent)
 }
 
@@ -123,5 +136,19 @@ mod tests {
         assert!(due(10_000, 10_000, 0, 64 * mb, 0));
         // No snapshot yet: the entries decide (it weighs nothing).
         assert!(due(10_000, 10_000, 0, 0, 100));
+    }
+
+    #[test]
+    fn a_log_of_few_big_entries_is_due_by_its_bytes() {
+        let mb = 1 << 20;
+        // A bulk load: 100 MB of log in 3 000 entries after a small snapshot.
+        assert!(due(3_000, 10_000, 100 * mb, 4_096, 100));
+        assert!(!due(3_000, 10_000, LOG_BYTES_FLOOR - 1, 4_096, 100));
+        assert!(due(1, 10_000, LOG_BYTES_FLOOR, 0, 100));
+        // Its bytes still have to outgrow a bigger snapshot.
+        assert!(!due(3_000, 10_000, 100 * mb, 128 * mb, 100));
+        assert!(due(3_000, 10_000, 128 * mb, 128 * mb, 100));
+        // 0 %: entries alone, as openraft counts them.
+        assert!(!due(3_000, 10_000, 100 * mb, 4_096, 0));
     }
 }
