@@ -95,8 +95,8 @@ pub struct ServeArgs {
     #[arg(long, value_parser = parse_duration, default_value = "10s")]
     pub handshake_timeout: Duration,
     /// Take a snapshot (and let the Raft log before it go) after this many log
-    /// entries (each entry is one batch of requests) at the least, or 64 MiB
-    /// of log, whichever comes first.
+    /// entries (each entry is one batch of requests) at the least, or
+    /// `--snapshot-log-bytes` of log, whichever comes first.
     #[arg(long, default_value_t = 10_000)]
     pub snapshot_every: u64,
     /// And only once the log written since the last snapshot is this many
@@ -106,6 +106,12 @@ pub struct ServeArgs {
     /// 0: after `--snapshot-every` entries alone.
     #[arg(long, default_value_t = 100)]
     pub snapshot_log_percent: u32,
+    /// The bytes of log after which a snapshot is due however few entries
+    /// they are (a bulk load writes much log in few entries), as Redis's
+    /// `auto-aof-rewrite-min-size`; the log must still have outgrown the last
+    /// snapshot by `--snapshot-log-percent`. Unused at a percent of 0.
+    #[arg(long, default_value_t = 64 << 20)]
+    pub snapshot_log_bytes: u64,
     /// Start a new log segment once one holds this many bytes.
     #[arg(long, default_value_t = 64 << 20)]
     pub segment_bytes: u64,
@@ -272,6 +278,7 @@ impl ServeArgs {
         config.max_batches_in_flight = usize::from(self.max_batches_in_flight);
         config.snapshot_every = self.snapshot_every;
         config.snapshot_log_percent = self.snapshot_log_percent;
+        config.snapshot_log_bytes = self.snapshot_log_bytes;
         config.max_connections = self.max_connections;
         config.handshake_timeout = self.handshake_timeout;
         config.segment_bytes = self.segment_bytes;

@@ -63,9 +63,13 @@ pub struct ServerConfig {
     pub open_timeout: Duration,
     /// Take a snapshot (and let the Raft log before it go) after this many
     /// log entries (each entry is one batch of requests) at the least, or
-    /// 64 MiB of log (`raft::snapshot_policy::LOG_BYTES_FLOOR`), whichever
-    /// comes first.
+    /// `snapshot_log_bytes` of log, whichever comes first.
     pub snapshot_every: u64,
+    /// The bytes of log after which a snapshot is due whatever its entry
+    /// count (`raft::snapshot_policy`): an entry is a batch, so a bulk load
+    /// writes much log in few entries. With `snapshot_log_percent` at 0
+    /// only `snapshot_every` counts.
+    pub snapshot_log_bytes: u64,
     /// And only once the log written since the last snapshot is this many
     /// percent of that snapshot's size (`raft::snapshot_policy`): a big
     /// state is not written out again every `snapshot_every` entries. 0:
@@ -206,6 +210,7 @@ impl ServerConfig {
             open_timeout: Duration::from_secs(10),
             snapshot_every: 10_000,
             snapshot_log_percent: 100,
+            snapshot_log_bytes: 64 << 20,
             segment_bytes: 64 << 20,
             recover_damaged_data: false,
             max_batch: 4096,

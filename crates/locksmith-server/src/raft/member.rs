@@ -191,7 +191,10 @@ pub(crate) async fn start(
             raft.clone(),
             log,
             machine,
-            config.snapshot_every,
+            super::snapshot_policy::Floor {
+                entries: config.snapshot_every,
+                log_bytes: config.snapshot_log_bytes,
+            },
             config.snapshot_log_percent,
         ));
     }
