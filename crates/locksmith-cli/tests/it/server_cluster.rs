@@ -10,7 +10,7 @@ use crate::server_support;
 
 use std::time::Duration;
 
-use locksmith::{Client, ConnectOptions};
+use locksmith::{Client, ConnectOptions, Guard};
 use locksmith_proto::v1 as pb;
 use locksmith_proto::v1::locksmith_client::LocksmithClient;
 use locksmith_testkit::free_port;
@@ -738,22 +738,14 @@ async fn acquires_of_many_long_names_at_once_are_replicated() {
     let url = cluster.url();
     let prefix = unique("cluster-big-entries");
     let client = cluster.client(Duration::from_secs(30)).await;
-    // 480 acquires of the most names one acquire may take (64), each name
-    // near the longest a name may be: 15 MB of names, sent together, so
-    // that a follower gets requests of many big entries to write.
-    let pad = "n".repeat(440);
-    let acquires = (0..480).map(|i| {
-        let names: Vec<String> = (0..64).map(|j| format!("{prefix}/{i}/{j}/{pad}")).collect();
-        let lock = client.multi_lock(names);
-        async move { lock.acquire_timeout(Duration::from_secs(60)).await }
-    });
-    let guards = tokio::time::timeout(Duration::from_secs(60), futures::future::join_all(acquires))
-        .await
-        .expect("the acquires are answered: their entries commit");
-    let guards: Vec<_> = guards
-        .into_iter()
-        .collect::<Result<_, _>>()
-        .expect("every acquire is granted");
+    // 480 acquires of long names: 15 MB of names, sent together, so that a
+    // follower gets requests of many big entries to write.
+    let guards = tokio::time::timeout(
+        Duration::from_secs(60),
+        hold_long_names(&client, &prefix, 480),
+    )
+    .await
+    .expect("the acquires are answered: their entries commit");
     let written = members(&url)[leader]["last_log_index"].as_u64();
     eventually(
         Duration::from_secs(30),
@@ -771,6 +763,24 @@ async fn acquires_of_many_long_names_at_once_are_replicated() {
     client.close().await.unwrap();
 }
 
+/// Holds `acquires` × 64 names under `prefix` through `client`, the acquires
+/// sent all at once: 64 is the most names one acquire may take, and each
+/// name of some 480 bytes is near the longest a name may be, so the log
+/// gets big entries.
+async fn hold_long_names(client: &Client, prefix: &str, acquires: usize) -> Vec<Guard> {
+    let pad = "n".repeat(440);
+    let acquires = (0..acquires).map(|i| {
+        let names: Vec<String> = (0..64).map(|j| format!("{prefix}/{i}/{j}/{pad}")).collect();
+        let lock = client.multi_lock(names);
+        async move { lock.acquire_timeout(Duration::from_secs(60)).await }
+    });
+    futures::future::join_all(acquires)
+        .await
+        .into_iter()
+        .collect::<Result<_, _>>()
+        .expect("every acquire is granted")
+}
+
 /// A bulk load: few entries, much log. Every member snapshots by the log's
 /// bytes (`--snapshot-log-bytes`) and lets all of that log go, so a follower
 /// that slept through the load is sent the leader's snapshot instead.
@@ -786,20 +796,9 @@ async fn after_a_bulk_load_the_log_goes_and_a_follower_behind_gets_the_snapshot(
     let behind = (leader + 1) % 3;
     let client = cluster.client(Duration::from_secs(30)).await;
     cluster.members[behind].pause();
-    // 96 acquires of 64 names of some 480 bytes: about 3 MB of log in about
-    // a hundred entries, far fewer than `--snapshot-every`.
-    let prefix = unique("cluster-bulk-load");
-    let pad = "b".repeat(440);
-    let acquires = (0..96).map(|i| {
-        let names: Vec<String> = (0..64).map(|j| format!("{prefix}/{i}/{j}/{pad}")).collect();
-        let lock = client.multi_lock(names);
-        async move { lock.acquire_timeout(Duration::from_secs(60)).await }
-    });
-    let guards: Vec<_> = futures::future::join_all(acquires)
-        .await
-        .into_iter()
-        .collect::<Result<_, _>>()
-        .expect("every acquire is granted");
+    // 96 acquires of long names: about 3 MB of log in about a hundred
+    // entries, far fewer than `--snapshot-every`.
+    let guards = hold_long_names(&client, &unique("cluster-bulk-load"), 96).await;
     let first_segment = cluster.members[leader]
         .data_dir()
         .join("raft")
@@ -1115,18 +1114,7 @@ async fn a_new_member_gets_a_snapshot_of_a_big_table() {
     let client = cluster.client(Duration::from_secs(30)).await;
     // 32 000 holds of long names: a snapshot of about 15 MB, a quarter of a
     // second of sending at the bounded rate before the peer decodes it.
-    let prefix = unique("cluster-big-snapshot");
-    let pad = "s".repeat(440);
-    let acquires = (0..500).map(|i| {
-        let names: Vec<String> = (0..64).map(|j| format!("{prefix}/{i}/{j}/{pad}")).collect();
-        let lock = client.multi_lock(names);
-        async move { lock.acquire_timeout(Duration::from_secs(60)).await }
-    });
-    let guards: Vec<_> = futures::future::join_all(acquires)
-        .await
-        .into_iter()
-        .collect::<Result<_, _>>()
-        .expect("every acquire is granted");
+    let guards = hold_long_names(&client, &unique("cluster-big-snapshot"), 500).await;
 
     let (_, joiner) = join_member_4(&cluster, Duration::from_secs(60)).await;
     assert!(
