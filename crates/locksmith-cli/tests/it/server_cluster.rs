@@ -781,58 +781,6 @@ async fn hold_long_names(client: &Client, prefix: &str, acquires: usize) -> Vec<
         .expect("every acquire is granted")
 }
 
-/// A bulk load: few entries, much log. Every member snapshots by the log's
-/// bytes (`--snapshot-log-bytes`) and lets all of that log go, so a follower
-/// that slept through the load is sent the leader's snapshot instead.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn after_a_bulk_load_the_log_goes_and_a_follower_behind_gets_the_snapshot() {
-    let cluster = Cluster::start_with(&[
-        "--snapshot-log-bytes",
-        "1048576",
-        "--segment-bytes",
-        "262144",
-    ]);
-    let leader = cluster.leader(&[]).await;
-    let behind = (leader + 1) % 3;
-    let client = cluster.client(Duration::from_secs(30)).await;
-    cluster.members[behind].pause();
-    // 96 acquires of long names: about 3 MB of log in about a hundred
-    // entries, far fewer than `--snapshot-every`.
-    let guards = hold_long_names(&client, &unique("cluster-bulk-load"), 96).await;
-    let first_segment = cluster.members[leader]
-        .data_dir()
-        .join("raft")
-        .join(format!("log-{:020}", 1));
-    eventually(
-        Duration::from_secs(30),
-        "the leader's first log segment purged after its snapshot",
-        || async { !first_segment.exists() },
-    )
-    .await;
-
-    cluster.members[behind].unpause();
-    let url = cluster.url();
-    let written = members(&url)[leader]["last_log_index"].as_u64();
-    eventually(
-        Duration::from_secs(30),
-        "the follower that slept through the load caught up",
-        || async {
-            let member = &members(&url)[behind];
-            member["lag"].as_u64() == Some(0) && member["last_log_index"].as_u64() >= written
-        },
-    )
-    .await;
-    assert!(
-        cluster.members[behind]
-            .log_tail(500)
-            .contains("installed the leader's snapshot"),
-        "the follower got the snapshot:\n{}",
-        cluster.members[behind].log_tail(50)
-    );
-    drop(guards);
-    client.close().await.unwrap();
-}
-
 /// Starts member 4, joining through member 1, and waits (up to `limit`)
 /// until the leader sees its log caught up; returns its port and process.
 async fn join_member_4(cluster: &Cluster, limit: Duration) -> (u16, ServerProcess) {
