@@ -58,7 +58,11 @@
 //! machine spreads over all backends instead of spoiling one, and the report
 //! shows each backend's median round. The report also records the load
 //! average and the disk's `fdatasync` latency at the start and the end, since
-//! every durable store waits for the disk.
+//! every durable store waits for the disk, and for each measurement of (a)
+//! and (b) the CPU per operation of the bench's process and of the store's
+//! processes this run started, each as time run and time spent waiting for
+//! a CPU (module `cpu`): on a small machine the bench shares its CPUs with
+//! the servers it measures, and those waits are part of the latencies.
 //! With neither, the run measures `memory://`. Ratios are against the locksmith
 //! server when it is part of the run.
 //!
@@ -72,6 +76,7 @@
 
 mod backup;
 mod chart;
+mod cpu;
 mod machine;
 mod report;
 mod scenario;

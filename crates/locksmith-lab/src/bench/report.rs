@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+use super::cpu::CpuPerOp;
 use super::machine::Machine;
 use super::scenario::{Contended, Scale, Uncontended};
 use super::stats::{fmt_bytes, fmt_rate, fmt_us};
@@ -169,6 +170,16 @@ fn members_cpu(f: &super::backup::BackupRestore) -> String {
         .join(", ")
 }
 
+/// A [`CpuPerOp`] as a cell: the bench's time run / waiting for a CPU,
+/// then the store's, in µs.
+fn fmt_cpu(cpu: &CpuPerOp) -> String {
+    let bench = format!("{:.0} / {:.0}", cpu.bench_run_us, cpu.bench_wait_us);
+    match (cpu.store_run_us, cpu.store_wait_us) {
+        (Some(run), Some(wait)) => format!("{bench} · {run:.0} / {wait:.0}"),
+        _ => format!("{bench} · –"),
+    }
+}
+
 fn short(error: &str) -> String {
     let line = error.lines().next().unwrap_or("").replace('|', "/");
     if line.chars().count() > 80 {
@@ -207,6 +218,62 @@ impl Report {
     fn reference(&self) -> Option<&BackendReport> {
         let label = self.reference.as_ref()?;
         self.backends.iter().find(|b| &b.label == label)
+    }
+
+    /// The CPU each measurement of (a) and (b) cost per operation, the
+    /// bench's and the store's, run and waited for ([`super::cpu`]).
+    fn cpu_table(&self, md: &mut String) {
+        let s = &self.settings;
+        let has_cpu = |b: &BackendReport| {
+            b.uncontended
+                .iter()
+                .any(|o| o.ok().is_some_and(|u| u.cpu.is_some()))
+                || b.handoff
+                    .as_ref()
+                    .and_then(Outcome::ok)
+                    .is_some_and(|h| h.cpu.is_some())
+        };
+        if !self.backends.iter().any(has_cpu) {
+            return;
+        }
+        let _ = writeln!(
+            md,
+            "\n### CPU per operation: run, and waiting for a CPU\n\n\
+             µs per pair of (a) and per grant of (b), from the kernel's scheduler \
+             statistics: this bench's process (its clients) `run / waiting`, then \
+             the store's processes, summed, when this run started them. Waiting = \
+             ready to run while another thread held the CPU; on a machine the bench \
+             shares with the servers it measures, part of every latency above.\n"
+        );
+        let mut header = String::from("| backend |");
+        let mut rule = String::from("|---|");
+        for c in &s.clients {
+            let _ = write!(header, " C={c} pair |");
+            rule.push_str("---:|");
+        }
+        header.push_str(" handoff |");
+        rule.push_str("---:|");
+        let _ = writeln!(md, "{header}\n{rule}");
+        for b in self.backends.iter().filter(|b| has_cpu(b)) {
+            let mut row = format!("| {} |", b.label);
+            for i in 0..s.clients.len() {
+                let cell = b
+                    .uncontended
+                    .get(i)
+                    .and_then(Outcome::ok)
+                    .and_then(|u| u.cpu.as_ref())
+                    .map_or_else(|| "–".to_owned(), fmt_cpu);
+                let _ = write!(row, " {cell} |");
+            }
+            let handoff = b
+                .handoff
+                .as_ref()
+                .and_then(Outcome::ok)
+                .and_then(|h| h.cpu.as_ref())
+                .map_or_else(|| "–".to_owned(), fmt_cpu);
+            let _ = writeln!(row, " {handoff} |");
+            md.push_str(&row);
+        }
     }
 
     /// The report as Markdown: the settings, then one table per scenario, each
@@ -380,6 +447,7 @@ impl Report {
                 let _ = writeln!(md, "{row}");
             }
         }
+        self.cpu_table(&mut md);
         // (c)
         if self.backends.iter().any(|b| b.fairness.is_some()) {
             let _ = writeln!(

@@ -15,6 +15,7 @@ use locksmith::Client;
 use serde::Serialize;
 use tokio::sync::Barrier;
 
+use super::cpu::{CpuPerOp, CpuWindow};
 use super::stats::{jain, Samples, Summary};
 use super::target::Target;
 
@@ -40,6 +41,8 @@ pub struct Uncontended {
     pub pairs_per_sec: f64,
     /// Latency of one acquire + release pair.
     pub latency: Summary,
+    /// CPU per pair: the bench's and the store's, run and waited for.
+    pub cpu: Option<CpuPerOp>,
     /// With `--repeat`: the rate of every run (this one is the median).
     pub runs: Vec<f64>,
 }
@@ -66,6 +69,8 @@ pub struct Contended {
     pub per_client: Vec<u64>,
     /// Jain's fairness index of `per_client` (1.0 = perfectly even).
     pub jain: f64,
+    /// CPU per grant: the bench's and the store's, run and waited for.
+    pub cpu: Option<CpuPerOp>,
     /// With `--repeat`: the rate of every run (this one is the median).
     pub runs: Vec<f64>,
 }
@@ -131,6 +136,7 @@ pub async fn uncontended(
 ) -> Result<(Uncontended, Samples), String> {
     let connected = connect_all(target, clients, settings).await?;
     let barrier = Arc::new(Barrier::new(clients));
+    let cpu = CpuWindow::start(target.store_roots());
     let mut workers = tokio::task::JoinSet::new();
     for (i, client) in connected.iter().cloned().enumerate() {
         let lock = client.lock(format!("{}/uncontended-{clients}/{i}", settings.prefix));
@@ -163,6 +169,7 @@ pub async fn uncontended(
         rate += n as f64 / elapsed.as_secs_f64();
         samples.extend(s);
     }
+    let cpu = cpu.per_op(pairs);
     close_all(connected).await;
     let latency = samples.summary();
     Ok((
@@ -171,6 +178,7 @@ pub async fn uncontended(
             pairs,
             pairs_per_sec: rate,
             latency,
+            cpu,
             runs: Vec::new(),
         },
         samples,
@@ -202,6 +210,7 @@ pub async fn contended(
     let self_regrants = Arc::new(AtomicU64::new(0));
     let lock_name = format!("{}/{name}", settings.prefix);
     let mut workers = tokio::task::JoinSet::new();
+    let cpu = CpuWindow::start(target.store_roots());
     let started = Instant::now();
     for (i, client) in connected.iter().cloned().enumerate() {
         let lock = client.lock(lock_name.clone());
@@ -246,8 +255,9 @@ pub async fn contended(
         waits.extend(w);
     }
     let elapsed = started.elapsed();
-    close_all(connected).await;
     let grants: u64 = per_client.iter().sum();
+    let cpu = cpu.per_op(grants);
+    close_all(connected).await;
     let summary = Contended {
         clients,
         hold_us: hold.as_micros() as u64,
@@ -258,6 +268,7 @@ pub async fn contended(
         self_regrant_ratio: self_regrants.load(Ordering::Relaxed) as f64
             / (handoffs.len().max(1)) as f64,
         jain: jain(&per_client),
+        cpu,
         per_client,
         runs: Vec::new(),
     };

@@ -419,6 +419,15 @@ impl Target {
         (!sizes.is_empty()).then(|| sizes.iter().sum())
     }
 
+    /// The process of every server of this backend this run started (none
+    /// for a backend it did not start, and for `memory://`, which runs in
+    /// this process), for CPU figures ([`super::cpu`]).
+    pub fn store_roots(&self) -> Vec<u32> {
+        self.spawned.as_ref().map_or_else(Vec::new, |spawned| {
+            spawned.processes().iter().filter_map(|p| p.pid()).collect()
+        })
+    }
+
     /// The server's version, when this run started it.
     pub fn version(&self) -> Option<String> {
         self.spawned.as_deref().and_then(Spawned::version)
@@ -640,7 +649,7 @@ pub fn tree_memory(root: u32) -> Option<u64> {
 /// The process `root`, its descendants and the rest of its process group.
 /// Descendants, because PostgreSQL puts every backend in a process group of
 /// its own; the group, for a server started through a wrapper that has exited.
-fn family(root: u32) -> Vec<u32> {
+pub(super) fn family(root: u32) -> Vec<u32> {
     // (pid, parent, group) of every process.
     let processes: Vec<(u32, u32, u32)> = std::fs::read_dir("/proc")
         .into_iter()

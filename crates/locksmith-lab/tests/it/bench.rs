@@ -58,6 +58,7 @@ fn bench_writes_the_report_json_and_charts() {
     for heading in [
         "(a) Uncontended",
         "(b) Contended handoff",
+        "CPU per operation",
         "(c) Fairness",
         "(d) Scale",
     ] {
@@ -124,6 +125,31 @@ fn bench_writes_the_report_json_and_charts() {
         "{server}"
     );
     assert!(server["version"].as_str().unwrap().starts_with("locksmith"));
+    // CPU per operation: the bench's own, and the store's where this run
+    // started it (`memory://` runs in the bench's process: no store figure).
+    for backend in backends {
+        let label = backend["label"].as_str().unwrap();
+        let cpus = backend["uncontended"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .chain([&backend["handoff"]])
+            .map(|measured| &measured["cpu"]);
+        for cpu in cpus {
+            assert!(
+                cpu["bench_run_us"].as_f64().unwrap() > 0.0,
+                "{label}: {cpu}"
+            );
+            assert!(
+                cpu["bench_wait_us"].as_f64().unwrap() >= 0.0,
+                "{label}: {cpu}"
+            );
+            match label {
+                "server" => assert!(cpu["store_run_us"].as_f64().unwrap() > 0.0, "{cpu}"),
+                _ => assert!(cpu["store_run_us"].is_null(), "{label}: {cpu}"),
+            }
+        }
+    }
 
     // The charts are SVG documents.
     for chart in ["throughput.svg", "handoff-latency.svg", "fairness-wait.svg"] {
