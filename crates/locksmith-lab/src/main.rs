@@ -22,6 +22,7 @@ use clap::{Parser, Subcommand};
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod bench;
+mod scheduling;
 mod server_executable;
 mod torture;
 
@@ -71,7 +72,26 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let runtime = match tokio::runtime::Runtime::new() {
+    let client_slice = match &cli.command {
+        Command::Bench(args) => args.client_slice,
+        Command::Torture(_) => None,
+    };
+    if let Some(slice) = client_slice {
+        if let Err(error) = scheduling::set_own_slice(slice) {
+            eprintln!("locksmith-lab: cannot set the scheduler slice (--client-slice): {error}");
+            return ExitCode::FAILURE;
+        }
+    }
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.enable_all();
+    if let Some(slice) = client_slice {
+        // Every thread asks for itself: the slice is not inherited (see
+        // `scheduling`), and a thread that could not get it runs as before.
+        builder.on_thread_start(move || {
+            let _ = scheduling::set_own_slice(slice);
+        });
+    }
+    let runtime = match builder.build() {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("locksmith-lab: cannot start the runtime: {error}");

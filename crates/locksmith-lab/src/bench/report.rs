@@ -70,6 +70,9 @@ pub struct RunSettings {
     /// (docs/BENCHMARKS.md, "Idle CPUs, and the bench's clients on one
     /// worker").
     pub client_workers: usize,
+    /// The kernel's time slice the bench's threads asked for
+    /// (`--client-slice`, µs); `None`: the kernel's default.
+    pub client_slice_us: Option<u64>,
 }
 
 /// Everything measured for one backend.
@@ -317,7 +320,7 @@ impl Report {
         let _ = writeln!(
             md,
             "\nEach timed measurement runs {} ms{}; session TTL {} ms; the clients on a runtime of {} \
-             worker{}{}.",
+             worker{}{}{}.",
             s.duration_ms,
             if s.repeat > 1 {
                 format!(
@@ -331,6 +334,9 @@ impl Report {
             s.session_ttl_ms,
             s.client_workers,
             if s.client_workers == 1 { "" } else { "s" },
+            s.client_slice_us
+                .map(|us| format!(", its threads on a scheduler slice of {us} µs"))
+                .unwrap_or_default(),
             if s.quick {
                 "; **quick mode** (small counts, short runs: figures are indicative only)"
             } else {

@@ -50,6 +50,8 @@ fn bench_writes_the_report_json_and_charts() {
             "300",
             "--scale-server",
             "1000",
+            "--client-slice",
+            "200us",
         ],
         out.path(),
     );
@@ -83,6 +85,12 @@ fn bench_writes_the_report_json_and_charts() {
     assert!(workers >= 1, "no client workers in {}", report["settings"]);
     assert!(
         markdown.contains(&format!("the clients on a runtime of {workers} worker")),
+        "{markdown}"
+    );
+    // So is the scheduler slice its threads asked for.
+    assert_eq!(report["settings"]["client_slice_us"], 200);
+    assert!(
+        markdown.contains("its threads on a scheduler slice of 200 µs"),
         "{markdown}"
     );
     assert!(report["machine"]["nproc"].as_u64().unwrap() >= 1);
