@@ -125,7 +125,7 @@ pub struct Report {
 fn setup(kind: Kind) -> &'static str {
     match kind {
         Kind::Server => {
-            "`locksmith serve` with its durable command log (group commit: one fsync per batch) and snapshots"
+            "`locksmith serve`, a Raft group of one: its log synced before each answer (group commit: one `fdatasync` per batch) and snapshots"
         }
         Kind::Memory => "the engine inside the bench's own process: no network, no disk (the ceiling)",
         Kind::Redis => {
