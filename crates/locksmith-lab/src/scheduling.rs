@@ -37,8 +37,27 @@ struct SchedAttr {
 /// threads sets its own, see `main`.)
 const SCHED_FLAG_RESET_ON_FORK: u64 = 0x01;
 
-/// Gives the calling thread a time slice of `slice` (the kernel clamps it to
-/// 100 µs–100 ms), keeping its policy (normal) and nice value.
+/// The slices the kernel grants a normal thread (it clamps others into it).
+pub const SLICES: std::ops::RangeInclusive<Duration> =
+    Duration::from_micros(100)..=Duration::from_millis(100);
+
+/// Parses `--client-slice`: a duration within [`SLICES`], refused outside
+/// it rather than clamped (0 would ask for the default, silently).
+pub fn parse_slice(text: &str) -> Result<Duration, String> {
+    let slice = crate::parse_duration(text)?;
+    if SLICES.contains(&slice) {
+        Ok(slice)
+    } else {
+        Err(format!(
+            "{text} is outside the slices the kernel grants ({:?} to {:?})",
+            SLICES.start(),
+            SLICES.end()
+        ))
+    }
+}
+
+/// Gives the calling thread a time slice of `slice` (within [`SLICES`]),
+/// keeping its policy (normal) and nice value.
 pub fn set_own_slice(slice: Duration) -> io::Result<()> {
     // SAFETY: getpriority reads the calling thread's nice value; errno is
     // cleared first because -1 is a valid result.
@@ -82,6 +101,17 @@ mod tests {
         let sched = std::fs::read_to_string(path).ok()?;
         let line = sched.lines().find(|l| l.starts_with("se.slice"))?;
         line.rsplit(' ').next()?.trim().parse().ok()
+    }
+
+    #[test]
+    fn a_slice_outside_what_the_kernel_grants_is_refused() {
+        assert_eq!(parse_slice("100us"), Ok(Duration::from_micros(100)));
+        assert_eq!(parse_slice("100ms"), Ok(Duration::from_millis(100)));
+        for refused in ["0s", "99us", "101ms"] {
+            let error = parse_slice(refused).unwrap_err();
+            assert!(error.contains("outside the slices"), "{refused}: {error}");
+        }
+        assert!(parse_slice("soon").is_err());
     }
 
     #[test]

@@ -184,12 +184,12 @@ pub struct BenchArgs {
     #[arg(long, value_parser = parse_duration, default_value = "10s")]
     session_ttl: Duration,
     /// The kernel's time slice for this bench's own threads (Linux 6.12 or
-    /// later; 100µs at least). A short one lets a client woken by an answer
+    /// later; 100us to 100ms). A short one lets a client woken by an answer
     /// run at once instead of after the server thread holding its CPU: on a
     /// machine the bench shares with the servers it measures, that wait is
     /// otherwise part of every latency. The stores it starts keep the
     /// default. [default: the kernel's]
-    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, value_parser = crate::scheduling::parse_slice, value_name = "DURATION")]
     pub client_slice: Option<Duration>,
     /// Idle sessions in the sessions scenario [default: 10000, quick: 1000].
     #[arg(long)]

@@ -173,6 +173,18 @@ fn members_cpu(f: &super::backup::BackupRestore) -> String {
         .join(", ")
 }
 
+/// The head of a table with a `backend` column, then `columns`, each
+/// right-aligned: its header line and its rule line.
+fn table_head(columns: impl IntoIterator<Item = String>) -> String {
+    let mut header = String::from("| backend |");
+    let mut rule = String::from("|---|");
+    for column in columns {
+        let _ = write!(header, " {column} |");
+        rule.push_str("---:|");
+    }
+    format!("{header}\n{rule}\n")
+}
+
 /// A [`CpuPerOp`] as a cell: the bench's time run / waiting for a CPU,
 /// then the store's, in µs.
 fn fmt_cpu(cpu: &CpuPerOp) -> String {
@@ -248,15 +260,8 @@ impl Report {
              ready to run while another thread held the CPU; on a machine the bench \
              shares with the servers it measures, part of every latency above.\n"
         );
-        let mut header = String::from("| backend |");
-        let mut rule = String::from("|---|");
-        for c in &s.clients {
-            let _ = write!(header, " C={c} pair |");
-            rule.push_str("---:|");
-        }
-        header.push_str(" handoff |");
-        rule.push_str("---:|");
-        let _ = writeln!(md, "{header}\n{rule}");
+        let columns = s.clients.iter().map(|c| format!("C={c} pair"));
+        md.push_str(&table_head(columns.chain(["handoff".to_owned()])));
         for b in self.backends.iter().filter(|b| has_cpu(b)) {
             let mut row = format!("| {} |", b.label);
             for i in 0..s.clients.len() {
@@ -364,15 +369,9 @@ impl Report {
                 "\n### (a) Uncontended: acquire + release pairs per second\n\n\
              C clients, each its own connection, each looping on a lock of its own.\n"
             );
-            let mut header = String::from("| backend |");
-            let mut rule = String::from("|---|");
-            for c in &s.clients {
-                let _ = write!(header, " C={c} pairs/s |");
-                rule.push_str("---:|");
-            }
-            header.push_str(" p50 / p99 pair latency (C=1) |");
-            rule.push_str("---:|");
-            let _ = writeln!(md, "{header}\n{rule}");
+            let columns = s.clients.iter().map(|c| format!("C={c} pairs/s"));
+            let latency = "p50 / p99 pair latency (C=1)".to_owned();
+            md.push_str(&table_head(columns.chain([latency])));
             for b in &self.backends {
                 let mut row = format!("| {} |", b.label);
                 for (i, outcome) in b.uncontended.iter().enumerate() {
@@ -682,6 +681,14 @@ pub use locksmith::redact;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_table_head_has_a_backend_column_then_right_aligned_ones() {
+        assert_eq!(
+            table_head(["C=1 pair".to_owned(), "handoff".to_owned()]),
+            "| backend | C=1 pair | handoff |\n|---|---:|---:|\n"
+        );
+    }
 
     #[test]
     fn ratios_keep_two_significant_digits() {

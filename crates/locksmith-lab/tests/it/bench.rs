@@ -272,6 +272,18 @@ fn bench_refuses_nonsense() {
         .output()
         .expect("run locksmith-lab bench");
     assert!(!output.status.success());
+
+    // A slice the kernel would clamp, or take as "the default", is refused.
+    let output = Command::new(env!("CARGO_BIN_EXE_locksmith-lab"))
+        .args(["bench", "--spawn", "memory", "--client-slice", "0s"])
+        .output()
+        .expect("run locksmith-lab bench");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("outside the slices the kernel grants"),
+        "{stderr}"
+    );
 }
 
 /// `--spawn server` needs the `locksmith` executable: without one beside
