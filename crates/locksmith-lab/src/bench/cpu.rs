@@ -173,11 +173,8 @@ mod tests {
         assert!(cpu.bench_run_us >= 100.0, "{cpu:?}");
         assert!(cpu.bench_wait_us >= 0.0);
         assert_eq!(cpu.store_run_us, None);
-        assert_eq!(window_of_nothing(), None);
-    }
-
-    fn window_of_nothing() -> Option<CpuPerOp> {
-        CpuWindow::start(Vec::new()).per_op(0)
+        // No operation, no figure per operation.
+        assert_eq!(CpuWindow::start(Vec::new()).per_op(0), None);
     }
 
     #[test]
