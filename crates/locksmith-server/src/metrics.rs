@@ -53,6 +53,11 @@ struct RaftGauges {
     last_log_index: Gauge<u64, AtomicU64>,
     commit_index: Gauge<u64, AtomicU64>,
     applied_index: Gauge<u64, AtomicU64>,
+    /// The last entry this member's newest snapshot holds.
+    snapshot_index: Gauge<u64, AtomicU64>,
+    /// The log is durably purged up to here: the entries at and below it
+    /// are in the snapshot alone.
+    purged_index: Gauge<u64, AtomicU64>,
     /// `raft_replication_lag{member}` on the leader: entries each member is
     /// behind the leader's log.
     lag: Family<Vec<(String, String)>, Gauge<u64, AtomicU64>>,
@@ -410,6 +415,8 @@ impl Metrics {
             last_log_index: Gauge::default(),
             commit_index: Gauge::default(),
             applied_index: Gauge::default(),
+            snapshot_index: Gauge::default(),
+            purged_index: Gauge::default(),
             lag: Family::default(),
             source: OnceLock::new(),
         };
@@ -433,6 +440,17 @@ impl Metrics {
             "raft_applied_index",
             "The index of the last entry this member applied",
             raft.applied_index.clone(),
+        );
+        registry.register(
+            "raft_snapshot_index",
+            "The index of the last entry this member's newest snapshot holds",
+            raft.snapshot_index.clone(),
+        );
+        registry.register(
+            "raft_purged_index",
+            "The log is purged (durably) up to this index: the entries at and below it \
+             are in the snapshot alone",
+            raft.purged_index.clone(),
         );
         registry.register(
             "raft_replication_lag",
@@ -481,6 +499,8 @@ impl Metrics {
             .set(m.cluster_committed.map_or(0, |c| c.index));
         raft.applied_index
             .set(m.last_applied.map_or(0, |a| a.index));
+        raft.snapshot_index.set(m.snapshot.map_or(0, |s| s.index));
+        raft.purged_index.set(m.purged.map_or(0, |p| p.index));
         raft.lag.clear();
         if let Some(replication) = &m.replication {
             let last = m.last_log_index.unwrap_or(0);

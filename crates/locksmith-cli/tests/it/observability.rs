@@ -12,7 +12,9 @@ use std::time::Duration;
 
 use locksmith_proto::v1 as pb;
 use locksmith_testkit::free_port;
-use server_support::{eventually, get, unique, RawSession, ServerProcess, BINARY};
+use server_support::{
+    eventually, get, metric, scrape, unique, value, RawSession, ServerProcess, BINARY,
+};
 
 /// A server with its HTTP listener on a free port, ready (`/readyz`);
 /// returns it and that port.
@@ -27,33 +29,6 @@ async fn server_with_http(extra: &[&str]) -> (ServerProcess, u16) {
     })
     .await;
     (server, port)
-}
-
-/// `/metrics`, parsed as Prometheus text.
-async fn scrape(port: u16) -> prometheus_parse::Scrape {
-    let (code, body) = get(port, "/metrics").await;
-    assert_eq!(code, 200, "{body}");
-    let lines = body.lines().map(|line| Ok(line.to_owned()));
-    prometheus_parse::Scrape::parse(lines).expect("Prometheus text format")
-}
-
-/// The value of the sample `name` with these labels (counters, gauges and
-/// the `_count`/`_sum` of histograms).
-fn value(scrape: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)]) -> f64 {
-    use prometheus_parse::Value;
-    let sample = scrape
-        .samples
-        .iter()
-        .find(|s| s.metric == name && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
-        .unwrap_or_else(|| panic!("no sample {name}{labels:?}"));
-    match sample.value {
-        Value::Counter(v) | Value::Gauge(v) | Value::Untyped(v) => v,
-        ref other => panic!("{name} is not a single value: {other:?}"),
-    }
-}
-
-async fn metric(port: u16, name: &str, labels: &[(&str, &str)]) -> f64 {
-    value(&scrape(port).await, name, labels)
 }
 
 #[tokio::test]

@@ -23,7 +23,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use locksmith::{Client, Guard};
-use server_support::{refused_start, unique, ServerProcess};
+use locksmith_testkit::free_port;
+use server_support::{eventually, metric, refused_start, unique, ServerProcess};
 
 const SEGMENT_HEADER: usize = 24;
 const FRAME_HEADER: usize = 12;
@@ -218,12 +219,34 @@ async fn a_zeroed_block_in_the_middle_of_the_log_stops_the_server() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_snapshot_stops_the_server() {
     // Frequent snapshots: the log is purged into them, so the snapshot alone
-    // holds the state up to the purge.
-    let (server, top) = killed_after(
-        10,
-        &["--snapshot-every", "5", "--snapshot-log-percent", "0"],
-    )
+    // holds the state up to the purge. The kill waits for the server to say
+    // that a purge is durable: killed before, it rightly starts from its
+    // whole log, with or without the snapshot.
+    let http = free_port();
+    let listen = format!("127.0.0.1:{http}");
+    let server = ServerProcess::start_with(&[
+        "--snapshot-every",
+        "5",
+        "--snapshot-log-percent",
+        "0",
+        "--metrics-listen",
+        &listen,
+    ]);
+    let client = server.client(Duration::from_secs(5)).await;
+    let top = churn(&client, 10).await;
+    eventually(Duration::from_secs(10), "a durable purge", || async {
+        metric(http, "locksmith_raft_purged_index", &[]).await >= 5.0
+    })
     .await;
+    let purged = metric(http, "locksmith_raft_purged_index", &[]).await;
+    let snapshot = metric(http, "locksmith_raft_snapshot_index", &[]).await;
+    assert!(
+        snapshot >= purged,
+        "snapshot at {snapshot}, log purged to {purged}"
+    );
+    drop(client);
+    server.kill();
+
     let snapshot = server.data_dir().join("snapshot");
     fs::remove_file(&snapshot).unwrap();
     // What a kill while the next snapshot was written leaves: the refused

@@ -687,3 +687,31 @@ pub async fn get(port: u16, path: &str) -> (u16, String) {
         .expect("status code");
     (code, body.to_owned())
 }
+
+/// `/metrics`, parsed as Prometheus text.
+pub async fn scrape(port: u16) -> prometheus_parse::Scrape {
+    let (code, body) = get(port, "/metrics").await;
+    assert_eq!(code, 200, "{body}");
+    let lines = body.lines().map(|line| Ok(line.to_owned()));
+    prometheus_parse::Scrape::parse(lines).expect("Prometheus text format")
+}
+
+/// The value of the sample `name` with these labels (counters, gauges and
+/// the `_count`/`_sum` of histograms).
+pub fn value(scrape: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)]) -> f64 {
+    use prometheus_parse::Value;
+    let sample = scrape
+        .samples
+        .iter()
+        .find(|s| s.metric == name && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+        .unwrap_or_else(|| panic!("no sample {name}{labels:?}"));
+    match sample.value {
+        Value::Counter(v) | Value::Gauge(v) | Value::Untyped(v) => v,
+        ref other => panic!("{name} is not a single value: {other:?}"),
+    }
+}
+
+/// The value of the sample `name` with these labels, scraped now.
+pub async fn metric(port: u16, name: &str, labels: &[(&str, &str)]) -> f64 {
+    value(&scrape(port).await, name, labels)
+}
