@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use locksmith_core::{EngineError, Mode, NameError};
 
-use crate::backend::LostSignal;
 use crate::lost::LostCause;
+use crate::lost_signal::LostSignal;
 
 /// Result alias for the client library.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

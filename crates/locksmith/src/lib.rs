@@ -120,8 +120,11 @@ mod fork;
 pub mod fuzzing;
 mod guard;
 mod keeper;
+#[cfg(any(feature = "memory", feature = "redis", feature = "etcd"))]
+mod leaked;
 mod lock;
 mod lost;
+mod lost_signal;
 #[cfg(feature = "memory")]
 pub mod memory;
 pub mod metrics;

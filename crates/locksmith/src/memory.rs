@@ -37,8 +37,8 @@ use crate::backend::{
     LostSignal, Wait, Waiter,
 };
 use crate::error::{Error, Result};
-use crate::fork::Leaked;
 use crate::keeper::{self, Kept, Loss, Renew, Renewed, Term};
+use crate::leaked::Leaked;
 use crate::lost::LostCause;
 use crate::options::ConnectOptions;
 

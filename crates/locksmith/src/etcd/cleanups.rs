@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::fork::Leaked;
+use crate::leaked::Leaked;
 
 /// Longest wait for in-flight deletes before inspecting anyway.
 const SETTLE: Duration = Duration::from_secs(2);
@@ -107,7 +107,7 @@ mod tests {
     fn after_forgetting_the_registry_deletes_do_not_take_its_lock() {
         let earlier = IN_FLIGHT.get();
         let stale = begin("stale/key");
-        let settled = crate::fork::held_elsewhere::after_forgetting(earlier, forget, || async {
+        let settled = crate::leaked::held_elsewhere::after_forgetting(earlier, forget, || async {
             let cleanup = begin("fresh/key");
             let landing = tokio::spawn(async move { cleanup.finish() });
             // Not the delete recorded before the call: it never lands, and

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use crate::fork::Leaked;
+use crate::leaked::Leaked;
 
 #[derive(Default)]
 struct Registry {
@@ -120,7 +120,7 @@ mod tests {
     fn after_forgetting_the_registry_cleanups_do_not_take_its_lock() {
         let earlier = REGISTRY.get();
         let settled =
-            crate::fork::held_elsewhere::after_forgetting(&earlier.running, forget, || async {
+            crate::leaked::held_elsewhere::after_forgetting(&earlier.running, forget, || async {
                 let (ran, ran_here) = tokio::sync::oneshot::channel();
                 spawn(async move {
                     let _ = ran.send(());

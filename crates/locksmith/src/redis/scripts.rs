@@ -33,7 +33,7 @@
 
 use ::redis::Script;
 
-use crate::fork::Leaked;
+use crate::leaked::Leaked;
 
 /// Helpers prepended to every script that needs them.
 macro_rules! prelude {
