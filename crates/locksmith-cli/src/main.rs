@@ -19,10 +19,9 @@ const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 /// to the kernel (its default: 1 s). A member keeps its Raft log's entries
 /// in memory and frees them in bulk at each snapshot; new entries fill the
 /// same memory over the next seconds. Given back in between, every page is
-/// faulted in and zeroed again: 5 % of a cluster's CPU at 64 clients, and
-/// 5–12 % of its pairs per second (docs/BENCHMARKS.md, "Memory given back
-/// to the kernel, and faulted in again"). Freed memory still goes back once
-/// it has lain unused this long.
+/// faulted in and zeroed again: 5 % of a cluster's CPU at 64 clients
+/// (docs/BENCHMARKS.md, "Memory given back to the kernel, and faulted in
+/// again"). Freed memory still goes back once it has lain unused this long.
 const PURGE_DELAY_MS: std::ffi::c_long = 10_000;
 
 fn main() -> ExitCode {
