@@ -275,8 +275,8 @@ impl Core {
 
     /// The same loop as [`Core::run`], as a task of the runtime it is
     /// spawned on (the default, [`crate::Execution::Tasks`]): it waits on
-    /// the runtime's clock and yields after every step that leaves work or
-    /// input waiting.
+    /// the runtime's clock and
+    /// yields after every step.
     ///
     /// Cancel safety: dropped, the core stops where it is, as if its
     /// process died: its streams and waiting callers see their channels
@@ -299,14 +299,7 @@ impl Core {
             if let Some(stopped) = self.step(&mut ops, &mut batch) {
                 return stopped;
             }
-            // Others run before the next step. With nothing waiting and
-            // nothing to propose, the wait for the next input gives way
-            // anyway; a yield first would have the runtime poll its I/O
-            // driver (an `epoll_wait`) between this step's replies and
-            // their writes (docs/BENCHMARKS.md, "The core's yield").
-            if !(self.is_idle() && ops.is_empty()) {
-                tokio::task::yield_now().await;
-            }
+            tokio::task::yield_now().await;
         }
     }
 
