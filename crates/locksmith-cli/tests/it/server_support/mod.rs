@@ -689,6 +689,8 @@ pub async fn get(port: u16, path: &str) -> (u16, String) {
 }
 
 /// `/metrics`, parsed as Prometheus text.
+///
+/// Cancel safety: safe; it only reads, on a connection of its own.
 pub async fn scrape(port: u16) -> prometheus_parse::Scrape {
     let (code, body) = get(port, "/metrics").await;
     assert_eq!(code, 200, "{body}");
@@ -712,6 +714,8 @@ pub fn value(scrape: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &st
 }
 
 /// The value of the sample `name` with these labels, scraped now.
+///
+/// Cancel safety: as [`scrape`].
 pub async fn metric(port: u16, name: &str, labels: &[(&str, &str)]) -> f64 {
     value(&scrape(port).await, name, labels)
 }
