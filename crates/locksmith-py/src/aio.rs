@@ -726,6 +726,6 @@ pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<Election>()?;
     module.add_class::<Leadership>()?;
     module.add_class::<Observer>()?;
-    module.add_class::<Awaitable>()?;
+    crate::awaitable::register(module)?;
     Ok(())
 }

@@ -27,13 +27,16 @@
 //! awaited, and can be awaited once.
 
 use std::any::TypeId;
+use std::ffi::{c_int, c_uint, c_void};
 use std::future::Future;
 use std::mem::ManuallyDrop;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::task::{Context, Poll, RawWaker, RawWakerVTable, Wake, Waker};
 
-use pyo3::exceptions::{PyBaseException, PyRuntimeError, PyStopIteration};
+use pyo3::exceptions::{PyBaseException, PyRuntimeError, PyStopIteration, PyTypeError};
+use pyo3::panic::PanicException;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyTuple, PyType};
@@ -112,8 +115,8 @@ where
     }
 }
 
-/// An awaitable over a Rust future (`locksmith.aio` methods return it).
-#[pyclass(module = "locksmith.aio", frozen)]
+/// An awaitable over a Rust future (`locksmith.aio` methods return it; its
+/// Python type is made by hand, see [`TYPE`]).
 pub struct Awaitable {
     /// The fork generation the future belongs to.
     generation: u64,
@@ -159,70 +162,294 @@ fn drop_in_runtime<T>(generation: u64, value: Option<T>) {
     }
 }
 
-#[pymethods]
-impl Awaitable {
-    fn __await__(slf: Py<Self>) -> Py<Self> {
-        slf
-    }
+/// An awaitable as CPython sees it: the object's header, then the value.
+#[repr(C)]
+struct Object {
+    header: ffi::PyObject,
+    awaitable: Awaitable,
+}
 
-    /// One step of the awaiting task: a [`Wakeup`] to wait on, `None` to
-    /// be stepped again at once, or the end with the result, returned as
-    /// cheaply as Python allows: `None` by ending the iteration with no
-    /// exception set (`tp_iternext`'s own convention), any other value by
-    /// setting `StopIteration` with the value itself, which Python up to
-    /// 3.11 hands to the awaiting coroutine without making the exception.
-    fn __next__(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
-        match self.step(py)? {
-            Stepped::Waiting(wait_on) => Ok(Some(wait_on)),
-            Stepped::Returned(value) => {
-                if !value.is_none(py) {
-                    let argument = stop_iteration_argument(value.into_bound(py))?;
-                    // SAFETY: the GIL is held; both objects are valid, and
-                    // `PyErr_SetObject` takes its own references. Returning
-                    // NULL (`None` here) with the error set is how a
-                    // `tp_iternext` returns an exception.
-                    unsafe { ffi::PyErr_SetObject(ffi::PyExc_StopIteration, argument.as_ptr()) };
-                }
-                Ok(None)
+/// The Python type `locksmith.aio.Awaitable`, made by [`register`].
+///
+/// Written against CPython's stable ABI by hand, not with `#[pyclass]`:
+/// PyO3 offers neither of the two cheap slots an awaitable can have.
+/// `am_send` lets `await` take the result without a `StopIteration` raised
+/// and caught, and a slot of its own enters no trampoline (PyO3's keeps a
+/// thread-local count, a reference pool and a panic guard on every call).
+/// With the object made directly instead of through `object.__new__`,
+/// that took 1 450 of the 5 800 instructions Python added to an asyncio
+/// pair on `memory://` (callgrind; docs/BENCHMARKS.md, "The awaitable's
+/// own type").
+static TYPE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+
+/// Adds `Awaitable` to the `aio` module, making its type on first use.
+pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    module.add("Awaitable", awaitable_type(module.py())?)
+}
+
+fn awaitable_type(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
+    TYPE.get_or_try_init(py, || make_type(py))
+        .map(|made| made.bind(py))
+}
+
+fn make_type(py: Python<'_>) -> PyResult<Py<PyType>> {
+    // CPython keeps a pointer to the method table, so it lives as long as
+    // the process (this runs once).
+    let methods: &'static mut [ffi::PyMethodDef; 4] = Box::leak(Box::new([
+        ffi::PyMethodDef {
+            ml_name: c"send".as_ptr(),
+            ml_meth: ffi::PyMethodDefPointer { PyCFunction: send },
+            ml_flags: ffi::METH_O,
+            ml_doc: c"Steps on; a value sent in is ignored (asyncio sends none).".as_ptr(),
+        },
+        ffi::PyMethodDef {
+            ml_name: c"throw".as_ptr(),
+            ml_meth: ffi::PyMethodDefPointer { PyCFunction: throw },
+            ml_flags: ffi::METH_VARARGS,
+            ml_doc: c"Drops the future and raises the error (asyncio throws CancelledError in when the awaiting task is cancelled).".as_ptr(),
+        },
+        ffi::PyMethodDef {
+            ml_name: c"close".as_ptr(),
+            ml_meth: ffi::PyMethodDefPointer { PyCFunction: close },
+            ml_flags: ffi::METH_NOARGS,
+            ml_doc: c"Drops the future without awaiting it.".as_ptr(),
+        },
+        ffi::PyMethodDef::zeroed(),
+    ]));
+    let mut slots = [
+        slot(
+            ffi::Py_tp_doc,
+            c"An awaitable over a Rust future (the locksmith.aio methods return it)."
+                .as_ptr()
+                .cast_mut()
+                .cast(),
+        ),
+        slot(ffi::Py_tp_dealloc, dealloc as *mut c_void),
+        slot(ffi::Py_tp_free, ffi::PyObject_Free as *mut c_void),
+        slot(ffi::Py_tp_iternext, next as *mut c_void),
+        slot(ffi::Py_tp_methods, methods.as_mut_ptr().cast()),
+        slot(ffi::Py_am_await, await_self as *mut c_void),
+        slot(ffi::Py_am_send, step_send as *mut c_void),
+        ffi::PyType_Slot::default(),
+    ];
+    let mut spec = ffi::PyType_Spec {
+        name: c"locksmith.aio.Awaitable".as_ptr(),
+        basicsize: c_int::try_from(std::mem::size_of::<Object>()).expect("a small object"),
+        itemsize: 0,
+        // Made only here: `Awaitable()` from Python would have no future.
+        flags: (ffi::Py_TPFLAGS_DEFAULT
+            | ffi::Py_TPFLAGS_DISALLOW_INSTANTIATION
+            | ffi::Py_TPFLAGS_IMMUTABLETYPE) as c_uint,
+        slots: slots.as_mut_ptr(),
+    };
+    // SAFETY: the spec is complete and its strings and method table are
+    // static; CPython copies the slots.
+    let made = unsafe { ffi::PyType_FromSpec(&mut spec) };
+    // SAFETY: a new reference, or NULL with the error set.
+    let made = unsafe { Bound::from_owned_ptr_or_err(py, made) }?;
+    Ok(made.cast_into::<PyType>()?.unbind())
+}
+
+fn slot(slot: c_int, pfunc: *mut c_void) -> ffi::PyType_Slot {
+    ffi::PyType_Slot { slot, pfunc }
+}
+
+impl<'py> IntoPyObject<'py> for Awaitable {
+    type Target = PyAny;
+    type Output = Bound<'py, PyAny>;
+    type Error = PyErr;
+
+    fn into_pyobject(self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let made = awaitable_type(py)?;
+        // SAFETY: the type's objects are `Object`s (its basic size); the
+        // allocation's header is initialised, the value is written here.
+        unsafe {
+            let object = ffi::PyType_GenericAlloc(made.as_type_ptr(), 0);
+            if object.is_null() {
+                return Err(PyErr::fetch(py));
             }
+            std::ptr::write(&raw mut (*object.cast::<Object>()).awaitable, self);
+            Ok(Bound::from_owned_ptr(py, object))
         }
     }
+}
 
-    /// Steps on; a value sent in is ignored (asyncio sends none). Unlike
-    /// `__next__`, a method must raise `StopIteration` to return.
-    fn send(&self, py: Python<'_>, _value: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
-        match self.step(py)? {
-            Stepped::Waiting(wait_on) => Ok(wait_on),
-            Stepped::Returned(value) => Err(PyStopIteration::new_err(
-                stop_iteration_argument(value.into_bound(py))?.unbind(),
-            )),
-        }
+/// Runs `body` on the awaitable `object` for a slot or method CPython
+/// calls: its error is set as the current exception (a panic as
+/// `PanicException`), and `failed` returned instead.
+///
+/// # Safety
+///
+/// The thread is attached to the interpreter, and `object` is an object
+/// of the awaitable type, alive for the call (CPython's promise to a slot).
+unsafe fn with_awaitable<R>(
+    object: *mut ffi::PyObject,
+    failed: R,
+    body: impl FnOnce(Python<'_>, &Awaitable) -> PyResult<R>,
+) -> R {
+    // SAFETY: the caller's promise. PyO3's own count of attached calls is
+    // not raised: a `Py` dropped inside is released at PyO3's next entry.
+    let py = unsafe { Python::assume_attached() };
+    // SAFETY: as above.
+    let awaitable = unsafe { &(*object.cast::<Object>()).awaitable };
+    let error = match catch_unwind(AssertUnwindSafe(|| body(py, awaitable))) {
+        Ok(Ok(value)) => return value,
+        Ok(Err(error)) => error,
+        Err(panic) => panic_error(panic),
+    };
+    error.restore(py);
+    failed
+}
+
+fn panic_error(panic: Box<dyn std::any::Any + Send>) -> PyErr {
+    let message = match panic.downcast::<String>() {
+        Ok(message) => *message,
+        Err(panic) => match panic.downcast::<&str>() {
+            Ok(message) => (*message).to_owned(),
+            Err(_) => "a panic in a locksmith.aio awaitable".to_owned(),
+        },
+    };
+    PanicException::new_err((message,))
+}
+
+/// `__await__`: the awaitable is its own iterator.
+unsafe extern "C" fn await_self(object: *mut ffi::PyObject) -> *mut ffi::PyObject {
+    // SAFETY: CPython passes a live object and takes the new reference.
+    unsafe { ffi::Py_IncRef(object) };
+    object
+}
+
+/// `am_send`: one step of the awaiting task (what `await` calls); a result
+/// is returned as it is, with no `StopIteration`.
+unsafe extern "C" fn step_send(
+    object: *mut ffi::PyObject,
+    _sent: *mut ffi::PyObject,
+    result: *mut *mut ffi::PyObject,
+) -> ffi::PySendResult {
+    // SAFETY: CPython calls a slot attached, with an object of the type;
+    // `result` is where the step's object goes, NULL on an error.
+    unsafe {
+        *result = std::ptr::null_mut();
+        with_awaitable(object, ffi::PySendResult::PYGEN_ERROR, |py, awaitable| {
+            Ok(match awaitable.step(py)? {
+                Stepped::Waiting(wait_on) => {
+                    *result = wait_on.into_ptr();
+                    ffi::PySendResult::PYGEN_NEXT
+                }
+                Stepped::Returned(value) => {
+                    *result = value.into_ptr();
+                    ffi::PySendResult::PYGEN_RETURN
+                }
+            })
+        })
     }
+}
 
-    /// Drops the future and raises `error` (asyncio throws `CancelledError`
-    /// in when the awaiting task is cancelled).
-    #[pyo3(signature = (error, value=None, _traceback=None))]
-    fn throw(
-        &self,
-        error: &Bound<'_, PyAny>,
-        value: Option<&Bound<'_, PyAny>>,
-        _traceback: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<()> {
-        self.finish();
-        let error = match value {
-            Some(value) if !value.is_none() => PyErr::from_value(value.clone()),
-            _ => match error.cast::<PyType>() {
-                Ok(class) => PyErr::from_type(class.clone(), ()),
-                Err(_) => PyErr::from_value(error.clone()),
+/// `__next__`: one step, for whoever iterates instead of sending. The end
+/// is NULL: `None` with no exception set (`tp_iternext`'s convention),
+/// any other value in a `StopIteration`.
+unsafe extern "C" fn next(object: *mut ffi::PyObject) -> *mut ffi::PyObject {
+    // SAFETY: CPython calls a slot attached, with an object of the type.
+    unsafe {
+        with_awaitable(
+            object,
+            std::ptr::null_mut(),
+            |py, awaitable| match awaitable.step(py)? {
+                Stepped::Waiting(wait_on) => Ok(wait_on.into_ptr()),
+                Stepped::Returned(value) if value.is_none(py) => Ok(std::ptr::null_mut()),
+                Stepped::Returned(value) => Err(stop_iteration(value.into_bound(py))?),
             },
-        };
-        Err(error)
+        )
     }
+}
 
-    /// Drops the future without awaiting it.
-    fn close(&self) {
-        self.finish();
+/// `send(value)`: a step, which must raise `StopIteration` to return.
+unsafe extern "C" fn send(
+    object: *mut ffi::PyObject,
+    _value: *mut ffi::PyObject,
+) -> *mut ffi::PyObject {
+    // SAFETY: CPython calls a method attached, with an object of the type.
+    unsafe {
+        with_awaitable(
+            object,
+            std::ptr::null_mut(),
+            |py, awaitable| match awaitable.step(py)? {
+                Stepped::Waiting(wait_on) => Ok(wait_on.into_ptr()),
+                Stepped::Returned(value) => Err(stop_iteration(value.into_bound(py))?),
+            },
+        )
     }
+}
+
+/// `throw(error, value=None, traceback=None)`: drops the future and raises
+/// `error`.
+unsafe extern "C" fn throw(
+    object: *mut ffi::PyObject,
+    arguments: *mut ffi::PyObject,
+) -> *mut ffi::PyObject {
+    // SAFETY: CPython calls a method attached, with an object of the type
+    // and its positional arguments in a tuple.
+    unsafe {
+        with_awaitable(object, std::ptr::null_mut(), |py, awaitable| {
+            awaitable.finish();
+            let arguments = Bound::from_borrowed_ptr(py, arguments).cast_into::<PyTuple>()?;
+            let (error, value) = match arguments.len() {
+                1 => (arguments.get_item(0)?, None),
+                2 | 3 => (arguments.get_item(0)?, Some(arguments.get_item(1)?)),
+                count => {
+                    return Err(PyTypeError::new_err(format!(
+                        "throw expected 1 to 3 arguments, got {count}"
+                    )))
+                }
+            };
+            Err(match value {
+                Some(value) if !value.is_none() => PyErr::from_value(value),
+                _ => match error.cast::<PyType>() {
+                    Ok(class) => PyErr::from_type(class.clone(), ()),
+                    Err(_) => PyErr::from_value(error),
+                },
+            })
+        })
+    }
+}
+
+/// `close()`: drops the future without awaiting it.
+unsafe extern "C" fn close(
+    object: *mut ffi::PyObject,
+    _unused: *mut ffi::PyObject,
+) -> *mut ffi::PyObject {
+    // SAFETY: CPython calls a method attached, with an object of the type.
+    unsafe {
+        with_awaitable(object, std::ptr::null_mut(), |py, awaitable| {
+            awaitable.finish();
+            Ok(py.None().into_ptr())
+        })
+    }
+}
+
+/// Drops the awaitable (and with it, its future) and frees the object.
+unsafe extern "C" fn dealloc(object: *mut ffi::PyObject) {
+    // SAFETY: CPython deallocates attached, an object of the type whose
+    // last reference went; the type is a heap type its objects own a
+    // reference to.
+    unsafe {
+        let dropped = catch_unwind(AssertUnwindSafe(|| {
+            std::ptr::drop_in_place(&raw mut (*object.cast::<Object>()).awaitable);
+        }));
+        if let Err(panic) = dropped {
+            panic_error(panic).write_unraisable(Python::assume_attached(), None);
+        }
+        let made = ffi::Py_TYPE(object);
+        ffi::PyObject_Free(object.cast());
+        ffi::Py_DecRef(made.cast());
+    }
+}
+
+/// The error that returns `value` from an iterator's step.
+fn stop_iteration(value: Bound<'_, PyAny>) -> PyResult<PyErr> {
+    Ok(PyStopIteration::new_err(
+        stop_iteration_argument(value)?.unbind(),
+    ))
 }
 
 /// What one step of the awaiting task ends with.

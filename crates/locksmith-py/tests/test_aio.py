@@ -112,6 +112,34 @@ async def test_calls_are_coroutines_that_run_when_awaited(client, name):
     await guard.release()
 
 
+def test_an_awaitable_steps_like_a_coroutine():
+    """Stepped by hand (`send`, `__next__`, `throw`) as a coroutine is, and
+    made only by the API's calls."""
+
+    async def main():
+        async with await locksmith.aio.connect("memory://") as client:
+            lock = client.lock("stepped")
+            acquiring = lock.acquire()
+            with pytest.raises(TypeError):
+                type(acquiring)()
+            with pytest.raises(StopIteration) as stopped:
+                acquiring.__await__().send(None)  # memory:// answers in one step
+            guard = stopped.value.value
+            assert (await client.status("stepped")).holders[0].fencing_token == guard.fencing_token
+            with pytest.raises(StopIteration) as stopped:
+                next(guard.release().__await__())
+            assert stopped.value.value is None
+            assert await client.status("stepped") is None
+            thrown = lock.acquire()
+            with pytest.raises(KeyError):
+                thrown.throw(KeyError("thrown in"))
+            assert await client.status("stepped") is None  # thrown before a step
+            with pytest.raises(RuntimeError):
+                await thrown
+
+    asyncio.run(main())
+
+
 @run
 async def test_calls_without_a_value_return_none(client, name):
     guard = await client.lock(name, lease=30.0).acquire()
