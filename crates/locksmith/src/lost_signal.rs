@@ -14,8 +14,15 @@ use crate::metrics;
 /// Cloning shares the signal. Backends fire it; guards expose it.
 #[derive(Debug, Clone, Default)]
 pub struct LostSignal {
+    /// One `Arc` for both: a clone is one count, where a token's clone
+    /// takes its tree's lock (every acquire clones the signal).
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug, Default)]
+struct Shared {
     token: CancellationToken,
-    state: Arc<Mutex<LostState>>,
+    state: Mutex<LostState>,
 }
 
 #[derive(Debug, Default)]
@@ -37,7 +44,7 @@ impl LostSignal {
     /// client metrics count) and in words; the first reason wins. A store
     /// that cannot say why fires it with [`LostCause::Other`].
     pub fn fire_because(&self, cause: LostCause, reason: impl Into<String>) {
-        let mut state = self.state.lock().expect("lost signal lock");
+        let mut state = self.shared.state.lock().expect("lost signal lock");
         if state.reason.is_none() {
             state.reason = Some(reason.into());
             state.cause = cause;
@@ -46,19 +53,19 @@ impl LostSignal {
             }
         }
         drop(state);
-        self.token.cancel();
+        self.shared.token.cancel();
     }
 
     /// Why it fired in a word, once it has.
     pub fn cause(&self) -> Option<LostCause> {
-        let state = self.state.lock().expect("lost signal lock");
+        let state = self.shared.state.lock().expect("lost signal lock");
         state.reason.as_ref().map(|_| state.cause)
     }
 
     /// Counts the loss in the client metrics of `backend` when it fires (at
     /// once if it has): the first call decides, so a loss counts once.
     pub(crate) fn count_for(&self, backend: &'static str) {
-        let mut state = self.state.lock().expect("lost signal lock");
+        let mut state = self.shared.state.lock().expect("lost signal lock");
         if state.counted_for.is_none() {
             state.counted_for = Some(backend);
             if state.reason.is_some() {
@@ -69,24 +76,29 @@ impl LostSignal {
 
     /// Whether it has fired.
     pub fn is_fired(&self) -> bool {
-        self.token.is_cancelled()
+        self.shared.token.is_cancelled()
     }
 
     /// Why it fired, once it has.
     pub fn reason(&self) -> Option<String> {
-        self.state.lock().expect("lost signal lock").reason.clone()
+        self.shared
+            .state
+            .lock()
+            .expect("lost signal lock")
+            .reason
+            .clone()
     }
 
     /// Completes when the signal fires, with the reason.
     ///
     /// Cancel safety: safe; it only observes.
     pub async fn fired(&self) -> String {
-        self.token.cancelled().await;
+        self.shared.token.cancelled().await;
         self.reason().unwrap_or_default()
     }
 
     /// The underlying cancellation token, to hand to code that stops on it.
     pub fn cancellation_token(&self) -> CancellationToken {
-        self.token.clone()
+        self.shared.token.clone()
     }
 }
