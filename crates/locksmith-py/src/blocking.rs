@@ -263,13 +263,35 @@ mod with_blocks {
                 // SAFETY: `frame` is a live frame object; `PyFrame_GetCode`
                 // returns a new reference to its code object, never NULL.
                 let code = unsafe { Bound::from_owned_ptr(py, ffi::PyFrame_GetCode(frame).cast()) };
-                let flags: u32 = code.getattr(intern!(py, "co_flags"))?.extract()?;
-                if flags & SUSPENDABLE != 0 {
+                if code_flags(code)? & SUSPENDABLE != 0 {
                     return Ok(Owner::Frame(frame as usize));
                 }
             }
             Ok(Owner::Thread(std::thread::current().id()))
         }
+    }
+
+    /// The `co_flags` of the code object asked about last, and a reference
+    /// to it, so that no other code object can take its address while it
+    /// is here. A `with` statement asks at its enter and at its exit, a
+    /// loop of them about the same code every time, and the attribute
+    /// lookup was a fifth of what a blocking `with` block added to its
+    /// pair (docs/BENCHMARKS.md, "A `with` block's owner").
+    static LAST_CODE: Mutex<Option<(Py<PyAny>, u32)>> = Mutex::new(None);
+
+    /// `code.co_flags` (the limited API has no call for it).
+    fn code_flags(code: Bound<'_, PyAny>) -> PyResult<u32> {
+        let mut last = lock(&LAST_CODE);
+        if let Some((kept, flags)) = &*last {
+            if kept.is(&code) {
+                return Ok(*flags);
+            }
+        }
+        let flags = code.getattr(intern!(code.py(), "co_flags"))?.extract()?;
+        let earlier = last.replace((code.unbind(), flags));
+        drop(last);
+        drop(earlier);
+        Ok(flags)
     }
 
     /// The holds of the blocks one Python thread opened and has not exited.
