@@ -12,7 +12,8 @@
 //! - `runtime`: the process's tokio runtime, a blocking wait that
 //!   releases the GIL and lets Ctrl-C through, and what a fork does.
 //! - `awaitable`: the asyncio API's awaitable, a Rust future polled by the
-//!   task that awaits it.
+//!   task that awaits it; its Python type is made by hand on the stable ABI
+//!   (PyO3 cannot give a class `am_send`).
 //! - `loop_waker`: how a Rust waker wakes an asyncio event loop from any
 //!   thread without the GIL.
 //! - `shared`: the base classes both APIs extend (`locksmith._base`):
