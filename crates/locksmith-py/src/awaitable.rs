@@ -345,22 +345,11 @@ unsafe extern "C" fn step_send(
     }
 }
 
-/// `__next__`: one step, for whoever iterates instead of sending. The end
-/// is NULL: `None` with no exception set (`tp_iternext`'s convention),
-/// any other value in a `StopIteration`.
+/// `__next__`: one step, for whoever iterates instead of sending. A `None`
+/// result ends with NULL and no exception set (`tp_iternext`'s convention).
 unsafe extern "C" fn next(object: *mut ffi::PyObject) -> *mut ffi::PyObject {
     // SAFETY: CPython calls a slot attached, with an object of the type.
-    unsafe {
-        with_awaitable(
-            object,
-            std::ptr::null_mut(),
-            |py, awaitable| match awaitable.step(py)? {
-                Stepped::Waiting(wait_on) => Ok(wait_on.into_ptr()),
-                Stepped::Returned(value) if value.is_none(py) => Ok(std::ptr::null_mut()),
-                Stepped::Returned(value) => Err(stop_iteration(value.into_bound(py))?),
-            },
-        )
-    }
+    unsafe { step_iterating(object, true) }
 }
 
 /// `send(value)`: a step, which must raise `StopIteration` to return.
@@ -369,12 +358,26 @@ unsafe extern "C" fn send(
     _value: *mut ffi::PyObject,
 ) -> *mut ffi::PyObject {
     // SAFETY: CPython calls a method attached, with an object of the type.
+    unsafe { step_iterating(object, false) }
+}
+
+/// A step as an iterator's: what to wait on, or NULL with the result in a
+/// `StopIteration` (no exception for `None` if `quiet_none`).
+///
+/// # Safety
+///
+/// As [`with_awaitable`].
+unsafe fn step_iterating(object: *mut ffi::PyObject, quiet_none: bool) -> *mut ffi::PyObject {
+    // SAFETY: the caller's promise.
     unsafe {
         with_awaitable(
             object,
             std::ptr::null_mut(),
             |py, awaitable| match awaitable.step(py)? {
                 Stepped::Waiting(wait_on) => Ok(wait_on.into_ptr()),
+                Stepped::Returned(value) if quiet_none && value.is_none(py) => {
+                    Ok(std::ptr::null_mut())
+                }
                 Stepped::Returned(value) => Err(stop_iteration(value.into_bound(py))?),
             },
         )
@@ -391,7 +394,6 @@ unsafe extern "C" fn throw(
     // and its positional arguments in a tuple.
     unsafe {
         with_awaitable(object, std::ptr::null_mut(), |py, awaitable| {
-            awaitable.finish();
             let arguments = Bound::from_borrowed_ptr(py, arguments).cast_into::<PyTuple>()?;
             let (error, value) = match arguments.len() {
                 1 => (arguments.get_item(0)?, None),
@@ -402,6 +404,8 @@ unsafe extern "C" fn throw(
                     )))
                 }
             };
+            // Only a well-formed call ends the awaitable.
+            awaitable.finish();
             Err(match value {
                 Some(value) if !value.is_none() => PyErr::from_value(value),
                 _ => match error.cast::<PyType>() {

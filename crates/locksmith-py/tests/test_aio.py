@@ -130,6 +130,11 @@ def test_an_awaitable_steps_like_a_coroutine():
                 next(guard.release().__await__())
             assert stopped.value.value is None
             assert await client.status("stepped") is None
+            miscalled = lock.acquire()
+            with pytest.raises(TypeError):
+                miscalled.throw()  # no error to raise: nothing changes
+            guard = await miscalled
+            await guard.release()
             thrown = lock.acquire()
             with pytest.raises(KeyError):
                 thrown.throw(KeyError("thrown in"))
